@@ -1,0 +1,123 @@
+"""Everything users see in the terminal: stage timings, progress bars, tables, warnings.
+
+Library modules report through these helpers and never print directly, so the look of etlab
+lives in one place (the httpie way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+# Progress and chatter go to stderr, tables and results to stdout, so output can be piped.
+out = Console(highlight=False, soft_wrap=False, width=int(os.environ.get("ETLAB_WIDTH", "0")) or None)
+err = Console(stderr=True, highlight=False)
+_lock = threading.Lock()
+
+
+def info(message: str) -> None:
+    with _lock:
+        err.print(message)
+
+
+def warn(message: str) -> None:
+    with _lock:
+        err.print(f"[bold yellow]WARNING[/]: {message}")
+
+
+def loud_warning(message: str) -> None:
+    """A warning users must not miss (e.g. random weights used instead of pretrained)."""
+    with _lock:
+        err.rule("[bold red]WARNING[/]")
+        err.print(f"[bold red]{message}[/]")
+        err.rule()
+
+
+def error(message: str) -> None:
+    with _lock:
+        err.print(f"[bold red]error[/]: {message}")
+
+
+def format_seconds(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+class StageTimer:
+    """Records how long each named stage took, for progress lines and benchmarks."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+        self.durations: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str, *, quiet: bool = False) -> Iterator[None]:
+        label = f"{self.prefix}{name}"
+        if not quiet:
+            info(f"[cyan]▸[/] {label} …")
+        started = time.perf_counter()
+        try:
+            yield
+        except BaseException:
+            elapsed = time.perf_counter() - started
+            self.durations[name] = elapsed
+            info(f"[red]✗[/] {label} failed after {format_seconds(elapsed)}")
+            raise
+        elapsed = time.perf_counter() - started
+        self.durations[name] = elapsed
+        if not quiet:
+            info(f"[green]✓[/] {label} [dim]{format_seconds(elapsed)}[/]")
+
+
+def transfer_progress() -> Progress:
+    """A progress display showing bytes, MB/s and elapsed time, for pushes and pulls."""
+    return Progress(
+        TextColumn("[cyan]{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+        disable=not err.is_terminal and os.environ.get("ETLAB_PROGRESS") != "1",
+    )
+
+
+def table(
+    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str | None = None
+) -> None:
+    """Print a table to stdout. Numeric columns are right-aligned."""
+    grid = Table(title=title, caption=caption, header_style="bold", title_justify="left")
+    for index, column in enumerate(columns):
+        numeric = bool(rows) and all(isinstance(row[index], int | float) for row in rows if row[index] is not None)
+        grid.add_column(column, justify="right" if numeric else "left")
+    for row in rows:
+        grid.add_row(*(_cell(value) for value in row))
+    with _lock:
+        out.print(grid)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
+    return str(value)

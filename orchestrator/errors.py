@@ -1,0 +1,72 @@
+"""Errors users see. Each carries the process exit code it maps to, so exit codes mean something."""
+
+from __future__ import annotations
+
+
+class ExitCode:
+    OK = 0
+    FAILED = 1  # the job ran and something failed (a board, a regression)
+    INFRA = 2  # infrastructure failure (nightly)
+    USAGE = 64  # bad command line or input file (sysexits EX_USAGE)
+    DATA = 65  # bad data: corrupt bundle, ETDump, spec (EX_DATAERR)
+    UNAVAILABLE = 69  # board unreachable (EX_UNAVAILABLE)
+    SOFTWARE = 70  # internal error (EX_SOFTWARE)
+    INTERRUPTED = 130
+
+
+class EtlabError(Exception):
+    """An error with a message meant for the user: no traceback is shown for these."""
+
+    exit_code: int = ExitCode.FAILED
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base}\n  hint: {self.hint}" if self.hint else base
+
+
+class UsageError(EtlabError):
+    exit_code = ExitCode.USAGE
+
+
+class SpecError(UsageError):
+    """A model spec (built-in name or user file) is unknown or malformed."""
+
+
+class InventoryError(UsageError):
+    """inventory.yaml is malformed; the message names the file, line and field."""
+
+
+class ArtifactError(EtlabError):
+    """Lowered artifacts are missing or stale."""
+
+    exit_code = ExitCode.DATA
+
+
+class BoardError(EtlabError):
+    """A board failed: unreachable, provisioning failed, or a command on it failed."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class HostKeyError(BoardError):
+    """A board presented a host key that differs from the pinned one."""
+
+
+class TransferError(BoardError):
+    """A push or pull failed or could not be verified."""
+
+
+class BundleError(EtlabError):
+    """A result bundle is incomplete, corrupt or hostile."""
+
+    exit_code = ExitCode.DATA
+
+
+class AnalysisError(EtlabError):
+    """Analysis of a bundle failed; the raw bundle is kept."""
+
+    exit_code = ExitCode.DATA

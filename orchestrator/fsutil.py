@@ -1,0 +1,88 @@
+"""Crash-safe file writes and hashing.
+
+Everything a later step trusts (a .pte, a sidecar, a bundle file) is written to a temporary name in the
+same folder, fsynced, and renamed into place, so an interrupted write never leaves a valid-looking file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+CHUNK = 1 << 20
+TMP_PREFIX = ".etlab-tmp-"
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yield a temporary path next to `final`; rename it over `final` only if the block succeeds."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{final.name}.", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_bytes(final: Path, data: bytes) -> None:
+    with atomic_path(final) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_text(final: Path, text: str) -> None:
+    atomic_write_bytes(final, text.encode())
+
+
+def atomic_write_json(final: Path, obj: Any) -> None:
+    atomic_write_text(final, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def remove_stale_temporaries(folder: Path) -> int:
+    """Delete temporaries left by a killed writer. Returns how many were removed."""
+    removed = 0
+    if folder.is_dir():
+        for leftover in folder.glob(f"{TMP_PREFIX}*"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+                removed += 1
+    return removed
+
+
+def read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)

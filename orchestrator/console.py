@@ -25,8 +25,11 @@ from rich.progress import (
 from rich.table import Table
 
 # Progress and chatter go to stderr, tables and results to stdout, so output can be piped.
-out = Console(highlight=False, soft_wrap=False, width=int(os.environ.get("ETLAB_WIDTH", "0")) or None)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=False)
+if not out.is_terminal:
+    # Piped output and CI logs: wide enough that tables do not wrap every cell.
+    out.width = int(os.environ.get("ETLAB_WIDTH", "140"))
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 _lock = threading.Lock()
 
 

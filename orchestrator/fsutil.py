@@ -24,9 +24,11 @@ def atomic_path(final: Path) -> Iterator[Path]:
     """Yield a temporary path next to `final`; rename it over `final` only if the block succeeds."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{final.name}.", dir=final.parent)
+    # Keep the final suffix: some writers (torch.export.save) check it.
+    fd, tmp_name = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{final.stem}.", suffix=final.suffix, dir=final.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    os.chmod(tmp, 0o666 & ~_umask())
     try:
         yield tmp
         with open(tmp, "rb+") as handle:
@@ -36,6 +38,12 @@ def atomic_path(final: Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -1,0 +1,36 @@
+"""Lowered tiny models, shared by every test that needs a real .pte.
+
+They are lowered with the real pipeline into a cache folder that survives test sessions; the lowering
+cache makes later sessions reuse them until the lowering code or versions change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import lowering
+from orchestrator.lowering import LoweringResult
+from orchestrator.paths import PROJECT_ROOT
+from orchestrator.spec import BUILTIN_SPECS
+
+TEST_CACHE = PROJECT_ROOT / ".etlab" / "test-cache"
+ARTIFACT_CACHE = TEST_CACHE / "artifacts"
+TINY_MODELS = ("distilbert-tiny", "gpt2-tiny")
+
+
+def lower_tiny(name: str, root: Path = ARTIFACT_CACHE) -> LoweringResult:
+    return lowering.lower(BUILTIN_SPECS[name], backends=["portable", "xnnpack"], weights="random", root=root)
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts() -> dict[str, LoweringResult]:
+    """Both tiny models, both backends: {"distilbert-tiny": LoweringResult, "gpt2-tiny": ...}."""
+    return {name: lower_tiny(name) for name in TINY_MODELS}
+
+
+@pytest.fixture(scope="session")
+def artifact_root(tiny_artifacts: dict[str, LoweringResult]) -> Path:
+    """The artifacts root holding the tiny models (pass it as `root=` or ETLAB_ARTIFACTS)."""
+    return ARTIFACT_CACHE

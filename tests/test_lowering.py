@@ -1,0 +1,282 @@
+"""`lower`: real ExecuTorch lowering of the tiny models, sidecars, cache, atomicity, weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from orchestrator import lowering
+from orchestrator.artifacts import ArtifactPaths, load_artifact, parse_backends, sidecar_problem
+from orchestrator.errors import ArtifactError, SpecError, UsageError
+from orchestrator.fsutil import sha256_file
+from orchestrator.lowering import LoweringResult
+from orchestrator.paths import PROJECT_ROOT
+from orchestrator.spec import BUILTIN_SPECS, load_spec_file
+from orchestrator.tensorfile import read_tensors
+from tests.plugins.artifacts import TINY_MODELS
+
+FAB = [sys.executable, "-m", "fabric"]
+
+
+def run_fab(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*FAB, *args], cwd=PROJECT_ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True, **kwargs
+    )
+
+
+def execution_plan_counts(pte: Path) -> dict[str, int]:
+    """Instruction kinds read back from the serialized program, independently of the sidecar."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary(pte.read_bytes())
+    program = getattr(program, "program", program)
+    plan = next(p for p in program.execution_plan if p.name == "forward")
+    counts: dict[str, int] = {}
+    for chain in plan.chains:
+        for instruction in chain.instructions:
+            kind = type(instruction.instr_args).__name__
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("model", TINY_MODELS)
+def test_sidecars_describe_the_programs(tiny_artifacts: dict[str, LoweringResult], model: str) -> None:
+    result = tiny_artifacts[model]
+    portable = result.backends["portable"].sidecar
+    xnnpack = result.backends["xnnpack"].sidecar
+    for backend, sidecar in (("portable", portable), ("xnnpack", xnnpack)):
+        pte = result.paths.pte(backend)
+        for key in ("model", "model_id", "backend", "exported_program", "pte", "pte_size_mb", "seq_len", "weights"):
+            assert key in sidecar, key
+        assert sidecar["backend"] == backend
+        assert sidecar["sha256"] == sha256_file(pte)
+        assert sidecar["pte_size_mb"] == pytest.approx(pte.stat().st_size / 1e6, abs=1e-3)
+        assert set(sidecar["versions"]) == {"torch", "executorch", "transformers"}
+        assert sidecar["weights"] == "random"
+        assert sidecar["inputs"] == [
+            {"name": "input_ids", "shape": [1, 128], "dtype": "int64"},
+            {"name": "attention_mask", "shape": [1, 128], "dtype": "int64"},
+        ]
+        assert sidecar["outputs"] == [{"name": "output_0", "shape": [1, 1000], "dtype": "float32"}]
+        counts = execution_plan_counts(pte)
+        instructions = sidecar["delegation"]["instructions"]
+        assert instructions["KernelCall"] == counts.get("KernelCall", 0)
+        assert instructions["DelegateCall"] == counts.get("DelegateCall", 0)
+        histogram = sidecar["delegation"]["fallback_histogram"]
+        assert sum(histogram.values()) == sidecar["delegation"]["fallback_ops"]
+        assert "memory.alloc" in histogram
+        assert (result.paths.folder / sidecar["exported_program"]).is_file()
+        assert sidecar_problem(result.paths, backend) is None
+
+    assert portable["delegation"]["delegate_call_sites"] == 0
+    assert portable["delegation"]["instructions"]["DelegateCall"] == 0
+    assert xnnpack["delegation"]["delegate_call_sites"] > 0
+    assert xnnpack["delegation"]["delegate_call_sites"] == xnnpack["delegation"]["instructions"]["DelegateCall"]
+    assert xnnpack["delegation"]["delegate_backends"] == {"XnnpackBackend": xnnpack["delegation"]["delegate_call_sites"]}
+    # Delegation moves work out of the fallback path.
+    assert xnnpack["delegation"]["fallback_ops"] < portable["delegation"]["fallback_ops"]
+    assert "getitem" in xnnpack["delegation"]["fallback_histogram"]
+
+
+@pytest.mark.parametrize("model", TINY_MODELS)
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_pte_matches_eager_outputs(tiny_artifacts: dict[str, LoweringResult], model: str, backend: str) -> None:
+    from executorch.runtime import Runtime
+
+    paths = tiny_artifacts[model].paths
+    inputs = [torch.from_numpy(t.array) for t in read_tensors(paths.reference_inputs)]
+    (reference,) = read_tensors(paths.reference_outputs)
+    method = Runtime.get().load_program(paths.pte(backend)).load_method("forward")
+    (output,) = method.execute(inputs)
+    assert list(output.shape) == [1, 1000]
+    np.testing.assert_allclose(output.numpy(), reference.array, atol=1e-4, rtol=1e-4)
+    # The graph selected the right token: the logits are not all alike across positions.
+    assert float(np.std(reference.array)) > 0
+
+
+def test_reference_inputs_are_padded_and_masked(tiny_artifacts: dict[str, LoweringResult]) -> None:
+    ids, mask = read_tensors(tiny_artifacts["distilbert-tiny"].paths.reference_inputs)
+    assert ids.array.dtype == np.int64 and ids.shape == [1, 128]
+    assert int(mask.array.sum()) == 96 and mask.array[0, 95] == 1 and mask.array[0, 96] == 0
+    assert (ids.array[0] == BUILTIN_SPECS["distilbert-tiny"].mask_token_id).sum() == 1
+
+
+def test_fill_mask_selects_the_mask_position() -> None:
+    from orchestrator.models import build_random, load_model, reference_inputs
+
+    spec = BUILTIN_SPECS["distilbert-tiny"]
+    wrapped = load_model(spec, "random").module
+    inputs = [torch.from_numpy(t.array) for t in reference_inputs(spec, 1000)]
+    position = int((inputs[0][0] == spec.mask_token_id).nonzero()[0])
+    full = build_random(spec)(input_ids=inputs[0], attention_mask=inputs[1]).logits
+    torch.testing.assert_close(wrapped(*inputs), full[:, position, :])
+
+
+def test_causal_lm_selects_last_real_token() -> None:
+    from orchestrator.models import build_random, load_model, reference_inputs
+
+    spec = BUILTIN_SPECS["gpt2-tiny"]
+    inputs = [torch.from_numpy(t.array) for t in reference_inputs(spec, 1000)]
+    full = build_random(spec)(input_ids=inputs[0], attention_mask=inputs[1]).logits
+    torch.testing.assert_close(load_model(spec, "random").module(*inputs), full[:, 95, :])
+
+
+def copy_artifacts(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path, model: str) -> Path:
+    root = tmp_path / "artifacts"
+    shutil.copytree(tiny_artifacts[model].paths.folder, root / model, copy_function=shutil.copy2)
+    return root
+
+
+def test_cache_hit_then_force(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path) -> None:
+    root = copy_artifacts(tiny_artifacts, tmp_path, "gpt2-tiny")
+    env = {"ETLAB_ARTIFACTS": str(root)}
+    pte = ArtifactPaths.for_model("gpt2-tiny", root).pte("xnnpack")
+    before = pte.stat().st_mtime_ns
+
+    hit = run_fab("lower", "--model", "gpt2-tiny", "--weights", "random", env=env)
+    assert hit.returncode == 0, hit.stderr
+    assert "using cached artifacts" in hit.stderr
+    assert pte.stat().st_mtime_ns == before
+
+    forced = run_fab("lower", "--model", "gpt2-tiny", "--weights", "random", "--backend", "xnnpack", "--force", env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert "using cached artifacts" not in forced.stderr
+    for stage in ("load", "export", "xnnpack: to_edge/partition", "xnnpack: to_executorch", "xnnpack: save"):
+        assert f"✓ gpt2-tiny: {stage}" in forced.stderr
+    assert pte.stat().st_mtime_ns != before
+    assert load_artifact("gpt2-tiny", "xnnpack", root).sha256 == sha256_file(pte)
+
+
+def test_cache_key_covers_everything_that_matters() -> None:
+    spec = BUILTIN_SPECS["gpt2-tiny"]
+    base = lowering.cache_key(spec, "xnnpack", "random", False)
+    assert base == lowering.cache_key(spec, "xnnpack", "random", False)
+    variants = {
+        lowering.cache_key(spec, "portable", "random", False),
+        lowering.cache_key(spec, "xnnpack", "auto", False),
+        lowering.cache_key(spec, "xnnpack", "random", True),
+        lowering.cache_key(BUILTIN_SPECS["distilbert-tiny"], "xnnpack", "random", False),
+    }
+    assert base not in variants and len(variants) == 4
+
+
+def test_edited_pte_invalidates_the_artifact(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path) -> None:
+    root = copy_artifacts(tiny_artifacts, tmp_path, "distilbert-tiny")
+    pte = ArtifactPaths.for_model("distilbert-tiny", root).pte("portable")
+    data = bytearray(pte.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pte.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="changed or is missing"):
+        load_artifact("distilbert-tiny", "portable", root)
+    # The other backend is untouched and still valid.
+    assert load_artifact("distilbert-tiny", "xnnpack", root).backend == "xnnpack"
+
+
+def test_interrupted_lowering_leaves_nothing_valid(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path) -> None:
+    root = copy_artifacts(tiny_artifacts, tmp_path, "distilbert-tiny")
+    paths = ArtifactPaths.for_model("distilbert-tiny", root)
+    proc = subprocess.Popen(
+        [*FAB, "lower", "--model", "distilbert-tiny", "--weights", "random", "--force"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "ETLAB_ARTIFACTS": str(root)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # Interrupt once the old artifacts are being replaced (the exported program is rewritten first).
+    old_pt2 = paths.exported_program.stat().st_mtime_ns
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if paths.exported_program.stat().st_mtime_ns != old_pt2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    for backend in ("portable", "xnnpack"):
+        with pytest.raises(ArtifactError):
+            load_artifact("distilbert-tiny", backend, root)
+    leftovers = [p.name for p in paths.folder.iterdir() if p.name.startswith(".etlab-tmp-")]
+    assert all(not name.endswith(".json") or name.startswith(".etlab-tmp-") for name in leftovers)
+
+
+def test_user_spec_with_local_pretrained_weights(tmp_path: Path) -> None:
+    """The pretrained path for real: from_pretrained on a saved model folder (no hub here)."""
+    from transformers import DistilBertConfig, DistilBertForMaskedLM
+
+    torch.manual_seed(123)
+    saved = tmp_path / "my-model"
+    DistilBertForMaskedLM(DistilBertConfig(vocab_size=500, dim=32, n_layers=1, n_heads=2, hidden_dim=64)).save_pretrained(
+        saved
+    )
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(
+        json.dumps(
+            {"name": "local-bert", "model_type": "distilbert", "task": "fill-mask", "mask_token_id": 103,
+             "model_id": str(saved), "seq_len": 32}
+        )
+    )
+    spec = load_spec_file(spec_path)
+    result = lowering.lower(spec, backends=["portable"], weights="pretrained", root=tmp_path / "artifacts")
+    sidecar = result.backends["portable"].sidecar
+    assert sidecar["weights"] == "pretrained"
+    assert sidecar["model_id"] == str(saved)
+    assert sidecar["inputs"][0]["shape"] == [1, 32]
+    # The outputs come from the saved weights, not from a fresh random init.
+    reloaded = DistilBertForMaskedLM.from_pretrained(saved).eval()
+    ids, mask = (torch.from_numpy(t.array) for t in read_tensors(result.paths.reference_inputs))
+    position = int((ids[0] == 103).nonzero()[0])
+    expected = reloaded(input_ids=ids, attention_mask=mask).logits[:, position, :].detach().numpy()
+    np.testing.assert_allclose(read_tensors(result.paths.reference_outputs)[0].array, expected, atol=1e-5)
+
+
+def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.models import load_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = BUILTIN_SPECS["distilbert"].__class__(**{**BUILTIN_SPECS["distilbert-tiny"].__dict__, "model_id": "nobody/none"})
+    loaded = load_model(spec, "auto")
+    assert loaded.weights == "random"
+    assert "HF_HUB_OFFLINE" in loaded.weights_note
+
+
+def test_pretrained_unavailable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.models import load_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = BUILTIN_SPECS["distilbert"].__class__(**{**BUILTIN_SPECS["distilbert-tiny"].__dict__, "model_id": "nobody/none"})
+    with pytest.raises(SpecError, match="cannot load pretrained weights for 'nobody/none'") as excinfo:
+        load_model(spec, "pretrained")
+    assert "--weights random" in str(excinfo.value)
+    with pytest.raises(SpecError, match="no pretrained weights"):
+        load_model(BUILTIN_SPECS["gpt2-tiny"], "pretrained")
+
+
+def test_cli_errors_have_exit_codes(tmp_path: Path) -> None:
+    unknown = run_fab("lower", "--model", "gpt3")
+    assert unknown.returncode == 64
+    assert "unknown model 'gpt3'" in unknown.stderr and "distilbert-tiny" in unknown.stderr
+    bad = tmp_path / "spec.json"
+    bad.write_text('{"name": "x", "model_type": "gpt2", "task": "causal-lm", "seqlen": 3}')
+    result = run_fab("lower", "--spec", str(bad))
+    assert result.returncode == 64
+    assert f"{bad}: field 'seqlen'" in result.stderr and "did you mean 'seq_len'" in result.stderr
+    backend = run_fab("lower", "--model", "gpt2-tiny", "--backend", "vulkan")
+    assert backend.returncode == 64 and "unknown backend vulkan" in backend.stderr
+
+
+def test_parse_backends() -> None:
+    assert parse_backends("xnnpack, portable,xnnpack") == ["xnnpack", "portable"]
+    with pytest.raises(UsageError):
+        parse_backends("coreml")

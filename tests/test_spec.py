@@ -1,0 +1,101 @@
+"""Model specs: built-ins, user files, and the errors a bad spec gets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.spec import BUILTIN_SPECS, load_spec_file, resolve_spec
+
+
+def write_spec(tmp_path: Path, data: object, raw: str | None = None) -> Path:
+    path = tmp_path / "model_spec.json"
+    path.write_text(raw if raw is not None else json.dumps(data, indent=2))
+    return path
+
+
+VALID = {"name": "my-bert", "model_type": "distilbert", "task": "fill-mask", "mask_token_id": 103, "config": {"n_layers": 1}}
+
+
+def test_builtin_specs_cover_required_models() -> None:
+    for name in ("distilbert", "gpt2", "distilbert-tiny", "gpt2-tiny"):
+        spec = BUILTIN_SPECS[name]
+        assert spec.seq_len == 128
+        assert [(i.name, i.dtype, i.shape) for i in spec.inputs] == [
+            ("input_ids", "int64", (1, 128)),
+            ("attention_mask", "int64", (1, 128)),
+        ]
+    assert BUILTIN_SPECS["distilbert"].task == "fill-mask"
+    assert BUILTIN_SPECS["distilbert"].model_id == "distilbert-base-uncased"
+    assert BUILTIN_SPECS["gpt2"].task == "causal-lm"
+
+
+def test_unknown_model_lists_known_ones() -> None:
+    with pytest.raises(SpecError) as excinfo:
+        resolve_spec("distilbart")
+    message = str(excinfo.value)
+    assert "unknown model 'distilbart'" in message
+    assert "did you mean 'distilbert'" in message
+    for name in BUILTIN_SPECS:
+        assert name in message
+
+
+def test_model_and_spec_are_exclusive(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="exactly one"):
+        resolve_spec("gpt2", write_spec(tmp_path, VALID))
+    with pytest.raises(SpecError, match="exactly one"):
+        resolve_spec(None, None)
+
+
+def test_valid_user_spec(tmp_path: Path) -> None:
+    spec = resolve_spec(None, write_spec(tmp_path, VALID))
+    assert spec.name == "my-bert"
+    assert spec.config == {"n_layers": 1}
+    assert spec.source.endswith("model_spec.json")
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "fragment"),
+    [
+        ({"task": "translation"}, "task", "not supported"),
+        ({"model_type": "t5"}, "model_type", "not supported"),
+        ({"seq_len": "128"}, "seq_len", "expected int"),
+        ({"seq_len": 0}, "seq_len", "between 1 and 4096"),
+        ({"name": "bad/name"}, "name", "letters, digits"),
+        ({"mask_token_id": None}, "mask_token_id", "required for task 'fill-mask'"),
+        ({"config": [1, 2]}, "config", "expected dict"),
+        ({"sequence_length": 64}, "sequence_length", "did you mean 'seq_len'"),
+        ({"inputs": [{"name": "input_ids", "dtype": "int32", "shape": [1, 128]}]}, "inputs", "input_ids and"),
+    ],
+)
+def test_bad_spec_names_file_and_field(tmp_path: Path, change: dict, field: str, fragment: str) -> None:
+    path = write_spec(tmp_path, {**VALID, **change})
+    with pytest.raises(SpecError) as excinfo:
+        load_spec_file(path)
+    message = str(excinfo.value)
+    assert str(path) in message
+    assert f"field {field!r}" in message
+    assert fragment in message
+
+
+def test_missing_required_field(tmp_path: Path) -> None:
+    data = dict(VALID)
+    del data["model_type"]
+    with pytest.raises(SpecError, match=r"field 'model_type': is required"):
+        load_spec_file(write_spec(tmp_path, data))
+
+
+def test_invalid_json_reports_line(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, None, raw='{\n  "name": "x",\n  "task": fill-mask\n}')
+    with pytest.raises(SpecError) as excinfo:
+        load_spec_file(path)
+    assert str(path) in str(excinfo.value)
+    assert "line 3" in str(excinfo.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read spec file"):
+        load_spec_file(tmp_path / "nope.json")

@@ -20,8 +20,12 @@ TMP_PREFIX = ".etlab-tmp-"
 
 
 @contextlib.contextmanager
-def atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temporary path next to `final`; rename it over `final` only if the block succeeds."""
+def atomic_path(final: Path, *, keep_identical: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to `final`; rename it over `final` only if the block succeeds.
+
+    With keep_identical, an existing `final` with the same content is left untouched (its mtime too),
+    so records that vouch for it by mtime stay valid.
+    """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     # Keep the final suffix: some writers (torch.export.save) check it.
@@ -31,6 +35,8 @@ def atomic_path(final: Path) -> Iterator[Path]:
     os.chmod(tmp, 0o666 & ~_umask())
     try:
         yield tmp
+        if keep_identical and _same_content(tmp, final):
+            return
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, final)
@@ -38,6 +44,15 @@ def atomic_path(final: Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _same_content(a: Path, b: Path) -> bool:
+    try:
+        if a.stat().st_size != b.stat().st_size:
+            return False
+    except FileNotFoundError:
+        return False
+    return sha256_file(a) == sha256_file(b)
 
 
 def _umask() -> int:

@@ -150,7 +150,8 @@ def _export(spec: ModelSpec, weights: str, artifact_paths: ArtifactPaths, timer:
     with timer.stage("export"):
         program = torch.export.export(loaded.module, example_args, strict=False)
 
-    with timer.stage("save .pt2"), atomic_path(artifact_paths.exported_program) as tmp:
+    # Identical content keeps the old file, so other backends' sidecars still vouch for it.
+    with timer.stage("save .pt2"), atomic_path(artifact_paths.exported_program, keep_identical=True) as tmp:
         torch.export.save(program, str(tmp))
 
     files = {

@@ -62,8 +62,8 @@ class NamedTensor:
 
 
 def write_tensors(path: Path, tensors: Sequence[NamedTensor]) -> None:
-    """Write atomically: a reader never sees a half-written file."""
-    with atomic_path(Path(path)) as tmp, open(tmp, "wb") as out:
+    """Write atomically: a reader never sees a half-written file. Identical content is left untouched."""
+    with atomic_path(Path(path), keep_identical=True) as tmp, open(tmp, "wb") as out:
         out.write(MAGIC)
         out.write(struct.pack("<I", len(tensors)))
         for tensor in tensors:

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Set up etlab on a fresh Debian/Ubuntu workstation: the Python venv, and with --test the system
+# packages the test suite needs (OpenSSH server for fake boards, Chromium for the browser tests).
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+want_test=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_test=1 ;;
+    -h|--help) echo "usage: ./bootstrap.sh [--test]"; exit 0 ;;
+    *) echo "bootstrap.sh: unknown option $arg" >&2; exit 64 ;;
+  esac
+done
+
+say() { printf '\033[36m▸\033[0m %s\n' "$*" >&2; }
+
+python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] < (3, 13)))' 2>/dev/null; then
+  echo "bootstrap.sh: etlab needs Python >=3.10,<3.13 (found: $("$python" --version 2>&1)); set PYTHON=python3.11" >&2
+  exit 69
+fi
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  say "installing system packages: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# The local board builds the native runner: it needs a C++ compiler.
+command -v g++ >/dev/null 2>&1 || apt_install g++
+if [ "$want_test" = 1 ]; then
+  apt_install openssh-server openssh-client chromium iproute2 procps
+fi
+
+stamp=.venv/.etlab-installed
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  "$python" -m venv .venv
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing Python packages (torch, executorch, transformers, fabric, model-explorer, ...)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[test]'
+  touch "$stamp"
+fi
+say "ready: $(.venv/bin/python -c 'import importlib.metadata as m; print("executorch", m.version("executorch"), "torch", m.version("torch"))')"

@@ -4,13 +4,29 @@ from __future__ import annotations
 
 from fabric import task
 
-from orchestrator.cli import handle_errors
+from orchestrator.cli import handle_errors, run_params, select_boards
+
+SELECT_HELP = {
+    "board": "comma-separated board names (default: the inventory's `default` group, else `local`)",
+    "group": "a group from the inventory",
+    "tag": "only boards with this tag",
+    "inventory": "inventory file (default: inventory.yaml)",
+}
+MODEL_HELP = {
+    "model": "built-in model name (distilbert, gpt2, distilbert-tiny, gpt2-tiny)",
+    "spec": "path to your own model_spec.json (instead of --model)",
+}
+RUN_HELP = {
+    "iterations": "timed iterations (default 20)",
+    "warmup": "untimed warmup runs (default 3)",
+    "threads": "runner threads (default: the board's inventory setting, else all cores)",
+    "max_seconds": "time budget for the timed loop; stops early once spent (default 120)",
+}
 
 
 @task(
     help={
-        "model": "built-in model name (distilbert, gpt2, distilbert-tiny, gpt2-tiny)",
-        "spec": "path to your own model_spec.json (instead of --model)",
+        **MODEL_HELP,
         "backend": "comma-separated backends: portable,xnnpack (default both)",
         "weights": "auto (default: pretrained, else random with a warning), pretrained, or random",
         "etrecord": "also write an ETRecord (about twice the size of the .pt2)",
@@ -28,3 +44,136 @@ def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", 
         resolve_spec(model, spec), backends=parse_backends(backend), weights=weights, etrecord=etrecord, force=force
     )
     lowering.print_summary(result)
+
+
+@task(help={**SELECT_HELP, "force": "re-provision even if the board is up to date"})
+@handle_errors
+def setup_board(c, board=None, group=None, tag=None, inventory=None, force=False):
+    """Provision boards: push the runtime and board/, build the runner on the board, verify it."""
+    from orchestrator import board_tasks
+
+    return board_tasks.setup_boards(select_boards(inventory, board, group, tag), force=force)
+
+
+@task(help={**SELECT_HELP, **MODEL_HELP, "backend": "portable, xnnpack or both (default xnnpack)"})
+@handle_errors
+def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None):
+    """Push lowered .pte files (content-addressed, verified) and their reference inputs to boards."""
+    from orchestrator import board_tasks
+    from orchestrator.artifacts import parse_backends
+    from orchestrator.spec import resolve_spec
+
+    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
+    return board_tasks.push(select_boards(inventory, board, group, tag), artifacts)
+
+
+@task(help={**SELECT_HELP, **MODEL_HELP, **RUN_HELP, "backend": "portable, xnnpack or both (default xnnpack)",
+            "timeout": "hard runner timeout in seconds (default: derived from the budget)"})  # fmt: skip
+@handle_errors
+def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
+        iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None):  # fmt: skip
+    """Profile the pushed model on each board through its agent (under the board lock)."""
+    from orchestrator import board_tasks
+    from orchestrator.artifacts import parse_backends
+    from orchestrator.spec import resolve_spec
+
+    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
+    params = run_params(iterations, warmup, threads, max_seconds, timeout)
+    return board_tasks.run(select_boards(inventory, board, group, tag), artifacts, params)
+
+
+@task(help={**SELECT_HELP, "run": "pull this run id (or a unique prefix)", "latest": "only each board's latest run"})
+@handle_errors
+def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=None):
+    """Pull result bundles (verified against their manifests) into results/<board>/<model>/<backend>/<run-id>/."""
+    from orchestrator import board_tasks
+
+    return board_tasks.pull(select_boards(inventory, board, group, tag), run_id=run, latest=latest)
+
+
+@task(help={"run": "run id (or unique prefix) under results/", "latest": "the latest pulled run (default)",
+            "bundle": "analyse this bundle folder instead"})  # fmt: skip
+@handle_errors
+def analyze(c, run=None, latest=False, bundle=None):
+    """Per-operator statistics, summary.json, validity and Model Explorer overlays for a pulled run."""
+    from orchestrator import result_tasks
+
+    return result_tasks.analyze(run, latest=latest, bundle=bundle)
+
+
+@task(help={"run": "show this run's overlays", "model": "show this model (with its latest run's overlays)",
+            "host": "bind address (default 127.0.0.1; anything else exposes local files)",
+            "port": "port (default 8081)", "no_browser": "do not open a browser (headless machines)"})  # fmt: skip
+@handle_errors
+def explore(c, run=None, model=None, host="127.0.0.1", port=8081, no_browser=False):
+    """Open Model Explorer with the .pt2, both .pte files and the run's cost overlays."""
+    from orchestrator import result_tasks
+
+    return result_tasks.explore(run, model=model, host=host, port=int(port), open_browser=not no_browser)
+
+
+@task(positional=["run_a", "run_b"], help={"run_a": "baseline run id", "run_b": "new run id"})
+@handle_errors
+def compare(c, run_a, run_b):
+    """Per-operator and total deltas between two runs, a noise-aware verdict, and a diff overlay."""
+    from orchestrator import result_tasks
+
+    return result_tasks.compare(run_a, run_b)
+
+
+@task(help=SELECT_HELP)
+@handle_errors
+def boards(c, board=None, group=None, tag=None, inventory=None):
+    """The inventory as a table: reachable, architecture, board model, runtime, lock holder, temperature."""
+    from orchestrator import board_tasks
+    from orchestrator.inventory import load_inventory
+
+    selected = select_boards(inventory, board, group, tag) if (board or group or tag) else None
+    return board_tasks.boards_table(selected or list(load_inventory(inventory).boards.values()))
+
+
+@task(help={**SELECT_HELP, "keep": "bundles to keep per board (default 20)"})
+@handle_errors
+def gc(c, keep=20, board=None, group=None, tag=None, inventory=None):
+    """Free space on boards: old bundles, leftovers, models no kept bundle uses."""
+    from orchestrator import board_tasks
+
+    return board_tasks.gc(select_boards(inventory, board, group, tag), int(keep))
+
+
+@task(help={**MODEL_HELP, **SELECT_HELP, **RUN_HELP,
+            "backend": "xnnpack (default), portable, or portable,xnnpack for the comparison",
+            "weights": "auto (default), pretrained or random", "no_explore": "do not launch Model Explorer",
+            "no_browser": "launch Model Explorer without opening a browser",
+            "port": "Model Explorer port (8081)"})  # fmt: skip
+@handle_errors
+def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
+                       iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
+                       no_explore=False, no_browser=False, port=8081):  # fmt: skip
+    """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
+    from orchestrator.artifacts import parse_backends
+    from orchestrator.pipeline import deploy_and_profile as chain
+    from orchestrator.spec import resolve_spec
+
+    return chain(
+        resolve_spec(model, spec),
+        backends=parse_backends(backend, default="xnnpack"),
+        boards=select_boards(inventory, board, group, tag),
+        params=run_params(iterations, warmup, threads, max_seconds, None),
+        weights=weights,
+        explore=not no_explore,
+        port=int(port),
+        open_browser=not no_browser,
+    )
+
+
+@task(help={"inventory": "inventory file with a `nightly:` section (default: inventory.yaml)",
+            "night": "the night's date, YYYY-MM-DD (default: today); re-running a night resumes it",
+            "history": "SQLAlchemy URL of the history (default: sqlite:///.etlab/history.sqlite)",
+            "reports": "folder for the HTML, markdown and JUnit reports"})  # fmt: skip
+@handle_errors
+def nightly(c, inventory=None, night=None, history=None, reports=None):
+    """Run the nightly matrix, record it, flag real regressions, write reports. Exit 0 ok, 1 regression, 2 infra."""
+    from orchestrator.cli import nightly_job
+
+    return nightly_job(inventory, night, history, reports)

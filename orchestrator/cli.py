@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from invoke.exceptions import Exit
 
 from . import console
-from .errors import EtlabError, ExitCode
+from .errors import EtlabError, ExitCode, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,6 +29,7 @@ def handle_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        console.quiet_third_party()
         try:
             code = func(*args, **kwargs)
         except EtlabError as exc:
@@ -50,3 +51,48 @@ def handle_errors(func: F) -> F:
         return None
 
     return wrapper  # type: ignore[return-value]
+
+
+def select_boards(inventory: str | None, board: str | None, group: str | None, tag: str | None) -> list[Any]:
+    """Boards chosen by --board/--group/--tag from --inventory (default inventory.yaml)."""
+    from pathlib import Path
+
+    from .inventory import load_inventory
+
+    return load_inventory(Path(inventory) if inventory else None).select(split_list(board), group, tag)
+
+
+def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any) -> Any:
+    """RunParams from task options; unset options keep the library defaults."""
+    from .profiling import RunParams
+
+    given = {
+        "iterations": None if iterations is None else int(iterations),
+        "warmup": None if warmup is None else int(warmup),
+        "threads": None if threads is None else int(threads),
+        "max_seconds": None if max_seconds is None else float(max_seconds),
+        "timeout": None if timeout is None else float(timeout),
+    }
+    return RunParams(**{key: value for key, value in given.items() if value is not None})
+
+
+def nightly_job(inventory: str | None, night: str | None, history: str | None, reports: str | None) -> int:
+    from pathlib import Path
+
+    from .inventory import load_inventory
+    from .nightly import run_nightly
+
+    if night is not None:
+        import datetime as dt
+
+        try:
+            dt.date.fromisoformat(night)
+        except ValueError:
+            raise UsageError(f"--night must be a date like 2026-11-30, got {night!r}") from None
+    report = run_nightly(
+        load_inventory(Path(inventory) if inventory else None),
+        night=night,
+        history_url=history,
+        reports_dir=Path(reports) if reports else None,
+    )
+    return report.exit_code

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -34,26 +35,27 @@ _lock = threading.Lock()
 
 
 def info(message: str) -> None:
+    """A progress line; may use rich markup, so callers escape() text that came from outside."""
     with _lock:
         err.print(message)
 
 
 def warn(message: str) -> None:
     with _lock:
-        err.print(f"[bold yellow]WARNING[/]: {message}")
+        err.print(f"[bold yellow]WARNING[/]: {escape(message)}")
 
 
 def loud_warning(message: str) -> None:
     """A warning users must not miss (e.g. random weights used instead of pretrained)."""
     with _lock:
         err.rule("[bold red]WARNING[/]")
-        err.print(f"[bold red]{message}[/]")
+        err.print(f"[bold red]{escape(message)}[/]")
         err.rule()
 
 
 def error(message: str) -> None:
     with _lock:
-        err.print(f"[bold red]error[/]: {message}")
+        err.print(f"[bold red]error[/]: {escape(message)}")
 
 
 def format_seconds(seconds: float) -> str:
@@ -73,7 +75,7 @@ class StageTimer:
 
     @contextlib.contextmanager
     def stage(self, name: str, *, quiet: bool = False) -> Iterator[None]:
-        label = f"{self.prefix}{name}"
+        label = escape(f"{self.prefix}{name}")
         if not quiet:
             info(f"[cyan]▸[/] {label} …")
         started = time.perf_counter()
@@ -113,7 +115,7 @@ def table(
         numeric = bool(rows) and all(isinstance(row[index], int | float) for row in rows if row[index] is not None)
         grid.add_column(column, justify="right" if numeric else "left")
     for row in rows:
-        grid.add_row(*(_cell(value) for value in row))
+        grid.add_row(*(escape(_cell(value)) for value in row))
     with _lock:
         out.print(grid)
 
@@ -124,3 +126,14 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.1f}"
     return str(value)
+
+
+def quiet_third_party() -> None:
+    """Silence import-time chatter of torch/torchao that says nothing actionable to etlab users."""
+    import logging
+    import warnings
+
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    logging.getLogger("torch.export.pt2_archive._package").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)

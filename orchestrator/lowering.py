@@ -145,7 +145,9 @@ def _export(spec: ModelSpec, weights: str, artifact_paths: ArtifactPaths, timer:
         outputs = [NamedTensor("output_0", eager.detach().numpy())]
         write_tensors(artifact_paths.reference_inputs, inputs)
         write_tensors(artifact_paths.reference_outputs, outputs)
-        console.info(f"  {spec.name}: {loaded.parameters / 1e6:.1f}M parameters, weights: {loaded.weights_note}")
+        console.info(
+            console.escape(f"  {spec.name}: {loaded.parameters / 1e6:.1f}M parameters, weights: {loaded.weights_note}")
+        )
 
     with timer.stage("export"):
         program = torch.export.export(loaded.module, example_args, strict=False)

@@ -1,0 +1,275 @@
+"""Command line: every command prints exactly one JSON document on stdout; logs go to stderr.
+
+Exit codes: 0 ok, 1 the operation failed, 2 usage, 3 lock timeout, 4 not provisioned.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from . import AGENT_VERSION
+from .bundles import collect_garbage, list_bundles
+from .errors import AgentError, BadInput, ExitCode
+from .files import log
+from .info import collect_info
+from .lock import current_holder
+from .profile import (
+    DEFAULT_KILL_GRACE_SECONDS,
+    DEFAULT_LOCK_TIMEOUT_SECONDS,
+    DEFAULT_TIMEOUT_SECONDS,
+    ProfileRequest,
+    profile,
+)
+from .state import read_state, update_state
+from .workdir import Workdir
+
+
+def emit(document: dict[str, Any]) -> None:
+    try:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        sys.stdout.flush()
+    except OSError:  # the caller went away (EPIPE, EIO); the work itself is already done and on disk
+        pass
+
+
+def json_command(function: Callable[..., tuple[dict[str, Any], int]]) -> Callable[..., None]:
+    """Run a command body returning (document, exit code); turn errors into a JSON answer and exit code."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            document, code = function(*args, **kwargs)
+        except AgentError as exc:
+            log(f"error: {exc}")
+            document, code = dict({"error": str(exc), "exit_code": exc.exit_code}, **exc.details), exc.exit_code
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            document = {"error": f"internal error: {type(exc).__name__}: {exc}", "exit_code": ExitCode.FAILED}
+            code = ExitCode.FAILED
+        emit(document)
+        sys.exit(code)
+
+    return wrapper
+
+
+def parse_labels(labels: tuple[str, ...]) -> dict[str, str]:
+    parsed = {}
+    for label in labels:
+        key, sep, value = label.partition("=")
+        if not sep or not key.strip():
+            raise BadInput(f"invalid --label {label!r}: expected key=value")
+        parsed[key.strip()] = value
+    return parsed
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--workdir",
+    default="~/.etlab",
+    show_default=True,
+    envvar="ETLAB_WORKDIR",
+    help="Board workdir (~ is expanded).",
+)
+@click.version_option(AGENT_VERSION, prog_name="etlab_agent")
+@click.pass_context
+def cli(ctx: click.Context, workdir: str) -> None:
+    """etlab board agent: board facts, profiling under the board lock, bundles and provisioning helpers."""
+    ctx.obj = Workdir(Path(workdir))
+
+
+@cli.command()
+@click.option("--runner", type=click.Path(dir_okay=False), help="Probe this runner instead of the provisioned one.")
+@click.pass_obj
+@json_command
+def info(workdir: Workdir, runner: str | None) -> tuple[dict[str, Any], int]:
+    """Board facts: model, CPU, frequencies, temperature, throttling, memory, versions, lock holder."""
+    return collect_info(workdir, Path(runner).expanduser() if runner else None), ExitCode.OK
+
+
+@cli.command(name="profile")
+@click.option("--model", required=True, help="The .pte to run.")
+@click.option("--run-id", required=True, help="Names the bundle folder: [A-Za-z0-9._-]+.")
+@click.option("--inputs", help="ETLT inputs file (default: the runner generates inputs).")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Recorded in run.json (repeatable).")
+@click.option("--warmup", type=click.IntRange(min=0))
+@click.option("--iterations", type=click.IntRange(min=1))
+@click.option("--threads", type=click.IntRange(min=1))
+@click.option("--max-seconds", type=click.FloatRange(min=0))
+@click.option("--method", help="Program method to run (runner default: forward).")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_SECONDS, show_default=True
+)
+@click.option("--lock-timeout", type=click.FloatRange(min=0), default=DEFAULT_LOCK_TIMEOUT_SECONDS, show_default=True)
+@click.option(
+    "--kill-grace",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_KILL_GRACE_SECONDS,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL when the runner is stopped.",
+)
+@click.option("--no-etdump", is_flag=True, help="Do not record an ETDump.")
+@click.option("--runner", help="Runner binary (default: the provisioned one from state.json).")
+@click.pass_obj
+@json_command
+def profile_command(
+    workdir: Workdir,
+    model: str,
+    run_id: str,
+    inputs: str | None,
+    labels: tuple[str, ...],
+    warmup: int | None,
+    iterations: int | None,
+    threads: int | None,
+    max_seconds: float | None,
+    method: str | None,
+    timeout: float,
+    lock_timeout: float,
+    kill_grace: float,
+    no_etdump: bool,
+    runner: str | None,
+) -> tuple[dict[str, Any], int]:
+    """Run the native runner once under the board lock and write <wd>/bundles/<run-id>/."""
+    request = ProfileRequest(
+        model=Path(model),
+        run_id=run_id,
+        inputs=Path(inputs) if inputs else None,
+        labels=parse_labels(labels),
+        warmup=warmup,
+        iterations=iterations,
+        threads=threads,
+        max_seconds=max_seconds,
+        method=method,
+        timeout=timeout,
+        lock_timeout=lock_timeout,
+        etdump=not no_etdump,
+        runner=Path(runner) if runner else None,
+        kill_grace=kill_grace,
+    )
+    result = profile(workdir, request)
+    return result, ExitCode.OK if result["status"] == "ok" else ExitCode.FAILED
+
+
+@cli.command()
+@click.pass_obj
+@json_command
+def bundles(workdir: Workdir) -> tuple[dict[str, Any], int]:
+    """List result bundles, newest first."""
+    return {"bundles": list_bundles(workdir)}, ExitCode.OK
+
+
+@cli.command()
+@click.option("--keep", type=int, required=True, help="How many of the newest bundles to keep.")
+@click.option(
+    "--model-days",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Keep unreferenced models/inputs used within this many days.",
+)
+@click.option("--lock-timeout", type=click.FloatRange(min=0), default=DEFAULT_LOCK_TIMEOUT_SECONDS, show_default=True)
+@click.option("--dry-run", is_flag=True, help="Report what would be removed, remove nothing.")
+@click.pass_obj
+@json_command
+def gc(
+    workdir: Workdir, keep: int, model_days: float, lock_timeout: float, dry_run: bool
+) -> tuple[dict[str, Any], int]:
+    """Remove old bundles, stale .tmp-* folders and models/inputs no kept bundle uses."""
+    return collect_garbage(workdir, keep, model_days, lock_timeout, dry_run), ExitCode.OK
+
+
+@cli.command(name="lock-status")
+@click.pass_obj
+@json_command
+def lock_status(workdir: Workdir) -> tuple[dict[str, Any], int]:
+    """Who holds the board lock (holder null when free)."""
+    holder = current_holder(workdir)
+    return {"held": holder is not None, "holder": holder}, ExitCode.OK
+
+
+@cli.command()
+@click.option("--wheel", required=True, help="The .whl to unpack.")
+@click.option("--dest", required=True, help="Destination folder (replaced as a whole, atomically).")
+@click.option("--member-prefix", "member_prefixes", multiple=True, help="Only members under this prefix (repeatable).")
+@click.option("--strip-prefix", help="Remove this prefix from member paths (e.g. executorch/ or cmake/data/).")
+@json_command
+def unpack(
+    wheel: str, dest: str, member_prefixes: tuple[str, ...], strip_prefix: str | None
+) -> tuple[dict[str, Any], int]:
+    """Unpack a wheel safely (no absolute or '..' members), keeping exec bits."""
+    from .wheel import unpack_wheel
+
+    return unpack_wheel(Path(wheel), Path(dest), member_prefixes, strip_prefix), ExitCode.OK
+
+
+@cli.command(name="build-runner")
+@click.option("--sdk", required=True, help="ExecuTorch SDK folder (include/, lib/, share/cmake/).")
+@click.option("--source", required=True, help="The board/runner source folder.")
+@click.option("--out", required=True, help="Output folder: <out>/etlab_runner, <out>/build.log, <out>/build/.")
+@click.option("--jobs", type=click.IntRange(min=1), help="Parallel compile jobs (default: all cores).")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3600.0,
+    show_default=True,
+    help="Seconds allowed per build step.",
+)
+@click.pass_obj
+@json_command
+def build_runner_command(
+    workdir: Workdir, sdk: str, source: str, out: str, jobs: int | None, timeout: float
+) -> tuple[dict[str, Any], int]:
+    """Build the native runner on this board."""
+    from .build import build_runner
+
+    return build_runner(workdir, Path(sdk), Path(source), Path(out), jobs, timeout), ExitCode.OK
+
+
+@cli.command()
+@click.pass_obj
+@json_command
+def state(workdir: Workdir) -> tuple[dict[str, Any], int]:
+    """Print <wd>/state.json ("provisioned": false when absent)."""
+    current = read_state(workdir)
+    return {"provisioned": current is not None, "path": str(workdir.state), "state": current}, ExitCode.OK
+
+
+@cli.command(name="set-state")
+@click.argument("assignments", nargs=-1, metavar="KEY=VALUE...")
+@click.option("--unset", "unset_keys", multiple=True, metavar="KEY", help="Remove a key (repeatable).")
+@click.pass_obj
+@json_command
+def set_state(
+    workdir: Workdir, assignments: tuple[str, ...], unset_keys: tuple[str, ...]
+) -> tuple[dict[str, Any], int]:
+    """Merge KEY=VALUE pairs into <wd>/state.json atomically (keys: see `state`; --unset KEY removes one)."""
+    updates: dict[str, str | None] = {}
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        if not sep:
+            raise BadInput(f"invalid assignment {assignment!r}: expected KEY=VALUE")
+        updates[key] = value
+    for key in unset_keys:
+        updates[key] = None
+    if not updates:
+        raise BadInput("nothing to set: pass KEY=VALUE pairs or --unset KEY")
+    return {"path": str(workdir.state), "state": update_state(workdir, updates)}, ExitCode.OK
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="etlab_agent", standalone_mode=False)
+    except click.exceptions.UsageError as exc:
+        exc.show(file=sys.stderr)
+        emit({"error": exc.format_message(), "exit_code": ExitCode.USAGE})
+        sys.exit(ExitCode.USAGE)
+    except click.exceptions.Abort:
+        emit({"error": "aborted", "exit_code": ExitCode.FAILED})
+        sys.exit(ExitCode.FAILED)
+    sys.exit(ExitCode.OK)

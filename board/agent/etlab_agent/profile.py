@@ -1,0 +1,293 @@
+"""`profile`: run the native runner once under the board lock and leave a complete result bundle.
+
+The bundle is assembled in `<wd>/bundles/.tmp-<run-id>` and renamed into place at the end, so a bundle folder
+that exists is complete; `result_manifest.json` is written last and hashes every other file in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+from . import AGENT_VERSION
+from .errors import BadInput
+from .files import atomic_write_json, fsync_path, log, sha256_file, utc_now
+from .info import collect_info
+from .lock import BoardLock, describe_holder
+from .process import RunOutcome, StopRequest, run_in_own_group
+from .state import read_state, runner_from_state
+from .workdir import Workdir, validate_run_id
+
+MANIFEST_SCHEMA = 1
+RUN_SCHEMA = 1
+MANIFEST_NAME = "result_manifest.json"
+RUNNER_ERROR_PREFIX = "etlab_runner: error:"
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+DEFAULT_TIMEOUT_SECONDS = 1800.0
+DEFAULT_LOCK_TIMEOUT_SECONDS = 600.0
+DEFAULT_KILL_GRACE_SECONDS = 5.0
+
+
+class ProfileRequest:
+    def __init__(
+        self,
+        model: Path,
+        run_id: str,
+        inputs: Path | None = None,
+        labels: dict[str, str] | None = None,
+        warmup: int | None = None,
+        iterations: int | None = None,
+        threads: int | None = None,
+        max_seconds: float | None = None,
+        method: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT_SECONDS,
+        etdump: bool = True,
+        runner: Path | None = None,
+        kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
+    ) -> None:
+        self.model = model
+        self.run_id = run_id
+        self.inputs = inputs
+        self.labels = dict(labels or {})
+        self.warmup = warmup
+        self.iterations = iterations
+        self.threads = threads
+        self.max_seconds = max_seconds
+        self.method = method
+        self.timeout = timeout
+        self.lock_timeout = lock_timeout
+        self.etdump = etdump
+        self.runner = runner
+        self.kill_grace = kill_grace
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "warmup": self.warmup,
+            "iterations": self.iterations,
+            "threads": self.threads,
+            "max_seconds": self.max_seconds,
+            "method": self.method,
+            "timeout": self.timeout,
+            "lock_timeout": self.lock_timeout,
+            "etdump": self.etdump,
+            "kill_grace": self.kill_grace,
+        }
+
+
+def _existing_file(path: Path, what: str) -> Path:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise BadInput(f"{what} {path} does not exist or is not a file")
+    return path.absolute()
+
+
+def file_sha256(path: Path) -> tuple[str, str]:
+    """The sha256 from the `<file>.sha256` sidecar when it holds one, else computed; and which it was."""
+    sidecar = Path(f"{path}.sha256")
+    try:
+        words = sidecar.read_text(encoding="utf-8").split()
+    except OSError:
+        words = []
+    if words and SHA256_PATTERN.fullmatch(words[0].lower()):
+        return words[0].lower(), "sidecar"
+    if words:
+        log(f"ignoring malformed sidecar {sidecar}; hashing {path.name} instead")
+    return sha256_file(path), "computed"
+
+
+def runner_error_line(log_path: Path) -> str | None:
+    """The runner's last `etlab_runner: error: ...` line in its log, if any."""
+    try:
+        with open(str(log_path), "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 65536))
+            tail = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in tail.splitlines() if line.strip().startswith(RUNNER_ERROR_PREFIX)]
+    return lines[-1] if lines else None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def judge(outcome: RunOutcome, bundle: Path, request: ProfileRequest, timeout: float) -> tuple[str, str | None]:
+    """The bundle's status (ok, failed, timeout) and one-line error."""
+    error_line = runner_error_line(bundle / "runner.log")
+    if outcome.timed_out:
+        return "timeout", f"runner exceeded the {timeout:g} s timeout; its process group was killed"
+    if outcome.spawn_error:
+        return "failed", outcome.spawn_error
+    if outcome.interrupted_by:
+        return "failed", f"the agent received {outcome.interrupted_by}; the runner was stopped"
+    code = outcome.exit_code
+    if code is None or code < 0:
+        return "failed", error_line or f"runner was killed by {_signal_name(-(code or 0))}"
+    if code != 0:
+        return "failed", error_line or f"runner exited with code {code}"
+    expected = ["timings.json", "outputs.etlt"] + (["etdump.etdp"] if request.etdump else [])
+    missing = [name for name in expected if not (bundle / name).is_file()]
+    if missing:
+        return "failed", f"runner exited 0 but did not write {', '.join(missing)}"
+    return "ok", None
+
+
+def runner_argv(runner: Path, request: ProfileRequest, bundle: Path, expect_version: str | None) -> list[str]:
+    argv = [str(runner), "--model", str(request.model)]
+    if request.inputs is not None:
+        argv += ["--inputs", str(request.inputs)]
+    optional: list[tuple[str, Any]] = [
+        ("--method", request.method),
+        ("--warmup", request.warmup),
+        ("--iterations", request.iterations),
+        ("--threads", request.threads),
+        ("--max-seconds", request.max_seconds),
+    ]
+    for flag, value in optional:
+        if value is not None:
+            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    if request.etdump:
+        argv += ["--etdump", str(bundle / "etdump.etdp")]
+    argv += ["--outputs", str(bundle / "outputs.etlt"), "--timings", str(bundle / "timings.json")]
+    if expect_version:
+        argv += ["--expect-executorch-version", expect_version]
+    return argv
+
+
+def write_manifest(bundle: Path, head: dict[str, Any]) -> dict[str, Any]:
+    """Hash every file in the bundle (fsyncing it) and write result_manifest.json last."""
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(bundle.iterdir()):
+        if path.name == MANIFEST_NAME or not path.is_file():
+            continue
+        fsync_path(path)
+        files[path.name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    manifest = dict(head, files=files, created_at=utc_now())
+    atomic_write_json(bundle / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def _touch_if_managed(workdir: Workdir, path: Path | None) -> None:
+    """Mark a workdir model/input as used now, so gc keeps recently used ones (atime is unreliable)."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        path.resolve().relative_to(workdir.root.resolve())
+        os.utime(str(path))
+
+
+def profile(workdir: Workdir, request: ProfileRequest) -> dict[str, Any]:
+    """Run one profile; returns {"run_id", "bundle", "status", "error"}. Raises AgentError before the run starts."""
+    validate_run_id(request.run_id)
+    request.model = _existing_file(request.model, "model")
+    if request.inputs is not None:
+        request.inputs = _existing_file(request.inputs, "inputs file")
+    state = read_state(workdir)
+    if request.runner is not None:
+        runner = Path(request.runner).expanduser().absolute()
+        if not (runner.is_file() and os.access(str(runner), os.X_OK)):
+            raise BadInput(f"runner {runner} does not exist or is not executable")
+        expect_version = str(state["executorch_version"]) if state and state.get("executorch_version") else None
+    else:
+        runner, expect_version = runner_from_state(workdir)
+    final = workdir.bundle(request.run_id)
+    if final.exists():
+        raise BadInput(f"bundle {final} already exists: choose a new run id")
+
+    workdir.ensure()
+    lock = BoardLock(workdir)
+    waited = lock.acquire(describe_holder("profile", request.run_id), request.lock_timeout)
+    try:
+        # From here on a SIGTERM/SIGHUP stops the runner but the bundle is still finished and renamed into place.
+        with StopRequest() as stop:
+            return _profile_locked(workdir, request, runner, expect_version, lock, waited, stop)
+    finally:
+        lock.release()
+
+
+def _profile_locked(
+    workdir: Workdir,
+    request: ProfileRequest,
+    runner: Path,
+    expect_version: str | None,
+    lock: BoardLock,
+    waited: float,
+    stop: StopRequest,
+) -> dict[str, Any]:
+    final = workdir.bundle(request.run_id)
+    if final.exists():  # created by another caller while we waited for the lock
+        raise BadInput(f"bundle {final} already exists: choose a new run id")
+    tmp = workdir.tmp_bundle(request.run_id)
+    if tmp.exists():  # left by a killed agent; we hold the lock, so nobody is writing it
+        shutil.rmtree(str(tmp))
+    tmp.mkdir(parents=True)
+
+    _touch_if_managed(workdir, request.model)
+    _touch_if_managed(workdir, request.inputs)
+    model_sha256, model_sha256_source = file_sha256(request.model)
+    inputs_sha256 = file_sha256(request.inputs)[0] if request.inputs is not None else None
+
+    atomic_write_json(tmp / "board_info_before.json", collect_info(workdir, runner))
+    argv = runner_argv(runner, request, tmp, expect_version)
+    log(f"run {request.run_id}: {' '.join(argv)}")
+    assert lock.fd is not None
+    # The runner inherits the lock, so if this agent is killed the board stays locked until the runner is gone.
+    outcome = run_in_own_group(
+        argv, tmp / "runner.log", request.timeout, request.kill_grace, pass_fds=(lock.fd,), stop=stop
+    )
+    atomic_write_json(tmp / "board_info_after.json", collect_info(workdir, runner))
+
+    status, error = judge(outcome, tmp, request, request.timeout)
+    run = {
+        "schema": RUN_SCHEMA,
+        "run_id": request.run_id,
+        "agent_version": AGENT_VERSION,
+        "model": str(request.model),
+        "model_sha256": model_sha256,
+        "model_sha256_source": model_sha256_source,
+        "model_size": request.model.stat().st_size,
+        "inputs": str(request.inputs) if request.inputs is not None else None,
+        "inputs_sha256": inputs_sha256,
+        "labels": request.labels,
+        "parameters": request.parameters(),
+        "runner": str(runner),
+        "runner_argv": argv,
+        "expect_executorch_version": expect_version,
+        "lock_holder": lock.holder,
+        "lock_waited_s": round(waited, 3),
+        "lock_acquired_at": lock.holder["acquired_at"] if lock.holder else None,
+        "started_at": outcome.started_at,
+        "ended_at": outcome.ended_at,
+        "duration_s": round(outcome.duration_s, 6),
+        "runner_exit_code": outcome.exit_code,
+        "timed_out": outcome.timed_out,
+        "interrupted_by": outcome.interrupted_by,
+        "spawn_error": outcome.spawn_error,
+    }
+    atomic_write_json(tmp / "run.json", run)
+    write_manifest(
+        tmp,
+        {
+            "schema": MANIFEST_SCHEMA,
+            "run_id": request.run_id,
+            "status": status,
+            "error": error,
+            "runner_exit_code": outcome.exit_code,
+            "model_sha256": model_sha256,
+            "agent_version": AGENT_VERSION,
+        },
+    )
+    os.rename(str(tmp), str(final))
+    fsync_path(workdir.bundles)
+    log(f"run {request.run_id}: {status}" + (f" ({error})" if error else ""))
+    return {"run_id": request.run_id, "bundle": str(final), "status": status, "error": error}

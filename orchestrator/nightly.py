@@ -27,7 +27,7 @@ from .inventory import Board, Inventory
 from .pipeline import CellJob, CellOutcome, run_cells_on_board
 from .profiling import RunParams
 from .report import CellVerdict, NightReport, write_reports
-from .spec import BUILTIN_SPECS, ModelSpec, resolve_spec
+from .spec import ModelSpec, resolve_spec
 from .stats import DEFAULT_MIN_EFFECT, compare_samples
 
 DEFAULT_BASELINE_NIGHTS = 7
@@ -36,7 +36,7 @@ OP_MIN_SHARE = 0.005  # an operator must move at least 0.5% of the total to be n
 
 @dataclass(frozen=True)
 class MatrixEntry:
-    models: tuple[str, ...]
+    models: tuple[ModelSpec, ...]
     backends: tuple[str, ...]
     boards: tuple[str, ...]
     params: RunParams
@@ -148,12 +148,14 @@ def load_config(inventory: Inventory) -> NightlyConfig:
         for required in ("models", "backends"):
             if required not in found:
                 raise fail(entry_node, f"{where}.{required}", "is required")
-        models = names(found["models"], f"{where}.models")
-        for model in models:
-            if model not in BUILTIN_SPECS and not Path(model).suffix == ".json":
-                raise fail(
-                    found["models"], f"{where}.models", f"unknown model {model!r}; known: {', '.join(BUILTIN_SPECS)}"
-                )
+        models = []
+        for model in names(found["models"], f"{where}.models"):
+            # A spec file path is relative to the inventory; anything else is a built-in name.
+            is_file = model.endswith(".json")
+            try:
+                models.append(resolve_spec(None, path.parent / model) if is_file else resolve_spec(model))
+            except EtlabError as exc:
+                raise fail(found["models"], f"{where}.models", str(exc).splitlines()[0]) from None
         backends = names(found["backends"], f"{where}.backends")
         for backend in backends:
             if backend not in ("portable", "xnnpack"):
@@ -168,13 +170,13 @@ def load_config(inventory: Inventory) -> NightlyConfig:
             raise fail(entry_node, where, str(exc)) from None
         params = run_params(found, where, defaults)
         for board in selected:
-            for model in models:
+            for spec in models:
                 for backend in backends:
-                    cell = (board.name, model, backend)
+                    cell = (board.name, spec.name, backend)
                     if cell in seen:
                         raise fail(entry_node, where, f"cell {' / '.join(cell)} is already in matrix[{seen[cell]}]")
                     seen[cell] = index
-        entries.append(MatrixEntry(models, backends, tuple(b.name for b in selected), RunParams(**params)))
+        entries.append(MatrixEntry(tuple(models), backends, tuple(b.name for b in selected), RunParams(**params)))
 
     reports = top.get("reports")
     return NightlyConfig(
@@ -194,10 +196,6 @@ def load_config(inventory: Inventory) -> NightlyConfig:
 
 
 # ---------------------------------------------------------------- recording
-
-
-def _spec(model: str) -> ModelSpec:
-    return resolve_spec(None, model) if model.endswith(".json") else resolve_spec(model)
 
 
 def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], threads: int | None) -> RunRecord:
@@ -315,17 +313,18 @@ def run_nightly(
     history = History(history_url or config.history_url)
     try:
         recorded = history.recorded_cells(night)
-        boards = inventory.boards
+        specs: dict[str, ModelSpec] = {}
         plan: dict[str, list[tuple[str, str, RunParams]]] = {}
         skipped = []
         for entry in config.entries:
             for board in entry.boards:
-                for model in entry.models:
+                for spec in entry.models:
+                    specs[spec.name] = spec
                     for backend in entry.backends:
-                        if (board, model, backend) in recorded:
-                            skipped.append((board, model, backend))
+                        if (board, spec.name, backend) in recorded:
+                            skipped.append((board, spec.name, backend))
                         else:
-                            plan.setdefault(board, []).append((model, backend, entry.params))
+                            plan.setdefault(board, []).append((spec.name, backend, entry.params))
         if skipped:
             console.info(f"{len(skipped)} cell(s) already recorded for {night}: skipped")
 
@@ -339,30 +338,31 @@ def run_nightly(
         for model, backends in wanted.items():
             try:
                 result = lowering.lower(
-                    _spec(model), backends=sorted(backends), weights=config.weights, root=artifacts_root
+                    specs[model], backends=sorted(backends), weights=config.weights, root=artifacts_root
                 )
                 versions[model] = next(iter(result.backends.values())).sidecar["versions"]
             except EtlabError as exc:
                 lowering_errors[model] = str(exc).splitlines()[0]
 
         def on_board(board: Board) -> list[CellOutcome]:
-            jobs, failed = [], []
+            jobs, failed, threads = [], [], {}
             for model, backend, params in plan[board.name]:
+                threads[(model, backend)] = params.threads or board.threads
                 if model in lowering_errors:
                     failed.append(CellOutcome(board.name, model, backend, stage="lower", error=lowering_errors[model]))
                 else:
-                    jobs.append(CellJob(load_artifact(_spec(model).name, backend, artifacts_root), params))
+                    jobs.append(CellJob(load_artifact(model, backend, artifacts_root), params))
 
             def record(cell: CellOutcome) -> None:
-                threads = next((j.params.threads for j in jobs if (j.artifact.model, j.artifact.backend) ==
-                                (cell.model, cell.backend)), None)  # fmt: skip
-                history.record(record_from_cell(cell, night, versions.get(cell.model, {}), threads or board.threads))
+                history.record(
+                    record_from_cell(cell, night, versions.get(cell.model, {}), threads[(cell.model, cell.backend)])
+                )
 
             for cell in failed:
                 record(cell)
             return failed + run_cells_on_board(board, jobs, on_cell=record, results_root=results_root)
 
-        outcomes = fan_out([boards[name] for name in plan], on_board)
+        outcomes = fan_out([inventory.boards[name] for name in plan], on_board)
         for outcome in outcomes:
             if not outcome.ok:  # a bug, not a board failure: still visible, and a reason to alarm
                 console.error(f"{outcome.board.name}: {outcome.error}")

@@ -1,0 +1,350 @@
+// etlab_runner: loads an ExecuTorch program, runs one method N times and records latency, outputs
+// and (optionally) an ETDump. Contract: docs/DESIGN.md ("Native runner"); details: ../README.md.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <executorch/devtools/etdump/etdump_flatcc.h>
+#include <executorch/extension/data_loader/mmap_data_loader.h>
+#include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
+#include <executorch/runtime/core/hierarchical_allocator.h>
+#include <executorch/runtime/executor/memory_manager.h>
+#include <executorch/runtime/executor/method.h>
+#include <executorch/runtime/executor/program.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include "atomic_file.h"
+#include "crash_guard.h"
+#include "exit_codes.h"
+#include "json.h"
+#include "method_io.h"
+#include "options.h"
+#include "tensor_file.h"
+#include "threadpool_control.h"
+
+#ifndef ETLAB_RUNNER_VERSION
+#error "ETLAB_RUNNER_VERSION must be defined by the build"
+#endif
+#ifndef ETLAB_EXECUTORCH_BUILD_VERSION
+#error "ETLAB_EXECUTORCH_BUILD_VERSION must be defined by the build"
+#endif
+
+namespace etlab {
+namespace {
+
+namespace et = ::executorch::runtime;
+using ::executorch::etdump::ETDumpGen;
+using ::executorch::extension::MallocMemoryAllocator;
+using ::executorch::extension::MmapDataLoader;
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kPlannedBufferAlignment = 64;
+
+// "1.5.1+cpu" -> "1.5.1": the release, as orchestrator/versions.py reports it.
+std::string executorch_release() {
+  const std::string build = ETLAB_EXECUTORCH_BUILD_VERSION;
+  return build.substr(0, build.find('+'));
+}
+
+std::string version_json() {
+  return std::string("{\"runner_version\": ") + json_string(ETLAB_RUNNER_VERSION) +
+         ", \"executorch_version\": " + json_string(executorch_release()) +
+         ", \"executorch_build_version\": " + json_string(ETLAB_EXECUTORCH_BUILD_VERSION) + "}";
+}
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+void check_model_readable(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error_number = errno;
+    if (error_number == ENOENT) throw RunnerError(kExitModelMissing, "model file not found: " + path);
+    throw RunnerError(kExitModelMissing, "cannot read model file " + path + ": " + std::strerror(error_number));
+  }
+  struct stat info {};
+  const bool is_regular = fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
+  close(fd);
+  if (!is_regular) throw RunnerError(kExitModelMissing, "model path is not a regular file: " + path);
+}
+
+void check_outputs_writable(const Options& options) {
+  for (const auto* path : {&options.outputs, &options.etdump, &options.timings}) {
+    if (!path->has_value()) continue;
+    try {
+      check_writable(**path);
+    } catch (const IoError& error) {
+      throw RunnerError(kExitUnwritableOutput, error.what());
+    }
+  }
+}
+
+std::vector<std::string> method_names(const et::Program& program) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < program.num_methods(); ++i) {
+    const auto name = program.get_method_name(i);
+    if (name.ok()) names.emplace_back(name.get());
+  }
+  return names;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out.empty() ? "none" : out;
+}
+
+// One buffer per memory-planned arena, sized from the method's metadata.
+class PlannedMemory {
+ public:
+  explicit PlannedMemory(const et::MethodMeta& meta) {
+    for (size_t i = 0; i < meta.num_memory_planned_buffers(); ++i) {
+      const auto size = meta.memory_planned_buffer_size(i);
+      if (!size.ok() || size.get() < 0) {
+        throw RunnerError(kExitCorruptProgram, "cannot read the size of planned buffer " + std::to_string(i));
+      }
+      const auto bytes = static_cast<size_t>(size.get());
+      const size_t rounded = (bytes + kPlannedBufferAlignment - 1) / kPlannedBufferAlignment * kPlannedBufferAlignment;
+      void* data = rounded == 0 ? nullptr : std::aligned_alloc(kPlannedBufferAlignment, rounded);
+      if (rounded != 0 && data == nullptr) throw std::bad_alloc();
+      buffers_.emplace_back(static_cast<uint8_t*>(data), &std::free);
+      spans_.emplace_back(static_cast<uint8_t*>(data), bytes);
+      total_bytes_ += bytes;
+    }
+    allocator_ = std::make_unique<et::HierarchicalAllocator>(et::Span<et::Span<uint8_t>>(spans_.data(), spans_.size()));
+  }
+
+  et::HierarchicalAllocator* allocator() { return allocator_.get(); }
+  size_t total_bytes() const { return total_bytes_; }
+
+ private:
+  std::vector<std::unique_ptr<uint8_t, decltype(&std::free)>> buffers_;
+  std::vector<et::Span<uint8_t>> spans_;
+  std::unique_ptr<et::HierarchicalAllocator> allocator_;
+  size_t total_bytes_ = 0;
+};
+
+struct Timings {
+  size_t threads = 0;
+  double load_ms = 0;
+  double method_init_ms = 0;
+  std::vector<double> warmup_ms;
+  std::vector<double> iterations_ms;
+  bool stopped_early = false;
+  std::string inputs_source;
+};
+
+std::string timings_json(const Options& options, const Timings& timings) {
+  std::string out = "{\n";
+  auto field = [&out](const char* name, const std::string& value, bool last = false) {
+    out += std::string("  \"") + name + "\": " + value + (last ? "\n" : ",\n");
+  };
+  field("runner_version", json_string(ETLAB_RUNNER_VERSION));
+  field("executorch_version", json_string(executorch_release()));
+  field("executorch_build_version", json_string(ETLAB_EXECUTORCH_BUILD_VERSION));
+  field("model", json_string(options.model));
+  field("method", json_string(options.method));
+  field("threads", std::to_string(timings.threads));
+  field("load_ms", json_number(timings.load_ms));
+  field("method_init_ms", json_number(timings.method_init_ms));
+  field("warmup_ms", json_number_list(timings.warmup_ms));
+  field("iterations_ms", json_number_list(timings.iterations_ms));
+  field("warmup_requested", std::to_string(options.warmup));
+  field("iterations_requested", std::to_string(options.iterations));
+  field("stopped_early", timings.stopped_early ? "true" : "false");
+  field("max_seconds", json_number(options.max_seconds));
+  field("etdump", options.etdump ? "true" : "false");
+  field("inputs_source", json_string(timings.inputs_source), /*last=*/true);
+  return out + "}\n";
+}
+
+void write_output(const std::string& what, const std::function<void()>& writer) {
+  try {
+    writer();
+  } catch (const IoError& error) {
+    throw RunnerError(kExitUnwritableOutput, std::string(error.what()) + " (" + what + ")");
+  }
+}
+
+int run(const Options& options) {
+  if (options.expect_executorch_version) {
+    const std::string& expected = *options.expect_executorch_version;
+    if (expected != executorch_release() && expected != ETLAB_EXECUTORCH_BUILD_VERSION) {
+      throw RunnerError(kExitVersionMismatch, "ExecuTorch version mismatch: runner built against " +
+                                                  std::string(ETLAB_EXECUTORCH_BUILD_VERSION) + ", expected " +
+                                                  expected);
+    }
+  }
+  check_outputs_writable(options);
+  check_model_readable(options.model);
+
+  Timings timings;
+  // Before any method is loaded: XNNPACK captures the pthreadpool at init.
+  set_phase("setting up the thread pool", kExitExecutionFailed);
+  const long online_cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const size_t wanted_threads = options.threads > 0 ? options.threads : static_cast<size_t>(std::max(1L, online_cores));
+  timings.threads = set_thread_count(wanted_threads);
+
+  set_phase("loading the program", kExitCorruptProgram);
+  const auto load_start = Clock::now();
+  auto loader = MmapDataLoader::from(options.model.c_str(), MmapDataLoader::MlockConfig::NoMlock);
+  if (!loader.ok()) {
+    throw RunnerError(kExitModelMissing,
+                      "cannot map model file " + options.model + " (" + et::to_string(loader.error()) + ")");
+  }
+  auto program = et::Program::load(&loader.get(), et::Program::Verification::InternalConsistency);
+  if (!program.ok()) {
+    throw RunnerError(kExitCorruptProgram, options.model + " is not a valid ExecuTorch program (" +
+                                               et::to_string(program.error()) + ")");
+  }
+  timings.load_ms = ms_since(load_start);
+
+  const auto names = method_names(program.get());
+  if (std::find(names.begin(), names.end(), options.method) == names.end()) {
+    throw RunnerError(kExitUnknownMethod, "method '" + options.method + "' not found in " + options.model +
+                                              " (methods: " + join(names) + ")");
+  }
+  auto meta = program->method_meta(options.method.c_str());
+  if (!meta.ok()) {
+    throw RunnerError(kExitCorruptProgram, "cannot read metadata of method '" + options.method + "' in " +
+                                               options.model + " (" + et::to_string(meta.error()) + ")");
+  }
+
+  set_phase("preparing inputs", kExitInputMismatch);
+  std::vector<NamedTensor> inputs;
+  if (options.inputs) {
+    try {
+      inputs = read_tensor_file(*options.inputs);
+    } catch (const TensorFileError& error) {
+      throw RunnerError(kExitInputMismatch, error.what());
+    }
+    validate_inputs(meta.get(), inputs, *options.inputs);
+    timings.inputs_source = "file";
+  } else {
+    inputs = generate_inputs(meta.get());
+    validate_inputs(meta.get(), inputs, "generated inputs");
+    timings.inputs_source = "generated";
+  }
+  BoundInputs bound_inputs(inputs);
+
+  set_phase("initialising the method", kExitCorruptProgram);
+  PlannedMemory planned_memory(meta.get());
+  MallocMemoryAllocator method_allocator;
+  MallocMemoryAllocator temp_allocator;  // reset by the runtime after each instruction
+  et::MemoryManager memory_manager(&method_allocator, planned_memory.allocator(), &temp_allocator);
+  // Without a buffer ETDumpGen builds with flatcc's heap allocator, which grows as events arrive,
+  // so no ETDump size limit applies (a fixed buffer would abort once full).
+  std::unique_ptr<ETDumpGen> etdump = options.etdump ? std::make_unique<ETDumpGen>() : nullptr;
+  const auto init_start = Clock::now();
+  auto method = program->load_method(options.method.c_str(), &memory_manager, etdump.get());
+  if (!method.ok()) {
+    throw RunnerError(kExitCorruptProgram, "cannot initialise method '" + options.method + "' of " + options.model +
+                                               " (" + et::to_string(method.error()) + "; see the log above)");
+  }
+  timings.method_init_ms = ms_since(init_start);
+
+  // Each execute() is its own "Execute" ETDump block (Method::execute opens it); load_method made "Default".
+  const auto budget_start = Clock::now();
+  auto budget_spent = [&]() {
+    return options.max_seconds > 0 && ms_since(budget_start) >= options.max_seconds * 1000.0;
+  };
+  auto execute_once = [&](const std::string& which) {
+    set_phase("setting inputs", kExitInputMismatch);
+    bound_inputs.set_all(method.get());  // every run: planned input memory may be reused by activations
+    set_phase("executing the method", kExitExecutionFailed);
+    const auto start = Clock::now();
+    const et::Error error = method->execute();
+    const double elapsed = ms_since(start);
+    if (error != et::Error::Ok) {
+      throw RunnerError(kExitExecutionFailed, "execution failed in " + which + " (" + et::to_string(error) + ")");
+    }
+    return elapsed;
+  };
+  for (size_t i = 0; i < options.warmup; ++i) {
+    if (i > 0 && budget_spent()) {
+      timings.stopped_early = true;
+      break;
+    }
+    timings.warmup_ms.push_back(
+        execute_once("warmup run " + std::to_string(i + 1) + " of " + std::to_string(options.warmup)));
+  }
+  for (size_t i = 0; i < options.iterations; ++i) {
+    if (i > 0 && budget_spent()) {
+      timings.stopped_early = true;
+      break;
+    }
+    timings.iterations_ms.push_back(
+        execute_once("timed run " + std::to_string(i + 1) + " of " + std::to_string(options.iterations)));
+  }
+
+  set_phase("writing results", kExitUnwritableOutput);
+  if (options.outputs) {
+    const auto outputs = collect_outputs(method.get());
+    write_output("outputs", [&] { write_tensor_file(*options.outputs, outputs); });
+  }
+  if (etdump) {
+    const auto result = etdump->get_etdump_data();
+    std::unique_ptr<void, decltype(&std::free)> owned(result.buf, &std::free);
+    if (result.buf == nullptr || result.size == 0) {
+      throw RunnerError(kExitUnwritableOutput, "ETDump is empty; nothing to write to " + *options.etdump);
+    }
+    write_output("etdump", [&] { write_file_atomically(*options.etdump, result.buf, result.size); });
+  }
+  if (options.timings) {
+    write_output("timings",
+                 [&] { write_file_atomically(*options.timings, timings_json(options, timings)); });
+  }
+  return kExitOk;
+}
+
+void print_error(const std::string& message) {
+  std::cout.flush();
+  std::fflush(stderr);
+  std::fprintf(stderr, "etlab_runner: error: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+}  // namespace etlab
+
+int main(int argc, char** argv) {
+  using namespace etlab;
+  install_crash_guard();
+  try {
+    const Options options = parse_options(std::vector<std::string>(argv + 1, argv + argc));
+    if (options.show_help) {
+      std::fputs(usage_text(), stdout);
+      return kExitOk;
+    }
+    if (options.show_version) {
+      std::printf("%s\n", version_json().c_str());
+      return kExitOk;
+    }
+    executorch::runtime::runtime_init();
+    return run(options);
+  } catch (const RunnerError& error) {
+    print_error(error.what());
+    return error.code();
+  } catch (const std::bad_alloc&) {
+    print_error(std::string("out of memory while ") + current_phase());
+    return current_phase_exit_code();
+  } catch (const std::exception& error) {
+    print_error(std::string(error.what()) + " while " + current_phase());
+    return current_phase_exit_code();
+  }
+}

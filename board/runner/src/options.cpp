@@ -1,0 +1,118 @@
+#include "options.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+
+#include "exit_codes.h"
+
+namespace etlab {
+namespace {
+
+[[noreturn]] void usage_error(const std::string& message) {
+  throw RunnerError(kExitUsage, message + " (see --help)");
+}
+
+size_t parse_count(const std::string& option, const std::string& text, size_t minimum) {
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || value < static_cast<long long>(minimum) ||
+      value > std::numeric_limits<int32_t>::max()) {
+    usage_error(option + " needs an integer >= " + std::to_string(minimum) + ", got '" + text + "'");
+  }
+  return static_cast<size_t>(value);
+}
+
+double parse_seconds(const std::string& option, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno != 0 || !std::isfinite(value) || value < 0) {
+    usage_error(option + " needs a number of seconds >= 0, got '" + text + "'");
+  }
+  return value;
+}
+
+}  // namespace
+
+const char* usage_text() {
+  return "usage: etlab_runner --model PATH [--inputs PATH] [--method NAME] [--warmup N] [--iterations N]\n"
+         "                    [--max-seconds S] [--threads N] [--etdump PATH] [--outputs PATH]\n"
+         "                    [--timings PATH] [--expect-executorch-version V]\n"
+         "       etlab_runner --version\n"
+         "\n"
+         "Runs an ExecuTorch program (.pte) and records per-iteration latency.\n"
+         "  --model PATH       the .pte to run\n"
+         "  --inputs PATH      ETLT tensor file with the method's inputs (default: generated)\n"
+         "  --method NAME      method to run (default: forward)\n"
+         "  --warmup N         untimed runs first (default: 1)\n"
+         "  --iterations N     timed runs (default: 10, at least 1)\n"
+         "  --max-seconds S    stop early once S seconds have passed and one timed run is done (0 = no limit)\n"
+         "  --threads N        thread pool size (default: number of online cores)\n"
+         "  --etdump PATH      profile with ETDump and write it here\n"
+         "  --outputs PATH     write the last run's outputs as ETLT (output_0, output_1, ...)\n"
+         "  --timings PATH     write timings.json\n"
+         "  --expect-executorch-version V   exit 8 unless the runner was built against ExecuTorch V\n"
+         "Exit codes: 0 ok, 2 usage, 3 model missing, 4 corrupt program, 5 unknown method, 6 input mismatch,\n"
+         "            7 execution failed, 8 version mismatch, 9 cannot write an output file.\n";
+}
+
+Options parse_options(const std::vector<std::string>& args) {
+  Options options;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string name = args[i];
+    std::optional<std::string> inline_value;
+    if (const auto eq = name.find('='); name.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inline_value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    if (name == "--version" || name == "--help" || name == "-h") {
+      if (inline_value) usage_error(name + " takes no value");
+      (name == "--version" ? options.show_version : options.show_help) = true;
+      continue;
+    }
+    auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= args.size()) usage_error(name + " needs a value");
+      return args[++i];
+    };
+    if (name == "--model") {
+      options.model = value();
+    } else if (name == "--method") {
+      options.method = value();
+    } else if (name == "--inputs") {
+      options.inputs = value();
+    } else if (name == "--warmup") {
+      options.warmup = parse_count(name, value(), 0);
+    } else if (name == "--iterations") {
+      options.iterations = parse_count(name, value(), 1);
+    } else if (name == "--max-seconds") {
+      options.max_seconds = parse_seconds(name, value());
+    } else if (name == "--threads") {
+      options.threads = parse_count(name, value(), 1);
+    } else if (name == "--etdump") {
+      options.etdump = value();
+    } else if (name == "--outputs") {
+      options.outputs = value();
+    } else if (name == "--timings") {
+      options.timings = value();
+    } else if (name == "--expect-executorch-version") {
+      options.expect_executorch_version = value();
+    } else {
+      usage_error("unknown argument '" + args[i] + "'");
+    }
+  }
+  if (!options.show_version && !options.show_help) {
+    if (options.model.empty()) usage_error("--model is required");
+    if (options.method.empty()) usage_error("--method must not be empty");
+    for (const auto* path : {&options.inputs, &options.etdump, &options.outputs, &options.timings}) {
+      if (path->has_value() && (*path)->empty()) usage_error("an output or input path must not be empty");
+    }
+  }
+  return options;
+}
+
+}  // namespace etlab

@@ -1,0 +1,32 @@
+// Command line of etlab_runner (docs/DESIGN.md, "Native runner").
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace etlab {
+
+struct Options {
+  bool show_version = false;
+  bool show_help = false;
+  std::string model;
+  std::string method = "forward";
+  std::optional<std::string> inputs;
+  size_t warmup = 1;
+  size_t iterations = 10;
+  double max_seconds = 0.0;  // 0 = no time budget
+  size_t threads = 0;        // 0 = number of online cores
+  std::optional<std::string> etdump;
+  std::optional<std::string> outputs;
+  std::optional<std::string> timings;
+  std::optional<std::string> expect_executorch_version;
+};
+
+// Throws RunnerError(kExitUsage) naming the bad argument.
+Options parse_options(const std::vector<std::string>& args);
+
+const char* usage_text();
+
+}  // namespace etlab

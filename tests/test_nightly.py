@@ -1,0 +1,250 @@
+"""`fab nightly` over several simulated nights, on a real local board (and a real sshd board that goes away)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from orchestrator.history import History, RunRecord
+from orchestrator.inventory import Board
+from orchestrator.nightly import judge
+from orchestrator.paths import PROJECT_ROOT
+from tests.plugins.artifacts import TEST_CACHE
+from tests.plugins.boards import provision_board, write_inventory
+
+SPECS = PROJECT_ROOT / "tests" / "data" / "specs"
+
+
+def nightly_section(tmp_path: Path, matrix: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        "history": f"sqlite:///{tmp_path / 'history.sqlite'}",
+        "reports": str(tmp_path / "reports"),
+        "iterations": 25,
+        "warmup": 3,
+        "matrix": matrix,
+        **extra,
+    }
+
+
+def fab_nightly(
+    inventory: Path, night: str, tmp_path: Path, *, artifacts: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "ETLAB_ARTIFACTS": str(artifacts or TEST_CACHE / "artifacts"),
+        "ETLAB_RESULTS": str(tmp_path / "results"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "fabric", "nightly", "--inventory", str(inventory), "--night", night],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+
+
+def stored(tmp_path: Path, night: str | None = None) -> list[RunRecord]:
+    history = History(f"sqlite:///{tmp_path / 'history.sqlite'}")
+    try:
+        return history.runs(night=night)
+    finally:
+        history.close()
+
+
+def test_identical_nights_then_injected_slowdown(local_board: Board, tmp_path: Path) -> None:
+    matrix = [{"models": [str(SPECS / "distilbert-small.json")], "backends": ["xnnpack"], "boards": ["local"]}]
+    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board], nightly=nightly_section(tmp_path, matrix))
+
+    for day in (1, 2, 3):
+        night = f"2026-11-0{day}"
+        result = fab_nightly(inventory, night, tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        (record,) = stored(tmp_path, night)
+        assert record.status == "ok" and record.validity != "invalid", record.reasons
+        assert len(record.latencies_ms) == 25 and record.ops, "per-iteration samples and per-op medians are kept"
+        assert "REGRESSION" not in result.stderr
+    report = (tmp_path / "reports" / "nightly-2026-11-03.md").read_text()
+    assert "| local | distilbert-small | xnnpack |" in report and "no change" in report
+
+    # Night 4: the model got 4x wider feed-forward blocks: the same graph, much slower matmuls.
+    slow_inventory = write_inventory(
+        tmp_path / "inventory-slow.yaml",
+        [local_board],
+        nightly=nightly_section(tmp_path, [{**matrix[0], "models": [str(SPECS / "distilbert-small-slow.json")]}]),
+    )
+    result = fab_nightly(slow_inventory, "2026-11-04", tmp_path, artifacts=TEST_CACHE / "artifacts-slow")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "REGRESSION local / distilbert-small / xnnpack" in result.stderr
+    junit = ET.parse(tmp_path / "reports" / "nightly-2026-11-04.junit.xml").getroot()
+    failure = junit.find("testcase/failure")
+    assert failure is not None and failure.get("type") == "regression"
+    markdown = (tmp_path / "reports" / "nightly-2026-11-04.md").read_text()
+    assert "## Regression: local / distilbert-small / xnnpack" in markdown
+    assert "XnnpackBackend" in markdown or "aten::" in markdown, "the slower operators are named"
+
+    html = (tmp_path / "reports" / "nightly-2026-11-04.html").read_text()
+    assert html.count("<img class='trend'") == 1 and "data:image/png;base64," in html
+
+
+def _record(night: str, latencies: list[float], *, validity: str = "valid", status: str = "ok") -> RunRecord:
+    return RunRecord(
+        run_id=f"run-{night}-{validity}",
+        night=night,
+        board="b",
+        model="m",
+        backend="xnnpack",
+        status=status,
+        validity=validity,
+        median_ms=sorted(latencies)[len(latencies) // 2],
+        latencies_ms=latencies,
+        versions={"torch": "1"},
+    )
+
+
+def test_invalid_runs_are_never_a_baseline(tmp_path: Path) -> None:
+    history = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    try:
+        base = [10.0 + 0.01 * i for i in range(20)]
+        history.record(_record("2026-11-01", base))
+        history.record(_record("2026-11-02", [x * 2 for x in base], validity="invalid"))  # throttled night
+        history.record(
+            RunRecord(
+                **{
+                    **_record("2026-11-03", base).__dict__,
+                    "run_id": "failed",
+                    "status": "failed",
+                    "validity": "invalid",
+                }
+            )
+        )
+        baseline = history.runs(cell=("b", "m", "xnnpack"), before_night="2026-11-04", versions={"torch": "1"},
+                                valid_only=True)  # fmt: skip
+        assert [r.night for r in baseline] == ["2026-11-01"]
+        # Same as the valid baseline: no regression, even though the invalid night was twice as slow.
+        assert judge(_record("2026-11-04", base), baseline, 0.05).verdict == "no change"
+        assert judge(_record("2026-11-04", [x * 1.3 for x in base]), baseline, 0.05).verdict == "regression"
+        # Other versions are another baseline.
+        assert history.runs(cell=("b", "m", "xnnpack"), versions={"torch": "2"}, valid_only=True) == []
+    finally:
+        history.close()
+
+
+def test_small_shifts_and_noise_are_not_regressions() -> None:
+    base = [_record(f"2026-11-0{n}", [10.0 + 0.3 * ((i * 7 + n) % 5) for i in range(30)]) for n in (1, 2, 3)]
+    noisy = _record("2026-11-04", [10.0 + 0.3 * ((i * 3) % 5) for i in range(30)])
+    assert judge(noisy, base, 0.05).verdict == "no change"
+    slightly = _record("2026-11-04", [x * 1.03 for x in base[0].latencies_ms])  # real but below 5 %
+    assert judge(slightly, base, 0.05).verdict == "no change"
+    assert judge(_record("2026-11-04", [x * 0.7 for x in base[0].latencies_ms]), base, 0.05).verdict == "improvement"
+
+
+def test_board_that_goes_away_is_exit_2(local_board: Board, sshd_board: Any, tmp_path: Path) -> None:
+    remote = sshd_board.board.replace(name="pi-lab-1")
+    provision_board(remote)
+    matrix = [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["local", "pi-lab-1"]}]
+    inventory = write_inventory(
+        tmp_path / "inventory.yaml", [local_board, remote], nightly=nightly_section(tmp_path, matrix)
+    )
+    first = fab_nightly(inventory, "2026-11-01", tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert {r.board for r in stored(tmp_path, "2026-11-01") if r.status == "ok"} == {"local", "pi-lab-1"}
+
+    sshd_board.stop()
+    second = fab_nightly(inventory, "2026-11-02", tmp_path)
+    assert second.returncode == 2, second.stdout + second.stderr
+    records = {r.board: r for r in stored(tmp_path, "2026-11-02")}
+    assert records["local"].status == "ok" and records["local"].latencies_ms, "the other board's cell is recorded"
+    assert records["pi-lab-1"].status == "infra" and records["pi-lab-1"].stage in ("connect", "setup")
+    assert "pi-lab-1" in second.stderr
+    junit = ET.parse(tmp_path / "reports" / "nightly-2026-11-02.junit.xml").getroot()
+    assert junit.get("errors") == "1"
+
+    # The board is back: re-running the night retries only the infrastructure failure.
+    sshd_board.start()
+    third = fab_nightly(inventory, "2026-11-02", tmp_path)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "1 cell(s) already recorded" in third.stderr
+    assert {r.board: r.status for r in stored(tmp_path, "2026-11-02")} == {"local": "ok", "pi-lab-1": "ok"}
+
+
+def test_killed_nightly_resumes(local_board: Board, tmp_path: Path) -> None:
+    matrix = [
+        {"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["local"]},
+        {"models": [str(SPECS / "distilbert-small.json")], "backends": ["portable"], "boards": ["local"],
+         "iterations": 40, "max_seconds": 600},
+    ]  # fmt: skip
+    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board], nightly=nightly_section(tmp_path, matrix))
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(TEST_CACHE / "artifacts"), "ETLAB_RESULTS": str(tmp_path / "results")}
+    # Lower first, so the kill lands while the board runs the second cell.
+    subprocess.run([sys.executable, "-m", "fabric", "lower", "--spec", str(SPECS / "distilbert-small.json"),
+                    "--backend", "portable"], cwd=PROJECT_ROOT, env=env, check=True, capture_output=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fabric", "nightly", "--inventory", str(inventory), "--night", "2026-11-05"],
+        cwd=PROJECT_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    database = tmp_path / "history.sqlite"
+    deadline = time.monotonic() + 600
+    recorded = 0
+    while time.monotonic() < deadline and process.poll() is None:
+        if database.exists():
+            with sqlite3.connect(database) as connection, contextlib.suppress(sqlite3.OperationalError):
+                recorded = connection.execute("select count(*) from runs").fetchone()[0]  # once the schema exists
+            if recorded:
+                break
+        time.sleep(0.05)
+    assert recorded == 1 and process.poll() is None, "expected to kill the nightly between its two cells"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+    with sqlite3.connect(database) as connection:
+        assert connection.execute("pragma integrity_check").fetchone()[0] == "ok"
+    resumed = fab_nightly(inventory, "2026-11-05", tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "1 cell(s) already recorded for 2026-11-05: skipped" in resumed.stderr
+    cells = sorted((r.model, r.backend, r.status) for r in stored(tmp_path, "2026-11-05"))
+    assert cells == [("distilbert-small", "portable", "ok"), ("distilbert-tiny", "xnnpack", "ok")]
+
+
+def test_malformed_nightly_section_names_line_and_field(local_board: Board, tmp_path: Path) -> None:
+    inventory = write_inventory(
+        tmp_path / "inventory.yaml",
+        [local_board],
+        nightly={"matrix": [{"models": ["distilbert-tiny"], "backend": ["xnnpack"], "boards": ["local"]}]},
+    )
+    result = fab_nightly(inventory, dt.date.today().isoformat(), tmp_path)
+    assert result.returncode == 64
+    assert f"{inventory}:" in result.stderr and "nightly.matrix[0].backend" in result.stderr
+    assert "did you mean 'backends'" in result.stderr
+
+
+def test_report_in_a_real_browser(local_board: Board, tmp_path: Path, browser_page: Any) -> None:
+    matrix = [{"models": ["distilbert-tiny", "gpt2-tiny"], "backends": ["xnnpack"], "boards": ["local"]}]
+    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board], nightly=nightly_section(tmp_path, matrix))
+    for night in ("2026-11-01", "2026-11-02"):
+        assert fab_nightly(inventory, night, tmp_path).returncode == 0
+    report = tmp_path / "reports" / "nightly-2026-11-02.html"
+    page = browser_page
+    page.goto(report.as_uri())
+    images = page.locator("img.trend")
+    assert images.count() == 2
+    widths = page.evaluate("Array.from(document.querySelectorAll('img.trend')).map(i => i.naturalWidth)")
+    assert all(width > 300 for width in widths), widths
+    assert page.locator("#tonight tr").count() == 3  # header + two cells
+    screenshot = PROJECT_ROOT / "test-artifacts" / "nightly-report.png"
+    screenshot.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(screenshot), full_page=True)
+    assert screenshot.stat().st_size > 10_000

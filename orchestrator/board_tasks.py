@@ -130,7 +130,10 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
 
     outcomes = fan_out(boards, one)
     rows = [[o.board.name, str(path)] for o in outcomes if o.ok for path in o.value or []]
-    console.table("pull", ["board", "bundle"], rows, caption=None if rows else "nothing new to pull")
+    if rows:
+        console.table("pull", ["board", "bundle"], rows)
+    else:
+        console.out.print("nothing new to pull")
     return _summarize_failures(outcomes, "pull")
 
 

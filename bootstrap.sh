@@ -36,7 +36,7 @@ apt_install() {
 # The local board builds the native runner: it needs a C++ compiler.
 command -v g++ >/dev/null 2>&1 || apt_install g++
 if [ "$want_test" = 1 ]; then
-  apt_install openssh-server openssh-client chromium iproute2 procps
+  apt_install openssh-server openssh-client chromium iproute2 procps postgresql
 fi
 
 stamp=.venv/.etlab-installed

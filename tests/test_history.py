@@ -1,0 +1,90 @@
+"""The history store on SQLite (the default) and on a real PostgreSQL server (a shared lab): one code path."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+
+from orchestrator.history import History, RunRecord
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history(request: pytest.FixtureRequest, tmp_path: Path) -> History:
+    if request.param == "sqlite":
+        store = History(f"sqlite:///{tmp_path / 'history.sqlite'}")
+    else:
+        base = request.getfixturevalue("postgres_url")
+        database = f"etlab_{uuid.uuid4().hex[:10]}"
+        admin = sqlalchemy.create_engine(base, isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(sqlalchemy.text(f"create database {database}"))
+        admin.dispose()
+        store = History(base.rsplit("/", 1)[0] + f"/{database}")
+    yield store
+    store.close()
+
+
+def record(run_id: str, night: str, board: str = "pi5-a", **changes: object) -> RunRecord:
+    values: dict[str, object] = {
+        "run_id": run_id,
+        "night": night,
+        "board": board,
+        "model": "distilbert",
+        "backend": "xnnpack",
+        "status": "ok",
+        "validity": "valid",
+        "versions": {"torch": "2.13.0", "executorch": "1.5.1"},
+        "median_ms": 55.0,
+        "latencies_ms": [55.0, 54.5, 56.1],
+        "ops": {"0:3": ("aten::addmm", 1.25), "0:7": ("XnnpackBackend", 40.0)},
+        "conditions": {"governor_before": "performance"},
+    }
+    values.update(changes)
+    return RunRecord(**values)  # type: ignore[arg-type]
+
+
+def test_round_trip(history: History) -> None:
+    history.record(record("r1", "2026-11-01"))
+    (stored,) = history.runs(night="2026-11-01")
+    assert stored.latencies_ms == [55.0, 54.5, 56.1]
+    assert stored.ops == {"0:3": ("aten::addmm", 1.25), "0:7": ("XnnpackBackend", 40.0)}
+    assert stored.versions == {"torch": "2.13.0", "executorch": "1.5.1"}
+    assert stored.conditions == {"governor_before": "performance"}
+    assert history.nights() == ["2026-11-01"]
+
+
+def test_a_failed_write_leaves_nothing_behind(history: History) -> None:
+    history.record(record("r1", "2026-11-01"))
+    # Same cell, same night: the unique constraint rejects the run, and its samples must not land either.
+    with pytest.raises(sqlalchemy.exc.IntegrityError):
+        history.record(record("r2", "2026-11-01", latencies_ms=[1.0] * 50))
+    assert [r.run_id for r in history.runs()] == ["r1"]
+    with history.engine.connect() as connection:
+        assert connection.execute(sqlalchemy.text("select count(*) from samples")).scalar() == 3
+
+
+def test_baseline_queries(history: History) -> None:
+    history.record(record("a", "2026-11-01"))
+    history.record(record("b", "2026-11-02", validity="invalid"))
+    history.record(record("c", "2026-11-03", status="failed", validity="invalid", latencies_ms=[]))
+    history.record(record("d", "2026-11-04", versions={"torch": "2.14.0", "executorch": "1.5.1"}))
+    history.record(record("e", "2026-11-04", board="pi4-a"))
+    baseline = history.runs(
+        cell=("pi5-a", "distilbert", "xnnpack"),
+        before_night="2026-11-05",
+        versions={"torch": "2.13.0", "executorch": "1.5.1"},
+        valid_only=True,
+    )
+    assert [r.run_id for r in baseline] == ["a"]
+
+
+def test_resume_bookkeeping(history: History) -> None:
+    history.record(record("ok", "2026-11-05"))
+    history.record(record("down", "2026-11-05", board="pi4-a", status="infra", validity="invalid", latencies_ms=[]))
+    assert history.recorded_cells("2026-11-05") == {("pi5-a", "distilbert", "xnnpack")}
+    assert len(history.recorded_cells("2026-11-05", include_infra=True)) == 2
+    history.forget_infra("2026-11-05", ("pi4-a", "distilbert", "xnnpack"))
+    assert [r.run_id for r in history.runs(night="2026-11-05")] == ["ok"]

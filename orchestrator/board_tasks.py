@@ -133,7 +133,7 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
     if rows:
         console.table("pull", ["board", "bundle"], rows)
     else:
-        console.out.print("nothing new to pull")
+        console.plain("nothing new to pull", stderr=False)
     return _summarize_failures(outcomes, "pull")
 
 

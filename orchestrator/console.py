@@ -40,6 +40,12 @@ def info(message: str) -> None:
         err.print(message)
 
 
+def plain(message: str, *, stderr: bool = True) -> None:
+    """Text printed exactly as given on unbroken lines (URLs, paths to copy and paste)."""
+    with _lock:
+        (err if stderr else out).print(message, soft_wrap=True, markup=False, highlight=False)
+
+
 def warn(message: str) -> None:
     with _lock:
         err.print(f"[bold yellow]WARNING[/]: {escape(message)}")

@@ -82,8 +82,8 @@ def explore(
 
 
 def compare(run_a: str, run_b: str) -> int:
-    from .compare import compare_runs
+    from .compare import compare_runs, render_comparison
 
     first, second = find_run(run_a), find_run(run_b)
-    comparison = compare_runs(first.path, second.path)
-    return 0 if comparison is not None else 1
+    render_comparison(compare_runs(first.path, second.path))
+    return 0

@@ -82,7 +82,9 @@ def test_sidecars_describe_the_programs(tiny_artifacts: dict[str, LoweringResult
     assert portable["delegation"]["instructions"]["DelegateCall"] == 0
     assert xnnpack["delegation"]["delegate_call_sites"] > 0
     assert xnnpack["delegation"]["delegate_call_sites"] == xnnpack["delegation"]["instructions"]["DelegateCall"]
-    assert xnnpack["delegation"]["delegate_backends"] == {"XnnpackBackend": xnnpack["delegation"]["delegate_call_sites"]}
+    assert xnnpack["delegation"]["delegate_backends"] == {
+        "XnnpackBackend": xnnpack["delegation"]["delegate_call_sites"]
+    }
     # Delegation moves work out of the fallback path.
     assert xnnpack["delegation"]["fallback_ops"] < portable["delegation"]["fallback_ops"]
     assert "getitem" in xnnpack["delegation"]["fallback_histogram"]
@@ -217,14 +219,20 @@ def test_user_spec_with_local_pretrained_weights(tmp_path: Path) -> None:
 
     torch.manual_seed(123)
     saved = tmp_path / "my-model"
-    DistilBertForMaskedLM(DistilBertConfig(vocab_size=500, dim=32, n_layers=1, n_heads=2, hidden_dim=64)).save_pretrained(
-        saved
-    )
+    DistilBertForMaskedLM(
+        DistilBertConfig(vocab_size=500, dim=32, n_layers=1, n_heads=2, hidden_dim=64)
+    ).save_pretrained(saved)
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(
         json.dumps(
-            {"name": "local-bert", "model_type": "distilbert", "task": "fill-mask", "mask_token_id": 103,
-             "model_id": str(saved), "seq_len": 32}
+            {
+                "name": "local-bert",
+                "model_type": "distilbert",
+                "task": "fill-mask",
+                "mask_token_id": 103,
+                "model_id": str(saved),
+                "seq_len": 32,
+            }
         )
     )
     spec = load_spec_file(spec_path)
@@ -245,7 +253,9 @@ def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.Monke
     from orchestrator.models import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    spec = BUILTIN_SPECS["distilbert"].__class__(**{**BUILTIN_SPECS["distilbert-tiny"].__dict__, "model_id": "nobody/none"})
+    spec = BUILTIN_SPECS["distilbert"].__class__(
+        **{**BUILTIN_SPECS["distilbert-tiny"].__dict__, "model_id": "nobody/none"}
+    )
     loaded = load_model(spec, "auto")
     assert loaded.weights == "random"
     assert "HF_HUB_OFFLINE" in loaded.weights_note
@@ -255,7 +265,9 @@ def test_pretrained_unavailable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
     from orchestrator.models import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    spec = BUILTIN_SPECS["distilbert"].__class__(**{**BUILTIN_SPECS["distilbert-tiny"].__dict__, "model_id": "nobody/none"})
+    spec = BUILTIN_SPECS["distilbert"].__class__(
+        **{**BUILTIN_SPECS["distilbert-tiny"].__dict__, "model_id": "nobody/none"}
+    )
     with pytest.raises(SpecError, match="cannot load pretrained weights for 'nobody/none'") as excinfo:
         load_model(spec, "pretrained")
     assert "--weights random" in str(excinfo.value)

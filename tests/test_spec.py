@@ -17,7 +17,13 @@ def write_spec(tmp_path: Path, data: object, raw: str | None = None) -> Path:
     return path
 
 
-VALID = {"name": "my-bert", "model_type": "distilbert", "task": "fill-mask", "mask_token_id": 103, "config": {"n_layers": 1}}
+VALID = {
+    "name": "my-bert",
+    "model_type": "distilbert",
+    "task": "fill-mask",
+    "mask_token_id": 103,
+    "config": {"n_layers": 1},
+}
 
 
 def test_builtin_specs_cover_required_models() -> None:

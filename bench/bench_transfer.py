@@ -1,0 +1,189 @@
+"""Transfers to and from a real loopback sshd: etlab's push/pull vs OpenSSH's scp, re-push cost, and fan-out.
+
+Everything runs against private sshd servers started with the test suite's lab (tests/plugins/sshd.py), in one
+run, with our transfer and scp interleaved round by round so drift on a shared machine hits both alike.
+
+    .venv/bin/python bench/bench_transfer.py [--size-mib 256] [--rounds 3] [--boards 8] [--fanout-rounds 3]
+
+- push: connect + push_file() of a fresh file (sha256 known, as from an artifact sidecar): upload over an exec
+  channel, sha256 on the board, rename, sidecar. scp: `scp FILE board:PATH` (OpenSSH 9 scp speaks SFTP).
+- pull: connect + pull_bundle() of a bundle holding the file: tar stream, unpack, fsync, verify against the
+  manifest. scp: `scp board:FILE LOCAL`. Both sides pay one SSH handshake per transfer.
+- re-push: push_file() of content the board already holds, on an open connection.
+- fan-out: connect + push a tiny payload + a trivial command + pull a tiny bundle, on N boards vs 1 board.
+
+Targets: push and pull >= 0.95 x scp; re-push < 0.2 s; fan-out on N boards < 1.5 x one board.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(PROJECT_ROOT))
+
+from orchestrator import console  # noqa: E402
+from orchestrator.connection import connect  # noqa: E402
+from orchestrator.group import exit_code, fan_out  # noqa: E402
+from orchestrator.inventory import Board  # noqa: E402
+from orchestrator.transfer import MANIFEST, pull_bundle, push_file  # noqa: E402
+from tests.plugins.sshd import SshdBoard, SshdLab  # noqa: E402
+
+MIB = 1 << 20
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def scp(fake: SshdBoard, source: str, target: str) -> None:
+    subprocess.run(["scp", "-q", "-P", str(fake.port), *fake.ssh_options(), source, target], check=True)
+
+
+def write_bundle(folder: Path, files: dict[str, Path]) -> None:
+    folder.mkdir(parents=True)
+    listed = {}
+    for name, source in files.items():
+        os.link(source, folder / name)
+        data = (folder / name).read_bytes()
+        listed[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    (folder / MANIFEST).write_text(json.dumps({"schema": 1, "status": "ok", "files": listed}))
+
+
+def bench_bulk(lab: SshdLab, size_mib: int, rounds: int) -> list[tuple[str, float, float, float]]:
+    fake = lab.board("bulk")
+    payload = lab.root / "payload.bin"
+    with open(payload, "wb") as handle:
+        for _ in range(size_mib):
+            handle.write(os.urandom(MIB))
+    digest = hashlib.sha256(payload.read_bytes()).hexdigest()
+    remote_bundle = fake.workdir_path / "bundles" / "bench"
+    write_bundle(remote_bundle, {"payload.bin": payload})
+    pulled = lab.root / "pulled"
+    pulled.mkdir()
+    times: dict[str, list[float]] = {"push": [], "scp push": [], "pull": [], "scp pull": []}
+
+    def ours_push(kind: str) -> None:
+        with connect(fake.board) as conn:  # a fresh connection, as scp makes one
+            push_file(conn, payload, kind=kind, sha256=digest)
+
+    def ours_pull(dest: Path) -> None:
+        with connect(fake.board) as conn:
+            pull_bundle(conn, str(remote_bundle), dest)
+
+    remote_file = f"root@{fake.address}:{remote_bundle / 'payload.bin'}"
+    for number in range(rounds):
+        scp_target, dest, scp_dest = fake.workdir_path / f"scp{number}.bin", pulled / f"ours{number}", pulled / "scp"
+        times["push"].append(timed(lambda n=number: ours_push(f"round{n}")))
+        times["scp push"].append(timed(lambda t=scp_target: scp(fake, str(payload), f"root@{fake.address}:{t}")))
+        times["pull"].append(timed(lambda d=dest: ours_pull(d)))
+        times["scp pull"].append(timed(lambda d=scp_dest: scp(fake, remote_file, str(d))))
+        shutil.rmtree(fake.workdir_path / f"round{number}")
+        scp_target.unlink()
+        shutil.rmtree(dest)
+        scp_dest.unlink()
+    rows = []
+    for ours, theirs in (("push", "scp push"), ("pull", "scp pull")):
+        ours_rate = size_mib / statistics.median(times[ours])
+        scp_rate = size_mib / statistics.median(times[theirs])
+        rows.append((ours, ours_rate, scp_rate, ours_rate / scp_rate))
+        console.info(
+            f"{ours}: ours {[round(size_mib / t) for t in times[ours]]} MiB/s, "
+            f"scp {[round(size_mib / t) for t in times[theirs]]} MiB/s"
+        )
+    return rows
+
+
+def bench_repush(lab: SshdLab, size_mib: int) -> tuple[float, float]:
+    fake = lab.board("repush")
+    model = lab.root / "payload.bin"
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    with connect(fake.board) as conn:
+        push_file(conn, model, sha256=digest)
+        with_sha = [timed(lambda: push_file(conn, model, sha256=digest)) for _ in range(10)]
+        without_sha = [timed(lambda: push_file(conn, model)) for _ in range(10)]  # hashed here once, then memoised
+    return statistics.median(with_sha), statistics.median(without_sha)
+
+
+def fanout_job(root: Path, round_tag: str) -> Callable[[Board], None]:
+    def job(board: Board) -> None:
+        tiny = root / f"tiny-{board.name}-{round_tag}.bin"
+        tiny.write_bytes(os.urandom(1024))
+        with connect(board) as conn:
+            push_file(conn, tiny, kind="inputs", suffix=".bin")
+            bundle = f"{conn.workdir}/bundles/{round_tag}"
+            conn.run_shell(
+                f"mkdir -p {bundle} && echo ok > {bundle}/out.txt && "
+                f'printf \'{{"schema": 1, "files": {{"out.txt": {{"sha256": "%s", "size": 3}}}}}}\' '
+                f'"$(sha256sum {bundle}/out.txt | cut -c1-64)" > {bundle}/{MANIFEST}'
+            )
+            pull_bundle(conn, bundle, root / "pulled" / board.name / round_tag)
+
+    return job
+
+
+def bench_fanout(lab: SshdLab, count: int, rounds: int) -> tuple[float, float]:
+    fakes = [lab.board(f"fan{i}") for i in range(count)]
+    root = lab.root / "fanout"
+    root.mkdir()
+    single, many = [], []
+    for round_number in range(rounds + 1):  # round 0 pins host keys and warms up; not counted
+        for label, boards, sink in (("one", fakes[:1], single), ("all", fakes, many)):
+            tag = f"r{round_number}-{label}"
+            started = time.perf_counter()
+            outcomes = fan_out([f.board for f in boards], fanout_job(root, tag))
+            elapsed = time.perf_counter() - started
+            if exit_code(outcomes) != 0:
+                raise SystemExit(f"fan-out failed: {[o.error for o in outcomes if not o.ok]}")
+            if round_number:
+                sink.append(elapsed)
+    return statistics.median(single), statistics.median(many)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mib", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--boards", type=int, default=8)
+    parser.add_argument("--fanout-rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    lab = SshdLab(Path(tempfile.mkdtemp(prefix="etlab-bench-transfer-")))
+    try:
+        console.info(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+        bulk = bench_bulk(lab, args.size_mib, args.rounds)
+        with_sha, without_sha = bench_repush(lab, args.size_mib)
+        single, many = bench_fanout(lab, args.boards, args.fanout_rounds)
+        console.info(f"load average after: {os.getloadavg()[0]:.2f}")
+    finally:
+        lab.close()
+        shutil.rmtree(lab.root, ignore_errors=True)
+
+    rows = [
+        (f"{name} {args.size_mib} MiB (MiB/s, median of {args.rounds})", ours, theirs, ratio, ">= 0.95 x scp")
+        for name, ours, theirs, ratio in bulk
+    ]
+    rows += [
+        ("re-push unchanged, sha256 given (s)", with_sha, None, None, "< 0.2 s"),
+        ("re-push unchanged, sha256 memoised (s)", without_sha, None, None, "< 0.2 s"),
+        (f"fan-out push+run+pull, {args.boards} boards vs 1 (s)", many, single, many / single, "< 1.5 x"),
+    ]
+    columns = ["measure", "etlab", "reference", "ratio", "target"]
+    console.table("etlab transfers vs OpenSSH (loopback sshd)", columns, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,436 @@
+"""The board inventory (inventory.yaml): what boards exist, how to reach them, and how to select them.
+
+Every error names the file, the line and the field, e.g.
+`inventory.yaml:12: boards.pi5-a.port: expected an integer 1-65535, got 'abc'`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import getpass
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from orchestrator import paths
+from orchestrator.errors import InventoryError, UsageError
+
+TRANSPORTS = ("ssh", "local")
+DEFAULT_WORKDIR = "~/.etlab"
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_KEEPALIVE = 5.0
+DEFAULT_TCP_USER_TIMEOUT = 20.0
+DEFAULT_GROUP = "default"
+DEFAULT_BOARD = "local"
+
+
+@dataclass(frozen=True)
+class Board:
+    """One board and how to reach it. `workdir` is a path on the board (`~` is expanded there)."""
+
+    name: str
+    transport: str = "ssh"
+    host: str | None = None
+    port: int = 22
+    user: str | None = None
+    key: Path | None = None
+    agent: bool = False
+    workdir: str = DEFAULT_WORKDIR
+    tags: tuple[str, ...] = ()
+    threads: int | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    command_timeout: float | None = None
+    keepalive: float = DEFAULT_KEEPALIVE
+    tcp_user_timeout: float = DEFAULT_TCP_USER_TIMEOUT
+    known_hosts: Path = field(default_factory=lambda: paths.state_dir() / "known_hosts")
+
+    @property
+    def is_local(self) -> bool:
+        return self.transport == "local"
+
+    @property
+    def address(self) -> str:
+        """`user@host:port` for messages, or `local` for the workstation."""
+        if self.is_local:
+            return "local"
+        return f"{self.user}@{self.host}:{self.port}" if self.user else f"{self.host}:{self.port}"
+
+    def replace(self, **changes: Any) -> Board:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    boards: dict[str, Board]
+    groups: dict[str, tuple[str, ...]]
+    nightly: dict[str, Any] | None = None
+
+    def default_selection(self) -> list[Board]:
+        if DEFAULT_GROUP in self.groups:
+            return [self.boards[name] for name in self.groups[DEFAULT_GROUP]]
+        if DEFAULT_BOARD in self.boards:
+            return [self.boards[DEFAULT_BOARD]]
+        raise UsageError(
+            f"{self.path}: no board selected and there is no default",
+            hint=f"pass boards or a group, or define a group '{DEFAULT_GROUP}' or a board '{DEFAULT_BOARD}'",
+        )
+
+    def board(self, name: str) -> Board:
+        if name not in self.boards:
+            raise UsageError(f"unknown board {name!r}{_did_you_mean(name, self.boards)}; known: {_names(self.boards)}")
+        return self.boards[name]
+
+    def select(
+        self, boards: Sequence[str] | None = None, group: str | None = None, tag: str | None = None
+    ) -> list[Board]:
+        """Boards named, or a group's boards, or the default selection; then keep those with `tag`."""
+        if boards and group:
+            raise UsageError("select boards by name or by group, not both")
+        if boards:
+            selected = [self.board(name) for name in dict.fromkeys(boards)]
+            source = "the boards named"
+        elif group is not None:
+            if group not in self.groups:
+                raise UsageError(
+                    f"unknown group {group!r}{_did_you_mean(group, self.groups)}; known: {_names(self.groups)}"
+                )
+            selected = [self.boards[name] for name in self.groups[group]]
+            source = f"group {group!r}"
+        elif tag is not None:
+            selected = list(self.boards.values())
+            source = "the inventory"
+        else:
+            return self.default_selection()
+        if tag is not None:
+            known_tags = {t for board in self.boards.values() for t in board.tags}
+            if tag not in known_tags:
+                raise UsageError(f"unknown tag {tag!r}{_did_you_mean(tag, known_tags)}; known: {_names(known_tags)}")
+            selected = [board for board in selected if tag in board.tags]
+            if not selected:
+                raise UsageError(f"no board in {source} has tag {tag!r}")
+        return selected
+
+
+def load_inventory(path: Path | None = None) -> Inventory:
+    """Read and validate an inventory file (default: orchestrator.paths.default_inventory())."""
+    path = Path(path) if path is not None else paths.default_inventory()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InventoryError(f"{path}: inventory file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError(f"{path}: cannot read the inventory: {exc}") from None
+    return parse_inventory(text, path)
+
+
+def parse_inventory(text: str, path: Path) -> Inventory:
+    checker = _Checker(path)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        raise InventoryError(f"{path}:{line}: invalid YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"{path}: invalid YAML: {exc}") from None
+    if root is None or (isinstance(root, ScalarNode) and root.tag.endswith(":null")):
+        raise InventoryError(f"{path}:1: (file): the inventory is empty; it needs at least a 'boards' mapping")
+    inventory = checker.inventory(root)
+    if checker.errors:
+        raise InventoryError("\n".join(checker.errors))
+    assert inventory is not None
+    return inventory
+
+
+# ---------------------------------------------------------------- validation
+
+
+class _Invalid(Exception):
+    """One field is wrong; the checker records it and goes on, so a file's errors come out together."""
+
+
+_Check = Callable[[Node, str], Any]
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _names(names: Iterable[str]) -> str:
+    listed = sorted(names)
+    return ", ".join(repr(n) for n in listed) if listed else "(none)"
+
+
+def _field(parent: str, key: str) -> str:
+    part = key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else f"[{json.dumps(key)}]"
+    if not parent:
+        return part
+    return f"{parent}{part}" if part.startswith("[") else f"{parent}.{part}"
+
+
+def _describe(node: Node) -> str:
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    if node.tag.endswith(":null"):
+        return "nothing (null)"
+    return repr(node.value)
+
+
+def _tag(node: Node) -> str:
+    return node.tag.rsplit(":", 1)[-1]
+
+
+def _is_null(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag.endswith(":null")
+
+
+def _string(node: Node, what: str = "a string") -> str:
+    if not isinstance(node, ScalarNode) or _tag(node) != "str" or node.value == "":
+        raise _Invalid(f"expected {what}, got {_describe(node)}")
+    return node.value
+
+
+def _integer(low: int, high: int | None) -> _Check:
+    def check(node: Node, _field: str) -> int:
+        want = f"an integer {low}-{high}" if high is not None else f"an integer >= {low}"
+        if not isinstance(node, ScalarNode) or _tag(node) != "int":
+            raise _Invalid(f"expected {want}, got {_describe(node)}")
+        value = yaml.SafeLoader("").construct_yaml_int(node)
+        if value < low or (high is not None and value > high):
+            raise _Invalid(f"expected {want}, got {value}")
+        return value
+
+    return check
+
+
+def _seconds(node: Node, _field: str) -> float:
+    if not isinstance(node, ScalarNode) or _tag(node) not in ("int", "float"):
+        raise _Invalid(f"expected a number of seconds > 0, got {_describe(node)}")
+    loader = yaml.SafeLoader("")
+    value = float(loader.construct_yaml_int(node) if _tag(node) == "int" else loader.construct_yaml_float(node))
+    if not value > 0 or value == float("inf"):
+        raise _Invalid(f"expected a number of seconds > 0, got {node.value}")
+    return value
+
+
+def _boolean(node: Node, _field: str) -> bool:
+    if not isinstance(node, ScalarNode) or _tag(node) != "bool":
+        raise _Invalid(f"expected true or false, got {_describe(node)}")
+    return bool(yaml.SafeLoader("").construct_yaml_bool(node))
+
+
+def _text(node: Node, _field: str) -> str:
+    return _string(node)
+
+
+def _transport(node: Node, _field: str) -> str:
+    value = _string(node, "one of " + ", ".join(TRANSPORTS))
+    if value not in TRANSPORTS:
+        raise _Invalid(f"expected one of {', '.join(TRANSPORTS)}, got {value!r}{_did_you_mean(value, TRANSPORTS)}")
+    return value
+
+
+def _tags(node: Node, _field: str) -> tuple[str, ...]:
+    if not isinstance(node, SequenceNode):
+        raise _Invalid(f"expected a list of tags, got {_describe(node)}")
+    tags = []
+    for item in node.value:
+        if not isinstance(item, ScalarNode) or _tag(item) not in ("str", "int") or item.value == "":
+            raise _Invalid(f"expected each tag to be a word, got {_describe(item)}")
+        tags.append(item.value)
+    return tuple(dict.fromkeys(tags))
+
+
+# The fields a board may set; `defaults` may set the same ones (minus host and transport) plus known_hosts.
+_BOARD_FIELDS: dict[str, _Check] = {
+    "host": _text,
+    "port": _integer(1, 65535),
+    "user": _text,
+    "key": _text,
+    "agent": _boolean,
+    "transport": _transport,
+    "workdir": _text,
+    "tags": _tags,
+    "threads": _integer(1, None),
+    "connect_timeout": _seconds,
+    "command_timeout": _seconds,
+    "keepalive": _seconds,
+    "tcp_user_timeout": _seconds,
+}
+_DEFAULT_FIELDS: dict[str, _Check] = {
+    **{k: v for k, v in _BOARD_FIELDS.items() if k not in ("host", "transport", "tags")},
+    "known_hosts": _text,
+}
+_SSH_ONLY = ("host", "port", "user", "key", "agent", "connect_timeout", "keepalive", "tcp_user_timeout")
+_TOP_LEVEL = ("defaults", "boards", "groups", "nightly")
+
+
+def _local_user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
+class _Checker:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.problems: list[tuple[int, str]] = []
+        self.defined_boards: list[str] = []
+
+    @property
+    def errors(self) -> list[str]:
+        """Every problem found, in file order."""
+        return [f"{self.path}:{line}: {text}" for line, text in sorted(self.problems, key=lambda p: p[0])]
+
+    def error(self, node: Node, field_name: str, message: str) -> None:
+        self.problems.append((node.start_mark.line + 1, f"{field_name or '(file)'}: {message}"))
+
+    def mapping(
+        self, node: Node, field_name: str, allowed: Iterable[str] | None = None
+    ) -> list[tuple[str, Node, Node]]:
+        """The (key, key node, value node) items of a mapping; refuses duplicate and (if `allowed`) unknown keys."""
+        if not isinstance(node, MappingNode):
+            self.error(node, field_name, f"expected a mapping, got {_describe(node)}")
+            return []
+        allowed = list(allowed) if allowed is not None else None
+        items: list[tuple[str, Node, Node]] = []
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, ScalarNode) or key_node.value == "" or _tag(key_node) == "null":
+                self.error(key_node, field_name, f"expected a name as key, got {_describe(key_node)}")
+                continue
+            key = key_node.value
+            where = _field(field_name, key)
+            if key in seen:
+                self.error(key_node, where, f"duplicate key (first defined on line {seen[key]})")
+                continue
+            seen[key] = key_node.start_mark.line + 1
+            if allowed is not None and key not in allowed:
+                self.error(
+                    key_node,
+                    where,
+                    f"unknown key {key!r}{_did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}",
+                )
+                continue
+            items.append((key, key_node, value_node))
+        return items
+
+    def fields(self, node: Node, field_name: str, schema: dict[str, _Check]) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        if _is_null(node):
+            return values
+        for key, _key_node, value_node in self.mapping(node, field_name, schema):
+            if _is_null(value_node):
+                continue
+            try:
+                values[key] = schema[key](value_node, _field(field_name, key))
+            except _Invalid as exc:
+                self.error(value_node, _field(field_name, key), str(exc))
+        return values
+
+    def inventory(self, root: Node) -> Inventory | None:
+        sections = {key: (key_node, value) for key, key_node, value in self.mapping(root, "", _TOP_LEVEL)}
+        if not isinstance(root, MappingNode):
+            return None
+        defaults = self.fields(sections["defaults"][1], "defaults", _DEFAULT_FIELDS) if "defaults" in sections else {}
+        base = self.resolve_defaults(defaults)
+        boards: dict[str, Board] = {}
+        if "boards" not in sections:
+            self.error(root, "boards", "required: a mapping of board name -> settings")
+        else:
+            boards_node = sections["boards"][1]
+            items = [] if _is_null(boards_node) else self.mapping(boards_node, "boards")
+            if _is_null(boards_node) or (isinstance(boards_node, MappingNode) and not boards_node.value):
+                self.error(boards_node, "boards", "expected at least one board")
+            self.defined_boards = [name for name, _, _ in items]
+            for name, key_node, value_node in items:
+                board = self.board(name, key_node, value_node, base)
+                if board is not None:
+                    boards[name] = board
+        groups: dict[str, tuple[str, ...]] = {}
+        if "groups" in sections and not _is_null(sections["groups"][1]):
+            for name, _key_node, value_node in self.mapping(sections["groups"][1], "groups"):
+                members = self.group(name, value_node, boards)
+                if members is not None:
+                    groups[name] = members
+        nightly: dict[str, Any] | None = None
+        if "nightly" in sections and not _is_null(sections["nightly"][1]):
+            node = sections["nightly"][1]
+            if isinstance(node, MappingNode):
+                try:
+                    nightly = yaml.SafeLoader("").construct_mapping(node, deep=True)
+                except yaml.YAMLError as exc:
+                    self.error(node, "nightly", f"cannot read: {exc}")
+            else:
+                self.error(node, "nightly", f"expected a mapping, got {_describe(node)}")
+        return Inventory(path=self.path, boards=boards, groups=groups, nightly=nightly)
+
+    def resolve_defaults(self, defaults: dict[str, Any]) -> dict[str, Any]:
+        base: dict[str, Any] = {"user": _local_user(), "known_hosts": paths.state_dir() / "known_hosts"}
+        for key, value in defaults.items():
+            base[key] = self.local_path(value) if key in ("known_hosts", "key") else value
+        return base
+
+    def local_path(self, text: str) -> Path:
+        """A workstation path from the file: `~` expanded, relative paths taken from the file's folder."""
+        path = Path(text).expanduser()
+        return path if path.is_absolute() else (self.path.parent / path).resolve()
+
+    def board(self, name: str, key_node: Node, node: Node, base: dict[str, Any]) -> Board | None:
+        where = _field("boards", name)
+        if "/" in name or "\0" in name or name in (".", ".."):
+            self.error(key_node, where, "a board name must not contain '/' or NUL, nor be '.' or '..'")
+            return None
+        before = len(self.errors)
+        own = self.fields(node, where, _BOARD_FIELDS)
+        if len(self.errors) > before:
+            return None
+        transport = own.get("transport", "ssh")
+        settings = {**base, **own}
+        if "key" in own:
+            settings["key"] = self.local_path(own["key"])
+        if transport == "local":
+            misplaced = [key for key in _SSH_ONLY if key in own]
+            if misplaced:
+                at = next(k for k, _ in node.value if isinstance(k, ScalarNode) and k.value == misplaced[0])
+                self.error(at, _field(where, misplaced[0]), "not used by a board with transport 'local'")
+                return None
+            workdir = own.get("workdir")
+            settings["workdir"] = str(self.local_path(workdir) if workdir else paths.state_dir() / "boards" / name)
+            settings.update(host=None, port=22, key=None, agent=False)
+        elif not own.get("host"):
+            self.error(key_node, where, "an ssh board needs 'host'")
+            return None
+        known = {f.name for f in dataclasses.fields(Board)}
+        return Board(name=name, **{k: v for k, v in settings.items() if k in known})
+
+    def group(self, name: str, node: Node, boards: dict[str, Board]) -> tuple[str, ...] | None:
+        where = _field("groups", name)
+        if not isinstance(node, SequenceNode) or not node.value:
+            self.error(node, where, f"expected a non-empty list of board names, got {_describe(node)}")
+            return None
+        members: list[str] = []
+        for item in node.value:
+            if not isinstance(item, ScalarNode) or _tag(item) == "null" or item.value == "":
+                self.error(item, where, f"expected a board name, got {_describe(item)}")
+                continue
+            if item.value not in boards:
+                if item.value not in self.defined_boards:
+                    known = self.defined_boards
+                    hint = _did_you_mean(item.value, known)
+                    self.error(item, where, f"unknown board {item.value!r}{hint}; known: {_names(known)}")
+                continue  # a defined but invalid board is reported where it is defined
+            members.append(item.value)
+        return tuple(dict.fromkeys(members))

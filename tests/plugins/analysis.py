@@ -1,0 +1,289 @@
+"""Result bundles for the analysis, overlay, explore and compare tests.
+
+`make_bundle` is the one place that produces a bundle: it lowers a tiny real model with ExecuTorch and runs it
+with ExecuTorch's Python runtime (ETDump on), then writes the bundle files the board agent writes (layout in
+docs/DESIGN.md). It can later be swapped for orchestrator.lowering plus the native runner and agent.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from orchestrator.fsutil import sha256_file
+from orchestrator.tensorfile import NamedTensor, write_tensors
+
+SEQUENCE_LENGTH = 128
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """A lowered tiny model: what the analysis needs besides the bundle."""
+
+    name: str  # "distilbert" or "gpt2"
+    backend: str  # "portable" or "xnnpack"
+    pte: Path
+    sidecar: dict[str, Any]
+    exported: Path  # the .pt2
+    reference_outputs: Path
+
+
+@dataclass(frozen=True)
+class BundleCase:
+    path: Path
+    model: TinyModel
+
+
+def board_info(
+    governor: str | None = "performance", temperature_c: float | None = 47.2, throttled: str = "0x0"
+) -> dict:
+    """A board_info document in the agent's schema (board/agent/README.md) with the fields analysis reads."""
+    value = int(throttled, 16)
+    bits = {0: "under_voltage_now", 2: "throttled_now", 16: "under_voltage_occurred", 18: "throttling_occurred"}
+    flags = {name: bool(value >> bit & 1) for bit, name in bits.items()}
+    return {
+        "schema": 1,
+        "hostname": "pi5-test",
+        "model": "Raspberry Pi 5 Model B Rev 1.0",
+        "arch": "aarch64",
+        "cores_online": 4,
+        "governor": governor,
+        "temperature_c": temperature_c,
+        "throttled": {"raw": throttled, "value": value, "flags": flags, "active": [n for n, on in flags.items() if on]},
+    }
+
+
+def _module(name: str, size: str = "tiny"):
+    import torch
+    from transformers import DistilBertConfig, DistilBertForMaskedLM, GPT2Config, GPT2LMHeadModel
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module, position: int) -> None:
+            super().__init__()
+            self.model, self.position = model, position
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, self.position, :]
+
+    torch.manual_seed(0)
+    full = size == "full"  # the real architectures' default configs, random weights (bench only)
+    if name == "distilbert":
+        config = (
+            DistilBertConfig()
+            if full
+            else DistilBertConfig(
+                vocab_size=1000, dim=64, n_layers=2, n_heads=2, hidden_dim=128, max_position_embeddings=128
+            )
+        )
+        return Logits(DistilBertForMaskedLM(config).eval(), 5)
+    config = GPT2Config() if full else GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=2, n_positions=128)
+    return Logits(GPT2LMHeadModel(config).eval(), -1)
+
+
+def lower_model(name: str, backends: tuple[str, ...], folder: Path, size: str = "tiny") -> dict[str, TinyModel]:
+    """Export and lower one model; write .pt2, .pte, a sidecar-like dict and the eager reference outputs."""
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge, to_edge_transform_and_lower
+
+    folder.mkdir(parents=True, exist_ok=True)
+    module = _module(name, size)
+    generator = torch.Generator().manual_seed(1)
+    inputs = (
+        torch.randint(0, 1000, (1, SEQUENCE_LENGTH), generator=generator),  # within every vocabulary
+        torch.ones(1, SEQUENCE_LENGTH, dtype=torch.long),
+    )
+    program = torch.export.export(module, inputs, strict=False)
+    exported = folder / f"{name}_exported.pt2"
+    torch.export.save(program, exported)
+    with torch.no_grad():
+        reference = module(*inputs).numpy()
+    reference_path = folder / f"{name}_reference_outputs.etlt"
+    write_tensors(reference_path, [NamedTensor("logits", reference)])
+    np.save(folder / f"{name}_inputs.npy", np.stack([t.numpy() for t in inputs]))
+    models = {}
+    for backend in backends:
+        if backend == "xnnpack":
+            lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+        else:
+            lowered = to_edge(program).to_executorch()
+        pte = folder / f"{name}_{backend}.pte"
+        pte.write_bytes(lowered.buffer)
+        stat = pte.stat()
+        sha = sha256_file(pte)
+        sidecar = {
+            "model": f"{name}-tiny",
+            "backend": backend,
+            "pte": pte.name,
+            "sha256": sha,
+            "weights": "random",
+            "files": {"pte": {"name": pte.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}},
+        }
+        models[backend] = TinyModel(name, backend, pte, sidecar, exported, reference_path)
+    return models
+
+
+def make_bundle(model: TinyModel, bundle: Path, *, warmup: int = 2, iterations: int = 6, run_id: str = "") -> Path:
+    """Run `model` warmup + iterations times with ETDump on and write a complete bundle into `bundle`."""
+    import torch
+    from executorch.runtime import Runtime
+
+    bundle.mkdir(parents=True, exist_ok=True)
+    run_id = run_id or bundle.name
+    stacked = np.load(model.pte.parent / f"{model.name}_inputs.npy")
+    inputs = [torch.from_numpy(stacked[0]), torch.from_numpy(stacked[1])]
+    before = board_info(temperature_c=47.2)
+    started = time.perf_counter()
+    program = Runtime.get().load_program(model.pte, enable_etdump=True, debug_buffer_size=0)
+    loaded = time.perf_counter()
+    method = program.load_method("forward")
+    initialised = time.perf_counter()
+    durations = []
+    for _ in range(warmup + iterations):
+        tick = time.perf_counter()
+        outputs = method.execute(inputs)
+        durations.append((time.perf_counter() - tick) * 1000.0)
+    program.write_etdump_result_to_file(str(bundle / "etdump.etdp"), str(bundle / "debug.bin"))
+    (bundle / "debug.bin").unlink(missing_ok=True)
+    write_tensors(bundle / "outputs.etlt", [NamedTensor("output_0", outputs[0].numpy())])
+    timings = {
+        "runner_version": "python-runtime",
+        "executorch_version": "1.5.1",
+        "model": f"/home/pi/.etlab/models/{model.sidecar['sha256']}.pte",
+        "method": "forward",
+        "threads": 1,
+        "load_ms": (loaded - started) * 1000.0,
+        "method_init_ms": (initialised - loaded) * 1000.0,
+        "warmup_ms": durations[:warmup],
+        "iterations_ms": durations[warmup:],
+        "iterations_requested": iterations,
+        "stopped_early": False,
+        "max_seconds": None,
+        "etdump": True,
+        "inputs_source": "file",
+    }
+    run = {
+        "schema": 1,
+        "run_id": run_id,
+        "agent_version": "test",
+        "model_sha256": model.sidecar["sha256"],
+        "labels": {"model": model.sidecar["model"], "backend": model.backend, "board": "pi5-test"},
+        "parameters": {"warmup": warmup, "iterations": iterations, "method": "forward", "etdump": True},
+        "runner_exit_code": 0,
+    }
+    documents = {
+        "timings.json": timings,
+        "run.json": run,
+        "board_info_before.json": before,
+        "board_info_after.json": board_info(temperature_c=49.8),
+    }
+    for name, document in documents.items():
+        (bundle / name).write_text(json.dumps(document, indent=2))
+    (bundle / "runner.log").write_text("python runtime run\n")
+    write_manifest(bundle, run_id=run_id, model_sha256=model.sidecar["sha256"])
+    return bundle
+
+
+def write_manifest(
+    bundle: Path, *, run_id: str, model_sha256: str, status: str = "ok", error: str | None = None
+) -> None:
+    files = {
+        path.name: {"sha256": sha256_file(path), "size": path.stat().st_size}
+        for path in sorted(bundle.iterdir())
+        if path.is_file() and path.name != "result_manifest.json"
+    }
+    manifest = {
+        "schema": 1,
+        "run_id": run_id,
+        "status": status,
+        "error": error,
+        "runner_exit_code": 0 if status == "ok" else 7,
+        "model_sha256": model_sha256,
+        "files": files,
+    }
+    (bundle / "result_manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def copy_bundle(bundle: BundleCase, destination: Path) -> BundleCase:
+    """A private copy a test may modify or analyse."""
+    shutil.copytree(bundle.path, destination, ignore=shutil.ignore_patterns("analysis", "model_explorer"))
+    return BundleCase(destination, bundle.model)
+
+
+def analyze(case: BundleCase):
+    from orchestrator.analysis import analyze_bundle
+
+    model = case.model
+    return analyze_bundle(case.path, pte=model.pte, sidecar=model.sidecar, reference_outputs=model.reference_outputs)
+
+
+def raw_hashes(bundle: Path) -> dict[str, str]:
+    """sha256 of every raw bundle file (analysis outputs live in sub-folders)."""
+    return {p.name: sha256_file(p) for p in bundle.iterdir() if p.is_file()}
+
+
+def rewrite_etdump(bundle: Path, edit: Callable[[Any], None]) -> None:
+    """Apply edit(etdump dataclass) to a bundle's ETDump and write it back size-prefixed, as the runtime does."""
+    from executorch.devtools.etdump.serialize import deserialize_from_etdump_flatcc, serialize_to_etdump_flatcc
+
+    path = bundle / "etdump.etdp"
+    etdump = deserialize_from_etdump_flatcc(path.read_bytes())
+    edit(etdump)
+    data = serialize_to_etdump_flatcc(etdump)
+    path.write_bytes(struct.pack("<I", len(data)) + data)
+
+
+def adapter_graphs(pte: Path) -> dict[str, set[str]]:
+    """graph id -> node ids, as the PTE adapter (run in-process) builds them for Model Explorer."""
+    from pte_adapter_model_explorer.main import PTEAdapter
+
+    converted = PTEAdapter().convert(str(pte), {})
+    return {graph.id: {node.id for node in graph.nodes} for c in converted["graphCollections"] for graph in c.graphs}
+
+
+def edit_json(path: Path, **changes: object) -> None:
+    document = json.loads(path.read_text())
+    document.update(changes)
+    path.write_text(json.dumps(document))
+
+
+@pytest.fixture(scope="session")
+def analysis_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyModel]:
+    """Tiny models keyed "distilbert_xnnpack", "distilbert_portable", "gpt2_xnnpack"."""
+    root = tmp_path_factory.mktemp("analysis-models")
+    models = {}
+    for name, backends in (("distilbert", ("xnnpack", "portable")), ("gpt2", ("xnnpack",))):
+        for backend, model in lower_model(name, backends, root / name).items():
+            models[f"{name}_{backend}"] = model
+    return models
+
+
+@pytest.fixture(scope="session")
+def analysis_bundles(
+    analysis_models: dict[str, TinyModel], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, BundleCase]:
+    """One pristine bundle per model (2 warmups, 6 iterations). Copy one with `copy_bundle` before changing it."""
+    root = tmp_path_factory.mktemp("analysis-bundles")
+    return {key: BundleCase(make_bundle(model, root / f"run-{key}"), model) for key, model in analysis_models.items()}
+
+
+BundleCopy = Callable[..., BundleCase]
+
+
+@pytest.fixture
+def bundle_copy(tmp_path: Path, analysis_bundles: dict[str, BundleCase]) -> BundleCopy:
+    """bundle_copy("distilbert_xnnpack") -> a private BundleCase under this test's tmp_path."""
+
+    def make(key: str, name: str | None = None) -> BundleCase:
+        return copy_bundle(analysis_bundles[key], tmp_path / (name or f"run-{key}"))
+
+    return make

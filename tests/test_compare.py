@@ -1,0 +1,195 @@
+"""compare: the change verdict on known samples, and run-vs-run comparison of real analysed bundles."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from orchestrator.compare import CompareError, compare_runs, render_comparison
+from orchestrator.stats import compare_samples, distribution
+from tests.plugins.analysis import (
+    BundleCase,
+    TinyModel,
+    adapter_graphs,
+    analyze,
+    copy_bundle,
+    edit_json,
+    make_bundle,
+    rewrite_etdump,
+    write_manifest,
+)
+
+pytestmark = pytest.mark.slow  # lowers and runs real models (session fixtures)
+
+ITERATIONS = 20
+
+# ---------------------------------------------------------------------------------------------------------------
+# stats
+
+
+def noisy(median: float, n: int, seed: int, spread: float = 0.02) -> np.ndarray:
+    """Latency-like samples: lognormal around `median` with a few slow outliers."""
+    rng = np.random.default_rng(seed)
+    samples = median * rng.lognormal(0.0, spread, n)
+    samples[:: max(1, n // 5)] *= 1.3  # preempted iterations
+    return samples
+
+
+def test_distribution_matches_numpy() -> None:
+    samples = noisy(10.0, 37, seed=1)
+    dist = distribution(samples)
+    assert dist is not None and dist.n == 37
+    assert dist.median == np.median(samples) and dist.mean == pytest.approx(samples.mean())
+    assert (dist.p10, dist.p90) == tuple(np.percentile(samples, [10, 90]))
+    assert dist.cv == pytest.approx(samples.std(ddof=1) / samples.mean())
+    assert distribution([]) is None
+
+
+@pytest.mark.parametrize(
+    ("factor", "spread", "expected"),
+    [
+        (1.0, 0.02, "no change"),  # same distribution, new draw
+        (1.20, 0.02, "slower"),
+        (0.80, 0.02, "faster"),
+        (1.02, 0.002, "no change"),  # real but below the 5% minimum effect
+        (1.08, 0.30, "no change"),  # too noisy to tell
+    ],
+)
+def test_verdict_on_known_shifts(factor: float, spread: float, expected: str) -> None:
+    a = noisy(100.0, 30, seed=2, spread=spread)
+    b = noisy(100.0 * factor, 30, seed=3, spread=spread)
+    verdict = compare_samples(a, b)
+    assert verdict.change == expected, verdict.reason
+    assert verdict.ci_low is not None and verdict.ci_high is not None and verdict.ci_low <= verdict.ci_high
+    assert verdict.ratio == pytest.approx(np.median(b) / np.median(a))
+    if expected == "no change" and factor == 1.02:
+        assert "below the 5% minimum effect" in verdict.reason
+
+
+def test_verdict_is_reproducible_and_needs_samples() -> None:
+    a, b = noisy(50.0, 12, seed=4), noisy(60.0, 12, seed=5)
+    assert compare_samples(a, b) == compare_samples(a, b)
+    few = compare_samples(a[:3], b)
+    assert few.change == "insufficient data" and not few.is_change
+    constant = compare_samples([5.0] * 8, [5.0] * 8)
+    assert constant.change == "no change" and constant.p_value == 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compare_runs on real bundles
+
+
+@pytest.fixture(scope="module")
+def baseline(analysis_models: dict[str, TinyModel], tmp_path_factory: pytest.TempPathFactory) -> BundleCase:
+    """A DistilBERT XNNPACK run with enough iterations for per-operator verdicts."""
+    model = analysis_models["distilbert_xnnpack"]
+    case = BundleCase(make_bundle(model, tmp_path_factory.mktemp("compare") / "run-a", iterations=ITERATIONS), model)
+    analyze(case)
+    return case
+
+
+def slowed_copy(baseline: BundleCase, destination: Any, node_index: int, factor: float) -> BundleCase:
+    """B: the same run with one instruction `factor` times slower and every iteration slower by that much."""
+    case = copy_bundle(baseline, destination)
+    extra_ns: list[int] = []
+
+    def stretch(etdump: Any) -> None:
+        for run in (r for r in etdump.run_data if r.name == "Execute"):
+            for event in run.events:
+                profile = event.profile_event
+                if profile and profile.instruction_id == node_index and profile.name == "OPERATOR_CALL":
+                    added = int((profile.end_time - profile.start_time) * (factor - 1))
+                    profile.end_time += added
+                    extra_ns.append(added)
+
+    rewrite_etdump(case.path, stretch)
+    timings = json.loads((case.path / "timings.json").read_text())
+    warmup = len(timings["warmup_ms"])
+    slower = [v + extra / 1e6 for v, extra in zip(timings["iterations_ms"], extra_ns[warmup:], strict=True)]
+    edit_json(case.path / "timings.json", iterations_ms=[v * 1.25 for v in slower])
+    edit_json(case.path / "run.json", run_id=destination.name)
+    write_manifest(case.path, run_id=destination.name, model_sha256=baseline.model.sidecar["sha256"])
+    analyze(case)
+    return case
+
+
+def test_identical_runs_show_no_change(baseline: BundleCase, tmp_path: Any) -> None:
+    same = copy_bundle(baseline, tmp_path / "run-same")
+    analyze(same)
+    comparison = compare_runs(baseline.path, same.path)
+    assert comparison.total.change == "no change"
+    assert all(op.delta_ms == 0 for op in comparison.ops if op.delta_ms is not None)
+    assert not any(op.verdict and op.verdict.is_change for op in comparison.ops)
+    overlay = json.loads(comparison.overlay.read_text())
+    assert {r["bgColor"] for g in overlay.values() for r in g["results"].values()} == {"#ffffff"}
+
+
+def test_a_slower_operator_is_found_and_painted_red(baseline: BundleCase, tmp_path: Any) -> None:
+    ops = json.loads((baseline.path / "analysis" / "ops.json").read_text())["instructions"]
+    kernels = [r for r in ops if r["kind"] == "KernelCall"]
+    biggest = max(kernels, key=lambda r: r["median_ms"])
+    slow = slowed_copy(baseline, tmp_path / "run-b", biggest["instruction"], factor=4.0)
+
+    comparison = compare_runs(baseline.path, slow.path)
+    assert comparison.total.change == "slower", comparison.total.reason
+    flagged = [op.node_id for op in comparison.ops if op.verdict and op.verdict.is_change]
+    assert flagged == [biggest["node_id"]]
+    changed = next(op for op in comparison.ops if op.node_id == biggest["node_id"])
+    assert changed.verdict.change == "slower" and changed.delta_ms > 0
+
+    overlay = json.loads(comparison.overlay.read_text())
+    results = overlay["forward"]["results"]
+    assert results[biggest["node_id"]]["bgColor"] == "#b2182b", "the largest change saturates the red end"
+    assert all(r["bgColor"] == "#ffffff" for node, r in results.items() if node != biggest["node_id"])
+    graphs = adapter_graphs(baseline.model.pte)
+    for graph_id, data in overlay.items():
+        assert set(data["results"]) <= graphs[graph_id]
+    assert [s["bgColor"] for s in overlay["forward"]["gradient"]] == ["#2166ac", "#ffffff", "#b2182b"]
+    report = json.loads(comparison.report.read_text())
+    assert report["total"]["change"] == "slower" and report["run_b"]["run_id"] == "run-b"
+
+    reverse = compare_runs(slow.path, baseline.path, write=False)
+    assert reverse.total.change == "faster" and reverse.overlay is None
+
+
+def test_render_comparison(baseline: BundleCase, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    same = copy_bundle(baseline, tmp_path / "run-same")
+    analyze(same)
+    render_comparison(compare_runs(baseline.path, same.path, write=False), limit=5)
+    out = capsys.readouterr().out
+    assert "overall: no change" in out and "A median ms" in out
+
+
+def test_different_models_are_refused(analysis_bundles: dict[str, BundleCase], tmp_path: Any) -> None:
+    bert = copy_bundle(analysis_bundles["distilbert_xnnpack"], tmp_path / "bert")
+    gpt = copy_bundle(analysis_bundles["gpt2_xnnpack"], tmp_path / "gpt")
+    portable = copy_bundle(analysis_bundles["distilbert_portable"], tmp_path / "portable")
+    for case in (bert, gpt, portable):
+        analyze(case)
+    with pytest.raises(CompareError, match="different models"):
+        compare_runs(bert.path, gpt.path)
+    with pytest.raises(CompareError, match="different programs"):
+        compare_runs(bert.path, portable.path)
+
+
+def test_rebuilt_program_needs_permission(baseline: BundleCase, tmp_path: Any) -> None:
+    rebuilt = copy_bundle(baseline, tmp_path / "run-rebuilt")
+    analyze(rebuilt)
+    summary_path = rebuilt.path / "analysis" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["model"]["sha256"] = "0" * 64
+    summary_path.write_text(json.dumps(summary))
+    with pytest.raises(CompareError, match=r"different \.pte builds"):
+        compare_runs(baseline.path, rebuilt.path)
+    comparison = compare_runs(baseline.path, rebuilt.path, allow_rebuilt=True, write=False)
+    assert any("different builds" in note for note in comparison.notes)
+
+
+def test_unanalysed_run_is_refused(baseline: BundleCase, tmp_path: Any) -> None:
+    raw = copy_bundle(baseline, tmp_path / "raw")
+    with pytest.raises(CompareError, match="has not been analysed") as caught:
+        compare_runs(baseline.path, raw.path)
+    assert "run the analysis first" in str(caught.value)

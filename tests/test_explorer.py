@@ -1,0 +1,262 @@
+"""explore: the real Model Explorer server with the PTE adapter, driven over HTTP and in a real browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.explorer import (
+    PTE_ADAPTER,
+    ExplorerError,
+    ExplorerHandle,
+    artifact_models,
+    check_host,
+    ensure_port_free,
+    is_loopback,
+    launch_explorer,
+    run_overlays,
+)
+from orchestrator.paths import PROJECT_ROOT
+from tests.plugins.analysis import BundleCase, adapter_graphs, analyze, copy_bundle
+from tests.plugins.browser import SCREENSHOTS
+
+pytestmark = pytest.mark.slow  # lowers and runs real models (session fixtures)
+
+ARTIFACTS = SCREENSHOTS
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+def post_json(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def url_data(url: str) -> dict:
+    return json.loads(parse_qs(urlparse(url).query)["data"][0])
+
+
+@pytest.fixture(scope="module")
+def explored(analysis_bundles: dict[str, BundleCase], tmp_path_factory: pytest.TempPathFactory) -> BundleCase:
+    case = copy_bundle(analysis_bundles["distilbert_xnnpack"], tmp_path_factory.mktemp("explore") / "run-explore")
+    analyze(case)
+    return case
+
+
+def models_and_overlays(case: BundleCase, analysis_bundles: dict[str, BundleCase]) -> tuple[list[Path], list[Path]]:
+    portable = analysis_bundles["distilbert_portable"].model.pte
+    models = [case.model.exported, portable, case.model.pte]  # the run's program last: explore puts it first
+    return models, sorted((case.path / "model_explorer").glob("me_overlay_*.json"))
+
+
+@pytest.fixture(scope="module")
+def server(explored: BundleCase, analysis_bundles: dict[str, BundleCase]) -> Iterator[ExplorerHandle]:
+    models, overlays = models_and_overlays(explored, analysis_bundles)
+    handle = launch_explorer(models, overlays, port=free_port(), open_browser=False, block=False)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def test_server_answers_and_converts_with_the_pte_adapter(server: ExplorerHandle, explored: BundleCase) -> None:
+    base = f"http://127.0.0.1:{server.port}"
+    assert get(f"{base}/check_health") == "model_explorer_ok"
+    converted = post_json(
+        f"{base}/apipost/v1/send_command",
+        {
+            "cmdId": "convert",
+            "extensionId": PTE_ADAPTER,
+            "modelPath": str(explored.model.pte),
+            "settings": {},
+            "deleteAfterConversion": False,
+        },
+    )
+    graphs = {g["id"]: {n["id"] for n in g["nodes"]} for c in converted["graphCollections"] for g in c["graphs"]}
+    overlay = json.loads((explored.path / "model_explorer" / "me_overlay_median_ms.json").read_text())
+    for graph_id, data in overlay.items():
+        assert set(data["results"]) <= graphs[graph_id]
+
+
+def test_url_preloads_the_program_overlays_and_expanded_layer(server: ExplorerHandle, explored: BundleCase) -> None:
+    data = url_data(server.url)
+    assert urlparse(server.url).hostname == "127.0.0.1"
+    assert Path(data["models"][0]["url"]).name == explored.model.pte.name, "the run's program comes first"
+    assert {m.get("adapterId") for m in data["models"] if m["url"].endswith(".pte")} == {PTE_ADAPTER}
+    label = f"{explored.model.pte.name} ({explored.model.pte.name})"
+    assert set(data["nodeDataTargets"]) == {label, f"{explored.model.pte.name} (delegates)"}
+    assert {Path(p).name for p in data["nodeData"]} == {
+        "me_overlay_median_ms.json", "me_overlay_mean_ms.json", "me_overlay_pct.json",
+    }  # fmt: skip
+    (pane,) = data["uiState"]["paneStates"]
+    assert pane["deepestExpandedGroupNodeIds"] == ["forward___group___"]
+    assert (pane["selectedGraphId"], pane["selectedCollectionLabel"]) == ("forward", label)
+
+
+def test_page_renders_the_graph_with_its_overlays(
+    server: ExplorerHandle, explored: BundleCase, browser_page: Any
+) -> None:
+    run_id = json.loads((explored.path / "analysis" / "summary.json").read_text())["run_id"]
+    delegate = next(g for g in adapter_graphs(explored.model.pte) if "::" in g)
+    delegate_url = server.url_for(delegate)
+    page = browser_page
+    for url, name, expected in (
+        (server.url, "explore_forward", "aten::"),
+        (delegate_url, "explore_delegate", "XNN"),
+    ):
+        page.goto(url)
+        page.wait_for_selector("canvas", timeout=90_000)
+        page.wait_for_function("text => document.body.innerText.includes(text)", arg=f"pct ({run_id})", timeout=60_000)
+        text = page.inner_text("body")
+        for metric in ("median_ms", "mean_ms", "pct"):
+            assert f"{metric} ({run_id})" in text, f"{metric} overlay is listed"
+        assert expected in text
+        page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+        assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000
+    assert f"{explored.model.pte.name} (delegates)" in text and delegate in text
+
+
+def test_stop_ends_the_server_and_frees_the_port(explored: BundleCase, analysis_bundles: dict[str, BundleCase]) -> None:
+    models, overlays = models_and_overlays(explored, analysis_bundles)
+    port = free_port()
+    handle = launch_explorer(models[2:], overlays, port=port, open_browser=False, block=False)
+    group = handle.process.pid
+    handle.stop()
+    assert not handle.running
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, 0)
+    ensure_port_free("127.0.0.1", port)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_blocking_explore_stops_cleanly_on_signal(
+    explored: BundleCase, analysis_bundles: dict[str, BundleCase], signum: int
+) -> None:
+    models, overlays = models_and_overlays(explored, analysis_bundles)
+    port = free_port()
+    script = (
+        "import sys; from pathlib import Path; from orchestrator.explorer import launch_explorer; "
+        f"launch_explorer([Path(p) for p in {[str(m) for m in models[2:]]!r}], "
+        f"[Path(p) for p in {[str(o) for o in overlays]!r}], port={port}, open_browser=False)"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stderr is not None
+        seen = ""
+        while "Model Explorer is ready" not in seen:  # steady state: serving and waiting
+            line = launcher.stderr.readline()
+            assert line, f"explore exited before it was ready: {seen}"
+            seen += line
+        assert get(f"http://127.0.0.1:{port}/check_health") == "model_explorer_ok"
+        launcher.send_signal(signum)
+        assert launcher.wait(timeout=30) == 0
+        rest = launcher.stderr.read()
+        assert "stopped Model Explorer" in rest and "Traceback" not in rest
+        with pytest.raises(OSError):
+            get(f"http://127.0.0.1:{port}/check_health")
+        ensure_port_free("127.0.0.1", port)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_signal_during_startup_leaves_no_server(explored: BundleCase) -> None:
+    port = free_port()
+    script = (
+        "from pathlib import Path; from orchestrator.explorer import launch_explorer; "
+        f"launch_explorer([Path({str(explored.model.pte)!r})], [], port={port}, open_browser=False)"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.5)  # Model Explorer takes several seconds to come up
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=30)
+        time.sleep(8)  # long enough for an orphaned server to have started listening
+        with pytest.raises(OSError):
+            get(f"http://127.0.0.1:{port}/check_health")
+        ensure_port_free("127.0.0.1", port)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_run_and_artifact_inputs_are_found(explored: BundleCase, tmp_path: Path) -> None:
+    assert [p.name for p in run_overlays(explored.path)] == [
+        "me_overlay_mean_ms.json", "me_overlay_median_ms.json", "me_overlay_pct.json",
+    ]  # fmt: skip
+    models = artifact_models(explored.model.pte.parent)
+    assert explored.model.pte in models and explored.model.exported in models
+    assert all(m.suffix in (".pt2", ".pte") for m in models)
+    with pytest.raises(ExplorerError, match="analyse the run first"):
+        run_overlays(tmp_path)
+    with pytest.raises(ExplorerError, match="lower the model first"):
+        artifact_models(tmp_path)
+
+
+def test_port_in_use_is_a_clear_error(explored: BundleCase) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ExplorerError, match=f"cannot listen on 127.0.0.1:{port}") as caught:
+            launch_explorer([explored.model.pte], [], port=port, open_browser=False, block=False)
+    assert "--port" in str(caught.value)
+
+
+def test_missing_or_wrong_inputs_are_clear_errors(explored: BundleCase, tmp_path: Path) -> None:
+    with pytest.raises(ExplorerError, match=r"missing file.*nothing\.pte"):
+        launch_explorer([tmp_path / "nothing.pte"], [], port=free_port(), block=False)
+    with pytest.raises(ExplorerError, match=r"me_overlay_gone\.json"):
+        launch_explorer([explored.model.pte], [tmp_path / "me_overlay_gone.json"], port=free_port(), block=False)
+    with pytest.raises(UsageError, match=r"not a \.pt2 or \.pte"):
+        launch_explorer([explored.path / "timings.json"], [], port=free_port(), block=False)
+    with pytest.raises(UsageError, match="no model files"):
+        launch_explorer([], [], port=free_port(), block=False)
+
+
+def test_only_loopback_is_quiet(capsys: pytest.CaptureFixture[str]) -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.20")
+    check_host("127.0.0.1")
+    assert capsys.readouterr().err == ""
+    check_host("0.0.0.0")
+    err = capsys.readouterr().err
+    assert "WARNING" in err and "ANY file" in err and "0.0.0.0" in err
+
+
+def test_ssh_sessions_get_a_tunnel_hint(
+    explored: BundleCase, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SSH_CONNECTION", "10.0.0.5 50022 10.0.0.9 22")
+    monkeypatch.setenv("USER", "alice")
+    port = free_port()
+    handle = launch_explorer([explored.model.pte], [], port=port, open_browser=False, block=False)
+    handle.stop()
+    err = capsys.readouterr().err
+    assert f"ssh -L {port}:127.0.0.1:{port} alice@10.0.0.9" in err
+    assert handle.url in err.splitlines(), "the URL is printed on one line"

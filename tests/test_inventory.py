@@ -1,0 +1,362 @@
+"""inventory.yaml: loading, defaults, validation errors (file:line: field: reason) and board selection."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator import paths
+from orchestrator.errors import InventoryError, UsageError
+from orchestrator.inventory import Board, Inventory, load_inventory, parse_inventory
+
+GOOD = """\
+defaults:
+  user: pi
+  key: keys/lab_ed25519
+  connect_timeout: 4
+  keepalive: 3
+  tcp_user_timeout: 12.5
+  command_timeout: 600
+  known_hosts: state/known_hosts
+boards:
+  local:
+    transport: local
+    tags: [x86]
+  pi5-a:
+    host: 192.168.1.50
+    tags: [pi5, aarch64]
+    threads: 4
+  "pi 4; $(reboot) `x` 'q'":
+    host: pi4.local
+    port: 2222
+    user: admin
+    agent: true
+    workdir: /srv/etlab
+    tags: [pi4, aarch64]
+groups:
+  pis: [pi5-a, "pi 4; $(reboot) `x` 'q'"]
+nightly:
+  models: [distilbert]
+  backends: [xnnpack]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "inventory.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def line_of(text: str, marker: str = "# <-") -> int:
+    """The 1-based line carrying `marker` in the (dedented) YAML text."""
+    for number, line in enumerate(textwrap.dedent(text).splitlines(), start=1):
+        if marker in line:
+            return number
+    raise AssertionError(f"no {marker!r} in the text")
+
+
+def test_shipped_inventory_has_the_local_board_and_it_is_the_default() -> None:
+    inventory = load_inventory(paths.PROJECT_ROOT / "inventory.yaml")
+    assert "local" in inventory.boards
+    local = inventory.boards["local"]
+    assert local.is_local and local.host is None
+    assert local.workdir == str(paths.state_dir() / "boards" / "local")
+    assert inventory.select() == [local]
+    # The commented Raspberry Pi examples stay comments: they are not boards.
+    assert set(inventory.boards) == {"local"}
+    text = (paths.PROJECT_ROOT / "inventory.yaml").read_text()
+    assert "# pi5-a:" in text and "# pi4-a:" in text and "# nightly:" in text
+
+
+def test_a_full_inventory_applies_defaults_and_resolves_paths(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, GOOD))
+    pi5 = inventory.boards["pi5-a"]
+    assert pi5 == Board(
+        name="pi5-a",
+        transport="ssh",
+        host="192.168.1.50",
+        port=22,
+        user="pi",
+        key=tmp_path / "keys" / "lab_ed25519",
+        agent=False,
+        workdir="~/.etlab",
+        tags=("pi5", "aarch64"),
+        threads=4,
+        connect_timeout=4.0,
+        command_timeout=600.0,
+        keepalive=3.0,
+        tcp_user_timeout=12.5,
+        known_hosts=tmp_path / "state" / "known_hosts",
+    )
+    odd = inventory.boards["pi 4; $(reboot) `x` 'q'"]
+    assert (odd.port, odd.user, odd.agent, odd.workdir) == (2222, "admin", True, "/srv/etlab")
+    assert inventory.groups == {"pis": ("pi5-a", "pi 4; $(reboot) `x` 'q'")}
+    assert inventory.nightly == {"models": ["distilbert"], "backends": ["xnnpack"]}
+    # A local board gets its workdir under the state folder, named after the board.
+    assert inventory.boards["local"].workdir == str(paths.state_dir() / "boards" / "local")
+
+
+def test_default_known_hosts_is_in_the_state_folder(tmp_path: Path) -> None:
+    inventory = load_inventory(write(tmp_path, "boards:\n  a:\n    host: h\n"))
+    assert inventory.boards["a"].known_hosts == paths.state_dir() / "known_hosts"
+    assert inventory.boards["a"].connect_timeout == 10.0
+    assert inventory.boards["a"].workdir == "~/.etlab"
+
+
+MALFORMED = {
+    "port not a number": (
+        """\
+        boards:
+          pi5-a:
+            host: 10.0.0.2
+            port: abc  # <-
+        """,
+        "boards.pi5-a.port",
+        "expected an integer 1-65535, got 'abc'",
+    ),
+    "port out of range": (
+        """\
+        boards:
+          pi5-a:
+            host: 10.0.0.2
+            port: 70000  # <-
+        """,
+        "boards.pi5-a.port",
+        "expected an integer 1-65535, got 70000",
+    ),
+    "unknown board key": (
+        """\
+        boards:
+          pi5-a:
+            hots: 10.0.0.2  # <-
+        """,
+        "boards.pi5-a.hots",
+        "did you mean 'host'?",
+    ),
+    "unknown top-level key": (
+        """\
+        defaults:
+          user: pi
+        board:  # <-
+          a: {host: h}
+        """,
+        "board",
+        "did you mean 'boards'?",
+    ),
+    "duplicate board name": (
+        """\
+        boards:
+          pi5-a:
+            host: 10.0.0.2
+          pi5-a:  # <-
+            host: 10.0.0.3
+        """,
+        "boards.pi5-a",
+        "duplicate key (first defined on line 2)",
+    ),
+    "group names a missing board": (
+        """\
+        boards:
+          pi5-a: {host: 10.0.0.2}
+        groups:
+          lab: [pi5-a, pi5-b]  # <-
+        """,
+        "groups.lab",
+        "unknown board 'pi5-b' (did you mean 'pi5-a'?)",
+    ),
+    "bad transport": (
+        """\
+        boards:
+          pi5-a:
+            host: 10.0.0.2
+            transport: telnet  # <-
+        """,
+        "boards.pi5-a.transport",
+        "expected one of ssh, local, got 'telnet'",
+    ),
+    "ssh board without host": (
+        """\
+        boards:
+          local: {transport: local}
+          pi5-a:  # <-
+            user: pi
+        """,
+        "boards.pi5-a",
+        "an ssh board needs 'host'",
+    ),
+    "tags not a list": (
+        """\
+        boards:
+          pi5-a:
+            host: 10.0.0.2
+            tags: pi5  # <-
+        """,
+        "boards.pi5-a.tags",
+        "expected a list of tags, got 'pi5'",
+    ),
+    "agent not a boolean": (
+        """\
+        defaults:
+          agent: maybe  # <-
+        boards:
+          a: {host: h}
+        """,
+        "defaults.agent",
+        "expected true or false, got 'maybe'",
+    ),
+    "timeout not positive": (
+        """\
+        boards:
+          a:
+            host: h
+            tcp_user_timeout: 0  # <-
+        """,
+        "boards.a.tcp_user_timeout",
+        "expected a number of seconds > 0",
+    ),
+    "board name with a slash": (
+        """\
+        boards:
+          lab/pi5:  # <-
+            host: h
+        """,
+        'boards["lab/pi5"]',
+        "must not contain '/'",
+    ),
+    "ssh setting on a local board": (
+        """\
+        boards:
+          here:
+            transport: local
+            host: 10.0.0.2  # <-
+        """,
+        "boards.here.host",
+        "not used by a board with transport 'local'",
+    ),
+    "board settings not a mapping": (
+        """\
+        boards:
+          a: [h]  # <-
+        """,
+        "boards.a",
+        "expected a mapping, got a list",
+    ),
+    "nightly not a mapping": (
+        """\
+        boards:
+          a: {host: h}
+        nightly: every day  # <-
+        """,
+        "nightly",
+        "expected a mapping, got 'every day'",
+    ),
+    "YAML syntax error": (
+        """\
+        boards:
+          a: {host: h
+          b: [  # <-
+        """,
+        "invalid YAML",
+        "",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED), ids=list(MALFORMED))
+def test_malformed_inventory_names_file_line_and_field(tmp_path: Path, case: str) -> None:
+    text, field, reason = MALFORMED[case]
+    path = write(tmp_path, text)
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    message = str(caught.value)
+    if case == "YAML syntax error":
+        # The parser reports where it noticed the problem, which is at or after the broken line.
+        assert message.startswith(f"{path}:")
+        reported = int(message.split(":")[1])
+        assert reported >= line_of(text) - 1 and "invalid YAML" in message
+        return
+    assert f"{path}:{line_of(text)}: {field}: " in message, message
+    assert reason in message
+
+
+def test_empty_inventory_is_refused(tmp_path: Path) -> None:
+    for text in ("", "# only a comment\n", "---\n"):
+        with pytest.raises(InventoryError, match=r"inventory.yaml:1: \(file\): the inventory is empty"):
+            load_inventory(write(tmp_path, text))
+
+
+def test_inventory_without_boards_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match=r":1: boards: required"):
+        load_inventory(write(tmp_path, "defaults:\n  user: pi\n"))
+    with pytest.raises(InventoryError, match=r":1: boards: expected at least one board"):
+        load_inventory(write(tmp_path, "boards:\n"))
+
+
+def test_every_problem_is_reported_at_once_in_file_order(tmp_path: Path) -> None:
+    text = """\
+    boards:
+      a:
+        host: h
+        port: x
+      b:
+        transport: nope
+    groups:
+      g: [c]
+    """
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(write(tmp_path, text))
+    lines = str(caught.value).splitlines()
+    assert [line.split(": ", 1)[0].rsplit(":", 1)[1] for line in lines] == ["4", "6", "8"]
+    assert "boards.a.port" in lines[0] and "boards.b.transport" in lines[1] and "groups.g" in lines[2]
+
+
+def test_missing_inventory_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match="inventory file not found"):
+        load_inventory(tmp_path / "nope.yaml")
+
+
+def test_unsafe_yaml_tags_are_refused(tmp_path: Path) -> None:
+    text = "boards:\n  a: !!python/object/apply:os.system ['true']\n"
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(write(tmp_path, text))
+    assert ":2: boards.a: expected a mapping" in str(caught.value)
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Inventory:
+    return load_inventory(write(tmp_path, GOOD))
+
+
+def test_select_by_names_group_and_tag(lab: Inventory) -> None:
+    odd = "pi 4; $(reboot) `x` 'q'"
+    assert [b.name for b in lab.select(["pi5-a", "local", "pi5-a"])] == ["pi5-a", "local"]
+    assert [b.name for b in lab.select(group="pis")] == ["pi5-a", odd]
+    assert [b.name for b in lab.select(group="pis", tag="pi4")] == [odd]
+    assert [b.name for b in lab.select(tag="aarch64")] == ["pi5-a", odd]
+    assert [b.name for b in lab.select()] == ["local"]
+
+
+def test_selection_errors_are_clear(lab: Inventory) -> None:
+    with pytest.raises(UsageError, match=r"unknown board 'pi5a' \(did you mean 'pi5-a'\?\)"):
+        lab.select(["pi5a"])
+    with pytest.raises(UsageError, match=r"unknown group 'pi' \(did you mean 'pis'\?\)"):
+        lab.select(group="pi")
+    with pytest.raises(UsageError, match=r"unknown tag 'pi6'"):
+        lab.select(tag="pi6")
+    with pytest.raises(UsageError, match=r"no board in group 'pis' has tag 'x86'"):
+        lab.select(group="pis", tag="x86")
+    with pytest.raises(UsageError, match="not both"):
+        lab.select(["pi5-a"], group="pis")
+
+
+def test_default_group_wins_over_the_local_board(tmp_path: Path) -> None:
+    text = GOOD.replace("groups:\n", "groups:\n  default: [pi5-a]\n")
+    assert [b.name for b in load_inventory(write(tmp_path, text)).select()] == ["pi5-a"]
+
+
+def test_no_default_selection_is_an_error(tmp_path: Path) -> None:
+    inventory = parse_inventory("boards:\n  a: {host: h}\n", tmp_path / "inventory.yaml")
+    with pytest.raises(UsageError, match="no board selected and there is no default"):
+        inventory.select()

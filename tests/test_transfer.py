@@ -1,0 +1,437 @@
+"""Pushes and pulls against real OpenSSH servers: content addressing, verification, retries, hostile archives."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.connection import connect
+from orchestrator.errors import BundleError, EtlabError, TransferError
+from orchestrator.fsutil import TMP_PREFIX
+from orchestrator.inventory import Board
+from orchestrator.transfer import (
+    MANIFEST,
+    RetryPolicy,
+    extract_tar_stream,
+    pull_bundle,
+    push_file,
+)
+from tests.plugins.sshd import NetnsBoard, SshdBoard
+
+ODD = "odd 'dir' \"q\" $x; `y`\nline2"
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_model(folder: Path, size: int, name: str = "model.pte") -> tuple[Path, str]:
+    path = folder / name
+    data = os.urandom(size)
+    path.write_bytes(data)
+    return path, sha(data)
+
+
+def write_bundle(folder: Path, files: dict[str, bytes], *, manifest_files: dict | None = None) -> None:
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    listed = (
+        manifest_files
+        if manifest_files is not None
+        else {name: {"sha256": sha(data), "size": len(data)} for name, data in files.items()}
+    )
+    manifest = {"schema": 1, "run_id": folder.name, "status": "ok", "files": listed}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(TMP_PREFIX)) if folder.exists() else []
+
+
+@pytest.fixture
+def local_board(tmp_path: Path) -> Board:
+    return Board(name="local", transport="local", workdir=str(tmp_path / "local board"))
+
+
+# ---------------------------------------------------------------- push
+
+
+def test_push_is_content_addressed_and_skips_unchanged_content(sshd_board: SshdBoard, tmp_path: Path) -> None:
+    model, digest = make_model(tmp_path, 3 << 20)
+    with connect(sshd_board.board) as conn:
+        first = push_file(conn, model)
+        again = push_file(conn, model, sha256=digest)
+    models = sshd_board.workdir_path / "models"
+    final = models / f"{digest}.pte"
+    assert (first.skipped, again.skipped) == (False, True)
+    assert first.remote_path == again.remote_path == str(final)
+    assert (first.sha256, first.size, first.attempts) == (digest, 3 << 20, 1)
+    assert final.read_bytes() == model.read_bytes()
+    assert (models / f"{digest}.pte.sha256").read_text() == f"{digest}  {digest}.pte\n"
+    assert sorted(p.name for p in models.iterdir()) == [f"{digest}.pte", f"{digest}.pte.sha256"]
+
+
+def test_push_repairs_a_truncated_final_file(sshd_board: SshdBoard, tmp_path: Path) -> None:
+    model, digest = make_model(tmp_path, 1 << 20)
+    with connect(sshd_board.board) as conn:
+        push_file(conn, model)
+        final = sshd_board.workdir_path / "models" / f"{digest}.pte"
+        final.write_bytes(model.read_bytes()[:1000])  # e.g. a board that lost power mid-write
+        repaired = push_file(conn, model)
+    assert not repaired.skipped and sha(final.read_bytes()) == digest
+
+
+def test_push_round_trips_odd_paths_and_names(sshd_boards, tmp_path: Path) -> None:
+    (fake,) = sshd_boards(1, names=["pi 'odd' $b;`c`"], workdir=f"~/{ODD}")
+    folder = tmp_path / ODD
+    folder.mkdir()
+    model, digest = make_model(folder, 70_000, name="my 'model' $1;`x`.pte")
+    with connect(fake.board) as conn:
+        result = push_file(conn, model, kind="inputs", suffix=".etlt")
+        assert push_file(conn, model, kind="inputs", suffix=".etlt").skipped
+    stored = fake.home / ODD / "inputs" / f"{digest}.etlt"
+    assert result.remote_path == str(stored)
+    assert stored.read_bytes() == model.read_bytes()
+
+
+def test_push_refuses_bad_arguments(sshd_board: SshdBoard, tmp_path: Path) -> None:
+    model, _ = make_model(tmp_path, 10)
+    with connect(sshd_board.board) as conn:
+        with pytest.raises(EtlabError, match="invalid kind"):
+            push_file(conn, model, kind="../etc")
+        with pytest.raises(EtlabError, match="invalid suffix"):
+            push_file(conn, model, suffix=".pte; rm -rf ~")
+        with pytest.raises(EtlabError, match="invalid sha256"):
+            push_file(conn, model, sha256="abc")
+        with pytest.raises(EtlabError, match="not a file"):
+            push_file(conn, tmp_path / "missing.pte")
+
+
+def test_a_wrong_sha256_is_caught_on_the_board_and_leaves_nothing(sshd_board: SshdBoard, tmp_path: Path) -> None:
+    model, _ = make_model(tmp_path, 2 << 20)
+    wrong = "0" * 64
+    with connect(sshd_board.board) as conn, pytest.raises(TransferError, match="arrived with sha256") as caught:
+        push_file(conn, model, sha256=wrong)
+    assert sha(model.read_bytes()) in str(caught.value)
+    models = sshd_board.workdir_path / "models"
+    assert list(models.iterdir()) == []
+
+
+@pytest.mark.parametrize("hasher", ["sha256sum", "python3"])
+def test_push_verifies_on_boards_without_openssl(sshd_boards, tmp_path: Path, hasher: str) -> None:
+    tools = ["sh", "cat", "mv", "rm", "mkdir", "find", "wc", hasher]
+    bin_dir = tmp_path / "board-bin"
+    bin_dir.mkdir()
+    for tool in tools:  # the system's tools, as on a board (not this process's PATH, which may hold shims)
+        (bin_dir / tool).symlink_to(shutil.which(tool, path="/usr/bin:/bin") or tool)
+    (fake,) = sshd_boards(1, session_env={"PATH": str(bin_dir)})
+    model, digest = make_model(tmp_path, 1 << 20)
+    with connect(fake.board) as conn:
+        assert conn.run(["sh", "-c", "command -v openssl || echo none"]).stdout.strip() == "none"
+        push_file(conn, model)
+        with pytest.raises(TransferError, match="arrived with sha256"):
+            push_file(conn, model, sha256="e" * 64)
+    assert (fake.workdir_path / "models" / f"{digest}.pte").read_bytes() == model.read_bytes()
+
+
+def test_push_removes_old_temporaries_of_the_same_content_only(sshd_board: SshdBoard, tmp_path: Path) -> None:
+    model, digest = make_model(tmp_path, 1000)
+    models = sshd_board.workdir_path / "models"
+    models.mkdir(parents=True)
+    old = models / f"{TMP_PREFIX}{digest}.pte.deadbeef"  # left by a push that died long ago
+    recent = models / f"{TMP_PREFIX}{digest}.pte.feedface"  # perhaps another workstation's push, right now
+    other = models / f"{TMP_PREFIX}{'1' * 64}.pte.cafe"  # other content: not ours to judge
+    for path in (old, recent, other):
+        path.write_bytes(b"partial")
+    an_hour_ago = time.time() - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    os.utime(other, (an_hour_ago, an_hour_ago))
+    with connect(sshd_board.board) as conn:
+        push_file(conn, model)
+    assert leftovers(models) == sorted([recent.name, other.name])
+
+
+@pytest.mark.timeout(300)
+def test_push_survives_sshd_dying_mid_transfer_and_never_shows_a_corrupt_file(
+    sshd_board: SshdBoard, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    size = 128 << 20
+    model, digest = make_model(tmp_path, size)
+    models = sshd_board.workdir_path / "models"
+    final, sidecar = models / f"{digest}.pte", models / f"{digest}.pte.sha256"
+    violations: list[str] = []
+    killed = threading.Event()
+    done = threading.Event()
+
+    def watch() -> None:
+        # Poll the board's folder throughout: the final name and the sidecar may only ever appear complete,
+        # and the sidecar never before the file.
+        while not done.is_set():
+            if sidecar.exists() and not final.exists():
+                violations.append("sidecar without the file")
+            if final.exists() and final.stat().st_size != size:
+                violations.append(f"final file of {final.stat().st_size} bytes")
+            if not killed.is_set():
+                temps = [p for p in models.glob(f"{TMP_PREFIX}*")] if models.exists() else []
+                if any(p.stat().st_size > 16 << 20 for p in temps if p.exists()):
+                    sshd_board.stop()  # kills sshd and the session writing the file, as a power cut would
+                    killed.set()
+                    time.sleep(1.0)
+                    sshd_board.start()
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with connect(sshd_board.board) as conn:
+            result = push_file(conn, model, sha256=digest, retry=RetryPolicy(attempts=6, initial_wait=0.5))
+    finally:
+        done.set()
+        watcher.join()
+    assert killed.is_set(), "the transfer finished before the server could be killed"
+    assert violations == []
+    assert result.attempts >= 2 and not result.skipped
+    assert sha(final.read_bytes()) == digest
+    assert sidecar.read_text().startswith(digest)
+    assert leftovers(models) == []  # the dead attempt's temporary was removed by the retry
+    warning = capsys.readouterr().err
+    assert "retry 2/6" in warning and sshd_board.name in warning
+
+
+@pytest.mark.timeout(120)
+def test_push_over_a_dead_link_fails_as_a_transfer_error(netns_board: NetnsBoard, tmp_path: Path) -> None:
+    model, _ = make_model(tmp_path, 8 << 20)
+    with connect(netns_board.board) as conn:
+        netns_board.blackhole()
+        try:
+            with pytest.raises(TransferError, match=r"push of model.pte failed after 2 attempt\(s\)"):
+                push_file(conn, model, retry=RetryPolicy(attempts=2, initial_wait=0.1))
+        finally:
+            netns_board.restore()
+        assert push_file(conn, model).attempts == 1
+
+
+@pytest.mark.timeout(180)
+def test_push_recovers_when_the_link_drops_mid_write(netns_board: NetnsBoard, tmp_path: Path) -> None:
+    size = 48 << 20
+    model, digest = make_model(tmp_path, size)
+    models = netns_board.workdir_path / "models"
+    cut = threading.Event()
+    done = threading.Event()
+
+    def cut_mid_write() -> None:
+        while not done.is_set() and not cut.is_set():
+            temps = list(models.glob(f"{TMP_PREFIX}*")) if models.exists() else []
+            if any(p.stat().st_size > 4 << 20 for p in temps if p.exists()):
+                netns_board.blackhole()  # packets vanish: only TCP_USER_TIMEOUT can notice
+                cut.set()
+                time.sleep(5.0)  # longer than tcp_user_timeout (3 s): the first attempt must fail
+                netns_board.restore()
+            time.sleep(0.002)
+
+    cutter = threading.Thread(target=cut_mid_write)
+    cutter.start()
+    try:
+        with connect(netns_board.board) as conn:
+            result = push_file(conn, model, sha256=digest, retry=RetryPolicy(attempts=8, initial_wait=1.0))
+    finally:
+        done.set()
+        cutter.join()
+        netns_board.restore()
+    assert cut.is_set(), "the transfer finished before the link could be cut"
+    assert result.attempts >= 2
+    assert sha((models / f"{digest}.pte").read_bytes()) == digest
+
+
+def test_local_board_push_uses_the_same_rules(local_board: Board, tmp_path: Path) -> None:
+    model, digest = make_model(tmp_path, 1 << 20)
+    with connect(local_board) as conn:
+        first = push_file(conn, model)
+        again = push_file(conn, model)
+        with pytest.raises(TransferError, match="arrived with sha256"):
+            push_file(conn, model, sha256="f" * 64)
+    models = Path(local_board.workdir) / "models"
+    assert (first.skipped, again.skipped) == (False, True)
+    assert (models / f"{digest}.pte").read_bytes() == model.read_bytes()
+    assert (models / f"{digest}.pte.sha256").read_text() == f"{digest}  {digest}.pte\n"
+    assert not (models / f"{'f' * 64}.pte").exists() and leftovers(models) == []
+
+
+# ---------------------------------------------------------------- pull
+
+BUNDLE = {
+    "timings.json": b'{"iterations_ms": [1.0]}',
+    "etdump.etdp": os.urandom(300_000),
+    "outputs.etlt": os.urandom(5000),
+    "odd 'name' $x;`y`\nz.log": b"line\n",
+    "sub/dir/nested.bin": b"\0" * 10,
+}
+
+
+def test_pull_copies_and_verifies_a_bundle(sshd_board: SshdBoard, tmp_path: Path) -> None:
+    remote = sshd_board.workdir_path / "bundles" / f"run {ODD}"
+    write_bundle(remote, BUNDLE)
+    dest = tmp_path / "results" / f"board {ODD}" / "run-1"
+    with connect(sshd_board.board) as conn:
+        assert pull_bundle(conn, f"~/.etlab/bundles/run {ODD}", dest) == dest
+        for name, data in BUNDLE.items():
+            assert (dest / name).read_bytes() == data
+        assert json.loads((dest / MANIFEST).read_text())["files"].keys() == BUNDLE.keys()
+        assert leftovers(dest.parent) == []
+        with pytest.raises(EtlabError, match="already exists"):
+            pull_bundle(conn, f"~/.etlab/bundles/run {ODD}", dest)
+    assert (dest / "timings.json").read_bytes() == BUNDLE["timings.json"]  # untouched by the refused pull
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("tamper", r"etdump.etdp: sha256 [0-9a-f]{64}, the manifest says"),
+        ("extra", r"stray.txt: not listed in the manifest"),
+        ("missing", r"outputs.etlt: listed in the manifest but missing"),
+        ("no manifest", r"has no result_manifest.json: it is incomplete"),
+        ("bad manifest", r"result_manifest.json is not valid JSON"),
+    ],
+)
+def test_pull_refuses_a_bundle_that_does_not_match_its_manifest(
+    sshd_board: SshdBoard, tmp_path: Path, damage: str, message: str
+) -> None:
+    remote = sshd_board.workdir_path / "bundles" / "r1"
+    write_bundle(remote, BUNDLE)
+    if damage == "tamper":
+        data = bytearray((remote / "etdump.etdp").read_bytes())
+        data[1000] ^= 0xFF
+        (remote / "etdump.etdp").write_bytes(bytes(data))
+    elif damage == "extra":
+        (remote / "stray.txt").write_text("not in the manifest")
+    elif damage == "missing":
+        (remote / "outputs.etlt").unlink()
+    elif damage == "no manifest":
+        (remote / MANIFEST).unlink()
+    else:
+        (remote / MANIFEST).write_text('{"files": ')
+    dest = tmp_path / "results" / "r1"
+    with connect(sshd_board.board) as conn, pytest.raises(BundleError, match=message):
+        pull_bundle(conn, "~/.etlab/bundles/r1", dest)
+    assert not dest.exists() and leftovers(dest.parent) == []
+
+
+def test_pull_refuses_a_symlink_out_of_the_bundle(sshd_board: SshdBoard, tmp_path: Path) -> None:
+    remote = sshd_board.workdir_path / "bundles" / "evil"
+    write_bundle(remote, {"timings.json": b"{}"})
+    secret = tmp_path / "secret"
+    secret.write_text("workstation secret")
+    (remote / "link").symlink_to(secret)
+    dest = tmp_path / "results" / "evil"
+    with connect(sshd_board.board) as conn, pytest.raises(BundleError, match="'link' is a symbolic link"):
+        pull_bundle(conn, "~/.etlab/bundles/evil", dest)
+    assert not dest.exists() and leftovers(dest.parent) == []
+    assert secret.read_text() == "workstation secret"
+
+
+def test_pull_of_a_missing_bundle_says_why(sshd_board: SshdBoard, tmp_path: Path) -> None:
+    with connect(sshd_board.board) as conn, pytest.raises(TransferError, match="No such file or directory"):
+        pull_bundle(conn, "~/.etlab/bundles/nope", tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()
+
+
+def test_pull_from_the_local_board(local_board: Board, tmp_path: Path) -> None:
+    remote = Path(local_board.workdir) / "bundles" / "r1"
+    write_bundle(remote, BUNDLE)
+    dest = tmp_path / "results" / "r1"
+    with connect(local_board) as conn:
+        pull_bundle(conn, str(remote), dest)
+    assert {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()} == {*BUNDLE, MANIFEST}
+
+
+def test_local_pull_refuses_a_symlink_while_tar_is_still_writing(local_board: Board, tmp_path: Path) -> None:
+    remote = Path(local_board.workdir) / "bundles" / "evil"
+    write_bundle(remote, {"a.bin": os.urandom(4 << 20), "z.bin": os.urandom(4 << 20)})
+    (remote / "link").symlink_to("/etc/passwd")
+    dest = tmp_path / "results" / "evil"
+    with connect(local_board) as conn, pytest.raises(BundleError, match="'link' is a symbolic link"):
+        pull_bundle(conn, str(remote), dest)
+    assert not dest.exists() and leftovers(dest.parent) == []
+
+
+# ---------------------------------------------------------------- hostile archives
+
+
+def tar_bytes(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()
+
+
+def entry(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = linkname
+    info.mode = 0o644
+    return info
+
+
+HOSTILE = {
+    "dot-dot": ([(entry("../escaped.txt"), b"pwned")], "points outside the bundle"),
+    "dot-dot inside": ([(entry("ok/../../escaped.txt"), b"pwned")], "points outside the bundle"),
+    "absolute": ([(entry("{outside}/escaped.txt"), b"pwned")], "is an absolute path"),
+    "symlink out": ([(entry("link", tarfile.SYMTYPE, "{outside}"), None)], "is a symbolic link"),
+    "symlink then write through it": (
+        [(entry("d", tarfile.SYMTYPE, "{outside}"), None), (entry("d/escaped.txt"), b"pwned")],
+        "is a symbolic link",
+    ),
+    "hardlink out": ([(entry("hard", tarfile.LNKTYPE, "../../escaped.txt"), None)], "is a hard link"),
+    "char device": ([(entry("null", tarfile.CHRTYPE), None)], "device, FIFO or other special file"),
+    "fifo": ([(entry("pipe", tarfile.FIFOTYPE), None)], "device, FIFO or other special file"),
+    "duplicate": ([(entry("a.txt"), b"one"), (entry("a.txt"), b"two")], "appears twice"),
+    "file over folder": ([(entry("x"), b"file"), (entry("x/y"), b"below")], "collides with a file"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
+def test_hostile_archives_are_refused_and_nothing_lands_outside(tmp_path: Path, case: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "deep" / "dest"
+    dest.mkdir(parents=True)
+    members, message = HOSTILE[case]
+    built = []
+    for info, data in members:
+        info.name = info.name.replace("{outside}", str(outside))
+        info.linkname = info.linkname.replace("{outside}", str(outside))
+        built.append((info, data))
+    with pytest.raises(BundleError, match=message):
+        extract_tar_stream(io.BytesIO(tar_bytes(*built)), dest)
+    assert list(outside.iterdir()) == []
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "deep" / "escaped.txt").exists()
+    assert all(not p.is_symlink() for p in dest.rglob("*"))
+
+
+def test_a_truncated_archive_is_a_bundle_error(tmp_path: Path) -> None:
+    data = tar_bytes((entry("big.bin"), os.urandom(100_000)))
+    with pytest.raises(BundleError, match="corrupt or truncated"):
+        extract_tar_stream(io.BytesIO(data[:50_000]), tmp_path)
+
+
+def test_a_clean_archive_is_unpacked_with_digests(tmp_path: Path) -> None:
+    payload = os.urandom(70_000)
+    data = tar_bytes((entry("./a/b.bin"), payload), (entry("c.txt"), b"c"))
+    digests = extract_tar_stream(io.BytesIO(data), tmp_path)
+    assert digests["a/b.bin"].sha256 == sha(payload) and digests["a/b.bin"].size == 70_000
+    assert digests["c.txt"].sha256 == sha(b"c")
+    assert (tmp_path / "a" / "b.bin").read_bytes() == payload

@@ -3,14 +3,17 @@
 Everything runs against private sshd servers started with the test suite's lab (tests/plugins/sshd.py), in one
 run, with our transfer and scp interleaved round by round so drift on a shared machine hits both alike.
 
-    .venv/bin/python bench/bench_transfer.py [--size-mib 256] [--rounds 3] [--boards 8] [--fanout-rounds 3]
+    .venv/bin/python bench/bench_transfer.py [--size-mib 256] [--rounds 5] [--boards 8] [--fanout-rounds 3]
 
 - push: connect + push_file() of a fresh file (sha256 known, as from an artifact sidecar): upload over an exec
   channel, sha256 on the board, rename, sidecar. scp: `scp FILE board:PATH` (OpenSSH 9 scp speaks SFTP).
 - pull: connect + pull_bundle() of a bundle holding the file: tar stream, unpack, fsync, verify against the
   manifest. scp: `scp board:FILE LOCAL`. Both sides pay one SSH handshake per transfer.
 - re-push: push_file() of content the board already holds, on an open connection.
-- fan-out: connect + push a tiny payload + a trivial command + pull a tiny bundle, on N boards vs 1 board.
+- fan-out: connect + push a tiny payload + a trivial command + pull a tiny bundle, on N boards vs 1 board;
+  again with the command busy for 0.5 s on the board, as a real run is. The fake boards' CPU is this machine's,
+  so the bench also prints the CPU each board job costs here and on the "board", and the floor that puts
+  on the tiny fan-out.
 
 Targets: push and pull >= 0.95 x scp; re-push < 0.2 s; fan-out on N boards < 1.5 x one board.
 """
@@ -21,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -28,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -118,15 +123,18 @@ def bench_repush(lab: SshdLab, size_mib: int) -> tuple[float, float]:
     return statistics.median(with_sha), statistics.median(without_sha)
 
 
-def fanout_job(root: Path, round_tag: str) -> Callable[[Board], None]:
+def fanout_job(root: Path, round_tag: str, remote_seconds: float) -> Callable[[Board], None]:
+    """connect, push a new 1 KiB payload, run a command (optionally busy for a while), pull a tiny bundle."""
+
     def job(board: Board) -> None:
         tiny = root / f"tiny-{board.name}-{round_tag}.bin"
         tiny.write_bytes(os.urandom(1024))
         with connect(board) as conn:
             push_file(conn, tiny, kind="inputs", suffix=".bin")
             bundle = f"{conn.workdir}/bundles/{round_tag}"
+            busy = f"sleep {remote_seconds} && " if remote_seconds else ""
             conn.run_shell(
-                f"mkdir -p {bundle} && echo ok > {bundle}/out.txt && "
+                f"{busy}mkdir -p {bundle} && echo ok > {bundle}/out.txt && "
                 f'printf \'{{"schema": 1, "files": {{"out.txt": {{"sha256": "%s", "size": 3}}}}}}\' '
                 f'"$(sha256sum {bundle}/out.txt | cut -c1-64)" > {bundle}/{MANIFEST}'
             )
@@ -135,28 +143,51 @@ def fanout_job(root: Path, round_tag: str) -> Callable[[Board], None]:
     return job
 
 
-def bench_fanout(lab: SshdLab, count: int, rounds: int) -> tuple[float, float]:
-    fakes = [lab.board(f"fan{i}") for i in range(count)]
-    root = lab.root / "fanout"
+@dataclass
+class FanOut:
+    single: float  # median wall time, one board
+    many: float  # median wall time, all boards
+    client_cpu_ms: float  # CPU of this process per board job
+    server_cpu_ms: float  # CPU of sshd and everything it ran, per board job
+
+    @property
+    def ratio(self) -> float:
+        return self.many / self.single
+
+
+def bench_fanout(lab: SshdLab, count: int, rounds: int, remote_seconds: float) -> FanOut:
+    server_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    fakes = [lab.board(f"fan{i}-{remote_seconds}") for i in range(count)]
+    root = lab.root / f"fanout-{remote_seconds}"
     root.mkdir()
     single, many = [], []
+    client_cpu, jobs = 0.0, 0
     for round_number in range(rounds + 1):  # round 0 pins host keys and warms up; not counted
         for label, boards, sink in (("one", fakes[:1], single), ("all", fakes, many)):
             tag = f"r{round_number}-{label}"
-            started = time.perf_counter()
-            outcomes = fan_out([f.board for f in boards], fanout_job(root, tag))
+            started, cpu_started = time.perf_counter(), time.process_time()
+            outcomes = fan_out([f.board for f in boards], fanout_job(root, tag, remote_seconds))
             elapsed = time.perf_counter() - started
             if exit_code(outcomes) != 0:
                 raise SystemExit(f"fan-out failed: {[o.error for o in outcomes if not o.ok]}")
             if round_number:
                 sink.append(elapsed)
-    return statistics.median(single), statistics.median(many)
+                client_cpu += time.process_time() - cpu_started
+                jobs += len(boards)
+    for fake in fakes:
+        lab.discard(fake)  # reaping the servers adds their CPU (and their sessions') to RUSAGE_CHILDREN
+    server_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_cpu = (server_after.ru_utime + server_after.ru_stime) - (server_before.ru_utime + server_before.ru_stime)
+    all_jobs = jobs * (rounds + 1) / rounds  # the warm-up round ran on the servers too
+    return FanOut(
+        statistics.median(single), statistics.median(many), 1000 * client_cpu / jobs, 1000 * server_cpu / all_jobs
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mib", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--boards", type=int, default=8)
     parser.add_argument("--fanout-rounds", type=int, default=3)
     args = parser.parse_args()
@@ -166,7 +197,8 @@ def main() -> None:
         console.info(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
         bulk = bench_bulk(lab, args.size_mib, args.rounds)
         with_sha, without_sha = bench_repush(lab, args.size_mib)
-        single, many = bench_fanout(lab, args.boards, args.fanout_rounds)
+        tiny = bench_fanout(lab, args.boards, args.fanout_rounds, 0)
+        busy = bench_fanout(lab, args.boards, args.fanout_rounds, 0.5)
         console.info(f"load average after: {os.getloadavg()[0]:.2f}")
     finally:
         lab.close()
@@ -179,10 +211,18 @@ def main() -> None:
     rows += [
         ("re-push unchanged, sha256 given (s)", with_sha, None, None, "< 0.2 s"),
         ("re-push unchanged, sha256 memoised (s)", without_sha, None, None, "< 0.2 s"),
-        (f"fan-out push+run+pull, {args.boards} boards vs 1 (s)", many, single, many / single, "< 1.5 x"),
+        (f"fan-out push+run+pull, {args.boards} boards vs 1 (s)", tiny.many, tiny.single, tiny.ratio, "< 1.5 x"),
+        ("  same, run busy 0.5 s on the board (s)", busy.many, busy.single, busy.ratio, "< 1.5 x"),
     ]
     columns = ["measure", "etlab", "reference", "ratio", "target"]
     console.table("etlab transfers vs OpenSSH (loopback sshd)", columns, rows)
+    cores = os.cpu_count() or 1
+    floor = args.boards * (tiny.client_cpu_ms + tiny.server_cpu_ms) / cores / (1000 * tiny.single)
+    console.info(
+        f"CPU per board job: {tiny.client_cpu_ms:.1f} ms here + {tiny.server_cpu_ms:.1f} ms in sshd and its commands. "
+        f"The fake boards share this machine's {cores} CPUs, so {args.boards} tiny jobs cannot take less than "
+        f"{floor:.1f} x one job's wall time here, however parallel the fan-out is."
+    )
 
 
 if __name__ == "__main__":

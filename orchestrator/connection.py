@@ -31,8 +31,9 @@ from typing import IO
 import fabric
 import paramiko
 
+from orchestrator import console
 from orchestrator.errors import BoardError, HostKeyError, UsageError
-from orchestrator.hostkeys import KnownHosts, TrustOnFirstUse, host_id, preferred_key_types
+from orchestrator.hostkeys import KnownHosts, TrustOnFirstUse, fingerprint, host_id, preferred_key_types
 from orchestrator.inventory import Board
 
 # paramiko logs a lost link at ERROR level from its own thread; etlab reports it as a BoardError instead.
@@ -117,9 +118,17 @@ class WriteStream:
     """The stdin of a running command. `result` is set once the command has exited."""
 
     result: CommandResult | None = None
+    _stdout: _Drain
 
     def write(self, data: bytes) -> int:
         raise NotImplementedError
+
+    def first_line(self, timeout: float | None = None) -> str:
+        """The first line the command printed (waiting for it), without its newline; "" if it printed none.
+
+        Lets a command answer before it is fed, e.g. "have" / "send" before an upload.
+        """
+        return self._stdout.first_line(timeout)
 
 
 class BoardConnection(ABC):
@@ -215,8 +224,8 @@ def connect(board: Board, *, known_hosts: Path | None = None) -> BoardConnection
 class _QuickAckSocket:
     """A TCP socket that acknowledges every read at once.
 
-    OpenSSH's server leaves Nagle on for sessions without a terminal, so right after authentication its answer
-    to our first channel open waits for our (delayed) ACK of its previous packet: 40 ms on every connect.
+    Right after authentication, OpenSSH's answer to our first channel open waited for our delayed ACK of its
+    previous packet (Nagle on the server side): 40 ms on every connect, measured on loopback.
     """
 
     def __init__(self, sock: socket.socket) -> None:
@@ -306,9 +315,10 @@ class _ChannelReader(ReadStream):
 
 
 class _ChannelWriter(WriteStream):
-    def __init__(self, connection: SshConnection, channel: paramiko.Channel) -> None:
+    def __init__(self, connection: SshConnection, channel: paramiko.Channel, stdout: _Drain) -> None:
         self.connection = connection
         self.channel = channel
+        self._stdout = stdout
 
     def write(self, data: bytes) -> int:
         view = memoryview(data)
@@ -331,12 +341,27 @@ class _Drain(threading.Thread):
         self.chunk = chunk
         self.data = bytearray()
         self.last_activity = time.monotonic()
+        self._changed = threading.Condition()
+        self._ended = False
 
     def run(self) -> None:
-        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            while chunk := self.recv(self.chunk):
-                self.data += chunk
-                self.last_activity = time.monotonic()
+        try:
+            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                while chunk := self.recv(self.chunk):
+                    with self._changed:
+                        self.data += chunk
+                        self.last_activity = time.monotonic()
+                        self._changed.notify_all()
+        finally:
+            with self._changed:
+                self._ended = True
+                self._changed.notify_all()
+
+    def first_line(self, timeout: float | None = None) -> str:
+        with self._changed:
+            self._changed.wait_for(lambda: b"\n" in self.data or self._ended, timeout)
+            end = self.data.find(b"\n")
+            return self.data[:end].decode("utf-8", errors="replace") if end >= 0 else ""
 
     def text(self) -> str:
         return self.data.decode("utf-8", errors="replace")
@@ -409,7 +434,8 @@ class SshConnection(BoardConnection):
         connection = fabric.Connection(
             board.host or "", user=board.user, port=board.port, config=config, connect_kwargs=connect_kwargs
         )
-        connection.client.set_missing_host_key_policy(TrustOnFirstUse(self.known_hosts, board.name))
+        policy = TrustOnFirstUse(self.known_hosts, board.name)
+        connection.client.set_missing_host_key_policy(policy)
         try:
             connection.open()
         except HostKeyError:
@@ -430,6 +456,11 @@ class SshConnection(BoardConnection):
         transport = connection.client.get_transport()
         assert transport is not None
         transport.set_keepalive(max(1, round(board.keepalive)))
+        if policy.pinned_now:
+            key = transport.get_remote_server_key()
+            console.info(
+                f"{self.where}: trusted host key {fingerprint(key)} on first use (pinned in {self.known_hosts.path})"
+            )
         return connection
 
     def _transport(self) -> paramiko.Transport:
@@ -591,7 +622,7 @@ class SshConnection(BoardConnection):
             drains = [_Drain(channel.recv), _Drain(channel.recv_stderr)]
             for drain in drains:
                 drain.start()
-            writer = _ChannelWriter(self, channel)
+            writer = _ChannelWriter(self, channel, drains[0])
             try:
                 yield writer
             except BoardError as exc:
@@ -614,12 +645,23 @@ class SshConnection(BoardConnection):
             channel.close()
 
     def _home_dir(self) -> str:
+        # A user's home on a board does not move while etlab runs: ask once per process, not once per connection.
+        key = (self.board.host, self.board.port, self.board.user)
+        with _homes_lock:
+            if key in _homes:
+                return _homes[key]
         home = self.run(["sh", "-c", 'printf "%s" "$HOME"'], timeout=60).stdout
         if not home.startswith("/"):
             home = self.run(["sh", "-c", "cd && pwd"], timeout=60).stdout.strip()
         if not home.startswith("/"):
             raise BoardError(f"{self.where}: cannot find the home directory of {self.board.user!r}")
+        with _homes_lock:
+            _homes[key] = home
         return home
+
+
+_homes: dict[tuple[str | None, int, str | None], str] = {}
+_homes_lock = threading.Lock()
 
 
 # ---------------------------------------------------------------- local
@@ -633,8 +675,9 @@ def _exited_with_error(process: subprocess.Popen[bytes], wait: float = 2.0) -> b
 
 
 class _PipeWriter(WriteStream):
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], stdout: _Drain) -> None:
         self.process = process
+        self._stdout = stdout
 
     def write(self, data: bytes) -> int:
         assert self.process.stdin is not None
@@ -739,7 +782,7 @@ class LocalConnection(BoardConnection):
         drains = [_Drain(process.stdout.read1, 1 << 16), _Drain(process.stderr.read1, 1 << 16)]
         for drain in drains:
             drain.start()
-        writer = _PipeWriter(process)
+        writer = _PipeWriter(process, drains[0])
         try:
             try:
                 yield writer

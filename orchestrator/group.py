@@ -66,9 +66,15 @@ def fan_out(
     if not boards:
         return []
     workers = max_workers or min(len(boards), 32)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="etlab-board") as pool:
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="etlab-board")
+    try:
         futures = [pool.submit(_run_one, board, fn) for board in boards]
         return [future.result() for future in futures]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # e.g. Ctrl-C: start no more boards
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def summarize(outcomes: Sequence[BoardOutcome[Any]], *, title: str = "Boards") -> None:

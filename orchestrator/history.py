@@ -135,9 +135,22 @@ class History:
         self.engine.dispose()
 
     def record(self, run: RunRecord) -> None:
-        """Insert a run with its samples and op medians in one transaction."""
+        """Insert a run with its samples and op medians in one transaction.
+
+        An infrastructure failure recorded earlier for the same cell and night is replaced (the retry of a
+        resumed night); anything else already recorded for the cell is a conflict.
+        """
         created = run.created_at or dt.datetime.now(dt.timezone.utc)
         with self.engine.begin() as connection:
+            connection.execute(
+                runs.delete().where(
+                    (runs.c.night == run.night)
+                    & (runs.c.board == run.board)
+                    & (runs.c.model == run.model)
+                    & (runs.c.backend == run.backend)
+                    & (runs.c.status == "infra")
+                )
+            )
             row_id = connection.execute(
                 runs.insert().values(
                     run_id=run.run_id,
@@ -183,20 +196,6 @@ class History:
                 for row in connection.execute(query)
                 if include_infra or row.status != "infra"
             }
-
-    def forget_infra(self, night: str, cell: tuple[str, str, str]) -> None:
-        """Drop an infrastructure failure of `night` so the cell can be retried and recorded again."""
-        board, model, backend = cell
-        with self.engine.begin() as connection:
-            connection.execute(
-                runs.delete().where(
-                    (runs.c.night == night)
-                    & (runs.c.board == board)
-                    & (runs.c.model == model)
-                    & (runs.c.backend == backend)
-                    & (runs.c.status == "infra")
-                )
-            )
 
     def runs(
         self,

@@ -31,6 +31,7 @@ from .spec import ModelSpec, resolve_spec
 from .stats import DEFAULT_MIN_EFFECT, compare_samples
 
 DEFAULT_BASELINE_NIGHTS = 7
+MIN_BASELINE_NIGHTS = 2
 OP_MIN_SHARE = 0.005  # an operator must move at least 0.5% of the total to be named
 
 
@@ -48,6 +49,7 @@ class NightlyConfig:
     history_url: str | None = None
     reports_dir: Path = field(default_factory=lambda: paths.results_dir() / "nightly")
     baseline_nights: int = DEFAULT_BASELINE_NIGHTS
+    min_baseline_nights: int = MIN_BASELINE_NIGHTS
     min_effect: float = DEFAULT_MIN_EFFECT
     weights: str = "auto"
 
@@ -55,8 +57,10 @@ class NightlyConfig:
 # ---------------------------------------------------------------- configuration
 
 
-_TOP_KEYS = {"history", "reports", "baseline_nights", "min_effect", "weights", "iterations", "warmup", "threads",
-             "max_seconds", "timeout", "matrix"}  # fmt: skip
+_TOP_KEYS = {
+    "history", "reports", "baseline_nights", "min_baseline_nights", "min_effect", "weights",
+    "iterations", "warmup", "threads", "max_seconds", "timeout", "matrix",
+}  # fmt: skip
 _ENTRY_KEYS = {
     "models",
     "backends",
@@ -249,8 +253,16 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
 # ---------------------------------------------------------------- regression detection
 
 
-def judge(record: RunRecord, baseline: Sequence[RunRecord], min_effect: float) -> CellVerdict:
-    """Compare one cell with its baseline nights (valid runs on the same board, model, backend and versions)."""
+def judge(
+    record: RunRecord, baseline: Sequence[RunRecord], min_effect: float, *, min_nights: int = MIN_BASELINE_NIGHTS
+) -> CellVerdict:
+    """Compare one cell with its baseline nights (valid runs on the same board, model, backend and versions).
+
+    A regression needs all of: a statistically real shift of the per-iteration samples (stats.compare_samples),
+    an effect of at least `min_effect` and at least the night-to-night spread of the baseline, and a median
+    outside the range of every baseline night. Nights differ more than iterations within a night, so one
+    baseline night is not enough to call anything.
+    """
     if record.status == "infra":
         return CellVerdict(record, "infra", record.error or "")
     if record.status != "ok":
@@ -258,19 +270,21 @@ def judge(record: RunRecord, baseline: Sequence[RunRecord], min_effect: float) -
     if record.validity == "invalid":
         return CellVerdict(record, "not compared", "this run is invalid: " + "; ".join(record.reasons))
     usable = [b for b in baseline if b.latencies_ms]
-    if not usable:
-        return CellVerdict(record, "new", "no valid baseline yet for these versions")
     pooled = [v for b in usable for v in b.latencies_ms]
-    verdict = compare_samples(pooled, record.latencies_ms, min_effect=min_effect)
-    baseline_median = float(np.median(pooled))
-    night_medians = [float(np.median(b.latencies_ms)) for b in usable]
     current = float(np.median(record.latencies_ms))
-    # Nights differ more than iterations within a night: a real change also leaves the baseline nights' range.
-    beyond_nights = current > max(night_medians) if verdict.change == "slower" else current < min(night_medians)
+    baseline_median = float(np.median(pooled)) if pooled else None
     ratio = current / baseline_median if baseline_median else None
+    if len(usable) < min_nights:
+        detail = f"building a baseline: {len(usable)} valid night(s) so far, {min_nights} needed"
+        return CellVerdict(record, "new", detail, baseline_median, ratio)
+    night_medians = [float(np.median(b.latencies_ms)) for b in usable]
+    spread = (max(night_medians) - min(night_medians)) / float(np.median(night_medians))
+    threshold = max(min_effect, spread)
+    verdict = compare_samples(pooled, record.latencies_ms, min_effect=threshold)
+    beyond_nights = current > max(night_medians) if verdict.change == "slower" else current < min(night_medians)
     if verdict.is_change and beyond_nights:
         kind = "regression" if verdict.change == "slower" else "improvement"
-        detail = f"{verdict.reason}; baseline: {len(usable)} night(s), {len(pooled)} samples"
+        detail = f"{verdict.reason}; baseline: {len(usable)} nights, {len(pooled)} samples, threshold {threshold:.1%}"
         slower = _slower_ops(record, usable, min_effect) if kind == "regression" else []
         if slower:
             detail += "; slower operators: " + ", ".join(op["op"] for op in slower[:5])
@@ -379,7 +393,7 @@ def run_nightly(
                 valid_only=True,
                 limit=config.baseline_nights,
             )
-            verdicts.append(judge(record, baseline, config.min_effect))
+            verdicts.append(judge(record, baseline, config.min_effect, min_nights=config.min_baseline_nights))
             trends[record.cell] = list(reversed(history.runs(cell=record.cell, limit=60)))
         verdicts.sort(key=lambda v: v.cell)
         exit_code = _exit_code(verdicts, outcomes_ok=all(o.ok for o in outcomes))

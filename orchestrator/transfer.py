@@ -45,6 +45,8 @@ _NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 _SUFFIX = re.compile(r"(\.[A-Za-z0-9_-]+)*")
 # Exit codes of the upload script.
 _HASH_MISMATCH = 12
+_OPENSSL_FROM = 16 << 20
+_TEMP = '"$t"'  # the temporary, as the upload script names it
 _T = TypeVar("_T")
 
 
@@ -250,45 +252,55 @@ def _push_ssh(
     folder = f"{conn.workdir.rstrip('/')}/{kind}"
     name = f"{digest}{suffix}"
     final, sidecar = f"{folder}/{name}", f"{folder}/{name}.sha256"
-    check = (
-        f"f={quote(final)}; s={quote(sidecar)}; "
-        'if [ -f "$f" ] && [ -f "$s" ] && read -r h _ < "$s"; then printf "%s %s\\n" "$h" "$(wc -c < "$f")"; fi'
-    )
-    answer = conn.run_shell(check).stdout.split()
-    if len(answer) == 2 and answer[0] == digest and answer[1].isdigit() and int(answer[1]) == size:
-        return final, True
-
     temp = f"{folder}/{TMP_PREFIX}{name}.{secrets.token_hex(6)}"
     stale = " ".join(quote(t) for t in [*earlier_temps, *(f"{t}.sha256" for t in earlier_temps)])
-    earlier_temps.append(temp)
     stale_glob = quote(f"{TMP_PREFIX}{name}.") + "*"
     stale_name = quote(f"{TMP_PREFIX}{name}.*")
-    # Few processes: on a small board each fork counts, and fan-outs multiply them.
+    # openssl hashes large files fastest, but starts slower than sha256sum.
+    hashers = [
+        f"openssl dgst -sha256 -r < {_TEMP}",
+        f"sha256sum < {_TEMP}",
+        f"python3 -c {quote(_PY_SHA256)} < {_TEMP}",
+    ]
+    if size < _OPENSSL_FROM:
+        hashers[:2] = hashers[1::-1]
+    # One exec does it all, with few processes (on a small board each fork counts, and fan-outs multiply them):
+    # answer "have" if the board holds this content (the sidecar matches and the size is right), else "send",
+    # receive into a temporary, hash it on the board, rename into place, write the sidecar last.
     script = "\n".join(
         [
             f"d={quote(folder)}; t={quote(temp)}; f={quote(final)}; s={quote(sidecar)}",
+            f'if [ -f "$f" ] && [ -f "$s" ] && read -r h _ < "$s" && [ "$h" = {digest} ] && '
+            f'[ "$(wc -c < "$f")" -eq {size} ]; then echo have; exit 0; fi',
+            "echo send",
             '[ -d "$d" ] || mkdir -p "$d" || exit 10',
             # temporaries of this content left by pushes that died over 10 minutes ago, or by our earlier tries
             f'for x in "$d"/{stale_glob}; do [ -e "$x" ] && find "$d" -maxdepth 1 -name {stale_name} -mmin +10 '
             "-exec rm -f {} + 2>/dev/null; break; done",
             f"rm -f {stale}" if stale else ":",
             'cat > "$t" || { rm -f "$t"; exit 11; }',
-            f'h=$(openssl dgst -sha256 -r < "$t" 2>/dev/null || sha256sum < "$t" 2>/dev/null || '
-            f'python3 -c {quote(_PY_SHA256)} < "$t"); h=${{h%% *}}',
+            f"h=$({' 2>/dev/null || '.join(hashers)}); h=${{h%% *}}",
             f'if [ "$h" != {digest} ]; then rm -f "$t"; echo "$h"; exit {_HASH_MISMATCH}; fi',
             'mv -f "$t" "$f" || exit 13',
             f'printf "%s  %s\\n" {digest} {quote(name)} > "$t.sha256" && mv -f "$t.sha256" "$s" || exit 14',
         ]
     )
-    with conn.open_write_stream(["sh", "-c", script], check=False) as stream, open(local, "rb") as source:
-        while chunk := source.read(_UPLOAD_CHUNK):
-            stream.write(chunk)
-            _advance(progress, task, len(chunk))
+    earlier_temps.append(temp)
+    with conn.open_write_stream(["sh", "-c", script], check=False) as stream:
+        answer = stream.first_line()
+        if answer == "send":
+            with open(local, "rb") as source:
+                while chunk := source.read(_UPLOAD_CHUNK):
+                    stream.write(chunk)
+                    _advance(progress, task, len(chunk))
     result = stream.result
     assert result is not None
+    if answer == "have" and result.ok:
+        earlier_temps.remove(temp)
+        return final, True
     if result.exit_code == _HASH_MISMATCH:
-        raise TransferError(_mismatch(conn, local, digest, result.stdout.strip()))
-    if not result.ok:
+        raise TransferError(_mismatch(conn, local, digest, result.stdout.splitlines()[-1].strip()))
+    if answer != "send" or not result.ok:
         detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.exit_code}"
         raise TransferError(f"{conn.board.name}: cannot store {local.name} in {folder}: {detail}")
     earlier_temps.remove(temp)

@@ -116,10 +116,11 @@ def test_streams_carry_binary_data_both_ways(sshd_board: SshdBoard, tmp_path: Pa
     target = sshd_board.home / "dir with 'quote'" / "f $x;`y`"
     target.parent.mkdir(parents=True)
     with connect(sshd_board.board) as conn:
-        with conn.open_write_stream(["sh", "-c", 'cat > "$1"; echo stored', "sh", str(target)]) as stream:
+        with conn.open_write_stream(["sh", "-c", 'echo ready; cat > "$1"; echo stored', "sh", str(target)]) as stream:
+            assert stream.first_line(timeout=30) == "ready"  # the command can answer before it is fed
             for offset in range(0, len(payload), 1 << 20):
                 stream.write(payload[offset : offset + (1 << 20)])
-        assert stream.result is not None and stream.result.stdout == "stored\n"
+        assert stream.result is not None and stream.result.stdout == "ready\nstored\n"
         assert target.read_bytes() == payload
         with conn.open_read_stream(["cat", str(target)]) as reader:
             assert reader.read() == payload
@@ -298,7 +299,8 @@ def test_local_connection_has_the_same_interface(local_board: Board, tmp_path: P
         assert conn.workdir == str(tmp_path / "local wd")
         assert conn.resolve_path("~/x") == str(Path.home() / "x")
         target = tmp_path / "a 'b' $c"
-        with conn.open_write_stream(["sh", "-c", 'cat > "$1"', "sh", str(target)]) as stream:
+        with conn.open_write_stream(["sh", "-c", 'echo go; cat > "$1"', "sh", str(target)]) as stream:
+            assert stream.first_line() == "go"
             stream.write(b"\0payload\n")
         assert target.read_bytes() == b"\0payload\n"
         with conn.open_read_stream(["cat", str(target)]) as reader:

@@ -115,6 +115,7 @@ def test_invalid_runs_are_never_a_baseline(tmp_path: Path) -> None:
     history = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
     try:
         base = [10.0 + 0.01 * i for i in range(20)]
+        history.record(_record("2026-10-31", base))
         history.record(_record("2026-11-01", base))
         history.record(_record("2026-11-02", [x * 2 for x in base], validity="invalid"))  # throttled night
         history.record(
@@ -129,7 +130,7 @@ def test_invalid_runs_are_never_a_baseline(tmp_path: Path) -> None:
         )
         baseline = history.runs(cell=("b", "m", "xnnpack"), before_night="2026-11-04", versions={"torch": "1"},
                                 valid_only=True)  # fmt: skip
-        assert [r.night for r in baseline] == ["2026-11-01"]
+        assert [r.night for r in baseline] == ["2026-11-01", "2026-10-31"]
         # Same as the valid baseline: no regression, even though the invalid night was twice as slow.
         assert judge(_record("2026-11-04", base), baseline, 0.05).verdict == "no change"
         assert judge(_record("2026-11-04", [x * 1.3 for x in base]), baseline, 0.05).verdict == "regression"
@@ -137,6 +138,19 @@ def test_invalid_runs_are_never_a_baseline(tmp_path: Path) -> None:
         assert history.runs(cell=("b", "m", "xnnpack"), versions={"torch": "2"}, valid_only=True) == []
     finally:
         history.close()
+
+
+def test_one_baseline_night_is_not_enough() -> None:
+    night = _record("2026-11-01", [10.0 + 0.01 * i for i in range(20)])
+    verdict = judge(_record("2026-11-02", [x * 2 for x in night.latencies_ms]), [night], 0.05)
+    assert verdict.verdict == "new" and "1 valid night(s) so far, 2 needed" in verdict.detail
+
+
+def test_night_to_night_spread_raises_the_bar() -> None:
+    # Baseline nights 8% apart: a further 7% is within what nights do, 20% is not.
+    nights = [_record(f"2026-11-0{n}", [m + 0.01 * i for i in range(30)]) for n, m in ((1, 10.0), (2, 10.8))]
+    assert judge(_record("2026-11-03", [11.0 + 0.01 * i for i in range(30)]), nights, 0.05).verdict == "no change"
+    assert judge(_record("2026-11-03", [12.6 + 0.01 * i for i in range(30)]), nights, 0.05).verdict == "regression"
 
 
 def test_small_shifts_and_noise_are_not_regressions() -> None:

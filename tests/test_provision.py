@@ -100,7 +100,7 @@ def test_missing_compiler_names_the_packages() -> None:
 
 def test_old_glibc_is_refused() -> None:
     facts = {"system": "Linux", "libc": "glibc", "glibc": "2.24", "compiler": "/usr/bin/c++"}
-    with pytest.raises(BoardError, match="glibc 2.24 is too old"):
+    with pytest.raises(BoardError, match=r"glibc 2\.24 is too old"):
         provision._check_prerequisites("pi3", facts)
 
 

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,19 +22,19 @@ TMP_PREFIX = ".etlab-tmp-"
 
 @contextlib.contextmanager
 def atomic_path(final: Path, *, keep_identical: bool = False) -> Iterator[Path]:
-    """Yield a temporary path next to `final`; rename it over `final` only if the block succeeds.
+    """Yield a temporary path for `final`; move it over `final` only if the block succeeds.
 
-    With keep_identical, an existing `final` with the same content is left untouched (its mtime too),
-    so records that vouch for it by mtime stay valid.
+    The temporary file has `final`'s own name, inside a private folder next to it: writers that embed the
+    file name (torch.export.save names its archive root after it) then produce identical bytes for identical
+    content. With keep_identical, an existing `final` with the same content is left untouched (its mtime
+    too), so records that vouch for it by mtime stay valid.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    # Keep the final suffix: some writers (torch.export.save) check it.
-    fd, tmp_name = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{final.stem}.", suffix=final.suffix, dir=final.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, 0o666 & ~_umask())
+    folder = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{final.name}.", dir=final.parent))
+    tmp = folder / final.name
     try:
+        tmp.touch(mode=0o666 & ~_umask())
         yield tmp
         if keep_identical and _same_content(tmp, final):
             return
@@ -42,8 +43,7 @@ def atomic_path(final: Path, *, keep_identical: bool = False) -> Iterator[Path]:
         os.replace(tmp, final)
         _fsync_dir(final.parent)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _same_content(a: Path, b: Path) -> bool:
@@ -101,7 +101,10 @@ def remove_stale_temporaries(folder: Path) -> int:
     if folder.is_dir():
         for leftover in folder.glob(f"{TMP_PREFIX}*"):
             with contextlib.suppress(OSError):
-                leftover.unlink()
+                if leftover.is_dir() and not leftover.is_symlink():
+                    shutil.rmtree(leftover)
+                else:
+                    leftover.unlink()
                 removed += 1
     return removed
 

@@ -164,14 +164,19 @@ def load_config(inventory: Inventory) -> NightlyConfig:
         for backend in backends:
             if backend not in ("portable", "xnnpack"):
                 raise fail(found["backends"], f"{where}.backends", f"unknown backend {backend!r}")
-        try:
-            selected = inventory.select(
-                list(names(found["boards"], f"{where}.boards")) if "boards" in found else None,
-                names(found["groups"], f"{where}.groups")[0] if "groups" in found else None,
-                names(found["tags"], f"{where}.tags")[0] if "tags" in found else None,
-            )
-        except EtlabError as exc:
-            raise fail(entry_node, where, str(exc)) from None
+        # The cell's boards: the union of the boards, groups and tags it names (the inventory default if none).
+        picked: dict[str, Board] = {}
+        for key, pick in (
+            ("boards", lambda value: inventory.select(boards=[value])),
+            ("groups", lambda value: inventory.select(group=value)),
+            ("tags", lambda value: inventory.select(tag=value)),
+        ):
+            for value in names(found[key], f"{where}.{key}") if key in found else ():
+                try:
+                    picked.update((board.name, board) for board in pick(value))
+                except EtlabError as exc:
+                    raise fail(found[key], f"{where}.{key}", str(exc).splitlines()[0]) from None
+        selected = list(picked.values()) or inventory.default_selection()
         params = run_params(found, where, defaults)
         for board in selected:
             for spec in models:

@@ -108,6 +108,11 @@ figure{margin:1rem 0} img.trend{max-width:100%;border:1px solid #eee}
 """
 
 
+def _count(number: int, noun: str, css: str) -> str:
+    """Counts of bad things are red only when there are some."""
+    return f"<span class='{css}'>{number} {noun}</span>" if number else f"{number} {noun}"
+
+
 def _reasons_html(reasons: Sequence[str]) -> str:
     return ": " + html.escape(", ".join(reasons)) if reasons else ""
 
@@ -119,8 +124,8 @@ def render_html(report: NightReport) -> str:
         f"<h1>etlab nightly — {html.escape(report.night)}</h1>",
         f"<p><span class='badge'>exit code {report.exit_code}</span> "
         f"{len(report.verdicts)} cells run, {len(report.skipped)} already recorded, "
-        f"<span class='regression'>{len(report.regressions)} regressions</span>, "
-        f"<span class='failed'>{len(report.failures)} failures</span></p>",
+        f"{_count(len(report.regressions), 'regressions', 'regression')}, "
+        f"{_count(len(report.failures), 'failures', 'failed')}</p>",
         "<h2>Tonight</h2><table id='tonight'><tr><th>board</th><th>model</th><th>backend</th><th>median ms</th>"
         "<th>baseline ms</th><th>change</th><th>verdict</th><th>validity</th><th>bundle</th></tr>",
     ]

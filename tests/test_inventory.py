@@ -68,6 +68,8 @@ def test_shipped_inventory_has_the_local_board_and_it_is_the_default() -> None:
     assert set(inventory.boards) == {"local"}
     text = (paths.PROJECT_ROOT / "inventory.yaml").read_text()
     assert "# pi5-a:" in text and "# pi4-a:" in text and "# nightly:" in text
+    # The shipped nightly runs on the workstation out of the box.
+    assert inventory.nightly is not None and inventory.nightly["matrix"][0]["boards"] == ["local"]
 
 
 def test_a_full_inventory_applies_defaults_and_resolves_paths(tmp_path: Path) -> None:

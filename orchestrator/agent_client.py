@@ -143,7 +143,3 @@ class BoardAgent:
 
     def lock_status(self) -> dict[str, Any]:
         return self.call("lock-status", timeout=60)[0]
-
-
-def dumps_compact(document: Any) -> str:
-    return json.dumps(document, separators=(",", ":"), sort_keys=True)

@@ -7,7 +7,6 @@ anything, so an interrupted lowering never leaves a valid-looking artifact behin
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,7 +137,3 @@ def parse_backends(value: str | None, default: str = "portable,xnnpack") -> list
 
         raise UsageError(f"unknown backend {', '.join(unknown) or '(none)'}; choose from: {', '.join(BACKENDS)}")
     return list(dict.fromkeys(names))
-
-
-def relpath(path: Path, start: Path) -> str:
-    return os.path.relpath(path, start)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +112,13 @@ class RunRecord:
         return (self.board, self.model, self.backend)
 
 
+# RunRecord fields stored as columns of `runs` under the same name.
+_STORED_FIELDS = (
+    "run_id", "night", "board", "model", "backend", "status", "validity", "reasons", "error", "stage", "versions",
+    "pte_sha256", "threads", "median_ms", "p90_ms", "mean_ms", "cv", "conditions", "bundle_path",
+)  # fmt: skip
+
+
 def versions_key(versions: dict[str, str]) -> str:
     return json.dumps(versions, sort_keys=True)
 
@@ -143,36 +149,12 @@ class History:
         created = run.created_at or dt.datetime.now(dt.timezone.utc)
         with self.engine.begin() as connection:
             connection.execute(
-                runs.delete().where(
-                    (runs.c.night == run.night)
-                    & (runs.c.board == run.board)
-                    & (runs.c.model == run.model)
-                    & (runs.c.backend == run.backend)
-                    & (runs.c.status == "infra")
-                )
+                runs.delete().where(_cell_is(run.cell) & (runs.c.night == run.night) & (runs.c.status == "infra"))
             )
             row_id = connection.execute(
                 runs.insert().values(
-                    run_id=run.run_id,
-                    night=run.night,
-                    board=run.board,
-                    model=run.model,
-                    backend=run.backend,
-                    status=run.status,
-                    validity=run.validity,
-                    reasons=list(run.reasons),
-                    error=run.error,
-                    stage=run.stage,
-                    versions=dict(run.versions),
+                    **{name: getattr(run, name) for name in _STORED_FIELDS},
                     versions_key=versions_key(run.versions),
-                    pte_sha256=run.pte_sha256,
-                    threads=run.threads,
-                    median_ms=run.median_ms,
-                    p90_ms=run.p90_ms,
-                    mean_ms=run.mean_ms,
-                    cv=run.cv,
-                    conditions=dict(run.conditions),
-                    bundle_path=run.bundle_path,
                     created_at=created,
                 )
             ).inserted_primary_key[0]
@@ -212,8 +194,7 @@ class History:
         if night is not None:
             query = query.where(runs.c.night == night)
         if cell is not None:
-            board, model, backend = cell
-            query = query.where((runs.c.board == board) & (runs.c.model == model) & (runs.c.backend == backend))
+            query = query.where(_cell_is(cell))
         if before_night is not None:
             query = query.where(runs.c.night < before_night)
         if versions is not None:
@@ -243,30 +224,13 @@ class History:
             op.op_key: (op.op_name, op.median_ms)
             for op in connection.execute(select(op_medians).where(op_medians.c.run == row.id))
         }
-        return RunRecord(
-            run_id=row.run_id,
-            night=row.night,
-            board=row.board,
-            model=row.model,
-            backend=row.backend,
-            status=row.status,
-            validity=row.validity,
-            reasons=list(row.reasons or []),
-            error=row.error,
-            stage=row.stage,
-            versions=dict(row.versions or {}),
-            pte_sha256=row.pte_sha256,
-            threads=row.threads,
-            median_ms=row.median_ms,
-            p90_ms=row.p90_ms,
-            mean_ms=row.mean_ms,
-            cv=row.cv,
-            conditions=dict(row.conditions or {}),
-            bundle_path=row.bundle_path,
-            latencies_ms=latencies,
-            ops=ops,
-            created_at=row.created_at,
-        )
+        stored = {name: getattr(row, name) for name in _STORED_FIELDS}
+        return RunRecord(**stored, latencies_ms=latencies, ops=ops, created_at=row.created_at)
+
+
+def _cell_is(cell: tuple[str, str, str]) -> Any:
+    board, model, backend = cell
+    return (runs.c.board == board) & (runs.c.model == model) & (runs.c.backend == backend)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -277,10 +241,3 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
-
-
-def iter_cells(records: Sequence[RunRecord]) -> Iterator[tuple[tuple[str, str, str], list[RunRecord]]]:
-    grouped: dict[tuple[str, str, str], list[RunRecord]] = {}
-    for record in records:
-        grouped.setdefault(record.cell, []).append(record)
-    yield from grouped.items()

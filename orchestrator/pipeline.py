@@ -24,8 +24,6 @@ from .inventory import Board
 from .profiling import RemoteRun, RunParams, profile, pull, push_artifact
 from .results import new_run_id
 
-STAGES = ("connect", "setup", "push", "run", "pull", "analyze")
-
 
 @dataclass
 class CellOutcome:
@@ -113,6 +111,13 @@ def run_cells_on_board(
     timer = console.StageTimer(prefix=f"[{board.name}] ")
     board_stage: str | None = "connect"
     started: set[int] = set()
+    reported: set[int] = set()
+
+    def report(index: int) -> None:
+        reported.add(index)
+        if on_cell:
+            on_cell(cells[index])
+
     try:
         with connect(board) as conn:
             if setup:
@@ -122,22 +127,20 @@ def run_cells_on_board(
             for index, (cell, job) in enumerate(zip(cells, jobs, strict=True)):
                 started.add(index)
                 _run_cell(conn, cell, job.artifact, job.params, timer, analyze, progress, results_root)
-                if on_cell:
-                    on_cell(cell)
+                report(index)
     except Exception as exc:
         # Board trouble (unreachable, setup failed, link lost): every unfinished cell fails with it.
         reason = _reason(exc)
         for index, cell in enumerate(cells):
-            if cell.ok or cell.error:
+            if index in reported:
                 continue
             if board_stage:
                 cell.stage = board_stage
             elif index not in started:
-                cell.stage, reason = "not started", f"{board.name} failed earlier: {reason}"
-            cell.error = reason
+                cell.stage, cell.error = "not started", f"{board.name} failed earlier: {reason}"
+            cell.error = cell.error or reason
             cell.infrastructure = True
-            if on_cell:
-                on_cell(cell)
+            report(index)
     return cells
 
 

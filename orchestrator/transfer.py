@@ -15,7 +15,6 @@ authentication failures never are.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import queue
 import re
@@ -34,19 +33,19 @@ import tenacity
 from rich.progress import Progress, TaskID
 
 from orchestrator import console
+from orchestrator.bundle import FileDigest, verify_manifest
 from orchestrator.connection import BoardConnection, CommandError, LocalConnection, is_transient, quote
 from orchestrator.errors import BundleError, EtlabError, TransferError
 from orchestrator.fsutil import CHUNK, TMP_PREFIX, atomic_path, atomic_write_text, sha256_file
 
-MANIFEST = "result_manifest.json"
 _UPLOAD_CHUNK = 4 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 _SUFFIX = re.compile(r"(\.[A-Za-z0-9_-]+)*")
 # Exit codes of the upload script.
 _HASH_MISMATCH = 12
-_OPENSSL_FROM = 16 << 20
 _TEMP = '"$t"'  # the temporary, as the upload script names it
+_OPENSSL_FROM = 16 << 20
 _T = TypeVar("_T")
 
 
@@ -74,12 +73,6 @@ class PushResult:
     @property
     def mib_per_s(self) -> float | None:
         return None if self.skipped or self.seconds <= 0 else self.size / self.seconds / (1 << 20)
-
-
-@dataclass(frozen=True)
-class FileDigest:
-    sha256: str
-    size: int
 
 
 # ---------------------------------------------------------------- retries
@@ -279,6 +272,8 @@ def _push_ssh(
             "-exec rm -f {} + 2>/dev/null; break; done",
             f"rm -f {stale}" if stale else ":",
             'cat > "$t" || { rm -f "$t"; exit 11; }',
+            # Hashed after the upload, from the page cache: hashing while receiving (tee) costs more CPU on a
+            # small board than it saves (bench/README.md).
             f"h=$({' 2>/dev/null || '.join(hashers)}); h=${{h%% *}}",
             f'if [ "$h" != {digest} ]; then rm -f "$t"; echo "$h"; exit {_HASH_MISMATCH}; fi',
             'mv -f "$t" "$f" || exit 13',
@@ -351,42 +346,46 @@ def _member_path(name: str) -> tuple[str, ...]:
 
 
 class _DiskWriter(threading.Thread):
-    """Writes (and fsyncs) unpacked files in order from a queue, so the disk works while the next chunk is
-    received and hashed: on a small machine writing is the slowest part of a pull."""
-
-    _CLOSE = object()
+    """Hashes and writes unpacked files in order from a queue, so receiving the next chunk overlaps with
+    hashing and writing this one (hashlib and os.write release the GIL)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True, name="etlab-bundle-writer")
-        self.queue: queue.Queue[tuple[int, Any, bool] | None] = queue.Queue(maxsize=8)
+        self.queue: queue.Queue[tuple[str, int, bytes | None] | None] = queue.Queue(maxsize=8)
         self.error: OSError | None = None
+        self.digests: dict[str, FileDigest] = {}
+        self._open: dict[str, tuple[Any, int]] = {}
 
     def run(self) -> None:
         while (item := self.queue.get()) is not None:
-            fd, chunk, durable = item
+            name, fd, chunk = item
+            digest, size = self._open.setdefault(name, (hashlib.sha256(), 0))
             try:
-                if chunk is self._CLOSE:
-                    if durable and self.error is None:
-                        os.fsync(fd)
+                if chunk is None:
+                    del self._open[name]
+                    self.digests[name] = FileDigest(digest.hexdigest(), size)
                     os.close(fd)
                 elif self.error is None:
+                    digest.update(chunk)
+                    self._open[name] = (digest, size + len(chunk))
                     view = memoryview(chunk)
                     while view:
                         view = view[os.write(fd, view) :]
             except OSError as exc:
                 self.error = self.error or exc
 
-    def write(self, fd: int, chunk: bytes) -> None:
+    def write(self, name: str, fd: int, chunk: bytes) -> None:
         self._raise_error()
-        self.queue.put((fd, chunk, False))
+        self.queue.put((name, fd, chunk))
 
-    def close(self, fd: int, *, durable: bool) -> None:
-        self.queue.put((fd, self._CLOSE, durable))
+    def close(self, name: str, fd: int) -> None:
+        self.queue.put((name, fd, None))
 
-    def finish(self) -> None:
+    def finish(self) -> dict[str, FileDigest]:
         self.queue.put(None)
         self.join()
         self._raise_error()
+        return self.digests
 
     def _raise_error(self) -> None:
         if self.error is not None:
@@ -399,7 +398,6 @@ def extract_tar_stream(stream: IO[bytes], dest: Path) -> dict[str, FileDigest]:
     Only regular files and folders are accepted: links (symbolic or hard), devices and FIFOs, absolute
     paths, `..` and duplicate entries raise BundleError, and nothing is ever written outside `dest`.
     """
-    digests: dict[str, FileDigest] = {}
     writer = _DiskWriter()
     writer.start()
     try:
@@ -421,13 +419,13 @@ def extract_tar_stream(stream: IO[bytes], dest: Path) -> dict[str, FileDigest]:
                     _make_folder(dest, parts)
                 elif member.isreg():
                     _make_folder(dest, parts[:-1])
-                    digests[relative] = _write_member(archive, member, target, relative, writer)
+                    _write_member(archive, member, target, relative, writer)
                 else:
                     raise BundleError(f"archive entry {relative!r} is a device, FIFO or other special file")
     except (tarfile.TarError, EOFError) as exc:
         raise BundleError(f"the bundle archive is corrupt or truncated: {exc}") from exc
     finally:
-        writer.finish()  # every file closed (and fsynced if complete) before anyone looks at them
+        digests = writer.finish()  # every file written and closed before anyone looks at them
     return digests
 
 
@@ -444,7 +442,7 @@ def _make_folder(dest: Path, parts: tuple[str, ...]) -> None:
 
 def _write_member(
     archive: tarfile.TarFile, member: tarfile.TarInfo, target: Path, relative: str, writer: _DiskWriter
-) -> FileDigest:
+) -> None:
     source = archive.extractfile(member)
     assert source is not None
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -452,47 +450,9 @@ def _write_member(
         fd = os.open(target, flags, 0o644)
     except FileExistsError:
         raise BundleError(f"archive entry {relative!r} appears twice") from None
-    digest = hashlib.sha256()
-    size = 0
-    complete = False
     try:
         while chunk := source.read(CHUNK):
-            writer.write(fd, chunk)
-            digest.update(chunk)
-            size += len(chunk)
-        complete = True
+            writer.write(relative, fd, chunk)
     finally:
-        writer.close(fd, durable=complete)
-    return FileDigest(digest.hexdigest(), size)
-
-
-def verify_manifest(folder: Path, digests: dict[str, FileDigest], *, origin: str = "") -> dict[str, Any]:
-    """Check the unpacked files against result_manifest.json: same names, sizes and sha256. Returns the manifest."""
-    where = f"bundle {origin or folder}"
-    if MANIFEST not in digests:
-        raise BundleError(f"{where} has no {MANIFEST}: it is incomplete (the agent writes the manifest last)")
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {exc}") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict):
-        raise BundleError(f"{where}: {MANIFEST} has no 'files' mapping")
-    if manifest.get("schema", 1) != 1:
-        raise BundleError(f"{where}: {MANIFEST} has schema {manifest.get('schema')!r}; this etlab reads schema 1")
-    problems = []
-    for name, entry in files.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or "size" not in entry:
-            problems.append(f"{name}: manifest entry lacks sha256 or size")
-        elif name not in digests:
-            problems.append(f"{name}: listed in the manifest but missing")
-        elif digests[name].size != entry["size"]:
-            problems.append(f"{name}: size {digests[name].size}, the manifest says {entry['size']}")
-        elif digests[name].sha256 != entry["sha256"]:
-            problems.append(f"{name}: sha256 {digests[name].sha256}, the manifest says {entry['sha256']}")
-    for name in sorted(set(digests) - set(files) - {MANIFEST}):
-        problems.append(f"{name}: not listed in the manifest")
-    if problems:
-        shown = "\n  ".join(problems[:10]) + (f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else "")
-        raise BundleError(f"{where} does not match its manifest:\n  {shown}")
-    return manifest
+        # Not fsynced (scp does not either): a bundle can be pulled again, and analysis re-checks the manifest.
+        writer.close(relative, fd)

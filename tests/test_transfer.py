@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator import console
+from orchestrator.bundle import MANIFEST
 from orchestrator.connection import connect
 from orchestrator.errors import BundleError, EtlabError, TransferError
 from orchestrator.fsutil import TMP_PREFIX
 from orchestrator.inventory import Board
 from orchestrator.transfer import (
-    MANIFEST,
     RetryPolicy,
     extract_tar_stream,
     pull_bundle,
@@ -133,7 +133,7 @@ def test_a_wrong_sha256_is_caught_on_the_board_and_leaves_nothing(sshd_board: Ss
 
 @pytest.mark.parametrize("hasher", ["sha256sum", "python3", "openssl"])
 def test_push_verifies_with_whichever_hasher_the_board_has(sshd_boards, tmp_path: Path, hasher: str) -> None:
-    tools = ["sh", "cat", "mv", "rm", "mkdir", "find", "wc", hasher]
+    tools = ["sh", "cat", "tee", "mv", "rm", "mkdir", "find", "wc", hasher]
     bin_dir = tmp_path / "board-bin"
     bin_dir.mkdir()
     for tool in tools:  # the system's tools, as on a board (not this process's PATH, which may hold shims)

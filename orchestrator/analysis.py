@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from . import console, overlays
-from .errors import AnalysisError
+from .bundle import verify_bundle
+from .errors import AnalysisError, BundleError
 from .etdump import Etdump, ProgramPlan, RunBlock, read_etdump, read_program_plan
 from .fsutil import atomic_write_json, atomic_write_text, read_json, sha256_file
 from .stats import Distribution, distribution
@@ -648,6 +649,10 @@ def _read_bundle(bundle_dir: Path) -> _Bundle:
     missing = sorted(name for name in listed if not (bundle_dir / name).is_file())
     if missing:
         raise AnalysisError(f"bundle {bundle_dir} is missing {', '.join(missing)} (listed in result_manifest.json)")
+    try:
+        verify_bundle(bundle_dir)  # what the board wrote, byte for byte: a torn or edited file is refused
+    except BundleError as exc:
+        raise AnalysisError(str(exc)) from None
     notes: list[tuple[str, str]] = []
     timings, problem = _read_optional_json(bundle_dir / "timings.json")
     if problem and manifest.get("status") == "ok":

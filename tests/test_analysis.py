@@ -25,6 +25,7 @@ from tests.plugins.analysis import (
     board_info,
     edit_json,
     raw_hashes,
+    remanifest,
     rewrite_etdump,
     write_manifest,
 )
@@ -281,6 +282,7 @@ def test_throttling_and_governor_degrade_a_run(bundle_copy: BundleCopy) -> None:
     case = bundle_copy("distilbert_xnnpack")
     (case.path / "board_info_before.json").write_text(json.dumps(board_info(governor="ondemand")))
     (case.path / "board_info_after.json").write_text(json.dumps(board_info(temperature_c=82.5, throttled="0x50005")))
+    remanifest(case.path)
     data = analyze(case).data
     assert data["validity"]["status"] == "degraded"
     reasons = " | ".join(r["reason"] for r in data["validity"]["reasons"])
@@ -293,6 +295,7 @@ def test_sticky_throttle_flags_from_before_the_run_do_not_degrade(bundle_copy: B
     case = bundle_copy("distilbert_xnnpack")
     for name in ("board_info_before.json", "board_info_after.json"):
         (case.path / name).write_text(json.dumps(board_info(throttled="0x50000")))  # occurred earlier, not now
+    remanifest(case.path)
     data = analyze(case).data
     assert data["board_conditions"]["throttling_during_run"] == []
     assert not any("throttl" in r["reason"] for r in data["validity"]["reasons"])
@@ -315,6 +318,7 @@ def test_output_mismatch_invalidates_a_run(bundle_copy: BundleCopy) -> None:
     wrong = output.array.copy()
     wrong[..., :] = wrong[..., ::-1]
     write_tensors(case.path / "outputs.etlt", [NamedTensor(output.name, wrong)])
+    remanifest(case.path)
     data = analyze(case).data
     assert data["validity"]["status"] == "invalid"
     assert data["correctness"]["ok"] is False and data["correctness"]["top1_agreement"] == 0.0
@@ -367,11 +371,23 @@ def test_bad_bundles_raise_and_keep_raw_files(
 ) -> None:
     case = bundle_copy("distilbert_xnnpack")
     damage(case.path)
+    remanifest(case.path)  # the board wrote the damaged file: its manifest agrees
     before = raw_hashes(case.path)
     with pytest.raises(AnalysisError, match=message):
         analyze(case)
     assert raw_hashes(case.path) == before
     assert not (case.path / "analysis" / "summary.json").exists()
+
+
+def test_a_file_changed_after_the_board_wrote_it_is_refused(bundle_copy: BundleCopy) -> None:
+    case = bundle_copy("distilbert_xnnpack")
+    timings = json.loads((case.path / "timings.json").read_text())
+    timings["iterations_ms"] = [1.0 for _ in timings["iterations_ms"]]  # prettier numbers, same size or not
+    (case.path / "timings.json").write_text(json.dumps(timings))
+    before = raw_hashes(case.path)
+    with pytest.raises(AnalysisError, match=r"does not match its manifest:\n  timings.json"):
+        analyze(case)
+    assert raw_hashes(case.path) == before
 
 
 def test_pte_of_another_model_is_refused(bundle_copy: BundleCopy, analysis_models: dict[str, TinyModel]) -> None:

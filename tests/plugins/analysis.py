@@ -213,6 +213,16 @@ def write_manifest(
     (bundle / "result_manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
+def remanifest(bundle: Path) -> None:
+    """Re-hash the files a test changed, as if the board had written them (entries of deleted files stay)."""
+    path = bundle / "result_manifest.json"
+    manifest = json.loads(path.read_text())
+    for name in list(manifest["files"]):
+        if (bundle / name).is_file():
+            manifest["files"][name] = {"sha256": sha256_file(bundle / name), "size": (bundle / name).stat().st_size}
+    path.write_text(json.dumps(manifest, indent=2))
+
+
 def copy_bundle(bundle: BundleCase, destination: Path) -> BundleCase:
     """A private copy a test may modify or analyse."""
     shutil.copytree(bundle.path, destination, ignore=shutil.ignore_patterns("analysis", "model_explorer"))
@@ -240,6 +250,7 @@ def rewrite_etdump(bundle: Path, edit: Callable[[Any], None]) -> None:
     edit(etdump)
     data = serialize_to_etdump_flatcc(etdump)
     path.write_bytes(struct.pack("<I", len(data)) + data)
+    remanifest(bundle)
 
 
 def adapter_graphs(pte: Path) -> dict[str, set[str]]:
@@ -251,9 +262,12 @@ def adapter_graphs(pte: Path) -> dict[str, set[str]]:
 
 
 def edit_json(path: Path, **changes: object) -> None:
+    """Change a bundle's JSON file as if the board had written it so (its manifest entry follows)."""
     document = json.loads(path.read_text())
     document.update(changes)
     path.write_text(json.dumps(document))
+    if path.name != "result_manifest.json" and (path.parent / "result_manifest.json").is_file():
+        remanifest(path.parent)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from orchestrator.etdump import parse_etdump, read_etdump, read_program_plan
 from orchestrator.fsutil import sha256_file
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.plugins.analysis import (
+    RUNNER_KEYS,
     BundleCase,
     BundleCopy,
     TinyModel,
@@ -91,12 +92,12 @@ def test_etdump_with_bad_offsets_raises(analysis_bundles: dict[str, BundleCase])
 
 
 @pytest.mark.filterwarnings("ignore:Output Buffer not found")
-@pytest.mark.parametrize("key", [*XNNPACK_KEYS, "distilbert_portable"])
-def test_per_op_figures_agree_with_inspector(analysis_bundles: dict[str, BundleCase], key: str) -> None:
+@pytest.mark.parametrize("key", [*XNNPACK_KEYS, "distilbert_portable", *RUNNER_KEYS])
+def test_per_op_figures_agree_with_inspector(all_bundles: dict[str, BundleCase], key: str) -> None:
     """Inspector includes every Execute block, so compare on all of them (skip_executions=0)."""
     from executorch.devtools import Inspector
 
-    case = analysis_bundles[key]
+    case = all_bundles[key]
     etdump_path = case.path / "etdump.etdp"
     profile = profile_etdump(read_etdump(etdump_path), read_program_plan(case.model.pte), skip_executions=0)
     inspector = Inspector(etdump_path=str(etdump_path))

@@ -306,3 +306,21 @@ def test_parse_backends() -> None:
     assert parse_backends("xnnpack, portable,xnnpack") == ["xnnpack", "portable"]
     with pytest.raises(UsageError):
         parse_backends("coreml")
+
+
+def test_etrecord_only_on_request(tmp_path: Path) -> None:
+    from executorch.devtools.etrecord import parse_etrecord
+
+    result = lowering.lower(
+        BUILTIN_SPECS["gpt2-tiny"], backends=["xnnpack"], weights="random", etrecord=True, root=tmp_path
+    )
+    sidecar = result.backends["xnnpack"].sidecar
+    etrecord = result.paths.etrecord("xnnpack")
+    assert sidecar["etrecord"] == etrecord.name and sidecar["files"]["etrecord"]["sha256"] == sha256_file(etrecord)
+    assert etrecord.stat().st_size > result.paths.exported_program.stat().st_size
+    parsed = parse_etrecord(str(etrecord))
+    assert parsed.edge_dialect_program is not None
+    # Without the option there is none, and it is a different cache entry.
+    plain = lowering.lower(BUILTIN_SPECS["gpt2-tiny"], backends=["portable"], weights="random", root=tmp_path)
+    assert plain.backends["portable"].sidecar["etrecord"] is None
+    assert not result.paths.etrecord("portable").exists()

@@ -13,11 +13,11 @@ from orchestrator.analysis import analyze_bundle, profile_etdump
 from orchestrator.etdump import read_etdump, read_program_plan
 from orchestrator.overlays import METRICS, diverging_color
 from orchestrator.xnn_match import MatchError, XnnNode, match_events, operator_base, read_xnn_nodes
-from tests.plugins.analysis import BundleCase, BundleCopy, adapter_graphs, analyze, rewrite_etdump
+from tests.plugins.analysis import RUNNER_KEYS, BundleCase, BundleCopy, adapter_graphs, analyze, rewrite_etdump
 
 pytestmark = pytest.mark.slow  # lowers and runs real models (session fixtures)
 
-KEYS = ("distilbert_xnnpack", "gpt2_xnnpack", "distilbert_portable")
+KEYS = ("distilbert_xnnpack", "gpt2_xnnpack", "distilbert_portable", *RUNNER_KEYS)
 
 
 def overlay(case: BundleCase, metric: str) -> dict:
@@ -30,13 +30,11 @@ def measured_blocks(case: BundleCase) -> list:
 
 
 @pytest.fixture(scope="module")
-def analysed(
-    analysis_bundles: dict[str, BundleCase], tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, BundleCase]:
+def analysed(all_bundles: dict[str, BundleCase], tmp_path_factory: pytest.TempPathFactory) -> dict[str, BundleCase]:
     from tests.plugins.analysis import copy_bundle
 
     root = tmp_path_factory.mktemp("overlays")
-    cases = {key: copy_bundle(analysis_bundles[key], root / key) for key in KEYS}
+    cases = {key: copy_bundle(all_bundles[key], root / key) for key in KEYS}
     for case in cases.values():
         analyze(case)
     return cases
@@ -87,7 +85,7 @@ def test_top_level_values_add_up_to_the_measured_totals(analysed: dict[str, Bund
         assert value["value"] == pytest.approx(np.median(samples) / 1e6, rel=1e-9)
 
 
-@pytest.mark.parametrize("key", ["distilbert_xnnpack", "gpt2_xnnpack"])
+@pytest.mark.parametrize("key", ["distilbert_xnnpack", "gpt2_xnnpack", "runner_distilbert_xnnpack"])
 def test_delegate_node_values_add_up_to_the_matched_events(analysed: dict[str, BundleCase], key: str) -> None:
     case = analysed[key]
     blocks = measured_blocks(case)

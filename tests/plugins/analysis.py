@@ -301,3 +301,42 @@ def bundle_copy(tmp_path: Path, analysis_bundles: dict[str, BundleCase]) -> Bund
         return copy_bundle(analysis_bundles[key], tmp_path / (name or f"run-{key}"))
 
     return make
+
+
+RUNNER_KEYS = ("runner_distilbert_xnnpack", "runner_distilbert_portable")
+
+
+@pytest.fixture(scope="session")
+def runner_bundles(
+    local_board: Any, tiny_artifacts: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, BundleCase]:
+    """Bundles from the real path: the native runner, through the agent, on the local board, pulled back."""
+    from orchestrator.artifacts import load_artifact
+    from orchestrator.connection import connect
+    from orchestrator.profiling import RunParams, profile, pull, push_artifact
+    from orchestrator.results import new_run_id
+    from tests.plugins.artifacts import ARTIFACT_CACHE
+
+    root = tmp_path_factory.mktemp("runner-bundles")
+    cases = {}
+    with connect(local_board) as conn:
+        for backend in ("xnnpack", "portable"):
+            artifact = load_artifact("distilbert-tiny", backend, ARTIFACT_CACHE)
+            remote = profile(
+                conn, artifact, push_artifact(conn, artifact), RunParams(warmup=2, iterations=6), new_run_id()
+            )
+            assert remote.status == "ok", remote.error
+            model = TinyModel(
+                "distilbert", backend, artifact.pte, artifact.sidecar, artifact.paths.exported_program,
+                artifact.paths.reference_outputs,
+            )  # fmt: skip
+            cases[f"runner_distilbert_{backend}"] = BundleCase(pull(conn, remote, artifact, root), model)
+    return cases
+
+
+@pytest.fixture(scope="session")
+def all_bundles(
+    analysis_bundles: dict[str, BundleCase], runner_bundles: dict[str, BundleCase]
+) -> dict[str, BundleCase]:
+    """Python-runtime bundles (synthetic board info) and real native-runner bundles."""
+    return {**analysis_bundles, **runner_bundles}

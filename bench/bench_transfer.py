@@ -1,7 +1,8 @@
 """Transfers to and from a real loopback sshd: etlab's push/pull vs OpenSSH's scp, re-push cost, and fan-out.
 
 Everything runs against private sshd servers started with the test suite's lab (tests/plugins/sshd.py), in one
-run, with our transfer and scp interleaved round by round so drift on a shared machine hits both alike.
+run, with our transfer and scp interleaved round by round (alternating who goes first, after a sync) so drift
+on a shared machine hits both alike.
 
     .venv/bin/python bench/bench_transfer.py [--size-mib 256] [--rounds 5] [--boards 8] [--fanout-rounds 3]
 
@@ -93,10 +94,18 @@ def bench_bulk(lab: SshdLab, size_mib: int, rounds: int) -> list[tuple[str, floa
     remote_file = f"root@{fake.address}:{remote_bundle / 'payload.bin'}"
     for number in range(rounds):
         scp_target, dest, scp_dest = fake.workdir_path / f"scp{number}.bin", pulled / f"ours{number}", pulled / "scp"
-        times["push"].append(timed(lambda n=number: ours_push(f"round{n}")))
-        times["scp push"].append(timed(lambda t=scp_target: scp(fake, str(payload), f"root@{fake.address}:{t}")))
-        times["pull"].append(timed(lambda d=dest: ours_pull(d)))
-        times["scp pull"].append(timed(lambda d=scp_dest: scp(fake, remote_file, str(d))))
+        transfers = {
+            "push": lambda n=number: ours_push(f"round{n}"),
+            "scp push": lambda t=scp_target: scp(fake, str(payload), f"root@{fake.address}:{t}"),
+            "pull": lambda d=dest: ours_pull(d),
+            "scp pull": lambda d=scp_dest: scp(fake, remote_file, str(d)),
+        }
+        # Who goes first alternates, and each transfer starts with no dirty pages left by the one before:
+        # otherwise the second of a pair pays for the first one's disk writeback.
+        order = list(transfers) if number % 2 == 0 else ["scp push", "push", "scp pull", "pull"]
+        for name in order:
+            os.sync()
+            times[name].append(timed(transfers[name]))
         shutil.rmtree(fake.workdir_path / f"round{number}")
         scp_target.unlink()
         shutil.rmtree(dest)

@@ -419,12 +419,10 @@ def _exit_code(verdicts: Sequence[CellVerdict], *, outcomes_ok: bool) -> int:
 
 
 def print_night(report: NightReport, outputs: dict[str, Path]) -> None:
-    rows = []
-    for item in report.verdicts:
-        change = None if item.ratio is None else f"{(item.ratio - 1) * 100:+.1f}%"
-        rows.append(
-            [*item.cell, item.record.median_ms, item.baseline_median_ms, change, item.verdict, item.record.validity]
-        )
+    rows = [
+        [*item.cell, item.record.median_ms, item.baseline_median_ms, item.change, item.verdict, item.record.validity]
+        for item in report.verdicts
+    ]
     console.table(
         f"Nightly {report.night}",
         ["board", "model", "backend", "median ms", "baseline ms", "change", "verdict", "validity"],

@@ -33,6 +33,11 @@ class CellVerdict:
     def cell(self) -> tuple[str, str, str]:
         return self.record.cell
 
+    @property
+    def change(self) -> str | None:
+        """Tonight's median against the baseline's, e.g. "+12.5%"."""
+        return None if self.ratio is None else f"{(self.ratio - 1) * 100:+.1f}%"
+
 
 @dataclass
 class NightReport:
@@ -131,7 +136,7 @@ def render_html(report: NightReport) -> str:
     ]
     for item in report.verdicts:
         record = item.record
-        change = "—" if item.ratio is None else f"{(item.ratio - 1) * 100:+.1f}%"
+        change = item.change or "—"
         parts.append(
             f"<tr><td>{html.escape(record.board)}</td><td>{html.escape(record.model)}</td>"
             f"<td>{html.escape(record.backend)}</td><td class='num'>{_fmt(record.median_ms)}</td>"
@@ -194,7 +199,7 @@ def render_markdown(report: NightReport) -> str:
     ]
     for item in report.verdicts:
         r = item.record
-        change = "—" if item.ratio is None else f"{(item.ratio - 1) * 100:+.1f}%"
+        change = item.change or "—"
         lines.append(
             f"| {r.board} | {r.model} | {r.backend} | {_fmt(r.median_ms)} | {_fmt(item.baseline_median_ms)} | "
             f"{change} | {item.verdict} | {r.validity} |"

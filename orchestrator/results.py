@@ -6,11 +6,9 @@ Run ids are unique across boards, so a run can be found by its id alone.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from . import paths
 from .errors import UsageError
@@ -32,13 +30,6 @@ class LocalRun:
     model: str
     backend: str
     run_id: str
-
-    @property
-    def run_json(self) -> dict[str, Any]:
-        try:
-            return json.loads((self.path / "run.json").read_text())
-        except (OSError, ValueError):
-            return {}
 
 
 def bundle_dest(board: str, model: str, backend: str, run_id: str, root: Path | None = None) -> Path:

@@ -272,8 +272,8 @@ def _push_ssh(
             "-exec rm -f {} + 2>/dev/null; break; done",
             f"rm -f {stale}" if stale else ":",
             'cat > "$t" || { rm -f "$t"; exit 11; }',
-            # Hashed after the upload, from the page cache: hashing while receiving (tee) costs more CPU on a
-            # small board than it saves (bench/README.md).
+            # Hashed after the upload, from the page cache: hashing while receiving (tee | openssl, or one python3
+            # process) was measured slower on a CPU-bound board (bench/README.md).
             f"h=$({' 2>/dev/null || '.join(hashers)}); h=${{h%% *}}",
             f'if [ "$h" != {digest} ]; then rm -f "$t"; echo "$h"; exit {_HASH_MISMATCH}; fi',
             'mv -f "$t" "$f" || exit 13',

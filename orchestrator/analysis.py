@@ -903,5 +903,17 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
     caption = f"run {data['run_id']}: {measured} — {data['validity']['status']}"
     columns = ["node", "op", "median ms", "p90 ms", "mean ms", "% of run"]
     console.table("Top operators", columns, rows[:limit], caption=caption)
+    profile = data.get("profile") or {}
+    inside = profile.get("top_operator_types") or []
+    if inside:
+        split, coverage = profile.get("split") or {}, profile.get("overlay_coverage") or {}
+        console.table(
+            "Inside the XNNPACK delegates",
+            ["operator", "count", "median ms", "mean ms", "% of run"],
+            [[t["type"], t["count"], t["median_ms"], t["mean_ms"], t["pct"]] for t in inside[:limit]],
+            caption=f"delegated {split.get('delegated_pct') or 0:.0f}% / not delegated "
+            f"{split.get('non_delegated_pct') or 0:.0f}% of the run; "
+            f"{coverage.get('delegates_placed', 0)}/{coverage.get('delegates', 0)} delegates painted in Model Explorer",
+        )
     for reason in data["validity"]["reasons"]:
         (console.error if reason["level"] == "invalid" else console.warn)(reason["reason"])

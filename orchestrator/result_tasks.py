@@ -39,8 +39,8 @@ def analyze(run_id: str | None = None, *, latest: bool = False, bundle: Path | N
     except AnalysisError as exc:
         raise AnalysisError(f"{exc} (the raw bundle is kept at {run.path})", hint=exc.hint) from None
     render_top_ops(summary)
-    for path in summary.written:
-        console.info(console.escape(f"wrote {path}"))
+    names = ", ".join(str(path.relative_to(run.path)) for path in summary.written)
+    console.info(console.escape(f"wrote {names}\n  in {run.path}"))
     return 0
 
 

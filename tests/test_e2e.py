@@ -42,10 +42,14 @@ def lab(sshd_lab: Any, local_board: Board, tmp_path_factory: pytest.TempPathFact
         sshd_lab.discard(fake)
 
 
-def fab(*args: str, lab: dict[str, Any], results: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def fab(
+    *args: str, lab: dict[str, Any] | None, results: Path, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """Run a real `fab` task; board-facing ones get the lab's inventory."""
     env = {**os.environ, "ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results)}
+    inventory = ["--inventory", str(lab["inventory"])] if lab else []
     return subprocess.run(
-        [sys.executable, "-m", "fabric", *args, "--inventory", str(lab["inventory"])],
+        [sys.executable, "-m", "fabric", *args, *inventory],
         cwd=PROJECT_ROOT,
         env=env,
         capture_output=True,
@@ -124,6 +128,30 @@ def test_deploy_and_profile_on_local_and_two_sshd_boards(
             assert summary["status"] == "ok" and summary["correctness"]["ok"], summary["correctness"]
             assert list((bundle / "model_explorer").glob("me_overlay_*.json"))
     assert result.stdout.count("×") >= 3, "XNNPACK speedup over portable per board"
+
+    # The pulled runs, offline: re-analyse one, compare two, refuse to compare different programs.
+    local_xnn = found[("local", "distilbert-tiny", "xnnpack")][0].name
+    remote_xnn = found[(LAB_NAMES[0], "distilbert-tiny", "xnnpack")][0].name
+    local_portable = found[("local", "distilbert-tiny", "portable")][0].name
+    analyze = fab("analyze", "--run", local_xnn, lab=None, results=results)
+    assert analyze.returncode == 0, analyze.stdout + analyze.stderr
+    assert "Top operators" in analyze.stdout and "XnnpackBackend" in analyze.stdout
+    compare = fab("compare", local_xnn, remote_xnn, lab=None, results=results)
+    assert compare.returncode == 0, compare.stdout + compare.stderr
+    assert re.search(r"slower|faster|no change|noise", compare.stdout + compare.stderr)
+    diff = (
+        found[(LAB_NAMES[0], "distilbert-tiny", "xnnpack")][0]
+        / "model_explorer"
+        / f"me_overlay_diff_vs_{local_xnn}.json"
+    )
+    assert diff.is_file()
+    refused = fab("compare", local_xnn, local_portable, lab=None, results=results)
+    assert refused.returncode == 64, refused.stdout + refused.stderr
+    assert "different" in refused.stderr
+
+    gc = fab("gc", "--keep", "0", "--board", LAB_NAMES[0], lab=lab, results=results)
+    assert gc.returncode == 0, gc.stdout + gc.stderr
+    assert not [p for p in (lab["fakes"][0].workdir_path / "bundles").iterdir() if not p.name.startswith(".")]
 
 
 def test_a_dead_board_does_not_stop_the_others(

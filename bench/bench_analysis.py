@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/bench_analysis.py [--iterations 50] [--repeat 3] [--cache DIR]
 
-The bundle (GPT2Config() with random weights, XNNPACK, warmup 3 + 50 iterations, ETDump on) is produced once
-with ExecuTorch's Python runtime and cached (default .etlab/bench-cache/gpt2-full/), since lowering takes about
-40 s and 2 GB. Target: the whole analysis under 5 s and no slower than Inspector loading the same ETDump.
+The bundle is made the real way, once, and cached (default .etlab/bench-cache/gpt2-<iterations>/): GPT-2 lowered
+by `fab lower` (random weights, XNNPACK; cached in artifacts/), profiled by the native runner through the agent on
+the local board (warmup 3, ETDump on), pulled back. Target: the whole analysis under 5 s and no slower than
+Inspector loading the same ETDump.
 """
 
 from __future__ import annotations
@@ -18,53 +19,51 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator import console
+from orchestrator import console, lowering
 from orchestrator.analysis import analyze_bundle
+from orchestrator.artifacts import Artifact, load_artifact
+from orchestrator.connection import connect
+from orchestrator.inventory import load_inventory
 from orchestrator.paths import state_dir
-from tests.plugins.analysis import TinyModel, lower_model, make_bundle
+from orchestrator.profiling import RunParams, profile, pull, push_artifact
+from orchestrator.provision import setup_board
+from orchestrator.results import list_runs, new_run_id
+from orchestrator.spec import BUILTIN_SPECS
 
 TARGET_S = 5.0
 
 
-def bundle(cache: Path, iterations: int) -> tuple[Path, TinyModel]:
-    models = cache / "models"
-    model_ready = (models / "gpt2_xnnpack.pte").is_file() and (models / "gpt2_inputs.npy").is_file()
-    with console.StageTimer("bench: ").stage("lower GPT-2 (full size, XNNPACK)", quiet=model_ready):
-        model = lower_model("gpt2", ("xnnpack",), models, size="full")["xnnpack"] if not model_ready else None
-    if model is None:  # reuse the cached lowering; rebuild its sidecar-like record
-        from orchestrator.fsutil import sha256_file
-
-        pte = models / "gpt2_xnnpack.pte"
-        stat, sha = pte.stat(), sha256_file(pte)
-        sidecar = {
-            "model": "gpt2-full", "backend": "xnnpack", "pte": pte.name, "sha256": sha, "weights": "random",
-            "files": {"pte": {"name": pte.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}},
-        }  # fmt: skip
-        model = TinyModel(
-            "gpt2", "xnnpack", pte, sidecar, models / "gpt2_exported.pt2", models / "gpt2_reference_outputs.etlt"
-        )
-    run = cache / f"run-{iterations}"
-    if not (run / "result_manifest.json").is_file():
-        shutil.rmtree(run, ignore_errors=True)
-        with console.StageTimer("bench: ").stage(f"run {iterations} iterations with the Python runtime"):
-            make_bundle(model, run, warmup=3, iterations=iterations, run_id=f"bench-gpt2-{iterations}")
-    return run, model
+def bundle(cache: Path, iterations: int) -> tuple[Path, Artifact]:
+    lowering.lower(BUILTIN_SPECS["gpt2"], backends=["xnnpack"], weights="random")
+    artifact = load_artifact("gpt2", "xnnpack")
+    cached = [run for run in list_runs(cache) if run.backend == "xnnpack" and run.model == "gpt2"]
+    if cached and artifact.sha256 in cached[-1].path.joinpath("run.json").read_text():
+        return cached[-1].path, artifact  # profiled earlier, with this very program
+    board = load_inventory().boards["local"]
+    with connect(board) as conn, console.StageTimer("bench: ").stage(f"profile GPT-2 ({iterations} iterations)"):
+        setup_board(conn)
+        params = RunParams(warmup=3, iterations=iterations, max_seconds=None)
+        remote = profile(conn, artifact, push_artifact(conn, artifact), params, new_run_id())
+        return pull(conn, remote, artifact, cache), artifact
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--cache", type=Path, default=state_dir() / "bench-cache" / "gpt2-full")
+    parser.add_argument("--cache", type=Path, help="where the bundle is kept (default .etlab/bench-cache/gpt2-<N>)")
     args = parser.parse_args()
-    run, model = bundle(args.cache, args.iterations)
+    console.quiet_third_party()
+    run, artifact = bundle(args.cache or state_dir() / "bench-cache" / f"gpt2-{args.iterations}", args.iterations)
 
     analysis_s = []
     for _ in range(args.repeat):
         shutil.rmtree(run / "analysis", ignore_errors=True)
         shutil.rmtree(run / "model_explorer", ignore_errors=True)
         started = time.perf_counter()
-        summary = analyze_bundle(run, pte=model.pte, sidecar=model.sidecar, reference_outputs=model.reference_outputs)
+        summary = analyze_bundle(
+            run, pte=artifact.pte, sidecar=artifact.sidecar, reference_outputs=artifact.paths.reference_outputs
+        )
         analysis_s.append(time.perf_counter() - started)
 
     started = time.perf_counter()

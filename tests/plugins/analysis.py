@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from orchestrator.fsutil import sha256_file
-from orchestrator.tensorfile import NamedTensor, write_tensors
+from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 
 SEQUENCE_LENGTH = 128
 
@@ -35,6 +34,16 @@ class TinyModel:
     sidecar: dict[str, Any]
     exported: Path  # the .pt2
     reference_outputs: Path
+    inputs: Path  # the reference inputs (ETLT)
+
+    @classmethod
+    def from_artifact(cls, artifact: Any) -> TinyModel:
+        """A model lowered by the real pipeline (orchestrator.lowering)."""
+        paths = artifact.paths
+        return cls(
+            artifact.model.removesuffix("-tiny"), artifact.backend, artifact.pte, artifact.sidecar,
+            paths.exported_program, paths.reference_outputs, paths.reference_inputs,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,76 +71,6 @@ def board_info(
     }
 
 
-def _module(name: str, size: str = "tiny"):
-    import torch
-    from transformers import DistilBertConfig, DistilBertForMaskedLM, GPT2Config, GPT2LMHeadModel
-
-    class Logits(torch.nn.Module):
-        def __init__(self, model: torch.nn.Module, position: int) -> None:
-            super().__init__()
-            self.model, self.position = model, position
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, self.position, :]
-
-    torch.manual_seed(0)
-    full = size == "full"  # the real architectures' default configs, random weights (bench only)
-    if name == "distilbert":
-        config = (
-            DistilBertConfig()
-            if full
-            else DistilBertConfig(
-                vocab_size=1000, dim=64, n_layers=2, n_heads=2, hidden_dim=128, max_position_embeddings=128
-            )
-        )
-        return Logits(DistilBertForMaskedLM(config).eval(), 5)
-    config = GPT2Config() if full else GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=2, n_positions=128)
-    return Logits(GPT2LMHeadModel(config).eval(), -1)
-
-
-def lower_model(name: str, backends: tuple[str, ...], folder: Path, size: str = "tiny") -> dict[str, TinyModel]:
-    """Export and lower one model; write .pt2, .pte, a sidecar-like dict and the eager reference outputs."""
-    import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge, to_edge_transform_and_lower
-
-    folder.mkdir(parents=True, exist_ok=True)
-    module = _module(name, size)
-    generator = torch.Generator().manual_seed(1)
-    inputs = (
-        torch.randint(0, 1000, (1, SEQUENCE_LENGTH), generator=generator),  # within every vocabulary
-        torch.ones(1, SEQUENCE_LENGTH, dtype=torch.long),
-    )
-    program = torch.export.export(module, inputs, strict=False)
-    exported = folder / f"{name}_exported.pt2"
-    torch.export.save(program, exported)
-    with torch.no_grad():
-        reference = module(*inputs).numpy()
-    reference_path = folder / f"{name}_reference_outputs.etlt"
-    write_tensors(reference_path, [NamedTensor("logits", reference)])
-    np.save(folder / f"{name}_inputs.npy", np.stack([t.numpy() for t in inputs]))
-    models = {}
-    for backend in backends:
-        if backend == "xnnpack":
-            lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
-        else:
-            lowered = to_edge(program).to_executorch()
-        pte = folder / f"{name}_{backend}.pte"
-        pte.write_bytes(lowered.buffer)
-        stat = pte.stat()
-        sha = sha256_file(pte)
-        sidecar = {
-            "model": f"{name}-tiny",
-            "backend": backend,
-            "pte": pte.name,
-            "sha256": sha,
-            "weights": "random",
-            "files": {"pte": {"name": pte.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}},
-        }
-        models[backend] = TinyModel(name, backend, pte, sidecar, exported, reference_path)
-    return models
-
-
 def make_bundle(model: TinyModel, bundle: Path, *, warmup: int = 2, iterations: int = 6, run_id: str = "") -> Path:
     """Run `model` warmup + iterations times with ETDump on and write a complete bundle into `bundle`."""
     import torch
@@ -139,8 +78,7 @@ def make_bundle(model: TinyModel, bundle: Path, *, warmup: int = 2, iterations: 
 
     bundle.mkdir(parents=True, exist_ok=True)
     run_id = run_id or bundle.name
-    stacked = np.load(model.pte.parent / f"{model.name}_inputs.npy")
-    inputs = [torch.from_numpy(stacked[0]), torch.from_numpy(stacked[1])]
+    inputs = [torch.from_numpy(tensor.array) for tensor in read_tensors(model.inputs)]
     before = board_info(temperature_c=47.2)
     started = time.perf_counter()
     program = Runtime.get().load_program(model.pte, enable_etdump=True, debug_buffer_size=0)
@@ -271,14 +209,16 @@ def edit_json(path: Path, **changes: object) -> None:
 
 
 @pytest.fixture(scope="session")
-def analysis_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyModel]:
-    """Tiny models keyed "distilbert_xnnpack", "distilbert_portable", "gpt2_xnnpack"."""
-    root = tmp_path_factory.mktemp("analysis-models")
-    models = {}
-    for name, backends in (("distilbert", ("xnnpack", "portable")), ("gpt2", ("xnnpack",))):
-        for backend, model in lower_model(name, backends, root / name).items():
-            models[f"{name}_{backend}"] = model
-    return models
+def analysis_models(tiny_artifacts: dict[str, Any]) -> dict[str, TinyModel]:
+    """Tiny models keyed "distilbert_xnnpack", "distilbert_portable", "gpt2_xnnpack", lowered by the real pipeline."""
+    from orchestrator.artifacts import load_artifact
+    from tests.plugins.artifacts import ARTIFACT_CACHE
+
+    keys = (("distilbert", "xnnpack"), ("distilbert", "portable"), ("gpt2", "xnnpack"))
+    return {
+        f"{name}_{backend}": TinyModel.from_artifact(load_artifact(f"{name}-tiny", backend, ARTIFACT_CACHE))
+        for name, backend in keys
+    }
 
 
 @pytest.fixture(scope="session")
@@ -326,11 +266,9 @@ def runner_bundles(
                 conn, artifact, push_artifact(conn, artifact), RunParams(warmup=2, iterations=6), new_run_id()
             )
             assert remote.status == "ok", remote.error
-            model = TinyModel(
-                "distilbert", backend, artifact.pte, artifact.sidecar, artifact.paths.exported_program,
-                artifact.paths.reference_outputs,
-            )  # fmt: skip
-            cases[f"runner_distilbert_{backend}"] = BundleCase(pull(conn, remote, artifact, root), model)
+            cases[f"runner_distilbert_{backend}"] = BundleCase(
+                pull(conn, remote, artifact, root), TinyModel.from_artifact(artifact)
+            )
     return cases
 
 

@@ -111,6 +111,9 @@ def board_tarball(root: Path = paths.BOARD_SOURCE_DIR) -> tuple[Path, str]:
                 with open(path, "rb") as handle:
                     tar.addfile(info, handle)
         atomic_write_bytes(target, buffer.getvalue())
+        for stale in target.parent.glob("board-*.tar.gz"):  # tarballs of earlier board/ trees
+            if stale != target:
+                stale.unlink(missing_ok=True)
     return target, tree
 
 

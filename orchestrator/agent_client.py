@@ -75,10 +75,6 @@ class BoardAgent:
     def info(self) -> dict[str, Any]:
         return self.call("info", timeout=60)[0]
 
-    def state(self) -> dict[str, Any] | None:
-        document, _ = self.call("state", timeout=60)
-        return document.get("state") if document.get("provisioned") else None
-
     def set_state(self, values: dict[str, str]) -> dict[str, Any]:
         return self.call("set-state", *(f"{k}={v}" for k, v in values.items()), timeout=60)[0]
 
@@ -140,6 +136,3 @@ class BoardAgent:
     def gc(self, keep: int, *, dry_run: bool = False) -> dict[str, Any]:
         args = ["gc", "--keep", str(keep)] + (["--dry-run"] if dry_run else [])
         return self.call(*args, timeout=600)[0]
-
-    def lock_status(self) -> dict[str, Any]:
-        return self.call("lock-status", timeout=60)[0]

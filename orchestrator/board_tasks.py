@@ -16,8 +16,9 @@ from .artifacts import Artifact, load_artifact
 from .connection import connect
 from .group import BoardOutcome, exit_code, fan_out, stage, summarize
 from .inventory import Board
-from .profiling import RunParams, profile, pull_remote_bundle, push_artifact
+from .profiling import RunParams, profile, push_artifact
 from .results import bundle_dest, new_run_id
+from .transfer import pull_bundle
 
 
 def _summarize_failures(outcomes: Sequence[BoardOutcome[Any]], title: str) -> int:
@@ -119,13 +120,12 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
                 entries = entries[:1]
             with stage("pull"):
                 for entry in entries:
+                    # Placed by the labels the bundle carries; a bundle already on the workstation is skipped.
                     labels = entry.get("labels") or {}
-                    dest = bundle_dest(board.name, labels.get("model", "unknown-model"),
-                                       labels.get("backend", "unknown-backend"), entry["run_id"])  # fmt: skip
-                    if dest.exists():
-                        continue
-                    entry = {**entry, "path": f"{conn.workdir}/bundles/{entry['run_id']}"}
-                    pulled.append(pull_remote_bundle(conn, entry))
+                    model, backend = labels.get("model", "unknown-model"), labels.get("backend", "unknown-backend")
+                    dest = bundle_dest(board.name, model, backend, entry["run_id"])
+                    if not dest.exists():
+                        pulled.append(pull_bundle(conn, f"{conn.workdir}/bundles/{entry['run_id']}", dest))
         return pulled
 
     outcomes = fan_out(boards, one)

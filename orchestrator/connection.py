@@ -481,10 +481,6 @@ class SshConnection(BoardConnection):
         with self._lock:
             self._close_locked()
 
-    @property
-    def is_open(self) -> bool:
-        return self._fabric is not None and self._fabric.is_connected
-
     # -- commands
 
     def _lost(self, what: str) -> LinkError:

@@ -18,7 +18,7 @@ from rich.progress import Progress
 from . import console
 from .artifacts import Artifact
 from .connection import BoardConnection, connect
-from .errors import AnalysisError, EtlabError, ExitCode
+from .errors import AnalysisError, BoardError, EtlabError, ExitCode
 from .group import fan_out
 from .inventory import Board
 from .profiling import RemoteRun, RunParams, profile, pull, push_artifact
@@ -64,8 +64,6 @@ def _reason(exc: BaseException) -> str:
 
 def _is_infrastructure(exc: BaseException) -> bool:
     """Board or link trouble (unreachable, lost link, transfer), as opposed to a model or analysis failure."""
-    from .errors import BoardError
-
     return isinstance(exc, BoardError | OSError | EOFError)
 
 
@@ -165,8 +163,6 @@ def _run_cell(
     progress: Progress | None,
     results_root: Path | None,
 ) -> None:
-    from .errors import BoardError
-
     try:
         with _stage(cell, "push", timer):
             pushed = push_artifact(conn, artifact, progress)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.progress import Progress
 
@@ -118,11 +117,3 @@ def profile(
 def pull(conn: BoardConnection, run: RemoteRun, artifact: Artifact, root: Path | None = None) -> Path:
     dest = bundle_dest(conn.board.name, artifact.model, artifact.backend, run.run_id, root)
     return pull_bundle(conn, run.bundle, dest)
-
-
-def pull_remote_bundle(conn: BoardConnection, entry: dict[str, Any], root: Path | None = None) -> Path:
-    """Pull a bundle listed by the agent's `bundles`, placed by the labels it carries."""
-    labels = entry.get("labels") or {}
-    model, backend = labels.get("model") or "unknown-model", labels.get("backend") or "unknown-backend"
-    dest = bundle_dest(conn.board.name, model, backend, entry["run_id"], root)
-    return pull_bundle(conn, entry["path"], dest)

@@ -13,6 +13,7 @@ import glob
 import gzip
 import hashlib
 import io
+import json
 import subprocess
 import sys
 import tarfile
@@ -60,8 +61,6 @@ def probe(conn: BoardConnection, workdir: str) -> dict[str, Any]:
         )
     if result.exit_code != 0:
         raise BoardError(f"{conn.board.name}: probing the board failed: {result.stderr.strip()[-300:]}")
-    import json
-
     return json.loads(result.stdout)
 
 
@@ -371,8 +370,6 @@ def _verify(conn: BoardConnection, runner_path: str, wanted: str) -> None:
 
 
 def _runner_version(conn: BoardConnection, runner_path: str) -> str:
-    import json
-
     answer = json.loads(_run(conn, [runner_path, "--version"], "asking the runner its version", timeout=60))
     return str(answer.get("runner_version"))
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import console
-from .artifacts import ArtifactPaths, load_artifact
+from .artifacts import Artifact, ArtifactPaths, load_artifact
 from .errors import AnalysisError, ArtifactError, UsageError
 from .results import LocalRun, find_run
 
 
-def _artifact_for(run: LocalRun):
+def _artifact_for(run: LocalRun) -> Artifact | None:
     try:
         return load_artifact(run.model, run.backend)
     except ArtifactError as exc:

@@ -6,10 +6,13 @@ on a shared machine hits both alike.
 
     .venv/bin/python bench/bench_transfer.py [--size-mib 256] [--rounds 5] [--boards 8] [--fanout-rounds 3]
 
-- push: connect + push_file() of a fresh file (sha256 known, as from an artifact sidecar): upload over an exec
-  channel, sha256 on the board, rename, sidecar. scp: `scp FILE board:PATH` (OpenSSH 9 scp speaks SFTP).
-- pull: connect + pull_bundle() of a bundle holding the file: tar stream, unpack, fsync, verify against the
-  manifest. scp: `scp board:FILE LOCAL`. Both sides pay one SSH handshake per transfer.
+- push: connect + push_file() of a fresh file (sha256 known, as from an artifact sidecar): upload through
+  OpenSSH's ssh client (the default `bulk_transfer: auto` for large files), hashed on the board while it
+  arrives, rename, sidecar. scp: `scp FILE board:PATH` (OpenSSH 9 scp speaks SFTP).
+- pull: connect + pull_bundle() of a bundle holding the file: tar stream through ssh, unpack and hash, verify
+  against the manifest. scp: `scp board:FILE LOCAL`.
+- both again with `bulk_transfer: paramiko` (everything over paramiko's exec channels), for comparison.
+  etlab's transfers pay one paramiko handshake (plus one OpenSSH handshake for bulk); scp pays one.
 - re-push: push_file() of content the board already holds, on an open connection.
 - fan-out: connect + push a tiny payload + a trivial command + pull a tiny bundle, on N boards vs 1 board;
   again with the command busy for 0.5 s on the board, as a real run is. The fake boards' CPU is this machine's,
@@ -56,6 +59,13 @@ def timed(action: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
+def busy_cpu_seconds() -> float:
+    """CPU time used so far by the whole machine (both "board" and workstation), from /proc/stat."""
+    with open("/proc/stat") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
 def scp(fake: SshdBoard, source: str, target: str) -> None:
     subprocess.run(["scp", "-q", "-P", str(fake.port), *fake.ssh_options(), source, target], check=True)
 
@@ -81,43 +91,51 @@ def bench_bulk(lab: SshdLab, size_mib: int, rounds: int) -> list[tuple[str, floa
     write_bundle(remote_bundle, {"payload.bin": payload})
     pulled = lab.root / "pulled"
     pulled.mkdir()
-    times: dict[str, list[float]] = {"push": [], "scp push": [], "pull": [], "scp pull": []}
+    names = ["push", "push (paramiko only)", "scp push", "pull", "pull (paramiko only)", "scp pull"]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
 
-    def ours_push(kind: str) -> None:
-        with connect(fake.board) as conn:  # a fresh connection, as scp makes one
+    def ours_push(kind: str, bulk: str) -> None:
+        with connect(fake.board.replace(bulk_transfer=bulk)) as conn:  # a fresh connection, as scp makes one
             push_file(conn, payload, kind=kind, sha256=digest)
 
-    def ours_pull(dest: Path) -> None:
-        with connect(fake.board) as conn:
+    def ours_pull(dest: Path, bulk: str) -> None:
+        with connect(fake.board.replace(bulk_transfer=bulk)) as conn:
             pull_bundle(conn, str(remote_bundle), dest)
 
     remote_file = f"root@{fake.address}:{remote_bundle / 'payload.bin'}"
     for number in range(rounds):
-        scp_target, dest, scp_dest = fake.workdir_path / f"scp{number}.bin", pulled / f"ours{number}", pulled / "scp"
-        transfers = {
-            "push": lambda n=number: ours_push(f"round{n}"),
+        scp_target, scp_dest = fake.workdir_path / f"scp{number}.bin", pulled / "scp"
+        transfers: dict[str, Callable[[], object]] = {
+            "push": lambda n=number: ours_push(f"round{n}", "auto"),
+            "push (paramiko only)": lambda n=number: ours_push(f"round{n}-paramiko", "paramiko"),
             "scp push": lambda t=scp_target: scp(fake, str(payload), f"root@{fake.address}:{t}"),
-            "pull": lambda d=dest: ours_pull(d),
+            "pull": lambda n=number: ours_pull(pulled / f"ours{n}", "auto"),
+            "pull (paramiko only)": lambda n=number: ours_pull(pulled / f"ours{n}-paramiko", "paramiko"),
             "scp pull": lambda d=scp_dest: scp(fake, remote_file, str(d)),
         }
-        # Who goes first alternates, and each transfer starts with no dirty pages left by the one before:
-        # otherwise the second of a pair pays for the first one's disk writeback.
-        order = list(transfers) if number % 2 == 0 else ["scp push", "push", "scp pull", "pull"]
-        for name in order:
+        # The order rotates every round, and each transfer starts with no dirty pages left by the one before:
+        # otherwise whoever goes second pays for the first one's disk writeback.
+        pushes, pulls = names[:3], names[3:]
+        shift = number % 3
+        for name in pushes[shift:] + pushes[:shift] + pulls[shift:] + pulls[:shift]:
             os.sync()
+            cpu_before = busy_cpu_seconds()
             times[name].append(timed(transfers[name]))
-        shutil.rmtree(fake.workdir_path / f"round{number}")
+            cpu[name].append(busy_cpu_seconds() - cpu_before)
+        for leftover in [*fake.workdir_path.glob("round*"), *pulled.glob("ours*")]:
+            shutil.rmtree(leftover)
         scp_target.unlink()
-        shutil.rmtree(dest)
         scp_dest.unlink()
     rows = []
-    for ours, theirs in (("push", "scp push"), ("pull", "scp pull")):
+    for ours, theirs in [(name, f"scp {name.split()[0]}") for name in names if not name.startswith("scp")]:
         ours_rate = size_mib / statistics.median(times[ours])
         scp_rate = size_mib / statistics.median(times[theirs])
         rows.append((ours, ours_rate, scp_rate, ours_rate / scp_rate))
         console.info(
             f"{ours}: ours {[round(size_mib / t) for t in times[ours]]} MiB/s, "
-            f"scp {[round(size_mib / t) for t in times[theirs]]} MiB/s"
+            f"scp {[round(size_mib / t) for t in times[theirs]]} MiB/s; machine CPU per transfer (median): "
+            f"ours {statistics.median(cpu[ours]):.2f} s, scp {statistics.median(cpu[theirs]):.2f} s"
         )
     return rows
 

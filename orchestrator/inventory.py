@@ -23,6 +23,9 @@ from orchestrator import paths
 from orchestrator.errors import InventoryError, UsageError
 
 TRANSPORTS = ("ssh", "local")
+# How large transfers travel: "auto" uses OpenSSH's `ssh` client for them when it is installed (its C crypto
+# costs far less CPU than paramiko's), "openssh" always does, "paramiko" never does.
+BULK_TRANSFERS = ("auto", "openssh", "paramiko")
 DEFAULT_WORKDIR = "~/.etlab"
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KEEPALIVE = 5.0
@@ -49,6 +52,7 @@ class Board:
     command_timeout: float | None = None
     keepalive: float = DEFAULT_KEEPALIVE
     tcp_user_timeout: float = DEFAULT_TCP_USER_TIMEOUT
+    bulk_transfer: str = "auto"
     known_hosts: Path = field(default_factory=lambda: paths.state_dir() / "known_hosts")
 
     @property
@@ -234,11 +238,14 @@ def _text(node: Node, _field: str) -> str:
     return _string(node)
 
 
-def _transport(node: Node, _field: str) -> str:
-    value = _string(node, "one of " + ", ".join(TRANSPORTS))
-    if value not in TRANSPORTS:
-        raise _Invalid(f"expected one of {', '.join(TRANSPORTS)}, got {value!r}{_did_you_mean(value, TRANSPORTS)}")
-    return value
+def _choice(choices: tuple[str, ...]) -> _Check:
+    def check(node: Node, _field: str) -> str:
+        value = _string(node, "one of " + ", ".join(choices))
+        if value not in choices:
+            raise _Invalid(f"expected one of {', '.join(choices)}, got {value!r}{_did_you_mean(value, choices)}")
+        return value
+
+    return check
 
 
 def _tags(node: Node, _field: str) -> tuple[str, ...]:
@@ -259,7 +266,7 @@ _BOARD_FIELDS: dict[str, _Check] = {
     "user": _text,
     "key": _text,
     "agent": _boolean,
-    "transport": _transport,
+    "transport": _choice(TRANSPORTS),
     "workdir": _text,
     "tags": _tags,
     "threads": _integer(1, None),
@@ -267,12 +274,23 @@ _BOARD_FIELDS: dict[str, _Check] = {
     "command_timeout": _seconds,
     "keepalive": _seconds,
     "tcp_user_timeout": _seconds,
+    "bulk_transfer": _choice(BULK_TRANSFERS),
 }
 _DEFAULT_FIELDS: dict[str, _Check] = {
     **{k: v for k, v in _BOARD_FIELDS.items() if k not in ("host", "transport", "tags")},
     "known_hosts": _text,
 }
-_SSH_ONLY = ("host", "port", "user", "key", "agent", "connect_timeout", "keepalive", "tcp_user_timeout")
+_SSH_ONLY = (
+    "host",
+    "port",
+    "user",
+    "key",
+    "agent",
+    "connect_timeout",
+    "keepalive",
+    "tcp_user_timeout",
+    "bulk_transfer",
+)
 _TOP_LEVEL = ("defaults", "boards", "groups", "nightly")
 
 

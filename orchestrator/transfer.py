@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import re
 import secrets
 import shutil
-import tarfile
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, TypeVar
+from typing import IO, TypeVar
 
 import tenacity
 from rich.progress import Progress, TaskID
@@ -36,7 +34,8 @@ from orchestrator import console
 from orchestrator.bundle import FileDigest, verify_manifest
 from orchestrator.connection import BoardConnection, CommandError, LocalConnection, is_transient, quote
 from orchestrator.errors import BundleError, EtlabError, TransferError
-from orchestrator.fsutil import CHUNK, TMP_PREFIX, atomic_path, atomic_write_text, sha256_file
+from orchestrator.fsutil import TMP_PREFIX, atomic_path, atomic_write_text, sha256_file
+from orchestrator.tarstream import TarFormatError, TarReader
 
 _UPLOAD_CHUNK = 4 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -229,6 +228,89 @@ _PY_SHA256 = (
     "import hashlib,sys\nh=hashlib.sha256()\n"
     "for b in iter(lambda: sys.stdin.buffer.read(1<<20), b''): h.update(b)\nprint(h.hexdigest())"
 )
+# Receives stdin into argv[1] and prints its sha256: hashing while receiving, in one process with 1 MiB reads.
+# It first widens its stdin pipe to 1 MiB (F_SETPIPE_SZ is 1031 on Linux): with the default 64 KiB, sshd and the
+# receiver take turns on every few packets, and the whole push measured 20% slower (bench/README.md).
+# Python 3.5+ (no walrus): old Raspberry Pi OS releases still ship 3.7.
+_PY_RECEIVE = (
+    "import fcntl,hashlib,sys\ntry: fcntl.fcntl(0,1031,1<<20)\nexcept OSError: pass\n"
+    "h=hashlib.sha256()\nb=bytearray(1<<20)\nv=memoryview(b)\nr=sys.stdin.buffer.raw\n"
+    "with open(sys.argv[1],'wb',buffering=0) as f:\n"
+    " while True:\n  n=r.readinto(b)\n  if not n: break\n  h.update(v[:n]); w=0\n"
+    "  while w<n: w+=f.write(v[w:n])\n"
+    "print(h.hexdigest())"
+)
+# From this size a board with python3 hashes while it receives: over a real link the hash then hides behind the
+# network (a Pi 4 needs about a second per 200 MB to hash afterwards); on loopback it measured as fast or faster
+# than hashing afterwards. Below this size python3's start-up costs more than it saves.
+RECEIVE_HASHING_FROM = 16 << 20
+
+
+@dataclass(frozen=True)
+class _PushPlan:
+    """Where a push puts things on the board, and the script that does it."""
+
+    folder: str
+    name: str
+    temp: str
+
+    @property
+    def final(self) -> str:
+        return f"{self.folder}/{self.name}"
+
+    @property
+    def sidecar(self) -> str:
+        return f"{self.final}.sha256"
+
+    def have_check(self, digest: str, size: int) -> str:
+        """sh that prints "have" and exits if the board holds this content (sidecar matches, size right)."""
+        return (
+            f"f={quote(self.final)}; s={quote(self.sidecar)}\n"
+            f'if [ -f "$f" ] && [ -f "$s" ] && read -r h _ < "$s" && [ "$h" = {digest} ] && '
+            f'[ "$(wc -c < "$f")" -eq {size} ]; then echo have; exit 0; fi'
+        )
+
+    def script(self, digest: str, size: int, earlier_temps: list[str]) -> str:
+        """One exec does it all, with few processes (on a small board each fork counts, and fan-outs multiply
+        them): answer "have" if the board holds this content, else "send", receive into a temporary, hash it on
+        the board, rename into place, write the sidecar last."""
+        stale = " ".join(quote(t) for t in [*earlier_temps, *(f"{t}.sha256" for t in earlier_temps)])
+        stale_glob = quote(f"{TMP_PREFIX}{self.name}.") + "*"
+        stale_name = quote(f"{TMP_PREFIX}{self.name}.*")
+        # openssl hashes large files fastest, but starts slower than sha256sum.
+        hashers = [
+            f"openssl dgst -sha256 -r < {_TEMP}",
+            f"sha256sum < {_TEMP}",
+            f"python3 -c {quote(_PY_SHA256)} < {_TEMP}",
+        ]
+        if size < _OPENSSL_FROM:
+            hashers[:2] = hashers[1::-1]
+        receive_then_hash = f'cat > "$t" || {{ rm -f "$t"; exit 11; }}; h=$({" 2>/dev/null || ".join(hashers)})'
+        if size >= RECEIVE_HASHING_FROM:
+            receive = (
+                "if command -v python3 >/dev/null 2>&1; then "
+                f'h=$(python3 -c {quote(_PY_RECEIVE)} "$t") || {{ rm -f "$t"; exit 11; }}; '
+                f"else {receive_then_hash}; fi"
+            )
+        else:
+            receive = receive_then_hash
+        return "\n".join(
+            [
+                self.have_check(digest, size),
+                "echo send",
+                f"d={quote(self.folder)}; t={quote(self.temp)}",
+                '[ -d "$d" ] || mkdir -p "$d" || exit 10',
+                # temporaries of this content left by pushes that died over 10 minutes ago, or by our earlier tries
+                f'for x in "$d"/{stale_glob}; do [ -e "$x" ] && find "$d" -maxdepth 1 -name {stale_name} -mmin +10 '
+                "-exec rm -f {} + 2>/dev/null; break; done",
+                f"rm -f {stale}" if stale else ":",
+                receive,
+                "h=${h%% *}",
+                f'if [ "$h" != {digest} ]; then rm -f "$t"; echo "$h"; exit {_HASH_MISMATCH}; fi',
+                'mv -f "$t" "$f" || exit 13',
+                f'printf "%s  %s\\n" {digest} {quote(self.name)} > "$t.sha256" && mv -f "$t.sha256" "$s" || exit 14',
+            ]
+        )
 
 
 def _push_ssh(
@@ -244,44 +326,15 @@ def _push_ssh(
 ) -> tuple[str, bool]:
     folder = f"{conn.workdir.rstrip('/')}/{kind}"
     name = f"{digest}{suffix}"
-    final, sidecar = f"{folder}/{name}", f"{folder}/{name}.sha256"
-    temp = f"{folder}/{TMP_PREFIX}{name}.{secrets.token_hex(6)}"
-    stale = " ".join(quote(t) for t in [*earlier_temps, *(f"{t}.sha256" for t in earlier_temps)])
-    stale_glob = quote(f"{TMP_PREFIX}{name}.") + "*"
-    stale_name = quote(f"{TMP_PREFIX}{name}.*")
-    # openssl hashes large files fastest, but starts slower than sha256sum.
-    hashers = [
-        f"openssl dgst -sha256 -r < {_TEMP}",
-        f"sha256sum < {_TEMP}",
-        f"python3 -c {quote(_PY_SHA256)} < {_TEMP}",
-    ]
-    if size < _OPENSSL_FROM:
-        hashers[:2] = hashers[1::-1]
-    # One exec does it all, with few processes (on a small board each fork counts, and fan-outs multiply them):
-    # answer "have" if the board holds this content (the sidecar matches and the size is right), else "send",
-    # receive into a temporary, hash it on the board, rename into place, write the sidecar last.
-    script = "\n".join(
-        [
-            f"d={quote(folder)}; t={quote(temp)}; f={quote(final)}; s={quote(sidecar)}",
-            f'if [ -f "$f" ] && [ -f "$s" ] && read -r h _ < "$s" && [ "$h" = {digest} ] && '
-            f'[ "$(wc -c < "$f")" -eq {size} ]; then echo have; exit 0; fi',
-            "echo send",
-            '[ -d "$d" ] || mkdir -p "$d" || exit 10',
-            # temporaries of this content left by pushes that died over 10 minutes ago, or by our earlier tries
-            f'for x in "$d"/{stale_glob}; do [ -e "$x" ] && find "$d" -maxdepth 1 -name {stale_name} -mmin +10 '
-            "-exec rm -f {} + 2>/dev/null; break; done",
-            f"rm -f {stale}" if stale else ":",
-            'cat > "$t" || { rm -f "$t"; exit 11; }',
-            # Hashed after the upload, from the page cache: hashing while receiving (tee | openssl, or one python3
-            # process) was measured slower on a CPU-bound board (bench/README.md).
-            f"h=$({' 2>/dev/null || '.join(hashers)}); h=${{h%% *}}",
-            f'if [ "$h" != {digest} ]; then rm -f "$t"; echo "$h"; exit {_HASH_MISMATCH}; fi',
-            'mv -f "$t" "$f" || exit 13',
-            f'printf "%s  %s\\n" {digest} {quote(name)} > "$t.sha256" && mv -f "$t.sha256" "$s" || exit 14',
-        ]
-    )
-    earlier_temps.append(temp)
-    with conn.open_write_stream(["sh", "-c", script], check=False) as stream:
+    plan = _PushPlan(folder, name, f"{folder}/{TMP_PREFIX}{name}.{secrets.token_hex(6)}")
+    threshold = conn.bulk_threshold()
+    bulk = threshold is not None and size >= threshold
+    # A bulk stream costs a second SSH handshake: ask over the open connection first whether it is needed.
+    if bulk and conn.run_shell(plan.have_check(digest, size), timeout=60).stdout.strip() == "have":
+        return plan.final, True
+    script = plan.script(digest, size, earlier_temps)
+    earlier_temps.append(plan.temp)
+    with conn.open_write_stream(["sh", "-c", script], check=False, bulk=bulk) as stream:
         answer = stream.first_line()
         if answer == "send":
             with open(local, "rb") as source:
@@ -291,15 +344,15 @@ def _push_ssh(
     result = stream.result
     assert result is not None
     if answer == "have" and result.ok:
-        earlier_temps.remove(temp)
-        return final, True
+        earlier_temps.remove(plan.temp)
+        return plan.final, True
     if result.exit_code == _HASH_MISMATCH:
         raise TransferError(_mismatch(conn, local, digest, result.stdout.splitlines()[-1].strip()))
     if answer != "send" or not result.ok:
         detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.exit_code}"
         raise TransferError(f"{conn.board.name}: cannot store {local.name} in {folder}: {detail}")
-    earlier_temps.remove(temp)
-    return final, False
+    earlier_temps.remove(plan.temp)
+    return plan.final, False
 
 
 # ---------------------------------------------------------------- pull
@@ -318,8 +371,7 @@ def pull_bundle(
         remote = conn.resolve_path(remote_bundle_dir)
         temp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dest.name}.", dir=dest.parent))
         try:
-            with conn.open_read_stream(["tar", "-C", remote, "-cf", "-", "."]) as stream:
-                digests = extract_tar_stream(stream, temp)
+            digests = _unpack_remote_folder(conn, remote, temp)
             verify_manifest(temp, digests, origin=f"{conn.board.name}:{remote}")
             try:
                 os.rename(temp, dest)
@@ -331,6 +383,37 @@ def pull_bundle(
         return dest
 
     return _with_retries(conn, f"pull of {remote_bundle_dir}", attempt, retry)
+
+
+def _unpack_remote_folder(conn: BoardConnection, remote: str, dest: Path) -> dict[str, FileDigest]:
+    """Stream the board folder `remote` as tar into `dest`; large folders through the bulk path."""
+    tar = ["tar", "-C", remote, "-cf", "-", "."]
+    threshold = conn.bulk_threshold()
+    if threshold:
+        # Ask the board how large the folder is, and start the tar right away on this channel when it is small:
+        # no second handshake and no extra round trip for the usual few-MB bundle.
+        script = (
+            f"d={quote(remote)}\n"
+            'if ! cd "$d" 2>/dev/null; then '
+            '[ -e "$d" ] && echo "$d: cannot enter" >&2 || echo "$d: No such file or directory" >&2; exit 1; fi\n'
+            f'set -- $(du -sk .)\nif [ "$1" -ge {threshold >> 10} ]; then echo bulk; exit 0; fi\n'
+            "echo tar\nexec tar -cf - ."
+        )
+        with conn.open_read_stream(["sh", "-c", script]) as stream:
+            answer = _read_line(stream)
+            if answer == "tar":
+                return extract_tar_stream(stream, dest)
+            if answer != "bulk":
+                raise BundleError(f"{conn.board.name}: unexpected answer {answer!r} when asked the size of {remote}")
+    with conn.open_read_stream(tar, bulk=threshold is not None) as stream:
+        return extract_tar_stream(stream, dest)
+
+
+def _read_line(stream: IO[bytes], limit: int = 64) -> str:
+    line = bytearray()
+    while len(line) < limit and (byte := stream.read(1)) and byte != b"\n":
+        line += byte
+    return line.decode("ascii", errors="replace")
 
 
 def _member_path(name: str) -> tuple[str, ...]:
@@ -345,87 +428,36 @@ def _member_path(name: str) -> tuple[str, ...]:
     return parts
 
 
-class _DiskWriter(threading.Thread):
-    """Hashes and writes unpacked files in order from a queue, so receiving the next chunk overlaps with
-    hashing and writing this one (hashlib and os.write release the GIL)."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True, name="etlab-bundle-writer")
-        self.queue: queue.Queue[tuple[str, int, bytes | None] | None] = queue.Queue(maxsize=8)
-        self.error: OSError | None = None
-        self.digests: dict[str, FileDigest] = {}
-        self._open: dict[str, tuple[Any, int]] = {}
-
-    def run(self) -> None:
-        while (item := self.queue.get()) is not None:
-            name, fd, chunk = item
-            digest, size = self._open.setdefault(name, (hashlib.sha256(), 0))
-            try:
-                if chunk is None:
-                    del self._open[name]
-                    self.digests[name] = FileDigest(digest.hexdigest(), size)
-                    os.close(fd)
-                elif self.error is None:
-                    digest.update(chunk)
-                    self._open[name] = (digest, size + len(chunk))
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fd, view) :]
-            except OSError as exc:
-                self.error = self.error or exc
-
-    def write(self, name: str, fd: int, chunk: bytes) -> None:
-        self._raise_error()
-        self.queue.put((name, fd, chunk))
-
-    def close(self, name: str, fd: int) -> None:
-        self.queue.put((name, fd, None))
-
-    def finish(self) -> dict[str, FileDigest]:
-        self.queue.put(None)
-        self.join()
-        self._raise_error()
-        return self.digests
-
-    def _raise_error(self) -> None:
-        if self.error is not None:
-            raise BundleError(f"cannot write the bundle: {self.error}")
-
-
 def extract_tar_stream(stream: IO[bytes], dest: Path) -> dict[str, FileDigest]:
     """Unpack a tar stream into the existing empty folder `dest`; returns each file's sha256 and size.
 
     Only regular files and folders are accepted: links (symbolic or hard), devices and FIFOs, absolute
     paths, `..` and duplicate entries raise BundleError, and nothing is ever written outside `dest`.
     """
-    writer = _DiskWriter()
-    writer.start()
+    digests: dict[str, FileDigest] = {}
     try:
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK) as archive:
-            for member in archive:
-                parts = _member_path(member.name)
-                if not parts:
-                    if member.isdir():
-                        continue
-                    raise BundleError(f"archive entry {member.name!r} has no name")
-                relative = "/".join(parts)
-                target = dest.joinpath(*parts)
-                if member.issym() or member.islnk():
-                    raise BundleError(
-                        f"archive entry {relative!r} is a {'symbolic' if member.issym() else 'hard'} link "
-                        f"(to {member.linkname!r}); bundles hold only files and folders"
-                    )
-                if member.isdir():
-                    _make_folder(dest, parts)
-                elif member.isreg():
-                    _make_folder(dest, parts[:-1])
-                    _write_member(archive, member, target, relative, writer)
-                else:
-                    raise BundleError(f"archive entry {relative!r} is a device, FIFO or other special file")
-    except (tarfile.TarError, EOFError) as exc:
+        archive = TarReader(stream)
+        for member in archive:
+            parts = _member_path(member.name)
+            if not parts:
+                if member.kind == "dir":
+                    continue
+                raise BundleError(f"archive entry {member.name!r} has no name")
+            relative = "/".join(parts)
+            if member.kind in ("symlink", "hardlink"):
+                raise BundleError(
+                    f"archive entry {relative!r} is a {'symbolic' if member.kind == 'symlink' else 'hard'} link "
+                    f"(to {member.linkname!r}); bundles hold only files and folders"
+                )
+            if member.kind == "dir":
+                _make_folder(dest, parts)
+            elif member.kind == "file":
+                _make_folder(dest, parts[:-1])
+                digests[relative] = _write_member(archive, dest.joinpath(*parts), relative)
+            else:
+                raise BundleError(f"archive entry {relative!r} is a device, FIFO or other special file")
+    except TarFormatError as exc:
         raise BundleError(f"the bundle archive is corrupt or truncated: {exc}") from exc
-    finally:
-        digests = writer.finish()  # every file written and closed before anyone looks at them
     return digests
 
 
@@ -440,19 +472,25 @@ def _make_folder(dest: Path, parts: tuple[str, ...]) -> None:
                 raise BundleError(f"archive entry {'/'.join(parts)!r} collides with a file") from None
 
 
-def _write_member(
-    archive: tarfile.TarFile, member: tarfile.TarInfo, target: Path, relative: str, writer: _DiskWriter
-) -> None:
-    source = archive.extractfile(member)
-    assert source is not None
+def _write_member(archive: TarReader, target: Path, relative: str) -> FileDigest:
+    """Write one file member, hashing it on the way (hashlib and os.write release the GIL, so paramiko's
+    transport thread decrypts the next packets meanwhile)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(target, flags, 0o644)
     except FileExistsError:
         raise BundleError(f"archive entry {relative!r} appears twice") from None
+    digest, size = hashlib.sha256(), 0
     try:
-        while chunk := source.read(CHUNK):
-            writer.write(relative, fd, chunk)
+        for chunk in archive.chunks():
+            digest.update(chunk)
+            size += len(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
+    except OSError as exc:
+        raise BundleError(f"cannot write {relative!r} of the bundle: {exc.strerror or exc}") from exc
     finally:
         # Not fsynced (scp does not either): a bundle can be pulled again, and analysis re-checks the manifest.
-        writer.close(relative, fd)
+        os.close(fd)
+    return FileDigest(digest.hexdigest(), size)

@@ -35,6 +35,7 @@ boards:
     agent: true
     workdir: /srv/etlab
     tags: [pi4, aarch64]
+    bulk_transfer: paramiko
 groups:
   pis: [pi5-a, "pi 4; $(reboot) `x` 'q'"]
 nightly:
@@ -94,6 +95,7 @@ def test_a_full_inventory_applies_defaults_and_resolves_paths(tmp_path: Path) ->
     )
     odd = inventory.boards["pi 4; $(reboot) `x` 'q'"]
     assert (odd.port, odd.user, odd.agent, odd.workdir) == (2222, "admin", True, "/srv/etlab")
+    assert (odd.bulk_transfer, pi5.bulk_transfer) == ("paramiko", "auto")
     assert inventory.groups == {"pis": ("pi5-a", "pi 4; $(reboot) `x` 'q'")}
     assert inventory.nightly == {"models": ["distilbert"], "backends": ["xnnpack"]}
     # A local board gets its workdir under the state folder, named after the board.
@@ -177,6 +179,16 @@ MALFORMED = {
         """,
         "boards.pi5-a.transport",
         "expected one of ssh, local, got 'telnet'",
+    ),
+    "bad bulk_transfer": (
+        """\
+        defaults:
+          bulk_transfer: opensssh  # <-
+        boards:
+          pi5-a: {host: 10.0.0.2}
+        """,
+        "defaults.bulk_transfer",
+        "expected one of auto, openssh, paramiko, got 'opensssh' (did you mean 'openssh'?)",
     ),
     "ssh board without host": (
         """\

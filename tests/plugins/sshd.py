@@ -143,7 +143,9 @@ class SshdBoard:
         return self.local_path(self.board.workdir)
 
     def _write_config(self) -> None:
+        # sshd keeps the first value it reads for a keyword, so a test's own options go first and win.
         lines = [
+            *self.sshd_config,
             f"Port {self.port}",
             f"ListenAddress {self.address}",
             f"HostKey {self.host_key}",
@@ -160,7 +162,6 @@ class SshdBoard:
             "MaxStartups 100:30:200",
             "MaxSessions 100",
             "LogLevel INFO",
-            *self.sshd_config,
         ]
         self.config.write_text("\n".join(lines) + "\n")
 

@@ -25,6 +25,7 @@ from orchestrator.lowering import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
+from tests.plugins.processes import reaped
 
 LAB_NAMES = ["pi5-a", "pi 4 b", "rk3588's $HOME"]
 
@@ -180,22 +181,25 @@ def test_deploy_and_profile_launches_model_explorer(
         cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )  # fmt: skip
-    url = None
-    output = []
-    deadline = time.monotonic() + 300
-    assert process.stdout is not None
-    while time.monotonic() < deadline and url is None:
-        line = process.stdout.readline()
-        if not line:
-            break
-        output.append(line)
-        match = re.search(r"(http://127\.0\.0\.1:18081/\S*)", line)
-        url = match.group(1) if match else None
-    try:
-        assert url, "".join(output)
-        with urllib.request.urlopen("http://127.0.0.1:18081/check_health", timeout=10) as response:
-            assert response.status == 200
-    finally:
-        process.send_signal(signal.SIGINT)
-        remaining, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, "".join(output) + remaining
+    with reaped(process):
+        url = None
+        output = []
+        deadline = time.monotonic() + 300
+        assert process.stdout is not None
+        while time.monotonic() < deadline and url is None:
+            line = process.stdout.readline()
+            if not line:
+                break
+            output.append(line)
+            match = re.search(r"(http://127\.0\.0\.1:18081/\S*)", line)
+            url = match.group(1) if match else None
+        try:
+            assert url, "".join(output)
+            with urllib.request.urlopen("http://127.0.0.1:18081/check_health", timeout=10) as response:
+                assert response.status == 200
+        finally:
+            process.send_signal(signal.SIGINT)
+            remaining, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, "".join(output) + remaining
+        with pytest.raises(OSError):  # Ctrl+C stopped the server too
+            urllib.request.urlopen("http://127.0.0.1:18081/check_health", timeout=5)

@@ -24,6 +24,7 @@ from orchestrator.paths import PROJECT_ROOT
 from orchestrator.spec import BUILTIN_SPECS, load_spec_file
 from orchestrator.tensorfile import read_tensors
 from tests.plugins.artifacts import TINY_MODELS
+from tests.plugins.processes import reaped
 
 FAB = [sys.executable, "-m", "fabric"]
 
@@ -195,16 +196,17 @@ def test_interrupted_lowering_leaves_nothing_valid(tiny_artifacts: dict[str, Low
         stderr=subprocess.PIPE,
         text=True,
     )
-    # Interrupt while the XNNPACK program is being lowered: the portable one has just been rewritten.
-    old_portable = paths.pte("portable").stat().st_mtime_ns
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if paths.pte("portable").stat().st_mtime_ns != old_portable:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the lowering finished before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
+    with reaped(proc):
+        # Interrupt while the XNNPACK program is being lowered: the portable one has just been rewritten.
+        old_portable = paths.pte("portable").stat().st_mtime_ns
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if paths.pte("portable").stat().st_mtime_ns != old_portable:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the lowering finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
     with pytest.raises(ArtifactError):

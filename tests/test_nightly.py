@@ -21,6 +21,7 @@ from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.artifacts import TEST_CACHE
 from tests.plugins.boards import provision_board, write_inventory
 from tests.plugins.browser import SCREENSHOTS
+from tests.plugins.processes import reaped
 
 SPECS = PROJECT_ROOT / "tests" / "data" / "specs"
 
@@ -219,19 +220,20 @@ def test_killed_nightly_resumes(local_board: Board, tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    database = tmp_path / "history.sqlite"
-    deadline = time.monotonic() + 600
-    recorded = 0
-    while time.monotonic() < deadline and process.poll() is None:
-        if database.exists():
-            with sqlite3.connect(database) as connection, contextlib.suppress(sqlite3.OperationalError):
-                recorded = connection.execute("select count(*) from runs").fetchone()[0]  # once the schema exists
-            if recorded:
-                break
-        time.sleep(0.05)
-    assert recorded == 1 and process.poll() is None, "expected to kill the nightly between its two cells"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    with reaped(process):
+        database = tmp_path / "history.sqlite"
+        deadline = time.monotonic() + 600
+        recorded = 0
+        while time.monotonic() < deadline and process.poll() is None:
+            if database.exists():
+                with sqlite3.connect(database) as connection, contextlib.suppress(sqlite3.OperationalError):
+                    recorded = connection.execute("select count(*) from runs").fetchone()[0]  # once the schema exists
+                if recorded:
+                    break
+            time.sleep(0.05)
+        assert recorded == 1 and process.poll() is None, "expected to kill the nightly between its two cells"
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
     with sqlite3.connect(database) as connection:
         assert connection.execute("pragma integrity_check").fetchone()[0] == "ok"

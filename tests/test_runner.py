@@ -19,6 +19,7 @@ import pytest
 from orchestrator.fsutil import TMP_PREFIX
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from orchestrator.versions import executorch_version
+from tests.plugins.processes import reaped
 from tests.plugins.runner import RUNNER_SOURCE_DIR, RunnerModels, build_runner, executorch_sdk_dir
 
 pytestmark = pytest.mark.slow
@@ -310,9 +311,10 @@ def test_a_crash_becomes_an_error_line_and_exit_code(runner_binary: Path, runner
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(1.5)  # loading a tiny program takes milliseconds; by now it is running iterations
-    process.send_signal(signal.SIGSEGV)
-    _, stderr = process.communicate(timeout=60)
+    with reaped(process):
+        time.sleep(1.5)  # loading a tiny program takes milliseconds; by now it is running iterations
+        process.send_signal(signal.SIGSEGV)
+        _, stderr = process.communicate(timeout=60)
     completed = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
     line = error_line(completed)
     # The runner alternates between setting inputs and executing; either phase has its own exit code.

@@ -522,6 +522,8 @@ def test_pull_recovers_when_the_link_drops_mid_stream(netns_board: NetnsBoard, t
     assert cut.is_set(), "the transfer finished before the link could be cut"
     assert (dest / "big.bin").read_bytes() == payload
     assert leftovers(dest.parent) == []
+    shutil.rmtree(netns_board.workdir_path / "bundles" / "big")  # pytest keeps recent temporary folders
+    shutil.rmtree(dest)
 
 
 # ---------------------------------------------------------------- hostile archives

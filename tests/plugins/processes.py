@@ -25,3 +25,11 @@ def reaped(process: subprocess.Popen) -> Iterator[subprocess.Popen]:
         if process.poll() is None:
             process.kill()
         process.wait()
+
+
+def pytest_configure(config: object) -> None:
+    # Tests send SIGINT as Ctrl+C would. A shell that starts the suite in the background (`cmd &`) ignores SIGINT,
+    # children inherit an ignored signal across exec, and Python then never raises KeyboardInterrupt: give the
+    # signal a handler here, which exec resets to the default in every child.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

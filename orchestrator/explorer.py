@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -305,7 +306,7 @@ def _spawn(host: str, port: int, config: dict[str, Any], url: str, focus: str | 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.explorer", str(config_path)],
+            [sys.executable, "-m", "orchestrator.explorer", str(config_path), str(os.getpid())],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -325,8 +326,10 @@ def _announce(url: str, host: str, port: int) -> None:
         console.info(f"over SSH? forward the port first:  ssh -L {port}:127.0.0.1:{port} {user}@{server}")
 
 
-def _serve(config_path: Path) -> None:
-    """Child process: load the config and serve until killed."""
+def _serve(config_path: Path, parent: int | None = None) -> None:
+    """Child process: load the config and serve until killed, or until `parent` (the etlab process) is gone."""
+    if parent is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     import model_explorer
 
     config = json.loads(Path(config_path).read_text())
@@ -344,5 +347,14 @@ def _serve(config_path: Path) -> None:
     )
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Child process: a parent that dies without stopping us (SIGKILL, a crash) must not leave the port taken."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    if os.getpgrp() == os.getpid():  # our own group (as _spawn starts us): take everything we started along
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    _serve(Path(sys.argv[1]))
+    _serve(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None)

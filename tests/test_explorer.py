@@ -32,6 +32,7 @@ from orchestrator.explorer import (
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.analysis import BundleCase, adapter_graphs, analyze, copy_bundle
 from tests.plugins.browser import SCREENSHOTS
+from tests.plugins.processes import reaped
 
 pytestmark = pytest.mark.slow  # lowers and runs real models (session fixtures)
 
@@ -204,6 +205,35 @@ def test_signal_during_startup_leaves_no_server(explored: BundleCase) -> None:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_a_killed_launcher_takes_its_server_with_it(explored: BundleCase) -> None:
+    port = free_port()
+    script = (
+        "from pathlib import Path; from orchestrator.explorer import launch_explorer; "
+        f"launch_explorer([Path({str(explored.model.pte)!r})], [], port={port}, open_browser=False)"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stderr=subprocess.PIPE, text=True)
+    with reaped(launcher):
+        assert launcher.stderr is not None
+        seen = ""
+        while "Model Explorer is ready" not in seen:
+            line = launcher.stderr.readline()
+            assert line, f"explore exited before it was ready: {seen}"
+            seen += line
+        assert get(f"http://127.0.0.1:{port}/check_health") == "model_explorer_ok"
+        launcher.kill()  # no chance to stop the server: it must notice on its own
+        launcher.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            get(f"http://127.0.0.1:{port}/check_health")
+        except OSError:
+            break
+        time.sleep(0.2)
+    with pytest.raises(OSError):
+        get(f"http://127.0.0.1:{port}/check_health")
+    ensure_port_free("127.0.0.1", port)
 
 
 def test_run_and_artifact_inputs_are_found(explored: BundleCase, tmp_path: Path) -> None:

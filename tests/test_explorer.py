@@ -153,25 +153,34 @@ def test_stop_ends_the_server_and_frees_the_port(explored: BundleCase, analysis_
     ensure_port_free("127.0.0.1", port)
 
 
+def explore_in_subprocess(models: list[Path], overlays: list[Path], port: int, **popen: Any) -> subprocess.Popen:
+    """`launch_explorer(...)` (blocking) in a child Python, as `fab explore` runs it."""
+    script = (
+        "from pathlib import Path; from orchestrator.explorer import launch_explorer; "
+        f"launch_explorer([Path(p) for p in {[str(m) for m in models]!r}], "
+        f"[Path(p) for p in {[str(o) for o in overlays]!r}], port={port}, open_browser=False)"
+    )
+    return subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, **popen)
+
+
+def wait_until_ready(launcher: subprocess.Popen) -> None:
+    assert launcher.stderr is not None
+    seen = ""
+    while "Model Explorer is ready" not in seen:  # steady state: serving and waiting
+        line = launcher.stderr.readline()
+        assert line, f"explore exited before it was ready: {seen}"
+        seen += line
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_blocking_explore_stops_cleanly_on_signal(
     explored: BundleCase, analysis_bundles: dict[str, BundleCase], signum: int
 ) -> None:
     models, overlays = models_and_overlays(explored, analysis_bundles)
     port = free_port()
-    script = (
-        "import sys; from pathlib import Path; from orchestrator.explorer import launch_explorer; "
-        f"launch_explorer([Path(p) for p in {[str(m) for m in models[2:]]!r}], "
-        f"[Path(p) for p in {[str(o) for o in overlays]!r}], port={port}, open_browser=False)"
-    )
-    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stderr=subprocess.PIPE, text=True)
-    try:
-        assert launcher.stderr is not None
-        seen = ""
-        while "Model Explorer is ready" not in seen:  # steady state: serving and waiting
-            line = launcher.stderr.readline()
-            assert line, f"explore exited before it was ready: {seen}"
-            seen += line
+    launcher = explore_in_subprocess(models[2:], overlays, port, stderr=subprocess.PIPE, text=True)
+    with reaped(launcher):
+        wait_until_ready(launcher)
         assert get(f"http://127.0.0.1:{port}/check_health") == "model_explorer_ok"
         launcher.send_signal(signum)
         assert launcher.wait(timeout=30) == 0
@@ -180,20 +189,12 @@ def test_blocking_explore_stops_cleanly_on_signal(
         with pytest.raises(OSError):
             get(f"http://127.0.0.1:{port}/check_health")
         ensure_port_free("127.0.0.1", port)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
 
 
 def test_signal_during_startup_leaves_no_server(explored: BundleCase) -> None:
     port = free_port()
-    script = (
-        "from pathlib import Path; from orchestrator.explorer import launch_explorer; "
-        f"launch_explorer([Path({str(explored.model.pte)!r})], [], port={port}, open_browser=False)"
-    )
-    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stderr=subprocess.DEVNULL)
-    try:
+    launcher = explore_in_subprocess([explored.model.pte], [], port, stderr=subprocess.DEVNULL)
+    with reaped(launcher):
         time.sleep(1.5)  # Model Explorer takes several seconds to come up
         launcher.send_signal(signal.SIGTERM)
         launcher.wait(timeout=30)
@@ -201,26 +202,13 @@ def test_signal_during_startup_leaves_no_server(explored: BundleCase) -> None:
         with pytest.raises(OSError):
             get(f"http://127.0.0.1:{port}/check_health")
         ensure_port_free("127.0.0.1", port)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
 
 
 def test_a_killed_launcher_takes_its_server_with_it(explored: BundleCase) -> None:
     port = free_port()
-    script = (
-        "from pathlib import Path; from orchestrator.explorer import launch_explorer; "
-        f"launch_explorer([Path({str(explored.model.pte)!r})], [], port={port}, open_browser=False)"
-    )
-    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stderr=subprocess.PIPE, text=True)
+    launcher = explore_in_subprocess([explored.model.pte], [], port, stderr=subprocess.PIPE, text=True)
     with reaped(launcher):
-        assert launcher.stderr is not None
-        seen = ""
-        while "Model Explorer is ready" not in seen:
-            line = launcher.stderr.readline()
-            assert line, f"explore exited before it was ready: {seen}"
-            seen += line
+        wait_until_ready(launcher)
         assert get(f"http://127.0.0.1:{port}/check_health") == "model_explorer_ok"
         launcher.kill()  # no chance to stop the server: it must notice on its own
         launcher.wait()

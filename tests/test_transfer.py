@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -11,6 +12,7 @@ import subprocess
 import tarfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,34 @@ def write_bundle(folder: Path, files: dict[str, bytes], *, manifest_files: dict 
 
 def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith(TMP_PREFIX)) if folder.exists() else []
+
+
+@contextlib.contextmanager
+def link_cut_once(netns_board: NetnsBoard, folder: Path, pattern: str) -> Iterator[threading.Event]:
+    """Blackhole the board's link for 5 s as soon as a file matching `pattern` in `folder` passes 4 MiB, so the
+    transfer under way fails (keepalives and tcp_user_timeout are 3 s) and must be retried. Yields the event
+    that says the cut happened."""
+    cut = threading.Event()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set() and not cut.is_set():
+            growing = list(folder.glob(pattern)) if folder.exists() else []
+            if any(p.stat().st_size > 4 << 20 for p in growing if p.exists()):
+                netns_board.blackhole()  # packets vanish: only timeouts and keepalives can notice
+                cut.set()
+                time.sleep(5.0)
+                netns_board.restore()
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield cut
+    finally:
+        done.set()
+        watcher.join()
+        netns_board.restore()
 
 
 @pytest.fixture
@@ -245,28 +275,11 @@ def test_push_recovers_when_the_link_drops_mid_write(netns_board: NetnsBoard, tm
     size = 48 << 20
     model, digest = make_model(tmp_path, size)
     models = netns_board.workdir_path / "models"
-    cut = threading.Event()
-    done = threading.Event()
-
-    def cut_mid_write() -> None:
-        while not done.is_set() and not cut.is_set():
-            temps = list(models.glob(f"{TMP_PREFIX}*")) if models.exists() else []
-            if any(p.stat().st_size > 4 << 20 for p in temps if p.exists()):
-                netns_board.blackhole()  # packets vanish: only TCP_USER_TIMEOUT can notice
-                cut.set()
-                time.sleep(5.0)  # longer than tcp_user_timeout (3 s): the first attempt must fail
-                netns_board.restore()
-            time.sleep(0.002)
-
-    cutter = threading.Thread(target=cut_mid_write)
-    cutter.start()
-    try:
-        with connect(netns_board.board.replace(bulk_transfer=bulk)) as conn:
-            result = push_file(conn, model, sha256=digest, retry=RetryPolicy(attempts=8, initial_wait=1.0))
-    finally:
-        done.set()
-        cutter.join()
-        netns_board.restore()
+    with (
+        link_cut_once(netns_board, models, f"{TMP_PREFIX}*") as cut,
+        connect(netns_board.board.replace(bulk_transfer=bulk)) as conn,
+    ):
+        result = push_file(conn, model, sha256=digest, retry=RetryPolicy(attempts=8, initial_wait=1.0))
     assert cut.is_set(), "the transfer finished before the link could be cut"
     assert result.attempts >= 2
     assert sha((models / f"{digest}.pte").read_bytes()) == digest
@@ -497,28 +510,11 @@ def test_pull_recovers_when_the_link_drops_mid_stream(netns_board: NetnsBoard, t
     payload = os.urandom(48 << 20)
     write_bundle(netns_board.workdir_path / "bundles" / "big", {"big.bin": payload})
     dest = tmp_path / "results" / "big"
-    cut = threading.Event()
-    done = threading.Event()
-
-    def cut_mid_stream() -> None:
-        while not done.is_set() and not cut.is_set():
-            parts = list(dest.parent.glob(f"{TMP_PREFIX}*/big.bin")) if dest.parent.exists() else []
-            if any(p.stat().st_size > 4 << 20 for p in parts if p.exists()):
-                netns_board.blackhole()
-                cut.set()
-                time.sleep(5.0)  # longer than the keepalives allow (3 s): the first attempt must fail
-                netns_board.restore()
-            time.sleep(0.002)
-
-    cutter = threading.Thread(target=cut_mid_stream)
-    cutter.start()
-    try:
-        with connect(netns_board.board.replace(bulk_transfer=bulk)) as conn:
-            pull_bundle(conn, "~/.etlab/bundles/big", dest, retry=RetryPolicy(attempts=8, initial_wait=1.0))
-    finally:
-        done.set()
-        cutter.join()
-        netns_board.restore()
+    with (
+        link_cut_once(netns_board, dest.parent, f"{TMP_PREFIX}*/big.bin") as cut,
+        connect(netns_board.board.replace(bulk_transfer=bulk)) as conn,
+    ):
+        pull_bundle(conn, "~/.etlab/bundles/big", dest, retry=RetryPolicy(attempts=8, initial_wait=1.0))
     assert cut.is_set(), "the transfer finished before the link could be cut"
     assert (dest / "big.bin").read_bytes() == payload
     assert leftovers(dest.parent) == []

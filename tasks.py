@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fabric import task
 
-from orchestrator.cli import handle_errors, run_params, select_boards
+from orchestrator.commands.common import handle_errors, run_params, select_boards
 
 SELECT_HELP = {
     "board": "comma-separated board names (default: the inventory's `default` group, else `local`)",
@@ -36,9 +36,9 @@ RUN_HELP = {
 @handle_errors
 def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False):
     """Export a model and lower it to portable and/or XNNPACK .pte files under artifacts/<name>/."""
-    from orchestrator import lowering
-    from orchestrator.artifacts import parse_backends
-    from orchestrator.spec import resolve_spec
+    from orchestrator.lowering import lower as lowering
+    from orchestrator.lowering.artifacts import parse_backends
+    from orchestrator.lowering.spec import resolve_spec
 
     result = lowering.lower(
         resolve_spec(model, spec), backends=parse_backends(backend), weights=weights, etrecord=etrecord, force=force
@@ -50,7 +50,7 @@ def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", 
 @handle_errors
 def setup_board(c, board=None, group=None, tag=None, inventory=None, force=False):
     """Provision boards: push the runtime and board/, build the runner on the board, verify it."""
-    from orchestrator import board_tasks
+    from orchestrator.commands import board as board_tasks
 
     return board_tasks.setup_boards(select_boards(inventory, board, group, tag), force=force)
 
@@ -59,9 +59,9 @@ def setup_board(c, board=None, group=None, tag=None, inventory=None, force=False
 @handle_errors
 def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None):
     """Push lowered .pte files (content-addressed, verified) and their reference inputs to boards."""
-    from orchestrator import board_tasks
-    from orchestrator.artifacts import parse_backends
-    from orchestrator.spec import resolve_spec
+    from orchestrator.commands import board as board_tasks
+    from orchestrator.lowering.artifacts import parse_backends
+    from orchestrator.lowering.spec import resolve_spec
 
     artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
     return board_tasks.push(select_boards(inventory, board, group, tag), artifacts)
@@ -73,9 +73,9 @@ def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, ta
 def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
         iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
-    from orchestrator import board_tasks
-    from orchestrator.artifacts import parse_backends
-    from orchestrator.spec import resolve_spec
+    from orchestrator.commands import board as board_tasks
+    from orchestrator.lowering.artifacts import parse_backends
+    from orchestrator.lowering.spec import resolve_spec
 
     artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
     params = run_params(iterations, warmup, threads, max_seconds, timeout)
@@ -86,7 +86,7 @@ def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag
 @handle_errors
 def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=None):
     """Pull result bundles (verified against their manifests) into results/<board>/<model>/<backend>/<run-id>/."""
-    from orchestrator import board_tasks
+    from orchestrator.commands import board as board_tasks
 
     return board_tasks.pull(select_boards(inventory, board, group, tag), run_id=run, latest=latest)
 
@@ -96,7 +96,7 @@ def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=
 @handle_errors
 def analyze(c, run=None, latest=False, bundle=None):
     """Per-operator statistics, summary.json, validity and Model Explorer overlays for a pulled run."""
-    from orchestrator import result_tasks
+    from orchestrator.commands import results as result_tasks
 
     return result_tasks.analyze(run, latest=latest, bundle=bundle)
 
@@ -107,7 +107,7 @@ def analyze(c, run=None, latest=False, bundle=None):
 @handle_errors
 def explore(c, run=None, model=None, host="127.0.0.1", port=8081, no_browser=False):
     """Open Model Explorer with the .pt2, both .pte files and the run's cost overlays."""
-    from orchestrator import result_tasks
+    from orchestrator.commands import results as result_tasks
 
     return result_tasks.explore(run, model=model, host=host, port=int(port), open_browser=not no_browser)
 
@@ -116,7 +116,7 @@ def explore(c, run=None, model=None, host="127.0.0.1", port=8081, no_browser=Fal
 @handle_errors
 def compare(c, run_a, run_b):
     """Per-operator and total deltas between two runs, a noise-aware verdict, and a diff overlay."""
-    from orchestrator import result_tasks
+    from orchestrator.commands import results as result_tasks
 
     return result_tasks.compare(run_a, run_b)
 
@@ -125,8 +125,8 @@ def compare(c, run_a, run_b):
 @handle_errors
 def boards(c, board=None, group=None, tag=None, inventory=None):
     """The inventory as a table: reachable, architecture, board model, runtime, lock holder, temperature."""
-    from orchestrator import board_tasks
-    from orchestrator.inventory import load_inventory
+    from orchestrator.boards.inventory import load_inventory
+    from orchestrator.commands import board as board_tasks
 
     selected = select_boards(inventory, board, group, tag) if (board or group or tag) else None
     return board_tasks.boards_table(selected or list(load_inventory(inventory).boards.values()))
@@ -136,7 +136,7 @@ def boards(c, board=None, group=None, tag=None, inventory=None):
 @handle_errors
 def gc(c, keep=20, board=None, group=None, tag=None, inventory=None):
     """Free space on boards: old bundles, leftovers, models no kept bundle uses."""
-    from orchestrator import board_tasks
+    from orchestrator.commands import board as board_tasks
 
     return board_tasks.gc(select_boards(inventory, board, group, tag), int(keep))
 
@@ -151,9 +151,9 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
                        iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
                        no_explore=False, no_browser=False, port=8081):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
-    from orchestrator.artifacts import parse_backends
-    from orchestrator.pipeline import deploy_and_profile as chain
-    from orchestrator.spec import resolve_spec
+    from orchestrator.deploy.pipeline import deploy_and_profile as chain
+    from orchestrator.lowering.artifacts import parse_backends
+    from orchestrator.lowering.spec import resolve_spec
 
     return chain(
         resolve_spec(model, spec),
@@ -174,6 +174,6 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
 @handle_errors
 def nightly(c, inventory=None, night=None, history=None, reports=None):
     """Run the nightly matrix, record it, flag real regressions, write reports. Exit 0 ok, 1 regression, 2 infra."""
-    from orchestrator.cli import nightly_job
+    from orchestrator.commands.common import nightly_job
 
     return nightly_job(inventory, night, history, reports)

@@ -19,16 +19,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator import console, lowering
-from orchestrator.analysis import analyze_bundle
-from orchestrator.artifacts import Artifact, load_artifact
-from orchestrator.connection import connect
-from orchestrator.inventory import load_inventory
+from orchestrator import console
+from orchestrator.boards.inventory import load_inventory
+from orchestrator.deploy.provision import setup_board
+from orchestrator.deploy.runs import RunParams, profile, pull, push_artifact
+from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.artifacts import Artifact, load_artifact
+from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.paths import state_dir
-from orchestrator.profiling import RunParams, profile, pull, push_artifact
-from orchestrator.provision import setup_board
-from orchestrator.results import list_runs, new_run_id
-from orchestrator.spec import BUILTIN_SPECS
+from orchestrator.results.analysis import analyze_bundle
+from orchestrator.results.store import list_runs, new_run_id
+from orchestrator.transport import connect
 
 TARGET_S = 5.0
 

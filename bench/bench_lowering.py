@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = """
 import json, resource, sys, time
 started = time.perf_counter()
-from orchestrator import lowering
-from orchestrator.spec import BUILTIN_SPECS
+from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.spec import BUILTIN_SPECS
 result = lowering.lower(BUILTIN_SPECS[sys.argv[1]], backends=[sys.argv[2]], weights="random", force=True)
 item = result.backends[sys.argv[2]]
 print(json.dumps({

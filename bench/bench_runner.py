@@ -36,9 +36,9 @@ RATIOS = [("native / python", "native", "python", 1.0), ("etdump / native", "nat
 
 def distilbert_xnnpack() -> tuple[Path, Path]:
     """Full-size DistilBERT (random weights) lowered by `fab lower` (cached in artifacts/): .pte and its inputs."""
-    from orchestrator import lowering
-    from orchestrator.artifacts import load_artifact
-    from orchestrator.spec import BUILTIN_SPECS
+    from orchestrator.lowering import lower as lowering
+    from orchestrator.lowering.artifacts import load_artifact
+    from orchestrator.lowering.spec import BUILTIN_SPECS
 
     lowering.lower(BUILTIN_SPECS["distilbert"], backends=["xnnpack"], weights="random")
     artifact = load_artifact("distilbert", "xnnpack")
@@ -47,9 +47,9 @@ def distilbert_xnnpack() -> tuple[Path, Path]:
 
 def local_board_runner() -> Path:
     """The runner `setup-board` built for the local board (provisioned if needed)."""
-    from orchestrator.connection import connect
-    from orchestrator.inventory import load_inventory
-    from orchestrator.provision import setup_board
+    from orchestrator.boards.inventory import load_inventory
+    from orchestrator.deploy.provision import setup_board
+    from orchestrator.transport import connect
 
     with connect(load_inventory().boards["local"]) as conn:
         setup_board(conn)

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.analysis import analyze_bundle, load_summary, profile_etdump, render_top_ops
 from orchestrator.errors import AnalysisError
-from orchestrator.etdump import parse_etdump, read_etdump, read_program_plan
 from orchestrator.fsutil import sha256_file
+from orchestrator.results.analysis import analyze_bundle, load_summary, profile_etdump, render_top_ops
+from orchestrator.results.etdump import parse_etdump, read_etdump, read_program_plan
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.plugins.analysis import (
     RUNNER_KEYS,
@@ -128,7 +128,7 @@ def test_per_op_figures_agree_with_inspector(all_bundles: dict[str, BundleCase],
 
 
 def profile_distribution(samples: np.ndarray):
-    from orchestrator.stats import distribution
+    from orchestrator.results.stats import distribution
 
     return distribution(samples)
 

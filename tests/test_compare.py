@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.compare import CompareError, compare_runs, render_comparison
-from orchestrator.stats import compare_samples, distribution
+from orchestrator.results.compare import CompareError, compare_runs, render_comparison
+from orchestrator.results.stats import compare_samples, distribution
 from tests.plugins.analysis import (
     BundleCase,
     TinyModel,

@@ -12,19 +12,19 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from orchestrator.connection import (
+from orchestrator.boards.inventory import Board
+from orchestrator.errors import BoardError, HostKeyError
+from orchestrator.transport import (
     AuthError,
     CommandError,
     CommandTimeout,
     LinkError,
-    LocalConnection,
-    SshConnection,
     connect,
     is_transient,
 )
-from orchestrator.errors import BoardError, HostKeyError
-from orchestrator.hostkeys import KnownHosts, host_id
-from orchestrator.inventory import Board
+from orchestrator.transport.hostkeys import KnownHosts, host_id
+from orchestrator.transport.local import LocalConnection
+from orchestrator.transport.ssh import SshConnection
 from tests.plugins.sshd import NetnsBoard, SshdBoard, SshdLab, keygen
 
 NASTY = [

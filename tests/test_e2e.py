@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.inventory import Board
-from orchestrator.lowering import LoweringResult
+from orchestrator.boards.inventory import Board
+from orchestrator.lowering.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory

@@ -18,7 +18,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.explorer import (
+from orchestrator.paths import PROJECT_ROOT
+from orchestrator.results.explorer import (
     PTE_ADAPTER,
     ExplorerError,
     ExplorerHandle,
@@ -29,7 +30,6 @@ from orchestrator.explorer import (
     launch_explorer,
     run_overlays,
 )
-from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.analysis import BundleCase, adapter_graphs, analyze, copy_bundle
 from tests.plugins.browser import SCREENSHOTS
 from tests.plugins.processes import reaped
@@ -156,7 +156,7 @@ def test_stop_ends_the_server_and_frees_the_port(explored: BundleCase, analysis_
 def explore_in_subprocess(models: list[Path], overlays: list[Path], port: int, **popen: Any) -> subprocess.Popen:
     """`launch_explorer(...)` (blocking) in a child Python, as `fab explore` runs it."""
     script = (
-        "from pathlib import Path; from orchestrator.explorer import launch_explorer; "
+        "from pathlib import Path; from orchestrator.results.explorer import launch_explorer; "
         f"launch_explorer([Path(p) for p in {[str(m) for m in models]!r}], "
         f"[Path(p) for p in {[str(o) for o in overlays]!r}], port={port}, open_browser=False)"
     )

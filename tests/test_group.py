@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.bundle import MANIFEST
-from orchestrator.connection import connect
+from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage, summarize
+from orchestrator.boards.inventory import Board
 from orchestrator.errors import ExitCode
-from orchestrator.group import BoardOutcome, exit_code, fan_out, stage, summarize
-from orchestrator.inventory import Board
-from orchestrator.transfer import pull_bundle, push_file
+from orchestrator.results.bundle import MANIFEST
+from orchestrator.transport import connect
+from orchestrator.transport.transfer import pull_bundle, push_file
 from tests.plugins.sshd import SshdBoard
 
 

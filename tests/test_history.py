@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-from orchestrator.history import History, RunRecord
+from orchestrator.lab.history import History, RunRecord
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import paths
+from orchestrator.boards.inventory import Board, Inventory, load_inventory, parse_inventory
 from orchestrator.errors import InventoryError, UsageError
-from orchestrator.inventory import Board, Inventory, load_inventory, parse_inventory
 
 GOOD = """\
 defaults:

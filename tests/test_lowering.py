@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator import lowering
-from orchestrator.artifacts import ArtifactPaths, load_artifact, parse_backends, sidecar_problem
 from orchestrator.errors import ArtifactError, SpecError, UsageError
 from orchestrator.fsutil import remove_stale_temporaries, sha256_file
-from orchestrator.lowering import LoweringResult
+from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact, parse_backends, sidecar_problem
+from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.spec import BUILTIN_SPECS, load_spec_file
 from orchestrator.paths import PROJECT_ROOT
-from orchestrator.spec import BUILTIN_SPECS, load_spec_file
 from orchestrator.tensorfile import read_tensors
 from tests.plugins.artifacts import TINY_MODELS
 from tests.plugins.processes import reaped
@@ -115,7 +115,7 @@ def test_reference_inputs_are_padded_and_masked(tiny_artifacts: dict[str, Loweri
 
 
 def test_fill_mask_selects_the_mask_position() -> None:
-    from orchestrator.models import build_random, load_model, reference_inputs
+    from orchestrator.lowering.models import build_random, load_model, reference_inputs
 
     spec = BUILTIN_SPECS["distilbert-tiny"]
     wrapped = load_model(spec, "random").module
@@ -126,7 +126,7 @@ def test_fill_mask_selects_the_mask_position() -> None:
 
 
 def test_causal_lm_selects_last_real_token() -> None:
-    from orchestrator.models import build_random, load_model, reference_inputs
+    from orchestrator.lowering.models import build_random, load_model, reference_inputs
 
     spec = BUILTIN_SPECS["gpt2-tiny"]
     inputs = [torch.from_numpy(t.array) for t in reference_inputs(spec, 1000)]
@@ -266,7 +266,7 @@ def test_user_spec_with_local_pretrained_weights(tmp_path: Path) -> None:
 
 
 def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.models import load_model
+    from orchestrator.lowering.models import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     spec = BUILTIN_SPECS["distilbert"].__class__(
@@ -278,7 +278,7 @@ def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_pretrained_unavailable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.models import load_model
+    from orchestrator.lowering.models import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     spec = BUILTIN_SPECS["distilbert"].__class__(

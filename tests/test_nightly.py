@@ -14,9 +14,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from orchestrator.history import History, RunRecord
-from orchestrator.inventory import Board
-from orchestrator.nightly import judge
+from orchestrator.boards.inventory import Board
+from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.nightly import judge
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.artifacts import TEST_CACHE
 from tests.plugins.boards import provision_board, write_inventory

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import provision
-from orchestrator.agent_client import BoardAgent
-from orchestrator.connection import connect
+from orchestrator.boards.inventory import Board
+from orchestrator.deploy import provision
+from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.errors import BoardError
-from orchestrator.inventory import Board
+from orchestrator.transport import connect
 from orchestrator.versions import executorch_version
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.spec import BUILTIN_SPECS, load_spec_file, resolve_spec
+from orchestrator.lowering.spec import BUILTIN_SPECS, load_spec_file, resolve_spec
 
 
 def write_spec(tmp_path: Path, data: object, raw: str | None = None) -> Path:

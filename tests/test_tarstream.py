@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.tarstream import BLOCK, Member, TarFormatError, TarReader, _number
+from orchestrator.transport.tarstream import BLOCK, Member, TarFormatError, TarReader, _number
 
 LONG_FOLDER = "f" * 120 + "/" + "g" * 120  # needs the ustar prefix or a long-name extension
 LONG_NAME = "n" * 150 + ".bin"  # longer than ustar's 100-byte name field even with a prefix

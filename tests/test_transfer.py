@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import console, transfer
-from orchestrator.bundle import MANIFEST
-from orchestrator.connection import BULK_FROM, AuthError, CommandResult, LinkError, SshConnection, connect
+from orchestrator import console
+from orchestrator.boards.inventory import Board
 from orchestrator.errors import BundleError, EtlabError, HostKeyError, TransferError
 from orchestrator.fsutil import TMP_PREFIX
-from orchestrator.inventory import Board
-from orchestrator.transfer import (
+from orchestrator.results.bundle import MANIFEST
+from orchestrator.transport import AuthError, CommandResult, LinkError, connect, transfer
+from orchestrator.transport.ssh import BULK_FROM, SshConnection
+from orchestrator.transport.transfer import (
     RetryPolicy,
     extract_tar_stream,
     pull_bundle,

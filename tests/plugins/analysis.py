@@ -2,7 +2,7 @@
 
 `make_bundle` is the one place that produces a bundle: it lowers a tiny real model with ExecuTorch and runs it
 with ExecuTorch's Python runtime (ETDump on), then writes the bundle files the board agent writes (layout in
-docs/DESIGN.md). It can later be swapped for orchestrator.lowering plus the native runner and agent.
+docs/DESIGN.md). It can later be swapped for orchestrator.lowering.lower plus the native runner and agent.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class TinyModel:
 
     @classmethod
     def from_artifact(cls, artifact: Any) -> TinyModel:
-        """A model lowered by the real pipeline (orchestrator.lowering)."""
+        """A model lowered by the real pipeline (orchestrator.lowering.lower)."""
         paths = artifact.paths
         return cls(
             artifact.model.removesuffix("-tiny"), artifact.backend, artifact.pte, artifact.sidecar,
@@ -168,7 +168,7 @@ def copy_bundle(bundle: BundleCase, destination: Path) -> BundleCase:
 
 
 def analyze(case: BundleCase):
-    from orchestrator.analysis import analyze_bundle
+    from orchestrator.results.analysis import analyze_bundle
 
     model = case.model
     return analyze_bundle(case.path, pte=model.pte, sidecar=model.sidecar, reference_outputs=model.reference_outputs)
@@ -211,7 +211,7 @@ def edit_json(path: Path, **changes: object) -> None:
 @pytest.fixture(scope="session")
 def analysis_models(tiny_artifacts: dict[str, Any]) -> dict[str, TinyModel]:
     """Tiny models keyed "distilbert_xnnpack", "distilbert_portable", "gpt2_xnnpack", lowered by the real pipeline."""
-    from orchestrator.artifacts import load_artifact
+    from orchestrator.lowering.artifacts import load_artifact
     from tests.plugins.artifacts import ARTIFACT_CACHE
 
     keys = (("distilbert", "xnnpack"), ("distilbert", "portable"), ("gpt2", "xnnpack"))
@@ -251,10 +251,10 @@ def runner_bundles(
     local_board: Any, tiny_artifacts: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, BundleCase]:
     """Bundles from the real path: the native runner, through the agent, on the local board, pulled back."""
-    from orchestrator.artifacts import load_artifact
-    from orchestrator.connection import connect
-    from orchestrator.profiling import RunParams, profile, pull, push_artifact
-    from orchestrator.results import new_run_id
+    from orchestrator.deploy.runs import RunParams, profile, pull, push_artifact
+    from orchestrator.lowering.artifacts import load_artifact
+    from orchestrator.results.store import new_run_id
+    from orchestrator.transport import connect
     from tests.plugins.artifacts import ARTIFACT_CACHE
 
     root = tmp_path_factory.mktemp("runner-bundles")

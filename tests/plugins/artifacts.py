@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import lowering
-from orchestrator.lowering import LoweringResult
+from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.paths import PROJECT_ROOT
-from orchestrator.spec import BUILTIN_SPECS
 
 TEST_CACHE = PROJECT_ROOT / ".etlab" / "test-cache"
 ARTIFACT_CACHE = TEST_CACHE / "artifacts"

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import provision
-from orchestrator.connection import connect
-from orchestrator.inventory import Board
+from orchestrator.boards.inventory import Board
+from orchestrator.deploy import provision
+from orchestrator.transport import connect
 
 
 def provision_board(board: Board) -> provision.ProvisionReport:

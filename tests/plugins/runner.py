@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.lowering import LoweringResult
+from orchestrator.lowering.lower import LoweringResult
 from orchestrator.paths import BOARD_SOURCE_DIR, state_dir
 from orchestrator.tensorfile import NamedTensor, read_tensors
 from orchestrator.versions import installed
@@ -121,8 +121,8 @@ def runner_models_from(result: LoweringResult) -> RunnerModels:
     """The tiny DistilBERT the real lowering produced, plus the eager outputs for the runner's generated inputs."""
     import torch
 
-    from orchestrator.models import load_model
-    from orchestrator.spec import BUILTIN_SPECS
+    from orchestrator.lowering.models import load_model
+    from orchestrator.lowering.spec import BUILTIN_SPECS
 
     paths = result.paths
     inputs = read_tensors(paths.reference_inputs)

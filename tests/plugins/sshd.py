@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.inventory import Board
+from orchestrator.boards.inventory import Board
 
 SSHD = Path("/usr/sbin/sshd")
 _START_TIMEOUT = 15.0

@@ -1,0 +1,99 @@
+"""Fan-out: run one function per board in threads; a board that fails is recorded and never stops the others."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from orchestrator import console
+from orchestrator.boards.inventory import Board
+from orchestrator.errors import EtlabError, ExitCode
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class BoardOutcome(Generic[_T]):
+    board: Board
+    ok: bool
+    value: _T | None
+    error: str | None  # one line for the summary table; `exception` has the whole story
+    stage: str | None  # the stage the board was in when it failed, if known
+    duration: float
+    exception: BaseException | None = None
+
+
+_STAGE_ATTRIBUTE = "_etlab_stage"
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Mark a stage of one board's work (e.g. "push"): an error raised inside is reported with it."""
+    try:
+        yield
+    except Exception as exc:
+        if getattr(exc, _STAGE_ATTRIBUTE, None) is None:  # the innermost stage names the failure
+            with contextlib.suppress(AttributeError):
+                setattr(exc, _STAGE_ATTRIBUTE, name)
+        raise
+
+
+def _run_one(board: Board, fn: Callable[[Board], _T]) -> BoardOutcome[_T]:
+    started = time.monotonic()
+    try:
+        value = fn(board)
+    except Exception as exc:
+        failed_stage = getattr(exc, _STAGE_ATTRIBUTE, None)
+        return BoardOutcome(board, False, None, _reason(exc), failed_stage, time.monotonic() - started, exc)
+    return BoardOutcome(board, True, value, None, None, time.monotonic() - started)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    # Errors meant for users carry their own words; anything else is a bug and shows its type.
+    return line if isinstance(exc, EtlabError) and line else f"{type(exc).__name__}: {line}".rstrip(": ")
+
+
+def fan_out(
+    boards: Sequence[Board], fn: Callable[[Board], _T], *, max_workers: int | None = None
+) -> list[BoardOutcome[_T]]:
+    """Run `fn(board)` for every board in parallel threads; outcomes come back in the order of `boards`."""
+    if not boards:
+        return []
+    workers = max_workers or min(len(boards), 32)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="etlab-board")
+    try:
+        futures = [pool.submit(_run_one, board, fn) for board in boards]
+        return [future.result() for future in futures]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # e.g. Ctrl-C: start no more boards
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def summarize(outcomes: Sequence[BoardOutcome[Any]], *, title: str = "Boards") -> None:
+    """Print the per-board summary table (board, status, stage, time, reason)."""
+    rows = [
+        (
+            outcome.board.name,
+            "ok" if outcome.ok else "FAILED",
+            outcome.stage,
+            round(outcome.duration, 2),
+            outcome.error,
+        )
+        for outcome in outcomes
+    ]
+    failed = sum(not outcome.ok for outcome in outcomes)
+    caption = f"{len(outcomes) - failed} ok, {failed} failed" if outcomes else "no boards"
+    console.table(title, ["board", "status", "stage", "seconds", "reason"], rows, caption=caption)
+
+
+def exit_code(outcomes: Sequence[BoardOutcome[Any]]) -> int:
+    """0 when every board succeeded, ExitCode.FAILED when any failed."""
+    return ExitCode.OK if all(outcome.ok for outcome in outcomes) else ExitCode.FAILED

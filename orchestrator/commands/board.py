@@ -1,0 +1,207 @@
+"""Single steps across the selected boards: setup-board, push, run, pull, boards, gc.
+
+Each fans out over boards in parallel, prints a per-board table, and returns the exit code
+(non-zero when any board failed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator import console
+from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage, summarize
+from orchestrator.boards.inventory import Board
+from orchestrator.deploy.agent_client import BoardAgent
+from orchestrator.deploy.runs import RunParams, profile, push_artifact
+from orchestrator.lowering.artifacts import Artifact, load_artifact
+from orchestrator.results.store import bundle_dest, new_run_id
+from orchestrator.transport import connect
+from orchestrator.transport.transfer import pull_bundle
+
+
+def _summarize_failures(outcomes: Sequence[BoardOutcome[Any]], title: str) -> int:
+    """The per-board status table, shown when a board failed (the result table already covers success)."""
+    if not all(o.ok for o in outcomes):
+        summarize(outcomes, title=f"{title}: per board")
+    return exit_code(outcomes)
+
+
+def _finish(outcomes: Sequence[BoardOutcome[Any]], title: str, columns: list[str], row: Any) -> int:
+    rows = [[o.board.name, *row(o.value)] for o in outcomes if o.ok]
+    if rows:
+        console.table(title, ["board", *columns], rows)
+    return _summarize_failures(outcomes, title)
+
+
+def setup_boards(boards: Sequence[Board], *, force: bool = False) -> int:
+    from orchestrator.deploy.provision import setup_board
+
+    def one(board: Board) -> Any:
+        with stage("connect"), connect(board) as conn, stage("setup"):
+            return setup_board(conn, force=force)
+
+    outcomes = fan_out(boards, one)
+    return _finish(
+        outcomes,
+        "setup-board",
+        ["arch", "executorch", "runner", "result", "seconds"],
+        lambda r: [r.arch, r.executorch_version, r.runner_version,
+                   "already up to date: nothing to do" if r.up_to_date else "; ".join(r.actions), round(r.seconds, 2)],
+    )  # fmt: skip
+
+
+def push(boards: Sequence[Board], artifacts: Sequence[Artifact]) -> int:
+    def one(board: Board) -> list[Any]:
+        rows = []
+        with stage("connect"), connect(board) as conn, stage("push"), console.transfer_progress() as progress:
+            for artifact in artifacts:
+                pushed = push_artifact(conn, artifact, progress)
+                rate = pushed.model.mib_per_s
+                rows.append((artifact.backend, pushed.model.remote_path, pushed.model.skipped, rate))
+        return rows
+
+    outcomes = fan_out(boards, one)
+    rows = [
+        [o.board.name, backend, path, "already there" if skipped else "pushed", round(rate, 1) if rate else None]
+        for o in outcomes
+        if o.ok
+        for backend, path, skipped, rate in o.value or []
+    ]
+    if rows:
+        console.table("push", ["board", "backend", "on the board", "result", "MiB/s"], rows)
+    return _summarize_failures(outcomes, "push")
+
+
+def run(boards: Sequence[Board], artifacts: Sequence[Artifact], params: RunParams) -> int:
+    """Profile the (pushed) models; bundles stay on the boards until `pull`."""
+
+    def one(board: Board) -> list[Any]:
+        rows = []
+        with stage("connect"), connect(board) as conn:
+            for artifact in artifacts:
+                with stage("push"):
+                    pushed = push_artifact(conn, artifact)  # a no-op when the board holds it already
+                with stage("run"):
+                    remote = profile(conn, artifact, pushed, params, new_run_id())
+                rows.append((artifact.backend, remote))
+        if any(r.status != "ok" for _, r in rows):
+            failed = next(r for _, r in rows if r.status != "ok")
+            raise RunFailed(f"runner {failed.status} for {failed.run_id}: {failed.error}", rows)
+        return rows
+
+    outcomes = fan_out(boards, one)
+    rows = []
+    for o in outcomes:
+        results = o.value if o.ok else getattr(o.exception, "rows", [])
+        rows += [[o.board.name, backend, r.run_id, r.status, r.error] for backend, r in results or []]
+    if rows:
+        console.table("run", ["board", "backend", "run id", "status", "error"], rows, caption="next: fab pull")
+    return _summarize_failures(outcomes, "run")
+
+
+class RunFailed(Exception):
+    def __init__(self, message: str, rows: list[Any]) -> None:
+        super().__init__(message)
+        self.rows = rows
+
+
+def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = False) -> int:
+    """Pull bundles not yet on the workstation (all of them, the latest one, or one run id)."""
+
+    def one(board: Board) -> list[Path]:
+        pulled = []
+        with stage("connect"), connect(board) as conn:
+            entries = BoardAgent(conn, conn.workdir).bundles()
+            if run_id:
+                entries = [e for e in entries if e["run_id"] == run_id or e["run_id"].startswith(run_id)]
+            elif latest:
+                entries = entries[:1]
+            with stage("pull"):
+                for entry in entries:
+                    # Placed by the labels the bundle carries; a bundle already on the workstation is skipped.
+                    labels = entry.get("labels") or {}
+                    model, backend = labels.get("model", "unknown-model"), labels.get("backend", "unknown-backend")
+                    dest = bundle_dest(board.name, model, backend, entry["run_id"])
+                    if not dest.exists():
+                        pulled.append(pull_bundle(conn, f"{conn.workdir}/bundles/{entry['run_id']}", dest))
+        return pulled
+
+    outcomes = fan_out(boards, one)
+    rows = [[o.board.name, str(path)] for o in outcomes if o.ok for path in o.value or []]
+    if rows:
+        console.table("pull", ["board", "bundle"], rows)
+    else:
+        console.plain("nothing new to pull", stderr=False)
+    return _summarize_failures(outcomes, "pull")
+
+
+def boards_table(boards: Sequence[Board]) -> int:
+    """What each board is and how it is doing: reachable, arch, model, runtime, lock, temperature, governor."""
+    from orchestrator.deploy.provision import probe
+
+    def one(board: Board) -> dict[str, Any]:
+        with stage("connect"), connect(board) as conn:
+            facts = probe(conn, conn.workdir)
+            info: dict[str, Any] = {}
+            if facts.get("agent_present") and facts.get("state"):
+                info = BoardAgent(conn, conn.workdir).info()
+            return {"facts": facts, "info": info}
+
+    outcomes = fan_out(boards, one)
+    rows = []
+    for o in outcomes:
+        if not o.ok:
+            rows.append([o.board.name, o.board.address, "no: " + (o.error or ""), None, None, None, None, None, None])
+            continue
+        facts, info = o.value["facts"], o.value["info"]
+        lock = info.get("lock") or {}
+        holder = lock.get("holder") if isinstance(lock, dict) else None
+        runtime = (facts.get("state") or {}).get("executorch_version") or "not provisioned"
+        rows.append(
+            [
+                o.board.name,
+                o.board.address,
+                "yes",
+                facts.get("arch"),
+                info.get("model") or "—",
+                runtime,
+                _holder_text(holder),
+                info.get("temperature_c"),
+                info.get("governor"),
+            ]
+        )
+    console.table(
+        "boards",
+        ["board", "address", "reachable", "arch", "board model", "runtime", "lock", "temp °C", "governor"],
+        rows,
+    )
+    return exit_code(outcomes)
+
+
+def _holder_text(holder: Any) -> str:
+    if not holder:
+        return "free"
+    if isinstance(holder, dict):
+        origin = holder.get("client") or holder.get("hostname", "?")
+        return f"{holder.get('run_id', '?')} ({holder.get('user', '?')}@{origin})"
+    return str(holder)
+
+
+def gc(boards: Sequence[Board], keep: int) -> int:
+    def one(board: Board) -> dict[str, Any]:
+        with stage("connect"), connect(board) as conn, stage("gc"):
+            return BoardAgent(conn, conn.workdir).gc(keep)
+
+    outcomes = fan_out(boards, one)
+    return _finish(
+        outcomes,
+        "gc",
+        ["removed", "freed MB"],
+        lambda r: [len(r.get("removed", [])), round(r.get("freed_bytes", 0) / 1e6, 1)],
+    )
+
+
+def artifacts_for(model: str, backends: Sequence[str]) -> list[Artifact]:
+    return [load_artifact(model, backend) for backend in backends]

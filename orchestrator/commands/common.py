@@ -1,0 +1,98 @@
+"""Glue between Fabric tasks and the library: turn errors into messages and meaningful exit codes."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from invoke.exceptions import Exit
+
+from orchestrator import console
+from orchestrator.errors import EtlabError, ExitCode, UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def split_list(value: str | None) -> list[str] | None:
+    """`--board a,b` → ["a", "b"]; None stays None."""
+    if value is None:
+        return None
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def handle_errors(func: F) -> F:
+    """Run a task body: EtlabError → one clear message and its exit code; an int result is the exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        console.quiet_third_party()
+        try:
+            code = func(*args, **kwargs)
+        except EtlabError as exc:
+            console.error(str(exc))
+            raise Exit(code=exc.exit_code) from None
+        except KeyboardInterrupt:
+            console.error("interrupted")
+            raise Exit(code=ExitCode.INTERRUPTED) from None
+        except Exit:
+            raise
+        except Exception:
+            if os.environ.get("ETLAB_DEBUG"):
+                raise
+            console.error("internal error (set ETLAB_DEBUG=1 for the full traceback):")
+            traceback.print_exc(limit=-3, file=sys.stderr)
+            raise Exit(code=ExitCode.SOFTWARE) from None
+        if isinstance(code, int) and code != 0:
+            raise Exit(code=code)
+        return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def select_boards(inventory: str | None, board: str | None, group: str | None, tag: str | None) -> list[Any]:
+    """Boards chosen by --board/--group/--tag from --inventory (default inventory.yaml)."""
+    from pathlib import Path
+
+    from orchestrator.boards.inventory import load_inventory
+
+    return load_inventory(Path(inventory) if inventory else None).select(split_list(board), group, tag)
+
+
+def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any) -> Any:
+    """RunParams from task options; unset options keep the library defaults."""
+    from orchestrator.deploy.runs import RunParams
+
+    given = {
+        "iterations": None if iterations is None else int(iterations),
+        "warmup": None if warmup is None else int(warmup),
+        "threads": None if threads is None else int(threads),
+        "max_seconds": None if max_seconds is None else float(max_seconds),
+        "timeout": None if timeout is None else float(timeout),
+    }
+    return RunParams(**{key: value for key, value in given.items() if value is not None})
+
+
+def nightly_job(inventory: str | None, night: str | None, history: str | None, reports: str | None) -> int:
+    from pathlib import Path
+
+    from orchestrator.boards.inventory import load_inventory
+    from orchestrator.lab.nightly import run_nightly
+
+    if night is not None:
+        import datetime as dt
+
+        try:
+            dt.date.fromisoformat(night)
+        except ValueError:
+            raise UsageError(f"--night must be a date like 2026-11-30, got {night!r}") from None
+    report = run_nightly(
+        load_inventory(Path(inventory) if inventory else None),
+        night=night,
+        history_url=history,
+        reports_dir=Path(reports) if reports else None,
+    )
+    return report.exit_code

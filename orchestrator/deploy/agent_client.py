@@ -1,0 +1,138 @@
+"""The workstation's side of the board agent: build its command lines, run them, parse its JSON.
+
+Every board (SSH or local) is driven through this one interface, over whatever connection it has.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from orchestrator.errors import BoardError
+from orchestrator.transport import BoardConnection
+
+# Agent exit codes (board/agent/README.md).
+AGENT_OK = 0
+AGENT_FAILED = 1
+AGENT_LOCK_TIMEOUT = 3
+AGENT_NOT_PROVISIONED = 4
+
+
+class AgentError(BoardError):
+    """The agent answered with an error document."""
+
+    def __init__(self, board: str, command: str, document: dict[str, Any], exit_code: int, stderr: str) -> None:
+        reason = document.get("error") or _last_line(stderr) or f"exit code {exit_code}"
+        super().__init__(f"{board}: agent {command} failed: {reason}")
+        self.document = document
+        self.agent_exit_code = exit_code
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+class BoardAgent:
+    """Calls `python3 -m etlab_agent --workdir <wd> ...` on a board."""
+
+    def __init__(self, conn: BoardConnection, workdir: str) -> None:
+        self.conn = conn
+        self.workdir = workdir.rstrip("/")
+
+    @property
+    def board_name(self) -> str:
+        return self.conn.board.name
+
+    def argv(self, *args: str) -> list[str]:
+        wd = self.workdir
+        return [
+            "env",
+            f"PYTHONPATH={wd}/pylib:{wd}/board/agent",
+            "PYTHONDONTWRITEBYTECODE=1",
+            "python3",
+            "-m",
+            "etlab_agent",
+            "--workdir",
+            wd,
+            *args,
+        ]
+
+    def call(
+        self, *args: str, timeout: float | None = None, accept: Sequence[int] = (AGENT_OK,)
+    ) -> tuple[dict[str, Any], int]:
+        """Run one agent command; return (document, exit code) when the exit code is accepted."""
+        result = self.conn.run(self.argv(*args), timeout=timeout, check=False)
+        try:
+            document = json.loads(result.stdout) if result.stdout.strip() else {}
+        except json.JSONDecodeError:
+            document = {"error": f"unparseable agent output: {_last_line(result.stdout)[:200]}"}
+        if result.exit_code not in accept:
+            raise AgentError(self.board_name, args[0], document, result.exit_code, result.stderr)
+        return document, result.exit_code
+
+    def info(self) -> dict[str, Any]:
+        return self.call("info", timeout=60)[0]
+
+    def set_state(self, values: dict[str, str]) -> dict[str, Any]:
+        return self.call("set-state", *(f"{k}={v}" for k, v in values.items()), timeout=60)[0]
+
+    def unpack(self, wheel: str, dest: str, *, prefixes: Sequence[str] = (), strip: str | None = None) -> dict:
+        args = ["unpack", "--wheel", wheel, "--dest", dest]
+        for prefix in prefixes:
+            args += ["--member-prefix", prefix]
+        if strip:
+            args += ["--strip-prefix", strip]
+        return self.call(*args, timeout=600)[0]
+
+    def build_runner(self, sdk: str, source: str, out: str, timeout: float = 3600) -> dict[str, Any]:
+        return self.call("build-runner", "--sdk", sdk, "--source", source, "--out", out, timeout=timeout + 60)[0]
+
+    def profile(
+        self,
+        *,
+        model: str,
+        run_id: str,
+        inputs: str | None,
+        labels: dict[str, str],
+        warmup: int,
+        iterations: int,
+        threads: int | None,
+        max_seconds: float | None,
+        timeout: float,
+        lock_timeout: float,
+        etdump: bool = True,
+    ) -> tuple[dict[str, Any], int]:
+        """Profile under the board lock; a failed run still returns its bundle (exit 1 is accepted)."""
+        args = [
+            "profile",
+            "--model",
+            model,
+            "--run-id",
+            run_id,
+            "--warmup",
+            str(warmup),
+            "--iterations",
+            str(iterations),
+        ]
+        if inputs:
+            args += ["--inputs", inputs]
+        for key, value in labels.items():
+            args += ["--label", f"{key}={value}"]
+        if threads:
+            args += ["--threads", str(threads)]
+        if max_seconds:
+            args += ["--max-seconds", str(max_seconds)]
+        args += ["--timeout", str(timeout), "--lock-timeout", str(lock_timeout)]
+        if not etdump:
+            args.append("--no-etdump")
+        # The SSH command itself gets the runner timeout plus the lock wait plus slack for info probes.
+        return self.call(*args, timeout=timeout + lock_timeout + 120, accept=(AGENT_OK, AGENT_FAILED))
+
+    def bundles(self) -> list[dict[str, Any]]:
+        return list(self.call("bundles", timeout=60)[0].get("bundles", []))
+
+    def gc(self, keep: int, *, dry_run: bool = False) -> dict[str, Any]:
+        args = ["gc", "--keep", str(keep)] + (["--dry-run"] if dry_run else [])
+        return self.call(*args, timeout=600)[0]

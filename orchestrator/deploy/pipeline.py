@@ -1,0 +1,300 @@
+"""Chains of steps across boards: `deploy-and-profile`, and the board-facing tasks one step at a time.
+
+Per board the cells (model × backend) run one after another; boards run in parallel. A failure is
+recorded against its board, cell and stage, and never stops the other boards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import Progress
+
+from orchestrator import console
+from orchestrator.boards.fanout import fan_out
+from orchestrator.boards.inventory import Board
+from orchestrator.deploy.runs import RemoteRun, RunParams, profile, pull, push_artifact
+from orchestrator.errors import AnalysisError, BoardError, EtlabError, ExitCode
+from orchestrator.lowering.artifacts import Artifact
+from orchestrator.results.store import new_run_id
+from orchestrator.transport import BoardConnection, connect
+
+
+@dataclass
+class CellOutcome:
+    """One model/backend on one board."""
+
+    board: str
+    model: str
+    backend: str
+    ok: bool = False
+    stage: str | None = None  # the stage that failed
+    error: str | None = None
+    run_id: str | None = None
+    status: str | None = None  # the runner's status: ok | failed | timeout
+    bundle: Path | None = None
+    summary: dict[str, Any] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    infrastructure: bool = False  # failed because the board or the link failed, not the model
+
+    @property
+    def cell(self) -> tuple[str, str, str]:
+        return (self.board, self.model, self.backend)
+
+    @property
+    def median_ms(self) -> float | None:
+        warm = ((self.summary or {}).get("latency") or {}).get("warm") or {}
+        return warm.get("median_ms")
+
+    @property
+    def validity(self) -> str | None:
+        return ((self.summary or {}).get("validity") or {}).get("status")
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    return line if isinstance(exc, EtlabError) else f"{type(exc).__name__}: {line}"
+
+
+def _is_infrastructure(exc: BaseException) -> bool:
+    """Board or link trouble (unreachable, lost link, transfer), as opposed to a model or analysis failure."""
+    return isinstance(exc, BoardError | OSError | EOFError)
+
+
+@contextlib.contextmanager
+def _stage(cell: CellOutcome, name: str, timer: console.StageTimer) -> Iterator[None]:
+    cell.stage = name
+    label = f"{cell.model}/{cell.backend} {name}"
+    with timer.stage(label):
+        yield
+    cell.seconds[name] = timer.durations[label]
+
+
+def analyze_cell(cell: CellOutcome, artifact: Artifact) -> None:
+    from orchestrator.results.analysis import analyze_bundle
+
+    assert cell.bundle is not None
+    summary = analyze_bundle(
+        cell.bundle, pte=artifact.pte, sidecar=artifact.sidecar, reference_outputs=artifact.paths.reference_outputs
+    )
+    cell.summary = summary.data
+
+
+@dataclass(frozen=True)
+class CellJob:
+    """One artifact to profile on a board, with its run parameters."""
+
+    artifact: Artifact
+    params: RunParams
+
+
+def run_cells_on_board(
+    board: Board,
+    jobs: Sequence[CellJob],
+    *,
+    setup: bool = True,
+    analyze: bool = True,
+    progress: Progress | None = None,
+    on_cell: Callable[[CellOutcome], None] | None = None,
+    results_root: Path | None = None,
+) -> list[CellOutcome]:
+    """setup → (push → run → pull → analyze) per artifact, one board. Never raises for board trouble."""
+    cells = [CellOutcome(board.name, job.artifact.model, job.artifact.backend) for job in jobs]
+    timer = console.StageTimer(prefix=f"[{board.name}] ")
+    board_stage: str | None = "connect"
+    started: set[int] = set()
+    reported: set[int] = set()
+
+    def report(index: int) -> None:
+        reported.add(index)
+        if on_cell:
+            on_cell(cells[index])
+
+    try:
+        with connect(board) as conn:
+            if setup:
+                board_stage = "setup"
+                _setup_if_needed(conn, timer)
+            board_stage = None
+            for index, (cell, job) in enumerate(zip(cells, jobs, strict=True)):
+                started.add(index)
+                _run_cell(conn, cell, job.artifact, job.params, timer, analyze, progress, results_root)
+                report(index)
+    except Exception as exc:
+        # Board trouble (unreachable, setup failed, link lost): every unfinished cell fails with it.
+        reason = _reason(exc)
+        for index, cell in enumerate(cells):
+            if index in reported:
+                continue
+            if board_stage:
+                cell.stage = board_stage
+            elif index not in started:
+                cell.stage, cell.error = "not started", f"{board.name} failed earlier: {reason}"
+            cell.error = cell.error or reason
+            cell.infrastructure = True
+            report(index)
+    return cells
+
+
+def _setup_if_needed(conn: BoardConnection, timer: console.StageTimer) -> None:
+    from orchestrator.deploy.provision import setup_board
+
+    with timer.stage("setup"):
+        report = setup_board(conn)
+    if report.up_to_date:
+        console.info(
+            escape(f"  [{conn.board.name}] board already provisioned (executorch {report.executorch_version})")
+        )
+
+
+def _run_cell(
+    conn: BoardConnection,
+    cell: CellOutcome,
+    artifact: Artifact,
+    params: RunParams,
+    timer: console.StageTimer,
+    analyze: bool,
+    progress: Progress | None,
+    results_root: Path | None,
+) -> None:
+    try:
+        with _stage(cell, "push", timer):
+            pushed = push_artifact(conn, artifact, progress)
+        cell.run_id = new_run_id()
+        with _stage(cell, "run", timer):
+            remote: RemoteRun = profile(conn, artifact, pushed, params, cell.run_id)
+        cell.status = remote.status
+        with _stage(cell, "pull", timer):
+            cell.bundle = pull(conn, remote, artifact, results_root)
+        if analyze:
+            with _stage(cell, "analyze", timer):
+                analyze_cell(cell, artifact)
+        if remote.status != "ok":
+            cell.stage, cell.error = "run", f"runner {remote.status}: {remote.error or 'see runner.log'}"
+            return
+        cell.ok, cell.stage = True, None
+    except AnalysisError as exc:
+        cell.error = f"{_reason(exc)} (raw bundle kept at {cell.bundle})"
+    except BoardError:
+        raise  # the board or link is gone: the remaining cells cannot run either
+    except Exception as exc:
+        cell.error = _reason(exc)
+        if _is_infrastructure(exc):
+            cell.infrastructure = True
+            raise
+
+
+# ---------------------------------------------------------------- deploy-and-profile
+
+
+def deploy_and_profile(
+    spec: Any,
+    *,
+    backends: list[str],
+    boards: Sequence[Board],
+    params: RunParams,
+    weights: str = "auto",
+    explore: bool = True,
+    host: str = "127.0.0.1",
+    port: int = 8081,
+    open_browser: bool = True,
+    results_root: Path | None = None,
+    artifacts_root: Path | None = None,
+) -> int:
+    from orchestrator.lowering import lower as lowering
+    from orchestrator.lowering.artifacts import load_artifact
+
+    # Both backends are lowered (cached after the first time) so Model Explorer can show both programs.
+    lowered = lowering.lower(spec, backends=["portable", "xnnpack"], weights=weights, root=artifacts_root)
+    lowering.print_summary(lowered)
+    jobs = [CellJob(load_artifact(spec.name, backend, artifacts_root), params) for backend in backends]
+
+    with console.transfer_progress() as progress:
+        outcomes = fan_out(
+            boards, lambda board: run_cells_on_board(board, jobs, progress=progress, results_root=results_root)
+        )
+    cells = [cell for outcome in outcomes for cell in (outcome.value or [])]
+    for outcome in outcomes:  # fan_out only fails a board on a bug; keep it visible
+        if not outcome.ok:
+            cells += [
+                CellOutcome(
+                    outcome.board.name, job.artifact.model, job.artifact.backend, error=outcome.error, stage="?"
+                )
+                for job in jobs
+            ]
+    print_cells(cells)
+    code = ExitCode.OK if all(cell.ok for cell in cells) else ExitCode.FAILED
+
+    if explore:
+        explore_cells(cells, lowered.paths, host=host, port=port, open_browser=open_browser)
+    return code
+
+
+def print_cells(cells: Sequence[CellOutcome]) -> None:
+    """board × backend: median, speedup of XNNPACK over portable, validity, bundle; then the failures."""
+    medians = {(c.board, c.model, c.backend): c.median_ms for c in cells}
+    rows = []
+    for cell in cells:
+        portable = medians.get((cell.board, cell.model, "portable"))
+        speedup = None
+        if cell.backend == "xnnpack" and portable and cell.median_ms:
+            speedup = f"{portable / cell.median_ms:.1f}×"
+        status = "ok" if cell.ok else f"FAILED at {cell.stage}"
+        rows.append(
+            [
+                cell.board,
+                cell.model,
+                cell.backend,
+                status,
+                cell.median_ms,
+                speedup,
+                cell.validity,
+                _short_path(cell.bundle) if cell.bundle else None,
+            ]
+        )
+    console.table(
+        "Results",
+        ["board", "model", "backend", "status", "median ms", "speedup vs portable", "validity", "bundle"],
+        rows,
+    )
+    for cell in cells:
+        if cell.error:
+            console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {cell.error}")
+        for reason in ((cell.summary or {}).get("validity") or {}).get("reasons", []):
+            console.warn(f"{cell.board}: {cell.model}/{cell.backend}: {reason.get('reason')}")
+
+
+def _short_path(path: Path) -> str:
+    """Relative to the working folder when inside it: tables stay readable."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def explore_cells(
+    cells: Sequence[CellOutcome], artifact_paths: Any, *, host: str, port: int, open_browser: bool
+) -> None:
+    """Open Model Explorer on the first board that produced overlays."""
+    from orchestrator.results.explorer import launch_explorer
+
+    analysed = [cell for cell in cells if cell.bundle and cell.summary]
+    if not analysed:
+        console.warn("no analysed run to explore")
+        return
+    board = analysed[0].board
+    overlays = sorted(
+        overlay
+        for cell in analysed
+        if cell.board == board
+        for overlay in (cell.bundle / "model_explorer").glob("me_overlay_*.json")  # type: ignore[operator]
+    )
+    models = [artifact_paths.exported_program, artifact_paths.pte("portable"), artifact_paths.pte("xnnpack")]
+    console.info(escape(f"Opening Model Explorer with the overlays of {board} (Ctrl+C to stop)"))
+    launch_explorer([m for m in models if m.is_file()], overlays, host=host, port=port, open_browser=open_browser)

@@ -1,0 +1,383 @@
+"""`fab setup-board`: make a board able to run our runner, offline, and idempotently.
+
+The board needs only python3, a C++ compiler and what we push: the board/ tree, the click wheel for the
+agent, the ExecuTorch SDK from the wheel built for the board's platform (at exactly the workstation's
+executorch version), and cmake/ninja wheels when the board has none recent enough. The runner is
+built on the board. A board that is already up to date costs one probe round trip.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import gzip
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from shlex import quote
+from typing import Any
+
+from orchestrator import console, paths
+from orchestrator.deploy.agent_client import BoardAgent
+from orchestrator.errors import BoardError
+from orchestrator.fsutil import atomic_path, atomic_write_bytes
+from orchestrator.transport import BoardConnection
+from orchestrator.transport.transfer import push_file
+from orchestrator.versions import executorch_version
+
+MIN_CMAKE = (3, 28)
+MIN_GLIBC = (2, 28)  # executorch wheels are manylinux_2_28
+PROBE_SOURCE = Path(__file__).with_name("board_probe.py")
+_TREE_EXCLUDE = {"build", "__pycache__", ".pytest_cache", ".ruff_cache"}
+
+
+@dataclass
+class ProvisionReport:
+    board: str
+    arch: str = ""
+    executorch_version: str = ""
+    runner_version: str | None = None
+    up_to_date: bool = False
+    actions: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------- probing
+
+
+def probe(conn: BoardConnection, workdir: str) -> dict[str, Any]:
+    """Facts about the board from board_probe.py, run with the board's own python3."""
+    result = conn.run(["python3", "-c", PROBE_SOURCE.read_text(), workdir], timeout=90, check=False)
+    if result.exit_code == 127 or "python3: not found" in result.stderr or "No such file" in result.stderr[:200]:
+        raise BoardError(
+            f"{conn.board.name}: python3 is not installed on the board",
+            hint="on the board: sudo apt-get install -y python3",
+        )
+    if result.exit_code != 0:
+        raise BoardError(f"{conn.board.name}: probing the board failed: {result.stderr.strip()[-300:]}")
+    return json.loads(result.stdout)
+
+
+def _version_tuple(text: str | None) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in (text or "").split(".")[:2])
+    except ValueError:
+        return ()
+
+
+# ---------------------------------------------------------------- the board/ tree
+
+
+def _tree_files(root: Path) -> list[Path]:
+    files = []
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if any(part in _TREE_EXCLUDE for part in relative.parts) or path.suffix == ".pyc":
+            continue
+        if path.is_file():
+            files.append(path)
+    return files
+
+
+def tree_sha256(root: Path) -> str:
+    """Content hash of a source tree (paths, modes and bytes), independent of mtimes."""
+    digest = hashlib.sha256()
+    for path in _tree_files(root):
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(b"x" if path.stat().st_mode & 0o111 else b"-")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def board_tarball(root: Path = paths.BOARD_SOURCE_DIR) -> tuple[Path, str]:
+    """A reproducible .tar.gz of board/ (cached by content), and the tree hash it carries."""
+    tree = tree_sha256(root)
+    target = paths.state_dir() / "cache" / f"board-{tree[:16]}.tar.gz"
+    if not target.is_file():
+        buffer = io.BytesIO()
+        with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
+            for path in _tree_files(root):
+                info = tar.gettarinfo(str(path), arcname=str(path.relative_to(root)))
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mtime = 0
+                with open(path, "rb") as handle:
+                    tar.addfile(info, handle)
+        atomic_write_bytes(target, buffer.getvalue())
+        for stale in target.parent.glob("board-*.tar.gz"):  # tarballs of earlier board/ trees
+            if stale != target:
+                stale.unlink(missing_ok=True)
+    return target, tree
+
+
+# ---------------------------------------------------------------- wheels
+
+
+def manylinux_platforms(arch: str, glibc: str) -> list[str]:
+    """Every manylinux tag a board with this glibc accepts, newest first."""
+    major, minor = _version_tuple(glibc) or (2, 17)
+    tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 16, -1)]
+    return [*tags, f"manylinux2014_{arch}"]
+
+
+def _pip_download(requirement: str, dest: Path, platforms: list[str], python: str | None) -> None:
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--no-deps", "--dest", str(dest)]
+    for platform_tag in platforms:
+        argv += ["--platform", platform_tag]
+    if python:
+        argv += ["--python-version", python, "--implementation", "cp"]
+    argv.append(requirement)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        last = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or done.stderr.splitlines()[-1:]
+        raise BoardError(f"cannot download {requirement} for {platforms[0]}: {' '.join(last)[:400]}")
+
+
+def fetch_wheel(name: str, requirement: str, probe_facts: dict[str, Any], *, any_python: bool = False) -> Path:
+    """A wheel for the board's platform, from the workstation's wheel cache or PyPI."""
+    arch = probe_facts["arch"]
+    dest = paths.state_dir() / "wheels"
+    dest.mkdir(parents=True, exist_ok=True)
+    platforms = manylinux_platforms(arch, probe_facts.get("glibc") or "2.17")
+    board_python = ".".join(probe_facts["python"].split(".")[:2])
+    version = requirement.partition("==")[2]
+    pattern = f"{name}-{version or '*'}-*.whl"
+
+    def cached() -> Path | None:
+        for candidate in sorted(glob.glob(str(dest / pattern)), reverse=True):
+            tags = Path(candidate).name.removesuffix(".whl").split("-")[-1]
+            if tags == "any" or any(part.endswith(arch) and part in platforms for part in tags.split(".")):
+                return Path(candidate)
+        return None
+
+    found = cached()
+    if found:
+        return found
+    # The SDK inside the executorch wheel does not depend on the Python version: any cp wheel will do.
+    pythons = [board_python] + (["3.12", "3.11", "3.10"] if any_python else [])
+    errors = []
+    for python in dict.fromkeys(pythons):
+        try:
+            _pip_download(requirement, dest, platforms, python)
+            break
+        except BoardError as exc:
+            errors.append(str(exc))
+    found = cached()
+    if found is None:
+        raise BoardError(
+            f"no {name} wheel for {arch} / glibc {probe_facts.get('glibc')}: {errors[-1] if errors else ''}"
+        )
+    return found
+
+
+# ---------------------------------------------------------------- the verification model
+
+
+def verify_model() -> Path:
+    """A tiny XNNPACK-delegated program, lowered once per executorch version, to prove the board runs ours."""
+    target = paths.state_dir() / "cache" / f"verify-executorch-{executorch_version()}.pte"
+    if target.is_file():
+        return target
+    import torch
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(16, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.linear(x)).cumsum(dim=1)  # cumsum stays portable: both paths run
+
+    torch.manual_seed(0)
+    program = torch.export.export(Tiny().eval(), (torch.randn(1, 16),))
+    lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(lowered.buffer)
+    return target
+
+
+# ---------------------------------------------------------------- provisioning
+
+
+def _problems(facts: dict[str, Any], tree: str) -> list[str]:
+    """Why a board is not up to date (empty list: nothing to do)."""
+    state = facts.get("state") or {}
+    wanted = executorch_version()
+    reasons = []
+    if not state:
+        reasons.append("not provisioned")
+    elif state.get("executorch_version") != wanted:
+        reasons.append(f"runtime is executorch {state.get('executorch_version')}, workstation has {wanted}")
+    elif state.get("board_tree_sha256") != tree:
+        reasons.append("board/ sources changed")
+    runner = facts.get("runner") or {}
+    if state and not reasons and runner.get("executorch_version", "").split("+")[0] != wanted:
+        reasons.append("runner missing or built for another executorch")
+    if state and not facts.get("agent_present"):
+        reasons.append("agent missing")
+    return reasons
+
+
+def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = True) -> ProvisionReport:
+    started = time.perf_counter()
+    name = conn.board.name
+    workdir = conn.board.workdir
+    facts = probe(conn, workdir)
+    workdir = facts["workdir"]
+    report = ProvisionReport(name, arch=facts["arch"], executorch_version=executorch_version())
+    tarball, tree = board_tarball()
+    reasons = ["--force"] if force else _problems(facts, tree)
+    if not reasons:
+        report.up_to_date = True
+        report.runner_version = (facts.get("runner") or {}).get("runner_version")
+        report.seconds = time.perf_counter() - started
+        return report
+
+    _check_prerequisites(name, facts)
+    console.info(console.escape(f"  {name}: provisioning ({'; '.join(reasons)})"))
+    state = facts.get("state") or {}
+    wanted = executorch_version()
+    agent = BoardAgent(conn, workdir)
+    runner_source = tree_sha256(paths.BOARD_SOURCE_DIR / "runner")
+
+    remote_tar = push_file(conn, tarball, kind="cache", suffix=".tar.gz").remote_path
+    _install_tree(conn, remote_tar, f"{workdir}/board")
+    report.actions.append("pushed board/")
+
+    click_wheel = push_file(conn, fetch_wheel("click", "click>=8.0,<9", facts), kind="wheels", suffix=".whl")
+    _run(conn, ["python3", f"{workdir}/board/agent/bootstrap.py", "--wheel", click_wheel.remote_path,
+                "--dest", f"{workdir}/pylib"], "installing click for the agent", timeout=300)  # fmt: skip
+
+    needs_runtime = (
+        force
+        or state.get("executorch_version") != wanted
+        or not _remote_dir_exists(conn, f"{workdir}/runtime/{wanted}/lib")
+    )
+    if needs_runtime:
+        wheel = fetch_wheel("executorch", f"executorch=={wanted}", facts, any_python=True)
+        remote = push_file(conn, wheel, kind="wheels", suffix=".whl").remote_path
+        sdk_parts = ("executorch/include/", "executorch/lib/", "executorch/share/")
+        agent.unpack(remote, f"{workdir}/runtime/{wanted}", prefixes=sdk_parts, strip="executorch/")
+        report.actions.append(f"installed ExecuTorch {wanted} SDK ({wheel.name})")
+    _ensure_build_tools(conn, agent, facts, workdir, report)
+
+    runner_dir = f"{workdir}/runner/{wanted}"
+    runner_path = f"{runner_dir}/etlab_runner"
+    runner_answer = facts.get("runner") or {}
+    rebuild = (
+        force
+        or needs_runtime
+        or state.get("runner_source_sha256") != runner_source
+        or runner_answer.get("executorch_version", "").split("+")[0] != wanted
+    )
+    if rebuild:
+        with console.StageTimer(prefix=f"{name}: ").stage("build runner"):
+            built = agent.build_runner(f"{workdir}/runtime/{wanted}", f"{workdir}/board/runner", runner_dir)
+        runner_path = built.get("runner") or built.get("runner_path") or runner_path
+        report.actions.append("built the native runner")
+
+    if verify:
+        _verify(conn, runner_path, wanted)
+        report.actions.append("verified a built-in .pte")
+
+    runner_version = _runner_version(conn, runner_path)
+    agent.set_state(
+        {
+            "executorch_version": wanted,
+            "board_tree_sha256": tree,
+            "runner_source_sha256": runner_source,
+            "runner_path": runner_path,
+            "runner_version": runner_version,
+            "provisioned_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+    )
+    _remove_other_runtimes(conn, workdir, wanted)
+    report.runner_version = runner_version
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _check_prerequisites(name: str, facts: dict[str, Any]) -> None:
+    if facts.get("system") != "Linux" or facts.get("libc") != "glibc":
+        raise BoardError(
+            f"{name}: only glibc Linux boards are supported (found {facts.get('system')}, {facts.get('libc')})"
+        )
+    if _version_tuple(facts.get("glibc")) < MIN_GLIBC:
+        raise BoardError(f"{name}: glibc {facts.get('glibc')} is too old; the ExecuTorch runtime needs glibc >= 2.28")
+    if not facts.get("compiler"):
+        raise BoardError(
+            f"{name}: no C++ compiler on the board (needed to build the runner)",
+            hint="on the board: sudo apt-get install -y g++   (or: sudo apt-get install -y build-essential)",
+        )
+    if facts.get("free_mb") is not None and facts["free_mb"] < 500:
+        raise BoardError(f"{name}: only {facts['free_mb']} MB free in the workdir's filesystem; need 500 MB")
+
+
+def _ensure_build_tools(
+    conn: BoardConnection, agent: BoardAgent, facts: dict[str, Any], workdir: str, report: ProvisionReport
+) -> None:
+    if _version_tuple(facts.get("cmake_version")) < MIN_CMAKE:
+        wheel = fetch_wheel("cmake", "cmake>=3.28,<5", facts)
+        remote = push_file(conn, wheel, kind="wheels", suffix=".whl").remote_path
+        agent.unpack(remote, f"{workdir}/tools/cmake", prefixes=("cmake/data/",), strip="cmake/data/")
+        report.actions.append(f"installed {wheel.name.split('-')[0]} {wheel.name.split('-')[1]} (board cmake too old)")
+    if not facts.get("ninja"):
+        wheel = fetch_wheel("ninja", "ninja>=1.11", facts)
+        remote = push_file(conn, wheel, kind="wheels", suffix=".whl").remote_path
+        scripts = f"ninja-{wheel.name.split('-')[1]}.data/scripts/"
+        agent.unpack(remote, f"{workdir}/tools/ninja/bin", prefixes=(f"{scripts}ninja",), strip=scripts)
+        report.actions.append("installed ninja")
+
+
+def _install_tree(conn: BoardConnection, remote_tar: str, target: str) -> None:
+    """Replace target with the tarball's content: extract beside it, then swap."""
+    new, old = f"{target}.new", f"{target}.old"
+    script = (
+        f"rm -rf {quote(new)} {quote(old)} && mkdir -p {quote(new)} && "
+        f"tar -xzf {quote(remote_tar)} -C {quote(new)} && "
+        f"{{ [ ! -e {quote(target)} ] || mv {quote(target)} {quote(old)}; }} && "
+        f"mv {quote(new)} {quote(target)} && rm -rf {quote(old)}"
+    )
+    result = conn.run_shell(script, timeout=300, check=False)
+    if result.exit_code != 0:
+        raise BoardError(f"{conn.board.name}: installing board/ failed: {result.stderr.strip()[-300:]}")
+
+
+def _remote_dir_exists(conn: BoardConnection, path: str) -> bool:
+    return conn.run(["test", "-d", path], timeout=60, check=False).exit_code == 0
+
+
+def _run(conn: BoardConnection, argv: list[str], what: str, *, timeout: float) -> str:
+    result = conn.run(argv, timeout=timeout, check=False)
+    if result.exit_code != 0:
+        detail = (result.stderr.strip() or result.stdout.strip())[-400:]
+        raise BoardError(f"{conn.board.name}: {what} failed (exit {result.exit_code}): {detail}")
+    return result.stdout
+
+
+def _verify(conn: BoardConnection, runner_path: str, wanted: str) -> None:
+    remote = push_file(conn, verify_model(), kind="models", suffix=".pte").remote_path
+    _run(conn, [runner_path, "--model", remote, "--warmup", "0", "--iterations", "1", "--threads", "1",
+                "--expect-executorch-version", wanted], "running the verification model", timeout=120)  # fmt: skip
+
+
+def _runner_version(conn: BoardConnection, runner_path: str) -> str:
+    answer = json.loads(_run(conn, [runner_path, "--version"], "asking the runner its version", timeout=60))
+    return str(answer.get("runner_version"))
+
+
+def _remove_other_runtimes(conn: BoardConnection, workdir: str, keep: str) -> None:
+    """Old runtime and runner versions are dead weight once the new one is verified."""
+    script = (
+        f"for d in {quote(workdir)}/runtime/* {quote(workdir)}/runner/*; do "
+        f'[ -d "$d" ] && [ "$(basename "$d")" != {quote(keep)} ] && rm -rf "$d"; done; true'
+    )
+    conn.run_shell(script, timeout=300, check=False)

@@ -1,0 +1,119 @@
+"""What we do with a provisioned board: push an artifact, profile it through the agent, pull the bundle.
+
+Each function is one step for one board and one artifact; pipeline.py chains them across boards.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.progress import Progress
+
+from orchestrator import __version__
+from orchestrator.deploy.agent_client import BoardAgent
+from orchestrator.errors import BoardError, UsageError
+from orchestrator.lowering.artifacts import Artifact
+from orchestrator.results.store import bundle_dest
+from orchestrator.transport import BoardConnection
+from orchestrator.transport.transfer import PushResult, pull_bundle, push_file
+
+
+@dataclass(frozen=True)
+class RunParams:
+    warmup: int = 3
+    iterations: int = 20
+    threads: int | None = None  # None: the board's inventory setting, else the runner's default (all cores)
+    max_seconds: float | None = 120.0  # the time budget; a portable GPT-2 iteration alone takes ~19 s
+    timeout: float | None = None  # hard runner timeout; derived from the budget when None
+    lock_timeout: float = 3600.0
+    etdump: bool = True
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1 or self.warmup < 0:
+            raise UsageError("--iterations must be >= 1 and --warmup >= 0")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError("--threads must be >= 1")
+        if self.max_seconds is not None and self.max_seconds < 0:
+            raise UsageError("--max-seconds must be >= 0")
+
+    def runner_timeout(self) -> float:
+        if self.timeout:
+            return self.timeout
+        # Generous: the budget bounds the timed loop, not loading or a slow first run.
+        return max(600.0, 4 * (self.max_seconds or 0) + 300.0)
+
+
+@dataclass(frozen=True)
+class PushedArtifact:
+    model: PushResult
+    inputs: PushResult
+
+
+@dataclass(frozen=True)
+class RemoteRun:
+    board: str
+    run_id: str
+    bundle: str  # path on the board
+    status: str  # ok | failed | timeout
+    error: str | None
+
+
+def push_artifact(conn: BoardConnection, artifact: Artifact, progress: Progress | None = None) -> PushedArtifact:
+    """The .pte and its reference inputs, content-addressed on the board."""
+    model = push_file(conn, artifact.pte, kind="models", suffix=".pte", sha256=artifact.sha256, progress=progress)
+    inputs_path = artifact.paths.reference_inputs
+    inputs = push_file(
+        conn,
+        inputs_path,
+        kind="inputs",
+        suffix=".etlt",
+        sha256=artifact.sidecar["files"]["reference_inputs"]["sha256"],
+        progress=progress,
+    )
+    return PushedArtifact(model, inputs)
+
+
+def run_labels(conn: BoardConnection, artifact: Artifact) -> dict[str, str]:
+    """Recorded in the bundle's run.json, so a bundle says what it is without the workstation's state."""
+    return {
+        "board": conn.board.name,
+        "model": artifact.model,
+        "backend": artifact.backend,
+        "pte_sha256": artifact.sha256,
+        "weights": str(artifact.sidecar.get("weights")),
+        "torch": artifact.sidecar["versions"].get("torch", ""),
+        "executorch": artifact.sidecar["versions"].get("executorch", ""),
+        "transformers": artifact.sidecar["versions"].get("transformers", ""),
+        "workstation": socket.gethostname(),
+        "etlab": __version__,
+    }
+
+
+def profile(
+    conn: BoardConnection, artifact: Artifact, pushed: PushedArtifact, params: RunParams, run_id: str
+) -> RemoteRun:
+    """One profiling run under the board lock. A failed run still leaves its bundle on the board."""
+    threads = params.threads or conn.board.threads
+    document, _ = BoardAgent(conn, conn.workdir).profile(
+        model=pushed.model.remote_path,
+        run_id=run_id,
+        inputs=pushed.inputs.remote_path,
+        labels=run_labels(conn, artifact) | {"run_id": run_id},
+        warmup=params.warmup,
+        iterations=params.iterations,
+        threads=threads,
+        max_seconds=params.max_seconds,
+        timeout=params.runner_timeout(),
+        lock_timeout=params.lock_timeout,
+        etdump=params.etdump,
+    )
+    if "bundle" not in document:
+        raise BoardError(f"{conn.board.name}: profile produced no bundle: {document.get('error', document)}")
+    return RemoteRun(conn.board.name, run_id, document["bundle"], document["status"], document.get("error"))
+
+
+def pull(conn: BoardConnection, run: RemoteRun, artifact: Artifact, root: Path | None = None) -> Path:
+    dest = bundle_dest(conn.board.name, artifact.model, artifact.backend, run.run_id, root)
+    return pull_bundle(conn, run.bundle, dest)

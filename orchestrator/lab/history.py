@@ -1,0 +1,243 @@
+"""The nightly history store: every run with its conditions, per-iteration latencies and per-op medians.
+
+SQLAlchemy Core, so the default SQLite file and a shared lab's PostgreSQL URL take the same code path.
+Each run is written in one transaction: a crash leaves the previous history intact.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine
+
+from orchestrator import paths
+
+metadata = MetaData()
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", String(96), nullable=False, unique=True),
+    Column("night", String(10), nullable=False, index=True),  # YYYY-MM-DD of the nightly
+    Column("board", String(128), nullable=False),
+    Column("model", String(128), nullable=False),
+    Column("backend", String(32), nullable=False),
+    Column("status", String(16), nullable=False),  # ok | failed | infra
+    Column("validity", String(16), nullable=False),  # valid | degraded | invalid
+    Column("reasons", JSON, nullable=False, default=list),
+    Column("error", Text),
+    Column("stage", String(32)),  # where a failed cell failed
+    Column("versions", JSON, nullable=False, default=dict),
+    Column("versions_key", String(200), nullable=False, default=""),
+    Column("pte_sha256", String(64)),
+    Column("threads", Integer),
+    Column("median_ms", Float),
+    Column("p90_ms", Float),
+    Column("mean_ms", Float),
+    Column("cv", Float),
+    Column("conditions", JSON, nullable=False, default=dict),
+    Column("bundle_path", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("night", "board", "model", "backend", name="one_cell_per_night"),
+)
+
+samples = Table(
+    "samples",
+    metadata,
+    Column("run", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("iteration", Integer, primary_key=True),
+    Column("latency_ms", Float, nullable=False),
+)
+
+op_medians = Table(
+    "op_medians",
+    metadata,
+    Column("run", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("op_key", String(64), primary_key=True),  # "<chain>:<instruction>"
+    Column("op_name", String(200), nullable=False),
+    Column("median_ms", Float, nullable=False),
+)
+
+
+@dataclass
+class RunRecord:
+    """One nightly cell's outcome, as stored."""
+
+    run_id: str
+    night: str
+    board: str
+    model: str
+    backend: str
+    status: str
+    validity: str = "invalid"
+    reasons: list[str] = field(default_factory=list)
+    error: str | None = None
+    stage: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    pte_sha256: str | None = None
+    threads: int | None = None
+    median_ms: float | None = None
+    p90_ms: float | None = None
+    mean_ms: float | None = None
+    cv: float | None = None
+    conditions: dict[str, Any] = field(default_factory=dict)
+    bundle_path: str | None = None
+    latencies_ms: list[float] = field(default_factory=list)
+    ops: dict[str, tuple[str, float]] = field(default_factory=dict)  # op_key -> (name, median ms)
+    created_at: dt.datetime | None = None
+
+    @property
+    def cell(self) -> tuple[str, str, str]:
+        return (self.board, self.model, self.backend)
+
+
+# RunRecord fields stored as columns of `runs` under the same name.
+_STORED_FIELDS = (
+    "run_id", "night", "board", "model", "backend", "status", "validity", "reasons", "error", "stage", "versions",
+    "pte_sha256", "threads", "median_ms", "p90_ms", "mean_ms", "cv", "conditions", "bundle_path",
+)  # fmt: skip
+
+
+def versions_key(versions: dict[str, str]) -> str:
+    return json.dumps(versions, sort_keys=True)
+
+
+def default_url() -> str:
+    return f"sqlite:///{paths.state_dir() / 'history.sqlite'}"
+
+
+class History:
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or default_url()
+        if self.url.startswith("sqlite:///"):
+            Path(self.url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self.engine: Engine = create_engine(self.url, future=True)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        metadata.create_all(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def record(self, run: RunRecord) -> None:
+        """Insert a run with its samples and op medians in one transaction.
+
+        An infrastructure failure recorded earlier for the same cell and night is replaced (the retry of a
+        resumed night); anything else already recorded for the cell is a conflict.
+        """
+        created = run.created_at or dt.datetime.now(dt.timezone.utc)
+        with self.engine.begin() as connection:
+            connection.execute(
+                runs.delete().where(_cell_is(run.cell) & (runs.c.night == run.night) & (runs.c.status == "infra"))
+            )
+            row_id = connection.execute(
+                runs.insert().values(
+                    **{name: getattr(run, name) for name in _STORED_FIELDS},
+                    versions_key=versions_key(run.versions),
+                    created_at=created,
+                )
+            ).inserted_primary_key[0]
+            if run.latencies_ms:
+                connection.execute(
+                    samples.insert(),
+                    [{"run": row_id, "iteration": i, "latency_ms": v} for i, v in enumerate(run.latencies_ms)],
+                )
+            if run.ops:
+                connection.execute(
+                    op_medians.insert(),
+                    [{"run": row_id, "op_key": k, "op_name": n, "median_ms": m} for k, (n, m) in run.ops.items()],
+                )
+
+    def recorded_cells(self, night: str, *, include_infra: bool = False) -> set[tuple[str, str, str]]:
+        """Cells of `night` already recorded; infrastructure failures are retried unless include_infra."""
+        query = select(runs.c.board, runs.c.model, runs.c.backend, runs.c.status).where(runs.c.night == night)
+        with self.engine.connect() as connection:
+            return {
+                (row.board, row.model, row.backend)
+                for row in connection.execute(query)
+                if include_infra or row.status != "infra"
+            }
+
+    def runs(
+        self,
+        *,
+        night: str | None = None,
+        cell: tuple[str, str, str] | None = None,
+        before_night: str | None = None,
+        versions: dict[str, str] | None = None,
+        valid_only: bool = False,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        """Runs newest night first, with their samples and op medians."""
+        query = select(runs)
+        if night is not None:
+            query = query.where(runs.c.night == night)
+        if cell is not None:
+            query = query.where(_cell_is(cell))
+        if before_night is not None:
+            query = query.where(runs.c.night < before_night)
+        if versions is not None:
+            query = query.where(runs.c.versions_key == versions_key(versions))
+        if valid_only:
+            query = query.where((runs.c.status == "ok") & (runs.c.validity != "invalid"))
+        query = query.order_by(runs.c.night.desc(), runs.c.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as connection:
+            rows = list(connection.execute(query))
+            return [self._load(connection, row) for row in rows]
+
+    def nights(self) -> list[str]:
+        with self.engine.connect() as connection:
+            return [row[0] for row in connection.execute(select(runs.c.night).distinct().order_by(runs.c.night))]
+
+    @staticmethod
+    def _load(connection: Any, row: Any) -> RunRecord:
+        latencies = [
+            value
+            for (value,) in connection.execute(
+                select(samples.c.latency_ms).where(samples.c.run == row.id).order_by(samples.c.iteration)
+            )
+        ]
+        ops = {
+            op.op_key: (op.op_name, op.median_ms)
+            for op in connection.execute(select(op_medians).where(op_medians.c.run == row.id))
+        }
+        stored = {name: getattr(row, name) for name in _STORED_FIELDS}
+        return RunRecord(**stored, latencies_ms=latencies, ops=ops, created_at=row.created_at)
+
+
+def _cell_is(cell: tuple[str, str, str]) -> Any:
+    board, model, backend = cell
+    return (runs.c.board == board) & (runs.c.model == model) & (runs.c.backend == backend)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL + full sync: a killed writer never corrupts the file; foreign keys for cascading deletes.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()

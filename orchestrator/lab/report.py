@@ -1,0 +1,254 @@
+"""Nightly reports: an HTML page with latency trend plots, a markdown summary, and JUnit XML for CI.
+
+Plots are rendered with matplotlib (Agg) to PNG and embedded as data URIs, so the report is one
+self-contained file that can be mailed or archived.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.fsutil import atomic_write_text
+from orchestrator.lab.history import RunRecord
+
+
+@dataclass
+class CellVerdict:
+    """The outcome of one nightly cell against its baseline."""
+
+    record: RunRecord
+    verdict: str  # "regression", "improvement", "no change", "new", "not compared", "failed", "infra"
+    detail: str = ""
+    baseline_median_ms: float | None = None
+    ratio: float | None = None
+    slower_ops: list[dict] = field(default_factory=list)
+
+    @property
+    def cell(self) -> tuple[str, str, str]:
+        return self.record.cell
+
+    @property
+    def change(self) -> str | None:
+        """Tonight's median against the baseline's, e.g. "+12.5%"."""
+        return None if self.ratio is None else f"{(self.ratio - 1) * 100:+.1f}%"
+
+
+@dataclass
+class NightReport:
+    night: str
+    verdicts: list[CellVerdict]
+    history: dict[tuple[str, str, str], list[RunRecord]]  # per cell, oldest first
+    exit_code: int
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # recorded earlier the same night
+
+    @property
+    def regressions(self) -> list[CellVerdict]:
+        return [v for v in self.verdicts if v.verdict == "regression"]
+
+    @property
+    def failures(self) -> list[CellVerdict]:
+        return [v for v in self.verdicts if v.verdict in ("failed", "infra")]
+
+
+def _label(cell: tuple[str, str, str]) -> str:
+    return " / ".join(cell)
+
+
+def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: str) -> bytes:
+    """Median latency per night with the p10-p90 band; invalid and failed nights marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7.5, 2.8), dpi=110)
+    ok = [r for r in records if r.status == "ok" and r.latencies_ms]
+    if ok:
+        xs = [r.night for r in ok]
+        medians = [float(np.median(r.latencies_ms)) for r in ok]
+        low = [float(np.percentile(r.latencies_ms, 10)) for r in ok]
+        high = [float(np.percentile(r.latencies_ms, 90)) for r in ok]
+        ax.fill_between(xs, low, high, color="#9ecae1", alpha=0.5, label="p10–p90")
+        ax.plot(xs, medians, marker="o", color="#08519c", label="median")
+        for record, x, y in zip(ok, xs, medians, strict=True):
+            if record.validity != "valid":
+                ax.plot([x], [y], marker="x", color="#e6550d", markersize=10)
+            if record.night == night:
+                ax.plot([x], [y], marker="o", color="#de2d26", markersize=9, fillstyle="none")
+    for record in records:
+        if record.status != "ok":
+            ax.axvline(record.night, color="#de2d26", alpha=0.3, linestyle="--")
+    ax.set_title(_label(cell), fontsize=10)
+    ax.set_ylabel("latency (ms)")
+    ax.grid(alpha=0.3)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    if ok:
+        ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    return "—" if value is None else f"{value:,.2f}{unit}"
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem;color:#222;max-width:1100px}
+h1{font-size:1.5rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem} th,td{border:1px solid #ddd;padding:.3rem .6rem}
+th{background:#f5f5f5;text-align:left} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.regression{color:#b30000;font-weight:600} .improvement{color:#006d2c} .failed,.infra{color:#b30000}
+.badge{display:inline-block;padding:.1rem .5rem;border-radius:.6rem;font-size:.85rem;background:#eee}
+figure{margin:1rem 0} img.trend{max-width:100%;border:1px solid #eee}
+"""
+
+
+def _count(number: int, noun: str, css: str) -> str:
+    """Counts of bad things are red only when there are some."""
+    return f"<span class='{css}'>{number} {noun}</span>" if number else f"{number} {noun}"
+
+
+def _reasons_html(reasons: Sequence[str]) -> str:
+    return ": " + html.escape(", ".join(reasons)) if reasons else ""
+
+
+def render_html(report: NightReport) -> str:
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>etlab nightly {html.escape(report.night)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>etlab nightly — {html.escape(report.night)}</h1>",
+        f"<p><span class='badge'>exit code {report.exit_code}</span> "
+        f"{len(report.verdicts)} cells run, {len(report.skipped)} already recorded, "
+        f"{_count(len(report.regressions), 'regressions', 'regression')}, "
+        f"{_count(len(report.failures), 'failures', 'failed')}</p>",
+        "<h2>Tonight</h2><table id='tonight'><tr><th>board</th><th>model</th><th>backend</th><th>median ms</th>"
+        "<th>baseline ms</th><th>change</th><th>verdict</th><th>validity</th><th>bundle</th></tr>",
+    ]
+    for item in report.verdicts:
+        record = item.record
+        change = item.change or "—"
+        parts.append(
+            f"<tr><td>{html.escape(record.board)}</td><td>{html.escape(record.model)}</td>"
+            f"<td>{html.escape(record.backend)}</td><td class='num'>{_fmt(record.median_ms)}</td>"
+            f"<td class='num'>{_fmt(item.baseline_median_ms)}</td><td class='num'>{change}</td>"
+            f"<td class='{html.escape(item.verdict.replace(' ', '-'))}'>{html.escape(item.verdict)}"
+            f"{'<br><small>' + html.escape(item.detail) + '</small>' if item.detail else ''}</td>"
+            f"<td>{html.escape(record.validity)}{_reasons_html(record.reasons)}</td>"
+            f"<td><code>{html.escape(record.bundle_path or '—')}</code></td></tr>"
+        )
+    parts.append("</table>")
+
+    parts.append("<h2>Regressions</h2>")
+    if not report.regressions:
+        parts.append("<p>None.</p>")
+    for item in report.regressions:
+        parts.append(f"<h3 class='regression'>{html.escape(_label(item.cell))}</h3><p>{html.escape(item.detail)}</p>")
+        if item.slower_ops:
+            parts.append(
+                "<table class='ops'><tr><th>operator</th><th>baseline ms</th><th>tonight ms</th><th>Δ ms</th></tr>"
+            )
+            for op in item.slower_ops:
+                parts.append(
+                    f"<tr><td>{html.escape(op['op'])}</td><td class='num'>{op['baseline_ms']:.3f}</td>"
+                    f"<td class='num'>{op['current_ms']:.3f}</td><td class='num'>{op['delta_ms']:+.3f}</td></tr>"
+                )
+            parts.append("</table>")
+
+    parts.append("<h2>Failures</h2>")
+    if not report.failures:
+        parts.append("<p>None.</p>")
+    else:
+        parts.append("<table id='failures'><tr><th>cell</th><th>kind</th><th>stage</th><th>reason</th></tr>")
+        for item in report.failures:
+            parts.append(
+                f"<tr><td>{html.escape(_label(item.cell))}</td><td class='{item.verdict}'>{item.verdict}</td>"
+                f"<td>{html.escape(item.record.stage or '—')}</td><td>{html.escape(item.record.error or '')}</td></tr>"
+            )
+        parts.append("</table>")
+
+    parts.append("<h2>Latency trends</h2>")
+    for cell, records in sorted(report.history.items()):
+        png = base64.b64encode(trend_png(cell, records, report.night)).decode()
+        parts.append(
+            f"<figure><img class='trend' alt='latency trend {html.escape(_label(cell))}' "
+            f"src='data:image/png;base64,{png}'><figcaption>{html.escape(_label(cell))}</figcaption></figure>"
+        )
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def render_markdown(report: NightReport) -> str:
+    lines = [
+        f"# etlab nightly {report.night}",
+        "",
+        f"Exit code {report.exit_code}: {len(report.verdicts)} cells run, {len(report.regressions)} regressions, "
+        f"{len(report.failures)} failures, {len(report.skipped)} already recorded.",
+        "",
+        "| board | model | backend | median ms | baseline ms | change | verdict | validity |",
+        "|---|---|---|---:|---:|---:|---|---|",
+    ]
+    for item in report.verdicts:
+        r = item.record
+        change = item.change or "—"
+        lines.append(
+            f"| {r.board} | {r.model} | {r.backend} | {_fmt(r.median_ms)} | {_fmt(item.baseline_median_ms)} | "
+            f"{change} | {item.verdict} | {r.validity} |"
+        )
+    for item in report.regressions:
+        lines += ["", f"## Regression: {_label(item.cell)}", "", item.detail]
+        if item.slower_ops:
+            lines += ["", "| operator | baseline ms | tonight ms | Δ ms |", "|---|---:|---:|---:|"]
+            lines += [
+                f"| {op['op']} | {op['baseline_ms']:.3f} | {op['current_ms']:.3f} | {op['delta_ms']:+.3f} |"
+                for op in item.slower_ops
+            ]
+    if report.failures:
+        lines += ["", "## Failures", ""]
+        lines += [
+            f"- {_label(i.cell)}: {i.verdict} at {i.record.stage or '?'}: {i.record.error}" for i in report.failures
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def render_junit(report: NightReport) -> str:
+    suite = ET.Element(
+        "testsuite",
+        name=f"etlab-nightly-{report.night}",
+        tests=str(len(report.verdicts)),
+        failures=str(sum(v.verdict in ("regression", "failed") for v in report.verdicts)),
+        errors=str(sum(v.verdict == "infra" for v in report.verdicts)),
+    )
+    for item in report.verdicts:
+        board, model, backend = item.cell
+        case = ET.SubElement(suite, "testcase", classname=f"etlab.{board}", name=f"{model}/{backend}")
+        case.set("time", f"{(item.record.median_ms or 0) / 1000:.6f}")
+        if item.verdict == "regression":
+            ET.SubElement(case, "failure", message=item.detail, type="regression").text = item.detail
+        elif item.verdict == "failed":
+            ET.SubElement(case, "failure", message=item.record.error or "", type=item.record.stage or "failed")
+        elif item.verdict == "infra":
+            ET.SubElement(case, "error", message=item.record.error or "", type=item.record.stage or "infra")
+    return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_reports(report: NightReport, folder: Path) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    outputs = {
+        "html": folder / f"nightly-{report.night}.html",
+        "markdown": folder / f"nightly-{report.night}.md",
+        "junit": folder / f"nightly-{report.night}.junit.xml",
+    }
+    atomic_write_text(outputs["html"], render_html(report))
+    atomic_write_text(outputs["markdown"], render_markdown(report))
+    atomic_write_text(outputs["junit"], render_junit(report))
+    return outputs

@@ -1,0 +1,139 @@
+"""Lowered artifacts on disk: where they live, and whether a sidecar still vouches for its files.
+
+A `.pte` counts as an artifact only when its sidecar exists and the recorded size, mtime (or, failing
+that, sha256) of every file it names still match. Lowering removes the sidecar before rewriting
+anything, so an interrupted lowering never leaves a valid-looking artifact behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator import paths
+from orchestrator.errors import ArtifactError
+from orchestrator.fsutil import read_json, sha256_file
+
+BACKENDS = ("portable", "xnnpack")
+SIDECAR_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class ArtifactPaths:
+    """File names for one model under artifacts/<name>/."""
+
+    name: str
+    folder: Path
+
+    @classmethod
+    def for_model(cls, name: str, root: Path | None = None) -> ArtifactPaths:
+        return cls(name, (root or paths.artifacts_dir()) / name)
+
+    @property
+    def exported_program(self) -> Path:
+        return self.folder / f"{self.name}_exported.pt2"
+
+    @property
+    def reference_inputs(self) -> Path:
+        return self.folder / f"{self.name}_inputs.etlt"
+
+    @property
+    def reference_outputs(self) -> Path:
+        return self.folder / f"{self.name}_reference_outputs.etlt"
+
+    def pte(self, backend: str) -> Path:
+        return self.folder / f"{self.name}_{backend}.pte"
+
+    def sidecar(self, backend: str) -> Path:
+        return self.folder / f"{self.name}_{backend}.json"
+
+    def etrecord(self, backend: str) -> Path:
+        return self.folder / f"{self.name}_{backend}.etrecord"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One lowered backend: the .pte and what its sidecar says about it."""
+
+    paths: ArtifactPaths
+    backend: str
+    sidecar: dict[str, Any]
+
+    @property
+    def pte(self) -> Path:
+        return self.paths.pte(self.backend)
+
+    @property
+    def sha256(self) -> str:
+        return str(self.sidecar["sha256"])
+
+    @property
+    def model(self) -> str:
+        return self.paths.name
+
+
+def file_record(path: Path, sha256: str | None = None) -> dict[str, Any]:
+    """What a sidecar stores about a file so that its validity is cheap to re-check."""
+    stat = path.stat()
+    return {
+        "file": path.name,
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sha256": sha256 or sha256_file(path),
+    }
+
+
+def record_still_matches(folder: Path, record: dict[str, Any]) -> bool:
+    """Size must match; a changed mtime is forgiven only if the content hash still matches."""
+    path = folder / record["file"]
+    try:
+        stat = path.stat()
+    except OSError:
+        return False
+    if stat.st_size != record["size"]:
+        return False
+    return stat.st_mtime_ns == record["mtime_ns"] or sha256_file(path) == record["sha256"]
+
+
+def sidecar_problem(artifact_paths: ArtifactPaths, backend: str) -> str | None:
+    """None when the backend's artifact is complete and intact, else why it is not."""
+    sidecar_path = artifact_paths.sidecar(backend)
+    if not sidecar_path.is_file():
+        return f"{sidecar_path.name} is missing"
+    try:
+        sidecar = read_json(sidecar_path)
+        records = sidecar["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{sidecar_path.name} is unreadable"
+    if sidecar.get("schema") != SIDECAR_SCHEMA:
+        return f"{sidecar_path.name} has an old schema"
+    for role, record in records.items():
+        if not record_still_matches(artifact_paths.folder, record):
+            return f"{record['file']} ({role}) changed or is missing since it was lowered"
+    return None
+
+
+def load_artifact(name: str, backend: str, root: Path | None = None) -> Artifact:
+    """The artifact for `name`/`backend`, or a clear error saying how to make it."""
+    if backend not in BACKENDS:
+        raise ArtifactError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
+    artifact_paths = ArtifactPaths.for_model(name, root)
+    problem = sidecar_problem(artifact_paths, backend)
+    if problem:
+        raise ArtifactError(
+            f"no valid {backend} artifact for model {name!r} in {artifact_paths.folder}: {problem}",
+            hint=f"run: fab lower --model {name} --backend {backend}",
+        )
+    return Artifact(artifact_paths, backend, read_json(artifact_paths.sidecar(backend)))
+
+
+def parse_backends(value: str | None, default: str = "portable,xnnpack") -> list[str]:
+    """`--backend portable,xnnpack` → ["portable", "xnnpack"], validated, order kept, no duplicates."""
+    names = [part.strip() for part in (value or default).split(",") if part.strip()]
+    unknown = [name for name in names if name not in BACKENDS]
+    if unknown or not names:
+        from orchestrator.errors import UsageError
+
+        raise UsageError(f"unknown backend {', '.join(unknown) or '(none)'}; choose from: {', '.join(BACKENDS)}")
+    return list(dict.fromkeys(names))

@@ -1,0 +1,173 @@
+"""Turn a ModelSpec into an exportable torch module, its reference inputs, and its weights story.
+
+The wrappers select the one output a deployment needs inside the graph (the [MASK] logits, or the
+last real token's logits), so the board returns [1, vocab] instead of [1, seq, vocab].
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+
+from orchestrator import console
+from orchestrator.errors import SpecError
+from orchestrator.lowering.spec import ModelSpec
+from orchestrator.tensorfile import NamedTensor
+
+WEIGHT_MODES = ("auto", "pretrained", "random")
+RANDOM_SEED = 0
+HUB_PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass
+class LoadedModel:
+    module: torch.nn.Module
+    weights: str  # "pretrained" or "random"
+    weights_note: str
+    parameters: int
+
+
+class FillMaskLogits(torch.nn.Module):
+    """Masked-LM logits at the first [MASK] position: [1, vocab]."""
+
+    def __init__(self, model: torch.nn.Module, mask_token_id: int) -> None:
+        super().__init__()
+        self.model = model
+        self.mask_token_id = mask_token_id
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        position = (input_ids == self.mask_token_id).to(torch.int32).argmax(dim=1)
+        return torch.index_select(logits[0], 0, position)
+
+
+class LastTokenLogits(torch.nn.Module):
+    """Causal-LM logits of the last unmasked token: [1, vocab]."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        last = attention_mask.sum(dim=1) - 1
+        return torch.index_select(logits[0], 0, last)
+
+
+def _auto_class(spec: ModelSpec) -> Any:
+    import transformers
+
+    return transformers.AutoModelForMaskedLM if spec.task == "fill-mask" else transformers.AutoModelForCausalLM
+
+
+def _config(spec: ModelSpec) -> Any:
+    from transformers import CONFIG_MAPPING
+
+    try:
+        return CONFIG_MAPPING[spec.model_type](**spec.config)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"spec {spec.name!r} ({spec.source}): field 'config' is invalid: {exc}") from exc
+
+
+def build_random(spec: ModelSpec) -> torch.nn.Module:
+    """The architecture from its config with seeded random weights: no hub needed."""
+    torch.manual_seed(RANDOM_SEED)
+    model = _auto_class(spec).from_config(_config(spec))
+    return model.eval()
+
+
+def build_pretrained(spec: ModelSpec) -> torch.nn.Module:
+    """`from_pretrained` from the HF cache, a local folder, or the hub."""
+    if not spec.model_id:
+        raise SpecError(f"model {spec.name!r} has no model_id, so it has no pretrained weights; use --weights random")
+    overrides = dict(spec.config)
+    model = _auto_class(spec).from_pretrained(spec.model_id, **overrides)
+    return model.eval()
+
+
+def pretrained_available(spec: ModelSpec) -> tuple[bool, str]:
+    """Whether pretrained weights can be had without a long network timeout, and why not."""
+    if not spec.model_id:
+        return False, "the spec has no model_id"
+    if os.path.isdir(spec.model_id):
+        return True, f"local folder {spec.model_id}"
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(spec.model_id, "config.json")
+    if isinstance(cached, str):
+        return True, "found in the HuggingFace cache"
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return False, "not in the HuggingFace cache and HF_HUB_OFFLINE is set"
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S):
+            return True, f"{host} is reachable"
+    except OSError as exc:
+        return False, f"not in the HuggingFace cache and {host} is unreachable ({exc.__class__.__name__}: {exc})"
+
+
+def load_model(spec: ModelSpec, weights: str) -> LoadedModel:
+    if weights not in WEIGHT_MODES:
+        raise SpecError(f"--weights must be one of {', '.join(WEIGHT_MODES)}, got {weights!r}")
+    if weights == "auto":
+        available, reason = pretrained_available(spec)
+        if available:
+            weights = "pretrained"
+        else:
+            if spec.model_id:
+                console.loud_warning(
+                    f"pretrained weights for {spec.model_id!r} are unavailable ({reason}).\n"
+                    f"Falling back to RANDOM weights (seed {RANDOM_SEED}): timings are representative, outputs are not."
+                )
+            module, note = build_random(spec), f"random (seed {RANDOM_SEED}); pretrained unavailable: {reason}"
+            return _wrap(spec, module, "random", note)
+    if weights == "pretrained":
+        try:
+            module = build_pretrained(spec)
+        except SpecError:
+            raise
+        except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+            raise SpecError(
+                f"cannot load pretrained weights for {spec.model_id!r}: {exc.__class__.__name__}: {str(exc)[:300]}",
+                hint="use --weights random to build the architecture from its config",
+            ) from exc
+        return _wrap(spec, module, "pretrained", f"from_pretrained({spec.model_id!r})")
+    return _wrap(spec, build_random(spec), "random", f"random (seed {RANDOM_SEED})")
+
+
+def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> LoadedModel:
+    if spec.task == "fill-mask":
+        assert spec.mask_token_id is not None
+        wrapped: torch.nn.Module = FillMaskLogits(model, spec.mask_token_id)
+    else:
+        wrapped = LastTokenLogits(model)
+    parameters = sum(p.numel() for p in model.parameters())
+    return LoadedModel(wrapped.eval(), weights, note, parameters)
+
+
+def reference_inputs(spec: ModelSpec, vocab_size: int) -> list[NamedTensor]:
+    """Deterministic inputs: a padded sequence (3/4 real tokens) with a [MASK] for fill-mask models."""
+    rng = np.random.default_rng(RANDOM_SEED)
+    seq_len = spec.seq_len
+    real = max(1, (seq_len * 3) // 4)
+    low = min(1000, vocab_size // 2)
+    input_ids = np.zeros((1, seq_len), dtype=np.int64)
+    input_ids[0, :real] = rng.integers(low, vocab_size, size=real)
+    if spec.task == "fill-mask":
+        assert spec.mask_token_id is not None
+        input_ids[0, min(real - 1, max(1, real // 3))] = spec.mask_token_id
+    attention_mask = np.zeros((1, seq_len), dtype=np.int64)
+    attention_mask[0, :real] = 1
+    return [NamedTensor("input_ids", input_ids), NamedTensor("attention_mask", attention_mask)]
+
+
+def vocab_size_of(module: torch.nn.Module) -> int:
+    inner = getattr(module, "model", module)
+    return int(inner.config.vocab_size)

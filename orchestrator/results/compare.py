@@ -1,0 +1,225 @@
+"""`compare`: did run B get slower or faster than run A, overall and per operator, or is it noise?
+
+Both runs must be analysed bundles of the same program: the same model, the same .pte (sha256) and so the same
+instruction list. Comparing different builds of the same topology (a re-lowering with identical instructions) is
+allowed only on request, since their kernels or weights may differ.
+
+The overall verdict uses the runs' per-iteration latencies (timings.json); per-operator verdicts use the
+per-execution ETDump samples in analysis/ops.json. Both use `stats.compare_samples` (Mann-Whitney U, bootstrap
+CI of the median ratio, 5% minimum effect). Per-operator tests are many at once, so their alpha is divided by
+the number of operators tested (Bonferroni), which keeps a clean run from showing spurious per-op changes.
+A diverging overlay (blue faster, white unchanged, red slower) of the median change in ms is written into run
+B's model_explorer/ folder, next to its own overlays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator import console
+from orchestrator.results.analysis import ANALYSIS_DIR, load_summary
+from orchestrator.errors import AnalysisError, UsageError
+from orchestrator.fsutil import atomic_write_json, read_json
+from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
+from orchestrator.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, Verdict, compare_samples
+
+
+class CompareError(UsageError):
+    """The two runs cannot be compared (different models or programs, or not analysed)."""
+
+
+@dataclass
+class OpDelta:
+    node_id: str
+    op: str | None
+    median_a_ms: float | None
+    median_b_ms: float | None
+    verdict: Verdict | None
+
+    @property
+    def delta_ms(self) -> float | None:
+        if self.median_a_ms is None or self.median_b_ms is None:
+            return None
+        return self.median_b_ms - self.median_a_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "op": self.op,
+            "median_a_ms": self.median_a_ms,
+            "median_b_ms": self.median_b_ms,
+            "delta_ms": self.delta_ms,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+        }
+
+
+@dataclass
+class Comparison:
+    run_a: Path
+    run_b: Path
+    run_id_a: str
+    run_id_b: str
+    total: Verdict
+    median_a_ms: float | None
+    median_b_ms: float | None
+    ops: list[OpDelta]
+    notes: list[str] = field(default_factory=list)
+    overlay: Path | None = None
+    report: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": 1,
+            "run_a": {"run_id": self.run_id_a, "path": str(self.run_a), "median_ms": self.median_a_ms},
+            "run_b": {"run_id": self.run_id_b, "path": str(self.run_b), "median_ms": self.median_b_ms},
+            "total": self.total.to_dict(),
+            "notes": self.notes,
+            "ops": [op.to_dict() for op in self.ops],
+            "overlay": str(self.overlay) if self.overlay else None,
+        }
+
+
+@dataclass(frozen=True)
+class _Run:
+    path: Path
+    summary: dict[str, Any]
+    ops: dict[str, Any]
+    iterations_ms: list[float]
+
+    @property
+    def run_id(self) -> str:
+        return str(self.summary["run_id"])
+
+
+def _load(run: Path) -> _Run:
+    run = Path(run)
+    try:
+        summary = load_summary(run)
+    except AnalysisError as exc:
+        raise CompareError(str(exc), hint="run the analysis first (it writes analysis/summary.json)") from None
+    ops_path = run / ANALYSIS_DIR / "ops.json"
+    if not ops_path.is_file():
+        raise CompareError(f"{run} has no per-operator profile ({ops_path.name}): was it run without ETDump?")
+    timings_path = run / "timings.json"
+    timings = read_json(timings_path) if timings_path.is_file() else {}
+    iterations = [float(v) for v in timings.get("iterations_ms") or [] if isinstance(v, int | float)]
+    return _Run(run, summary, read_json(ops_path), iterations)
+
+
+def _instruction_signature(run: _Run) -> list[tuple[str, str, str | None]]:
+    return [(row["node_id"], row["kind"], row["op"]) for row in run.ops["instructions"]]
+
+
+def check_comparable(a: _Run, b: _Run, *, allow_rebuilt: bool) -> list[str]:
+    """Raise CompareError unless the runs profiled the same program; return notes for the report."""
+    model_a, model_b = a.summary.get("model") or {}, b.summary.get("model") or {}
+    name_a, name_b = model_a.get("name"), model_b.get("name")
+    if name_a and name_b and name_a != name_b:
+        raise CompareError(f"refusing to compare different models: {a.run_id} ran {name_a}, {b.run_id} ran {name_b}")
+    signature_a, signature_b = _instruction_signature(a), _instruction_signature(b)
+    if signature_a != signature_b:
+        pairs = zip(signature_a, signature_b, strict=False)
+        first = next((f"{x[0]} is {x[2] or x[1]} vs {y[2] or y[1]}" for x, y in pairs if x != y), "one is longer")
+        raise CompareError(
+            f"refusing to compare different programs: {len(signature_a)} vs {len(signature_b)} instructions ({first})"
+        )
+    sha_a, sha_b = model_a.get("sha256"), model_b.get("sha256")
+    notes = []
+    if sha_a != sha_b:
+        if not allow_rebuilt:
+            raise CompareError(
+                f"refusing to compare different .pte builds ({str(sha_a)[:12]} vs {str(sha_b)[:12]}), "
+                "although their instructions match",
+                hint="pass allow_rebuilt=True (--allow-rebuilt) to compare a re-lowered program",
+            )
+        notes.append("the runs used different builds of the same program (same instructions, different .pte)")
+    for run in (a, b):
+        validity = (run.summary.get("validity") or {}).get("status")
+        if validity and validity != "valid":
+            notes.append(f"run {run.run_id} is {validity}")
+    return notes
+
+
+def _delegate_medians(run: _Run) -> dict[str, dict[str, float]]:
+    found: dict[str, dict[str, float]] = {}
+    for delegate in run.ops.get("delegates", []):
+        if delegate.get("status") == "placed":
+            nodes = delegate["nodes"]
+            found[delegate["graph_id"]] = {n["node"]: n["median_ms"] for n in nodes if n["median_ms"] is not None}
+    return found
+
+
+def compare_runs(
+    run_a: Path,
+    run_b: Path,
+    *,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    alpha: float = DEFAULT_ALPHA,
+    allow_rebuilt: bool = False,
+    write: bool = True,
+) -> Comparison:
+    """Compare two analysed runs of the same program (A = baseline, B = new). See the module docstring."""
+    a, b = _load(run_a), _load(run_b)
+    notes = check_comparable(a, b, allow_rebuilt=allow_rebuilt)
+    total = compare_samples(a.iterations_ms, b.iterations_ms, min_effect=min_effect, alpha=alpha)
+    rows_b = {row["node_id"]: row for row in b.ops["instructions"]}
+    testable = [r for r in a.ops["instructions"] if r["samples"] and rows_b[r["node_id"]]["samples"]]
+    per_op_alpha = alpha / max(1, len(testable))
+    ops = []
+    for row_a in a.ops["instructions"]:
+        row_b = rows_b[row_a["node_id"]]
+        verdict = None
+        if row_a["samples"] and row_b["samples"]:
+            verdict = compare_samples(
+                row_a.get("samples_ms", []), row_b.get("samples_ms", []), min_effect=min_effect, alpha=per_op_alpha
+            )
+        ops.append(OpDelta(row_a["node_id"], row_a["op"], row_a["median_ms"], row_b["median_ms"], verdict))
+    warm_a = (a.summary.get("latency") or {}).get("warm") or {}
+    warm_b = (b.summary.get("latency") or {}).get("warm") or {}
+    comparison = Comparison(
+        a.path, b.path, a.run_id, b.run_id, total, warm_a.get("median_ms"), warm_b.get("median_ms"), ops, notes
+    )
+    if write:
+        method = str(b.ops.get("method") or "forward")
+        values = {method: {op.node_id: op.delta_ms for op in ops if op.delta_ms is not None}}
+        medians_a, medians_b = _delegate_medians(a), _delegate_medians(b)
+        for graph_id in medians_a.keys() & medians_b.keys():
+            shared = medians_a[graph_id].keys() & medians_b[graph_id].keys()
+            values[graph_id] = {node: medians_b[graph_id][node] - medians_a[graph_id][node] for node in sorted(shared)}
+        safe_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in a.run_id)
+        comparison.overlay = write_diff_overlay(
+            b.path / OVERLAY_DIR / f"me_overlay_diff_vs_{safe_id}.json", values, f"Δ median ms vs {a.run_id}"
+        )
+        comparison.report = b.path / ANALYSIS_DIR / f"compare_vs_{safe_id}.json"
+        atomic_write_json(comparison.report, comparison.to_dict())
+    return comparison
+
+
+def render_comparison(comparison: Comparison, limit: int = 15) -> None:
+    """The biggest per-operator changes and the overall verdict, through the console."""
+    changed = [op for op in comparison.ops if op.delta_ms is not None]
+    changed.sort(key=lambda op: -abs(op.delta_ms or 0.0))
+    rows = [
+        [
+            op.node_id,
+            op.op,
+            op.median_a_ms,
+            op.median_b_ms,
+            op.delta_ms,
+            f"{((op.median_b_ms or 0) / op.median_a_ms - 1) * 100:+.1f}%" if op.median_a_ms else None,
+            op.verdict.change if op.verdict else None,
+        ]
+        for op in changed[:limit]
+    ]
+    total = comparison.total
+    ratio = f"{(total.ratio - 1) * 100:+.1f}%" if total.ratio is not None else "n/a"
+    console.table(
+        f"{comparison.run_id_b} vs {comparison.run_id_a}",
+        ["node", "op", "A median ms", "B median ms", "Δ ms", "Δ %", "verdict"],
+        rows,
+        caption=f"overall: {total.change} ({ratio}; {total.reason})",
+    )
+    for note in comparison.notes:
+        console.warn(note)

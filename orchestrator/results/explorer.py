@@ -1,0 +1,360 @@
+"""`explore`: Model Explorer with the PTE adapter, preloaded with a model's programs and a run's overlays.
+
+Model Explorer's `visualize_from_config` blocks and serves until killed, so it runs in a child process (its own
+process group, stopped with SIGTERM, then SIGKILL). The server's `/api/v1/read_text_file` endpoint returns any
+file the server can read, so it binds to 127.0.0.1 unless the caller explicitly asks for another address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import webbrowser
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from orchestrator import console
+from orchestrator.errors import EtlabError, UsageError
+from orchestrator.fsutil import read_json
+from orchestrator.results.overlays import INDEX_NAME, OVERLAY_DIR
+from orchestrator.paths import PROJECT_ROOT
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8081
+PTE_ADAPTER = "pte_adapter_model_explorer"
+MODEL_SUFFIXES = (".pt2", ".pte")
+HEALTH_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 10.0
+
+
+class ExplorerError(EtlabError):
+    """Model Explorer could not be started."""
+
+
+@dataclass
+class ExplorerHandle:
+    """A running Model Explorer server (a child process group)."""
+
+    url: str
+    host: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+    focus: str | None = None  # the .pte whose graphs the overlays paint
+    _workdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+
+    def url_for(self, graph: str) -> str:
+        """A URL opening another graph of the focus program, e.g. a delegate ("<pte>::forward_0_28")."""
+        return explorer_url(self.host, self.port, self.config, self.focus, graph=graph)
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop the server and everything it started (its whole process group)."""
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout)
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+
+    def wait(self) -> int:
+        """Block until the server exits or Ctrl+C / SIGTERM arrives; then stop it cleanly. Returns its exit code
+        (130 when interrupted)."""
+        with _sigterm_interrupts():
+            try:
+                return self.process.wait()
+            except KeyboardInterrupt:
+                console.info("stopping Model Explorer …")
+                return 130
+            finally:
+                self.stop()
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt like Ctrl+C, so the server is always stopped."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signum)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host: str) -> None:
+    """Any non-loopback address was asked for explicitly: allow it, but say loudly what it exposes."""
+    if not is_loopback(host):
+        console.loud_warning(
+            f"Model Explorer will listen on {host}: anyone who can reach this address can read ANY file this "
+            "user can read through its /api/v1/read_text_file endpoint. Prefer 127.0.0.1 with an SSH tunnel."
+        )
+
+
+def ensure_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As the server does: connections left in TIME_WAIT by a previous server do not block the port.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ExplorerError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another Model Explorer running?)",
+                hint="stop it, or choose another port with --port",
+            ) from None
+
+
+def run_overlays(run_dir: Path) -> list[Path]:
+    """An analysed run's overlays (median_ms, mean_ms, pct, and any compare diffs)."""
+    found = sorted((Path(run_dir) / OVERLAY_DIR).glob("me_overlay_*.json"))
+    if not found:
+        raise ExplorerError(f"{run_dir} has no Model Explorer overlays", hint="analyse the run first")
+    return found
+
+
+def artifact_models(artifact_dir: Path) -> list[Path]:
+    """A model's lowered artifacts to show: its exported .pt2 and every .pte beside it."""
+    folder = Path(artifact_dir)
+    found = sorted(folder.glob("*.pt2")) + sorted(folder.glob("*.pte"))
+    if not found:
+        raise ExplorerError(f"no .pt2 or .pte in {folder}", hint="lower the model first")
+    return found
+
+
+def overlay_target(overlay: Path) -> str | None:
+    """The .pte file name an overlay was made for, from the overlays.json index next to it (None if unknown)."""
+    index = Path(overlay).parent / INDEX_NAME
+    if not index.is_file():
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        pte = read_json(index).get("pte")
+        return str(pte) if pte else None
+    return None
+
+
+def _collection_labels(model_file: str) -> list[str]:
+    """The UI's labels for the collections the PTE adapter makes from one file: the program and its delegates."""
+    return [f"{model_file} ({model_file})", f"{model_file} (delegates)"]
+
+
+def build_config(models: list[Path], overlays: list[Path]) -> dict[str, Any]:
+    """What the child loads: models with their adapters, and node data with the collections they target."""
+    model_entries = [
+        {"url": str(path.resolve()), **({"adapterId": PTE_ADAPTER} if path.suffix == ".pte" else {})} for path in models
+    ]
+    loaded = {path.name for path in models}
+    node_data: list[dict[str, str]] = []
+    for overlay in overlays:
+        target = overlay_target(overlay)
+        if target is not None and target in loaded:
+            node_data += [{"path": str(overlay.resolve()), "model_name": label} for label in _collection_labels(target)]
+        else:
+            node_data.append({"path": str(overlay.resolve()), "model_name": ""})
+    return {"models": model_entries, "node_data": node_data}
+
+
+def explorer_url(
+    host: str, port: int, config: dict[str, Any], focus: str | None, graph: str = "forward", method: str = "forward"
+) -> str:
+    """The page URL. Its `?data=` state opens `graph` of the focus program (its `forward` graph by default, or one
+    of its delegate graphs by id) with the method's layer expanded."""
+    data: dict[str, Any] = {
+        "models": config["models"],
+        "nodeData": [entry["path"] for entry in config["node_data"]],
+        "nodeDataTargets": [entry["model_name"] for entry in config["node_data"]],
+    }
+    if focus is not None:
+        data["uiState"] = {
+            "paneStates": [
+                {
+                    # The adapter puts XNN nodes in a "forward" layer too, so expanding it suits every graph.
+                    "deepestExpandedGroupNodeIds": [f"{method}___group___"],
+                    "selectedNodeId": "",
+                    "selectedGraphId": graph,
+                    "selectedCollectionLabel": _collection_labels(focus)[0 if graph == method else 1],
+                    "widthFraction": 1,
+                }
+            ]
+        }
+    shown_host = f"[{host}]" if ":" in host else host
+    return f"http://{shown_host}:{port}/?data={quote(json.dumps(data, separators=(',', ':')))}"
+
+
+def _wait_healthy(handle: ExplorerHandle, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    shown_host = f"[{handle.host}]" if ":" in handle.host else handle.host
+    health = f"http://{shown_host}:{handle.port}/check_health"
+    while time.monotonic() < deadline:
+        if not handle.running:
+            log = handle.log_path.read_text(errors="replace")[-2000:] if handle.log_path.is_file() else ""
+            raise ExplorerError(f"Model Explorer exited with code {handle.process.returncode} while starting:\n{log}")
+        with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(health, timeout=2) as answer:
+            if answer.status == 200:
+                return
+        time.sleep(0.2)
+    handle.stop()
+    raise ExplorerError(f"Model Explorer did not answer {health} within {timeout:.0f} s")
+
+
+def launch_explorer(
+    models: list[Path],
+    overlays: list[Path],
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    open_browser: bool = True,
+    block: bool = True,
+    health_timeout: float = HEALTH_TIMEOUT_S,
+) -> ExplorerHandle:
+    """Serve `models` (.pt2 / .pte) with `overlays` in Model Explorer; return once it answers its health check.
+
+    With block=True, also wait until Ctrl+C / SIGTERM and stop the server before returning."""
+    models = [Path(m) for m in models]
+    overlays = [Path(o) for o in overlays]
+    if not models:
+        raise UsageError("nothing to explore: no model files given")
+    missing = [str(p) for p in [*models, *overlays] if not p.is_file()]
+    if missing:
+        raise ExplorerError(f"missing file(s): {', '.join(missing)}", hint="lower the model and analyse the run first")
+    unknown = [p.name for p in models if p.suffix not in MODEL_SUFFIXES]
+    if unknown:
+        raise UsageError(f"not a .pt2 or .pte model: {', '.join(unknown)}")
+    check_host(host)
+    ensure_port_free(host, port)
+
+    targets = [overlay_target(o) for o in overlays]
+    focus = next((t for t in targets if t and t in {m.name for m in models}), None)
+    if focus is None:
+        focus = next((m.name for m in models if m.suffix == ".pte"), None)
+    # The UI renames a repeated graph id ("forward" -> "forward (2)") in load order, so the program the overlays
+    # paint is loaded first and keeps the ids they are keyed by.
+    models = sorted(models, key=lambda m: (m.name != focus, m.suffix != ".pte"))
+    config = build_config(models, overlays)
+    url = explorer_url(host, port, config, focus)
+
+    guard = _sigterm_interrupts() if block else contextlib.nullcontext()
+    with guard:
+        handle = _spawn(host, port, config, url, focus)
+        try:
+            _wait_healthy(handle, health_timeout)
+            _announce(url, host, port)
+            if open_browser:
+                webbrowser.open_new_tab(url)
+            if block:
+                handle.process.wait()
+        except KeyboardInterrupt:
+            handle.stop()
+            if not block:
+                raise
+            console.info("stopped Model Explorer")
+        except BaseException:
+            handle.stop()
+            raise
+        if block:
+            handle.stop()
+    return handle
+
+
+def _spawn(host: str, port: int, config: dict[str, Any], url: str, focus: str | None) -> ExplorerHandle:
+    workdir = tempfile.TemporaryDirectory(prefix="etlab-explorer-")
+    config_path = Path(workdir.name) / "config.json"
+    config_path.write_text(json.dumps({**config, "host": host, "port": port}))
+    log_path = Path(workdir.name) / "model_explorer.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.results.explorer", str(config_path), str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group, so stop() reaches everything it starts
+        )
+    return ExplorerHandle(url, host, port, process, log_path, config, focus, _workdir=workdir)
+
+
+def _announce(url: str, host: str, port: int) -> None:
+    console.info("Model Explorer is ready:")
+    console.plain(url)  # one unbroken line, for copy and paste
+    ssh = os.environ.get("SSH_CONNECTION", "").split()
+    if ssh and is_loopback(host):
+        user = os.environ.get("USER") or "user"
+        server = ssh[2] if len(ssh) > 2 else "host"
+        console.info(f"over SSH? forward the port first:  ssh -L {port}:127.0.0.1:{port} {user}@{server}")
+
+
+def _serve(config_path: Path, parent: int | None = None) -> None:
+    """Child process: load the config and serve until killed, or until `parent` (the etlab process) is gone."""
+    if parent is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    import model_explorer
+
+    config = json.loads(Path(config_path).read_text())
+    explorer_config = model_explorer.config()
+    for model in config["models"]:
+        explorer_config.add_model_from_path(model["url"], adapterId=model.get("adapterId", ""))
+    for entry in config["node_data"]:
+        explorer_config.add_node_data_from_path(entry["path"], entry["model_name"] or None)
+    model_explorer.visualize_from_config(
+        config=explorer_config,
+        host=config["host"],
+        port=config["port"],
+        extensions=[PTE_ADAPTER],
+        no_open_in_browser=True,
+    )
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Child process: a parent that dies without stopping us (SIGKILL, a crash) must not leave the port taken."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    if os.getpgrp() == os.getpid():  # our own group (as _spawn starts us): take everything we started along
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    _serve(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -1,0 +1,122 @@
+"""Model Explorer overlays ("node data") that paint measured cost onto the .pte graph the PTE adapter draws.
+
+One file per metric, `model_explorer/me_overlay_<metric>.json`, in Model Explorer's model node-data format:
+`{"<graph id>": {"name": ..., "results": {"<node id>": {"value": v}}, "gradient": [...]}}`. Each file holds the
+top-level graph (graph id = method name, node ids `<method>_<chain>_<instruction>`) and one graph per XNNPACK
+delegate whose events could be placed on its nodes (graph id `<pte file>::<method>_<chain>_<instruction>`,
+node ids = XNN node index). `model_explorer/overlays.json` says which .pte the overlays belong to, so `explore`
+can target the right model when several are loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.fsutil import atomic_write_json
+
+if TYPE_CHECKING:
+    from orchestrator.results.analysis import Profile
+
+OVERLAY_DIR = "model_explorer"
+INDEX_NAME = "overlays.json"
+METRICS = ("median_ms", "mean_ms", "pct")
+GREEN_YELLOW_RED = [
+    {"stop": 0.0, "bgColor": "#4caf50"},
+    {"stop": 0.5, "bgColor": "#ffeb3b"},
+    {"stop": 1.0, "bgColor": "#f44336"},
+]
+BLUE_WHITE_RED = [
+    {"stop": 0.0, "bgColor": "#2166ac"},
+    {"stop": 0.5, "bgColor": "#ffffff"},
+    {"stop": 1.0, "bgColor": "#b2182b"},
+]
+
+
+def overlay_path(bundle_dir: Path, metric: str) -> Path:
+    return Path(bundle_dir) / OVERLAY_DIR / f"me_overlay_{metric}.json"
+
+
+def graph_node_data(name: str, values: Mapping[str, float], gradient: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"name": name, "results": {node: {"value": value} for node, value in values.items()}, "gradient": gradient}
+
+
+def _metric_value(dist: Any, pct: float | None, metric: str) -> float | None:
+    if dist is None:
+        return None
+    return {"median_ms": dist.median, "mean_ms": dist.mean, "pct": pct}[metric]
+
+
+def overlay_values(profile: Profile, metric: str) -> dict[str, dict[str, float]]:
+    """graph id -> node id -> value, for the top-level graph and every placed XNNPACK delegate."""
+    top: dict[str, float] = {}
+    for instruction in profile.instructions:
+        if instruction.kind in ("KernelCall", "DelegateCall"):
+            value = _metric_value(instruction.dist, instruction.pct, metric)
+            if value is not None:
+                top[instruction.node_id] = value
+    graphs = {profile.method: top}
+    for delegate in profile.delegates:
+        if delegate.status != "placed":
+            continue
+        values = {}
+        for node in delegate.nodes:
+            value = _metric_value(node.dist, node.pct, metric)
+            if value is not None:
+                values[node.node] = value
+        graphs[delegate.graph_id] = values
+    return graphs
+
+
+def write_overlays(bundle_dir: Path, profile: Profile, *, run_id: str, pte_sha256: str | None) -> list[Path]:
+    """Write one overlay per metric plus the index; return the paths written."""
+    written = []
+    for metric in METRICS:
+        document = {
+            graph_id: graph_node_data(f"{metric} ({run_id})", values, GREEN_YELLOW_RED)
+            for graph_id, values in overlay_values(profile, metric).items()
+        }
+        path = overlay_path(bundle_dir, metric)
+        atomic_write_json(path, document)
+        written.append(path)
+    coverage = profile.coverage()
+    index = {
+        "schema": 1,
+        "run_id": run_id,
+        "pte": profile.pte_name,
+        "pte_sha256": pte_sha256,
+        "method": profile.method,
+        "metrics": {metric: overlay_path(bundle_dir, metric).name for metric in METRICS},
+        "delegate_graphs": [d.graph_id for d in profile.delegates if d.status == "placed"],
+        "left_out": coverage["left_out"],
+        "placed_share": coverage["placed_share"],
+    }
+    index_path = Path(bundle_dir) / OVERLAY_DIR / INDEX_NAME
+    atomic_write_json(index_path, index)
+    written.append(index_path)
+    return written
+
+
+def diverging_color(value: float, limit: float) -> str:
+    """Blue (faster, negative) -> white (0) -> red (slower, positive), saturating at +-limit."""
+    if limit <= 0:
+        return "#ffffff"
+    t = max(-1.0, min(1.0, value / limit))
+    end = BLUE_WHITE_RED[2 if t > 0 else 0]["bgColor"]
+    r, g, b = (int(end[i : i + 2], 16) for i in (1, 3, 5))
+    mix = abs(t)
+    return "#{:02x}{:02x}{:02x}".format(*(round(255 + (c - 255) * mix) for c in (r, g, b)))
+
+
+def write_diff_overlay(path: Path, values_by_graph: Mapping[str, Mapping[str, float]], name: str) -> Path:
+    """A diverging overlay: each node gets its own colour so white means exactly no change."""
+    limit = max((abs(v) for values in values_by_graph.values() for v in values.values()), default=0.0)
+    document = {}
+    for graph_id, values in values_by_graph.items():
+        data = graph_node_data(name, values, BLUE_WHITE_RED)
+        for node, value in values.items():
+            data["results"][node]["bgColor"] = diverging_color(value, limit)
+        document[graph_id] = data
+    atomic_write_json(Path(path), document)
+    return Path(path)

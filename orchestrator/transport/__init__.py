@@ -1,0 +1,47 @@
+"""How etlab talks to boards: `base` (the interface), `ssh` and `local` (the transports), `pipes` (subprocess
+streams), `hostkeys`, `transfer` (verified pushes and pulls) and `tarstream` (the strict tar reader)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.boards.inventory import Board
+from orchestrator.transport.base import (
+    AuthError,
+    BoardConnection,
+    CommandError,
+    CommandResult,
+    CommandTimeout,
+    LinkError,
+    ReadStream,
+    WriteStream,
+    is_transient,
+    quote,
+)
+
+__all__ = [
+    "AuthError",
+    "BoardConnection",
+    "CommandError",
+    "CommandResult",
+    "CommandTimeout",
+    "LinkError",
+    "ReadStream",
+    "WriteStream",
+    "connect",
+    "is_transient",
+    "quote",
+]
+
+
+def connect(board: Board, *, known_hosts: Path | None = None) -> BoardConnection:
+    """Open a connection to `board` (SSH, or local subprocesses for a `local` board)."""
+    if board.is_local:
+        from orchestrator.transport.local import LocalConnection
+
+        return LocalConnection(board)
+    from orchestrator.transport.ssh import SshConnection  # paramiko and fabric load only for SSH boards
+
+    connection = SshConnection(board, known_hosts=known_hosts)
+    connection.open()
+    return connection

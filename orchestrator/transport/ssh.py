@@ -1,0 +1,563 @@
+"""The SSH transport: a Fabric/paramiko connection per board, OpenSSH's `ssh` client for bulk streams.
+
+Lost links are noticed within seconds: the TCP socket carries TCP_USER_TIMEOUT and the SSH transport sends
+keepalives, so a blackholed board fails a command with LinkError instead of hanging.
+
+Large transfers may ask for a *bulk* stream. By default (`bulk_transfer: auto`) that is OpenSSH's `ssh` client
+in a subprocess, checking the host key against the same pinned known_hosts, after paramiko has verified it:
+its crypto and packet handling are C, and cost far less CPU than paramiko's (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+import fabric
+import paramiko
+
+from orchestrator import console
+from orchestrator.boards.inventory import Board
+from orchestrator.errors import BoardError, HostKeyError, UsageError
+from orchestrator.transport.base import (
+    AuthError,
+    BoardConnection,
+    CommandResult,
+    CommandTimeout,
+    Drain,
+    LinkError,
+    ReadStream,
+    WriteStream,
+    describe_command,
+    env_argv,
+    tail,
+)
+from orchestrator.transport.hostkeys import KnownHosts, TrustOnFirstUse, fingerprint, host_id, preferred_key_types
+from orchestrator.transport.pipes import (
+    Judge,
+    openssh_client,
+    openssh_path,
+    subprocess_read_stream,
+    subprocess_write_stream,
+)
+
+# paramiko logs a lost link at ERROR level from its own thread; etlab reports it as a BoardError instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+# A large receive window keeps bulk pulls streaming, and large packets cut paramiko's per-packet Python cost
+# (OpenSSH sends packets up to the size we allow, within its 256 KiB limit).
+WINDOW_SIZE = 16 << 20
+MAX_PACKET_SIZE = 128 << 10
+_PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+# How long to keep reading output after the exit status arrived, when no more output comes.
+_OUTPUT_GRACE = 10.0
+# With `bulk_transfer: auto`, transfers from this size go through OpenSSH: below it, a second handshake
+# costs more than it saves.
+BULK_FROM = 8 << 20
+_OPENSSH_CIPHERS = (
+    "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr"
+)
+# ssh exits 255 when it fails itself (connection, authentication, host key); etlab's board commands never do.
+_SSH_FAILED = 255
+_CHANNEL_ERRORS = (OSError, EOFError, paramiko.SSHException)
+
+
+class _QuickAckSocket:
+    """A TCP socket that acknowledges every read at once.
+
+    Right after authentication, OpenSSH's answer to our first channel open waited for our delayed ACK of its
+    previous packet (Nagle on the server side): 40 ms on every connect, measured on loopback.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def recv(self, size: int) -> bytes:
+        data = self._sock.recv(size)
+        with contextlib.suppress(OSError):
+            self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
+        return data
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sock, name)
+
+
+_TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
+
+
+def _open_socket(board: Board) -> socket.socket:
+    """A connected TCP socket whose writes fail after tcp_user_timeout without an acknowledgement."""
+    where = f"board {board.name!r} ({board.address})"
+    try:
+        addresses = socket.getaddrinfo(board.host, board.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise BoardError(f"{where}: cannot resolve host {board.host!r}: {exc.strerror}") from None
+    last: OSError | None = None
+    for family, kind, proto, _, address in addresses:
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(board.connect_timeout)
+        try:
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            last = exc
+            continue
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(board.tcp_user_timeout * 1000))
+        return _QuickAckSocket(sock) if _TCP_QUICKACK is not None else sock  # type: ignore[return-value]
+    if isinstance(last, TimeoutError | socket.timeout):
+        reason = f"no answer within {board.connect_timeout:g} s (connect_timeout)"
+    elif isinstance(last, ConnectionRefusedError):
+        reason = "connection refused (is sshd running on that port?)"
+    else:
+        reason = (last.strerror if last and last.strerror else str(last)) or "cannot connect"
+    raise LinkError(f"{where}: {reason}")
+
+
+# paramiko's channel buffer memmoves whatever is left after a partial read, so a reader that takes less than is
+# buffered pays for the whole window on every call: always take everything and slice it here instead.
+_TAKE_ALL = 1 << 31
+
+
+class _ChannelReader(ReadStream):
+    def __init__(self, channel: paramiko.Channel) -> None:
+        super().__init__()
+        self.channel = channel
+        self._pending = memoryview(b"")
+
+    def _fill(self) -> bool:
+        if not self._pending:
+            self._pending = memoryview(self.channel.recv(_TAKE_ALL))
+        return bool(self._pending)
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        if not self._fill():
+            return b""
+        chunk, self._pending = self._pending[:size], self._pending[size:]
+        return chunk.tobytes()
+
+    def readall(self) -> bytes:
+        parts = []
+        while self._fill():
+            parts.append(self._pending.tobytes())
+            self._pending = memoryview(b"")
+        return b"".join(parts)
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        if not self._fill():
+            return 0
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+
+class _ChannelWriter(WriteStream):
+    def __init__(self, connection: SshConnection, channel: paramiko.Channel, stdout: Drain) -> None:
+        self.connection = connection
+        self.channel = channel
+        self._stdout = stdout
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        step = self.channel.out_max_packet_size
+        try:
+            # paramiko's sendall re-slices what is left after every packet; feed it packet-sized pieces instead.
+            for offset in range(0, len(view), step):
+                self.channel.sendall(view[offset : offset + step].tobytes())
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise self.connection._send_failed(exc) from exc
+        return len(data)
+
+
+class SshConnection(BoardConnection):
+    """A Fabric Connection to one board, with host keys pinned on first use and a socket that notices lost links."""
+
+    def __init__(self, board: Board, *, known_hosts: Path | None = None) -> None:
+        super().__init__(board)
+        if not board.host:
+            raise UsageError(f"board {board.name!r} has no host")
+        self.known_hosts = KnownHosts(known_hosts or board.known_hosts)
+        self._fabric: fabric.Connection | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def where(self) -> str:
+        return f"board {self.board.name!r} ({self.board.address})"
+
+    # -- connecting
+
+    def open(self) -> None:
+        """Connect (or reconnect, if the link was lost). Raises LinkError, AuthError, HostKeyError or BoardError."""
+        with self._lock:
+            if self._fabric is not None and self._fabric.is_connected:
+                return
+            self._close_locked()
+            self._fabric = self._connect()
+
+    def _connect(self) -> fabric.Connection:
+        board = self.board
+        sock = _open_socket(board)
+        pinned = self.known_hosts.pinned(host_id(board.host or "", board.port))
+
+        def transport_factory(sock: socket.socket, disabled_algorithms: dict | None = None) -> paramiko.Transport:
+            transport = paramiko.Transport(
+                sock,
+                disabled_algorithms=disabled_algorithms,
+                default_window_size=WINDOW_SIZE,
+                default_max_packet_size=MAX_PACKET_SIZE,
+            )
+            # paramiko deadlocks for 30 s when a channel closes during a rekey it started itself (its transport
+            # thread waits on the very kex it should be running). Leave rekeying to the server: OpenSSH rekeys
+            # at its RekeyLimit and holds channel messages back while it does.
+            transport.packetizer.REKEY_BYTES = transport.packetizer.REKEY_PACKETS = 1 << 62
+            options = transport.get_security_options()
+            offered = tuple(options.ciphers)
+            options.ciphers = tuple(dict.fromkeys([c for c in _PREFERRED_CIPHERS if c in offered] + list(offered)))
+            if pinned:
+                options.key_types = preferred_key_types(pinned, tuple(options.key_types))
+            return transport
+
+        connect_kwargs: dict[str, object] = {
+            "sock": sock,
+            "timeout": board.connect_timeout,
+            "banner_timeout": board.connect_timeout,
+            "auth_timeout": board.connect_timeout,
+            "channel_timeout": board.connect_timeout,
+            "allow_agent": board.agent,
+            "look_for_keys": board.key is None and not board.agent,
+            "transport_factory": transport_factory,
+        }
+        if board.key is not None:
+            if not board.key.is_file():
+                sock.close()
+                raise BoardError(f"{self.where}: key file {board.key} not found")
+            connect_kwargs["key_filename"] = str(board.key)
+        config = fabric.Config(overrides={"load_ssh_configs": False})
+        connection = fabric.Connection(
+            board.host or "", user=board.user, port=board.port, config=config, connect_kwargs=connect_kwargs
+        )
+        policy = TrustOnFirstUse(self.known_hosts, board.name)
+        connection.client.set_missing_host_key_policy(policy)
+        try:
+            connection.open()
+        except HostKeyError:
+            connection.close()
+            raise
+        except paramiko.PasswordRequiredException:
+            connection.close()
+            raise AuthError(
+                f"{self.where}: key file {board.key} is encrypted", hint="load it into ssh-agent and set `agent: true`"
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            connection.close()
+            keys = f"key {board.key}" if board.key else ("ssh-agent" if board.agent else "default keys in ~/.ssh")
+            raise AuthError(f"{self.where}: authentication failed as {board.user!r} with {keys}: {exc}") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            connection.close()
+            raise LinkError(f"{self.where}: SSH handshake failed: {exc or type(exc).__name__}") from None
+        transport = connection.client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(max(1, round(board.keepalive)))
+        if policy.pinned_now:
+            key = transport.get_remote_server_key()
+            console.info(
+                f"{self.where}: trusted host key {fingerprint(key)} on first use (pinned in {self.known_hosts.path})"
+            )
+        return connection
+
+    def _transport(self) -> paramiko.Transport:
+        self.open()
+        assert self._fabric is not None
+        transport = self._fabric.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise LinkError(f"{self.where}: connection lost")
+        return transport
+
+    def _close_locked(self) -> None:
+        if self._fabric is not None:
+            with contextlib.suppress(Exception):
+                self._fabric.close()
+            self._fabric = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    # -- commands
+
+    def _lost(self, what: str) -> LinkError:
+        transport = self._fabric.client.get_transport() if self._fabric else None
+        cause = transport.get_exception() if transport is not None else None
+        reason = f" ({cause})" if cause else ""
+        timeout = f"; no answer within tcp_user_timeout={self.board.tcp_user_timeout:g} s" if cause is None else ""
+        return LinkError(f"{self.where}: connection lost {what}{reason}{timeout}")
+
+    def _link_alive(self) -> bool:
+        """Whether the transport is still up. paramiko closes channels just before it marks a dead transport
+        inactive, so a channel that ended without an exit status gives the transport a moment to settle."""
+        transport = self._fabric.client.get_transport() if self._fabric else None
+        settle = time.monotonic() + 0.5
+        while transport is not None and transport.is_active():
+            if time.monotonic() > settle:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def _exec(self, argv: Sequence[str]) -> paramiko.Channel:
+        command = shlex.join(argv)
+        transport = self._transport()
+        try:
+            channel = transport.open_session(
+                window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET_SIZE, timeout=self.board.connect_timeout
+            )
+            channel.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            if not self._link_alive():
+                raise self._lost(f"starting `{describe_command(argv)}`") from exc
+            raise BoardError(f"{self.where}: cannot start `{describe_command(argv)}`: {exc}") from exc
+        return channel
+
+    def _finish(
+        self,
+        argv: Sequence[str],
+        channel: paramiko.Channel,
+        drains: Sequence[Drain],
+        started: float,
+        deadline: float | None,
+    ) -> CommandResult:
+        """Wait for the exit status and the rest of the output, honouring the deadline.
+
+        `drains` are the stdout and stderr readers, or just the stderr reader when stdout was streamed.
+        """
+        while not channel.status_event.wait(0.2):
+            if deadline is not None and time.monotonic() > deadline:
+                channel.close()
+                raise CommandTimeout(
+                    f"{self.where}: `{describe_command(argv)}` did not finish within "
+                    f"{deadline - started:g} s and was stopped"
+                )
+        while any(d.is_alive() for d in drains):
+            newest = max(d.last_activity for d in drains)
+            if time.monotonic() - newest > _OUTPUT_GRACE or (deadline is not None and time.monotonic() > deadline):
+                channel.close()  # a background process holds the output open; do not wait for it
+            for drain in drains:
+                drain.join(0.2)
+        exit_code = channel.exit_status if channel.exit_status_ready() else -1
+        if exit_code == -1 and not self._link_alive():
+            raise self._lost(f"while running `{describe_command(argv)}`")
+        channel.close()
+        stdout = drains[0].text() if len(drains) == 2 else ""
+        return CommandResult(tuple(argv), exit_code, stdout, drains[-1].text(), time.monotonic() - started)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        argv = [*env_argv(env), *argv]
+        timeout = timeout if timeout is not None else self.board.command_timeout
+        started = time.monotonic()
+        channel = self._exec(argv)
+        try:
+            channel.shutdown_write()
+            drains = [Drain(channel.recv, errors=_CHANNEL_ERRORS), Drain(channel.recv_stderr, errors=_CHANNEL_ERRORS)]
+            for drain in drains:
+                drain.start()
+            result = self._finish(argv, channel, drains, started, started + timeout if timeout else None)
+        finally:
+            channel.close()
+        if check and not result.ok:
+            raise self._failed(argv, result)
+        return result
+
+    # -- streams
+
+    def bulk_threshold(self) -> int | None:
+        mode = self.board.bulk_transfer
+        if mode == "paramiko":
+            return None
+        if openssh_client() is None:
+            if mode == "openssh":
+                raise UsageError(
+                    f"{self.where}: bulk_transfer is 'openssh' but OpenSSH's `ssh` client is not installed",
+                    hint="install openssh-client, or set `bulk_transfer: auto` to fall back to paramiko",
+                )
+            return None
+        return 0 if mode == "openssh" else BULK_FROM
+
+    def open_read_stream(
+        self, argv: Sequence[str], *, bulk: bool = False
+    ) -> contextlib.AbstractContextManager[IO[bytes]]:
+        if bulk and self.bulk_threshold() is not None:
+            self.open()  # paramiko verifies (or pins) the host key first; ssh then checks it against the same file
+            return subprocess_read_stream(argv, self.openssh_argv(argv), self._openssh_judge(argv))
+        return self._channel_read_stream(argv)
+
+    def open_write_stream(
+        self, argv: Sequence[str], *, check: bool = True, bulk: bool = False
+    ) -> contextlib.AbstractContextManager[WriteStream]:
+        if bulk and self.bulk_threshold() is not None:
+            self.open()
+            return subprocess_write_stream(argv, self.openssh_argv(argv), self._openssh_judge(argv), check=check)
+        return self._channel_write_stream(argv, check=check)
+
+    def openssh_argv(self, argv: Sequence[str]) -> list[str]:
+        """The `ssh` command line that runs argv on the board with this connection's settings and pinned host key."""
+        board = self.board
+        client = openssh_client()
+        if client is None or not board.host:
+            raise UsageError(f"{self.where}: OpenSSH's `ssh` client is not installed")
+        keepalive = max(1, round(board.keepalive))
+        options = {
+            "BatchMode": "yes",  # never prompt
+            "StrictHostKeyChecking": "yes",  # the key paramiko verified or pinned, nothing else
+            "UserKnownHostsFile": openssh_path(self.known_hosts.path),
+            "GlobalKnownHostsFile": "/dev/null",
+            "UpdateHostKeys": "no",
+            "CheckHostIP": "no",
+            "ConnectTimeout": str(max(1, math.ceil(board.connect_timeout))),
+            "ConnectionAttempts": "1",
+            "ServerAliveInterval": str(keepalive),
+            "ServerAliveCountMax": str(max(1, math.ceil(board.tcp_user_timeout / keepalive))),
+            "Ciphers": _OPENSSH_CIPHERS,
+            "IdentityAgent": "SSH_AUTH_SOCK" if board.agent else "none",
+            "PasswordAuthentication": "no",
+            "KbdInteractiveAuthentication": "no",
+            "ForwardAgent": "no",
+            "ForwardX11": "no",
+            "ClearAllForwardings": "yes",
+            "RequestTTY": "no",
+            "EscapeChar": "none",
+            "ControlMaster": "no",
+            "ControlPath": "none",
+            "LogLevel": "ERROR",
+        }
+        if board.key is not None:
+            options.update(IdentityFile=openssh_path(board.key), IdentitiesOnly="yes")
+        command = [client, "-F", "/dev/null", *(f"-o{name}={value}" for name, value in options.items())]
+        command += ["-p", str(board.port), *(["-l", board.user] if board.user else [])]
+        return [*command, "--", board.host, shlex.join(argv)]
+
+    def _openssh_judge(self, argv: Sequence[str]) -> Judge:
+        def judge(result: CommandResult, check: bool) -> BoardError | None:
+            if result.exit_code == _SSH_FAILED:
+                return self._openssh_failure(result)
+            return self._failed(argv, result) if check and not result.ok else None
+
+        return judge
+
+    def _openssh_failure(self, result: CommandResult) -> BoardError:
+        text = result.stderr.strip()
+        detail = tail(text, 2).replace("\n", " ") or "no message"
+        if "Host key verification failed" in text or "HOST IDENTIFICATION HAS CHANGED" in text:
+            return HostKeyError(
+                f"{self.where}: OpenSSH refused the board's host key ({detail}); it differs from the one pinned in "
+                f"{self.known_hosts.path}",
+                hint="run `fab boards` to see what etlab's own check says about the key",
+            )
+        if "Permission denied" in text:
+            return AuthError(f"{self.where}: OpenSSH could not authenticate as {self.board.user!r}: {detail}")
+        return LinkError(f"{self.where}: the OpenSSH connection of a bulk transfer failed: {detail}")
+
+    @contextlib.contextmanager
+    def _channel_read_stream(self, argv: Sequence[str]) -> Iterator[IO[bytes]]:
+        started = time.monotonic()
+        channel = self._exec(argv)
+        try:
+            channel.shutdown_write()
+            stderr = Drain(channel.recv_stderr, errors=_CHANNEL_ERRORS)
+            stderr.start()
+            try:
+                yield _ChannelReader(channel)  # type: ignore[misc]
+                while channel.recv(_TAKE_ALL):  # the reader may stop before EOF (e.g. at tar's end blocks)
+                    pass
+            except Exception as exc:
+                # A broken stream is most often a lost link or a failed command: report that, not the symptom.
+                self._raise_stream_failure(argv, channel, stderr, started, exc)
+                raise
+            result = self._finish(argv, channel, [stderr], started, None)
+            if not result.ok:
+                raise self._failed(argv, result)
+        finally:
+            channel.close()
+
+    def _raise_stream_failure(
+        self, argv: Sequence[str], channel: paramiko.Channel, stderr: Drain, started: float, exc: Exception
+    ) -> None:
+        if isinstance(exc, BoardError):
+            return
+        if not self._link_alive():
+            raise self._lost(f"while streaming from `{describe_command(argv)}`") from exc
+        if channel.status_event.wait(2.0) and channel.exit_status_ready() and channel.exit_status != 0:
+            stderr.join(2.0)
+            result = CommandResult(tuple(argv), channel.exit_status, "", stderr.text(), time.monotonic() - started)
+            raise self._failed(argv, result) from exc
+
+    def _send_failed(self, exc: BaseException) -> BoardError:
+        if not self._link_alive():
+            return self._lost("while sending data")
+        return BoardError(f"{self.where}: the receiving command stopped early ({exc or type(exc).__name__})")
+
+    @contextlib.contextmanager
+    def _channel_write_stream(self, argv: Sequence[str], *, check: bool) -> Iterator[WriteStream]:
+        started = time.monotonic()
+        channel = self._exec(argv)
+        try:
+            drains = [Drain(channel.recv, errors=_CHANNEL_ERRORS), Drain(channel.recv_stderr, errors=_CHANNEL_ERRORS)]
+            for drain in drains:
+                drain.start()
+            writer = _ChannelWriter(self, channel, drains[0])
+            try:
+                yield writer
+            except BoardError as exc:
+                # The command may have exited early (disk full, bad path): its stderr says why.
+                if self._link_alive() and channel.status_event.wait(2.0) and channel.exit_status_ready():
+                    for drain in drains:
+                        drain.join(2.0)
+                    early = CommandResult(tuple(argv), channel.exit_status, drains[0].text(), drains[1].text(), 0.0)
+                    if not early.ok:
+                        raise self._failed(argv, early) from exc
+                raise
+            try:
+                channel.shutdown_write()
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                raise self._send_failed(exc) from exc
+            writer.result = self._finish(argv, channel, drains, started, None)
+            if check and not writer.result.ok:
+                raise self._failed(argv, writer.result)
+        finally:
+            channel.close()
+
+    def _home_dir(self) -> str:
+        # A user's home on a board does not move while etlab runs: ask once per process, not once per connection.
+        key = (self.board.host, self.board.port, self.board.user)
+        with _homes_lock:
+            if key in _homes:
+                return _homes[key]
+        home = self.run(["sh", "-c", 'printf "%s" "$HOME"'], timeout=60).stdout
+        if not home.startswith("/"):
+            home = self.run(["sh", "-c", "cd && pwd"], timeout=60).stdout.strip()
+        if not home.startswith("/"):
+            raise BoardError(f"{self.where}: cannot find the home directory of {self.board.user!r}")
+        with _homes_lock:
+            _homes[key] = home
+        return home
+
+
+_homes: dict[tuple[str | None, int, str | None], str] = {}
+_homes_lock = threading.Lock()

@@ -12,10 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from orchestrator.commands.render import render_top_ops
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import sha256_file
-from orchestrator.results.analysis import analyze_bundle, load_summary, profile_etdump, render_top_ops
+from orchestrator.results.analysis import analyze_bundle
+from orchestrator.results.documents import load_summary
 from orchestrator.results.etdump import parse_etdump, read_etdump, read_program_plan
+from orchestrator.results.etdump_profile import profile_etdump
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.plugins.analysis import (
     RUNNER_KEYS,

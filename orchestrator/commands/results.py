@@ -19,7 +19,8 @@ def _artifact_for(run: LocalRun) -> Artifact | None:
 
 
 def analyze(run_id: str | None = None, *, latest: bool = False, bundle: Path | None = None) -> int:
-    from orchestrator.results.analysis import analyze_bundle, render_top_ops
+    from orchestrator.commands.render import render_top_ops
+    from orchestrator.results.analysis import analyze_bundle
 
     if bundle is not None:
         path = Path(bundle)

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
-from orchestrator.results.analysis import ANALYSIS_DIR, load_summary
 from orchestrator.errors import AnalysisError, UsageError
 from orchestrator.fsutil import atomic_write_json, read_json
+from orchestrator.results.documents import ANALYSIS_DIR, load_summary
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
 from orchestrator.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, Verdict, compare_samples
 

@@ -30,8 +30,8 @@ from urllib.parse import quote
 from orchestrator import console
 from orchestrator.errors import EtlabError, UsageError
 from orchestrator.fsutil import read_json
-from orchestrator.results.overlays import INDEX_NAME, OVERLAY_DIR
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.results.overlays import INDEX_NAME, OVERLAY_DIR
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8081

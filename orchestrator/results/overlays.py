@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.fsutil import atomic_write_json
-
-if TYPE_CHECKING:
-    from orchestrator.results.analysis import Profile
+from orchestrator.results.profile import Profile
 
 OVERLAY_DIR = "model_explorer"
 INDEX_NAME = "overlays.json"

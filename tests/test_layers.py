@@ -1,0 +1,77 @@
+"""The package layers import strictly downward (docs/DESIGN.md): a change finds its room in one guess."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from orchestrator.paths import PROJECT_ROOT
+
+PACKAGE = PROJECT_ROOT / "orchestrator"
+# Top to bottom. A module may import its own layer and any layer below it, never one above.
+LAYERS = ("commands", "lab", "deploy", "transport", "results", "lowering", "boards", "shared")
+# results and lowering are one level: explore opens lowered programs, and neither imports the other's internals.
+SAME_LEVEL = {frozenset({"results", "lowering"})}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in LAYERS else "shared"
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("orchestrator"):
+            names = [f"{node.module}.{alias.name}" for alias in node.names] if node.module == "orchestrator" else []
+            found += [(node.lineno, name) for name in names] or [(node.lineno, node.module)]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("orchestrator")]
+    return found
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PROJECT_ROOT).with_suffix("").parts)
+
+
+def test_every_import_goes_down() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = _layer(_module_name(path))
+        for line, target in _imports(path):
+            there = _layer(target)
+            if there == here or frozenset({here, there}) in SAME_LEVEL:
+                continue
+            if LAYERS.index(there) < LAYERS.index(here):
+                upward.append(f"{path.relative_to(PROJECT_ROOT)}:{line}: {here} imports {target} ({there})")
+    assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+def test_no_import_cycles_between_modules() -> None:
+    modules = {_module_name(p).removesuffix(".__init__"): p for p in PACKAGE.rglob("*.py")}
+    graph = {
+        name: {t for _, t in _imports(path) if t in modules and t != name}
+        for name, path in modules.items()
+    }
+    state: dict[str, int] = {}
+    cycles: list[str] = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*trail[trail.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_layer_table_names_every_package() -> None:
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(LAYERS) - {"shared"}

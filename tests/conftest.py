@@ -1,15 +1,15 @@
-"""Shared test setup. Fixtures live in tests/plugins/<area>.py, one module per area."""
+"""Shared test setup. Fixtures live in tests/plugins/<area>.py, one module per area, listed here."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-_PLUGIN_DIR = Path(__file__).parent / "plugins"
-
-# Each area registers its fixtures in its own plugin module; load every one that exists.
-pytest_plugins = sorted(
-    f"tests.plugins.{path.stem}"
-    for path in _PLUGIN_DIR.glob("*.py")
-    if path.stem != "__init__" and importlib.util.find_spec(f"tests.plugins.{path.stem}") is not None
-)
+pytest_plugins = [
+    "tests.plugins.processes",  # reaps every process a test starts; loads first so its hooks wrap the rest
+    "tests.plugins.artifacts",  # tiny models lowered with the real pipeline, cached across sessions
+    "tests.plugins.runner",  # the native runner, built once per source hash
+    "tests.plugins.agent",  # the board agent run locally
+    "tests.plugins.sshd",  # fake boards: real OpenSSH servers on 127.0.0.x
+    "tests.plugins.boards",  # labs of fake boards with an inventory, driven through `fab`
+    "tests.plugins.analysis",  # real bundles from the runner, and the Model Explorer adapter
+    "tests.plugins.browser",  # Debian's Chromium through Playwright
+    "tests.plugins.postgres",  # a private PostgreSQL server for the shared-history path
+]

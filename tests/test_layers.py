@@ -8,8 +8,9 @@ from pathlib import Path
 from orchestrator.paths import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "orchestrator"
-# Top to bottom. A module may import its own layer and any layer below it, never one above.
-LAYERS = ("commands", "lab", "deploy", "transport", "results", "lowering", "boards", "shared")
+# Top to bottom. A module may import its own layer and any layer below it, never one above. `testing` holds
+# the fake boards that tests and bench/ share.
+LAYERS = ("testing", "commands", "lab", "deploy", "transport", "results", "lowering", "boards", "shared")
 # results and lowering are one level: explore opens lowered programs, and neither imports the other's internals.
 SAME_LEVEL = {frozenset({"results", "lowering"})}
 
@@ -50,10 +51,7 @@ def test_every_import_goes_down() -> None:
 
 def test_no_import_cycles_between_modules() -> None:
     modules = {_module_name(p).removesuffix(".__init__"): p for p in PACKAGE.rglob("*.py")}
-    graph = {
-        name: {t for _, t in _imports(path) if t in modules and t != name}
-        for name, path in modules.items()
-    }
+    graph = {name: {t for _, t in _imports(path) if t in modules and t != name} for name, path in modules.items()}
     state: dict[str, int] = {}
     cycles: list[str] = []
 

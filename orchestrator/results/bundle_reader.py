@@ -1,0 +1,100 @@
+"""A pulled bundle's files, read and checked against its manifest before the analysis trusts them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import AnalysisError, BundleError
+from orchestrator.fsutil import read_json
+from orchestrator.results.bundle import verify_bundle
+
+REQUIRED_FILES = ("result_manifest.json", "run.json")
+
+
+def read_optional_json(path: Path) -> tuple[Any, str | None]:
+    if not path.is_file():
+        return None, f"{path.name} is missing"
+    try:
+        return read_json(path), None
+    except (OSError, ValueError) as exc:
+        return None, f"{path.name} is unreadable ({exc})"
+
+
+def read_required_json(path: Path) -> Any:
+    if not path.is_file():
+        raise AnalysisError(f"bundle {path.parent} is missing {path.name}")
+    try:
+        return read_json(path)
+    except (OSError, ValueError) as exc:
+        raise AnalysisError(f"bundle file {path} is unreadable: {exc}") from None
+
+
+def bundle_model_sha(run: dict[str, Any], manifest: dict[str, Any]) -> str | None:
+    for source in (run, manifest):
+        value = source.get("model_sha256") if isinstance(source, dict) else None
+        if isinstance(value, str) and len(value) == 64:
+            return value.lower()
+    return None
+
+
+@dataclass
+class BundleFiles:
+    """The raw bundle files analysis reads, and problems found reading them."""
+
+    path: Path
+    manifest: dict[str, Any]
+    run: dict[str, Any]
+    timings: dict[str, Any]
+    board_before: dict[str, Any] | None
+    board_after: dict[str, Any] | None
+    notes: list[tuple[str, str]]
+
+    @property
+    def ran_ok(self) -> bool:
+        return self.manifest.get("status") == "ok"
+
+    @property
+    def method(self) -> str:
+        return str(self.timings.get("method") or (self.run.get("parameters") or {}).get("method") or "forward")
+
+    @property
+    def etdump_requested(self) -> bool:
+        parameters = self.run.get("parameters") or {}
+        return self.timings.get("etdump") is not False and parameters.get("etdump") is not False
+
+
+def read_bundle(bundle_dir: Path) -> BundleFiles:
+    if not bundle_dir.is_dir():
+        raise AnalysisError(f"bundle folder {bundle_dir} does not exist")
+    manifest = read_required_json(bundle_dir / "result_manifest.json")
+    run = read_required_json(bundle_dir / "run.json")
+    if not isinstance(manifest, dict) or not isinstance(run, dict):
+        raise AnalysisError(f"bundle {bundle_dir}: result_manifest.json or run.json is not a JSON object")
+    listed = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    missing = sorted(name for name in listed if not (bundle_dir / name).is_file())
+    if missing:
+        raise AnalysisError(f"bundle {bundle_dir} is missing {', '.join(missing)} (listed in result_manifest.json)")
+    try:
+        verify_bundle(bundle_dir)  # what the board wrote, byte for byte: a torn or edited file is refused
+    except BundleError as exc:
+        raise AnalysisError(str(exc)) from None
+    notes: list[tuple[str, str]] = []
+    timings, problem = read_optional_json(bundle_dir / "timings.json")
+    if problem and manifest.get("status") == "ok":
+        raise AnalysisError(f"bundle {bundle_dir}: {problem}")
+    before, problem_before = read_optional_json(bundle_dir / "board_info_before.json")
+    after, problem_after = read_optional_json(bundle_dir / "board_info_after.json")
+    for problem in (problem_before, problem_after):
+        if problem:
+            notes.append(("degraded", f"board conditions unknown: {problem}"))
+    return BundleFiles(
+        bundle_dir,
+        manifest,
+        run,
+        timings if isinstance(timings, dict) else {},
+        before if isinstance(before, dict) else None,
+        after if isinstance(after, dict) else None,
+        notes,
+    )

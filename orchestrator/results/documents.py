@@ -1,0 +1,166 @@
+"""What an analysis writes: summary.json, ops.json, ops.csv (and reads back: load_summary)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import AnalysisError
+from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json
+from orchestrator.results import overlays
+from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
+from orchestrator.results.profile import Profile
+
+SUMMARY_SCHEMA = 1
+ANALYSIS_DIR = "analysis"
+TOP_LAYERS = 10
+OPS_CSV_COLUMNS = (
+    "node_id", "chain", "instruction", "kind", "op", "samples",
+    "median_ms", "p10_ms", "p90_ms", "mean_ms", "min_ms", "max_ms", "pct",
+)  # fmt: skip
+
+
+@dataclass
+class Summary:
+    bundle_dir: Path
+    data: dict[str, Any]  # what summary.json holds
+    profile: Profile | None
+    written: list[Path] = field(default_factory=list)
+
+    @property
+    def validity(self) -> str:
+        return str(self.data["validity"]["status"])
+
+    @property
+    def reasons(self) -> list[str]:
+        return [str(r["reason"]) for r in self.data["validity"]["reasons"]]
+
+
+def write_outputs(bundle_dir: Path, data: dict[str, Any], profile: Profile | None) -> list[Path]:
+    """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point."""
+    out = bundle_dir / ANALYSIS_DIR
+    written = []
+    # Outputs of an earlier analysis (and comparisons made from it) must not outlive it.
+    stale = [out / "ops.json", out / "ops.csv", *out.glob("compare_vs_*.json")]
+    stale += (bundle_dir / overlays.OVERLAY_DIR).glob("me_overlay_*.json")
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if profile is not None:
+        atomic_write_json(out / "ops.json", ops_document(profile, data["run_id"]))
+        atomic_write_text(out / "ops.csv", ops_csv(profile))
+        written += [out / "ops.json", out / "ops.csv"]
+        written += overlays.write_overlays(
+            bundle_dir, profile, run_id=data["run_id"], pte_sha256=data["model"]["sha256"]
+        )
+    atomic_write_json(out / "summary.json", data)
+    written.append(out / "summary.json")
+    return written
+
+
+def summary_document(
+    bundle: BundleFiles,
+    sidecar: dict[str, Any] | None,
+    pte: Path | None,
+    latency: dict[str, Any],
+    board: dict[str, Any],
+    correctness: dict[str, Any],
+    profile: Profile | None,
+) -> dict[str, Any]:
+    manifest, run, timings = bundle.manifest, bundle.run, bundle.timings
+    labels = run.get("labels") if isinstance(run.get("labels"), dict) else {}
+    side = sidecar if isinstance(sidecar, dict) else {}
+    data: dict[str, Any] = {
+        "schema": SUMMARY_SCHEMA,
+        "run_id": manifest.get("run_id") or run.get("run_id") or bundle.path.name,
+        "status": manifest.get("status"),
+        "error": manifest.get("error"),
+        "labels": labels,
+        "model": {
+            "name": labels.get("model") or side.get("model"),
+            "backend": labels.get("backend") or side.get("backend"),
+            "pte": pte.name if pte else None,
+            "sha256": bundle_model_sha(run, manifest),
+            "weights": side.get("weights"),
+        },
+        "board": labels.get("board") or board.get("hostname"),
+        "versions": {
+            "runner": timings.get("runner_version"),
+            "executorch_board": timings.get("executorch_version"),
+            "agent": run.get("agent_version") or manifest.get("agent_version"),
+            "lowered_with": side.get("versions"),
+        },
+        "latency": latency,
+        "board_conditions": board,
+        "correctness": correctness,
+    }
+    if profile is not None:
+        data["profile"] = profile_summary(profile)
+    return data
+
+
+def profile_summary(profile: Profile) -> dict[str, Any]:
+    timed = [i for i in profile.instructions if i.dist]
+    timed.sort(key=lambda i: -i.dist.mean)  # type: ignore[union-attr]
+    delegated = sum(i.dist.mean for i in timed if i.kind == "DelegateCall")  # type: ignore[union-attr]
+    kernels = sum(i.dist.mean for i in timed if i.kind != "DelegateCall")  # type: ignore[union-attr]
+    total = profile.total.mean if profile.total else 0.0
+    return {
+        "method": profile.method,
+        "executions": profile.executions,
+        "ns_per_tick": profile.ns_per_tick,
+        "etdump_vs_timings": profile.timing_agreement,
+        "method_ms": profile.total.to_dict() if profile.total else None,
+        "instructions": len(profile.instructions),
+        "instructions_timed": len(timed),
+        "top_layers": [
+            {"node_id": i.node_id, "op": i.op or i.label, "ms": i.dist.median, "mean_ms": i.dist.mean, "pct": i.pct}  # type: ignore[union-attr]
+            for i in timed[:TOP_LAYERS]
+        ],
+        "split": {
+            "delegated_ms": delegated,
+            "non_delegated_ms": kernels,
+            "other_ms": max(0.0, total - delegated - kernels),
+            "delegated_pct": delegated / total * 100 if total else None,
+            "non_delegated_pct": kernels / total * 100 if total else None,
+        },
+        "top_operator_types": profile.operator_types[:TOP_LAYERS],
+        "overlay_coverage": profile.coverage(),
+    }
+
+
+def ops_document(profile: Profile, run_id: str) -> dict[str, Any]:
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "run_id": run_id,
+        "method": profile.method,
+        "pte": profile.pte_name,
+        "executions": profile.executions,
+        "ns_per_tick": profile.ns_per_tick,
+        "method_ms": profile.total.to_dict() if profile.total else None,
+        "instructions": [
+            {**i.row(), "samples_ms": [round(float(v), 6) for v in i.samples_ms]} for i in profile.instructions
+        ],
+        "delegates": [d.to_dict() for d in profile.delegates],
+        "operator_types": profile.operator_types,
+        "coverage": profile.coverage(),
+    }
+
+
+def ops_csv(profile: Profile) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=OPS_CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for instruction in profile.instructions:
+        writer.writerow(instruction.row())
+    return buffer.getvalue()
+
+
+def load_summary(bundle_dir: Path) -> dict[str, Any]:
+    """A bundle's analysis/summary.json, or an AnalysisError saying it has not been analysed."""
+    path = Path(bundle_dir) / ANALYSIS_DIR / "summary.json"
+    if not path.is_file():
+        raise AnalysisError(f"{bundle_dir} has not been analysed (no {ANALYSIS_DIR}/summary.json)")
+    return read_json(path)

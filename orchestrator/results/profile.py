@@ -1,0 +1,136 @@
+"""The profile of one run: per runtime instruction and per XNNPACK node statistics (data only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from orchestrator.results.stats import Distribution, distribution
+
+# --------------------------------------------------------------------------------------------------------------
+# Profile: what the ETDump says, independent of the rest of the bundle
+
+
+@dataclass
+class InstructionProfile:
+    node_id: str
+    chain: int
+    index: int
+    kind: str  # KernelCall, DelegateCall, ...
+    op: str | None  # "aten::add.out" for kernels, the backend id for delegates
+    label: str  # what the PTE adapter shows: "aten::add", "XnnpackBackend"
+    samples_ms: np.ndarray
+    dist: Distribution | None = None
+    pct: float | None = None
+
+    def row(self) -> dict[str, Any]:
+        d = self.dist
+        return {
+            "node_id": self.node_id,
+            "chain": self.chain,
+            "instruction": self.index,
+            "kind": self.kind,
+            "op": self.op,
+            "samples": d.n if d else 0,
+            "median_ms": d.median if d else None,
+            "p10_ms": d.p10 if d else None,
+            "p90_ms": d.p90 if d else None,
+            "mean_ms": d.mean if d else None,
+            "min_ms": d.min if d else None,
+            "max_ms": d.max if d else None,
+            "pct": self.pct,
+        }
+
+
+@dataclass
+class XnnNodeProfile:
+    node: str  # node id inside the delegate graph ("0", "1", ...)
+    type: str
+    events: list[str]
+    samples_ms: np.ndarray
+    dist: Distribution | None
+    pct: float | None
+
+
+@dataclass
+class DelegateProfile:
+    node_id: str
+    backend: str
+    graph_id: str  # the PTE adapter's delegate graph id: "<pte file name>::<node_id>"
+    call: Distribution | None  # the DELEGATE_CALL time
+    event_names: list[str]  # one execution's runtime events, in order
+    event_samples_ms: np.ndarray  # executions x events
+    status: str  # "placed", "left out", "no events", "not inspectable"
+    reason: str | None = None
+    nodes: list[XnnNodeProfile] = field(default_factory=list)
+    unplaced_events: list[str] = field(default_factory=list)
+    fused_nodes: list[str] = field(default_factory=list)
+    node_types: dict[str, str] = field(default_factory=dict)
+
+    def event_mean_ms(self) -> float:
+        return float(self.event_samples_ms.sum(axis=1).mean()) if self.event_samples_ms.size else 0.0
+
+    def placed_mean_ms(self) -> float:
+        return float(sum(node.dist.mean for node in self.nodes if node.dist))
+
+    def to_dict(self) -> dict[str, Any]:
+        call_mean = self.call.mean if self.call else None
+        events = [
+            {"name": name, **dist_ms(distribution(self.event_samples_ms[:, k]))}
+            for k, name in enumerate(self.event_names)
+        ]
+        return {
+            "node_id": self.node_id,
+            "backend": self.backend,
+            "graph_id": self.graph_id,
+            "status": self.status,
+            "reason": self.reason,
+            "call_mean_ms": call_mean,
+            "events_mean_ms": self.event_mean_ms(),
+            "placed_mean_ms": self.placed_mean_ms(),
+            "coverage": (self.placed_mean_ms() / call_mean) if call_mean else None,
+            "nodes": [
+                {"node": n.node, "type": n.type, "events": n.events, **dist_ms(n.dist), "pct": n.pct}
+                for n in self.nodes
+            ],
+            "fused_nodes": [{"node": node, "type": self.node_types.get(node)} for node in self.fused_nodes],
+            "unplaced_events": self.unplaced_events,
+            "events": events,
+        }
+
+
+@dataclass
+class Profile:
+    method: str
+    pte_name: str | None
+    executions: int
+    ns_per_tick: float
+    total: Distribution | None  # whole-method time per execution
+    instructions: list[InstructionProfile]
+    delegates: list[DelegateProfile]
+    operator_types: list[dict[str, Any]]
+    timing_agreement: float | None = None  # ETDump method time / timings.json time, after unit inference
+
+    def coverage(self) -> dict[str, Any]:
+        """How much delegate time the XNN-node overlays account for."""
+        call = sum(d.call.mean for d in self.delegates if d.call)
+        placed = sum(d.placed_mean_ms() for d in self.delegates)
+        events = sum(d.event_mean_ms() for d in self.delegates)
+        return {
+            "delegate_call_mean_ms": call,
+            "delegate_events_mean_ms": events,
+            "placed_mean_ms": placed,
+            "placed_share": placed / call if call else None,
+            "placed_share_of_events": placed / events if events else None,
+            "delegates": len(self.delegates),
+            "delegates_placed": sum(1 for d in self.delegates if d.status == "placed"),
+            "left_out": [{"node_id": d.node_id, "reason": d.reason} for d in self.delegates if d.status != "placed"],
+        }
+
+
+def dist_ms(dist: Distribution | None) -> dict[str, Any]:
+    if dist is None:
+        return {"samples": 0, "median_ms": None, "p10_ms": None, "p90_ms": None, "mean_ms": None}
+    return {"samples": dist.n, "median_ms": dist.median, "p10_ms": dist.p10, "p90_ms": dist.p90, "mean_ms": dist.mean}

@@ -1,0 +1,179 @@
+"""The bundle around the profile: latency, board conditions, correctness of the outputs, and validity."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestrator.results.stats import distribution
+
+CV_LIMIT = 0.05  # warm iterations varying more than this make a run "degraded"
+HOT_CELSIUS = 80.0
+TIMING_AGREEMENT = 0.25  # ETDump's Method::execute vs timings.json, relative
+OUTPUT_RTOL = 1e-2  # relative to the reference output's largest magnitude
+OUTPUT_ATOL = 1e-4
+
+
+def number_list(value: Any) -> list[float]:
+    if not isinstance(value, list):
+        return []
+    return [float(x) for x in value if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)]
+
+
+def number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def latency_summary(timings: dict[str, Any] | None) -> dict[str, Any]:
+    timings = timings or {}
+    warmup = number_list(timings.get("warmup_ms"))
+    iterations = number_list(timings.get("iterations_ms"))
+    first = warmup[0] if warmup else (iterations[0] if iterations else None)
+    warm = distribution(iterations)
+    return {
+        "load_ms": number(timings.get("load_ms")),
+        "method_init_ms": number(timings.get("method_init_ms")),
+        "first_run_ms": first,
+        "warmup_runs": len(warmup),
+        "iterations": len(iterations),
+        "iterations_requested": timings.get("iterations_requested"),
+        "stopped_early": timings.get("stopped_early"),
+        "threads": timings.get("threads"),
+        "warm": {
+            "min_ms": warm.min,
+            "median_ms": warm.median,
+            "mean_ms": warm.mean,
+            "p90_ms": warm.p90,
+            "max_ms": warm.max,
+            "cv": warm.cv,
+        }
+        if warm
+        else None,
+    }
+
+
+def _throttle(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    throttled = info.get("throttled") if isinstance(info, dict) else None
+    if not isinstance(throttled, dict):
+        return None
+    active = throttled.get("active")
+    if not isinstance(active, list):
+        flags = throttled.get("flags")
+        active = [name for name, on in flags.items() if on] if isinstance(flags, dict) else []
+    return {"raw": throttled.get("raw"), "active": [str(flag) for flag in active]}
+
+
+def board_conditions(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+    """Governor, temperature and throttling around the run, read defensively (any field may be missing)."""
+
+    def get(info: dict[str, Any] | None, key: str) -> Any:
+        return info.get(key) if isinstance(info, dict) else None
+
+    throttled_before, throttled_after = _throttle(before), _throttle(after)
+    seen_before = set(throttled_before["active"]) if throttled_before else set()
+    during = []
+    if throttled_after:
+        during = [f for f in throttled_after["active"] if f.endswith("_now") or f not in seen_before]
+    if throttled_before:
+        during += [f for f in throttled_before["active"] if f.endswith("_now") and f not in during]
+    return {
+        "hostname": get(after, "hostname") or get(before, "hostname"),
+        "board_model": get(after, "model") or get(before, "model"),
+        "arch": get(after, "arch") or get(before, "arch"),
+        "cores_online": get(after, "cores_online") or get(before, "cores_online"),
+        "governor_before": get(before, "governor"),
+        "governor_after": get(after, "governor"),
+        "temperature_c_before": number(get(before, "temperature_c")),
+        "temperature_c_after": number(get(after, "temperature_c")),
+        "throttled_before": throttled_before,
+        "throttled_after": throttled_after,
+        "throttling_during_run": sorted(set(during)),
+    }
+
+
+def check_outputs(outputs: Path, reference: Path) -> dict[str, Any]:
+    """Board outputs vs eager reference outputs: max abs error and top-1 agreement per output."""
+    from orchestrator.tensorfile import TensorFileError, read_tensors
+
+    try:
+        got, want = read_tensors(outputs), read_tensors(reference)
+    except TensorFileError as exc:
+        return {"checked": False, "ok": False, "reason": str(exc), "outputs": []}
+    if len(got) != len(want):
+        return {"checked": True, "ok": False, "reason": f"{len(got)} outputs, reference has {len(want)}", "outputs": []}
+    rows, problems = [], []
+    for position, (board, eager) in enumerate(zip(got, want, strict=True)):
+        name = eager.name or board.name or f"output {position}"
+        if board.shape != eager.shape:
+            problems.append(f"{name}: shape {board.shape}, reference {eager.shape}")
+            rows.append({"name": name, "shape": board.shape, "reference_shape": eager.shape})
+            continue
+        a, b = board.array.astype(np.float64), eager.array.astype(np.float64)
+        error = float(np.max(np.abs(a - b))) if a.size else 0.0
+        scale = float(np.max(np.abs(b))) if b.size else 0.0
+        row: dict[str, Any] = {"name": name, "shape": board.shape, "max_abs_error": error, "reference_max_abs": scale}
+        if np.issubdtype(eager.array.dtype, np.floating) and b.ndim >= 1 and b.shape[-1] > 1:
+            flat_a, flat_b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+            top_a, top_b = flat_a.argmax(axis=1), flat_b.argmax(axis=1)
+            rows_ref = np.arange(len(flat_b))
+            # A flip between near-equal reference logits is a tie, not a disagreement.
+            margin = flat_b[rows_ref, top_b] - flat_b[rows_ref, top_a]
+            genuine = (top_a != top_b) & (margin > 2 * error)
+            row["top1_agreement"] = float(np.mean(top_a == top_b))
+            if genuine.any():
+                problems.append(f"{name}: top-1 differs from the reference in {int(genuine.sum())} row(s)")
+        if error > OUTPUT_ATOL + OUTPUT_RTOL * scale:
+            problems.append(f"{name}: max abs error {error:.3g} exceeds {OUTPUT_ATOL + OUTPUT_RTOL * scale:.3g}")
+        rows.append(row)
+    errors = [r["max_abs_error"] for r in rows if "max_abs_error" in r]
+    agreements = [r["top1_agreement"] for r in rows if "top1_agreement" in r]
+    return {
+        "checked": True,
+        "ok": not problems,
+        "reason": "; ".join(problems) or None,
+        "max_abs_error": max(errors) if errors else None,
+        "top1_agreement": min(agreements) if agreements else None,
+        "outputs": rows,
+    }
+
+
+def judge_validity(
+    manifest: dict[str, Any],
+    latency: dict[str, Any],
+    board: dict[str, Any],
+    correctness: dict[str, Any],
+    notes: list[tuple[str, str]],
+) -> dict[str, Any]:
+    """valid / degraded / invalid, with every reason. `notes` are (level, reason) pairs found along the way."""
+    reasons = list(notes)
+    status = manifest.get("status")
+    if status != "ok":
+        error = manifest.get("error") or f"exit code {manifest.get('runner_exit_code')}"
+        reasons.append(("invalid", f"runner status {status!r}: {error}"))
+    if not latency["iterations"]:
+        reasons.append(("invalid", "no measured iterations"))
+    if correctness.get("checked") and not correctness.get("ok"):
+        reasons.append(("invalid", f"output mismatch: {correctness.get('reason')}"))
+    if board["throttling_during_run"]:
+        reasons.append(("degraded", f"throttling: {', '.join(board['throttling_during_run'])}"))
+    for moment in ("before", "after"):
+        governor = board[f"governor_{moment}"]
+        if governor is not None and governor != "performance":
+            reasons.append(("degraded", f"cpufreq governor {governor!r} {moment} the run (want 'performance')"))
+            break
+    hottest = max(
+        (t for t in (board["temperature_c_before"], board["temperature_c_after"]) if t is not None), default=None
+    )
+    if hottest is not None and hottest >= HOT_CELSIUS:
+        reasons.append(("degraded", f"SoC temperature reached {hottest:.1f} °C"))
+    warm = latency.get("warm")
+    if warm and warm["cv"] > CV_LIMIT:
+        reasons.append(("degraded", f"unstable timings: CV {warm['cv'] * 100:.1f}% > {CV_LIMIT * 100:.0f}%"))
+    levels = {level for level, _ in reasons}
+    verdict = "invalid" if "invalid" in levels else "degraded" if "degraded" in levels else "valid"
+    return {"status": verdict, "reasons": [{"level": level, "reason": reason} for level, reason in reasons]}

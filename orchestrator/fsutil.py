@@ -83,12 +83,19 @@ def atomic_write_json(final: Path, obj: Any) -> None:
     atomic_write_text(final, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def sha256_file(path: Path) -> str:
+def sha256_and_size(path: Path) -> tuple[str, int]:
+    """A file's sha256 (hex) and size, read once."""
     digest = hashlib.sha256()
+    size = 0
     with open(path, "rb") as handle:
         while chunk := handle.read(CHUNK):
             digest.update(chunk)
-    return digest.hexdigest()
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def sha256_file(path: Path) -> str:
+    return sha256_and_size(path)[0]
 
 
 def sha256_bytes(data: bytes) -> str:

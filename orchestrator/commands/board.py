@@ -13,6 +13,7 @@ from typing import Any
 from orchestrator import console
 from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage, summarize
 from orchestrator.boards.inventory import Board
+from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.runs import RunParams, profile, push_artifact
 from orchestrator.lowering.artifacts import Artifact, load_artifact
@@ -125,7 +126,7 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
                     model, backend = labels.get("model", "unknown-model"), labels.get("backend", "unknown-backend")
                     dest = bundle_dest(board.name, model, backend, entry["run_id"])
                     if not dest.exists():
-                        pulled.append(pull_bundle(conn, f"{conn.workdir}/bundles/{entry['run_id']}", dest))
+                        pulled.append(pull_bundle(conn, BoardWorkdir(conn.workdir).bundle(entry["run_id"]), dest))
         return pulled
 
     outcomes = fan_out(boards, one)

@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import io
 import json
+import posixpath
 import subprocess
 import sys
 import tarfile
@@ -24,6 +25,7 @@ from shlex import quote
 from typing import Any
 
 from orchestrator import console, paths
+from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.errors import BoardError
 from orchestrator.fsutil import atomic_path, atomic_write_bytes
@@ -246,30 +248,31 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
     state = facts.get("state") or {}
     wanted = executorch_version()
     agent = BoardAgent(conn, workdir)
+    wd = BoardWorkdir(workdir)
     runner_source = tree_sha256(paths.BOARD_SOURCE_DIR / "runner")
 
     remote_tar = push_file(conn, tarball, kind="cache", suffix=".tar.gz").remote_path
-    _install_tree(conn, remote_tar, f"{workdir}/board")
+    _install_tree(conn, remote_tar, wd.board_tree)
     report.actions.append("pushed board/")
 
     click_wheel = push_file(conn, fetch_wheel("click", "click>=8.0,<9", facts), kind="wheels", suffix=".whl")
-    _run(conn, ["python3", f"{workdir}/board/agent/bootstrap.py", "--wheel", click_wheel.remote_path,
-                "--dest", f"{workdir}/pylib"], "installing click for the agent", timeout=300)  # fmt: skip
+    _run(conn, ["python3", wd.agent_bootstrap, "--wheel", click_wheel.remote_path,
+                "--dest", wd.pylib], "installing click for the agent", timeout=300)  # fmt: skip
 
     needs_runtime = (
         force
         or state.get("executorch_version") != wanted
-        or not _remote_dir_exists(conn, f"{workdir}/runtime/{wanted}/lib")
+        or not _remote_dir_exists(conn, posixpath.join(wd.runtime(wanted), "lib"))
     )
     if needs_runtime:
         wheel = fetch_wheel("executorch", f"executorch=={wanted}", facts, any_python=True)
         remote = push_file(conn, wheel, kind="wheels", suffix=".whl").remote_path
         sdk_parts = ("executorch/include/", "executorch/lib/", "executorch/share/")
-        agent.unpack(remote, f"{workdir}/runtime/{wanted}", prefixes=sdk_parts, strip="executorch/")
+        agent.unpack(remote, wd.runtime(wanted), prefixes=sdk_parts, strip="executorch/")
         report.actions.append(f"installed ExecuTorch {wanted} SDK ({wheel.name})")
     _ensure_build_tools(conn, agent, facts, workdir, report)
 
-    runner_dir = f"{workdir}/runner/{wanted}"
+    runner_dir = wd.runner(wanted)
     runner_path = f"{runner_dir}/etlab_runner"
     runner_answer = facts.get("runner") or {}
     rebuild = (
@@ -280,7 +283,7 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
     )
     if rebuild:
         with console.StageTimer(prefix=f"{name}: ").stage("build runner"):
-            built = agent.build_runner(f"{workdir}/runtime/{wanted}", f"{workdir}/board/runner", runner_dir)
+            built = agent.build_runner(wd.runtime(wanted), wd.runner_sources, runner_dir)
         runner_path = built.get("runner") or built.get("runner_path") or runner_path
         report.actions.append("built the native runner")
 
@@ -324,16 +327,17 @@ def _check_prerequisites(name: str, facts: dict[str, Any]) -> None:
 def _ensure_build_tools(
     conn: BoardConnection, agent: BoardAgent, facts: dict[str, Any], workdir: str, report: ProvisionReport
 ) -> None:
+    wd = BoardWorkdir(workdir)
     if _version_tuple(facts.get("cmake_version")) < MIN_CMAKE:
         wheel = fetch_wheel("cmake", "cmake>=3.28,<5", facts)
         remote = push_file(conn, wheel, kind="wheels", suffix=".whl").remote_path
-        agent.unpack(remote, f"{workdir}/tools/cmake", prefixes=("cmake/data/",), strip="cmake/data/")
+        agent.unpack(remote, wd.tool("cmake"), prefixes=("cmake/data/",), strip="cmake/data/")
         report.actions.append(f"installed {wheel.name.split('-')[0]} {wheel.name.split('-')[1]} (board cmake too old)")
     if not facts.get("ninja"):
         wheel = fetch_wheel("ninja", "ninja>=1.11", facts)
         remote = push_file(conn, wheel, kind="wheels", suffix=".whl").remote_path
         scripts = f"ninja-{wheel.name.split('-')[1]}.data/scripts/"
-        agent.unpack(remote, f"{workdir}/tools/ninja/bin", prefixes=(f"{scripts}ninja",), strip=scripts)
+        agent.unpack(remote, wd.tool("ninja", "bin"), prefixes=(f"{scripts}ninja",), strip=scripts)
         report.actions.append("installed ninja")
 
 

@@ -6,14 +6,13 @@ verifies the files as they arrive, and analysis verifies them again on disk befo
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import BundleError
-from orchestrator.fsutil import CHUNK
+from orchestrator.fsutil import sha256_and_size
 
 MANIFEST = "result_manifest.json"
 
@@ -25,13 +24,7 @@ class FileDigest:
 
 
 def file_digest(path: Path) -> FileDigest:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return FileDigest(digest.hexdigest(), size)
+    return FileDigest(*sha256_and_size(path))
 
 
 def verify_bundle(folder: Path) -> dict[str, Any]:

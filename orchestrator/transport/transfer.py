@@ -31,6 +31,7 @@ import tenacity
 from rich.progress import Progress, TaskID
 
 from orchestrator import console
+from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.errors import BundleError, EtlabError, TransferError
 from orchestrator.fsutil import TMP_PREFIX, atomic_path, atomic_write_text, sha256_file
 from orchestrator.results.bundle import FileDigest, verify_manifest
@@ -324,7 +325,7 @@ def _push_ssh(
     task: TaskID | None,
     earlier_temps: list[str],
 ) -> tuple[str, bool]:
-    folder = f"{conn.workdir.rstrip('/')}/{kind}"
+    folder = BoardWorkdir(conn.workdir).store(kind)
     name = f"{digest}{suffix}"
     plan = _PushPlan(folder, name, f"{folder}/{TMP_PREFIX}{name}.{secrets.token_hex(6)}")
     threshold = conn.bulk_threshold()

@@ -34,7 +34,6 @@ from orchestrator.transport.base import (
     CommandTimeout,
     Drain,
     LinkError,
-    ReadStream,
     WriteStream,
     describe_command,
     env_argv,
@@ -48,6 +47,7 @@ from orchestrator.transport.pipes import (
     subprocess_read_stream,
     subprocess_write_stream,
 )
+from orchestrator.transport.ssh_socket import TAKE_ALL, ChannelReader, ChannelWriter, open_socket
 
 # paramiko logs a lost link at ERROR level from its own thread; etlab reports it as a BoardError instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -68,117 +68,6 @@ _OPENSSH_CIPHERS = (
 # ssh exits 255 when it fails itself (connection, authentication, host key); etlab's board commands never do.
 _SSH_FAILED = 255
 _CHANNEL_ERRORS = (OSError, EOFError, paramiko.SSHException)
-
-
-class _QuickAckSocket:
-    """A TCP socket that acknowledges every read at once.
-
-    Right after authentication, OpenSSH's answer to our first channel open waited for our delayed ACK of its
-    previous packet (Nagle on the server side): 40 ms on every connect, measured on loopback.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-
-    def recv(self, size: int) -> bytes:
-        data = self._sock.recv(size)
-        with contextlib.suppress(OSError):
-            self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
-        return data
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._sock, name)
-
-
-_TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
-
-
-def _open_socket(board: Board) -> socket.socket:
-    """A connected TCP socket whose writes fail after tcp_user_timeout without an acknowledgement."""
-    where = f"board {board.name!r} ({board.address})"
-    try:
-        addresses = socket.getaddrinfo(board.host, board.port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise BoardError(f"{where}: cannot resolve host {board.host!r}: {exc.strerror}") from None
-    last: OSError | None = None
-    for family, kind, proto, _, address in addresses:
-        sock = socket.socket(family, kind, proto)
-        sock.settimeout(board.connect_timeout)
-        try:
-            sock.connect(address)
-        except OSError as exc:
-            sock.close()
-            last = exc
-            continue
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if hasattr(socket, "TCP_USER_TIMEOUT"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(board.tcp_user_timeout * 1000))
-        return _QuickAckSocket(sock) if _TCP_QUICKACK is not None else sock  # type: ignore[return-value]
-    if isinstance(last, TimeoutError | socket.timeout):
-        reason = f"no answer within {board.connect_timeout:g} s (connect_timeout)"
-    elif isinstance(last, ConnectionRefusedError):
-        reason = "connection refused (is sshd running on that port?)"
-    else:
-        reason = (last.strerror if last and last.strerror else str(last)) or "cannot connect"
-    raise LinkError(f"{where}: {reason}")
-
-
-# paramiko's channel buffer memmoves whatever is left after a partial read, so a reader that takes less than is
-# buffered pays for the whole window on every call: always take everything and slice it here instead.
-_TAKE_ALL = 1 << 31
-
-
-class _ChannelReader(ReadStream):
-    def __init__(self, channel: paramiko.Channel) -> None:
-        super().__init__()
-        self.channel = channel
-        self._pending = memoryview(b"")
-
-    def _fill(self) -> bool:
-        if not self._pending:
-            self._pending = memoryview(self.channel.recv(_TAKE_ALL))
-        return bool(self._pending)
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:
-            return self.readall()
-        if not self._fill():
-            return b""
-        chunk, self._pending = self._pending[:size], self._pending[size:]
-        return chunk.tobytes()
-
-    def readall(self) -> bytes:
-        parts = []
-        while self._fill():
-            parts.append(self._pending.tobytes())
-            self._pending = memoryview(b"")
-        return b"".join(parts)
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        if not self._fill():
-            return 0
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-
-class _ChannelWriter(WriteStream):
-    def __init__(self, connection: SshConnection, channel: paramiko.Channel, stdout: Drain) -> None:
-        self.connection = connection
-        self.channel = channel
-        self._stdout = stdout
-
-    def write(self, data: bytes) -> int:
-        view = memoryview(data)
-        step = self.channel.out_max_packet_size
-        try:
-            # paramiko's sendall re-slices what is left after every packet; feed it packet-sized pieces instead.
-            for offset in range(0, len(view), step):
-                self.channel.sendall(view[offset : offset + step].tobytes())
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise self.connection._send_failed(exc) from exc
-        return len(data)
 
 
 class SshConnection(BoardConnection):
@@ -208,7 +97,7 @@ class SshConnection(BoardConnection):
 
     def _connect(self) -> fabric.Connection:
         board = self.board
-        sock = _open_socket(board)
+        sock = open_socket(board)
         pinned = self.known_hosts.pinned(host_id(board.host or "", board.port))
 
         def transport_factory(sock: socket.socket, disabled_algorithms: dict | None = None) -> paramiko.Transport:
@@ -483,8 +372,8 @@ class SshConnection(BoardConnection):
             stderr = Drain(channel.recv_stderr, errors=_CHANNEL_ERRORS)
             stderr.start()
             try:
-                yield _ChannelReader(channel)  # type: ignore[misc]
-                while channel.recv(_TAKE_ALL):  # the reader may stop before EOF (e.g. at tar's end blocks)
+                yield ChannelReader(channel)  # type: ignore[misc]
+                while channel.recv(TAKE_ALL):  # the reader may stop before EOF (e.g. at tar's end blocks)
                     pass
             except Exception as exc:
                 # A broken stream is most often a lost link or a failed command: report that, not the symptom.
@@ -521,7 +410,7 @@ class SshConnection(BoardConnection):
             drains = [Drain(channel.recv, errors=_CHANNEL_ERRORS), Drain(channel.recv_stderr, errors=_CHANNEL_ERRORS)]
             for drain in drains:
                 drain.start()
-            writer = _ChannelWriter(self, channel, drains[0])
+            writer = ChannelWriter(channel, drains[0], self._send_failed)
             try:
                 yield writer
             except BoardError as exc:

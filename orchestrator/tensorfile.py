@@ -16,6 +16,7 @@ trivially simple: little-endian, no alignment, no compression.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -106,12 +107,18 @@ def read_tensors(path: Path) -> list[NamedTensor]:
             raise TensorFileError(f"{where}: tensor {index} has unknown dtype code {code}")
         dims = take(f"<{ndim}q")
         (nbytes,) = take("<Q")
+        if any(dim < 0 for dim in dims):
+            raise TensorFileError(f"{where}: tensor {name!r} has a negative dimension in shape {list(dims)}")
         if offset + nbytes > len(data):
             raise TensorFileError(f"{where}: tensor {name!r} truncated")
-        array = np.frombuffer(data, dtype=CODE_DTYPES[code], count=int(np.prod(dims, dtype=np.int64)), offset=offset)
-        if array.nbytes != nbytes:
+        itemsize = np.dtype(CODE_DTYPES[code]).itemsize
+        if math.prod(dims) * itemsize != nbytes:  # Python ints: a product that overflows int64 cannot match
             raise TensorFileError(f"{where}: tensor {name!r} has {nbytes} bytes for shape {list(dims)}")
-        tensors.append(NamedTensor(name, array.reshape(dims).copy()))
+        array = np.frombuffer(data, dtype=CODE_DTYPES[code], count=nbytes // itemsize, offset=offset)
+        try:
+            tensors.append(NamedTensor(name, array.reshape(dims).copy()))
+        except ValueError as exc:  # more dimensions than numpy holds, or an empty tensor too big to index
+            raise TensorFileError(f"{where}: tensor {name!r} has an impossible shape {list(dims)}: {exc}") from None
         offset += nbytes
     return tensors
 

@@ -51,6 +51,8 @@ def verify_manifest(folder: Path, digests: dict[str, FileDigest], *, origin: str
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; nesting deeper than the stack
+        raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {str(exc)[:200]}") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         raise BundleError(f"{where}: {MANIFEST} has no 'files' mapping")

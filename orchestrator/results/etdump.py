@@ -180,6 +180,10 @@ def parse_etdump(data: bytes, where: str = "ETDump") -> Etdump:
         runs = buffer.vector_of_tables(run_vector) if run_vector >= 0 else np.zeros(0, dtype=np.int64)
         run_names = buffer.strings(buffer.deref(runs, buffer.field_offsets(runs, _RUN_NAME)))
         event_vectors = buffer.deref(runs, buffer.field_offsets(runs, _RUN_EVENTS))
+        # Each event takes a 4-byte entry of its block's own vector: more than that means blocks share vectors,
+        # and a file of kilobytes could describe billions of events.
+        if int(buffer._read(event_vectors[event_vectors >= 0], "<u4").sum()) * 4 > len(data):
+            raise buffer.fail("its run blocks list more events than the file can hold")
         blocks = [
             _parse_block(buffer, name or "", int(vector)) for name, vector in zip(run_names, event_vectors, strict=True)
         ]

@@ -50,10 +50,9 @@ def _number(field: bytes, what: str) -> int:
             raise TarFormatError(f"negative {what} in a tar header")
         return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
     text = field.split(b"\0", 1)[0].strip()
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise TarFormatError(f"invalid {what} {text!r} in a tar header") from None
+    if text.strip(b"01234567"):  # int() would also take "-1", "+7", "0o7" or "1_0"
+        raise TarFormatError(f"invalid {what} {text!r} in a tar header")
+    return int(text, 8) if text else 0
 
 
 def _text(field: bytes) -> str:
@@ -162,10 +161,12 @@ class TarReader:
             name = fields.get("path", long_name if long_name is not None else name)
             linkname = fields.get("linkpath", long_link if long_link is not None else _text(header[157:257]))
             if "size" in fields:
+                if not (fields["size"].isascii() and fields["size"].isdigit()):  # a negative size read everything
+                    raise TarFormatError(f"invalid pax size {fields['size'][:40]!r}")
                 try:
                     size = int(fields["size"])
-                except ValueError:
-                    raise TarFormatError(f"invalid pax size {fields['size']!r}") from None
+                except ValueError:  # more digits than int() takes
+                    raise TarFormatError(f"invalid pax size {fields['size'][:40]!r}") from None
             pax, long_name, long_link = {}, None, None
             kind = _KINDS.get(flag, "special")
             if kind == "file" and flag == b"\0" and name.endswith("/"):

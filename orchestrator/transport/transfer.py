@@ -471,6 +471,8 @@ def _make_folder(dest: Path, parts: tuple[str, ...]) -> None:
         except FileExistsError:
             if current.is_symlink() or not current.is_dir():
                 raise BundleError(f"archive entry {'/'.join(parts)!r} collides with a file") from None
+        except OSError as exc:  # e.g. a name too long for the file system
+            raise BundleError(f"cannot create folder {'/'.join(parts)!r} of the bundle: {exc.strerror}") from None
 
 
 def _write_member(archive: TarReader, target: Path, relative: str) -> FileDigest:
@@ -481,6 +483,8 @@ def _write_member(archive: TarReader, target: Path, relative: str) -> FileDigest
         fd = os.open(target, flags, 0o644)
     except FileExistsError:
         raise BundleError(f"archive entry {relative!r} appears twice") from None
+    except OSError as exc:  # e.g. a name too long for the file system
+        raise BundleError(f"cannot create {relative!r} of the bundle: {exc.strerror}") from None
     digest, size = hashlib.sha256(), 0
     try:
         for chunk in archive.chunks():

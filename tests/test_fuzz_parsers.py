@@ -26,12 +26,12 @@ import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.bundle import MANIFEST, verify_bundle
 from orchestrator.errors import AnalysisError, BundleError
-from orchestrator.etdump import Etdump, parse_etdump
-from orchestrator.tarstream import BLOCK, TarFormatError, TarReader
+from orchestrator.results.bundle import MANIFEST, verify_bundle
+from orchestrator.results.etdump import Etdump, parse_etdump
 from orchestrator.tensorfile import DTYPE_CODES, MAGIC, NamedTensor, TensorFileError, read_tensors, write_tensors
-from orchestrator.transfer import extract_tar_stream
+from orchestrator.transport.tarstream import BLOCK, TarFormatError, TarReader
+from orchestrator.transport.transfer import extract_tar_stream
 
 FUZZ = settings(
     max_examples=200,
@@ -406,7 +406,7 @@ def manifest_folder(root: Path) -> tuple[Path, bytes]:
     (folder / "timings.json").write_text(json.dumps({"iterations_ms": [1.5, 2.5]}))
     (folder / "runner.log").write_text("ok\n")
     write_tensors(folder / "outputs.etlt", [NamedTensor("output_0", np.arange(6, dtype=np.float32))])
-    from orchestrator.bundle import file_digest
+    from orchestrator.results.bundle import file_digest
 
     files = {}
     for path in sorted(folder.iterdir()):

@@ -54,7 +54,7 @@ def explore(
     open_browser: bool = True,
 ) -> int:
     """Model Explorer on a run (its overlays) or a model (no overlays, or the model's latest run)."""
-    from orchestrator.results.explorer import launch_explorer
+    from orchestrator.results.explorer import launch_explorer, program_models, run_overlays
 
     if run_id:
         run = find_run(run_id)
@@ -69,13 +69,12 @@ def explore(
         run = find_run(latest=True)
         name = run.model
     paths = ArtifactPaths.for_model(name)
-    models = [paths.exported_program, paths.pte("portable"), paths.pte("xnnpack")]
-    present = [m for m in models if m.is_file()]
+    present, missing = program_models(paths)
     if not present:
         raise ArtifactError(f"no artifacts for model {name!r} in {paths.folder}", hint=f"run: fab lower --model {name}")
-    for missing in sorted(set(models) - set(present)):
-        console.warn(f"{missing.name} is missing: not shown (fab lower --model {name} makes it)")
-    overlays = sorted((run.path / "model_explorer").glob("me_overlay_*.json")) if run else []
+    for absent in missing:
+        console.warn(f"{absent.name} is missing: not shown (fab lower --model {name} makes it)")
+    overlays = run_overlays(run.path, required=False) if run else []
     if run and not overlays:
         console.warn(f"run {run.run_id} has no overlays yet: run fab analyze --run {run.run_id}")
     launch_explorer(present, overlays, host=host, port=port, open_browser=open_browser)

@@ -282,7 +282,7 @@ def explore_cells(
     cells: Sequence[CellOutcome], artifact_paths: Any, *, host: str, port: int, open_browser: bool
 ) -> None:
     """Open Model Explorer on the first board that produced overlays."""
-    from orchestrator.results.explorer import launch_explorer
+    from orchestrator.results.explorer import launch_explorer, program_models, run_overlays
 
     analysed = [cell for cell in cells if cell.bundle and cell.summary]
     if not analysed:
@@ -292,9 +292,9 @@ def explore_cells(
     overlays = sorted(
         overlay
         for cell in analysed
-        if cell.board == board
-        for overlay in (cell.bundle / "model_explorer").glob("me_overlay_*.json")  # type: ignore[operator]
+        if cell.board == board and cell.bundle is not None
+        for overlay in run_overlays(cell.bundle, required=False)
     )
-    models = [artifact_paths.exported_program, artifact_paths.pte("portable"), artifact_paths.pte("xnnpack")]
+    models, _ = program_models(artifact_paths)
     console.info(escape(f"Opening Model Explorer with the overlays of {board} (Ctrl+C to stop)"))
-    launch_explorer([m for m in models if m.is_file()], overlays, host=host, port=port, open_browser=open_browser)
+    launch_explorer(models, overlays, host=host, port=port, open_browser=open_browser)

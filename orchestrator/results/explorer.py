@@ -30,6 +30,7 @@ from urllib.parse import quote
 from orchestrator import console
 from orchestrator.errors import EtlabError, UsageError
 from orchestrator.fsutil import read_json
+from orchestrator.lowering.artifacts import ArtifactPaths
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.overlays import INDEX_NAME, OVERLAY_DIR
 
@@ -147,12 +148,18 @@ def ensure_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def run_overlays(run_dir: Path) -> list[Path]:
-    """An analysed run's overlays (median_ms, mean_ms, pct, and any compare diffs)."""
+def run_overlays(run_dir: Path, *, required: bool = True) -> list[Path]:
+    """An analysed run's overlays (median_ms, mean_ms, pct, and any compare diffs); [] if none and not required."""
     found = sorted((Path(run_dir) / OVERLAY_DIR).glob("me_overlay_*.json"))
-    if not found:
+    if not found and required:
         raise ExplorerError(f"{run_dir} has no Model Explorer overlays", hint="analyse the run first")
     return found
+
+
+def program_models(paths: ArtifactPaths) -> tuple[list[Path], list[Path]]:
+    """A model's programs to show (the exported .pt2 and both .pte files): those present, and those missing."""
+    expected = [paths.exported_program, paths.pte("portable"), paths.pte("xnnpack")]
+    return [m for m in expected if m.is_file()], [m for m in expected if not m.is_file()]
 
 
 def artifact_models(artifact_dir: Path) -> list[Path]:

@@ -112,13 +112,18 @@ def explore(c, run=None, model=None, host="127.0.0.1", port=8081, no_browser=Fal
     return result_tasks.explore(run, model=model, host=host, port=int(port), open_browser=not no_browser)
 
 
-@task(positional=["run_a", "run_b"], help={"run_a": "baseline run id", "run_b": "new run id"})
+@task(positional=["run_a", "run_b"], help={"run_a": "baseline run id", "run_b": "new run id",
+            "interleave": "re-run both programs alternately on --board for N rounds (>= 3) to confirm a change",
+            "board": "the board for --interleave", "inventory": "inventory file (default: inventory.yaml)",
+            "allow_rebuilt": "compare different builds of the same program (implied by --interleave)"})  # fmt: skip
 @handle_errors
-def compare(c, run_a, run_b):
-    """Per-operator and total deltas between two runs, a noise-aware verdict, and a diff overlay."""
+def compare(c, run_a, run_b, interleave=0, board=None, inventory=None, allow_rebuilt=False):
+    """Per-operator and total deltas between two runs, a noise-aware verdict, a diff overlay. Exit 1: a regression."""
     from orchestrator.commands import results as result_tasks
 
-    return result_tasks.compare(run_a, run_b)
+    return result_tasks.compare(
+        run_a, run_b, interleave=int(interleave), board=board, inventory=inventory, allow_rebuilt=allow_rebuilt
+    )
 
 
 @task(help=SELECT_HELP)

@@ -546,6 +546,20 @@ def test_gc_keeps_the_newest_bundles_and_the_models_they_use(
     assert [b["run_id"] for b in agent.run("bundles").document["bundles"]] == ["newest", "middle"]
 
 
+def test_gc_never_removes_a_protected_baseline(provisioned_agent: AgentCli) -> None:
+    agent = provisioned_agent
+    models = agent.workdir / "models"
+    models.mkdir(exist_ok=True)
+    baseline, other = models / ("2" * 64 + ".pte"), models / ("3" * 64 + ".pte")
+    for path in (baseline, other):
+        path.write_bytes(b"an old program no bundle uses")
+        os.utime(path, (time.time() - 3 * 86400, time.time() - 3 * 86400))
+    result = agent.run("gc", "--keep", "0", "--protect", "2" * 64)
+    assert result.returncode == 0, result.stderr
+    assert other.name in result.document["removed"]["models"] and not other.exists()
+    assert baseline.exists(), "a nightly baseline stays on the board for the interleaved re-test"
+
+
 # --------------------------------------------------------------------------------------------- unpack
 
 

@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.compare import CompareError, compare_runs, render_comparison
 from orchestrator.results.stats import compare_samples, distribution
+from orchestrator.results.verdicts import Kind
 from tests.plugins.analysis import (
     BundleCase,
     TinyModel,
@@ -193,3 +195,79 @@ def test_unanalysed_run_is_refused(baseline: BundleCase, tmp_path: Any) -> None:
     with pytest.raises(CompareError, match="has not been analysed") as caught:
         compare_runs(baseline.path, raw.path)
     assert "run the analysis first" in str(caught.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# verdicts: the same program is drift, a degraded side is inconclusive, a confirmed change needs the A/B re-test
+
+
+def test_same_program_is_drift_never_a_regression(baseline: BundleCase, tmp_path: Any) -> None:
+    slow = copy_bundle(baseline, tmp_path / "run-b")
+    timings = json.loads((slow.path / "timings.json").read_text())
+    edit_json(slow.path / "timings.json", iterations_ms=[v * 3 for v in timings["iterations_ms"]])
+    analyze(slow)
+    _force_valid(baseline.path)
+    _force_valid(slow.path)
+    comparison = compare_runs(baseline.path, slow.path)
+    assert comparison.total.change == "slower", comparison.total.reason
+    assert comparison.verdict == Kind.DRIFT, comparison.verdict_detail
+    assert (
+        comparison.verdict_detail.startswith("no program change; +") and "run-to-run drift" in comparison.verdict_detail
+    )
+    assert json.loads(comparison.report.read_text())["verdict"] == "drift"
+
+
+def test_a_degraded_side_is_inconclusive(baseline: BundleCase, tmp_path: Any) -> None:
+    other = copy_bundle(baseline, tmp_path / "run-degraded")
+    analyze(other)
+    _force_valid(baseline.path)
+    summary_path = other.path / "analysis" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["validity"] = {"status": "degraded", "reasons": [{"level": "degraded", "reason": "unstable timings"}]}
+    summary_path.write_text(json.dumps(summary))
+    comparison = compare_runs(baseline.path, other.path, write=False)
+    assert comparison.verdict == Kind.INCONCLUSIVE
+    assert "is degraded (unstable timings)" in comparison.verdict_detail
+
+
+def _force_valid(run: Any) -> None:
+    """The verdict rules under test, not this machine's timing noise (a CV over 5% would make a run degraded)."""
+    summary_path = run / "analysis" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["validity"] = {"status": "valid", "reasons": []}
+    summary_path.write_text(json.dumps(summary))
+
+
+def test_interleaved_retest_confirms_a_really_slower_program(local_board: Any, tmp_path: Any) -> None:
+    """The A/B re-test on a real board: distilbert-small vs its 4x wider feed-forward twin (same name, same inputs)."""
+    from orchestrator.deploy.abtest import Program, interleave
+    from orchestrator.deploy.runs import RunParams
+    from orchestrator.lowering import lower as lowering
+    from orchestrator.lowering.spec import resolve_spec
+    from orchestrator.results.compare import Comparison, interleaved_verdict
+    from orchestrator.transport import connect
+    from tests.plugins.artifacts import TEST_CACHE
+
+    specs = PROJECT_ROOT / "tests" / "data" / "specs"
+    built = {}
+    for name, root in (("distilbert-small", "artifacts"), ("distilbert-small-slow", "artifacts-slow")):
+        result = lowering.lower(
+            resolve_spec(None, specs / f"{name}.json"), backends=["xnnpack"], root=TEST_CACHE / root
+        )
+        built[name] = result
+    fast, slow = built["distilbert-small"].backends["xnnpack"], built["distilbert-small-slow"].backends["xnnpack"]
+    a = Program("A", fast.pte, fast.sidecar["sha256"])
+    b = Program("B", slow.pte, slow.sidecar["sha256"])
+    reference_inputs = built["distilbert-small"].paths.reference_inputs
+    inputs = (reference_inputs, fast.sidecar["files"]["reference_inputs"]["sha256"])
+    with connect(local_board) as conn:
+        result = interleave(conn, a, b, inputs, RunParams(warmup=2), rounds=4, budget_seconds=0, iterations_per_run=6)
+        leftovers = conn.run(["ls", f"{conn.workdir}/bundles"], check=False).stdout
+    assert result.error is None, result.error
+    assert result.rounds == 3 or result.rounds == 4
+    assert result.confirmed and result.change == "slower", result.reason
+    assert "-ab" not in leftovers, "re-test bundles are scratch"
+    comparison = Comparison(tmp_path, tmp_path, "a", "b", compare_samples([1.0] * 8, [1.0] * 8), None, None, [])
+    comparison.sha_a, comparison.sha_b = a.sha256, b.sha256
+    interleaved_verdict(comparison, result)
+    assert comparison.verdict == Kind.REGRESSION and "confirmed slower" in comparison.verdict_detail

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from pathlib import Path
 
@@ -89,3 +90,26 @@ def test_resume_bookkeeping(history: History) -> None:
     # The retry of the infrastructure failure replaces it, in the same transaction.
     history.record(record("retried", "2026-11-05", board="pi4-a"))
     assert sorted((r.run_id, r.status) for r in history.runs(night="2026-11-05")) == [("ok", "ok"), ("retried", "ok")]
+
+
+def test_an_older_history_file_still_opens(tmp_path: Path) -> None:
+    """A database written before verdicts existed: the new columns are added, old rows read back and judge."""
+    path = tmp_path / "old.sqlite"
+    old = History(f"sqlite:///{path}")
+    old.record(record("before", "2026-10-01"))
+    old.close()
+    with sqlite3.connect(path) as connection:  # back to the old schema: drop the columns this version added
+        for column in ("environment", "verdict", "verdict_info"):
+            connection.execute(f"alter table runs drop column {column}")
+        assert "verdict" not in {row[1] for row in connection.execute("pragma table_info(runs)")}
+    store = History(f"sqlite:///{path}")
+    try:
+        (before,) = store.runs()
+        assert before.run_id == "before" and before.environment == {} and before.verdict is None
+        store.record(record("after", "2026-10-02", environment={"runner": "1"}))
+        store.set_verdict("after", "drift", {"drift": 1.2})
+        after = store.runs(night="2026-10-02")[0]
+        assert after.verdict == "drift" and after.verdict_info == {"drift": 1.2}
+        assert after.environment == {"runner": "1"}
+    finally:
+        store.close()

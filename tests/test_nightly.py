@@ -11,13 +11,20 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.boards.inventory import Board
+import numpy as np
+import pytest
+
+from orchestrator.boards.inventory import Board, load_inventory
+from orchestrator.deploy.abtest import Interleaved, decide
+from orchestrator.errors import InventoryError
 from orchestrator.lab.history import History, RunRecord
-from orchestrator.lab.nightly import judge
+from orchestrator.lab.nightly import confirm, judge, load_config
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.results.verdicts import Kind
 from tests.plugins.artifacts import TEST_CACHE
 from tests.plugins.boards import provision_board, write_inventory
 from tests.plugins.browser import SCREENSHOTS
@@ -32,6 +39,9 @@ def nightly_section(tmp_path: Path, matrix: list[dict[str, Any]], **extra: Any) 
         "reports": str(tmp_path / "reports"),
         "iterations": 25,
         "warmup": 3,
+        "cooldown_seconds": 2,  # a degraded cell's re-measure
+        "retest_seconds": 20,  # the interleaved re-test's budget
+        "retest_rounds": 6,
         "matrix": matrix,
         **extra,
     }
@@ -63,35 +73,68 @@ def stored(tmp_path: Path, night: str | None = None) -> list[RunRecord]:
         history.close()
 
 
+@contextlib.contextmanager
+def cpu_hog(workers: int = 2) -> Iterator[None]:
+    """Busy-loop processes on every core for the block's duration: a board that is busy with something else."""
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(workers)
+    ]
+    with contextlib.ExitStack() as stack:
+        for hog in hogs:
+            stack.enter_context(reaped(hog))
+        yield
+
+
+def verdict_of(tmp_path: Path, night: str) -> RunRecord:
+    (record,) = stored(tmp_path, night)
+    assert record.verdict, "every judged cell keeps its verdict"
+    return record
+
+
 def test_identical_nights_then_injected_slowdown(local_board: Board, tmp_path: Path, browser_page: Any) -> None:
     matrix = [{"models": [str(SPECS / "distilbert-small.json")], "backends": ["xnnpack"], "boards": ["local"]}]
-    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board], nightly=nightly_section(tmp_path, matrix))
+    section = nightly_section(tmp_path, matrix)
+    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board], nightly=section)
 
     for day in (1, 2, 3):
         night = f"2026-11-0{day}"
-        result = fab_nightly(inventory, night, tmp_path)
+        # Night 3 runs the same program while the machine is busy: drift or inconclusive, never a regression.
+        with cpu_hog() if day == 3 else contextlib.nullcontext():
+            result = fab_nightly(inventory, night, tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
-        (record,) = stored(tmp_path, night)
+        record = verdict_of(tmp_path, night)
         assert record.status == "ok" and record.validity != "invalid", record.reasons
         assert len(record.latencies_ms) == 25 and record.ops, "per-iteration samples and per-op medians are kept"
+        assert record.environment.get("runner") and record.environment.get("runtime")
         assert "REGRESSION" not in result.stderr
+        expected = {"new"} if day < 3 else {"ok", "drift", "inconclusive"}
+        assert record.verdict in expected, (record.verdict, record.verdict_info)
     report = (tmp_path / "reports" / "nightly-2026-11-03.md").read_text()
-    assert "| local | distilbert-small | xnnpack |" in report and "no change" in report
+    assert "| local | distilbert-small | xnnpack |" in report and "## Board health" in report
+    if record.verdict != "ok":
+        assert "no program change" in record.verdict_info["detail"]
+        assert f"{record.verdict.upper()} local / distilbert-small / xnnpack" in result.stderr
 
     # Night 4: the model got 4x wider feed-forward blocks: the same graph, much slower matmuls.
     slow_inventory = write_inventory(
         tmp_path / "inventory-slow.yaml",
         [local_board],
-        nightly=nightly_section(tmp_path, [{**matrix[0], "models": [str(SPECS / "distilbert-small-slow.json")]}]),
+        nightly={**section, "matrix": [{**matrix[0], "models": [str(SPECS / "distilbert-small-slow.json")]}]},
     )
     result = fab_nightly(slow_inventory, "2026-11-04", tmp_path, artifacts=TEST_CACHE / "artifacts-slow")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "REGRESSION local / distilbert-small / xnnpack" in result.stderr
+    record = verdict_of(tmp_path, "2026-11-04")
+    retest = record.verdict_info["retest"]
+    assert record.verdict == "regression" and retest["confirmed"] and retest["change"] == "slower", retest
+    assert retest["rounds"] >= 3 and retest["median_b_ms"] > 2 * retest["median_a_ms"]
     junit = ET.parse(tmp_path / "reports" / "nightly-2026-11-04.junit.xml").getroot()
     failure = junit.find("testcase/failure")
     assert failure is not None and failure.get("type") == "regression"
+    assert junit.find("testcase/properties/property[@name='verdict']").get("value") == "regression"
     markdown = (tmp_path / "reports" / "nightly-2026-11-04.md").read_text()
     assert "## Regression: local / distilbert-small / xnnpack" in markdown
+    assert "confirmed by the interleaved re-test" in markdown
     assert "XnnpackBackend" in markdown or "aten::" in markdown, "the slower operators are named"
 
     # The HTML report, looked at in a real browser: the plot renders, tonight's table and the breakdown are there.
@@ -101,12 +144,47 @@ def test_identical_nights_then_injected_slowdown(local_board: Board, tmp_path: P
     assert len(widths) == 1 and widths[0] > 300, widths
     assert page.locator("#tonight tr").count() == 2  # header + the cell
     assert page.locator("table.ops tr").count() >= 2, "the regression's per-operator breakdown"
+    assert page.locator("#board-health tr").count() == 5, "header + one row per night"
     screenshot = SCREENSHOTS / "nightly-report.png"
     page.screenshot(path=str(screenshot), full_page=True)
     assert screenshot.stat().st_size > 10_000
 
 
-def _record(night: str, latencies: list[float], *, validity: str = "valid", status: str = "ok") -> RunRecord:
+def test_changed_program_under_noise_is_never_a_regression(local_board: Board, tmp_path: Path) -> None:
+    matrix = [{"models": [str(SPECS / "distilbert-small.json")], "backends": ["xnnpack"], "boards": ["local"]}]
+    section = nightly_section(tmp_path, matrix)
+    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board], nightly=section)
+    for night in ("2026-11-01", "2026-11-02"):
+        result = fab_nightly(inventory, night, tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    # Another [MASK] id: another .pte, the same work. Tonight the machine is busy the whole night.
+    variant = write_inventory(
+        tmp_path / "inventory-variant.yaml",
+        [local_board],
+        nightly={**section, "matrix": [{**matrix[0], "models": [str(SPECS / "distilbert-small-variant.json")]}]},
+    )
+    with cpu_hog():
+        result = fab_nightly(variant, "2026-11-03", tmp_path, artifacts=TEST_CACHE / "artifacts-variant")
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = verdict_of(tmp_path, "2026-11-03")
+    baseline = stored(tmp_path, "2026-11-02")[0]
+    assert record.pte_sha256 != baseline.pte_sha256, "a changed program"
+    assert record.verdict in ("unconfirmed", "inconclusive", "ok"), (record.verdict, record.verdict_info)
+    assert "REGRESSION" not in result.stderr
+    if record.verdict == "unconfirmed":
+        assert record.verdict_info["retest"] and "not confirmed" in record.verdict_info["detail"]
+
+
+def _record(
+    night: str,
+    latencies: list[float],
+    *,
+    validity: str = "valid",
+    status: str = "ok",
+    sha: str = "a" * 64,
+    **extra: Any,
+) -> RunRecord:
     return RunRecord(
         run_id=f"run-{night}-{validity}",
         night=night,
@@ -118,7 +196,13 @@ def _record(night: str, latencies: list[float], *, validity: str = "valid", stat
         median_ms=sorted(latencies)[len(latencies) // 2],
         latencies_ms=latencies,
         versions={"torch": "1"},
+        pte_sha256=sha,
+        environment={"runtime": "1.0", "runner": "1", "board_image": "Debian 12"},
+        **extra,
     )
+
+
+NEW_SHA = "b" * 64
 
 
 def test_invalid_runs_are_never_a_baseline(tmp_path: Path) -> None:
@@ -141,13 +225,61 @@ def test_invalid_runs_are_never_a_baseline(tmp_path: Path) -> None:
         baseline = history.runs(cell=("b", "m", "xnnpack"), before_night="2026-11-04", versions={"torch": "1"},
                                 valid_only=True)  # fmt: skip
         assert [r.night for r in baseline] == ["2026-11-01", "2026-10-31"]
-        # Same as the valid baseline: no regression, even though the invalid night was twice as slow.
-        assert judge(_record("2026-11-04", base), baseline, 0.05).verdict == "no change"
-        assert judge(_record("2026-11-04", [x * 1.3 for x in base]), baseline, 0.05).verdict == "regression"
+        # Same as the valid baseline: no change, even though the invalid night was twice as slow.
+        assert judge(_record("2026-11-04", base, sha=NEW_SHA), baseline, 0.05).verdict == Kind.OK
+        # A changed program that looks 30% slower is only a suspicion until the interleaved re-test confirms it.
+        suspected = judge(_record("2026-11-04", [x * 1.3 for x in base], sha=NEW_SHA), baseline, 0.05)
+        assert suspected.verdict == Kind.UNCONFIRMED and suspected.suspect == "slower"
+        assert suspected.reference is not None and suspected.reference.night == "2026-11-01"
         # Other versions are another baseline.
         assert history.runs(cell=("b", "m", "xnnpack"), versions={"torch": "2"}, valid_only=True) == []
     finally:
         history.close()
+
+
+def test_unchanged_program_is_drift_never_a_regression() -> None:
+    steady = {"governor_before": "performance"}
+    base = [_record(f"2026-11-0{n}", [10.0 + 0.01 * i for i in range(30)], conditions=steady) for n in (1, 2)]
+    busy = _record("2026-11-03", [13.0 + 0.01 * i for i in range(30)], conditions={"governor_before": "ondemand"})
+    verdict = judge(busy, base, 0.05)
+    assert verdict.verdict == Kind.DRIFT and verdict.suspect is None
+    assert "no program change" in verdict.detail and "governor performance → ondemand" in verdict.detail
+    assert verdict.drift == pytest.approx(1.3, rel=0.01)
+    still_degraded = _record("2026-11-03", busy.latencies_ms, validity="degraded", reasons=["unstable timings"])
+    assert judge(still_degraded, base, 0.05).verdict == Kind.INCONCLUSIVE
+    # A new runner is a changed program, even with the same .pte: then the re-test decides.
+    rebuilt = _record("2026-11-03", busy.latencies_ms)
+    rebuilt.environment = {**rebuilt.environment, "runner": "2"}
+    assert judge(rebuilt, base, 0.05).suspect == "slower"
+
+
+def test_interleaved_retest_confirms_only_a_shift_that_survives() -> None:
+    rng = np.random.default_rng(7)
+    base = [_record(f"2026-11-0{n}", [10.0 + 0.01 * i for i in range(30)]) for n in (1, 2)]
+    suspected = judge(_record("2026-11-03", [12.0 + 0.01 * i for i in range(30)], sha=NEW_SHA), base, 0.05)
+    # The board drifts during the re-test (round by round), equally for A and B: nothing to confirm.
+    a, b, ratios = [], [], []
+    for load in (1.0, 1.4, 1.1, 1.6, 1.2, 1.3):
+        round_a = list(10.0 * load * rng.lognormal(0, 0.02, 6))
+        round_b = list(10.0 * load * rng.lognormal(0, 0.02, 6))
+        a += round_a
+        b += round_b
+        ratios.append(float(np.median(round_b) / np.median(round_a)))
+    change, confirmed, reason = decide(a, b, ratios, min_effect=0.05, expect="slower")
+    assert not confirmed, reason
+    result = Interleaved(rounds=6, seconds=3.0, a_ms=a, b_ms=b, round_ratios=ratios, change=change, reason=reason)
+    settled = confirm(suspected, result)
+    assert settled.verdict == Kind.UNCONFIRMED and "not confirmed by the interleaved re-test" in settled.detail
+    # B really is 3x slower in every round: confirmed, whatever the board did.
+    slow_b = [x * 3 for x in b]
+    change, confirmed, reason = decide(a, slow_b, [r * 3 for r in ratios], min_effect=0.05, expect="slower")
+    assert confirmed and change == "slower", reason
+    suspected = judge(_record("2026-11-03", [12.0 + 0.01 * i for i in range(30)], sha=NEW_SHA), base, 0.05)
+    result = Interleaved(rounds=6, seconds=3.0, a_ms=a, b_ms=slow_b, round_ratios=[r * 3 for r in ratios],
+                         change=change, confirmed=True, reason=reason)  # fmt: skip
+    assert confirm(suspected, result).verdict == Kind.REGRESSION
+    # Fewer than three rounds never confirm anything.
+    assert not decide(a[:12], slow_b[:12], ratios[:2], min_effect=0.05)[1]
 
 
 def test_one_baseline_night_is_not_enough() -> None:
@@ -156,20 +288,43 @@ def test_one_baseline_night_is_not_enough() -> None:
     assert verdict.verdict == "new" and "1 valid night(s) so far, 2 needed" in verdict.detail
 
 
+def test_min_baseline_nights_takes_effect(local_board: Board, tmp_path: Path) -> None:
+    matrix = [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["local"]}]
+    inventory = write_inventory(
+        tmp_path / "inventory.yaml", [local_board],
+        nightly=nightly_section(tmp_path, matrix, min_baseline_nights=3, baseline_nights=5),
+    )  # fmt: skip
+    config = load_config(load_inventory(inventory))
+    assert (config.min_baseline_nights, config.baseline_nights) == (3, 5)
+    nights = [_record(f"2026-11-0{n}", [10.0 + 0.01 * i for i in range(20)]) for n in (1, 2)]
+    tonight = _record("2026-11-03", [x * 2 for x in nights[0].latencies_ms])
+    assert judge(tonight, nights, 0.05, min_nights=config.min_baseline_nights).verdict == Kind.NEW
+    assert judge(tonight, nights, 0.05, min_nights=2).verdict == Kind.DRIFT
+    too_many = write_inventory(
+        tmp_path / "bad.yaml", [local_board],
+        nightly=nightly_section(tmp_path, matrix, min_baseline_nights=9, baseline_nights=5),
+    )  # fmt: skip
+    with pytest.raises(InventoryError, match="min_baseline_nights: must be <= baseline_nights"):
+        load_config(load_inventory(too_many))
+
+
 def test_night_to_night_spread_raises_the_bar() -> None:
     # Baseline nights 8% apart: a further 7% is within what nights do, 20% is not.
     nights = [_record(f"2026-11-0{n}", [m + 0.01 * i for i in range(30)]) for n, m in ((1, 10.0), (2, 10.8))]
-    assert judge(_record("2026-11-03", [11.0 + 0.01 * i for i in range(30)]), nights, 0.05).verdict == "no change"
-    assert judge(_record("2026-11-03", [12.6 + 0.01 * i for i in range(30)]), nights, 0.05).verdict == "regression"
+    within = _record("2026-11-03", [11.0 + 0.01 * i for i in range(30)], sha=NEW_SHA)
+    assert judge(within, nights, 0.05).verdict == Kind.OK
+    beyond = _record("2026-11-03", [12.6 + 0.01 * i for i in range(30)], sha=NEW_SHA)
+    assert judge(beyond, nights, 0.05).suspect == "slower"
 
 
 def test_small_shifts_and_noise_are_not_regressions() -> None:
     base = [_record(f"2026-11-0{n}", [10.0 + 0.3 * ((i * 7 + n) % 5) for i in range(30)]) for n in (1, 2, 3)]
-    noisy = _record("2026-11-04", [10.0 + 0.3 * ((i * 3) % 5) for i in range(30)])
-    assert judge(noisy, base, 0.05).verdict == "no change"
-    slightly = _record("2026-11-04", [x * 1.03 for x in base[0].latencies_ms])  # real but below 5 %
-    assert judge(slightly, base, 0.05).verdict == "no change"
-    assert judge(_record("2026-11-04", [x * 0.7 for x in base[0].latencies_ms]), base, 0.05).verdict == "improvement"
+    noisy = _record("2026-11-04", [10.0 + 0.3 * ((i * 3) % 5) for i in range(30)], sha=NEW_SHA)
+    assert judge(noisy, base, 0.05).verdict == Kind.OK
+    slightly = _record("2026-11-04", [x * 1.03 for x in base[0].latencies_ms], sha=NEW_SHA)  # real but below 5 %
+    assert judge(slightly, base, 0.05).verdict == Kind.OK
+    faster = judge(_record("2026-11-04", [x * 0.7 for x in base[0].latencies_ms], sha=NEW_SHA), base, 0.05)
+    assert faster.suspect == "faster"
 
 
 def test_board_that_goes_away_is_exit_2(local_board: Board, sshd_board: Any, tmp_path: Path) -> None:

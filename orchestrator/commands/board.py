@@ -191,9 +191,13 @@ def _holder_text(holder: Any) -> str:
 
 
 def gc(boards: Sequence[Board], keep: int) -> int:
+    from orchestrator.lowering import programs
+
+    protect = sorted(programs.kept())  # nightly baselines stay on the boards while they are baselines
+
     def one(board: Board) -> dict[str, Any]:
         with stage("connect"), connect(board) as conn, stage("gc"):
-            return BoardAgent(conn, conn.workdir).gc(keep)
+            return BoardAgent(conn, conn.workdir).gc(keep, protect=protect)
 
     outcomes = fan_out(boards, one)
     return _finish(

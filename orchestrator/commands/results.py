@@ -81,9 +81,68 @@ def explore(
     return 0
 
 
-def compare(run_a: str, run_b: str) -> int:
-    from orchestrator.results.compare import compare_runs, render_comparison
+def _program_of(run: LocalRun, sha256: str | None) -> Path:
+    """The .pte a run profiled: a kept baseline program, or the current artifact when it is still that build."""
+    from orchestrator.lowering import programs
 
+    kept = programs.find(sha256)
+    if kept:
+        return kept
+    try:
+        artifact = load_artifact(run.model, run.backend)
+    except ArtifactError:
+        artifact = None
+    if artifact is not None and sha256 and artifact.sha256 == sha256:
+        return artifact.pte
+    raise ArtifactError(
+        f"the program run {run.run_id} profiled (sha256 {str(sha256)[:12]}) is neither kept nor the current artifact",
+        hint="only nightly baselines (.etlab/programs/) and the current artifacts/ can be re-run",
+    )
+
+
+def compare(
+    run_a: str,
+    run_b: str,
+    *,
+    interleave: int = 0,
+    board: str | None = None,
+    inventory: str | None = None,
+    allow_rebuilt: bool = False,
+) -> int:
+    """Compare two runs; with `interleave` rounds, re-run both programs alternately on one board first.
+
+    Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
+    """
+    from orchestrator.commands.common import select_boards
+    from orchestrator.deploy.abtest import Program
+    from orchestrator.deploy.abtest import interleave as run_interleaved
+    from orchestrator.deploy.runs import RunParams
+    from orchestrator.fsutil import atomic_write_json
+    from orchestrator.results.compare import compare_runs, interleaved_verdict, render_comparison
+    from orchestrator.results.verdicts import Kind
+    from orchestrator.transport import connect
+
+    if interleave < 0:
+        raise UsageError(f"--interleave must be a number of rounds >= 3, got {interleave}")
+    if interleave and interleave < 3:
+        raise UsageError(f"--interleave must be a number of rounds >= 3, got {interleave}")
     first, second = find_run(run_a), find_run(run_b)
-    render_comparison(compare_runs(first.path, second.path))
-    return 0
+    comparison = compare_runs(first.path, second.path, allow_rebuilt=allow_rebuilt or bool(interleave))
+    if interleave:
+        boards = select_boards(inventory, board, None, None)
+        if len(boards) != 1:
+            raise UsageError(f"--interleave needs exactly one --board, got {len(boards)}")
+        artifact = load_artifact(second.model, second.backend)
+        a = Program("A", _program_of(first, comparison.sha_a), str(comparison.sha_a))
+        b = Program("B", _program_of(second, comparison.sha_b), str(comparison.sha_b))
+        inputs = (artifact.paths.reference_inputs, artifact.sidecar["files"]["reference_inputs"]["sha256"])
+        console.info(console.escape(f"re-running both programs interleaved on {boards[0].name}: {interleave} rounds"))
+        with connect(boards[0]) as conn:
+            result = run_interleaved(
+                conn, a, b, inputs, RunParams(), rounds=interleave, budget_seconds=float("inf"), iterations_per_run=10
+            )
+        interleaved_verdict(comparison, result)
+        if comparison.report:
+            atomic_write_json(comparison.report, comparison.to_dict())
+    render_comparison(comparison)
+    return 1 if comparison.verdict == Kind.REGRESSION else 0

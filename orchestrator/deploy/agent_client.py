@@ -133,6 +133,8 @@ class BoardAgent:
     def bundles(self) -> list[dict[str, Any]]:
         return list(self.call("bundles", timeout=60)[0].get("bundles", []))
 
-    def gc(self, keep: int, *, dry_run: bool = False) -> dict[str, Any]:
+    def gc(self, keep: int, *, dry_run: bool = False, protect: Sequence[str] = ()) -> dict[str, Any]:
         args = ["gc", "--keep", str(keep)] + (["--dry-run"] if dry_run else [])
+        for sha in protect:
+            args += ["--protect", sha]
         return self.call(*args, timeout=600)[0]

@@ -2,6 +2,9 @@
 
 SQLAlchemy Core, so the default SQLite file and a shared lab's PostgreSQL URL take the same code path.
 Each run is written in one transaction: a crash leaves the previous history intact.
+
+Schema changes only ever add nullable columns; `History()` adds the missing ones to an existing database
+(SQLite or PostgreSQL), so a history written by an older etlab still opens, and its old rows keep working.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    inspect,
     select,
+    text,
 )
 from sqlalchemy.engine import Engine
 
@@ -59,6 +64,10 @@ runs = Table(
     Column("conditions", JSON, nullable=False, default=dict),
     Column("bundle_path", Text),
     Column("created_at", DateTime(timezone=True), nullable=False),
+    # Added with verdicts (issue 11); nullable so older databases migrate by adding them.
+    Column("environment", JSON),  # runner version, runtime version, board image: part of the program's identity
+    Column("verdict", String(24)),  # orchestrator.results.verdicts.Kind, set once the cell is judged
+    Column("verdict_info", JSON),  # detail, ratio, drift, re-measure and interleaved re-test figures
     UniqueConstraint("night", "board", "model", "backend", name="one_cell_per_night"),
 )
 
@@ -106,6 +115,14 @@ class RunRecord:
     latencies_ms: list[float] = field(default_factory=list)
     ops: dict[str, tuple[str, float]] = field(default_factory=dict)  # op_key -> (name, median ms)
     created_at: dt.datetime | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    verdict: str | None = None
+    verdict_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> tuple[str | None, str]:
+        """What ran: the .pte's sha256 and the versions around it (workstation, runtime, runner, board image)."""
+        return (self.pte_sha256, versions_key({**self.versions, **self.environment}))
 
     @property
     def cell(self) -> tuple[str, str, str]:
@@ -115,7 +132,8 @@ class RunRecord:
 # RunRecord fields stored as columns of `runs` under the same name.
 _STORED_FIELDS = (
     "run_id", "night", "board", "model", "backend", "status", "validity", "reasons", "error", "stage", "versions",
-    "pte_sha256", "threads", "median_ms", "p90_ms", "mean_ms", "cv", "conditions", "bundle_path",
+    "pte_sha256", "threads", "median_ms", "p90_ms", "mean_ms", "cv", "conditions", "bundle_path", "environment",
+    "verdict", "verdict_info",
 )  # fmt: skip
 
 
@@ -136,6 +154,25 @@ class History:
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         metadata.create_all(self.engine)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the columns an older etlab did not have (all nullable), in one transaction."""
+        present = {column["name"] for column in inspect(self.engine).get_columns("runs")}
+        missing = [column for column in runs.columns if column.name not in present]
+        if not missing:
+            return
+        with self.engine.begin() as connection:
+            for column in missing:
+                kind = column.type.compile(dialect=self.engine.dialect)
+                connection.execute(text(f'ALTER TABLE runs ADD COLUMN "{column.name}" {kind}'))
+
+    def set_verdict(self, run_id: str, verdict: str, info: dict[str, Any]) -> None:
+        """Store a cell's verdict, so a resumed night and later reports (board health) need not judge it again."""
+        with self.engine.begin() as connection:
+            connection.execute(
+                runs.update().where(runs.c.run_id == run_id).values(verdict=str(verdict), verdict_info=info)
+            )
 
     def close(self) -> None:
         self.engine.dispose()
@@ -208,6 +245,23 @@ class History:
             rows = list(connection.execute(query))
             return [self._load(connection, row) for row in rows]
 
+    def baseline_programs(self, nights: int) -> set[str]:
+        """The .pte sha256 of every cell's `nights` latest valid runs: the programs still in some baseline."""
+        query = (
+            select(runs.c.board, runs.c.model, runs.c.backend, runs.c.pte_sha256)
+            .where((runs.c.status == "ok") & (runs.c.validity != "invalid"))
+            .order_by(runs.c.night.desc(), runs.c.id.desc())
+        )
+        seen: dict[tuple[str, str, str], int] = {}
+        wanted = set()
+        with self.engine.connect() as connection:
+            for row in connection.execute(query):
+                cell = (row.board, row.model, row.backend)
+                seen[cell] = seen.get(cell, 0) + 1
+                if seen[cell] <= nights and row.pte_sha256:
+                    wanted.add(row.pte_sha256)
+        return wanted
+
     def nights(self) -> list[str]:
         with self.engine.connect() as connection:
             return [row[0] for row in connection.execute(select(runs.c.night).distinct().order_by(runs.c.night))]
@@ -225,6 +279,8 @@ class History:
             for op in connection.execute(select(op_medians).where(op_medians.c.run == row.id))
         }
         stored = {name: getattr(row, name) for name in _STORED_FIELDS}
+        stored["environment"] = stored["environment"] or {}
+        stored["verdict_info"] = stored["verdict_info"] or {}
         return RunRecord(**stored, latencies_ms=latencies, ops=ops, created_at=row.created_at)
 
 

@@ -3,14 +3,22 @@
 Cells (board × model × backend) are recorded as soon as they finish, one transaction each, so a killed
 nightly re-run the same night skips what is already recorded and loses nothing.
 
-Exit codes: 0 all good, 1 a regression (or a model that fails on a healthy board), 2 an infrastructure
-failure (a board unreachable or lost; takes precedence, since the night is incomplete).
+Verdicts (orchestrator/verdicts.py) survive a noisy board:
+- the same program and versions as the baseline: a shift is board drift (a warning), never a regression;
+- a changed program that looks slower or faster is re-tested at once, interleaved with the baseline's program on
+  the same board (orchestrator/abtest.py); only a confirmed shift is a regression, else it is "unconfirmed";
+- a degraded run is re-measured once after a cool-down; still degraded, it is "inconclusive" (unless a changed
+  program's shift is then settled by the interleaved re-test, which does not depend on tonight's run).
+
+Exit codes: 0 all good (warnings included), 1 a confirmed regression (or a model that fails on a healthy board),
+2 an infrastructure failure (a board unreachable or lost; takes precedence, since the night is incomplete).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,17 +30,21 @@ import yaml
 from orchestrator import console, paths
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board, Inventory
+from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, Interleaved, Program, interleave
 from orchestrator.deploy.pipeline import CellJob, CellOutcome, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
-from orchestrator.errors import EtlabError, ExitCode, InventoryError
+from orchestrator.errors import EtlabError, InventoryError
 from orchestrator.lab.history import History, RunRecord
 from orchestrator.lab.report import CellVerdict, NightReport, write_reports
+from orchestrator.lowering import programs
 from orchestrator.lowering.spec import ModelSpec, resolve_spec
 from orchestrator.results.stats import DEFAULT_MIN_EFFECT, compare_samples
+from orchestrator.results.verdicts import Kind, exit_code
 
 DEFAULT_BASELINE_NIGHTS = 7
 MIN_BASELINE_NIGHTS = 2
 OP_MIN_SHARE = 0.005  # an operator must move at least 0.5% of the total to be named
+DEFAULT_COOLDOWN_SECONDS = 60.0  # before a degraded cell is re-measured
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,9 @@ class NightlyConfig:
     min_baseline_nights: int = MIN_BASELINE_NIGHTS
     min_effect: float = DEFAULT_MIN_EFFECT
     weights: str = "auto"
+    retest_seconds: float = DEFAULT_RETEST_SECONDS  # the interleaved re-test's budget per suspected cell
+    retest_rounds: int = DEFAULT_ROUNDS
+    cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS
 
 
 # ---------------------------------------------------------------- configuration
@@ -59,7 +74,8 @@ class NightlyConfig:
 
 _TOP_KEYS = {
     "history", "reports", "baseline_nights", "min_baseline_nights", "min_effect", "weights",
-    "iterations", "warmup", "threads", "max_seconds", "timeout", "matrix",
+    "iterations", "warmup", "threads", "max_seconds", "timeout", "matrix", "retest_seconds", "retest_rounds",
+    "cooldown_seconds",
 }  # fmt: skip
 _ENTRY_KEYS = {
     "models",
@@ -188,19 +204,40 @@ def load_config(inventory: Inventory) -> NightlyConfig:
         entries.append(MatrixEntry(tuple(models), backends, tuple(b.name for b in selected), RunParams(**params)))
 
     reports = top.get("reports")
+    baseline_nights = (
+        scalar(top["baseline_nights"], "nightly.baseline_nights", int, 1)
+        if "baseline_nights" in top
+        else DEFAULT_BASELINE_NIGHTS
+    )
+    min_nights = (
+        scalar(top["min_baseline_nights"], "nightly.min_baseline_nights", int, 1)
+        if "min_baseline_nights" in top
+        else min(MIN_BASELINE_NIGHTS, baseline_nights)
+    )
+    if min_nights > baseline_nights:
+        field_name = "nightly.min_baseline_nights"
+        raise fail(top["min_baseline_nights"], field_name, f"must be <= baseline_nights ({baseline_nights})")
+
+    def seconds(key: str, default: float) -> float:
+        return scalar(top[key], f"nightly.{key}", float, 0) if key in top else default
+
     return NightlyConfig(
         entries=tuple(entries),
         history_url=scalar(top["history"], "nightly.history", str) if "history" in top else None,
         reports_dir=Path(scalar(reports, "nightly.reports", str))
         if reports is not None
         else paths.results_dir() / "nightly",
-        baseline_nights=scalar(top["baseline_nights"], "nightly.baseline_nights", int, 1)
-        if "baseline_nights" in top
-        else DEFAULT_BASELINE_NIGHTS,
+        baseline_nights=baseline_nights,
+        min_baseline_nights=min_nights,
         min_effect=scalar(top["min_effect"], "nightly.min_effect", float, 0)
         if "min_effect" in top
         else DEFAULT_MIN_EFFECT,
         weights=scalar(top["weights"], "nightly.weights", str) if "weights" in top else "auto",
+        retest_seconds=seconds("retest_seconds", DEFAULT_RETEST_SECONDS),
+        retest_rounds=scalar(top["retest_rounds"], "nightly.retest_rounds", int, 3)
+        if "retest_rounds" in top
+        else DEFAULT_ROUNDS,
+        cooldown_seconds=seconds("cooldown_seconds", DEFAULT_COOLDOWN_SECONDS),
     )
 
 
@@ -214,13 +251,24 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
     status = "ok" if cell.ok else ("infra" if cell.infrastructure else "failed")
     latencies: list[float] = []
     ops: dict[str, tuple[str, float]] = {}
+    environment: dict[str, str] = {}
     if cell.bundle:
         from orchestrator.fsutil import read_json
 
         try:
-            latencies = [float(v) for v in read_json(cell.bundle / "timings.json").get("iterations_ms", [])]
-        except (OSError, ValueError):
+            timings = read_json(cell.bundle / "timings.json")
+            latencies = [float(v) for v in timings.get("iterations_ms", [])]
+            environment = {
+                "runtime": str(timings.get("executorch_version") or ""),
+                "runner": str(timings.get("runner_version") or ""),
+            }
+        except (OSError, ValueError, AttributeError):
             latencies = []
+        try:
+            info = read_json(cell.bundle / "board_info_before.json")
+            environment["board_image"] = f"{info.get('os_release') or '?'}; kernel {info.get('kernel') or '?'}"
+        except (OSError, ValueError, AttributeError):
+            pass
         try:
             for row in read_json(cell.bundle / "analysis" / "ops.json").get("instructions", []):
                 if row.get("median_ms") is not None:
@@ -252,10 +300,45 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
         bundle_path=str(cell.bundle) if cell.bundle else None,
         latencies_ms=latencies,
         ops=ops,
+        environment=environment,
     )
 
 
-# ---------------------------------------------------------------- regression detection
+# ---------------------------------------------------------------- verdicts
+
+
+def same_program(a: RunRecord, b: RunRecord) -> bool:
+    """The same .pte and versions (workstation, runtime, runner, board image) on both sides.
+
+    An environment field missing on one side (a history row from an older etlab) is not a difference.
+    """
+    if not a.pte_sha256 or a.pte_sha256 != b.pte_sha256 or a.versions != b.versions:
+        return False
+    shared = a.environment.keys() & b.environment.keys()
+    return all(a.environment[key] == b.environment[key] for key in shared)
+
+
+_CONDITIONS = (
+    ("governor_before", "governor"),
+    ("temperature_c_after", "temperature °C"),
+    ("throttling_during_run", "throttling"),
+    ("load", "load"),
+)
+
+
+def changed_conditions(record: RunRecord, baseline: RunRecord) -> list[str]:
+    """The board conditions that differ between the baseline night and tonight, as readable phrases."""
+    changes = []
+    for key, label in _CONDITIONS:
+        before, now = baseline.conditions.get(key), record.conditions.get(key)
+        if isinstance(before, float) and isinstance(now, float):
+            if abs(now - before) >= 2.0:  # a couple of degrees is the sensor's noise
+                changes.append(f"{label} {before:.1f} → {now:.1f}")
+        elif before != now and (before or now):
+            changes.append(f"{label} {before or '—'} → {now or '—'}")
+    if record.cv is not None and baseline.cv is not None and record.cv > max(2 * baseline.cv, 0.02):
+        changes.append(f"timing spread (CV) {baseline.cv:.1%} → {record.cv:.1%}")
+    return changes
 
 
 def judge(
@@ -263,17 +346,18 @@ def judge(
 ) -> CellVerdict:
     """Compare one cell with its baseline nights (valid runs on the same board, model, backend and versions).
 
-    A regression needs all of: a statistically real shift of the per-iteration samples (stats.compare_samples),
-    an effect of at least `min_effect` and at least the night-to-night spread of the baseline, and a median
-    outside the range of every baseline night. Nights differ more than iterations within a night, so one
-    baseline night is not enough to call anything.
+    A shift needs all of: a statistically real shift of the per-iteration samples (stats.compare_samples), an
+    effect of at least `min_effect` and at least the night-to-night spread of the baseline, and a median outside
+    the range of every baseline night. Nights differ more than iterations within a night, so one baseline night is
+    not enough to call anything. What a shift means depends on the program (see the module docstring): for an
+    unchanged program it is drift; for a changed one it is a suspicion (`suspect`) the caller re-tests.
     """
     if record.status == "infra":
-        return CellVerdict(record, "infra", record.error or "")
+        return CellVerdict(record, Kind.INFRA, record.error or "")
     if record.status != "ok":
-        return CellVerdict(record, "failed", record.error or "")
+        return CellVerdict(record, Kind.FAILED, record.error or "")
     if record.validity == "invalid":
-        return CellVerdict(record, "not compared", "this run is invalid: " + "; ".join(record.reasons))
+        return CellVerdict(record, Kind.NOT_COMPARED, "this run is invalid: " + "; ".join(record.reasons))
     usable = [b for b in baseline if b.latencies_ms]
     pooled = [v for b in usable for v in b.latencies_ms]
     current = float(np.median(record.latencies_ms))
@@ -281,21 +365,78 @@ def judge(
     ratio = current / baseline_median if baseline_median else None
     if len(usable) < min_nights:
         detail = f"building a baseline: {len(usable)} valid night(s) so far, {min_nights} needed"
-        return CellVerdict(record, "new", detail, baseline_median, ratio)
-    night_medians = [float(np.median(b.latencies_ms)) for b in usable]
-    spread = (max(night_medians) - min(night_medians)) / float(np.median(night_medians))
+        return CellVerdict(record, Kind.NEW, detail, baseline_median, ratio)
+    degraded = record.validity == "degraded"
+    degraded_note = "tonight's run is degraded (" + "; ".join(record.reasons) + ")"
+    reference = usable[0]
+
+    if same_program(record, reference):
+        # Only the nights of this very program say what it should do; the rest is the board's doing.
+        nights = [b for b in usable if same_program(record, b)]
+        shift = _shift(record, nights, min_effect)
+        same_pooled = [v for b in nights for v in b.latencies_ms]
+        drift = current / float(np.median(same_pooled))
+        conditions = changed_conditions(record, reference)
+        where = "; conditions changed: " + ", ".join(conditions) if conditions else "; no recorded condition changed"
+        if degraded:
+            detail = f"{degraded_note}, even after a re-measure; no program change, {drift - 1:+.1%} vs baseline"
+            return CellVerdict(record, Kind.INCONCLUSIVE, detail + where, baseline_median, ratio, drift=drift)
+        if shift is not None:
+            detail = f"no program change: {shift} is board drift" + where
+            return CellVerdict(record, Kind.DRIFT, detail, baseline_median, ratio, drift=drift)
+        return CellVerdict(record, Kind.OK, "no program change; within noise", baseline_median, ratio, drift=drift)
+
+    shift = _shift(record, usable, min_effect)
+    if shift is None:
+        if degraded:
+            return CellVerdict(record, Kind.INCONCLUSIVE, f"{degraded_note}, even after a re-measure")
+        return CellVerdict(record, Kind.OK, "program changed; within noise of the baseline", baseline_median, ratio)
+    suspect = "slower" if current > (baseline_median or 0) else "faster"
+    detail = f"program changed and looks {shift} against the baseline"
+    if degraded:
+        detail += f"; {degraded_note}"
+    verdict = CellVerdict(record, Kind.UNCONFIRMED, detail, baseline_median, ratio, suspect=suspect)
+    verdict.reference = reference
+    if suspect == "slower":
+        verdict.slower_ops = _slower_ops(record, usable, min_effect)
+    return verdict
+
+
+def _shift(record: RunRecord, nights: Sequence[RunRecord], min_effect: float) -> str | None:
+    """ "12.0% slower (p=…, CI …); baseline: …" when tonight is beyond the baseline nights, else None."""
+    pooled = [v for b in nights for v in b.latencies_ms]
+    medians = [float(np.median(b.latencies_ms)) for b in nights]
+    spread = (max(medians) - min(medians)) / float(np.median(medians)) if len(medians) > 1 else 0.0
     threshold = max(min_effect, spread)
     verdict = compare_samples(pooled, record.latencies_ms, min_effect=threshold)
-    beyond_nights = current > max(night_medians) if verdict.change == "slower" else current < min(night_medians)
-    if verdict.is_change and beyond_nights:
-        kind = "regression" if verdict.change == "slower" else "improvement"
-        detail = f"{verdict.reason}; baseline: {len(usable)} nights, {len(pooled)} samples, threshold {threshold:.1%}"
-        slower = _slower_ops(record, usable, min_effect) if kind == "regression" else []
-        if slower:
-            detail += "; slower operators: " + ", ".join(op["op"] for op in slower[:5])
-        return CellVerdict(record, kind, detail, baseline_median, ratio, slower)
-    reason = verdict.reason if not verdict.is_change else f"{verdict.reason}, but within the baseline nights' range"
-    return CellVerdict(record, "no change", reason, baseline_median, ratio)
+    current = float(np.median(record.latencies_ms))
+    beyond = current > max(medians) if verdict.change == "slower" else current < min(medians)
+    if not (verdict.is_change and beyond):
+        return None
+    return f"{verdict.reason}; baseline: {len(nights)} nights, {len(pooled)} samples, threshold {threshold:.1%}"
+
+
+def confirm(verdict: CellVerdict, result: Interleaved | None, *, why_not: str | None = None) -> CellVerdict:
+    """Settle a suspected cell with its interleaved re-test (None with `why_not` when it could not run)."""
+    if result is None or result.error:
+        reason = why_not or (result.reason if result else "no re-test")
+        verdict.detail += f"; not confirmed: {reason}"
+        verdict.retest = result.to_dict() if result else None
+        return verdict
+    verdict.retest = result.to_dict()
+    figures = (
+        f"interleaved re-test: baseline program {result.median_a_ms:.3f} ms, tonight's {result.median_b_ms:.3f} ms "
+        f"({(result.ratio or 1) - 1:+.1%}, {result.rounds} rounds, {result.seconds:.0f} s)"
+    )
+    if result.confirmed and result.change == verdict.suspect:
+        verdict.verdict = Kind.REGRESSION if result.change == "slower" else Kind.IMPROVEMENT
+        verdict.detail += f"; confirmed by the {figures}: {result.reason}"
+        if verdict.verdict == Kind.REGRESSION and verdict.slower_ops:
+            verdict.detail += "; slower operators: " + ", ".join(op["op"] for op in verdict.slower_ops[:5])
+        return verdict
+    verdict.slower_ops = []
+    verdict.detail += f"; not confirmed by the {figures}: {result.reason}"
+    return verdict
 
 
 def _slower_ops(record: RunRecord, baseline: Sequence[RunRecord], min_effect: float) -> list[dict[str, Any]]:
@@ -313,6 +454,42 @@ def _slower_ops(record: RunRecord, baseline: Sequence[RunRecord], min_effect: fl
 
 
 # ---------------------------------------------------------------- the night
+
+
+def _baseline(history: History, record: RunRecord, config: NightlyConfig) -> list[RunRecord]:
+    return history.runs(
+        cell=record.cell,
+        before_night=record.night,
+        versions=record.versions,
+        valid_only=True,
+        limit=config.baseline_nights,
+    )
+
+
+def _retest(board: Board, verdict: CellVerdict, job: CellJob, config: NightlyConfig) -> CellVerdict:
+    """The interleaved A/B re-test of a suspected cell on its board: baseline's program (A) vs tonight's (B)."""
+    from orchestrator.transport import connect
+
+    reference = verdict.reference
+    kept = programs.find(reference.pte_sha256 if reference else None)
+    if kept is None or reference is None or reference.pte_sha256 is None:
+        return confirm(verdict, None, why_not="the baseline's program is not kept, so it cannot be re-run")
+    artifact = job.artifact
+    a = Program("baseline", kept, reference.pte_sha256)
+    b = Program("tonight", artifact.pte, artifact.sha256)
+    inputs = (artifact.paths.reference_inputs, artifact.sidecar["files"]["reference_inputs"]["sha256"])
+    console.info(
+        console.escape(f"[{board.name}] {' / '.join(verdict.cell)} looks {verdict.suspect}: interleaved re-test")
+    )
+    try:
+        with connect(board) as conn:
+            result = interleave(
+                conn, a, b, inputs, job.params, min_effect=config.min_effect, expect=verdict.suspect,
+                rounds=config.retest_rounds, budget_seconds=config.retest_seconds,
+            )  # fmt: skip
+    except EtlabError as exc:
+        return confirm(verdict, None, why_not=f"the re-test could not run: {str(exc).splitlines()[0]}")
+    return confirm(verdict, result)
 
 
 def run_nightly(
@@ -364,22 +541,68 @@ def run_nightly(
                 lowering_errors[model] = str(exc).splitlines()[0]
 
         def on_board(board: Board) -> list[CellOutcome]:
-            jobs, failed, threads = [], [], {}
+            jobs: dict[tuple[str, str], CellJob] = {}
+            failed, threads = [], {}
             for model, backend, params in plan[board.name]:
                 threads[(model, backend)] = params.threads or board.threads
                 if model in lowering_errors:
                     failed.append(CellOutcome(board.name, model, backend, stage="lower", error=lowering_errors[model]))
                 else:
-                    jobs.append(CellJob(load_artifact(model, backend, artifacts_root), params))
+                    jobs[(model, backend)] = CellJob(load_artifact(model, backend, artifacts_root), params)
+            remeasured: dict[tuple[str, str, str], dict[str, Any]] = {}
+            held: list[CellOutcome] = []
 
             def record(cell: CellOutcome) -> None:
-                history.record(
-                    record_from_cell(cell, night, versions.get(cell.model, {}), threads[(cell.model, cell.backend)])
-                )
+                run = record_from_cell(cell, night, versions.get(cell.model, {}), threads[(cell.model, cell.backend)])
+                if cell.ok and (cell.model, cell.backend) in jobs:
+                    artifact = jobs[(cell.model, cell.backend)].artifact
+                    try:
+                        programs.keep(artifact.pte, artifact.sha256)  # tonight's program: tomorrow's baseline
+                    except (EtlabError, OSError) as exc:
+                        console.warn(f"{board.name}: {cell.model}/{cell.backend}: program not kept: {exc}")
+                history.record(run)
+
+            def record_or_hold(cell: CellOutcome) -> None:
+                # A degraded run is re-measured after the other cells, before it is recorded (a kill re-runs it).
+                if cell.ok and cell.validity == "degraded":
+                    held.append(cell)
+                else:
+                    record(cell)
 
             for cell in failed:
                 record(cell)
-            return failed + run_cells_on_board(board, jobs, on_cell=record, results_root=results_root)
+            cells = run_cells_on_board(board, list(jobs.values()), on_cell=record_or_hold, results_root=results_root)
+            for first in held:
+                validity = (first.summary or {}).get("validity") or {}
+                reasons = [r.get("reason", "") for r in validity.get("reasons", [])]
+                console.warn(
+                    f"{board.name}: {first.model}/{first.backend} is degraded ({'; '.join(reasons)}): "
+                    f"re-measuring after a {config.cooldown_seconds:g} s cool-down"
+                )
+                time.sleep(config.cooldown_seconds)
+                (again,) = run_cells_on_board(
+                    board, [jobs[(first.model, first.backend)]], setup=False, results_root=results_root
+                )
+                final = again if again.ok or not again.infrastructure else first
+                remeasured[first.cell] = {
+                    "first_run": first.run_id, "first_reasons": reasons, "cooldown_seconds": config.cooldown_seconds,
+                    "second_run": again.run_id, "second_validity": again.validity if again.ok else again.error,
+                }  # fmt: skip
+                record(final)
+                cells = [final if c is first else c for c in cells]
+
+            # Judge this board's cells now, while the board is ours: a suspected cell is re-tested at once.
+            for cell in cells:
+                (run,) = [r for r in history.runs(night=night, cell=cell.cell)]
+                verdict = judge(run, _baseline(history, run, config), config.min_effect,
+                                min_nights=config.min_baseline_nights)  # fmt: skip
+                verdict.remeasured = remeasured.get(cell.cell)
+                if verdict.suspect:
+                    verdict = _retest(board, verdict, jobs[(cell.model, cell.backend)], config)
+                    if run.validity == "degraded" and verdict.verdict == Kind.UNCONFIRMED:
+                        verdict.verdict = Kind.INCONCLUSIVE  # degraded twice and the re-test settled nothing
+                history.set_verdict(run.run_id, verdict.verdict, verdict.info())
+            return failed + cells
 
         outcomes = fan_out([inventory.boards[name] for name in plan], on_board)
         for outcome in outcomes:
@@ -391,18 +614,20 @@ def run_nightly(
         verdicts = []
         trends: dict[tuple[str, str, str], list[RunRecord]] = {}
         for record in tonight:
-            baseline = history.runs(
-                cell=record.cell,
-                before_night=night,
-                versions=record.versions,
-                valid_only=True,
-                limit=config.baseline_nights,
-            )
-            verdicts.append(judge(record, baseline, config.min_effect, min_nights=config.min_baseline_nights))
+            if record.verdict:
+                verdict = CellVerdict.stored(record)
+            else:  # recorded by a run killed before it judged the cell: judged now, without a re-test
+                verdict = judge(record, _baseline(history, record, config), config.min_effect,
+                                min_nights=config.min_baseline_nights)  # fmt: skip
+                if verdict.suspect:
+                    verdict = confirm(verdict, None, why_not="the night was resumed after the cell ran")
+                history.set_verdict(record.run_id, verdict.verdict, verdict.info())
+            verdicts.append(verdict)
             trends[record.cell] = list(reversed(history.runs(cell=record.cell, limit=60)))
         verdicts.sort(key=lambda v: v.cell)
-        exit_code = _exit_code(verdicts, outcomes_ok=all(o.ok for o in outcomes))
-        report = NightReport(night, verdicts, trends, exit_code, skipped)
+        _keep_baselines_only(history, config)
+        code = exit_code((v.verdict for v in verdicts), infrastructure_ok=all(o.ok for o in outcomes))
+        report = NightReport(night, verdicts, trends, code, skipped)
         report_paths = write_reports(report, reports_dir or config.reports_dir)
         print_night(report, report_paths)
         return report
@@ -410,19 +635,19 @@ def run_nightly(
         history.close()
 
 
-def _exit_code(verdicts: Sequence[CellVerdict], *, outcomes_ok: bool) -> int:
-    if any(v.verdict == "infra" for v in verdicts) or not outcomes_ok:
-        return ExitCode.INFRA
-    if any(v.verdict in ("regression", "failed") for v in verdicts):
-        return ExitCode.FAILED
-    return ExitCode.OK
+def _keep_baselines_only(history: History, config: NightlyConfig) -> None:
+    """Drop kept programs that no cell of this history uses as a baseline any more (tonight's included)."""
+    wanted = history.baseline_programs(config.baseline_nights)
+    for sha in programs.prune(wanted):
+        console.info(f"dropped kept program {sha[:12]}: no longer a baseline")
 
 
 def print_night(report: NightReport, outputs: dict[str, Path]) -> None:
     rows = [
-        [*item.cell, item.record.median_ms, item.baseline_median_ms, item.change, item.verdict, item.record.validity]
+        [*item.cell, item.record.median_ms, item.baseline_median_ms, item.change, item.verdict.value,
+         item.record.validity]
         for item in report.verdicts
-    ]
+    ]  # fmt: skip
     console.table(
         f"Nightly {report.night}",
         ["board", "model", "backend", "median ms", "baseline ms", "change", "verdict", "validity"],
@@ -431,7 +656,10 @@ def print_night(report: NightReport, outputs: dict[str, Path]) -> None:
     )
     for item in report.regressions:
         console.error(f"REGRESSION {' / '.join(item.cell)}: {item.detail}")
+    for item in report.warnings:
+        console.warn(f"{item.verdict.value.upper()} {' / '.join(item.cell)}: {item.detail}")
     for item in report.failures:
-        console.error(f"{item.verdict.upper()} {' / '.join(item.cell)} at {item.record.stage}: {item.record.error}")
+        where = f"{' / '.join(item.cell)} at {item.record.stage}"
+        console.error(f"{item.verdict.value.upper()} {where}: {item.record.error}")
     for kind, path in outputs.items():
         console.info(console.escape(f"{kind}: {path}"))

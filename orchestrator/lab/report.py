@@ -13,9 +13,11 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator.fsutil import atomic_write_text
 from orchestrator.lab.history import RunRecord
+from orchestrator.results.verdicts import Kind
 
 
 @dataclass
@@ -23,15 +25,51 @@ class CellVerdict:
     """The outcome of one nightly cell against its baseline."""
 
     record: RunRecord
-    verdict: str  # "regression", "improvement", "no change", "new", "not compared", "failed", "infra"
+    verdict: Kind
     detail: str = ""
     baseline_median_ms: float | None = None
     ratio: float | None = None
     slower_ops: list[dict] = field(default_factory=list)
+    suspect: str | None = None  # "slower"/"faster": a changed program that needs the interleaved re-test
+    reference: RunRecord | None = None  # the baseline night whose program is the A side of a re-test
+    drift: float | None = None  # unchanged program: tonight's median / the baseline's, the board's doing
+    retest: dict[str, Any] | None = None  # abtest.Interleaved.to_dict()
+    remeasured: dict[str, Any] | None = None  # the degraded first run that was re-measured
+
+    def __post_init__(self) -> None:
+        self.verdict = Kind(self.verdict)
 
     @property
     def cell(self) -> tuple[str, str, str]:
         return self.record.cell
+
+    def info(self) -> dict[str, Any]:
+        """What the history keeps of a verdict (history.set_verdict)."""
+        return {
+            "detail": self.detail,
+            "baseline_median_ms": self.baseline_median_ms,
+            "ratio": self.ratio,
+            "slower_ops": self.slower_ops,
+            "drift": self.drift,
+            "retest": self.retest,
+            "remeasured": self.remeasured,
+        }
+
+    @classmethod
+    def stored(cls, record: RunRecord) -> CellVerdict:
+        """The verdict a cell got when it was judged (a resumed night, or an earlier night in a report)."""
+        info = record.verdict_info or {}
+        return cls(
+            record,
+            Kind(record.verdict),
+            str(info.get("detail") or ""),
+            info.get("baseline_median_ms"),
+            info.get("ratio"),
+            list(info.get("slower_ops") or []),
+            drift=info.get("drift"),
+            retest=info.get("retest"),
+            remeasured=info.get("remeasured"),
+        )
 
     @property
     def change(self) -> str | None:
@@ -49,11 +87,16 @@ class NightReport:
 
     @property
     def regressions(self) -> list[CellVerdict]:
-        return [v for v in self.verdicts if v.verdict == "regression"]
+        return [v for v in self.verdicts if v.verdict == Kind.REGRESSION]
 
     @property
     def failures(self) -> list[CellVerdict]:
-        return [v for v in self.verdicts if v.verdict in ("failed", "infra")]
+        return [v for v in self.verdicts if v.verdict in (Kind.FAILED, Kind.INFRA)]
+
+    @property
+    def warnings(self) -> list[CellVerdict]:
+        """Drift, unconfirmed and inconclusive cells: worth reading, not a red build."""
+        return [v for v in self.verdicts if v.verdict.is_warning and v.verdict != Kind.NOT_COMPARED]
 
 
 def _label(cell: tuple[str, str, str]) -> str:
@@ -108,6 +151,7 @@ h1{font-size:1.5rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid
 table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem} th,td{border:1px solid #ddd;padding:.3rem .6rem}
 th{background:#f5f5f5;text-align:left} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .regression{color:#b30000;font-weight:600} .improvement{color:#006d2c} .failed,.infra{color:#b30000}
+.drift,.unconfirmed,.inconclusive{color:#a35200}
 .badge{display:inline-block;padding:.1rem .5rem;border-radius:.6rem;font-size:.85rem;background:#eee}
 figure{margin:1rem 0} img.trend{max-width:100%;border:1px solid #eee}
 """
@@ -122,6 +166,62 @@ def _reasons_html(reasons: Sequence[str]) -> str:
     return ": " + html.escape(", ".join(reasons)) if reasons else ""
 
 
+def _retest_text(item: CellVerdict) -> str:
+    """The interleaved re-test in one line, for the reports (per cell: its rounds and time)."""
+    retest = item.retest
+    if not retest:
+        return "—"
+    if retest.get("error"):
+        return f"stopped after {retest.get('seconds', 0):.0f} s: {retest['error']}"
+    ratio = retest.get("ratio")
+    shift = f"{ratio - 1:+.1%}" if isinstance(ratio, float) else "?"
+    state = "confirmed" if retest.get("confirmed") else "not confirmed"
+    return f"{state}: {shift} over {retest.get('rounds')} rounds in {retest.get('seconds', 0):.0f} s"
+
+
+_HEALTH_KEYS = ("board", "night", "cells", "drift", "degraded", "max_temperature", "governor", "throttling")
+
+
+def board_health(report: NightReport) -> list[dict[str, str]]:
+    """Per board and night (oldest first): cells run, the median drift of unchanged programs, degraded runs,
+    the hottest temperature, the governors and any throttling, from the cells' histories in the report."""
+    import numpy as np
+
+    nights: dict[tuple[str, str], list[RunRecord]] = {}
+    seen: set[str] = set()
+    for records in report.history.values():
+        for record in records:
+            if record.run_id not in seen:
+                seen.add(record.run_id)
+                nights.setdefault((record.board, record.night), []).append(record)
+    rows = []
+    for (board, night), records in sorted(nights.items()):
+        drifts = [r.verdict_info.get("drift") for r in records if isinstance(r.verdict_info.get("drift"), float)]
+        temps = [
+            t
+            for r in records
+            for t in (r.conditions.get("temperature_c_before"), r.conditions.get("temperature_c_after"))
+            if isinstance(t, int | float)
+        ]
+        governors = sorted(
+            {str(r.conditions.get("governor_before")) for r in records if r.conditions.get("governor_before")}
+        )
+        throttling = sorted({f for r in records for f in r.conditions.get("throttling_during_run") or []})
+        rows.append(
+            {
+                "board": board,
+                "night": night,
+                "cells": str(len(records)),
+                "drift": f"{float(np.median(drifts)) - 1:+.1%}" if drifts else "—",
+                "degraded": str(sum(r.validity == "degraded" for r in records)),
+                "max_temperature": f"{max(temps):.1f}" if temps else "—",
+                "governor": ", ".join(governors) or "—",
+                "throttling": ", ".join(throttling) or "none",
+            }
+        )
+    return rows
+
+
 def render_html(report: NightReport) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -130,6 +230,7 @@ def render_html(report: NightReport) -> str:
         f"<p><span class='badge'>exit code {report.exit_code}</span> "
         f"{len(report.verdicts)} cells run, {len(report.skipped)} already recorded, "
         f"{_count(len(report.regressions), 'regressions', 'regression')}, "
+        f"{_count(len(report.warnings), 'warnings (drift, unconfirmed, inconclusive)', 'drift')}, "
         f"{_count(len(report.failures), 'failures', 'failed')}</p>",
         "<h2>Tonight</h2><table id='tonight'><tr><th>board</th><th>model</th><th>backend</th><th>median ms</th>"
         "<th>baseline ms</th><th>change</th><th>verdict</th><th>validity</th><th>bundle</th></tr>",
@@ -164,6 +265,31 @@ def render_html(report: NightReport) -> str:
                 )
             parts.append("</table>")
 
+    parts.append("<h2>Warnings</h2>")
+    if not report.warnings:
+        parts.append("<p>None.</p>")
+    else:
+        parts.append("<table id='warnings'><tr><th>cell</th><th>verdict</th><th>why</th><th>re-test</th></tr>")
+        for item in report.warnings:
+            parts.append(
+                f"<tr><td>{html.escape(_label(item.cell))}</td><td class='{item.verdict.value}'>{item.verdict.value}"
+                f"</td><td>{html.escape(item.detail)}</td><td>{html.escape(_retest_text(item))}</td></tr>"
+            )
+        parts.append("</table>")
+
+    parts.append("<h2>Board health</h2>")
+    parts.append(
+        "<p>Drift: tonight's median against the baseline's, for cells whose program did not change "
+        "(so the change is the board's).</p>"
+    )
+    parts.append(
+        "<table id='board-health'><tr><th>board</th><th>night</th><th>cells</th><th>drift</th><th>degraded</th>"
+        "<th>max °C</th><th>governor</th><th>throttling</th></tr>"
+    )
+    for row in board_health(report):
+        parts.append("<tr>" + "".join(f"<td>{html.escape(str(row[key]))}</td>" for key in _HEALTH_KEYS) + "</tr>")
+    parts.append("</table>")
+
     parts.append("<h2>Failures</h2>")
     if not report.failures:
         parts.append("<p>None.</p>")
@@ -192,7 +318,7 @@ def render_markdown(report: NightReport) -> str:
         f"# etlab nightly {report.night}",
         "",
         f"Exit code {report.exit_code}: {len(report.verdicts)} cells run, {len(report.regressions)} regressions, "
-        f"{len(report.failures)} failures, {len(report.skipped)} already recorded.",
+        f"{len(report.warnings)} warnings, {len(report.failures)} failures, {len(report.skipped)} already recorded.",
         "",
         "| board | model | backend | median ms | baseline ms | change | verdict | validity |",
         "|---|---|---|---:|---:|---:|---|---|",
@@ -212,6 +338,14 @@ def render_markdown(report: NightReport) -> str:
                 f"| {op['op']} | {op['baseline_ms']:.3f} | {op['current_ms']:.3f} | {op['delta_ms']:+.3f} |"
                 for op in item.slower_ops
             ]
+    if report.warnings:
+        lines += ["", "## Warnings", ""]
+        lines += [
+            f"- {_label(i.cell)}: **{i.verdict.value}**: {i.detail} (re-test: {_retest_text(i)})"
+            for i in report.warnings
+        ]
+    lines += ["", "## Board health", "", "| " + " | ".join(_HEALTH_KEYS) + " |", "|" + "---|" * len(_HEALTH_KEYS)]
+    lines += ["| " + " | ".join(row[key] for key in _HEALTH_KEYS) + " |" for row in board_health(report)]
     if report.failures:
         lines += ["", "## Failures", ""]
         lines += [
@@ -225,13 +359,19 @@ def render_junit(report: NightReport) -> str:
         "testsuite",
         name=f"etlab-nightly-{report.night}",
         tests=str(len(report.verdicts)),
-        failures=str(sum(v.verdict in ("regression", "failed") for v in report.verdicts)),
-        errors=str(sum(v.verdict == "infra" for v in report.verdicts)),
+        failures=str(sum(v.verdict.is_failure for v in report.verdicts)),
+        errors=str(sum(v.verdict == Kind.INFRA for v in report.verdicts)),
     )
     for item in report.verdicts:
         board, model, backend = item.cell
         case = ET.SubElement(suite, "testcase", classname=f"etlab.{board}", name=f"{model}/{backend}")
         case.set("time", f"{(item.record.median_ms or 0) / 1000:.6f}")
+        ET.SubElement(ET.SubElement(case, "properties"), "property", name="verdict", value=item.verdict.value)
+        if item.retest:
+            ET.SubElement(case.find("properties"), "property", name="retest", value=_retest_text(item))  # type: ignore[arg-type]
+        if item.verdict.is_warning:
+            # Not a failure: CI shows it, the build stays green.
+            ET.SubElement(case, "system-out").text = f"{item.verdict.value}: {item.detail}"
         if item.verdict == "regression":
             ET.SubElement(case, "failure", message=item.detail, type="regression").text = item.detail
         elif item.verdict == "failed":

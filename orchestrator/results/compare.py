@@ -10,6 +10,10 @@ CI of the median ratio, 5% minimum effect). Per-operator tests are many at once,
 the number of operators tested (Bonferroni), which keeps a clean run from showing spurious per-op changes.
 A diverging overlay (blue faster, white unchanged, red slower) of the median change in ms is written into run
 B's model_explorer/ folder, next to its own overlays.
+
+The verdict (orchestrator/verdicts.py) follows the nightly's rules: the same program on both sides is "drift"
+(run-to-run, never a regression); a degraded side is "inconclusive"; different builds that differ are
+"unconfirmed" until `interleaved_verdict` re-runs both programs alternately on a board.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from orchestrator.fsutil import atomic_write_json, read_json
 from orchestrator.results.documents import ANALYSIS_DIR, load_summary
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
 from orchestrator.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, Verdict, compare_samples
+from orchestrator.results.verdicts import Kind
 
 
 class CompareError(UsageError):
@@ -68,6 +73,11 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     overlay: Path | None = None
     report: Path | None = None
+    verdict: Kind = Kind.OK
+    verdict_detail: str = ""
+    sha_a: str | None = None
+    sha_b: str | None = None
+    retest: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +85,9 @@ class Comparison:
             "run_a": {"run_id": self.run_id_a, "path": str(self.run_a), "median_ms": self.median_a_ms},
             "run_b": {"run_id": self.run_id_b, "path": str(self.run_b), "median_ms": self.median_b_ms},
             "total": self.total.to_dict(),
+            "verdict": self.verdict.value,
+            "verdict_detail": self.verdict_detail,
+            "retest": self.retest,
             "notes": self.notes,
             "ops": [op.to_dict() for op in self.ops],
             "overlay": str(self.overlay) if self.overlay else None,
@@ -142,6 +155,52 @@ def check_comparable(a: _Run, b: _Run, *, allow_rebuilt: bool) -> list[str]:
     return notes
 
 
+def run_verdict(a: _Run, b: _Run, total: Verdict) -> tuple[Kind, str]:
+    """The nightly's rules for two runs: same program → drift; a degraded side → inconclusive; else unconfirmed."""
+    sha_a, sha_b = ((run.summary.get("model") or {}).get("sha256") for run in (a, b))
+    shift = f"{(total.ratio - 1) * 100:+.1f}%" if total.ratio is not None else "no measurable change"
+    not_valid = []
+    for run in (a, b):
+        validity = run.summary.get("validity") or {}
+        if validity.get("status") and validity["status"] != "valid":
+            reasons = "; ".join(str(r.get("reason")) for r in validity.get("reasons", []))
+            not_valid.append(f"run {run.run_id} is {validity['status']} ({reasons})")
+    if not_valid:
+        return Kind.INCONCLUSIVE, "; ".join(not_valid) + f"; measured {shift}, which cannot be trusted"
+    if sha_a and sha_a == sha_b:
+        if total.is_change:
+            return Kind.DRIFT, f"no program change; {shift} is run-to-run drift ({total.reason})"
+        return Kind.OK, f"no program change; within noise ({total.reason})"
+    if total.is_change:
+        return Kind.UNCONFIRMED, (
+            f"different programs, {total.reason}: two runs cannot tell the program from the board; "
+            "re-run them interleaved (--interleave N --board B) to confirm"
+        )
+    return Kind.OK, f"different programs, within noise ({total.reason})"
+
+
+def interleaved_verdict(comparison: Comparison, result: Any) -> None:
+    """Settle the comparison with an interleaved A/B re-test (abtest.Interleaved): the only way to a regression."""
+    comparison.retest = result.to_dict()
+    if result.error:
+        comparison.verdict = Kind.INCONCLUSIVE
+        comparison.verdict_detail = f"the interleaved re-test stopped: {result.error}"
+        return
+    figures = (
+        f"interleaved over {result.rounds} rounds ({result.seconds:.0f} s): A {result.median_a_ms:.3f} ms, "
+        f"B {result.median_b_ms:.3f} ms"
+    )
+    if comparison.sha_a and comparison.sha_a == comparison.sha_b:
+        comparison.verdict = Kind.DRIFT if result.change in ("slower", "faster") else Kind.OK
+        comparison.verdict_detail = f"no program change; {figures}: {result.reason}"
+    elif result.confirmed:
+        comparison.verdict = Kind.REGRESSION if result.change == "slower" else Kind.IMPROVEMENT
+        comparison.verdict_detail = f"confirmed {result.change}: {figures}: {result.reason}"
+    else:
+        comparison.verdict = Kind.UNCONFIRMED if result.change in ("slower", "faster") else Kind.OK
+        comparison.verdict_detail = f"not confirmed: {figures}: {result.reason}"
+
+
 def _delegate_medians(run: _Run) -> dict[str, dict[str, float]]:
     found: dict[str, dict[str, float]] = {}
     for delegate in run.ops.get("delegates", []):
@@ -181,6 +240,9 @@ def compare_runs(
     comparison = Comparison(
         a.path, b.path, a.run_id, b.run_id, total, warm_a.get("median_ms"), warm_b.get("median_ms"), ops, notes
     )
+    comparison.sha_a = (a.summary.get("model") or {}).get("sha256")
+    comparison.sha_b = (b.summary.get("model") or {}).get("sha256")
+    comparison.verdict, comparison.verdict_detail = run_verdict(a, b, total)
     if write:
         method = str(b.ops.get("method") or "forward")
         values = {method: {op.node_id: op.delta_ms for op in ops if op.delta_ms is not None}}
@@ -223,3 +285,10 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
     )
     for note in comparison.notes:
         console.warn(note)
+    line = f"verdict: {comparison.verdict.value}: {comparison.verdict_detail}"
+    if comparison.verdict == Kind.REGRESSION:
+        console.error(line)
+    elif comparison.verdict.is_warning:
+        console.warn(line)
+    else:
+        console.info(console.escape(line))

@@ -94,7 +94,12 @@ def _content_files(folder: Path, pattern: str) -> list[Path]:
 
 
 def collect_garbage(
-    workdir: Workdir, keep: int, model_days: float, lock_timeout: float, dry_run: bool = False
+    workdir: Workdir,
+    keep: int,
+    model_days: float,
+    lock_timeout: float,
+    dry_run: bool = False,
+    protect: set[str] | None = None,
 ) -> dict[str, Any]:
     """Keep the newest `keep` bundles; drop old `.tmp-*` leftovers and models/inputs nobody kept needs."""
     if keep < 0:
@@ -121,6 +126,7 @@ def collect_garbage(
                     removed["temporaries"].append(leftover.name)
 
         ref_paths, ref_hashes = _referenced(workdir, kept)
+        ref_hashes |= protect or set()  # the workstation's nightly baselines: the A/B re-test needs them
         cutoff = now - model_days * DAY_SECONDS
         for kind, folder, pattern in (("models", workdir.models, "*.pte"), ("inputs", workdir.inputs, "*")):
             for path in _content_files(folder, pattern):

@@ -175,13 +175,14 @@ def bundles(workdir: Workdir) -> tuple[dict[str, Any], int]:
 )
 @click.option("--lock-timeout", type=click.FloatRange(min=0), default=DEFAULT_LOCK_TIMEOUT_SECONDS, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Report what would be removed, remove nothing.")
+@click.option("--protect", multiple=True, help="Never remove the model with this sha256 (a nightly baseline).")
 @click.pass_obj
 @json_command
 def gc(
-    workdir: Workdir, keep: int, model_days: float, lock_timeout: float, dry_run: bool
+    workdir: Workdir, keep: int, model_days: float, lock_timeout: float, dry_run: bool, protect: tuple[str, ...]
 ) -> tuple[dict[str, Any], int]:
     """Remove old bundles, stale .tmp-* folders and models/inputs no kept bundle uses."""
-    return collect_garbage(workdir, keep, model_days, lock_timeout, dry_run), ExitCode.OK
+    return collect_garbage(workdir, keep, model_days, lock_timeout, dry_run, protect=set(protect)), ExitCode.OK
 
 
 @cli.command(name="lock-status")

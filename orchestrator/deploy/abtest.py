@@ -1,0 +1,209 @@
+"""The interleaved A/B re-test: is program B really slower (or faster) than program A on this board?
+
+A and B run alternately on the same board, in rounds (A B, A B, ...), each run a few timed iterations with the
+same inputs, threads and warmup. Both programs are measured in the same minutes, so whatever the board does
+(a background job, thermal drift) falls on both; the samples of A are then compared with those of B.
+
+The board lock is taken per run (each run is one agent `profile`, which holds the lock while it runs); between
+runs another job may take the board, which costs time but never mixes measurements. The re-test is bounded by a
+time budget: it stops after the round that spends it (at least `MIN_ROUNDS` rounds, unless a run fails).
+
+A shift is confirmed only when all of these agree:
+1. the pooled samples differ (stats.compare_samples: Mann-Whitney U, bootstrap CI of the median ratio, the
+   minimum effect) in the suspected direction;
+2. the paired per-round ratio median(B_r) / median(A_r), whose median is beyond the minimum effect the same way;
+3. at least `AGREEMENT` of the rounds point the same way (a sign test in spirit: one busy round cannot decide).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestrator.deploy.agent_client import BoardAgent
+from orchestrator.deploy.runs import RunParams
+from orchestrator.errors import BoardError
+from orchestrator.results.stats import DEFAULT_MIN_EFFECT, compare_samples
+from orchestrator.results.store import new_run_id
+from orchestrator.transport import BoardConnection
+from orchestrator.transport.transfer import push_file
+
+MIN_ROUNDS = 3
+DEFAULT_ROUNDS = 8
+DEFAULT_RETEST_SECONDS = 180.0
+AGREEMENT = 0.75
+MAX_SAMPLES_PER_RUN = 1000  # a board's timings.json is untrusted: never take more than this
+
+
+@dataclass(frozen=True)
+class Program:
+    """One side of the A/B: a .pte on the workstation, known by its sha256."""
+
+    label: str
+    pte: Path
+    sha256: str
+
+
+@dataclass
+class Interleaved:
+    """The samples and the decision of one interleaved A/B re-test."""
+
+    rounds: int = 0
+    seconds: float = 0.0
+    a_ms: list[float] = field(default_factory=list)
+    b_ms: list[float] = field(default_factory=list)
+    round_ratios: list[float] = field(default_factory=list)
+    change: str = "no change"  # slower | faster | no change | insufficient data
+    confirmed: bool = False
+    reason: str = ""
+    error: str | None = None
+
+    @property
+    def median_a_ms(self) -> float | None:
+        return float(np.median(self.a_ms)) if self.a_ms else None
+
+    @property
+    def median_b_ms(self) -> float | None:
+        return float(np.median(self.b_ms)) if self.b_ms else None
+
+    @property
+    def ratio(self) -> float | None:
+        a, b = self.median_a_ms, self.median_b_ms
+        return b / a if a and b is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "seconds": round(self.seconds, 3),
+            "median_a_ms": self.median_a_ms,
+            "median_b_ms": self.median_b_ms,
+            "ratio": self.ratio,
+            "round_ratios": self.round_ratios,
+            "change": self.change,
+            "confirmed": self.confirmed,
+            "reason": self.reason,
+            "error": self.error,
+        }
+
+
+def decide(
+    a_ms: list[float], b_ms: list[float], round_ratios: list[float], *, min_effect: float, expect: str | None = None
+) -> tuple[str, bool, str]:
+    """(change, confirmed, reason) from interleaved samples. `expect` ("slower"/"faster") is the suspected way."""
+    pooled = compare_samples(a_ms, b_ms, min_effect=min_effect)
+    if len(round_ratios) < MIN_ROUNDS:
+        return pooled.change, False, f"only {len(round_ratios)} round(s), {MIN_ROUNDS} needed"
+    paired = float(np.median(round_ratios))
+    way = 1.0 if pooled.change == "slower" else -1.0
+    agreeing = sum((ratio - 1.0) * way > 0 for ratio in round_ratios) / len(round_ratios)
+    figures = f"paired ratio {paired:.3f} over {len(round_ratios)} rounds, {agreeing:.0%} of rounds agree"
+    if not pooled.is_change:
+        return pooled.change, False, f"interleaved: {pooled.reason}; {figures}"
+    if expect and pooled.change != expect:
+        return pooled.change, False, f"interleaved: {pooled.reason}, not {expect}; {figures}"
+    if (paired - 1.0) * way < min_effect:
+        return pooled.change, False, f"interleaved: {pooled.reason}, but the {figures}"
+    if agreeing < AGREEMENT:
+        return pooled.change, False, f"interleaved: {pooled.reason}, but only {figures}"
+    return pooled.change, True, f"interleaved: {pooled.reason}; {figures}"
+
+
+def _timings(conn: BoardConnection, bundle: str) -> list[float]:
+    """The timed iterations of one bundle, read on the board (no pull: only the numbers are needed)."""
+    import json
+
+    result = conn.run(["cat", posixpath.join(bundle, "timings.json")], timeout=60)
+    try:
+        values = json.loads(result.stdout).get("iterations_ms", [])
+    except (ValueError, AttributeError):
+        raise BoardError(f"{conn.board.name}: unreadable timings.json in {bundle}") from None
+    samples = [float(v) for v in values[:MAX_SAMPLES_PER_RUN] if isinstance(v, int | float) and not isinstance(v, bool)]
+    return [v for v in samples if np.isfinite(v) and v > 0]
+
+
+def interleave(
+    conn: BoardConnection,
+    a: Program,
+    b: Program,
+    inputs: tuple[Path, str],
+    params: RunParams,
+    *,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+    expect: str | None = None,
+    rounds: int = DEFAULT_ROUNDS,
+    budget_seconds: float = DEFAULT_RETEST_SECONDS,
+    iterations_per_run: int | None = None,
+) -> Interleaved:
+    """Run A and B alternately on the board and decide. Board trouble ends the re-test with `error` set."""
+    started = time.monotonic()
+    result = Interleaved()
+    per_run = iterations_per_run or max(5, params.iterations // 4)
+    agent = BoardAgent(conn, conn.workdir)
+    try:
+        remote = {
+            side.label: push_file(conn, side.pte, kind="models", suffix=".pte", sha256=side.sha256).remote_path
+            for side in (a, b)
+        }
+        remote_inputs = push_file(conn, inputs[0], kind="inputs", suffix=".etlt", sha256=inputs[1]).remote_path
+        for _ in range(max(rounds, MIN_ROUNDS)):
+            medians = {}
+            for side, into in ((a, result.a_ms), (b, result.b_ms)):
+                samples = _one_run(conn, agent, remote[side.label], remote_inputs, side, params, per_run)
+                into.extend(samples)
+                medians[side.label] = float(np.median(samples))
+            result.rounds += 1
+            result.round_ratios.append(medians[b.label] / medians[a.label])
+            if result.rounds >= MIN_ROUNDS and time.monotonic() - started >= budget_seconds:
+                break
+    except BoardError as exc:
+        result.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    result.seconds = time.monotonic() - started
+    if result.error:
+        result.reason = f"the interleaved re-test stopped: {result.error}"
+        return result
+    result.change, result.confirmed, result.reason = decide(
+        result.a_ms, result.b_ms, result.round_ratios, min_effect=min_effect, expect=expect
+    )
+    return result
+
+
+def _one_run(
+    conn: BoardConnection,
+    agent: BoardAgent,
+    model: str,
+    inputs: str,
+    side: Program,
+    params: RunParams,
+    iterations: int,
+) -> list[float]:
+    run_id = f"{new_run_id()}-ab"
+    bundle = posixpath.join(conn.workdir, "bundles", run_id)  # ours, not the board's word
+    try:
+        document, _ = agent.profile(
+            model=model,
+            run_id=run_id,
+            inputs=inputs,
+            labels={"purpose": "interleaved-retest", "side": side.label, "pte_sha256": side.sha256},
+            warmup=params.warmup,
+            iterations=iterations,
+            threads=params.threads or conn.board.threads,
+            max_seconds=params.max_seconds,
+            timeout=params.runner_timeout(),
+            lock_timeout=params.lock_timeout,
+            etdump=False,
+        )
+        if document.get("status") != "ok":
+            status, error = document.get("status"), document.get("error")
+            raise BoardError(f"{conn.board.name}: program {side.label} {status}: {error}")
+        samples = _timings(conn, bundle)
+    finally:
+        # Re-test bundles are scratch: they must not push the nightly's own bundles out of `gc --keep`.
+        conn.run(["rm", "-rf", "--", bundle], timeout=60, check=False)
+    if len(samples) < 2:
+        raise BoardError(f"{conn.board.name}: program {side.label} produced {len(samples)} timed iteration(s)")
+    return samples

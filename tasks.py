@@ -156,7 +156,7 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
                        iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
                        no_explore=False, no_browser=False, port=8081):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
-    from orchestrator.deploy.pipeline import deploy_and_profile as chain
+    from orchestrator.commands.deploy import deploy_and_profile as chain
     from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 

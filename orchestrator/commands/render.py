@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import console
+from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
 
@@ -43,3 +45,45 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
         )
     for reason in data["validity"]["reasons"]:
         (console.error if reason["level"] == "invalid" else console.warn)(reason["reason"])
+
+
+def print_cells(cells: Sequence[CellOutcome]) -> None:
+    """board × backend: median, speedup of XNNPACK over portable, validity, bundle; then the failures."""
+    medians = {(c.board, c.model, c.backend): c.median_ms for c in cells}
+    rows = []
+    for cell in cells:
+        portable = medians.get((cell.board, cell.model, "portable"))
+        speedup = None
+        if cell.backend == "xnnpack" and portable and cell.median_ms:
+            speedup = f"{portable / cell.median_ms:.1f}×"
+        status = "ok" if cell.ok else f"FAILED at {cell.stage}"
+        rows.append(
+            [
+                cell.board,
+                cell.model,
+                cell.backend,
+                status,
+                cell.median_ms,
+                speedup,
+                cell.validity,
+                _short_path(cell.bundle) if cell.bundle else None,
+            ]
+        )
+    console.table(
+        "Results",
+        ["board", "model", "backend", "status", "median ms", "speedup vs portable", "validity", "bundle"],
+        rows,
+    )
+    for cell in cells:
+        if cell.error:
+            console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {cell.error}")
+        for reason in ((cell.summary or {}).get("validity") or {}).get("reasons", []):
+            console.warn(f"{cell.board}: {cell.model}/{cell.backend}: {reason.get('reason')}")
+
+
+def _short_path(path: Path) -> str:
+    """Relative to the working folder when inside it: tables stay readable."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

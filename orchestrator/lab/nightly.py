@@ -31,7 +31,7 @@ from orchestrator import console, paths
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board, Inventory
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, Interleaved, Program, interleave
-from orchestrator.deploy.pipeline import CellJob, CellOutcome, run_cells_on_board
+from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError
 from orchestrator.lab.history import History, RunRecord

@@ -1,6 +1,6 @@
-"""Chains of steps across boards: `deploy-and-profile`, and the board-facing tasks one step at a time.
+"""The engine under deploy-and-profile and the nightly: cells (model × backend) run on one board.
 
-Per board the cells (model × backend) run one after another; boards run in parallel. A failure is
+Per board the cells run one after another, set up → push → run → pull → analyse; boards run in parallel. A failure is
 recorded against its board, cell and stage, and never stops the other boards.
 """
 
@@ -16,10 +16,9 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from orchestrator import console
-from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
 from orchestrator.deploy.runs import RemoteRun, RunParams, profile, pull, push_artifact
-from orchestrator.errors import AnalysisError, BoardError, EtlabError, ExitCode
+from orchestrator.errors import AnalysisError, BoardError, EtlabError
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.results.store import new_run_id
 from orchestrator.transport import BoardConnection, connect
@@ -188,113 +187,3 @@ def _run_cell(
         if _is_infrastructure(exc):
             cell.infrastructure = True
             raise
-
-
-# ---------------------------------------------------------------- deploy-and-profile
-
-
-def deploy_and_profile(
-    spec: Any,
-    *,
-    backends: list[str],
-    boards: Sequence[Board],
-    params: RunParams,
-    weights: str = "auto",
-    explore: bool = True,
-    host: str = "127.0.0.1",
-    port: int = 8081,
-    open_browser: bool = True,
-    results_root: Path | None = None,
-    artifacts_root: Path | None = None,
-) -> int:
-    from orchestrator.lowering import lower as lowering
-    from orchestrator.lowering.artifacts import load_artifact
-
-    # Both backends are lowered (cached after the first time) so Model Explorer can show both programs.
-    lowered = lowering.lower(spec, backends=["portable", "xnnpack"], weights=weights, root=artifacts_root)
-    lowering.print_summary(lowered)
-    jobs = [CellJob(load_artifact(spec.name, backend, artifacts_root), params) for backend in backends]
-
-    with console.transfer_progress() as progress:
-        outcomes = fan_out(
-            boards, lambda board: run_cells_on_board(board, jobs, progress=progress, results_root=results_root)
-        )
-    cells = [cell for outcome in outcomes for cell in (outcome.value or [])]
-    for outcome in outcomes:  # fan_out only fails a board on a bug; keep it visible
-        if not outcome.ok:
-            cells += [
-                CellOutcome(
-                    outcome.board.name, job.artifact.model, job.artifact.backend, error=outcome.error, stage="?"
-                )
-                for job in jobs
-            ]
-    print_cells(cells)
-    code = ExitCode.OK if all(cell.ok for cell in cells) else ExitCode.FAILED
-
-    if explore:
-        explore_cells(cells, lowered.paths, host=host, port=port, open_browser=open_browser)
-    return code
-
-
-def print_cells(cells: Sequence[CellOutcome]) -> None:
-    """board × backend: median, speedup of XNNPACK over portable, validity, bundle; then the failures."""
-    medians = {(c.board, c.model, c.backend): c.median_ms for c in cells}
-    rows = []
-    for cell in cells:
-        portable = medians.get((cell.board, cell.model, "portable"))
-        speedup = None
-        if cell.backend == "xnnpack" and portable and cell.median_ms:
-            speedup = f"{portable / cell.median_ms:.1f}×"
-        status = "ok" if cell.ok else f"FAILED at {cell.stage}"
-        rows.append(
-            [
-                cell.board,
-                cell.model,
-                cell.backend,
-                status,
-                cell.median_ms,
-                speedup,
-                cell.validity,
-                _short_path(cell.bundle) if cell.bundle else None,
-            ]
-        )
-    console.table(
-        "Results",
-        ["board", "model", "backend", "status", "median ms", "speedup vs portable", "validity", "bundle"],
-        rows,
-    )
-    for cell in cells:
-        if cell.error:
-            console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {cell.error}")
-        for reason in ((cell.summary or {}).get("validity") or {}).get("reasons", []):
-            console.warn(f"{cell.board}: {cell.model}/{cell.backend}: {reason.get('reason')}")
-
-
-def _short_path(path: Path) -> str:
-    """Relative to the working folder when inside it: tables stay readable."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def explore_cells(
-    cells: Sequence[CellOutcome], artifact_paths: Any, *, host: str, port: int, open_browser: bool
-) -> None:
-    """Open Model Explorer on the first board that produced overlays."""
-    from orchestrator.results.explorer import launch_explorer, program_models, run_overlays
-
-    analysed = [cell for cell in cells if cell.bundle and cell.summary]
-    if not analysed:
-        console.warn("no analysed run to explore")
-        return
-    board = analysed[0].board
-    overlays = sorted(
-        overlay
-        for cell in analysed
-        if cell.board == board and cell.bundle is not None
-        for overlay in run_overlays(cell.bundle, required=False)
-    )
-    models, _ = program_models(artifact_paths)
-    console.info(escape(f"Opening Model Explorer with the overlays of {board} (Ctrl+C to stop)"))
-    launch_explorer(models, overlays, host=host, port=port, open_browser=open_browser)

@@ -1,0 +1,82 @@
+"""`fab deploy-and-profile`: lower, then on every board set up, push, run, pull and analyse; then explore."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from orchestrator import console
+from orchestrator.boards.fanout import fan_out
+from orchestrator.boards.inventory import Board
+from orchestrator.commands.render import print_cells
+from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
+from orchestrator.deploy.runs import RunParams
+from orchestrator.errors import ExitCode
+
+
+def deploy_and_profile(
+    spec: Any,
+    *,
+    backends: list[str],
+    boards: Sequence[Board],
+    params: RunParams,
+    weights: str = "auto",
+    explore: bool = True,
+    host: str = "127.0.0.1",
+    port: int = 8081,
+    open_browser: bool = True,
+    results_root: Path | None = None,
+    artifacts_root: Path | None = None,
+) -> int:
+    from orchestrator.lowering import lower as lowering
+    from orchestrator.lowering.artifacts import load_artifact
+
+    # Both backends are lowered (cached after the first time) so Model Explorer can show both programs.
+    lowered = lowering.lower(spec, backends=["portable", "xnnpack"], weights=weights, root=artifacts_root)
+    lowering.print_summary(lowered)
+    jobs = [CellJob(load_artifact(spec.name, backend, artifacts_root), params) for backend in backends]
+
+    with console.transfer_progress() as progress:
+        outcomes = fan_out(
+            boards, lambda board: run_cells_on_board(board, jobs, progress=progress, results_root=results_root)
+        )
+    cells = [cell for outcome in outcomes for cell in (outcome.value or [])]
+    for outcome in outcomes:  # fan_out only fails a board on a bug; keep it visible
+        if not outcome.ok:
+            cells += [
+                CellOutcome(
+                    outcome.board.name, job.artifact.model, job.artifact.backend, error=outcome.error, stage="?"
+                )
+                for job in jobs
+            ]
+    print_cells(cells)
+    code = ExitCode.OK if all(cell.ok for cell in cells) else ExitCode.FAILED
+
+    if explore:
+        explore_cells(cells, lowered.paths, host=host, port=port, open_browser=open_browser)
+    return code
+
+
+def explore_cells(
+    cells: Sequence[CellOutcome], artifact_paths: Any, *, host: str, port: int, open_browser: bool
+) -> None:
+    """Open Model Explorer on the first board that produced overlays."""
+    from orchestrator.results.explorer import launch_explorer, program_models, run_overlays
+
+    analysed = [cell for cell in cells if cell.bundle and cell.summary]
+    if not analysed:
+        console.warn("no analysed run to explore")
+        return
+    board = analysed[0].board
+    overlays = sorted(
+        overlay
+        for cell in analysed
+        if cell.board == board and cell.bundle is not None
+        for overlay in run_overlays(cell.bundle, required=False)
+    )
+    models, _ = program_models(artifact_paths)
+    console.info(escape(f"Opening Model Explorer with the overlays of {board} (Ctrl+C to stop)"))
+    launch_explorer(models, overlays, host=host, port=port, open_browser=open_browser)

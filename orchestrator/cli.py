@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from invoke.exceptions import Exit
 
-from . import console
+from . import console, options
 from .errors import EtlabError, ExitCode, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -63,15 +63,17 @@ def select_boards(inventory: str | None, board: str | None, group: str | None, t
 
 
 def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any) -> Any:
-    """RunParams from task options; unset options keep the library defaults."""
+    """RunParams from task options, each checked (exit 64); unset options keep the library defaults."""
     from .profiling import RunParams
 
     given = {
-        "iterations": None if iterations is None else int(iterations),
-        "warmup": None if warmup is None else int(warmup),
-        "threads": None if threads is None else int(threads),
-        "max_seconds": None if max_seconds is None else float(max_seconds),
-        "timeout": None if timeout is None else float(timeout),
+        "iterations": None if iterations is None else options.count("--iterations", iterations, minimum=1),
+        "warmup": None if warmup is None else options.count("--warmup", warmup),
+        "threads": None
+        if threads is None
+        else options.count("--threads", threads, minimum=1, maximum=options.MAX_THREADS),
+        "max_seconds": None if max_seconds is None else options.seconds("--max-seconds", max_seconds),
+        "timeout": None if timeout is None else options.seconds("--timeout", timeout, allow_zero=False),
     }
     return RunParams(**{key: value for key, value in given.items() if value is not None})
 

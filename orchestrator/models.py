@@ -17,10 +17,10 @@ import torch
 
 from . import console
 from .errors import SpecError
+from .options import WEIGHT_MODES
 from .spec import ModelSpec
 from .tensorfile import NamedTensor
 
-WEIGHT_MODES = ("auto", "pretrained", "random")
 RANDOM_SEED = 0
 HUB_PROBE_TIMEOUT_S = 2.0
 

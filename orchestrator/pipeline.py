@@ -18,7 +18,7 @@ from rich.progress import Progress
 from . import console
 from .artifacts import Artifact
 from .connection import BoardConnection, connect
-from .errors import AnalysisError, BoardError, EtlabError, ExitCode
+from .errors import AnalysisError, BoardError, EtlabError, ExitCode, combined_exit_code, failure_code, full_reason
 from .group import fan_out
 from .inventory import Board
 from .profiling import RemoteRun, RunParams, profile, pull, push_artifact
@@ -41,6 +41,8 @@ class CellOutcome:
     summary: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     infrastructure: bool = False  # failed because the board or the link failed, not the model
+    detail: str | None = None  # the whole reason (every line, hints included) when `error` is its first line
+    exit_class: int = ExitCode.FAILED  # the exit code of the class of reason it failed for (see errors.py)
 
     @property
     def cell(self) -> tuple[str, str, str]:
@@ -128,7 +130,8 @@ def run_cells_on_board(
                 report(index)
     except Exception as exc:
         # Board trouble (unreachable, setup failed, link lost): every unfinished cell fails with it.
-        reason = _reason(exc)
+        reason, detail = _reason(exc), full_reason(exc)
+        code = ExitCode.UNAVAILABLE if _is_infrastructure(exc) else failure_code(exc)
         for index, cell in enumerate(cells):
             if index in reported:
                 continue
@@ -136,8 +139,9 @@ def run_cells_on_board(
                 cell.stage = board_stage
             elif index not in started:
                 cell.stage, cell.error = "not started", f"{board.name} failed earlier: {reason}"
-            cell.error = cell.error or reason
-            cell.infrastructure = True
+            if cell.error is None:
+                cell.error, cell.detail = reason, detail
+            cell.exit_class, cell.infrastructure = code, True
             report(index)
     return cells
 
@@ -181,11 +185,13 @@ def _run_cell(
         cell.ok, cell.stage = True, None
     except AnalysisError as exc:
         cell.error = f"{_reason(exc)} (raw bundle kept at {cell.bundle})"
+        cell.detail, cell.exit_class = f"{full_reason(exc)}\n(raw bundle kept at {cell.bundle})", exc.exit_code
     except BoardError:
         raise  # the board or link is gone: the remaining cells cannot run either
     except Exception as exc:
-        cell.error = _reason(exc)
+        cell.error, cell.detail, cell.exit_class = _reason(exc), full_reason(exc), failure_code(exc)
         if _is_infrastructure(exc):
+            cell.exit_class = ExitCode.UNAVAILABLE
             cell.infrastructure = True
             raise
 
@@ -224,12 +230,18 @@ def deploy_and_profile(
         if not outcome.ok:
             cells += [
                 CellOutcome(
-                    outcome.board.name, job.artifact.model, job.artifact.backend, error=outcome.error, stage="?"
+                    outcome.board.name,
+                    job.artifact.model,
+                    job.artifact.backend,
+                    error=outcome.error,
+                    stage="?",
+                    detail=outcome.detail,
+                    exit_class=ExitCode.SOFTWARE,
                 )
                 for job in jobs
             ]
     print_cells(cells)
-    code = ExitCode.OK if all(cell.ok for cell in cells) else ExitCode.FAILED
+    code = combined_exit_code(cell.exit_class for cell in cells if not cell.ok)
 
     if explore:
         explore_cells(cells, lowered.paths, host=host, port=port, open_browser=open_browser)
@@ -265,7 +277,8 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
     )
     for cell in cells:
         if cell.error:
-            console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {cell.error}")
+            reason = cell.detail or cell.error  # every line: a host key's fingerprints, a bundle's bad files
+            console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {reason}")
         for reason in ((cell.summary or {}).get("validity") or {}).get("reasons", []):
             console.warn(f"{cell.board}: {cell.model}/{cell.backend}: {reason.get('reason')}")
 

@@ -79,8 +79,8 @@ def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag
     from orchestrator.artifacts import parse_backends
     from orchestrator.spec import resolve_spec
 
-    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
     params = run_params(iterations, warmup, threads, max_seconds, timeout)
+    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
     return board_tasks.run(select_boards(inventory, board, group, tag), artifacts, params)
 
 
@@ -90,7 +90,8 @@ def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=
     """Pull result bundles (verified against their manifests) into results/<board>/<model>/<backend>/<run-id>/."""
     from orchestrator import board_tasks
 
-    return board_tasks.pull(select_boards(inventory, board, group, tag), run_id=run, latest=latest)
+    run_id = None if run is None else options.run_id(run)
+    return board_tasks.pull(select_boards(inventory, board, group, tag), run_id=run_id, latest=latest)
 
 
 @task(help={"run": "run id (or unique prefix) under results/", "latest": "the latest pulled run (default)",

@@ -179,8 +179,7 @@ def boards_table(boards: Sequence[Board]) -> int:
             rows.append([o.board.name, o.board.address, "no: " + (o.error or ""), None, None, None, None, None, None])
             continue
         facts, info = o.value["facts"], o.value["info"]
-        lock = info.get("lock") or {}
-        holder = lock.get("holder") if isinstance(lock, dict) else None
+        holder = info.get("lock_holder")  # the agent's `info` key (board/agent/README.md)
         runtime = (facts.get("state") or {}).get("executorch_version") or "not provisioned"
         rows.append(
             [

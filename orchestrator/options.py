@@ -7,6 +7,7 @@ code and the inventory) and returns it parsed, or raises UsageError (exit 64) na
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from .errors import UsageError
@@ -16,6 +17,7 @@ MAX_COUNT = 1_000_000  # iterations, warmup runs: far beyond any real run, well 
 MAX_THREADS = 4096
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: a budget or timeout beyond it is a typo
 MAX_KEEP = 1_000_000
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]+")  # as the board agent names bundle folders
 
 
 def count(option: str, value: Any, *, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
@@ -68,3 +70,11 @@ def weights(value: Any) -> str:
 def keep(value: Any) -> int:
     """`gc --keep`: how many bundles each board keeps."""
     return count("--keep", value, minimum=0, maximum=MAX_KEEP)
+
+
+def run_id(value: Any, option: str = "--run") -> str:
+    """A run id or a prefix of one: letters, digits, `.`, `_`, `-`."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not _RUN_ID.fullmatch(text):
+        raise UsageError(f"{option} must be a run id (letters, digits, '.', '_', '-'), got {value!r}")
+    return text

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -44,7 +43,7 @@ def handle_errors(func: F) -> F:
             if os.environ.get("ETLAB_DEBUG"):
                 raise
             console.error("internal error (set ETLAB_DEBUG=1 for the full traceback):")
-            traceback.print_exc(limit=-3, file=sys.stderr)
+            console.plain(traceback.format_exc(limit=-3).rstrip())  # inert: the message may quote a board
             raise Exit(code=ExitCode.SOFTWARE) from None
         if isinstance(code, int) and code != 0:
             raise Exit(code=code)

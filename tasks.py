@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fabric import task
 
+from orchestrator import options
 from orchestrator.commands.common import handle_errors, run_params, select_boards
 
 SELECT_HELP = {
@@ -40,8 +41,9 @@ def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", 
     from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
+    mode = options.weights(weights)  # before the cache is looked at: a bad value must not invalidate it
     result = lowering.lower(
-        resolve_spec(model, spec), backends=parse_backends(backend), weights=weights, etrecord=etrecord, force=force
+        resolve_spec(model, spec), backends=parse_backends(backend), weights=mode, etrecord=etrecord, force=force
     )
     lowering.print_summary(result)
 
@@ -77,8 +79,8 @@ def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag
     from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
-    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
     params = run_params(iterations, warmup, threads, max_seconds, timeout)
+    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
     return board_tasks.run(select_boards(inventory, board, group, tag), artifacts, params)
 
 
@@ -88,7 +90,8 @@ def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=
     """Pull result bundles (verified against their manifests) into results/<board>/<model>/<backend>/<run-id>/."""
     from orchestrator.commands import board as board_tasks
 
-    return board_tasks.pull(select_boards(inventory, board, group, tag), run_id=run, latest=latest)
+    run_id = None if run is None else options.run_id(run)
+    return board_tasks.pull(select_boards(inventory, board, group, tag), run_id=run_id, latest=latest)
 
 
 @task(help={"run": "run id (or unique prefix) under results/", "latest": "the latest pulled run (default)",
@@ -105,11 +108,12 @@ def analyze(c, run=None, latest=False, bundle=None):
             "host": "bind address (default 127.0.0.1; anything else exposes local files)",
             "port": "port (default 8081)", "no_browser": "do not open a browser (headless machines)"})  # fmt: skip
 @handle_errors
-def explore(c, run=None, model=None, host="127.0.0.1", port=8081, no_browser=False):
+def explore(c, run=None, model=None, host="127.0.0.1", port=None, no_browser=False):
     """Open Model Explorer with the .pt2, both .pte files and the run's cost overlays."""
     from orchestrator.commands import results as result_tasks
 
-    return result_tasks.explore(run, model=model, host=host, port=int(port), open_browser=not no_browser)
+    listen = options.port(8081 if port is None else port)
+    return result_tasks.explore(run, model=model, host=host, port=listen, open_browser=not no_browser)
 
 
 @task(positional=["run_a", "run_b"], help={"run_a": "baseline run id", "run_b": "new run id",
@@ -139,11 +143,12 @@ def boards(c, board=None, group=None, tag=None, inventory=None):
 
 @task(help={**SELECT_HELP, "keep": "bundles to keep per board (default 20)"})
 @handle_errors
-def gc(c, keep=20, board=None, group=None, tag=None, inventory=None):
+def gc(c, keep=None, board=None, group=None, tag=None, inventory=None):
     """Free space on boards: old bundles, leftovers, models no kept bundle uses."""
     from orchestrator.commands import board as board_tasks
 
-    return board_tasks.gc(select_boards(inventory, board, group, tag), int(keep))
+    kept = options.keep(20 if keep is None else keep)
+    return board_tasks.gc(select_boards(inventory, board, group, tag), kept)
 
 
 @task(help={**MODEL_HELP, **SELECT_HELP, **RUN_HELP,
@@ -154,20 +159,23 @@ def gc(c, keep=20, board=None, group=None, tag=None, inventory=None):
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
                        iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
-                       no_explore=False, no_browser=False, port=8081):  # fmt: skip
+                       no_explore=False, no_browser=False, port=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_and_profile as chain
     from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
+    # Every option is checked before the chain lowers, connects or starts anything.
+    params = run_params(iterations, warmup, threads, max_seconds, None)
+    mode, listen = options.weights(weights), options.port(8081 if port is None else port)
     return chain(
         resolve_spec(model, spec),
         backends=parse_backends(backend, default="xnnpack"),
         boards=select_boards(inventory, board, group, tag),
-        params=run_params(iterations, warmup, threads, max_seconds, None),
-        weights=weights,
+        params=params,
+        weights=mode,
         explore=not no_explore,
-        port=int(port),
+        port=listen,
         open_browser=not no_browser,
     )
 

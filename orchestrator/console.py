@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -33,35 +34,45 @@ if not out.is_terminal:
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 _lock = threading.Lock()
 
+# Terminal control characters (ESC starts ANSI sequences; C1 has a one-byte CSI) and the bidi overrides that
+# reorder what is shown. Text from a board may carry them; none has a place in etlab's output.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def inert(text: str) -> str:
+    """`text` with every control character shown as a visible escape (ESC -> \\x1b), so it cannot steer the
+    terminal. Newlines and tabs stay. Rich markup is escaped separately, by escape()."""
+    return _CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), text)
+
 
 def info(message: str) -> None:
     """A progress line; may use rich markup, so callers escape() text that came from outside."""
     with _lock:
-        err.print(message)
+        err.print(inert(message))
 
 
 def plain(message: str, *, stderr: bool = True) -> None:
     """Text printed exactly as given on unbroken lines (URLs, paths to copy and paste)."""
     with _lock:
-        (err if stderr else out).print(message, soft_wrap=True, markup=False, highlight=False)
+        (err if stderr else out).print(inert(message), soft_wrap=True, markup=False, highlight=False)
 
 
 def warn(message: str) -> None:
     with _lock:
-        err.print(f"[bold yellow]WARNING[/]: {escape(message)}")
+        err.print(f"[bold yellow]WARNING[/]: {escape(inert(message))}")
 
 
 def loud_warning(message: str) -> None:
     """A warning users must not miss (e.g. random weights used instead of pretrained)."""
     with _lock:
         err.rule("[bold red]WARNING[/]")
-        err.print(f"[bold red]{escape(message)}[/]")
+        err.print(f"[bold red]{escape(inert(message))}[/]")
         err.rule()
 
 
 def error(message: str) -> None:
     with _lock:
-        err.print(f"[bold red]error[/]: {escape(message)}")
+        err.print(f"[bold red]error[/]: {escape(inert(message))}")
 
 
 def format_seconds(seconds: float) -> str:
@@ -116,14 +127,35 @@ def table(
     title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str | None = None
 ) -> None:
     """Print a table to stdout. Numeric columns are right-aligned."""
-    grid = Table(title=title, caption=caption, header_style="bold", title_justify="left")
+    grid = Table(
+        title=_text(title) if title is not None else None,
+        caption=_text(caption) if caption is not None else None,
+        header_style="bold",
+        title_justify="left",
+    )
     for index, column in enumerate(columns):
         numeric = bool(rows) and all(isinstance(row[index], int | float) for row in rows if row[index] is not None)
-        grid.add_column(column, justify="right" if numeric else "left")
+        grid.add_column(_text(column), justify="right" if numeric else "left")
     for row in rows:
-        grid.add_row(*(escape(_cell(value)) for value in row))
+        grid.add_row(*(_text(_cell(value)) for value in row))
     with _lock:
         out.print(grid)
+
+
+def details(title: str, entries: Sequence[tuple[str, str | None, str]]) -> None:
+    """Under a table: (name, stage, whole text) per entry, every line kept, for reasons a table cell cuts short."""
+    with _lock:
+        out.print(f"[bold]{_text(title)}[/]")
+        for name, where, text in entries:
+            heading = f"{name} ({where})" if where else name
+            out.print(f"[bold red]{_text(heading)}[/]:")
+            for line in text.splitlines() or [""]:
+                out.print(f"  {_text(line)}", soft_wrap=True)
+
+
+def _text(value: str) -> str:
+    """Outside text as inert markup: no control characters, no rich tags."""
+    return escape(inert(value))
 
 
 def _cell(value: Any) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class ExitCode:
     OK = 0
@@ -70,3 +72,24 @@ class AnalysisError(EtlabError):
     """Analysis of a bundle failed; the raw bundle is kept."""
 
     exit_code = ExitCode.DATA
+
+
+def failure_code(exc: BaseException) -> int:
+    """The exit code of the class of reason `exc` stands for; anything not meant for users is a bug."""
+    return exc.exit_code if isinstance(exc, EtlabError) else ExitCode.SOFTWARE
+
+
+def combined_exit_code(failures: Iterable[int]) -> int:
+    """Fan-out rule: no failure is 0; failures all of one class exit with that class's code; mixed ones exit 1."""
+    codes = set(failures)
+    if not codes:
+        return ExitCode.OK
+    return codes.pop() if len(codes) == 1 else ExitCode.FAILED
+
+
+def full_reason(exc: BaseException) -> str:
+    """Every line of an error, hint included; anything not meant for users also names its type."""
+    text = str(exc).strip()
+    if isinstance(exc, EtlabError) and text:
+        return text
+    return f"{type(exc).__name__}: {text}".rstrip(": ")

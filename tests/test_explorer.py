@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from orchestrator.results.explorer import (
     artifact_models,
     check_host,
     ensure_port_free,
+    host_allowed,
     is_loopback,
     launch_explorer,
     run_overlays,
@@ -100,6 +102,58 @@ def test_server_answers_and_converts_with_the_pte_adapter(server: ExplorerHandle
     overlay = json.loads((explored.path / "model_explorer" / "me_overlay_median_ms.json").read_text())
     for graph_id, data in overlay.items():
         assert set(data["results"]) <= graphs[graph_id]
+
+
+def raw_request(
+    port: int, path: str, *, host: str, origin: str | None = None, method: str = "GET", body: bytes | None = None
+) -> tuple[int, bytes]:
+    """One request to the server on 127.0.0.1 with exactly these Host and Origin headers, as a browser would send."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Host": host, **({"Origin": origin} if origin else {})}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_a_rebinding_page_gets_403_and_no_file(server: ExplorerHandle, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("etlab-secret-9f3a")
+    port = server.port
+    read = f"/api/v1/read_text_file?path={secret}"
+    # The workstation's own names read it (upstream's endpoint works: the refusals below are the guard's).
+    for name in ("127.0.0.1", "localhost", "LOCALHOST", "[::1]"):
+        status, body = raw_request(port, read, host=f"{name}:{port}")
+        assert status == 200 and b"etlab-secret-9f3a" in body, (name, status, body)
+    # A DNS-rebinding page sends its own host name; a loopback name with another port is not this server either.
+    for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}", f"127.0.0.1:{port + 1}"):
+        for path in (read, "/", "/check_health"):
+            status, body = raw_request(port, path, host=host)
+            assert status == 403 and b"etlab-secret-9f3a" not in body, (host, path, status)
+    # Another site's page (an Origin that is not this server's) gets no API answer; the page's own origin does.
+    for origin in ("http://evil.example", f"http://evil.example:{port}", "null", f"https://127.0.0.1:{port}"):
+        status, body = raw_request(port, read, host=f"127.0.0.1:{port}", origin=origin)
+        assert status == 403 and b"etlab-secret-9f3a" not in body, (origin, status)
+        command = json.dumps({"cmdId": "convert", "extensionId": PTE_ADAPTER, "modelPath": str(secret)}).encode()
+        status, _ = raw_request(
+            port, "/apipost/v1/send_command", host=f"127.0.0.1:{port}", origin=origin, method="POST", body=command
+        )
+        assert status == 403, origin
+    status, body = raw_request(port, read, host=f"localhost:{port}", origin=f"http://localhost:{port}")
+    assert status == 200 and b"etlab-secret-9f3a" in body
+
+
+def test_host_rule_for_loopback_and_explicit_binds() -> None:
+    assert host_allowed("127.0.0.1:8081", 8081) and host_allowed("[::1]:8081", 8081)
+    assert not host_allowed("127.0.0.1:8082", 8081) and not host_allowed("evil.example:8081", 8081)
+    assert not host_allowed("192.168.1.20:8081", 8081), "a loopback server answers only loopback names"
+    # Bound to a LAN address on purpose: IP literals only (rebinding needs a host name).
+    assert host_allowed("192.168.1.20:8081", 8081, "0.0.0.0") and host_allowed("[fe80::1]:8081", 8081, "::")
+    assert not host_allowed("evil.example:8081", 8081, "0.0.0.0") and not host_allowed("192.168.1.20", 8081, "0.0.0.0")
 
 
 def test_url_preloads_the_program_overlays_and_expanded_layer(server: ExplorerHandle, explored: BundleCase) -> None:

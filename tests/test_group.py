@@ -59,7 +59,7 @@ def test_one_dead_board_is_reported_and_the_others_succeed(
         assert outcome.ok and outcome.error is None and outcome.value == digest
         manifest = json.loads((tmp_path / "results" / outcome.board.name / "r1" / MANIFEST).read_text())
         assert list(manifest["files"]) == ["out.txt"]
-    assert exit_code(outcomes) == ExitCode.FAILED
+    assert exit_code(outcomes) == ExitCode.UNAVAILABLE, "the only failure is an unreachable board"
 
     summarize(outcomes, title="deploy")
     table = capsys.readouterr().out
@@ -80,7 +80,8 @@ def test_stage_and_reason_of_a_failure_inside_a_stage() -> None:
     failed = outcomes[1]
     assert (failed.ok, failed.stage, failed.error) == (False, "analyse", "ValueError: bad numbers")
     assert isinstance(failed.exception, ValueError)
-    assert exit_code(outcomes) == ExitCode.FAILED
+    assert failed.detail == "ValueError: bad numbers\nsecond line"
+    assert exit_code(outcomes) == ExitCode.SOFTWARE, "the only failure is a bug"
 
 
 def test_all_ok_exit_code_and_empty_fan_out() -> None:

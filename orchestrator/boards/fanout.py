@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from orchestrator import console
 from orchestrator.boards.inventory import Board
-from orchestrator.errors import EtlabError, ExitCode
+from orchestrator.errors import EtlabError, ExitCode, combined_exit_code, failure_code, full_reason
 
 _T = TypeVar("_T")
 
@@ -25,6 +25,11 @@ class BoardOutcome(Generic[_T]):
     stage: str | None  # the stage the board was in when it failed, if known
     duration: float
     exception: BaseException | None = None
+
+    @property
+    def detail(self) -> str | None:
+        """The whole reason (every line, hints included), for the details under the summary table."""
+        return None if self.exception is None else full_reason(self.exception)
 
 
 _STAGE_ATTRIBUTE = "_etlab_stage"
@@ -92,8 +97,23 @@ def summarize(outcomes: Sequence[BoardOutcome[Any]], *, title: str = "Boards") -
     failed = sum(not outcome.ok for outcome in outcomes)
     caption = f"{len(outcomes) - failed} ok, {failed} failed" if outcomes else "no boards"
     console.table(title, ["board", "status", "stage", "seconds", "reason"], rows, caption=caption)
+    print_details(outcomes)
+
+
+def print_details(outcomes: Sequence[BoardOutcome[Any]]) -> None:
+    """Under a table that shows one line per board: the whole reason of every failure that has more to say."""
+    entries = [
+        (outcome.board.name, outcome.stage, outcome.detail)
+        for outcome in outcomes
+        if not outcome.ok and outcome.detail and outcome.detail != outcome.error
+    ]
+    if entries:
+        console.details("Details", entries)
 
 
 def exit_code(outcomes: Sequence[BoardOutcome[Any]]) -> int:
-    """0 when every board succeeded, ExitCode.FAILED when any failed."""
-    return ExitCode.OK if all(outcome.ok for outcome in outcomes) else ExitCode.FAILED
+    """0 when every board succeeded; when every failed board failed for the same class of reason (unreachable,
+    bad data, ...), that class's exit code; ExitCode.FAILED for a mix."""
+    return combined_exit_code(
+        ExitCode.FAILED if o.exception is None else failure_code(o.exception) for o in outcomes if not o.ok
+    )

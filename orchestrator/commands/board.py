@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
-from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage, summarize
+from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, print_details, stage, summarize
 from orchestrator.boards.inventory import Board
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.runs import RunParams, profile, push_artifact
+from orchestrator.errors import EtlabError, ExitCode, UsageError
 from orchestrator.lowering.artifacts import Artifact, load_artifact
 from orchestrator.results.store import bundle_dest, new_run_id
 from orchestrator.transport import connect
@@ -102,7 +103,11 @@ def run(boards: Sequence[Board], artifacts: Sequence[Artifact], params: RunParam
     return _summarize_failures(outcomes, "run")
 
 
-class RunFailed(Exception):
+class RunFailed(EtlabError):
+    """The runner failed or timed out on a board; its bundle is still there to pull."""
+
+    exit_code = ExitCode.FAILED
+
     def __init__(self, message: str, rows: list[Any]) -> None:
         super().__init__(message)
         self.rows = rows
@@ -111,12 +116,12 @@ class RunFailed(Exception):
 def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = False) -> int:
     """Pull bundles not yet on the workstation (all of them, the latest one, or one run id)."""
 
-    def one(board: Board) -> list[Path]:
+    def one(board: Board) -> tuple[list[Path], int]:
         pulled = []
         with stage("connect"), connect(board) as conn:
             entries = BoardAgent(conn, conn.workdir).bundles()
             if run_id:
-                entries = [e for e in entries if e["run_id"] == run_id or e["run_id"].startswith(run_id)]
+                entries = _matching_runs(entries, run_id)
             elif latest:
                 entries = entries[:1]
             with stage("pull"):
@@ -127,15 +132,33 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
                     dest = bundle_dest(board.name, model, backend, entry["run_id"])
                     if not dest.exists():
                         pulled.append(pull_bundle(conn, BoardWorkdir(conn.workdir).bundle(entry["run_id"]), dest))
-        return pulled
+        return pulled, len(entries)
 
     outcomes = fan_out(boards, one)
-    rows = [[o.board.name, str(path)] for o in outcomes if o.ok for path in o.value or []]
-    if rows:
+    rows = [[o.board.name, str(path)] for o in outcomes if o.ok and o.value for path in o.value[0]]
+    matched = sum(o.value[1] for o in outcomes if o.ok and o.value)
+    if run_id and not matched:
+        if all(o.ok for o in outcomes):
+            where = ", ".join(board.name for board in boards)
+            raise UsageError(f"no run {run_id!r} on the selected boards ({where})", hint="see the run ids: fab run")
+        console.error(f"no run {run_id!r} on the boards that answered")
+    elif rows:
         console.table("pull", ["board", "bundle"], rows)
     else:
         console.plain("nothing new to pull", stderr=False)
     return _summarize_failures(outcomes, "pull")
+
+
+def _matching_runs(entries: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    """The bundle with this run id, else the one it is a prefix of; a prefix of several is refused."""
+    exact = [e for e in entries if e.get("run_id") == run_id]
+    if exact:
+        return exact[:1]
+    found = [e for e in entries if str(e.get("run_id", "")).startswith(run_id)]
+    if len(found) > 1:
+        shown = ", ".join(str(e.get("run_id")) for e in found[:5])
+        raise UsageError(f"run id prefix {run_id!r} is ambiguous: {shown}")
+    return found
 
 
 def boards_table(boards: Sequence[Board]) -> int:
@@ -157,8 +180,7 @@ def boards_table(boards: Sequence[Board]) -> int:
             rows.append([o.board.name, o.board.address, "no: " + (o.error or ""), None, None, None, None, None, None])
             continue
         facts, info = o.value["facts"], o.value["info"]
-        lock = info.get("lock") or {}
-        holder = lock.get("holder") if isinstance(lock, dict) else None
+        holder = info.get("lock_holder")  # the agent's `info` key (board/agent/README.md)
         runtime = (facts.get("state") or {}).get("executorch_version") or "not provisioned"
         rows.append(
             [
@@ -178,6 +200,7 @@ def boards_table(boards: Sequence[Board]) -> int:
         ["board", "address", "reachable", "arch", "board model", "runtime", "lock", "temp °C", "governor"],
         rows,
     )
+    print_details(outcomes)
     return exit_code(outcomes)
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from invoke.exceptions import Exit
 
-from orchestrator import console
+from orchestrator import console, options
 from orchestrator.errors import EtlabError, ExitCode, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -44,7 +43,7 @@ def handle_errors(func: F) -> F:
             if os.environ.get("ETLAB_DEBUG"):
                 raise
             console.error("internal error (set ETLAB_DEBUG=1 for the full traceback):")
-            traceback.print_exc(limit=-3, file=sys.stderr)
+            console.plain(traceback.format_exc(limit=-3).rstrip())  # inert: the message may quote a board
             raise Exit(code=ExitCode.SOFTWARE) from None
         if isinstance(code, int) and code != 0:
             raise Exit(code=code)
@@ -63,15 +62,17 @@ def select_boards(inventory: str | None, board: str | None, group: str | None, t
 
 
 def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any) -> Any:
-    """RunParams from task options; unset options keep the library defaults."""
+    """RunParams from task options, each checked (exit 64); unset options keep the library defaults."""
     from orchestrator.deploy.runs import RunParams
 
     given = {
-        "iterations": None if iterations is None else int(iterations),
-        "warmup": None if warmup is None else int(warmup),
-        "threads": None if threads is None else int(threads),
-        "max_seconds": None if max_seconds is None else float(max_seconds),
-        "timeout": None if timeout is None else float(timeout),
+        "iterations": None if iterations is None else options.count("--iterations", iterations, minimum=1),
+        "warmup": None if warmup is None else options.count("--warmup", warmup),
+        "threads": None
+        if threads is None
+        else options.count("--threads", threads, minimum=1, maximum=options.MAX_THREADS),
+        "max_seconds": None if max_seconds is None else options.seconds("--max-seconds", max_seconds),
+        "timeout": None if timeout is None else options.seconds("--timeout", timeout, allow_zero=False),
     }
     return RunParams(**{key: value for key, value in given.items() if value is not None})
 

@@ -14,7 +14,7 @@ from orchestrator.boards.inventory import Board
 from orchestrator.commands.render import print_cells
 from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, combined_exit_code
 
 
 def deploy_and_profile(
@@ -48,12 +48,18 @@ def deploy_and_profile(
         if not outcome.ok:
             cells += [
                 CellOutcome(
-                    outcome.board.name, job.artifact.model, job.artifact.backend, error=outcome.error, stage="?"
+                    outcome.board.name,
+                    job.artifact.model,
+                    job.artifact.backend,
+                    error=outcome.error,
+                    stage="?",
+                    detail=outcome.detail,
+                    exit_class=ExitCode.SOFTWARE,
                 )
                 for job in jobs
             ]
     print_cells(cells)
-    code = ExitCode.OK if all(cell.ok for cell in cells) else ExitCode.FAILED
+    code = combined_exit_code(cell.exit_class for cell in cells if not cell.ok)
 
     if explore:
         explore_cells(cells, lowered.paths, host=host, port=port, open_browser=open_browser)

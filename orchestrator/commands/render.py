@@ -76,7 +76,8 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
     )
     for cell in cells:
         if cell.error:
-            console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {cell.error}")
+            reason = cell.detail or cell.error  # every line: a host key's fingerprints, a bundle's bad files
+            console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {reason}")
         for reason in ((cell.summary or {}).get("validity") or {}).get("reasons", []):
             console.warn(f"{cell.board}: {cell.model}/{cell.backend}: {reason.get('reason')}")
 

@@ -18,7 +18,14 @@ from rich.progress import Progress
 from orchestrator import console
 from orchestrator.boards.inventory import Board
 from orchestrator.deploy.runs import RemoteRun, RunParams, profile, pull, push_artifact
-from orchestrator.errors import AnalysisError, BoardError, EtlabError
+from orchestrator.errors import (
+    AnalysisError,
+    BoardError,
+    EtlabError,
+    ExitCode,
+    failure_code,
+    full_reason,
+)
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.results.store import new_run_id
 from orchestrator.transport import BoardConnection, connect
@@ -40,6 +47,8 @@ class CellOutcome:
     summary: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     infrastructure: bool = False  # failed because the board or the link failed, not the model
+    detail: str | None = None  # the whole reason (every line, hints included) when `error` is its first line
+    exit_class: int = ExitCode.FAILED  # the exit code of the class of reason it failed for (see errors.py)
 
     @property
     def cell(self) -> tuple[str, str, str]:
@@ -127,7 +136,8 @@ def run_cells_on_board(
                 report(index)
     except Exception as exc:
         # Board trouble (unreachable, setup failed, link lost): every unfinished cell fails with it.
-        reason = _reason(exc)
+        reason, detail = _reason(exc), full_reason(exc)
+        code = ExitCode.UNAVAILABLE if _is_infrastructure(exc) else failure_code(exc)
         for index, cell in enumerate(cells):
             if index in reported:
                 continue
@@ -135,8 +145,9 @@ def run_cells_on_board(
                 cell.stage = board_stage
             elif index not in started:
                 cell.stage, cell.error = "not started", f"{board.name} failed earlier: {reason}"
-            cell.error = cell.error or reason
-            cell.infrastructure = True
+            if cell.error is None:
+                cell.error, cell.detail = reason, detail
+            cell.exit_class, cell.infrastructure = code, True
             report(index)
     return cells
 
@@ -180,10 +191,12 @@ def _run_cell(
         cell.ok, cell.stage = True, None
     except AnalysisError as exc:
         cell.error = f"{_reason(exc)} (raw bundle kept at {cell.bundle})"
+        cell.detail, cell.exit_class = f"{full_reason(exc)}\n(raw bundle kept at {cell.bundle})", exc.exit_code
     except BoardError:
         raise  # the board or link is gone: the remaining cells cannot run either
     except Exception as exc:
-        cell.error = _reason(exc)
+        cell.error, cell.detail, cell.exit_class = _reason(exc), full_reason(exc), failure_code(exc)
         if _is_infrastructure(exc):
+            cell.exit_class = ExitCode.UNAVAILABLE
             cell.infrastructure = True
             raise

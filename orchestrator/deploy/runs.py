@@ -11,9 +11,9 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from orchestrator import __version__
+from orchestrator import __version__, options
 from orchestrator.deploy.agent_client import BoardAgent
-from orchestrator.errors import BoardError, UsageError
+from orchestrator.errors import BoardError
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.results.store import bundle_dest
 from orchestrator.transport import BoardConnection
@@ -31,12 +31,16 @@ class RunParams:
     etdump: bool = True
 
     def __post_init__(self) -> None:
-        if self.iterations < 1 or self.warmup < 0:
-            raise UsageError("--iterations must be >= 1 and --warmup >= 0")
-        if self.threads is not None and self.threads < 1:
-            raise UsageError("--threads must be >= 1")
-        if self.max_seconds is not None and self.max_seconds < 0:
-            raise UsageError("--max-seconds must be >= 0")
+        # Also reached from the nightly matrix, so the checks live here as well as in the command layer.
+        options.count("--iterations", self.iterations, minimum=1)
+        options.count("--warmup", self.warmup)
+        if self.threads is not None:
+            options.count("--threads", self.threads, minimum=1, maximum=options.MAX_THREADS)
+        if self.max_seconds is not None:
+            options.seconds("--max-seconds", self.max_seconds)
+        if self.timeout is not None:
+            options.seconds("--timeout", self.timeout, allow_zero=False)
+        options.seconds("lock timeout", self.lock_timeout)
 
     def runner_timeout(self) -> float:
         if self.timeout:

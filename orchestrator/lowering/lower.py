@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import console
+from orchestrator import console, options
 from orchestrator.fsutil import atomic_path, atomic_write_json, read_json, remove_stale_temporaries
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, sidecar_problem
 from orchestrator.lowering.spec import ModelSpec
@@ -87,6 +87,7 @@ def lower(
     force: bool = False,
     root: Path | None = None,
 ) -> LoweringResult:
+    weights = options.weights(weights)  # a bad mode must not invalidate the cached sidecars below
     artifact_paths = ArtifactPaths.for_model(spec.name, root)
     result = LoweringResult(spec, artifact_paths)
     keys = {backend: cache_key(spec, backend, weights, etrecord) for backend in backends}

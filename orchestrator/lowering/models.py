@@ -18,9 +18,9 @@ import torch
 from orchestrator import console
 from orchestrator.errors import SpecError
 from orchestrator.lowering.spec import ModelSpec
+from orchestrator.options import WEIGHT_MODES
 from orchestrator.tensorfile import NamedTensor
 
-WEIGHT_MODES = ("auto", "pretrained", "random")
 RANDOM_SEED = 0
 HUB_PROBE_TIMEOUT_S = 2.0
 

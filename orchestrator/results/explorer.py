@@ -3,11 +3,17 @@
 Model Explorer's `visualize_from_config` blocks and serves until killed, so it runs in a child process (its own
 process group, stopped with SIGTERM, then SIGKILL). The server's `/api/v1/read_text_file` endpoint returns any
 file the server can read, so it binds to 127.0.0.1 unless the caller explicitly asks for another address.
+
+Binding to loopback does not stop a web page from reaching it: DNS rebinding points the page's own host name at
+127.0.0.1. So the child wraps the upstream WSGI app (the package itself is left unmodified) in `LocalOnly`,
+which refuses with 403 every request whose Host is not this server's loopback name, and every API request whose
+Origin is another site. The parent checks that the guard answers before it announces the server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import ipaddress
 import json
 import os
@@ -21,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 import webbrowser
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,6 +236,89 @@ def explorer_url(
     return f"http://{shown_host}:{port}/?data={quote(json.dumps(data, separators=(',', ':')))}"
 
 
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+API_PREFIX = "/api"  # /api/v1/..., /apipost/v1/..., /apistream/...
+FORBIDDEN = b"forbidden: this Model Explorer answers only its own loopback address\n"
+_PROBE_HOST = "etlab-guard-check.invalid"
+
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+def host_allowed(host: str, port: int, bind_host: str = DEFAULT_HOST) -> bool:
+    """Whether a Host header names this server: a loopback name with its port. A server deliberately bound to
+    another address also accepts IP literals (a rebinding attack needs a host name, never an IP literal)."""
+    host = host.strip().lower()
+    if host in {f"{name}:{port}" for name in LOOPBACK_NAMES}:
+        return True
+    if is_loopback(bind_host):
+        return False
+    name, sep, given_port = host.rpartition(":")
+    if not sep or given_port != str(port):
+        return False
+    name = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def origin_allowed(origin: str, port: int, bind_host: str = DEFAULT_HOST) -> bool:
+    """Whether an Origin header is this server's own page (http://<an allowed Host>)."""
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    return scheme == "http" and bool(sep) and "/" not in rest and host_allowed(rest, port, bind_host)
+
+
+class LocalOnly:
+    """WSGI middleware in front of Model Explorer: a foreign Host, or an API request from another Origin, gets
+    403 before the upstream app sees it."""
+
+    def __init__(self, app: WsgiApp, port: int, bind_host: str = DEFAULT_HOST) -> None:
+        self.app = app
+        self.port = port
+        self.bind_host = bind_host
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        host = environ.get("HTTP_HOST")
+        origin = environ.get("HTTP_ORIGIN")
+        api = str(environ.get("PATH_INFO", "")).startswith(API_PREFIX)
+        if (
+            host is None
+            or not host_allowed(host, self.port, self.bind_host)
+            or (api and origin is not None and not origin_allowed(origin, self.port, self.bind_host))
+        ):
+            start_response(
+                "403 Forbidden",
+                [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(FORBIDDEN)))],
+            )
+            return [FORBIDDEN]
+        return self.app(environ, start_response)
+
+
+def _guard_server(port: int, bind_host: str) -> None:
+    """Child process: every app werkzeug serves here (Flask's `app.run` calls `run_simple`) goes behind
+    LocalOnly. Upstream builds its app inside `server.start`, so this is the one place to wrap it."""
+    import werkzeug.serving
+
+    serve = werkzeug.serving.run_simple
+
+    def guarded(hostname: str, port_: int, application: WsgiApp, *args: Any, **kwargs: Any) -> None:
+        serve(hostname, port_, LocalOnly(application, port, bind_host), *args, **kwargs)
+
+    werkzeug.serving.run_simple = guarded  # type: ignore[assignment]
+
+
+def _guard_answers(handle: ExplorerHandle) -> bool:
+    """Whether the server refuses a foreign Host (as a DNS-rebinding page would send): the guard is in place."""
+    connection = http.client.HTTPConnection(handle.host, handle.port, timeout=10)
+    try:
+        connection.request("GET", "/check_health", headers={"Host": f"{_PROBE_HOST}:{handle.port}"})
+        return connection.getresponse().status == 403
+    finally:
+        connection.close()
+
+
 def _wait_healthy(handle: ExplorerHandle, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     shown_host = f"[{handle.host}]" if ":" in handle.host else handle.host
@@ -240,6 +329,9 @@ def _wait_healthy(handle: ExplorerHandle, timeout: float) -> None:
             raise ExplorerError(f"Model Explorer exited with code {handle.process.returncode} while starting:\n{log}")
         with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(health, timeout=2) as answer:
             if answer.status == 200:
+                if not _guard_answers(handle):  # fail closed: never announce an unguarded file server
+                    handle.stop()
+                    raise ExplorerError("Model Explorer answered a foreign Host header; refusing to serve it")
                 return
         time.sleep(0.2)
     handle.stop()
@@ -340,6 +432,7 @@ def _serve(config_path: Path, parent: int | None = None) -> None:
     import model_explorer
 
     config = json.loads(Path(config_path).read_text())
+    _guard_server(config["port"], config["host"])
     explorer_config = model_explorer.config()
     for model in config["models"]:
         explorer_config.add_model_from_path(model["url"], adapterId=model.get("adapterId", ""))

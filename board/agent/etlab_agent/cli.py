@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 import traceback
 from pathlib import Path
@@ -59,6 +60,31 @@ def json_command(function: Callable[..., tuple[dict[str, Any], int]]) -> Callabl
     return wrapper
 
 
+class Seconds(click.ParamType):
+    """A finite number of seconds: NaN and infinities are refused (a NaN timeout never fires, and a hung runner
+    would hold the board lock forever)."""
+
+    name = "seconds"
+
+    def __init__(self, *, allow_zero: bool = True) -> None:
+        self.allow_zero = allow_zero
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        if number < 0 or (number == 0 and not self.allow_zero):
+            self.fail(f"{value!r} must be {'>= 0' if self.allow_zero else '> 0'}", param, ctx)
+        return number
+
+
+SECONDS = Seconds()
+POSITIVE_SECONDS = Seconds(allow_zero=False)
+
+
 def parse_labels(labels: tuple[str, ...]) -> dict[str, str]:
     parsed = {}
     for label in labels:
@@ -101,15 +127,13 @@ def info(workdir: Workdir, runner: str | None) -> tuple[dict[str, Any], int]:
 @click.option("--warmup", type=click.IntRange(min=0))
 @click.option("--iterations", type=click.IntRange(min=1))
 @click.option("--threads", type=click.IntRange(min=1))
-@click.option("--max-seconds", type=click.FloatRange(min=0))
+@click.option("--max-seconds", type=SECONDS)
 @click.option("--method", help="Program method to run (runner default: forward).")
-@click.option(
-    "--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_SECONDS, show_default=True
-)
-@click.option("--lock-timeout", type=click.FloatRange(min=0), default=DEFAULT_LOCK_TIMEOUT_SECONDS, show_default=True)
+@click.option("--timeout", type=POSITIVE_SECONDS, default=DEFAULT_TIMEOUT_SECONDS, show_default=True)
+@click.option("--lock-timeout", type=SECONDS, default=DEFAULT_LOCK_TIMEOUT_SECONDS, show_default=True)
 @click.option(
     "--kill-grace",
-    type=click.FloatRange(min=0),
+    type=SECONDS,
     default=DEFAULT_KILL_GRACE_SECONDS,
     show_default=True,
     help="Seconds between SIGTERM and SIGKILL when the runner is stopped.",
@@ -165,15 +189,15 @@ def bundles(workdir: Workdir) -> tuple[dict[str, Any], int]:
 
 
 @cli.command()
-@click.option("--keep", type=int, required=True, help="How many of the newest bundles to keep.")
+@click.option("--keep", type=click.IntRange(min=0), required=True, help="How many of the newest bundles to keep.")
 @click.option(
     "--model-days",
-    type=float,
+    type=SECONDS,
     default=1.0,
     show_default=True,
     help="Keep unreferenced models/inputs used within this many days.",
 )
-@click.option("--lock-timeout", type=click.FloatRange(min=0), default=DEFAULT_LOCK_TIMEOUT_SECONDS, show_default=True)
+@click.option("--lock-timeout", type=SECONDS, default=DEFAULT_LOCK_TIMEOUT_SECONDS, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Report what would be removed, remove nothing.")
 @click.option("--protect", multiple=True, help="Never remove the model with this sha256 (a nightly baseline).")
 @click.pass_obj
@@ -216,7 +240,7 @@ def unpack(
 @click.option("--jobs", type=click.IntRange(min=1), help="Parallel compile jobs (default: all cores).")
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE_SECONDS,
     default=3600.0,
     show_default=True,
     help="Seconds allowed per build step.",

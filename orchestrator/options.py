@@ -1,0 +1,80 @@
+"""Command-line values checked on the workstation before a task deletes, connects or starts anything.
+
+One function per kind of value. Each takes the raw option (a string from the command line, or a number from
+code and the inventory) and returns it parsed, or raises UsageError (exit 64) naming the option.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from .errors import UsageError
+
+WEIGHT_MODES = ("auto", "pretrained", "random")
+MAX_COUNT = 1_000_000  # iterations, warmup runs: far beyond any real run, well inside the runner's int
+MAX_THREADS = 4096
+MAX_SECONDS = 30 * 24 * 3600.0  # a month: a budget or timeout beyond it is a typo
+MAX_KEEP = 1_000_000
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]+")  # as the board agent names bundle folders
+
+
+def count(option: str, value: Any, *, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
+    """A whole number in [minimum, maximum]; "5.0", "1e3", "abc" and booleans are refused."""
+    if isinstance(value, bool | float):
+        raise UsageError(f"{option} must be a whole number from {minimum} to {maximum}, got {value!r}")
+    if isinstance(value, int):
+        number = value
+    else:
+        text = str(value).strip()
+        try:
+            number = int(text, 10)
+        except ValueError:
+            raise UsageError(f"{option} must be a whole number from {minimum} to {maximum}, got {value!r}") from None
+    if not minimum <= number <= maximum:
+        raise UsageError(f"{option} must be a whole number from {minimum} to {maximum}, got {number}")
+    return number
+
+
+def seconds(option: str, value: Any, *, allow_zero: bool = True, maximum: float = MAX_SECONDS) -> float:
+    """A finite duration in seconds: NaN and infinities are refused (a NaN timeout would never fire)."""
+    bound = ">= 0" if allow_zero else "> 0"
+    if isinstance(value, bool):
+        raise UsageError(f"{option} must be a number of seconds {bound}, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option} must be a number of seconds {bound}, got {value!r}") from None
+    if not math.isfinite(number):
+        raise UsageError(f"{option} must be a finite number of seconds, got {value!r}")
+    if number < 0 or (number == 0 and not allow_zero):
+        raise UsageError(f"{option} must be a number of seconds {bound}, got {value!r}")
+    if number > maximum:
+        raise UsageError(f"{option} must be at most {maximum:.0f} seconds, got {value!r}")
+    return number
+
+
+def port(value: Any, option: str = "--port") -> int:
+    """A TCP port to listen on, 1-65535."""
+    return count(option, value, minimum=1, maximum=65535)
+
+
+def weights(value: Any) -> str:
+    """`--weights`: auto, pretrained or random."""
+    if value not in WEIGHT_MODES:
+        raise UsageError(f"--weights must be one of {', '.join(WEIGHT_MODES)}, got {value!r}")
+    return str(value)
+
+
+def keep(value: Any) -> int:
+    """`gc --keep`: how many bundles each board keeps."""
+    return count("--keep", value, minimum=0, maximum=MAX_KEEP)
+
+
+def run_id(value: Any, option: str = "--run") -> str:
+    """A run id or a prefix of one: letters, digits, `.`, `_`, `-`."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not _RUN_ID.fullmatch(text):
+        raise UsageError(f"{option} must be a run id (letters, digits, '.', '_', '-'), got {value!r}")
+    return text

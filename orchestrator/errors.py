@@ -93,3 +93,12 @@ def full_reason(exc: BaseException) -> str:
     if isinstance(exc, EtlabError) and text:
         return text
     return f"{type(exc).__name__}: {text}".rstrip(": ")
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line for tables and logs; errors not meant for users (bugs) also show their type."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    if isinstance(exc, EtlabError) and line:
+        return line
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__

@@ -374,3 +374,32 @@ def test_no_default_selection_is_an_error(tmp_path: Path) -> None:
     inventory = parse_inventory("boards:\n  a: {host: h}\n", tmp_path / "inventory.yaml")
     with pytest.raises(UsageError, match="no board selected and there is no default"):
         inventory.select()
+
+
+def test_nightly_matrix_uses_the_inventory_checker(tmp_path: Path) -> None:
+    """The nightly section's mistakes come out together, each with its line and field, like the rest of the file."""
+    from orchestrator.lab.matrix import load_config
+
+    text = textwrap.dedent(
+        """\
+        boards:
+          local: {transport: local}
+        nightly:
+          weights: maybe
+          iterations: abc
+          matrix:
+            - models: [distilbert-tinny]
+              backends: [xnnpack, vulkan]
+              threds: 2
+        """
+    )
+    path = write(tmp_path, text)
+    with pytest.raises(InventoryError) as excinfo:
+        load_config(load_inventory(path))
+    lines = str(excinfo.value).splitlines()
+    assert lines[0] == f"{path}:4: nightly.weights: expected one of auto, pretrained, random, got 'maybe'"
+    assert lines[1] == f"{path}:5: nightly.iterations: expected an integer >= 1, got 'abc'"
+    assert lines[2].startswith(f"{path}:7: nightly.matrix[0].models: unknown model 'distilbert-tinny'")
+    assert "did you mean 'distilbert-tiny'" in lines[2]
+    assert lines[3] == f"{path}:8: nightly.matrix[0].backends: unknown backend 'vulkan'"
+    assert lines[4].startswith(f"{path}:9: nightly.matrix[0].threds: unknown key 'threds' (did you mean 'threads'?)")

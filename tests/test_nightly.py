@@ -22,7 +22,8 @@ from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.deploy.abtest import Interleaved, decide
 from orchestrator.errors import InventoryError
 from orchestrator.lab.history import History, RunRecord
-from orchestrator.lab.nightly import confirm, judge, load_config
+from orchestrator.lab.matrix import load_config
+from orchestrator.lab.nightly import confirm, judge
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.verdicts import Kind
 from tests.plugins.artifacts import TEST_CACHE

@@ -68,11 +68,11 @@ def test_valid_user_spec(tmp_path: Path) -> None:
     [
         ({"task": "translation"}, "task", "not supported"),
         ({"model_type": "t5"}, "model_type", "not supported"),
-        ({"seq_len": "128"}, "seq_len", "expected int"),
-        ({"seq_len": 0}, "seq_len", "between 1 and 4096"),
+        ({"seq_len": "128"}, "seq_len", "expected an integer 1-4096, got '128'"),
+        ({"seq_len": 0}, "seq_len", "expected an integer 1-4096, got 0"),
         ({"name": "bad/name"}, "name", "letters, digits"),
         ({"mask_token_id": None}, "mask_token_id", "required for task 'fill-mask'"),
-        ({"config": [1, 2]}, "config", "expected dict"),
+        ({"config": [1, 2]}, "config", "expected a mapping"),
         ({"sequence_length": 64}, "sequence_length", "did you mean 'seq_len'"),
         ({"inputs": [{"name": "input_ids", "dtype": "int32", "shape": [1, 128]}]}, "inputs", "input_ids and"),
     ],
@@ -85,6 +85,15 @@ def test_bad_spec_names_file_and_field(tmp_path: Path, change: dict, field: str,
     assert str(path) in message
     assert f"field {field!r}" in message
     assert fragment in message
+
+
+def test_every_mistake_is_reported_with_its_line(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, None, raw='{\n  "name": "x",\n  "model_type": "t5",\n  "task": "fill-mask",\n  "seq_len": -1\n}')
+    with pytest.raises(SpecError) as excinfo:
+        load_spec_file(path)
+    lines = str(excinfo.value).splitlines()
+    assert lines[0] == f"{path}:3: field 'model_type': 't5' is not supported; supported: distilbert, gpt2, bert"
+    assert lines[1] == f"{path}:5: field 'seq_len': expected an integer 1-4096, got -1"
 
 
 def test_missing_required_field(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from orchestrator import console
 from orchestrator.boards.inventory import Board
-from orchestrator.errors import EtlabError, ExitCode, combined_exit_code, failure_code, full_reason
+from orchestrator.errors import ExitCode, combined_exit_code, failure_code, first_line, full_reason
 
 _T = TypeVar("_T")
 
@@ -53,15 +53,8 @@ def _run_one(board: Board, fn: Callable[[Board], _T]) -> BoardOutcome[_T]:
         value = fn(board)
     except Exception as exc:
         failed_stage = getattr(exc, _STAGE_ATTRIBUTE, None)
-        return BoardOutcome(board, False, None, _reason(exc), failed_stage, time.monotonic() - started, exc)
+        return BoardOutcome(board, False, None, first_line(exc), failed_stage, time.monotonic() - started, exc)
     return BoardOutcome(board, True, value, None, None, time.monotonic() - started)
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    line = text.splitlines()[0] if text else ""
-    # Errors meant for users carry their own words; anything else is a bug and shows its type.
-    return line if isinstance(exc, EtlabError) and line else f"{type(exc).__name__}: {line}".rstrip(": ")
 
 
 def fan_out(

@@ -7,11 +7,8 @@ Every error names the file, the line and the field, e.g.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import getpass
-import json
-import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +17,22 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from orchestrator import paths
+from orchestrator.config import (
+    Check,
+    Checker,
+    boolean,
+    choice,
+    describe,
+    did_you_mean,
+    field_path,
+    integer,
+    is_null,
+    listing,
+    seconds,
+    tag,
+    text,
+    words,
+)
 from orchestrator.errors import InventoryError, UsageError
 
 TRANSPORTS = ("ssh", "local")
@@ -76,6 +89,8 @@ class Inventory:
     boards: dict[str, Board]
     groups: dict[str, tuple[str, ...]]
     nightly: dict[str, Any] | None = None
+    # The `nightly:` section as read, so the matrix checker (lab/matrix.py) reports its lines and fields.
+    nightly_node: Node | None = field(default=None, compare=False, repr=False)
 
     def default_selection(self) -> list[Board]:
         if DEFAULT_GROUP in self.groups:
@@ -89,7 +104,7 @@ class Inventory:
 
     def board(self, name: str) -> Board:
         if name not in self.boards:
-            raise UsageError(f"unknown board {name!r}{_did_you_mean(name, self.boards)}; known: {_names(self.boards)}")
+            raise UsageError(f"unknown board {name!r}{did_you_mean(name, self.boards)}; known: {listing(self.boards)}")
         return self.boards[name]
 
     def select(
@@ -104,7 +119,7 @@ class Inventory:
         elif group is not None:
             if group not in self.groups:
                 raise UsageError(
-                    f"unknown group {group!r}{_did_you_mean(group, self.groups)}; known: {_names(self.groups)}"
+                    f"unknown group {group!r}{did_you_mean(group, self.groups)}; known: {listing(self.groups)}"
                 )
             selected = [self.boards[name] for name in self.groups[group]]
             source = f"group {group!r}"
@@ -116,7 +131,7 @@ class Inventory:
         if tag is not None:
             known_tags = {t for board in self.boards.values() for t in board.tags}
             if tag not in known_tags:
-                raise UsageError(f"unknown tag {tag!r}{_did_you_mean(tag, known_tags)}; known: {_names(known_tags)}")
+                raise UsageError(f"unknown tag {tag!r}{did_you_mean(tag, known_tags)}; known: {listing(known_tags)}")
             selected = [board for board in selected if tag in board.tags]
             if not selected:
                 raise UsageError(f"no board in {source} has tag {tag!r}")
@@ -157,128 +172,26 @@ def parse_inventory(text: str, path: Path) -> Inventory:
 # ---------------------------------------------------------------- validation
 
 
-class _Invalid(Exception):
-    """One field is wrong; the checker records it and goes on, so a file's errors come out together."""
-
-
-_Check = Callable[[Node, str], Any]
-
-
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _names(names: Iterable[str]) -> str:
-    listed = sorted(names)
-    return ", ".join(repr(n) for n in listed) if listed else "(none)"
-
-
-def _field(parent: str, key: str) -> str:
-    part = key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else f"[{json.dumps(key)}]"
-    if not parent:
-        return part
-    return f"{parent}{part}" if part.startswith("[") else f"{parent}.{part}"
-
-
-def _describe(node: Node) -> str:
-    if isinstance(node, MappingNode):
-        return "a mapping"
-    if isinstance(node, SequenceNode):
-        return "a list"
-    if node.tag.endswith(":null"):
-        return "nothing (null)"
-    return repr(node.value)
-
-
-def _tag(node: Node) -> str:
-    return node.tag.rsplit(":", 1)[-1]
-
-
-def _is_null(node: Node) -> bool:
-    return isinstance(node, ScalarNode) and node.tag.endswith(":null")
-
-
-def _string(node: Node, what: str = "a string") -> str:
-    if not isinstance(node, ScalarNode) or _tag(node) != "str" or node.value == "":
-        raise _Invalid(f"expected {what}, got {_describe(node)}")
-    return node.value
-
-
-def _integer(low: int, high: int | None) -> _Check:
-    def check(node: Node, _field: str) -> int:
-        want = f"an integer {low}-{high}" if high is not None else f"an integer >= {low}"
-        if not isinstance(node, ScalarNode) or _tag(node) != "int":
-            raise _Invalid(f"expected {want}, got {_describe(node)}")
-        value = yaml.SafeLoader("").construct_yaml_int(node)
-        if value < low or (high is not None and value > high):
-            raise _Invalid(f"expected {want}, got {value}")
-        return value
-
-    return check
-
-
-def _seconds(node: Node, _field: str) -> float:
-    if not isinstance(node, ScalarNode) or _tag(node) not in ("int", "float"):
-        raise _Invalid(f"expected a number of seconds > 0, got {_describe(node)}")
-    loader = yaml.SafeLoader("")
-    value = float(loader.construct_yaml_int(node) if _tag(node) == "int" else loader.construct_yaml_float(node))
-    if not value > 0 or value == float("inf"):
-        raise _Invalid(f"expected a number of seconds > 0, got {node.value}")
-    return value
-
-
-def _boolean(node: Node, _field: str) -> bool:
-    if not isinstance(node, ScalarNode) or _tag(node) != "bool":
-        raise _Invalid(f"expected true or false, got {_describe(node)}")
-    return bool(yaml.SafeLoader("").construct_yaml_bool(node))
-
-
-def _text(node: Node, _field: str) -> str:
-    return _string(node)
-
-
-def _choice(choices: tuple[str, ...]) -> _Check:
-    def check(node: Node, _field: str) -> str:
-        value = _string(node, "one of " + ", ".join(choices))
-        if value not in choices:
-            raise _Invalid(f"expected one of {', '.join(choices)}, got {value!r}{_did_you_mean(value, choices)}")
-        return value
-
-    return check
-
-
-def _tags(node: Node, _field: str) -> tuple[str, ...]:
-    if not isinstance(node, SequenceNode):
-        raise _Invalid(f"expected a list of tags, got {_describe(node)}")
-    tags = []
-    for item in node.value:
-        if not isinstance(item, ScalarNode) or _tag(item) not in ("str", "int") or item.value == "":
-            raise _Invalid(f"expected each tag to be a word, got {_describe(item)}")
-        tags.append(item.value)
-    return tuple(dict.fromkeys(tags))
-
-
 # The fields a board may set; `defaults` may set the same ones (minus host and transport) plus known_hosts.
-_BOARD_FIELDS: dict[str, _Check] = {
-    "host": _text,
-    "port": _integer(1, 65535),
-    "user": _text,
-    "key": _text,
-    "agent": _boolean,
-    "transport": _choice(TRANSPORTS),
-    "workdir": _text,
-    "tags": _tags,
-    "threads": _integer(1, None),
-    "connect_timeout": _seconds,
-    "command_timeout": _seconds,
-    "keepalive": _seconds,
-    "tcp_user_timeout": _seconds,
-    "bulk_transfer": _choice(BULK_TRANSFERS),
+_BOARD_FIELDS: dict[str, Check] = {
+    "host": text,
+    "port": integer(1, 65535),
+    "user": text,
+    "key": text,
+    "agent": boolean,
+    "transport": choice(TRANSPORTS),
+    "workdir": text,
+    "tags": words("tag"),
+    "threads": integer(1, None),
+    "connect_timeout": seconds,
+    "command_timeout": seconds,
+    "keepalive": seconds,
+    "tcp_user_timeout": seconds,
+    "bulk_transfer": choice(BULK_TRANSFERS),
 }
-_DEFAULT_FIELDS: dict[str, _Check] = {
+_DEFAULT_FIELDS: dict[str, Check] = {
     **{k: v for k, v in _BOARD_FIELDS.items() if k not in ("host", "transport", "tags")},
-    "known_hosts": _text,
+    "known_hosts": text,
 }
 _SSH_ONLY = (
     "host",
@@ -301,62 +214,10 @@ def _local_user() -> str | None:
         return None
 
 
-class _Checker:
+class _Checker(Checker):
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.problems: list[tuple[int, str]] = []
+        super().__init__(path)
         self.defined_boards: list[str] = []
-
-    @property
-    def errors(self) -> list[str]:
-        """Every problem found, in file order."""
-        return [f"{self.path}:{line}: {text}" for line, text in sorted(self.problems, key=lambda p: p[0])]
-
-    def error(self, node: Node, field_name: str, message: str) -> None:
-        self.problems.append((node.start_mark.line + 1, f"{field_name or '(file)'}: {message}"))
-
-    def mapping(
-        self, node: Node, field_name: str, allowed: Iterable[str] | None = None
-    ) -> list[tuple[str, Node, Node]]:
-        """The (key, key node, value node) items of a mapping; refuses duplicate and (if `allowed`) unknown keys."""
-        if not isinstance(node, MappingNode):
-            self.error(node, field_name, f"expected a mapping, got {_describe(node)}")
-            return []
-        allowed = list(allowed) if allowed is not None else None
-        items: list[tuple[str, Node, Node]] = []
-        seen: dict[str, int] = {}
-        for key_node, value_node in node.value:
-            if not isinstance(key_node, ScalarNode) or key_node.value == "" or _tag(key_node) == "null":
-                self.error(key_node, field_name, f"expected a name as key, got {_describe(key_node)}")
-                continue
-            key = key_node.value
-            where = _field(field_name, key)
-            if key in seen:
-                self.error(key_node, where, f"duplicate key (first defined on line {seen[key]})")
-                continue
-            seen[key] = key_node.start_mark.line + 1
-            if allowed is not None and key not in allowed:
-                self.error(
-                    key_node,
-                    where,
-                    f"unknown key {key!r}{_did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}",
-                )
-                continue
-            items.append((key, key_node, value_node))
-        return items
-
-    def fields(self, node: Node, field_name: str, schema: dict[str, _Check]) -> dict[str, Any]:
-        values: dict[str, Any] = {}
-        if _is_null(node):
-            return values
-        for key, _key_node, value_node in self.mapping(node, field_name, schema):
-            if _is_null(value_node):
-                continue
-            try:
-                values[key] = schema[key](value_node, _field(field_name, key))
-            except _Invalid as exc:
-                self.error(value_node, _field(field_name, key), str(exc))
-        return values
 
     def inventory(self, root: Node) -> Inventory | None:
         sections = {key: (key_node, value) for key, key_node, value in self.mapping(root, "", _TOP_LEVEL)}
@@ -369,8 +230,8 @@ class _Checker:
             self.error(root, "boards", "required: a mapping of board name -> settings")
         else:
             boards_node = sections["boards"][1]
-            items = [] if _is_null(boards_node) else self.mapping(boards_node, "boards")
-            if _is_null(boards_node) or (isinstance(boards_node, MappingNode) and not boards_node.value):
+            items = [] if is_null(boards_node) else self.mapping(boards_node, "boards")
+            if is_null(boards_node) or (isinstance(boards_node, MappingNode) and not boards_node.value):
                 self.error(boards_node, "boards", "expected at least one board")
             self.defined_boards = [name for name, _, _ in items]
             for name, key_node, value_node in items:
@@ -378,13 +239,13 @@ class _Checker:
                 if board is not None:
                     boards[name] = board
         groups: dict[str, tuple[str, ...]] = {}
-        if "groups" in sections and not _is_null(sections["groups"][1]):
+        if "groups" in sections and not is_null(sections["groups"][1]):
             for name, _key_node, value_node in self.mapping(sections["groups"][1], "groups"):
                 members = self.group(name, value_node, boards)
                 if members is not None:
                     groups[name] = members
         nightly: dict[str, Any] | None = None
-        if "nightly" in sections and not _is_null(sections["nightly"][1]):
+        if "nightly" in sections and not is_null(sections["nightly"][1]):
             node = sections["nightly"][1]
             if isinstance(node, MappingNode):
                 try:
@@ -392,8 +253,9 @@ class _Checker:
                 except yaml.YAMLError as exc:
                     self.error(node, "nightly", f"cannot read: {exc}")
             else:
-                self.error(node, "nightly", f"expected a mapping, got {_describe(node)}")
-        return Inventory(path=self.path, boards=boards, groups=groups, nightly=nightly)
+                self.error(node, "nightly", f"expected a mapping, got {describe(node)}")
+        nightly_node = sections["nightly"][1] if nightly is not None else None
+        return Inventory(path=self.path, boards=boards, groups=groups, nightly=nightly, nightly_node=nightly_node)
 
     def resolve_defaults(self, defaults: dict[str, Any]) -> dict[str, Any]:
         base: dict[str, Any] = {"user": _local_user(), "known_hosts": paths.state_dir() / "known_hosts"}
@@ -407,7 +269,7 @@ class _Checker:
         return path if path.is_absolute() else (self.path.parent / path).resolve()
 
     def board(self, name: str, key_node: Node, node: Node, base: dict[str, Any]) -> Board | None:
-        where = _field("boards", name)
+        where = field_path("boards", name)
         if "/" in name or "\0" in name or name in (".", ".."):
             self.error(key_node, where, "a board name must not contain '/' or NUL, nor be '.' or '..'")
             return None
@@ -423,7 +285,7 @@ class _Checker:
             misplaced = [key for key in _SSH_ONLY if key in own]
             if misplaced:
                 at = next(k for k, _ in node.value if isinstance(k, ScalarNode) and k.value == misplaced[0])
-                self.error(at, _field(where, misplaced[0]), "not used by a board with transport 'local'")
+                self.error(at, field_path(where, misplaced[0]), "not used by a board with transport 'local'")
                 return None
             workdir = own.get("workdir")
             settings["workdir"] = str(self.local_path(workdir) if workdir else paths.state_dir() / "boards" / name)
@@ -435,20 +297,20 @@ class _Checker:
         return Board(name=name, **{k: v for k, v in settings.items() if k in known})
 
     def group(self, name: str, node: Node, boards: dict[str, Board]) -> tuple[str, ...] | None:
-        where = _field("groups", name)
+        where = field_path("groups", name)
         if not isinstance(node, SequenceNode) or not node.value:
-            self.error(node, where, f"expected a non-empty list of board names, got {_describe(node)}")
+            self.error(node, where, f"expected a non-empty list of board names, got {describe(node)}")
             return None
         members: list[str] = []
         for item in node.value:
-            if not isinstance(item, ScalarNode) or _tag(item) == "null" or item.value == "":
-                self.error(item, where, f"expected a board name, got {_describe(item)}")
+            if not isinstance(item, ScalarNode) or tag(item) == "null" or item.value == "":
+                self.error(item, where, f"expected a board name, got {describe(item)}")
                 continue
             if item.value not in boards:
                 if item.value not in self.defined_boards:
                     known = self.defined_boards
-                    hint = _did_you_mean(item.value, known)
-                    self.error(item, where, f"unknown board {item.value!r}{hint}; known: {_names(known)}")
+                    hint = did_you_mean(item.value, known)
+                    self.error(item, where, f"unknown board {item.value!r}{hint}; known: {listing(known)}")
                 continue  # a defined but invalid board is reported where it is defined
             members.append(item.value)
         return tuple(dict.fromkeys(members))

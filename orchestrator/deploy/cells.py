@@ -21,9 +21,9 @@ from orchestrator.deploy.runs import RemoteRun, RunParams, profile, pull, push_a
 from orchestrator.errors import (
     AnalysisError,
     BoardError,
-    EtlabError,
     ExitCode,
     failure_code,
+    first_line,
     full_reason,
 )
 from orchestrator.lowering.artifacts import Artifact
@@ -62,12 +62,6 @@ class CellOutcome:
     @property
     def validity(self) -> str | None:
         return ((self.summary or {}).get("validity") or {}).get("status")
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    line = text[0] if text else type(exc).__name__
-    return line if isinstance(exc, EtlabError) else f"{type(exc).__name__}: {line}"
 
 
 def _is_infrastructure(exc: BaseException) -> bool:
@@ -136,7 +130,7 @@ def run_cells_on_board(
                 report(index)
     except Exception as exc:
         # Board trouble (unreachable, setup failed, link lost): every unfinished cell fails with it.
-        reason, detail = _reason(exc), full_reason(exc)
+        reason, detail = first_line(exc), full_reason(exc)
         code = ExitCode.UNAVAILABLE if _is_infrastructure(exc) else failure_code(exc)
         for index, cell in enumerate(cells):
             if index in reported:
@@ -190,12 +184,12 @@ def _run_cell(
             return
         cell.ok, cell.stage = True, None
     except AnalysisError as exc:
-        cell.error = f"{_reason(exc)} (raw bundle kept at {cell.bundle})"
+        cell.error = f"{first_line(exc)} (raw bundle kept at {cell.bundle})"
         cell.detail, cell.exit_class = f"{full_reason(exc)}\n(raw bundle kept at {cell.bundle})", exc.exit_code
     except BoardError:
         raise  # the board or link is gone: the remaining cells cannot run either
     except Exception as exc:
-        cell.error, cell.detail, cell.exit_class = _reason(exc), full_reason(exc), failure_code(exc)
+        cell.error, cell.detail, cell.exit_class = first_line(exc), full_reason(exc), failure_code(exc)
         if _is_infrastructure(exc):
             cell.exit_class = ExitCode.UNAVAILABLE
             cell.infrastructure = True

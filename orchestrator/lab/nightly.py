@@ -20,225 +20,27 @@ import datetime as dt
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from orchestrator import console, paths
+from orchestrator import console
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board, Inventory
-from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, Interleaved, Program, interleave
+from orchestrator.deploy.abtest import Interleaved, Program, interleave
 from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
-from orchestrator.errors import EtlabError, InventoryError
+from orchestrator.errors import EtlabError, first_line
 from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.matrix import MIN_BASELINE_NIGHTS, NightlyConfig, load_config
 from orchestrator.lab.report import CellVerdict, NightReport, write_reports
 from orchestrator.lowering import programs
-from orchestrator.lowering.spec import ModelSpec, resolve_spec
-from orchestrator.results.stats import DEFAULT_MIN_EFFECT, compare_samples
+from orchestrator.lowering.spec import ModelSpec
+from orchestrator.results.stats import compare_samples
 from orchestrator.results.verdicts import Kind, exit_code
 
-DEFAULT_BASELINE_NIGHTS = 7
-MIN_BASELINE_NIGHTS = 2
 OP_MIN_SHARE = 0.005  # an operator must move at least 0.5% of the total to be named
-DEFAULT_COOLDOWN_SECONDS = 60.0  # before a degraded cell is re-measured
-
-
-@dataclass(frozen=True)
-class MatrixEntry:
-    models: tuple[ModelSpec, ...]
-    backends: tuple[str, ...]
-    boards: tuple[str, ...]
-    params: RunParams
-
-
-@dataclass(frozen=True)
-class NightlyConfig:
-    entries: tuple[MatrixEntry, ...]
-    history_url: str | None = None
-    reports_dir: Path = field(default_factory=lambda: paths.results_dir() / "nightly")
-    baseline_nights: int = DEFAULT_BASELINE_NIGHTS
-    min_baseline_nights: int = MIN_BASELINE_NIGHTS
-    min_effect: float = DEFAULT_MIN_EFFECT
-    weights: str = "auto"
-    retest_seconds: float = DEFAULT_RETEST_SECONDS  # the interleaved re-test's budget per suspected cell
-    retest_rounds: int = DEFAULT_ROUNDS
-    cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS
-
-
-# ---------------------------------------------------------------- configuration
-
-
-_TOP_KEYS = {
-    "history", "reports", "baseline_nights", "min_baseline_nights", "min_effect", "weights",
-    "iterations", "warmup", "threads", "max_seconds", "timeout", "matrix", "retest_seconds", "retest_rounds",
-    "cooldown_seconds",
-}  # fmt: skip
-_ENTRY_KEYS = {
-    "models",
-    "backends",
-    "boards",
-    "groups",
-    "tags",
-    "iterations",
-    "warmup",
-    "threads",
-    "max_seconds",
-    "timeout",
-}
-_RUN_KEYS = ("iterations", "warmup", "threads", "max_seconds", "timeout")
-
-
-def _nightly_node(path: Path) -> yaml.Node | None:
-    root = yaml.compose(path.read_text())
-    if isinstance(root, yaml.MappingNode):
-        for key, value in root.value:
-            if key.value == "nightly":
-                return value
-    return None
-
-
-def load_config(inventory: Inventory) -> NightlyConfig:
-    """Validate the inventory's `nightly:` section; errors name the file, line and field."""
-    path = inventory.path
-    node = _nightly_node(path)
-    if node is None or (isinstance(node, yaml.ScalarNode) and node.value in ("", "null", "~")):
-        raise InventoryError(
-            f"{path}: no `nightly:` section", hint="see README.md (Nightly runs) for the matrix format"
-        )
-
-    def fail(at: yaml.Node, field_name: str, message: str) -> InventoryError:
-        return InventoryError(f"{path}:{at.start_mark.line + 1}: {field_name}: {message}")
-
-    def mapping(at: yaml.Node, field_name: str, allowed: set[str]) -> dict[str, yaml.Node]:
-        if not isinstance(at, yaml.MappingNode):
-            raise fail(at, field_name, "expected a mapping")
-        found = {}
-        for key, value in at.value:
-            if key.value not in allowed:
-                import difflib
-
-                close = difflib.get_close_matches(key.value, allowed, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise fail(key, f"{field_name}.{key.value}", f"unknown key{hint}")
-            found[key.value] = value
-        return found
-
-    def scalar(at: yaml.Node, field_name: str, kind: type, low: float | None = None) -> Any:
-        value = yaml.safe_load(yaml.serialize(at))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise fail(at, field_name, f"expected {kind.__name__}, got {value!r}")
-        if low is not None and value < low:
-            raise fail(at, field_name, f"must be >= {low}, got {value!r}")
-        return value
-
-    def names(at: yaml.Node, field_name: str) -> tuple[str, ...]:
-        if isinstance(at, yaml.ScalarNode):
-            return (str(at.value),)
-        if not isinstance(at, yaml.SequenceNode) or not all(isinstance(v, yaml.ScalarNode) for v in at.value):
-            raise fail(at, field_name, "expected a name or a list of names")
-        return tuple(str(v.value) for v in at.value)
-
-    def run_params(found: dict[str, yaml.Node], field_name: str, base: dict[str, Any]) -> dict[str, Any]:
-        values = dict(base)
-        for key in _RUN_KEYS:
-            if key in found:
-                kind = float if key in ("max_seconds", "timeout") else int
-                values[key] = scalar(found[key], f"{field_name}.{key}", kind, 0 if key == "warmup" else 1)
-        return values
-
-    top = mapping(node, "nightly", _TOP_KEYS)
-    defaults = run_params(top, "nightly", {"iterations": 30, "warmup": 3})
-    if "matrix" not in top:
-        raise fail(node, "nightly.matrix", "is required: a list of {models, backends, boards/groups/tags}")
-    matrix = top["matrix"]
-    if not isinstance(matrix, yaml.SequenceNode) or not matrix.value:
-        raise fail(matrix, "nightly.matrix", "expected a non-empty list")
-
-    entries = []
-    seen: dict[tuple[str, str, str], int] = {}
-    for index, entry_node in enumerate(matrix.value):
-        where = f"nightly.matrix[{index}]"
-        found = mapping(entry_node, where, _ENTRY_KEYS)
-        for required in ("models", "backends"):
-            if required not in found:
-                raise fail(entry_node, f"{where}.{required}", "is required")
-        models = []
-        for model in names(found["models"], f"{where}.models"):
-            # A spec file path is relative to the inventory; anything else is a built-in name.
-            is_file = model.endswith(".json")
-            try:
-                models.append(resolve_spec(None, path.parent / model) if is_file else resolve_spec(model))
-            except EtlabError as exc:
-                raise fail(found["models"], f"{where}.models", str(exc).splitlines()[0]) from None
-        backends = names(found["backends"], f"{where}.backends")
-        for backend in backends:
-            if backend not in ("portable", "xnnpack"):
-                raise fail(found["backends"], f"{where}.backends", f"unknown backend {backend!r}")
-        # The cell's boards: the union of the boards, groups and tags it names (the inventory default if none).
-        picked: dict[str, Board] = {}
-        for key, pick in (
-            ("boards", lambda value: inventory.select(boards=[value])),
-            ("groups", lambda value: inventory.select(group=value)),
-            ("tags", lambda value: inventory.select(tag=value)),
-        ):
-            for value in names(found[key], f"{where}.{key}") if key in found else ():
-                try:
-                    picked.update((board.name, board) for board in pick(value))
-                except EtlabError as exc:
-                    raise fail(found[key], f"{where}.{key}", str(exc).splitlines()[0]) from None
-        selected = list(picked.values()) or inventory.default_selection()
-        params = run_params(found, where, defaults)
-        for board in selected:
-            for spec in models:
-                for backend in backends:
-                    cell = (board.name, spec.name, backend)
-                    if cell in seen:
-                        raise fail(entry_node, where, f"cell {' / '.join(cell)} is already in matrix[{seen[cell]}]")
-                    seen[cell] = index
-        entries.append(MatrixEntry(tuple(models), backends, tuple(b.name for b in selected), RunParams(**params)))
-
-    reports = top.get("reports")
-    baseline_nights = (
-        scalar(top["baseline_nights"], "nightly.baseline_nights", int, 1)
-        if "baseline_nights" in top
-        else DEFAULT_BASELINE_NIGHTS
-    )
-    min_nights = (
-        scalar(top["min_baseline_nights"], "nightly.min_baseline_nights", int, 1)
-        if "min_baseline_nights" in top
-        else min(MIN_BASELINE_NIGHTS, baseline_nights)
-    )
-    if min_nights > baseline_nights:
-        field_name = "nightly.min_baseline_nights"
-        raise fail(top["min_baseline_nights"], field_name, f"must be <= baseline_nights ({baseline_nights})")
-
-    def seconds(key: str, default: float) -> float:
-        return scalar(top[key], f"nightly.{key}", float, 0) if key in top else default
-
-    return NightlyConfig(
-        entries=tuple(entries),
-        history_url=scalar(top["history"], "nightly.history", str) if "history" in top else None,
-        reports_dir=Path(scalar(reports, "nightly.reports", str))
-        if reports is not None
-        else paths.results_dir() / "nightly",
-        baseline_nights=baseline_nights,
-        min_baseline_nights=min_nights,
-        min_effect=scalar(top["min_effect"], "nightly.min_effect", float, 0)
-        if "min_effect" in top
-        else DEFAULT_MIN_EFFECT,
-        weights=scalar(top["weights"], "nightly.weights", str) if "weights" in top else "auto",
-        retest_seconds=seconds("retest_seconds", DEFAULT_RETEST_SECONDS),
-        retest_rounds=scalar(top["retest_rounds"], "nightly.retest_rounds", int, 3)
-        if "retest_rounds" in top
-        else DEFAULT_ROUNDS,
-        cooldown_seconds=seconds("cooldown_seconds", DEFAULT_COOLDOWN_SECONDS),
-    )
 
 
 # ---------------------------------------------------------------- recording
@@ -488,7 +290,7 @@ def _retest(board: Board, verdict: CellVerdict, job: CellJob, config: NightlyCon
                 rounds=config.retest_rounds, budget_seconds=config.retest_seconds,
             )  # fmt: skip
     except EtlabError as exc:
-        return confirm(verdict, None, why_not=f"the re-test could not run: {str(exc).splitlines()[0]}")
+        return confirm(verdict, None, why_not=f"the re-test could not run: {first_line(exc)}")
     return confirm(verdict, result)
 
 
@@ -538,7 +340,7 @@ def run_nightly(
                 )
                 versions[model] = next(iter(result.backends.values())).sidecar["versions"]
             except EtlabError as exc:
-                lowering_errors[model] = str(exc).splitlines()[0]
+                lowering_errors[model] = first_line(exc)
 
         def on_board(board: Board) -> list[CellOutcome]:
             jobs: dict[tuple[str, str], CellJob] = {}

@@ -6,13 +6,27 @@ length and the inputs. It is plain data; `models.py` turns it into a torch modul
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+from yaml.nodes import MappingNode, Node, SequenceNode
+
+from orchestrator.config import (
+    Check,
+    Checker,
+    Invalid,
+    describe,
+    did_you_mean,
+    integer,
+    line_of,
+    plain,
+    string,
+    text,
+)
 from orchestrator.errors import SpecError
 
 TASKS = ("fill-mask", "causal-lm")
@@ -106,91 +120,113 @@ def resolve_spec(model: str | None = None, spec_path: str | Path | None = None) 
     assert model is not None
     if model in BUILTIN_SPECS:
         return BUILTIN_SPECS[model]
-    close = difflib.get_close_matches(model, BUILTIN_SPECS, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
     raise SpecError(
-        f"unknown model {model!r}; {hint}known models: {', '.join(BUILTIN_SPECS)}",
+        f"unknown model {model!r}{did_you_mean(model, BUILTIN_SPECS)}; known models: {', '.join(BUILTIN_SPECS)}",
         hint="or pass your own spec with --spec path/to/model_spec.json",
     )
 
 
-_FIELDS: dict[str, tuple[type | tuple[type, ...], bool]] = {
-    # field: (type, required)
-    "name": (str, True),
-    "model_type": (str, True),
-    "task": (str, True),
-    "seq_len": (int, False),
-    "model_id": ((str, type(None)), False),
-    "config": (dict, False),
-    "mask_token_id": ((int, type(None)), False),
-    "description": (str, False),
-    "inputs": (list, False),
+class _SpecChecker(Checker):
+    """Names fields as `field 'seq_len'`: a spec is flat JSON."""
+
+    def error(self, node: Node, field_name: str, message: str) -> None:
+        self.problems.append((line_of(node), f"field {field_name!r}: {message}" if field_name else message))
+
+
+def _supported(options: tuple[str, ...]) -> Check:
+    def check(node: Node, _field: str) -> str:
+        value = string(node)
+        if value not in options:
+            raise Invalid(f"{value!r} is not supported; supported: {', '.join(options)}{did_you_mean(value, options)}")
+        return value
+
+    return check
+
+
+def _name(node: Node, _field: str) -> str:
+    value = string(node)
+    if not NAME_PATTERN.match(value):
+        raise Invalid("must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return value
+
+
+def _mapping(node: Node, _field: str) -> dict[str, Any]:
+    if not isinstance(node, MappingNode):
+        raise Invalid(f"expected a mapping (JSON object), got {describe(node)}")
+    return dict(plain(node, _field))
+
+
+def _list(node: Node, _field: str) -> list[Any]:
+    if not isinstance(node, SequenceNode):
+        raise Invalid(f"expected a list, got {describe(node)}")
+    return list(plain(node, _field))
+
+
+_FIELDS: dict[str, Check] = {
+    "name": _name,
+    "model_type": _supported(MODEL_TYPES),
+    "task": _supported(TASKS),
+    "seq_len": integer(1, 4096),
+    "model_id": text,
+    "config": _mapping,
+    "mask_token_id": integer(0),
+    "description": text,
+    "inputs": _list,
 }
+_REQUIRED = ("name", "model_type", "task")
 
 
 def load_spec_file(path: Path) -> ModelSpec:
-    """Parse and validate a user spec; every error names the file and the field."""
+    """Parse and validate a user spec; every error names the file, the line and the field."""
 
-    def fail(field_name: str | None, message: str) -> SpecError:
-        where = f"{path}: field {field_name!r}" if field_name else str(path)
-        return SpecError(f"{where}: {message}", hint="the spec schema is documented in README.md (Model specs)")
+    def fail(message: str) -> SpecError:
+        return SpecError(message, hint="the spec schema is documented in README.md (Model specs)")
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise fail(None, f"cannot read spec file ({exc.strerror or exc})") from exc
+        text_ = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise fail(f"{path}: cannot read spec file ({getattr(exc, 'strerror', None) or exc})") from exc
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise fail(None, f"not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+        data = json.loads(text_)
+    except (ValueError, RecursionError) as exc:
+        where = f" at line {exc.lineno}, column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise fail(f"{path}: not valid JSON{where}") from exc
     if not isinstance(data, dict):
-        raise fail(None, "the spec must be a JSON object")
-
-    for key in data:
-        if key not in _FIELDS:
-            close = difflib.get_close_matches(key, _FIELDS, n=1)
-            suggestion = f" (did you mean {close[0]!r}?)" if close else ""
-            raise fail(key, f"unknown field{suggestion}; allowed fields: {', '.join(_FIELDS)}")
-    for key, (kind, required) in _FIELDS.items():
+        raise fail(f"{path}: the spec must be a JSON object")
+    try:
+        root = yaml.compose(text_)  # JSON is YAML: the nodes carry the line of every field
+    except yaml.YAMLError:
+        root = yaml.compose(json.dumps(data, indent=0))  # JSON that PyYAML refuses (tabs): lines are then approximate
+    checker = _SpecChecker(path)
+    found = checker.fields(root, "", _FIELDS)
+    for key in _REQUIRED:
         if key not in data:
-            if required:
-                raise fail(key, "is required")
-            continue
-        value = data[key]
-        if isinstance(value, bool) or not isinstance(value, kind):
-            expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            raise fail(key, f"expected {expected.replace('NoneType', 'null')}, got {json.dumps(value)}")
+            checker.error(root, key, "is required")
+    if checker.problems:
+        raise fail("\n".join(checker.errors))
+    lines = {key.value: value for key, value in root.value}
 
-    if not NAME_PATTERN.match(data["name"]):
-        raise fail("name", "must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
-    if data["model_type"] not in MODEL_TYPES:
-        raise fail("model_type", f"{data['model_type']!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
-    if data["task"] not in TASKS:
-        raise fail("task", f"{data['task']!r} is not supported; supported: {', '.join(TASKS)}")
-    seq_len = data.get("seq_len", 128)
-    if not 1 <= seq_len <= 4096:
-        raise fail("seq_len", f"must be between 1 and 4096, got {seq_len}")
-    if data["task"] == "fill-mask" and data.get("mask_token_id") is None:
-        raise fail("mask_token_id", "is required for task 'fill-mask' (the [MASK] token id, e.g. 103 for BERT)")
-    if "inputs" in data:
-        _check_inputs(data["inputs"], seq_len, fail)
-    if not data.get("model_id") and not data.get("config") and data["name"] not in BUILTIN_SPECS:
-        raise fail("model_id", "give a model_id (HuggingFace id or local folder) or a config for random weights")
+    def problem(key: str, message: str) -> SpecError:
+        checker.error(lines.get(key, root), key, message)
+        return fail("\n".join(checker.errors))
+
+    seq_len = found.get("seq_len", 128)
+    if found["task"] == "fill-mask" and found.get("mask_token_id") is None:
+        raise problem("mask_token_id", "is required for task 'fill-mask' (the [MASK] token id, e.g. 103 for BERT)")
+    if "inputs" in found:
+        expected = [{"name": name, "dtype": "int64", "shape": [1, seq_len]} for name in INPUT_NAMES]
+        if found["inputs"] != expected:
+            raise problem("inputs", f"must be {json.dumps(expected)}: input_ids and attention_mask, int64 [1, seq_len]")
+    if not found.get("model_id") and not found.get("config") and found["name"] not in BUILTIN_SPECS:
+        raise problem("model_id", "give a model_id (HuggingFace id or local folder) or a config for random weights")
     return ModelSpec(
-        name=data["name"],
-        model_type=data["model_type"],
-        task=data["task"],
+        name=found["name"],
+        model_type=found["model_type"],
+        task=found["task"],
         seq_len=seq_len,
-        model_id=data.get("model_id"),
-        config=dict(data.get("config", {})),
-        mask_token_id=data.get("mask_token_id"),
-        description=data.get("description", ""),
+        model_id=found.get("model_id"),
+        config=dict(found.get("config", {})),
+        mask_token_id=found.get("mask_token_id"),
+        description=found.get("description", ""),
         source=str(path),
     )
-
-
-def _check_inputs(inputs: list, seq_len: int, fail: Any) -> None:
-    """Inputs are fixed by the model wrappers; a spec may state them, and they must agree."""
-    expected = [{"name": name, "dtype": "int64", "shape": [1, seq_len]} for name in INPUT_NAMES]
-    if inputs != expected:
-        raise fail("inputs", f"must be {json.dumps(expected)}: input_ids and attention_mask, int64 [1, seq_len]")

@@ -32,7 +32,7 @@ from rich.progress import Progress, TaskID
 
 from orchestrator import console
 from orchestrator.boards.workdir import BoardWorkdir
-from orchestrator.errors import BundleError, EtlabError, TransferError
+from orchestrator.errors import BundleError, EtlabError, TransferError, first_line
 from orchestrator.fsutil import TMP_PREFIX, atomic_path, atomic_write_text, sha256_file
 from orchestrator.results.bundle import FileDigest, verify_manifest
 from orchestrator.transport.base import BoardConnection, CommandError, is_transient, quote
@@ -83,7 +83,7 @@ def _with_retries(conn: BoardConnection, what: str, attempt: Callable[[], _T], p
         exc = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0.0
         console.warn(
-            f"{conn.board.name}: {what} failed ({_first_line(exc)}); "
+            f"{conn.board.name}: {what} failed ({first_line(exc) if exc else 'unknown error'}); "
             f"retry {state.attempt_number + 1}/{policy.attempts} in {wait:.1f} s"
         )
 
@@ -103,11 +103,6 @@ def _with_retries(conn: BoardConnection, what: str, attempt: Callable[[], _T], p
             attempts = retrying.statistics.get("attempt_number", 1)
             raise TransferError(f"{what} failed after {attempts} attempt(s): {exc}") from exc
         raise
-
-
-def _first_line(exc: BaseException | None) -> str:
-    text = str(exc) if exc else "unknown error"
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # ---------------------------------------------------------------- push

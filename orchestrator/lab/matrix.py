@@ -1,0 +1,186 @@
+"""The nightly matrix: the inventory's `nightly:` section, checked with the inventory's own checker.
+
+Every error names the file, the line and the field (`inventory.yaml:31: nightly.matrix[0].backend: unknown key
+'backend' (did you mean 'backends'?)`), and every accepted key takes effect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from yaml.nodes import Node
+
+from orchestrator import paths
+from orchestrator.boards.inventory import Board, Inventory
+from orchestrator.config import Check, Checker, choice, integer, is_null, names, number, text
+from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS
+from orchestrator.deploy.runs import RunParams
+from orchestrator.errors import EtlabError, InventoryError, first_line
+from orchestrator.lowering.spec import ModelSpec, resolve_spec
+from orchestrator.options import WEIGHT_MODES
+from orchestrator.results.stats import DEFAULT_MIN_EFFECT
+
+DEFAULT_BASELINE_NIGHTS = 7
+MIN_BASELINE_NIGHTS = 2
+DEFAULT_COOLDOWN_SECONDS = 60.0  # before a degraded cell is re-measured
+DEFAULT_ITERATIONS = 30
+DEFAULT_WARMUP = 3
+BACKENDS = ("portable", "xnnpack")
+
+
+@dataclass(frozen=True)
+class MatrixEntry:
+    models: tuple[ModelSpec, ...]
+    backends: tuple[str, ...]
+    boards: tuple[str, ...]
+    params: RunParams
+
+
+@dataclass(frozen=True)
+class NightlyConfig:
+    entries: tuple[MatrixEntry, ...]
+    history_url: str | None = None
+    reports_dir: Path = field(default_factory=lambda: paths.results_dir() / "nightly")
+    baseline_nights: int = DEFAULT_BASELINE_NIGHTS
+    min_baseline_nights: int = MIN_BASELINE_NIGHTS
+    min_effect: float = DEFAULT_MIN_EFFECT
+    weights: str = "auto"
+    retest_seconds: float = DEFAULT_RETEST_SECONDS  # the interleaved re-test's budget per suspected cell
+    retest_rounds: int = DEFAULT_ROUNDS
+    cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS
+
+
+# Run settings a matrix entry may override; the section's own values are the defaults.
+_RUN_FIELDS: dict[str, Check] = {
+    "iterations": integer(1),
+    "warmup": integer(0),
+    "threads": integer(1),
+    "max_seconds": number(0, above=True, unit="a number of seconds"),
+    "timeout": number(0, above=True, unit="a number of seconds"),
+}
+_SECTION_FIELDS: dict[str, Check] = {
+    "history": text,
+    "reports": text,
+    "baseline_nights": integer(1),
+    "min_baseline_nights": integer(1),
+    "min_effect": number(0),
+    "weights": choice(WEIGHT_MODES),
+    "retest_seconds": number(0),
+    "retest_rounds": integer(3),
+    "cooldown_seconds": number(0),
+    **_RUN_FIELDS,
+    "matrix": lambda node, _field: node,  # checked entry by entry below
+}
+_ENTRY_FIELDS: dict[str, Check] = {
+    "models": names,
+    "backends": names,
+    "boards": names,
+    "groups": names,
+    "tags": names,
+    **_RUN_FIELDS,
+}
+
+
+def load_config(inventory: Inventory) -> NightlyConfig:
+    """Check the inventory's `nightly:` section; all its problems are reported together."""
+    node = inventory.nightly_node
+    if node is None or is_null(node):
+        raise InventoryError(
+            f"{inventory.path}: no `nightly:` section", hint="see README.md (Nightly runs) for the matrix format"
+        )
+    checker = Checker(inventory.path)
+    section = checker.fields(node, "nightly", _SECTION_FIELDS)
+    defaults = {"iterations": DEFAULT_ITERATIONS, "warmup": DEFAULT_WARMUP}
+    defaults.update({key: section[key] for key in _RUN_FIELDS if key in section})
+    entries: list[MatrixEntry] = []
+    if "matrix" not in section and not checker.problems:
+        checker.error(node, "nightly.matrix", "is required: a list of {models, backends, boards/groups/tags}")
+    elif "matrix" in section:
+        seen: dict[tuple[str, str, str], int] = {}
+        for index, entry_node in enumerate(checker.items(section["matrix"], "nightly.matrix")):
+            entry = _entry(checker, inventory, entry_node, f"nightly.matrix[{index}]", defaults)
+            if entry is not None and not _duplicate_cells(checker, entry, entry_node, index, seen):
+                entries.append(entry)
+    baseline_nights = section.get("baseline_nights", DEFAULT_BASELINE_NIGHTS)
+    min_nights = section.get("min_baseline_nights", min(MIN_BASELINE_NIGHTS, baseline_nights))
+    if min_nights > baseline_nights:
+        at = _key_value(node, "min_baseline_nights") or node
+        checker.error(at, "nightly.min_baseline_nights", f"must be <= baseline_nights ({baseline_nights})")
+    if checker.problems:
+        raise InventoryError("\n".join(checker.errors))
+    return NightlyConfig(
+        entries=tuple(entries),
+        history_url=section.get("history"),
+        reports_dir=Path(section["reports"]) if "reports" in section else paths.results_dir() / "nightly",
+        baseline_nights=baseline_nights,
+        min_baseline_nights=min_nights,
+        min_effect=section.get("min_effect", DEFAULT_MIN_EFFECT),
+        weights=section.get("weights", "auto"),
+        retest_seconds=section.get("retest_seconds", DEFAULT_RETEST_SECONDS),
+        retest_rounds=section.get("retest_rounds", DEFAULT_ROUNDS),
+        cooldown_seconds=section.get("cooldown_seconds", DEFAULT_COOLDOWN_SECONDS),
+    )
+
+
+def _key_value(node: Node, key: str) -> Node | None:
+    return next((value for k, value in node.value if getattr(k, "value", None) == key), None)
+
+
+def _entry(
+    checker: Checker, inventory: Inventory, node: Node, where: str, defaults: dict[str, Any]
+) -> MatrixEntry | None:
+    before = len(checker.problems)
+    found = checker.fields(node, where, _ENTRY_FIELDS)
+    for required in ("models", "backends"):
+        if required not in found and _key_value(node, required) is None:
+            checker.error(node, f"{where}.{required}", "is required")
+    models = []
+    for model in found.get("models", ()):
+        # A spec file path is relative to the inventory; anything else is a built-in name.
+        try:
+            spec_path = inventory.path.parent / model if model.endswith(".json") else None
+            models.append(resolve_spec(None, spec_path) if spec_path else resolve_spec(model))
+        except EtlabError as exc:
+            checker.error(_key_value(node, "models") or node, f"{where}.models", first_line(exc))
+    for backend in found.get("backends", ()):
+        if backend not in BACKENDS:
+            checker.error(_key_value(node, "backends") or node, f"{where}.backends", f"unknown backend {backend!r}")
+    # The entry's boards: the union of the boards, groups and tags it names (the inventory default if none).
+    picked: dict[str, Board] = {}
+    for key, pick in (
+        ("boards", lambda value: inventory.select(boards=[value])),
+        ("groups", lambda value: inventory.select(group=value)),
+        ("tags", lambda value: inventory.select(tag=value)),
+    ):
+        for value in found.get(key, ()):
+            try:
+                picked.update((board.name, board) for board in pick(value))
+            except EtlabError as exc:
+                checker.error(_key_value(node, key) or node, f"{where}.{key}", first_line(exc))
+    if len(checker.problems) > before:
+        return None
+    try:
+        selected = list(picked.values()) or inventory.default_selection()
+        params = RunParams(**{**defaults, **{key: found[key] for key in _RUN_FIELDS if key in found}})
+    except EtlabError as exc:
+        checker.error(node, where, first_line(exc))
+        return None
+    return MatrixEntry(tuple(models), tuple(found["backends"]), tuple(b.name for b in selected), params)
+
+
+def _duplicate_cells(
+    checker: Checker, entry: MatrixEntry, node: Node, index: int, seen: dict[tuple[str, str, str], int]
+) -> bool:
+    for board in entry.boards:
+        for spec in entry.models:
+            for backend in entry.backends:
+                cell = (board, spec.name, backend)
+                if cell in seen:
+                    checker.error(
+                        node, f"nightly.matrix[{index}]", f"cell {' / '.join(cell)} is already in matrix[{seen[cell]}]"
+                    )
+                    return True
+                seen[cell] = index
+    return False

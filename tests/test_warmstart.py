@@ -182,17 +182,15 @@ def test_warm_board_tasks_import_nothing_heavy(
         ("analyze", ["--latest"], HEAVY),
         ("boards", [], HEAVY),
     ]
-    run_ids: list[str] = []
     for task, args, forbidden in steps:
         proc, imported = fab(task, *args, env=env)
         assert proc.returncode == 0, (task, proc.stdout[-2000:], proc.stderr[-3000:])
         assert not imported & forbidden, (task, sorted(imported & forbidden))
-        if task in ("deploy-and-profile", "run"):
-            run_ids += RUN_ID.findall(proc.stdout)[:1]
     assert "using cached artifacts" in fab("lower", *model, env=env)[0].stderr
 
-    # compare needs scipy's Mann-Whitney U, and nothing else heavy.
-    assert len(set(run_ids)) == 2, run_ids
+    # compare needs scipy's Mann-Whitney U, and nothing else heavy. The two runs: deploy-and-profile's and run's.
+    run_ids = sorted(path.name for path in (tmp_path / "results" / "local" / "distilbert-tiny" / "xnnpack").iterdir())
+    assert len(run_ids) == 2 and all(RUN_ID.fullmatch(run_id) for run_id in run_ids), run_ids
     proc, imported = fab("compare", *run_ids, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "scipy" in imported

@@ -166,7 +166,7 @@ def test_cache_key_covers_everything_that_matters() -> None:
     assert base == lowering.cache_key(spec, "xnnpack", "random", False)
     variants = {
         lowering.cache_key(spec, "portable", "random", False),
-        lowering.cache_key(spec, "xnnpack", "auto", False),
+        lowering.cache_key(spec, "xnnpack", "pretrained", False),
         lowering.cache_key(spec, "xnnpack", "random", True),
         lowering.cache_key(BUILTIN_SPECS["distilbert-tiny"], "xnnpack", "random", False),
     }

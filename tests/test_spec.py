@@ -88,7 +88,9 @@ def test_bad_spec_names_file_and_field(tmp_path: Path, change: dict, field: str,
 
 
 def test_every_mistake_is_reported_with_its_line(tmp_path: Path) -> None:
-    path = write_spec(tmp_path, None, raw='{\n  "name": "x",\n  "model_type": "t5",\n  "task": "fill-mask",\n  "seq_len": -1\n}')
+    path = write_spec(
+        tmp_path, None, raw='{\n  "name": "x",\n  "model_type": "t5",\n  "task": "fill-mask",\n  "seq_len": -1\n}'
+    )
     with pytest.raises(SpecError) as excinfo:
         load_spec_file(path)
     lines = str(excinfo.value).splitlines()

@@ -1,7 +1,8 @@
 """`fab lower`: export a spec once, lower it per backend, and write artifacts with sidecars.
 
 The cache check runs before torch is imported (importing torch alone costs seconds), so a lowering with
-nothing changed finishes in well under two seconds.
+nothing changed finishes in well under two seconds. It is keyed on the *resolved* weights (weights.py
+decides `auto` without torch): `auto` that falls back to random hits the cache of `random`, and back.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from orchestrator import console, options
 from orchestrator.fsutil import atomic_path, atomic_write_json, read_json, remove_stale_temporaries
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, sidecar_problem
 from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.weights import WeightsChoice, resolve_weights
 from orchestrator.versions import toolchain_versions
 
 # Source files whose content decides what lowering produces; editing them invalidates the cache.
-_LOWERING_SOURCES = ("lower.py", "models.py", "delegation.py", "spec.py")
+_LOWERING_SOURCES = ("lower.py", "models.py", "delegation.py", "spec.py", "weights.py")
 
 
 @dataclass
@@ -52,6 +54,7 @@ def _code_revision() -> str:
 
 
 def cache_key(spec: ModelSpec, backend: str, weights: str, etrecord: bool) -> str:
+    """The key a sidecar must carry to be reused; `weights` is the resolved mode, "pretrained" or "random"."""
     material = {
         "spec": spec.identity(),
         "backend": backend,
@@ -63,18 +66,12 @@ def cache_key(spec: ModelSpec, backend: str, weights: str, etrecord: bool) -> st
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def _cached(spec: ModelSpec, artifact_paths: ArtifactPaths, backend: str, key: str, weights: str) -> dict | None:
+def _cached(artifact_paths: ArtifactPaths, backend: str, key: str, weights: str) -> dict | None:
     if sidecar_problem(artifact_paths, backend) is not None:
         return None
     sidecar = read_json(artifact_paths.sidecar(backend))
-    if sidecar.get("cache_key") != key:
+    if sidecar.get("cache_key") != key or sidecar.get("weights") != weights:
         return None
-    if weights == "auto" and sidecar.get("weights") == "random" and spec.model_id:
-        # The fallback was taken last time; redo it if pretrained weights have since been cached.
-        from orchestrator.lowering.models import pretrained_available
-
-        if pretrained_available(spec)[0]:
-            return None
     return sidecar
 
 
@@ -90,11 +87,13 @@ def lower(
     weights = options.weights(weights)  # a bad mode must not invalidate the cached sidecars below
     artifact_paths = ArtifactPaths.for_model(spec.name, root)
     result = LoweringResult(spec, artifact_paths)
-    keys = {backend: cache_key(spec, backend, weights, etrecord) for backend in backends}
+    # `auto` that became pretrained since the last (random) lowering gets a new key, so it is redone.
+    choice = resolve_weights(spec, weights)
+    keys = {backend: cache_key(spec, backend, choice.mode, etrecord) for backend in backends}
 
     missing = []
     for backend in backends:
-        sidecar = None if force else _cached(spec, artifact_paths, backend, keys[backend], weights)
+        sidecar = None if force else _cached(artifact_paths, backend, keys[backend], choice.mode)
         if sidecar is None:
             missing.append(backend)
         else:
@@ -110,9 +109,11 @@ def lower(
         # Invalidate first: from here until the new sidecar lands, this backend has no valid artifact.
         artifact_paths.sidecar(backend).unlink(missing_ok=True)
 
-    shared = _export(spec, weights, artifact_paths, timer)
+    shared = _export(spec, choice, artifact_paths, timer)
     for backend in missing:
-        sidecar = _lower_backend(spec, backend, shared, artifact_paths, timer, etrecord, keys[backend])
+        # Keyed on the weights actually loaded, which the sidecar records next to the key.
+        key = cache_key(spec, backend, shared.weights, etrecord)
+        sidecar = _lower_backend(spec, backend, shared, artifact_paths, timer, etrecord, key)
         result.backends[backend] = BackendResult(backend, artifact_paths.pte(backend), sidecar, cached=False)
     result.stage_seconds = dict(timer.durations)
     result.backends = {backend: result.backends[backend] for backend in backends}
@@ -131,7 +132,9 @@ class _Exported:
     example_args: tuple
 
 
-def _export(spec: ModelSpec, weights: str, artifact_paths: ArtifactPaths, timer: console.StageTimer) -> _Exported:
+def _export(
+    spec: ModelSpec, weights: WeightsChoice, artifact_paths: ArtifactPaths, timer: console.StageTimer
+) -> _Exported:
     with timer.stage("load"):
         import torch
 

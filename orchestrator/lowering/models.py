@@ -6,11 +6,8 @@ last real token's logits), so the board returns [1, vocab] instead of [1, seq, v
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -18,11 +15,10 @@ import torch
 from orchestrator import console
 from orchestrator.errors import SpecError
 from orchestrator.lowering.spec import ModelSpec
-from orchestrator.options import WEIGHT_MODES
-from orchestrator.tensorfile import NamedTensor
 
-RANDOM_SEED = 0
-HUB_PROBE_TIMEOUT_S = 2.0
+# Deciding the weights needs no torch, so it lives in weights.py.
+from orchestrator.lowering.weights import RANDOM_SEED, WeightsChoice, resolve_weights
+from orchestrator.tensorfile import NamedTensor
 
 
 @dataclass
@@ -91,44 +87,10 @@ def build_pretrained(spec: ModelSpec) -> torch.nn.Module:
     return model.eval()
 
 
-def pretrained_available(spec: ModelSpec) -> tuple[bool, str]:
-    """Whether pretrained weights can be had without a long network timeout, and why not."""
-    if not spec.model_id:
-        return False, "the spec has no model_id"
-    if os.path.isdir(spec.model_id):
-        return True, f"local folder {spec.model_id}"
-    from huggingface_hub import try_to_load_from_cache
-
-    cached = try_to_load_from_cache(spec.model_id, "config.json")
-    if isinstance(cached, str):
-        return True, "found in the HuggingFace cache"
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return False, "not in the HuggingFace cache and HF_HUB_OFFLINE is set"
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_S):
-            return True, f"{host} is reachable"
-    except OSError as exc:
-        return False, f"not in the HuggingFace cache and {host} is unreachable ({exc.__class__.__name__}: {exc})"
-
-
-def load_model(spec: ModelSpec, weights: str) -> LoadedModel:
-    if weights not in WEIGHT_MODES:
-        raise SpecError(f"--weights must be one of {', '.join(WEIGHT_MODES)}, got {weights!r}")
-    if weights == "auto":
-        available, reason = pretrained_available(spec)
-        if available:
-            weights = "pretrained"
-        else:
-            if spec.model_id:
-                console.loud_warning(
-                    f"pretrained weights for {spec.model_id!r} are unavailable ({reason}).\n"
-                    f"Falling back to RANDOM weights (seed {RANDOM_SEED}): timings are representative, outputs are not."
-                )
-            module, note = build_random(spec), f"random (seed {RANDOM_SEED}); pretrained unavailable: {reason}"
-            return _wrap(spec, module, "random", note)
-    if weights == "pretrained":
+def load_model(spec: ModelSpec, weights: str | WeightsChoice) -> LoadedModel:
+    """The wrapped module with the weights `weights` asks for (a mode, or a choice already resolved)."""
+    choice = weights if isinstance(weights, WeightsChoice) else resolve_weights(spec, weights)
+    if choice.mode == "pretrained":
         try:
             module = build_pretrained(spec)
         except SpecError:
@@ -139,7 +101,15 @@ def load_model(spec: ModelSpec, weights: str) -> LoadedModel:
                 hint="use --weights random to build the architecture from its config",
             ) from exc
         return _wrap(spec, module, "pretrained", f"from_pretrained({spec.model_id!r})")
-    return _wrap(spec, build_random(spec), "random", f"random (seed {RANDOM_SEED})")
+    if choice.fallback:
+        console.loud_warning(
+            f"pretrained weights for {spec.model_id!r} are unavailable ({choice.reason}).\n"
+            f"Falling back to RANDOM weights (seed {RANDOM_SEED}): timings are representative, outputs are not."
+        )
+    note = f"random (seed {RANDOM_SEED})"
+    if choice.requested == "auto":
+        note += f"; pretrained unavailable: {choice.reason}"
+    return _wrap(spec, build_random(spec), "random", note)
 
 
 def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> LoadedModel:

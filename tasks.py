@@ -37,15 +37,9 @@ RUN_HELP = {
 @handle_errors
 def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False):
     """Export a model and lower it to portable and/or XNNPACK .pte files under artifacts/<name>/."""
-    from orchestrator.lowering import lower as lowering
-    from orchestrator.lowering.artifacts import parse_backends
-    from orchestrator.lowering.spec import resolve_spec
+    from orchestrator.commands.lower import lower as lower_model
 
-    mode = options.weights(weights)  # before the cache is looked at: a bad value must not invalidate it
-    result = lowering.lower(
-        resolve_spec(model, spec), backends=parse_backends(backend), weights=mode, etrecord=etrecord, force=force
-    )
-    lowering.print_summary(result)
+    return lower_model(model, spec, backend, weights, etrecord=etrecord, force=force)
 
 
 @task(help={**SELECT_HELP, "force": "re-provision even if the board is up to date"})

@@ -17,8 +17,9 @@ from typing import Any
 import click
 import pytest
 
-from orchestrator.boards.fanout import exit_code, fan_out, stage, summarize
+from orchestrator.boards.fanout import exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
+from orchestrator.commands.render import summarize
 from orchestrator.errors import BundleError, ExitCode
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.paths import BOARD_SOURCE_DIR, PROJECT_ROOT

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from orchestrator.commands.render import render_comparison
 from orchestrator.paths import PROJECT_ROOT
-from orchestrator.results.compare import CompareError, compare_runs, render_comparison
+from orchestrator.results.compare import CompareError, compare_runs
 from orchestrator.results.stats import compare_samples, distribution
 from orchestrator.results.verdicts import Kind
 from tests.plugins.analysis import (

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage, summarize
+from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
+from orchestrator.commands.render import summarize
 from orchestrator.errors import ExitCode
 from orchestrator.results.bundle import MANIFEST
 from orchestrator.transport import connect

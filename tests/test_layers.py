@@ -73,3 +73,15 @@ def test_no_import_cycles_between_modules() -> None:
 def test_layer_table_names_every_package() -> None:
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert packages == set(LAYERS) - {"shared"}
+
+
+def test_only_commands_render_tables() -> None:
+    """Domain modules return data; the command layer draws it (console.table and console.details)."""
+    drawing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "commands" or path.name == "console.py":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "console.table(" in line or "console.details(" in line:
+                drawing.append(f"{path.relative_to(PROJECT_ROOT)}:{number}")
+    assert not drawing, "tables drawn outside orchestrator/commands/: " + ", ".join(drawing)

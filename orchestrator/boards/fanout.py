@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from orchestrator import console
 from orchestrator.boards.inventory import Board
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code, first_line, full_reason
 
@@ -73,35 +72,6 @@ def fan_out(
         raise
     finally:
         pool.shutdown(wait=True)
-
-
-def summarize(outcomes: Sequence[BoardOutcome[Any]], *, title: str = "Boards") -> None:
-    """Print the per-board summary table (board, status, stage, time, reason)."""
-    rows = [
-        (
-            outcome.board.name,
-            "ok" if outcome.ok else "FAILED",
-            outcome.stage,
-            round(outcome.duration, 2),
-            outcome.error,
-        )
-        for outcome in outcomes
-    ]
-    failed = sum(not outcome.ok for outcome in outcomes)
-    caption = f"{len(outcomes) - failed} ok, {failed} failed" if outcomes else "no boards"
-    console.table(title, ["board", "status", "stage", "seconds", "reason"], rows, caption=caption)
-    print_details(outcomes)
-
-
-def print_details(outcomes: Sequence[BoardOutcome[Any]]) -> None:
-    """Under a table that shows one line per board: the whole reason of every failure that has more to say."""
-    entries = [
-        (outcome.board.name, outcome.stage, outcome.detail)
-        for outcome in outcomes
-        if not outcome.ok and outcome.detail and outcome.detail != outcome.error
-    ]
-    if entries:
-        console.details("Details", entries)
 
 
 def exit_code(outcomes: Sequence[BoardOutcome[Any]]) -> int:

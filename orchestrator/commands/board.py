@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
-from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, print_details, stage, summarize
+from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
 from orchestrator.boards.workdir import BoardWorkdir
+from orchestrator.commands.render import print_details, summarize
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.runs import RunParams, profile, push_artifact
 from orchestrator.errors import EtlabError, ExitCode, UsageError

@@ -90,10 +90,13 @@ def nightly_job(inventory: str | None, night: str | None, history: str | None, r
             dt.date.fromisoformat(night)
         except ValueError:
             raise UsageError(f"--night must be a date like 2026-11-30, got {night!r}") from None
+    from orchestrator.commands.render import print_night
+
     report = run_nightly(
         load_inventory(Path(inventory) if inventory else None),
         night=night,
         history_url=history,
         reports_dir=Path(reports) if reports else None,
     )
+    print_night(report)
     return report.exit_code

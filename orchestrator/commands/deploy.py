@@ -11,7 +11,7 @@ from rich.markup import escape
 from orchestrator import console
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
-from orchestrator.commands.render import print_cells
+from orchestrator.commands.render import print_cells, print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode, combined_exit_code
@@ -36,7 +36,7 @@ def deploy_and_profile(
 
     # Both backends are lowered (cached after the first time) so Model Explorer can show both programs.
     lowered = lowering.lower(spec, backends=["portable", "xnnpack"], weights=weights, root=artifacts_root)
-    lowering.print_summary(lowered)
+    print_lowering(lowered)
     jobs = [CellJob(load_artifact(spec.name, backend, artifacts_root), params) for backend in backends]
 
     with console.transfer_progress() as progress:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import console
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
+from orchestrator.results.verdicts import Kind
+
+if TYPE_CHECKING:  # the types only: rendering a table must not import what produced it
+    from orchestrator.boards.fanout import BoardOutcome
+    from orchestrator.lab.report import NightReport
+    from orchestrator.lowering.lower import LoweringResult
+    from orchestrator.results.compare import Comparison
 
 
 def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
@@ -88,3 +96,119 @@ def _short_path(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def summarize(outcomes: Sequence[BoardOutcome[Any]], *, title: str = "Boards") -> None:
+    """Print the per-board summary table (board, status, stage, time, reason)."""
+    rows = [
+        (
+            outcome.board.name,
+            "ok" if outcome.ok else "FAILED",
+            outcome.stage,
+            round(outcome.duration, 2),
+            outcome.error,
+        )
+        for outcome in outcomes
+    ]
+    failed = sum(not outcome.ok for outcome in outcomes)
+    caption = f"{len(outcomes) - failed} ok, {failed} failed" if outcomes else "no boards"
+    console.table(title, ["board", "status", "stage", "seconds", "reason"], rows, caption=caption)
+    print_details(outcomes)
+
+
+def print_details(outcomes: Sequence[BoardOutcome[Any]]) -> None:
+    """Under a table that shows one line per board: the whole reason of every failure that has more to say."""
+    entries = [
+        (outcome.board.name, outcome.stage, outcome.detail)
+        for outcome in outcomes
+        if not outcome.ok and outcome.detail and outcome.detail != outcome.error
+    ]
+    if entries:
+        console.details("Details", entries)
+
+
+# Memory planning and tuple plumbing: counted as fallback nodes, but not worth a user's attention.
+_BOOKKEEPING_OPS = {"memory.alloc", "memory.view", "getitem"}
+
+
+def print_lowering(result: LoweringResult) -> None:
+    rows = []
+    for backend, item in result.backends.items():
+        delegation = item.sidecar["delegation"]
+        compute = [(op, n) for op, n in delegation["fallback_histogram"].items() if op not in _BOOKKEEPING_OPS]
+        top = ", ".join(f"{op} ×{count}" for op, count in compute[:3])
+        rows.append(
+            [
+                backend,
+                item.sidecar["pte_size_mb"],
+                delegation["delegate_call_sites"],
+                delegation["fallback_ops"],
+                f"{delegation['instructions']['KernelCall']} / {delegation['instructions']['DelegateCall']}",
+                top,
+                "cache" if item.cached else "lowered",
+            ]
+        )
+    console.table(
+        f"{result.spec.name} → {result.paths.folder}",
+        ["backend", "size MB", "delegates", "fallback ops", "kernel / delegate calls", "top fallback ops", "source"],
+        rows,
+        caption=f"weights: {next(iter(result.backends.values())).sidecar['weights']}",
+    )
+
+
+def render_comparison(comparison: Comparison, limit: int = 15) -> None:
+    """The biggest per-operator changes and the overall verdict, through the console."""
+    changed = [op for op in comparison.ops if op.delta_ms is not None]
+    changed.sort(key=lambda op: -abs(op.delta_ms or 0.0))
+    rows = [
+        [
+            op.node_id,
+            op.op,
+            op.median_a_ms,
+            op.median_b_ms,
+            op.delta_ms,
+            f"{((op.median_b_ms or 0) / op.median_a_ms - 1) * 100:+.1f}%" if op.median_a_ms else None,
+            op.verdict.change if op.verdict else None,
+        ]
+        for op in changed[:limit]
+    ]
+    total = comparison.total
+    ratio = f"{(total.ratio - 1) * 100:+.1f}%" if total.ratio is not None else "n/a"
+    console.table(
+        f"{comparison.run_id_b} vs {comparison.run_id_a}",
+        ["node", "op", "A median ms", "B median ms", "Δ ms", "Δ %", "verdict"],
+        rows,
+        caption=f"overall: {total.change} ({ratio}; {total.reason})",
+    )
+    for note in comparison.notes:
+        console.warn(note)
+    line = f"verdict: {comparison.verdict.value}: {comparison.verdict_detail}"
+    if comparison.verdict == Kind.REGRESSION:
+        console.error(line)
+    elif comparison.verdict.is_warning:
+        console.warn(line)
+    else:
+        console.info(console.escape(line))
+
+
+def print_night(report: NightReport) -> None:
+    rows = [
+        [*item.cell, item.record.median_ms, item.baseline_median_ms, item.change, item.verdict.value,
+         item.record.validity]
+        for item in report.verdicts
+    ]  # fmt: skip
+    console.table(
+        f"Nightly {report.night}",
+        ["board", "model", "backend", "median ms", "baseline ms", "change", "verdict", "validity"],
+        rows,
+        caption=f"exit code {report.exit_code}",
+    )
+    for item in report.regressions:
+        console.error(f"REGRESSION {' / '.join(item.cell)}: {item.detail}")
+    for item in report.warnings:
+        console.warn(f"{item.verdict.value.upper()} {' / '.join(item.cell)}: {item.detail}")
+    for item in report.failures:
+        where = f"{' / '.join(item.cell)} at {item.record.stage}"
+        console.error(f"{item.verdict.value.upper()} {where}: {item.record.error}")
+    for kind, path in report.outputs.items():
+        console.info(console.escape(f"{kind}: {path}"))

@@ -114,11 +114,12 @@ def compare(
     Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
     """
     from orchestrator.commands.common import select_boards
+    from orchestrator.commands.render import render_comparison
     from orchestrator.deploy.abtest import Program
     from orchestrator.deploy.abtest import interleave as run_interleaved
     from orchestrator.deploy.runs import RunParams
     from orchestrator.fsutil import atomic_write_json
-    from orchestrator.results.compare import compare_runs, interleaved_verdict, render_comparison
+    from orchestrator.results.compare import compare_runs, interleaved_verdict
     from orchestrator.results.verdicts import Kind
     from orchestrator.transport import connect
 

@@ -430,8 +430,7 @@ def run_nightly(
         _keep_baselines_only(history, config)
         code = exit_code((v.verdict for v in verdicts), infrastructure_ok=all(o.ok for o in outcomes))
         report = NightReport(night, verdicts, trends, code, skipped)
-        report_paths = write_reports(report, reports_dir or config.reports_dir)
-        print_night(report, report_paths)
+        report.outputs = write_reports(report, reports_dir or config.reports_dir)
         return report
     finally:
         history.close()
@@ -442,26 +441,3 @@ def _keep_baselines_only(history: History, config: NightlyConfig) -> None:
     wanted = history.baseline_programs(config.baseline_nights)
     for sha in programs.prune(wanted):
         console.info(f"dropped kept program {sha[:12]}: no longer a baseline")
-
-
-def print_night(report: NightReport, outputs: dict[str, Path]) -> None:
-    rows = [
-        [*item.cell, item.record.median_ms, item.baseline_median_ms, item.change, item.verdict.value,
-         item.record.validity]
-        for item in report.verdicts
-    ]  # fmt: skip
-    console.table(
-        f"Nightly {report.night}",
-        ["board", "model", "backend", "median ms", "baseline ms", "change", "verdict", "validity"],
-        rows,
-        caption=f"exit code {report.exit_code}",
-    )
-    for item in report.regressions:
-        console.error(f"REGRESSION {' / '.join(item.cell)}: {item.detail}")
-    for item in report.warnings:
-        console.warn(f"{item.verdict.value.upper()} {' / '.join(item.cell)}: {item.detail}")
-    for item in report.failures:
-        where = f"{' / '.join(item.cell)} at {item.record.stage}"
-        console.error(f"{item.verdict.value.upper()} {where}: {item.record.error}")
-    for kind, path in outputs.items():
-        console.info(console.escape(f"{kind}: {path}"))

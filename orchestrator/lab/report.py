@@ -84,6 +84,7 @@ class NightReport:
     history: dict[tuple[str, str, str], list[RunRecord]]  # per cell, oldest first
     exit_code: int
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # recorded earlier the same night
+    outputs: dict[str, Path] = field(default_factory=dict)  # the report files written (html, md, junit)
 
     @property
     def regressions(self) -> list[CellVerdict]:

@@ -245,32 +245,3 @@ def _lower_backend(
     # The sidecar is the commit point: it is written last.
     atomic_write_json(artifact_paths.sidecar(backend), sidecar)
     return sidecar
-
-
-# Memory planning and tuple plumbing: counted as fallback nodes, but not worth a user's attention.
-_BOOKKEEPING_OPS = {"memory.alloc", "memory.view", "getitem"}
-
-
-def print_summary(result: LoweringResult) -> None:
-    rows = []
-    for backend, item in result.backends.items():
-        delegation = item.sidecar["delegation"]
-        compute = [(op, n) for op, n in delegation["fallback_histogram"].items() if op not in _BOOKKEEPING_OPS]
-        top = ", ".join(f"{op} ×{count}" for op, count in compute[:3])
-        rows.append(
-            [
-                backend,
-                item.sidecar["pte_size_mb"],
-                delegation["delegate_call_sites"],
-                delegation["fallback_ops"],
-                f"{delegation['instructions']['KernelCall']} / {delegation['instructions']['DelegateCall']}",
-                top,
-                "cache" if item.cached else "lowered",
-            ]
-        )
-    console.table(
-        f"{result.spec.name} → {result.paths.folder}",
-        ["backend", "size MB", "delegates", "fallback ops", "kernel / delegate calls", "top fallback ops", "source"],
-        rows,
-        caption=f"weights: {next(iter(result.backends.values())).sidecar['weights']}",
-    )

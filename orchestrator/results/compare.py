@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import console
 from orchestrator.errors import AnalysisError, UsageError
 from orchestrator.fsutil import atomic_write_json, read_json
 from orchestrator.results.documents import ANALYSIS_DIR, load_summary
@@ -257,38 +256,3 @@ def compare_runs(
         comparison.report = b.path / ANALYSIS_DIR / f"compare_vs_{safe_id}.json"
         atomic_write_json(comparison.report, comparison.to_dict())
     return comparison
-
-
-def render_comparison(comparison: Comparison, limit: int = 15) -> None:
-    """The biggest per-operator changes and the overall verdict, through the console."""
-    changed = [op for op in comparison.ops if op.delta_ms is not None]
-    changed.sort(key=lambda op: -abs(op.delta_ms or 0.0))
-    rows = [
-        [
-            op.node_id,
-            op.op,
-            op.median_a_ms,
-            op.median_b_ms,
-            op.delta_ms,
-            f"{((op.median_b_ms or 0) / op.median_a_ms - 1) * 100:+.1f}%" if op.median_a_ms else None,
-            op.verdict.change if op.verdict else None,
-        ]
-        for op in changed[:limit]
-    ]
-    total = comparison.total
-    ratio = f"{(total.ratio - 1) * 100:+.1f}%" if total.ratio is not None else "n/a"
-    console.table(
-        f"{comparison.run_id_b} vs {comparison.run_id_a}",
-        ["node", "op", "A median ms", "B median ms", "Δ ms", "Δ %", "verdict"],
-        rows,
-        caption=f"overall: {total.change} ({ratio}; {total.reason})",
-    )
-    for note in comparison.notes:
-        console.warn(note)
-    line = f"verdict: {comparison.verdict.value}: {comparison.verdict_detail}"
-    if comparison.verdict == Kind.REGRESSION:
-        console.error(line)
-    elif comparison.verdict.is_warning:
-        console.warn(line)
-    else:
-        console.info(console.escape(line))

@@ -19,6 +19,7 @@ from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.documents import load_summary
 from orchestrator.results.etdump import parse_etdump, read_etdump, read_program_plan
 from orchestrator.results.etdump_profile import profile_etdump
+from orchestrator.results.summary import RunSummary
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.plugins.analysis import (
     RUNNER_KEYS,
@@ -152,6 +153,24 @@ def test_kernel_calls_are_counted_once(analysis_bundles: dict[str, BundleCase]) 
     assert instruction.samples_ms[-1] < (block.durations[outer[0]] + block.durations[inner[0]]) / 1e6
 
 
+def test_summary_json_reads_back_as_the_typed_summary_and_refuses_a_damaged_one(bundle_copy: BundleCopy) -> None:
+    case = bundle_copy(XNNPACK_KEYS[0])
+    summary = analyze(case)
+    path = case.path / "analysis" / "summary.json"
+    on_disk = json.loads(path.read_text())
+    assert RunSummary.from_dict(on_disk) == summary.run
+    assert RunSummary.from_dict(on_disk).to_dict() == on_disk, "the file layout is what the typed model writes"
+    for damage in (
+        {"validity": {"status": "great", "reasons": []}},
+        {"latency": {**on_disk["latency"], "warm": {"median_ms": "fast"}}},
+        {"model": ["not", "a", "mapping"]},
+        {"schema": 99},
+    ):
+        path.write_text(json.dumps({**on_disk, **damage}))
+        with pytest.raises(AnalysisError, match="summary.json"):
+            load_summary(case.path)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # analyze_bundle outputs
 
@@ -162,7 +181,7 @@ def test_analyze_bundle_writes_summary_ops_and_overlays(bundle_copy: BundleCopy,
     before = raw_hashes(case.path)
     summary = analyze(case)
     assert raw_hashes(case.path) == before, "raw bundle files are never modified"
-    data = load_summary(case.path)
+    data = load_summary(case.path).to_dict()
     assert data == json.loads(json.dumps(summary.data))
     timings = json.loads((case.path / "timings.json").read_text())
 

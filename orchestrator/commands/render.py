@@ -22,24 +22,24 @@ if TYPE_CHECKING:  # the types only: rendering a table must not import what prod
 def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
     """Print the top operators of an analysed bundle (a Summary, or the bundle's folder) and its validity."""
     if isinstance(summary, Summary):
-        data = summary.data
+        run = summary.run
         timed = [i.row() for i in summary.profile.instructions if i.dist] if summary.profile else []
     else:
-        data = load_summary(Path(summary))
+        run = load_summary(Path(summary))
         ops_path = Path(summary) / ANALYSIS_DIR / "ops.json"
         timed = [r for r in read_json(ops_path)["instructions"] if r["samples"]] if ops_path.is_file() else []
     timed.sort(key=lambda r: -r["mean_ms"])
     rows = [[r["node_id"], r["op"] or r["kind"], r["median_ms"], r["p90_ms"], r["mean_ms"], r["pct"]] for r in timed]
-    warm = data["latency"]["warm"]
+    warm = run.latency.warm
     measured = (
-        f"median {warm['median_ms']:.2f} ms over {data['latency']['iterations']} iterations, CV {warm['cv'] * 100:.1f}%"
+        f"median {warm.median_ms:.2f} ms over {run.latency.iterations} iterations, CV {warm.cv * 100:.1f}%"
         if warm
         else "no measured iterations"
     )
-    caption = f"run {data['run_id']}: {measured} — {data['validity']['status']}"
+    caption = f"run {run.run_id}: {measured} — {run.validity.status}"
     columns = ["node", "op", "median ms", "p90 ms", "mean ms", "% of run"]
     console.table("Top operators", columns, rows[:limit], caption=caption)
-    profile = data.get("profile") or {}
+    profile = run.profile or {}
     inside = profile.get("top_operator_types") or []
     if inside:
         split, coverage = profile.get("split") or {}, profile.get("overlay_coverage") or {}
@@ -51,8 +51,8 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
             f"{split.get('non_delegated_pct') or 0:.0f}% of the run; "
             f"{coverage.get('delegates_placed', 0)}/{coverage.get('delegates', 0)} delegates painted in Model Explorer",
         )
-    for reason in data["validity"]["reasons"]:
-        (console.error if reason["level"] == "invalid" else console.warn)(reason["reason"])
+    for reason in run.validity.reasons:
+        (console.error if reason.level == "invalid" else console.warn)(reason.reason)
 
 
 def print_cells(cells: Sequence[CellOutcome]) -> None:
@@ -86,8 +86,8 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
         if cell.error:
             reason = cell.detail or cell.error  # every line: a host key's fingerprints, a bundle's bad files
             console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {reason}")
-        for reason in ((cell.summary or {}).get("validity") or {}).get("reasons", []):
-            console.warn(f"{cell.board}: {cell.model}/{cell.backend}: {reason.get('reason')}")
+        for reason in cell.summary.validity.reasons if cell.summary else ():
+            console.warn(f"{cell.board}: {cell.model}/{cell.backend}: {reason.reason}")
 
 
 def _short_path(path: Path) -> str:

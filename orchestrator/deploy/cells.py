@@ -10,7 +10,6 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rich.markup import escape
 from rich.progress import Progress
@@ -28,6 +27,7 @@ from orchestrator.errors import (
 )
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.results.store import new_run_id
+from orchestrator.results.summary import RunSummary
 from orchestrator.transport import BoardConnection, connect
 
 
@@ -44,7 +44,7 @@ class CellOutcome:
     run_id: str | None = None
     status: str | None = None  # the runner's status: ok | failed | timeout
     bundle: Path | None = None
-    summary: dict[str, Any] | None = None
+    summary: RunSummary | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     infrastructure: bool = False  # failed because the board or the link failed, not the model
     detail: str | None = None  # the whole reason (every line, hints included) when `error` is its first line
@@ -56,12 +56,11 @@ class CellOutcome:
 
     @property
     def median_ms(self) -> float | None:
-        warm = ((self.summary or {}).get("latency") or {}).get("warm") or {}
-        return warm.get("median_ms")
+        return self.summary.latency.median_ms if self.summary else None
 
     @property
     def validity(self) -> str | None:
-        return ((self.summary or {}).get("validity") or {}).get("status")
+        return self.summary.validity.status if self.summary else None
 
 
 def _is_infrastructure(exc: BaseException) -> bool:
@@ -85,7 +84,7 @@ def analyze_cell(cell: CellOutcome, artifact: Artifact) -> None:
     summary = analyze_bundle(
         cell.bundle, pte=artifact.pte, sidecar=artifact.sidecar, reference_outputs=artifact.paths.reference_outputs
     )
-    cell.summary = summary.data
+    cell.summary = summary.run
 
 
 @dataclass(frozen=True)

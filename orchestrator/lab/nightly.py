@@ -47,9 +47,8 @@ OP_MIN_SHARE = 0.005  # an operator must move at least 0.5% of the total to be n
 
 
 def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], threads: int | None) -> RunRecord:
-    summary = cell.summary or {}
-    warm = (summary.get("latency") or {}).get("warm") or {}
-    validity = summary.get("validity") or {}
+    summary = cell.summary
+    warm = summary.latency.warm if summary else None
     status = "ok" if cell.ok else ("infra" if cell.infrastructure else "failed")
     latencies: list[float] = []
     ops: dict[str, tuple[str, float]] = {}
@@ -87,18 +86,20 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
         model=cell.model,
         backend=cell.backend,
         status=status,
-        validity=validity.get("status") or "invalid",
-        reasons=[r.get("reason", "") for r in validity.get("reasons", [])] or ([cell.error] if cell.error else []),
+        validity=summary.validity.status if summary else "invalid",
+        reasons=[r.reason for r in summary.validity.reasons]
+        if summary and summary.validity.reasons
+        else ([cell.error] if cell.error else []),
         error=cell.error,
         stage=cell.stage if not cell.ok else None,
         versions=versions,
-        pte_sha256=(summary.get("model") or {}).get("sha256"),
-        threads=(summary.get("latency") or {}).get("threads") or threads,
-        median_ms=warm.get("median_ms"),
-        p90_ms=warm.get("p90_ms"),
-        mean_ms=warm.get("mean_ms"),
-        cv=warm.get("cv"),
-        conditions=summary.get("board_conditions") or {},
+        pte_sha256=summary.model.sha256 if summary else None,
+        threads=(summary.latency.threads if summary else None) or threads,
+        median_ms=warm.median_ms if warm else None,
+        p90_ms=warm.p90_ms if warm else None,
+        mean_ms=warm.mean_ms if warm else None,
+        cv=warm.cv if warm else None,
+        conditions=summary.board_conditions if summary else {},
         bundle_path=str(cell.bundle) if cell.bundle else None,
         latencies_ms=latencies,
         ops=ops,
@@ -375,8 +376,7 @@ def run_nightly(
                 record(cell)
             cells = run_cells_on_board(board, list(jobs.values()), on_cell=record_or_hold, results_root=results_root)
             for first in held:
-                validity = (first.summary or {}).get("validity") or {}
-                reasons = [r.get("reason", "") for r in validity.get("reasons", [])]
+                reasons = [r.reason for r in first.summary.validity.reasons] if first.summary else []
                 console.warn(
                     f"{board.name}: {first.model}/{first.backend} is degraded ({'; '.join(reasons)}): "
                     f"re-measuring after a {config.cooldown_seconds:g} s cool-down"

@@ -89,10 +89,10 @@ def analyze_bundle(
 
     latency = latency_summary(bundle.timings)
     board = board_conditions(bundle.board_before, bundle.board_after)
-    data = summary_document(bundle, sidecar, pte, latency, board, correctness, profile)
-    data["validity"] = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes)
-    summary = Summary(bundle_dir=bundle.path, data=data, profile=profile)
-    summary.written = write_outputs(bundle.path, data, profile)
+    validity = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes)
+    run = summary_document(bundle, sidecar, pte, latency, board, correctness, profile, validity)
+    summary = Summary(bundle_dir=bundle.path, run=run, profile=profile)
+    summary.written = write_outputs(bundle.path, run, profile)
     return summary
 
 

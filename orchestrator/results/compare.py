@@ -27,6 +27,7 @@ from orchestrator.fsutil import atomic_write_json, read_json
 from orchestrator.results.documents import ANALYSIS_DIR, load_summary
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
 from orchestrator.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, Verdict, compare_samples
+from orchestrator.results.summary import RunSummary
 from orchestrator.results.verdicts import Kind
 
 
@@ -96,13 +97,13 @@ class Comparison:
 @dataclass(frozen=True)
 class _Run:
     path: Path
-    summary: dict[str, Any]
+    summary: RunSummary
     ops: dict[str, Any]
     iterations_ms: list[float]
 
     @property
     def run_id(self) -> str:
-        return str(self.summary["run_id"])
+        return self.summary.run_id
 
 
 def _load(run: Path) -> _Run:
@@ -126,8 +127,7 @@ def _instruction_signature(run: _Run) -> list[tuple[str, str, str | None]]:
 
 def check_comparable(a: _Run, b: _Run, *, allow_rebuilt: bool) -> list[str]:
     """Raise CompareError unless the runs profiled the same program; return notes for the report."""
-    model_a, model_b = a.summary.get("model") or {}, b.summary.get("model") or {}
-    name_a, name_b = model_a.get("name"), model_b.get("name")
+    name_a, name_b = a.summary.model.name, b.summary.model.name
     if name_a and name_b and name_a != name_b:
         raise CompareError(f"refusing to compare different models: {a.run_id} ran {name_a}, {b.run_id} ran {name_b}")
     signature_a, signature_b = _instruction_signature(a), _instruction_signature(b)
@@ -137,7 +137,7 @@ def check_comparable(a: _Run, b: _Run, *, allow_rebuilt: bool) -> list[str]:
         raise CompareError(
             f"refusing to compare different programs: {len(signature_a)} vs {len(signature_b)} instructions ({first})"
         )
-    sha_a, sha_b = model_a.get("sha256"), model_b.get("sha256")
+    sha_a, sha_b = a.summary.model.sha256, b.summary.model.sha256
     notes = []
     if sha_a != sha_b:
         if not allow_rebuilt:
@@ -148,22 +148,22 @@ def check_comparable(a: _Run, b: _Run, *, allow_rebuilt: bool) -> list[str]:
             )
         notes.append("the runs used different builds of the same program (same instructions, different .pte)")
     for run in (a, b):
-        validity = (run.summary.get("validity") or {}).get("status")
-        if validity and validity != "valid":
+        validity = run.summary.validity.status
+        if validity != "valid":
             notes.append(f"run {run.run_id} is {validity}")
     return notes
 
 
 def run_verdict(a: _Run, b: _Run, total: Verdict) -> tuple[Kind, str]:
     """The nightly's rules for two runs: same program → drift; a degraded side → inconclusive; else unconfirmed."""
-    sha_a, sha_b = ((run.summary.get("model") or {}).get("sha256") for run in (a, b))
+    sha_a, sha_b = a.summary.model.sha256, b.summary.model.sha256
     shift = f"{(total.ratio - 1) * 100:+.1f}%" if total.ratio is not None else "no measurable change"
     not_valid = []
     for run in (a, b):
-        validity = run.summary.get("validity") or {}
-        if validity.get("status") and validity["status"] != "valid":
-            reasons = "; ".join(str(r.get("reason")) for r in validity.get("reasons", []))
-            not_valid.append(f"run {run.run_id} is {validity['status']} ({reasons})")
+        validity = run.summary.validity
+        if validity.status != "valid":
+            reasons = "; ".join(r.reason for r in validity.reasons)
+            not_valid.append(f"run {run.run_id} is {validity.status} ({reasons})")
     if not_valid:
         return Kind.INCONCLUSIVE, "; ".join(not_valid) + f"; measured {shift}, which cannot be trusted"
     if sha_a and sha_a == sha_b:
@@ -234,13 +234,10 @@ def compare_runs(
                 row_a.get("samples_ms", []), row_b.get("samples_ms", []), min_effect=min_effect, alpha=per_op_alpha
             )
         ops.append(OpDelta(row_a["node_id"], row_a["op"], row_a["median_ms"], row_b["median_ms"], verdict))
-    warm_a = (a.summary.get("latency") or {}).get("warm") or {}
-    warm_b = (b.summary.get("latency") or {}).get("warm") or {}
     comparison = Comparison(
-        a.path, b.path, a.run_id, b.run_id, total, warm_a.get("median_ms"), warm_b.get("median_ms"), ops, notes
+        a.path, b.path, a.run_id, b.run_id, total, a.summary.latency.median_ms, b.summary.latency.median_ms, ops, notes
     )
-    comparison.sha_a = (a.summary.get("model") or {}).get("sha256")
-    comparison.sha_b = (b.summary.get("model") or {}).get("sha256")
+    comparison.sha_a, comparison.sha_b = a.summary.model.sha256, b.summary.model.sha256
     comparison.verdict, comparison.verdict_detail = run_verdict(a, b, total)
     if write:
         method = str(b.ops.get("method") or "forward")

@@ -13,8 +13,8 @@ from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json
 from orchestrator.results import overlays
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
 from orchestrator.results.profile import Profile
+from orchestrator.results.summary import SUMMARY_SCHEMA, Latency, ProgramInfo, RunSummary, Validity
 
-SUMMARY_SCHEMA = 1
 ANALYSIS_DIR = "analysis"
 TOP_LAYERS = 10
 OPS_CSV_COLUMNS = (
@@ -25,21 +25,28 @@ OPS_CSV_COLUMNS = (
 
 @dataclass
 class Summary:
+    """An analysis's result: the summary, the profile it came from, and the files written."""
+
     bundle_dir: Path
-    data: dict[str, Any]  # what summary.json holds
+    run: RunSummary
     profile: Profile | None
     written: list[Path] = field(default_factory=list)
 
     @property
+    def data(self) -> dict[str, Any]:
+        """What summary.json holds."""
+        return self.run.to_dict()
+
+    @property
     def validity(self) -> str:
-        return str(self.data["validity"]["status"])
+        return self.run.validity.status
 
     @property
     def reasons(self) -> list[str]:
-        return [str(r["reason"]) for r in self.data["validity"]["reasons"]]
+        return [r.reason for r in self.run.validity.reasons]
 
 
-def write_outputs(bundle_dir: Path, data: dict[str, Any], profile: Profile | None) -> list[Path]:
+def write_outputs(bundle_dir: Path, run: RunSummary, profile: Profile | None) -> list[Path]:
     """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point."""
     out = bundle_dir / ANALYSIS_DIR
     written = []
@@ -49,13 +56,11 @@ def write_outputs(bundle_dir: Path, data: dict[str, Any], profile: Profile | Non
     for path in stale:
         path.unlink(missing_ok=True)
     if profile is not None:
-        atomic_write_json(out / "ops.json", ops_document(profile, data["run_id"]))
+        atomic_write_json(out / "ops.json", ops_document(profile, run.run_id))
         atomic_write_text(out / "ops.csv", ops_csv(profile))
         written += [out / "ops.json", out / "ops.csv"]
-        written += overlays.write_overlays(
-            bundle_dir, profile, run_id=data["run_id"], pte_sha256=data["model"]["sha256"]
-        )
-    atomic_write_json(out / "summary.json", data)
+        written += overlays.write_overlays(bundle_dir, profile, run_id=run.run_id, pte_sha256=run.model.sha256)
+    atomic_write_json(out / "summary.json", run.to_dict())
     written.append(out / "summary.json")
     return written
 
@@ -64,41 +69,40 @@ def summary_document(
     bundle: BundleFiles,
     sidecar: dict[str, Any] | None,
     pte: Path | None,
-    latency: dict[str, Any],
+    latency: Latency,
     board: dict[str, Any],
     correctness: dict[str, Any],
     profile: Profile | None,
-) -> dict[str, Any]:
+    validity: Validity,
+) -> RunSummary:
     manifest, run, timings = bundle.manifest, bundle.run, bundle.timings
     labels = run.get("labels") if isinstance(run.get("labels"), dict) else {}
     side = sidecar if isinstance(sidecar, dict) else {}
-    data: dict[str, Any] = {
-        "schema": SUMMARY_SCHEMA,
-        "run_id": manifest.get("run_id") or run.get("run_id") or bundle.path.name,
-        "status": manifest.get("status"),
-        "error": manifest.get("error"),
-        "labels": labels,
-        "model": {
-            "name": labels.get("model") or side.get("model"),
-            "backend": labels.get("backend") or side.get("backend"),
-            "pte": pte.name if pte else None,
-            "sha256": bundle_model_sha(run, manifest),
-            "weights": side.get("weights"),
-        },
-        "board": labels.get("board") or board.get("hostname"),
-        "versions": {
+    return RunSummary(
+        run_id=manifest.get("run_id") or run.get("run_id") or bundle.path.name,
+        status=manifest.get("status"),
+        error=manifest.get("error"),
+        labels=labels,
+        model=ProgramInfo(
+            name=labels.get("model") or side.get("model"),
+            backend=labels.get("backend") or side.get("backend"),
+            pte=pte.name if pte else None,
+            sha256=bundle_model_sha(run, manifest),
+            weights=side.get("weights"),
+        ),
+        board=labels.get("board") or board.get("hostname"),
+        versions={
             "runner": timings.get("runner_version"),
             "executorch_board": timings.get("executorch_version"),
             "agent": run.get("agent_version") or manifest.get("agent_version"),
             "lowered_with": side.get("versions"),
         },
-        "latency": latency,
-        "board_conditions": board,
-        "correctness": correctness,
-    }
-    if profile is not None:
-        data["profile"] = profile_summary(profile)
-    return data
+        latency=latency,
+        board_conditions=board,
+        correctness=correctness,
+        profile=profile_summary(profile) if profile is not None else None,
+        validity=validity,
+    )
 
 
 def profile_summary(profile: Profile) -> dict[str, Any]:
@@ -158,9 +162,12 @@ def ops_csv(profile: Profile) -> str:
     return buffer.getvalue()
 
 
-def load_summary(bundle_dir: Path) -> dict[str, Any]:
-    """A bundle's analysis/summary.json, or an AnalysisError saying it has not been analysed."""
+def load_summary(bundle_dir: Path) -> RunSummary:
+    """A bundle's analysis/summary.json, or an AnalysisError saying it has not been analysed (or is damaged)."""
     path = Path(bundle_dir) / ANALYSIS_DIR / "summary.json"
     if not path.is_file():
         raise AnalysisError(f"{bundle_dir} has not been analysed (no {ANALYSIS_DIR}/summary.json)")
-    return read_json(path)
+    try:
+        return RunSummary.from_dict(read_json(path))
+    except (OSError, ValueError) as exc:
+        raise AnalysisError(f"{path} is unreadable: {exc}") from None

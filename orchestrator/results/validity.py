@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.results.stats import distribution
+from orchestrator.results.summary import Latency, Reason, Validity, WarmLatency
 
 CV_LIMIT = 0.05  # warm iterations varying more than this make a run "degraded"
 HOT_CELSIUS = 80.0
@@ -29,32 +30,24 @@ def number(value: Any) -> float | None:
     return None
 
 
-def latency_summary(timings: dict[str, Any] | None) -> dict[str, Any]:
+def latency_summary(timings: dict[str, Any] | None) -> Latency:
     timings = timings or {}
     warmup = number_list(timings.get("warmup_ms"))
     iterations = number_list(timings.get("iterations_ms"))
     first = warmup[0] if warmup else (iterations[0] if iterations else None)
     warm = distribution(iterations)
-    return {
-        "load_ms": number(timings.get("load_ms")),
-        "method_init_ms": number(timings.get("method_init_ms")),
-        "first_run_ms": first,
-        "warmup_runs": len(warmup),
-        "iterations": len(iterations),
-        "iterations_requested": timings.get("iterations_requested"),
-        "stopped_early": timings.get("stopped_early"),
-        "threads": timings.get("threads"),
-        "warm": {
-            "min_ms": warm.min,
-            "median_ms": warm.median,
-            "mean_ms": warm.mean,
-            "p90_ms": warm.p90,
-            "max_ms": warm.max,
-            "cv": warm.cv,
-        }
-        if warm
-        else None,
-    }
+    requested, stopped, threads = (timings.get(k) for k in ("iterations_requested", "stopped_early", "threads"))
+    return Latency(
+        load_ms=number(timings.get("load_ms")),
+        method_init_ms=number(timings.get("method_init_ms")),
+        first_run_ms=first,
+        warmup_runs=len(warmup),
+        iterations=len(iterations),
+        iterations_requested=requested if isinstance(requested, int) and not isinstance(requested, bool) else None,
+        stopped_early=stopped if isinstance(stopped, bool) else None,
+        threads=threads if isinstance(threads, int) and not isinstance(threads, bool) else None,
+        warm=WarmLatency(warm.min, warm.median, warm.mean, warm.p90, warm.max, warm.cv) if warm else None,
+    )
 
 
 def _throttle(info: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -144,18 +137,18 @@ def check_outputs(outputs: Path, reference: Path) -> dict[str, Any]:
 
 def judge_validity(
     manifest: dict[str, Any],
-    latency: dict[str, Any],
+    latency: Latency,
     board: dict[str, Any],
     correctness: dict[str, Any],
     notes: list[tuple[str, str]],
-) -> dict[str, Any]:
+) -> Validity:
     """valid / degraded / invalid, with every reason. `notes` are (level, reason) pairs found along the way."""
     reasons = list(notes)
     status = manifest.get("status")
     if status != "ok":
         error = manifest.get("error") or f"exit code {manifest.get('runner_exit_code')}"
         reasons.append(("invalid", f"runner status {status!r}: {error}"))
-    if not latency["iterations"]:
+    if not latency.iterations:
         reasons.append(("invalid", "no measured iterations"))
     if correctness.get("checked") and not correctness.get("ok"):
         reasons.append(("invalid", f"output mismatch: {correctness.get('reason')}"))
@@ -171,9 +164,9 @@ def judge_validity(
     )
     if hottest is not None and hottest >= HOT_CELSIUS:
         reasons.append(("degraded", f"SoC temperature reached {hottest:.1f} °C"))
-    warm = latency.get("warm")
-    if warm and warm["cv"] > CV_LIMIT:
-        reasons.append(("degraded", f"unstable timings: CV {warm['cv'] * 100:.1f}% > {CV_LIMIT * 100:.0f}%"))
+    warm = latency.warm
+    if warm and warm.cv > CV_LIMIT:
+        reasons.append(("degraded", f"unstable timings: CV {warm.cv * 100:.1f}% > {CV_LIMIT * 100:.0f}%"))
     levels = {level for level, _ in reasons}
     verdict = "invalid" if "invalid" in levels else "degraded" if "degraded" in levels else "valid"
-    return {"status": verdict, "reasons": [{"level": level, "reason": reason} for level, reason in reasons]}
+    return Validity(verdict, tuple(Reason(level, reason) for level, reason in reasons))

@@ -1,0 +1,214 @@
+"""`analysis/summary.json` as types: the analysis writes a RunSummary, and every reader gets one back.
+
+The file keeps its documented layout (docs/DESIGN.md); `to_dict()` writes it and `from_dict()` reads it, refusing
+a document whose shape is wrong instead of letting `.get` chains turn it into silent `None`s. The sections whose
+content is a report in its own right (board conditions, correctness, profile) stay mappings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.errors import AnalysisError
+
+SUMMARY_SCHEMA = 1
+VALIDITY_LEVELS = ("valid", "degraded", "invalid")
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _mapping(data: Any, where: str) -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise AnalysisError(f"summary.json: {where} must be a mapping, got {type(data).__name__}")
+    return data
+
+
+@dataclass(frozen=True)
+class WarmLatency:
+    """The measured (warm) iterations."""
+
+    min_ms: float
+    median_ms: float
+    mean_ms: float
+    p90_ms: float
+    max_ms: float
+    cv: float
+
+    @classmethod
+    def from_dict(cls, data: Any) -> WarmLatency | None:
+        if data is None:
+            return None
+        fields = _mapping(data, "latency.warm")
+        values = {
+            name: _float(fields.get(name)) for name in ("min_ms", "median_ms", "mean_ms", "p90_ms", "max_ms", "cv")
+        }
+        missing = [name for name, value in values.items() if value is None]
+        if missing:
+            raise AnalysisError(f"summary.json: latency.warm lacks a number for {', '.join(missing)}")
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Latency:
+    load_ms: float | None = None
+    method_init_ms: float | None = None
+    first_run_ms: float | None = None
+    warmup_runs: int = 0
+    iterations: int = 0
+    iterations_requested: int | None = None
+    stopped_early: bool | None = None
+    threads: int | None = None
+    warm: WarmLatency | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Latency:
+        fields = _mapping(data, "latency")
+        stopped = fields.get("stopped_early")
+        return cls(
+            load_ms=_float(fields.get("load_ms")),
+            method_init_ms=_float(fields.get("method_init_ms")),
+            first_run_ms=_float(fields.get("first_run_ms")),
+            warmup_runs=_int(fields.get("warmup_runs")) or 0,
+            iterations=_int(fields.get("iterations")) or 0,
+            iterations_requested=_int(fields.get("iterations_requested")),
+            stopped_early=stopped if isinstance(stopped, bool) else None,
+            threads=_int(fields.get("threads")),
+            warm=WarmLatency.from_dict(fields.get("warm")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "load_ms": self.load_ms,
+            "method_init_ms": self.method_init_ms,
+            "first_run_ms": self.first_run_ms,
+            "warmup_runs": self.warmup_runs,
+            "iterations": self.iterations,
+            "iterations_requested": self.iterations_requested,
+            "stopped_early": self.stopped_early,
+            "threads": self.threads,
+            "warm": dict(vars(self.warm)) if self.warm else None,
+        }
+
+    @property
+    def median_ms(self) -> float | None:
+        return self.warm.median_ms if self.warm else None
+
+
+@dataclass(frozen=True)
+class Reason:
+    level: str  # "degraded" or "invalid"
+    reason: str
+
+
+@dataclass(frozen=True)
+class Validity:
+    status: str  # valid, degraded or invalid
+    reasons: tuple[Reason, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Validity:
+        fields = _mapping(data, "validity")
+        status = fields.get("status")
+        if status not in VALIDITY_LEVELS:
+            raise AnalysisError(f"summary.json: validity.status must be one of {', '.join(VALIDITY_LEVELS)}")
+        reasons = fields.get("reasons") or []
+        if not isinstance(reasons, list):
+            raise AnalysisError("summary.json: validity.reasons must be a list")
+        return cls(
+            status, tuple(Reason(str(r.get("level")), str(r.get("reason"))) for r in reasons if isinstance(r, dict))
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "reasons": [{"level": r.level, "reason": r.reason} for r in self.reasons]}
+
+
+@dataclass(frozen=True)
+class ProgramInfo:
+    """The program the run profiled."""
+
+    name: str | None = None
+    backend: str | None = None
+    pte: str | None = None
+    sha256: str | None = None
+    weights: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ProgramInfo:
+        fields = _mapping(data, "model")
+        return cls(*(_text(fields.get(name)) for name in ("name", "backend", "pte", "sha256", "weights")))
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    model: ProgramInfo
+    latency: Latency
+    validity: Validity
+    status: str | None = None  # the run's status on the board: ok, failed or timeout
+    error: str | None = None
+    labels: dict[str, Any] = field(default_factory=dict)
+    board: str | None = None
+    versions: dict[str, Any] = field(default_factory=dict)
+    board_conditions: dict[str, Any] = field(default_factory=dict)
+    correctness: dict[str, Any] = field(default_factory=dict)
+    profile: dict[str, Any] | None = None  # top layers, delegation split, operator types, overlay coverage
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunSummary:
+        fields = _mapping(data, "the document")
+        if fields.get("schema") != SUMMARY_SCHEMA:
+            raise AnalysisError(f"summary.json: schema {fields.get('schema')!r} is not {SUMMARY_SCHEMA}")
+        run_id = _text(fields.get("run_id"))
+        if not run_id:
+            raise AnalysisError("summary.json: run_id is missing")
+        profile = fields.get("profile")
+        return cls(
+            run_id=run_id,
+            model=ProgramInfo.from_dict(fields.get("model")),
+            latency=Latency.from_dict(fields.get("latency")),
+            validity=Validity.from_dict(fields.get("validity")),
+            status=_text(fields.get("status")),
+            error=_text(fields.get("error")),
+            labels=_mapping(fields.get("labels"), "labels"),
+            board=_text(fields.get("board")),
+            versions=_mapping(fields.get("versions"), "versions"),
+            board_conditions=_mapping(fields.get("board_conditions"), "board_conditions"),
+            correctness=_mapping(fields.get("correctness"), "correctness"),
+            profile=_mapping(profile, "profile") if profile is not None else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary.json document, in its documented key order."""
+        data: dict[str, Any] = {
+            "schema": SUMMARY_SCHEMA,
+            "run_id": self.run_id,
+            "status": self.status,
+            "error": self.error,
+            "labels": self.labels,
+            "model": dict(vars(self.model)),
+            "board": self.board,
+            "versions": self.versions,
+            "latency": self.latency.to_dict(),
+            "board_conditions": self.board_conditions,
+            "correctness": self.correctness,
+        }
+        if self.profile is not None:
+            data["profile"] = self.profile
+        data["validity"] = self.validity.to_dict()
+        return data

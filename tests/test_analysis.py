@@ -167,7 +167,7 @@ def test_summary_json_reads_back_as_the_typed_summary_and_refuses_a_damaged_one(
         {"schema": 99},
     ):
         path.write_text(json.dumps({**on_disk, **damage}))
-        with pytest.raises(AnalysisError, match="summary.json"):
+        with pytest.raises(AnalysisError, match=r"summary\.json"):
             load_summary(case.path)
 
 

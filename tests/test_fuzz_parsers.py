@@ -32,6 +32,7 @@ from orchestrator.results.etdump import Etdump, parse_etdump
 from orchestrator.tensorfile import DTYPE_CODES, MAGIC, NamedTensor, TensorFileError, read_tensors, write_tensors
 from orchestrator.transport.tarstream import BLOCK, TarFormatError, TarReader
 from orchestrator.transport.transfer import extract_tar_stream
+from tests.test_tarstream import Trickle
 
 FUZZ = settings(
     max_examples=200,
@@ -242,22 +243,6 @@ def long_component_tar() -> bytes:
 
 def long_folder_tar() -> bytes:
     return _tar([_entry("y" * 300, tarfile.DIRTYPE)], tarfile.GNU_FORMAT)
-
-
-class Trickle(io.RawIOBase):
-    """A stream that returns at most `step` bytes per read, as a slow socket does."""
-
-    def __init__(self, data: bytes, step: int) -> None:
-        self._data, self._position, self._step = data, 0, step
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        size = self._step if size < 0 else min(size, self._step)
-        chunk = self._data[self._position : self._position + size]
-        self._position += len(chunk)
-        return chunk
 
 
 def read_whole(data: bytes, step: int | None) -> None:

@@ -27,6 +27,7 @@ from .bundle import verify_bundle
 from .errors import AnalysisError, BundleError
 from .etdump import Etdump, ProgramPlan, RunBlock, read_etdump, read_program_plan
 from .fsutil import atomic_write_json, atomic_write_text, read_json, sha256_file
+from .spec import is_valid_name
 from .stats import Distribution, distribution
 from .xnn_match import XNNPACK_BACKEND, MatchError, XnnNode, match_events, operator_type, read_xnn_nodes
 
@@ -528,9 +529,19 @@ def check_outputs(outputs: Path, reference: Path) -> dict[str, Any]:
             rows.append({"name": name, "shape": board.shape, "reference_shape": eager.shape})
             continue
         a, b = board.array.astype(np.float64), eager.array.astype(np.float64)
-        error = float(np.max(np.abs(a - b))) if a.size else 0.0
-        scale = float(np.max(np.abs(b))) if b.size else 0.0
+        # Every comparison with NaN is false: non-finite board values must be caught before any threshold.
+        finite = np.isfinite(b)
+        bad = int(np.count_nonzero(finite & ~np.isfinite(a)))
+        both = finite & np.isfinite(a)
+        error = float(np.max(np.abs(a - b)[both])) if both.any() else 0.0
+        scale = float(np.max(np.abs(b[finite]))) if finite.any() else 0.0
         row: dict[str, Any] = {"name": name, "shape": board.shape, "max_abs_error": error, "reference_max_abs": scale}
+        if bad:
+            row["max_abs_error"] = None  # NaN/Inf have no error figure (and are not valid JSON)
+            row["non_finite"] = bad
+            problems.append(f"{name}: {bad} non-finite value(s) (NaN or Inf) where the reference is finite")
+            rows.append(row)
+            continue
         if np.issubdtype(eager.array.dtype, np.floating) and b.ndim >= 1 and b.shape[-1] > 1:
             flat_a, flat_b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
             top_a, top_b = flat_a.argmax(axis=1), flat_b.argmax(axis=1)
@@ -544,13 +555,15 @@ def check_outputs(outputs: Path, reference: Path) -> dict[str, Any]:
         if error > OUTPUT_ATOL + OUTPUT_RTOL * scale:
             problems.append(f"{name}: max abs error {error:.3g} exceeds {OUTPUT_ATOL + OUTPUT_RTOL * scale:.3g}")
         rows.append(row)
-    errors = [r["max_abs_error"] for r in rows if "max_abs_error" in r]
+    errors = [r["max_abs_error"] for r in rows if r.get("max_abs_error") is not None]
     agreements = [r["top1_agreement"] for r in rows if "top1_agreement" in r]
+    non_finite = sum(r.get("non_finite", 0) for r in rows)
     return {
         "checked": True,
         "ok": not problems,
         "reason": "; ".join(problems) or None,
-        "max_abs_error": max(errors) if errors else None,
+        "max_abs_error": None if non_finite else max(errors) if errors else None,
+        "non_finite": non_finite,
         "top1_agreement": min(agreements) if agreements else None,
         "outputs": rows,
     }
@@ -653,6 +666,7 @@ def _read_bundle(bundle_dir: Path) -> _Bundle:
         verify_bundle(bundle_dir)  # what the board wrote, byte for byte: a torn or edited file is refused
     except BundleError as exc:
         raise AnalysisError(str(exc)) from None
+    _check_names(bundle_dir, manifest, run)
     notes: list[tuple[str, str]] = []
     timings, problem = _read_optional_json(bundle_dir / "timings.json")
     if problem and manifest.get("status") == "ok":
@@ -671,6 +685,29 @@ def _read_bundle(bundle_dir: Path) -> _Bundle:
         after if isinstance(after, dict) else None,
         notes,
     )
+
+
+def _check_names(bundle_dir: Path, manifest: dict[str, Any], run: dict[str, Any]) -> None:
+    """Names the board wrote end up in file names and reports: they must pass the spec name rule, every time."""
+    labels = run.get("labels")
+    if labels is not None and not isinstance(labels, dict):
+        raise AnalysisError(f"bundle {bundle_dir}: run.json 'labels' is not a mapping")
+    fields = {"result_manifest.json run_id": manifest.get("run_id"), "run.json run_id": run.get("run_id")}
+    fields |= {f"run.json labels.{key}": (labels or {}).get(key) for key in ("model", "backend")}
+    for field_name, value in fields.items():
+        if value is not None and not is_valid_name(value):
+            raise AnalysisError(
+                f"bundle {bundle_dir}: {field_name} {str(value)[:80]!r} is not a valid name "
+                "(letters, digits, '.', '_', '-'); the bundle is refused"
+            )
+
+
+def _hashing_ms(run: dict[str, Any]) -> dict[str, float | None] | None:
+    """How long the agent spent hashing the model and inputs before the run (run.json `hashing_ms`)."""
+    hashing = run.get("hashing_ms")
+    if not isinstance(hashing, dict):
+        return None
+    return {key: _number(hashing.get(key)) for key in ("model", "inputs")}
 
 
 def _verify_program(bundle: _Bundle, pte: Path, sidecar: dict[str, Any] | None) -> None:
@@ -723,6 +760,7 @@ def analyze_bundle(
         correctness = check_outputs(outputs_path, Path(reference_outputs))
 
     latency = latency_summary(bundle.timings)
+    latency["hashing_ms"] = _hashing_ms(bundle.run)
     board = board_conditions(bundle.board_before, bundle.board_after)
     data = _summary_document(bundle, sidecar, pte, latency, board, correctness, profile)
     data["validity"] = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes)

@@ -10,14 +10,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import console
+from . import console, paths
 from .agent_client import BoardAgent
 from .artifacts import Artifact, load_artifact
 from .connection import connect
+from .errors import BundleError, ExitCode
 from .group import BoardOutcome, exit_code, fan_out, stage, summarize
 from .inventory import Board
 from .profiling import RunParams, profile, push_artifact
 from .results import bundle_dest, new_run_id
+from .spec import is_valid_name
 from .transfer import pull_bundle
 
 
@@ -108,10 +110,13 @@ class RunFailed(Exception):
 
 
 def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = False) -> int:
-    """Pull bundles not yet on the workstation (all of them, the latest one, or one run id)."""
+    """Pull bundles not yet on the workstation (all of them, the latest one, or one run id).
+
+    Exit code 65 when a board sent a bundle that was refused (its other bundles are still pulled)."""
 
     def one(board: Board) -> list[Path]:
         pulled = []
+        refused: list[str] = []
         with stage("connect"), connect(board) as conn:
             entries = BoardAgent(conn, conn.workdir).bundles()
             if run_id:
@@ -120,21 +125,63 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
                 entries = entries[:1]
             with stage("pull"):
                 for entry in entries:
-                    # Placed by the labels the bundle carries; a bundle already on the workstation is skipped.
-                    labels = entry.get("labels") or {}
-                    model, backend = labels.get("model", "unknown-model"), labels.get("backend", "unknown-backend")
-                    dest = bundle_dest(board.name, model, backend, entry["run_id"])
+                    try:
+                        dest = pull_destination(board.name, entry)
+                    except BundleError as exc:
+                        refused.append(str(exc))
+                        continue
+                    # A bundle already on the workstation is skipped.
                     if not dest.exists():
                         pulled.append(pull_bundle(conn, f"{conn.workdir}/bundles/{entry['run_id']}", dest))
+                if refused:
+                    raise RefusedBundles(refused, pulled)
         return pulled
 
     outcomes = fan_out(boards, one)
     rows = [[o.board.name, str(path)] for o in outcomes if o.ok for path in o.value or []]
+    for outcome in outcomes:
+        if isinstance(outcome.exception, RefusedBundles):
+            rows += [[outcome.board.name, str(path)] for path in outcome.exception.pulled]
+            for reason in outcome.exception.reasons:
+                console.error(reason)
     if rows:
         console.table("pull", ["board", "bundle"], rows)
     else:
         console.plain("nothing new to pull", stderr=False)
-    return _summarize_failures(outcomes, "pull")
+    code = _summarize_failures(outcomes, "pull")
+    return ExitCode.DATA if any(isinstance(o.exception, BundleError) for o in outcomes) else code
+
+
+class RefusedBundles(BundleError):
+    """Bundles a board sent that break the name rules; they stay on the board, untouched."""
+
+    def __init__(self, reasons: list[str], pulled: list[Path]) -> None:
+        extra = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        super().__init__(reasons[0] + extra)
+        self.reasons = reasons
+        self.pulled = pulled
+
+
+def pull_destination(board: str, entry: dict[str, Any], root: Path | None = None) -> Path:
+    """Where a bundle the board lists lands: results/<board>/<model>/<backend>/<run-id>/, from names the board
+    sent, so each must pass the spec name rule and the folder must stay under results/."""
+    labels = entry.get("labels") or {}
+    fields = {
+        "run_id": entry.get("run_id"),
+        "labels.model": labels.get("model", "unknown-model"),
+        "labels.backend": labels.get("backend", "unknown-backend"),
+    }
+    for field, value in fields.items():
+        if not is_valid_name(value):
+            raise BundleError(
+                f"{board}: bundle {str(entry.get('run_id'))[:80]!r} refused: its {field} {str(value)[:80]!r} is not "
+                "a valid name (letters, digits, '.', '_', '-'); the raw bundle stays on the board"
+            )
+    base = root or paths.results_dir()
+    dest = bundle_dest(board, fields["labels.model"], fields["labels.backend"], fields["run_id"], base)
+    if not dest.resolve().is_relative_to(base.resolve()):
+        raise BundleError(f"{board}: bundle {fields['run_id']!r} refused: {dest} is outside {base}")
+    return dest
 
 
 def boards_table(boards: Sequence[Board]) -> int:

@@ -21,6 +21,11 @@ INPUT_NAMES = ("input_ids", "attention_mask")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+def is_valid_name(text: object) -> bool:
+    """The name rule for whatever becomes a file or folder name: spec names, and every name a board sends."""
+    return isinstance(text, str) and NAME_PATTERN.fullmatch(text) is not None
+
+
 @dataclass(frozen=True)
 class InputSpec:
     name: str
@@ -161,7 +166,7 @@ def load_spec_file(path: Path) -> ModelSpec:
             expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
             raise fail(key, f"expected {expected.replace('NoneType', 'null')}, got {json.dumps(value)}")
 
-    if not NAME_PATTERN.match(data["name"]):
+    if not is_valid_name(data["name"]):
         raise fail("name", "must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
     if data["model_type"] not in MODEL_TYPES:
         raise fail("model_type", f"{data['model_type']!r} is not supported; supported: {', '.join(MODEL_TYPES)}")

@@ -274,7 +274,7 @@ def _profile_locked(
     # Under the lock: gc cannot remove what we hash, and nobody replaces it before the runner opens it.
     model_sha256, model_ms = verify_file(workdir, request.model, "model")
     inputs_sha256, inputs_ms = (
-        verify_file(workdir, request.inputs, "inputs") if request.inputs is not None else (None, 0.0)
+        verify_file(workdir, request.inputs, "inputs file") if request.inputs is not None else (None, 0.0)
     )
     _touch_if_managed(workdir, request.model)
     _touch_if_managed(workdir, request.inputs)

@@ -416,7 +416,7 @@ def _tar_script(remote: str, bulk_from: int | None) -> str:
         'for f in * .[!.]* ..?*; do { [ -e "$f" ] || [ -L "$f" ]; } && '
         f'[ "$f" != {MANIFEST} ] && set -- "$@" "./$f"; done',
         f'if [ -f {MANIFEST} ] && [ ! -L {MANIFEST} ]; then set -- ./{MANIFEST} "$@"; fi',
-        '[ $# -gt 0 ] || set -- .',
+        "[ $# -gt 0 ] || set -- .",
         'exec tar -cf - "$@"',
     ]
     return "\n".join(lines)

@@ -17,15 +17,21 @@ import click
 import numpy as np
 import pytest
 
+from orchestrator.analysis import analyze_bundle
+from orchestrator.artifacts import load_artifact
 from orchestrator.bundle import MANIFEST
 from orchestrator.connection import connect
-from orchestrator.errors import AnalysisError, BundleError, ExitCode
+from orchestrator.errors import AnalysisError, BoardError, BundleError, ExitCode
 from orchestrator.fsutil import TMP_PREFIX
+from orchestrator.inventory import Board
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.profiling import RunParams, profile, pull, push_artifact
+from orchestrator.results import new_run_id
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from orchestrator.transfer import pull_bundle
 from tests.plugins.agent import AGENT_DIR, AgentCli
 from tests.plugins.analysis import BundleCopy, analyze, edit_json, remanifest
+from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
 from tests.plugins.runner import RunnerModels
 from tests.plugins.sshd import SshdBoard
@@ -227,6 +233,54 @@ def test_a_full_board_disk_is_reported_and_the_temporary_bundle_removed(
     assert document["error"].startswith(f"no space left on {bundles}"), document
     assert "internal error" not in document["error"]
     assert listing.read_text().split() == []  # the run's .tmp- folder went at once
+
+
+def test_a_corrupt_model_fails_the_run_and_the_next_push_sends_it_again(
+    local_board: Board, tiny_artifacts: dict[str, Any], tmp_path: Path
+) -> None:
+    artifact = load_artifact("distilbert-tiny", "portable", ARTIFACT_CACHE)
+    params = RunParams(warmup=0, iterations=1)
+    with connect(local_board) as conn:
+        pushed = push_artifact(conn, artifact)
+        flip_a_byte(Path(pushed.model.remote_path))
+        assert push_artifact(conn, artifact).model.skipped  # re-pushing stays quick: the run does the check
+        with pytest.raises(BoardError, match="model on board is corrupt"):
+            profile(conn, artifact, pushed, params, new_run_id())
+        repushed = push_artifact(conn, artifact)
+        assert not repushed.model.skipped
+        run = profile(conn, artifact, repushed, params, new_run_id())
+        assert run.status == "ok", run.error
+        bundle = pull(conn, run, artifact, tmp_path / "results")
+    run_json = json.loads((bundle / "run.json").read_text())
+    assert run_json["model_sha256"] == artifact.sha256 and run_json["model_sha256_source"] == "computed"
+    assert json.loads((bundle / MANIFEST).read_text())["model_sha256"] == artifact.sha256
+    summary = analyze_bundle(bundle, pte=artifact.pte, sidecar=artifact.sidecar)
+    assert summary.data["latency"]["hashing_ms"]["model"] >= 0
+
+
+# ---------------------------------------------------------------- also: agent answers are validated
+
+
+HOSTILE_AGENT = """import json, sys
+# Test-only: an agent on a hostile board answers `bundles` with entries of the wrong shape.
+print(json.dumps({"bundles": [{"run_id": 5, "labels": {"model": ["x"]}}]}))
+"""
+
+
+def test_a_malformed_agent_answer_is_a_clear_board_error(sshd_board: SshdBoard, tmp_path: Path) -> None:
+    package = sshd_board.workdir_path / "board" / "agent" / "etlab_agent"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(HOSTILE_AGENT)
+    inventory = write_inventory(tmp_path / "inventory.yaml", [sshd_board.board])
+    results = tmp_path / "results"
+
+    pull = fab("pull", "--board", sshd_board.name, "--inventory", str(inventory), results=results)
+
+    output = pull.stdout + pull.stderr
+    assert pull.returncode == ExitCode.FAILED, output
+    assert "agent bundles sent malformed output" in output and "TypeError" not in output, output
+    assert files_under(results) == set()
 
 
 # ---------------------------------------------------------------- 4. non-finite outputs never pass

@@ -250,7 +250,9 @@ def test_profile_with_the_real_runner_writes_a_verified_bundle(
 
     run = json.loads((bundle / "run.json").read_text())
     assert run["model"] == str(model)
-    assert run["model_sha256"] == model_sha and run["model_sha256_source"] == "sidecar"
+    assert run["model_sha256"] == model_sha and run["model_sha256_source"] == "computed"
+    assert manifest["model_sha256"] == model_sha and manifest["inputs_sha256"] == run["inputs_sha256"]
+    assert run["hashing_ms"]["model"] >= 0 and run["hashing_ms"]["inputs"] >= 0
     assert run["inputs_sha256"] == sha256(runner_models.inputs_etlt)
     assert run["labels"] == {"model": "tiny-distilbert", "backend": "xnnpack"}
     assert run["parameters"]["warmup"] == 1 and run["parameters"]["iterations"] == 3

@@ -17,9 +17,9 @@ from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.commands.render import print_details, summarize
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.runs import RunParams, profile, push_artifact
-from orchestrator.errors import EtlabError, ExitCode, UsageError
+from orchestrator.errors import BundleError, EtlabError, ExitCode, UsageError
 from orchestrator.lowering.artifacts import Artifact, load_artifact
-from orchestrator.results.store import bundle_dest, new_run_id
+from orchestrator.results.store import new_run_id, pull_destination
 from orchestrator.transport import connect
 from orchestrator.transport.transfer import pull_bundle
 
@@ -115,10 +115,13 @@ class RunFailed(EtlabError):
 
 
 def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = False) -> int:
-    """Pull bundles not yet on the workstation (all of them, the latest one, or one run id)."""
+    """Pull bundles not yet on the workstation (all of them, the latest one, or one run id).
+
+    Exit code 65 when a board sent a bundle that was refused (its other bundles are still pulled)."""
 
     def one(board: Board) -> tuple[list[Path], int]:
         pulled = []
+        refused: list[str] = []
         with stage("connect"), connect(board) as conn:
             entries = BoardAgent(conn, conn.workdir).bundles()
             if run_id:
@@ -127,17 +130,27 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
                 entries = entries[:1]
             with stage("pull"):
                 for entry in entries:
-                    # Placed by the labels the bundle carries; a bundle already on the workstation is skipped.
-                    labels = entry.get("labels") or {}
-                    model, backend = labels.get("model", "unknown-model"), labels.get("backend", "unknown-backend")
-                    dest = bundle_dest(board.name, model, backend, entry["run_id"])
+                    try:
+                        dest = pull_destination(board.name, entry)
+                    except BundleError as exc:
+                        refused.append(str(exc))
+                        continue
+                    # A bundle already on the workstation is skipped.
                     if not dest.exists():
                         pulled.append(pull_bundle(conn, BoardWorkdir(conn.workdir).bundle(entry["run_id"]), dest))
+                if refused:
+                    raise RefusedBundles(refused, pulled)
         return pulled, len(entries)
 
     outcomes = fan_out(boards, one)
     rows = [[o.board.name, str(path)] for o in outcomes if o.ok and o.value for path in o.value[0]]
     matched = sum(o.value[1] for o in outcomes if o.ok and o.value)
+    for outcome in outcomes:
+        if isinstance(outcome.exception, RefusedBundles):
+            matched += len(outcome.exception.reasons) + len(outcome.exception.pulled)
+            rows += [[outcome.board.name, str(path)] for path in outcome.exception.pulled]
+            for reason in outcome.exception.reasons:
+                console.error(reason)
     if run_id and not matched:
         if all(o.ok for o in outcomes):
             where = ", ".join(board.name for board in boards)
@@ -147,7 +160,18 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
         console.table("pull", ["board", "bundle"], rows)
     else:
         console.plain("nothing new to pull", stderr=False)
-    return _summarize_failures(outcomes, "pull")
+    code = _summarize_failures(outcomes, "pull")
+    return ExitCode.DATA if any(isinstance(o.exception, BundleError) for o in outcomes) else code
+
+
+class RefusedBundles(BundleError):
+    """Bundles a board sent that break the name rules; they stay on the board, untouched."""
+
+    def __init__(self, reasons: list[str], pulled: list[Path]) -> None:
+        extra = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        super().__init__(reasons[0] + extra)
+        self.reasons = reasons
+        self.pulled = pulled
 
 
 def _matching_runs(entries: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:

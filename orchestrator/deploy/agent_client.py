@@ -66,8 +66,13 @@ class BoardAgent:
         result = self.conn.run(self.argv(*args), timeout=timeout, check=False)
         try:
             document = json.loads(result.stdout) if result.stdout.strip() else {}
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             document = {"error": f"unparseable agent output: {_last_line(result.stdout)[:200]}"}
+        # The board is untrusted: its answer must have the documented shape before anything reads it.
+        if not isinstance(document, dict):
+            raise self.malformed(args[0], f"expected a JSON object, got {type(document).__name__}")
+        if not isinstance(document.get("error"), str | None):
+            raise self.malformed(args[0], f"'error' is {json.dumps(document['error'])[:200]}")
         if result.exit_code not in accept:
             raise AgentError(self.board_name, args[0], document, result.exit_code, result.stderr)
         return document, result.exit_code
@@ -128,10 +133,35 @@ class BoardAgent:
         if not etdump:
             args.append("--no-etdump")
         # The SSH command itself gets the runner timeout plus the lock wait plus slack for info probes.
-        return self.call(*args, timeout=timeout + lock_timeout + 120, accept=(AGENT_OK, AGENT_FAILED))
+        document, code = self.call(*args, timeout=timeout + lock_timeout + 120, accept=(AGENT_OK, AGENT_FAILED))
+        if "bundle" in document:
+            status, bundle = document.get("status"), document.get("bundle")
+            if document.get("run_id") != run_id or status not in ("ok", "failed", "timeout"):
+                raise self.malformed("profile", f"run_id {document.get('run_id')!r}, status {status!r}")
+            # The bundle is where this run id puts it; the board does not get to point the pull elsewhere.
+            if not isinstance(bundle, str) or not bundle.endswith(f"/bundles/{run_id}"):
+                raise self.malformed("profile", f"bundle {str(bundle)[:200]!r} is not <workdir>/bundles/{run_id}")
+        return document, code
 
     def bundles(self) -> list[dict[str, Any]]:
-        return list(self.call("bundles", timeout=60)[0].get("bundles", []))
+        """The board's bundles, newest first; each has a string `run_id` and a `labels` mapping of strings.
+
+        Names are checked against the name rule where they are used (a pull refuses a bad one by name)."""
+        listed = self.call("bundles", timeout=60)[0].get("bundles", [])
+        if not isinstance(listed, list):
+            raise self.malformed("bundles", "'bundles' is not a list")
+        entries = []
+        for entry in listed:
+            if not isinstance(entry, dict) or not isinstance(entry.get("run_id"), str):
+                raise self.malformed("bundles", f"entry without a string run_id: {json.dumps(entry)[:200]}")
+            labels = entry.get("labels") or {}
+            if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+                raise self.malformed("bundles", f"bundle {entry['run_id'][:80]!r} has labels that are not strings")
+            entries.append({**entry, "labels": labels})
+        return entries
+
+    def malformed(self, command: str, what: str) -> BoardError:
+        return BoardError(f"{self.board_name}: agent {command} sent malformed output: {what}")
 
     def gc(self, keep: int, *, dry_run: bool = False, protect: Sequence[str] = ()) -> dict[str, Any]:
         args = ["gc", "--keep", str(keep)] + (["--dry-run"] if dry_run else [])

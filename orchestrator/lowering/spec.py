@@ -7,7 +7,6 @@ length and the inputs. It is plain data; `models.py` turns it into a torch modul
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,11 @@ from orchestrator.config import (
     text,
 )
 from orchestrator.errors import SpecError
+from orchestrator.names import is_valid_name
 
 TASKS = ("fill-mask", "causal-lm")
 MODEL_TYPES = ("distilbert", "gpt2", "bert")
 INPUT_NAMES = ("input_ids", "attention_mask")
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,7 @@ def _supported(options: tuple[str, ...]) -> Check:
 
 def _name(node: Node, _field: str) -> str:
     value = string(node)
-    if not NAME_PATTERN.match(value):
+    if not is_valid_name(value):
         raise Invalid("must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
     return value
 

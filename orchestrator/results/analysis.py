@@ -7,6 +7,7 @@ files are only read, never modified, also when the analysis fails.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from orchestrator.results.documents import Summary, summary_document, write_outp
 from orchestrator.results.etdump import Etdump, ProgramPlan, read_etdump, read_program_plan
 from orchestrator.results.etdump_profile import _method_totals, inferred_ns_per_tick, profile_etdump
 from orchestrator.results.profile import Profile
+from orchestrator.results.summary import hashing_times
 from orchestrator.results.validity import (
     TIMING_AGREEMENT,
     board_conditions,
@@ -87,7 +89,9 @@ def analyze_bundle(
             raise AnalysisError(f"reference outputs {reference_outputs} do not exist")
         correctness = check_outputs(outputs_path, Path(reference_outputs))
 
-    latency = latency_summary(bundle.timings)
+    latency = dataclasses.replace(
+        latency_summary(bundle.timings), hashing_ms=hashing_times(bundle.run.get("hashing_ms"))
+    )
     board = board_conditions(bundle.board_before, bundle.board_after)
     validity = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes)
     run = summary_document(bundle, sidecar, pte, latency, board, correctness, profile, validity)

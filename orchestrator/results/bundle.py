@@ -7,14 +7,18 @@ verifies the files as they arrive, and analysis verifies them again on disk befo
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import BundleError
 from orchestrator.fsutil import sha256_and_size
+from orchestrator.names import is_valid_name
 
 MANIFEST = "result_manifest.json"
+MANIFEST_MAX_BYTES = 1 << 20  # a manifest lists a few files; anything larger is not one
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -30,16 +34,52 @@ def file_digest(path: Path) -> FileDigest:
 def verify_bundle(folder: Path) -> dict[str, Any]:
     """Re-check the files of a bundle on disk against its manifest (a torn or edited file is refused)."""
     folder = Path(folder)
-    digests = {
-        str(path.relative_to(folder)): file_digest(path)
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and path.relative_to(folder).parts[0] not in DERIVED_FOLDERS
-    }
+    members = [path for path in sorted(folder.rglob("*")) if path.relative_to(folder).parts[0] not in DERIVED_FOLDERS]
+    # A pull never creates links; one found later was put there, and would make analysis read outside the bundle.
+    links = [str(path.relative_to(folder)) for path in members if path.is_symlink()]
+    if links:
+        raise BundleError(f"bundle {folder} holds symbolic links ({', '.join(links[:5])}); refused")
+    digests = {str(path.relative_to(folder)): file_digest(path) for path in members if path.is_file()}
     return verify_manifest(folder, digests)
 
 
 # What analysis adds to a pulled bundle: not part of what the board wrote.
 DERIVED_FOLDERS = ("analysis", "model_explorer")
+
+
+def is_bundle_path(name: object) -> bool:
+    """A file path inside a bundle: `/`-separated parts, each passing the spec name rule (so no `..`, no `/x`)."""
+    return isinstance(name, str) and all(is_valid_name(part) for part in name.split("/"))
+
+
+def parse_manifest(data: bytes, where: str) -> tuple[dict[str, Any], dict[str, FileDigest]]:
+    """Parse and validate result_manifest.json as untrusted input; returns it and the files it declares."""
+    if len(data) > MANIFEST_MAX_BYTES:
+        raise BundleError(f"{where}: {MANIFEST} is larger than {MANIFEST_MAX_BYTES} bytes")
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {exc}") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise BundleError(f"{where}: {MANIFEST} has no 'files' mapping")
+    if manifest.get("schema", 1) != 1:
+        raise BundleError(f"{where}: {MANIFEST} has schema {manifest.get('schema')!r}; this etlab reads schema 1")
+    declared: dict[str, FileDigest] = {}
+    problems = []
+    for name, entry in files.items():
+        sha, size = (entry.get("sha256"), entry.get("size")) if isinstance(entry, dict) else (None, None)
+        if not is_bundle_path(name) or name == MANIFEST:
+            problems.append(f"{name!r}: not a valid file name (letters, digits, '.', '_', '-')")
+        elif not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+            problems.append(f"{name}: manifest entry lacks a sha256 (64 lowercase hex digits)")
+        elif isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            problems.append(f"{name}: manifest entry lacks a size (a non-negative integer)")
+        else:
+            declared[name] = FileDigest(sha, size)
+    if problems:
+        raise BundleError(f"{where}: {MANIFEST} is malformed:\n  " + "\n  ".join(problems[:10]))
+    return manifest, declared
 
 
 def verify_manifest(folder: Path, digests: dict[str, FileDigest], *, origin: str = "") -> dict[str, Any]:
@@ -48,26 +88,18 @@ def verify_manifest(folder: Path, digests: dict[str, FileDigest], *, origin: str
     if MANIFEST not in digests:
         raise BundleError(f"{where} has no {MANIFEST}: it is incomplete (the agent writes the manifest last)")
     try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {exc}") from None
-    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; nesting deeper than the stack
-        raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {str(exc)[:200]}") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict):
-        raise BundleError(f"{where}: {MANIFEST} has no 'files' mapping")
-    if manifest.get("schema", 1) != 1:
-        raise BundleError(f"{where}: {MANIFEST} has schema {manifest.get('schema')!r}; this etlab reads schema 1")
+        data = (folder / MANIFEST).read_bytes()
+    except OSError as exc:
+        raise BundleError(f"{where}: {MANIFEST} is unreadable: {exc}") from None
+    manifest, files = parse_manifest(data, where)
     problems = []
     for name, entry in files.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or "size" not in entry:
-            problems.append(f"{name}: manifest entry lacks sha256 or size")
-        elif name not in digests:
+        if name not in digests:
             problems.append(f"{name}: listed in the manifest but missing")
-        elif digests[name].size != entry["size"]:
-            problems.append(f"{name}: size {digests[name].size}, the manifest says {entry['size']}")
-        elif digests[name].sha256 != entry["sha256"]:
-            problems.append(f"{name}: sha256 {digests[name].sha256}, the manifest says {entry['sha256']}")
+        elif digests[name].size != entry.size:
+            problems.append(f"{name}: size {digests[name].size}, the manifest says {entry.size}")
+        elif digests[name].sha256 != entry.sha256:
+            problems.append(f"{name}: sha256 {digests[name].sha256}, the manifest says {entry.sha256}")
     for name in sorted(set(digests) - set(files) - {MANIFEST}):
         problems.append(f"{name}: not listed in the manifest")
     if problems:

@@ -8,6 +8,7 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError, BundleError
 from orchestrator.fsutil import read_json
+from orchestrator.names import is_valid_name
 from orchestrator.results.bundle import verify_bundle
 
 REQUIRED_FILES = ("result_manifest.json", "run.json")
@@ -80,6 +81,7 @@ def read_bundle(bundle_dir: Path) -> BundleFiles:
         verify_bundle(bundle_dir)  # what the board wrote, byte for byte: a torn or edited file is refused
     except BundleError as exc:
         raise AnalysisError(str(exc)) from None
+    _check_names(bundle_dir, manifest, run)
     notes: list[tuple[str, str]] = []
     timings, problem = read_optional_json(bundle_dir / "timings.json")
     if problem and manifest.get("status") == "ok":
@@ -98,3 +100,18 @@ def read_bundle(bundle_dir: Path) -> BundleFiles:
         after if isinstance(after, dict) else None,
         notes,
     )
+
+
+def _check_names(bundle_dir: Path, manifest: dict[str, Any], run: dict[str, Any]) -> None:
+    """Names the board wrote end up in file names and reports: they must pass the name rule, every time."""
+    labels = run.get("labels")
+    if labels is not None and not isinstance(labels, dict):
+        raise AnalysisError(f"bundle {bundle_dir}: run.json 'labels' is not a mapping")
+    fields = {"result_manifest.json run_id": manifest.get("run_id"), "run.json run_id": run.get("run_id")}
+    fields |= {f"run.json labels.{key}": (labels or {}).get(key) for key in ("model", "backend")}
+    for field_name, value in fields.items():
+        if value is not None and not is_valid_name(value):
+            raise AnalysisError(
+                f"bundle {bundle_dir}: {field_name} {str(value)[:80]!r} is not a valid name "
+                "(letters, digits, '.', '_', '-'); the bundle is refused"
+            )

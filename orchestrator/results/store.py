@@ -9,9 +9,11 @@ import datetime as dt
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orchestrator import paths
-from orchestrator.errors import UsageError
+from orchestrator.errors import BundleError, UsageError
+from orchestrator.names import is_valid_name
 
 MANIFEST = "result_manifest.json"
 
@@ -79,3 +81,25 @@ def find_run(
     if not latest:
         raise UsageError("give --run ID or --latest")
     return runs[-1]
+
+
+def pull_destination(board: str, entry: dict[str, Any], root: Path | None = None) -> Path:
+    """Where a bundle the board lists lands: results/<board>/<model>/<backend>/<run-id>/, from names the board
+    sent, so each must pass the spec name rule and the folder must stay under results/."""
+    labels = entry.get("labels") or {}
+    fields = {
+        "run_id": entry.get("run_id"),
+        "labels.model": labels.get("model", "unknown-model"),
+        "labels.backend": labels.get("backend", "unknown-backend"),
+    }
+    for field, value in fields.items():
+        if not is_valid_name(value):
+            raise BundleError(
+                f"{board}: bundle {str(entry.get('run_id'))[:80]!r} refused: its {field} {str(value)[:80]!r} is not "
+                "a valid name (letters, digits, '.', '_', '-'); the raw bundle stays on the board"
+            )
+    base = root or paths.results_dir()
+    dest = bundle_dest(board, fields["labels.model"], fields["labels.backend"], fields["run_id"], base)
+    if not dest.resolve().is_relative_to(base.resolve()):
+        raise BundleError(f"{board}: bundle {fields['run_id']!r} refused: {dest} is outside {base}")
+    return dest

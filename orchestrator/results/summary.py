@@ -31,6 +31,11 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def hashing_times(data: Any) -> dict[str, float | None] | None:
+    """run.json's `hashing_ms` (model, inputs), numbers only."""
+    return {key: _float(data.get(key)) for key in ("model", "inputs")} if isinstance(data, dict) else None
+
+
 def _mapping(data: Any, where: str) -> dict[str, Any]:
     if data is None:
         return {}
@@ -75,6 +80,7 @@ class Latency:
     stopped_early: bool | None = None
     threads: int | None = None
     warm: WarmLatency | None = None
+    hashing_ms: dict[str, float | None] | None = None  # the agent hashing the model and inputs before the run
 
     @classmethod
     def from_dict(cls, data: Any) -> Latency:
@@ -90,6 +96,7 @@ class Latency:
             stopped_early=stopped if isinstance(stopped, bool) else None,
             threads=_int(fields.get("threads")),
             warm=WarmLatency.from_dict(fields.get("warm")),
+            hashing_ms=hashing_times(fields.get("hashing_ms")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,6 +110,7 @@ class Latency:
             "stopped_early": self.stopped_early,
             "threads": self.threads,
             "warm": dict(vars(self.warm)) if self.warm else None,
+            "hashing_ms": self.hashing_ms,
         }
 
     @property

@@ -107,9 +107,19 @@ def check_outputs(outputs: Path, reference: Path) -> dict[str, Any]:
             rows.append({"name": name, "shape": board.shape, "reference_shape": eager.shape})
             continue
         a, b = board.array.astype(np.float64), eager.array.astype(np.float64)
-        error = float(np.max(np.abs(a - b))) if a.size else 0.0
-        scale = float(np.max(np.abs(b))) if b.size else 0.0
+        # Every comparison with NaN is false: non-finite board values must be caught before any threshold.
+        finite = np.isfinite(b)
+        bad = int(np.count_nonzero(finite & ~np.isfinite(a)))
+        both = finite & np.isfinite(a)
+        error = float(np.max(np.abs(a - b)[both])) if both.any() else 0.0
+        scale = float(np.max(np.abs(b[finite]))) if finite.any() else 0.0
         row: dict[str, Any] = {"name": name, "shape": board.shape, "max_abs_error": error, "reference_max_abs": scale}
+        if bad:
+            row["max_abs_error"] = None  # NaN/Inf have no error figure (and are not valid JSON)
+            row["non_finite"] = bad
+            problems.append(f"{name}: {bad} non-finite value(s) (NaN or Inf) where the reference is finite")
+            rows.append(row)
+            continue
         if np.issubdtype(eager.array.dtype, np.floating) and b.ndim >= 1 and b.shape[-1] > 1:
             flat_a, flat_b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
             top_a, top_b = flat_a.argmax(axis=1), flat_b.argmax(axis=1)
@@ -123,13 +133,15 @@ def check_outputs(outputs: Path, reference: Path) -> dict[str, Any]:
         if error > OUTPUT_ATOL + OUTPUT_RTOL * scale:
             problems.append(f"{name}: max abs error {error:.3g} exceeds {OUTPUT_ATOL + OUTPUT_RTOL * scale:.3g}")
         rows.append(row)
-    errors = [r["max_abs_error"] for r in rows if "max_abs_error" in r]
+    errors = [r["max_abs_error"] for r in rows if r.get("max_abs_error") is not None]
     agreements = [r["top1_agreement"] for r in rows if "top1_agreement" in r]
+    non_finite = sum(r.get("non_finite", 0) for r in rows)
     return {
         "checked": True,
         "ok": not problems,
         "reason": "; ".join(problems) or None,
-        "max_abs_error": max(errors) if errors else None,
+        "max_abs_error": None if non_finite else max(errors) if errors else None,
+        "non_finite": non_finite,
         "top1_agreement": min(agreements) if agreements else None,
         "outputs": rows,
     }

@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 the operation failed, 2 usage, 3 lock timeout, 4 not provisi
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import math
@@ -51,9 +52,14 @@ def json_command(function: Callable[..., tuple[dict[str, Any], int]]) -> Callabl
             log(f"error: {exc}")
             document, code = dict({"error": str(exc), "exit_code": exc.exit_code}, **exc.details), exc.exit_code
         except Exception as exc:
-            traceback.print_exc(file=sys.stderr)
-            document = {"error": f"internal error: {type(exc).__name__}: {exc}", "exit_code": ExitCode.FAILED}
             code = ExitCode.FAILED
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:  # a full SD card is not a bug
+                where = exc.filename or next((str(a.root) for a in args if isinstance(a, Workdir)), "the board")
+                log(f"error: no space left on {where}")
+                document = {"error": f"no space left on {where}", "exit_code": code}
+            else:
+                traceback.print_exc(file=sys.stderr)
+                document = {"error": f"internal error: {type(exc).__name__}: {exc}", "exit_code": code}
         emit(document)
         sys.exit(code)
 

@@ -7,15 +7,17 @@ that exists is complete; `result_manifest.json` is written last and hashes every
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 from . import AGENT_VERSION
-from .errors import BadInput
+from .errors import AgentError, BadInput
 from .files import atomic_write_json, fsync_path, log, sha256_file, utc_now
 from .info import collect_info
 from .lock import BoardLock, describe_holder
@@ -87,18 +89,56 @@ def _existing_file(path: Path, what: str) -> Path:
     return path.absolute()
 
 
-def file_sha256(path: Path) -> tuple[str, str]:
-    """The sha256 from the `<file>.sha256` sidecar when it holds one, else computed; and which it was."""
-    sidecar = Path(f"{path}.sha256")
+class CorruptContent(AgentError):
+    """A model or inputs file on the board no longer has the content its name and sidecar promise."""
+
+
+def _expected_sha256(path: Path) -> tuple[str | None, str | None]:
+    """What the file should hash to, and why: its content-addressed name (`<sha256>.pte`), else its sidecar."""
+    stem = path.name.split(".", 1)[0]
+    if SHA256_PATTERN.fullmatch(stem):
+        return stem, "name"
     try:
-        words = sidecar.read_text(encoding="utf-8").split()
-    except OSError:
-        words = []
+        words = Path(f"{path}.sha256").read_text(encoding="utf-8").split()
+    except (OSError, UnicodeDecodeError):
+        return None, None
     if words and SHA256_PATTERN.fullmatch(words[0].lower()):
         return words[0].lower(), "sidecar"
-    if words:
-        log(f"ignoring malformed sidecar {sidecar}; hashing {path.name} instead")
-    return sha256_file(path), "computed"
+    return None, None
+
+
+def verify_file(workdir: Workdir, path: Path, what: str) -> tuple[str, float]:
+    """Hash the file that is about to run (never trust the sidecar: SD cards rot and boards are shared); returns
+    its sha256 and the milliseconds it took. A content-addressed copy in the workdir that does not match is removed
+    with its sidecar, so the next push sends it again, and the run fails."""
+    started = time.monotonic()
+    digest = sha256_file(path)
+    elapsed_ms = (time.monotonic() - started) * 1000.0
+    expected, source = _expected_sha256(path)
+    if expected is None or digest == expected:
+        return digest, elapsed_ms
+    removed = []
+    if _inside(workdir, path):
+        for victim in (path, Path(f"{path}.sha256")):
+            with contextlib.suppress(FileNotFoundError):
+                victim.unlink()
+                removed.append(str(victim))
+    raise CorruptContent(
+        f"{what} on board is corrupt: {path} has sha256 {digest} but its {source} says {expected}; "
+        + ("removed it and its sidecar, push it again" if removed else "replace it"),
+        path=str(path),
+        expected_sha256=expected,
+        found_sha256=digest,
+        removed=removed,
+    )
+
+
+def _inside(workdir: Workdir, path: Path) -> bool:
+    try:
+        path.resolve().relative_to(workdir.root.resolve())
+    except (OSError, ValueError, RuntimeError):
+        return False
+    return True
 
 
 def runner_error_line(log_path: Path) -> str | None:
@@ -230,13 +270,45 @@ def _profile_locked(
     tmp = workdir.tmp_bundle(request.run_id)
     if tmp.exists():  # left by a killed agent; we hold the lock, so nobody is writing it
         shutil.rmtree(str(tmp))
-    tmp.mkdir(parents=True)
 
+    # Under the lock: gc cannot remove what we hash, and nobody replaces it before the runner opens it.
+    model_sha256, model_ms = verify_file(workdir, request.model, "model")
+    inputs_sha256, inputs_ms = (
+        verify_file(workdir, request.inputs, "inputs file") if request.inputs is not None else (None, 0.0)
+    )
     _touch_if_managed(workdir, request.model)
     _touch_if_managed(workdir, request.inputs)
-    model_sha256, model_sha256_source = file_sha256(request.model)
-    inputs_sha256 = file_sha256(request.inputs)[0] if request.inputs is not None else None
+    verified = {
+        "model_sha256": model_sha256,
+        "inputs_sha256": inputs_sha256,
+        "hashing_ms": {"model": round(model_ms, 3), "inputs": round(inputs_ms, 3)},
+    }
+    try:
+        tmp.mkdir(parents=True)
+        return _run_into(workdir, request, runner, expect_version, lock, waited, stop, tmp, verified)
+    except BaseException as exc:
+        # A run that cannot finish its bundle leaves nothing behind: no half bundle eating a full disk.
+        shutil.rmtree(str(tmp), ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            where = exc.filename or workdir.bundles
+            raise AgentError(f"no space left on {where}", path=str(where)) from exc
+        raise
 
+
+def _run_into(
+    workdir: Workdir,
+    request: ProfileRequest,
+    runner: Path,
+    expect_version: str | None,
+    lock: BoardLock,
+    waited: float,
+    stop: StopRequest,
+    tmp: Path,
+    verified: dict[str, Any],
+) -> dict[str, Any]:
+    """Run the runner with the bundle assembling in `tmp`; rename it into place when complete."""
+    final = workdir.bundle(request.run_id)
+    model_sha256 = verified["model_sha256"]
     atomic_write_json(tmp / "board_info_before.json", collect_info(workdir, runner))
     argv = runner_argv(runner, request, tmp, expect_version)
     log(f"run {request.run_id}: {' '.join(argv)}")
@@ -254,10 +326,11 @@ def _profile_locked(
         "agent_version": AGENT_VERSION,
         "model": str(request.model),
         "model_sha256": model_sha256,
-        "model_sha256_source": model_sha256_source,
+        "model_sha256_source": "computed",
         "model_size": request.model.stat().st_size,
         "inputs": str(request.inputs) if request.inputs is not None else None,
-        "inputs_sha256": inputs_sha256,
+        "inputs_sha256": verified["inputs_sha256"],
+        "hashing_ms": verified["hashing_ms"],
         "labels": request.labels,
         "parameters": request.parameters(),
         "runner": str(runner),
@@ -284,6 +357,7 @@ def _profile_locked(
             "error": error,
             "runner_exit_code": outcome.exit_code,
             "model_sha256": model_sha256,
+            "inputs_sha256": verified["inputs_sha256"],
             "agent_version": AGENT_VERSION,
         },
     )

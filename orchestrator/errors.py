@@ -54,6 +54,12 @@ class BoardError(EtlabError):
     exit_code = ExitCode.UNAVAILABLE
 
 
+class BoardDataError(BoardError):
+    """A board answered, but with something malformed (agent output, facts): bad data, not an unreachable board."""
+
+    exit_code = ExitCode.DATA
+
+
 class HostKeyError(BoardError):
     """A board presented a host key that differs from the pinned one."""
 

@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.errors import BoardError
+from orchestrator.errors import BoardDataError, BoardError
 from orchestrator.transport import BoardConnection
 
 # Agent exit codes (board/agent/README.md).
@@ -160,8 +160,8 @@ class BoardAgent:
             entries.append({**entry, "labels": labels})
         return entries
 
-    def malformed(self, command: str, what: str) -> BoardError:
-        return BoardError(f"{self.board_name}: agent {command} sent malformed output: {what}")
+    def malformed(self, command: str, what: str) -> BoardDataError:
+        return BoardDataError(f"{self.board_name}: agent {command} sent malformed output: {what}")
 
     def gc(self, keep: int, *, dry_run: bool = False, protect: Sequence[str] = ()) -> dict[str, Any]:
         args = ["gc", "--keep", str(keep)] + (["--dry-run"] if dry_run else [])

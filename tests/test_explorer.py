@@ -30,6 +30,7 @@ from orchestrator.results.explorer import (
     host_allowed,
     is_loopback,
     launch_explorer,
+    overlay_target,
     run_overlays,
 )
 from tests.plugins.analysis import BundleCase, adapter_graphs, analyze, copy_bundle
@@ -333,3 +334,19 @@ def test_ssh_sessions_get_a_tunnel_hint(
     err = capsys.readouterr().err
     assert f"ssh -L {port}:127.0.0.1:{port} alice@10.0.0.9" in err
     assert handle.url in err.splitlines(), "the URL is printed on one line"
+
+
+@pytest.mark.parametrize(
+    ("index", "expected"),
+    [
+        ('{"pte": "m_xnnpack.pte"}', "m_xnnpack.pte"),
+        ("[1, 2]", None),
+        ('{"pte": ["m_xnnpack.pte"]}', None),
+        ('{"pte": "../../secret/m.pte"}', None),
+        ('{"pte": "m_xnnpack.pte\\u001b[2J"}', None),
+        ("[" * 100000, None),
+    ],
+)
+def test_overlay_index_from_a_bundle_is_untrusted(tmp_path: Path, index: str, expected: str | None) -> None:
+    (tmp_path / "overlays.json").write_text(index)
+    assert overlay_target(tmp_path / "me_overlay_median_ms.json") == expected

@@ -182,9 +182,11 @@ def overlay_target(overlay: Path) -> str | None:
     index = Path(overlay).parent / INDEX_NAME
     if not index.is_file():
         return None
-    with contextlib.suppress(OSError, ValueError):
-        pte = read_json(index).get("pte")
-        return str(pte) if pte else None
+    with contextlib.suppress(OSError, ValueError, RecursionError):
+        document = read_json(index)
+        pte = document.get("pte") if isinstance(document, dict) else None
+        # A file name, nothing else: it only selects which loaded model an overlay paints.
+        return pte if isinstance(pte, str) and pte.endswith(".pte") and Path(pte).name == pte else None
     return None
 
 

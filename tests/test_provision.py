@@ -129,3 +129,32 @@ def test_board_tarball_is_reproducible() -> None:
     first, tree = provision.board_tarball()
     assert provision.board_tarball() == (first, tree)
     assert tree == provision.tree_sha256(provision.paths.BOARD_SOURCE_DIR)
+
+
+def test_probe_answers_are_checked_before_use(tmp_path: Path) -> None:
+    """The board probe's JSON names wheels to fetch and paths to use: a malformed answer is refused by name."""
+    import json
+    import subprocess
+    import sys
+
+    from orchestrator.deploy.provision import PROBE_SOURCE, checked_facts
+    from orchestrator.errors import BoardDataError
+
+    real = subprocess.run(
+        [sys.executable, "-c", PROBE_SOURCE.read_text(), str(tmp_path)], capture_output=True, text=True, check=True
+    ).stdout
+    facts = checked_facts("local", real)
+    assert facts["workdir"] == str(tmp_path) and facts["arch"]
+    for change, field in [
+        ({"arch": "x86_64 --index-url http://evil"}, "arch"),
+        ({"free_mb": "lots"}, "free_mb"),
+        ({"workdir": "relative/path"}, "workdir"),
+        ({"state": ["not", "a", "mapping"]}, "state"),
+        ({"agent_present": "yes"}, "agent_present"),
+        ({"glibc": "2.36; rm -rf /"}, "glibc"),
+    ]:
+        with pytest.raises(BoardDataError, match=field):
+            checked_facts("pi5-a", json.dumps({**json.loads(real), **change}))
+    for garbage in ("", "[]", "{" * 50000, "null"):
+        with pytest.raises(BoardDataError, match="pi5-a: the board probe sent malformed output"):
+            checked_facts("pi5-a", garbage)

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import posixpath
+import re
 import subprocess
 import sys
 import tarfile
@@ -27,7 +28,7 @@ from typing import Any
 from orchestrator import console, paths
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.deploy.agent_client import BoardAgent
-from orchestrator.errors import BoardError
+from orchestrator.errors import BoardDataError, BoardError
 from orchestrator.fsutil import atomic_path, atomic_write_bytes
 from orchestrator.transport import BoardConnection
 from orchestrator.transport.transfer import push_file
@@ -63,7 +64,39 @@ def probe(conn: BoardConnection, workdir: str) -> dict[str, Any]:
         )
     if result.exit_code != 0:
         raise BoardError(f"{conn.board.name}: probing the board failed: {result.stderr.strip()[-300:]}")
-    return json.loads(result.stdout)
+    return checked_facts(conn.board.name, result.stdout)
+
+
+# What the probe must answer, by key: a board's answer is untrusted (it names wheels to fetch and paths to use).
+_FACT_KINDS: dict[str, tuple[type, ...]] = {
+    "workdir": (str,), "arch": (str,), "system": (str,), "python": (str,), "python_tag": (str,), "libc": (str,),
+    "glibc": (str, type(None)), "compiler": (str, type(None)), "compiler_version": (str, type(None)),
+    "cmake": (str, type(None)), "cmake_version": (str, type(None)), "ninja": (str, type(None)),
+    "state": (dict, type(None)), "runner": (dict, type(None)), "agent_present": (bool,), "free_mb": (int, type(None)),
+}  # fmt: skip
+_ARCH = re.compile(r"[A-Za-z0-9_]{1,32}")
+_VERSION = re.compile(r"\d+(\.\d+){0,3}")
+
+
+def checked_facts(board: str, text: str) -> dict[str, Any]:
+    """The probe's JSON, refused (BoardDataError) unless every fact has its documented type and shape."""
+    try:
+        facts = json.loads(text)
+    except (ValueError, RecursionError):
+        raise BoardDataError(f"{board}: the board probe sent malformed output: not JSON") from None
+    if not isinstance(facts, dict):
+        raise BoardDataError(f"{board}: the board probe sent malformed output: not a JSON object")
+    for key, kinds in _FACT_KINDS.items():
+        value = facts.get(key)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise BoardDataError(f"{board}: the board probe sent malformed output: {key} is {json.dumps(value)[:80]}")
+    shapes = {"arch": _ARCH, "python": _VERSION, "glibc": _VERSION}
+    for key, pattern in shapes.items():
+        if facts[key] is not None and not pattern.fullmatch(facts[key]):
+            raise BoardDataError(f"{board}: the board probe sent malformed output: {key} {facts[key][:40]!r}")
+    if not facts["workdir"].startswith("/"):
+        raise BoardDataError(f"{board}: the board probe sent malformed output: workdir {facts['workdir'][:80]!r}")
+    return facts
 
 
 def _version_tuple(text: str | None) -> tuple[int, ...]:
@@ -374,8 +407,15 @@ def _verify(conn: BoardConnection, runner_path: str, wanted: str) -> None:
 
 
 def _runner_version(conn: BoardConnection, runner_path: str) -> str:
-    answer = json.loads(_run(conn, [runner_path, "--version"], "asking the runner its version", timeout=60))
-    return str(answer.get("runner_version"))
+    text = _run(conn, [runner_path, "--version"], "asking the runner its version", timeout=60)
+    try:
+        answer = json.loads(text)
+    except (ValueError, RecursionError):
+        answer = None
+    version = answer.get("runner_version") if isinstance(answer, dict) else None
+    if not isinstance(version, str) or not _VERSION.fullmatch(version.split("+")[0]):
+        raise BoardDataError(f"{conn.board.name}: the runner answered --version with {text.strip()[:80]!r}")
+    return version
 
 
 def _remove_other_runtimes(conn: BoardConnection, workdir: str, keep: str) -> None:

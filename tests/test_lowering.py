@@ -299,7 +299,7 @@ def test_cli_errors_have_exit_codes(tmp_path: Path) -> None:
     bad.write_text('{"name": "x", "model_type": "gpt2", "task": "causal-lm", "seqlen": 3}')
     result = run_fab("lower", "--spec", str(bad))
     assert result.returncode == 64
-    assert f"{bad}: field 'seqlen'" in result.stderr and "did you mean 'seq_len'" in result.stderr
+    assert f"{bad}:1: field 'seqlen'" in result.stderr and "did you mean 'seq_len'" in result.stderr
     backend = run_fab("lower", "--model", "gpt2-tiny", "--backend", "vulkan")
     assert backend.returncode == 64 and "unknown backend vulkan" in backend.stderr
 

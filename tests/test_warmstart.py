@@ -188,9 +188,11 @@ def test_warm_board_tasks_import_nothing_heavy(
         assert not imported & forbidden, (task, sorted(imported & forbidden))
     assert "using cached artifacts" in fab("lower", *model, env=env)[0].stderr
 
-    # compare needs scipy's Mann-Whitney U, and nothing else heavy. The two runs: deploy-and-profile's and run's.
-    run_ids = sorted(path.name for path in (tmp_path / "results" / "local" / "distilbert-tiny" / "xnnpack").iterdir())
-    assert len(run_ids) == 2 and all(RUN_ID.fullmatch(run_id) for run_id in run_ids), run_ids
+    # compare needs scipy's Mann-Whitney U, and nothing else heavy. The two runs: deploy-and-profile's and run's,
+    # the newest two (the session's local board also holds other tests' bundles, which `pull` brought along).
+    pulled = sorted(path.name for path in (tmp_path / "results" / "local" / "distilbert-tiny" / "xnnpack").iterdir())
+    run_ids = pulled[-2:]
+    assert len(run_ids) == 2 and all(RUN_ID.fullmatch(run_id) for run_id in run_ids), pulled
     proc, imported = fab("compare", *run_ids, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "scipy" in imported

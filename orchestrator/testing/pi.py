@@ -268,6 +268,8 @@ esac
 class PiBoard(SshdBoard):
     """One emulated Raspberry Pi: the rootfs's sshd under qemu-aarch64 in a chroot over a private overlay."""
 
+    start_timeout = 90.0  # emulated, on a loaded 2-core machine, with a cold page cache
+
     def __init__(
         self,
         lab: SshdLab,
@@ -355,9 +357,15 @@ class PiBoard(SshdBoard):
             return self.home / remote[2:]
         return self.upper / remote.lstrip("/")
 
-    def stop(self) -> None:
-        super().stop()
-        # The mount namespace died with its processes; nothing stays mounted on `merged`.
+    def processes(self) -> list[int]:
+        """PIDs of every process running inside this board's chroot (empty once it is stopped)."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{entry}/root") == str(self.merged):
+                        found.append(int(entry))
+        return found
 
 
 def start_pi_board(

@@ -92,6 +92,8 @@ def free_port(address: str) -> int:
 class SshdBoard:
     """One fake board: a private sshd, its files, and the `Board` that reaches it."""
 
+    start_timeout = _START_TIMEOUT
+
     def __init__(
         self,
         lab: SshdLab,
@@ -213,7 +215,7 @@ class SshdBoard:
         return ""
 
     def _wait_ready(self, offset: int) -> str:
-        deadline = time.monotonic() + _START_TIMEOUT
+        deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             text = self.log_text(offset)
             if "Server listening on" in text:
@@ -224,7 +226,7 @@ class SshdBoard:
             if self.process.poll() is not None:
                 return f"exited with {self.process.returncode}"
             time.sleep(0.005)
-        return f"not listening after {_START_TIMEOUT} s"
+        return f"not listening after {self.start_timeout} s"
 
     @property
     def running(self) -> bool:

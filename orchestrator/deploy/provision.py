@@ -233,23 +233,25 @@ def _problems(facts: dict[str, Any], tree: str, build: str = "auto") -> list[str
 
 
 def build_place(board_build: str, arch: str, facts: dict[str, Any]) -> str:
-    """Where the runner is built for this board: "board" or "workstation" (BoardError when neither can)."""
+    """Where the runner is built for this board: "board" or "workstation" (BoardError when neither can).
+
+    The fixes are in the message's one line: the per-board failure table shows only that."""
     board_has_compiler = bool(facts.get("compiler"))
-    install_on_board = "on the board: sudo apt-get install -y g++"
-    install_cross = f"on the workstation: {crossbuild.install_hint(arch)}"
+    on_board = "on the board: sudo apt-get install -y g++"
+    on_workstation = f"on the workstation: {crossbuild.install_hint(arch)}"
     if board_build == "board":
         if not board_has_compiler:
             raise BoardError(
-                "no C++ compiler on the board (needed to build the runner; the inventory says build: board)",
-                hint=f"{install_on_board}   (or set build: workstation or auto to cross-build the runner)",
+                f"no C++ compiler on the board to build the runner (build: board); fix {on_board}, "
+                "or set build: workstation (or auto) to cross-build it"
             )
         return "board"
     cross = crossbuild.find_cross_compiler(arch)
     if board_build == "workstation":
         if cross is None:
             raise BoardError(
-                f"no cross compiler for {arch} on the workstation (the inventory says build: workstation)",
-                hint=f"{install_cross}   (or set build: board and: {install_on_board})",
+                f"no cross compiler for {arch} on the workstation (build: workstation); fix {on_workstation}, "
+                f"or set build: board (or auto) and {on_board}"
             )
         return "workstation"
     if board_has_compiler:
@@ -257,8 +259,8 @@ def build_place(board_build: str, arch: str, facts: dict[str, Any]) -> str:
     if cross is not None:
         return "workstation"
     raise BoardError(
-        f"cannot build the runner: no C++ compiler on the board and no cross compiler for {arch} on the workstation",
-        hint=f"either {install_on_board}, or {install_cross}",
+        f"cannot build the runner: no C++ compiler on the board, no cross compiler for {arch} on the workstation; "
+        f"fix either {on_board}, or {on_workstation}"
     )
 
 
@@ -281,7 +283,7 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
     try:
         place = build_place(conn.board.build, facts["arch"], facts)
     except BoardError as exc:
-        raise BoardError(f"{name}: {exc.args[0]}", hint=exc.hint) from None
+        raise BoardError(f"{name}: {exc}") from None
     console.info(console.escape(f"  {name}: provisioning ({'; '.join(reasons)})"))
     state = facts.get("state") or {}
     wanted = executorch_version()

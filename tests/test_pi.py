@@ -6,6 +6,7 @@ asserts `valid` or a timing for it.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import pytest
 from orchestrator.boards.inventory import Board
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.testing import pi as emulated
 from orchestrator.testing.pi import PiBoard
 from orchestrator.testing.sshd import SshdBoard
 from orchestrator.transport import connect
@@ -39,6 +41,17 @@ def _lab(path: Path, boards: list[Board]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- the emulated board itself
+
+
+def test_rootfs_cache_key_follows_the_recipe_and_the_month(monkeypatch: pytest.MonkeyPatch) -> None:
+    november, december = dt.date(2026, 11, 30), dt.date(2026, 12, 1)
+    key = emulated.rootfs_key(november)
+    assert key.endswith("-2026-11") and emulated.rootfs_key(december).endswith("-2026-12")
+    assert emulated.rootfs_key(december).split("-")[0] == key.split("-")[0]
+    assert emulated.rootfs_archive(november).parent == emulated.cache_root() and not emulated.cache_root().is_relative_to(PROJECT_ROOT)
+    monkeypatch.setitem(emulated.ROOTFS_RECIPE, "packages", [*emulated.ROOTFS_RECIPE["packages"], "strace"])
+    assert emulated.rootfs_key(november) != key  # a recipe change builds a new rootfs
+    assert "--include=openssh-server,python3,g++,make,procps,iproute2,strace" in emulated.mmdebstrap_argv(Path("x"))
 
 
 def test_emulated_pis_look_like_raspberry_pis(pi_boards: Callable[..., PiBoard]) -> None:

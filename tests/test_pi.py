@@ -48,7 +48,8 @@ def test_rootfs_cache_key_follows_the_recipe_and_the_month(monkeypatch: pytest.M
     key = emulated.rootfs_key(november)
     assert key.endswith("-2026-11") and emulated.rootfs_key(december).endswith("-2026-12")
     assert emulated.rootfs_key(december).split("-")[0] == key.split("-")[0]
-    assert emulated.rootfs_archive(november).parent == emulated.cache_root() and not emulated.cache_root().is_relative_to(PROJECT_ROOT)
+    assert emulated.rootfs_archive(november).parent == emulated.cache_root()
+    assert not emulated.cache_root().is_relative_to(PROJECT_ROOT)  # outside the repository
     monkeypatch.setitem(emulated.ROOTFS_RECIPE, "packages", [*emulated.ROOTFS_RECIPE["packages"], "strace"])
     assert emulated.rootfs_key(november) != key  # a recipe change builds a new rootfs
     assert "--include=openssh-server,python3,g++,make,procps,iproute2,strace" in emulated.mmdebstrap_argv(Path("x"))

@@ -67,6 +67,10 @@ def test_emulated_pis_look_like_raspberry_pis(pi_boards: Callable[..., PiBoard])
             fake.set_throttled(0x50005)
             assert conn.run(["vcgencmd", "get_throttled"]).stdout.strip() == "throttled=0x50005"
             assert "12." in conn.run(["g++", "-dumpfullversion"]).stdout  # bookworm's g++ 12, as on the Pi
+            # Programs run on qemu's model of the Pi's core (not qemu's default "max", which has SVE).
+            auxv = conn.run(["sh", "-c", "od -An -v -tu8 -w16 /proc/self/auxv"]).stdout
+            hwcap = next(int(v) for k, v in (line.split() for line in auxv.splitlines() if line.strip()) if k == "16")
+            assert hwcap & (1 << 22) == 0, f"{hwcap:#x} has SVE"
             # What the board writes lands in its own upper dir, never in the shared rootfs.
             conn.run(["sh", "-c", "echo hello > ~/written"])
             assert fake.local_path("~/written").read_text() == "hello\n"

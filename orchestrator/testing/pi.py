@@ -71,10 +71,18 @@ class PiFlavour:
     cores: int
     max_khz: int
     min_khz: int
+    # qemu's CPU model (QEMU_CPU): the instruction set and HWCAP the programs see, so XNNPACK picks the kernels
+    # this core has (qemu's default "max" has SVE2 and more that no Pi has). qemu's A72 model has the crypto
+    # extension, which a Pi 4's BCM2711 lacks: an emulated Pi 4 reports AES (use bulk_cipher to test chacha).
+    qemu_cpu: str
 
 
-PI5 = PiFlavour("pi5", "Raspberry Pi 5 Model B Rev 1.0", "0x00000000414fd0b1", "Cortex-A76", 4, 2400000, 1500000)
-PI4 = PiFlavour("pi4", "Raspberry Pi 4 Model B Rev 1.5", "0x00000000410fd083", "Cortex-A72", 4, 1800000, 600000)
+PI5 = PiFlavour(
+    "pi5", "Raspberry Pi 5 Model B Rev 1.0", "0x00000000414fd0b1", "Cortex-A76", 4, 2400000, 1500000, "cortex-a76"
+)
+PI4 = PiFlavour(
+    "pi4", "Raspberry Pi 4 Model B Rev 1.5", "0x00000000410fd083", "Cortex-A72", 4, 1800000, 600000, "cortex-a72"
+)
 FLAVOURS = {flavour.name: flavour for flavour in (PI5, PI4)}
 
 
@@ -295,7 +303,8 @@ class PiBoard(SshdBoard):
             "keepalive": 5.0,
             "tcp_user_timeout": 60.0,
         }
-        super().__init__(lab, name, address, root, **{**defaults, **board_overrides})
+        session_env = {"QEMU_CPU": flavour.qemu_cpu}  # sessions' programs run on the same emulated core
+        super().__init__(lab, name, address, root, session_env=session_env, **{**defaults, **board_overrides})
         self.home = self.upper / "root"
         self.config = self.upper / _CHROOT_CONFIG.lstrip("/")
         for folder in (self.upper, self.overlay_work, self.merged, self.control, self.home):
@@ -345,6 +354,7 @@ class PiBoard(SshdBoard):
                 f"mount --rbind /dev {merged}/dev",
                 f"mount --bind {shlex.quote(str(self.fake_sys))} {merged}/sys",
                 f"mount --bind {shlex.quote(str(self.control))} {merged}{_CHROOT_CONTROL}",
+                f"export QEMU_CPU={shlex.quote(self.flavour.qemu_cpu)}",
                 f"exec chroot {merged} /usr/sbin/sshd -D -e -f {_CHROOT_CONFIG}",
             ]
         )

@@ -237,7 +237,7 @@ def build_place(board_build: str, arch: str, facts: dict[str, Any]) -> str:
 
     The fixes are in the message's one line: the per-board failure table shows only that."""
     board_has_compiler = bool(facts.get("compiler"))
-    on_board = "on the board: sudo apt-get install -y g++"
+    on_board = "on the board: sudo apt-get install -y g++ (or build-essential)"
     on_workstation = f"on the workstation: {crossbuild.install_hint(arch)}"
     if board_build == "board":
         if not board_has_compiler:

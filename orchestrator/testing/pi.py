@@ -11,8 +11,8 @@ Under emulation `uname -r` and `/proc/cpuinfo` are the host's and `perf_event_op
 
 The rootfs is built once with mmdebstrap and cached outside the repository, under a key made of the recipe's
 hash and the month (`~/.cache/etlab/pi-rootfs/<hash>-<YYYY-MM>.tar.zst`, unpacked beside it), so security
-updates arrive monthly and a recipe change rebuilds it. `bootstrap.sh --test` prepares it; a missing one is
-built on first use, with a log line.
+updates arrive monthly and a recipe change rebuilds it (ETLAB_PI_CACHE moves the cache, ETLAB_DEBIAN_MIRROR
+picks the mirror). `bootstrap.sh --test` prepares it; a missing one is built on first use, with a log line.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -326,7 +327,7 @@ class PiBoard(SshdBoard):
             for relative in COMPILER_PATHS:
                 whiteout = self.upper / relative
                 whiteout.unlink(missing_ok=True)
-                os.mknod(whiteout, 0o600 | 0o020000, os.makedev(0, 0))  # overlayfs whiteout: hidden from the lower dir
+                os.mknod(whiteout, 0o600 | stat.S_IFCHR, os.makedev(0, 0))  # overlayfs whiteout: hides it
 
     def set_throttled(self, value: int) -> None:
         """What the fake `vcgencmd get_throttled` answers from now on (e.g. 0x50005: under-voltage, throttled)."""

@@ -37,6 +37,8 @@ apt_install() {
 command -v g++ >/dev/null 2>&1 || apt_install g++
 if [ "$want_test" = 1 ]; then
   apt_install openssh-server openssh-client chromium iproute2 procps postgresql
+  # Emulated Raspberry Pis (aarch64 under qemu-user) and the aarch64 cross compiler for the runner.
+  apt_install qemu-user-static binfmt-support mmdebstrap arch-test zstd g++-aarch64-linux-gnu
 fi
 
 stamp=.venv/.etlab-installed
@@ -49,5 +51,14 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e '.[test]'
   touch "$stamp"
+fi
+if [ "$want_test" = 1 ]; then
+  # The emulated Pis' rootfs: built once (3-7 min), cached in ~/.cache/etlab/pi-rootfs/<recipe>-<month>.
+  if [ "$(id -u)" -eq 0 ]; then
+    # CI must have them (a failure stops it); elsewhere the emulated-Pi tests skip with the reason.
+    .venv/bin/python tools/emulated_pi.py --prepare || [ -z "${CI:-}" ] || exit 1
+  else
+    say "not root: the emulated-Pi tests will skip (they need root for namespaces, overlayfs and chroot)"
+  fi
 fi
 say "ready: $(.venv/bin/python -c 'import importlib.metadata as m; print("executorch", m.version("executorch"), "torch", m.version("torch"))')"

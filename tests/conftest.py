@@ -8,6 +8,7 @@ pytest_plugins = [
     "tests.plugins.runner",  # the native runner, built once per source hash
     "tests.plugins.agent",  # the board agent run locally
     "tests.plugins.sshd",  # fake boards: real OpenSSH servers on 127.0.0.x
+    "tests.plugins.pi",  # emulated aarch64 Raspberry Pis: the rootfs's own sshd under qemu-user
     "tests.plugins.boards",  # labs of fake boards with an inventory, driven through `fab`
     "tests.plugins.analysis",  # real bundles from the runner, and the Model Explorer adapter
     "tests.plugins.browser",  # Debian's Chromium through Playwright

@@ -41,6 +41,7 @@ INFO_TYPES: dict[str, tuple[type, ...]] = {
     "hostname": (str,),
     "model": (str, type(None)),
     "arch": (str, type(None)),
+    "cpu": (dict,),
     "cores_online": (int, type(None)),
     "cpufreq": (list,),
     "governor": (str, type(None)),
@@ -74,6 +75,7 @@ def assert_info_schema(document: dict[str, Any]) -> None:
     for key, types in INFO_TYPES.items():
         assert isinstance(document[key], types), (key, document[key])
     assert set(document["memory"]) == {"total_kb", "available_kb"}
+    assert set(document["cpu"]) == {"core", "midr", "hwcap", "aes"}
     for policy in document["cpufreq"]:
         assert set(policy) == {"policy", "cpus", "cur_khz", "min_khz", "max_khz", "hw_max_khz", "governor"}
     for zone in document["thermal_zones"]:
@@ -131,6 +133,8 @@ def test_info_parses_a_throttled_raspberry_pi_4(agent: AgentCli, board_sample_en
     assert document["memory"] == {"total_kb": 3884332, "available_kb": 3391256}
     assert document["os_release"] == "Debian GNU/Linux 11 (bullseye)"
     assert document["kernel"] == "6.1.21-v8+"
+    # The core from MIDR, AES from AT_HWCAP: a Pi 4's Cortex-A72 has no AES instructions.
+    assert document["cpu"] == {"core": "Cortex-A72", "midr": "0x410fd083", "hwcap": "0x887", "aes": False}
 
 
 def test_info_parses_a_healthy_raspberry_pi_5(agent: AgentCli, board_sample_env: Callable) -> None:

@@ -36,6 +36,8 @@ boards:
     workdir: /srv/etlab
     tags: [pi4, aarch64]
     bulk_transfer: paramiko
+    bulk_cipher: chacha20-poly1305@openssh.com
+    build: workstation
 groups:
   pis: [pi5-a, "pi 4; $(reboot) `x` 'q'"]
 nightly:
@@ -96,6 +98,8 @@ def test_a_full_inventory_applies_defaults_and_resolves_paths(tmp_path: Path) ->
     odd = inventory.boards["pi 4; $(reboot) `x` 'q'"]
     assert (odd.port, odd.user, odd.agent, odd.workdir) == (2222, "admin", True, "/srv/etlab")
     assert (odd.bulk_transfer, pi5.bulk_transfer) == ("paramiko", "auto")
+    assert (odd.bulk_cipher, pi5.bulk_cipher) == ("chacha20-poly1305@openssh.com", "auto")
+    assert (odd.build, pi5.build) == ("workstation", "auto")
     assert inventory.groups == {"pis": ("pi5-a", "pi 4; $(reboot) `x` 'q'")}
     assert inventory.nightly == {"models": ["distilbert"], "backends": ["xnnpack"]}
     # A local board gets its workdir under the state folder, named after the board.
@@ -189,6 +193,36 @@ MALFORMED = {
         """,
         "defaults.bulk_transfer",
         "expected one of auto, openssh, paramiko, got 'opensssh' (did you mean 'openssh'?)",
+    ),
+    "bad build": (
+        """\
+        boards:
+          pi5-a:
+            host: 10.0.0.2
+            build: cross  # <-
+        """,
+        "boards.pi5-a.build",
+        "expected one of auto, board, workstation, got 'cross'",
+    ),
+    "bad bulk_cipher": (
+        """\
+        defaults:
+          bulk_cipher: chacha20  # <-
+        boards:
+          pi4-a: {host: 10.0.0.3}
+        """,
+        "defaults.bulk_cipher",
+        "expected one of auto, aes128-gcm@openssh.com, aes256-gcm@openssh.com, chacha20-poly1305@openssh.com",
+    ),
+    "bulk_cipher on a local board": (
+        """\
+        boards:
+          here:
+            transport: local
+            bulk_cipher: aes128-gcm@openssh.com  # <-
+        """,
+        "boards.here.bulk_cipher",
+        "not used by a board with transport 'local'",
     ),
     "ssh board without host": (
         """\

@@ -91,8 +91,9 @@ def test_version_mismatch_reprovisions(fresh_board: Board, first_setup: provisio
 
 def test_missing_compiler_names_the_packages() -> None:
     facts = {"system": "Linux", "libc": "glibc", "glibc": "2.36", "compiler": None, "free_mb": 9000}
+    provision._check_prerequisites("pi5-a", facts)  # a board without g++ may get a cross-built runner
     with pytest.raises(BoardError) as excinfo:
-        provision._check_prerequisites("pi5-a", facts)
+        provision.build_place("board", "aarch64", facts)
     assert "no C++ compiler" in str(excinfo.value)
     assert "sudo apt-get install -y g++" in str(excinfo.value)
     assert "build-essential" in str(excinfo.value)

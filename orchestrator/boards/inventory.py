@@ -39,6 +39,11 @@ TRANSPORTS = ("ssh", "local")
 # How large transfers travel: "auto" uses OpenSSH's `ssh` client for them when it is installed (its C crypto
 # costs far less CPU than paramiko's), "openssh" always does, "paramiko" never does.
 BULK_TRANSFERS = ("auto", "openssh", "paramiko")
+# Where the native runner is built: on the board, cross-built on the workstation, or "auto" (on the board when
+# it has g++, else cross-built when the workstation has the cross compiler).
+BUILDS = ("auto", "board", "workstation")
+# The cipher of OpenSSH bulk transfers: "auto" picks from the board's CPU (AES instructions or not).
+BULK_CIPHERS = ("auto", "aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com")
 DEFAULT_WORKDIR = "~/.etlab"
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KEEPALIVE = 5.0
@@ -66,6 +71,8 @@ class Board:
     keepalive: float = DEFAULT_KEEPALIVE
     tcp_user_timeout: float = DEFAULT_TCP_USER_TIMEOUT
     bulk_transfer: str = "auto"
+    bulk_cipher: str = "auto"
+    build: str = "auto"
     known_hosts: Path = field(default_factory=lambda: paths.state_dir() / "known_hosts")
 
     @property
@@ -188,6 +195,8 @@ _BOARD_FIELDS: dict[str, Check] = {
     "keepalive": seconds,
     "tcp_user_timeout": seconds,
     "bulk_transfer": choice(BULK_TRANSFERS),
+    "bulk_cipher": choice(BULK_CIPHERS),
+    "build": choice(BUILDS),
 }
 _DEFAULT_FIELDS: dict[str, Check] = {
     **{k: v for k, v in _BOARD_FIELDS.items() if k not in ("host", "transport", "tags")},
@@ -203,6 +212,7 @@ _SSH_ONLY = (
     "keepalive",
     "tcp_user_timeout",
     "bulk_transfer",
+    "bulk_cipher",
 )
 _TOP_LEVEL = ("defaults", "boards", "groups", "nightly")
 

@@ -1,9 +1,10 @@
 """`fab setup-board`: make a board able to run our runner, offline, and idempotently.
 
-The board needs only python3, a C++ compiler and what we push: the board/ tree, the click wheel for the
-agent, the ExecuTorch SDK from the wheel built for the board's platform (at exactly the workstation's
-executorch version), and cmake/ninja wheels when the board has none recent enough. The runner is
-built on the board. A board that is already up to date costs one probe round trip.
+The board needs only python3 and what we push: the board/ tree, the click wheel for the agent, the ExecuTorch
+SDK from the wheel built for the board's platform (at exactly the workstation's executorch version), and the
+runner. The runner is built on the board when it has g++ (with cmake/ninja wheels when the board has none
+recent enough), or cross-built on the workstation and pushed (`build: board | workstation | auto`). A board
+that is already up to date costs one probe round trip.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from orchestrator import console, paths
 from orchestrator.boards.workdir import BoardWorkdir
+from orchestrator.deploy import crossbuild
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.errors import BoardDataError, BoardError
 from orchestrator.fsutil import atomic_path, atomic_write_bytes
@@ -242,7 +244,7 @@ def verify_model() -> Path:
 # ---------------------------------------------------------------- provisioning
 
 
-def _problems(facts: dict[str, Any], tree: str) -> list[str]:
+def _problems(facts: dict[str, Any], tree: str, build: str = "auto") -> list[str]:
     """Why a board is not up to date (empty list: nothing to do)."""
     state = facts.get("state") or {}
     wanted = executorch_version()
@@ -258,7 +260,41 @@ def _problems(facts: dict[str, Any], tree: str) -> list[str]:
         reasons.append("runner missing or built for another executorch")
     if state and not facts.get("agent_present"):
         reasons.append("agent missing")
+    if state and not reasons and build != "auto" and state.get("runner_build", "board") != build:
+        reasons.append(f"runner was built on the {state.get('runner_build', 'board')}, inventory says {build}")
     return reasons
+
+
+def build_place(board_build: str, arch: str, facts: dict[str, Any]) -> str:
+    """Where the runner is built for this board: "board" or "workstation" (BoardError when neither can).
+
+    The fixes are in the message's one line: the per-board failure table shows only that."""
+    board_has_compiler = bool(facts.get("compiler"))
+    on_board = "on the board: sudo apt-get install -y g++ (or build-essential)"
+    on_workstation = f"on the workstation: {crossbuild.install_hint(arch)}"
+    if board_build == "board":
+        if not board_has_compiler:
+            raise BoardError(
+                f"no C++ compiler on the board to build the runner (build: board); fix {on_board}, "
+                "or set build: workstation (or auto) to cross-build it"
+            )
+        return "board"
+    cross = crossbuild.find_cross_compiler(arch)
+    if board_build == "workstation":
+        if cross is None:
+            raise BoardError(
+                f"no cross compiler for {arch} on the workstation (build: workstation); fix {on_workstation}, "
+                f"or set build: board (or auto) and {on_board}"
+            )
+        return "workstation"
+    if board_has_compiler:
+        return "board"
+    if cross is not None:
+        return "workstation"
+    raise BoardError(
+        f"cannot build the runner: no C++ compiler on the board, no cross compiler for {arch} on the workstation; "
+        f"fix either {on_board}, or {on_workstation}"
+    )
 
 
 def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = True) -> ProvisionReport:
@@ -269,7 +305,7 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
     workdir = facts["workdir"]
     report = ProvisionReport(name, arch=facts["arch"], executorch_version=executorch_version())
     tarball, tree = board_tarball()
-    reasons = ["--force"] if force else _problems(facts, tree)
+    reasons = ["--force"] if force else _problems(facts, tree, conn.board.build)
     if not reasons:
         report.up_to_date = True
         report.runner_version = (facts.get("runner") or {}).get("runner_version")
@@ -277,6 +313,10 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
         return report
 
     _check_prerequisites(name, facts)
+    try:
+        place = build_place(conn.board.build, facts["arch"], facts)
+    except BoardError as exc:
+        raise BoardError(f"{name}: {exc}") from None
     console.info(console.escape(f"  {name}: provisioning ({'; '.join(reasons)})"))
     state = facts.get("state") or {}
     wanted = executorch_version()
@@ -292,6 +332,7 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
     _run(conn, ["python3", wd.agent_bootstrap, "--wheel", click_wheel.remote_path,
                 "--dest", wd.pylib], "installing click for the agent", timeout=300)  # fmt: skip
 
+    wheel: Path | None = None
     needs_runtime = (
         force
         or state.get("executorch_version") != wanted
@@ -303,7 +344,8 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
         sdk_parts = ("executorch/include/", "executorch/lib/", "executorch/share/")
         agent.unpack(remote, wd.runtime(wanted), prefixes=sdk_parts, strip="executorch/")
         report.actions.append(f"installed ExecuTorch {wanted} SDK ({wheel.name})")
-    _ensure_build_tools(conn, agent, facts, workdir, report)
+    if place == "board":
+        _ensure_build_tools(conn, agent, facts, workdir, report)
 
     runner_dir = wd.runner(wanted)
     runner_path = f"{runner_dir}/etlab_runner"
@@ -313,12 +355,17 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
         or needs_runtime
         or state.get("runner_source_sha256") != runner_source
         or runner_answer.get("executorch_version", "").split("+")[0] != wanted
+        or state.get("runner_build", "board") != place
     )
-    if rebuild:
+    if rebuild and place == "board":
         with console.StageTimer(prefix=f"{name}: ").stage("build runner"):
             built = agent.build_runner(wd.runtime(wanted), wd.runner_sources, runner_dir)
         runner_path = built.get("runner") or built.get("runner_path") or runner_path
         report.actions.append("built the native runner")
+    elif rebuild:
+        wheel = wheel or fetch_wheel("executorch", f"executorch=={wanted}", facts, any_python=True)
+        runner_path = _install_cross_built_runner(conn, facts["arch"], wheel, runner_source, runner_dir)
+        report.actions.append(f"cross-built the native runner on the workstation for {facts['arch']}")
 
     if verify:
         _verify(conn, runner_path, wanted)
@@ -332,6 +379,7 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
             "runner_source_sha256": runner_source,
             "runner_path": runner_path,
             "runner_version": runner_version,
+            "runner_build": place,
             "provisioned_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }
     )
@@ -348,13 +396,33 @@ def _check_prerequisites(name: str, facts: dict[str, Any]) -> None:
         )
     if _version_tuple(facts.get("glibc")) < MIN_GLIBC:
         raise BoardError(f"{name}: glibc {facts.get('glibc')} is too old; the ExecuTorch runtime needs glibc >= 2.28")
-    if not facts.get("compiler"):
-        raise BoardError(
-            f"{name}: no C++ compiler on the board (needed to build the runner)",
-            hint="on the board: sudo apt-get install -y g++   (or: sudo apt-get install -y build-essential)",
-        )
     if facts.get("free_mb") is not None and facts["free_mb"] < 500:
         raise BoardError(f"{name}: only {facts['free_mb']} MB free in the workdir's filesystem; need 500 MB")
+
+
+def _install_cross_built_runner(
+    conn: BoardConnection, arch: str, wheel: Path, runner_source: str, runner_dir: str
+) -> str:
+    """Cross-build the runner here, push it content-addressed (verified by hash on the board), install it."""
+    compiler = crossbuild.find_cross_compiler(arch)
+    if compiler is None:
+        raise BoardError(
+            f"{conn.board.name}: the cross compiler for {arch} disappeared", hint=crossbuild.install_hint(arch)
+        )
+    with console.StageTimer(prefix=f"{conn.board.name}: ").stage("cross-build runner"):
+        binary = crossbuild.cross_build_runner(
+            compiler, wheel, paths.BOARD_SOURCE_DIR / "runner", runner_source, executorch_version()
+        )
+    pushed = push_file(conn, binary, kind="cache", suffix=".runner").remote_path
+    target = f"{runner_dir}/{crossbuild.RUNNER_NAME}"
+    script = (
+        f"mkdir -p {quote(runner_dir)} && cp {quote(pushed)} {quote(target + '.tmp')} && "
+        f"chmod 755 {quote(target + '.tmp')} && mv -f {quote(target + '.tmp')} {quote(target)}"
+    )
+    result = conn.run_shell(script, timeout=300, check=False)
+    if result.exit_code != 0:
+        raise BoardError(f"{conn.board.name}: installing the cross-built runner failed: {result.stderr.strip()[-300:]}")
+    return target
 
 
 def _ensure_build_tools(

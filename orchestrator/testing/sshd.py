@@ -92,6 +92,8 @@ def free_port(address: str) -> int:
 class SshdBoard:
     """One fake board: a private sshd, its files, and the `Board` that reaches it."""
 
+    start_timeout = _START_TIMEOUT
+
     def __init__(
         self,
         lab: SshdLab,
@@ -146,15 +148,24 @@ class SshdBoard:
     def workdir_path(self) -> Path:
         return self.local_path(self.board.workdir)
 
+    def _server_files(self) -> dict[str, str]:
+        """The host key, authorized_keys and HOME as the server sees them (a chrooted board overrides this)."""
+        return {
+            "host_key": str(self.host_key),
+            "authorized_keys": str(self.lab.authorized_keys),
+            "home": str(self.home),
+        }
+
     def _write_config(self) -> None:
         # sshd keeps the first value it reads for a keyword, so a test's own options go first and win.
+        files = self._server_files()
         lines = [
             *self.sshd_config,
             f"Port {self.port}",
             f"ListenAddress {self.address}",
-            f"HostKey {self.host_key}",
+            f"HostKey {files['host_key']}",
             "PidFile none",
-            f"AuthorizedKeysFile {self.lab.authorized_keys}",
+            f"AuthorizedKeysFile {files['authorized_keys']}",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
             "UsePAM no",
@@ -162,7 +173,7 @@ class SshdBoard:
             "PermitRootLogin prohibit-password",
             "Subsystem sftp internal-sftp",
             # Only the first SetEnv line counts, so every variable goes on it.
-            "SetEnv " + " ".join(f'"{k}={v}"' for k, v in {"HOME": str(self.home), **self.session_env}.items()),
+            "SetEnv " + " ".join(f'"{k}={v}"' for k, v in {"HOME": files["home"], **self.session_env}.items()),
             "MaxStartups 100:30:200",
             "MaxSessions 100",
             "LogLevel INFO",
@@ -204,7 +215,7 @@ class SshdBoard:
         return ""
 
     def _wait_ready(self, offset: int) -> str:
-        deadline = time.monotonic() + _START_TIMEOUT
+        deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             text = self.log_text(offset)
             if "Server listening on" in text:
@@ -215,7 +226,7 @@ class SshdBoard:
             if self.process.poll() is not None:
                 return f"exited with {self.process.returncode}"
             time.sleep(0.005)
-        return f"not listening after {_START_TIMEOUT} s"
+        return f"not listening after {self.start_timeout} s"
 
     @property
     def running(self) -> bool:
@@ -361,6 +372,11 @@ class SshdLab:
         self._count += 1
         return f"127.0.{index // 250}.{2 + index % 250}"
 
+    def allocate(self, name: str | None, *, prefix: str = "board") -> tuple[str, str, Path]:
+        """A new board's name (given or numbered), loopback address and folder."""
+        number = self._count
+        return (name if name is not None else f"{prefix}-{number}"), self._next_address(), self.root / f"board-{number}"
+
     def board(
         self,
         name: str | None = None,
@@ -371,12 +387,8 @@ class SshdLab:
     ) -> SshdBoard:
         """Start a new fake board. `sshd_config` adds server options (e.g. "RekeyLimit 1M"), `session_env` sets
         variables in its sessions (e.g. a PATH without openssl); `board_overrides` are Board fields."""
-        number = self._count
-        name = name if name is not None else f"board-{number}"
-        root = self.root / f"board-{number}"
-        fake = SshdBoard(
-            self, name, self._next_address(), root, sshd_config=sshd_config, session_env=session_env, **board_overrides
-        )
+        name, address, root = self.allocate(name)
+        fake = SshdBoard(self, name, address, root, sshd_config=sshd_config, session_env=session_env, **board_overrides)
         self.boards.append(fake)
         fake.start()
         return fake

@@ -37,6 +37,10 @@ def board_entry(board: Board) -> dict[str, Any]:
         entry.update(host=board.host, port=board.port, user=board.user, key=str(board.key))
         entry.update(connect_timeout=board.connect_timeout, keepalive=board.keepalive)
         entry["tcp_user_timeout"] = board.tcp_user_timeout
+    if board.build != "auto":
+        entry["build"] = board.build
+    if board.transport == "ssh" and board.bulk_cipher != "auto":
+        entry["bulk_cipher"] = board.bulk_cipher
     if board.tags:
         entry["tags"] = list(board.tags)
     if board.threads:

@@ -12,6 +12,7 @@ import platform
 import re
 import shutil
 import socket
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,27 @@ THROTTLED_BITS = {
 }
 # Zone types that measure the SoC/CPU, best first (Raspberry Pi: cpu-thermal; Rockchip: soc-thermal).
 PREFERRED_ZONE_TYPES = ("cpu-thermal", "cpu_thermal", "soc-thermal", "soc_thermal", "x86_pkg_temp")
+# MIDR_EL1 part numbers of Arm Ltd (implementer 0x41) cores found on Raspberry Pi class boards.
+ARM_CORES = {
+    0xD03: "Cortex-A53",
+    0xD04: "Cortex-A35",
+    0xD05: "Cortex-A55",
+    0xD07: "Cortex-A57",
+    0xD08: "Cortex-A72",
+    0xD09: "Cortex-A73",
+    0xD0A: "Cortex-A75",
+    0xD0B: "Cortex-A76",
+    0xD0C: "Neoverse-N1",
+    0xD0D: "Cortex-A77",
+    0xD41: "Cortex-A78",
+    0xD44: "Cortex-X1",
+    0xD46: "Cortex-A510",
+    0xD47: "Cortex-A710",
+    0xD80: "Cortex-A520",
+    0xD81: "Cortex-A720",
+}
+AT_HWCAP = 16
+HWCAP_AES = 1 << 3  # aarch64 (arch/arm64/include/uapi/asm/hwcap.h)
 
 
 def sysroot() -> Path:
@@ -191,6 +213,69 @@ def parse_measure_temp(text: str | None) -> float | None:
         return None
 
 
+def parse_midr(text: str | None) -> dict[str, Any] | None:
+    """'0x00000000414fd0b1' -> the core's name (Cortex-A76) and MIDR fields, or None."""
+    try:
+        value = int(text or "", 16)
+    except ValueError:
+        return None
+    implementer, part = (value >> 24) & 0xFF, (value >> 4) & 0xFFF
+    known = ARM_CORES.get(part) if implementer == 0x41 else None
+    return {
+        "midr": f"{value:#010x}",
+        "implementer": f"{implementer:#04x}",
+        "part": f"{part:#05x}",
+        "core": known or f"unknown ({implementer:#04x}:{part:#05x})",
+    }
+
+
+def parse_auxv(data: bytes) -> dict[int, int]:
+    """The 64-bit auxiliary vector (type, value pairs up to AT_NULL) as a dict."""
+    entries: dict[int, int] = {}
+    for offset in range(0, len(data) - 15, 16):
+        kind, value = struct.unpack_from("<QQ", data, offset)
+        if kind == 0:
+            break
+        entries.setdefault(kind, value)
+    return entries
+
+
+def hwcap() -> int | None:
+    """AT_HWCAP of this process, from /proc/self/auxv (under qemu-user: the emulated CPU's, not the host's)."""
+    try:
+        data = sys_path("/proc/self/auxv").read_bytes()
+    except OSError:
+        return None
+    return parse_auxv(data).get(AT_HWCAP)
+
+
+def cpu_facts(arch: str | None) -> dict[str, Any]:
+    """The core type from MIDR and whether the CPU has AES instructions.
+
+    /proc/cpuinfo is not used on Arm: under emulation it is the host's. AES comes from HWCAP on aarch64, from
+    the CPU flags on x86_64 (where /proc/cpuinfo is the real CPU's)."""
+    cores = []
+    for cpu in parse_cpu_list(read_text("/sys/devices/system/cpu/possible")) or [0]:
+        midr = parse_midr(read_text(f"/sys/devices/system/cpu/cpu{cpu}/regs/identification/midr_el1"))
+        if midr:
+            cores.append(midr)
+    names = sorted({core["core"] for core in cores})
+    caps = hwcap()
+    arm = (arch or "") in ("aarch64", "arm64") or bool(cores)
+    aes: bool | None = None
+    if arm and caps is not None:
+        aes = bool(caps & HWCAP_AES)
+    elif (arch or "") in ("x86_64", "amd64"):
+        flags = next((line for line in (read_text("/proc/cpuinfo") or "").splitlines() if line.startswith("flags")), "")
+        aes = "aes" in flags.split(":", 1)[-1].split() if flags else None
+    return {
+        "core": names[0] if len(names) == 1 else (" + ".join(names) if names else None),
+        "midr": cores[0]["midr"] if cores else None,
+        "hwcap": f"{caps:#x}" if caps is not None else None,
+        "aes": aes,
+    }
+
+
 def meminfo() -> dict[str, int | None]:
     fields: dict[str, int] = {}
     for line in (read_text("/proc/meminfo") or "").splitlines():
@@ -265,6 +350,7 @@ def collect_info(workdir: Workdir, runner: Path | None = None) -> dict[str, Any]
     governors = sorted({p["governor"] for p in policies if p["governor"]})
     throttled_text = run_vcgencmd("get_throttled")
     runner = runner or _runner_from_state(workdir, state)
+    arch = platform.machine() or None
     try:
         holder = current_holder(workdir)
     except OSError:
@@ -274,7 +360,8 @@ def collect_info(workdir: Workdir, runner: Path | None = None) -> dict[str, Any]
         "collected_at": utc_now(),
         "hostname": socket.gethostname(),
         "model": board_model(),
-        "arch": platform.machine() or None,
+        "arch": arch,
+        "cpu": cpu_facts(arch),
         "cores_online": cores_online(),
         "cpufreq": policies,
         "governor": governors[0] if len(governors) == 1 else ("mixed" if governors else None),

@@ -15,6 +15,7 @@ STATE_KEYS = (
     "runner_source_sha256",
     "runner_path",
     "runner_version",
+    "runner_build",
     "provisioned_at",
 )
 

@@ -309,7 +309,7 @@ def steady_copy(bundle: BundleCase, destination: Path, *, spread: float = 0.05) 
         for events in groups.values():
             durations = clip([float(p.end_time - p.start_time) for p in events])
             for profile, duration in zip(events, durations, strict=True):
-                profile.end_time = profile.start_time + int(round(duration))
+                profile.end_time = profile.start_time + round(duration)
 
     rewrite_etdump(case.path, steady)
     timings = json.loads((case.path / "timings.json").read_text())

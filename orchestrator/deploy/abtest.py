@@ -55,6 +55,7 @@ class Interleaved:
 
     rounds: int = 0
     seconds: float = 0.0
+    budget_seconds: float | None = None  # None: unbounded
     a_ms: list[float] = field(default_factory=list)
     b_ms: list[float] = field(default_factory=list)
     round_ratios: list[float] = field(default_factory=list)
@@ -72,6 +73,12 @@ class Interleaved:
         return float(np.median(self.b_ms)) if self.b_ms else None
 
     @property
+    def timing(self) -> str:
+        """ "4 rounds in 12 s (budget 180 s)": what the re-test cost, for reports."""
+        budget = f" (budget {self.budget_seconds:g} s)" if self.budget_seconds is not None else ""
+        return f"{self.rounds} rounds in {self.seconds:.0f} s{budget}"
+
+    @property
     def ratio(self) -> float | None:
         a, b = self.median_a_ms, self.median_b_ms
         return b / a if a and b is not None else None
@@ -80,6 +87,7 @@ class Interleaved:
         return {
             "rounds": self.rounds,
             "seconds": round(self.seconds, 3),
+            "budget_seconds": self.budget_seconds,
             "median_a_ms": self.median_a_ms,
             "median_b_ms": self.median_b_ms,
             "ratio": self.ratio,
@@ -141,7 +149,7 @@ def interleave(
 ) -> Interleaved:
     """Run A and B alternately on the board and decide. Board trouble ends the re-test with `error` set."""
     started = time.monotonic()
-    result = Interleaved()
+    result = Interleaved(budget_seconds=budget_seconds if np.isfinite(budget_seconds) else None)
     per_run = iterations_per_run or max(5, params.iterations // 4)
     agent = BoardAgent(conn, conn.workdir)
     try:

@@ -1,8 +1,9 @@
 """The interleaved A/B re-test: is program B really slower (or faster) than program A on this board?
 
-A and B run alternately on the same board, in rounds (A B, A B, ...), each run a few timed iterations with the
-same inputs, threads and warmup. Both programs are measured in the same minutes, so whatever the board does
-(a background job, thermal drift) falls on both; the samples of A are then compared with those of B.
+A and B run alternately on the same board, in rounds (A B, B A, A B, ...: a steady drift of the board within a
+round falls on each side equally often), each run a few timed iterations with the same inputs, threads and
+warmup. Both programs are measured in the same minutes, so whatever the board does (a background job, thermal
+drift) falls on both; the samples of A are then compared with those of B.
 
 The board lock is taken per run (each run is one agent `profile`, which holds the lock while it runs); between
 runs another job may take the board, which costs time but never mixes measurements. The re-test is bounded by a
@@ -158,9 +159,11 @@ def interleave(
             for side in (a, b)
         }
         remote_inputs = push_file(conn, inputs[0], kind="inputs", suffix=".etlt", sha256=inputs[1]).remote_path
-        for _ in range(max(rounds, MIN_ROUNDS)):
+        for round_index in range(max(rounds, MIN_ROUNDS)):
             medians = {}
-            for side, into in ((a, result.a_ms), (b, result.b_ms)):
+            order = ((a, result.a_ms), (b, result.b_ms))
+            # A B, then B A: a board that warms up or gets busier during a round would otherwise always slow B.
+            for side, into in order if round_index % 2 == 0 else order[::-1]:
                 samples = _one_run(conn, agent, remote[side.label], remote_inputs, side, params, per_run)
                 into.extend(samples)
                 medians[side.label] = float(np.median(samples))

@@ -135,8 +135,8 @@ def sensitivity(work: Path, board: Board, args: argparse.Namespace, figures: Fig
                     conn, base, wide, inputs, RunParams(warmup=3), expect="slower", rounds=args.rounds,
                     budget_seconds=args.retest_seconds, iterations_per_run=args.iterations_per_run,
                 )  # fmt: skip
-                if result.error:
-                    print(f"  widen x{factor:.2f}: re-test stopped: {result.error}", flush=True)
+                state = "confirmed" if result.confirmed and result.change == "slower" else "not confirmed"
+                print(f"    x{factor:.2f} trial: {state}, {result.timing}: {result.reason}", flush=True)
                 figures.retest_seconds.append(result.seconds)
                 ratios.append(result.ratio or math.nan)
                 confirmed += int(result.confirmed and result.change == "slower")

@@ -108,9 +108,11 @@ def decide(
     if len(round_ratios) < MIN_ROUNDS:
         return pooled.change, False, f"only {len(round_ratios)} round(s), {MIN_ROUNDS} needed"
     paired = float(np.median(round_ratios))
-    way = 1.0 if pooled.change == "slower" else -1.0
+    # The way the rounds must agree on: the pooled change's, else the suspected one, else the paired ratio's.
+    direction = pooled.change if pooled.is_change else expect or ("slower" if paired > 1.0 else "faster")
+    way = 1.0 if direction == "slower" else -1.0
     agreeing = sum((ratio - 1.0) * way > 0 for ratio in round_ratios) / len(round_ratios)
-    figures = f"paired ratio {paired:.3f} over {len(round_ratios)} rounds, {agreeing:.0%} of rounds agree"
+    figures = f"paired ratio {paired:.3f} over {len(round_ratios)} rounds, {agreeing:.0%} of rounds {direction}"
     if not pooled.is_change:
         return pooled.change, False, f"interleaved: {pooled.reason}; {figures}"
     if expect and pooled.change != expect:

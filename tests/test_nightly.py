@@ -246,6 +246,30 @@ def test_invalid_runs_are_never_a_baseline(tmp_path: Path) -> None:
         history.close()
 
 
+def test_an_inconclusive_night_never_raises_the_bar(tmp_path: Path) -> None:
+    """A night under a CPU hog (3x slower, degraded twice: inconclusive) must not hide tomorrow's real slowdown."""
+    history = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    try:
+        base = [10.0 + 0.01 * i for i in range(25)]
+        for night in ("2026-11-01", "2026-11-02"):
+            history.record(_record(night, base))
+        hogged = _record("2026-11-03", [x * 3 for x in base], validity="degraded", reasons=["unstable timings"])
+        history.record(hogged)
+        verdict = judge(hogged, history.runs(cell=hogged.cell, before_night="2026-11-03", valid_only=True), 0.05)
+        assert verdict.verdict == Kind.INCONCLUSIVE
+        history.set_verdict(hogged.run_id, verdict.verdict, verdict.info())
+        baseline = history.runs(cell=hogged.cell, before_night="2026-11-04", valid_only=True)
+        assert [r.night for r in baseline] == ["2026-11-02", "2026-11-01"]
+        assert history.baseline_programs(7) == {"a" * 64}
+        # 2.4x slower tonight, a changed program: with the hogged night (a 200% spread) it would pass as normal.
+        slower = judge(_record("2026-11-04", [x * 2.4 for x in base], sha=NEW_SHA), baseline, 0.05)
+        assert slower.verdict == Kind.UNCONFIRMED and slower.suspect == "slower", slower.detail
+        with_hog = judge(_record("2026-11-04", [x * 2.4 for x in base], sha=NEW_SHA), [*baseline, hogged], 0.05)
+        assert with_hog.suspect is None, "the rule under test: the hogged night is what would have hidden it"
+    finally:
+        history.close()
+
+
 def test_unchanged_program_is_drift_never_a_regression() -> None:
     steady = {"governor_before": "performance"}
     base = [_record(f"2026-11-0{n}", [10.0 + 0.01 * i for i in range(30)], conditions=steady) for n in (1, 2)]

@@ -112,16 +112,20 @@ def explore(c, run=None, model=None, host="127.0.0.1", port=None, no_browser=Fal
 
 @task(positional=["run_a", "run_b"], help={"run_a": "baseline run id", "run_b": "new run id",
             "interleave": "re-run both programs alternately on --board for N rounds (>= 3) to confirm a change",
-            "board": "the board for --interleave", "inventory": "inventory file (default: inventory.yaml)",
+            "retest_seconds": "time budget of the --interleave re-test: no new round starts once spent (default 180)",
+            "board": "the one board for --interleave", "inventory": "inventory file (default: inventory.yaml)",
             "allow_rebuilt": "compare different builds of the same program (implied by --interleave)"})  # fmt: skip
 @handle_errors
-def compare(c, run_a, run_b, interleave=0, board=None, inventory=None, allow_rebuilt=False):
+def compare(c, run_a, run_b, interleave=None, retest_seconds=None, board=None, inventory=None, allow_rebuilt=False):
     """Per-operator and total deltas between two runs, a noise-aware verdict, a diff overlay. Exit 1: a regression."""
     from orchestrator.commands import results as result_tasks
 
+    rounds = options.ab_rounds(0 if interleave is None else interleave)
+    budget = None if retest_seconds is None else options.seconds("--retest-seconds", retest_seconds)
     return result_tasks.compare(
-        run_a, run_b, interleave=int(interleave), board=board, inventory=inventory, allow_rebuilt=allow_rebuilt
-    )
+        options.run_id(run_a, "RUN_A"), options.run_id(run_b, "RUN_B"), interleave=rounds, retest_seconds=budget,
+        board=board, inventory=inventory, allow_rebuilt=allow_rebuilt,
+    )  # fmt: skip
 
 
 @task(help=SELECT_HELP)

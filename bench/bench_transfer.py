@@ -42,12 +42,11 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from orchestrator.testing.sshd import SshdBoard, SshdLab  # noqa: E402
-
 from orchestrator import console  # noqa: E402
 from orchestrator.boards.fanout import exit_code, fan_out  # noqa: E402
 from orchestrator.boards.inventory import Board  # noqa: E402
 from orchestrator.results.bundle import MANIFEST  # noqa: E402
+from orchestrator.testing.sshd import SshdBoard, SshdLab  # noqa: E402
 from orchestrator.transport import connect  # noqa: E402
 from orchestrator.transport.transfer import pull_bundle, push_file  # noqa: E402
 

@@ -17,6 +17,8 @@ MAX_COUNT = 1_000_000  # iterations, warmup runs: far beyond any real run, well 
 MAX_THREADS = 4096
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: a budget or timeout beyond it is a typo
 MAX_KEEP = 1_000_000
+MIN_AB_ROUNDS = 3  # as deploy/abtest.py: fewer rounds never confirm anything
+MAX_AB_ROUNDS = 1000
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]+")  # as the board agent names bundle folders
 
 
@@ -78,3 +80,13 @@ def run_id(value: Any, option: str = "--run") -> str:
     if isinstance(value, bool) or not _RUN_ID.fullmatch(text):
         raise UsageError(f"{option} must be a run id (letters, digits, '.', '_', '-'), got {value!r}")
     return text
+
+
+def ab_rounds(value: Any, option: str = "--interleave") -> int:
+    """`compare --interleave N`: 0 (no re-test) or the rounds of the interleaved A/B re-test, at least 3."""
+    rounds = count(option, value, minimum=0, maximum=MAX_AB_ROUNDS)
+    if 0 < rounds < MIN_AB_ROUNDS:
+        raise UsageError(
+            f"{option} must be a number of rounds from {MIN_AB_ROUNDS} to {MAX_AB_ROUNDS} (0: no re-test), got {rounds}"
+        )
+    return rounds

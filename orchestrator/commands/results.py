@@ -105,17 +105,19 @@ def compare(
     run_b: str,
     *,
     interleave: int = 0,
+    retest_seconds: float | None = None,
     board: str | None = None,
     inventory: str | None = None,
     allow_rebuilt: bool = False,
 ) -> int:
     """Compare two runs; with `interleave` rounds, re-run both programs alternately on one board first.
 
-    Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
+    The re-test stops starting rounds once `retest_seconds` (default: the nightly's 180 s) are spent, after at
+    least 3 rounds. Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
     """
-    from orchestrator.commands.common import select_boards
+    from orchestrator.commands.common import select_boards, split_list
     from orchestrator.commands.render import render_comparison
-    from orchestrator.deploy.abtest import Program
+    from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
     from orchestrator.deploy.abtest import interleave as run_interleaved
     from orchestrator.deploy.runs import RunParams
     from orchestrator.fsutil import atomic_write_json
@@ -123,24 +125,36 @@ def compare(
     from orchestrator.results.verdicts import Kind
     from orchestrator.transport import connect
 
-    if interleave < 0:
-        raise UsageError(f"--interleave must be a number of rounds >= 3, got {interleave}")
-    if interleave and interleave < 3:
-        raise UsageError(f"--interleave must be a number of rounds >= 3, got {interleave}")
+    # Every combination is checked before a run is read or a file written (exit 64).
+    if interleave and interleave < MIN_ROUNDS:
+        raise UsageError(f"--interleave must be a number of rounds >= {MIN_ROUNDS}, got {interleave}")
+    if not interleave and (board or retest_seconds is not None):
+        given = "--board" if board else "--retest-seconds"
+        raise UsageError(f"{given} only applies to the interleaved re-test", hint="add --interleave N (N >= 3)")
+    boards = []
+    if interleave:
+        if len(split_list(board) or []) != 1:
+            raise UsageError(
+                f"--interleave needs exactly one --board to re-run the programs on, got {board or 'none'}",
+                hint="e.g. --interleave 6 --board local",
+            )
+        boards = select_boards(inventory, board, None, None)
+    budget = DEFAULT_RETEST_SECONDS if retest_seconds is None else retest_seconds
     first, second = find_run(run_a), find_run(run_b)
     comparison = compare_runs(first.path, second.path, allow_rebuilt=allow_rebuilt or bool(interleave))
     if interleave:
-        boards = select_boards(inventory, board, None, None)
-        if len(boards) != 1:
-            raise UsageError(f"--interleave needs exactly one --board, got {len(boards)}")
         artifact = load_artifact(second.model, second.backend)
         a = Program("A", _program_of(first, comparison.sha_a), str(comparison.sha_a))
         b = Program("B", _program_of(second, comparison.sha_b), str(comparison.sha_b))
         inputs = (artifact.paths.reference_inputs, artifact.sidecar["files"]["reference_inputs"]["sha256"])
-        console.info(console.escape(f"re-running both programs interleaved on {boards[0].name}: {interleave} rounds"))
+        console.info(
+            console.escape(
+                f"re-running both programs interleaved on {boards[0].name}: {interleave} rounds, at most {budget:g} s"
+            )
+        )
         with connect(boards[0]) as conn:
             result = run_interleaved(
-                conn, a, b, inputs, RunParams(), rounds=interleave, budget_seconds=float("inf"), iterations_per_run=10
+                conn, a, b, inputs, RunParams(), rounds=interleave, budget_seconds=budget, iterations_per_run=10
             )
         interleaved_verdict(comparison, result)
         if comparison.report:

@@ -1,8 +1,9 @@
 """The interleaved A/B re-test: is program B really slower (or faster) than program A on this board?
 
-A and B run alternately on the same board, in rounds (A B, A B, ...), each run a few timed iterations with the
-same inputs, threads and warmup. Both programs are measured in the same minutes, so whatever the board does
-(a background job, thermal drift) falls on both; the samples of A are then compared with those of B.
+A and B run alternately on the same board, in rounds (A B, B A, A B, ...: a steady drift of the board within a
+round falls on each side equally often), each run a few timed iterations with the same inputs, threads and
+warmup. Both programs are measured in the same minutes, so whatever the board does (a background job, thermal
+drift) falls on both; the samples of A are then compared with those of B.
 
 The board lock is taken per run (each run is one agent `profile`, which holds the lock while it runs); between
 runs another job may take the board, which costs time but never mixes measurements. The re-test is bounded by a
@@ -55,6 +56,7 @@ class Interleaved:
 
     rounds: int = 0
     seconds: float = 0.0
+    budget_seconds: float | None = None  # None: unbounded
     a_ms: list[float] = field(default_factory=list)
     b_ms: list[float] = field(default_factory=list)
     round_ratios: list[float] = field(default_factory=list)
@@ -72,6 +74,12 @@ class Interleaved:
         return float(np.median(self.b_ms)) if self.b_ms else None
 
     @property
+    def timing(self) -> str:
+        """ "4 rounds in 12 s (budget 180 s)": what the re-test cost, for reports."""
+        budget = f" (budget {self.budget_seconds:g} s)" if self.budget_seconds is not None else ""
+        return f"{self.rounds} rounds in {self.seconds:.0f} s{budget}"
+
+    @property
     def ratio(self) -> float | None:
         a, b = self.median_a_ms, self.median_b_ms
         return b / a if a and b is not None else None
@@ -80,6 +88,7 @@ class Interleaved:
         return {
             "rounds": self.rounds,
             "seconds": round(self.seconds, 3),
+            "budget_seconds": self.budget_seconds,
             "median_a_ms": self.median_a_ms,
             "median_b_ms": self.median_b_ms,
             "ratio": self.ratio,
@@ -99,9 +108,11 @@ def decide(
     if len(round_ratios) < MIN_ROUNDS:
         return pooled.change, False, f"only {len(round_ratios)} round(s), {MIN_ROUNDS} needed"
     paired = float(np.median(round_ratios))
-    way = 1.0 if pooled.change == "slower" else -1.0
+    # The way the rounds must agree on: the pooled change's, else the suspected one, else the paired ratio's.
+    direction = pooled.change if pooled.is_change else expect or ("slower" if paired > 1.0 else "faster")
+    way = 1.0 if direction == "slower" else -1.0
     agreeing = sum((ratio - 1.0) * way > 0 for ratio in round_ratios) / len(round_ratios)
-    figures = f"paired ratio {paired:.3f} over {len(round_ratios)} rounds, {agreeing:.0%} of rounds agree"
+    figures = f"paired ratio {paired:.3f} over {len(round_ratios)} rounds, {agreeing:.0%} of rounds {direction}"
     if not pooled.is_change:
         return pooled.change, False, f"interleaved: {pooled.reason}; {figures}"
     if expect and pooled.change != expect:
@@ -141,7 +152,7 @@ def interleave(
 ) -> Interleaved:
     """Run A and B alternately on the board and decide. Board trouble ends the re-test with `error` set."""
     started = time.monotonic()
-    result = Interleaved()
+    result = Interleaved(budget_seconds=budget_seconds if np.isfinite(budget_seconds) else None)
     per_run = iterations_per_run or max(5, params.iterations // 4)
     agent = BoardAgent(conn, conn.workdir)
     try:
@@ -150,9 +161,11 @@ def interleave(
             for side in (a, b)
         }
         remote_inputs = push_file(conn, inputs[0], kind="inputs", suffix=".etlt", sha256=inputs[1]).remote_path
-        for _ in range(max(rounds, MIN_ROUNDS)):
+        for round_index in range(max(rounds, MIN_ROUNDS)):
             medians = {}
-            for side, into in ((a, result.a_ms), (b, result.b_ms)):
+            order = ((a, result.a_ms), (b, result.b_ms))
+            # A B, then B A: a board that warms up or gets busier during a round would otherwise always slow B.
+            for side, into in order if round_index % 2 == 0 else order[::-1]:
                 samples = _one_run(conn, agent, remote[side.label], remote_inputs, side, params, per_run)
                 into.extend(samples)
                 medians[side.label] = float(np.median(samples))

@@ -145,6 +145,19 @@ def default_url() -> str:
     return f"sqlite:///{paths.state_dir() / 'history.sqlite'}"
 
 
+def _may_be_baseline() -> Any:
+    """Runs that may be a baseline night: they ran, are not invalid, and were not judged inconclusive.
+
+    An inconclusive night was degraded even after its re-measure (a CPU hog, throttling): the board was not fit to
+    measure, so it must not widen the night-to-night spread that tomorrow's change has to beat.
+    """
+    return (
+        (runs.c.status == "ok")
+        & (runs.c.validity != "invalid")
+        & (runs.c.verdict.is_(None) | (runs.c.verdict != "inconclusive"))
+    )
+
+
 class History:
     def __init__(self, url: str | None = None) -> None:
         self.url = url or default_url()
@@ -226,7 +239,7 @@ class History:
         valid_only: bool = False,
         limit: int | None = None,
     ) -> list[RunRecord]:
-        """Runs newest night first, with their samples and op medians."""
+        """Runs newest night first, with their samples and op medians; `valid_only`: those that may be a baseline."""
         query = select(runs)
         if night is not None:
             query = query.where(runs.c.night == night)
@@ -237,7 +250,7 @@ class History:
         if versions is not None:
             query = query.where(runs.c.versions_key == versions_key(versions))
         if valid_only:
-            query = query.where((runs.c.status == "ok") & (runs.c.validity != "invalid"))
+            query = query.where(_may_be_baseline())
         query = query.order_by(runs.c.night.desc(), runs.c.id.desc())
         if limit is not None:
             query = query.limit(limit)
@@ -249,7 +262,7 @@ class History:
         """The .pte sha256 of every cell's `nights` latest valid runs: the programs still in some baseline."""
         query = (
             select(runs.c.board, runs.c.model, runs.c.backend, runs.c.pte_sha256)
-            .where((runs.c.status == "ok") & (runs.c.validity != "invalid"))
+            .where(_may_be_baseline())
             .order_by(runs.c.night.desc(), runs.c.id.desc())
         )
         seen: dict[tuple[str, str, str], int] = {}

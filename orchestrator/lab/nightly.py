@@ -229,7 +229,7 @@ def confirm(verdict: CellVerdict, result: Interleaved | None, *, why_not: str | 
     verdict.retest = result.to_dict()
     figures = (
         f"interleaved re-test: baseline program {result.median_a_ms:.3f} ms, tonight's {result.median_b_ms:.3f} ms "
-        f"({(result.ratio or 1) - 1:+.1%}, {result.rounds} rounds, {result.seconds:.0f} s)"
+        f"({(result.ratio or 1) - 1:+.1%}, {result.timing})"
     )
     if result.confirmed and result.change == verdict.suspect:
         verdict.verdict = Kind.REGRESSION if result.change == "slower" else Kind.IMPROVEMENT

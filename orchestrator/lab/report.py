@@ -177,7 +177,9 @@ def _retest_text(item: CellVerdict) -> str:
     ratio = retest.get("ratio")
     shift = f"{ratio - 1:+.1%}" if isinstance(ratio, float) else "?"
     state = "confirmed" if retest.get("confirmed") else "not confirmed"
-    return f"{state}: {shift} over {retest.get('rounds')} rounds in {retest.get('seconds', 0):.0f} s"
+    budget = retest.get("budget_seconds")
+    of_budget = f" of {budget:g} s" if isinstance(budget, int | float) else ""
+    return f"{state}: {shift} over {retest.get('rounds')} rounds in {retest.get('seconds', 0):.0f} s{of_budget}"
 
 
 _HEALTH_KEYS = ("board", "night", "cells", "drift", "degraded", "max_temperature", "governor", "throttling")

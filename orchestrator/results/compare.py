@@ -185,10 +185,7 @@ def interleaved_verdict(comparison: Comparison, result: Any) -> None:
         comparison.verdict = Kind.INCONCLUSIVE
         comparison.verdict_detail = f"the interleaved re-test stopped: {result.error}"
         return
-    figures = (
-        f"interleaved over {result.rounds} rounds ({result.seconds:.0f} s): A {result.median_a_ms:.3f} ms, "
-        f"B {result.median_b_ms:.3f} ms"
-    )
+    figures = f"interleaved, {result.timing}: A {result.median_a_ms:.3f} ms, B {result.median_b_ms:.3f} ms"
     if comparison.sha_a and comparison.sha_a == comparison.sha_b:
         comparison.verdict = Kind.DRIFT if result.change in ("slower", "faster") else Kind.OK
         comparison.verdict_detail = f"no program change; {figures}: {result.reason}"

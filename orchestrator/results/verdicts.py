@@ -4,7 +4,7 @@ A lab board is noisy: iterations of one run share that run's conditions (a busy 
 samples of one run can never show that the *program* changed. Hence:
 
 - the same program (sha256) and versions as the baseline: any shift is board **drift**, never a regression;
-- a changed program that looks slower or faster is re-tested interleaved (A B A B ... on the same board), and
+- a changed program that looks slower or faster is re-tested interleaved (A B, B A, ... on the same board), and
   only a shift that survives that is a **regression** / **improvement**; otherwise it is **unconfirmed**;
 - a run that stays degraded after one re-measurement is **inconclusive**.
 """

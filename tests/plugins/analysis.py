@@ -278,3 +278,40 @@ def all_bundles(
 ) -> dict[str, BundleCase]:
     """Python-runtime bundles (synthetic board info) and real native-runner bundles."""
     return {**analysis_bundles, **runner_bundles}
+
+
+def steady_copy(bundle: BundleCase, destination: Path, *, spread: float = 0.05) -> BundleCase:
+    """A copy whose every timing is held within ±`spread` of its own median: a run on a quiet board.
+
+    The runs behind these bundles happen on a shared, loaded machine, where one iteration of a tiny model takes
+    2 ms or 50 ms (a 25x range within one run). Tests of what compare *does* with a known shift (a 3x slower run,
+    a 4x slower operator) need a baseline whose noise is bounded, or the shift drowns in it; clipping keeps the
+    real program's samples, their order and their medians. Iterations (timings.json) and every ETDump event
+    (Method::execute, operator calls, delegate events), each event kind by its own median, are clipped.
+    """
+    import numpy as np
+
+    case = copy_bundle(bundle, destination)
+
+    def clip(values: list[float]) -> list[float]:
+        median = float(np.median(values))
+        return [min(max(v, median * (1 - spread)), median * (1 + spread)) for v in values]
+
+    def steady(etdump: Any) -> None:
+        groups: dict[tuple[Any, ...], list[Any]] = {}
+        for run in (r for r in etdump.run_data if r.name == "Execute"):
+            for event in run.events:
+                profile = event.profile_event
+                if profile is not None:
+                    key = (profile.name, profile.chain_index, profile.instruction_id,
+                           profile.delegate_debug_id_int, profile.delegate_debug_id_str)  # fmt: skip
+                    groups.setdefault(key, []).append(profile)
+        for events in groups.values():
+            durations = clip([float(p.end_time - p.start_time) for p in events])
+            for profile, duration in zip(events, durations, strict=True):
+                profile.end_time = profile.start_time + round(duration)
+
+    rewrite_etdump(case.path, steady)
+    timings = json.loads((case.path / "timings.json").read_text())
+    edit_json(case.path / "timings.json", iterations_ms=clip(timings["iterations_ms"]))
+    return case

@@ -78,3 +78,12 @@ def run_id(value: Any, option: str = "--run") -> str:
     if isinstance(value, bool) or not _RUN_ID.fullmatch(text):
         raise UsageError(f"{option} must be a run id (letters, digits, '.', '_', '-'), got {value!r}")
     return text
+
+
+def counters(value: Any) -> tuple[str, ...] | None:
+    """`--counters [LIST]`: None when not asked for; the flag alone (or "default") is the default set."""
+    from .counters import parse_counters
+
+    if value is None or value is False:
+        return None
+    return parse_counters(None if value is True else str(value))

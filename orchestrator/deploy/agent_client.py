@@ -103,6 +103,7 @@ class BoardAgent:
         timeout: float,
         lock_timeout: float,
         etdump: bool = True,
+        counters: str | None = None,
     ) -> tuple[dict[str, Any], int]:
         """Profile under the board lock; a failed run still returns its bundle (exit 1 is accepted)."""
         args = [
@@ -127,6 +128,8 @@ class BoardAgent:
         args += ["--timeout", str(timeout), "--lock-timeout", str(lock_timeout)]
         if not etdump:
             args.append("--no-etdump")
+        if counters:
+            args += ["--counters", counters]
         # The SSH command itself gets the runner timeout plus the lock wait plus slack for info probes.
         return self.call(*args, timeout=timeout + lock_timeout + 120, accept=(AGENT_OK, AGENT_FAILED))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import AGENT_VERSION
+from .counters import run_counters_pass
 from .errors import BadInput
 from .files import atomic_write_json, fsync_path, log, sha256_file, utc_now
 from .info import collect_info
@@ -50,6 +51,7 @@ class ProfileRequest:
         etdump: bool = True,
         runner: Path | None = None,
         kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
+        counters: str | None = None,
     ) -> None:
         self.model = model
         self.run_id = run_id
@@ -65,6 +67,7 @@ class ProfileRequest:
         self.etdump = etdump
         self.runner = runner
         self.kill_grace = kill_grace
+        self.counters = counters  # a counters pass after the timing pass: "default" or "a,b,c"
 
     def parameters(self) -> dict[str, Any]:
         return {
@@ -77,6 +80,7 @@ class ProfileRequest:
             "lock_timeout": self.lock_timeout,
             "etdump": self.etdump,
             "kill_grace": self.kill_grace,
+            "counters": self.counters,
         }
 
 
@@ -245,9 +249,13 @@ def _profile_locked(
     outcome = run_in_own_group(
         argv, tmp / "runner.log", request.timeout, request.kill_grace, pass_fds=(lock.fd,), stop=stop
     )
-    atomic_write_json(tmp / "board_info_after.json", collect_info(workdir, runner))
-
     status, error = judge(outcome, tmp, request, request.timeout)
+    counters_pass = None
+    if request.counters and status == "ok" and request.etdump and not stop.signal_name:
+        counters_pass = run_counters_pass(
+            argv, tmp, request.counters, request.timeout, request.kill_grace, (lock.fd,), stop
+        )
+    atomic_write_json(tmp / "board_info_after.json", collect_info(workdir, runner))
     run = {
         "schema": RUN_SCHEMA,
         "run_id": request.run_id,
@@ -273,6 +281,7 @@ def _profile_locked(
         "timed_out": outcome.timed_out,
         "interrupted_by": outcome.interrupted_by,
         "spawn_error": outcome.spawn_error,
+        "counters_pass": counters_pass,
     }
     atomic_write_json(tmp / "run.json", run)
     write_manifest(

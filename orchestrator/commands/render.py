@@ -249,7 +249,7 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
                     f"{row['ratio'] * 100:+.1f}%" if row["ratio"] is not None else None,
                 ]
                 for row in comparison.memory
-            ],  # fmt: skip
+            ],
         )
     for note in comparison.notes:
         console.warn(note)

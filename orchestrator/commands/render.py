@@ -10,7 +10,7 @@ from orchestrator import console
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
-from orchestrator.results.summary import RunSummary
+from orchestrator.results.summary import Counters, RunSummary
 from orchestrator.results.verdicts import Kind
 
 if TYPE_CHECKING:  # the types only: rendering a table must not import what produced it
@@ -84,9 +84,6 @@ def render_counters(run: RunSummary, summary: Summary | Path) -> None:
     counters = run.counters
     if counters is None:
         return
-    if counters.status != "ok":
-        console.warn(f"counters pass failed: {counters.error}")
-        return
     bundle = summary.bundle_dir if isinstance(summary, Summary) else Path(summary)
     ops_path = bundle / ANALYSIS_DIR / "ops.json"
     metrics = [*counters.captured, *counters.derived]
@@ -102,11 +99,25 @@ def render_counters(run: RunSummary, summary: Summary | Path) -> None:
             "read by the thread that runs the operators, user space only"
             + ("; multiplexed, counts scaled by time enabled / running" if counters.multiplexed else ""),
         )
+    _counters_lines(counters)
+
+
+def _counters_lines(counters: Counters, where: str = "") -> None:
+    """What the counters pass captured, on which thread, what it could not and why."""
+    if counters.status != "ok":
+        console.warn(f"{where}counters pass failed: {counters.error}")
+        return
+    console.info(console.escape(
+        f"{where}counters pass: {', '.join(counters.captured) or 'nothing'} captured on {counters.threads} thread(s), "
+        "read by the thread that runs the operators (user space only)"
+    ))  # fmt: skip
     for missing in counters.missing:
-        console.warn(f"counter {missing.get('name')} not captured: {missing.get('error')}: {missing.get('reason')}")
+        console.warn(
+            f"{where}counter {missing.get('name')} not captured: {missing.get('error')}: {missing.get('reason')}"
+        )
     check = counters.consistency
     if check.get("checked") and not check.get("agrees"):
-        console.warn(f"counters vs timing: the hottest on {check.get('metric')} is {check.get('hottest')}: "
+        console.warn(f"{where}counters vs timing: the hottest on {check.get('metric')} is {check.get('hottest')}: "
                      f"{check.get('reason')}")  # fmt: skip
 
 
@@ -144,6 +155,9 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
             console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {reason}")
         for reason in cell.summary.validity.reasons if cell.summary else ():
             console.warn(f"{cell.board}: {cell.model}/{cell.backend}: {reason.reason}")
+        counters = cell.summary.counters if cell.summary else None
+        if counters is not None:
+            _counters_lines(counters, f"{cell.board}: {cell.model}/{cell.backend}: ")
 
 
 def _short_path(path: Path) -> str:

@@ -105,9 +105,7 @@ def test_every_run_records_memory_per_phase(provisioned_agent: Any, tiny_artifac
     summary = analyze_bundle(bundle, pte=artifact.pte, sidecar=artifact.sidecar)
     section = summary.run.memory
     assert section is not None and summary.run.counters is None
-    assert section.peak_rss_bytes == max(
-        max(p["peak_rss_bytes"], p["maxrss_bytes"]) for p in memory["phases"]
-    )
+    assert section.peak_rss_bytes == max(max(p["peak_rss_bytes"], p["maxrss_bytes"]) for p in memory["phases"])
     assert section.planned_bytes == artifact.sidecar["memory"]["planned_bytes"] == sum(program.planned_arenas)
     assert section.constants_bytes == artifact.sidecar["memory"]["constants_bytes"] > 0
     assert section.other_bytes is not None and section.baseline_rss_bytes == memory["phases"][0]["rss_bytes"]
@@ -214,6 +212,15 @@ def test_counters_pass_end_to_end_on_local_and_sshd_boards(
         }  # fmt: skip
         assert memory["planned_bytes"] == artifact.sidecar["memory"]["planned_bytes"]
 
+    # Memory deltas in fab compare, and the boards' counter facts in fab boards.
+    runs = [found[(board, "distilbert-tiny", "xnnpack")][0].name for board in ("local", "pi5-counters")]
+    compare = fab("compare", *runs, lab=None, results=results)
+    assert compare.returncode == 0, compare.stdout + compare.stderr
+    assert "Memory" in compare.stdout and "peak_rss_bytes.first_execution" in compare.stdout
+    boards = fab("boards", lab=counters_lab, results=results)
+    assert boards.returncode == 0, boards.stdout + boards.stderr
+    assert boards.stdout.count("no PMU") == 2 and "task_clock" in boards.stdout
+
 
 def test_unknown_counter_is_refused_before_anything_runs(counters_lab: dict[str, Any], tmp_path: Path) -> None:
     result = fab("run", "--model", "distilbert-tiny", "--board", "local", "--counters=cycles,bogus",
@@ -275,3 +282,39 @@ def test_info_lists_the_counters_this_machine_opens(provisioned_agent: Any) -> N
     assert perf["counters"]["task_clock"] == "ok" and perf["counters"]["context_switches"] == "ok"
     # This CI machine has no hardware PMU.
     assert perf["hardware_pmu"] is None and perf["counters"]["cycles"] == "ENOENT"
+
+
+# ---------------------------------------------------------------- memory figures as data
+
+
+def test_memory_summary_notes_a_runner_that_planned_other_arenas(tiny_artifacts: dict) -> None:
+    from orchestrator.results.memory import memory_summary
+
+    artifact = load_artifact("distilbert-tiny", "portable", ARTIFACT_CACHE)
+    program = read_program_memory(artifact.pte)
+    phases = [
+        {"phase": "start", "peak_rss_bytes": 5_000_000, "rss_bytes": 5_000_000, "maxrss_bytes": 5_000_000},
+        {"phase": "end", "peak_rss_bytes": 9_000_000, "rss_bytes": 8_000_000, "maxrss_bytes": 9_500_000},
+    ]
+    timings = {"memory": {"peak_reset": True, "phases": phases}, "program_memory": {"planned_arenas": [64]}}
+    memory, notes = memory_summary(timings, program)
+    assert notes and "planned arenas of [64] bytes" in notes[0]
+    assert memory.peak_rss_bytes == 9_500_000  # ru_maxrss is never below the peak of any phase
+    assert memory.other_bytes == max(0, 9_500_000 - 5_000_000 - program.planned_bytes - program.constants_bytes)
+    same, quiet = memory_summary({**timings, "program_memory": {"planned_arenas": program.planned_arenas}}, program)
+    assert quiet == [] and same.planned_bytes == program.planned_bytes
+
+
+def test_compare_reports_memory_deltas() -> None:
+    from orchestrator.results.compare import memory_deltas
+    from orchestrator.results.summary import Memory
+
+    a = Memory(peak_rss_bytes=100, planned_bytes=40, phases={"load": {"peak_rss_bytes": 50}})
+    b = Memory(peak_rss_bytes=130, planned_bytes=40, phases={"load": {"peak_rss_bytes": 45}})
+    rows = {row["figure"]: row for row in memory_deltas(a, b)}
+    assert rows["peak_rss_bytes"]["delta"] == 30 and rows["peak_rss_bytes"]["ratio"] == pytest.approx(0.3)
+    assert rows["planned_bytes"]["delta"] == 0
+    assert rows["peak_rss_bytes.load"]["delta"] == -5
+    assert "constants_bytes" not in rows  # unknown on both sides
+    assert memory_deltas(a, None) == []
+    assert Memory.from_dict(b.to_dict()) == b  # summary.json keeps the layout it reads back

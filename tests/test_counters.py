@@ -318,3 +318,18 @@ def test_compare_reports_memory_deltas() -> None:
     assert "constants_bytes" not in rows  # unknown on both sides
     assert memory_deltas(a, None) == []
     assert Memory.from_dict(b.to_dict()) == b  # summary.json keeps the layout it reads back
+
+
+def test_live_bytes_overlay_needs_no_board(tiny_artifacts: dict, tmp_path: Path) -> None:
+    """What `fab explore --model M` shows before any run: the plan's live bytes, on the adapter's real nodes."""
+    from orchestrator.results.explorer import overlay_target
+    from orchestrator.results.overlays import write_program_overlays
+
+    artifact = load_artifact("gpt2-tiny", "xnnpack", ARTIFACT_CACHE)
+    (overlay,) = write_program_overlays(artifact.pte, tmp_path)
+    assert overlay.name == "me_overlay_live_bytes.json" and overlay_target(overlay) == artifact.pte.name
+    assert _assert_overlay_on_real_nodes(overlay, adapter_graphs(artifact.pte)) == len(
+        artifact.sidecar["memory"]["live_bytes"]
+    )
+    index = json.loads((tmp_path / "model_explorer" / "overlays.json").read_text())
+    assert "memory plan" in index["live_bytes"]["measures"]

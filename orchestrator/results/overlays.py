@@ -83,6 +83,19 @@ def write_live_bytes(bundle_dir: Path, program: ProgramMemory, name: str) -> Pat
     return path
 
 
+def write_program_overlays(pte: Path, folder: Path) -> list[Path]:
+    """Without a run: the live-bytes overlay of one .pte in `folder`, with its own index naming the program."""
+    from orchestrator.results.memory import read_program_memory
+
+    program = read_program_memory(pte)
+    path = write_live_bytes(folder, program, f"live bytes ({pte.name})")
+    index = Path(folder) / OVERLAY_DIR / INDEX_NAME
+    atomic_write_json(index, {"schema": 1, "pte": pte.name, "method": program.method,
+                              "metrics": {LIVE_BYTES: path.name},
+                              "live_bytes": {"file": path.name, "measures": LIVE_BYTES_MEANS}})  # fmt: skip
+    return [path]
+
+
 def write_counter_overlays(bundle_dir: Path, counters: CounterProfile, run_id: str) -> list[Path]:
     """One overlay per captured counter and derived metric, on the top-level graph."""
     written = []

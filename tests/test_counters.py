@@ -87,6 +87,34 @@ def test_counters_pass_writes_deltas_keyed_by_its_own_etdump(provisioned_agent: 
     # The wrapped ETDumpGen records what a plain one does: same blocks, same events, in the same order.
     plain = read_etdump(bundle / "etdump.etdp")
     assert [b.event_names for b in plain.execute_blocks] == [b.event_names for b in blocks]
+    from executorch.devtools import Inspector
+
+    inspector = Inspector(etdump_path=str(bundle / "counters_etdump.etdp"))
+    assert [block.name for block in inspector.event_blocks] == ["Default", "Execute"]
+    frame = inspector.to_dataframe()
+    assert (frame["event_name"] == "DELEGATE_CALL").any() and frame["p50 (ms)"].notna().all()
+
+
+def test_derived_metrics_and_untrusted_rows(provisioned_agent: Any, tiny_artifacts: dict) -> None:
+    """IPC and MPKI come from captured counters only; rows a board made up are dropped, never painted."""
+    from orchestrator.results.counters_profile import read_counter_profile
+
+    artifact = load_artifact("distilbert-tiny", "xnnpack", ARTIFACT_CACHE)
+    bundle = _profile(provisioned_agent, artifact, "derived-1", "--counters", "task_clock")
+    path = bundle / "counters.json"
+    document = json.loads(path.read_text())
+    # As a board with a PMU would write it: cycles and instructions next to task-clock (3 and 2 per ns here).
+    document["captured"] = ["task_clock", "cycles", "instructions", "not_a_counter"]
+    document["columns"] += ["cycles", "instructions", "not_a_counter"]
+    document["executions"] = [[[*r, 3 * r[3], 2 * r[3], 7] for r in rows] for rows in document["executions"]]
+    first = document["executions"][1][0]
+    document["executions"][1] += [[first[0] + 1, *first[1:]], ["x", 0, 0, 1, 1, 1, 1]]  # wrong event, not a number
+    path.write_text(json.dumps(document))
+    profile = read_counter_profile(bundle)
+    assert profile.captured == ["task_clock", "cycles", "instructions"]  # an unknown name is not a column
+    assert profile.derived == ["ipc"] and profile.dropped_rows == 2
+    assert profile.values["ipc"] and all(v == pytest.approx(2 / 3) for v in profile.values["ipc"].values())
+    assert profile.totals["ipc"] == pytest.approx(2 / 3)
 
 
 def test_every_run_records_memory_per_phase(provisioned_agent: Any, tiny_artifacts: dict) -> None:
@@ -212,8 +240,12 @@ def test_counters_pass_end_to_end_on_local_and_sshd_boards(
         }  # fmt: skip
         assert memory["planned_bytes"] == artifact.sidecar["memory"]["planned_bytes"]
 
-    # Memory deltas in fab compare, and the boards' counter facts in fab boards.
+    # The analysis tables, memory deltas in fab compare, and the boards' counter facts in fab boards.
     runs = [found[(board, "distilbert-tiny", "xnnpack")][0].name for board in ("local", "pi5-counters")]
+    analyze = fab("analyze", "--run", runs[0], lab=None, results=results)
+    assert analyze.returncode == 0, analyze.stdout + analyze.stderr
+    assert "Memory" in analyze.stdout and "peak RSS MB" in analyze.stdout and "Counters" in analyze.stdout
+    assert "counter cycles not captured: ENOENT" in analyze.stderr
     compare = fab("compare", *runs, lab=None, results=results)
     assert compare.returncode == 0, compare.stdout + compare.stderr
     assert "Memory" in compare.stdout and "peak_rss_bytes.first_execution" in compare.stdout

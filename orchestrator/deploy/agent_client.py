@@ -130,8 +130,10 @@ class BoardAgent:
             args.append("--no-etdump")
         if counters:
             args += ["--counters", counters]
-        # The SSH command itself gets the runner timeout plus the lock wait plus slack for info probes.
-        return self.call(*args, timeout=timeout + lock_timeout + 120, accept=(AGENT_OK, AGENT_FAILED))
+        # The SSH command itself gets the runner timeout (twice with a counters pass) plus the lock wait plus slack
+        # for info probes.
+        runs = 2 if counters else 1
+        return self.call(*args, timeout=runs * timeout + lock_timeout + 120, accept=(AGENT_OK, AGENT_FAILED))
 
     def bundles(self) -> list[dict[str, Any]]:
         return list(self.call("bundles", timeout=60)[0].get("bundles", []))

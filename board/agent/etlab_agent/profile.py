@@ -251,7 +251,9 @@ def _profile_locked(
     )
     status, error = judge(outcome, tmp, request, request.timeout)
     counters_pass = None
-    if request.counters and status == "ok" and request.etdump and not stop.signal_name:
+    if request.counters and not request.etdump:
+        counters_pass = {"requested": request.counters, "status": "failed", "error": "needs the ETDump it is keyed by"}
+    elif request.counters and status == "ok" and not stop.signal_name:
         counters_pass = run_counters_pass(
             argv, tmp, request.counters, request.timeout, request.kill_grace, (lock.fd,), stop
         )

@@ -22,6 +22,8 @@ RUN_HELP = {
     "warmup": "untimed warmup runs (default 3)",
     "threads": "runner threads (default: the board's inventory setting, else all cores)",
     "max_seconds": "time budget for the timed loop; stops early once spent (default 120)",
+    "counters": "after the timing pass, a single-threaded hardware-counters pass: --counters alone for the default "
+    "set, or --counters=cycles,instructions,task_clock,...",
 }
 
 
@@ -64,16 +66,17 @@ def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, ta
 
 
 @task(help={**SELECT_HELP, **MODEL_HELP, **RUN_HELP, "backend": "portable, xnnpack or both (default xnnpack)",
-            "timeout": "hard runner timeout in seconds (default: derived from the budget)"})  # fmt: skip
+            "timeout": "hard runner timeout in seconds (default: derived from the budget)"},
+      optional=["counters"])  # fmt: skip
 @handle_errors
 def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
-        iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None):  # fmt: skip
+        iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
     from orchestrator.commands import board as board_tasks
     from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
-    params = run_params(iterations, warmup, threads, max_seconds, timeout)
+    params = run_params(iterations, warmup, threads, max_seconds, timeout, counters)
     artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
     return board_tasks.run(select_boards(inventory, board, group, tag), artifacts, params)
 
@@ -153,18 +156,19 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None):
             "backend": "xnnpack (default), portable, or portable,xnnpack for the comparison",
             "weights": "auto (default), pretrained or random", "no_explore": "do not launch Model Explorer",
             "no_browser": "launch Model Explorer without opening a browser",
-            "port": "Model Explorer port (8081)"})  # fmt: skip
+            "port": "Model Explorer port (8081)"},
+      optional=["counters"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
                        iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
-                       no_explore=False, no_browser=False, port=None):  # fmt: skip
+                       no_explore=False, no_browser=False, port=None, counters=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_and_profile as chain
     from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
     # Every option is checked before the chain lowers, connects or starts anything.
-    params = run_params(iterations, warmup, threads, max_seconds, None)
+    params = run_params(iterations, warmup, threads, max_seconds, None, counters)
     mode, listen = options.weights(weights), options.port(8081 if port is None else port)
     return chain(
         resolve_spec(model, spec),

@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any
 
-from .errors import UsageError
+from orchestrator.errors import UsageError
 
 WEIGHT_MODES = ("auto", "pretrained", "random")
 MAX_COUNT = 1_000_000  # iterations, warmup runs: far beyond any real run, well inside the runner's int
@@ -90,3 +90,12 @@ def ab_rounds(value: Any, option: str = "--interleave") -> int:
             f"{option} must be a number of rounds from {MIN_AB_ROUNDS} to {MAX_AB_ROUNDS} (0: no re-test), got {rounds}"
         )
     return rounds
+
+
+def counters(value: Any) -> tuple[str, ...] | None:
+    """`--counters [LIST]`: None when not asked for; the flag alone (or "default") is the default set."""
+    from orchestrator.counters import parse_counters
+
+    if value is None or value is False:
+        return None
+    return parse_counters(None if value is True else str(value))

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import EtlabError
-from .fsutil import atomic_path
+from orchestrator.errors import EtlabError
+from orchestrator.fsutil import atomic_path
 
 MAGIC = b"ETLTENS1"
 

@@ -57,6 +57,7 @@ INFO_TYPES: dict[str, tuple[type, ...]] = {
     "glibc": (str, type(None)),
     "state": (dict, type(None)),
     "runner": (dict, type(None)),
+    "perf": (dict,),
     "lock_holder": (dict, type(None)),
 }
 NO_FLAGS = dict.fromkeys(agent_info.THROTTLED_BITS.values(), False)

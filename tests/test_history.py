@@ -48,8 +48,9 @@ def record(run_id: str, night: str, board: str = "pi5-a", **changes: object) -> 
 
 
 def test_round_trip(history: History) -> None:
-    history.record(record("r1", "2026-11-01"))
+    history.record(record("r1", "2026-11-01", peak_rss_bytes=123_456_789, planned_bytes=1_024_080))
     (stored,) = history.runs(night="2026-11-01")
+    assert (stored.peak_rss_bytes, stored.planned_bytes) == (123_456_789, 1_024_080)
     assert stored.latencies_ms == [55.0, 54.5, 56.1]
     assert stored.ops == {"0:3": ("aten::addmm", 1.25), "0:7": ("XnnpackBackend", 40.0)}
     assert stored.versions == {"torch": "2.13.0", "executorch": "1.5.1"}

@@ -442,3 +442,29 @@ def test_malformed_nightly_section_names_line_and_field(local_board: Board, tmp_
     assert result.returncode == 64
     assert f"{inventory}:" in result.stderr and "nightly.matrix[0].backend" in result.stderr
     assert "did you mean 'backends'" in result.stderr
+
+
+def test_memory_growth_is_judged_like_latency() -> None:
+    """A growth of peak memory past min_effect, beyond every baseline night: drift for the same program, a regression
+    for a changed one; less, or within the baseline nights, is nothing."""
+    from orchestrator.lab.nightly import judge_memory
+
+    steady = [10.0 + 0.01 * i for i in range(30)]
+    base = [_record(f"2026-11-0{n}", steady, peak_rss_bytes=100_000_000 + n * 1_000_000) for n in (1, 2, 3)]
+
+    def verdict(peak: int, sha: str = "a" * 64) -> Any:
+        record = _record("2026-11-04", steady, sha=sha, peak_rss_bytes=peak)
+        return judge_memory(judge(record, base, 0.05), base, 0.05)
+
+    grown = verdict(120_000_000, sha=NEW_SHA)
+    assert grown.verdict == Kind.REGRESSION and "peak memory 120.0 MB" in grown.detail
+    assert grown.memory["growth"] == pytest.approx(120 / 102 - 1)
+    assert grown.info()["memory"] == grown.memory  # kept in the history with the verdict
+    drifted = verdict(120_000_000)
+    assert drifted.verdict == Kind.DRIFT and "board drift" in drifted.detail
+    assert verdict(104_000_000, sha=NEW_SHA).verdict == Kind.OK  # +2%: under min_effect
+    assert verdict(90_000_000, sha=NEW_SHA).verdict == Kind.OK  # smaller is never a regression
+    # Too few baseline nights with a memory figure (older history rows): not judged.
+    old = [_record(f"2026-11-0{n}", steady) for n in (1, 2, 3)]
+    record = _record("2026-11-04", steady, sha=NEW_SHA, peak_rss_bytes=500_000_000)
+    assert judge_memory(judge(record, old, 0.05), old, 0.05).verdict == Kind.OK

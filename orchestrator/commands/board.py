@@ -202,7 +202,9 @@ def boards_table(boards: Sequence[Board]) -> int:
     rows = []
     for o in outcomes:
         if not o.ok:
-            rows.append([o.board.name, o.board.address, "no: " + (o.error or ""), None, None, None, None, None, None])
+            rows.append(
+                [o.board.name, o.board.address, "no: " + (o.error or ""), None, None, None, None, None, None, None]
+            )
             continue
         facts, info = o.value["facts"], o.value["info"]
         holder = info.get("lock_holder")  # the agent's `info` key (board/agent/README.md)
@@ -218,15 +220,30 @@ def boards_table(boards: Sequence[Board]) -> int:
                 _holder_text(holder),
                 info.get("temperature_c"),
                 info.get("governor"),
+                _perf_text(info.get("perf")),
             ]
         )
     console.table(
         "boards",
-        ["board", "address", "reachable", "arch", "board model", "runtime", "lock", "temp °C", "governor"],
+        ["board", "address", "reachable", "arch", "board model", "runtime", "lock", "temp °C", "governor", "counters"],
         rows,
     )
     print_details(outcomes)
     return exit_code(outcomes)
+
+
+def _perf_text(perf: Any) -> str | None:
+    """The board's counter facts in a cell: its PMU (or none: a board condition, not an error), paranoid level and
+    which counters open, e.g. "no PMU; paranoid 2; opens task_clock, page_faults, context_switches"."""
+    if not isinstance(perf, dict):
+        return None
+    pmu = perf.get("hardware_pmu")
+    parts = [f"PMU {pmu}" if pmu else "no PMU", f"paranoid {perf.get('perf_event_paranoid')}"]
+    counters = perf.get("counters")
+    if isinstance(counters, dict):
+        opened = [name for name, status in counters.items() if status == "ok"]
+        parts.append(f"opens {', '.join(opened)}" if opened else "opens none")
+    return "; ".join(parts)
 
 
 def _holder_text(holder: Any) -> str:

@@ -61,7 +61,7 @@ def select_boards(inventory: str | None, board: str | None, group: str | None, t
     return load_inventory(Path(inventory) if inventory else None).select(split_list(board), group, tag)
 
 
-def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any) -> Any:
+def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any, counters: Any = None) -> Any:
     """RunParams from task options, each checked (exit 64); unset options keep the library defaults."""
     from orchestrator.deploy.runs import RunParams
 
@@ -73,6 +73,7 @@ def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, tim
         else options.count("--threads", threads, minimum=1, maximum=options.MAX_THREADS),
         "max_seconds": None if max_seconds is None else options.seconds("--max-seconds", max_seconds),
         "timeout": None if timeout is None else options.seconds("--timeout", timeout, allow_zero=False),
+        "counters": options.counters(counters),
     }
     return RunParams(**{key: value for key, value in given.items() if value is not None})
 

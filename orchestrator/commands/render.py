@@ -10,6 +10,7 @@ from orchestrator import console
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
+from orchestrator.results.summary import Counters, RunSummary
 from orchestrator.results.verdicts import Kind
 
 if TYPE_CHECKING:  # the types only: rendering a table must not import what produced it
@@ -51,8 +52,73 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
             f"{split.get('non_delegated_pct') or 0:.0f}% of the run; "
             f"{coverage.get('delegates_placed', 0)}/{coverage.get('delegates', 0)} delegates painted in Model Explorer",
         )
+    render_memory(run)
+    render_counters(run, summary)
     for reason in run.validity.reasons:
         (console.error if reason.level == "invalid" else console.warn)(reason.reason)
+
+
+def _mb(value: int | None) -> float | None:
+    return round(value / 1e6, 2) if value is not None else None
+
+
+def render_memory(run: RunSummary) -> None:
+    """Peak and current RSS per phase, and how much of the peak the program accounts for."""
+    memory = run.memory
+    if memory is None:
+        return
+    rows = [[phase, _mb(v.get("peak_rss_bytes")), _mb(v.get("rss_bytes"))] for phase, v in memory.phases.items()]
+    peak_kind = "each phase's own peak" if memory.peak_reset else "running peak (the kernel refused a reset)"
+    console.table(
+        "Memory",
+        ["phase", "peak RSS MB", "RSS MB"],
+        rows,
+        caption=f"peak {_mb(memory.peak_rss_bytes)} MB ({peak_kind}); planned arenas {_mb(memory.planned_bytes)} MB, "
+        f"constants {_mb(memory.constants_bytes)} MB, peak live activations {_mb(memory.peak_live_bytes)} MB, "
+        f"delegates and everything else {_mb(memory.other_bytes)} MB",
+    )
+
+
+def render_counters(run: RunSummary, summary: Summary | Path) -> None:
+    """The counters pass: the hottest instructions with every captured counter, then what could not be captured."""
+    counters = run.counters
+    if counters is None:
+        return
+    bundle = summary.bundle_dir if isinstance(summary, Summary) else Path(summary)
+    ops_path = bundle / ANALYSIS_DIR / "ops.json"
+    metrics = [*counters.captured, *counters.derived]
+    if metrics and ops_path.is_file():
+        rows = [r for r in read_json(ops_path)["instructions"] if any(r.get(m) is not None for m in metrics)]
+        key = "cycles" if "cycles" in counters.captured else metrics[0]
+        rows.sort(key=lambda r: -(r.get(key) or 0))
+        console.table(
+            "Counters",
+            ["node", "op", *metrics],
+            [[r["node_id"], r["op"] or r["kind"], *(r.get(m) for m in metrics)] for r in rows[:10]],
+            caption=f"per execution, median of {counters.executions}; {counters.threads} thread(s): counters are "
+            "read by the thread that runs the operators, user space only"
+            + ("; multiplexed, counts scaled by time enabled / running" if counters.multiplexed else ""),
+        )
+    _counters_lines(counters)
+
+
+def _counters_lines(counters: Counters, where: str = "") -> None:
+    """What the counters pass captured, on which thread, what it could not and why."""
+    if counters.status != "ok":
+        console.warn(f"{where}counters pass failed: {counters.error}")
+        return
+    console.info(console.escape(
+        f"{where}counters pass: {', '.join(counters.captured) or 'nothing'} captured on {counters.threads} thread(s), "
+        "read by the thread that runs the operators (user space only)"
+    ))  # fmt: skip
+    for missing in counters.missing:
+        console.warn(
+            f"{where}counter {missing.get('name')} not captured: {missing.get('error')}: {missing.get('reason')}"
+        )
+    check = counters.consistency
+    if check.get("checked") and not check.get("agrees"):
+        console.warn(f"{where}counters vs timing: the hottest on {check.get('metric')} is {check.get('hottest')}: "
+                     f"{check.get('reason')}")  # fmt: skip
 
 
 def print_cells(cells: Sequence[CellOutcome]) -> None:
@@ -73,13 +139,14 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
                 status,
                 cell.median_ms,
                 speedup,
+                _mb(cell.summary.memory.peak_rss_bytes) if cell.summary and cell.summary.memory else None,
                 cell.validity,
                 _short_path(cell.bundle) if cell.bundle else None,
             ]
         )
     console.table(
         "Results",
-        ["board", "model", "backend", "status", "median ms", "speedup vs portable", "validity", "bundle"],
+        ["board", "model", "backend", "status", "median ms", "speedup vs portable", "peak MB", "validity", "bundle"],
         rows,
     )
     for cell in cells:
@@ -88,6 +155,9 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
             console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {reason}")
         for reason in cell.summary.validity.reasons if cell.summary else ():
             console.warn(f"{cell.board}: {cell.model}/{cell.backend}: {reason.reason}")
+        counters = cell.summary.counters if cell.summary else None
+        if counters is not None:
+            _counters_lines(counters, f"{cell.board}: {cell.model}/{cell.backend}: ")
 
 
 def _short_path(path: Path) -> str:
@@ -180,6 +250,21 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
         rows,
         caption=f"overall: {total.change} ({ratio}; {total.reason})",
     )
+    if comparison.memory:
+        console.table(
+            "Memory",
+            ["figure", "A MB", "B MB", "Δ MB", "Δ %"],
+            [
+                [
+                    row["figure"],
+                    _mb(row["a"]),
+                    _mb(row["b"]),
+                    _mb(row["delta"]),
+                    f"{row['ratio'] * 100:+.1f}%" if row["ratio"] is not None else None,
+                ]
+                for row in comparison.memory
+            ],
+        )
     for note in comparison.notes:
         console.warn(note)
     line = f"verdict: {comparison.verdict.value}: {comparison.verdict_detail}"
@@ -193,13 +278,13 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
 
 def print_night(report: NightReport) -> None:
     rows = [
-        [*item.cell, item.record.median_ms, item.baseline_median_ms, item.change, item.verdict.value,
-         item.record.validity]
+        [*item.cell, item.record.median_ms, item.baseline_median_ms, item.change,
+         _mb(item.record.peak_rss_bytes), item.verdict.value, item.record.validity]
         for item in report.verdicts
     ]  # fmt: skip
     console.table(
         f"Nightly {report.night}",
-        ["board", "model", "backend", "median ms", "baseline ms", "change", "verdict", "validity"],
+        ["board", "model", "backend", "median ms", "baseline ms", "change", "peak MB", "verdict", "validity"],
         rows,
         caption=f"exit code {report.exit_code}",
     )

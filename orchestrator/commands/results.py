@@ -77,6 +77,11 @@ def explore(
     overlays = run_overlays(run.path, required=False) if run else []
     if run and not overlays:
         console.warn(f"run {run.run_id} has no overlays yet: run fab analyze --run {run.run_id}")
+    programs = sorted((p for p in present if p.suffix == ".pte"), key=lambda p: "xnnpack" not in p.name)
+    if not run and programs:  # no board yet: the memory plan of one program (the UI renames repeated graph ids)
+        from orchestrator.results.overlays import write_program_overlays
+
+        overlays += write_program_overlays(programs[0], paths.folder / "model_explorer" / programs[0].stem)
     launch_explorer(present, overlays, host=host, port=port, open_browser=open_browser)
     return 0
 

@@ -108,6 +108,7 @@ class BoardAgent:
         timeout: float,
         lock_timeout: float,
         etdump: bool = True,
+        counters: str | None = None,
     ) -> tuple[dict[str, Any], int]:
         """Profile under the board lock; a failed run still returns its bundle (exit 1 is accepted)."""
         args = [
@@ -132,8 +133,12 @@ class BoardAgent:
         args += ["--timeout", str(timeout), "--lock-timeout", str(lock_timeout)]
         if not etdump:
             args.append("--no-etdump")
-        # The SSH command itself gets the runner timeout plus the lock wait plus slack for info probes.
-        document, code = self.call(*args, timeout=timeout + lock_timeout + 120, accept=(AGENT_OK, AGENT_FAILED))
+        if counters:
+            args += ["--counters", counters]
+        # The SSH command itself gets the runner timeout (twice with a counters pass) plus the lock wait plus slack
+        # for info probes.
+        runs = 2 if counters else 1
+        document, code = self.call(*args, timeout=runs * timeout + lock_timeout + 120, accept=(AGENT_OK, AGENT_FAILED))
         if "bundle" in document:
             status, bundle = document.get("status"), document.get("bundle")
             if document.get("run_id") != run_id or status not in ("ok", "failed", "timeout"):

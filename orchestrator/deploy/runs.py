@@ -29,6 +29,7 @@ class RunParams:
     timeout: float | None = None  # hard runner timeout; derived from the budget when None
     lock_timeout: float = 3600.0
     etdump: bool = True
+    counters: tuple[str, ...] | None = None  # a single-threaded counters pass after the timing pass
 
     def __post_init__(self) -> None:
         # Also reached from the nightly matrix, so the checks live here as well as in the command layer.
@@ -112,6 +113,7 @@ def profile(
         timeout=params.runner_timeout(),
         lock_timeout=params.lock_timeout,
         etdump=params.etdump,
+        counters=",".join(params.counters) if params.counters else None,
     )
     if "bundle" not in document:
         raise BoardError(f"{conn.board.name}: profile produced no bundle: {document.get('error', document)}")

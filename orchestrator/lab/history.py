@@ -68,6 +68,9 @@ runs = Table(
     Column("environment", JSON),  # runner version, runtime version, board image: part of the program's identity
     Column("verdict", String(24)),  # orchestrator.results.verdicts.Kind, set once the cell is judged
     Column("verdict_info", JSON),  # detail, ratio, drift, re-measure and interleaved re-test figures
+    # Added with memory footprint (issue 13).
+    Column("peak_rss_bytes", Integer),  # the run's peak RSS over every phase
+    Column("planned_bytes", Integer),  # the program's planned arenas
     UniqueConstraint("night", "board", "model", "backend", name="one_cell_per_night"),
 )
 
@@ -118,6 +121,8 @@ class RunRecord:
     environment: dict[str, str] = field(default_factory=dict)
     verdict: str | None = None
     verdict_info: dict[str, Any] = field(default_factory=dict)
+    peak_rss_bytes: int | None = None
+    planned_bytes: int | None = None
 
     @property
     def identity(self) -> tuple[str | None, str]:
@@ -133,7 +138,7 @@ class RunRecord:
 _STORED_FIELDS = (
     "run_id", "night", "board", "model", "backend", "status", "validity", "reasons", "error", "stage", "versions",
     "pte_sha256", "threads", "median_ms", "p90_ms", "mean_ms", "cv", "conditions", "bundle_path", "environment",
-    "verdict", "verdict_info",
+    "verdict", "verdict_info", "peak_rss_bytes", "planned_bytes",
 )  # fmt: skip
 
 

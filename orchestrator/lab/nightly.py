@@ -104,6 +104,8 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
         latencies_ms=latencies,
         ops=ops,
         environment=environment,
+        peak_rss_bytes=summary.memory.peak_rss_bytes if summary and summary.memory else None,
+        planned_bytes=summary.memory.planned_bytes if summary and summary.memory else None,
     )
 
 
@@ -202,6 +204,43 @@ def judge(
     verdict.reference = reference
     if suspect == "slower":
         verdict.slower_ops = _slower_ops(record, usable, min_effect)
+    return verdict
+
+
+# Verdicts a memory finding may replace: it never hides a failure, a regression or a pending re-test.
+_MEMORY_MAY_REPLACE = (Kind.OK, Kind.NEW, Kind.DRIFT, Kind.IMPROVEMENT)
+
+
+def judge_memory(verdict: CellVerdict, baseline: Sequence[RunRecord], min_effect: float) -> CellVerdict:
+    """Peak memory against the baseline nights, with the latency rules: a growth of at least `min_effect` beyond
+    every baseline night is board drift for the same program and a regression for a changed one.
+
+    Peak RSS of one program hardly moves between runs, so no interleaved re-test is needed to believe it; the
+    verdict info keeps the figures either way, for the report.
+    """
+    record = verdict.record
+    nights = [b.peak_rss_bytes for b in baseline if b.peak_rss_bytes and b.status == "ok"]
+    if record.status != "ok" or not record.peak_rss_bytes or not nights:
+        return verdict
+    reference = float(np.median(nights))
+    growth = record.peak_rss_bytes / reference - 1
+    verdict.memory = {"peak_rss_bytes": record.peak_rss_bytes, "baseline_peak_rss_bytes": reference, "growth": growth}
+    if len(nights) < MIN_BASELINE_NIGHTS or growth < min_effect or record.peak_rss_bytes <= max(nights):
+        return verdict
+    same = bool(baseline) and same_program(record, baseline[0])
+    detail = (
+        f"peak memory {record.peak_rss_bytes / 1e6:.1f} MB is {growth:+.1%} over the baseline's "
+        f"{reference / 1e6:.1f} MB"
+    )
+    if verdict.verdict not in _MEMORY_MAY_REPLACE:
+        verdict.detail += f"; {detail}"
+        return verdict
+    if same:
+        verdict.verdict = Kind.DRIFT
+        verdict.detail = f"no program change: {detail}, board drift" + (f"; {verdict.detail}" if verdict.detail else "")
+    else:
+        verdict.verdict = Kind.REGRESSION
+        verdict.detail = f"program changed: {detail}" + (f"; {verdict.detail}" if verdict.detail else "")
     return verdict
 
 
@@ -396,13 +435,14 @@ def run_nightly(
             # Judge this board's cells now, while the board is ours: a suspected cell is re-tested at once.
             for cell in cells:
                 (run,) = [r for r in history.runs(night=night, cell=cell.cell)]
-                verdict = judge(run, _baseline(history, run, config), config.min_effect,
-                                min_nights=config.min_baseline_nights)  # fmt: skip
+                baseline = _baseline(history, run, config)
+                verdict = judge(run, baseline, config.min_effect, min_nights=config.min_baseline_nights)
                 verdict.remeasured = remeasured.get(cell.cell)
                 if verdict.suspect:
                     verdict = _retest(board, verdict, jobs[(cell.model, cell.backend)], config)
                     if run.validity == "degraded" and verdict.verdict == Kind.UNCONFIRMED:
                         verdict.verdict = Kind.INCONCLUSIVE  # degraded twice and the re-test settled nothing
+                verdict = judge_memory(verdict, baseline, config.min_effect)
                 history.set_verdict(run.run_id, verdict.verdict, verdict.info())
             return failed + cells
 
@@ -419,10 +459,11 @@ def run_nightly(
             if record.verdict:
                 verdict = CellVerdict.stored(record)
             else:  # recorded by a run killed before it judged the cell: judged now, without a re-test
-                verdict = judge(record, _baseline(history, record, config), config.min_effect,
-                                min_nights=config.min_baseline_nights)  # fmt: skip
+                baseline = _baseline(history, record, config)
+                verdict = judge(record, baseline, config.min_effect, min_nights=config.min_baseline_nights)
                 if verdict.suspect:
                     verdict = confirm(verdict, None, why_not="the night was resumed after the cell ran")
+                verdict = judge_memory(verdict, baseline, config.min_effect)
                 history.set_verdict(record.run_id, verdict.verdict, verdict.info())
             verdicts.append(verdict)
             trends[record.cell] = list(reversed(history.runs(cell=record.cell, limit=60)))

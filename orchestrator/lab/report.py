@@ -35,6 +35,7 @@ class CellVerdict:
     drift: float | None = None  # unchanged program: tonight's median / the baseline's, the board's doing
     retest: dict[str, Any] | None = None  # abtest.Interleaved.to_dict()
     remeasured: dict[str, Any] | None = None  # the degraded first run that was re-measured
+    memory: dict[str, Any] | None = None  # peak RSS vs the baseline nights' (nightly.judge_memory)
 
     def __post_init__(self) -> None:
         self.verdict = Kind(self.verdict)
@@ -53,6 +54,7 @@ class CellVerdict:
             "drift": self.drift,
             "retest": self.retest,
             "remeasured": self.remeasured,
+            "memory": self.memory,
         }
 
     @classmethod
@@ -69,6 +71,7 @@ class CellVerdict:
             drift=info.get("drift"),
             retest=info.get("retest"),
             remeasured=info.get("remeasured"),
+            memory=info.get("memory"),
         )
 
     @property
@@ -129,6 +132,13 @@ def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: s
     for record in records:
         if record.status != "ok":
             ax.axvline(record.night, color="#de2d26", alpha=0.3, linestyle="--")
+    with_memory = [r for r in ok if r.peak_rss_bytes]
+    if with_memory:  # peak memory per night on its own axis: a growth shows next to the latency
+        memory_ax = ax.twinx()
+        memory_ax.plot([r.night for r in with_memory], [r.peak_rss_bytes / 1e6 for r in with_memory],
+                       marker="s", color="#756bb1", linestyle=":", label="peak memory")  # fmt: skip
+        memory_ax.set_ylabel("peak memory (MB)", color="#756bb1")
+        memory_ax.legend(fontsize=8, loc="upper right")
     ax.set_title(_label(cell), fontsize=10)
     ax.set_ylabel("latency (ms)")
     ax.grid(alpha=0.3)
@@ -140,6 +150,10 @@ def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: s
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
+
+
+def _peak_mb(record: RunRecord) -> float | None:
+    return record.peak_rss_bytes / 1e6 if record.peak_rss_bytes else None
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
@@ -236,7 +250,7 @@ def render_html(report: NightReport) -> str:
         f"{_count(len(report.warnings), 'warnings (drift, unconfirmed, inconclusive)', 'drift')}, "
         f"{_count(len(report.failures), 'failures', 'failed')}</p>",
         "<h2>Tonight</h2><table id='tonight'><tr><th>board</th><th>model</th><th>backend</th><th>median ms</th>"
-        "<th>baseline ms</th><th>change</th><th>verdict</th><th>validity</th><th>bundle</th></tr>",
+        "<th>baseline ms</th><th>change</th><th>peak MB</th><th>verdict</th><th>validity</th><th>bundle</th></tr>",
     ]
     for item in report.verdicts:
         record = item.record
@@ -245,6 +259,7 @@ def render_html(report: NightReport) -> str:
             f"<tr><td>{html.escape(record.board)}</td><td>{html.escape(record.model)}</td>"
             f"<td>{html.escape(record.backend)}</td><td class='num'>{_fmt(record.median_ms)}</td>"
             f"<td class='num'>{_fmt(item.baseline_median_ms)}</td><td class='num'>{change}</td>"
+            f"<td class='num'>{_fmt(_peak_mb(record))}</td>"
             f"<td class='{html.escape(item.verdict.replace(' ', '-'))}'>{html.escape(item.verdict)}"
             f"{'<br><small>' + html.escape(item.detail) + '</small>' if item.detail else ''}</td>"
             f"<td>{html.escape(record.validity)}{_reasons_html(record.reasons)}</td>"
@@ -323,15 +338,15 @@ def render_markdown(report: NightReport) -> str:
         f"Exit code {report.exit_code}: {len(report.verdicts)} cells run, {len(report.regressions)} regressions, "
         f"{len(report.warnings)} warnings, {len(report.failures)} failures, {len(report.skipped)} already recorded.",
         "",
-        "| board | model | backend | median ms | baseline ms | change | verdict | validity |",
-        "|---|---|---|---:|---:|---:|---|---|",
+        "| board | model | backend | median ms | baseline ms | change | peak MB | verdict | validity |",
+        "|---|---|---|---:|---:|---:|---:|---|---|",
     ]
     for item in report.verdicts:
         r = item.record
         change = item.change or "—"
         lines.append(
             f"| {r.board} | {r.model} | {r.backend} | {_fmt(r.median_ms)} | {_fmt(item.baseline_median_ms)} | "
-            f"{change} | {item.verdict} | {r.validity} |"
+            f"{change} | {_fmt(_peak_mb(r))} | {item.verdict} | {r.validity} |"
         )
     for item in report.regressions:
         lines += ["", f"## Regression: {_label(item.cell)}", "", item.detail]

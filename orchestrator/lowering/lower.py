@@ -189,6 +189,7 @@ def _lower_backend(
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
     from orchestrator.lowering.delegation import delegation_report
+    from orchestrator.results.memory import read_program_memory
 
     with timer.stage(f"{backend}: to_edge/partition"):
         if backend == "xnnpack":
@@ -215,6 +216,8 @@ def _lower_backend(
                 program.get_etrecord().save(str(tmp))
             files["etrecord"] = file_record(etrecord_path)
 
+    # From the written .pte, as the runner will see it: planned arenas, constants, live bytes per instruction.
+    memory = read_program_memory(pte_path).to_sidecar()
     sidecar = {
         "schema": SIDECAR_SCHEMA,
         "model": spec.name,
@@ -237,6 +240,7 @@ def _lower_backend(
         "reference_outputs": artifact_paths.reference_outputs.name,
         "etrecord": artifact_paths.etrecord(backend).name if etrecord else None,
         "delegation": delegation,
+        "memory": memory,
         "spec": spec.to_dict(),
         "cache_key": key,
         "files": files,

@@ -14,9 +14,15 @@ from typing import Any
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import sha256_file
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha, read_bundle
+from orchestrator.results.counters_profile import CounterProfile, counters_summary, read_counter_profile
 from orchestrator.results.documents import Summary, summary_document, write_outputs
 from orchestrator.results.etdump import Etdump, ProgramPlan, read_etdump, read_program_plan
 from orchestrator.results.etdump_profile import _method_totals, inferred_ns_per_tick, profile_etdump
+from orchestrator.results.memory import (
+    memory_summary,
+    program_memory_from_sidecar,
+    read_program_memory,
+)
 from orchestrator.results.profile import Profile
 from orchestrator.results.summary import hashing_times
 from orchestrator.results.validity import (
@@ -89,15 +95,32 @@ def analyze_bundle(
             raise AnalysisError(f"reference outputs {reference_outputs} do not exist")
         correctness = check_outputs(outputs_path, Path(reference_outputs))
 
+    program = read_program_memory(pte, bundle.method) if pte is not None else program_memory_from_sidecar(sidecar)
+    memory, memory_notes = memory_summary(bundle.timings, program)
+    bundle.notes.extend(("degraded", note) for note in memory_notes)
+    counter_profile = _counter_profile(bundle)
+
     latency = dataclasses.replace(
         latency_summary(bundle.timings), hashing_ms=hashing_times(bundle.run.get("hashing_ms"))
     )
     board = board_conditions(bundle.board_before, bundle.board_after)
     validity = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes)
     run = summary_document(bundle, sidecar, pte, latency, board, correctness, profile, validity)
+    top_layers = (run.profile or {}).get("top_layers") or []
+    counters = counters_summary(counter_profile, bundle.run.get("counters_pass"), top_layers, latency.threads)
+    run = dataclasses.replace(run, memory=memory, counters=counters)
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile)
-    summary.written = write_outputs(bundle.path, run, profile)
+    summary.written = write_outputs(bundle.path, run, profile, program=program, counters=counter_profile)
     return summary
+
+
+def _counter_profile(bundle: BundleFiles) -> CounterProfile | None:
+    """The counters pass, if the run had one; an unusable one costs the counters, never the analysis."""
+    try:
+        return read_counter_profile(bundle.path, bundle.method)
+    except AnalysisError as exc:
+        bundle.notes.append(("degraded", f"counters pass unusable: {exc}"))
+        return None
 
 
 def _profile_bundle(

@@ -27,7 +27,7 @@ from orchestrator.fsutil import atomic_write_json, read_json
 from orchestrator.results.documents import ANALYSIS_DIR, load_summary
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
 from orchestrator.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, Verdict, compare_samples
-from orchestrator.results.summary import RunSummary
+from orchestrator.results.summary import Memory, RunSummary
 from orchestrator.results.verdicts import Kind
 
 
@@ -78,10 +78,12 @@ class Comparison:
     sha_a: str | None = None
     sha_b: str | None = None
     retest: dict[str, Any] | None = None
+    memory: list[dict[str, Any]] = field(default_factory=list)  # memory_deltas(): one row per figure
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": 1,
+            "memory": self.memory,
             "run_a": {"run_id": self.run_id_a, "path": str(self.run_a), "median_ms": self.median_a_ms},
             "run_b": {"run_id": self.run_id_b, "path": str(self.run_b), "median_ms": self.median_b_ms},
             "total": self.total.to_dict(),
@@ -206,6 +208,29 @@ def _delegate_medians(run: _Run) -> dict[str, dict[str, float]]:
     return found
 
 
+MEMORY_FIGURES = ("peak_rss_bytes", "planned_bytes", "constants_bytes", "other_bytes", "pte_bytes")
+
+
+def memory_deltas(a: Memory | None, b: Memory | None) -> list[dict[str, Any]]:
+    """Each memory figure on both sides and B - A, plus the peak of every phase; empty when a side has none."""
+    if a is None or b is None:
+        return []
+    rows = []
+    pairs = [(name, getattr(a, name), getattr(b, name)) for name in MEMORY_FIGURES]
+    pairs += [
+        (f"peak_rss_bytes.{phase}", a.phases[phase].get("peak_rss_bytes"), b.phases[phase].get("peak_rss_bytes"))
+        for phase in a.phases
+        if phase in b.phases
+    ]
+    for name, value_a, value_b in pairs:
+        if value_a is None and value_b is None:
+            continue
+        delta = value_b - value_a if value_a is not None and value_b is not None else None
+        ratio = value_b / value_a - 1 if delta is not None and value_a else None
+        rows.append({"figure": name, "a": value_a, "b": value_b, "delta": delta, "ratio": ratio})
+    return rows
+
+
 def compare_runs(
     run_a: Path,
     run_b: Path,
@@ -235,6 +260,7 @@ def compare_runs(
         a.path, b.path, a.run_id, b.run_id, total, a.summary.latency.median_ms, b.summary.latency.median_ms, ops, notes
     )
     comparison.sha_a, comparison.sha_b = a.summary.model.sha256, b.summary.model.sha256
+    comparison.memory = memory_deltas(a.summary.memory, b.summary.memory)
     comparison.verdict, comparison.verdict_detail = run_verdict(a, b, total)
     if write:
         method = str(b.ops.get("method") or "forward")

@@ -12,6 +12,8 @@ from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json
 from orchestrator.results import overlays
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
+from orchestrator.results.counters_profile import CounterProfile
+from orchestrator.results.memory import ProgramMemory
 from orchestrator.results.profile import Profile
 from orchestrator.results.summary import SUMMARY_SCHEMA, Latency, ProgramInfo, RunSummary, Validity
 
@@ -46,7 +48,14 @@ class Summary:
         return [r.reason for r in self.run.validity.reasons]
 
 
-def write_outputs(bundle_dir: Path, run: RunSummary, profile: Profile | None) -> list[Path]:
+def write_outputs(
+    bundle_dir: Path,
+    run: RunSummary,
+    profile: Profile | None,
+    *,
+    program: ProgramMemory | None = None,
+    counters: CounterProfile | None = None,
+) -> list[Path]:
     """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point."""
     out = bundle_dir / ANALYSIS_DIR
     written = []
@@ -56,10 +65,18 @@ def write_outputs(bundle_dir: Path, run: RunSummary, profile: Profile | None) ->
     for path in stale:
         path.unlink(missing_ok=True)
     if profile is not None:
-        atomic_write_json(out / "ops.json", ops_document(profile, run.run_id))
-        atomic_write_text(out / "ops.csv", ops_csv(profile))
+        atomic_write_json(out / "ops.json", ops_document(profile, run.run_id, counters))
+        atomic_write_text(out / "ops.csv", ops_csv(profile, counters))
         written += [out / "ops.json", out / "ops.csv"]
-        written += overlays.write_overlays(bundle_dir, profile, run_id=run.run_id, pte_sha256=run.model.sha256)
+        written += overlays.write_overlays(
+            bundle_dir,
+            profile,
+            run_id=run.run_id,
+            pte_sha256=run.model.sha256,
+            program=program,
+            counters=counters,
+            counters_summary=run.counters,
+        )
     atomic_write_json(out / "summary.json", run.to_dict())
     written.append(out / "summary.json")
     return written
@@ -135,7 +152,16 @@ def profile_summary(profile: Profile) -> dict[str, Any]:
     }
 
 
-def ops_document(profile: Profile, run_id: str) -> dict[str, Any]:
+def _counter_columns(counters: CounterProfile | None) -> list[str]:
+    """Only what was captured (and what derives from it) gets a column: a missing counter is no column of zeros."""
+    return counters.metrics if counters is not None else []
+
+
+def _counter_cells(counters: CounterProfile | None, node_id: str) -> dict[str, float | None]:
+    return {metric: counters.values[metric].get(node_id) for metric in _counter_columns(counters)} if counters else {}
+
+
+def ops_document(profile: Profile, run_id: str, counters: CounterProfile | None = None) -> dict[str, Any]:
     return {
         "schema": SUMMARY_SCHEMA,
         "run_id": run_id,
@@ -144,8 +170,10 @@ def ops_document(profile: Profile, run_id: str) -> dict[str, Any]:
         "executions": profile.executions,
         "ns_per_tick": profile.ns_per_tick,
         "method_ms": profile.total.to_dict() if profile.total else None,
+        "counters": _counter_columns(counters),
         "instructions": [
-            {**i.row(), "samples_ms": [round(float(v), 6) for v in i.samples_ms]} for i in profile.instructions
+            {**i.row(), **_counter_cells(counters, i.node_id), "samples_ms": [round(float(v), 6) for v in i.samples_ms]}
+            for i in profile.instructions
         ],
         "delegates": [d.to_dict() for d in profile.delegates],
         "operator_types": profile.operator_types,
@@ -153,12 +181,13 @@ def ops_document(profile: Profile, run_id: str) -> dict[str, Any]:
     }
 
 
-def ops_csv(profile: Profile) -> str:
+def ops_csv(profile: Profile, counters: CounterProfile | None = None) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=OPS_CSV_COLUMNS, lineterminator="\n")
+    columns = [*OPS_CSV_COLUMNS, *_counter_columns(counters)]
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for instruction in profile.instructions:
-        writer.writerow(instruction.row())
+        writer.writerow({**instruction.row(), **_counter_cells(counters, instruction.node_id)})
     return buffer.getvalue()
 
 

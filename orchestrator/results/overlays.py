@@ -15,11 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.fsutil import atomic_write_json
+from orchestrator.results.counters_profile import CounterProfile
+from orchestrator.results.memory import ProgramMemory
 from orchestrator.results.profile import Profile
+from orchestrator.results.summary import Counters
 
 OVERLAY_DIR = "model_explorer"
 INDEX_NAME = "overlays.json"
 METRICS = ("median_ms", "mean_ms", "pct")
+LIVE_BYTES = "live_bytes"
+LIVE_BYTES_MEANS = (
+    "static, from the program's memory plan: for each top-level instruction, the bytes of memory-planned "
+    "activations live while it runs (tensors from the first instruction that uses them to the last; inputs from "
+    "the start, outputs to the end; shared bytes counted once). Delegate-internal and runtime allocations excluded."
+)
 GREEN_YELLOW_RED = [
     {"stop": 0.0, "bgColor": "#4caf50"},
     {"stop": 0.5, "bgColor": "#ffeb3b"},
@@ -67,8 +76,48 @@ def overlay_values(profile: Profile, metric: str) -> dict[str, dict[str, float]]
     return graphs
 
 
-def write_overlays(bundle_dir: Path, profile: Profile, *, run_id: str, pte_sha256: str | None) -> list[Path]:
-    """Write one overlay per metric plus the index; return the paths written."""
+def write_live_bytes(bundle_dir: Path, program: ProgramMemory, name: str) -> Path:
+    """me_overlay_live_bytes.json: the plan's live activation bytes per top-level instruction (no board needed)."""
+    path = overlay_path(bundle_dir, LIVE_BYTES)
+    atomic_write_json(path, {program.method: graph_node_data(name, program.node_values(), GREEN_YELLOW_RED)})
+    return path
+
+
+def write_program_overlays(pte: Path, folder: Path) -> list[Path]:
+    """Without a run: the live-bytes overlay of one .pte in `folder`, with its own index naming the program."""
+    from orchestrator.results.memory import read_program_memory
+
+    program = read_program_memory(pte)
+    path = write_live_bytes(folder, program, f"live bytes ({pte.name})")
+    index = Path(folder) / OVERLAY_DIR / INDEX_NAME
+    atomic_write_json(index, {"schema": 1, "pte": pte.name, "method": program.method,
+                              "metrics": {LIVE_BYTES: path.name},
+                              "live_bytes": {"file": path.name, "measures": LIVE_BYTES_MEANS}})  # fmt: skip
+    return [path]
+
+
+def write_counter_overlays(bundle_dir: Path, counters: CounterProfile, run_id: str) -> list[Path]:
+    """One overlay per captured counter and derived metric, on the top-level graph."""
+    written = []
+    for metric in counters.metrics:
+        values = counters.values.get(metric) or {}
+        path = overlay_path(bundle_dir, metric)
+        atomic_write_json(path, {counters.method: graph_node_data(f"{metric} ({run_id})", values, GREEN_YELLOW_RED)})
+        written.append(path)
+    return written
+
+
+def write_overlays(
+    bundle_dir: Path,
+    profile: Profile,
+    *,
+    run_id: str,
+    pte_sha256: str | None,
+    program: ProgramMemory | None = None,
+    counters: CounterProfile | None = None,
+    counters_summary: Counters | None = None,
+) -> list[Path]:
+    """Write one overlay per metric (timing, live bytes, each captured counter) plus the index; return the paths."""
     written = []
     for metric in METRICS:
         document = {
@@ -78,6 +127,13 @@ def write_overlays(bundle_dir: Path, profile: Profile, *, run_id: str, pte_sha25
         path = overlay_path(bundle_dir, metric)
         atomic_write_json(path, document)
         written.append(path)
+    extra: dict[str, str] = {}
+    if program is not None and program.live_bytes:
+        written.append(write_live_bytes(bundle_dir, program, f"live bytes ({profile.pte_name or run_id})"))
+        extra[LIVE_BYTES] = overlay_path(bundle_dir, LIVE_BYTES).name
+    if counters is not None:
+        written += write_counter_overlays(bundle_dir, counters, run_id)
+        extra.update({metric: overlay_path(bundle_dir, metric).name for metric in counters.metrics})
     coverage = profile.coverage()
     index = {
         "schema": 1,
@@ -85,7 +141,9 @@ def write_overlays(bundle_dir: Path, profile: Profile, *, run_id: str, pte_sha25
         "pte": profile.pte_name,
         "pte_sha256": pte_sha256,
         "method": profile.method,
-        "metrics": {metric: overlay_path(bundle_dir, metric).name for metric in METRICS},
+        "metrics": {metric: overlay_path(bundle_dir, metric).name for metric in METRICS} | extra,
+        "live_bytes": {"file": extra[LIVE_BYTES], "measures": LIVE_BYTES_MEANS} if LIVE_BYTES in extra else None,
+        "counters": _counters_index(counters, counters_summary),
         "delegate_graphs": [d.graph_id for d in profile.delegates if d.status == "placed"],
         "left_out": coverage["left_out"],
         "placed_share": coverage["placed_share"],
@@ -94,6 +152,24 @@ def write_overlays(bundle_dir: Path, profile: Profile, *, run_id: str, pte_sha25
     atomic_write_json(index_path, index)
     written.append(index_path)
     return written
+
+
+def _counters_index(counters: CounterProfile | None, summary: Counters | None) -> dict[str, Any] | None:
+    if counters is None and summary is None:
+        return None
+    if counters is None:
+        return {"status": "failed", "error": summary.error if summary else None, "captured": [], "missing": []}
+    return {
+        "status": "ok",
+        "captured": counters.captured,
+        "derived": counters.derived,
+        "missing": counters.missing,  # no overlay file for these, rather than zeros
+        "threads": counters.threads,
+        "scope": counters.scope,
+        "multiplexed": counters.multiplexed,
+        "scaling": counters.scaling,
+        "top_level_only": "counters are read around each top-level kernel and delegate call, not inside delegates",
+    }
 
 
 def diverging_color(value: float, limit: float) -> str:

@@ -163,6 +163,133 @@ class ProgramInfo:
 
 
 @dataclass(frozen=True)
+class Memory:
+    """Peak memory per phase (the runner's RSS) and what the program accounts for.
+
+    `other_bytes` is the peak minus the process's RSS before loading, the planned arenas and the constants: memory
+    that belongs to delegates (XNNPACK's packed weights and workspace) and everything else the runtime allocates.
+    """
+
+    peak_rss_bytes: int | None = None
+    phases: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    peak_reset: bool = False  # True: each phase's peak covers that phase alone (clear_refs worked)
+    baseline_rss_bytes: int | None = None
+    planned_arenas: tuple[int, ...] = ()
+    planned_bytes: int | None = None
+    constants_bytes: int | None = None
+    delegate_data_bytes: int | None = None
+    pte_bytes: int | None = None
+    peak_live_bytes: int | None = None
+    other_bytes: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Memory | None:
+        if data is None:
+            return None
+        fields = _mapping(data, "memory")
+        phases = _mapping(fields.get("phases"), "memory.phases")
+        arenas = fields.get("planned_arenas") or []
+        if not isinstance(arenas, list):
+            raise AnalysisError("summary.json: memory.planned_arenas must be a list")
+        return cls(
+            peak_rss_bytes=_int(fields.get("peak_rss_bytes")),
+            phases={
+                str(name): {k: _int(v) for k, v in _mapping(values, f"memory.phases.{name}").items()}
+                for name, values in phases.items()
+            },
+            peak_reset=fields.get("peak_reset") is True,
+            baseline_rss_bytes=_int(fields.get("baseline_rss_bytes")),
+            planned_arenas=tuple(a for a in arenas if _int(a) is not None),
+            planned_bytes=_int(fields.get("planned_bytes")),
+            constants_bytes=_int(fields.get("constants_bytes")),
+            delegate_data_bytes=_int(fields.get("delegate_data_bytes")),
+            pte_bytes=_int(fields.get("pte_bytes")),
+            peak_live_bytes=_int(fields.get("peak_live_bytes")),
+            other_bytes=_int(fields.get("other_bytes")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "phases": self.phases,
+            "peak_reset": self.peak_reset,
+            "baseline_rss_bytes": self.baseline_rss_bytes,
+            "planned_arenas": list(self.planned_arenas),
+            "planned_bytes": self.planned_bytes,
+            "constants_bytes": self.constants_bytes,
+            "delegate_data_bytes": self.delegate_data_bytes,
+            "pte_bytes": self.pte_bytes,
+            "peak_live_bytes": self.peak_live_bytes,
+            "other_bytes": self.other_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The counters pass: what was captured, what was not and why, and the whole-method figures."""
+
+    status: str  # ok, failed
+    error: str | None = None
+    requested: tuple[str, ...] = ()
+    captured: tuple[str, ...] = ()
+    derived: tuple[str, ...] = ()
+    missing: tuple[dict[str, str], ...] = ()  # {"name", "error", "reason"}
+    threads: int | None = None
+    scope: str = ""
+    multiplexed: bool = False
+    scaling: str = ""
+    executions: int = 0
+    totals: dict[str, float] = field(default_factory=dict)  # per execution, whole method
+    consistency: dict[str, Any] = field(default_factory=dict)  # the hottest instruction vs the timing pass
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Counters | None:
+        if data is None:
+            return None
+        fields = _mapping(data, "counters")
+
+        def names(key: str) -> tuple[str, ...]:
+            value = fields.get(key) or []
+            return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+        missing = fields.get("missing") or []
+        return cls(
+            status=_text(fields.get("status")) or "failed",
+            error=_text(fields.get("error")),
+            requested=names("requested"),
+            captured=names("captured"),
+            derived=names("derived"),
+            missing=tuple(m for m in missing if isinstance(m, dict)) if isinstance(missing, list) else (),
+            threads=_int(fields.get("threads")),
+            scope=_text(fields.get("scope")) or "",
+            multiplexed=fields.get("multiplexed") is True,
+            scaling=_text(fields.get("scaling")) or "",
+            executions=_int(fields.get("executions")) or 0,
+            totals={
+                str(k): v for k, v in _mapping(fields.get("totals"), "counters.totals").items() if _float(v) is not None
+            },
+            consistency=_mapping(fields.get("consistency"), "counters.consistency"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "error": self.error,
+            "requested": list(self.requested),
+            "captured": list(self.captured),
+            "derived": list(self.derived),
+            "missing": [dict(m) for m in self.missing],
+            "threads": self.threads,
+            "scope": self.scope,
+            "multiplexed": self.multiplexed,
+            "scaling": self.scaling,
+            "executions": self.executions,
+            "totals": self.totals,
+            "consistency": self.consistency,
+        }
+
+
+@dataclass(frozen=True)
 class RunSummary:
     run_id: str
     model: ProgramInfo
@@ -176,6 +303,8 @@ class RunSummary:
     board_conditions: dict[str, Any] = field(default_factory=dict)
     correctness: dict[str, Any] = field(default_factory=dict)
     profile: dict[str, Any] | None = None  # top layers, delegation split, operator types, overlay coverage
+    memory: Memory | None = None
+    counters: Counters | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> RunSummary:
@@ -199,6 +328,8 @@ class RunSummary:
             board_conditions=_mapping(fields.get("board_conditions"), "board_conditions"),
             correctness=_mapping(fields.get("correctness"), "correctness"),
             profile=_mapping(profile, "profile") if profile is not None else None,
+            memory=Memory.from_dict(fields.get("memory")),
+            counters=Counters.from_dict(fields.get("counters")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,5 +349,9 @@ class RunSummary:
         }
         if self.profile is not None:
             data["profile"] = self.profile
+        if self.memory is not None:
+            data["memory"] = self.memory.to_dict()
+        if self.counters is not None:
+            data["counters"] = self.counters.to_dict()
         data["validity"] = self.validity.to_dict()
         return data

@@ -146,6 +146,7 @@ def info(workdir: Workdir, runner: str | None) -> tuple[dict[str, Any], int]:
 )
 @click.option("--no-etdump", is_flag=True, help="Do not record an ETDump.")
 @click.option("--runner", help="Runner binary (default: the provisioned one from state.json).")
+@click.option("--counters", help="After the timing pass, a single-threaded counters pass: 'default' or a,b,c.")
 @click.pass_obj
 @json_command
 def profile_command(
@@ -164,6 +165,7 @@ def profile_command(
     kill_grace: float,
     no_etdump: bool,
     runner: str | None,
+    counters: str | None,
 ) -> tuple[dict[str, Any], int]:
     """Run the native runner once under the board lock and write <wd>/bundles/<run-id>/."""
     request = ProfileRequest(
@@ -181,6 +183,7 @@ def profile_command(
         etdump=not no_etdump,
         runner=Path(runner) if runner else None,
         kill_grace=kill_grace,
+        counters=counters,
     )
     result = profile(workdir, request)
     return result, ExitCode.OK if result["status"] == "ok" else ExitCode.FAILED

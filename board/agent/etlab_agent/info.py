@@ -327,6 +327,62 @@ def runner_version(runner: Path | None) -> dict[str, Any] | None:
     return version if isinstance(version, dict) else None
 
 
+# Event sources that are not a CPU's hardware PMU.
+SOFTWARE_EVENT_SOURCES = ("software", "tracepoint", "breakpoint", "kprobe", "uprobe", "msr", "power")
+CPU_PMU_PREFIXES = ("armv8_", "armv7_", "arm_", "cpu")  # armv8_cortex_a72, armv8_pmuv3, cpu, cpu_core (x86)
+
+
+def event_sources() -> list[dict[str, Any]]:
+    """/sys/bus/event_source/devices: each PMU's perf type and the events it advertises in sysfs."""
+    root = sys_path("/sys/bus/event_source/devices")
+    try:
+        names = sorted(entry.name for entry in root.iterdir())
+    except OSError:
+        return []
+    sources = []
+    for name in names:
+        try:
+            events = sorted(entry.name for entry in (root / name / "events").iterdir())
+        except OSError:
+            events = []
+        sources.append({"name": name, "type": read_int(f"/sys/bus/event_source/devices/{name}/type"), "events": events})
+    return sources
+
+
+def hardware_pmu(sources: list[dict[str, Any]]) -> str | None:
+    """The CPU's hardware PMU, or None: Raspberry Pi OS kernels have shipped without the PMU node."""
+    for source in sources:
+        name = str(source["name"])
+        if name not in SOFTWARE_EVENT_SOURCES and name.startswith(CPU_PMU_PREFIXES):
+            return name
+    return None
+
+
+def probe_counters(runner: Path | None) -> dict[str, str] | None:
+    """`etlab_runner --probe-counters`: which counters this kernel opens for user space, by name (ok or errno)."""
+    if runner is None or not runner.is_file():
+        return None
+    answer = run_probe([str(runner), "--probe-counters"], PROBE_TIMEOUT_SECONDS)
+    if answer is None or answer[0] != 0:
+        return None
+    try:
+        counters = json.loads(answer[1].decode("utf-8", errors="replace")).get("counters")
+    except (ValueError, AttributeError):
+        return None
+    return {str(k): str(v) for k, v in counters.items()} if isinstance(counters, dict) else None
+
+
+def perf_facts(runner: Path | None) -> dict[str, Any]:
+    """What a counters pass can count here: paranoid level, the hardware PMU (if any) and the openable counters."""
+    sources = event_sources()
+    return {
+        "perf_event_paranoid": read_int("/proc/sys/kernel/perf_event_paranoid"),
+        "hardware_pmu": hardware_pmu(sources),
+        "event_sources": sources,
+        "counters": probe_counters(runner),
+    }
+
+
 def _runner_from_state(workdir: Workdir, state: dict[str, Any] | None) -> Path | None:
     if not state:
         return None
@@ -377,5 +433,6 @@ def collect_info(workdir: Workdir, runner: Path | None = None) -> dict[str, Any]
         "glibc": glibc_version(),
         "state": state,
         "runner": runner_version(runner),
+        "perf": perf_facts(runner),
         "lock_holder": holder,
     }

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import AGENT_VERSION
+from .counters import run_counters_pass
 from .errors import AgentError, BadInput
 from .files import atomic_write_json, fsync_path, log, sha256_file, utc_now
 from .info import collect_info
@@ -52,6 +53,7 @@ class ProfileRequest:
         etdump: bool = True,
         runner: Path | None = None,
         kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
+        counters: str | None = None,
     ) -> None:
         self.model = model
         self.run_id = run_id
@@ -67,6 +69,7 @@ class ProfileRequest:
         self.etdump = etdump
         self.runner = runner
         self.kill_grace = kill_grace
+        self.counters = counters  # a counters pass after the timing pass: "default" or "a,b,c"
 
     def parameters(self) -> dict[str, Any]:
         return {
@@ -79,6 +82,7 @@ class ProfileRequest:
             "lock_timeout": self.lock_timeout,
             "etdump": self.etdump,
             "kill_grace": self.kill_grace,
+            "counters": self.counters,
         }
 
 
@@ -317,9 +321,15 @@ def _run_into(
     outcome = run_in_own_group(
         argv, tmp / "runner.log", request.timeout, request.kill_grace, pass_fds=(lock.fd,), stop=stop
     )
-    atomic_write_json(tmp / "board_info_after.json", collect_info(workdir, runner))
-
     status, error = judge(outcome, tmp, request, request.timeout)
+    counters_pass = None
+    if request.counters and not request.etdump:
+        counters_pass = {"requested": request.counters, "status": "failed", "error": "needs the ETDump it is keyed by"}
+    elif request.counters and status == "ok" and not stop.signal_name:
+        counters_pass = run_counters_pass(
+            argv, tmp, request.counters, request.timeout, request.kill_grace, (lock.fd,), stop
+        )
+    atomic_write_json(tmp / "board_info_after.json", collect_info(workdir, runner))
     run = {
         "schema": RUN_SCHEMA,
         "run_id": request.run_id,
@@ -346,6 +356,7 @@ def _run_into(
         "timed_out": outcome.timed_out,
         "interrupted_by": outcome.interrupted_by,
         "spawn_error": outcome.spawn_error,
+        "counters_pass": counters_pass,
     }
     atomic_write_json(tmp / "run.json", run)
     write_manifest(

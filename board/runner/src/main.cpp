@@ -28,11 +28,14 @@
 #include <executorch/runtime/platform/runtime.h>
 
 #include "atomic_file.h"
+#include "counting_tracer.h"
 #include "crash_guard.h"
 #include "exit_codes.h"
 #include "json.h"
+#include "memory_probe.h"
 #include "method_io.h"
 #include "options.h"
+#include "perf_counters.h"
 #include "tensor_file.h"
 #include "threadpool_control.h"
 
@@ -84,7 +87,7 @@ void check_model_readable(const std::string& path) {
 }
 
 void check_outputs_writable(const Options& options) {
-  for (const auto* path : {&options.outputs, &options.etdump, &options.timings}) {
+  for (const auto* path : {&options.outputs, &options.etdump, &options.timings, &options.counters_out}) {
     if (!path->has_value()) continue;
     try {
       check_writable(**path);
@@ -131,6 +134,11 @@ class PlannedMemory {
 
   et::HierarchicalAllocator* allocator() { return allocator_.get(); }
   size_t total_bytes() const { return total_bytes_; }
+  std::vector<size_t> sizes() const {
+    std::vector<size_t> out;
+    for (const auto& span : spans_) out.push_back(span.size());
+    return out;
+  }
 
  private:
   std::vector<std::unique_ptr<uint8_t, decltype(&std::free)>> buffers_;
@@ -141,6 +149,8 @@ class PlannedMemory {
 
 struct Timings {
   size_t threads = 0;
+  std::string memory_json = "null";
+  std::string program_memory_json = "null";
   double load_ms = 0;
   double method_init_ms = 0;
   std::vector<double> warmup_ms;
@@ -169,8 +179,53 @@ std::string timings_json(const Options& options, const Timings& timings) {
   field("stopped_early", timings.stopped_early ? "true" : "false");
   field("max_seconds", json_number(options.max_seconds));
   field("etdump", options.etdump ? "true" : "false");
-  field("inputs_source", json_string(timings.inputs_source), /*last=*/true);
+  field("inputs_source", json_string(timings.inputs_source));
+  field("memory", timings.memory_json);
+  field("program_memory", timings.program_memory_json, /*last=*/true);
   return out + "}\n";
+}
+
+std::string program_memory_json(const std::string& model, const std::vector<size_t>& arenas) {
+  struct stat info {};
+  const long long pte_bytes = stat(model.c_str(), &info) == 0 ? static_cast<long long>(info.st_size) : -1;
+  std::string out = "{\"planned_arenas\": [";
+  for (size_t i = 0; i < arenas.size(); ++i) out += (i ? ", " : "") + std::to_string(arenas[i]);
+  return out + "], \"pte_bytes\": " + (pte_bytes < 0 ? std::string("null") : std::to_string(pte_bytes)) + "}";
+}
+
+// The side file of a counters pass: per execution, one row per profiled instruction, keyed by its ETDump event.
+std::string counters_json(const CounterGroup& group, const CountingTracer& tracer, size_t threads) {
+  std::string out = "{\n  \"schema\": 1,\n  \"threads\": " + std::to_string(threads) + ",\n";
+  out += "  \"scope\": \"user space only (exclude_kernel), read by the thread that runs the operators\",\n";
+  out += "  \"captured\": [";
+  for (size_t i = 0; i < group.captured().size(); ++i) out += (i ? ", " : "") + json_string(group.captured()[i]);
+  out += "],\n  \"missing\": [";
+  for (size_t i = 0; i < group.missing().size(); ++i) {
+    const auto& m = group.missing()[i];
+    out += std::string(i ? ", " : "") + "{\"name\": " + json_string(m.name) + ", \"error\": " + json_string(m.error) +
+           ", \"reason\": " + json_string(m.reason) + "}";
+  }
+  const double ratio = tracer.min_running_ratio();
+  out += "],\n  \"multiplexed\": " + std::string(ratio < 1.0 ? "true" : "false") +
+         ",\n  \"min_running_ratio\": " + json_number(ratio) +
+         ",\n  \"scaling\": \"counts of a multiplexed interval are scaled by time_enabled / time_running\"" +
+         ",\n  \"failed_reads\": " + std::to_string(tracer.failed_reads()) +
+         ",\n  \"columns\": [\"event_index\", \"chain\", \"instruction\"";
+  for (const auto& name : group.captured()) out += ", " + json_string(name);
+  out += "],\n  \"executions\": [";
+  const auto& executions = tracer.executions();
+  for (size_t e = 0; e < executions.size(); ++e) {
+    out += e ? ",\n    [" : "\n    [";
+    for (size_t r = 0; r < executions[e].size(); ++r) {
+      const auto& sample = executions[e][r];
+      out += (r ? ", [" : "[") + std::to_string(sample.event_index) + ", " + std::to_string(sample.chain) + ", " +
+             std::to_string(sample.instruction);
+      for (const auto value : sample.deltas) out += ", " + std::to_string(value);
+      out += "]";
+    }
+    out += "]";
+  }
+  return out + "\n  ]\n}\n";
 }
 
 void write_output(const std::string& what, const std::function<void()>& writer) {
@@ -194,6 +249,8 @@ int run(const Options& options) {
   check_model_readable(options.model);
 
   Timings timings;
+  MemoryProbe memory;  // read between phases only: it never samples during a run
+  memory.mark("start");
   // Before any method is loaded: XNNPACK captures the pthreadpool at init.
   set_phase("setting up the thread pool", kExitExecutionFailed);
   const long online_cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -213,6 +270,7 @@ int run(const Options& options) {
                                                et::to_string(program.error()) + ")");
   }
   timings.load_ms = ms_since(load_start);
+  memory.mark("load");
 
   const auto names = method_names(program.get());
   if (std::find(names.begin(), names.end(), options.method) == names.end()) {
@@ -250,19 +308,30 @@ int run(const Options& options) {
   // Without a buffer ETDumpGen builds with flatcc's heap allocator, which grows as events arrive,
   // so no ETDump size limit applies (a fixed buffer would abort once full).
   std::unique_ptr<ETDumpGen> etdump = options.etdump ? std::make_unique<ETDumpGen>() : nullptr;
+  // The counters pass wraps the ETDumpGen: every call is forwarded, so the ETDump is what Inspector reads.
+  std::unique_ptr<CounterGroup> counters;
+  std::unique_ptr<CountingTracer> counting;
+  if (!options.counters.empty() && etdump) {
+    counters = std::make_unique<CounterGroup>(options.counters);
+    counting = std::make_unique<CountingTracer>(*etdump, *counters);
+  }
+  et::EventTracer* tracer = counting ? static_cast<et::EventTracer*>(counting.get()) : etdump.get();
   const auto init_start = Clock::now();
-  auto method = program->load_method(options.method.c_str(), &memory_manager, etdump.get());
+  auto method = program->load_method(options.method.c_str(), &memory_manager, tracer);
   if (!method.ok()) {
     throw RunnerError(kExitCorruptProgram, "cannot initialise method '" + options.method + "' of " + options.model +
                                                " (" + et::to_string(method.error()) + "; see the log above)");
   }
   timings.method_init_ms = ms_since(init_start);
+  memory.mark("method_init");
+  timings.program_memory_json = program_memory_json(options.model, planned_memory.sizes());
 
   // Each execute() is its own "Execute" ETDump block (Method::execute opens it); load_method made "Default".
   const auto budget_start = Clock::now();
   auto budget_spent = [&]() {
     return options.max_seconds > 0 && ms_since(budget_start) >= options.max_seconds * 1000.0;
   };
+  bool first_execution_marked = false;
   auto execute_once = [&](const std::string& which) {
     set_phase("setting inputs", kExitInputMismatch);
     bound_inputs.set_all(method.get());  // every run: planned input memory may be reused by activations
@@ -272,6 +341,10 @@ int run(const Options& options) {
     const double elapsed = ms_since(start);
     if (error != et::Error::Ok) {
       throw RunnerError(kExitExecutionFailed, "execution failed in " + which + " (" + et::to_string(error) + ")");
+    }
+    if (!first_execution_marked) {
+      memory.mark("first_execution");
+      first_execution_marked = true;
     }
     return elapsed;
   };
@@ -292,6 +365,8 @@ int run(const Options& options) {
         execute_once("timed run " + std::to_string(i + 1) + " of " + std::to_string(options.iterations)));
   }
 
+  memory.mark("end");
+  timings.memory_json = memory.json();
   set_phase("writing results", kExitUnwritableOutput);
   if (options.outputs) {
     const auto outputs = collect_outputs(method.get());
@@ -304,6 +379,11 @@ int run(const Options& options) {
       throw RunnerError(kExitUnwritableOutput, "ETDump is empty; nothing to write to " + *options.etdump);
     }
     write_output("etdump", [&] { write_file_atomically(*options.etdump, result.buf, result.size); });
+  }
+  if (counting && options.counters_out) {
+    write_output("counters", [&] {
+      write_file_atomically(*options.counters_out, counters_json(*counters, *counting, timings.threads));
+    });
   }
   if (options.timings) {
     write_output("timings",
@@ -333,6 +413,10 @@ int main(int argc, char** argv) {
     }
     if (options.show_version) {
       std::printf("%s\n", version_json().c_str());
+      return kExitOk;
+    }
+    if (options.probe_counters) {
+      std::printf("%s\n", probe_counters_json().c_str());
       return kExitOk;
     }
     executorch::runtime::runtime_init();

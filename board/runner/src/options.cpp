@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "exit_codes.h"
+#include "perf_counters.h"
 
 namespace etlab {
 namespace {
@@ -42,7 +43,8 @@ const char* usage_text() {
   return "usage: etlab_runner --model PATH [--inputs PATH] [--method NAME] [--warmup N] [--iterations N]\n"
          "                    [--max-seconds S] [--threads N] [--etdump PATH] [--outputs PATH]\n"
          "                    [--timings PATH] [--expect-executorch-version V]\n"
-         "       etlab_runner --version\n"
+         "                    [--counters LIST --counters-out PATH]\n"
+         "       etlab_runner --version | --probe-counters\n"
          "\n"
          "Runs an ExecuTorch program (.pte) and records per-iteration latency.\n"
          "  --model PATH       the .pte to run\n"
@@ -56,6 +58,10 @@ const char* usage_text() {
          "  --outputs PATH     write the last run's outputs as ETLT (output_0, output_1, ...)\n"
          "  --timings PATH     write timings.json\n"
          "  --expect-executorch-version V   exit 8 unless the runner was built against ExecuTorch V\n"
+         "  --counters LIST    read these counters (comma-separated, or 'default') around every kernel and\n"
+         "                     delegate call, in the thread that runs them; needs --etdump and --counters-out\n"
+         "  --counters-out PATH   write the per-instruction counter deltas (JSON) here\n"
+         "  --probe-counters   print which counters this machine can open, as JSON\n"
          "Exit codes: 0 ok, 2 usage, 3 model missing, 4 corrupt program, 5 unknown method, 6 input mismatch,\n"
          "            7 execution failed, 8 version mismatch, 9 cannot write an output file.\n";
 }
@@ -69,9 +75,10 @@ Options parse_options(const std::vector<std::string>& args) {
       inline_value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
-    if (name == "--version" || name == "--help" || name == "-h") {
+    if (name == "--version" || name == "--help" || name == "-h" || name == "--probe-counters") {
       if (inline_value) usage_error(name + " takes no value");
-      (name == "--version" ? options.show_version : options.show_help) = true;
+      (name == "--version" ? options.show_version
+                           : name == "--probe-counters" ? options.probe_counters : options.show_help) = true;
       continue;
     }
     auto value = [&]() -> std::string {
@@ -99,18 +106,26 @@ Options parse_options(const std::vector<std::string>& args) {
       options.outputs = value();
     } else if (name == "--timings") {
       options.timings = value();
+    } else if (name == "--counters") {
+      options.counters = parse_counter_list(value());
+    } else if (name == "--counters-out") {
+      options.counters_out = value();
     } else if (name == "--expect-executorch-version") {
       options.expect_executorch_version = value();
     } else {
       usage_error("unknown argument '" + args[i] + "'");
     }
   }
-  if (!options.show_version && !options.show_help) {
+  if (!options.show_version && !options.show_help && !options.probe_counters) {
     if (options.model.empty()) usage_error("--model is required");
     if (options.method.empty()) usage_error("--method must not be empty");
     for (const auto* path : {&options.inputs, &options.etdump, &options.outputs, &options.timings}) {
       if (path->has_value() && (*path)->empty()) usage_error("an output or input path must not be empty");
     }
+    if (!options.counters.empty() && (!options.counters_out || !options.etdump)) {
+      usage_error("--counters needs --counters-out and --etdump (the deltas are keyed by ETDump event)");
+    }
+    if (options.counters_out && options.counters.empty()) usage_error("--counters-out needs --counters");
   }
   return options;
 }

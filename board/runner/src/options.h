@@ -11,6 +11,7 @@ namespace etlab {
 struct Options {
   bool show_version = false;
   bool show_help = false;
+  bool probe_counters = false;
   std::string model;
   std::string method = "forward";
   std::optional<std::string> inputs;
@@ -22,6 +23,8 @@ struct Options {
   std::optional<std::string> outputs;
   std::optional<std::string> timings;
   std::optional<std::string> expect_executorch_version;
+  std::vector<std::string> counters;        // empty: no counter pass
+  std::optional<std::string> counters_out;  // the counters side file
 };
 
 // Throws RunnerError(kExitUsage) naming the bad argument.

@@ -48,7 +48,8 @@ from orchestrator.boards.inventory import Board  # noqa: E402
 from orchestrator.results.bundle import MANIFEST  # noqa: E402
 from orchestrator.testing.sshd import SshdBoard, SshdLab  # noqa: E402
 from orchestrator.transport import connect  # noqa: E402
-from orchestrator.transport.transfer import pull_bundle, push_file  # noqa: E402
+from orchestrator.transport.pull import pull_bundle  # noqa: E402
+from orchestrator.transport.transfer import push_file  # noqa: E402
 
 MIB = 1 << 20
 

@@ -28,7 +28,7 @@ from orchestrator.results.bundle import MANIFEST
 from orchestrator.results.store import new_run_id
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from orchestrator.transport import connect
-from orchestrator.transport.transfer import pull_bundle
+from orchestrator.transport.pull import pull_bundle
 from tests.plugins.agent import AGENT_DIR, AgentCli
 from tests.plugins.analysis import BundleCopy, analyze, edit_json, remanifest
 from tests.plugins.artifacts import ARTIFACT_CACHE

@@ -30,8 +30,8 @@ from orchestrator.errors import AnalysisError, BundleError
 from orchestrator.results.bundle import MANIFEST, verify_bundle
 from orchestrator.results.etdump import Etdump, parse_etdump
 from orchestrator.tensorfile import DTYPE_CODES, MAGIC, NamedTensor, TensorFileError, read_tensors, write_tensors
+from orchestrator.transport.pull import extract_tar_stream
 from orchestrator.transport.tarstream import BLOCK, TarFormatError, TarReader
-from orchestrator.transport.transfer import extract_tar_stream
 from tests.test_tarstream import Trickle
 
 FUZZ = settings(

@@ -14,7 +14,8 @@ from orchestrator.commands.render import summarize
 from orchestrator.errors import ExitCode
 from orchestrator.results.bundle import MANIFEST
 from orchestrator.transport import connect
-from orchestrator.transport.transfer import pull_bundle, push_file
+from orchestrator.transport.pull import pull_bundle
+from orchestrator.transport.transfer import push_file
 from tests.plugins.sshd import SshdBoard
 
 

@@ -23,13 +23,9 @@ from orchestrator.errors import BundleError, EtlabError, HostKeyError, TransferE
 from orchestrator.fsutil import TMP_PREFIX
 from orchestrator.results.bundle import MANIFEST
 from orchestrator.transport import AuthError, CommandResult, LinkError, connect, transfer
+from orchestrator.transport.pull import extract_tar_stream, pull_bundle
 from orchestrator.transport.ssh import BULK_FROM, SshConnection
-from orchestrator.transport.transfer import (
-    RetryPolicy,
-    extract_tar_stream,
-    pull_bundle,
-    push_file,
-)
+from orchestrator.transport.transfer import RetryPolicy, push_file
 from tests.plugins.sshd import NetnsBoard, SshdBoard
 
 ODD = "odd 'dir' \"q\" $x; `y`\nline2"

@@ -21,7 +21,7 @@ from orchestrator.errors import BundleError, EtlabError, ExitCode, UsageError
 from orchestrator.lowering.artifacts import Artifact, load_artifact
 from orchestrator.results.store import new_run_id, pull_destination
 from orchestrator.transport import connect
-from orchestrator.transport.transfer import pull_bundle
+from orchestrator.transport.pull import pull_bundle
 
 
 def _summarize_failures(outcomes: Sequence[BoardOutcome[Any]], title: str) -> int:

@@ -17,7 +17,8 @@ from orchestrator.errors import BoardError
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.results.store import bundle_dest
 from orchestrator.transport import BoardConnection
-from orchestrator.transport.transfer import PushResult, pull_bundle, push_file
+from orchestrator.transport.pull import pull_bundle
+from orchestrator.transport.transfer import PushResult, push_file
 
 
 @dataclass(frozen=True)

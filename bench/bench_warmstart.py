@@ -154,9 +154,7 @@ def main() -> None:
     print(f"overhead range over {len(rounds)} rounds: {low:.3f}-{high:.3f} s")
     hashing = statistics.median(item.hashing_s for item in rounds)
     rest = statistics.median(item.overhead_without_hashing_s for item in rounds)
-    print(
-        f"of the overhead, the board verifying the model it runs (sha256, issue 10): {hashing:.3f} s; the rest {rest:.3f} s"
-    )
+    print(f"of the overhead, the board verifying the model it runs (sha256): {hashing:.3f} s; the rest {rest:.3f} s")
     print(f"wall / board run = {wall / board:.2f}; overhead target <= {TARGET_OVERHEAD_S:.1f} s: {verdict}")
 
     heavy = heavy_imports(args)

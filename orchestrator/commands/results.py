@@ -113,6 +113,7 @@ def compare(
 
     Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
     """
+    from orchestrator.boards import labgrid
     from orchestrator.commands.common import select_boards
     from orchestrator.commands.render import render_comparison
     from orchestrator.deploy.abtest import Program
@@ -138,7 +139,7 @@ def compare(
         b = Program("B", _program_of(second, comparison.sha_b), str(comparison.sha_b))
         inputs = (artifact.paths.reference_inputs, artifact.sidecar["files"]["reference_inputs"]["sha256"])
         console.info(console.escape(f"re-running both programs interleaved on {boards[0].name}: {interleave} rounds"))
-        with connect(boards[0]) as conn:
+        with labgrid.job(boards[0]) as target, connect(target) as conn:
             result = run_interleaved(
                 conn, a, b, inputs, RunParams(), rounds=interleave, budget_seconds=float("inf"), iterations_per_run=10
             )

@@ -38,7 +38,7 @@ from rich.markup import escape
 
 from orchestrator import console, paths
 from orchestrator.boards.inventory import Board, LabgridPlace
-from orchestrator.errors import BoardError, UsageError
+from orchestrator.errors import BoardError, UsageError, first_line
 
 _T = TypeVar("_T")
 
@@ -472,10 +472,11 @@ def check_held(board: Board) -> None:
         raise _lost(lg)
 
 
-def _lost(lg: LabgridPlace) -> CoordinatorLost:
+def _lost(lg: LabgridPlace, during: BaseException | None = None) -> CoordinatorLost:
+    ended = f" (the job ended with: {first_line(during)})" if during is not None else ""
     return CoordinatorLost(
         f"lost the labgrid coordinator {lg.coordinator} while holding place {lg.place}: the lab's lock on the "
-        "board is no longer guaranteed",
+        f"board is no longer guaranteed{ended}",
         hint=f"once the coordinator is back, check the place: labgrid-client -x {lg.coordinator} -p {lg.place} show",
     )
 
@@ -512,7 +513,12 @@ def held(board: Board) -> Iterator[Board]:
         if waited >= 1:
             after = console.format_seconds(waited)
             console.info(escape(f"  [{board.name}] labgrid place {place} locked after {after}"))
-        yield resolved(board, status, waited)
+        try:
+            yield resolved(board, status, waited)
+        except Exception as exc:
+            if session.lost:  # the job most likely failed because of it; say so first
+                raise _lost(lg, exc) from exc
+            raise
         if session.lost:
             raise _lost(lg)
         failed = False

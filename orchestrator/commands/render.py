@@ -214,6 +214,14 @@ def print_night(report: NightReport) -> None:
         rows,
         caption=f"exit code {report.exit_code}",
     )
+    if report.places:
+        from orchestrator.lab.report import place_rows
+
+        console.table(
+            "labgrid places",
+            ["board", "model", "backend", "place", "coordinator", "waited for the place"],
+            [[*cell, place.place, place.coordinator, place.waited_text] for cell, place in place_rows(report)],
+        )
     for item in report.regressions:
         console.error(f"REGRESSION {' / '.join(item.cell)}: {item.detail}")
     for item in report.warnings:

@@ -78,14 +78,14 @@ class LabgridLab:
         path = self.root / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def publish(self, boards: Iterable[SshdBoard], *, exporter: str | None = None) -> str:
-        """Start an exporter publishing a NetworkService per board (group = the board's name); returns its name.
-        Waits until the coordinator lists the resources."""
+    def publish(self, services: Mapping[str, tuple[str, int]], *, exporter: str | None = None) -> str:
+        """Start an exporter publishing one NetworkService (user root) per group name -> (address, port); returns
+        the exporter's name once the coordinator lists the resources."""
         self._count += 1
         name = exporter or f"etlab-exporter-{self._count}"
         groups = {
-            fake.name: {"NetworkService": {"address": fake.address, "username": "root", "port": fake.port}}
-            for fake in boards
+            group: {"NetworkService": {"address": address, "username": "root", "port": port}}
+            for group, (address, port) in services.items()
         }
         config = self.root / f"{name}.yaml"
         config.write_text(yaml.safe_dump(groups))
@@ -101,6 +101,10 @@ class LabgridLab:
                 return name
             time.sleep(0.2)
         raise LabSetupError(f"labgrid-exporter {name} did not publish {sorted(wanted)}")
+
+    def publish_boards(self, boards: Iterable[SshdBoard], *, exporter: str | None = None) -> str:
+        """publish() the fake boards, one group per board name."""
+        return self.publish({fake.name: (fake.address, fake.port) for fake in boards}, exporter=exporter)
 
     def close(self) -> None:
         for process in [*self.exporters.values(), self.coordinator]:
@@ -129,9 +133,7 @@ class LabgridLab:
             raise LabSetupError(f"labgrid-client {' '.join(args)} failed: {done.stdout}{done.stderr}")
         return done
 
-    def add_place(
-        self, place: str, exporter: str, group: str, *, tags: Mapping[str, str] | None = None
-    ) -> None:
+    def add_place(self, place: str, exporter: str, group: str, *, tags: Mapping[str, str] | None = None) -> None:
         """Create a place matching the exporter's NetworkService of `group`, with tags."""
         self.client("create", place=place)
         self.client("add-match", f"{exporter}/{group}/NetworkService", place=place)
@@ -148,3 +150,17 @@ class LabgridLab:
 
     def reservations(self) -> str:
         return self.client("reservations").stdout
+
+
+class SilentPort:
+    """A TCP port that accepts connections (the kernel's backlog) and never says a word: an SSH connect to it
+    hangs for the board's connect_timeout. Tests use it to keep a job busy while its place is held."""
+
+    def __init__(self, address: str = "127.0.0.1") -> None:
+        self.socket = socket.socket()
+        self.socket.bind((address, 0))
+        self.socket.listen(64)
+        self.address, self.port = self.socket.getsockname()
+
+    def close(self) -> None:
+        self.socket.close()

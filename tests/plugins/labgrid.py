@@ -1,4 +1,4 @@
-"""A real labgrid coordinator for the session (orchestrator/testing/labgrid.py); exporters and places per test module."""
+"""A real labgrid coordinator for the session (orchestrator/testing/labgrid.py); exporters and places per module."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import getpass
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.boards.inventory import parse_inventory
+from orchestrator.boards.inventory import Board, parse_inventory
 from orchestrator.errors import InventoryError
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
@@ -67,7 +68,7 @@ def write_inventory(path: Path, sshd: SshdLab, coordinator: str, *, nightly: dic
         "boards": {
             **{place: {"labgrid": {"place": place}} for place in PLACES},
             "pis": {"labgrid": {"tags": {"board": "pi5"}}},
-            SILENT: {"labgrid": {"place": SILENT}, "connect_timeout": 20},
+            SILENT: {"labgrid": {"place": SILENT}, "connect_timeout": 8},
         },
     }
     if nightly:
@@ -82,9 +83,7 @@ def lab(labgrid_lab: LabgridLab, sshd_lab: SshdLab, tmp_path_factory: pytest.Tem
     silent = SilentPort()
     services = {name: (fake.address, fake.port) for name, fake in fakes.items()}
     exporter = labgrid_lab.publish({**services, SILENT: (silent.address, silent.port)})
-    for name in PLACES:
-        labgrid_lab.add_place(name, exporter, name, tags={"board": "pi5"})
-    labgrid_lab.add_place(SILENT, exporter, SILENT)
+    labgrid_lab.add_places(exporter, {**{name: {"board": "pi5"} for name in PLACES}, SILENT: {}})
     folder = tmp_path_factory.mktemp("labgrid-lab")
     inventory = write_inventory(folder / "inventory.yaml", sshd_lab, labgrid_lab.address)
     yield Lab(labgrid_lab, fakes, inventory, folder)
@@ -137,7 +136,7 @@ def pushed_models(fake: SshdBoard) -> list[Path]:
 
 
 def no_reservation_of_ours(lab: Lab) -> bool:
-    return f"owner: {our_client()}" not in lab.labgrid.reservations()
+    return our_client() not in lab.labgrid.reservation_owners()
 
 
 def run_to_end(process: subprocess.Popen[bytes], timeout: float = 300) -> int:
@@ -294,7 +293,7 @@ def test_ctrl_c_releases_the_place_while_waiting_and_while_holding(lab: Lab, tmp
             assert run_to_end(process) == 130, output(log)
     finally:
         lab.alice("release", SILENT)
-    assert no_reservation_of_ours(lab), lab.labgrid.reservations()
+    assert no_reservation_of_ours(lab), lab.labgrid.reservation_owners()
 
     # While holding the place (the job is connecting to a board that never answers): released on the way out.
     log = tmp_path / "holding.log"
@@ -304,7 +303,7 @@ def test_ctrl_c_releases_the_place_while_waiting_and_while_holding(lab: Lab, tmp
         process.send_signal(signal.SIGINT)
         assert run_to_end(process) == 130, output(log)
     assert lab.labgrid.holder(SILENT) is None, output(log)
-    assert no_reservation_of_ours(lab), lab.labgrid.reservations()
+    assert no_reservation_of_ours(lab), lab.labgrid.reservation_owners()
 
 
 def test_sigkill_leaves_a_place_the_next_etlab_recovers(lab: Lab, tmp_path: Path) -> None:
@@ -324,7 +323,7 @@ def test_sigkill_leaves_a_place_the_next_etlab_recovers(lab: Lab, tmp_path: Path
     assert again.returncode == 69, text  # then the job itself: its board never answers
     assert "still held" not in text
     assert lab.labgrid.holder(SILENT) is None
-    assert no_reservation_of_ours(lab), lab.labgrid.reservations()
+    assert no_reservation_of_ours(lab), lab.labgrid.reservation_owners()
 
 
 def test_a_lost_coordinator_fails_the_affected_boards_without_a_hang(
@@ -364,3 +363,57 @@ def test_fab_boards_shows_places_with_their_holders(lab: Lab, tmp_path: Path) ->
     assert re.search(rf"lg-b: locked by \S+/{ALICE}", rows["lg-b"]), rows["lg-b"]
     fake = lab.fakes["lg-a"]
     assert f"root@{fake.address}:{fake.port}" in rows["lg-a"]  # the address came from the NetworkService
+
+
+def test_nightly_over_two_places(
+    lab: Lab, local_board: Board, sshd_lab: SshdLab, tiny_artifacts: dict[str, LoweringResult], tmp_path: Path
+) -> None:
+    """Every board of the matrix (a tag selector: both places) is reserved through labgrid for all its cells; the
+    report names the places and how long their cells waited. The places' boards use a copy of the provisioned
+    local board's workdir (same machine), so no runner is built here."""
+    workdir = tmp_path / "board-workdir"
+    shutil.copytree(local_board.workdir, workdir, ignore=lambda folder, names: _top_level_skips(folder, local_board))
+    section = {
+        "history": f"sqlite:///{tmp_path / 'history.sqlite'}",
+        "reports": str(tmp_path / "reports"),
+        "iterations": 5,
+        "warmup": 1,
+        "matrix": [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["pis"]}],
+    }
+    inventory = write_inventory(tmp_path / "inventory.yaml", sshd_lab, lab.labgrid.address, nightly=section)
+    document = yaml.safe_load(inventory.read_text())
+    document["boards"]["pis"]["workdir"] = str(workdir)
+    inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+    nightly_lab = Lab(lab.labgrid, lab.fakes, inventory, tmp_path)
+
+    lab.alice("acquire", "lg-b")
+    log = tmp_path / "nightly.log"
+    try:
+        process = fab_background("nightly", "--night", "2026-11-30", lab=nightly_lab, results=tmp_path / "results",
+                                 log=log)  # fmt: skip
+        with reaped(process):
+            wait_for(lambda: "waiting for labgrid place lg-b" in output(log), "the nightly to queue for lg-b")
+            lab.alice("release", "lg-b")
+            code = run_to_end(process, timeout=900)
+    finally:
+        lab.labgrid.client("release", place="lg-b", user=ALICE, check=False)
+    text = output(log)
+    assert code == 0, text
+    report = (tmp_path / "reports" / "nightly-2026-11-30.md").read_text()
+    assert "## Labgrid places" in report, report
+    for place in PLACES:
+        row = re.search(rf"^\| {place} / distilbert-tiny / xnnpack \| {place} \| {re.escape(lab.labgrid.address)} \| "
+                        r"([0-9.]+) s \|$", report, re.M)  # fmt: skip
+        assert row, report
+    html_report = (tmp_path / "reports" / "nightly-2026-11-30.html").read_text()
+    assert "<table id='places'>" in html_report
+    for place in PLACES:
+        assert lab.labgrid.holder(place) is None
+    assert no_reservation_of_ours(lab)
+    events = re.findall(r"^lg-b: place (acquired|released)", lab.labgrid.log("coordinator"), re.M)
+    assert events[-2:] == ["acquired", "released"]  # etlab's one lock for all of the board's cells
+
+
+def _top_level_skips(folder: str, board: Board) -> list[str]:
+    """Copy a provisioned workdir without what a run does not need (the SDK, old bundles, caches)."""
+    return ["runtime", "bundles", "wheels", "cache", "lock", "lock.json"] if folder == board.workdir else []

@@ -16,7 +16,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -140,16 +142,33 @@ class LabgridLab:
         if tags:
             self.client("set-tags", *(f"{k}={v}" for k, v in tags.items()), place=place)
 
+    def add_places(self, exporter: str, places: Mapping[str, Mapping[str, str]]) -> None:
+        """add_place() for each place -> tags (the group named like the place), the places side by side."""
+        with ThreadPoolExecutor(max_workers=len(places) or 1) as pool:
+            for done in [pool.submit(self.add_place, name, exporter, name, tags=tags) for name, tags in places.items()]:
+                done.result()
+
+    # ------------------------------------------------------------ looking, with labgrid's own gRPC API
+
+    def _ask(self, method: str, request: str) -> Any:
+        """One unary request to the coordinator (a fresh channel each time: nothing lingers across forks)."""
+        import grpc
+        from labgrid.remote.generated import labgrid_coordinator_pb2, labgrid_coordinator_pb2_grpc
+
+        with grpc.insecure_channel(self.address) as channel:
+            stub = labgrid_coordinator_pb2_grpc.CoordinatorStub(channel)
+            return getattr(stub, method)(getattr(labgrid_coordinator_pb2, request)(), timeout=30)
+
     def holder(self, place: str) -> str | None:
         """Who holds the place's lock (`host/user`), or None."""
-        for line in self.client("show", place=place).stdout.splitlines():
-            if line.strip().startswith("acquired:"):
-                value = line.split(":", 1)[1].strip()
-                return None if value == "None" else value
-        raise LabSetupError(f"labgrid-client show {place}: no 'acquired' line")
+        for found in self._ask("GetPlaces", "GetPlacesRequest").places:
+            if found.name == place:
+                return found.acquired or None  # the coordinator sends "" for a free place
+        raise LabSetupError(f"no place {place!r} on {self.address}")
 
-    def reservations(self) -> str:
-        return self.client("reservations").stdout
+    def reservation_owners(self) -> list[str]:
+        """The owner (`host/user`) of every reservation the coordinator has, waiting or not."""
+        return [r.owner for r in self._ask("GetReservations", "GetReservationsRequest").reservations]
 
 
 class SilentPort:

@@ -194,7 +194,7 @@ def interrupt() -> None:
 
 
 @atexit.register
-def _close_sessions() -> None:
+def close_sessions() -> None:
     """The safety net: a place still held at exit (a job thread cut short) is released before the session ends."""
     with _sessions_lock:
         sessions = list(_sessions.values())

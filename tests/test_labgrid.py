@@ -68,7 +68,7 @@ def write_inventory(path: Path, sshd: SshdLab, coordinator: str, *, nightly: dic
         "boards": {
             **{place: {"labgrid": {"place": place}} for place in PLACES},
             "pis": {"labgrid": {"tags": {"board": "pi5"}}},
-            SILENT: {"labgrid": {"place": SILENT}, "connect_timeout": 8},
+            SILENT: {"labgrid": {"place": SILENT}, "connect_timeout": 12},
         },
     }
     if nightly:

@@ -494,15 +494,15 @@ def held(board: Board) -> Iterator[Board]:
     lg = _place_of(board)
     place = lg.place
     assert place is not None
-    started = time.monotonic()
     session = _session(lg.coordinator)
     _recover(session, place)
+    started = time.monotonic()
     token, state = _reserve(session, place)
     session.held[place] = token
-    _note(session, place, token, board.name)
     locked = False
     failed = True
     try:
+        _note(session, place, token, board.name)
         if state == "waiting":
             _wait(session, board, place, token, started)
         elif state != "allocated":
@@ -523,21 +523,22 @@ def held(board: Board) -> Iterator[Board]:
             raise _lost(lg)
         failed = False
     finally:
+        session.held.pop(place, None)
         try:
-            if session.lost:
-                if not locked:
-                    session.held.pop(place, None)
-            elif locked:
-                _release(session, place, token)
+            # A lost session may be a broken link, not a dead coordinator: release through a new one if it answers.
+            target = _session(lg.coordinator) if session.lost else session
+            if locked:
+                _release(target, place, token)
             else:
-                _cancel(session, token)
-                session.held.pop(place, None)
-            if not session.lost:
-                _unnote(session, place, token)
+                _cancel(target, token)
+            _unnote(target, place, token)
         except LabgridError as exc:
             if not failed:
                 raise
-            console.warn(f"{board.name}: could not release labgrid place {place}: {exc}")
+            console.warn(
+                f"{board.name}: could not release labgrid place {place} ({first_line(exc)}); "
+                f"once the coordinator answers: labgrid-client -x {lg.coordinator} -p {place} release"
+            )
 
 
 @contextlib.contextmanager

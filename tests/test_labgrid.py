@@ -349,6 +349,18 @@ def test_a_lost_coordinator_fails_the_affected_boards_without_a_hang(
     assert f"lost the labgrid coordinator {lg.address} while holding place {SILENT}" in text, text
 
 
+def test_an_unreachable_coordinator_fails_clearly(sshd_lab: SshdLab, tmp_path: Path) -> None:
+    closed = SilentPort()
+    address = f"127.0.0.1:{closed.port}"
+    closed.close()  # nothing listens there any more
+    inventory = write_inventory(tmp_path / "inventory.yaml", sshd_lab, address)
+    done = fab("gc", "--board", "lg-a", lab=Lab(None, {}, inventory, tmp_path), results=tmp_path)  # type: ignore[arg-type]
+    text = done.stdout + done.stderr
+    assert done.returncode == 69, text
+    assert f"labgrid coordinator {address} is unavailable" in text and "lg-a (labgrid):" in text, text
+    assert "Traceback" not in text and "ERROR:root" not in text
+
+
 def test_fab_boards_shows_places_with_their_holders(lab: Lab, tmp_path: Path) -> None:
     lab.alice("acquire", "lg-b")
     try:

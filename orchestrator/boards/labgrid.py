@@ -26,6 +26,7 @@ import concurrent.futures
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import threading
@@ -118,6 +119,8 @@ class Session:
     async def _start(self) -> Any:
         from labgrid.remote.client import ClientSession
 
+        logging.getLogger().addFilter(_not_labgrid)
+
         loop = asyncio.get_running_loop()
         assert isinstance(loop, asyncio.BaseEventLoop)
         client = ClientSession(_grpc_address(self.address), loop)
@@ -126,6 +129,7 @@ class Session:
 
     def _call(self, coro: Coroutine[Any, Any, _T], timeout: float, what: str) -> _T:
         import grpc
+        from labgrid.remote.client import Error as ClientError
 
         future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self.loop)
         try:
@@ -139,10 +143,8 @@ class Session:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 raise CoordinatorLost(f"labgrid coordinator {self.address} is unavailable ({what})") from None
             raise LabgridError(f"labgrid coordinator {self.address}: {what}: {exc.details()}") from None
-        except Exception as exc:
-            if type(exc).__name__ in ("ServerError", "UserError"):  # labgrid's own client errors
-                raise CoordinatorLost(f"labgrid coordinator {self.address}: {what}: {exc}") from None
-            raise
+        except ClientError:  # "Could not connect to coordinator" from the session's start, and the like
+            raise CoordinatorLost(f"labgrid coordinator {self.address} is unavailable ({what})") from None
 
     def run(self, what: str, fn: Callable[[Any], Coroutine[Any, Any, _T]], timeout: float = CALL_TIMEOUT) -> _T:
         """`fn(client)` on the session's loop; a session that lost its coordinator fails at once."""
@@ -164,6 +166,11 @@ class Session:
         self.thread.join(5)
 
 
+def _not_labgrid(record: logging.LogRecord) -> bool:
+    """labgrid's client logs a lost coordinator on the root logger; etlab reports it itself, per board."""
+    return f"{os.sep}labgrid{os.sep}" not in record.pathname
+
+
 def _grpc_address(address: str) -> str:
     return address if re.search(r":[0-9]+$", address) else f"{address}:{DEFAULT_PORT}"
 
@@ -180,8 +187,8 @@ def _session(address: str) -> Session:
             try:
                 session = Session(address)
             except LabgridError as exc:
-                raise LabgridError(
-                    f"cannot reach the labgrid coordinator {address}: {exc}",
+                raise CoordinatorLost(
+                    str(exc),
                     hint="is labgrid-coordinator running there? (defaults.labgrid.coordinator or LG_COORDINATOR)",
                 ) from None
             _sessions[address] = session

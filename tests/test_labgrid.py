@@ -280,7 +280,7 @@ def test_two_etlab_processes_on_one_place_serialize(
     assert no_reservation_of_ours(lab)
 
 
-def test_ctrl_c_releases_the_place_while_waiting_and_while_holding(lab: Lab, tmp_path: Path) -> None:
+def test_ctrl_c_and_sigterm_release_the_place_while_waiting_and_while_holding(lab: Lab, tmp_path: Path) -> None:
     # While waiting in the queue: the reservation is cancelled.
     lab.alice("acquire", SILENT)
     log = tmp_path / "waiting.log"
@@ -295,15 +295,17 @@ def test_ctrl_c_releases_the_place_while_waiting_and_while_holding(lab: Lab, tmp
         lab.alice("release", SILENT)
     assert no_reservation_of_ours(lab), lab.labgrid.reservation_owners()
 
-    # While holding the place (the job is connecting to a board that never answers): released on the way out.
-    log = tmp_path / "holding.log"
-    process = fab_background("gc", "--board", SILENT, lab=lab, results=tmp_path, log=log)
-    with reaped(process):
-        wait_for(lambda: lab.labgrid.holder(SILENT) == our_client(), "etlab to lock the place")
-        process.send_signal(signal.SIGINT)
-        assert run_to_end(process) == 130, output(log)
-    assert lab.labgrid.holder(SILENT) is None, output(log)
-    assert no_reservation_of_ours(lab), lab.labgrid.reservation_owners()
+    # While holding the place (the job is connecting to a board that never answers): released on the way out,
+    # for Ctrl+C and for SIGTERM (a cancelled CI job).
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        log = tmp_path / f"holding-{signum.name}.log"
+        process = fab_background("gc", "--board", SILENT, lab=lab, results=tmp_path, log=log)
+        with reaped(process):
+            wait_for(lambda: lab.labgrid.holder(SILENT) == our_client(), "etlab to lock the place")
+            process.send_signal(signum)
+            assert run_to_end(process) == 130, output(log)
+        assert lab.labgrid.holder(SILENT) is None, output(log)
+        assert no_reservation_of_ours(lab), lab.labgrid.reservation_owners()
 
 
 def test_sigkill_leaves_a_place_the_next_etlab_recovers(lab: Lab, tmp_path: Path) -> None:

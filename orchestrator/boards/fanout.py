@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -74,16 +76,36 @@ def fan_out(
     if not boards:
         return []
     workers = max_workers or min(len(boards), 32)
+    places = hold and any(board.labgrid is not None for board in boards)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="etlab-board")
     try:
-        futures = [pool.submit(_run_one, board, fn, hold) for board in boards]
-        return [future.result() for future in futures]
+        # SIGTERM (a cancelled CI job) stops like Ctrl+C when labgrid places are held, so they are released.
+        with _sigterm_interrupts() if places else contextlib.nullcontext():
+            futures = [pool.submit(_run_one, board, fn, hold) for board in boards]
+            return [future.result() for future in futures]
     except BaseException:
         labgrid.interrupt()  # boards waiting for a labgrid place give up; held places are released as jobs end
         pool.shutdown(wait=False, cancel_futures=True)  # e.g. Ctrl-C: start no more boards
         raise
     finally:
         pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl+C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def exit_code(outcomes: Sequence[BoardOutcome[Any]]) -> int:

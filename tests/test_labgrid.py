@@ -301,7 +301,8 @@ def test_ctrl_c_and_sigterm_release_the_place_while_waiting_and_while_holding(la
         log = tmp_path / f"holding-{signum.name}.log"
         process = fab_background("gc", "--board", SILENT, lab=lab, results=tmp_path, log=log)
         with reaped(process):
-            wait_for(lambda: lab.labgrid.holder(SILENT) == our_client(), "etlab to lock the place")
+            wait_for(lambda log=log: f"labgrid place {SILENT} locked" in output(log), "etlab to lock the place")
+            assert lab.labgrid.holder(SILENT) == our_client()
             process.send_signal(signum)
             assert run_to_end(process) == 130, output(log)
         assert lab.labgrid.holder(SILENT) is None, output(log)
@@ -314,7 +315,7 @@ def test_sigkill_leaves_a_place_the_next_etlab_recovers(lab: Lab, tmp_path: Path
     log = tmp_path / "killed.log"
     process = fab_background("gc", "--board", SILENT, lab=lab, results=tmp_path, log=log)
     with reaped(process):
-        wait_for(lambda: lab.labgrid.holder(SILENT) == our_client(), "etlab to lock the place")
+        wait_for(lambda: f"labgrid place {SILENT} locked" in output(log), "etlab to lock the place")
         process.send_signal(signal.SIGKILL)
         process.wait()
     assert lab.labgrid.holder(SILENT) == our_client()  # left locked: nothing runs in a SIGKILLed process
@@ -341,7 +342,8 @@ def test_a_lost_coordinator_fails_the_affected_boards_without_a_hang(
         log = tmp_path / "fab.log"
         process = fab_background("gc", "--board", SILENT, lab=private, results=tmp_path, log=log)
         with reaped(process):
-            wait_for(lambda: lg.holder(SILENT) == our_client(), "etlab to lock the place")
+            wait_for(lambda: f"labgrid place {SILENT} locked" in output(log), "etlab to lock the place")
+            assert lg.holder(SILENT) == our_client()
             lg.kill_coordinator()
             code = run_to_end(process, timeout=120)  # the bound on a hang
     finally:

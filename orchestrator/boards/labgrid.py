@@ -514,12 +514,18 @@ def held(board: Board) -> Iterator[Board]:
             _wait(session, board, place, token, started)
         elif state != "allocated":
             raise LabgridError(f"labgrid place {place}: reservation {token} is {state}")
-        status = _acquire(session, place)
+        try:
+            status = _acquire(session, place)
+        except CoordinatorLost as exc:
+            locked = True  # the lock may have been taken before the link broke: release it if a new session can
+            raise CoordinatorLost(
+                f"lost the labgrid coordinator {lg.coordinator} while locking place {place}",
+                hint=f"the place may be left locked: labgrid-client -x {lg.coordinator} -p {place} show",
+            ) from exc
         locked = True
         waited = time.monotonic() - started
-        if waited >= 1:
-            after = console.format_seconds(waited)
-            console.info(escape(f"  [{board.name}] labgrid place {place} locked after {after}"))
+        after = console.format_seconds(waited)
+        console.info(escape(f"  [{board.name}] labgrid place {place} locked (waited {after})"))
         try:
             yield resolved(board, status, waited)
         except Exception as exc:

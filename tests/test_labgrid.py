@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator import paths
 from orchestrator.boards.inventory import Board, parse_inventory
 from orchestrator.errors import InventoryError
 from orchestrator.lowering.lower import LoweringResult
@@ -351,6 +352,12 @@ def test_a_lost_coordinator_fails_the_affected_boards_without_a_hang(
     text = output(log)
     assert code == 69, text
     assert f"lost the labgrid coordinator {lg.address} while holding place {SILENT}" in text, text
+    assert f"labgrid-client -x {lg.address} -p {SILENT} release" in text  # how to free it once the coordinator is back
+    # The note that lets the next etlab recover the place stays (the coordinator could not be told); this test's
+    # coordinator is gone for good, so its note goes too.
+    notes = list((paths.state_dir() / "labgrid").glob(f"127.0.0.1_{lg.port}--*.json"))
+    assert len(notes) == 1
+    notes[0].unlink()
 
 
 def test_an_unreachable_coordinator_fails_clearly(sshd_lab: SshdLab, tmp_path: Path) -> None:

@@ -381,7 +381,7 @@ def _recover(session: Session, place: str) -> None:
     """Release the place if an etlab of this workstation that died still holds it (its note names a dead pid and
     the reservation the place is still allocated to)."""
     marker = _marker(session.address, place)
-    with open(marker.with_suffix(".lock"), "a+") as lock:
+    with open(marker.parent / "recover.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one recovery at a time, so a fresh lock is never taken for a stale one
         try:
             note = json.loads(marker.read_text())

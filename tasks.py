@@ -5,13 +5,14 @@ from __future__ import annotations
 from fabric import task
 
 from orchestrator import options
-from orchestrator.commands.common import handle_errors, run_params, select_boards
+from orchestrator.commands.common import handle_errors, run_params, select_all, select_boards
 
 SELECT_HELP = {
     "board": "comma-separated board names (default: the inventory's `default` group, else `local`)",
     "group": "a group from the inventory",
     "tag": "only boards with this tag",
     "inventory": "inventory file (default: inventory.yaml)",
+    "lg_wait": "labgrid places: seconds to wait for a place held by someone else (default: as long as it takes)",
 }
 MODEL_HELP = {
     "model": "built-in model name (distilbert, gpt2, distilbert-tiny, gpt2-tiny)",
@@ -46,30 +47,30 @@ def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", 
 
 @task(help={**SELECT_HELP, "force": "re-provision even if the board is up to date"})
 @handle_errors
-def setup_board(c, board=None, group=None, tag=None, inventory=None, force=False):
+def setup_board(c, board=None, group=None, tag=None, inventory=None, lg_wait=None, force=False):
     """Provision boards: push the runtime and board/, build the runner on the board, verify it."""
     from orchestrator.commands import board as board_tasks
 
-    return board_tasks.setup_boards(select_boards(inventory, board, group, tag), force=force)
+    return board_tasks.setup_boards(select_boards(inventory, board, group, tag, lg_wait), force=force)
 
 
 @task(help={**SELECT_HELP, **MODEL_HELP, "backend": "portable, xnnpack or both (default xnnpack)"})
 @handle_errors
-def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None):
+def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None):
     """Push lowered .pte files (content-addressed, verified) and their reference inputs to boards."""
     from orchestrator.commands import board as board_tasks
     from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
     artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
-    return board_tasks.push(select_boards(inventory, board, group, tag), artifacts)
+    return board_tasks.push(select_boards(inventory, board, group, tag, lg_wait), artifacts)
 
 
 @task(help={**SELECT_HELP, **MODEL_HELP, **RUN_HELP, "backend": "portable, xnnpack or both (default xnnpack)",
             "timeout": "hard runner timeout in seconds (default: derived from the budget)"},
       optional=["counters"])  # fmt: skip
 @handle_errors
-def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
+def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
         iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
     from orchestrator.commands import board as board_tasks
@@ -78,17 +79,17 @@ def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag
 
     params = run_params(iterations, warmup, threads, max_seconds, timeout, counters)
     artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
-    return board_tasks.run(select_boards(inventory, board, group, tag), artifacts, params)
+    return board_tasks.run(select_boards(inventory, board, group, tag, lg_wait), artifacts, params)
 
 
 @task(help={**SELECT_HELP, "run": "pull this run id (or a unique prefix)", "latest": "only each board's latest run"})
 @handle_errors
-def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=None):
+def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=None, lg_wait=None):
     """Pull result bundles (verified against their manifests) into results/<board>/<model>/<backend>/<run-id>/."""
     from orchestrator.commands import board as board_tasks
 
     run_id = None if run is None else options.run_id(run)
-    return board_tasks.pull(select_boards(inventory, board, group, tag), run_id=run_id, latest=latest)
+    return board_tasks.pull(select_boards(inventory, board, group, tag, lg_wait), run_id=run_id, latest=latest)
 
 
 @task(help={"run": "run id (or unique prefix) under results/", "latest": "the latest pulled run (default)",
@@ -131,7 +132,7 @@ def compare(c, run_a, run_b, interleave=None, retest_seconds=None, board=None, i
     )  # fmt: skip
 
 
-@task(help=SELECT_HELP)
+@task(help={key: text for key, text in SELECT_HELP.items() if key != "lg_wait"})
 @handle_errors
 def boards(c, board=None, group=None, tag=None, inventory=None):
     """The inventory as a table: reachable, architecture, board model, runtime, lock holder, temperature."""
@@ -139,17 +140,17 @@ def boards(c, board=None, group=None, tag=None, inventory=None):
     from orchestrator.commands import board as board_tasks
 
     selected = select_boards(inventory, board, group, tag) if (board or group or tag) else None
-    return board_tasks.boards_table(selected or list(load_inventory(inventory).boards.values()))
+    return board_tasks.boards_table(selected or select_all(load_inventory(inventory)))
 
 
 @task(help={**SELECT_HELP, "keep": "bundles to keep per board (default 20)"})
 @handle_errors
-def gc(c, keep=None, board=None, group=None, tag=None, inventory=None):
+def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=None):
     """Free space on boards: old bundles, leftovers, models no kept bundle uses."""
     from orchestrator.commands import board as board_tasks
 
     kept = options.keep(20 if keep is None else keep)
-    return board_tasks.gc(select_boards(inventory, board, group, tag), kept)
+    return board_tasks.gc(select_boards(inventory, board, group, tag, lg_wait), kept)
 
 
 @task(help={**MODEL_HELP, **SELECT_HELP, **RUN_HELP,
@@ -160,7 +161,7 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None):
       optional=["counters"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
-                       iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
+                       lg_wait=None, iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
                        no_explore=False, no_browser=False, port=None, counters=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_and_profile as chain
@@ -173,7 +174,7 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
     return chain(
         resolve_spec(model, spec),
         backends=parse_backends(backend, default="xnnpack"),
-        boards=select_boards(inventory, board, group, tag),
+        boards=select_boards(inventory, board, group, tag, lg_wait),
         params=params,
         weights=mode,
         explore=not no_explore,

@@ -69,6 +69,13 @@ def line_of(node: Node) -> int:
     return node.start_mark.line + 1
 
 
+def value_node(node: Node, key: str) -> Node | None:
+    """The value node of `key` in a mapping node, if there."""
+    if not isinstance(node, MappingNode):
+        return None
+    return next((value for k, value in node.value if isinstance(k, ScalarNode) and k.value == key), None)
+
+
 # ---------------------------------------------------------------- checks: (node, field) -> value, or Invalid
 
 
@@ -170,6 +177,38 @@ def names(node: Node, _field: str) -> tuple[str, ...]:
     return tuple(found)
 
 
+def mapping_of_words(what: str, key_pattern: str, value_pattern: str) -> Check:
+    """A mapping of word -> word (e.g. labgrid tags), each side matching its pattern; returned as sorted pairs."""
+
+    def check(node: Node, _field: str) -> tuple[tuple[str, str], ...]:
+        if not isinstance(node, MappingNode) or not node.value:
+            raise Invalid(f"expected a non-empty mapping of {what}s (name: value), got {describe(node)}")
+        found: dict[str, str] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, ScalarNode) else None
+            value = value_node.value if isinstance(value_node, ScalarNode) and not is_null(value_node) else None
+            if key is None or not re.fullmatch(key_pattern, str(key)):
+                raise Invalid(f"{what} name {describe(key_node)} must match {key_pattern}")
+            if value is None or not re.fullmatch(value_pattern, str(value)):
+                raise Invalid(f"{what} {key}: value {describe(value_node)} must match {value_pattern}")
+            if key in found:
+                raise Invalid(f"{what} {key} is given twice")
+            found[str(key)] = str(value)
+        return tuple(sorted(found.items()))
+
+    return check
+
+
+class Section:
+    """A nested mapping checked field by field against its own schema (e.g. a board's `labgrid:`)."""
+
+    def __init__(self, schema: dict[str, Check]) -> None:
+        self.schema = schema
+
+    def __call__(self, node: Node, _field: str) -> Any:
+        raise AssertionError("a Section is checked by Checker.fields")
+
+
 def plain(node: Node, _field: str) -> Any:
     """Any value, as plain Python data (e.g. a mapping of overrides)."""
     return yaml.SafeLoader("").construct_object(node, deep=True)
@@ -230,7 +269,8 @@ class Checker:
             return None
 
     def fields(self, node: Node, field_name: str, schema: dict[str, Check]) -> dict[str, Any]:
-        """A mapping checked against `schema` (field -> check); null values count as absent."""
+        """A mapping checked against `schema` (field -> check, or a Section for a nested mapping); null values
+        count as absent."""
         values: dict[str, Any] = {}
         if is_null(node):
             return values
@@ -238,7 +278,13 @@ class Checker:
             if is_null(value_node):
                 continue
             before = len(self.problems)
-            checked = self.value(value_node, field_path(field_name, key), schema[key])
+            check = schema[key]
+            if isinstance(check, Section):
+                nested = self.fields(value_node, field_path(field_name, key), check.schema)
+                if len(self.problems) == before:
+                    values[key] = nested
+                continue
+            checked = self.value(value_node, field_path(field_name, key), check)
             if len(self.problems) == before:
                 values[key] = checked
         return values

@@ -13,4 +13,5 @@ pytest_plugins = [
     "tests.plugins.analysis",  # real bundles from the runner, and the Model Explorer adapter
     "tests.plugins.browser",  # Debian's Chromium through Playwright
     "tests.plugins.postgres",  # a private PostgreSQL server for the shared-history path
+    "tests.plugins.labgrid",  # a real labgrid coordinator and exporters publishing the fake boards as places
 ]

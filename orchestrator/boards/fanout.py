@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code, first_line, full_reason
 
@@ -46,32 +49,63 @@ def stage(name: str) -> Iterator[None]:
         raise
 
 
-def _run_one(board: Board, fn: Callable[[Board], _T]) -> BoardOutcome[_T]:
+def _run_one(board: Board, fn: Callable[[Board], _T], hold: bool) -> BoardOutcome[_T]:
     started = time.monotonic()
     try:
-        value = fn(board)
+        if hold and board.labgrid is not None:
+            # A labgrid place is reserved and locked for the board's whole job, and released however it ends.
+            with labgrid.held(board) as resolved:
+                board = resolved
+                value = fn(resolved)
+        else:
+            value = fn(board)
     except Exception as exc:
         failed_stage = getattr(exc, _STAGE_ATTRIBUTE, None)
+        if failed_stage is None and isinstance(exc, labgrid.LabgridError):
+            failed_stage = "labgrid"
         return BoardOutcome(board, False, None, first_line(exc), failed_stage, time.monotonic() - started, exc)
     return BoardOutcome(board, True, value, None, None, time.monotonic() - started)
 
 
 def fan_out(
-    boards: Sequence[Board], fn: Callable[[Board], _T], *, max_workers: int | None = None
+    boards: Sequence[Board], fn: Callable[[Board], _T], *, max_workers: int | None = None, hold: bool = True
 ) -> list[BoardOutcome[_T]]:
-    """Run `fn(board)` for every board in parallel threads; outcomes come back in the order of `boards`."""
+    """Run `fn(board)` for every board in parallel threads; outcomes come back in the order of `boards`.
+    With `hold`, a board that is a labgrid place runs while its place is reserved and locked (boards/labgrid.py);
+    `fn` gets the board resolved through the place's NetworkService."""
     if not boards:
         return []
     workers = max_workers or min(len(boards), 32)
+    places = hold and any(board.labgrid is not None for board in boards)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="etlab-board")
     try:
-        futures = [pool.submit(_run_one, board, fn) for board in boards]
-        return [future.result() for future in futures]
+        # SIGTERM (a cancelled CI job) stops like Ctrl+C when labgrid places are held, so they are released.
+        with _sigterm_interrupts() if places else contextlib.nullcontext():
+            futures = [pool.submit(_run_one, board, fn, hold) for board in boards]
+            return [future.result() for future in futures]
     except BaseException:
+        labgrid.interrupt()  # boards waiting for a labgrid place give up; held places are released as jobs end
         pool.shutdown(wait=False, cancel_futures=True)  # e.g. Ctrl-C: start no more boards
         raise
     finally:
         pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl+C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def exit_code(outcomes: Sequence[BoardOutcome[Any]]) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,8 @@ from orchestrator import paths
 from orchestrator.config import (
     Check,
     Checker,
+    Invalid,
+    Section,
     boolean,
     choice,
     describe,
@@ -28,9 +32,12 @@ from orchestrator.config import (
     integer,
     is_null,
     listing,
+    mapping_of_words,
     seconds,
+    string,
     tag,
     text,
+    value_node,
     words,
 )
 from orchestrator.errors import InventoryError, UsageError
@@ -50,6 +57,30 @@ DEFAULT_KEEPALIVE = 5.0
 DEFAULT_TCP_USER_TIMEOUT = 20.0
 DEFAULT_GROUP = "default"
 DEFAULT_BOARD = "local"
+# labgrid's own rules (labgrid.remote.common.TAG_KEY) for tag names; values and place names are kept to plain words.
+LABGRID_TAG_KEY = r"[a-z][a-z0-9_]+"
+LABGRID_TAG_VALUE = r"[A-Za-z0-9_.-]+"
+LABGRID_PLACE = r"[A-Za-z0-9_.-]+"
+LABGRID_ENV = "LG_COORDINATOR"  # labgrid-client's own variable for the coordinator address
+
+
+@dataclass(frozen=True)
+class LabgridPlace:
+    """A board that is a labgrid place: reached through the place's NetworkService resource, and reserved and
+    locked through the coordinator for each job (orchestrator/boards/labgrid.py)."""
+
+    coordinator: str  # HOST:PORT
+    place: str | None = None  # None for a tag selector until it is expanded to the matching places
+    tags: tuple[tuple[str, str], ...] = ()  # the selector's tags
+    wait: float | None = None  # --lg-wait: how long a job waits for the place; None waits as long as it takes
+    waited: float | None = None  # once the place is held: how long the job waited for it
+
+    @property
+    def selector(self) -> str:
+        """`place pi5-a` or `places tagged board=pi5`, for messages."""
+        if self.place is not None:
+            return f"place {self.place}"
+        return "places tagged " + ",".join(f"{k}={v}" for k, v in self.tags)
 
 
 @dataclass(frozen=True)
@@ -74,6 +105,7 @@ class Board:
     bulk_cipher: str = "auto"
     build: str = "auto"
     known_hosts: Path = field(default_factory=lambda: paths.state_dir() / "known_hosts")
+    labgrid: LabgridPlace | None = None
 
     @property
     def is_local(self) -> bool:
@@ -84,6 +116,8 @@ class Board:
         """`user@host:port` for messages, or `local` for the workstation."""
         if self.is_local:
             return "local"
+        if self.host is None and self.labgrid is not None:
+            return f"labgrid {self.labgrid.selector}"
         return f"{self.user}@{self.host}:{self.port}" if self.user else f"{self.host}:{self.port}"
 
     def replace(self, **changes: Any) -> Board:
@@ -179,6 +213,29 @@ def parse_inventory(text: str, path: Path) -> Inventory:
 # ---------------------------------------------------------------- validation
 
 
+def _host_port(node: Node, _field: str) -> str:
+    """A coordinator address, HOST:PORT (an IPv6 host in brackets)."""
+    value = string(node, "HOST:PORT")
+    match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})", value)
+    if not match or not 1 <= int(match.group(2)) <= 65535:
+        raise Invalid(f"expected HOST:PORT (port 1-65535), got {value!r}")
+    return value
+
+
+def _place_name(node: Node, _field: str) -> str:
+    value = string(node, "a place name")
+    if not re.fullmatch(LABGRID_PLACE, value):
+        raise Invalid(f"expected a place name (letters, digits, '.', '_', '-'), got {value!r}")
+    return value
+
+
+_LABGRID_DEFAULT_FIELDS: dict[str, Check] = {"coordinator": _host_port}
+_LABGRID_BOARD_FIELDS: dict[str, Check] = {
+    "place": _place_name,
+    "tags": mapping_of_words("tag", LABGRID_TAG_KEY, LABGRID_TAG_VALUE),
+    "coordinator": _host_port,
+}
+
 # The fields a board may set; `defaults` may set the same ones (minus host and transport) plus known_hosts.
 _BOARD_FIELDS: dict[str, Check] = {
     "host": text,
@@ -197,11 +254,15 @@ _BOARD_FIELDS: dict[str, Check] = {
     "bulk_transfer": choice(BULK_TRANSFERS),
     "bulk_cipher": choice(BULK_CIPHERS),
     "build": choice(BUILDS),
+    "labgrid": Section(_LABGRID_BOARD_FIELDS),
 }
 _DEFAULT_FIELDS: dict[str, Check] = {
-    **{k: v for k, v in _BOARD_FIELDS.items() if k not in ("host", "transport", "tags")},
+    **{k: v for k, v in _BOARD_FIELDS.items() if k not in ("host", "transport", "tags", "labgrid")},
     "known_hosts": text,
+    "labgrid": Section(_LABGRID_DEFAULT_FIELDS),
 }
+# What a labgrid place provides itself (from its NetworkService resource), so a labgrid board must not set it.
+_FROM_THE_PLACE = ("host", "port", "user")
 _SSH_ONLY = (
     "host",
     "port",
@@ -228,6 +289,7 @@ class _Checker(Checker):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.defined_boards: list[str] = []
+        self.default_coordinator: str | None = None
 
     def inventory(self, root: Node) -> Inventory | None:
         sections = {key: (key_node, value) for key, key_node, value in self.mapping(root, "", _TOP_LEVEL)}
@@ -269,6 +331,7 @@ class _Checker(Checker):
 
     def resolve_defaults(self, defaults: dict[str, Any]) -> dict[str, Any]:
         base: dict[str, Any] = {"user": _local_user(), "known_hosts": paths.state_dir() / "known_hosts"}
+        self.default_coordinator = (defaults.pop("labgrid", None) or {}).get("coordinator")
         for key, value in defaults.items():
             base[key] = self.local_path(value) if key in ("known_hosts", "key") else value
         return base
@@ -291,7 +354,12 @@ class _Checker(Checker):
         settings = {**base, **own}
         if "key" in own:
             settings["key"] = self.local_path(own["key"])
-        if transport == "local":
+        if "labgrid" in own:
+            settings["labgrid"] = self.labgrid_place(where, node, own)
+            if settings["labgrid"] is None:
+                return None
+            settings.update(host=None, port=22)
+        elif transport == "local":
             misplaced = [key for key in _SSH_ONLY if key in own]
             if misplaced:
                 at = next(k for k, _ in node.value if isinstance(k, ScalarNode) and k.value == misplaced[0])
@@ -305,6 +373,31 @@ class _Checker(Checker):
             return None
         known = {f.name for f in dataclasses.fields(Board)}
         return Board(name=name, **{k: v for k, v in settings.items() if k in known})
+
+    def labgrid_place(self, where: str, node: Node, own: dict[str, Any]) -> LabgridPlace | None:
+        """A board's `labgrid:` section: one place or a tag selector, on the board's or the default coordinator."""
+        section_node = value_node(node, "labgrid")
+        assert section_node is not None
+        at = field_path(where, "labgrid")
+        misplaced = [key for key in (*_FROM_THE_PLACE, "transport") if key in own]
+        if misplaced:
+            key = misplaced[0]
+            why = "comes from the labgrid place's NetworkService" if key != "transport" else "a labgrid board is ssh"
+            self.error(value_node(node, key) or node, field_path(where, key), f"not allowed with 'labgrid': {why}")
+            return None
+        section = own["labgrid"]
+        if ("place" in section) == ("tags" in section):
+            self.error(section_node, at, "give either 'place' (one place) or 'tags' (every place with those tags)")
+            return None
+        coordinator = section.get("coordinator") or self.default_coordinator or os.environ.get(LABGRID_ENV)
+        if not coordinator:
+            self.error(
+                section_node,
+                field_path(at, "coordinator"),
+                f"no labgrid coordinator: set defaults.labgrid.coordinator (HOST:PORT) or {LABGRID_ENV}",
+            )
+            return None
+        return LabgridPlace(coordinator=coordinator, place=section.get("place"), tags=section.get("tags", ()))
 
     def group(self, name: str, node: Node, boards: dict[str, Board]) -> tuple[str, ...] | None:
         where = field_path("groups", name)

@@ -14,7 +14,7 @@ from orchestrator import console
 from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
 from orchestrator.boards.workdir import BoardWorkdir
-from orchestrator.commands.render import print_details, summarize
+from orchestrator.commands.render import place_text, print_details, summarize
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.runs import RunParams, profile, push_artifact
 from orchestrator.errors import BundleError, EtlabError, ExitCode, UsageError
@@ -187,23 +187,35 @@ def _matching_runs(entries: list[dict[str, Any]], run_id: str) -> list[dict[str,
 
 
 def boards_table(boards: Sequence[Board]) -> int:
-    """What each board is and how it is doing: reachable, arch, model, runtime, lock, temperature, governor."""
+    """What each board is and how it is doing: reachable, arch, model, runtime, lock, temperature, governor; for a
+    labgrid place also who reserved or locked it. Only looks: nothing is reserved or locked."""
+    from orchestrator.boards import labgrid
     from orchestrator.deploy.provision import probe
 
+    places: dict[str, labgrid.PlaceStatus] = {}
+
     def one(board: Board) -> dict[str, Any]:
+        if board.labgrid is not None:
+            with stage("labgrid"):
+                places[board.name] = labgrid.status(board)
+                board = labgrid.resolved(board, places[board.name])
         with stage("connect"), connect(board) as conn:
             facts = probe(conn, conn.workdir)
             info: dict[str, Any] = {}
             if facts.get("agent_present") and facts.get("state"):
                 info = BoardAgent(conn, conn.workdir).info()
-            return {"facts": facts, "info": info}
+            return {"facts": facts, "info": info, "address": board.address}
 
-    outcomes = fan_out(boards, one)
+    outcomes = fan_out(boards, one, hold=False)
+    with_places = any(board.labgrid is not None for board in boards)
     rows = []
     for o in outcomes:
+        place = [place_text(places.get(o.board.name))] if with_places else []
         if not o.ok:
+            address = places[o.board.name].service if o.board.name in places else None
+            shown = f"{address.address}:{address.port}" if address else o.board.address
             rows.append(
-                [o.board.name, o.board.address, "no: " + (o.error or ""), None, None, None, None, None, None, None]
+                [o.board.name, shown, "no: " + (o.error or ""), None, None, None, None, *place, None, None, None]
             )
             continue
         facts, info = o.value["facts"], o.value["info"]
@@ -212,22 +224,21 @@ def boards_table(boards: Sequence[Board]) -> int:
         rows.append(
             [
                 o.board.name,
-                o.board.address,
+                o.value["address"],
                 "yes",
                 facts.get("arch"),
                 info.get("model") or "—",
                 runtime,
                 _holder_text(holder),
+                *place,
                 info.get("temperature_c"),
                 info.get("governor"),
                 _perf_text(info.get("perf")),
             ]
         )
-    console.table(
-        "boards",
-        ["board", "address", "reachable", "arch", "board model", "runtime", "lock", "temp °C", "governor", "counters"],
-        rows,
-    )
+    columns = ["board", "address", "reachable", "arch", "board model", "runtime", "lock"]
+    columns += ["labgrid place"] if with_places else []
+    console.table("boards", [*columns, "temp °C", "governor", "counters"], rows)
     print_details(outcomes)
     return exit_code(outcomes)
 

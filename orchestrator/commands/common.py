@@ -52,13 +52,26 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def select_boards(inventory: str | None, board: str | None, group: str | None, tag: str | None) -> list[Any]:
-    """Boards chosen by --board/--group/--tag from --inventory (default inventory.yaml)."""
+def select_boards(
+    inventory: str | None, board: str | None, group: str | None, tag: str | None, lg_wait: Any = None
+) -> list[Any]:
+    """Boards chosen by --board/--group/--tag from --inventory (default inventory.yaml); labgrid tag selectors
+    expanded to their places, which wait at most --lg-wait seconds for their place."""
     from pathlib import Path
 
+    from orchestrator.boards import labgrid
     from orchestrator.boards.inventory import load_inventory
 
-    return load_inventory(Path(inventory) if inventory else None).select(split_list(board), group, tag)
+    wait = None if lg_wait is None else options.seconds("--lg-wait", lg_wait)
+    selected = load_inventory(Path(inventory) if inventory else None).select(split_list(board), group, tag)
+    return labgrid.with_wait(labgrid.expand(selected), wait)
+
+
+def select_all(inventory: Any) -> list[Any]:
+    """Every board of an inventory, labgrid tag selectors expanded to their places."""
+    from orchestrator.boards import labgrid
+
+    return labgrid.expand(list(inventory.boards.values()))
 
 
 def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any, counters: Any = None) -> Any:

@@ -14,7 +14,7 @@ from orchestrator.boards.inventory import Board
 from orchestrator.commands.render import print_cells, print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
-from orchestrator.errors import ExitCode, combined_exit_code
+from orchestrator.errors import BoardError, ExitCode, combined_exit_code, failure_code
 
 
 def deploy_and_profile(
@@ -44,7 +44,7 @@ def deploy_and_profile(
             boards, lambda board: run_cells_on_board(board, jobs, progress=progress, results_root=results_root)
         )
     cells = [cell for outcome in outcomes for cell in (outcome.value or [])]
-    for outcome in outcomes:  # fan_out only fails a board on a bug; keep it visible
+    for outcome in outcomes:  # a bug, or no labgrid place for the board: keep it visible
         if not outcome.ok:
             cells += [
                 CellOutcome(
@@ -52,9 +52,10 @@ def deploy_and_profile(
                     job.artifact.model,
                     job.artifact.backend,
                     error=outcome.error,
-                    stage="?",
+                    stage=outcome.stage or "?",
                     detail=outcome.detail,
-                    exit_class=ExitCode.SOFTWARE,
+                    exit_class=ExitCode.SOFTWARE if outcome.exception is None else failure_code(outcome.exception),
+                    infrastructure=isinstance(outcome.exception, BoardError),
                 )
                 for job in jobs
             ]

@@ -186,6 +186,17 @@ def summarize(outcomes: Sequence[BoardOutcome[Any]], *, title: str = "Boards") -
     print_details(outcomes)
 
 
+def place_text(place: Any) -> str | None:
+    """A labgrid place's column in `fab boards`: its name and who locked or reserved it."""
+    if place is None:
+        return None
+    if place.acquired:
+        return f"{place.name}: locked by {place.acquired}"
+    if place.reserved_for:
+        return f"{place.name}: reserved for {place.reserved_for}"
+    return f"{place.name}: free"
+
+
 def print_details(outcomes: Sequence[BoardOutcome[Any]]) -> None:
     """Under a table that shows one line per board: the whole reason of every failure that has more to say."""
     entries = [
@@ -288,6 +299,14 @@ def print_night(report: NightReport) -> None:
         rows,
         caption=f"exit code {report.exit_code}",
     )
+    if report.places:
+        from orchestrator.lab.report import place_rows
+
+        console.table(
+            "labgrid places",
+            ["board", "model", "backend", "place", "coordinator", "waited for the place"],
+            [[*cell, place.place, place.coordinator, place.waited_text] for cell, place in place_rows(report)],
+        )
     for item in report.regressions:
         console.error(f"REGRESSION {' / '.join(item.cell)}: {item.detail}")
     for item in report.warnings:

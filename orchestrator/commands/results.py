@@ -120,6 +120,7 @@ def compare(
     The re-test stops starting rounds once `retest_seconds` (default: the nightly's 180 s) are spent, after at
     least 3 rounds. Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
     """
+    from orchestrator.boards import labgrid
     from orchestrator.commands.common import select_boards, split_list
     from orchestrator.commands.render import render_comparison
     from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
@@ -157,7 +158,7 @@ def compare(
                 f"re-running both programs interleaved on {boards[0].name}: {interleave} rounds, at most {budget:g} s"
             )
         )
-        with connect(boards[0]) as conn:
+        with labgrid.job(boards[0]) as target, connect(target) as conn:
             result = run_interleaved(
                 conn, a, b, inputs, RunParams(), rounds=interleave, budget_seconds=budget, iterations_per_run=10
             )

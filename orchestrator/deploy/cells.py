@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from orchestrator import console
+from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
 from orchestrator.deploy.runs import RemoteRun, RunParams, profile, pull, push_artifact
 from orchestrator.errors import (
@@ -124,6 +125,7 @@ def run_cells_on_board(
                 _setup_if_needed(conn, timer)
             board_stage = None
             for index, (cell, job) in enumerate(zip(cells, jobs, strict=True)):
+                labgrid.check_held(board)  # a lost labgrid coordinator fails the board now, not after every cell
                 started.add(index)
                 _run_cell(conn, cell, job.artifact, job.params, timer, analyze, progress, results_root)
                 report(index)

@@ -26,15 +26,16 @@ from typing import Any
 import numpy as np
 
 from orchestrator import console
+from orchestrator.boards import labgrid
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board, Inventory
 from orchestrator.deploy.abtest import Interleaved, Program, interleave
 from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
-from orchestrator.errors import EtlabError, first_line
+from orchestrator.errors import BoardError, EtlabError, ExitCode, failure_code, first_line
 from orchestrator.lab.history import History, RunRecord
 from orchestrator.lab.matrix import MIN_BASELINE_NIGHTS, NightlyConfig, load_config
-from orchestrator.lab.report import CellVerdict, NightReport, write_reports
+from orchestrator.lab.report import CellVerdict, NightReport, PlaceWait, write_reports
 from orchestrator.lowering import programs
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.results.stats import compare_samples
@@ -354,8 +355,17 @@ def run_nightly(
         specs: dict[str, ModelSpec] = {}
         plan: dict[str, list[tuple[str, str, RunParams]]] = {}
         skipped = []
+        # Labgrid tag selectors become their places; every board of the matrix that is a place is reserved.
+        boards: dict[str, Board] = {}
+        expanded: dict[str, list[str]] = {}
         for entry in config.entries:
-            for board in entry.boards:
+            for name in entry.boards:
+                if name not in expanded:
+                    found = labgrid.expand([inventory.boards[name]])
+                    expanded[name] = [board.name for board in found]
+                    boards.update((board.name, board) for board in found if board.name not in boards)
+        for entry in config.entries:
+            for board in [place for name in entry.boards for place in expanded[name]]:
                 for spec in entry.models:
                     specs[spec.name] = spec
                     for backend in entry.backends:
@@ -382,7 +392,14 @@ def run_nightly(
             except EtlabError as exc:
                 lowering_errors[model] = first_line(exc)
 
+        places: dict[str, PlaceWait] = {}
+        started: set[str] = set()
+
         def on_board(board: Board) -> list[CellOutcome]:
+            started.add(board.name)
+            if board.labgrid is not None:
+                lg = board.labgrid
+                places[board.name] = PlaceWait(str(lg.place), lg.coordinator, lg.waited)
             jobs: dict[tuple[str, str], CellJob] = {}
             failed, threads = [], {}
             for model, backend, params in plan[board.name]:
@@ -446,10 +463,23 @@ def run_nightly(
                 history.set_verdict(run.run_id, verdict.verdict, verdict.info())
             return failed + cells
 
-        outcomes = fan_out([inventory.boards[name] for name in plan], on_board)
+        outcomes = fan_out([boards[name] for name in plan], on_board)
         for outcome in outcomes:
-            if not outcome.ok:  # a bug, not a board failure: still visible, and a reason to alarm
+            if not outcome.ok:  # a bug, or the board's labgrid place: still visible, and a reason to alarm
                 console.error(f"{outcome.board.name}: {outcome.error}")
+                lg = outcome.board.labgrid
+                if lg is not None:
+                    places.setdefault(outcome.board.name, PlaceWait(str(lg.place), lg.coordinator, None, outcome.error))
+            if not outcome.ok and outcome.board.name not in started:
+                # Never started (no labgrid place, e.g. --lg-wait ran out): its cells are recorded as failed.
+                exc = outcome.exception
+                for model, backend, params in plan[outcome.board.name]:
+                    cell = CellOutcome(outcome.board.name, model, backend, stage=outcome.stage or "?",
+                                       error=outcome.error, detail=outcome.detail,
+                                       infrastructure=isinstance(exc, BoardError),
+                                       exit_class=ExitCode.SOFTWARE if exc is None else failure_code(exc))  # fmt: skip
+                    threads = params.threads or outcome.board.threads
+                    history.record(record_from_cell(cell, night, versions.get(model, {}), threads))
 
         # Tonight's verdicts cover every cell recorded tonight, including those from an earlier, killed run.
         tonight = history.runs(night=night)
@@ -470,7 +500,7 @@ def run_nightly(
         verdicts.sort(key=lambda v: v.cell)
         _keep_baselines_only(history, config)
         code = exit_code((v.verdict for v in verdicts), infrastructure_ok=all(o.ok for o in outcomes))
-        report = NightReport(night, verdicts, trends, code, skipped)
+        report = NightReport(night, verdicts, trends, code, skipped, places=places)
         report.outputs = write_reports(report, reports_dir or config.reports_dir)
         return report
     finally:

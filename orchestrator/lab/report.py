@@ -20,6 +20,21 @@ from orchestrator.lab.history import RunRecord
 from orchestrator.results.verdicts import Kind
 
 
+@dataclass(frozen=True)
+class PlaceWait:
+    """A board that is a labgrid place: which place, and how long its cells waited for the place's lock (they all
+    ran under one lock, so they waited together)."""
+
+    place: str
+    coordinator: str
+    waited: float | None  # None when the place was never held
+    error: str | None = None
+
+    @property
+    def waited_text(self) -> str:
+        return f"{self.waited:.1f} s" if self.waited is not None else f"not held: {self.error or '?'}"
+
+
 @dataclass
 class CellVerdict:
     """The outcome of one nightly cell against its baseline."""
@@ -88,6 +103,7 @@ class NightReport:
     exit_code: int
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # recorded earlier the same night
     outputs: dict[str, Path] = field(default_factory=dict)  # the report files written (html, md, junit)
+    places: dict[str, PlaceWait] = field(default_factory=dict)  # per board that is a labgrid place
 
     @property
     def regressions(self) -> list[CellVerdict]:
@@ -239,6 +255,11 @@ def board_health(report: NightReport) -> list[dict[str, str]]:
     return rows
 
 
+def place_rows(report: NightReport) -> list[tuple[tuple[str, str, str], PlaceWait]]:
+    """Tonight's cells on labgrid places, each with its place and how long it waited for it."""
+    return [(v.cell, report.places[v.cell[0]]) for v in report.verdicts if v.cell[0] in report.places]
+
+
 def render_html(report: NightReport) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -320,6 +341,18 @@ def render_html(report: NightReport) -> str:
             )
         parts.append("</table>")
 
+    if report.places:
+        parts.append("<h2>Labgrid places</h2>")
+        parts.append(
+            "<table id='places'><tr><th>cell</th><th>place</th><th>coordinator</th><th>waited for the place</th></tr>"
+        )
+        for cell, place in place_rows(report):
+            parts.append(
+                f"<tr><td>{html.escape(_label(cell))}</td><td>{html.escape(place.place)}</td>"
+                f"<td>{html.escape(place.coordinator)}</td><td>{html.escape(place.waited_text)}</td></tr>"
+            )
+        parts.append("</table>")
+
     parts.append("<h2>Latency trends</h2>")
     for cell, records in sorted(report.history.items()):
         png = base64.b64encode(trend_png(cell, records, report.night)).decode()
@@ -364,6 +397,15 @@ def render_markdown(report: NightReport) -> str:
         ]
     lines += ["", "## Board health", "", "| " + " | ".join(_HEALTH_KEYS) + " |", "|" + "---|" * len(_HEALTH_KEYS)]
     lines += ["| " + " | ".join(row[key] for key in _HEALTH_KEYS) + " |" for row in board_health(report)]
+    if report.places:
+        lines += [
+            "",
+            "## Labgrid places",
+            "",
+            "| cell | place | coordinator | waited for the place |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {_label(c)} | {p.place} | {p.coordinator} | {p.waited_text} |" for c, p in place_rows(report)]
     if report.failures:
         lines += ["", "## Failures", ""]
         lines += [

@@ -54,6 +54,12 @@ class BoardError(EtlabError):
     exit_code = ExitCode.UNAVAILABLE
 
 
+class BoardSetupError(BoardError):
+    """The board lacks what etlab needs (a compiler, glibc, disk space): it answered, but cannot be set up."""
+
+    exit_code = ExitCode.FAILED
+
+
 class BoardDataError(BoardError):
     """A board answered, but with something malformed (agent output, facts): bad data, not an unreachable board."""
 

@@ -165,7 +165,7 @@ def test_url_preloads_the_program_overlays_and_expanded_layer(server: ExplorerHa
     label = f"{explored.model.pte.name} ({explored.model.pte.name})"
     assert set(data["nodeDataTargets"]) == {label, f"{explored.model.pte.name} (delegates)"}
     assert {Path(p).name for p in data["nodeData"]} == {
-        "me_overlay_median_ms.json", "me_overlay_mean_ms.json", "me_overlay_pct.json",
+        "me_overlay_median_ms.json", "me_overlay_mean_ms.json", "me_overlay_pct.json", "me_overlay_live_bytes.json",
     }  # fmt: skip
     (pane,) = data["uiState"]["paneStates"]
     assert pane["deepestExpandedGroupNodeIds"] == ["forward___group___"]
@@ -281,7 +281,7 @@ def test_a_killed_launcher_takes_its_server_with_it(explored: BundleCase) -> Non
 
 def test_run_and_artifact_inputs_are_found(explored: BundleCase, tmp_path: Path) -> None:
     assert [p.name for p in run_overlays(explored.path)] == [
-        "me_overlay_mean_ms.json", "me_overlay_median_ms.json", "me_overlay_pct.json",
+        "me_overlay_live_bytes.json", "me_overlay_mean_ms.json", "me_overlay_median_ms.json", "me_overlay_pct.json",
     ]  # fmt: skip
     models = artifact_models(explored.model.pte.parent)
     assert explored.model.pte in models and explored.model.exported in models

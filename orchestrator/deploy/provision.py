@@ -30,7 +30,7 @@ from orchestrator import console, paths
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.deploy import crossbuild
 from orchestrator.deploy.agent_client import BoardAgent
-from orchestrator.errors import BoardDataError, BoardError
+from orchestrator.errors import BoardDataError, BoardError, BoardSetupError
 from orchestrator.fsutil import atomic_path, atomic_write_bytes
 from orchestrator.transport import BoardConnection
 from orchestrator.transport.transfer import push_file
@@ -274,7 +274,7 @@ def build_place(board_build: str, arch: str, facts: dict[str, Any]) -> str:
     on_workstation = f"on the workstation: {crossbuild.install_hint(arch)}"
     if board_build == "board":
         if not board_has_compiler:
-            raise BoardError(
+            raise BoardSetupError(
                 f"no C++ compiler on the board to build the runner (build: board); fix {on_board}, "
                 "or set build: workstation (or auto) to cross-build it"
             )
@@ -291,7 +291,7 @@ def build_place(board_build: str, arch: str, facts: dict[str, Any]) -> str:
         return "board"
     if cross is not None:
         return "workstation"
-    raise BoardError(
+    raise BoardSetupError(
         f"cannot build the runner: no C++ compiler on the board, no cross compiler for {arch} on the workstation; "
         f"fix either {on_board}, or {on_workstation}"
     )
@@ -391,13 +391,15 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
 
 def _check_prerequisites(name: str, facts: dict[str, Any]) -> None:
     if facts.get("system") != "Linux" or facts.get("libc") != "glibc":
-        raise BoardError(
+        raise BoardSetupError(
             f"{name}: only glibc Linux boards are supported (found {facts.get('system')}, {facts.get('libc')})"
         )
     if _version_tuple(facts.get("glibc")) < MIN_GLIBC:
-        raise BoardError(f"{name}: glibc {facts.get('glibc')} is too old; the ExecuTorch runtime needs glibc >= 2.28")
+        raise BoardSetupError(
+            f"{name}: glibc {facts.get('glibc')} is too old; the ExecuTorch runtime needs glibc >= 2.28"
+        )
     if facts.get("free_mb") is not None and facts["free_mb"] < 500:
-        raise BoardError(f"{name}: only {facts['free_mb']} MB free in the workdir's filesystem; need 500 MB")
+        raise BoardSetupError(f"{name}: only {facts['free_mb']} MB free in the workdir's filesystem; need 500 MB")
 
 
 def _install_cross_built_runner(

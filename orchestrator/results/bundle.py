@@ -58,8 +58,10 @@ def parse_manifest(data: bytes, where: str) -> tuple[dict[str, Any], dict[str, F
         raise BundleError(f"{where}: {MANIFEST} is larger than {MANIFEST_MAX_BYTES} bytes")
     try:
         manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; nesting deeper than the stack
+        raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {str(exc)[:200]}") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         raise BundleError(f"{where}: {MANIFEST} has no 'files' mapping")

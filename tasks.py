@@ -17,6 +17,10 @@ MODEL_HELP = {
     "model": "built-in model name (distilbert, gpt2, distilbert-tiny, gpt2-tiny)",
     "spec": "path to your own model_spec.json (instead of --model)",
 }
+QUANTIZE_HELP = (
+    "comma-separated: none (fp32, default), int8-dynamic, int8-static, 8da4w; each adds the XNNPACK program "
+    "xnnpack-<scheme>"
+)
 RUN_HELP = {
     "iterations": "timed iterations (default 20)",
     "warmup": "untimed warmup runs (default 3)",
@@ -29,17 +33,24 @@ RUN_HELP = {
     help={
         **MODEL_HELP,
         "backend": "comma-separated backends: portable,xnnpack (default both)",
+        **{"quantize": QUANTIZE_HELP},
+        "calibration": "int8-static calibration samples: an ETLT file (input_ids [N, seq]) or JSON token-id lists",
+        "jobs": "parallel lowering workers (default: the usable cores, as memory allows)",
         "weights": "auto (default: pretrained, else random with a warning), pretrained, or random",
         "etrecord": "also write an ETRecord (about twice the size of the .pt2)",
         "force": "re-lower even when the cache is valid",
     }
 )
 @handle_errors
-def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False):
-    """Export a model and lower it to portable and/or XNNPACK .pte files under artifacts/<name>/."""
+def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False,
+          quantize="none", calibration=None, jobs=None):  # fmt: skip
+    """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
     from orchestrator.commands.lower import lower as lower_model
 
-    return lower_model(model, spec, backend, weights, etrecord=etrecord, force=force)
+    return lower_model(
+        model, spec, backend, weights, etrecord=etrecord, force=force, quantize=quantize, calibration=calibration,
+        jobs=jobs,
+    )  # fmt: skip
 
 
 @task(help={**SELECT_HELP, "force": "re-provision even if the board is up to date"})

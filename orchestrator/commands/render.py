@@ -131,29 +131,56 @@ def print_details(outcomes: Sequence[BoardOutcome[Any]]) -> None:
 _BOOKKEEPING_OPS = {"memory.alloc", "memory.view", "getitem"}
 
 
+def _quantized_cell(sidecar: dict[str, Any]) -> str | None:
+    """`38/38 linears → qdint8 x qcint8 ×38`, or what stayed in float."""
+    quantization = sidecar.get("quantization")
+    if not isinstance(quantization, dict):
+        return None
+    nodes = quantization.get("nodes") or {}
+    kinds = ", ".join(f"{kind} ×{n}" for kind, n in (nodes.get("fully_connected") or {}).items())
+    text = f"{quantization.get('quantized_linears')}/{quantization.get('linear_layers')} linears; FC {kinds or 'none'}"
+    floating = quantization.get("float_linears") or []
+    if floating:
+        text += f"; FLOAT: {', '.join(floating[:4])}{' …' if len(floating) > 4 else ''}"
+    return text
+
+
 def print_lowering(result: LoweringResult) -> None:
     rows = []
+    quantized = any(item.sidecar.get("quantization") for item in result.backends.values())
     for backend, item in result.backends.items():
         delegation = item.sidecar["delegation"]
         compute = [(op, n) for op, n in delegation["fallback_histogram"].items() if op not in _BOOKKEEPING_OPS]
         top = ", ".join(f"{op} ×{count}" for op, count in compute[:3])
-        rows.append(
-            [
-                backend,
-                item.sidecar["pte_size_mb"],
-                delegation["delegate_call_sites"],
-                delegation["fallback_ops"],
-                f"{delegation['instructions']['KernelCall']} / {delegation['instructions']['DelegateCall']}",
-                top,
-                "cache" if item.cached else "lowered",
-            ]
-        )
+        row = [
+            backend,
+            item.sidecar["pte_size_mb"],
+            delegation["delegate_call_sites"],
+            delegation["fallback_ops"],
+            f"{delegation['instructions']['KernelCall']} / {delegation['instructions']['DelegateCall']}",
+            top,
+        ]
+        if quantized:
+            row.append(_quantized_cell(item.sidecar) or "fp32")
+        rows.append([*row, "cache" if item.cached else "lowered"])
+    columns = ["backend", "size MB", "delegates", "fallback ops", "kernel / delegate calls", "top fallback ops"]
     console.table(
         f"{result.spec.name} → {result.paths.folder}",
-        ["backend", "size MB", "delegates", "fallback ops", "kernel / delegate calls", "top fallback ops", "source"],
+        [*columns, *(["quantized"] if quantized else []), "source"],
         rows,
         caption=f"weights: {next(iter(result.backends.values())).sidecar['weights']}",
     )
+    for backend, item in result.backends.items():
+        quantization = item.sidecar.get("quantization") or {}
+        floating = quantization.get("float_linears") or []
+        if floating:
+            console.warn(
+                f"{backend}: {len(floating)} of {quantization.get('linear_layers')} linear layers stay in float: "
+                + ", ".join(floating)
+            )
+        calibration = quantization.get("calibration") or {}
+        if str(calibration.get("source", "")).startswith("generated"):
+            console.warn(f"{backend}: calibrated on {calibration['samples']} generated samples, not real text")
 
 
 def render_comparison(comparison: Comparison, limit: int = 15) -> None:

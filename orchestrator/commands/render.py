@@ -53,6 +53,24 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
         )
     for reason in run.validity.reasons:
         (console.error if reason.level == "invalid" else console.warn)(reason.reason)
+    accuracy = run.accuracy
+    if accuracy is not None:
+        figures = ", ".join(
+            f"{label} {value:.3g}"
+            for label, value in (
+                ("SQNR dB", accuracy.sqnr_db),
+                ("top-1", accuracy.top1_agreement),
+                ("top-5 overlap", accuracy.top5_overlap),
+                ("max abs error", accuracy.max_abs_error),
+            )
+            if value is not None
+        )
+        line = f"accuracy of {accuracy.scheme} vs fp32 eager: {accuracy.verdict} ({figures})"
+        if accuracy.note:
+            line += f"; {accuracy.note}"
+        (console.warn if accuracy.verdict == "fail" else console.info)(console.escape(line))
+        for reason in accuracy.reasons:
+            console.warn(f"accuracy: {reason}")
 
 
 def _accuracy_cell(cell: CellOutcome) -> str | None:

@@ -337,9 +337,13 @@ def _lower_parallel(tasks: list[_VariantTask], jobs: int, timer: console.StageTi
                         f"({len(done)}/{len(tasks)})"
                     )
         except BaseException:
+            # Ctrl+C or a failed variant: stop the workers now (an unfinished variant has no sidecar and stays
+            # invalid), rather than let the pool's exit wait for them to finish.
             for future in running:
                 future.cancel()
-            pool.shutdown(wait=False, cancel_futures=True)
+            for process in list(getattr(pool, "_processes", {}).values()):  # the executor has no public kill
+                process.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
             raise
     timer.durations["lower variants (parallel)"] = time.perf_counter() - began
     return done
@@ -348,6 +352,8 @@ def _lower_parallel(tasks: list[_VariantTask], jobs: int, timer: console.StageTi
 def _lower_variant(task: _VariantTask, shared: _Exported | None = None) -> dict[str, Any]:
     """Lower one backend and write its .pte and sidecar; in a worker process `shared` is None and reloaded."""
     started = time.perf_counter()
+    if shared is None:
+        console.quiet_third_party()  # a spawned worker starts with default warning filters
     _reset_peak_rss()
     artifact_paths = ArtifactPaths.for_model(task.spec.name, task.root)
     timer = console.StageTimer(prefix=f"{task.spec.name}: ")

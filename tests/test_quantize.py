@@ -336,7 +336,8 @@ def test_an_interrupted_parallel_lowering_leaves_only_valid_artifacts(tmp_path: 
             assert sidecar_problem(paths, backend) is None
         else:
             assert sidecar_problem(paths, backend) is not None
-    assert not [p for p in paths.folder.iterdir() if p.name.startswith(".")], "no temporaries left"
+    # A worker stopped mid-write may leave a temporary: never an artifact, and swept by the next lowering.
+    assert all(not p.name.startswith(".") or p.name.startswith(".etlab-tmp-") for p in paths.folder.iterdir())
     assert "started" in output  # progress per variant
 
 

@@ -92,6 +92,37 @@ def test_a_bad_quantize_option_exits_64_before_anything_is_lowered(tmp_path: Pat
     assert not (tmp_path / "a").exists()
 
 
+def test_calibration_files_json_and_etlt(tmp_path: Path) -> None:
+    from orchestrator.lowering.quantize import calibration_from_file
+
+    good = tmp_path / "samples.json"
+    good.write_text(json.dumps([[101, 7, 8, 102], {"input_ids": [101, 9, 102]}]))
+    samples = calibration_from_file(good, seq_len=8, vocab_size=200)
+    assert len(samples) == 2
+    ids, mask = samples[1]
+    assert ids.shape == (1, 8) and ids[0, :3].tolist() == [101, 9, 102] and mask[0].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+
+    etlt = tmp_path / "samples.etlt"
+    ids_array = np.array([[5, 6, 0, 0], [7, 8, 9, 0]], dtype=np.int64)
+    masks = np.array([[1, 1, 0, 0], [1, 1, 1, 0]], dtype=np.int64)
+    write_tensors(etlt, [NamedTensor("input_ids", ids_array), NamedTensor("attention_mask", masks)])
+    from_etlt = calibration_from_file(etlt, seq_len=4, vocab_size=200)
+    assert [int(m.sum()) for _, m in from_etlt] == [2, 3]
+
+    for content, message in (
+        ("[[1, 2]]", "several samples"),
+        ("[[1, 2], [3, 999]]", "outside 0..199"),
+        ('[[1, "a"]]', "not a non-empty list of integer token ids"),
+        ("{not json", "not valid JSON"),
+    ):
+        bad = tmp_path / "bad.json"
+        bad.write_text(content)
+        with pytest.raises(UsageError, match=message):
+            calibration_from_file(bad, seq_len=8, vocab_size=200)
+    with pytest.raises(UsageError, match="no such file"):
+        calibration_from_file(tmp_path / "missing.json", seq_len=8, vocab_size=200)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The integer-scalar workaround
 

@@ -81,7 +81,8 @@ def _accuracy_cell(cell: CellOutcome) -> str | None:
     if accuracy.sqnr_db is not None:
         figures.append(f"{accuracy.sqnr_db:.1f} dB")
     if accuracy.top1_agreement is not None:
-        figures.append(f"top-1 {accuracy.top1_agreement:.0%}")
+        tie = accuracy.top1_within_noise is not None and accuracy.top1_within_noise > accuracy.top1_agreement
+        figures.append(f"top-1 {accuracy.top1_agreement:.0%}{' (flip within noise)' if tie else ''}")
     if accuracy.top5_overlap is not None:
         figures.append(f"top-5 {accuracy.top5_overlap:.0%}")
     marker = "" if accuracy.meaningful else " (random weights: not meaningful)"

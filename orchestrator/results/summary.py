@@ -164,7 +164,8 @@ class Accuracy:
     verdict: str  # pass | fail | unchecked
     meaningful: bool  # False with random weights: the figures say little about real use
     max_abs_error: float | None = None
-    top1_agreement: float | None = None
+    top1_agreement: float | None = None  # exact argmax agreement
+    top1_within_noise: float | None = None  # counting flips between reference logits closer than the noise as ties
     sqnr_db: float | None = None
     top5_overlap: float | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
@@ -187,6 +188,7 @@ class Accuracy:
             meaningful=fields.get("meaningful") is True,
             max_abs_error=_float(fields.get("max_abs_error")),
             top1_agreement=_float(fields.get("top1_agreement")),
+            top1_within_noise=_float(fields.get("top1_within_noise")),
             sqnr_db=_float(fields.get("sqnr_db")),
             top5_overlap=_float(fields.get("top5_overlap")),
             thresholds={k: v for k, v in thresholds.items() if _float(v) is not None},

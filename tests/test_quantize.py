@@ -32,6 +32,7 @@ from orchestrator.options import ACCURACY_DEFAULTS, accuracy_thresholds, quantiz
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.validity import accuracy_figures, judge_accuracy
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
+from tests.plugins.analysis import adapter_graphs
 from tests.plugins.artifacts import ARTIFACT_CACHE, TINY_MODELS
 from tests.plugins.boards import write_inventory
 from tests.plugins.processes import reaped
@@ -293,6 +294,15 @@ def test_deploy_and_profile_every_scheme_side_by_side_then_compare_across_scheme
             # Model Explorer paints inside the quantized delegates as inside the fp32 ones.
             coverage = summary["profile"]["overlay_coverage"]
             assert coverage["delegates"] > 0 and coverage["delegates_placed"] == coverage["delegates"], coverage
+            if board == "local":  # the real PTE adapter opens the quantized program; the overlays hit its nodes
+                graphs = adapter_graphs(quantized_artifacts["distilbert-tiny"].backends[f"xnnpack-{scheme}"].pte)
+                overlay = json.loads(
+                    (Path(summary["_path"]) / "model_explorer" / "me_overlay_median_ms.json").read_text()
+                )
+                inside = [graph for graph in overlay if "::" in graph]
+                assert len(inside) == coverage["delegates"]
+                for graph_id, data in overlay.items():
+                    assert data["results"] and set(data["results"]) <= graphs[graph_id], graph_id
 
     fp32_run = Path(found[("local", "xnnpack")][0]["_path"]).name
     int8_run = Path(found[("pi5-quant", "xnnpack-int8-dynamic")][0]["_path"]).name

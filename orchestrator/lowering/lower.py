@@ -141,7 +141,7 @@ def lower(
     timer = console.StageTimer(prefix=f"{spec.name}: ")
     artifact_paths.folder.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(artifact_paths.folder)
-    measured_peaks = {backend: _recorded_peak(artifact_paths, backend) for backend in missing}
+    measured = {backend: _recorded_lowering(artifact_paths, backend) for backend in missing}
     for backend in missing:
         # Invalidate first: from here until the new sidecar lands, this backend has no valid artifact.
         artifact_paths.sidecar(backend).unlink(missing_ok=True)
@@ -163,7 +163,9 @@ def lower(
             etrecord=etrecord,
             key=cache_key(spec, backend, shared.weights, etrecord, calibration_sha),
             calibration=str(calibration) if calibration is not None else None,
-            peak_bytes=measured_peaks[backend] or _estimated_peak(shared.parameters),
+            peak_bytes=measured[backend][0] or _estimated_peak(shared.parameters),
+            # Unknown durations: quantized variants take longer than fp32 ones (bench/README.md).
+            expected_seconds=measured[backend][1] or (2.0 if is_quantized(backend) else 1.0),
         )
         for backend in missing
     ]
@@ -200,13 +202,16 @@ def _estimated_peak(parameters: int) -> int:
     return _WORKER_BASE_BYTES + _BYTES_PER_PARAMETER * parameters
 
 
-def _recorded_peak(artifact_paths: ArtifactPaths, backend: str) -> int | None:
-    """The peak RSS the last lowering of this variant measured (from its sidecar, valid or not)."""
+def _recorded_lowering(artifact_paths: ArtifactPaths, backend: str) -> tuple[int | None, float | None]:
+    """Peak RSS and seconds the last lowering of this variant measured (from its sidecar, valid or not)."""
     try:
-        peak = read_json(artifact_paths.sidecar(backend)).get("lowering", {}).get("peak_rss_bytes")
+        record = read_json(artifact_paths.sidecar(backend)).get("lowering", {})
+        peak, seconds = record.get("peak_rss_bytes"), record.get("seconds")
     except (OSError, ValueError, AttributeError):
-        return None
-    return peak if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0 else None
+        return None, None
+    peak_ok = isinstance(peak, int) and not isinstance(peak, bool) and peak > 0
+    seconds_ok = isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0
+    return (peak if peak_ok else None), (float(seconds) if seconds_ok else None)
 
 
 @dataclass
@@ -285,6 +290,7 @@ class _VariantTask:
     key: str
     calibration: str | None
     peak_bytes: int  # what this variant is expected to need, for the memory check
+    expected_seconds: float  # for the order: the longest variants start first
 
 
 def _lower_parallel(tasks: list[_VariantTask], jobs: int, timer: console.StageTimer) -> dict[str, dict[str, Any]]:
@@ -294,7 +300,8 @@ def _lower_parallel(tasks: list[_VariantTask], jobs: int, timer: console.StageTi
 
     budget = available_memory()
     budget = int(budget * _MEMORY_HEADROOM) if budget is not None else None
-    pending = list(tasks)
+    # Longest first: the last variant to start is then a short one, which shortens the critical path.
+    pending = sorted(tasks, key=lambda task: -task.expected_seconds)
     running: dict[Future, _VariantTask] = {}
     done: dict[str, dict[str, Any]] = {}
     started: dict[str, float] = {}

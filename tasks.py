@@ -18,6 +18,15 @@ MODEL_HELP = {
     "model": "built-in model name (distilbert, gpt2, distilbert-tiny, gpt2-tiny)",
     "spec": "path to your own model_spec.json (instead of --model)",
 }
+QUANTIZE_HELP = (
+    "comma-separated: none (fp32, default), int8-dynamic, int8-static, 8da4w; each adds the XNNPACK program "
+    "xnnpack-<scheme>"
+)
+ACCURACY_HELP = {
+    "min_sqnr": "accuracy gate of quantized runs: minimum SQNR vs fp32 eager in dB (default 10)",
+    "min_top1": "accuracy gate: minimum top-1 agreement with fp32 eager, 0-1 (default 1)",
+    "min_top5": "accuracy gate: minimum top-5 overlap with fp32 eager, 0-1 (default 0.6)",
+}
 RUN_HELP = {
     "iterations": "timed iterations (default 20)",
     "warmup": "untimed warmup runs (default 3)",
@@ -32,17 +41,24 @@ RUN_HELP = {
     help={
         **MODEL_HELP,
         "backend": "comma-separated backends: portable,xnnpack (default both)",
+        **{"quantize": QUANTIZE_HELP},
+        "calibration": "int8-static calibration samples: an ETLT file (input_ids [N, seq]) or JSON token-id lists",
+        "jobs": "parallel lowering workers (default: the usable cores, as memory allows)",
         "weights": "auto (default: pretrained, else random with a warning), pretrained, or random",
         "etrecord": "also write an ETRecord (about twice the size of the .pt2)",
         "force": "re-lower even when the cache is valid",
     }
 )
 @handle_errors
-def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False):
-    """Export a model and lower it to portable and/or XNNPACK .pte files under artifacts/<name>/."""
+def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False,
+          quantize="none", calibration=None, jobs=None):  # fmt: skip
+    """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
     from orchestrator.commands.lower import lower as lower_model
 
-    return lower_model(model, spec, backend, weights, etrecord=etrecord, force=force)
+    return lower_model(
+        model, spec, backend, weights, etrecord=etrecord, force=force, quantize=quantize, calibration=calibration,
+        jobs=jobs,
+    )  # fmt: skip
 
 
 @task(help={**SELECT_HELP, "force": "re-provision even if the board is up to date"})
@@ -54,31 +70,37 @@ def setup_board(c, board=None, group=None, tag=None, inventory=None, lg_wait=Non
     return board_tasks.setup_boards(select_boards(inventory, board, group, tag, lg_wait), force=force)
 
 
-@task(help={**SELECT_HELP, **MODEL_HELP, "backend": "portable, xnnpack or both (default xnnpack)"})
+@task(help={**SELECT_HELP, **MODEL_HELP, "backend": "portable, xnnpack or both (default xnnpack)",
+            "quantize": QUANTIZE_HELP})  # fmt: skip
 @handle_errors
-def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None):
+def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
+         quantize="none"):  # fmt: skip
     """Push lowered .pte files (content-addressed, verified) and their reference inputs to boards."""
     from orchestrator.commands import board as board_tasks
     from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
-    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
+    backends = parse_backends(backend, quantize=quantize)
+    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, backends)
     return board_tasks.push(select_boards(inventory, board, group, tag, lg_wait), artifacts)
 
 
 @task(help={**SELECT_HELP, **MODEL_HELP, **RUN_HELP, "backend": "portable, xnnpack or both (default xnnpack)",
-            "timeout": "hard runner timeout in seconds (default: derived from the budget)"},
+            "timeout": "hard runner timeout in seconds (default: derived from the budget)",
+            "quantize": QUANTIZE_HELP},
       optional=["counters"])  # fmt: skip
 @handle_errors
 def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
-        iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None):  # fmt: skip
+        iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None,
+        quantize="none"):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
     from orchestrator.commands import board as board_tasks
     from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
     params = run_params(iterations, warmup, threads, max_seconds, timeout, counters)
-    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, parse_backends(backend))
+    backends = parse_backends(backend, quantize=quantize)
+    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, backends)
     return board_tasks.run(select_boards(inventory, board, group, tag, lg_wait), artifacts, params)
 
 
@@ -93,13 +115,14 @@ def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=
 
 
 @task(help={"run": "run id (or unique prefix) under results/", "latest": "the latest pulled run (default)",
-            "bundle": "analyse this bundle folder instead"})  # fmt: skip
+            "bundle": "analyse this bundle folder instead", **ACCURACY_HELP})  # fmt: skip
 @handle_errors
-def analyze(c, run=None, latest=False, bundle=None):
+def analyze(c, run=None, latest=False, bundle=None, min_sqnr=None, min_top1=None, min_top5=None):
     """Per-operator statistics, summary.json, validity and Model Explorer overlays for a pulled run."""
     from orchestrator.commands import results as result_tasks
 
-    return result_tasks.analyze(run, latest=latest, bundle=bundle)
+    accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
+    return result_tasks.analyze(run, latest=latest, bundle=bundle, accuracy=accuracy)
 
 
 @task(help={"run": "show this run's overlays", "model": "show this model (with its latest run's overlays)",
@@ -157,13 +180,18 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "backend": "xnnpack (default), portable, or portable,xnnpack for the comparison",
             "weights": "auto (default), pretrained or random", "no_explore": "do not launch Model Explorer",
             "no_browser": "launch Model Explorer without opening a browser",
-            "port": "Model Explorer port (8081)"},
+            "port": "Model Explorer port (8081)", "quantize": QUANTIZE_HELP, **ACCURACY_HELP,
+            "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
+            "jobs": "parallel lowering workers (default: the usable cores, as memory allows)"},
       optional=["counters"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
                        lg_wait=None, iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
-                       no_explore=False, no_browser=False, port=None, counters=None):  # fmt: skip
+                       no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
+                       calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
+    from pathlib import Path
+
     from orchestrator.commands.deploy import deploy_and_profile as chain
     from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
@@ -171,9 +199,17 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
     # Every option is checked before the chain lowers, connects or starts anything.
     params = run_params(iterations, warmup, threads, max_seconds, None, counters)
     mode, listen = options.weights(weights), options.port(8081 if port is None else port)
+    backends = parse_backends(backend, default="xnnpack", quantize=quantize)
+    accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
+    workers = None if jobs is None else options.count("--jobs", jobs, minimum=1, maximum=options.MAX_THREADS)
+    if calibration is not None and not Path(calibration).is_file():
+        raise options.UsageError(f"--calibration {calibration}: no such file")
     return chain(
         resolve_spec(model, spec),
-        backends=parse_backends(backend, default="xnnpack"),
+        backends=backends,
+        calibration=Path(calibration) if calibration is not None else None,
+        accuracy=accuracy,
+        lowering_jobs=workers,
         boards=select_boards(inventory, board, group, tag, lg_wait),
         params=params,
         weights=mode,

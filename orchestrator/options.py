@@ -13,6 +13,11 @@ from typing import Any
 from orchestrator.errors import UsageError
 
 WEIGHT_MODES = ("auto", "pretrained", "random")
+# `--quantize`: none is fp32; the others are XNNPACK programs named `xnnpack-<scheme>` (lowering/quantize.py).
+QUANT_SCHEMES = ("none", "int8-dynamic", "int8-static", "8da4w")
+# The accuracy gate of quantized runs against fp32 eager (README "Quantized variants"). 8da4w measured 11-20 dB
+# and 3/5 top-5 overlap on full-size models, int8 28-42 dB: the defaults pass both and catch a broken program.
+ACCURACY_DEFAULTS = {"min_sqnr_db": 10.0, "min_top1_agreement": 1.0, "min_top5_overlap": 0.6}
 MAX_COUNT = 1_000_000  # iterations, warmup runs: far beyond any real run, well inside the runner's int
 MAX_THREADS = 4096
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: a budget or timeout beyond it is a typo
@@ -99,3 +104,52 @@ def counters(value: Any) -> tuple[str, ...] | None:
     if value is None or value is False:
         return None
     return parse_counters(None if value is True else str(value))
+
+
+def quantize(value: Any, option: str = "--quantize") -> list[str]:
+    """`--quantize none,int8-dynamic`: known schemes, order kept, no duplicates; empty means none."""
+    names = [part.strip() for part in str(value if value is not None else "none").split(",") if part.strip()]
+    unknown = [name for name in names if name not in QUANT_SCHEMES]
+    if unknown or isinstance(value, bool):
+        raise UsageError(
+            f"{option}: unknown scheme {', '.join(unknown) or repr(value)}; choose from: {', '.join(QUANT_SCHEMES)}"
+        )
+    return list(dict.fromkeys(names)) or ["none"]
+
+
+def fraction(option: str, value: Any) -> float:
+    """A finite number in [0, 1] (top-1 agreement, top-5 overlap thresholds)."""
+    if isinstance(value, bool):
+        raise UsageError(f"{option} must be a number from 0 to 1, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option} must be a number from 0 to 1, got {value!r}") from None
+    if not math.isfinite(number) or not 0.0 <= number <= 1.0:
+        raise UsageError(f"{option} must be a number from 0 to 1, got {value!r}")
+    return number
+
+
+def decibels(option: str, value: Any) -> float:
+    """A finite signal-to-noise threshold in dB (may be negative: a loose gate)."""
+    if isinstance(value, bool):
+        raise UsageError(f"{option} must be a number of dB, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option} must be a number of dB, got {value!r}") from None
+    if not math.isfinite(number) or abs(number) > 1000:
+        raise UsageError(f"{option} must be a finite number of dB (-1000..1000), got {value!r}")
+    return number
+
+
+def accuracy_thresholds(min_sqnr: Any = None, min_top1: Any = None, min_top5: Any = None) -> dict[str, float]:
+    """The accuracy gate's thresholds: the documented defaults, overridden by the options given."""
+    thresholds = dict(ACCURACY_DEFAULTS)
+    if min_sqnr is not None:
+        thresholds["min_sqnr_db"] = decibels("--min-sqnr", min_sqnr)
+    if min_top1 is not None:
+        thresholds["min_top1_agreement"] = fraction("--min-top1", min_top1)
+    if min_top5 is not None:
+        thresholds["min_top5_overlap"] = fraction("--min-top5", min_top5)
+    return thresholds

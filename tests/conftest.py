@@ -5,6 +5,7 @@ from __future__ import annotations
 pytest_plugins = [
     "tests.plugins.processes",  # reaps every process a test starts; loads first so its hooks wrap the rest
     "tests.plugins.artifacts",  # tiny models lowered with the real pipeline, cached across sessions
+    "tests.plugins.quantized",  # their int8-dynamic, int8-static and 8da4w XNNPACK variants, cached too
     "tests.plugins.runner",  # the native runner, built once per source hash
     "tests.plugins.agent",  # the board agent run locally
     "tests.plugins.sshd",  # fake boards: real OpenSSH servers on 127.0.0.x

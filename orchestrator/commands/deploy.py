@@ -30,14 +30,21 @@ def deploy_and_profile(
     open_browser: bool = True,
     results_root: Path | None = None,
     artifacts_root: Path | None = None,
+    calibration: Path | None = None,
+    accuracy: dict[str, float] | None = None,
+    lowering_jobs: int | None = None,
 ) -> int:
     from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
 
-    # Both backends are lowered (cached after the first time) so Model Explorer can show both programs.
-    lowered = lowering.lower(spec, backends=["portable", "xnnpack"], weights=weights, root=artifacts_root)
+    # Both fp32 backends are lowered too (cached after the first time) so Model Explorer shows every program,
+    # the quantized ones next to the fp32 ones.
+    wanted = list(dict.fromkeys(["portable", "xnnpack", *backends]))
+    lowered = lowering.lower(
+        spec, backends=wanted, weights=weights, root=artifacts_root, calibration=calibration, jobs=lowering_jobs
+    )
     print_lowering(lowered)
-    jobs = [CellJob(load_artifact(spec.name, backend, artifacts_root), params) for backend in backends]
+    jobs = [CellJob(load_artifact(spec.name, backend, artifacts_root), params, accuracy) for backend in backends]
 
     with console.transfer_progress() as progress:
         outcomes = fan_out(

@@ -56,6 +56,40 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
     render_counters(run, summary)
     for reason in run.validity.reasons:
         (console.error if reason.level == "invalid" else console.warn)(reason.reason)
+    accuracy = run.accuracy
+    if accuracy is not None:
+        figures = ", ".join(
+            f"{label} {value:.3g}"
+            for label, value in (
+                ("SQNR dB", accuracy.sqnr_db),
+                ("top-1", accuracy.top1_agreement),
+                ("top-5 overlap", accuracy.top5_overlap),
+                ("max abs error", accuracy.max_abs_error),
+            )
+            if value is not None
+        )
+        line = f"accuracy of {accuracy.scheme} vs fp32 eager: {accuracy.verdict} ({figures})"
+        if accuracy.note:
+            line += f"; {accuracy.note}"
+        (console.warn if accuracy.verdict == "fail" else console.info)(console.escape(line))
+        for reason in accuracy.reasons:
+            console.warn(f"accuracy: {reason}")
+
+
+def _accuracy_cell(cell: CellOutcome) -> str | None:
+    accuracy = cell.summary.accuracy if cell.summary else None
+    if accuracy is None:
+        return None
+    figures = []
+    if accuracy.sqnr_db is not None:
+        figures.append(f"{accuracy.sqnr_db:.1f} dB")
+    if accuracy.top1_agreement is not None:
+        tie = accuracy.top1_within_noise is not None and accuracy.top1_within_noise > accuracy.top1_agreement
+        figures.append(f"top-1 {accuracy.top1_agreement:.0%}{' (flip within noise)' if tie else ''}")
+    if accuracy.top5_overlap is not None:
+        figures.append(f"top-5 {accuracy.top5_overlap:.0%}")
+    marker = "" if accuracy.meaningful else " (random weights: not meaningful)"
+    return f"{accuracy.verdict}: {', '.join(figures)}{marker}"
 
 
 def _mb(value: int | None) -> float | None:
@@ -122,31 +156,30 @@ def _counters_lines(counters: Counters, where: str = "") -> None:
 
 
 def print_cells(cells: Sequence[CellOutcome]) -> None:
-    """board × backend: median, speedup of XNNPACK over portable, validity, bundle; then the failures."""
+    """board × backend: median, speedup (XNNPACK over portable, quantized over fp32 XNNPACK), validity, bundle.
+
+    With quantized variants in the table, the size of each program and the accuracy gate's verdict are shown too.
+    """
     medians = {(c.board, c.model, c.backend): c.median_ms for c in cells}
+    quantized = any(c.backend.startswith("xnnpack-") for c in cells)
     rows = []
     for cell in cells:
-        portable = medians.get((cell.board, cell.model, "portable"))
+        base = "xnnpack" if cell.backend.startswith("xnnpack-") else "portable" if cell.backend == "xnnpack" else None
+        reference = medians.get((cell.board, cell.model, base)) if base else None
         speedup = None
-        if cell.backend == "xnnpack" and portable and cell.median_ms:
-            speedup = f"{portable / cell.median_ms:.1f}×"
+        if reference and cell.median_ms:
+            speedup = f"{reference / cell.median_ms:.2f}× vs {'fp32' if base == 'xnnpack' else 'portable'}"
         status = "ok" if cell.ok else f"FAILED at {cell.stage}"
-        rows.append(
-            [
-                cell.board,
-                cell.model,
-                cell.backend,
-                status,
-                cell.median_ms,
-                speedup,
-                _mb(cell.summary.memory.peak_rss_bytes) if cell.summary and cell.summary.memory else None,
-                cell.validity,
-                _short_path(cell.bundle) if cell.bundle else None,
-            ]
-        )
+        row = [cell.board, cell.model, cell.backend, status, cell.median_ms, speedup]
+        row.append(_mb(cell.summary.memory.peak_rss_bytes) if cell.summary and cell.summary.memory else None)
+        if quantized:
+            size = cell.summary.model.size_bytes if cell.summary else None
+            row += [round(size / 1e6, 3) if size else None, _accuracy_cell(cell)]
+        rows.append([*row, cell.validity, _short_path(cell.bundle) if cell.bundle else None])
+    extra = ["size MB", "accuracy vs fp32 eager"] if quantized else []
     console.table(
         "Results",
-        ["board", "model", "backend", "status", "median ms", "speedup vs portable", "peak MB", "validity", "bundle"],
+        ["board", "model", "backend", "status", "median ms", "speedup", "peak MB", *extra, "validity", "bundle"],
         rows,
     )
     for cell in cells:
@@ -212,29 +245,56 @@ def print_details(outcomes: Sequence[BoardOutcome[Any]]) -> None:
 _BOOKKEEPING_OPS = {"memory.alloc", "memory.view", "getitem"}
 
 
+def _quantized_cell(sidecar: dict[str, Any]) -> str | None:
+    """`38/38 linears → qdint8 x qcint8 ×38`, or what stayed in float."""
+    quantization = sidecar.get("quantization")
+    if not isinstance(quantization, dict):
+        return None
+    nodes = quantization.get("nodes") or {}
+    kinds = ", ".join(f"{kind} ×{n}" for kind, n in (nodes.get("fully_connected") or {}).items())
+    text = f"{quantization.get('quantized_linears')}/{quantization.get('linear_layers')} linears; FC {kinds or 'none'}"
+    floating = quantization.get("float_linears") or []
+    if floating:
+        text += f"; FLOAT: {', '.join(floating[:4])}{' …' if len(floating) > 4 else ''}"
+    return text
+
+
 def print_lowering(result: LoweringResult) -> None:
     rows = []
+    quantized = any(item.sidecar.get("quantization") for item in result.backends.values())
     for backend, item in result.backends.items():
         delegation = item.sidecar["delegation"]
         compute = [(op, n) for op, n in delegation["fallback_histogram"].items() if op not in _BOOKKEEPING_OPS]
         top = ", ".join(f"{op} ×{count}" for op, count in compute[:3])
-        rows.append(
-            [
-                backend,
-                item.sidecar["pte_size_mb"],
-                delegation["delegate_call_sites"],
-                delegation["fallback_ops"],
-                f"{delegation['instructions']['KernelCall']} / {delegation['instructions']['DelegateCall']}",
-                top,
-                "cache" if item.cached else "lowered",
-            ]
-        )
+        row = [
+            backend,
+            item.sidecar["pte_size_mb"],
+            delegation["delegate_call_sites"],
+            delegation["fallback_ops"],
+            f"{delegation['instructions']['KernelCall']} / {delegation['instructions']['DelegateCall']}",
+            top,
+        ]
+        if quantized:
+            row.append(_quantized_cell(item.sidecar) or "fp32")
+        rows.append([*row, "cache" if item.cached else "lowered"])
+    columns = ["backend", "size MB", "delegates", "fallback ops", "kernel / delegate calls", "top fallback ops"]
     console.table(
         f"{result.spec.name} → {result.paths.folder}",
-        ["backend", "size MB", "delegates", "fallback ops", "kernel / delegate calls", "top fallback ops", "source"],
+        [*columns, *(["quantized"] if quantized else []), "source"],
         rows,
         caption=f"weights: {next(iter(result.backends.values())).sidecar['weights']}",
     )
+    for backend, item in result.backends.items():
+        quantization = item.sidecar.get("quantization") or {}
+        floating = quantization.get("float_linears") or []
+        if floating:
+            console.warn(
+                f"{backend}: {len(floating)} of {quantization.get('linear_layers')} linear layers stay in float: "
+                + ", ".join(floating)
+            )
+        calibration = quantization.get("calibration") or {}
+        if str(calibration.get("source", "")).startswith("generated"):
+            console.warn(f"{backend}: calibrated on {calibration['samples']} generated samples, not real text")
 
 
 def render_comparison(comparison: Comparison, limit: int = 15) -> None:

@@ -18,7 +18,13 @@ def _artifact_for(run: LocalRun) -> Artifact | None:
         return None
 
 
-def analyze(run_id: str | None = None, *, latest: bool = False, bundle: Path | None = None) -> int:
+def analyze(
+    run_id: str | None = None,
+    *,
+    latest: bool = False,
+    bundle: Path | None = None,
+    accuracy: dict[str, float] | None = None,
+) -> int:
     from orchestrator.commands.render import render_top_ops
     from orchestrator.results.analysis import analyze_bundle
 
@@ -36,6 +42,7 @@ def analyze(run_id: str | None = None, *, latest: bool = False, bundle: Path | N
             pte=artifact.pte if artifact else None,
             sidecar=artifact.sidecar if artifact else None,
             reference_outputs=artifact.paths.reference_outputs if artifact else None,
+            accuracy_thresholds=accuracy,
         )
     except AnalysisError as exc:
         raise AnalysisError(f"{exc} (the raw bundle is kept at {run.path})", hint=exc.hint) from None

@@ -78,22 +78,39 @@ def _stage(cell: CellOutcome, name: str, timer: console.StageTimer) -> Iterator[
     cell.seconds[name] = timer.durations[label]
 
 
-def analyze_cell(cell: CellOutcome, artifact: Artifact) -> None:
+def analyze_cell(cell: CellOutcome, artifact: Artifact, accuracy: dict[str, float] | None = None) -> None:
     from orchestrator.results.analysis import analyze_bundle
 
     assert cell.bundle is not None
     summary = analyze_bundle(
-        cell.bundle, pte=artifact.pte, sidecar=artifact.sidecar, reference_outputs=artifact.paths.reference_outputs
+        cell.bundle,
+        pte=artifact.pte,
+        sidecar=artifact.sidecar,
+        reference_outputs=artifact.paths.reference_outputs,
+        accuracy_thresholds=accuracy,
     )
     cell.summary = summary.run
 
 
+def accuracy_failure(summary: RunSummary | None) -> str | None:
+    """Why the accuracy gate fails the cell: only a failed verdict on meaningful (pretrained) figures does."""
+    accuracy = summary.accuracy if summary else None
+    if accuracy is None or accuracy.verdict != "fail":
+        return None
+    reason = "; ".join(accuracy.reasons) or "accuracy below thresholds"
+    if not accuracy.meaningful:
+        console.warn(f"{accuracy.scheme}: accuracy gate failed ({reason}), not enforced: {accuracy.note}")
+        return None
+    return f"accuracy gate failed ({accuracy.scheme} vs fp32 eager): {reason}"
+
+
 @dataclass(frozen=True)
 class CellJob:
-    """One artifact to profile on a board, with its run parameters."""
+    """One artifact to profile on a board, with its run parameters and the accuracy gate's thresholds."""
 
     artifact: Artifact
     params: RunParams
+    accuracy: dict[str, float] | None = None
 
 
 def run_cells_on_board(
@@ -127,7 +144,7 @@ def run_cells_on_board(
             for index, (cell, job) in enumerate(zip(cells, jobs, strict=True)):
                 labgrid.check_held(board)  # a lost labgrid coordinator fails the board now, not after every cell
                 started.add(index)
-                _run_cell(conn, cell, job.artifact, job.params, timer, analyze, progress, results_root)
+                _run_cell(conn, cell, job, timer, analyze, progress, results_root)
                 report(index)
     except Exception as exc:
         # Board trouble (unreachable, setup failed, link lost): every unfinished cell fails with it.
@@ -161,13 +178,13 @@ def _setup_if_needed(conn: BoardConnection, timer: console.StageTimer) -> None:
 def _run_cell(
     conn: BoardConnection,
     cell: CellOutcome,
-    artifact: Artifact,
-    params: RunParams,
+    job: CellJob,
     timer: console.StageTimer,
     analyze: bool,
     progress: Progress | None,
     results_root: Path | None,
 ) -> None:
+    artifact, params = job.artifact, job.params
     try:
         with _stage(cell, "push", timer):
             pushed = push_artifact(conn, artifact, progress)
@@ -179,9 +196,13 @@ def _run_cell(
             cell.bundle = pull(conn, remote, artifact, results_root)
         if analyze:
             with _stage(cell, "analyze", timer):
-                analyze_cell(cell, artifact)
+                analyze_cell(cell, artifact, job.accuracy)
         if remote.status != "ok":
             cell.stage, cell.error = "run", f"runner {remote.status}: {remote.error or 'see runner.log'}"
+            return
+        failed_gate = accuracy_failure(cell.summary)
+        if failed_gate:
+            cell.stage, cell.error = "accuracy", failed_gate
             return
         cell.ok, cell.stage = True, None
     except AnalysisError as exc:

@@ -18,8 +18,9 @@ from orchestrator.config import Check, Checker, choice, integer, is_null, names,
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
+from orchestrator.lowering.artifacts import BACKENDS
 from orchestrator.lowering.spec import ModelSpec, resolve_spec
-from orchestrator.options import WEIGHT_MODES
+from orchestrator.options import ACCURACY_DEFAULTS, QUANT_SCHEMES, WEIGHT_MODES
 from orchestrator.results.stats import DEFAULT_MIN_EFFECT
 
 DEFAULT_BASELINE_NIGHTS = 7
@@ -27,7 +28,6 @@ MIN_BASELINE_NIGHTS = 2
 DEFAULT_COOLDOWN_SECONDS = 60.0  # before a degraded cell is re-measured
 DEFAULT_ITERATIONS = 30
 DEFAULT_WARMUP = 3
-BACKENDS = ("portable", "xnnpack")
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class NightlyConfig:
     retest_seconds: float = DEFAULT_RETEST_SECONDS  # the interleaved re-test's budget per suspected cell
     retest_rounds: int = DEFAULT_ROUNDS
     cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS
+    accuracy: dict[str, float] = field(default_factory=lambda: dict(ACCURACY_DEFAULTS))
 
 
 # Run settings a matrix entry may override; the section's own values are the defaults.
@@ -70,12 +71,17 @@ _SECTION_FIELDS: dict[str, Check] = {
     "retest_seconds": number(0),
     "retest_rounds": integer(3),
     "cooldown_seconds": number(0),
+    # The accuracy gate of quantized cells (defaults: options.ACCURACY_DEFAULTS).
+    "min_sqnr_db": number(-1000, high=1000, unit="a number of dB"),
+    "min_top1_agreement": number(0, high=1, unit="a fraction"),
+    "min_top5_overlap": number(0, high=1, unit="a fraction"),
     **_RUN_FIELDS,
     "matrix": lambda node, _field: node,  # checked entry by entry below
 }
 _ENTRY_FIELDS: dict[str, Check] = {
     "models": names,
     "backends": names,
+    "quantize": names,  # none (fp32), int8-dynamic, int8-static, 8da4w: each adds the cell xnnpack-<scheme>
     "boards": names,
     "groups": names,
     "tags": names,
@@ -121,6 +127,7 @@ def load_config(inventory: Inventory) -> NightlyConfig:
         retest_seconds=section.get("retest_seconds", DEFAULT_RETEST_SECONDS),
         retest_rounds=section.get("retest_rounds", DEFAULT_ROUNDS),
         cooldown_seconds=section.get("cooldown_seconds", DEFAULT_COOLDOWN_SECONDS),
+        accuracy={key: float(section.get(key, default)) for key, default in ACCURACY_DEFAULTS.items()},
     )
 
 
@@ -147,6 +154,14 @@ def _entry(
     for backend in found.get("backends", ()):
         if backend not in BACKENDS:
             checker.error(_key_value(node, "backends") or node, f"{where}.backends", f"unknown backend {backend!r}")
+    schemes = found.get("quantize", ("none",))
+    for scheme in schemes:
+        if scheme not in QUANT_SCHEMES:
+            checker.error(
+                _key_value(node, "quantize") or node,
+                f"{where}.quantize",
+                f"unknown scheme {scheme!r}; choose from {', '.join(QUANT_SCHEMES)}",
+            )
     # The entry's boards: the union of the boards, groups and tags it names (the inventory default if none).
     picked: dict[str, Board] = {}
     for key, pick in (
@@ -167,7 +182,10 @@ def _entry(
     except EtlabError as exc:
         checker.error(node, where, first_line(exc))
         return None
-    return MatrixEntry(tuple(models), tuple(found["backends"]), tuple(b.name for b in selected), params)
+    # Quantized programs are XNNPACK programs: each scheme is a cell of its own, `xnnpack-<scheme>`.
+    backends = list(found["backends"]) if "none" in schemes else []
+    backends += [f"xnnpack-{scheme}" for scheme in schemes if scheme != "none"]
+    return MatrixEntry(tuple(models), tuple(dict.fromkeys(backends)), tuple(b.name for b in selected), params)
 
 
 def _duplicate_cells(

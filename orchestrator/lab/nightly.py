@@ -407,7 +407,9 @@ def run_nightly(
                 if model in lowering_errors:
                     failed.append(CellOutcome(board.name, model, backend, stage="lower", error=lowering_errors[model]))
                 else:
-                    jobs[(model, backend)] = CellJob(load_artifact(model, backend, artifacts_root), params)
+                    jobs[(model, backend)] = CellJob(
+                        load_artifact(model, backend, artifacts_root), params, config.accuracy
+                    )
             remeasured: dict[tuple[str, str, str], dict[str, Any]] = {}
             held: list[CellOutcome] = []
 

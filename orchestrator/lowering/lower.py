@@ -1,5 +1,10 @@
 """`fab lower`: export a spec once, lower it per backend, and write artifacts with sidecars.
 
+Quantized variants (`xnnpack-int8-dynamic`, ...; quantize.py) are lowered from the eager model, the others from
+the exported program. When several backends are missing they are lowered in parallel worker processes (spawned,
+one per variant, as many as cores and available memory allow); each worker writes its own sidecar last, so an
+interrupted lowering leaves every finished variant valid and no unfinished one.
+
 The cache check runs before torch is imported (importing torch alone costs seconds), so a lowering with
 nothing changed finishes in well under two seconds. It is keyed on the *resolved* weights (weights.py
 decides `auto` without torch): `auto` that falls back to random hits the cache of `random`, and back.
@@ -7,22 +12,32 @@ decides `auto` without torch): `auto` that falls back to random hits the cache o
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
+import os
+import resource
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator import console, options
-from orchestrator.fsutil import atomic_path, atomic_write_json, read_json, remove_stale_temporaries
+from orchestrator.fsutil import atomic_path, atomic_write_json, read_json, remove_stale_temporaries, sha256_file
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, sidecar_problem
+from orchestrator.lowering.quantize import is_quantized, scheme_of
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
 from orchestrator.versions import toolchain_versions
 
 # Source files whose content decides what lowering produces; editing them invalidates the cache.
-_LOWERING_SOURCES = ("lower.py", "models.py", "delegation.py", "spec.py", "weights.py")
+_LOWERING_SOURCES = ("lower.py", "models.py", "delegation.py", "spec.py", "weights.py", "quantize.py")
+# Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the
+# full-size measurements (DistilBERT 67M parameters: 1.8 GB fp32 XNNPACK, 1.3 GB int8, 1.1 GB 8da4w), rounded up.
+_BYTES_PER_PARAMETER = 28
+_WORKER_BASE_BYTES = 600 * 1024 * 1024  # torch, executorch and transformers imported
+_MEMORY_HEADROOM = 0.85  # of MemAvailable: never swap
 
 
 @dataclass
@@ -53,8 +68,11 @@ def _code_revision() -> str:
     return digest.hexdigest()[:16]
 
 
-def cache_key(spec: ModelSpec, backend: str, weights: str, etrecord: bool) -> str:
-    """The key a sidecar must carry to be reused; `weights` is the resolved mode, "pretrained" or "random"."""
+def cache_key(spec: ModelSpec, backend: str, weights: str, etrecord: bool, calibration: str | None = None) -> str:
+    """The key a sidecar must carry to be reused; `weights` is the resolved mode, "pretrained" or "random".
+
+    `calibration` (the calibration file's sha256) matters only for int8-static.
+    """
     material = {
         "spec": spec.identity(),
         "backend": backend,
@@ -63,6 +81,8 @@ def cache_key(spec: ModelSpec, backend: str, weights: str, etrecord: bool) -> st
         "versions": toolchain_versions(),
         "code": _code_revision(),
     }
+    if scheme_of(backend) == "int8-static":
+        material["calibration"] = calibration or "generated"
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
@@ -83,13 +103,24 @@ def lower(
     etrecord: bool = False,
     force: bool = False,
     root: Path | None = None,
+    calibration: Path | None = None,
+    jobs: int | None = None,
 ) -> LoweringResult:
+    """Lower `spec` to each backend (cached); `jobs` caps the parallel workers (default: the usable cores)."""
     weights = options.weights(weights)  # a bad mode must not invalidate the cached sidecars below
+    if jobs is not None:
+        jobs = options.count("--jobs", jobs, minimum=1, maximum=options.MAX_THREADS)
+    calibration = Path(calibration) if calibration is not None else None
+    if calibration is not None and not calibration.is_file():
+        from orchestrator.errors import UsageError
+
+        raise UsageError(f"--calibration {calibration}: no such file")
+    calibration_sha = sha256_file(calibration) if calibration is not None else None
     artifact_paths = ArtifactPaths.for_model(spec.name, root)
     result = LoweringResult(spec, artifact_paths)
     # `auto` that became pretrained since the last (random) lowering gets a new key, so it is redone.
     choice = resolve_weights(spec, weights)
-    keys = {backend: cache_key(spec, backend, choice.mode, etrecord) for backend in backends}
+    keys = {backend: cache_key(spec, backend, choice.mode, etrecord, calibration_sha) for backend in backends}
 
     missing = []
     for backend in backends:
@@ -101,23 +132,86 @@ def lower(
     if not missing:
         console.info(f"[green]✓[/] {spec.name}: using cached artifacts for {', '.join(backends)} (nothing changed)")
         return result
+    if "xnnpack-int8-static" in missing and calibration is None:
+        console.loud_warning(
+            f"{spec.name}: int8-static is calibrated on generated token ids (deterministic, not real text).\n"
+            "Scales fitted to them may not suit real inputs: pass --calibration FILE with your own samples."
+        )
 
     timer = console.StageTimer(prefix=f"{spec.name}: ")
     artifact_paths.folder.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(artifact_paths.folder)
+    measured = {backend: _recorded_lowering(artifact_paths, backend) for backend in missing}
     for backend in missing:
         # Invalidate first: from here until the new sidecar lands, this backend has no valid artifact.
         artifact_paths.sidecar(backend).unlink(missing_ok=True)
 
     shared = _export(spec, choice, artifact_paths, timer)
-    for backend in missing:
-        # Keyed on the weights actually loaded, which the sidecar records next to the key.
-        key = cache_key(spec, backend, shared.weights, etrecord)
-        sidecar = _lower_backend(spec, backend, shared, artifact_paths, timer, etrecord, key)
+    jobs_wanted = min(jobs or _usable_cores(), len(missing))
+    tasks = [
+        _VariantTask(
+            spec=spec,
+            backend=backend,
+            weights=shared.weights,
+            weights_note=shared.weights_note,
+            parameters=shared.parameters,
+            # Quantized variants are lowered from the eager model: the .pt2 is not their source.
+            files={k: v for k, v in shared.files.items() if k != "exported_program" or not is_quantized(backend)},
+            inputs=shared.inputs,
+            outputs=shared.outputs,
+            root=artifact_paths.folder.parent,
+            etrecord=etrecord,
+            key=cache_key(spec, backend, shared.weights, etrecord, calibration_sha),
+            calibration=str(calibration) if calibration is not None else None,
+            peak_bytes=measured[backend][0] or _estimated_peak(shared.parameters),
+            # Unknown durations: quantized variants take longer than fp32 ones (bench/README.md).
+            expected_seconds=measured[backend][1] or (2.0 if is_quantized(backend) else 1.0),
+        )
+        for backend in missing
+    ]
+    if jobs_wanted > 1:
+        done = _lower_parallel(tasks, jobs_wanted, timer)
+    else:
+        done = {task.backend: _lower_variant(task, shared) for task in tasks}
+    for backend, sidecar in done.items():
         result.backends[backend] = BackendResult(backend, artifact_paths.pte(backend), sidecar, cached=False)
     result.stage_seconds = dict(timer.durations)
     result.backends = {backend: result.backends[backend] for backend in backends}
     return result
+
+
+def _usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _estimated_peak(parameters: int) -> int:
+    return _WORKER_BASE_BYTES + _BYTES_PER_PARAMETER * parameters
+
+
+def _recorded_lowering(artifact_paths: ArtifactPaths, backend: str) -> tuple[int | None, float | None]:
+    """Peak RSS and seconds the last lowering of this variant measured (from its sidecar, valid or not)."""
+    try:
+        record = read_json(artifact_paths.sidecar(backend)).get("lowering", {})
+        peak, seconds = record.get("peak_rss_bytes"), record.get("seconds")
+    except (OSError, ValueError, AttributeError):
+        return None, None
+    peak_ok = isinstance(peak, int) and not isinstance(peak, bool) and peak > 0
+    seconds_ok = isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0
+    return (peak if peak_ok else None), (float(seconds) if seconds_ok else None)
 
 
 @dataclass
@@ -130,6 +224,7 @@ class _Exported:
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
     example_args: tuple
+    module: Any = None  # the eager module, for quantized variants lowered in this process
 
 
 def _export(
@@ -174,41 +269,195 @@ def _export(
         describe(inputs),
         describe(outputs),
         example_args,
+        loaded.module,
     )
+
+
+@dataclass(frozen=True)
+class _VariantTask:
+    """One backend to lower, with everything a worker process needs (picklable)."""
+
+    spec: ModelSpec
+    backend: str
+    weights: str  # resolved: pretrained or random
+    weights_note: str
+    parameters: int
+    files: dict[str, dict[str, Any]]
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    root: Path
+    etrecord: bool
+    key: str
+    calibration: str | None
+    peak_bytes: int  # what this variant is expected to need, for the memory check
+    expected_seconds: float  # for the order: the longest variants start first
+
+
+def _lower_parallel(tasks: list[_VariantTask], jobs: int, timer: console.StageTimer) -> dict[str, dict[str, Any]]:
+    """Lower the variants in spawned workers, as many at once as `jobs` and the available memory allow."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+    budget = available_memory()
+    budget = int(budget * _MEMORY_HEADROOM) if budget is not None else None
+    # Longest first: the last variant to start is then a short one, which shortens the critical path.
+    pending = sorted(tasks, key=lambda task: -task.expected_seconds)
+    running: dict[Future, _VariantTask] = {}
+    done: dict[str, dict[str, Any]] = {}
+    started: dict[str, float] = {}
+    context = multiprocessing.get_context("spawn")
+    names = ", ".join(task.backend for task in tasks)
+    console.info(f"[cyan]▸[/] {console.escape(tasks[0].spec.name)}: lowering {names} in up to {jobs} worker processes")
+    began = time.perf_counter()
+    # One process per variant: its peak RSS is its own, and memory goes back to the system when it ends.
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context, max_tasks_per_child=1) as pool:
+        try:
+            while pending or running:
+                while pending and len(running) < jobs:
+                    task = pending[0]
+                    in_use = sum(t.peak_bytes for t in running.values())
+                    if running and budget is not None and in_use + task.peak_bytes > budget:
+                        break  # wait for a worker to finish rather than swap
+                    if not running and budget is not None and task.peak_bytes > budget:
+                        console.warn(
+                            f"{task.spec.name}: {task.backend} may need {task.peak_bytes / 1e9:.1f} GB, "
+                            f"{budget / 1e9:.1f} GB is available; lowering it alone"
+                        )
+                    pending.pop(0)
+                    running[pool.submit(_lower_variant, task)] = task
+                    started[task.backend] = time.perf_counter()
+                    console.info(
+                        f"  [cyan]▸[/] {console.escape(task.spec.name)}: {task.backend} started "
+                        f"[dim](expects {task.peak_bytes / 1e9:.1f} GB)[/]"
+                    )
+                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in finished:
+                    task = running.pop(future)
+                    sidecar = future.result()  # a failed variant fails the lowering; finished ones stay valid
+                    done[task.backend] = sidecar
+                    seconds = time.perf_counter() - started[task.backend]
+                    timer.durations[f"{task.backend}: lower"] = seconds
+                    peak = sidecar.get("lowering", {}).get("peak_rss_bytes") or 0
+                    console.info(
+                        f"  [green]✓[/] {console.escape(task.spec.name)}: {task.backend} done "
+                        f"[dim]{console.format_seconds(seconds)}, peak {peak / 1e9:.2f} GB[/] "
+                        f"({len(done)}/{len(tasks)})"
+                    )
+        except BaseException:
+            # Ctrl+C or a failed variant: stop the workers now (an unfinished variant has no sidecar and stays
+            # invalid), rather than let the pool's exit wait for them to finish.
+            for future in running:
+                future.cancel()
+            for process in list(getattr(pool, "_processes", {}).values()):  # the executor has no public kill
+                process.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    timer.durations["lower variants (parallel)"] = time.perf_counter() - began
+    return done
+
+
+def _lower_variant(task: _VariantTask, shared: _Exported | None = None) -> dict[str, Any]:
+    """Lower one backend and write its .pte and sidecar; in a worker process `shared` is None and reloaded."""
+    started = time.perf_counter()
+    if shared is None:
+        console.quiet_third_party()  # a spawned worker starts with default warning filters
+    _reset_peak_rss()
+    artifact_paths = ArtifactPaths.for_model(task.spec.name, task.root)
+    timer = console.StageTimer(prefix=f"{task.spec.name}: ")
+    quantization = None
+    with timer.stage(f"{task.backend}: prepare", quiet=shared is None):
+        if is_quantized(task.backend):
+            program, quantization = _quantized_program(task, artifact_paths, shared)
+        elif shared is not None:
+            program = shared.program
+        else:
+            import torch
+
+            program = torch.export.load(str(artifact_paths.exported_program))
+    sidecar = _lower_backend(
+        task.spec, task.backend, program, task, artifact_paths, timer, quantization, started, quiet=shared is None
+    )
+    return sidecar
+
+
+def _reset_peak_rss() -> None:
+    """Start the process's VmHWM afresh (Linux), so a variant lowered in-process reports its own peak."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_rss_bytes() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _quantized_program(
+    task: _VariantTask, artifact_paths: ArtifactPaths, shared: _Exported | None
+) -> tuple[Any, dict[str, Any]]:
+    import torch
+
+    from orchestrator.lowering.models import load_model, vocab_size_of
+    from orchestrator.lowering.quantize import calibration_from_file, generated_calibration, quantize
+    from orchestrator.tensorfile import read_tensors
+
+    if shared is not None and shared.module is not None:
+        module = shared.module
+    else:
+        module = load_model(task.spec, task.weights).module
+    example_args = tuple(torch.from_numpy(t.array) for t in read_tensors(artifact_paths.reference_inputs))
+    scheme = scheme_of(task.backend)
+    calibration, source = None, None
+    if scheme == "int8-static":
+        vocab = vocab_size_of(module)
+        if task.calibration:
+            calibration = calibration_from_file(Path(task.calibration), task.spec.seq_len, vocab)
+            source = f"file {Path(task.calibration).name} (sha256 {sha256_file(Path(task.calibration))[:12]})"
+        else:
+            calibration = generated_calibration(example_args, vocab)
+            source = "generated: deterministic random token ids (not real text)"
+    quantized = quantize(module, example_args, scheme, calibration=calibration, calibration_source=source)
+    return quantized.program, quantized.report
 
 
 def _lower_backend(
     spec: ModelSpec,
     backend: str,
-    shared: _Exported,
+    exported: Any,
+    task: _VariantTask,
     artifact_paths: ArtifactPaths,
     timer: console.StageTimer,
-    etrecord: bool,
-    key: str,
+    quantization: dict[str, Any] | None,
+    started: float,
+    *,
+    quiet: bool = False,
 ) -> dict[str, Any]:
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
     from orchestrator.lowering.delegation import delegation_report
     from orchestrator.results.memory import read_program_memory
 
-    with timer.stage(f"{backend}: to_edge/partition"):
-        if backend == "xnnpack":
+    etrecord = task.etrecord
+    with timer.stage(f"{backend}: to_edge/partition", quiet=quiet):
+        if backend.startswith("xnnpack"):
             from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-            edge = to_edge_transform_and_lower(
-                shared.program, partitioner=[XnnpackPartitioner()], generate_etrecord=etrecord
-            )
+            edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()], generate_etrecord=etrecord)
         else:
-            edge = to_edge(shared.program, generate_etrecord=etrecord)
-    with timer.stage(f"{backend}: to_executorch"):
+            edge = to_edge(exported, generate_etrecord=etrecord)
+    with timer.stage(f"{backend}: to_executorch", quiet=quiet):
         program = edge.to_executorch()
         delegation = delegation_report(program)
 
     pte_path = artifact_paths.pte(backend)
-    with timer.stage(f"{backend}: save"):
+    with timer.stage(f"{backend}: save", quiet=quiet):
         with atomic_path(pte_path) as tmp, open(tmp, "wb") as handle:
             program.write_to_file(handle)
-        files = dict(shared.files)
+        files = dict(task.files)
         files["pte"] = file_record(pte_path)
         if etrecord:
             etrecord_path = artifact_paths.etrecord(backend)
@@ -218,6 +467,20 @@ def _lower_backend(
 
     # From the written .pte, as the runner will see it: planned arenas, constants, live bytes per instruction.
     memory = read_program_memory(pte_path).to_sidecar()
+    if quantization is not None:
+        from orchestrator.lowering.quantize import node_report
+
+        quantization = {
+            **quantization,
+            "nodes": node_report(pte_path, scheme_of(backend), delegation["fallback_histogram"]),
+        }
+        quantization["pte_bytes"] = files["pte"]["size"]
+        if quantization["float_linears"]:
+            console.warn(
+                f"{spec.name}: {backend}: {len(quantization['float_linears'])} of {quantization['linear_layers']} "
+                f"linear layers stay in float: {', '.join(quantization['float_linears'][:8])}"
+            )
+
     sidecar = {
         "schema": SIDECAR_SCHEMA,
         "model": spec.name,
@@ -229,20 +492,22 @@ def _lower_backend(
         "pte": pte_path.name,
         "pte_size_mb": round(files["pte"]["size"] / 1e6, 3),
         "seq_len": spec.seq_len,
-        "weights": shared.weights,
-        "weights_note": shared.weights_note,
-        "parameters": shared.parameters,
+        "weights": task.weights,
+        "weights_note": task.weights_note,
+        "parameters": task.parameters,
         "sha256": files["pte"]["sha256"],
         "versions": toolchain_versions(),
-        "inputs": shared.inputs,
-        "outputs": shared.outputs,
+        "inputs": task.inputs,
+        "outputs": task.outputs,
         "reference_inputs": artifact_paths.reference_inputs.name,
         "reference_outputs": artifact_paths.reference_outputs.name,
         "etrecord": artifact_paths.etrecord(backend).name if etrecord else None,
         "delegation": delegation,
         "memory": memory,
+        "quantization": quantization,
+        "lowering": {"seconds": round(time.perf_counter() - started, 2), "peak_rss_bytes": _peak_rss_bytes()},
         "spec": spec.to_dict(),
-        "cache_key": key,
+        "cache_key": task.key,
         "files": files,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -29,6 +29,7 @@ from orchestrator.results.validity import (
     TIMING_AGREEMENT,
     board_conditions,
     check_outputs,
+    judge_accuracy,
     judge_validity,
     latency_summary,
     number_list,
@@ -65,6 +66,7 @@ def analyze_bundle(
     pte: Path | None = None,
     sidecar: dict[str, Any] | None = None,
     reference_outputs: Path | None = None,
+    accuracy_thresholds: dict[str, float] | None = None,
 ) -> Summary:
     """Analyse a pulled bundle; write analysis/summary.json, ops.csv, ops.json and the Model Explorer overlays.
 
@@ -104,11 +106,20 @@ def analyze_bundle(
         latency_summary(bundle.timings), hashing_ms=hashing_times(bundle.run.get("hashing_ms"))
     )
     board = board_conditions(bundle.board_before, bundle.board_after)
-    validity = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes)
+    scheme = _scheme(sidecar)
+    validity = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes, quantized=scheme != "none")
     run = summary_document(bundle, sidecar, pte, latency, board, correctness, profile, validity)
     top_layers = (run.profile or {}).get("top_layers") or []
     counters = counters_summary(counter_profile, bundle.run.get("counters_pass"), top_layers, latency.threads)
     run = dataclasses.replace(run, memory=memory, counters=counters)
+    if scheme != "none":
+        from orchestrator.options import ACCURACY_DEFAULTS
+
+        thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
+        ran = outputs_path if bundle.ran_ok and outputs_path.is_file() else None
+        reference = Path(reference_outputs) if reference_outputs is not None else None
+        weights = sidecar.get("weights") if isinstance(sidecar, dict) else None
+        run = dataclasses.replace(run, accuracy=judge_accuracy(ran, reference, scheme, thresholds, weights))
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile)
     summary.written = write_outputs(bundle.path, run, profile, program=program, counters=counter_profile)
     return summary
@@ -121,6 +132,13 @@ def _counter_profile(bundle: BundleFiles) -> CounterProfile | None:
     except AnalysisError as exc:
         bundle.notes.append(("degraded", f"counters pass unusable: {exc}"))
         return None
+
+
+def _scheme(sidecar: dict[str, Any] | None) -> str:
+    """The quantization scheme the sidecar records, "none" for fp32 programs (or no sidecar)."""
+    quantization = sidecar.get("quantization") if isinstance(sidecar, dict) else None
+    scheme = quantization.get("scheme") if isinstance(quantization, dict) else None
+    return scheme if isinstance(scheme, str) else "none"
 
 
 def _profile_bundle(

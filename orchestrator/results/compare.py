@@ -11,6 +11,12 @@ the number of operators tested (Bonferroni), which keeps a clean run from showin
 A diverging overlay (blue faster, white unchanged, red slower) of the median change in ms is written into run
 B's model_explorer/ folder, next to its own overlays.
 
+Runs of different quantization schemes of one model (fp32 `xnnpack` vs `xnnpack-int8-dynamic`, ...) are compared
+too: the programs differ by design, so the instruction lists and builds are not required to match, per-operator
+deltas are shown only where both runs have the same operator at the same instruction, and the verdict is `ok` with
+the explanation of what differs and why that is expected (a scheme is a choice, not a regression). Only runs of
+different models are refused.
+
 The verdict (orchestrator/verdicts.py) follows the nightly's rules: the same program on both sides is "drift"
 (run-to-run, never a regression); a degraded side is "inconclusive"; different builds that differ are
 "unconfirmed" until `interleaved_verdict` re-runs both programs alternately on a board.
@@ -127,11 +133,43 @@ def _instruction_signature(run: _Run) -> list[tuple[str, str, str | None]]:
     return [(row["node_id"], row["kind"], row["op"]) for row in run.ops["instructions"]]
 
 
+def scheme_of(run: _Run) -> str:
+    """fp32 for portable/xnnpack, else the quantization scheme the backend name carries (xnnpack-<scheme>)."""
+    backend = run.summary.model.backend or ""
+    return backend.removeprefix("xnnpack-") if backend.startswith("xnnpack-") else "fp32"
+
+
+def across_schemes(a: _Run, b: _Run) -> bool:
+    return scheme_of(a) != scheme_of(b)
+
+
+def scheme_notes(a: _Run, b: _Run) -> list[str]:
+    """What differs between two schemes of one model, and why those differences are expected."""
+    sa, sb = scheme_of(a), scheme_of(b)
+    notes = [
+        f"different quantization schemes ({sa} vs {sb}): the programs differ by design, so different "
+        ".pte builds, instruction lists, sizes and outputs are expected",
+        "per-operator deltas are shown only where both programs run the same operator at the same instruction",
+    ]
+    for run in (a, b):
+        accuracy = run.summary.accuracy
+        if accuracy is not None:
+            meaning = "" if accuracy.meaningful else " (random weights: not meaningful)"
+            notes.append(f"run {run.run_id} ({scheme_of(run)}) accuracy vs fp32 eager: {accuracy.verdict}{meaning}")
+    return notes
+
+
 def check_comparable(a: _Run, b: _Run, *, allow_rebuilt: bool) -> list[str]:
     """Raise CompareError unless the runs profiled the same program; return notes for the report."""
     name_a, name_b = a.summary.model.name, b.summary.model.name
     if name_a and name_b and name_a != name_b:
         raise CompareError(f"refusing to compare different models: {a.run_id} ran {name_a}, {b.run_id} ran {name_b}")
+    if across_schemes(a, b):
+        notes = scheme_notes(a, b)
+        for run in (a, b):
+            if run.summary.validity.status != "valid":
+                notes.append(f"run {run.run_id} is {run.summary.validity.status}")
+        return notes
     signature_a, signature_b = _instruction_signature(a), _instruction_signature(b)
     if signature_a != signature_b:
         pairs = zip(signature_a, signature_b, strict=False)
@@ -168,6 +206,12 @@ def run_verdict(a: _Run, b: _Run, total: Verdict) -> tuple[Kind, str]:
             not_valid.append(f"run {run.run_id} is {validity.status} ({reasons})")
     if not_valid:
         return Kind.INCONCLUSIVE, "; ".join(not_valid) + f"; measured {shift}, which cannot be trusted"
+    if across_schemes(a, b):
+        ratio = f"{1 / total.ratio:.2f}× the speed of" if total.ratio else "not measurably different from"
+        return Kind.OK, (
+            f"{scheme_of(b)} runs at {ratio} {scheme_of(a)} ({total.reason}); a different scheme is a choice, "
+            "not a regression"
+        )
     if sha_a and sha_a == sha_b:
         if total.is_change:
             return Kind.DRIFT, f"no program change; {shift} is run-to-run drift ({total.reason})"
@@ -245,10 +289,17 @@ def compare_runs(
     notes = check_comparable(a, b, allow_rebuilt=allow_rebuilt)
     total = compare_samples(a.iterations_ms, b.iterations_ms, min_effect=min_effect, alpha=alpha)
     rows_b = {row["node_id"]: row for row in b.ops["instructions"]}
-    testable = [r for r in a.ops["instructions"] if r["samples"] and rows_b[r["node_id"]]["samples"]]
+    # Across schemes only the instructions that run the same operator in both programs are paired.
+    paired = [
+        row
+        for row in a.ops["instructions"]
+        if row["node_id"] in rows_b
+        and (rows_b[row["node_id"]]["kind"], rows_b[row["node_id"]]["op"]) == (row["kind"], row["op"])
+    ]
+    testable = [r for r in paired if r["samples"] and rows_b[r["node_id"]]["samples"]]
     per_op_alpha = alpha / max(1, len(testable))
     ops = []
-    for row_a in a.ops["instructions"]:
+    for row_a in paired:
         row_b = rows_b[row_a["node_id"]]
         verdict = None
         if row_a["samples"] and row_b["samples"]:
@@ -265,6 +316,7 @@ def compare_runs(
     if write:
         method = str(b.ops.get("method") or "forward")
         values = {method: {op.node_id: op.delta_ms for op in ops if op.delta_ms is not None}}
+        # Delegate graphs are named after the .pte file, so different schemes never pair (their XNN nodes differ).
         medians_a, medians_b = _delegate_medians(a), _delegate_medians(b)
         for graph_id in medians_a.keys() & medians_b.keys():
             shared = medians_a[graph_id].keys() & medians_b[graph_id].keys()

@@ -106,6 +106,7 @@ def summary_document(
             pte=pte.name if pte else None,
             sha256=bundle_model_sha(run, manifest),
             weights=side.get("weights"),
+            size_bytes=((side.get("files") or {}).get("pte") or {}).get("size"),
         ),
         board=labels.get("board") or board.get("hostname"),
         versions={

@@ -163,9 +163,16 @@ def run_overlays(run_dir: Path, *, required: bool = True) -> list[Path]:
 
 
 def program_models(paths: ArtifactPaths) -> tuple[list[Path], list[Path]]:
-    """A model's programs to show (the exported .pt2 and both .pte files): those present, and those missing."""
+    """A model's programs to show: those present, and those missing.
+
+    The exported .pt2 and both fp32 .pte files are expected; the quantized variants (xnnpack-<scheme>) that were
+    lowered are shown next to them.
+    """
+    from orchestrator.lowering.artifacts import QUANTIZED_BACKENDS
+
     expected = [paths.exported_program, paths.pte("portable"), paths.pte("xnnpack")]
-    return [m for m in expected if m.is_file()], [m for m in expected if not m.is_file()]
+    variants = [paths.pte(backend) for backend in QUANTIZED_BACKENDS if paths.pte(backend).is_file()]
+    return [m for m in expected if m.is_file()] + variants, [m for m in expected if not m.is_file()]
 
 
 def artifact_models(artifact_dir: Path) -> list[Path]:

@@ -155,11 +155,59 @@ class ProgramInfo:
     pte: str | None = None
     sha256: str | None = None
     weights: str | None = None
+    size_bytes: int | None = None  # the .pte's size (from its sidecar)
 
     @classmethod
     def from_dict(cls, data: Any) -> ProgramInfo:
         fields = _mapping(data, "model")
-        return cls(*(_text(fields.get(name)) for name in ("name", "backend", "pte", "sha256", "weights")))
+        texts = (_text(fields.get(name)) for name in ("name", "backend", "pte", "sha256", "weights"))
+        return cls(*texts, size_bytes=_int(fields.get("size_bytes")))
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """A quantized run's outputs against the fp32 eager reference, and the gate's verdict on them."""
+
+    scheme: str
+    verdict: str  # pass | fail | unchecked
+    meaningful: bool  # False with random weights: the figures say little about real use
+    max_abs_error: float | None = None
+    top1_agreement: float | None = None  # exact argmax agreement
+    top1_within_noise: float | None = None  # counting flips between reference logits closer than the noise as ties
+    sqnr_db: float | None = None
+    top5_overlap: float | None = None
+    thresholds: dict[str, float] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+    note: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Accuracy | None:
+        if data is None:
+            return None
+        fields = _mapping(data, "accuracy")
+        verdict = fields.get("verdict")
+        if verdict not in ("pass", "fail", "unchecked"):
+            raise AnalysisError("summary.json: accuracy.verdict must be pass, fail or unchecked")
+        thresholds = _mapping(fields.get("thresholds"), "accuracy.thresholds")
+        reasons = fields.get("reasons") or []
+        return cls(
+            scheme=_text(fields.get("scheme")) or "?",
+            verdict=verdict,
+            meaningful=fields.get("meaningful") is True,
+            max_abs_error=_float(fields.get("max_abs_error")),
+            top1_agreement=_float(fields.get("top1_agreement")),
+            top1_within_noise=_float(fields.get("top1_within_noise")),
+            sqnr_db=_float(fields.get("sqnr_db")),
+            top5_overlap=_float(fields.get("top5_overlap")),
+            thresholds={k: v for k, v in thresholds.items() if _float(v) is not None},
+            reasons=tuple(str(r) for r in reasons) if isinstance(reasons, list) else (),
+            note=_text(fields.get("note")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dict(vars(self))
+        data["reasons"] = list(self.reasons)
+        return data
 
 
 @dataclass(frozen=True)
@@ -305,6 +353,7 @@ class RunSummary:
     profile: dict[str, Any] | None = None  # top layers, delegation split, operator types, overlay coverage
     memory: Memory | None = None
     counters: Counters | None = None
+    accuracy: Accuracy | None = None  # quantized programs only
 
     @classmethod
     def from_dict(cls, data: Any) -> RunSummary:
@@ -330,6 +379,7 @@ class RunSummary:
             profile=_mapping(profile, "profile") if profile is not None else None,
             memory=Memory.from_dict(fields.get("memory")),
             counters=Counters.from_dict(fields.get("counters")),
+            accuracy=Accuracy.from_dict(fields.get("accuracy")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -353,5 +403,7 @@ class RunSummary:
             data["memory"] = self.memory.to_dict()
         if self.counters is not None:
             data["counters"] = self.counters.to_dict()
+        if self.accuracy is not None:
+            data["accuracy"] = self.accuracy.to_dict()
         data["validity"] = self.validity.to_dict()
         return data

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.results.stats import distribution
-from orchestrator.results.summary import Latency, Reason, Validity, WarmLatency
+from orchestrator.results.summary import Accuracy, Latency, Reason, Validity, WarmLatency
 
 CV_LIMIT = 0.05  # warm iterations varying more than this make a run "degraded"
 HOT_CELSIUS = 80.0
@@ -147,14 +147,115 @@ def check_outputs(outputs: Path, reference: Path) -> dict[str, Any]:
     }
 
 
+def accuracy_figures(outputs: Path, reference: Path) -> dict[str, float | None] | str:
+    """Max abs error, top-1 agreement, SQNR (dB) and top-5 overlap of the outputs against the reference.
+
+    Over every floating-point output of the reference's shape; the last axis is the class (vocabulary) axis.
+    Returns a reason string when the outputs cannot be compared.
+    """
+    from orchestrator.tensorfile import TensorFileError, read_tensors
+
+    try:
+        got, want = read_tensors(outputs), read_tensors(reference)
+    except TensorFileError as exc:
+        return str(exc)
+    if len(got) != len(want):
+        return f"{len(got)} outputs, reference has {len(want)}"
+    signal = noise = 0.0
+    errors: list[float] = []
+    top1: list[float] = []
+    top1_within_noise: list[float] = []
+    top5: list[float] = []
+    for board, eager in zip(got, want, strict=True):
+        if board.shape != eager.shape:
+            return f"output {eager.name}: shape {board.shape}, reference {eager.shape}"
+        a, b = board.array.astype(np.float64), eager.array.astype(np.float64)
+        if not a.size or not np.issubdtype(eager.array.dtype, np.floating):
+            continue
+        if not np.all(np.isfinite(a)):
+            return f"output {eager.name} holds NaN or infinite values"
+        errors.append(float(np.max(np.abs(a - b))))
+        signal += float(np.sum(b * b))
+        noise += float(np.sum((a - b) ** 2))
+        if b.ndim >= 1 and b.shape[-1] > 1:
+            flat_a, flat_b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+            top_a, top_b = flat_a.argmax(axis=1), flat_b.argmax(axis=1)
+            top1.append(float(np.mean(top_a == top_b)))
+            # A flip between reference logits closer than twice the RMS error is a tie the noise decides.
+            rms = float(np.sqrt(np.mean((a - b) ** 2)))
+            rows = np.arange(len(flat_b))
+            margin = flat_b[rows, top_b] - flat_b[rows, top_a]
+            top1_within_noise.append(float(np.mean((top_a == top_b) | (margin <= 2 * rms))))
+            k = min(5, flat_b.shape[-1])
+            best_a, best_b = np.argsort(-flat_a, axis=1)[:, :k], np.argsort(-flat_b, axis=1)[:, :k]
+            top5.append(float(np.mean([len(set(x) & set(y)) / k for x, y in zip(best_a, best_b, strict=True)])))
+    if not errors:
+        return "no floating-point outputs to compare"
+    if noise == 0.0:
+        sqnr = math.inf
+    elif signal == 0.0:
+        sqnr = -math.inf
+    else:
+        sqnr = 10.0 * math.log10(signal / noise)
+    return {
+        "max_abs_error": max(errors),
+        "top1_agreement": min(top1) if top1 else None,
+        "top1_within_noise": min(top1_within_noise) if top1_within_noise else None,
+        "sqnr_db": sqnr if math.isfinite(sqnr) else (999.0 if sqnr > 0 else -999.0),
+        "top5_overlap": min(top5) if top5 else None,
+    }
+
+
+def judge_accuracy(
+    outputs: Path | None, reference: Path | None, scheme: str, thresholds: dict[str, float], weights: str | None
+) -> Accuracy:
+    """The accuracy gate: pass when SQNR, top-1 agreement and top-5 overlap reach their thresholds."""
+    meaningful = weights == "pretrained"
+    note = None if meaningful else f"weights {weights or 'unknown'}: accuracy figures are not meaningful"
+    if outputs is None or reference is None or not outputs.is_file() or not reference.is_file():
+        return Accuracy(scheme, "unchecked", meaningful, thresholds=thresholds, note="no outputs or reference")
+    figures = accuracy_figures(outputs, reference)
+    if isinstance(figures, str):
+        return Accuracy(scheme, "fail", meaningful, thresholds=thresholds, reasons=(figures,), note=note)
+    reasons = []
+    sqnr, top1, top5 = figures["sqnr_db"], figures["top1_agreement"], figures["top5_overlap"]
+    if sqnr is not None and sqnr < thresholds["min_sqnr_db"]:
+        reasons.append(f"SQNR {sqnr:.1f} dB < {thresholds['min_sqnr_db']:g} dB")
+    within = figures["top1_within_noise"]
+    if within is not None and within < thresholds["min_top1_agreement"]:
+        reasons.append(
+            f"top-1 agreement {within:.2f} < {thresholds['min_top1_agreement']:g} (ties within noise forgiven)"
+        )
+    if top5 is not None and top5 < thresholds["min_top5_overlap"]:
+        reasons.append(f"top-5 overlap {top5:.2f} < {thresholds['min_top5_overlap']:g}")
+    return Accuracy(
+        scheme,
+        "fail" if reasons else "pass",
+        meaningful,
+        max_abs_error=figures["max_abs_error"],
+        top1_agreement=top1,
+        top1_within_noise=within,
+        sqnr_db=sqnr,
+        top5_overlap=top5,
+        thresholds=dict(thresholds),
+        reasons=tuple(reasons),
+        note=note,
+    )
+
+
 def judge_validity(
     manifest: dict[str, Any],
     latency: Latency,
     board: dict[str, Any],
     correctness: dict[str, Any],
     notes: list[tuple[str, str]],
+    *,
+    quantized: bool = False,
 ) -> Validity:
-    """valid / degraded / invalid, with every reason. `notes` are (level, reason) pairs found along the way."""
+    """valid / degraded / invalid, with every reason. `notes` are (level, reason) pairs found along the way.
+
+    A quantized program's outputs differ from fp32 by design: they are judged by the accuracy gate instead.
+    """
     reasons = list(notes)
     status = manifest.get("status")
     if status != "ok":
@@ -162,7 +263,7 @@ def judge_validity(
         reasons.append(("invalid", f"runner status {status!r}: {error}"))
     if not latency.iterations:
         reasons.append(("invalid", "no measured iterations"))
-    if correctness.get("checked") and not correctness.get("ok"):
+    if correctness.get("checked") and not correctness.get("ok") and not quantized:
         reasons.append(("invalid", f"output mismatch: {correctness.get('reason')}"))
     if board["throttling_during_run"]:
         reasons.append(("degraded", f"throttling: {', '.join(board['throttling_during_run'])}"))

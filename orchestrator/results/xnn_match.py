@@ -9,7 +9,10 @@ XNNPACK keeps that order but does not map nodes one to one. Measured with ExecuT
 - a node may emit two: a binary node whose `output_min_max` is set becomes the op plus an inserted "Clamp";
 - XNNConcatenate reports only its first copy ("Copy (NC, X32)"); reshapes report "Static Reshape (NC)";
 - DistilBERT and GPT-2 (tiny and full size) are one event per node: FC, BMM, Add, Mul, TanH, GELU, Softmax,
-  Transpose, Static Reshape, Copy.
+  Transpose, Static Reshape, Copy;
+- quantized programs add XNNConvert nodes (to qdint8 / qint8 and back): a dynamic one before an FC emits nothing
+  (fused into the FC); a static one emits "Convert (NC)", except around a unary op, where convert → GELU → convert
+  becomes one lookup-table operator reported as "Invalid Unary Op" (the unary node's, its converts fused).
 
 From XNNPACK's operator list rather than measured here: on Arm with KleidiAI it may insert "Pack LH" operators
 that belong to no serialized node; their time is left unplaced.
@@ -36,7 +39,8 @@ from orchestrator.results.etdump import DelegateData
 XNNPACK_BACKEND = "XnnpackBackend"
 
 _BINARY = ("Binary Elementwise",)
-_UNARY = ("Unary Elementwise",)
+# A quantized unary (convert → op → convert, fused into one lookup-table operator) reports "Invalid Unary Op".
+_UNARY = ("Unary Elementwise", "Invalid Unary")
 
 # Serialized XNN node type -> base names of the runtime operators it can emit (the operator name before its
 # "(layout, types)" part). Names taken from XNNPACK's operator strings in the installed ExecuTorch wheel.
@@ -72,7 +76,7 @@ RUNTIME_NAMES: dict[str, tuple[str, ...]] = {
     "XNNLog": ("Log", *_UNARY),
     "XNNSin": ("Sine", *_UNARY),
     "XNNCos": ("Cosine", *_UNARY),
-    "XNNConvert": ("Convert",),
+    "XNNConvert": ("Convert", *_UNARY),
     "XNNStaticTranspose": ("Transpose",),
     "XNNStaticReshape": ("Static Reshape", "Copy"),
     "XNNCopy": ("Copy",),
@@ -89,8 +93,10 @@ RUNTIME_NAMES: dict[str, tuple[str, ...]] = {
     "XNNStaticResizeBilinear2D": ("Resize Bilinear",),
     "XNNScaledDotProductAttention": ("Scaled Dot-Product Attention",),
 }
-# Node types XNNPACK may fuse into their producer, leaving no operator of their own.
-FUSIBLE_TYPES = frozenset({"XNNClamp"})
+# Node types XNNPACK may fuse into a neighbour, leaving no operator of their own: a clamp into its producer, and
+# the dynamic quantization of a quantized fully-connected's input into that operator (measured, ExecuTorch 1.5.1:
+# int8-dynamic and 8da4w FCs report "Fully Connected (NC, QD8, F32, QC8W)" and no convert of their own).
+FUSIBLE_TYPES = frozenset({"XNNClamp", "XNNConvert"})
 # The operator XNNPACK appends to a node whose output_min_max it cannot fuse.
 OUTPUT_CLAMP = "Clamp"
 # Operators XNNPACK inserts that belong to no serialized node: their time stays unplaced.
@@ -138,10 +144,8 @@ def xnode_type_names() -> dict[int, str]:
     return {code: name for code, name in enumerate(names, start=1)}
 
 
-def read_xnn_nodes(delegate: DelegateData, pte: Path) -> list[XnnNode]:
-    """The serialized XNN nodes of one delegate payload, read without loading its constant data."""
-    from pte_adapter_model_explorer.executorch_flatbuffer import xnnpack_generated as xg
-
+def xnn_graph_buffer(delegate: DelegateData, pte: Path) -> bytes:
+    """The XNNGraph flatbuffer of one delegate payload, without its constant data."""
     head = delegate.read(pte, limit=32)
     if head[4:8] == b"XH00":
         flatbuffer_offset = int.from_bytes(head[10:14], "little")
@@ -151,6 +155,14 @@ def read_xnn_nodes(delegate: DelegateData, pte: Path) -> list[XnnNode]:
         buffer = delegate.read(pte)
     if buffer[4:8] != b"XN01":
         raise AnalysisError(f"{pte.name}: an XNNPACK payload has no XNNGraph (identifier {buffer[4:8]!r})")
+    return buffer
+
+
+def read_xnn_nodes(delegate: DelegateData, pte: Path) -> list[XnnNode]:
+    """The serialized XNN nodes of one delegate payload, read without loading its constant data."""
+    from pte_adapter_model_explorer.executorch_flatbuffer import xnnpack_generated as xg
+
+    buffer = xnn_graph_buffer(delegate, pte)
     names = xnode_type_names()
     try:
         graph = xg.XNNGraph.GetRootAs(buffer, 0)

@@ -1,0 +1,461 @@
+"""Quantized XNNPACK variants: int8 dynamic, int8 static (calibrated) and 8da4w, and what each one quantized.
+
+The flows are the ones ExecuTorch 1.5 documents: int8 through the XNNPACK quantizer with torchao's
+`prepare_pt2e`/`convert_pt2e`, and 8-bit dynamic activations with 4-bit grouped weights through torchao's
+`quantize_`. Two problems of the shipped packages are handled here, without patching them:
+
+- the XNNPACK quantizer's annotation transform turns *every* scalar operand of add/mul into a float tensor,
+  including integer index arithmetic (`arange(...) + 0` in transformers' mask code, GPT-2's position ids), and
+  calibration then fails ("tensors used as indices must be long..."). `IntegerSafeXnnpackQuantizer` leaves
+  integer add/mul alone;
+- HuggingFace GPT-2's `Conv1D` exports as `addmm`, which neither flow quantizes: `swap_conv1d` replaces each one
+  by the equivalent `nn.Linear` (transposed weight) first.
+
+Nothing here imports torch at module level: the schemes are plain names that the options and the nightly
+matrix check without it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMES = ("none", "int8-dynamic", "int8-static", "8da4w")
+QUANTIZED_SCHEMES = SCHEMES[1:]
+GROUP_SIZE = 32  # 8da4w weight group along the input features
+CALIBRATION_SAMPLES = 8  # generated samples when the user gives no calibration file
+QUANTIZED_BACKEND_PREFIX = "xnnpack-"
+
+METHODS = {
+    "int8-dynamic": "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, dynamic int8 activations), "
+    "prepare_pt2e/convert_pt2e",
+    "int8-static": "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, static int8 activations), "
+    "prepare_pt2e + calibration + convert_pt2e",
+    "8da4w": f"torchao quantize_: Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({GROUP_SIZE}))",
+}
+
+# XNNPACK datatype codes (schema.fbs XNNDatatype) -> names.
+XNN_DATATYPES = {
+    0: "invalid", 1: "fp32", 2: "fp16", 3: "qint8", 4: "quint8", 5: "qint32", 6: "qcint8", 7: "qcint32",
+    8: "qcint4", 9: "qdint8", 10: "qbint4", 11: "qpint8", 12: "int32", 13: "pfp32", 14: "bf16",
+}  # fmt: skip
+FLOAT_DATATYPES = frozenset({"fp32", "fp16", "bf16", "pfp32"})
+# What each scheme's fully-connected nodes must look like (input x weight), the check of the sidecar's claim.
+EXPECTED_FC = {
+    "none": "fp32 x fp32",
+    "int8-dynamic": "qdint8 x qcint8",
+    "int8-static": "qint8 x qcint8",
+    "8da4w": "qdint8 x qbint4",
+}
+
+
+def backend_for(scheme: str) -> str:
+    """`int8-dynamic` → `xnnpack-int8-dynamic`; `none` → `xnnpack`."""
+    return "xnnpack" if scheme == "none" else QUANTIZED_BACKEND_PREFIX + scheme
+
+
+def scheme_of(backend: str) -> str:
+    """The quantization scheme of a backend name: `xnnpack-8da4w` → `8da4w`, `xnnpack`/`portable` → `none`."""
+    if backend.startswith(QUANTIZED_BACKEND_PREFIX) and backend[len(QUANTIZED_BACKEND_PREFIX) :] in QUANTIZED_SCHEMES:
+        return backend[len(QUANTIZED_BACKEND_PREFIX) :]
+    return "none"
+
+
+def is_quantized(backend: str) -> bool:
+    return scheme_of(backend) != "none"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The model side: Conv1D → Linear, and which linears exist
+
+
+def swap_conv1d(module: Any) -> list[str]:
+    """Replace every HuggingFace `Conv1D` by the equivalent `nn.Linear`, in place; returns the swapped names."""
+    import torch
+
+    swapped = []
+    for name, child in list(module.named_modules()):
+        if type(child).__name__ != "Conv1D" or not hasattr(child, "nf"):
+            continue
+        weight = child.weight.detach()  # Conv1D stores [in, out]; Linear wants [out, in]
+        linear = torch.nn.Linear(weight.shape[0], weight.shape[1], bias=child.bias is not None)
+        with torch.no_grad():
+            linear.weight.copy_(weight.t().contiguous())
+            if child.bias is not None:
+                linear.bias.copy_(child.bias.detach())
+        parent_name, _, attr = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, attr, linear)
+        swapped.append(name)
+    return swapped
+
+
+def linear_layers(module: Any) -> list[str]:
+    """Names of the layers that compute a linear (nn.Linear, and Conv1D left unswapped)."""
+    import torch
+
+    return [
+        name
+        for name, child in module.named_modules()
+        if isinstance(child, torch.nn.Linear) or type(child).__name__ == "Conv1D"
+    ]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The integer-scalar workaround
+
+
+def integer_safe_quantizer(is_dynamic: bool) -> Any:
+    """An XNNPACK quantizer (symmetric, per-channel) whose scalar transform spares integer arithmetic."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    class IntegerSafeXnnpackQuantizer(XNNPACKQuantizer):
+        """`transform_for_annotation` turns only floating-point add/mul scalars into tensor constants."""
+
+        def transform_for_annotation(self, model: Any) -> Any:
+            return convert_float_scalars_to_attrs(model)
+
+    quantizer = IntegerSafeXnnpackQuantizer()
+    quantizer.set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=is_dynamic))
+    return quantizer
+
+
+def shipped_quantizer(is_dynamic: bool) -> Any:
+    """The XNNPACK quantizer as shipped (for the test that shows why the workaround exists)."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    quantizer = XNNPACKQuantizer()
+    quantizer.set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=is_dynamic))
+    return quantizer
+
+
+def _is_float_node(node: Any) -> bool:
+    import torch
+
+    value = node.meta.get("val") if hasattr(node, "meta") else None
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and dtype.is_floating_point and dtype != torch.bool
+
+
+def convert_float_scalars_to_attrs(model: Any) -> Any:
+    """As the quantizer's `_convert_scalars_to_attrs`, but only for add/mul whose result is floating point.
+
+    Integer add/mul (index arithmetic) keep their Python scalars: made float, they break indexing ops.
+    """
+    import torch
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import get_new_attr_name_with_prefix
+
+    for node in model.graph.nodes:
+        if node.op != "call_function" or node.target not in (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor):
+            continue
+        if not _is_float_node(node):
+            continue
+        new_args = []
+        for arg in node.args:
+            if isinstance(arg, torch.fx.Node):
+                new_args.append(arg)
+                continue
+            name = get_new_attr_name_with_prefix("_tensor_constant_")(model)
+            constant = torch.tensor(float(arg))
+            model.register_buffer(name, constant)
+            with model.graph.inserting_before(node):
+                attr = model.graph.create_node("get_attr", name, (), {})
+                attr.meta["val"] = node.meta["val"].fake_mode.from_tensor(constant, static_shapes=True)
+            new_args.append(attr)
+        node.args = tuple(new_args)
+    model.recompile()
+    return model
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Applying a scheme
+
+
+@dataclass
+class Quantized:
+    """A quantized program ready for `to_edge_transform_and_lower`, and how it came about."""
+
+    program: Any  # torch.export.ExportedProgram
+    report: dict[str, Any]
+
+
+def quantize(
+    module: Any,
+    example_args: tuple,
+    scheme: str,
+    *,
+    calibration: list[tuple] | None = None,
+    calibration_source: str | None = None,
+    quantizer: Any = None,
+) -> Quantized:
+    """Quantize an eager module (a copy; the original is untouched) and export it.
+
+    `calibration` is a list of argument tuples for int8-static; `quantizer` overrides the PT2E quantizer (tests).
+    """
+    import torch
+
+    if scheme not in QUANTIZED_SCHEMES:
+        raise ValueError(f"not a quantization scheme: {scheme!r}")
+    model = copy.deepcopy(module).eval()
+    swapped = swap_conv1d(model)
+    linears = linear_layers(model)
+    if scheme == "8da4w":
+        skipped = _apply_8da4w(model)
+        with torch.no_grad():
+            program = torch.export.export(model, example_args, strict=False)
+        float_layers = sorted(skipped)
+    else:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+        dynamic = scheme == "int8-dynamic"
+        quantizer = quantizer or integer_safe_quantizer(is_dynamic=dynamic)
+        captured = torch.export.export(model, example_args, strict=False).module()
+        prepared = prepare_pt2e(captured, quantizer)
+        samples = [example_args] if dynamic or not calibration else calibration
+        with torch.no_grad():
+            for sample in samples:
+                prepared(*sample)
+        converted = convert_pt2e(prepared)
+        with torch.no_grad():
+            program = torch.export.export(converted, example_args, strict=False)
+        float_layers = _float_linears(program, linears)
+    report = {
+        "scheme": scheme,
+        "method": METHODS[scheme],
+        "conv1d_swapped_to_linear": len(swapped),
+        "linear_layers": len(linears),
+        "quantized_linears": len(linears) - len(float_layers),
+        "float_linears": float_layers,
+        "calibration": _calibration_record(scheme, calibration, calibration_source),
+    }
+    return Quantized(program, report)
+
+
+def _apply_8da4w(model: Any) -> list[str]:
+    """torchao `quantize_` on every linear whose input features divide into groups; returns the others."""
+    import torch
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    skipped = [
+        name
+        for name, child in model.named_modules()
+        if isinstance(child, torch.nn.Linear) and child.in_features % GROUP_SIZE
+    ]
+
+    def groupable(child: Any, _fqn: str) -> bool:
+        return isinstance(child, torch.nn.Linear) and child.in_features % GROUP_SIZE == 0
+
+    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP_SIZE))
+    quantize_(model, config, filter_fn=groupable)
+    return skipped
+
+
+_DEQUANTIZE = ("dequantize_per_channel", "dequantize_per_tensor", "dequantize_affine", "dequantize")
+_PASS_THROUGH = ("t.default", "permute", "transpose", "view", "reshape", "_to_copy", "clone")
+
+
+def _produced_by_dequantize(node: Any) -> bool:
+    import torch
+
+    for _ in range(4):  # weight → (transpose/view)* → dequantize
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+            return False
+        name = str(node.target)
+        if any(part in name for part in _DEQUANTIZE):
+            return True
+        if not any(part in name for part in _PASS_THROUGH) or not node.args:
+            return False
+        node = node.args[0]
+    return False
+
+
+def _float_linears(program: Any, linears: list[str]) -> list[str]:
+    """The linear layers whose weight does not come out of a dequantize in the quantized graph."""
+    float_layers = []
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = str(node.target)
+        if "aten.linear" in name:
+            weight = node.args[1]
+        elif "aten.addmm" in name:
+            weight = node.args[2]
+        else:
+            continue
+        if _produced_by_dequantize(weight):
+            continue
+        stack = node.meta.get("nn_module_stack") or {}
+        path = list(stack.values())[-1][0] if stack else node.name
+        float_layers.append(_module_name(str(path), linears))
+    return sorted(set(float_layers))
+
+
+def _module_name(path: str, linears: list[str]) -> str:
+    """nn_module_stack paths look like `L['self'].model.lm_head` or `model.lm_head`; map to a layer name."""
+    cleaned = path.replace("L['self'].", "").replace("L['self']", "")
+    return next((name for name in linears if cleaned.endswith(name)), cleaned)
+
+
+def _calibration_record(scheme: str, calibration: list[tuple] | None, source: str | None) -> dict[str, Any] | None:
+    if scheme != "int8-static":
+        return None
+    return {"source": source or "generated", "samples": len(calibration or [])}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Calibration data
+
+
+def generated_calibration(reference_args: tuple, vocab_size: int, samples: int = CALIBRATION_SAMPLES) -> list[tuple]:
+    """Deterministic samples shaped like the reference inputs: random token ids, varied real lengths."""
+    import torch
+
+    input_ids, attention_mask = reference_args
+    generator = torch.Generator().manual_seed(1234)
+    seq_len = input_ids.shape[1]
+    result = [reference_args]
+    low = min(1000, vocab_size // 2)
+    for index in range(samples - 1):
+        real = max(1, seq_len * (index + 2) // (samples + 1))
+        ids = torch.zeros_like(input_ids)
+        ids[0, :real] = torch.randint(low, vocab_size, (real,), generator=generator)
+        # Keep a [MASK] where the reference has one, so fill-mask models see it.
+        mask_positions = (input_ids[0] != 0) & (input_ids[0] < low)
+        ids[0, mask_positions] = input_ids[0, mask_positions]
+        mask = torch.zeros_like(attention_mask)
+        mask[0, : max(real, int(mask_positions.nonzero().max()) + 1 if mask_positions.any() else real)] = 1
+        result.append((ids, mask))
+    return result
+
+
+def calibration_from_file(path: Path, seq_len: int, vocab_size: int) -> list[tuple]:
+    """Samples from an ETLT file (input_ids [N, seq] and optionally attention_mask) or JSON token-id lists."""
+    import json
+
+    import numpy as np
+    import torch
+
+    from orchestrator.errors import UsageError
+
+    where = f"--calibration {path}"
+    if not path.is_file():
+        raise UsageError(f"{where}: no such file")
+    rows: list[tuple[list[int], list[int] | None]] = []
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{where}: not valid JSON ({exc})") from None
+        samples = data.get("samples", data) if isinstance(data, dict) else data
+        if not isinstance(samples, list) or not samples:
+            raise UsageError(f"{where}: expected a list of token-id lists (or {{'samples': [...]}})")
+        for number, sample in enumerate(samples):
+            ids = sample.get("input_ids") if isinstance(sample, dict) else sample
+            if (
+                not isinstance(ids, list)
+                or not ids
+                or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+            ):
+                raise UsageError(f"{where}: sample {number} is not a non-empty list of integer token ids")
+            rows.append((ids, None))
+    else:
+        from orchestrator.tensorfile import TensorFileError, read_tensors
+
+        try:
+            tensors = {t.name: t.array for t in read_tensors(path)}
+        except TensorFileError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        ids_array = tensors.get("input_ids")
+        if ids_array is None or ids_array.ndim != 2 or not np.issubdtype(ids_array.dtype, np.integer):
+            raise UsageError(f"{where}: needs an integer tensor 'input_ids' of shape [samples, seq_len]")
+        masks = tensors.get("attention_mask")
+        for index in range(ids_array.shape[0]):
+            mask = None if masks is None else [int(v) for v in masks[index]]
+            rows.append(([int(v) for v in ids_array[index]], mask))
+    result = []
+    for number, (ids, mask) in enumerate(rows):
+        if any(t < 0 or t >= vocab_size for t in ids):
+            raise UsageError(f"{where}: sample {number} has token ids outside 0..{vocab_size - 1}")
+        ids = ids[:seq_len]
+        real = len(ids) if mask is None else min(seq_len, sum(1 for v in mask[:seq_len] if v))
+        padded = torch.zeros((1, seq_len), dtype=torch.int64)
+        padded[0, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        attention = torch.zeros((1, seq_len), dtype=torch.int64)
+        attention[0, : max(1, real)] = 1
+        result.append((padded, attention))
+    if len(result) < 2:
+        raise UsageError(f"{where}: give several samples (found {len(result)}); calibration needs variety")
+    return result
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Reading what the lowered program really contains
+
+
+def fully_connected_types(pte: Path) -> Counter[str]:
+    """FullyConnected nodes of every XNNPACK delegate of `forward`, counted by `input x weight` datatype."""
+    from pte_adapter_model_explorer.executorch_flatbuffer import xnnpack_generated as xg
+
+    from orchestrator.results.etdump import read_program_plan
+    from orchestrator.results.xnn_match import XNNPACK_BACKEND, xnn_graph_buffer
+
+    counts: Counter[str] = Counter()
+    plan = read_program_plan(pte, "forward")
+    for instruction in plan.instructions:
+        if instruction.backend != XNNPACK_BACKEND or instruction.delegate is None:
+            continue
+        buffer = xnn_graph_buffer(instruction.delegate, pte)
+        graph = xg.XNNGraph.GetRootAs(buffer, 0)
+        datatypes = {}
+        for index in range(graph.XvaluesLength()):
+            datatypes.update(_value_datatype(xg, graph.Xvalues(index)))
+        for index in range(graph.XnodesLength()):
+            xnode = graph.Xnodes(index)
+            if xnode.XnodeUnionType() != xg.XNodeUnion.XNNFullyConnected:
+                continue
+            fc = xg.XNNFullyConnected()
+            fc.Init(xnode.XnodeUnion().Bytes, xnode.XnodeUnion().Pos)
+            counts[f"{datatypes.get(fc.Input1Id(), '?')} x {datatypes.get(fc.FilterId(), '?')}"] += 1
+    return counts
+
+
+def _value_datatype(xg: Any, value: Any) -> dict[int, str]:
+    kind, table = value.XvalueUnionType(), value.XvalueUnion()
+    if table is None:
+        return {}
+    if kind == xg.XValueUnion.XNNQuantizedTensorValue:
+        quantized = xg.XNNQuantizedTensorValue()
+        quantized.Init(table.Bytes, table.Pos)
+        tensor = quantized.TensorValue()
+    elif kind == xg.XValueUnion.XNNTensorValue:
+        tensor = xg.XNNTensorValue()
+        tensor.Init(table.Bytes, table.Pos)
+    else:
+        return {}
+    if tensor is None:
+        return {}
+    return {tensor.IdOut(): XNN_DATATYPES.get(tensor.Datatype(), f"type{tensor.Datatype()}")}
+
+
+def node_report(pte: Path, scheme: str, fallback_histogram: dict[str, int]) -> dict[str, Any]:
+    """What the lowered program holds: FC nodes by datatype inside the delegates, and linears left outside."""
+    types = fully_connected_types(pte)
+    quantized = sum(n for kind, n in types.items() if kind.split(" x ")[-1] not in FLOAT_DATATYPES)
+    outside = {op: n for op, n in fallback_histogram.items() if any(k in op for k in ("addmm", "linear", ".mm."))}
+    return {
+        "fully_connected": dict(sorted(types.items())),
+        "quantized_fully_connected": quantized,
+        "float_fully_connected": sum(types.values()) - quantized,
+        "expected_fully_connected": EXPECTED_FC[scheme],
+        "linears_outside_delegates": outside,
+    }

@@ -98,7 +98,8 @@ def fab_argv(*args: str, lab: Lab) -> list[str]:
 
 
 def fab_env(results: Path) -> dict[str, str]:
-    return {**os.environ, "ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results)}
+    # Wide enough that the boards table never cuts a cell the tests read.
+    return {**os.environ, "ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results), "COLUMNS": "400"}
 
 
 def fab(*args: str, lab: Lab, results: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:

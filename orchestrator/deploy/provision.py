@@ -315,6 +315,8 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
     _check_prerequisites(name, facts)
     try:
         place = build_place(conn.board.build, facts["arch"], facts)
+    except BoardSetupError as exc:  # a board that cannot be set up is not an unreachable one: keep the class
+        raise BoardSetupError(f"{name}: {exc}") from None
     except BoardError as exc:
         raise BoardError(f"{name}: {exc}") from None
     console.info(console.escape(f"  {name}: provisioning ({'; '.join(reasons)})"))

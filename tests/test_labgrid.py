@@ -99,7 +99,7 @@ def fab_argv(*args: str, lab: Lab) -> list[str]:
 
 def fab_env(results: Path) -> dict[str, str]:
     # Wide enough that the boards table never cuts a cell the tests read.
-    return {**os.environ, "ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results), "COLUMNS": "400"}
+    return {**os.environ, "ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results), "ETLAB_WIDTH": "400"}
 
 
 def fab(*args: str, lab: Lab, results: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -135,7 +135,8 @@ def test_identical_nights_then_injected_slowdown(
     record = verdict_of(tmp_path, "2026-11-04")
     retest = record.verdict_info["retest"]
     assert record.verdict == "regression" and retest["confirmed"] and retest["change"] == "slower", retest
-    assert retest["rounds"] >= 3 and retest["median_b_ms"] > 2 * retest["median_a_ms"]
+    # The wider program runs about 2x slower; the bound sits far beyond noise and min_effect, yet below that.
+    assert retest["rounds"] >= 3 and retest["median_b_ms"] > 1.3 * retest["median_a_ms"]
     junit = ET.parse(tmp_path / "reports" / "nightly-2026-11-04.junit.xml").getroot()
     failure = junit.find("testcase/failure")
     assert failure is not None and failure.get("type") == "regression"

@@ -170,7 +170,8 @@ def summary(args: argparse.Namespace, figures: Figures, seconds: float) -> list[
     if costs:
         lines.append(
             f"re-test cost per suspected cell: median {np.median(costs):.1f} s, max {max(costs):.1f} s "
-            f"over {len(costs)} re-tests ({args.rounds} rounds of {args.iterations_per_run} iterations, "
+            f"over {len(costs)} re-tests ({args.rounds} rounds of "
+            f"{args.iterations_per_run or 'about 1 s of'} iterations, "
             f"budget {args.retest_seconds:g} s)"
         )
     lines.append(f"total time {seconds:.0f} s")
@@ -194,11 +195,16 @@ def main() -> int:
     parser.add_argument("--widen", type=factors, default=factors("1.05,1.10,1.15,1.20,1.30"),
                         help="feed-forward widenings (default 1.05,1.10,1.15,1.20,1.30)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=8, help="A/B rounds per re-test (default 8, as the nightly)")
-    parser.add_argument("--iterations-per-run", type=int, default=8, help="timed iterations per A/B run (default 8)")
+    parser.add_argument(
+        "--iterations-per-run",
+        type=int,
+        default=None,
+        help="timed iterations per A/B run (default: about a second of them, as the nightly)",
+    )
     parser.add_argument("--retest-seconds", type=float, default=120.0, help="budget per re-test (default 120)")
     args = parser.parse_args()
-    if args.nights < 0 or args.trials < 1 or args.rounds < 3 or args.iterations < 5:
-        parser.error("need --nights >= 0, --trials >= 1, --rounds >= 3 and --iterations >= 5")
+    if args.nights < 0 or args.trials < 1 or args.rounds < 5 or args.iterations < 5:
+        parser.error("need --nights >= 0, --trials >= 1, --rounds >= 5 and --iterations >= 5")
     started = time.monotonic()
     figures = Figures()
     with tempfile.TemporaryDirectory(prefix="bench-verdicts-") as tmp:

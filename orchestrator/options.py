@@ -22,7 +22,7 @@ MAX_COUNT = 1_000_000  # iterations, warmup runs: far beyond any real run, well 
 MAX_THREADS = 4096
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: a budget or timeout beyond it is a typo
 MAX_KEEP = 1_000_000
-MIN_AB_ROUNDS = 3  # as deploy/abtest.py: fewer rounds never confirm anything
+MIN_AB_ROUNDS = 5  # as deploy/abtest.py: fewer rounds never confirm anything
 MAX_AB_ROUNDS = 1000
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]+")  # as the board agent names bundle folders
 
@@ -88,7 +88,7 @@ def run_id(value: Any, option: str = "--run") -> str:
 
 
 def ab_rounds(value: Any, option: str = "--interleave") -> int:
-    """`compare --interleave N`: 0 (no re-test) or the rounds of the interleaved A/B re-test, at least 3."""
+    """`compare --interleave N`: 0 (no re-test) or the rounds of the interleaved A/B re-test, at least 5."""
     rounds = count(option, value, minimum=0, maximum=MAX_AB_ROUNDS)
     if 0 < rounds < MIN_AB_ROUNDS:
         raise UsageError(

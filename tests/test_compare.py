@@ -274,10 +274,10 @@ def test_interleaved_retest_confirms_a_really_slower_program(local_board: Any, t
     reference_inputs = built["distilbert-small"].paths.reference_inputs
     inputs = (reference_inputs, fast.sidecar["files"]["reference_inputs"]["sha256"])
     with connect(local_board) as conn:
-        result = interleave(conn, a, b, inputs, RunParams(warmup=2), rounds=4, budget_seconds=0, iterations_per_run=6)
+        result = interleave(conn, a, b, inputs, RunParams(warmup=2), rounds=5, budget_seconds=0)
         leftovers = conn.run(["ls", f"{conn.workdir}/bundles"], check=False).stdout
     assert result.error is None, result.error
-    assert result.rounds == 3 or result.rounds == 4
+    assert result.rounds == 5 and result.iterations_per_run >= 5
     assert result.confirmed and result.change == "slower", result.reason
     assert "-ab" not in leftovers, "re-test bundles are scratch"
     comparison = Comparison(tmp_path, tmp_path, "a", "b", compare_samples([1.0] * 8, [1.0] * 8), None, None, [])
@@ -350,25 +350,26 @@ def compare_report(lab: dict[str, Any], a: str, b: str) -> dict[str, Any]:
 
 
 def test_fab_compare_interleave_confirms_a_really_slower_program(small_lab: dict[str, Any]) -> None:
-    result = fab_compare(small_lab, "a", "slow", "--interleave", "4", "--board", "local")
+    result = fab_compare(small_lab, "a", "slow", "--interleave", "5", "--board", "local")
     assert result.returncode == 1, result.stdout + result.stderr
     output = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
     assert "verdict: regression: confirmed slower" in output
     report = compare_report(small_lab, "a", "slow")
     retest = report["retest"]
     assert report["verdict"] == "regression" and retest["confirmed"] and retest["change"] == "slower", retest
-    assert retest["rounds"] == 4 and retest["median_b_ms"] > 1.3 * retest["median_a_ms"]
-    assert retest["budget_seconds"] == 180 and f"4 rounds in {retest['seconds']:.0f} s (budget 180 s)" in output
+    assert retest["rounds"] == 5 and retest["median_b_ms"] > 1.3 * retest["median_a_ms"]
+    taken = f"5 rounds of {retest['iterations_per_run']} iterations in {retest['seconds']:.0f} s (budget 180 s)"
+    assert retest["budget_seconds"] == 180 and taken in output
 
 
 def test_fab_compare_interleave_same_program_is_never_a_regression(small_lab: dict[str, Any]) -> None:
-    # A budget of 0 s: the re-test stops after the 3 rounds it needs at least, not the 8 asked for.
+    # A budget of 0 s: the re-test stops after the 5 rounds it needs at least, not the 8 asked for.
     result = fab_compare(small_lab, "a", "a2", "--interleave", "8", "--board", "local", "--retest-seconds", "0")
     assert result.returncode == 0, result.stdout + result.stderr
     report = compare_report(small_lab, "a", "a2")
     assert report["verdict"] in ("ok", "drift"), report["verdict_detail"]
-    assert report["verdict_detail"].startswith("no program change; interleaved, 3 rounds in ")
-    assert report["retest"]["rounds"] == 3 and report["retest"]["budget_seconds"] == 0
+    assert report["verdict_detail"].startswith("no program change; interleaved, 5 rounds of ")
+    assert report["retest"]["rounds"] == 5 and report["retest"]["budget_seconds"] == 0
     output = " ".join((result.stdout + result.stderr).split())
     assert f"verdict: {report['verdict']}: no program change" in output and "REGRESSION" not in output.upper()
 
@@ -376,12 +377,12 @@ def test_fab_compare_interleave_same_program_is_never_a_regression(small_lab: di
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--interleave", "2", "--board", "local"], "--interleave must be a number of rounds from 3 to 1000"),
+        (["--interleave", "2", "--board", "local"], "--interleave must be a number of rounds from 5 to 1000"),
         (["--interleave", "abc", "--board", "local"], "--interleave must be a whole number"),
-        (["--interleave", "3"], "--interleave needs exactly one --board"),
-        (["--interleave", "3", "--board", "local,local"], "--interleave needs exactly one --board"),
-        (["--interleave", "3", "--board", "local", "--retest-seconds", "nan"], "--retest-seconds must be a finite"),
-        (["--interleave", "3", "--board", "local", "--retest-seconds=-1"], "--retest-seconds must be a number"),
+        (["--interleave", "5"], "--interleave needs exactly one --board"),
+        (["--interleave", "5", "--board", "local,local"], "--interleave needs exactly one --board"),
+        (["--interleave", "5", "--board", "local", "--retest-seconds", "nan"], "--retest-seconds must be a finite"),
+        (["--interleave", "5", "--board", "local", "--retest-seconds=-1"], "--retest-seconds must be a number"),
         (["--board", "local"], "--board only applies to the interleaved re-test"),
     ],
 )

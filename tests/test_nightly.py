@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from orchestrator.boards.inventory import Board, load_inventory
-from orchestrator.deploy.abtest import Interleaved, decide
+from orchestrator.deploy.abtest import Interleaved, decide, iterations_for, sign_test
 from orchestrator.errors import InventoryError
 from orchestrator.lab.history import History, RunRecord
 from orchestrator.lab.matrix import load_config
@@ -159,7 +159,8 @@ def test_identical_nights_then_injected_slowdown(
     assert screenshot.stat().st_size > 10_000
 
 
-def test_changed_program_under_noise_is_never_a_regression(local_board: Board, tmp_path: Path) -> None:
+@pytest.mark.parametrize("repeat", range(REPEATS))
+def test_changed_program_under_noise_is_never_a_regression(local_board: Board, tmp_path: Path, repeat: int) -> None:
     matrix = [{"models": [str(SPECS / "distilbert-small.json")], "backends": ["xnnpack"], "boards": ["local"]}]
     section = nightly_section(tmp_path, matrix)
     inventory = write_inventory(tmp_path / "inventory.yaml", [local_board], nightly=section)
@@ -311,8 +312,27 @@ def test_interleaved_retest_confirms_only_a_shift_that_survives() -> None:
     result = Interleaved(rounds=6, seconds=3.0, a_ms=a, b_ms=slow_b, round_ratios=[r * 3 for r in ratios],
                          change=change, confirmed=True, reason=reason)  # fmt: skip
     assert confirm(suspected, result).verdict == Kind.REGRESSION
-    # Fewer than three rounds never confirm anything.
-    assert not decide(a[:12], slow_b[:12], ratios[:2], min_effect=0.05)[1]
+    # Fewer than five rounds never confirm anything, however slow B is.
+    assert not decide(a[:24], slow_b[:24], [r * 3 for r in ratios[:4]], min_effect=0.05)[1]
+
+
+def test_a_busy_board_that_switches_between_two_speeds_confirms_nothing() -> None:
+    # Measured under a CPU hog: a short run lands wholly at ~14 or ~29 ms per iteration, at random. Five of six
+    # rounds (or 75%) can then favour A by chance (p = 0.11): the sign test keeps that from being a regression.
+    rng = np.random.default_rng(3)
+    a, b, ratios = [], [], []
+    for slow_a, slow_b in ((0, 1), (1, 0), (0, 1), (0, 1), (0, 1), (0, 1)):
+        round_a = list((29.0 if slow_a else 14.0) * rng.lognormal(0, 0.03, 5))
+        round_b = list((29.0 if slow_b else 14.0) * rng.lognormal(0, 0.03, 5))
+        a += round_a
+        b += round_b
+        ratios.append(float(np.median(round_b) / np.median(round_a)))
+    assert sum(r > 1 for r in ratios) == 5, "the pattern under test: 5 of 6 rounds slower, pooled +50% or more"
+    change, confirmed, reason = decide(a, b, ratios, min_effect=0.05, expect="slower")
+    assert change == "slower" and not confirmed and "sign test p=0.11" in reason, reason
+    assert sign_test(5, 5) < 0.05 < sign_test(5, 6) and sign_test(7, 8) < 0.05 < sign_test(6, 8)
+    # A run lasts about a second at the probe's pace, within bounds.
+    assert iterations_for(8.0, 1.0) == 125 and iterations_for(400.0, 1.0) == 5 and iterations_for(0.01, 1.0) == 200
 
 
 def test_one_baseline_night_is_not_enough() -> None:

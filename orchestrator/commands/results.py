@@ -125,7 +125,7 @@ def compare(
     """Compare two runs; with `interleave` rounds, re-run both programs alternately on one board first.
 
     The re-test stops starting rounds once `retest_seconds` (default: the nightly's 180 s) are spent, after at
-    least 3 rounds. Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
+    least 5 rounds. Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
     """
     from orchestrator.boards import labgrid
     from orchestrator.commands.common import select_boards, split_list
@@ -143,7 +143,9 @@ def compare(
         raise UsageError(f"--interleave must be a number of rounds >= {MIN_ROUNDS}, got {interleave}")
     if not interleave and (board or retest_seconds is not None):
         given = "--board" if board else "--retest-seconds"
-        raise UsageError(f"{given} only applies to the interleaved re-test", hint="add --interleave N (N >= 3)")
+        raise UsageError(
+            f"{given} only applies to the interleaved re-test", hint=f"add --interleave N (N >= {MIN_ROUNDS})"
+        )
     boards = []
     if interleave:
         if len(split_list(board) or []) != 1:
@@ -166,9 +168,7 @@ def compare(
             )
         )
         with labgrid.job(boards[0]) as target, connect(target) as conn:
-            result = run_interleaved(
-                conn, a, b, inputs, RunParams(), rounds=interleave, budget_seconds=budget, iterations_per_run=10
-            )
+            result = run_interleaved(conn, a, b, inputs, RunParams(), rounds=interleave, budget_seconds=budget)
         interleaved_verdict(comparison, result)
         if comparison.report:
             atomic_write_json(comparison.report, comparison.to_dict())

@@ -5,6 +5,11 @@ round falls on each side equally often), each run a few timed iterations with th
 warmup. Both programs are measured in the same minutes, so whatever the board does (a background job, thermal
 drift) falls on both; the samples of A are then compared with those of B.
 
+Each run lasts about `DEFAULT_RUN_SECONDS` of timed iterations (sized by a short probe run of A): under
+contention a short run lands wholly in one scheduling regime (on this machine, under a CPU hog, a 5-iteration run
+took either about 14 ms or 29 ms per iteration, at random), so a run of a second or more is needed to average the
+board's states out. The run, not the iteration, is the unit of independence.
+
 The board lock is taken per run (each run is one agent `profile`, which holds the lock while it runs); between
 runs another job may take the board, which costs time but never mixes measurements. The re-test is bounded by a
 time budget: it stops after the round that spends it (at least `MIN_ROUNDS` rounds, unless a run fails).
@@ -13,11 +18,13 @@ A shift is confirmed only when all of these agree:
 1. the pooled samples differ (stats.compare_samples: Mann-Whitney U, bootstrap CI of the median ratio, the
    minimum effect) in the suspected direction;
 2. the paired per-round ratio median(B_r) / median(A_r), whose median is beyond the minimum effect the same way;
-3. at least `AGREEMENT` of the rounds point the same way (a sign test in spirit: one busy round cannot decide).
+3. at least `AGREEMENT` of the rounds point the same way, and so many that chance is ruled out: a one-sided sign
+   test over the rounds at `SIGN_ALPHA` (5 of 5 rounds, 7 of 8; fewer than `MIN_ROUNDS` rounds never confirm).
 """
 
 from __future__ import annotations
 
+import math
 import posixpath
 import time
 from dataclasses import dataclass, field
@@ -34,10 +41,14 @@ from orchestrator.results.store import new_run_id
 from orchestrator.transport import BoardConnection
 from orchestrator.transport.transfer import push_file
 
-MIN_ROUNDS = 3
+MIN_ROUNDS = 5  # the fewest rounds whose unanimous agreement passes the sign test (1/32 < SIGN_ALPHA)
 DEFAULT_ROUNDS = 8
 DEFAULT_RETEST_SECONDS = 180.0
+DEFAULT_RUN_SECONDS = 1.0  # timed work per run: long enough to average a busy board's scheduling states
 AGREEMENT = 0.75
+SIGN_ALPHA = 0.05
+PROBE_ITERATIONS = 5
+MIN_ITERATIONS_PER_RUN, MAX_ITERATIONS_PER_RUN = 5, 200
 MAX_SAMPLES_PER_RUN = 1000  # a board's timings.json is untrusted: never take more than this
 
 
@@ -55,6 +66,7 @@ class Interleaved:
     """The samples and the decision of one interleaved A/B re-test."""
 
     rounds: int = 0
+    iterations_per_run: int = 0
     seconds: float = 0.0
     budget_seconds: float | None = None  # None: unbounded
     a_ms: list[float] = field(default_factory=list)
@@ -77,7 +89,7 @@ class Interleaved:
     def timing(self) -> str:
         """ "4 rounds in 12 s (budget 180 s)": what the re-test cost, for reports."""
         budget = f" (budget {self.budget_seconds:g} s)" if self.budget_seconds is not None else ""
-        return f"{self.rounds} rounds in {self.seconds:.0f} s{budget}"
+        return f"{self.rounds} rounds of {self.iterations_per_run} iterations in {self.seconds:.0f} s{budget}"
 
     @property
     def ratio(self) -> float | None:
@@ -87,6 +99,7 @@ class Interleaved:
     def to_dict(self) -> dict[str, Any]:
         return {
             "rounds": self.rounds,
+            "iterations_per_run": self.iterations_per_run,
             "seconds": round(self.seconds, 3),
             "budget_seconds": self.budget_seconds,
             "median_a_ms": self.median_a_ms,
@@ -111,17 +124,33 @@ def decide(
     # The way the rounds must agree on: the pooled change's, else the suspected one, else the paired ratio's.
     direction = pooled.change if pooled.is_change else expect or ("slower" if paired > 1.0 else "faster")
     way = 1.0 if direction == "slower" else -1.0
-    agreeing = sum((ratio - 1.0) * way > 0 for ratio in round_ratios) / len(round_ratios)
-    figures = f"paired ratio {paired:.3f} over {len(round_ratios)} rounds, {agreeing:.0%} of rounds {direction}"
+    agree = sum((ratio - 1.0) * way > 0 for ratio in round_ratios)
+    agreeing = agree / len(round_ratios)
+    chance = sign_test(agree, len(round_ratios))
+    figures = (
+        f"paired ratio {paired:.3f} over {len(round_ratios)} rounds, {agreeing:.0%} of rounds {direction} "
+        f"(sign test p={chance:.2g})"
+    )
     if not pooled.is_change:
         return pooled.change, False, f"interleaved: {pooled.reason}; {figures}"
     if expect and pooled.change != expect:
         return pooled.change, False, f"interleaved: {pooled.reason}, not {expect}; {figures}"
     if (paired - 1.0) * way < min_effect:
         return pooled.change, False, f"interleaved: {pooled.reason}, but the {figures}"
-    if agreeing < AGREEMENT:
+    if agreeing < AGREEMENT or chance > SIGN_ALPHA:
         return pooled.change, False, f"interleaved: {pooled.reason}, but only {figures}"
     return pooled.change, True, f"interleaved: {pooled.reason}; {figures}"
+
+
+def sign_test(agree: int, rounds: int) -> float:
+    """One-sided sign test: the chance that `agree` or more of `rounds` fair coin flips land the same way."""
+    return sum(math.comb(rounds, k) for k in range(agree, rounds + 1)) / 2**rounds if rounds else 1.0
+
+
+def iterations_for(probe_ms: float, run_seconds: float) -> int:
+    """Timed iterations that fill `run_seconds` at the probe's pace, within the per-run bounds."""
+    wanted = math.ceil(run_seconds * 1000.0 / probe_ms) if probe_ms > 0 else MAX_ITERATIONS_PER_RUN
+    return max(MIN_ITERATIONS_PER_RUN, min(MAX_ITERATIONS_PER_RUN, wanted))
 
 
 def _timings(conn: BoardConnection, bundle: str) -> list[float]:
@@ -149,11 +178,14 @@ def interleave(
     rounds: int = DEFAULT_ROUNDS,
     budget_seconds: float = DEFAULT_RETEST_SECONDS,
     iterations_per_run: int | None = None,
+    run_seconds: float = DEFAULT_RUN_SECONDS,
 ) -> Interleaved:
-    """Run A and B alternately on the board and decide. Board trouble ends the re-test with `error` set."""
+    """Run A and B alternately on the board and decide. Board trouble ends the re-test with `error` set.
+
+    Without `iterations_per_run`, each run gets as many iterations as fill `run_seconds` (a probe run of A sizes it).
+    """
     started = time.monotonic()
     result = Interleaved(budget_seconds=budget_seconds if np.isfinite(budget_seconds) else None)
-    per_run = iterations_per_run or max(5, params.iterations // 4)
     agent = BoardAgent(conn, conn.workdir)
     try:
         remote = {
@@ -161,6 +193,11 @@ def interleave(
             for side in (a, b)
         }
         remote_inputs = push_file(conn, inputs[0], kind="inputs", suffix=".etlt", sha256=inputs[1]).remote_path
+        per_run = iterations_per_run
+        if not per_run:
+            probe = _one_run(conn, agent, remote[a.label], remote_inputs, a, params, PROBE_ITERATIONS)
+            per_run = iterations_for(float(np.median(probe)), run_seconds)
+        result.iterations_per_run = per_run
         for round_index in range(max(rounds, MIN_ROUNDS)):
             medians = {}
             order = ((a, result.a_ms), (b, result.b_ms))

@@ -15,7 +15,7 @@ from yaml.nodes import Node
 from orchestrator import paths
 from orchestrator.boards.inventory import Board, Inventory
 from orchestrator.config import Check, Checker, choice, integer, is_null, names, number, text
-from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS
+from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, MIN_ROUNDS
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
 from orchestrator.lowering.artifacts import BACKENDS
@@ -69,7 +69,7 @@ _SECTION_FIELDS: dict[str, Check] = {
     "min_effect": number(0),
     "weights": choice(WEIGHT_MODES),
     "retest_seconds": number(0),
-    "retest_rounds": integer(3),
+    "retest_rounds": integer(MIN_ROUNDS),
     "cooldown_seconds": number(0),
     # The accuracy gate of quantized cells (defaults: options.ACCURACY_DEFAULTS).
     "min_sqnr_db": number(-1000, high=1000, unit="a number of dB"),

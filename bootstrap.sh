@@ -52,6 +52,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q -e '.[test]'
   touch "$stamp"
 fi
+# Bytecode for our own sources (an editable install has none): every `fab` start reads it, even where
+# PYTHONDONTWRITEBYTECODE is set. Stale entries are ignored by Python, so this never goes wrong.
+.venv/bin/python -m compileall -q orchestrator tasks.py >/dev/null || true
 if [ "$want_test" = 1 ]; then
   # The emulated Pis' rootfs: built once (3-7 min), cached in ~/.cache/etlab/pi-rootfs/<recipe>-<month>.
   if [ "$(id -u)" -eq 0 ]; then

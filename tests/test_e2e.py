@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 
 from orchestrator.boards.inventory import Board
+from orchestrator.deploy import provision
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.transport import connect
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
 from tests.plugins.processes import reaped
@@ -77,6 +79,11 @@ def test_setup_push_run_pull_on_a_lab(
         assert name in setup.stdout
     again = fab("setup-board", "--group", "default", lab=lab, results=results)
     assert again.returncode == 0 and again.stdout.count("already up to date: nothing to do") == 4, again.stdout
+    # Before a run, one shell command over SSH settles that a board is up to date (no probe, no Python).
+    for fake in lab["fakes"]:
+        with connect(fake.board) as conn:
+            quick = provision.quick_check(conn)
+        assert quick is not None and quick.up_to_date, f"{fake.board.name}: {conn.workdir}"
 
     push = fab("push", "--model", "distilbert-tiny", "--backend", "portable,xnnpack", lab=lab, results=results)
     assert push.returncode == 0, push.stdout + push.stderr

@@ -70,6 +70,50 @@ def test_second_setup_is_a_noop(fresh_board: Board, first_setup: provision.Provi
     assert state_file.read_text() == before
 
 
+def test_quick_check_before_a_run_trusts_only_a_matching_board(
+    fresh_board: Board, first_setup: provision.ProvisionReport
+) -> None:
+    workdir = Path(fresh_board.workdir)
+    state_file = workdir / "state.json"
+    state = json.loads(state_file.read_text())
+    runner = Path(state["runner_path"])
+    agent_main = workdir / "board" / "agent" / "etlab_agent" / "__main__.py"
+
+    def check() -> provision.ProvisionReport | None:
+        with connect(fresh_board) as conn:
+            return provision.quick_check(conn)
+
+    report = check()
+    assert report is not None and report.up_to_date and report.executorch_version == executorch_version()
+    assert report.runner_version == json.loads(subprocess.check_output([runner, "--version"]))["runner_version"]
+    # Whatever differs from what this workstation would provision sends the run through the full setup.
+    tampered = {
+        "board/ sources changed": {**state, "board_tree_sha256": "0" * 64},
+        "another runtime": {**state, "executorch_version": "0.9.0"},
+        "a runner elsewhere": {**state, "runner_path": "/bin/true"},
+    }
+    for why, changed in tampered.items():
+        state_file.write_text(json.dumps(changed))
+        assert check() is None, why
+    for text in ("not json", "[1, 2]", ""):
+        state_file.write_text(text)
+        assert check() is None, text
+    state_file.unlink()
+    assert check() is None, "no state.json"
+    state_file.write_text(json.dumps(state))
+    agent_main.rename(agent_main.with_suffix(".away"))
+    try:
+        assert check() is None, "the agent is missing"
+    finally:
+        agent_main.with_suffix(".away").rename(agent_main)
+    runner.rename(runner.with_suffix(".away"))
+    try:
+        assert check() is None, "the runner is missing"
+    finally:
+        runner.with_suffix(".away").rename(runner)
+    assert check() is not None, "restored: up to date again"
+
+
 def test_version_mismatch_reprovisions(fresh_board: Board, first_setup: provision.ProvisionReport) -> None:
     state_file = Path(fresh_board.workdir) / "state.json"
     state = json.loads(state_file.read_text())

@@ -165,10 +165,10 @@ def run_cells_on_board(
 
 
 def _setup_if_needed(conn: BoardConnection, timer: console.StageTimer) -> None:
-    from orchestrator.deploy.provision import setup_board
+    from orchestrator.deploy.provision import quick_check, setup_board
 
     with timer.stage("setup"):
-        report = setup_board(conn)
+        report = quick_check(conn) or setup_board(conn)
     if report.up_to_date:
         console.info(
             escape(f"  [{conn.board.name}] board already provisioned (executorch {report.executorch_version})")

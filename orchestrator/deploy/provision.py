@@ -4,7 +4,8 @@ The board needs only python3 and what we push: the board/ tree, the click wheel 
 SDK from the wheel built for the board's platform (at exactly the workstation's executorch version), and the
 runner. The runner is built on the board when it has g++ (with cmake/ninja wheels when the board has none
 recent enough), or cross-built on the workstation and pushed (`build: board | workstation | auto`). A board
-that is already up to date costs one probe round trip.
+that is already up to date costs one probe round trip; before a run, `quick_check` settles even that with one
+shell command (no Python start, no compiler probing) and falls back to the probe when anything is off.
 """
 
 from __future__ import annotations
@@ -78,6 +79,47 @@ _FACT_KINDS: dict[str, tuple[type, ...]] = {
 }  # fmt: skip
 _ARCH = re.compile(r"[A-Za-z0-9_]{1,32}")
 _VERSION = re.compile(r"\d+(\.\d+){0,3}")
+
+
+# state.json, whether the agent is there, and the runner's own version answer, in one command without Python.
+_QUICK_CHECK = (
+    'cat -- "$1" && printf "\\n%s\\n" "$4" && if [ -f "$2" ]; then echo agent; else echo none; fi'
+    ' && printf "%s\\n" "$4" && "$3" --version'
+)
+_QUICK_SEPARATOR = "@@etlab-quick-check@@"
+
+
+def quick_check(conn: BoardConnection) -> ProvisionReport | None:
+    """An up-to-date report when the board's state, agent and runner match this workstation, else None.
+
+    For the warm path before a run (`setup_board` probes far more: compilers, cmake, glibc). Anything missing,
+    different or malformed answers None, and the caller provisions the full way, which re-checks everything."""
+    started = time.perf_counter()
+    wanted = executorch_version()
+    wd = BoardWorkdir(conn.workdir.rstrip("/") or "/")
+    runner_path = posixpath.join(wd.runner(wanted), "etlab_runner")
+    agent_main = posixpath.join(wd.board_tree, "agent", "etlab_agent", "__main__.py")
+    state_path = posixpath.join(wd.root, "state.json")
+    argv = ["sh", "-c", _QUICK_CHECK, "sh", state_path, agent_main, runner_path, _QUICK_SEPARATOR]
+    result = conn.run(argv, timeout=60, check=False)
+    parts = result.stdout.split(f"\n{_QUICK_SEPARATOR}\n")
+    if result.exit_code != 0 or len(parts) != 3:
+        return None
+    try:
+        state, runner = json.loads(parts[0]), json.loads(parts[2])
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(state, dict) or not isinstance(runner, dict) or state.get("runner_path") != runner_path:
+        return None
+    if not all(isinstance(runner.get(key), str | None) for key in ("executorch_version", "runner_version")):
+        return None
+    facts = {"state": state, "runner": runner, "agent_present": parts[1].strip() == "agent"}
+    if _problems(facts, board_tarball()[1], conn.board.build):
+        return None
+    report = ProvisionReport(conn.board.name, executorch_version=wanted, up_to_date=True)
+    report.runner_version = runner.get("runner_version")
+    report.seconds = time.perf_counter() - started
+    return report
 
 
 def checked_facts(board: str, text: str) -> dict[str, Any]:
@@ -333,6 +375,9 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
     click_wheel = push_file(conn, fetch_wheel("click", "click>=8.0,<9", facts), kind="wheels", suffix=".whl")
     _run(conn, ["python3", wd.agent_bootstrap, "--wheel", click_wheel.remote_path,
                 "--dest", wd.pylib], "installing click for the agent", timeout=300)  # fmt: skip
+    # Bytecode now: the agent starts for every run, often with PYTHONDONTWRITEBYTECODE; a failure only costs speed.
+    agent_sources = posixpath.join(wd.board_tree, "agent")
+    conn.run(["python3", "-m", "compileall", "-q", agent_sources, wd.pylib], timeout=300, check=False)
 
     wheel: Path | None = None
     needs_runtime = (

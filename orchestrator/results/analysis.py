@@ -19,6 +19,7 @@ from orchestrator.results.documents import Summary, summary_document, write_outp
 from orchestrator.results.etdump import Etdump, ProgramPlan, read_etdump, read_program_plan
 from orchestrator.results.etdump_profile import _method_totals, inferred_ns_per_tick, profile_etdump
 from orchestrator.results.memory import (
+    ProgramMemory,
     memory_summary,
     program_memory_from_sidecar,
     read_program_memory,
@@ -60,6 +61,17 @@ def _verify_program(bundle: BundleFiles, pte: Path, sidecar: dict[str, Any] | No
         )
 
 
+def _program_memory(bundle: BundleFiles, pte: Path | None, sidecar: dict[str, Any] | None) -> ProgramMemory | None:
+    """The plan's memory: the lowering read this very .pte into its sidecar, so a warm run need not re-read it."""
+    recorded = program_memory_from_sidecar(sidecar)
+    if pte is None:
+        return recorded
+    same_program = isinstance(sidecar, dict) and sidecar.get("sha256") == bundle_model_sha(bundle.run, bundle.manifest)
+    if recorded is not None and same_program and recorded.method == bundle.method:
+        return recorded
+    return read_program_memory(pte, bundle.method)
+
+
 def analyze_bundle(
     bundle_dir: Path,
     *,
@@ -97,7 +109,7 @@ def analyze_bundle(
             raise AnalysisError(f"reference outputs {reference_outputs} do not exist")
         correctness = check_outputs(outputs_path, Path(reference_outputs))
 
-    program = read_program_memory(pte, bundle.method) if pte is not None else program_memory_from_sidecar(sidecar)
+    program = _program_memory(bundle, pte, sidecar)
     memory, memory_notes = memory_summary(bundle.timings, program)
     bundle.notes.extend(("degraded", note) for note in memory_notes)
     counter_profile = _counter_profile(bundle)

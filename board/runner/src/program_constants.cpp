@@ -33,6 +33,7 @@ class Region {
 
   bool bytes(uint64_t offset, uint8_t* out, size_t count) const {
     if (offset > limit_ || count > limit_ - offset) return false;
+    if (limit_ > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) return false;  // a 32-bit off_t
     size_t done = 0;
     while (done < count) {
       const ssize_t got = pread(fd_, out + done, count - done, static_cast<off_t>(offset + done));

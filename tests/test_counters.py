@@ -128,7 +128,11 @@ def test_every_run_records_memory_per_phase(provisioned_agent: Any, tiny_artifac
         assert phase["peak_rss_bytes"] >= phase["rss_bytes"] > 0
     assert not (bundle / "counters.json").exists()  # no counters pass unless asked
     program = read_program_memory(artifact.pte)
-    assert timings["program_memory"] == {"planned_arenas": program.planned_arenas, "pte_bytes": program.pte_bytes}
+    assert timings["program_memory"] == {
+        "planned_arenas": program.planned_arenas,
+        "constants_bytes": program.constants_bytes,
+        "pte_bytes": program.pte_bytes,
+    }
 
     summary = analyze_bundle(bundle, pte=artifact.pte, sidecar=artifact.sidecar)
     section = summary.run.memory
@@ -139,6 +143,14 @@ def test_every_run_records_memory_per_phase(provisioned_agent: Any, tiny_artifac
     assert section.other_bytes is not None and section.baseline_rss_bytes == memory["phases"][0]["rss_bytes"]
     assert summary.data["memory"]["phases"]["first_execution"]["peak_rss_bytes"] > 0
     assert not [r for r in summary.reasons if "arenas" in r]  # the runner's plan agrees with the program's
+    assert not [r for r in summary.reasons if "constant" in r]  # and so do its constants
+
+    # A lowering record that counts other constants than the runner read from the .pte: a reason, not a silent pick.
+    altered = json.loads(json.dumps(artifact.sidecar))
+    altered["memory"]["constants_bytes"] += 64
+    disagreeing = analyze_bundle(bundle, sidecar=altered)
+    expected = f"the runner read {program.constants_bytes} bytes of constant data, the program says"
+    assert [r for r in disagreeing.reasons if expected in r] and disagreeing.validity == "degraded"
 
 
 @pytest.fixture(scope="module")
@@ -335,6 +347,31 @@ def test_memory_summary_notes_a_runner_that_planned_other_arenas(tiny_artifacts:
     assert memory.other_bytes == max(0, 9_500_000 - 5_000_000 - program.planned_bytes - program.constants_bytes)
     same, quiet = memory_summary({**timings, "program_memory": {"planned_arenas": program.planned_arenas}}, program)
     assert quiet == [] and same.planned_bytes == program.planned_bytes
+
+    # The constants the runner read from the .pte are checked the same way; board data is validated first.
+    agreeing = {"planned_arenas": program.planned_arenas, "constants_bytes": program.constants_bytes}
+    assert memory_summary({**timings, "program_memory": agreeing}, program)[1] == []
+    other = {**agreeing, "constants_bytes": program.constants_bytes + 16}
+    memory, notes = memory_summary({**timings, "program_memory": other}, program)
+    assert notes == [
+        f"the runner read {program.constants_bytes + 16} bytes of constant data, "
+        f"the program says {program.constants_bytes}"
+    ]
+    assert memory.constants_bytes == program.constants_bytes  # the program's own figure stays the one shown
+    for garbage in ("12", -1, True, 1.5, 2**64, [1]):
+        memory, notes = memory_summary({**timings, "program_memory": {**agreeing, "constants_bytes": garbage}}, program)
+        assert len(notes) == 1 and "constants_bytes is not a byte count" in notes[0], garbage
+        assert memory.constants_bytes == program.constants_bytes
+    # An older runner (no field) or an unreadable program (null) is unknown, not a mismatch.
+    assert memory_summary({**timings, "program_memory": {**agreeing, "constants_bytes": None}}, program)[1] == []
+
+    # Without the program or its sidecar, the runner's figures are what there is.
+    alone, _ = memory_summary({**timings, "program_memory": agreeing}, None)
+    assert alone.constants_bytes == program.constants_bytes and alone.planned_bytes == program.planned_bytes
+    assert alone.other_bytes == max(0, 9_500_000 - 5_000_000 - program.planned_bytes - program.constants_bytes)
+    assert (
+        memory_summary({**timings, "program_memory": {**agreeing, "constants_bytes": -5}}, None)[0].other_bytes is None
+    )
 
 
 def test_compare_reports_memory_deltas() -> None:

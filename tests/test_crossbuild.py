@@ -14,6 +14,7 @@ from orchestrator.deploy import crossbuild
 from orchestrator.deploy.provision import build_place, fetch_wheel, tree_sha256
 from orchestrator.errors import BoardError
 from orchestrator.paths import BOARD_SOURCE_DIR
+from orchestrator.results.memory import read_program_memory
 from orchestrator.versions import executorch_version
 from tests.plugins.pi import in_ci
 from tests.plugins.runner import RunnerModels
@@ -63,7 +64,11 @@ def test_runner_cross_compiles_for_aarch64_and_runs_under_qemu(
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    assert len(json.loads(timings.read_text())["iterations_ms"]) == 1
+    document = json.loads(timings.read_text())
+    assert len(document["iterations_ms"]) == 1
+    # The constants reader agrees on Arm too.
+    expected = read_program_memory(runner_models.xnnpack_pte).constants_bytes
+    assert document["program_memory"]["constants_bytes"] == expected > 0
     # A second build is the cached binary.
     assert crossbuild.cross_build_runner(compiler, wheel, source, tree_sha256(source), executorch_version()) == binary
 

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -322,3 +323,117 @@ def test_a_crash_becomes_an_error_line_and_exit_code(runner_binary: Path, runner
         (7, ERROR_PREFIX + "crashed with SIGSEGV while executing the method"),
         (6, ERROR_PREFIX + "crashed with SIGSEGV while setting inputs"),
     }
+
+
+# ---------------------------------------------------------------- constant data read from the .pte itself
+
+
+def _probe_program(binary: Path, model: Path) -> dict:
+    completed = run_runner(binary, "--probe-program", "--model", model)
+    assert completed.returncode == 0, completed.stderr  # never a crash, whatever the file holds
+    document = json.loads(completed.stdout)
+    assert set(document) == {"constants_bytes", "pte_bytes"}
+    return document
+
+
+def test_runner_reads_the_constants_the_lowering_counted(
+    runner_binary: Path, tiny_artifacts: dict, tmp_path: Path
+) -> None:
+    from orchestrator.lowering import lower as lowering
+    from orchestrator.lowering.artifacts import load_artifact
+    from orchestrator.lowering.spec import BUILTIN_SPECS
+    from orchestrator.results.memory import read_program_memory
+    from tests.plugins.artifacts import ARTIFACT_CACHE
+
+    quantized = "xnnpack-int8-dynamic"
+    lowering.lower(BUILTIN_SPECS["distilbert-tiny"], backends=[quantized], weights="random", root=ARTIFACT_CACHE)
+    cases = [(m, b) for m in ("distilbert-tiny", "gpt2-tiny") for b in ("portable", "xnnpack")]
+    for model, backend in [*cases, ("distilbert-tiny", quantized)]:
+        artifact = load_artifact(model, backend, ARTIFACT_CACHE)
+        timings_path = tmp_path / f"{model}-{backend}.json"
+        completed = run_runner(
+            runner_binary, "--model", artifact.pte, "--warmup", "0", "--iterations", "1", "--timings", timings_path
+        )
+        assert completed.returncode == 0, completed.stderr
+        reported = json.loads(timings_path.read_text())["program_memory"]
+        expected = artifact.sidecar["memory"]["constants_bytes"]
+        assert reported["constants_bytes"] == expected == read_program_memory(artifact.pte).constants_bytes > 0
+        assert reported["pte_bytes"] == artifact.pte.stat().st_size
+        assert _probe_program(runner_binary, artifact.pte) == {
+            "constants_bytes": expected,
+            "pte_bytes": artifact.pte.stat().st_size,
+        }
+
+
+def test_runner_reads_inline_constants_of_a_program_without_segments(
+    runner_binary: Path, runner_models: RunnerModels, tmp_path: Path
+) -> None:
+    """The deprecated layout: constants in constant_buffer, no extended header. This ExecuTorch build refuses to
+    run it, but the runner's reader takes that path, and must agree with memory.py."""
+    from executorch.exir._serialize._program import _program_to_flatbuffer, deserialize_pte_binary
+
+    from orchestrator.results.memory import read_program_memory
+
+    program = deserialize_pte_binary(runner_models.portable_pte.read_bytes()).program
+    assert program.constant_buffer and not program.segments
+    inline = tmp_path / "inline.pte"
+    inline.write_bytes(_program_to_flatbuffer(program, constant_tensor_alignment=16).data)
+    assert inline.read_bytes()[8:12] != b"eh00"
+    expected = read_program_memory(inline).constants_bytes
+    assert expected == read_program_memory(runner_models.portable_pte).constants_bytes > 0
+    assert _probe_program(runner_binary, inline)["constants_bytes"] == expected
+
+
+def test_a_garbled_program_gives_null_constants_and_no_crash(
+    runner_binary: Path, runner_models: RunnerModels, tmp_path: Path
+) -> None:
+    model = runner_models.portable_pte
+    data = model.read_bytes()
+    assert data[8:12] == b"eh00"
+    program_size, segment_base = struct.unpack_from("<QQ", data, 16)
+    (root,) = struct.unpack_from("<I", data, 0)
+
+    def patched(offset: int, fmt: str, value: int) -> bytes:
+        copy = bytearray(data)
+        struct.pack_into(fmt, copy, offset, value)
+        return bytes(copy)
+
+    cases = {
+        "empty": b"",
+        "truncated header": data[:20],
+        "truncated flatbuffer": data[: program_size // 2],
+        "truncated constant segment": data[: segment_base + 100],  # the flatbuffer is whole, its constants are not
+        "not ET12": data[:4] + b"ET99" + data[8:],
+        "root past the end": patched(0, "<I", 0xFFFFFFF0),
+        "program size past the end": patched(16, "<Q", len(data) + 1),
+        "header length too short": patched(12, "<I", 8),
+        "vtable past the end": patched(root, "<i", -(2**31)),
+    }
+    for name, content in cases.items():
+        path = tmp_path / f"{name.replace(' ', '-')}.pte"
+        path.write_bytes(content)
+        assert _probe_program(runner_binary, path) == {"constants_bytes": None, "pte_bytes": len(content)}, name
+    # ExecuTorch's own loader still rejects them in a run, with the same exit code as before.
+    run = run_runner(runner_binary, "--model", tmp_path / "truncated-flatbuffer.pte", "--iterations", "1")
+    assert run.returncode == 4 and "is not a valid ExecuTorch program" in error_line(run)
+
+    # Random bytes anywhere in the flatbuffer: a figure or null, never a crash or a hang.
+    rng = np.random.default_rng(13)
+    garbled = tmp_path / "garbled.pte"
+    nulls = 0
+    for _ in range(120):
+        copy = bytearray(data)
+        for position in rng.integers(0, program_size, size=16):
+            copy[position] = int(rng.integers(0, 256))
+        garbled.write_bytes(copy)
+        value = _probe_program(runner_binary, garbled)["constants_bytes"]
+        assert value is None or (isinstance(value, int) and value >= 0)
+        nulls += value is None
+    assert nulls > 0  # the garbling did reach what the reader checks
+
+
+def test_probe_program_needs_a_readable_model(runner_binary: Path, tmp_path: Path) -> None:
+    usage = run_runner(runner_binary, "--probe-program")
+    assert usage.returncode == 2 and "--probe-program needs --model" in error_line(usage)
+    missing = run_runner(runner_binary, "--probe-program", "--model", tmp_path / "absent.pte")
+    assert missing.returncode == 3 and "model file not found" in error_line(missing)

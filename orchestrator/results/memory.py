@@ -247,6 +247,17 @@ def program_memory_from_sidecar(sidecar: dict[str, Any] | None) -> ProgramMemory
     )
 
 
+def _runner_constants(runner_program: Any) -> tuple[int | None, str | None]:
+    """The runner's `constants_bytes` when it is a byte count; absent or null (an older runner, an unreadable
+    program) is unknown, anything else is unknown and noted."""
+    value = runner_program.get("constants_bytes") if isinstance(runner_program, dict) else None
+    if value is None:
+        return None, None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return value, None
+    return None, f"the runner's constants_bytes is not a byte count: {str(value)[:40]!r}"
+
+
 def memory_summary(timings: dict[str, Any], program: ProgramMemory | None) -> tuple[Memory | None, list[str]]:
     """summary.json's `memory` section from the runner's phases and the program's plan; plus notes on mismatches."""
     run = run_memory(timings)
@@ -257,6 +268,13 @@ def memory_summary(timings: dict[str, Any], program: ProgramMemory | None) -> tu
         notes.append(
             f"the runner planned arenas of {runner_arenas} bytes, the program's plan says {program.planned_arenas}"
         )
+    runner_constants, constants_note = _runner_constants(runner_program)
+    if constants_note:
+        notes.append(constants_note)
+    if program is not None and runner_constants is not None and runner_constants != program.constants_bytes:
+        notes.append(
+            f"the runner read {runner_constants} bytes of constant data, the program says {program.constants_bytes}"
+        )
     if run is None and program is None:
         return None, notes
     phases = run["phases"] if run else {}
@@ -266,7 +284,7 @@ def memory_summary(timings: dict[str, Any], program: ProgramMemory | None) -> tu
     baseline = (phases.get("start") or {}).get("rss_bytes")
     arenas = program.planned_arenas if program else [a for a in runner_arenas or [] if isinstance(a, int)]
     planned = sum(arenas) if arenas or program else None
-    constants = program.constants_bytes if program else None
+    constants = program.constants_bytes if program else runner_constants
     other = None
     if peak is not None and baseline is not None and planned is not None and constants is not None:
         other = max(0, peak - baseline - planned - constants)

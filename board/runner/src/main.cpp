@@ -36,6 +36,7 @@
 #include "method_io.h"
 #include "options.h"
 #include "perf_counters.h"
+#include "program_constants.h"
 #include "tensor_file.h"
 #include "threadpool_control.h"
 
@@ -185,12 +186,19 @@ std::string timings_json(const Options& options, const Timings& timings) {
   return out + "}\n";
 }
 
-std::string program_memory_json(const std::string& model, const std::vector<size_t>& arenas) {
+// What the runner knows of the program without ExecuTorch: the constant data (read from the file) and its size.
+std::string program_file_fields(const std::string& model) {
   struct stat info {};
   const long long pte_bytes = stat(model.c_str(), &info) == 0 ? static_cast<long long>(info.st_size) : -1;
+  const auto constants = program_constants_bytes(model);
+  return "\"constants_bytes\": " + (constants ? std::to_string(*constants) : std::string("null")) +
+         ", \"pte_bytes\": " + (pte_bytes < 0 ? std::string("null") : std::to_string(pte_bytes));
+}
+
+std::string program_memory_json(const std::string& model, const std::vector<size_t>& arenas) {
   std::string out = "{\"planned_arenas\": [";
   for (size_t i = 0; i < arenas.size(); ++i) out += (i ? ", " : "") + std::to_string(arenas[i]);
-  return out + "], \"pte_bytes\": " + (pte_bytes < 0 ? std::string("null") : std::to_string(pte_bytes)) + "}";
+  return out + "], " + program_file_fields(model) + "}";
 }
 
 // The side file of a counters pass: per execution, one row per profiled instruction, keyed by its ETDump event.
@@ -417,6 +425,11 @@ int main(int argc, char** argv) {
     }
     if (options.probe_counters) {
       std::printf("%s\n", probe_counters_json().c_str());
+      return kExitOk;
+    }
+    if (options.probe_program) {
+      check_model_readable(options.model);
+      std::printf("{%s}\n", program_file_fields(options.model).c_str());
       return kExitOk;
     }
     executorch::runtime::runtime_init();

@@ -44,7 +44,7 @@ const char* usage_text() {
          "                    [--max-seconds S] [--threads N] [--etdump PATH] [--outputs PATH]\n"
          "                    [--timings PATH] [--expect-executorch-version V]\n"
          "                    [--counters LIST --counters-out PATH]\n"
-         "       etlab_runner --version | --probe-counters\n"
+         "       etlab_runner --version | --probe-counters | --probe-program --model PATH\n"
          "\n"
          "Runs an ExecuTorch program (.pte) and records per-iteration latency.\n"
          "  --model PATH       the .pte to run\n"
@@ -62,6 +62,8 @@ const char* usage_text() {
          "                     delegate call, in the thread that runs them; needs --etdump and --counters-out\n"
          "  --counters-out PATH   write the per-instruction counter deltas (JSON) here\n"
          "  --probe-counters   print which counters this machine can open, as JSON\n"
+         "  --probe-program    print what the runner reads from --model without ExecuTorch, as JSON:\n"
+         "                     {\"constants_bytes\", \"pte_bytes\"} (null when unreadable); nothing is run\n"
          "Exit codes: 0 ok, 2 usage, 3 model missing, 4 corrupt program, 5 unknown method, 6 input mismatch,\n"
          "            7 execution failed, 8 version mismatch, 9 cannot write an output file.\n";
 }
@@ -75,10 +77,13 @@ Options parse_options(const std::vector<std::string>& args) {
       inline_value = name.substr(eq + 1);
       name = name.substr(0, eq);
     }
-    if (name == "--version" || name == "--help" || name == "-h" || name == "--probe-counters") {
+    if (name == "--version" || name == "--help" || name == "-h" || name == "--probe-counters" ||
+        name == "--probe-program") {
       if (inline_value) usage_error(name + " takes no value");
-      (name == "--version" ? options.show_version
-                           : name == "--probe-counters" ? options.probe_counters : options.show_help) = true;
+      (name == "--version"          ? options.show_version
+       : name == "--probe-counters" ? options.probe_counters
+       : name == "--probe-program"  ? options.probe_program
+                                    : options.show_help) = true;
       continue;
     }
     auto value = [&]() -> std::string {
@@ -116,7 +121,8 @@ Options parse_options(const std::vector<std::string>& args) {
       usage_error("unknown argument '" + args[i] + "'");
     }
   }
-  if (!options.show_version && !options.show_help && !options.probe_counters) {
+  if (options.probe_program && options.model.empty()) usage_error("--probe-program needs --model");
+  if (!options.show_version && !options.show_help && !options.probe_counters && !options.probe_program) {
     if (options.model.empty()) usage_error("--model is required");
     if (options.method.empty()) usage_error("--method must not be empty");
     for (const auto* path : {&options.inputs, &options.etdump, &options.outputs, &options.timings}) {

@@ -12,6 +12,7 @@ struct Options {
   bool show_version = false;
   bool show_help = false;
   bool probe_counters = false;
+  bool probe_program = false;  // print the program fields read from --model itself, without loading it
   std::string model;
   std::string method = "forward";
   std::optional<std::string> inputs;

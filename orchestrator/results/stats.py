@@ -48,22 +48,32 @@ class Distribution:
         return asdict(self)
 
 
+def _percentile_of_sorted(values: np.ndarray, q: float) -> float:
+    """np.percentile's default (linear) method on already sorted values."""
+    position = q / 100.0 * (values.size - 1)
+    low = int(position)
+    high = min(low + 1, values.size - 1)
+    low_value, high_value = float(values[low]), float(values[high])
+    return low_value + (high_value - low_value) * (position - low)
+
+
 def distribution(samples: Sequence[float] | np.ndarray) -> Distribution | None:
     """Summarise samples; None when there are none."""
-    values = np.asarray(samples, dtype=np.float64)
+    values = np.sort(np.asarray(samples, dtype=np.float64), axis=None)
     if values.size == 0:
         return None
     mean = float(values.mean())
     stdev = float(values.std(ddof=1)) if values.size > 1 else 0.0
-    p10, median, p90 = (float(x) for x in np.percentile(values, [10, 50, 90]))
+    # One sort serves every percentile: np.percentile per call costs more than the rest (hundreds of ops a run).
+    p10, median, p90 = (_percentile_of_sorted(values, q) for q in (10, 50, 90))
     return Distribution(
         n=int(values.size),
-        min=float(values.min()),
+        min=float(values[0]),
         p10=p10,
         median=median,
         mean=mean,
         p90=p90,
-        max=float(values.max()),
+        max=float(values[-1]),
         stdev=stdev,
         cv=stdev / mean if mean else 0.0,
     )

@@ -400,6 +400,9 @@ def test_board_that_goes_away_is_exit_2(local_board: Board, sshd_board: Any, tmp
     assert "pi-lab-1" in second.stderr
     junit = ET.parse(tmp_path / "reports" / "nightly-2026-11-02.junit.xml").getroot()
     assert junit.get("errors") == "1"
+    page = (tmp_path / "reports" / "nightly-2026-11-02.html").read_text()
+    failures = page.split("<table id='failures'>", 1)[1].split("</table>", 1)[0]
+    assert "pi-lab-1" in failures and "infra" in failures and "local" not in failures
 
     # The board is back: re-running the night retries only the infrastructure failure.
     sshd_board.start()

@@ -197,6 +197,14 @@ def _reasons_html(reasons: Sequence[str]) -> str:
     return ": " + html.escape(", ".join(reasons)) if reasons else ""
 
 
+def _html_section(title: str, table_id: str, headers: Sequence[str], rows: list[str]) -> list[str]:
+    """A report section: its heading, then "None." or a table of the ready-made <tr> rows."""
+    if not rows:
+        return [f"<h2>{title}</h2>", "<p>None.</p>"]
+    head = "".join(f"<th>{header}</th>" for header in headers)
+    return [f"<h2>{title}</h2>", f"<table id='{table_id}'><tr>{head}</tr>", *rows, "</table>"]
+
+
 def _retest_text(item: CellVerdict) -> str:
     """The interleaved re-test in one line, for the reports (per cell: its rounds and time)."""
     retest = item.retest
@@ -304,17 +312,12 @@ def render_html(report: NightReport) -> str:
                 )
             parts.append("</table>")
 
-    parts.append("<h2>Warnings</h2>")
-    if not report.warnings:
-        parts.append("<p>None.</p>")
-    else:
-        parts.append("<table id='warnings'><tr><th>cell</th><th>verdict</th><th>why</th><th>re-test</th></tr>")
-        for item in report.warnings:
-            parts.append(
-                f"<tr><td>{html.escape(_label(item.cell))}</td><td class='{item.verdict.value}'>{item.verdict.value}"
-                f"</td><td>{html.escape(item.detail)}</td><td>{html.escape(_retest_text(item))}</td></tr>"
-            )
-        parts.append("</table>")
+    warnings = [
+        f"<tr><td>{html.escape(_label(item.cell))}</td><td class='{item.verdict.value}'>{item.verdict.value}"
+        f"</td><td>{html.escape(item.detail)}</td><td>{html.escape(_retest_text(item))}</td></tr>"
+        for item in report.warnings
+    ]
+    parts += _html_section("Warnings", "warnings", ("cell", "verdict", "why", "re-test"), warnings)
 
     parts.append("<h2>Board health</h2>")
     parts.append(
@@ -329,17 +332,12 @@ def render_html(report: NightReport) -> str:
         parts.append("<tr>" + "".join(f"<td>{html.escape(str(row[key]))}</td>" for key in _HEALTH_KEYS) + "</tr>")
     parts.append("</table>")
 
-    parts.append("<h2>Failures</h2>")
-    if not report.failures:
-        parts.append("<p>None.</p>")
-    else:
-        parts.append("<table id='failures'><tr><th>cell</th><th>kind</th><th>stage</th><th>reason</th></tr>")
-        for item in report.failures:
-            parts.append(
-                f"<tr><td>{html.escape(_label(item.cell))}</td><td class='{item.verdict}'>{item.verdict}</td>"
-                f"<td>{html.escape(item.record.stage or '—')}</td><td>{html.escape(item.record.error or '')}</td></tr>"
-            )
-        parts.append("</table>")
+    failures = [
+        f"<tr><td>{html.escape(_label(item.cell))}</td><td class='{item.verdict}'>{item.verdict}</td>"
+        f"<td>{html.escape(item.record.stage or '—')}</td><td>{html.escape(item.record.error or '')}</td></tr>"
+        for item in report.failures
+    ]
+    parts += _html_section("Failures", "failures", ("cell", "kind", "stage", "reason"), failures)
 
     if report.places:
         parts.append("<h2>Labgrid places</h2>")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
+from orchestrator.errors import ArtifactError
 from orchestrator.lab.history import History, RunRecord
 
 
@@ -114,3 +115,36 @@ def test_an_older_history_file_still_opens(tmp_path: Path) -> None:
         assert after.environment == {"runner": "1"}
     finally:
         store.close()
+
+
+def test_nightlies_sharing_kept_programs_never_drop_each_others_baselines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from orchestrator.fsutil import sha256_file
+    from orchestrator.lowering import programs
+
+    monkeypatch.setenv("ETLAB_STATE", str(tmp_path / "state"))
+    shas = {}
+    for name in ("a", "b", "c"):
+        pte = tmp_path / f"{name}.pte"
+        pte.write_bytes(name.encode() * 100)
+        shas[name] = sha256_file(pte)
+    first, second = programs.holder_id("sqlite:///one.sqlite"), programs.holder_id("postgresql://lab/two")
+    programs.keep(tmp_path / "a.pte", shas["a"], first)
+    programs.keep(tmp_path / "b.pte", shas["b"], second)  # the second nightly is still running: b is its tonight
+    programs.keep(tmp_path / "c.pte", shas["c"], first)
+    # The first nightly ends with only `a` as a baseline: `c` goes, the second nightly's `b` stays.
+    assert programs.prune([shas["a"]], first) == [shas["c"]]
+    assert programs.kept() == {shas["a"], shas["b"]}
+    # The second ends needing nothing: `b` goes, and `a` stays for the first.
+    assert programs.prune([], second) == [shas["b"]]
+    assert programs.find(shas["a"]) is not None
+    # A holder nobody renewed for HOLDER_EXPIRY_DAYS protects nothing any more.
+    holder_file = programs.store_dir() / "holders" / f"{first}.json"
+    old = holder_file.stat().st_mtime - (programs.HOLDER_EXPIRY_DAYS + 1) * 86400
+    os.utime(holder_file, (old, old))
+    assert programs.prune([], second) == [shas["a"]]
+    with pytest.raises(ArtifactError):
+        programs.prune([], "../../etc")

@@ -418,7 +418,8 @@ def run_nightly(
                 if cell.ok and (cell.model, cell.backend) in jobs:
                     artifact = jobs[(cell.model, cell.backend)].artifact
                     try:
-                        programs.keep(artifact.pte, artifact.sha256)  # tonight's program: tomorrow's baseline
+                        # Tonight's program: tomorrow's baseline.
+                        programs.keep(artifact.pte, artifact.sha256, programs.holder_id(history.url))
                     except (EtlabError, OSError) as exc:
                         console.warn(f"{board.name}: {cell.model}/{cell.backend}: program not kept: {exc}")
                 history.record(run)
@@ -512,5 +513,5 @@ def run_nightly(
 def _keep_baselines_only(history: History, config: NightlyConfig) -> None:
     """Drop kept programs that no cell of this history uses as a baseline any more (tonight's included)."""
     wanted = history.baseline_programs(config.baseline_nights)
-    for sha in programs.prune(wanted):
+    for sha in programs.prune(wanted, programs.holder_id(history.url)):
         console.info(f"dropped kept program {sha[:12]}: no longer a baseline")

@@ -702,7 +702,11 @@ def test_provisioning_flow_unpacks_the_sdk_builds_the_runner_and_profiles(
     (tools / "cmake" / "bin" / "cmake").symlink_to(Path(cmake_package.CMAKE_BIN_DIR) / "cmake")
     (tools / "ninja" / "bin" / "ninja").symlink_to(Path(sys.executable).parent / "ninja")
     out = agent.workdir / "runner" / version
-    source = AGENT_DIR.parent / "runner"
+    # As provisioning unpacks them: from a reproducible tarball, every source file has mtime 0.
+    source = tmp_path / "runner-source"
+    shutil.copytree(AGENT_DIR.parent / "runner", source, ignore=shutil.ignore_patterns("build"))
+    for path in source.rglob("*"):
+        os.utime(path, (0, 0))
     system_path = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
     result = agent.run(
         "build-runner", "--sdk", runtime, "--source", source, "--out", out, "--jobs", "2", env=system_path, timeout=900
@@ -727,6 +731,17 @@ def test_provisioning_flow_unpacks_the_sdk_builds_the_runner_and_profiles(
     board_info = agent.read_bundle_json("built", "board_info_before.json")
     assert board_info["runner"]["executorch_version"] == version
     assert board_info["state"]["runner_path"] == str(out / "etlab_runner")
+
+    # New sources (still mtime 0) into the same place: the runner must be rebuilt from them, not from stale objects.
+    options = source / "src" / "options.cpp"
+    options.write_text(options.read_text().replace("Runs an ExecuTorch program", "Runs a rebuilt ExecuTorch program"))
+    os.utime(options, (0, 0))
+    rebuilt = agent.run(
+        "build-runner", "--sdk", runtime, "--source", source, "--out", out, "--jobs", "2", env=system_path, timeout=900
+    )
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    usage = subprocess.run([out / "etlab_runner", "--help"], capture_output=True, text=True).stdout
+    assert "Runs a rebuilt ExecuTorch program" in usage, usage
 
 
 def test_build_runner_names_the_package_when_no_compiler_exists(agent: AgentCli, tmp_path: Path) -> None:

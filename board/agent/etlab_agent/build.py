@@ -145,6 +145,9 @@ def build_runner(
 
     out.mkdir(parents=True, exist_ok=True)
     build_dir = out / "build"
+    # Always from scratch: the pushed sources carry mtime 0 (a reproducible tarball), so an incremental build would
+    # take every old object file as up to date and link a stale runner. A build only runs when something changed.
+    shutil.rmtree(build_dir, ignore_errors=True)
     build_log = out / "build.log"
     env = dict(os.environ, CXX=compiler)
     env["PATH"] = os.pathsep.join([os.path.dirname(ninja), os.path.dirname(cmake), env.get("PATH", "")])

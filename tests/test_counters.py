@@ -365,6 +365,14 @@ def test_memory_summary_notes_a_runner_that_planned_other_arenas(tiny_artifacts:
     # An older runner (no field) or an unreadable program (null) is unknown, not a mismatch.
     assert memory_summary({**timings, "program_memory": {**agreeing, "constants_bytes": None}}, program)[1] == []
 
+    # The runner's arenas are validated the same way before they are compared or shown.
+    for garbage in ("[64]", [64, "x"], [True], [-1], [1] * 65, {"a": 1}):
+        memory, notes = memory_summary({**timings, "program_memory": {**agreeing, "planned_arenas": garbage}}, program)
+        assert len(notes) == 1 and "planned_arenas is not a list of byte counts" in notes[0], garbage
+        assert memory.planned_bytes == program.planned_bytes
+        alone, _ = memory_summary({**timings, "program_memory": {"planned_arenas": garbage}}, None)
+        assert alone.planned_bytes is None and alone.planned_arenas == ()
+
     # Without the program or its sidecar, the runner's figures are what there is.
     alone, _ = memory_summary({**timings, "program_memory": agreeing}, None)
     assert alone.constants_bytes == program.constants_bytes and alone.planned_bytes == program.planned_bytes

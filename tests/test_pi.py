@@ -248,6 +248,6 @@ def test_a_pi_without_a_compiler_gets_a_cross_built_runner(
         assert len(hashes) == 1
         answer = json.loads(conn.run([state["runner_path"], "--version"]).stdout)
     cmake_lists = (PROJECT_ROOT / "board" / "runner" / "CMakeLists.txt").read_text()
-    assert f'VERSION {answer["runner_version"]} ' in cmake_lists and answer["runner_version"] == state["runner_version"]
+    assert f"VERSION {answer['runner_version']} " in cmake_lists and answer["runner_version"] == state["runner_version"]
     again = fab("setup-board", lab=lab, results=results)
     assert again.returncode == 0 and "already up to date" in again.stdout, again.stdout + again.stderr

@@ -22,6 +22,7 @@ ELEMENT_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 11: 1, 12: 1, 1
                  23: 1, 24: 1, 25: 1, 26: 1, 27: 2, 28: 4, 29: 8}  # fmt: skip
 PHASES = ("start", "load", "method_init", "first_execution", "end")
 
+MAX_ARENAS = 64  # a board's timings.json is untrusted: a method has a handful of planned arenas
 
 @dataclass(frozen=True)
 class ProgramMemory:
@@ -247,13 +248,27 @@ def program_memory_from_sidecar(sidecar: dict[str, Any] | None) -> ProgramMemory
     )
 
 
+def _byte_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _runner_arenas(runner_program: Any) -> tuple[list[int] | None, str | None]:
+    """The runner's `planned_arenas` when it is a short list of byte counts; absent is unknown, else noted."""
+    value = runner_program.get("planned_arenas") if isinstance(runner_program, dict) else None
+    if value is None:
+        return None, None
+    if isinstance(value, list) and len(value) <= MAX_ARENAS and all(_byte_count(a) for a in value):
+        return value, None
+    return None, f"the runner's planned_arenas is not a list of byte counts: {str(value)[:60]!r}"
+
+
 def _runner_constants(runner_program: Any) -> tuple[int | None, str | None]:
     """The runner's `constants_bytes` when it is a byte count; absent or null (an older runner, an unreadable
     program) is unknown, anything else is unknown and noted."""
     value = runner_program.get("constants_bytes") if isinstance(runner_program, dict) else None
     if value is None:
         return None, None
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+    if _byte_count(value):
         return value, None
     return None, f"the runner's constants_bytes is not a byte count: {str(value)[:40]!r}"
 
@@ -263,8 +278,10 @@ def memory_summary(timings: dict[str, Any], program: ProgramMemory | None) -> tu
     run = run_memory(timings)
     notes: list[str] = []
     runner_program = timings.get("program_memory") if isinstance(timings, dict) else None
-    runner_arenas = runner_program.get("planned_arenas") if isinstance(runner_program, dict) else None
-    if program is not None and isinstance(runner_arenas, list) and runner_arenas != program.planned_arenas:
+    runner_arenas, arenas_note = _runner_arenas(runner_program)
+    if arenas_note:
+        notes.append(arenas_note)
+    if program is not None and runner_arenas is not None and runner_arenas != program.planned_arenas:
         notes.append(
             f"the runner planned arenas of {runner_arenas} bytes, the program's plan says {program.planned_arenas}"
         )
@@ -282,14 +299,14 @@ def memory_summary(timings: dict[str, Any], program: ProgramMemory | None) -> tu
     maxrss = [p["maxrss_bytes"] for p in phases.values() if p.get("maxrss_bytes") is not None]
     peak = max(peaks + maxrss) if peaks or maxrss else None
     baseline = (phases.get("start") or {}).get("rss_bytes")
-    arenas = program.planned_arenas if program else [a for a in runner_arenas or [] if isinstance(a, int)]
+    arenas = program.planned_arenas if program else list(runner_arenas or [])
     planned = sum(arenas) if arenas or program else None
     constants = program.constants_bytes if program else runner_constants
     other = None
     if peak is not None and baseline is not None and planned is not None and constants is not None:
         other = max(0, peak - baseline - planned - constants)
     pte_bytes = program.pte_bytes if program else None
-    if pte_bytes is None and isinstance(runner_program, dict) and isinstance(runner_program.get("pte_bytes"), int):
+    if pte_bytes is None and isinstance(runner_program, dict) and _byte_count(runner_program.get("pte_bytes")):
         pte_bytes = runner_program["pte_bytes"]
     memory = Memory(
         peak_rss_bytes=peak,

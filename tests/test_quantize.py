@@ -401,6 +401,41 @@ def test_an_interrupted_parallel_lowering_leaves_only_valid_artifacts(tmp_path: 
     assert "started" in output  # progress per variant
 
 
+def _comparable(sidecar: dict[str, Any]) -> dict[str, Any]:
+    """A sidecar without what differs between two lowerings of the same thing: when, how long, how much memory."""
+    kept = {k: v for k, v in sidecar.items() if k not in ("lowering", "created")}
+    kept["files"] = {role: {k: v for k, v in r.items() if k != "mtime_ns"} for role, r in sidecar["files"].items()}
+    return kept
+
+
+def test_parallel_lowering_writes_what_the_sequential_one_writes(tmp_path: Path) -> None:
+    from orchestrator.lowering import lower as lowering
+
+    spec = BUILTIN_SPECS["distilbert-tiny"]
+    backends = ["portable", "xnnpack", "xnnpack-int8-dynamic", "xnnpack-int8-static", "xnnpack-8da4w"]
+    sequential = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "seq", jobs=1)
+    # Two workers and this process: quantized variants in workers from the eager model, fp32 ones here.
+    parallel = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "par", jobs=2)
+    assert "lower variants (parallel)" in parallel.stage_seconds
+    assert "lower variants (parallel)" not in sequential.stage_seconds
+    assert list(parallel.backends) == backends
+    shared = ("exported_program", "reference_inputs", "reference_outputs")
+    for name in shared:
+        assert getattr(sequential.paths, name).read_bytes() == getattr(parallel.paths, name).read_bytes(), name
+    for backend in backends:
+        one, two = sequential.backends[backend], parallel.backends[backend]
+        assert not two.cached and sidecar_problem(parallel.paths, backend) is None
+        assert one.pte.read_bytes() == two.pte.read_bytes(), backend
+        # Same sidecar (the paths aside): same files vouched for (the .pt2 only for fp32), same reports.
+        assert _comparable(read_json(parallel.paths.sidecar(backend))) == _comparable(two.sidecar)
+        assert _comparable(one.sidecar) == _comparable(two.sidecar), backend
+        assert ("exported_program" in two.sidecar["files"]) == (backend in ("portable", "xnnpack")), backend
+        assert two.sidecar["lowering"]["peak_rss_bytes"] > 0 and two.sidecar["lowering"]["seconds"] > 0
+    # A second parallel lowering finds every variant cached.
+    again = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "par", jobs=2)
+    assert again.cached
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Nightly
 

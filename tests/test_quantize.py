@@ -401,6 +401,48 @@ def test_an_interrupted_parallel_lowering_leaves_only_valid_artifacts(tmp_path: 
     assert "started" in output  # progress per variant
 
 
+def test_the_parallel_schedule_keeps_every_variant_within_the_memory_budget(tmp_path: Path) -> None:
+    from concurrent.futures import Future
+
+    from orchestrator.console import StageTimer
+    from orchestrator.lowering.parallel import ParallelLowering, VariantTask
+
+    gb = 10**9
+
+    def task(backend: str, peak: float, seconds: float) -> VariantTask:
+        return VariantTask(
+            spec=BUILTIN_SPECS["distilbert-tiny"], backend=backend, weights="random", weights_note="random",
+            parameters=1, files={}, inputs=[], outputs=[], root=tmp_path, etrecord=False, key="k", calibration=None,
+            peak_bytes=int(peak * gb), expected_seconds=seconds,
+        )  # fmt: skip
+
+    tasks = [task("xnnpack", 1, 1.0), task("xnnpack-int8-dynamic", 1.5, 1.6), task("xnnpack-8da4w", 1.5, 1.9),
+             task("xnnpack-int8-static", 5, 2.3)]  # fmt: skip
+    schedule = ParallelLowering(tasks, 3, worker=print, main_peak=1 * gb, budget=4 * gb, timer=StageTimer())
+    # Workers get the quantized variants, longest first, as long as this process's 1 GB and theirs fit in 4 GB;
+    # int8-static (5 GB) never fits beside anything.
+    first = schedule._claim(main=False)
+    assert first is not None and first.backend == "xnnpack-8da4w"
+    schedule._running[Future()] = first
+    second = schedule._claim(main=False)
+    assert second is not None and second.backend == "xnnpack-int8-dynamic"
+    schedule._running[Future()] = second
+    assert schedule._claim(main=False) is None  # 1 + 1.5 + 1.5 + 1 > 4: wait rather than swap
+    # The fp32 variant comes from the exported program: no worker takes it before the .pt2 is saved.
+    schedule._running.clear()
+    schedule._running[Future()] = first
+    assert schedule._claim(main=False) is None
+    schedule.program_saved({"file": "m.pt2", "size": 1, "mtime_ns": 1, "sha256": "0"})
+    fp32 = schedule._claim(main=True)  # this process takes its own program's variant first
+    assert fp32 is not None and fp32.backend == "xnnpack" and "exported_program" in fp32.files
+    assert schedule._claim(main=True) is None  # int8-static beside a running worker: it waits
+    schedule._running.clear()
+    assert schedule._claim(main=False) is None  # too big for a worker beside this process
+    alone = schedule._claim(main=True)  # nothing else running: this process lowers it alone, with a warning
+    assert alone is not None and alone.backend == "xnnpack-int8-static" and not schedule.pending
+    assert schedule.main_reserved == 5 * gb
+
+
 def _comparable(sidecar: dict[str, Any]) -> dict[str, Any]:
     """A sidecar without what differs between two lowerings of the same thing: when, how long, how much memory."""
     kept = {k: v for k, v in sidecar.items() if k not in ("lowering", "created")}

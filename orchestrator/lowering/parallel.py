@@ -177,22 +177,24 @@ class ParallelLowering:
             ready.sort(key=lambda task: not task.needs_program)
         else:
             ready.sort(key=lambda task: task.needs_program)
-        if not ready:
-            return None
-        task = ready[0]
         in_use = sum(t.peak_bytes for t in self._running.values())
-        # This process keeps what it reserved (the model, the program) and grows to the largest variant it lowers.
-        own = max(self.main_reserved, task.peak_bytes) if main else self.main_reserved
-        wanted = in_use + own + (0 if main else task.peak_bytes)
-        if self.budget is not None and wanted > self.budget:
-            if not main or self._running:
-                return None  # wait for a worker to finish (or for this process to take it) rather than swap
-            console.warn(
-                f"{task.spec.name}: {task.backend} may need {task.peak_bytes / 1e9:.1f} GB, "
-                f"{self.budget / 1e9:.1f} GB is available; lowering it alone"
-            )
-        if main:
-            self.main_reserved = own
+        for task in ready:
+            # This process keeps what it reserved (the model, the program) and grows to the largest variant it lowers.
+            own = max(self.main_reserved, task.peak_bytes) if main else self.main_reserved
+            if self.budget is None or in_use + own + (0 if main else task.peak_bytes) <= self.budget:
+                return self._take(task, own if main else None)
+        if not ready or not main or self._running:
+            return None  # wait for a worker to finish (or for this process to take it) rather than swap
+        task = ready[0]
+        console.warn(
+            f"{task.spec.name}: {task.backend} may need {task.peak_bytes / 1e9:.1f} GB, "
+            f"{(self.budget or 0) / 1e9:.1f} GB is available; lowering it alone"
+        )
+        return self._take(task, max(self.main_reserved, task.peak_bytes))
+
+    def _take(self, task: VariantTask, main_reserved: int | None) -> VariantTask:
+        if main_reserved is not None:
+            self.main_reserved = main_reserved
         self.pending.remove(task)
         return task
 

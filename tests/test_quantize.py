@@ -456,7 +456,7 @@ def test_parallel_lowering_writes_what_the_sequential_one_writes(tmp_path: Path)
     spec = BUILTIN_SPECS["distilbert-tiny"]
     backends = ["portable", "xnnpack", "xnnpack-int8-dynamic", "xnnpack-int8-static", "xnnpack-8da4w"]
     sequential = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "seq", jobs=1)
-    # Two workers and this process: quantized variants in workers from the eager model, fp32 ones here.
+    # One worker and this process: quantized variants in the worker from the eager model, fp32 ones here first.
     parallel = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "par", jobs=2)
     assert "lower variants (parallel)" in parallel.stage_seconds
     assert "lower variants (parallel)" not in sequential.stage_seconds

@@ -1,12 +1,13 @@
 """`fab lower`: export a spec once, lower it per backend, and write artifacts with sidecars.
 
 Quantized variants (`xnnpack-int8-dynamic`, ...; quantize.py) are lowered from the eager model, the others from
-the exported program. When several backends are missing they are lowered in parallel (parallel.py): spawned
-workers, one per variant and up to `--jobs` at once (default: the usable cores), start on the quantized variants
-as soon as the model is loaded and the reference inputs written, while this process exports and then lowers the
-fp32 variants from the program in memory; as many run at once as the available memory allows for each variant's
-recorded (else estimated) peak. Every variant writes its own sidecar last, so an interrupted lowering leaves every
-finished variant valid and no unfinished one. `--jobs 1` lowers everything in this process, in request order.
+the exported program. When several backends are missing they are lowered in parallel (parallel.py), `--jobs` at
+once (default: the usable cores), this process counting as one: spawned workers, one per variant, start on the
+quantized variants as soon as the model is loaded and the reference inputs written, while this process exports,
+lowers the fp32 variants from the program in memory, then takes what is still waiting; as many run at once as the
+available memory allows for each variant's recorded (else estimated) peak. Every variant writes its own sidecar
+last, so an interrupted lowering leaves every finished variant valid and no unfinished one. `--jobs 1` lowers
+everything in this process, in request order.
 
 The cache check runs before torch is imported (importing torch alone costs seconds), so a lowering with
 nothing changed finishes in well under two seconds. It is keyed on the *resolved* weights (weights.py
@@ -180,8 +181,10 @@ def lower(
         )
         for backend in missing
     ]
-    workers = min(jobs or _usable_cores(), len(missing))
-    if workers > 1:
+    # `jobs` lowerings at once, this process counting as one: it exports and lowers too, and cheapest (no import,
+    # no model to rebuild, the program in memory). More processes than cores only add that overhead.
+    workers = min(jobs or _usable_cores(), len(missing)) - 1
+    if workers > 0:
         done = _lower_parallel(tasks, workers, shared, artifact_paths, timer)
     else:  # one process, in request order, every variant from the model and program in memory
         program_record = _export(shared, artifact_paths, timer)

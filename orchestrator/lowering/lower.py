@@ -120,7 +120,7 @@ def lower(
     calibration: Path | None = None,
     jobs: int | None = None,
 ) -> LoweringResult:
-    """Lower `spec` to each backend (cached); `jobs` caps the parallel workers (default: the usable cores)."""
+    """Lower `spec` to each backend (cached); `jobs` lowerings at once, this process included (default: the cores)."""
     weights = options.weights(weights)  # a bad mode must not invalidate the cached sidecars below
     if jobs is not None:
         jobs = options.count("--jobs", jobs, minimum=1, maximum=options.MAX_THREADS)

@@ -105,7 +105,8 @@ class ParallelLowering:
         names = ", ".join(task.backend for task in self.pending)
         name = self.pending[0].spec.name
         console.info(
-            f"[cyan]▸[/] {console.escape(name)}: lowering {names} in up to {self.workers} worker processes and this one"
+            f"[cyan]▸[/] {console.escape(name)}: lowering {names} in this process and up to {self.workers} "
+            f"worker process{'es' if self.workers > 1 else ''}"
         )
         # One process per variant: its peak RSS is its own, and memory goes back to the system when it ends.
         self._pool = ProcessPoolExecutor(

@@ -43,7 +43,7 @@ RUN_HELP = {
         "backend": "comma-separated backends: portable,xnnpack (default both)",
         **{"quantize": QUANTIZE_HELP},
         "calibration": "int8-static calibration samples: an ETLT file (input_ids [N, seq]) or JSON token-id lists",
-        "jobs": "parallel lowering workers (default: the usable cores, as memory allows)",
+        "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
         "weights": "auto (default: pretrained, else random with a warning), pretrained, or random",
         "etrecord": "also write an ETRecord (about twice the size of the .pt2)",
         "force": "re-lower even when the cache is valid",
@@ -182,7 +182,7 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "no_browser": "launch Model Explorer without opening a browser",
             "port": "Model Explorer port (8081)", "quantize": QUANTIZE_HELP, **ACCURACY_HELP,
             "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
-            "jobs": "parallel lowering workers (default: the usable cores, as memory allows)"},
+            "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)"},
       optional=["counters"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,

@@ -401,6 +401,83 @@ def test_an_interrupted_parallel_lowering_leaves_only_valid_artifacts(tmp_path: 
     assert "started" in output  # progress per variant
 
 
+def test_the_parallel_schedule_keeps_every_variant_within_the_memory_budget(tmp_path: Path) -> None:
+    from concurrent.futures import Future
+
+    from orchestrator.console import StageTimer
+    from orchestrator.lowering.parallel import ParallelLowering, VariantTask
+
+    gb = 10**9
+
+    def task(backend: str, peak: float, seconds: float) -> VariantTask:
+        return VariantTask(
+            spec=BUILTIN_SPECS["distilbert-tiny"], backend=backend, weights="random", weights_note="random",
+            parameters=1, files={}, inputs=[], outputs=[], root=tmp_path, etrecord=False, key="k", calibration=None,
+            peak_bytes=int(peak * gb), expected_seconds=seconds,
+        )  # fmt: skip
+
+    tasks = [task("xnnpack", 1, 1.0), task("xnnpack-int8-dynamic", 1.5, 1.6), task("xnnpack-8da4w", 1.5, 1.9),
+             task("xnnpack-int8-static", 5, 2.3)]  # fmt: skip
+    schedule = ParallelLowering(tasks, 3, worker=print, main_peak=1 * gb, budget=4 * gb, timer=StageTimer())
+    # Workers get the quantized variants, longest first, as long as this process's 1 GB and theirs fit in 4 GB;
+    # int8-static (5 GB) never fits beside anything.
+    first = schedule._claim(main=False)
+    assert first is not None and first.backend == "xnnpack-8da4w"
+    schedule._running[Future()] = first
+    second = schedule._claim(main=False)
+    assert second is not None and second.backend == "xnnpack-int8-dynamic"
+    schedule._running[Future()] = second
+    assert schedule._claim(main=False) is None  # 1 + 1.5 + 1.5 + 1 > 4: wait rather than swap
+    # The fp32 variant comes from the exported program: no worker takes it before the .pt2 is saved.
+    schedule._running.clear()
+    schedule._running[Future()] = first
+    assert schedule._claim(main=False) is None
+    schedule.program_saved({"file": "m.pt2", "size": 1, "mtime_ns": 1, "sha256": "0"})
+    fp32 = schedule._claim(main=True)  # this process takes its own program's variant first
+    assert fp32 is not None and fp32.backend == "xnnpack" and "exported_program" in fp32.files
+    assert schedule._claim(main=True) is None  # int8-static beside a running worker: it waits
+    schedule._running.clear()
+    assert schedule._claim(main=False) is None  # too big for a worker beside this process
+    alone = schedule._claim(main=True)  # nothing else running: this process lowers it alone, with a warning
+    assert alone is not None and alone.backend == "xnnpack-int8-static" and not schedule.pending
+    assert schedule.main_reserved == 5 * gb
+
+
+def _comparable(sidecar: dict[str, Any]) -> dict[str, Any]:
+    """A sidecar without what differs between two lowerings of the same thing: when, how long, how much memory."""
+    kept = {k: v for k, v in sidecar.items() if k not in ("lowering", "created")}
+    kept["files"] = {role: {k: v for k, v in r.items() if k != "mtime_ns"} for role, r in sidecar["files"].items()}
+    return kept
+
+
+def test_parallel_lowering_writes_what_the_sequential_one_writes(tmp_path: Path) -> None:
+    from orchestrator.lowering import lower as lowering
+
+    spec = BUILTIN_SPECS["distilbert-tiny"]
+    backends = ["portable", "xnnpack", "xnnpack-int8-dynamic", "xnnpack-int8-static", "xnnpack-8da4w"]
+    sequential = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "seq", jobs=1)
+    # One worker and this process: quantized variants in the worker from the eager model, fp32 ones here first.
+    parallel = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "par", jobs=2)
+    assert "lower variants (parallel)" in parallel.stage_seconds
+    assert "lower variants (parallel)" not in sequential.stage_seconds
+    assert list(parallel.backends) == backends
+    shared = ("exported_program", "reference_inputs", "reference_outputs")
+    for name in shared:
+        assert getattr(sequential.paths, name).read_bytes() == getattr(parallel.paths, name).read_bytes(), name
+    for backend in backends:
+        one, two = sequential.backends[backend], parallel.backends[backend]
+        assert not two.cached and sidecar_problem(parallel.paths, backend) is None
+        assert one.pte.read_bytes() == two.pte.read_bytes(), backend
+        # Same sidecar (the paths aside): same files vouched for (the .pt2 only for fp32), same reports.
+        assert _comparable(read_json(parallel.paths.sidecar(backend))) == _comparable(two.sidecar)
+        assert _comparable(one.sidecar) == _comparable(two.sidecar), backend
+        assert ("exported_program" in two.sidecar["files"]) == (backend in ("portable", "xnnpack")), backend
+        assert two.sidecar["lowering"]["peak_rss_bytes"] > 0 and two.sidecar["lowering"]["seconds"] > 0
+    # A second parallel lowering finds every variant cached.
+    again = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "par", jobs=2)
+    assert again.cached
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Nightly
 

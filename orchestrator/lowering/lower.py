@@ -1,9 +1,13 @@
 """`fab lower`: export a spec once, lower it per backend, and write artifacts with sidecars.
 
 Quantized variants (`xnnpack-int8-dynamic`, ...; quantize.py) are lowered from the eager model, the others from
-the exported program. When several backends are missing they are lowered in parallel worker processes (spawned,
-one per variant, as many as cores and available memory allow); each worker writes its own sidecar last, so an
-interrupted lowering leaves every finished variant valid and no unfinished one.
+the exported program. When several backends are missing they are lowered in parallel (parallel.py), `--jobs` at
+once (default: the usable cores), this process counting as one: spawned workers, one per variant, start on the
+quantized variants as soon as the model is loaded and the reference inputs written, while this process exports,
+lowers the fp32 variants from the program in memory, then takes what is still waiting; as many run at once as the
+available memory allows for each variant's recorded (else estimated) peak. Every variant writes its own sidecar
+last, so an interrupted lowering leaves every finished variant valid and no unfinished one. `--jobs 1` lowers
+everything in this process, in request order.
 
 The cache check runs before torch is imported (importing torch alone costs seconds), so a lowering with
 nothing changed finishes in well under two seconds. It is keyed on the *resolved* weights (weights.py
@@ -26,7 +30,8 @@ from typing import Any
 from orchestrator import console, options
 from orchestrator.fsutil import atomic_path, atomic_write_json, read_json, remove_stale_temporaries, sha256_file
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, sidecar_problem
-from orchestrator.lowering.quantize import is_quantized, scheme_of
+from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
+from orchestrator.lowering.quantize import scheme_of
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
 from orchestrator.versions import toolchain_versions
@@ -38,6 +43,15 @@ _LOWERING_SOURCES = ("lower.py", "models.py", "delegation.py", "spec.py", "weigh
 _BYTES_PER_PARAMETER = 28
 _WORKER_BASE_BYTES = 600 * 1024 * 1024  # torch, executorch and transformers imported
 _MEMORY_HEADROOM = 0.85  # of MemAvailable: never swap
+# Lowering seconds relative to fp32 XNNPACK when no earlier lowering of the variant measured them (bench/README.md:
+# 23 s, int8-dynamic 37 s, int8-static 53 s, 8da4w 44 s on full-size DistilBERT): the longest start first.
+_RELATIVE_SECONDS = {
+    "portable": 0.5,
+    "xnnpack": 1.0,
+    "xnnpack-int8-dynamic": 1.6,
+    "xnnpack-int8-static": 2.3,
+    "xnnpack-8da4w": 1.9,
+}
 
 
 @dataclass
@@ -106,7 +120,7 @@ def lower(
     calibration: Path | None = None,
     jobs: int | None = None,
 ) -> LoweringResult:
-    """Lower `spec` to each backend (cached); `jobs` caps the parallel workers (default: the usable cores)."""
+    """Lower `spec` to each backend (cached); `jobs` lowerings at once, this process included (default: the cores)."""
     weights = options.weights(weights)  # a bad mode must not invalidate the cached sidecars below
     if jobs is not None:
         jobs = options.count("--jobs", jobs, minimum=1, maximum=options.MAX_THREADS)
@@ -146,17 +160,16 @@ def lower(
         # Invalidate first: from here until the new sidecar lands, this backend has no valid artifact.
         artifact_paths.sidecar(backend).unlink(missing_ok=True)
 
-    shared = _export(spec, choice, artifact_paths, timer)
-    jobs_wanted = min(jobs or _usable_cores(), len(missing))
+    shared = _load(spec, choice, artifact_paths, timer)
     tasks = [
-        _VariantTask(
+        VariantTask(
             spec=spec,
             backend=backend,
             weights=shared.weights,
             weights_note=shared.weights_note,
             parameters=shared.parameters,
-            # Quantized variants are lowered from the eager model: the .pt2 is not their source.
-            files={k: v for k, v in shared.files.items() if k != "exported_program" or not is_quantized(backend)},
+            # The .pt2 joins the files of the variants lowered from it once it is saved.
+            files=dict(shared.files),
             inputs=shared.inputs,
             outputs=shared.outputs,
             root=artifact_paths.folder.parent,
@@ -164,20 +177,53 @@ def lower(
             key=cache_key(spec, backend, shared.weights, etrecord, calibration_sha),
             calibration=str(calibration) if calibration is not None else None,
             peak_bytes=measured[backend][0] or _estimated_peak(shared.parameters),
-            # Unknown durations: quantized variants take longer than fp32 ones (bench/README.md).
-            expected_seconds=measured[backend][1] or (2.0 if is_quantized(backend) else 1.0),
+            expected_seconds=measured[backend][1] or _RELATIVE_SECONDS.get(backend, 1.0),
         )
         for backend in missing
     ]
-    if jobs_wanted > 1:
-        done = _lower_parallel(tasks, jobs_wanted, timer)
-    else:
-        done = {task.backend: _lower_variant(task, shared) for task in tasks}
+    # `jobs` lowerings at once, this process counting as one: it exports and lowers too, and cheapest (no import,
+    # no model to rebuild, the program in memory). More processes than cores only add that overhead.
+    workers = min(jobs or _usable_cores(), len(missing)) - 1
+    if workers > 0:
+        done = _lower_parallel(tasks, workers, shared, artifact_paths, timer)
+    else:  # one process, in request order, every variant from the model and program in memory
+        program_record = _export(shared, artifact_paths, timer)
+        done = {task.backend: _lower_variant(with_program(task, program_record), shared) for task in tasks}
     for backend, sidecar in done.items():
         result.backends[backend] = BackendResult(backend, artifact_paths.pte(backend), sidecar, cached=False)
     result.stage_seconds = dict(timer.durations)
     result.backends = {backend: result.backends[backend] for backend in backends}
     return result
+
+
+def _lower_parallel(
+    tasks: list[VariantTask],
+    workers: int,
+    shared: _Exported,
+    artifact_paths: ArtifactPaths,
+    timer: console.StageTimer,
+) -> dict[str, dict[str, Any]]:
+    """Workers start on the quantized variants while this process exports, then lowers the fp32 ones."""
+    import torch
+
+    budget = available_memory()
+    fp32_peaks = [task.peak_bytes for task in tasks if task.needs_program]
+    threads = torch.get_num_threads()
+    # Several lowerings share the cores: one intra-op thread each, or their OpenMP threads spin against each other.
+    torch.set_num_threads(1)
+    try:
+        with ParallelLowering(
+            tasks,
+            workers,
+            worker=_lower_variant,
+            main_peak=max(fp32_peaks, default=_estimated_peak(shared.parameters)),
+            budget=int(budget * _MEMORY_HEADROOM) if budget is not None else None,
+            timer=timer,
+        ) as parallel:
+            parallel.program_saved(_export(shared, artifact_paths, timer))
+            return parallel.run_main(lambda task: _lower_variant(task, shared, threads=threads))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _usable_cores() -> int:
@@ -216,7 +262,8 @@ def _recorded_lowering(artifact_paths: ArtifactPaths, backend: str) -> tuple[int
 
 @dataclass
 class _Exported:
-    program: Any
+    """What the main process shares with the variants it lowers itself: the eager model, then the program."""
+
     weights: str
     weights_note: str
     parameters: int
@@ -224,12 +271,14 @@ class _Exported:
     inputs: list[dict[str, Any]]
     outputs: list[dict[str, Any]]
     example_args: tuple
-    module: Any = None  # the eager module, for quantized variants lowered in this process
+    module: Any  # the eager module, for quantized variants lowered in this process
+    program: Any = None  # the exported program, once `_export` ran
 
 
-def _export(
+def _load(
     spec: ModelSpec, weights: WeightsChoice, artifact_paths: ArtifactPaths, timer: console.StageTimer
 ) -> _Exported:
+    """Load the model and write the reference inputs and outputs: all a quantized variant needs."""
     with timer.stage("load"):
         import torch
 
@@ -247,21 +296,11 @@ def _export(
         console.info(
             console.escape(f"  {spec.name}: {loaded.parameters / 1e6:.1f}M parameters, weights: {loaded.weights_note}")
         )
-
-    with timer.stage("export"):
-        program = torch.export.export(loaded.module, example_args, strict=False)
-
-    # Identical content keeps the old file, so other backends' sidecars still vouch for it.
-    with timer.stage("save .pt2"), atomic_path(artifact_paths.exported_program, keep_identical=True) as tmp:
-        torch.export.save(program, str(tmp))
-
     files = {
-        "exported_program": file_record(artifact_paths.exported_program),
         "reference_inputs": file_record(artifact_paths.reference_inputs),
         "reference_outputs": file_record(artifact_paths.reference_outputs),
     }
     return _Exported(
-        program,
         loaded.weights,
         loaded.weights_note,
         loaded.parameters,
@@ -273,102 +312,37 @@ def _export(
     )
 
 
-@dataclass(frozen=True)
-class _VariantTask:
-    """One backend to lower, with everything a worker process needs (picklable)."""
+def _export(shared: _Exported, artifact_paths: ArtifactPaths, timer: console.StageTimer) -> dict[str, Any]:
+    """Export the loaded model into `shared.program` and save the .pt2; returns the .pt2's file record."""
+    import torch
 
-    spec: ModelSpec
-    backend: str
-    weights: str  # resolved: pretrained or random
-    weights_note: str
-    parameters: int
-    files: dict[str, dict[str, Any]]
-    inputs: list[dict[str, Any]]
-    outputs: list[dict[str, Any]]
-    root: Path
-    etrecord: bool
-    key: str
-    calibration: str | None
-    peak_bytes: int  # what this variant is expected to need, for the memory check
-    expected_seconds: float  # for the order: the longest variants start first
+    with timer.stage("export"):
+        shared.program = torch.export.export(shared.module, shared.example_args, strict=False)
+
+    # Identical content keeps the old file, so other backends' sidecars still vouch for it.
+    with timer.stage("save .pt2"), atomic_path(artifact_paths.exported_program, keep_identical=True) as tmp:
+        torch.export.save(shared.program, str(tmp))
+    return file_record(artifact_paths.exported_program)
 
 
-def _lower_parallel(tasks: list[_VariantTask], jobs: int, timer: console.StageTimer) -> dict[str, dict[str, Any]]:
-    """Lower the variants in spawned workers, as many at once as `jobs` and the available memory allow."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+def _lower_variant(task: VariantTask, shared: _Exported | None = None, *, threads: int | None = None) -> dict[str, Any]:
+    """Lower one backend and write its .pte and sidecar; in a worker process `shared` is None and reloaded.
 
-    budget = available_memory()
-    budget = int(budget * _MEMORY_HEADROOM) if budget is not None else None
-    # Longest first: the last variant to start is then a short one, which shortens the critical path.
-    pending = sorted(tasks, key=lambda task: -task.expected_seconds)
-    running: dict[Future, _VariantTask] = {}
-    done: dict[str, dict[str, Any]] = {}
-    started: dict[str, float] = {}
-    context = multiprocessing.get_context("spawn")
-    names = ", ".join(task.backend for task in tasks)
-    console.info(f"[cyan]▸[/] {console.escape(tasks[0].spec.name)}: lowering {names} in up to {jobs} worker processes")
-    began = time.perf_counter()
-    # One process per variant: its peak RSS is its own, and memory goes back to the system when it ends.
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context, max_tasks_per_child=1) as pool:
-        try:
-            while pending or running:
-                while pending and len(running) < jobs:
-                    task = pending[0]
-                    in_use = sum(t.peak_bytes for t in running.values())
-                    if running and budget is not None and in_use + task.peak_bytes > budget:
-                        break  # wait for a worker to finish rather than swap
-                    if not running and budget is not None and task.peak_bytes > budget:
-                        console.warn(
-                            f"{task.spec.name}: {task.backend} may need {task.peak_bytes / 1e9:.1f} GB, "
-                            f"{budget / 1e9:.1f} GB is available; lowering it alone"
-                        )
-                    pending.pop(0)
-                    running[pool.submit(_lower_variant, task)] = task
-                    started[task.backend] = time.perf_counter()
-                    console.info(
-                        f"  [cyan]▸[/] {console.escape(task.spec.name)}: {task.backend} started "
-                        f"[dim](expects {task.peak_bytes / 1e9:.1f} GB)[/]"
-                    )
-                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                for future in finished:
-                    task = running.pop(future)
-                    sidecar = future.result()  # a failed variant fails the lowering; finished ones stay valid
-                    done[task.backend] = sidecar
-                    seconds = time.perf_counter() - started[task.backend]
-                    timer.durations[f"{task.backend}: lower"] = seconds
-                    peak = sidecar.get("lowering", {}).get("peak_rss_bytes") or 0
-                    console.info(
-                        f"  [green]✓[/] {console.escape(task.spec.name)}: {task.backend} done "
-                        f"[dim]{console.format_seconds(seconds)}, peak {peak / 1e9:.2f} GB[/] "
-                        f"({len(done)}/{len(tasks)})"
-                    )
-        except BaseException:
-            # Ctrl+C or a failed variant: stop the workers now (an unfinished variant has no sidecar and stays
-            # invalid), rather than let the pool's exit wait for them to finish.
-            for future in running:
-                future.cancel()
-            for process in list(getattr(pool, "_processes", {}).values()):  # the executor has no public kill
-                process.terminate()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-    timer.durations["lower variants (parallel)"] = time.perf_counter() - began
-    return done
-
-
-def _lower_variant(task: _VariantTask, shared: _Exported | None = None) -> dict[str, Any]:
-    """Lower one backend and write its .pte and sidecar; in a worker process `shared` is None and reloaded."""
+    `threads` (this process's default intra-op threads) is given when other lowerings run at the same time.
+    """
     started = time.perf_counter()
     if shared is None:
         console.quiet_third_party()  # a spawned worker starts with default warning filters
+    if shared is None or threads is not None:
+        _share_cores(task, threads)
     _reset_peak_rss()
     artifact_paths = ArtifactPaths.for_model(task.spec.name, task.root)
     timer = console.StageTimer(prefix=f"{task.spec.name}: ")
     quantization = None
     with timer.stage(f"{task.backend}: prepare", quiet=shared is None):
-        if is_quantized(task.backend):
+        if not task.needs_program:
             program, quantization = _quantized_program(task, artifact_paths, shared)
-        elif shared is not None:
+        elif shared is not None and shared.program is not None:
             program = shared.program
         else:
             import torch
@@ -378,6 +352,18 @@ def _lower_variant(task: _VariantTask, shared: _Exported | None = None) -> dict[
         task.spec, task.backend, program, task, artifact_paths, timer, quantization, started, quiet=shared is None
     )
     return sidecar
+
+
+def _share_cores(task: VariantTask, threads: int | None) -> None:
+    """One intra-op thread per lowering when several run at once, or their OpenMP threads spin against each other.
+
+    int8-static keeps the default: its calibration's float results, and so its scales, depend on the thread count,
+    and they must match a `--jobs 1` lowering's.
+    """
+    import torch
+
+    default = threads or torch.get_num_threads()
+    torch.set_num_threads(default if scheme_of(task.backend) == "int8-static" else 1)
 
 
 def _reset_peak_rss() -> None:
@@ -397,7 +383,7 @@ def _peak_rss_bytes() -> int:
 
 
 def _quantized_program(
-    task: _VariantTask, artifact_paths: ArtifactPaths, shared: _Exported | None
+    task: VariantTask, artifact_paths: ArtifactPaths, shared: _Exported | None
 ) -> tuple[Any, dict[str, Any]]:
     import torch
 
@@ -428,7 +414,7 @@ def _lower_backend(
     spec: ModelSpec,
     backend: str,
     exported: Any,
-    task: _VariantTask,
+    task: VariantTask,
     artifact_paths: ArtifactPaths,
     timer: console.StageTimer,
     quantization: dict[str, Any] | None,

@@ -24,6 +24,7 @@ PHASES = ("start", "load", "method_init", "first_execution", "end")
 
 MAX_ARENAS = 64  # a board's timings.json is untrusted: a method has a handful of planned arenas
 
+
 @dataclass(frozen=True)
 class ProgramMemory:
     """What the program itself says about memory, for one method."""

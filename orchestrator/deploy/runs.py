@@ -1,6 +1,7 @@
 """What we do with a provisioned board: push an artifact, profile it through the agent, pull the bundle.
 
-Each function is one step for one board and one artifact; pipeline.py chains them across boards.
+Each function is one step for one board and one artifact; deploy/cells.py chains them, and boards/fanout.py
+runs boards in parallel.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 Cells (board × model × backend) are recorded as soon as they finish, one transaction each, so a killed
 nightly re-run the same night skips what is already recorded and loses nothing.
 
-Verdicts (orchestrator/verdicts.py) survive a noisy board:
+Verdicts (results/verdicts.py) survive a noisy board:
 - the same program and versions as the baseline: a shift is board drift (a warning), never a regression;
 - a changed program that looks slower or faster is re-tested at once, interleaved with the baseline's program on
-  the same board (orchestrator/abtest.py); only a confirmed shift is a regression, else it is "unconfirmed";
+  the same board (deploy/abtest.py); only a confirmed shift is a regression, else it is "unconfirmed";
 - a degraded run is re-measured once after a cool-down; still degraded, it is "inconclusive" (unless a changed
   program's shift is then settled by the interleaved re-test, which does not depend on tonight's run).
 

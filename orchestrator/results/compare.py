@@ -17,7 +17,7 @@ deltas are shown only where both runs have the same operator at the same instruc
 the explanation of what differs and why that is expected (a scheme is a choice, not a regression). Only runs of
 different models are refused.
 
-The verdict (orchestrator/verdicts.py) follows the nightly's rules: the same program on both sides is "drift"
+The verdict (results/verdicts.py) follows the nightly's rules: the same program on both sides is "drift"
 (run-to-run, never a regression); a degraded side is "inconclusive"; different builds that differ are
 "unconfirmed" until `interleaved_verdict` re-runs both programs alternately on a board.
 """

@@ -71,6 +71,27 @@ def test_runner_cross_compiles_for_aarch64_and_runs_under_qemu(
     assert document["program_memory"]["constants_bytes"] == expected > 0
     # A second build is the cached binary.
     assert crossbuild.cross_build_runner(compiler, wheel, source, tree_sha256(source), executorch_version()) == binary
+    # A binary cut short (a build killed while installing, before the completion stamp) is never reused: rebuilt.
+    whole = binary.read_bytes()
+    binary.write_bytes(whole[: len(whole) // 2])
+    again = crossbuild.cross_build_runner(compiler, wheel, source, tree_sha256(source), executorch_version())
+    assert again == binary and binary.read_bytes() == whole
+    assert not list(binary.parent.parent.parent.glob(".build-*"))  # the private build folder is gone
+
+
+def test_stale_cross_builds_are_removed_unless_in_use(tmp_path: Path) -> None:
+    """Builds of other sources are cleaned up, but never one that another setup is building or pushing (it holds
+    its key's lock)."""
+    import fcntl
+
+    root = tmp_path / "cross" / "aarch64"
+    for key in ("current", "stale", "in-use"):
+        (root / key / "runner").mkdir(parents=True)
+    with open(root / "in-use.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_SH)
+        crossbuild._remove_stale(root, "current")
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["current", "in-use"]
+    assert not (root / "stale.lock").exists()
 
 
 def test_where_the_runner_is_built() -> None:

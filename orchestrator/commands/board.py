@@ -14,8 +14,8 @@ from orchestrator import console
 from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
 from orchestrator.boards.workdir import BoardWorkdir
-from orchestrator.commands.render import place_text, print_details, summarize
-from orchestrator.deploy.agent_client import BoardAgent
+from orchestrator.commands.render import place_text, print_details, print_gc, summarize
+from orchestrator.deploy.agent_client import BoardAgent, GcResult
 from orchestrator.deploy.runs import RunParams, profile, push_artifact
 from orchestrator.errors import BundleError, EtlabError, ExitCode, UsageError
 from orchestrator.lowering.artifacts import Artifact, load_artifact
@@ -160,8 +160,8 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
         console.table("pull", ["board", "bundle"], rows)
     else:
         console.plain("nothing new to pull", stderr=False)
-    code = _summarize_failures(outcomes, "pull")
-    return ExitCode.DATA if any(isinstance(o.exception, BundleError) for o in outcomes) else code
+    # A refused bundle is class 65 (RefusedBundles), so the fan-out rule applies: mixed with other classes is 1.
+    return _summarize_failures(outcomes, "pull")
 
 
 class RefusedBundles(BundleError):
@@ -271,17 +271,13 @@ def gc(boards: Sequence[Board], keep: int) -> int:
 
     protect = sorted(programs.kept())  # nightly baselines stay on the boards while they are baselines
 
-    def one(board: Board) -> dict[str, Any]:
+    def one(board: Board) -> GcResult:
         with stage("connect"), connect(board) as conn, stage("gc"):
             return BoardAgent(conn, conn.workdir).gc(keep, protect=protect)
 
     outcomes = fan_out(boards, one)
-    return _finish(
-        outcomes,
-        "gc",
-        ["removed", "freed MB"],
-        lambda r: [len(r.get("removed", [])), round(r.get("freed_bytes", 0) / 1e6, 1)],
-    )
+    print_gc(outcomes)
+    return _summarize_failures(outcomes, "gc")
 
 
 def artifacts_for(model: str, backends: Sequence[str]) -> list[Artifact]:

@@ -12,9 +12,9 @@ from orchestrator import console
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
 from orchestrator.commands.render import print_cells, print_lowering
-from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
+from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
-from orchestrator.errors import BoardError, ExitCode, combined_exit_code, failure_code
+from orchestrator.errors import ExitCode, combined_exit_code, failure_code
 
 
 def deploy_and_profile(
@@ -62,7 +62,7 @@ def deploy_and_profile(
                     stage=outcome.stage or "?",
                     detail=outcome.detail,
                     exit_class=ExitCode.SOFTWARE if outcome.exception is None else failure_code(outcome.exception),
-                    infrastructure=isinstance(outcome.exception, BoardError),
+                    infrastructure=is_link_trouble(outcome.exception),
                 )
                 for job in jobs
             ]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import console
+from orchestrator.deploy.agent_client import GC_CATEGORIES, GcResult
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
@@ -217,6 +218,20 @@ def summarize(outcomes: Sequence[BoardOutcome[Any]], *, title: str = "Boards") -
     caption = f"{len(outcomes) - failed} ok, {failed} failed" if outcomes else "no boards"
     console.table(title, ["board", "status", "stage", "seconds", "reason"], rows, caption=caption)
     print_details(outcomes)
+
+
+def print_gc(outcomes: Sequence[BoardOutcome[GcResult]]) -> None:
+    """The `fab gc` table: what each board that answered removed, per category and in all, and the space freed."""
+    rows = []
+    for outcome in outcomes:
+        result = outcome.value
+        if not outcome.ok or result is None:
+            continue
+        removed = result.removed
+        counts = [len(removed[category]) for category in GC_CATEGORIES]
+        rows.append([outcome.board.name, result.removed_count, *counts, f"{result.bytes_freed:,}"])
+    if rows:
+        console.table("gc", ["board", "removed", *GC_CATEGORIES, "bytes freed"], rows)
 
 
 def place_text(place: Any) -> str | None:

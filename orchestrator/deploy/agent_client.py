@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import BoardDataError, BoardError
@@ -32,6 +33,22 @@ class AgentError(BoardError):
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+GC_CATEGORIES = ("bundles", "temporaries", "models", "inputs")  # `gc`'s `removed` keys (board/agent/README.md)
+
+
+@dataclass(frozen=True)
+class GcResult:
+    """What `gc` removed on one board (or would remove, with --dry-run), checked against the documented shape."""
+
+    removed: dict[str, list[str]]  # every category of GC_CATEGORIES, each a list of names
+    bytes_freed: int
+    dry_run: bool
+
+    @property
+    def removed_count(self) -> int:
+        return sum(len(names) for names in self.removed.values())
 
 
 class BoardAgent:
@@ -168,8 +185,20 @@ class BoardAgent:
     def malformed(self, command: str, what: str) -> BoardDataError:
         return BoardDataError(f"{self.board_name}: agent {command} sent malformed output: {what}")
 
-    def gc(self, keep: int, *, dry_run: bool = False, protect: Sequence[str] = ()) -> dict[str, Any]:
+    def gc(self, keep: int, *, dry_run: bool = False, protect: Sequence[str] = ()) -> GcResult:
         args = ["gc", "--keep", str(keep)] + (["--dry-run"] if dry_run else [])
         for sha in protect:
             args += ["--protect", sha]
-        return self.call(*args, timeout=600)[0]
+        document = self.call(*args, timeout=600)[0]
+        removed = document.get("removed")
+        if not isinstance(removed, dict):
+            raise self.malformed("gc", f"'removed' is {json.dumps(removed)[:200]}")
+        for category in GC_CATEGORIES:
+            names = removed.get(category)
+            if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+                raise self.malformed("gc", f"'removed.{category}' is not a list of names: {json.dumps(names)[:200]}")
+        freed = document.get("bytes_freed")
+        if not isinstance(freed, int) or isinstance(freed, bool) or freed < 0:
+            raise self.malformed("gc", f"'bytes_freed' is {json.dumps(freed)[:200]}")
+        removed_names = {category: list(removed[category]) for category in GC_CATEGORIES}
+        return GcResult(removed_names, freed, bool(document.get("dry_run")))

@@ -64,9 +64,18 @@ class CellOutcome:
         return self.summary.validity.status if self.summary else None
 
 
-def _is_infrastructure(exc: BaseException) -> bool:
-    """Board or link trouble (unreachable, lost link, transfer), as opposed to a model or analysis failure."""
-    return isinstance(exc, BoardError | OSError | EOFError)
+def is_link_trouble(exc: BaseException | None) -> bool:
+    """The board or the link failed (unreachable, lost link, transfer, no labgrid place): infrastructure, exit 69.
+
+    A board that answered with malformed data (65) or cannot be set up (1) is not: it fails for its own reason."""
+    if isinstance(exc, BoardError):
+        return exc.exit_code == ExitCode.UNAVAILABLE
+    return isinstance(exc, OSError | EOFError)
+
+
+def exit_class(exc: BaseException) -> int:
+    """The exit code of the class of reason a board or cell failed for: link trouble is 69 (a raw OSError too)."""
+    return ExitCode.UNAVAILABLE if is_link_trouble(exc) else failure_code(exc)
 
 
 @contextlib.contextmanager
@@ -149,7 +158,8 @@ def run_cells_on_board(
     except Exception as exc:
         # Board trouble (unreachable, setup failed, link lost): every unfinished cell fails with it.
         reason, detail = first_line(exc), full_reason(exc)
-        code = ExitCode.UNAVAILABLE if _is_infrastructure(exc) else failure_code(exc)
+        # Only link trouble is infrastructure (the nightly retries it); a malformed or unfit board keeps its class.
+        code, infrastructure = exit_class(exc), is_link_trouble(exc)
         for index, cell in enumerate(cells):
             if index in reported:
                 continue
@@ -159,7 +169,7 @@ def run_cells_on_board(
                 cell.stage, cell.error = "not started", f"{board.name} failed earlier: {reason}"
             if cell.error is None:
                 cell.error, cell.detail = reason, detail
-            cell.exit_class, cell.infrastructure = code, True
+            cell.exit_class, cell.infrastructure = code, infrastructure
             report(index)
     return cells
 
@@ -211,8 +221,7 @@ def _run_cell(
     except BoardError:
         raise  # the board or link is gone: the remaining cells cannot run either
     except Exception as exc:
-        cell.error, cell.detail, cell.exit_class = first_line(exc), full_reason(exc), failure_code(exc)
-        if _is_infrastructure(exc):
-            cell.exit_class = ExitCode.UNAVAILABLE
+        cell.error, cell.detail, cell.exit_class = first_line(exc), full_reason(exc), exit_class(exc)
+        if is_link_trouble(exc):
             cell.infrastructure = True
             raise

@@ -9,17 +9,25 @@ executorch version, architecture and compiler.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import json
+import os
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from orchestrator import paths
 from orchestrator.errors import BoardError
+from orchestrator.fsutil import atomic_write_json, sha256_and_size, sha256_file
 
 # Board architecture (uname -m) -> GNU triplet of Debian's cross toolchain.
 TRIPLETS = {"aarch64": "aarch64-linux-gnu", "x86_64": "x86_64-linux-gnu", "armv7l": "arm-linux-gnueabihf"}
@@ -105,58 +113,142 @@ def _build_tools() -> dict[str, str]:
     return found
 
 
+COMPLETE = "complete.json"  # written last, beside runner/: what a finished build produced
+
+
+def _cache_key(compiler: CrossCompiler, wheel: Path, source_sha256: str, executorch_version: str) -> str:
+    return hashlib.sha256(
+        f"{source_sha256}\n{executorch_version}\n{wheel.name}\n{compiler.arch}\n{compiler.version}".encode()
+    ).hexdigest()[:16]
+
+
+def _complete(folder: Path, binary: Path) -> bool:
+    """Whether `folder` holds a finished build: its stamp names the binary's exact size and sha256 (a binary that
+    a killed build left behind, or one truncated later, is rebuilt)."""
+    try:
+        stamp = json.loads((folder / COMPLETE).read_text())
+        if not isinstance(stamp, dict) or stamp.get("size") != binary.stat().st_size:
+            return False
+    except (OSError, ValueError):
+        return False
+    return stamp.get("sha256") == sha256_file(binary)
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int) -> Iterator[IO[str]]:
+    """`path` locked with fcntl.flock (`mode`: LOCK_SH or LOCK_EX); per open file, so threads exclude each other."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, mode)
+        try:
+            yield handle
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def cross_built_runner(
+    compiler: CrossCompiler, wheel: Path, runner_source: Path, source_sha256: str, executorch_version: str
+) -> Iterator[Path]:
+    """The runner for `compiler.arch`, built or reused, on the workstation; it stays in place for the block.
+
+    One lock per cache key (`<key>.lock`): a build holds it exclusively, users of the binary share it, so parallel
+    setups of boards without a compiler build once and nobody removes a build someone is pushing."""
+    key = _cache_key(compiler, wheel, source_sha256, executorch_version)
+    root = paths.state_dir() / "cache" / "cross" / compiler.arch
+    folder = root / key
+    binary = folder / "runner" / executorch_version / RUNNER_NAME
+    lock = root / f"{key}.lock"
+    for _ in range(3):
+        with _flock(lock, fcntl.LOCK_SH):
+            if _complete(folder, binary):
+                yield binary
+                return
+        with _flock(lock, fcntl.LOCK_EX):
+            if not _complete(folder, binary):
+                _build(compiler, wheel, runner_source, folder, binary, executorch_version)
+                _remove_stale(root, key)
+    raise BoardError(f"the cross-built runner in {folder} kept disappearing (another etlab removing it?)")
+
+
 def cross_build_runner(
     compiler: CrossCompiler, wheel: Path, runner_source: Path, source_sha256: str, executorch_version: str
 ) -> Path:
     """Build (or reuse) the runner for `compiler.arch`; returns the binary on the workstation."""
-    key = hashlib.sha256(
-        f"{source_sha256}\n{executorch_version}\n{wheel.name}\n{compiler.arch}\n{compiler.version}".encode()
-    ).hexdigest()[:16]
-    root = paths.state_dir() / "cache" / "cross" / compiler.arch
-    out = root / key / "runner" / executorch_version
-    binary = out / RUNNER_NAME
-    if binary.is_file():
+    with cross_built_runner(compiler, wheel, runner_source, source_sha256, executorch_version) as binary:
         return binary
-    sdk = unpack_sdk(wheel, root / key / "runtime" / executorch_version)
-    build = root / key / "build"
-    shutil.rmtree(build, ignore_errors=True)
-    build.mkdir(parents=True)
-    (build / "toolchain.cmake").write_text(toolchain_file(compiler, sdk))
+
+
+def _build(
+    compiler: CrossCompiler, wheel: Path, runner_source: Path, folder: Path, binary: Path, executorch_version: str
+) -> None:
+    """Build into a private folder and move the finished binary into place, then write the stamp: a build killed
+    at any point leaves no stamp, so it is never taken for a finished one. The caller holds the key's lock."""
+    (folder / COMPLETE).unlink(missing_ok=True)
+    sdk = unpack_sdk(wheel, folder / "runtime" / executorch_version)
     tools = _build_tools()
-    log = root / key / "build.log"
-    steps = [
-        [
-            tools["cmake"],
-            "-S",
-            str(runner_source),
-            "-B",
-            str(build),
-            "-G",
-            "Ninja",
-            "-DCMAKE_BUILD_TYPE=Release",
-            f"-DCMAKE_MAKE_PROGRAM={tools['ninja']}",
-            f"-DCMAKE_TOOLCHAIN_FILE={build / 'toolchain.cmake'}",
-            f"-DEXECUTORCH_ROOT={sdk}",
-            f"-DCMAKE_INSTALL_PREFIX={out}",
-        ],
-        [tools["cmake"], "--build", str(build), "--parallel", "2"],
-        [tools["cmake"], "--install", str(build)],
-    ]
-    with open(log, "wb") as handle:
-        for argv in steps:
-            handle.write(f"\n$ {' '.join(argv)}\n".encode())
-            handle.flush()
-            done = subprocess.run(argv, stdout=handle, stderr=subprocess.STDOUT, check=False)
-            if done.returncode != 0:
-                tail = log.read_text(errors="replace").strip().splitlines()[-15:]
-                raise BoardError(
-                    f"cross-building the runner for {compiler.arch} failed (exit {done.returncode}); see {log}:\n"
-                    + "\n".join(tail)
-                )
-    shutil.rmtree(build, ignore_errors=True)
-    if not binary.is_file():
-        raise BoardError(f"the cross build finished but produced no {binary}")
-    for stale in root.iterdir():  # builds of earlier sources or versions
-        if stale.is_dir() and stale.name != key:
+    log = folder / "build.log"
+    out = binary.parent
+    out.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
+    try:
+        build, staging = private / "build", private / "install"
+        build.mkdir()
+        (build / "toolchain.cmake").write_text(toolchain_file(compiler, sdk))
+        steps = [
+            [
+                tools["cmake"],
+                "-S",
+                str(runner_source),
+                "-B",
+                str(build),
+                "-G",
+                "Ninja",
+                "-DCMAKE_BUILD_TYPE=Release",
+                f"-DCMAKE_MAKE_PROGRAM={tools['ninja']}",
+                f"-DCMAKE_TOOLCHAIN_FILE={build / 'toolchain.cmake'}",
+                f"-DEXECUTORCH_ROOT={sdk}",
+                # The final place: the $ORIGIN RUNPATH is computed from it (board/runner/CMakeLists.txt).
+                f"-DCMAKE_INSTALL_PREFIX={out}",
+            ],
+            [tools["cmake"], "--build", str(build), "--parallel", "2"],
+            # Installed into the private folder; the RUNPATH is fixed at build time, so moving it keeps it right.
+            [tools["cmake"], "--install", str(build), "--prefix", str(staging)],
+        ]
+        with open(log, "wb") as handle:
+            for argv in steps:
+                handle.write(f"\n$ {' '.join(argv)}\n".encode())
+                handle.flush()
+                done = subprocess.run(argv, stdout=handle, stderr=subprocess.STDOUT, check=False)
+                if done.returncode != 0:
+                    tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+                    raise BoardError(
+                        f"cross-building the runner for {compiler.arch} failed (exit {done.returncode}); see {log}:\n"
+                        + "\n".join(tail)
+                    )
+        built = staging / RUNNER_NAME
+        if not built.is_file():
+            raise BoardError(f"the cross build finished but produced no {binary.name}; see {log}")
+        with open(built, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(built, binary)
+        sha256, size = sha256_and_size(binary)
+        atomic_write_json(folder / COMPLETE, {"sha256": sha256, "size": size})
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _remove_stale(root: Path, key: str) -> None:
+    """Remove builds of earlier sources or versions, except any that another build or push holds right now."""
+    for stale in root.iterdir():
+        if not stale.is_dir() or stale.name == key:
+            continue
+        lock = root / f"{stale.name}.lock"
+        with open(lock, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # in use: left for a later build to remove
             shutil.rmtree(stale, ignore_errors=True)
-    return binary
+            # Unlinked while held: one that opened it just now builds anew into a private folder; nothing is lost.
+            lock.unlink(missing_ok=True)

@@ -10,17 +10,21 @@ shell command (no Python start, no compiler probing) and falls back to the probe
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import glob
 import gzip
 import hashlib
 import io
 import json
+import os
 import posixpath
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +36,7 @@ from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.deploy import crossbuild
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.errors import BoardDataError, BoardError, BoardSetupError
-from orchestrator.fsutil import atomic_path, atomic_write_bytes
+from orchestrator.fsutil import TMP_PREFIX, atomic_path, atomic_write_bytes
 from orchestrator.transport import BoardConnection
 from orchestrator.transport.transfer import push_file
 from orchestrator.versions import executorch_version
@@ -206,16 +210,26 @@ def manylinux_platforms(arch: str, glibc: str) -> list[str]:
 
 
 def _pip_download(requirement: str, dest: Path, platforms: list[str], python: str | None) -> None:
-    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--no-deps", "--dest", str(dest)]
-    for platform_tag in platforms:
-        argv += ["--platform", platform_tag]
-    if python:
-        argv += ["--python-version", python, "--implementation", "cp"]
-    argv.append(requirement)
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        last = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or done.stderr.splitlines()[-1:]
-        raise BoardError(f"cannot download {requirement} for {platforms[0]}: {' '.join(last)[:400]}")
+    """Download into a private folder inside `dest`, then rename the wheel into place: the shared cache never holds a
+    partial wheel (a killed pip, or another board's setup downloading the same wheel at the same time)."""
+    private = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=dest))
+    try:
+        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--no-deps"]
+        argv += ["--dest", str(private)]
+        for platform_tag in platforms:
+            argv += ["--platform", platform_tag]
+        if python:
+            argv += ["--python-version", python, "--implementation", "cp"]
+        argv.append(requirement)
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
+            last = errors or done.stderr.splitlines()[-1:]
+            raise BoardError(f"cannot download {requirement} for {platforms[0]}: {' '.join(last)[:400]}")
+        for wheel in private.glob("*.whl"):
+            os.replace(wheel, dest / wheel.name)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def fetch_wheel(name: str, requirement: str, probe_facts: dict[str, Any], *, any_python: bool = False) -> Path:
@@ -458,11 +472,14 @@ def _install_cross_built_runner(
         raise BoardError(
             f"{conn.board.name}: the cross compiler for {arch} disappeared", hint=crossbuild.install_hint(arch)
         )
-    with console.StageTimer(prefix=f"{conn.board.name}: ").stage("cross-build runner"):
-        binary = crossbuild.cross_build_runner(
-            compiler, wheel, paths.BOARD_SOURCE_DIR / "runner", runner_source, executorch_version()
-        )
-    pushed = push_file(conn, binary, kind="cache", suffix=".runner").remote_path
+    with contextlib.ExitStack() as held:  # the build stays in place (a shared lock) until it is on the board
+        with console.StageTimer(prefix=f"{conn.board.name}: ").stage("cross-build runner"):
+            binary = held.enter_context(
+                crossbuild.cross_built_runner(
+                    compiler, wheel, paths.BOARD_SOURCE_DIR / "runner", runner_source, executorch_version()
+                )
+            )
+        pushed = push_file(conn, binary, kind="cache", suffix=".runner").remote_path
     target = f"{runner_dir}/{crossbuild.RUNNER_NAME}"
     script = (
         f"mkdir -p {quote(runner_dir)} && cp {quote(pushed)} {quote(target + '.tmp')} && "

@@ -30,9 +30,9 @@ from orchestrator.boards import labgrid
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board, Inventory
 from orchestrator.deploy.abtest import Interleaved, Program, interleave
-from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
+from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
-from orchestrator.errors import BoardError, EtlabError, ExitCode, failure_code, first_line
+from orchestrator.errors import EtlabError, ExitCode, failure_code, first_line
 from orchestrator.lab.history import History, RunRecord
 from orchestrator.lab.matrix import MIN_BASELINE_NIGHTS, NightlyConfig, load_config
 from orchestrator.lab.report import CellVerdict, NightReport, PlaceWait, write_reports
@@ -479,7 +479,7 @@ def run_nightly(
                 for model, backend, params in plan[outcome.board.name]:
                     cell = CellOutcome(outcome.board.name, model, backend, stage=outcome.stage or "?",
                                        error=outcome.error, detail=outcome.detail,
-                                       infrastructure=isinstance(exc, BoardError),
+                                       infrastructure=is_link_trouble(exc),
                                        exit_class=ExitCode.SOFTWARE if exc is None else failure_code(exc))  # fmt: skip
                     threads = params.threads or outcome.board.threads
                     history.record(record_from_cell(cell, night, versions.get(model, {}), threads))

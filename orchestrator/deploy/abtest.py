@@ -35,9 +35,10 @@ import numpy as np
 
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.runs import RunParams
-from orchestrator.errors import BoardError
+from orchestrator.errors import BoardDataError, BoardError
 from orchestrator.results.stats import DEFAULT_MIN_EFFECT, compare_samples
 from orchestrator.results.store import new_run_id
+from orchestrator.results.validity import number_list
 from orchestrator.transport import BoardConnection
 from orchestrator.transport.transfer import push_file
 
@@ -159,11 +160,13 @@ def _timings(conn: BoardConnection, bundle: str) -> list[float]:
 
     result = conn.run(["cat", posixpath.join(bundle, "timings.json")], timeout=60)
     try:
-        values = json.loads(result.stdout).get("iterations_ms", [])
-    except (ValueError, AttributeError):
-        raise BoardError(f"{conn.board.name}: unreadable timings.json in {bundle}") from None
-    samples = [float(v) for v in values[:MAX_SAMPLES_PER_RUN] if isinstance(v, int | float) and not isinstance(v, bool)]
-    return [v for v in samples if np.isfinite(v) and v > 0]
+        document = json.loads(result.stdout)
+    except (ValueError, RecursionError):
+        raise BoardDataError(f"{conn.board.name}: unreadable timings.json in {bundle}") from None
+    values = document.get("iterations_ms") if isinstance(document, dict) else None
+    if not isinstance(values, list):
+        raise BoardDataError(f"{conn.board.name}: timings.json in {bundle} has no iterations_ms list")
+    return [v for v in number_list(values[:MAX_SAMPLES_PER_RUN]) if v > 0]
 
 
 def interleave(

@@ -6,10 +6,12 @@ Every board (SSH or local) is driven through this one interface, over whatever c
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.errors import BoardDataError, BoardError
 from orchestrator.transport import BoardConnection
 
@@ -83,7 +85,7 @@ class BoardAgent:
         result = self.conn.run(self.argv(*args), timeout=timeout, check=False)
         try:
             document = json.loads(result.stdout) if result.stdout.strip() else {}
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # ValueError: also an integer of thousands of digits
             document = {"error": f"unparseable agent output: {_last_line(result.stdout)[:200]}"}
         # The board is untrusted: its answer must have the documented shape before anything reads it.
         if not isinstance(document, dict):
@@ -161,8 +163,10 @@ class BoardAgent:
             if document.get("run_id") != run_id or status not in ("ok", "failed", "timeout"):
                 raise self.malformed("profile", f"run_id {document.get('run_id')!r}, status {status!r}")
             # The bundle is where this run id puts it; the board does not get to point the pull elsewhere.
-            if not isinstance(bundle, str) or not bundle.endswith(f"/bundles/{run_id}"):
-                raise self.malformed("profile", f"bundle {str(bundle)[:200]!r} is not <workdir>/bundles/{run_id}")
+            ours = BoardWorkdir(self.workdir or "/").bundle(run_id)
+            if not isinstance(bundle, str) or posixpath.normpath(bundle) != posixpath.normpath(ours):
+                raise self.malformed("profile", f"bundle {str(bundle)[:200]!r} is not {ours}")
+            document = {**document, "bundle": ours}
         return document, code
 
     def bundles(self) -> list[dict[str, Any]]:

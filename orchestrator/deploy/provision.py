@@ -81,6 +81,13 @@ _FACT_KINDS: dict[str, tuple[type, ...]] = {
     "cmake": (str, type(None)), "cmake_version": (str, type(None)), "ninja": (str, type(None)),
     "state": (dict, type(None)), "runner": (dict, type(None)), "agent_present": (bool,), "free_mb": (int, type(None)),
 }  # fmt: skip
+# The fields of state.json and of the runner's --version answer that provisioning reads: each a string when present.
+_NESTED_KINDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "state": {key: (str,) for key in (
+        "executorch_version", "board_tree_sha256", "runner_source_sha256", "runner_path", "runner_build",
+    )},
+    "runner": {"executorch_version": (str,), "runner_version": (str,)},
+}  # fmt: skip
 _ARCH = re.compile(r"[A-Za-z0-9_]{1,32}")
 _VERSION = re.compile(r"\d+(\.\d+){0,3}")
 
@@ -138,6 +145,14 @@ def checked_facts(board: str, text: str) -> dict[str, Any]:
         value = facts.get(key)
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
             raise BoardDataError(f"{board}: the board probe sent malformed output: {key} is {json.dumps(value)[:80]}")
+    for key, fields in _NESTED_KINDS.items():
+        for field_name, kinds in fields.items():
+            value = (facts[key] or {}).get(field_name)
+            if value is not None and not isinstance(value, kinds):
+                raise BoardDataError(
+                    f"{board}: the board probe sent malformed output: {key}.{field_name} is {json.dumps(value)[:80]}",
+                    hint="on the board: remove state.json from the workdir, then provision again",
+                )
     shapes = {"arch": _ARCH, "python": _VERSION, "glibc": _VERSION}
     for key, pattern in shapes.items():
         if facts[key] is not None and not pattern.fullmatch(facts[key]):
@@ -312,7 +327,7 @@ def _problems(facts: dict[str, Any], tree: str, build: str = "auto") -> list[str
     elif state.get("board_tree_sha256") != tree:
         reasons.append("board/ sources changed")
     runner = facts.get("runner") or {}
-    if state and not reasons and runner.get("executorch_version", "").split("+")[0] != wanted:
+    if state and not reasons and str(runner.get("executorch_version") or "").split("+")[0] != wanted:
         reasons.append("runner missing or built for another executorch")
     if state and not facts.get("agent_present"):
         reasons.append("agent missing")
@@ -415,7 +430,7 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
         force
         or needs_runtime
         or state.get("runner_source_sha256") != runner_source
-        or runner_answer.get("executorch_version", "").split("+")[0] != wanted
+        or str(runner_answer.get("executorch_version") or "").split("+")[0] != wanted
         or state.get("runner_build", "board") != place
     )
     if rebuild and place == "board":

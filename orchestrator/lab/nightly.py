@@ -39,6 +39,7 @@ from orchestrator.lab.report import CellVerdict, NightReport, PlaceWait, write_r
 from orchestrator.lowering import programs
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.results.stats import compare_samples
+from orchestrator.results.validity import number_list
 from orchestrator.results.verdicts import Kind, exit_code
 
 OP_MIN_SHARE = 0.005  # an operator must move at least 0.5% of the total to be named
@@ -59,17 +60,18 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
 
         try:
             timings = read_json(cell.bundle / "timings.json")
-            latencies = [float(v) for v in timings.get("iterations_ms", [])]
+        except (OSError, ValueError, RecursionError):
+            timings = None
+        if isinstance(timings, dict):  # the board's file: only its finite numbers are latencies
+            latencies = number_list(timings.get("iterations_ms"))
             environment = {
                 "runtime": str(timings.get("executorch_version") or ""),
                 "runner": str(timings.get("runner_version") or ""),
             }
-        except (OSError, ValueError, AttributeError):
-            latencies = []
         try:
             info = read_json(cell.bundle / "board_info_before.json")
             environment["board_image"] = f"{info.get('os_release') or '?'}; kernel {info.get('kernel') or '?'}"
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, RecursionError, AttributeError):
             pass
         try:
             for row in read_json(cell.bundle / "analysis" / "ops.json").get("instructions", []):

@@ -9,7 +9,7 @@ from typing import Any
 from orchestrator.errors import AnalysisError, BundleError
 from orchestrator.fsutil import read_json
 from orchestrator.names import is_valid_name
-from orchestrator.results.bundle import verify_bundle
+from orchestrator.results.bundle import is_bundle_path, verify_bundle
 
 REQUIRED_FILES = ("result_manifest.json", "run.json")
 
@@ -74,7 +74,8 @@ def read_bundle(bundle_dir: Path) -> BundleFiles:
     if not isinstance(manifest, dict) or not isinstance(run, dict):
         raise AnalysisError(f"bundle {bundle_dir}: result_manifest.json or run.json is not a JSON object")
     listed = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
-    missing = sorted(name for name in listed if not (bundle_dir / name).is_file())
+    # Only names that pass the rule touch the disk; verify_bundle refuses the others by name.
+    missing = sorted(name for name in listed if is_bundle_path(name) and not (bundle_dir / name).is_file())
     if missing:
         raise AnalysisError(f"bundle {bundle_dir} is missing {', '.join(missing)} (listed in result_manifest.json)")
     try:

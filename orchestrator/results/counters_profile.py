@@ -9,6 +9,7 @@ DELEGATE_CALL); rows that do not match are dropped and counted. Figures are medi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ COUNTERS_FILE = "counters.json"
 COUNTERS_ETDUMP = "counters_etdump.etdp"
 COUNTERS_TIMINGS = "counters_timings.json"
 INSTRUCTION_EVENTS = ("OPERATOR_CALL", "DELEGATE_CALL")
+MAX_DELTA = 2**63  # no real counter gets there; a delta that wrapped below zero does
 
 
 @dataclass
@@ -55,6 +57,13 @@ def _missing(entries: Any) -> list[dict[str, str]]:
     return found
 
 
+def _valid_row(row: Any, width: int, slots: Iterable[int]) -> bool:
+    """A row of `width` integers whose counter values are deltas the runner could have read."""
+    if not isinstance(row, list) or len(row) < width or not all(isinstance(v, int) for v in row):
+        return False
+    return all(0 <= row[slot] < MAX_DELTA for slot in slots)
+
+
 def read_counter_profile(bundle: Path, method: str = "forward") -> CounterProfile | None:
     """The bundle's counters pass, or None when it had none. Raises AnalysisError when the files are unusable."""
     path = Path(bundle) / COUNTERS_FILE
@@ -62,21 +71,27 @@ def read_counter_profile(bundle: Path, method: str = "forward") -> CounterProfil
         return None
     try:
         document = read_json(path)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise AnalysisError(f"{path} is unreadable: {exc}") from None
     captured = document.get("captured") if isinstance(document, dict) else None
     columns = document.get("columns") if isinstance(document, dict) else None
     executions = document.get("executions") if isinstance(document, dict) else None
     if not isinstance(captured, list) or not isinstance(columns, list) or not isinstance(executions, list):
         raise AnalysisError(f"{path}: needs captured, columns and executions lists")
-    captured = [str(name) for name in captured if name in COUNTERS]  # a board's unknown names are not painted
+    captured = [name for name in captured if isinstance(name, str) and name in COUNTERS]  # unknown: not painted
     if columns[:3] != ["event_index", "chain", "instruction"]:
         raise AnalysisError(f"{path}: columns must start with event_index, chain, instruction")
     slots = {name: columns.index(name) for name in captured if name in columns}
     timings_path = Path(bundle) / COUNTERS_TIMINGS
     warmup = 0
     if timings_path.is_file():
-        warm = read_json(timings_path).get("warmup_ms")
+        try:
+            timings = read_json(timings_path)
+        except (OSError, ValueError, RecursionError) as exc:
+            raise AnalysisError(f"{timings_path} is unreadable: {str(exc)[:200]}") from None
+        if not isinstance(timings, dict):
+            raise AnalysisError(f"{timings_path}: not a JSON object")
+        warm = timings.get("warmup_ms")
         warmup = len(warm) if isinstance(warm, list) else 0
     etdump_path = Path(bundle) / COUNTERS_ETDUMP
     blocks = read_etdump(etdump_path).execute_blocks if etdump_path.is_file() else []
@@ -89,7 +104,7 @@ def read_counter_profile(bundle: Path, method: str = "forward") -> CounterProfil
         block = blocks[e] if e < len(blocks) else None
         per_execution: dict[str, dict[tuple[int, int], float]] = {name: {} for name in slots}
         for row in rows:
-            if not isinstance(row, list) or len(row) < len(columns) or not all(isinstance(v, int) for v in row):
+            if not _valid_row(row, len(columns), slots.values()):
                 dropped += 1
                 continue
             event, chain, index = row[0], row[1], row[2]

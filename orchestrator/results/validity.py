@@ -19,15 +19,21 @@ OUTPUT_ATOL = 1e-4
 
 
 def number_list(value: Any) -> list[float]:
+    """The finite numbers of a board's JSON list (anything else in it is skipped); [] when it is no list."""
     if not isinstance(value, list):
         return []
-    return [float(x) for x in value if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)]
+    return [x for x in map(number, value) if x is not None]
 
 
 def number(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    """A board's JSON number as a finite float, else None (an integer too big for a float is None too)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        result = float(value)
+    except OverflowError:
+        return None
+    return result if math.isfinite(result) else None
 
 
 def latency_summary(timings: dict[str, Any] | None) -> Latency:

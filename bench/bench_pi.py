@@ -28,7 +28,8 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from orchestrator import console  # noqa: E402
 from orchestrator.deploy import crossbuild  # noqa: E402
 from orchestrator.deploy.agent_client import BoardAgent  # noqa: E402
-from orchestrator.deploy.provision import fetch_wheel, setup_board, tree_sha256  # noqa: E402
+from orchestrator.deploy.payload import fetch_wheel, tree_sha256  # noqa: E402
+from orchestrator.deploy.provision import setup_board  # noqa: E402
 from orchestrator.lowering.artifacts import load_artifact  # noqa: E402
 from orchestrator.paths import BOARD_SOURCE_DIR, state_dir  # noqa: E402
 from orchestrator.testing.pi import rootfs_archive, start_pi_board, unpack_rootfs  # noqa: E402

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.deploy import crossbuild
-from orchestrator.deploy.provision import build_place, fetch_wheel, tree_sha256
+from orchestrator.deploy.payload import fetch_wheel, tree_sha256
+from orchestrator.deploy.provision import build_place
 from orchestrator.errors import BoardError
 from orchestrator.paths import BOARD_SOURCE_DIR
 from orchestrator.results.memory import read_program_memory

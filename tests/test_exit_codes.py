@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from orchestrator.boards.workdir import BoardWorkdir
-from orchestrator.deploy.provision import board_tarball
+from orchestrator.deploy.payload import board_tarball
 from orchestrator.errors import ExitCode
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.boards.inventory import Board
-from orchestrator.deploy import provision
+from orchestrator.deploy import payload, provision
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.errors import BoardError
 from orchestrator.transport import connect
@@ -38,7 +38,7 @@ def test_setup_from_scratch(fresh_board: Board, first_setup: provision.Provision
     workdir = Path(fresh_board.workdir)
     state = json.loads((workdir / "state.json").read_text())
     assert state["executorch_version"] == executorch_version()
-    assert state["board_tree_sha256"] == provision.tree_sha256(provision.paths.BOARD_SOURCE_DIR)
+    assert state["board_tree_sha256"] == payload.tree_sha256(payload.paths.BOARD_SOURCE_DIR)
     runner = Path(state["runner_path"])
     assert runner.is_file() and runner.is_relative_to(workdir / "runner" / executorch_version())
     answer = json.loads(subprocess.run([runner, "--version"], capture_output=True, text=True, check=True).stdout)
@@ -123,7 +123,7 @@ def test_version_mismatch_reprovisions(fresh_board: Board, first_setup: provisio
     stale_runtime.mkdir(parents=True)
     with connect(fresh_board) as conn:
         facts = provision.probe(conn, conn.workdir)
-        assert provision._problems(facts, provision.board_tarball()[1]) == [
+        assert provision._problems(facts, payload.board_tarball()[1]) == [
             f"runtime is executorch 0.9.0, workstation has {executorch_version()}"
         ]
         report = provision.setup_board(conn)
@@ -150,7 +150,7 @@ def test_old_glibc_is_refused() -> None:
 
 
 def test_manylinux_tags_follow_glibc() -> None:
-    tags = provision.manylinux_platforms("aarch64", "2.31")
+    tags = payload.manylinux_platforms("aarch64", "2.31")
     assert tags[0] == "manylinux_2_31_aarch64"
     assert "manylinux_2_28_aarch64" in tags and "manylinux_2_17_aarch64" in tags
     assert "manylinux_2_32_aarch64" not in tags
@@ -160,20 +160,20 @@ def test_manylinux_tags_follow_glibc() -> None:
 def test_fetches_the_aarch64_sdk_for_a_pi() -> None:
     """The wheel for a Raspberry Pi (aarch64, Python 3.11, glibc 2.36), at the workstation's version, with its SDK."""
     facts = {"arch": "aarch64", "python": "3.11.2", "glibc": "2.36"}
-    wheel = provision.fetch_wheel("executorch", f"executorch=={executorch_version()}", facts, any_python=True)
+    wheel = payload.fetch_wheel("executorch", f"executorch=={executorch_version()}", facts, any_python=True)
     assert wheel.name.startswith(f"executorch-{executorch_version()}-")
     assert wheel.name.endswith("aarch64.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "executorch/share/cmake/executorch-config.cmake" in names
     assert "executorch/lib/libexecutorch_backend_xnnpack.so" in names
     # Cached: a second fetch does not need the network.
-    assert provision.fetch_wheel("executorch", f"executorch=={executorch_version()}", facts) == wheel
+    assert payload.fetch_wheel("executorch", f"executorch=={executorch_version()}", facts) == wheel
 
 
 def test_board_tarball_is_reproducible() -> None:
-    first, tree = provision.board_tarball()
-    assert provision.board_tarball() == (first, tree)
-    assert tree == provision.tree_sha256(provision.paths.BOARD_SOURCE_DIR)
+    first, tree = payload.board_tarball()
+    assert payload.board_tarball() == (first, tree)
+    assert tree == payload.tree_sha256(payload.paths.BOARD_SOURCE_DIR)
 
 
 def test_probe_answers_are_checked_before_use(tmp_path: Path) -> None:

@@ -179,13 +179,13 @@ def interrupt() -> None:
     stopping.set()
 
 
-@atexit.register
 def existing_session(address: str) -> Session | None:
     """The session with this coordinator, if one is open."""
     with _sessions_lock:
         return _sessions.get(address)
 
 
+@atexit.register
 def close_sessions() -> None:
     """The safety net: a place still held at exit (a job thread cut short) is released before the session ends."""
     with _sessions_lock:

@@ -22,8 +22,8 @@ from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.deploy.abtest import Interleaved, decide, iterations_for, sign_test
 from orchestrator.errors import InventoryError
 from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.judging import confirm, judge
 from orchestrator.lab.matrix import load_config
-from orchestrator.lab.nightly import confirm, judge
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.verdicts import Kind
 from tests.plugins.artifacts import TEST_CACHE
@@ -470,7 +470,7 @@ def test_malformed_nightly_section_names_line_and_field(local_board: Board, tmp_
 def test_memory_growth_is_judged_like_latency() -> None:
     """A growth of peak memory past min_effect, beyond every baseline night: drift for the same program, a regression
     for a changed one; less, or within the baseline nights, is nothing."""
-    from orchestrator.lab.nightly import judge_memory
+    from orchestrator.lab.judging import judge_memory
 
     steady = [10.0 + 0.01 * i for i in range(30)]
     base = [_record(f"2026-11-0{n}", steady, peak_rss_bytes=100_000_000 + n * 1_000_000) for n in (1, 2, 3)]

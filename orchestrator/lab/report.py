@@ -50,7 +50,7 @@ class CellVerdict:
     drift: float | None = None  # unchanged program: tonight's median / the baseline's, the board's doing
     retest: dict[str, Any] | None = None  # abtest.Interleaved.to_dict()
     remeasured: dict[str, Any] | None = None  # the degraded first run that was re-measured
-    memory: dict[str, Any] | None = None  # peak RSS vs the baseline nights' (nightly.judge_memory)
+    memory: dict[str, Any] | None = None  # peak RSS vs the baseline nights' (judging.judge_memory)
 
     def __post_init__(self) -> None:
         self.verdict = Kind(self.verdict)

@@ -9,6 +9,7 @@ the planner made share memory are counted once. The run side is the runner's RSS
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,25 +254,35 @@ def _byte_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
-def _runner_arenas(runner_program: Any) -> tuple[list[int] | None, str | None]:
-    """The runner's `planned_arenas` when it is a short list of byte counts; absent is unknown, else noted."""
-    value = runner_program.get("planned_arenas") if isinstance(runner_program, dict) else None
-    if value is None:
-        return None, None
-    if isinstance(value, list) and len(value) <= MAX_ARENAS and all(_byte_count(a) for a in value):
-        return value, None
-    return None, f"the runner's planned_arenas is not a list of byte counts: {str(value)[:60]!r}"
+def _byte_counts(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= MAX_ARENAS and all(_byte_count(a) for a in value)
 
 
-def _runner_constants(runner_program: Any) -> tuple[int | None, str | None]:
-    """The runner's `constants_bytes` when it is a byte count; absent or null (an older runner, an unreadable
-    program) is unknown, anything else is unknown and noted."""
-    value = runner_program.get("constants_bytes") if isinstance(runner_program, dict) else None
-    if value is None:
-        return None, None
-    if _byte_count(value):
-        return value, None
-    return None, f"the runner's constants_bytes is not a byte count: {str(value)[:40]!r}"
+# What the runner reports of the program (timings.json `program_memory`), checked against the program's own plan:
+# key -> (what it must be, its check, the note when it differs). Absent or null (an older runner, an unreadable
+# program) is unknown; anything else is unknown and noted.
+_RUNNER_FIGURES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+    "planned_arenas": (
+        "a list of byte counts",
+        _byte_counts,
+        "the runner planned arenas of {} bytes, the program's plan says {}",
+    ),
+    "constants_bytes": ("a byte count", _byte_count, "the runner read {} bytes of constant data, the program says {}"),
+}
+
+
+def _runner_figures(runner_program: Any, program: ProgramMemory | None, notes: list[str]) -> dict[str, Any]:
+    """The runner's figures of the program, validated, each compared with the program's; notes appended."""
+    figures = {}
+    for key, (kind, valid, mismatch) in _RUNNER_FIGURES.items():
+        value = runner_program.get(key) if isinstance(runner_program, dict) else None
+        if value is not None and not valid(value):
+            notes.append(f"the runner's {key} is not {kind}: {str(value)[:60]!r}")
+            value = None
+        if value is not None and program is not None and value != getattr(program, key):
+            notes.append(mismatch.format(value, getattr(program, key)))
+        figures[key] = value
+    return figures
 
 
 def memory_summary(timings: dict[str, Any], program: ProgramMemory | None) -> tuple[Memory | None, list[str]]:
@@ -279,20 +290,8 @@ def memory_summary(timings: dict[str, Any], program: ProgramMemory | None) -> tu
     run = run_memory(timings)
     notes: list[str] = []
     runner_program = timings.get("program_memory") if isinstance(timings, dict) else None
-    runner_arenas, arenas_note = _runner_arenas(runner_program)
-    if arenas_note:
-        notes.append(arenas_note)
-    if program is not None and runner_arenas is not None and runner_arenas != program.planned_arenas:
-        notes.append(
-            f"the runner planned arenas of {runner_arenas} bytes, the program's plan says {program.planned_arenas}"
-        )
-    runner_constants, constants_note = _runner_constants(runner_program)
-    if constants_note:
-        notes.append(constants_note)
-    if program is not None and runner_constants is not None and runner_constants != program.constants_bytes:
-        notes.append(
-            f"the runner read {runner_constants} bytes of constant data, the program says {program.constants_bytes}"
-        )
+    figures = _runner_figures(runner_program, program, notes)
+    runner_arenas, runner_constants = figures["planned_arenas"], figures["constants_bytes"]
     if run is None and program is None:
         return None, notes
     phases = run["phases"] if run else {}

@@ -402,6 +402,7 @@ def test_nightly_over_two_places(
         "reports": str(tmp_path / "reports"),
         "iterations": 5,
         "warmup": 1,
+        "cooldown_seconds": 1,  # a degraded cell's re-measure need not wait the default minute here
         "matrix": [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["pis"]}],
     }
     inventory = write_inventory(tmp_path / "inventory.yaml", sshd_lab, lab.labgrid.address, nightly=section)

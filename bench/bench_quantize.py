@@ -73,6 +73,20 @@ def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def cpu_description() -> str:
+    """The CPU and the SIMD extensions XNNPACK's int8 kernels pick from: int8 speedups depend on them (VNNI)."""
+    model, flags = "unknown CPU", set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+            break
+    simd = [flag for flag in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if flag in flags]
+    return f"{model}, {os.cpu_count()} CPUs, {' '.join(simd) or 'no AVX2'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="distilbert,gpt2")
@@ -82,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-parallel", action="store_true", help="skip the sequential vs parallel lowering")
     args = parser.parse_args(argv)
+    console.info(f"machine: {cpu_description()}")
     console.info(f"load average before: {load_average()}")
     runner = local_board_runner()
     with tempfile.TemporaryDirectory(prefix="bench-quantize-") as tmp:

@@ -20,7 +20,7 @@ from orchestrator.fsutil import remove_stale_temporaries, sha256_file
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import BACKENDS, ArtifactPaths, load_artifact, parse_backends, sidecar_problem
 from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.spec import BUILTIN_SPECS, load_spec_file
+from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec, load_spec_file
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.tensorfile import read_tensors
 from tests.plugins.artifacts import TINY_MODELS
@@ -114,24 +114,42 @@ def test_reference_inputs_are_padded_and_masked(tiny_artifacts: dict[str, Loweri
     assert (ids.array[0] == BUILTIN_SPECS["distilbert-tiny"].mask_token_id).sum() == 1
 
 
-def test_fill_mask_selects_the_mask_position() -> None:
+_TINY_BERT = ModelSpec(
+    name="bert-tiny",
+    model_type="bert",
+    task="fill-mask",
+    config={
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 128,
+        "max_position_embeddings": 256,
+    },
+    mask_token_id=103,
+)
+
+
+@pytest.mark.parametrize(
+    "spec", [BUILTIN_SPECS["distilbert-tiny"], BUILTIN_SPECS["gpt2-tiny"], _TINY_BERT], ids=lambda spec: spec.name
+)
+def test_wrappers_select_the_position_before_the_head(spec: ModelSpec) -> None:
     from orchestrator.lowering.models import build_random, load_model, reference_inputs
 
-    spec = BUILTIN_SPECS["distilbert-tiny"]
     wrapped = load_model(spec, "random").module
-    inputs = [torch.from_numpy(t.array) for t in reference_inputs(spec, 1000)]
-    position = int((inputs[0][0] == spec.mask_token_id).nonzero()[0])
+    inputs = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, 1000))
+    if spec.task == "fill-mask":
+        position = int((inputs[0][0] == spec.mask_token_id).nonzero()[0])
+    else:
+        position = int(inputs[1].sum()) - 1
+    assert position == 95 or spec.task == "fill-mask"
     full = build_random(spec)(input_ids=inputs[0], attention_mask=inputs[1]).logits
     torch.testing.assert_close(wrapped(*inputs), full[:, position, :])
-
-
-def test_causal_lm_selects_last_real_token() -> None:
-    from orchestrator.lowering.models import build_random, load_model, reference_inputs
-
-    spec = BUILTIN_SPECS["gpt2-tiny"]
-    inputs = [torch.from_numpy(t.array) for t in reference_inputs(spec, 1000)]
-    full = build_random(spec)(input_ids=inputs[0], attention_mask=inputs[1]).logits
-    torch.testing.assert_close(load_model(spec, "random").module(*inputs), full[:, 95, :])
+    # The head runs on one row: no tensor in the exported graph spans the sequence and the vocabulary.
+    program = torch.export.export(wrapped, inputs, strict=False)
+    shapes = [tuple(node.meta["val"].shape) for node in program.graph.nodes if hasattr(node.meta.get("val"), "shape")]
+    assert (1, 1, 1000) in shapes
+    assert not [shape for shape in shapes if 1000 in shape and spec.seq_len in shape]
 
 
 def copy_artifacts(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path, model: str) -> Path:

@@ -158,6 +158,29 @@ def test_the_shipped_quantizer_breaks_integer_index_arithmetic_and_ours_does_not
     assert int(out.argmax()) == int(ref.argmax())
 
 
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_int8_static_keeps_the_attention_mask_add_in_float(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager attention adds a mask of about -3.4e38 before softmax: quantized per tensor, it zeroes every score."""
+    import torch
+
+    from orchestrator.lowering import quantize as quantizing
+    from orchestrator.lowering.models import load_model, reference_inputs, vocab_size_of
+
+    spec = BUILTIN_SPECS[name]
+    module = load_model(spec, "random").module
+    args = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, vocab_size_of(module)))
+
+    def softmax_inputs() -> list[str]:
+        program = quantizing.quantize(module, args, "int8-static", calibration=[args]).program
+        softmaxes = [node for node in program.graph.nodes if "softmax" in str(node.target)]
+        assert softmaxes
+        return [str(node.args[0].target) for node in softmaxes]
+
+    assert not [target for target in softmax_inputs() if "dequantize" in target]
+    monkeypatch.setattr(quantizing, "keep_softmax_inputs_float", lambda model: None)
+    assert all("dequantize" in target for target in softmax_inputs()), "without the guard the mask add is int8"
+
+
 def test_layers_8da4w_cannot_group_are_named_as_float() -> None:
     """A user's spec whose widths are not multiples of the group size: the float layers are listed, never hidden."""
     import torch

@@ -116,10 +116,15 @@ def integer_safe_quantizer(is_dynamic: bool) -> Any:
     )
 
     class IntegerSafeXnnpackQuantizer(XNNPACKQuantizer):
-        """`transform_for_annotation` turns only floating-point add/mul scalars into tensor constants."""
+        """`transform_for_annotation` turns only floating-point add/mul scalars into tensor constants, and the
+        attention-mask adds stay in float."""
 
         def transform_for_annotation(self, model: Any) -> Any:
             return convert_float_scalars_to_attrs(model)
+
+        def annotate(self, model: Any) -> Any:
+            keep_softmax_inputs_float(model)
+            return super().annotate(model)
 
     quantizer = IntegerSafeXnnpackQuantizer()
     quantizer.set_global(get_symmetric_quantization_config(is_per_channel=True, is_dynamic=is_dynamic))
@@ -144,6 +149,26 @@ def _is_float_node(node: Any) -> bool:
     value = node.meta.get("val") if hasattr(node, "meta") else None
     dtype = getattr(value, "dtype", None)
     return dtype is not None and dtype.is_floating_point and dtype != torch.bool
+
+
+_SOFTMAX_TARGETS = ("aten._softmax.default", "aten.softmax.int", "aten._safe_softmax.default")
+
+
+def keep_softmax_inputs_float(model: Any) -> None:
+    """Mark every add/mul that feeds a softmax as annotated with nothing, so the quantizer leaves it in float.
+
+    In eager attention that add carries the mask (about -3.4e38): one int8 per-tensor scale for it crushes every
+    attention score to zero. The SDPA op hid it from the quantizer; eager attention (models.delegable) does not.
+    """
+    import torch
+    from torchao.quantization.pt2e.quantizer import QuantizationAnnotation
+
+    binary = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
+    for node in model.graph.nodes:
+        if node.op != "call_function" or node.target not in binary:
+            continue
+        if any(str(user.target) in _SOFTMAX_TARGETS for user in node.users):
+            node.meta["quantization_annotation"] = QuantizationAnnotation(_annotated=True)
 
 
 def convert_float_scalars_to_attrs(model: Any) -> Any:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# No model hub is reachable here. huggingface_hub reads this once, at import: set later (monkeypatch), it is
+# ignored and every pretrained lookup waits on the network before it fails.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 pytest_plugins = [
     "tests.plugins.processes",  # reaps every process a test starts; loads first so its hooks wrap the rest
     "tests.plugins.artifacts",  # tiny models lowered with the real pipeline, cached across sessions

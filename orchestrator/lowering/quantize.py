@@ -162,13 +162,14 @@ def keep_softmax_inputs_float(model: Any) -> None:
     """
     import torch
     from torchao.quantization.pt2e.quantizer import QuantizationAnnotation
+    from torchao.quantization.pt2e.quantizer.quantizer import Q_ANNOTATION_KEY
 
     binary = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
     for node in model.graph.nodes:
         if node.op != "call_function" or node.target not in binary:
             continue
         if any(str(user.target) in _SOFTMAX_TARGETS for user in node.users):
-            node.meta["quantization_annotation"] = QuantizationAnnotation(_annotated=True)
+            node.meta[Q_ANNOTATION_KEY] = QuantizationAnnotation(_annotated=True)
 
 
 def convert_float_scalars_to_attrs(model: Any) -> Any:

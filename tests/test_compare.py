@@ -173,9 +173,12 @@ def test_a_slower_operator_is_found_and_painted_red(baseline: BundleCase, tmp_pa
 def test_render_comparison(baseline: BundleCase, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     same = copy_bundle(baseline, tmp_path / "run-same")
     analyze(same)
+    _force_valid(baseline.path)
+    _force_valid(same.path)
     render_comparison(compare_runs(baseline.path, same.path, write=False), limit=5)
-    out = capsys.readouterr().out
-    assert "overall: no change" in out and "A median ms" in out
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "overall: ok: no program change; within noise" in out and "A median ms" in out
 
 
 def test_different_models_are_refused(analysis_bundles: dict[str, BundleCase], tmp_path: Any) -> None:
@@ -225,7 +228,8 @@ def test_same_program_is_drift_never_a_regression(baseline: BundleCase, tmp_path
     assert comparison.total.change == "slower", comparison.total.reason
     assert comparison.verdict == Kind.DRIFT, comparison.verdict_detail
     assert (
-        comparison.verdict_detail.startswith("no program change; +") and "run-to-run drift" in comparison.verdict_detail
+        comparison.verdict_detail.startswith("no program change; the measured median +")
+        and "run-to-run drift" in comparison.verdict_detail
     )
     assert json.loads(comparison.report.read_text())["verdict"] == "drift"
 
@@ -241,6 +245,42 @@ def test_a_degraded_side_is_inconclusive(baseline: BundleCase, tmp_path: Any) ->
     comparison = compare_runs(baseline.path, other.path, write=False)
     assert comparison.verdict == Kind.INCONCLUSIVE
     assert "is degraded (unstable timings)" in comparison.verdict_detail
+
+
+def _overall_lines(out: str) -> list[str]:
+    lines = " ".join(out.split()).split("overall:")[1:]  # the console wraps long lines
+    return [line.strip() for line in lines]
+
+
+def test_one_verdict_said_once(baseline: BundleCase, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two runs of one program whose timings differ far beyond the noise (x1.6): the only overall line says drift,
+    with the figure as detail; with one side degraded it says inconclusive. Nothing claims "faster"/"slower"."""
+    slow = copy_bundle(baseline, tmp_path / "run-hog")
+    timings = json.loads((slow.path / "timings.json").read_text())
+    edit_json(slow.path / "timings.json", iterations_ms=[v * 1.6 for v in timings["iterations_ms"]])
+    analyze(slow)
+    _force_valid(baseline.path)
+    _force_valid(slow.path)
+    for first, second, sign in ((baseline, slow, "+"), (slow, baseline, "-")):
+        render_comparison(compare_runs(first.path, second.path, write=False))
+        captured = capsys.readouterr()
+        out = captured.out + captured.err
+        (overall,) = _overall_lines(out)
+        assert overall.startswith(f"drift: no program change; the measured median {sign}"), overall
+        assert "verdict:" not in out and "faster" not in overall and "slower" not in overall, out
+
+    summary_path = slow.path / "analysis" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["validity"] = {"status": "degraded", "reasons": [{"level": "degraded", "reason": "a CPU hog"}]}
+    summary_path.write_text(json.dumps(summary))
+    render_comparison(compare_runs(baseline.path, slow.path, write=False))
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    (overall,) = _overall_lines(out)
+    assert overall.startswith("inconclusive: run ") and "is degraded (a CPU hog); the measured median +" in overall, (
+        overall
+    )
+    assert "cannot be trusted" in overall and "faster" not in overall and "slower" not in overall, out
 
 
 def _force_valid(run: Any) -> None:
@@ -354,7 +394,7 @@ def test_fab_compare_interleave_confirms_a_really_slower_program(small_lab: dict
     result = fab_compare(small_lab, "a", "slow", "--interleave", "5", "--board", "local")
     assert result.returncode == 1, result.stdout + result.stderr
     output = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
-    assert "verdict: regression: confirmed slower" in output
+    assert "overall: regression: confirmed slower" in output
     report = compare_report(small_lab, "a", "slow")
     retest = report["retest"]
     assert report["verdict"] == "regression" and retest["confirmed"] and retest["change"] == "slower", retest
@@ -372,7 +412,7 @@ def test_fab_compare_interleave_same_program_is_never_a_regression(small_lab: di
     assert report["verdict_detail"].startswith("no program change; interleaved, 5 rounds of ")
     assert report["retest"]["rounds"] == 5 and report["retest"]["budget_seconds"] == 0
     output = " ".join((result.stdout + result.stderr).split())
-    assert f"verdict: {report['verdict']}: no program change" in output and "REGRESSION" not in output.upper()
+    assert f"overall: {report['verdict']}: no program change" in output and "REGRESSION" not in output.upper()
 
 
 @pytest.mark.parametrize(

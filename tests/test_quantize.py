@@ -333,7 +333,7 @@ def test_deploy_and_profile_every_scheme_side_by_side_then_compare_across_scheme
     text = compare.stdout + compare.stderr
     assert "different quantization schemes (fp32 vs int8-dynamic)" in text
     # ok with the speed ratio, or inconclusive when this shared machine degraded a run: never a regression.
-    assert "verdict: ok:" in text or "verdict: inconclusive:" in text, text
+    assert "overall: ok:" in text or "overall: inconclusive:" in text, text
     assert "regression" not in text.replace("not a regression", "")
 
     from orchestrator.results.explorer import program_models

@@ -328,13 +328,11 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
         ]
         for op in changed[:limit]
     ]
-    total = comparison.total
-    ratio = f"{(total.ratio - 1) * 100:+.1f}%" if total.ratio is not None else "n/a"
     console.table(
         f"{comparison.run_id_b} vs {comparison.run_id_a}",
-        ["node", "op", "A median ms", "B median ms", "Δ ms", "Δ %", "verdict"],
+        ["node", "op", "A median ms", "B median ms", "Δ ms", "Δ %", "change"],
         rows,
-        caption=f"overall: {total.change} ({ratio}; {total.reason})",
+        caption="per operator: the measured change of each instruction; the overall verdict follows",
     )
     if comparison.memory:
         console.table(
@@ -353,7 +351,8 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
         )
     for note in comparison.notes:
         console.warn(note)
-    line = f"verdict: {comparison.verdict.value}: {comparison.verdict_detail}"
+    # One verdict, said once: the measured figure is its detail, never a claim of its own.
+    line = f"overall: {comparison.verdict.value}: {comparison.verdict_detail}"
     if comparison.verdict == Kind.REGRESSION:
         console.error(line)
     elif comparison.verdict.is_warning:

@@ -194,10 +194,19 @@ def check_comparable(a: _Run, b: _Run, *, allow_rebuilt: bool) -> list[str]:
     return notes
 
 
+def measured(total: Verdict) -> str:
+    """The overall figure as detail, never a claim: the verdict alone says what the shift means."""
+    if total.ratio is None:
+        return total.reason
+    if total.p_value is None or total.ci_low is None or total.ci_high is None:
+        return f"median {(total.ratio - 1) * 100:+.1f}%"
+    return f"median {(total.ratio - 1) * 100:+.1f}% (p={total.p_value:.2g}, CI {total.ci_low:.3f}-{total.ci_high:.3f})"
+
+
 def run_verdict(a: _Run, b: _Run, total: Verdict) -> tuple[Kind, str]:
     """The nightly's rules for two runs: same program → drift; a degraded side → inconclusive; else unconfirmed."""
     sha_a, sha_b = a.summary.model.sha256, b.summary.model.sha256
-    shift = f"{(total.ratio - 1) * 100:+.1f}%" if total.ratio is not None else "no measurable change"
+    figure = measured(total)
     not_valid = []
     for run in (a, b):
         validity = run.summary.validity
@@ -205,20 +214,20 @@ def run_verdict(a: _Run, b: _Run, total: Verdict) -> tuple[Kind, str]:
             reasons = "; ".join(r.reason for r in validity.reasons)
             not_valid.append(f"run {run.run_id} is {validity.status} ({reasons})")
     if not_valid:
-        return Kind.INCONCLUSIVE, "; ".join(not_valid) + f"; measured {shift}, which cannot be trusted"
+        return Kind.INCONCLUSIVE, "; ".join(not_valid) + f"; the measured {figure} cannot be trusted"
     if across_schemes(a, b):
         ratio = f"{1 / total.ratio:.2f}× the speed of" if total.ratio else "not measurably different from"
         return Kind.OK, (
-            f"{scheme_of(b)} runs at {ratio} {scheme_of(a)} ({total.reason}); a different scheme is a choice, "
+            f"{scheme_of(b)} runs at {ratio} {scheme_of(a)} ({figure}); a different scheme is a choice, "
             "not a regression"
         )
     if sha_a and sha_a == sha_b:
         if total.is_change:
-            return Kind.DRIFT, f"no program change; {shift} is run-to-run drift ({total.reason})"
+            return Kind.DRIFT, f"no program change; the measured {figure} is run-to-run drift"
         return Kind.OK, f"no program change; within noise ({total.reason})"
     if total.is_change:
         return Kind.UNCONFIRMED, (
-            f"different programs, {total.reason}: two runs cannot tell the program from the board; "
+            f"different programs, measured {figure}: two runs cannot tell the program from the board; "
             "re-run them interleaved (--interleave N --board B) to confirm"
         )
     return Kind.OK, f"different programs, within noise ({total.reason})"

@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 pytest_plugins = [
     "tests.plugins.processes",  # reaps every process a test starts; loads first so its hooks wrap the rest
+    "tests.plugins.internal_errors",  # the session fails if any `fab` a test started exited 70 (a bug)
     "tests.plugins.artifacts",  # tiny models lowered with the real pipeline, cached across sessions
     "tests.plugins.quantized",  # their int8-dynamic, int8-static and 8da4w XNNPACK variants, cached too
     "tests.plugins.runner",  # the native runner, built once per source hash

@@ -236,3 +236,32 @@ def test_boards_shows_a_hostile_lock_holder_as_inert_text(held_lock: Path, tmp_p
     assert "\\x1b[31m[bold red]EVIL[/bold red]" in result.stdout, result.stdout  # shown, not obeyed
     assert "\\x1b]0;owned\\x07" in result.stdout and "\\x9b31mpi" in result.stdout
     assert "[link=http://example.invalid]x[/link]" in result.stdout
+
+
+def test_an_internal_error_is_logged_for_the_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite-wide check that no `fab` exits 70 (tests/plugins/internal_errors.py) rests on this log."""
+    from invoke.exceptions import Exit
+
+    from orchestrator.commands.common import handle_errors
+
+    log = tmp_path / "exit70.jsonl"
+    monkeypatch.setenv("ETLAB_INTERNAL_ERROR_LOG", str(log))
+
+    @handle_errors
+    def buggy_task() -> int:
+        raise TypeError("a bug")
+
+    @handle_errors
+    def user_mistake() -> int:
+        from orchestrator.errors import UsageError
+
+        raise UsageError("--iterations must be a whole number")
+
+    with pytest.raises(Exit) as caught:
+        user_mistake()
+    assert caught.value.code == 64 and not log.exists(), "a user's mistake is not a bug"
+    with pytest.raises(Exit) as caught:
+        buggy_task()
+    assert caught.value.code == 70
+    (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entry["task"] == "buggy_task" and "TypeError: a bug" in entry["detail"]

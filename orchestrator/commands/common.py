@@ -44,12 +44,26 @@ def handle_errors(func: F) -> F:
                 raise
             console.error("internal error (set ETLAB_DEBUG=1 for the full traceback):")
             console.plain(traceback.format_exc(limit=-3).rstrip())  # inert: the message may quote a board
+            _log_internal_error(func.__name__, traceback.format_exc())
             raise Exit(code=ExitCode.SOFTWARE) from None
         if isinstance(code, int) and code != 0:
+            if code == ExitCode.SOFTWARE:
+                _log_internal_error(func.__name__, "a board's job ended in an internal error")
             raise Exit(code=code)
         return None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _log_internal_error(task: str, detail: str) -> None:
+    """Exit 70 is etlab's own bug: the test suite collects every one (ETLAB_INTERNAL_ERROR_LOG) and fails on any."""
+    path = os.environ.get("ETLAB_INTERNAL_ERROR_LOG")
+    if path:
+        import json
+        import sys
+
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps({"task": task, "argv": sys.argv, "detail": detail[-4000:]}) + "\n")
 
 
 def select_boards(

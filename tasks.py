@@ -27,6 +27,10 @@ ACCURACY_HELP = {
     "min_top1": "accuracy gate: minimum top-1 agreement with fp32 eager, 0-1 (default 1)",
     "min_top5": "accuracy gate: minimum top-5 overlap with fp32 eager, 0-1 (default 0.6)",
 }
+TRUST_HELP = (
+    "run the Python files of the spec's model folder (its config.json auto_map) with your privileges; "
+    "only for code you have read. A spec file cannot ask for this"
+)
 RUN_HELP = {
     "iterations": "timed iterations (default 20)",
     "warmup": "untimed warmup runs (default 3)",
@@ -47,17 +51,18 @@ RUN_HELP = {
         "weights": "auto (default: pretrained, else random with a warning), pretrained, or random",
         "etrecord": "also write an ETRecord (about twice the size of the .pt2)",
         "force": "re-lower even when the cache is valid",
+        "trust_remote_code": TRUST_HELP,
     }
 )
 @handle_errors
 def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False,
-          quantize="none", calibration=None, jobs=None):  # fmt: skip
+          quantize="none", calibration=None, jobs=None, trust_remote_code=False):  # fmt: skip
     """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
     from orchestrator.commands.lower import lower as lower_model
 
     return lower_model(
         model, spec, backend, weights, etrecord=etrecord, force=force, quantize=quantize, calibration=calibration,
-        jobs=jobs,
+        jobs=jobs, trust_remote_code=trust_remote_code,
     )  # fmt: skip
 
 
@@ -182,13 +187,15 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "no_browser": "launch Model Explorer without opening a browser",
             "port": "Model Explorer port (8081)", "quantize": QUANTIZE_HELP, **ACCURACY_HELP,
             "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
-            "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)"},
+            "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
+            "trust_remote_code": TRUST_HELP},
       optional=["counters"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
                        lg_wait=None, iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
                        no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
-                       calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None):  # fmt: skip
+                       calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
+                       trust_remote_code=False):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from pathlib import Path
 
@@ -205,7 +212,7 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
     if calibration is not None and not Path(calibration).is_file():
         raise options.UsageError(f"--calibration {calibration}: no such file")
     return chain(
-        resolve_spec(model, spec),
+        resolve_spec(model, spec, trust_remote_code=trust_remote_code),
         backends=backends,
         calibration=Path(calibration) if calibration is not None else None,
         accuracy=accuracy,

@@ -19,6 +19,7 @@ def lower(
     quantize: str = "none",
     calibration: str | None = None,
     jobs: int | str | None = None,
+    trust_remote_code: bool = False,
 ) -> int:
     from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import parse_backends
@@ -32,7 +33,7 @@ def lower(
     if calibration_file is not None and not calibration_file.is_file():
         raise options.UsageError(f"--calibration {calibration}: no such file")
     result = lowering.lower(
-        resolve_spec(model, spec),
+        resolve_spec(model, spec, trust_remote_code=trust_remote_code),
         backends=backends,
         weights=mode,
         etrecord=etrecord,

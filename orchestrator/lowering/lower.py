@@ -146,6 +146,9 @@ def lower(
     if not missing:
         console.info(f"[green]✓[/] {spec.name}: using cached artifacts for {', '.join(backends)} (nothing changed)")
         return result
+    # Everything a spec or calibration file can get wrong is refused now (exit 64): before the model loads, a
+    # worker starts or a cached sidecar is invalidated.
+    _check_inputs(spec, choice, calibration)
     if "xnnpack-int8-static" in missing and calibration is None:
         console.loud_warning(
             f"{spec.name}: int8-static is calibrated on generated token ids (deterministic, not real text).\n"
@@ -194,6 +197,23 @@ def lower(
     result.stage_seconds = dict(timer.durations)
     result.backends = {backend: result.backends[backend] for backend in backends}
     return result
+
+
+def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | None) -> None:
+    """The spec's config built and checked (no weights), and the calibration file read against its vocabulary."""
+    from orchestrator.lowering.models import check_spec
+    from orchestrator.lowering.quantize import calibration_from_file
+
+    if spec.trust_remote_code:
+        console.loud_warning(
+            f"--trust-remote-code: the Python files of {spec.model_id} will run, with your privileges.\n"
+            "Only do this for a model whose code you have read."
+            if choice.mode == "pretrained"
+            else f"--trust-remote-code has no effect: {spec.name} gets random weights from transformers' own classes."
+        )
+    checked = check_spec(spec, choice, available=available_memory())
+    if calibration is not None:
+        calibration_from_file(calibration, spec.seq_len, checked.config.vocab_size)
 
 
 def _lower_parallel(

@@ -365,10 +365,11 @@ def generated_calibration(reference_args: tuple, vocab_size: int, samples: int =
 
 
 def calibration_from_file(path: Path, seq_len: int, vocab_size: int) -> list[tuple]:
-    """Samples from an ETLT file (input_ids [N, seq] and optionally attention_mask) or JSON token-id lists."""
-    import json
+    """Samples from an ETLT file (input_ids [N, seq] and optionally attention_mask) or JSON token-id lists.
 
-    import numpy as np
+    Everything is checked here, before any lowering starts (lower.py calls this first in the main process): a
+    mistake is a UsageError naming `--calibration FILE`, never an exception from inside the calibration.
+    """
     import torch
 
     from orchestrator.errors import UsageError
@@ -376,44 +377,20 @@ def calibration_from_file(path: Path, seq_len: int, vocab_size: int) -> list[tup
     where = f"--calibration {path}"
     if not path.is_file():
         raise UsageError(f"{where}: no such file")
-    rows: list[tuple[list[int], list[int] | None]] = []
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"{where}: not valid JSON ({exc})") from None
-        samples = data.get("samples", data) if isinstance(data, dict) else data
-        if not isinstance(samples, list) or not samples:
-            raise UsageError(f"{where}: expected a list of token-id lists (or {{'samples': [...]}})")
-        for number, sample in enumerate(samples):
-            ids = sample.get("input_ids") if isinstance(sample, dict) else sample
-            if (
-                not isinstance(ids, list)
-                or not ids
-                or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
-            ):
-                raise UsageError(f"{where}: sample {number} is not a non-empty list of integer token ids")
-            rows.append((ids, None))
-    else:
-        from orchestrator.tensorfile import TensorFileError, read_tensors
-
-        try:
-            tensors = {t.name: t.array for t in read_tensors(path)}
-        except TensorFileError as exc:
-            raise UsageError(f"{where}: {exc}") from None
-        ids_array = tensors.get("input_ids")
-        if ids_array is None or ids_array.ndim != 2 or not np.issubdtype(ids_array.dtype, np.integer):
-            raise UsageError(f"{where}: needs an integer tensor 'input_ids' of shape [samples, seq_len]")
-        masks = tensors.get("attention_mask")
-        for index in range(ids_array.shape[0]):
-            mask = None if masks is None else [int(v) for v in masks[index]]
-            rows.append(([int(v) for v in ids_array[index]], mask))
+    rows = _json_rows(path, where) if path.suffix.lower() == ".json" else _etlt_rows(path, where)
     result = []
     for number, (ids, mask) in enumerate(rows):
         if any(t < 0 or t >= vocab_size for t in ids):
             raise UsageError(f"{where}: sample {number} has token ids outside 0..{vocab_size - 1}")
+        if mask is not None:
+            real = sum(mask)
+            if real == 0 or not all(mask[:real]) or any(mask[real:]):
+                raise UsageError(
+                    f"{where}: sample {number}: attention_mask must be 1s for the real tokens, then 0s (padding "
+                    "on the right), with at least one 1"
+                )
         ids = ids[:seq_len]
-        real = len(ids) if mask is None else min(seq_len, sum(1 for v in mask[:seq_len] if v))
+        real = len(ids) if mask is None else min(seq_len, sum(mask))
         padded = torch.zeros((1, seq_len), dtype=torch.int64)
         padded[0, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
         attention = torch.zeros((1, seq_len), dtype=torch.int64)
@@ -422,6 +399,75 @@ def calibration_from_file(path: Path, seq_len: int, vocab_size: int) -> list[tup
     if len(result) < 2:
         raise UsageError(f"{where}: give several samples (found {len(result)}); calibration needs variety")
     return result
+
+
+def _token_ids(value: Any) -> list[int] | None:
+    """A non-empty list of integer token ids (not booleans, not floats), or None."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return None
+    return value
+
+
+def _json_rows(path: Path, where: str) -> list[tuple[list[int], list[int] | None]]:
+    import json
+
+    from orchestrator.errors import UsageError
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:  # a nesting bomb: the parser recurses once per level
+        raise UsageError(f"{where}: not valid JSON (lists or objects nested too deeply)") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{where}: not valid JSON ({exc})") from None
+    samples = data.get("samples", data) if isinstance(data, dict) else data
+    if not isinstance(samples, list) or not samples:
+        raise UsageError(f"{where}: expected a list of token-id lists (or {{'samples': [...]}})")
+    rows: list[tuple[list[int], list[int] | None]] = []
+    for number, sample in enumerate(samples):
+        ids = _token_ids(sample.get("input_ids") if isinstance(sample, dict) else sample)
+        if ids is None:
+            raise UsageError(f"{where}: sample {number} is not a non-empty list of integer token ids")
+        mask = sample.get("attention_mask") if isinstance(sample, dict) else None
+        if mask is not None and (_token_ids(mask) is None or len(mask) != len(ids) or set(mask) - {0, 1}):
+            raise UsageError(
+                f"{where}: sample {number}: attention_mask must be a list of 0s and 1s as long as input_ids"
+            )
+        rows.append((ids, mask))
+    return rows
+
+
+def _etlt_rows(path: Path, where: str) -> list[tuple[list[int], list[int] | None]]:
+    import numpy as np
+
+    from orchestrator.errors import UsageError
+    from orchestrator.tensorfile import TensorFileError, read_tensors
+
+    try:
+        tensors = {t.name: t.array for t in read_tensors(path)}
+    except TensorFileError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    ids_array = tensors.get("input_ids")
+    if (
+        ids_array is None
+        or ids_array.ndim != 2
+        or 0 in ids_array.shape
+        or not np.issubdtype(ids_array.dtype, np.integer)
+    ):
+        raise UsageError(f"{where}: needs an integer tensor 'input_ids' of shape [samples, seq_len], both at least 1")
+    masks = tensors.get("attention_mask")
+    if masks is not None:
+        integer = np.issubdtype(masks.dtype, np.integer) or masks.dtype == np.bool_
+        if not integer or masks.shape != ids_array.shape or not np.isin(masks, (0, 1)).all():
+            raise UsageError(
+                f"{where}: attention_mask must be an integer tensor of 0s and 1s shaped like input_ids "
+                f"{list(ids_array.shape)}, got {masks.dtype} {list(masks.shape)}"
+            )
+    return [
+        ([int(v) for v in ids_array[index]], None if masks is None else [int(v) for v in masks[index]])
+        for index in range(ids_array.shape[0])
+    ]
 
 
 # --------------------------------------------------------------------------------------------------------------

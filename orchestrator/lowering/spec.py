@@ -2,17 +2,24 @@
 
 A spec names the HuggingFace model, the task (which decides what the graph outputs), the sequence
 length and the inputs. It is plain data; `models.py` turns it into a torch module.
+
+Reading a spec imports nothing heavy (a cached lowering must stay fast), so the checks that need the model's
+config class (its fields, the task, the sizes) run in `models.check_spec`, before anything loads. What is refused
+here already: the schema, and `config` keys that are loading switches of `from_pretrained` rather than config
+fields (`trust_remote_code`, `weights_only`, ...): a spec file must never switch on code execution.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from orchestrator.config import (
     Check,
@@ -20,11 +27,12 @@ from orchestrator.config import (
     Invalid,
     describe,
     did_you_mean,
+    field_path,
     integer,
     line_of,
-    plain,
     string,
     text,
+    value_node,
 )
 from orchestrator.errors import SpecError
 from orchestrator.names import is_valid_name
@@ -32,6 +40,18 @@ from orchestrator.names import is_valid_name
 TASKS = ("fill-mask", "causal-lm")
 MODEL_TYPES = ("distilbert", "gpt2", "bert")
 INPUT_NAMES = ("input_ids", "attention_mask")
+SPEC_HINT = "the spec schema is documented in README.md (Model specs)"
+# Keywords of `from_pretrained` and of the hub download, which `config` must never reach: some run code
+# (trust_remote_code, weights_only=False unpickles), the others change what is read or from where.
+LOADING_OPTIONS = frozenset(
+    {
+        "trust_remote_code", "weights_only", "code_revision", "revision", "auto_map", "use_safetensors",
+        "from_tf", "from_flax", "state_dict", "cache_dir", "force_download", "local_files_only", "token",
+        "use_auth_token", "proxies", "subfolder", "gguf_file", "device_map", "low_cpu_mem_usage", "offload_folder",
+        "offload_state_dict", "quantization_config", "key_mapping", "adapter_kwargs", "adapter_name", "config",
+        "torch_dtype", "dtype", "attn_implementation", "experts_implementation", "name_or_path",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -52,6 +72,11 @@ class ModelSpec:
     mask_token_id: int | None = None
     description: str = ""
     source: str = "built-in"
+    # Only the command line sets this (`--trust-remote-code`), never a spec file: with it, `from_pretrained` runs
+    # the Python files of the model folder. It is part of the identity: such a program is another program.
+    trust_remote_code: bool = False
+    # Where each field was written in the spec file: "seq_len", "config", "config.<key>" -> line.
+    lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def inputs(self) -> tuple[InputSpec, ...]:
@@ -59,8 +84,15 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data.pop("lines")
         data["inputs"] = [asdict(spec) | {"shape": list(spec.shape)} for spec in self.inputs]
         return data
+
+    def problem(self, field_name: str, message: str) -> str:
+        """`file:line: field 'config.dim': message` for a spec file; the spec's name for a built-in one."""
+        line = self.lines.get(field_name) or self.lines.get(re.split(r"[.\[]", field_name, maxsplit=1)[0])
+        where = f"{self.source}:{line}" if line else f"spec {self.name!r} ({self.source})"
+        return f"{where}: field {field_name!r}: {message}"
 
     def identity(self) -> dict[str, Any]:
         """What decides the lowered program (the cache key); excludes descriptive fields."""
@@ -110,15 +142,20 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
 }
 
 
-def resolve_spec(model: str | None = None, spec_path: str | Path | None = None) -> ModelSpec:
-    """The spec for `--model NAME` or `--spec FILE` (exactly one)."""
+def resolve_spec(
+    model: str | None = None, spec_path: str | Path | None = None, *, trust_remote_code: bool = False
+) -> ModelSpec:
+    """The spec for `--model NAME` or `--spec FILE` (exactly one); `trust_remote_code` from the command line only."""
     if (model is None) == (spec_path is None):
         raise SpecError("give exactly one of --model NAME or --spec FILE")
     if spec_path is not None:
-        return load_spec_file(Path(spec_path))
-    assert model is not None
-    if model in BUILTIN_SPECS:
-        return BUILTIN_SPECS[model]
+        spec = load_spec_file(Path(spec_path))
+    elif model in BUILTIN_SPECS:
+        spec = BUILTIN_SPECS[model]
+    else:
+        spec = None
+    if spec is not None:
+        return replace(spec, trust_remote_code=True) if trust_remote_code else spec
     raise SpecError(
         f"unknown model {model!r}{did_you_mean(model, BUILTIN_SPECS)}; known models: {', '.join(BUILTIN_SPECS)}",
         hint="or pass your own spec with --spec path/to/model_spec.json",
@@ -142,6 +179,20 @@ def _supported(options: tuple[str, ...]) -> Check:
     return check
 
 
+def _family(name: str) -> str:
+    return re.sub(r"[-_ ]", "", name.lower())
+
+
+def _model_type(node: Node, _field: str) -> str:
+    """A did-you-mean only for another spelling of the same family: `roberta` → `bert` builds a different model."""
+    value = string(node)
+    if value not in MODEL_TYPES:
+        same = [option for option in MODEL_TYPES if _family(option) == _family(value)]
+        hint = f" (did you mean {same[0]!r}?)" if same else ""
+        raise Invalid(f"{value!r} is not supported; supported: {', '.join(MODEL_TYPES)}{hint}")
+    return value
+
+
 def _name(node: Node, _field: str) -> str:
     value = string(node)
     if not is_valid_name(value):
@@ -150,20 +201,22 @@ def _name(node: Node, _field: str) -> str:
 
 
 def _mapping(node: Node, _field: str) -> dict[str, Any]:
+    """Only the shape: the values are taken from the JSON (YAML reads `1e-5` as a string)."""
     if not isinstance(node, MappingNode):
         raise Invalid(f"expected a mapping (JSON object), got {describe(node)}")
-    return dict(plain(node, _field))
+    return {}
 
 
 def _list(node: Node, _field: str) -> list[Any]:
+    """Only the shape: the items are taken from the JSON."""
     if not isinstance(node, SequenceNode):
         raise Invalid(f"expected a list, got {describe(node)}")
-    return list(plain(node, _field))
+    return []
 
 
 _FIELDS: dict[str, Check] = {
     "name": _name,
-    "model_type": _supported(MODEL_TYPES),
+    "model_type": _model_type,
     "task": _supported(TASKS),
     "seq_len": integer(1, 4096),
     "model_id": text,
@@ -175,11 +228,49 @@ _FIELDS: dict[str, Check] = {
 _REQUIRED = ("name", "model_type", "task")
 
 
+def _config_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str, str]]:
+    """(key node, field, message) for `config` keys a spec may never set, whatever the model's config class."""
+    problems = []
+    key_nodes = {key.value: key for key, _ in node.value if isinstance(key, ScalarNode)}
+    for key, value in values.items():
+        where = key_nodes.get(key, node)
+        name = field_path("config", key)
+        if key == "trust_remote_code":
+            message = (
+                "a spec file cannot switch on running the model folder's own code; pass --trust-remote-code "
+                "on the command line if you trust it"
+            )
+        elif key in LOADING_OPTIONS:
+            message = "is an option of from_pretrained, not a field of the model's config: a spec cannot set it"
+        elif key.startswith("_"):
+            message = "is internal to transformers, not a field of the model's config: a spec cannot set it"
+        elif any(isinstance(v, float) and not math.isfinite(v) for v in _leaves(value)):
+            message = f"expected a finite number, got {value!r}"
+        else:
+            continue
+        problems.append((where, name, message))
+    return problems
+
+
+def _leaves(value: Any) -> list[Any]:
+    """The scalars inside nested lists and mappings (iterative: JSON may nest deeper than Python recurses)."""
+    leaves, pending = [], [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        else:
+            leaves.append(item)
+    return leaves
+
+
 def load_spec_file(path: Path) -> ModelSpec:
     """Parse and validate a user spec; every error names the file, the line and the field."""
 
     def fail(message: str) -> SpecError:
-        return SpecError(message, hint="the spec schema is documented in README.md (Model specs)")
+        return SpecError(message, hint=SPEC_HINT)
 
     try:
         text_ = path.read_text(encoding="utf-8")
@@ -193,17 +284,28 @@ def load_spec_file(path: Path) -> ModelSpec:
     if not isinstance(data, dict):
         raise fail(f"{path}: the spec must be a JSON object")
     try:
-        root = yaml.compose(text_)  # JSON is YAML: the nodes carry the line of every field
-    except yaml.YAMLError:
-        root = yaml.compose(json.dumps(data, indent=0))  # JSON that PyYAML refuses (tabs): lines are then approximate
+        try:
+            root = yaml.compose(text_)  # JSON is YAML: the nodes carry the line of every field
+        except yaml.YAMLError:  # JSON that PyYAML refuses (tabs): lines are then approximate
+            root = yaml.compose(json.dumps(data, indent=0))
+    except (RecursionError, yaml.YAMLError) as exc:  # PyYAML recurses once per level of nesting
+        raise fail(f"{path}: lists or objects nested too deeply") from exc
     checker = _SpecChecker(path)
     found = checker.fields(root, "", _FIELDS)
     for key in _REQUIRED:
         if key not in data:
             checker.error(root, key, "is required")
+    config_node = value_node(root, "config")
+    if "config" in found and isinstance(config_node, MappingNode):
+        found["config"] = dict(data["config"])  # as JSON reads them; the nodes give the lines
+        for where, name, message in _config_problems(config_node, found["config"]):
+            checker.error(where, name, message)
     if checker.problems:
         raise fail("\n".join(checker.errors))
     lines = {key.value: value for key, value in root.value}
+    spec_lines = {key: line_of(value) for key, value in lines.items()}
+    if isinstance(config_node, MappingNode):
+        spec_lines |= {field_path("config", key.value): line_of(key) for key, _ in config_node.value}
 
     def problem(key: str, message: str) -> SpecError:
         checker.error(lines.get(key, root), key, message)
@@ -213,6 +315,7 @@ def load_spec_file(path: Path) -> ModelSpec:
     if found["task"] == "fill-mask" and found.get("mask_token_id") is None:
         raise problem("mask_token_id", "is required for task 'fill-mask' (the [MASK] token id, e.g. 103 for BERT)")
     if "inputs" in found:
+        found["inputs"] = data["inputs"]
         expected = [{"name": name, "dtype": "int64", "shape": [1, seq_len]} for name in INPUT_NAMES]
         if found["inputs"] != expected:
             raise problem("inputs", f"must be {json.dumps(expected)}: input_ids and attention_mask, int64 [1, seq_len]")
@@ -228,4 +331,5 @@ def load_spec_file(path: Path) -> ModelSpec:
         mask_token_id=found.get("mask_token_id"),
         description=found.get("description", ""),
         source=str(path),
+        lines=spec_lines,
     )

@@ -12,6 +12,7 @@ class ExitCode:
     USAGE = 64  # bad command line or input file (sysexits EX_USAGE)
     DATA = 65  # bad data: corrupt bundle, ETDump, spec (EX_DATAERR)
     UNAVAILABLE = 69  # board unreachable (EX_UNAVAILABLE)
+    TEMPFAIL = 75  # busy, try again later: another nightly holds the night, the history stays locked (EX_TEMPFAIL)
     SOFTWARE = 70  # internal error (EX_SOFTWARE)
     INTERRUPTED = 130
 

@@ -148,3 +148,53 @@ def test_nightlies_sharing_kept_programs_never_drop_each_others_baselines(
     assert programs.prune([], second) == [shas["a"]]
     with pytest.raises(ArtifactError):
         programs.prune([], "../../etc")
+
+
+def test_a_night_on_postgresql_is_held_by_one_nightly(postgres_url: str, tmp_path: Path) -> None:
+    """The night's lock on a server history: an advisory lock, with its holder in a table. While this process
+    holds the night, a real `fab nightly` of that night on that history exits 75 naming it; other nights are free."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import yaml
+
+    from orchestrator.lab import nightlock
+    from orchestrator.paths import PROJECT_ROOT
+
+    database = f"etlab_{uuid.uuid4().hex[:10]}"
+    admin = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(sqlalchemy.text(f"create database {database}"))
+    admin.dispose()
+    url = postgres_url.rsplit("/", 1)[0] + f"/{database}"
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({
+        "boards": {"local": {"transport": "local", "workdir": str(tmp_path / "wd")}},
+        "nightly": {"history": url, "reports": str(tmp_path / "reports"),
+                    "matrix": [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["local"]}]},
+    }))  # fmt: skip
+    with nightlock.night_lock(url, "2026-11-20", "the lab's database"):
+        assert nightlock.try_night(url, "2026-11-20") is None, "held: nobody else has it"
+        other = nightlock.try_night(url, "2026-11-21")
+        assert other is not None, "another night is free"
+        other.release()
+        done = subprocess.run(
+            [sys.executable, "-m", "fabric", "nightly", "--inventory", str(inventory), "--night", "2026-11-20"],
+            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+            env={**os.environ, "ETLAB_RESULTS": str(tmp_path / "results")},
+        )  # fmt: skip
+    text = done.stdout + done.stderr
+    assert done.returncode == 75, text
+    assert f"is being run by another nightly: host {socket.gethostname()}, pid {os.getpid()}, since 20" in text, text
+    again = nightlock.try_night(url, "2026-11-20")
+    assert again is not None, "released with the block"
+    again.release()
+    # The check before a night's first cell, on a server: it connects, and a test write leaves nothing behind.
+    store = History(url, check=True)
+    try:
+        store.wait_writable(10)
+        assert store.runs() == []
+    finally:
+        store.close()

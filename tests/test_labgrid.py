@@ -442,3 +442,31 @@ def test_nightly_over_two_places(
 def _top_level_skips(folder: str, board: Board) -> list[str]:
     """Copy a provisioned workdir without what a run does not need (the SDK, old bundles, caches)."""
     return ["runtime", "bundles", "wheels", "cache", "lock", "lock.json"] if folder == board.workdir else []
+
+
+def test_a_place_whose_name_is_not_a_board_name_is_refused(private_labgrid_lab: LabgridLab, tmp_path: Path) -> None:
+    """Places named `..` or holding `/` on the coordinator, matching a tag selector: refused by name (exit 65), never a
+    board name, a results folder or a note's path; `fab nightly` refuses them before it opens the history."""
+    lg = private_labgrid_lab
+    for place in ("..", "evil/../../../escape"):
+        lg.client("create", place=place)
+        lg.client("set-tags", "board=hostile", place=place)
+    inventory = tmp_path / "inventory.yaml"
+    history = tmp_path / "history.sqlite"
+    inventory.write_text(yaml.safe_dump({
+        "defaults": {"labgrid": {"coordinator": lg.address}},
+        "boards": {"hostile": {"labgrid": {"tags": {"board": "hostile"}}}},
+        "nightly": {"history": f"sqlite:///{history}", "reports": str(tmp_path / "reports"),
+                    "matrix": [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["hostile"]}]},
+    }))  # fmt: skip
+    lab = Lab(lg, {}, inventory, tmp_path)
+    results = tmp_path / "results"
+    for args in (("boards", "--board", "hostile"), ("gc", "--board", "hostile"), ("nightly",)):
+        done = fab(*args, lab=lab, results=results)
+        text = done.stdout + done.stderr
+        assert done.returncode == 65, text
+        assert f"labgrid place '..' on {lg.address} matches places tagged board=hostile" in text, text
+        assert "cannot be a board name" in text and "Traceback" not in text, text
+    assert not history.exists() and not results.exists()
+    assert not list((paths.state_dir() / "labgrid").glob(f"127.0.0.1_{lg.port}--*")), "no note of a hostile place"
+    assert lg.reservation_owners() == [], "nothing reserved"

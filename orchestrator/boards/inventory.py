@@ -41,6 +41,7 @@ from orchestrator.config import (
     words,
 )
 from orchestrator.errors import InventoryError, UsageError
+from orchestrator.names import is_valid_name
 
 TRANSPORTS = ("ssh", "local")
 # How large transfers travel: "auto" uses OpenSSH's `ssh` client for them when it is installed (its C crypto
@@ -57,10 +58,10 @@ DEFAULT_KEEPALIVE = 5.0
 DEFAULT_TCP_USER_TIMEOUT = 20.0
 DEFAULT_GROUP = "default"
 DEFAULT_BOARD = "local"
-# labgrid's own rules (labgrid.remote.common.TAG_KEY) for tag names; values and place names are kept to plain words.
+# labgrid's own rules (labgrid.remote.common.TAG_KEY) for tag names; values are kept to plain words, and place
+# names to the name rule (orchestrator/names.py).
 LABGRID_TAG_KEY = r"[a-z][a-z0-9_]+"
 LABGRID_TAG_VALUE = r"[A-Za-z0-9_.-]+"
-LABGRID_PLACE = r"[A-Za-z0-9_.-]+"
 LABGRID_ENV = "LG_COORDINATOR"  # labgrid-client's own variable for the coordinator address
 
 
@@ -224,8 +225,9 @@ def _host_port(node: Node, _field: str) -> str:
 
 def _place_name(node: Node, _field: str) -> str:
     value = string(node, "a place name")
-    if not re.fullmatch(LABGRID_PLACE, value):
-        raise Invalid(f"expected a place name (letters, digits, '.', '_', '-'), got {value!r}")
+    if not is_valid_name(value):  # the name rule: a place's name also names files (boards/labgrid.py)
+        raise Invalid(f"expected a place name (1-64 letters, digits, '.', '_', '-', starting with a letter or digit), "
+                      f"got {value!r}")  # fmt: skip
     return value
 
 

@@ -54,12 +54,15 @@ from orchestrator.boards.labgrid_session import (  # noqa: F401 - the public sur
     session_for,
     stopping,
 )
-from orchestrator.errors import UsageError, first_line
+from orchestrator.errors import BoardDataError, UsageError, first_line
+from orchestrator.names import is_valid_name
 
 # ---------------------------------------------------------------- places left by a killed etlab
 
 
 def _marker(coordinator: str, place: str) -> Any:
+    if not is_valid_name(place):  # never a path: checked when the place was named (inventory, expand)
+        raise BoardDataError(f"labgrid place {place!r} on {coordinator}: not a usable name")
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", coordinator)
     folder = paths.state_dir() / "labgrid"
     folder.mkdir(parents=True, exist_ok=True)
@@ -135,8 +138,23 @@ def expand(boards: Sequence[Board]) -> list[Board]:
                 hint=f"see the places and their tags: labgrid-client -x {lg.coordinator} places -v",
             )
         for name in matching:
-            found.setdefault(name, board.replace(name=name, labgrid=replace(lg, place=name, tags=())))
+            found.setdefault(
+                name, board.replace(name=_usable_name(name, board, lg), labgrid=replace(lg, place=name, tags=()))
+            )
     return list(found.values())
+
+
+def _usable_name(place: str, board: Board, lg: LabgridPlace) -> str:
+    """A place's name from the coordinator becomes a board name, and so a folder name (results/<board>/...): it
+    passes the name rule, or the selection is refused (a place named `..` or holding `/` never becomes a path)."""
+    if not is_valid_name(place):
+        raise BoardDataError(
+            f"{board.name}: labgrid place {place!r} on {lg.coordinator} matches {lg.selector}, but its name cannot "
+            "be a board name (1-64 letters, digits, '.', '_' or '-', starting with a letter or digit)",
+            hint=f"rename the place on the coordinator, or give the tags only usable places have: "
+            f"labgrid-client -x {lg.coordinator} places -v",
+        )
+    return place
 
 
 def with_wait(boards: Sequence[Board], wait: float | None) -> list[Board]:

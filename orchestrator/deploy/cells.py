@@ -131,13 +131,16 @@ def run_cells_on_board(
     progress: Progress | None = None,
     on_cell: Callable[[CellOutcome], None] | None = None,
     results_root: Path | None = None,
+    skip: Callable[[CellJob], bool] | None = None,
 ) -> list[CellOutcome]:
-    """setup → (push → run → pull → analyze) per artifact, one board. Never raises for board trouble."""
+    """setup → (push → run → pull → analyze) per artifact, one board. Never raises for board trouble.
+    `skip` is asked just before each cell runs: a cell it skips is neither run, reported nor returned."""
     cells = [CellOutcome(board.name, job.artifact.model, job.artifact.backend) for job in jobs]
     timer = console.StageTimer(prefix=f"[{board.name}] ")
     board_stage: str | None = "connect"
     started: set[int] = set()
     reported: set[int] = set()
+    skipped: set[int] = set()
 
     def report(index: int) -> None:
         reported.add(index)
@@ -152,6 +155,9 @@ def run_cells_on_board(
             board_stage = None
             for index, (cell, job) in enumerate(zip(cells, jobs, strict=True)):
                 labgrid.check_held(board)  # a lost labgrid coordinator fails the board now, not after every cell
+                if skip is not None and skip(job):
+                    skipped.add(index)
+                    continue
                 started.add(index)
                 _run_cell(conn, cell, job, timer, analyze, progress, results_root)
                 report(index)
@@ -161,7 +167,7 @@ def run_cells_on_board(
         # Only link trouble is infrastructure (the nightly retries it); a malformed or unfit board keeps its class.
         code, infrastructure = exit_class(exc), is_link_trouble(exc)
         for index, cell in enumerate(cells):
-            if index in reported:
+            if index in reported or index in skipped:
                 continue
             if board_stage:
                 cell.stage = board_stage
@@ -171,7 +177,7 @@ def run_cells_on_board(
                 cell.error, cell.detail = reason, detail
             cell.exit_class, cell.infrastructure = code, infrastructure
             report(index)
-    return cells
+    return [cell for index, cell in enumerate(cells) if index not in skipped]
 
 
 def _setup_if_needed(conn: BoardConnection, timer: console.StageTimer) -> None:

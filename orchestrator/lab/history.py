@@ -5,12 +5,19 @@ Each run is written in one transaction: a crash leaves the previous history inta
 
 Schema changes only ever add nullable columns; `History()` adds the missing ones to an existing database
 (SQLite or PostgreSQL), so a history written by an older etlab still opens, and its old rows keep working.
+
+A history that cannot be used says why before a nightly runs anything: `History(check=True)` runs SQLite's
+integrity check (a corrupt file is HistoryError, exit 65, naming the file and what is wrong), and
+`wait_writable()` makes a test write, rolled back, waiting for a history another writer holds locked
+(HistoryBusy, exit 75, once the wait runs out).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +40,28 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DatabaseError
 
-from orchestrator import paths
+from orchestrator import console, paths
+from orchestrator.errors import EtlabError, ExitCode
+
+DEFAULT_BUSY_SECONDS = 30.0  # how long a write waits for another writer's lock before it fails
+INTEGRITY_PROBLEMS = 5  # problems of a corrupt file named in the message (integrity_check lists up to 100)
+NOTE_SECONDS = 60.0  # repeat the "history locked" line this often while waiting
+
+
+class HistoryError(EtlabError):
+    """The history cannot be used: a corrupt or unreadable file, a database that refuses writes."""
+
+    exit_code = ExitCode.DATA
+
+
+class HistoryBusy(EtlabError):
+    """Another writer kept the history locked longer than we wait: try again later."""
+
+    exit_code = ExitCode.TEMPFAIL
+
 
 metadata = MetaData()
 
@@ -163,16 +189,146 @@ def _may_be_baseline() -> Any:
     )
 
 
+def describe_url(url: str) -> str:
+    """A history for messages: a SQLite file's path, else the URL without its password."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return parsed.database or ":memory:"
+    return parsed.render_as_string(hide_password=True)
+
+
+def problem(exc: BaseException) -> str:
+    """What a database error says, without SQLAlchemy's wrapping: "database is locked", "disk I/O error"."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _is_locked(exc: BaseException) -> bool:
+    """SQLite's "database is locked" (SQLITE_BUSY): another connection holds the write lock."""
+    orig = getattr(exc, "orig", exc)
+    return isinstance(orig, sqlite3.OperationalError) and (
+        getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY or "locked" in str(orig)
+    )
+
+
 class History:
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(
+        self, url: str | None = None, *, busy_seconds: float = DEFAULT_BUSY_SECONDS, check: bool = False
+    ) -> None:
+        """Open (and create or migrate) the history; `check`: its integrity first (HistoryError when corrupt)."""
         self.url = url or default_url()
+        self.where = describe_url(self.url)
         if self.url.startswith("sqlite:///"):
             Path(self.url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.engine: Engine = create_engine(self.url, future=True)
+        self.busy_seconds = busy_seconds
         if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
-        metadata.create_all(self.engine)
-        self._migrate()
+            event.listen(self.engine, "connect", lambda dbapi, _record: _sqlite_pragmas(dbapi, busy_seconds))
+        try:
+            if check:
+                self._check_integrity()
+            metadata.create_all(self.engine)
+            self._migrate()
+        except DatabaseError as exc:
+            self.engine.dispose()
+            if _is_locked(exc):
+                raise HistoryBusy(
+                    f"the history {self.where} stayed locked by another writer for {busy_seconds:g} s",
+                    hint=self.locked_hint(),
+                ) from None
+            raise self._unusable(exc) from None
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    def _unusable(self, exc: BaseException) -> HistoryError:
+        orig = getattr(exc, "orig", exc)
+        reason = problem(exc)
+        # sqlite3.DatabaseError itself (not OperationalError): the file's bytes, e.g. "file is not a database".
+        damaged = type(orig) is sqlite3.DatabaseError
+        what = "is corrupt or not a SQLite database" if damaged else "cannot be used"
+        return HistoryError(f"the history {self.where} {what}: {reason}", hint=self._repair_hint())
+
+    def _repair_hint(self) -> str:
+        if self.engine.dialect.name != "sqlite":
+            return "check the database server and its logs"
+        return (
+            f"keep a copy of {self.where}, then move it aside (the next nightly starts a new history) or restore a "
+            f"backup; `sqlite3 {self.where} .recover | sqlite3 recovered.sqlite` saves what can be read"
+        )
+
+    def _check_integrity(self) -> None:
+        """SQLite: PRAGMA integrity_check; a server database guards its own pages, so there it only connects."""
+        with self.engine.connect() as connection:
+            if self.engine.dialect.name != "sqlite":
+                connection.execute(text("select 1"))
+                return
+            rows = [str(row[0]) for row in connection.exec_driver_sql(f"PRAGMA integrity_check({INTEGRITY_PROBLEMS})")]
+        if rows != ["ok"]:
+            # Each problem once, without the "*** in database main ***" headers.
+            problems = [line for row in rows for line in row.splitlines() if line and not line.startswith("***")]
+            raise HistoryError(
+                f"the history {self.where} is corrupt (SQLite's integrity check): {'; '.join(problems)}",
+                hint=self._repair_hint(),
+            )
+
+    def wait_writable(self, wait_seconds: float) -> None:
+        """A test write (a probe row, rolled back); a history another writer holds locked is waited for, saying so,
+        at most `wait_seconds` (then HistoryBusy). Any other failure to write is HistoryError."""
+        started = time.monotonic()
+        announced = 0.0
+        while True:
+            elapsed = time.monotonic() - started
+            # The first try does not wait, so the message comes before the wait; then a few seconds at a time.
+            attempt = 0.0 if not announced else max(0.0, min(10.0, wait_seconds - elapsed))
+            try:
+                self._test_write(attempt)
+                if announced:
+                    console.info(f"the history {self.where} is free again: continuing")
+                return
+            except DatabaseError as exc:
+                if not _is_locked(exc):
+                    raise self._unusable(exc) from None
+            elapsed = time.monotonic() - started
+            if elapsed >= wait_seconds:
+                raise HistoryBusy(
+                    f"the history {self.where} is still locked by another writer after waiting "
+                    f"{console.format_seconds(elapsed)} (nightly.history_wait_seconds {wait_seconds:g})",
+                    hint=self.locked_hint(),
+                )
+            now = time.monotonic()
+            if not announced or now - announced >= NOTE_SECONDS:
+                so_far = f", {console.format_seconds(elapsed)} so far" if announced else ""
+                console.warn(
+                    f"the history {self.where} is locked by another writer (a process in a write transaction): "
+                    f"waiting for it (at most {console.format_seconds(wait_seconds)}{so_far})"
+                )
+                announced = now
+
+    def _test_write(self, busy_seconds: float) -> None:
+        probe = {name: "" for name in ("night", "board", "model", "backend", "status", "validity", "versions_key")}
+        sqlite = self.engine.dialect.name == "sqlite"
+        with self.engine.connect() as connection:
+            if sqlite:
+                connection.exec_driver_sql(f"PRAGMA busy_timeout={int(busy_seconds * 1000)}")
+                connection.commit()
+            try:
+                connection.execute(
+                    runs.insert().values(
+                        **probe, run_id="etlab-history-write-test", reasons=[], versions={}, conditions={},
+                        created_at=dt.datetime.now(dt.timezone.utc),
+                    )
+                )  # fmt: skip
+            finally:
+                connection.rollback()  # a test: nothing is ever written
+                if sqlite:  # the connection goes back to the pool: with the history's own wait again
+                    connection.exec_driver_sql(f"PRAGMA busy_timeout={int(self.busy_seconds * 1000)}")
+                    connection.commit()
+
+    def locked_hint(self) -> str:
+        if self.engine.dialect.name != "sqlite":
+            return "see the server's locks (pg_locks) and try again once the other writer is done"
+        return f"see who has it open: fuser -v {self.where} (or lsof); try again once the other writer is done"
 
     def _migrate(self) -> None:
         """Add the columns an older etlab did not have (all nullable), in one transaction."""
@@ -307,11 +463,11 @@ def _cell_is(cell: tuple[str, str, str]) -> Any:
     return (runs.c.board == board) & (runs.c.model == model) & (runs.c.backend == backend)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_pragmas(dbapi_connection: Any, busy_seconds: float) -> None:
     # WAL + full sync: a killed writer never corrupts the file; foreign keys for cascading deletes.
     cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={int(busy_seconds * 1000)}")  # first: the WAL switch may wait too
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=FULL")
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()

@@ -26,6 +26,7 @@ from orchestrator.results.stats import DEFAULT_MIN_EFFECT
 DEFAULT_BASELINE_NIGHTS = 7
 MIN_BASELINE_NIGHTS = 2
 DEFAULT_COOLDOWN_SECONDS = 60.0  # before a degraded cell is re-measured
+DEFAULT_HISTORY_WAIT_SECONDS = 300.0  # for a history another writer holds locked, before and after each cell
 DEFAULT_ITERATIONS = 30
 DEFAULT_WARMUP = 3
 
@@ -50,6 +51,7 @@ class NightlyConfig:
     retest_seconds: float = DEFAULT_RETEST_SECONDS  # the interleaved re-test's budget per suspected cell
     retest_rounds: int = DEFAULT_ROUNDS
     cooldown_seconds: float = DEFAULT_COOLDOWN_SECONDS
+    history_wait_seconds: float = DEFAULT_HISTORY_WAIT_SECONDS
     accuracy: dict[str, float] = field(default_factory=lambda: dict(ACCURACY_DEFAULTS))
 
 
@@ -71,6 +73,7 @@ _SECTION_FIELDS: dict[str, Check] = {
     "retest_seconds": number(0),
     "retest_rounds": integer(MIN_ROUNDS),
     "cooldown_seconds": number(0),
+    "history_wait_seconds": number(0),
     # The accuracy gate of quantized cells (defaults: options.ACCURACY_DEFAULTS).
     "min_sqnr_db": number(-1000, high=1000, unit="a number of dB"),
     "min_top1_agreement": number(0, high=1, unit="a fraction"),
@@ -127,6 +130,7 @@ def load_config(inventory: Inventory) -> NightlyConfig:
         retest_seconds=section.get("retest_seconds", DEFAULT_RETEST_SECONDS),
         retest_rounds=section.get("retest_rounds", DEFAULT_ROUNDS),
         cooldown_seconds=section.get("cooldown_seconds", DEFAULT_COOLDOWN_SECONDS),
+        history_wait_seconds=section.get("history_wait_seconds", DEFAULT_HISTORY_WAIT_SECONDS),
         accuracy={key: float(section.get(key, default)) for key, default in ACCURACY_DEFAULTS.items()},
     )
 

@@ -1,7 +1,9 @@
 """`fab nightly`: the lab's matrix every night, recorded, compared with its baseline, reported.
 
 Cells (board × model × backend) are recorded as soon as they finish, one transaction each, so a killed
-nightly re-run the same night skips what is already recorded and loses nothing.
+nightly re-run the same night skips what is already recorded and loses nothing. One nightly runs a night of a
+history at a time (lab/nightlock.py), and each cell is checked against the history just before it runs. The history
+is checked before the first cell; a cell it still fails to record is kept pending (lab/pending.py), never lost.
 
 Verdicts (results/verdicts.py) survive a noisy board:
 - the same program and versions as the baseline: a shift is board drift (a warning), never a regression;
@@ -11,16 +13,23 @@ Verdicts (results/verdicts.py) survive a noisy board:
   program's shift is then settled by the interleaved re-test, which does not depend on tonight's run).
 
 Exit codes: 0 all good (warnings included), 1 a confirmed regression (or a model that fails on a healthy board),
-2 an infrastructure failure (a board unreachable or lost; takes precedence, since the night is incomplete).
+2 an infrastructure failure (a board unreachable or lost, or a cell kept pending; takes precedence, since the night
+is incomplete). Before anything runs: 65 a corrupt history, 75 the night held by another nightly (without --wait) or
+the history locked by another writer for longer than `history_wait_seconds`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import secrets
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from orchestrator import console
 from orchestrator.boards import labgrid
@@ -30,9 +39,11 @@ from orchestrator.deploy.abtest import Program, interleave
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode, failure_code, first_line
-from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab import pending
+from orchestrator.lab.history import History, RunRecord, default_url, describe_url, problem
 from orchestrator.lab.judging import confirm, judge, judge_memory
 from orchestrator.lab.matrix import NightlyConfig, load_config
+from orchestrator.lab.nightlock import night_lock
 from orchestrator.lab.report import CellVerdict, NightReport, PlaceWait, write_reports
 from orchestrator.lowering import programs
 from orchestrator.lowering.spec import ModelSpec
@@ -145,6 +156,96 @@ def _retest(board: Board, verdict: CellVerdict, job: CellJob, config: NightlyCon
     return confirm(verdict, result)
 
 
+class _Recorder:
+    """Records the night's cells. A cell the history fails to record after it ran is kept pending (lab/pending.py),
+    never lost: its bundle stays, the reports show it, and a later `fab nightly --record-pending` records it."""
+
+    def __init__(self, history: History, reports_dir: Path, night: str) -> None:
+        self.history, self.reports_dir, self.night = history, reports_dir, night
+        self.pending: dict[tuple[str, str, str], RunRecord] = {}
+        self.mine: dict[tuple[str, str, str], RunRecord] = {}  # what this run recorded or kept pending
+        self._lock = threading.Lock()
+
+    def recorded(self, cell: tuple[str, str, str]) -> bool:
+        """Whether the history holds the cell for tonight (another run may have recorded it meanwhile)."""
+        try:
+            return cell in self.history.recorded_cells(self.night)
+        except SQLAlchemyError:
+            return False  # a history that cannot say: run the cell, its result is kept pending if need be
+
+    def record(self, run: RunRecord) -> bool:
+        """Record (or keep pending) `run`; False when another run of the night recorded the cell first."""
+        label = " / ".join(run.cell)
+        try:
+            self.history.record(run)
+        except IntegrityError:
+            console.warn(
+                f"{label}: recorded meanwhile by another run of night {self.night}; this run's measurement is not "
+                f"recorded (its bundle stays: {run.bundle_path or 'none'})"
+            )
+            return False
+        except SQLAlchemyError as exc:
+            with self._lock:
+                self.pending[run.cell] = run
+            where = self._keep(run)
+            console.warn(
+                f"{label}: the history {self.history.where} did not record it ({problem(exc)}); kept pending in "
+                f"{where}: `fab nightly --record-pending` (or the next nightly) records it"
+            )
+        with self._lock:
+            self.mine[run.cell] = run
+        return True
+
+    def _keep(self, run: RunRecord) -> str:
+        try:
+            return str(pending.write(self.reports_dir, self.history.url, run))
+        except OSError as exc:  # nowhere to keep it: the reports still show it, and its bundle stays
+            console.error(f"{' / '.join(run.cell)}: could not keep the pending result ({exc}); its bundle stays: "
+                          f"{run.bundle_path or 'none'}")  # fmt: skip
+            return "nowhere"
+
+    def set_verdict(self, run: RunRecord, verdict: CellVerdict) -> None:
+        run.verdict, run.verdict_info = str(verdict.verdict), verdict.info()
+        if run.cell in self.pending:
+            self._keep(run)  # recorded later with its verdict
+            return
+        try:
+            self.history.set_verdict(run.run_id, verdict.verdict, verdict.info())
+        except SQLAlchemyError as exc:  # the next nightly judges the cell again (without a re-test)
+            console.warn(f"{' / '.join(run.cell)}: its verdict was not stored: {problem(exc)}")
+
+    def tonight(self) -> list[RunRecord]:
+        """Every cell of the night: the history's, else what this run measured; and the pending ones."""
+        try:
+            records = self.history.runs(night=self.night)
+        except SQLAlchemyError as exc:
+            console.warn(f"the history {self.history.where} cannot be read ({problem(exc)}): the reports show "
+                         "only what this run measured")  # fmt: skip
+            records = list(self.mine.values())
+        cells = {record.cell for record in records}
+        return records + [record for cell, record in self.pending.items() if cell not in cells]
+
+    def read(self, what: Callable[[], list[RunRecord]], fallback: list[RunRecord]) -> list[RunRecord]:
+        try:
+            return what()
+        except SQLAlchemyError as exc:
+            console.warn(f"the history {self.history.where} cannot be read: {problem(exc)}")
+            return fallback
+
+
+def _expand_boards(inventory: Inventory, config: NightlyConfig) -> tuple[dict[str, Board], dict[str, list[str]]]:
+    """Labgrid tag selectors become their places; every board of the matrix that is a place is reserved."""
+    boards: dict[str, Board] = {}
+    expanded: dict[str, list[str]] = {}
+    for entry in config.entries:
+        for name in entry.boards:
+            if name not in expanded:
+                found = labgrid.expand([inventory.boards[name]])
+                expanded[name] = [board.name for board in found]
+                boards.update((board.name, board) for board in found if board.name not in boards)
+    return boards, expanded
+
+
 def run_nightly(
     inventory: Inventory,
     *,
@@ -153,171 +254,239 @@ def run_nightly(
     reports_dir: Path | None = None,
     artifacts_root: Path | None = None,
     results_root: Path | None = None,
+    wait: bool = False,
 ) -> NightReport:
+    """The night, under its lock (another nightly of the same night and history: NightBusy, or wait with `wait`),
+    on a history checked before the first cell (corrupt: HistoryError; locked by another writer: waited for)."""
+    config = load_config(inventory)
+    night = night or dt.date.today().isoformat()
+    url = history_url or config.history_url or default_url()
+    reports = reports_dir or config.reports_dir
+    boards, expanded = _expand_boards(inventory, config)
+    with night_lock(url, night, describe_url(url), wait=wait):
+        history = History(url, busy_seconds=config.history_wait_seconds, check=True)
+        try:
+            history.wait_writable(config.history_wait_seconds)
+            _recorded, left = pending.record_pending(history, reports, held_night=night)
+            for why in left:
+                console.warn(why)
+            return _run_night(
+                inventory, config, night, history, reports, boards, expanded,
+                artifacts_root=artifacts_root, results_root=results_root, prune=not left,
+            )  # fmt: skip
+        finally:
+            history.close()
+
+
+def record_pending_results(
+    inventory: Inventory, *, history_url: str | None = None, reports_dir: Path | None = None
+) -> int:
+    """`fab nightly --record-pending`: record the results earlier nightlies kept pending. Exit 0 when none is left,
+    75 when some still wait (the history still fails, or their night is being run)."""
+    config = load_config(inventory)
+    url = history_url or config.history_url or default_url()
+    history = History(url, busy_seconds=config.history_wait_seconds, check=True)
+    try:
+        history.wait_writable(config.history_wait_seconds)
+        done, left = pending.record_pending(history, reports_dir or config.reports_dir)
+    finally:
+        history.close()
+    console.info(f"{done} pending result(s) recorded in the history {console.escape(history.where)}")
+    for why in left:
+        console.warn(why)
+    return ExitCode.TEMPFAIL if left else ExitCode.OK
+
+
+def _run_night(
+    inventory: Inventory,
+    config: NightlyConfig,
+    night: str,
+    history: History,
+    reports: Path,
+    boards: dict[str, Board],
+    expanded: dict[str, list[str]],
+    *,
+    artifacts_root: Path | None,
+    results_root: Path | None,
+    prune: bool = True,
+) -> NightReport:
+    """The night's cells; `prune`: drop kept programs no baseline needs (not while results of any night are
+    pending: the history does not list their programs yet)."""
     from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
 
-    config = load_config(inventory)
-    night = night or dt.date.today().isoformat()
-    history = History(history_url or config.history_url)
-    try:
-        recorded = history.recorded_cells(night)
-        specs: dict[str, ModelSpec] = {}
-        plan: dict[str, list[tuple[str, str, RunParams]]] = {}
-        skipped = []
-        # Labgrid tag selectors become their places; every board of the matrix that is a place is reserved.
-        boards: dict[str, Board] = {}
-        expanded: dict[str, list[str]] = {}
-        for entry in config.entries:
-            for name in entry.boards:
-                if name not in expanded:
-                    found = labgrid.expand([inventory.boards[name]])
-                    expanded[name] = [board.name for board in found]
-                    boards.update((board.name, board) for board in found if board.name not in boards)
-        for entry in config.entries:
-            for board in [place for name in entry.boards for place in expanded[name]]:
-                for spec in entry.models:
-                    specs[spec.name] = spec
-                    for backend in entry.backends:
-                        if (board, spec.name, backend) in recorded:
-                            skipped.append((board, spec.name, backend))
-                        else:
-                            plan.setdefault(board, []).append((spec.name, backend, entry.params))
-        if skipped:
-            console.info(f"{len(skipped)} cell(s) already recorded for {night}: skipped")
+    recorder = _Recorder(history, reports, night)
+    recorded = history.recorded_cells(night)
+    specs: dict[str, ModelSpec] = {}
+    plan: dict[str, list[tuple[str, str, RunParams]]] = {}
+    skipped: list[tuple[str, str, str]] = []
+    for entry in config.entries:
+        for board in [place for name in entry.boards for place in expanded[name]]:
+            for spec in entry.models:
+                specs[spec.name] = spec
+                for backend in entry.backends:
+                    if (board, spec.name, backend) in recorded:
+                        skipped.append((board, spec.name, backend))
+                    else:
+                        plan.setdefault(board, []).append((spec.name, backend, entry.params))
+    if skipped:
+        console.info(f"{len(skipped)} cell(s) already recorded for {night}: skipped")
 
-        # Lower on the workstation first, once per model (cached across nights when nothing changed).
-        wanted: dict[str, set[str]] = {}
-        for cells in plan.values():
-            for model, backend, _ in cells:
-                wanted.setdefault(model, set()).add(backend)
-        lowering_errors: dict[str, str] = {}
-        versions: dict[str, dict[str, str]] = {}
-        for model, backends in wanted.items():
-            try:
-                result = lowering.lower(
-                    specs[model], backends=sorted(backends), weights=config.weights, root=artifacts_root
-                )
-                versions[model] = next(iter(result.backends.values())).sidecar["versions"]
-            except EtlabError as exc:
-                lowering_errors[model] = first_line(exc)
+    # Lower on the workstation first, once per model (cached across nights when nothing changed).
+    wanted: dict[str, set[str]] = {}
+    for cells in plan.values():
+        for model, backend, _ in cells:
+            wanted.setdefault(model, set()).add(backend)
+    lowering_errors: dict[str, str] = {}
+    versions: dict[str, dict[str, str]] = {}
+    for model, backends in wanted.items():
+        try:
+            result = lowering.lower(
+                specs[model], backends=sorted(backends), weights=config.weights, root=artifacts_root
+            )
+            versions[model] = next(iter(result.backends.values())).sidecar["versions"]
+        except EtlabError as exc:
+            lowering_errors[model] = first_line(exc)
 
-        places: dict[str, PlaceWait] = {}
-        started: set[str] = set()
+    places: dict[str, PlaceWait] = {}
+    started: set[str] = set()
 
-        def on_board(board: Board) -> list[CellOutcome]:
-            started.add(board.name)
-            if board.labgrid is not None:
-                lg = board.labgrid
-                places[board.name] = PlaceWait(str(lg.place), lg.coordinator, lg.waited)
-            jobs: dict[tuple[str, str], CellJob] = {}
-            failed, threads = [], {}
-            for model, backend, params in plan[board.name]:
-                threads[(model, backend)] = params.threads or board.threads
-                if model in lowering_errors:
-                    failed.append(CellOutcome(board.name, model, backend, stage="lower", error=lowering_errors[model]))
-                else:
-                    jobs[(model, backend)] = CellJob(
-                        load_artifact(model, backend, artifacts_root), params, config.accuracy
-                    )
-            remeasured: dict[tuple[str, str, str], dict[str, Any]] = {}
-            held: list[CellOutcome] = []
+    def on_board(board: Board) -> list[CellOutcome]:
+        started.add(board.name)
+        if board.labgrid is not None:
+            lg = board.labgrid
+            places[board.name] = PlaceWait(str(lg.place), lg.coordinator, lg.waited)
+        jobs: dict[tuple[str, str], CellJob] = {}
+        failed, threads = [], {}
+        for model, backend, params in plan[board.name]:
+            threads[(model, backend)] = params.threads or board.threads
+            if model in lowering_errors:
+                failed.append(CellOutcome(board.name, model, backend, stage="lower", error=lowering_errors[model]))
+            else:
+                jobs[(model, backend)] = CellJob(load_artifact(model, backend, artifacts_root), params, config.accuracy)
+        remeasured: dict[tuple[str, str, str], dict[str, Any]] = {}
+        held: list[CellOutcome] = []
+        runs: dict[tuple[str, str, str], RunRecord] = {}  # the cells this run recorded (or kept pending)
 
-            def record(cell: CellOutcome) -> None:
-                run = record_from_cell(cell, night, versions.get(cell.model, {}), threads[(cell.model, cell.backend)])
-                if cell.ok and (cell.model, cell.backend) in jobs:
-                    artifact = jobs[(cell.model, cell.backend)].artifact
-                    try:
-                        # Tonight's program: tomorrow's baseline.
-                        programs.keep(artifact.pte, artifact.sha256, programs.holder_id(history.url))
-                    except (EtlabError, OSError) as exc:
-                        console.warn(f"{board.name}: {cell.model}/{cell.backend}: program not kept: {exc}")
-                history.record(run)
+        def record(cell: CellOutcome) -> None:
+            run = record_from_cell(cell, night, versions.get(cell.model, {}), threads[(cell.model, cell.backend)])
+            if cell.ok and (cell.model, cell.backend) in jobs:
+                artifact = jobs[(cell.model, cell.backend)].artifact
+                try:
+                    # Tonight's program: tomorrow's baseline.
+                    programs.keep(artifact.pte, artifact.sha256, programs.holder_id(history.url))
+                except (EtlabError, OSError) as exc:
+                    console.warn(f"{board.name}: {cell.model}/{cell.backend}: program not kept: {exc}")
+            if recorder.record(run):
+                runs[run.cell] = run
 
-            def record_or_hold(cell: CellOutcome) -> None:
-                # A degraded run is re-measured after the other cells, before it is recorded (a kill re-runs it).
-                if cell.ok and cell.validity == "degraded":
-                    held.append(cell)
-                else:
-                    record(cell)
-
-            for cell in failed:
+        def record_or_hold(cell: CellOutcome) -> None:
+            # A degraded run is re-measured after the other cells, before it is recorded (a kill re-runs it).
+            if cell.ok and cell.validity == "degraded":
+                held.append(cell)
+            else:
                 record(cell)
-            cells = run_cells_on_board(board, list(jobs.values()), on_cell=record_or_hold, results_root=results_root)
-            for first in held:
-                reasons = [r.reason for r in first.summary.validity.reasons] if first.summary else []
-                console.warn(
-                    f"{board.name}: {first.model}/{first.backend} is degraded ({'; '.join(reasons)}): "
-                    f"re-measuring after a {config.cooldown_seconds:g} s cool-down"
-                )
-                time.sleep(config.cooldown_seconds)
-                (again,) = run_cells_on_board(
-                    board, [jobs[(first.model, first.backend)]], setup=False, results_root=results_root
-                )
-                final = again if again.ok or not again.infrastructure else first
-                remeasured[first.cell] = {
-                    "first_run": first.run_id, "first_reasons": reasons, "cooldown_seconds": config.cooldown_seconds,
-                    "second_run": again.run_id, "second_validity": again.validity if again.ok else again.error,
-                }  # fmt: skip
-                record(final)
-                cells = [final if c is first else c for c in cells]
 
-            # Judge this board's cells now, while the board is ours: a suspected cell is re-tested at once.
-            for cell in cells:
-                (run,) = [r for r in history.runs(night=night, cell=cell.cell)]
-                baseline = _baseline(history, run, config)
-                verdict = judge(run, baseline, config.min_effect, min_nights=config.min_baseline_nights)
-                verdict.remeasured = remeasured.get(cell.cell)
-                if verdict.suspect:
-                    verdict = _retest(board, verdict, jobs[(cell.model, cell.backend)], config)
-                    if run.validity == "degraded" and verdict.verdict == Kind.UNCONFIRMED:
-                        verdict.verdict = Kind.INCONCLUSIVE  # degraded twice and the re-test settled nothing
-                verdict = judge_memory(verdict, baseline, config.min_effect)
-                history.set_verdict(run.run_id, verdict.verdict, verdict.info())
-            return failed + cells
+        def recorded_meanwhile(job: CellJob) -> bool:
+            # Checked just before the cell runs: another run of the night may have recorded it since the plan.
+            cell = (board.name, job.artifact.model, job.artifact.backend)
+            if recorder.recorded(cell):
+                console.info(console.escape(f"  [{board.name}] {' / '.join(cell)}: recorded meanwhile: skipped"))
+                skipped.append(cell)
+                return True
+            return False
 
-        outcomes = fan_out([boards[name] for name in plan], on_board)
-        for outcome in outcomes:
-            if not outcome.ok:  # a bug, or the board's labgrid place: still visible, and a reason to alarm
-                console.error(f"{outcome.board.name}: {outcome.error}")
-                lg = outcome.board.labgrid
-                if lg is not None:
-                    places.setdefault(outcome.board.name, PlaceWait(str(lg.place), lg.coordinator, None, outcome.error))
-            if not outcome.ok and outcome.board.name not in started:
-                # Never started (no labgrid place, e.g. --lg-wait ran out): its cells are recorded as failed.
-                exc = outcome.exception
-                for model, backend, params in plan[outcome.board.name]:
-                    cell = CellOutcome(outcome.board.name, model, backend, stage=outcome.stage or "?",
-                                       error=outcome.error, detail=outcome.detail,
-                                       infrastructure=is_link_trouble(exc),
-                                       exit_class=ExitCode.SOFTWARE if exc is None else failure_code(exc))  # fmt: skip
-                    threads = params.threads or outcome.board.threads
-                    history.record(record_from_cell(cell, night, versions.get(model, {}), threads))
+        for cell in failed:
+            record(cell)
+        cells = run_cells_on_board(
+            board, list(jobs.values()), on_cell=record_or_hold, results_root=results_root, skip=recorded_meanwhile
+        )
+        for first in held:
+            reasons = [r.reason for r in first.summary.validity.reasons] if first.summary else []
+            console.warn(
+                f"{board.name}: {first.model}/{first.backend} is degraded ({'; '.join(reasons)}): "
+                f"re-measuring after a {config.cooldown_seconds:g} s cool-down"
+            )
+            time.sleep(config.cooldown_seconds)
+            (again,) = run_cells_on_board(
+                board, [jobs[(first.model, first.backend)]], setup=False, results_root=results_root
+            )
+            final = again if again.ok or not again.infrastructure else first
+            remeasured[first.cell] = {
+                "first_run": first.run_id, "first_reasons": reasons, "cooldown_seconds": config.cooldown_seconds,
+                "second_run": again.run_id, "second_validity": again.validity if again.ok else again.error,
+            }  # fmt: skip
+            record(final)
+            cells = [final if c is first else c for c in cells]
 
-        # Tonight's verdicts cover every cell recorded tonight, including those from an earlier, killed run.
-        tonight = history.runs(night=night)
-        verdicts = []
-        trends: dict[tuple[str, str, str], list[RunRecord]] = {}
-        for record in tonight:
-            if record.verdict:
-                verdict = CellVerdict.stored(record)
-            else:  # recorded by a run killed before it judged the cell: judged now, without a re-test
-                baseline = _baseline(history, record, config)
-                verdict = judge(record, baseline, config.min_effect, min_nights=config.min_baseline_nights)
-                if verdict.suspect:
-                    verdict = confirm(verdict, None, why_not="the night was resumed after the cell ran")
-                verdict = judge_memory(verdict, baseline, config.min_effect)
-                history.set_verdict(record.run_id, verdict.verdict, verdict.info())
-            verdicts.append(verdict)
-            trends[record.cell] = list(reversed(history.runs(cell=record.cell, limit=60)))
-        verdicts.sort(key=lambda v: v.cell)
-        _keep_baselines_only(history, config)
-        code = exit_code((v.verdict for v in verdicts), infrastructure_ok=all(o.ok for o in outcomes))
-        report = NightReport(night, verdicts, trends, code, skipped, places=places)
-        report.outputs = write_reports(report, reports_dir or config.reports_dir)
-        return report
-    finally:
-        history.close()
+        # Judge this board's cells now, while the board is ours: a suspected cell is re-tested at once.
+        for cell in cells:
+            run = runs.get(cell.cell)
+            if run is None:
+                continue  # recorded by another run of the night: judged with the night
+            baseline = recorder.read(lambda run=run: _baseline(history, run, config), [])
+            verdict = judge(run, baseline, config.min_effect, min_nights=config.min_baseline_nights)
+            verdict.remeasured = remeasured.get(cell.cell)
+            if verdict.suspect:
+                verdict = _retest(board, verdict, jobs[(cell.model, cell.backend)], config)
+                if run.validity == "degraded" and verdict.verdict == Kind.UNCONFIRMED:
+                    verdict.verdict = Kind.INCONCLUSIVE  # degraded twice and the re-test settled nothing
+            verdict = judge_memory(verdict, baseline, config.min_effect)
+            recorder.set_verdict(run, verdict)
+        return failed + cells
+
+    outcomes = fan_out([boards[name] for name in plan], on_board)
+    for outcome in outcomes:
+        if not outcome.ok:  # a bug, or the board's labgrid place: still visible, and a reason to alarm
+            console.error(f"{outcome.board.name}: {outcome.error}")
+            lg = outcome.board.labgrid
+            if lg is not None:
+                places.setdefault(outcome.board.name, PlaceWait(str(lg.place), lg.coordinator, None, outcome.error))
+        if not outcome.ok and outcome.board.name not in started:
+            # Never started (no labgrid place, e.g. --lg-wait ran out): its cells are recorded as failed.
+            exc = outcome.exception
+            for model, backend, params in plan[outcome.board.name]:
+                cell = CellOutcome(outcome.board.name, model, backend, stage=outcome.stage or "?",
+                                   error=outcome.error, detail=outcome.detail,
+                                   infrastructure=is_link_trouble(exc),
+                                   exit_class=ExitCode.SOFTWARE if exc is None else failure_code(exc))  # fmt: skip
+                threads = params.threads or outcome.board.threads
+                recorder.record(record_from_cell(cell, night, versions.get(model, {}), threads))
+
+    # Tonight's verdicts cover every cell recorded tonight, including those from an earlier, killed run.
+    verdicts = []
+    trends: dict[tuple[str, str, str], list[RunRecord]] = {}
+    for record in recorder.tonight():
+        if record.verdict:
+            verdict = CellVerdict.stored(record)
+        else:  # recorded by a run killed before it judged the cell: judged now, without a re-test
+            baseline = recorder.read(lambda record=record: _baseline(history, record, config), [])
+            verdict = judge(record, baseline, config.min_effect, min_nights=config.min_baseline_nights)
+            if verdict.suspect:
+                verdict = confirm(verdict, None, why_not="the night was resumed after the cell ran")
+            verdict = judge_memory(verdict, baseline, config.min_effect)
+            recorder.set_verdict(record, verdict)
+        verdicts.append(verdict)
+        earlier = recorder.read(lambda record=record: history.runs(cell=record.cell, limit=60), [])
+        if record.cell in recorder.pending:  # not in the history yet: tonight's point comes from the pending copy
+            earlier = [record, *(r for r in earlier if r.night != night)]
+        trends[record.cell] = list(reversed(earlier))
+    verdicts.sort(key=lambda v: v.cell)
+    if recorder.pending:
+        # Tonight's programs are kept for tomorrow's baseline, but the history does not list them yet: keep them all.
+        console.warn(
+            f"{len(recorder.pending)} cell(s) measured but not recorded in the history {history.where}: kept pending "
+            f"in {pending.folder(reports, night)}; `fab nightly --record-pending` records them"
+        )
+    elif prune:
+        with contextlib.suppress(SQLAlchemyError):
+            _keep_baselines_only(history, config)
+    infrastructure_ok = all(o.ok for o in outcomes) and not recorder.pending
+    code = exit_code((v.verdict for v in verdicts), infrastructure_ok=infrastructure_ok)
+    report = NightReport(night, verdicts, trends, code, skipped, places=places,
+                         pending=sorted(recorder.pending), pending_dir=pending.folder(reports, night))  # fmt: skip
+    report.outputs = write_reports(report, reports)
+    return report
 
 
 def _keep_baselines_only(history: History, config: NightlyConfig) -> None:

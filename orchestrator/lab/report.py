@@ -104,6 +104,19 @@ class NightReport:
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # recorded earlier the same night
     outputs: dict[str, Path] = field(default_factory=dict)  # the report files written (html, md, junit)
     places: dict[str, PlaceWait] = field(default_factory=dict)  # per board that is a labgrid place
+    # Measured but not recorded (the history failed): kept in pending_dir until `fab nightly --record-pending`.
+    pending: list[tuple[str, str, str]] = field(default_factory=list)
+    pending_dir: Path | None = None
+
+    @property
+    def pending_note(self) -> str | None:
+        if not self.pending:
+            return None
+        return (
+            f"{len(self.pending)} cell(s) measured tonight are not in the history yet: the history failed to record "
+            f"them. They are kept in {self.pending_dir}; `fab nightly --record-pending` (or the next nightly) "
+            f"records them: {', '.join(_label(cell) for cell in self.pending)}."
+        )
 
     @property
     def regressions(self) -> list[CellVerdict]:
@@ -278,6 +291,7 @@ def render_html(report: NightReport) -> str:
         f"{_count(len(report.regressions), 'regressions', 'regression')}, "
         f"{_count(len(report.warnings), 'warnings (drift, unconfirmed, inconclusive)', 'drift')}, "
         f"{_count(len(report.failures), 'failures', 'failed')}</p>",
+        f"<p id='pending' class='failed'>{html.escape(report.pending_note)}</p>" if report.pending_note else "",
         "<h2>Tonight</h2><table id='tonight'><tr><th>board</th><th>model</th><th>backend</th><th>median ms</th>"
         "<th>baseline ms</th><th>change</th><th>peak MB</th><th>verdict</th><th>validity</th><th>bundle</th></tr>",
     ]
@@ -369,6 +383,7 @@ def render_markdown(report: NightReport) -> str:
         f"Exit code {report.exit_code}: {len(report.verdicts)} cells run, {len(report.regressions)} regressions, "
         f"{len(report.warnings)} warnings, {len(report.failures)} failures, {len(report.skipped)} already recorded.",
         "",
+        *([f"**Not recorded**: {report.pending_note}", ""] if report.pending_note else []),
         "| board | model | backend | median ms | baseline ms | change | peak MB | verdict | validity |",
         "|---|---|---|---:|---:|---:|---:|---|---|",
     ]

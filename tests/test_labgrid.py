@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -470,3 +471,50 @@ def test_a_place_whose_name_is_not_a_board_name_is_refused(private_labgrid_lab: 
     assert not history.exists() and not results.exists()
     assert not list((paths.state_dir() / "labgrid").glob(f"127.0.0.1_{lg.port}--*")), "no note of a hostile place"
     assert lg.reservation_owners() == [], "nothing reserved"
+
+
+def test_a_cell_recorded_meanwhile_by_another_nightly_is_skipped(
+    lab: Lab, local_board: Board, sshd_lab: SshdLab, tiny_artifacts: dict[str, LoweringResult], tmp_path: Path
+) -> None:
+    """The night's lock file is removed under a running nightly (a cleanup job, a person), so a second nightly of the
+    night starts too. Both plan the cell and queue for the place alice holds; whichever gets the place second finds
+    the cell recorded when it is about to run it, and skips it: one measurement, no conflict."""
+    workdir = tmp_path / "board-workdir"
+    shutil.copytree(local_board.workdir, workdir, ignore=lambda folder, names: _top_level_skips(folder, local_board))
+    night = "2026-11-29"
+    section = {
+        "history": f"sqlite:///{tmp_path / 'history.sqlite'}", "reports": str(tmp_path / "reports"),
+        "iterations": 5, "warmup": 1, "cooldown_seconds": 0,
+        "matrix": [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["lg-a"]}],
+    }  # fmt: skip
+    inventory = write_inventory(tmp_path / "inventory.yaml", sshd_lab, lab.labgrid.address, nightly=section)
+    document = yaml.safe_load(inventory.read_text())
+    document["boards"]["lg-a"]["workdir"] = str(workdir)
+    inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+    nightly_lab = Lab(lab.labgrid, lab.fakes, inventory, tmp_path)
+
+    lab.alice("acquire", "lg-a")
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    try:
+        first = fab_background("nightly", "--night", night, lab=nightly_lab, results=tmp_path / "results", log=logs[0])
+        with reaped(first):
+            wait_for(lambda: "waiting for labgrid place lg-a" in output(logs[0]), "the first nightly to queue")
+            for lock in tmp_path.glob(f"history.sqlite.night-{night}.*"):
+                lock.unlink()
+            second = fab_background("nightly", "--night", night, lab=nightly_lab, results=tmp_path / "results",
+                                    log=logs[1])  # fmt: skip
+            with reaped(second):
+                wait_for(lambda: "waiting for labgrid place lg-a" in output(logs[1]), "the second nightly to queue")
+                lab.alice("release", "lg-a")
+                codes = [run_to_end(first, timeout=600), run_to_end(second, timeout=600)]
+    finally:
+        lab.labgrid.client("release", place="lg-a", user=ALICE, check=False)
+    texts = [output(log) for log in logs]
+    assert codes == [0, 0], texts
+    skipped = [text for text in texts if "lg-a / distilbert-tiny / xnnpack: recorded meanwhile: skipped" in text]
+    assert len(skipped) == 1, texts
+    assert "distilbert-tiny/xnnpack run" not in skipped[0], "the second never ran the cell"
+    assert all("IntegrityError" not in text and "not recorded" not in text for text in texts), texts
+    with sqlite3.connect(tmp_path / "history.sqlite") as connection:
+        assert connection.execute("select count(*) from runs").fetchone()[0] == 1
+    connection.close()

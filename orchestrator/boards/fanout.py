@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from orchestrator import interrupts
 from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code, first_line, full_reason
@@ -78,34 +77,25 @@ def fan_out(
     workers = max_workers or min(len(boards), 32)
     places = hold and any(board.labgrid is not None for board in boards)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="etlab-board")
+    interrupted = False
     try:
-        # SIGTERM (a cancelled CI job) stops like Ctrl+C when labgrid places are held, so they are released.
-        with _sigterm_interrupts() if places else contextlib.nullcontext():
+        # SIGTERM (a cancelled CI job) stops like Ctrl+C when labgrid places are held, so they are released (every
+        # fab task does so anyway: commands/common.py; this is for other callers).
+        with interrupts.sigterm_interrupts() if places else contextlib.nullcontext():
             futures = [pool.submit(_run_one, board, fn, hold) for board in boards]
             return [future.result() for future in futures]
     except BaseException:
         labgrid.interrupt()  # boards waiting for a labgrid place give up; held places are released as jobs end
         pool.shutdown(wait=False, cancel_futures=True)  # e.g. Ctrl-C: start no more boards
+        # Stop what the boards run for us (agents, runners: board locks are freed) and start nothing new, so the
+        # boards' threads end within seconds instead of at their commands' timeouts.
+        interrupted = True
+        interrupts.interrupt()
         raise
     finally:
         pool.shutdown(wait=True)
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl+C does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        if interrupted:  # the boards' threads have ended: new work is this process's caller's to decide
+            interrupts.reset()
 
 
 def exit_code(outcomes: Sequence[BoardOutcome[Any]]) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,12 @@ from orchestrator.lowering.quantize import is_quantized
 from orchestrator.lowering.spec import ModelSpec
 
 _POLL_SECONDS = 0.2  # how often a blocked scheduler looks again (memory, or the .pt2 not saved yet)
+
+
+def _leave_interrupts_to_the_parent() -> None:
+    """In a worker: ignore Ctrl+C, which the terminal sends to every process of the job. The parent stops the
+    workers (__exit__) and says so in one line, instead of each worker printing its KeyboardInterrupt traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,10 @@ class ParallelLowering:
         )
         # One process per variant: its peak RSS is its own, and memory goes back to the system when it ends.
         self._pool = ProcessPoolExecutor(
-            max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            max_tasks_per_child=1,
+            initializer=_leave_interrupts_to_the_parent,
         )
         self._feeder = threading.Thread(target=self._feed, name="lowering-feeder", daemon=True)
         self._feeder.start()

@@ -15,6 +15,7 @@ import pytest
 from orchestrator.boards.inventory import Board
 from orchestrator.errors import BoardError, HostKeyError
 from orchestrator.transport import (
+    OUTPUT_LIMIT,
     AuthError,
     CommandError,
     CommandTimeout,
@@ -87,10 +88,12 @@ def test_exit_codes_and_check(sshd_board: SshdBoard) -> None:
 
 
 def test_large_stdout_and_stderr_do_not_deadlock(sshd_board: SshdBoard) -> None:
+    # Both streams up to the cap at once (more is refused: tests/test_output_limit.py).
     with connect(sshd_board.board) as conn:
-        result = conn.run_shell("head -c 20000000 /dev/zero | tr '\\0' a; head -c 6000000 /dev/zero | tr '\\0' b >&2")
-        assert len(result.stdout) == 20_000_000 and set(result.stdout) == {"a"}
-        assert len(result.stderr) == 6_000_000 and set(result.stderr) == {"b"}
+        limit = OUTPUT_LIMIT
+        result = conn.run_shell(f"head -c {limit} /dev/zero | tr '\\0' a; head -c {limit} /dev/zero | tr '\\0' b >&2")
+        assert len(result.stdout) == limit and set(result.stdout) == {"a"}
+        assert len(result.stderr) == limit and set(result.stderr) == {"b"}
 
 
 def test_command_timeout_stops_the_command(sshd_board: SshdBoard) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.errors import BoardDataError, BoardError
-from orchestrator.transport import BoardConnection
+from orchestrator.transport import OUTPUT_LIMIT, BoardConnection, OutputTooLarge
 
 # Agent exit codes (board/agent/README.md).
 AGENT_OK = 0
@@ -82,7 +82,11 @@ class BoardAgent:
         self, *args: str, timeout: float | None = None, accept: Sequence[int] = (AGENT_OK,)
     ) -> tuple[dict[str, Any], int]:
         """Run one agent command; return (document, exit code) when the exit code is accepted."""
-        result = self.conn.run(self.argv(*args), timeout=timeout, check=False)
+        try:
+            result = self.conn.run(self.argv(*args), timeout=timeout, check=False)
+        except OutputTooLarge as exc:  # named by the agent command: the argv is too long to show it
+            limit = f"more than {OUTPUT_LIMIT >> 20} MiB on {exc.stream}"
+            raise self.malformed(args[0], f"{limit}; the command was stopped") from exc
         try:
             document = json.loads(result.stdout) if result.stdout.strip() else {}
         except (ValueError, RecursionError):  # ValueError: also an integer of thousands of digits

@@ -7,12 +7,14 @@ from pathlib import Path
 
 from orchestrator.boards.inventory import Board
 from orchestrator.transport.base import (
+    OUTPUT_LIMIT,
     AuthError,
     BoardConnection,
     CommandError,
     CommandResult,
     CommandTimeout,
     LinkError,
+    OutputTooLarge,
     ReadStream,
     WriteStream,
     is_transient,
@@ -20,12 +22,14 @@ from orchestrator.transport.base import (
 )
 
 __all__ = [
+    "OUTPUT_LIMIT",
     "AuthError",
     "BoardConnection",
     "CommandError",
     "CommandResult",
     "CommandTimeout",
     "LinkError",
+    "OutputTooLarge",
     "ReadStream",
     "WriteStream",
     "connect",

@@ -21,9 +21,13 @@ from types import TracebackType
 from typing import IO
 
 from orchestrator.boards.inventory import Board
-from orchestrator.errors import BoardError, UsageError
+from orchestrator.errors import BoardDataError, BoardError, UsageError
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# The most etlab keeps of one output stream (stdout or stderr) of one command. Answers are small (agent JSON,
+# probes); a board sending more is stopped, so it cannot exhaust the workstation's memory.
+OUTPUT_LIMIT = 4 << 20
 
 quote = shlex.quote
 
@@ -48,6 +52,14 @@ class CommandTimeout(BoardError):
     """A command on the board ran longer than its timeout and was stopped."""
 
 
+class OutputTooLarge(BoardDataError):
+    """A command on the board sent more than OUTPUT_LIMIT bytes on one stream and was stopped: bad data (exit 65)."""
+
+    def __init__(self, message: str, stream: str) -> None:
+        super().__init__(message)
+        self.stream = stream
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a failure is worth retrying: a lost or refused link, never auth or host key errors."""
     return isinstance(exc, LinkError)
@@ -60,6 +72,7 @@ class CommandResult:
     stdout: str
     stderr: str
     duration: float
+    overflow: str | None = None  # the stream ("stdout" or "stderr") that outgrew OUTPUT_LIMIT: the command was stopped
 
     @property
     def ok(self) -> bool:
@@ -197,20 +210,45 @@ class BoardConnection(ABC):
             f"board {self.board.name!r}: `{describe_command(argv)}` exited {result.exit_code}: {detail}", result
         )
 
+    def _too_much(self, argv: Sequence[str], stream: str) -> OutputTooLarge:
+        return OutputTooLarge(
+            f"board {self.board.name!r}: `{describe_command(argv)}` sent more than {OUTPUT_LIMIT >> 20} MiB on "
+            f"{stream} and was stopped",
+            stream,
+        )
+
+    def _judged(self, argv: Sequence[str], result: CommandResult, check: bool) -> BoardError | None:
+        """The error a finished command stands for: too much output always, a non-zero exit if `check`."""
+        if result.overflow:
+            return self._too_much(argv, result.overflow)
+        return self._failed(argv, result) if check and not result.ok else None
+
 
 class Drain(threading.Thread):
-    """Reads one output stream of a channel to the end, so a chatty command never stalls on a full window."""
+    """Reads one output stream of a channel to the end, so a chatty command never stalls on a full window.
+
+    It keeps at most `limit` bytes: past them it sets `overflowed`, calls `on_overflow` (which stops the command)
+    and reads no more; the caller then reports the command with OutputTooLarge.
+    """
 
     def __init__(
         self,
         recv: Callable[[int], bytes],
         chunk: int = 1 << 31,
         errors: tuple[type[BaseException], ...] = (OSError, EOFError),
+        *,
+        stream: str = "stdout",
+        on_overflow: Callable[[], object] | None = None,
+        limit: int = OUTPUT_LIMIT,
     ) -> None:
         super().__init__(daemon=True)
         self.errors = errors
         self.recv = recv
         self.chunk = chunk
+        self.stream = stream
+        self.on_overflow = on_overflow
+        self.limit = limit
+        self.overflowed = False
         self.data = bytearray()
         self.last_activity = time.monotonic()
         self._changed = threading.Condition()
@@ -219,11 +257,18 @@ class Drain(threading.Thread):
     def run(self) -> None:
         try:
             with contextlib.suppress(*self.errors):
-                while chunk := self.recv(self.chunk):
+                # Never asks for more than one byte past the limit, so memory stays bounded whatever the board sends.
+                while chunk := self.recv(min(self.chunk, self.limit + 1 - len(self.data))):
                     with self._changed:
                         self.data += chunk
                         self.last_activity = time.monotonic()
+                        self.overflowed = len(self.data) > self.limit
                         self._changed.notify_all()
+                    if self.overflowed:
+                        del self.data[self.limit :]
+                        if self.on_overflow is not None:
+                            self.on_overflow()
+                        break
         finally:
             with self._changed:
                 self._ended = True
@@ -237,3 +282,8 @@ class Drain(threading.Thread):
 
     def text(self) -> str:
         return self.data.decode("utf-8", errors="replace")
+
+
+def overflow(drains: Sequence[Drain]) -> str | None:
+    """The stream of the first drain that outgrew its limit (its command was stopped), or None."""
+    return next((drain.stream for drain in drains if drain.overflowed), None)

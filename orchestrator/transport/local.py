@@ -15,9 +15,11 @@ from orchestrator.transport.base import (
     BoardConnection,
     CommandResult,
     CommandTimeout,
+    Drain,
     WriteStream,
     describe_command,
     env_argv,
+    overflow,
 )
 from orchestrator.transport.pipes import Judge, subprocess_read_stream, subprocess_write_stream
 
@@ -53,12 +55,29 @@ class LocalConnection(BoardConnection):
         except OSError as exc:
             result = CommandResult(tuple(argv), 127, "", f"{argv[0]}: {exc.strerror}", time.monotonic() - started)
         else:
+            assert process.stdout is not None and process.stderr is not None
+
+            def stop() -> None:  # too much output: the whole process group goes
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+
+            # Not communicate(): it keeps all the output, however much the command prints.
+            drains = [
+                Drain(process.stdout.read1, 1 << 16, stream="stdout", on_overflow=stop),
+                Drain(process.stderr.read1, 1 << 16, stream="stderr", on_overflow=stop),
+            ]
+            for drain in drains:
+                drain.start()
             try:
-                stdout, stderr = process.communicate(timeout=timeout)
+                process.wait(timeout=timeout)
+                for drain in drains:  # the output ends when the last process holding it does
+                    drain.join(None if timeout is None else max(0.0, started + timeout - time.monotonic()))
+                if any(drain.is_alive() for drain in drains):
+                    raise subprocess.TimeoutExpired(list(argv), timeout or 0.0)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
-                process.communicate()
+                process.wait()
                 raise CommandTimeout(
                     f"board {self.board.name!r}: `{describe_command(argv)}` did not finish within "
                     f"{timeout:g} s and was stopped"
@@ -68,19 +87,19 @@ class LocalConnection(BoardConnection):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
                 raise
+            for pipe in (process.stdout, process.stderr):
+                pipe.close()
+            duration = time.monotonic() - started
             result = CommandResult(
-                tuple(argv),
-                process.returncode,
-                stdout.decode("utf-8", errors="replace"),
-                stderr.decode("utf-8", errors="replace"),
-                time.monotonic() - started,
+                tuple(argv), process.returncode, drains[0].text(), drains[1].text(), duration, overflow(drains)
             )
-        if check and not result.ok:
-            raise self._failed(argv, result)
+        error = self._judged(argv, result, check)
+        if error is not None:
+            raise error
         return result
 
     def _judge(self, argv: Sequence[str]) -> Judge:
-        return lambda result, check: self._failed(argv, result) if check and not result.ok else None
+        return lambda result, check: self._judged(argv, result, check)
 
     def open_read_stream(
         self, argv: Sequence[str], *, bulk: bool = False

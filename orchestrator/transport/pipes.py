@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO
 
 from orchestrator.errors import BoardError, UsageError
-from orchestrator.transport.base import CommandResult, Drain, WriteStream
+from orchestrator.transport.base import CommandResult, Drain, WriteStream, overflow
 
 _PIPE_SIZE = 1 << 20  # larger pipes: fewer wake-ups per MiB between etlab and its subprocesses
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -77,7 +77,7 @@ def subprocess_read_stream(argv: Sequence[str], process_argv: Sequence[str], jud
     started = time.monotonic()
     process = _spawn(process_argv, stdin=False)
     assert process.stdout is not None and process.stderr is not None
-    stderr = Drain(process.stderr.read, 1 << 16)
+    stderr = Drain(process.stderr.read, 1 << 16, stream="stderr", on_overflow=process.kill)
     stderr.start()
     try:
         try:
@@ -86,7 +86,8 @@ def subprocess_read_stream(argv: Sequence[str], process_argv: Sequence[str], jud
             # If the command failed, that is the story; if it is still writing, the reader's error is.
             if _exited_with_error(process):
                 stderr.join()
-                error = judge(CommandResult(tuple(argv), process.returncode, "", stderr.text(), 0.0), True)
+                early = CommandResult(tuple(argv), process.returncode, "", stderr.text(), 0.0, overflow([stderr]))
+                error = judge(early, True)
                 if error is not None:
                     raise error from exc
             raise
@@ -94,8 +95,9 @@ def subprocess_read_stream(argv: Sequence[str], process_argv: Sequence[str], jud
             pass
         process.wait()
         stderr.join()
+        duration = time.monotonic() - started
         error = judge(
-            CommandResult(tuple(argv), process.returncode, "", stderr.text(), time.monotonic() - started), True
+            CommandResult(tuple(argv), process.returncode, "", stderr.text(), duration, overflow([stderr])), True
         )
         if error is not None:
             raise error
@@ -127,7 +129,10 @@ def subprocess_write_stream(
     started = time.monotonic()
     process = _spawn(process_argv, stdin=True)
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-    drains = [Drain(process.stdout.read, 1 << 16), Drain(process.stderr.read, 1 << 16)]
+    drains = [
+        Drain(process.stdout.read, 1 << 16, stream="stdout", on_overflow=process.kill),
+        Drain(process.stderr.read, 1 << 16, stream="stderr", on_overflow=process.kill),
+    ]
     for drain in drains:
         drain.start()
     writer = _PipeWriter(process, drains[0])
@@ -138,7 +143,9 @@ def subprocess_write_stream(
             if _exited_with_error(process):  # the command quit early: its stderr says why
                 for drain in drains:
                     drain.join()
-                early = CommandResult(tuple(argv), process.returncode, drains[0].text(), drains[1].text(), 0.0)
+                early = CommandResult(
+                    tuple(argv), process.returncode, drains[0].text(), drains[1].text(), 0.0, overflow(drains)
+                )
                 error = judge(early, True)
                 if error is not None:
                     raise error from exc
@@ -150,7 +157,12 @@ def subprocess_write_stream(
         for drain in drains:
             drain.join()
         writer.result = CommandResult(
-            tuple(argv), process.returncode, drains[0].text(), drains[1].text(), time.monotonic() - started
+            tuple(argv),
+            process.returncode,
+            drains[0].text(),
+            drains[1].text(),
+            time.monotonic() - started,
+            overflow(drains),
         )
         error = judge(writer.result, check)
         if error is not None:

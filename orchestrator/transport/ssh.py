@@ -37,6 +37,7 @@ from orchestrator.transport.base import (
     WriteStream,
     describe_command,
     env_argv,
+    overflow,
     tail,
 )
 from orchestrator.transport.hostkeys import KnownHosts, TrustOnFirstUse, fingerprint, host_id, preferred_key_types
@@ -281,6 +282,8 @@ class SshConnection(BoardConnection):
                 channel.close()  # a background process holds the output open; do not wait for it
             for drain in drains:
                 drain.join(0.2)
+        if stream := overflow(drains):  # the drain closed the channel: the command sent too much
+            raise self._too_much(argv, stream)
         exit_code = channel.exit_status if channel.exit_status_ready() else -1
         if exit_code == -1 and not self._link_alive():
             raise self._lost(f"while running `{describe_command(argv)}`")
@@ -302,7 +305,7 @@ class SshConnection(BoardConnection):
         channel = self._exec(argv)
         try:
             channel.shutdown_write()
-            drains = [Drain(channel.recv, errors=_CHANNEL_ERRORS), Drain(channel.recv_stderr, errors=_CHANNEL_ERRORS)]
+            drains = self._drains(channel)
             for drain in drains:
                 drain.start()
             result = self._finish(argv, channel, drains, started, started + timeout if timeout else None)
@@ -311,6 +314,14 @@ class SshConnection(BoardConnection):
         if check and not result.ok:
             raise self._failed(argv, result)
         return result
+
+    @staticmethod
+    def _drains(channel: paramiko.Channel) -> list[Drain]:
+        """Readers of a channel's stdout and stderr; one that outgrows its limit closes the channel."""
+        return [
+            Drain(channel.recv, errors=_CHANNEL_ERRORS, stream="stdout", on_overflow=channel.close),
+            Drain(channel.recv_stderr, errors=_CHANNEL_ERRORS, stream="stderr", on_overflow=channel.close),
+        ]
 
     # -- streams
 
@@ -396,6 +407,8 @@ class SshConnection(BoardConnection):
 
     def _openssh_judge(self, argv: Sequence[str]) -> Judge:
         def judge(result: CommandResult, check: bool) -> BoardError | None:
+            if result.overflow:  # ssh was killed for it: not a failure of ssh itself
+                return self._too_much(argv, result.overflow)
             if result.exit_code == _SSH_FAILED:
                 return self._openssh_failure(result)
             return self._failed(argv, result) if check and not result.ok else None
@@ -421,7 +434,7 @@ class SshConnection(BoardConnection):
         channel = self._exec(argv)
         try:
             channel.shutdown_write()
-            stderr = Drain(channel.recv_stderr, errors=_CHANNEL_ERRORS)
+            stderr = self._drains(channel)[1]
             stderr.start()
             try:
                 yield ChannelReader(channel)  # type: ignore[misc]
@@ -440,6 +453,8 @@ class SshConnection(BoardConnection):
     def _raise_stream_failure(
         self, argv: Sequence[str], channel: paramiko.Channel, stderr: Drain, started: float, exc: Exception
     ) -> None:
+        if stderr.overflowed:  # it closed the channel, which broke the stream
+            raise self._too_much(argv, stderr.stream) from exc
         if isinstance(exc, BoardError):
             return
         if not self._link_alive():
@@ -459,13 +474,15 @@ class SshConnection(BoardConnection):
         started = time.monotonic()
         channel = self._exec(argv)
         try:
-            drains = [Drain(channel.recv, errors=_CHANNEL_ERRORS), Drain(channel.recv_stderr, errors=_CHANNEL_ERRORS)]
+            drains = self._drains(channel)
             for drain in drains:
                 drain.start()
             writer = ChannelWriter(channel, drains[0], self._send_failed)
             try:
                 yield writer
             except BoardError as exc:
+                if stream := overflow(drains):  # a drain closed the channel, which stopped the sending
+                    raise self._too_much(argv, stream) from exc
                 # The command may have exited early (disk full, bad path): its stderr says why.
                 if self._link_alive() and channel.status_event.wait(2.0) and channel.exit_status_ready():
                     for drain in drains:

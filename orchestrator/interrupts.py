@@ -7,15 +7,18 @@ the main thread catches the interrupt, runs every stopper and makes new stoppabl
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import itertools
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from orchestrator.errors import EtlabError, ExitCode
 
+_REDELIVER_SECONDS = 0.05  # a swallowed KeyboardInterrupt comes again this much later (no_lost_interrupts)
 # How long interrupt() waits for the stoppers (each is bounded by its own grace period; this only caps a hung one).
 STOP_WAIT_SECONDS = 10.0
 
@@ -69,6 +72,19 @@ def _quietly(stop: Callable[[], None]) -> None:
         stop()
 
 
+def caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` stands for an interrupt: a KeyboardInterrupt, or an error it caused (Python turns one raised
+    in some places, e.g. a class body's __set_name__, into a RuntimeError whose cause it is)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt | Interrupted):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def reset() -> None:
     _interrupted.clear()
 
@@ -89,3 +105,60 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def no_lost_interrupts() -> Iterator[None]:
+    """Within the block, a KeyboardInterrupt that Python swallows (raised while a __del__ or a weakref callback
+    runs, which only prints "Exception ignored ... KeyboardInterrupt" and goes on) is delivered again to the main
+    thread, where it stops etlab: Ctrl+C in the middle of a lowering must neither print a traceback nor be lost."""
+    previous = sys.unraisablehook
+    lock = threading.Lock()
+    timers: list[threading.Timer] = []
+    closed = False
+
+    def deliver() -> None:
+        with lock:
+            if not closed:
+                _thread.interrupt_main()
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            # As if Ctrl+C came again, a moment later (raised here, it would be swallowed again). Should it land
+            # in a finalizer once more, this hook sends it on again.
+            timer = threading.Timer(_REDELIVER_SECONDS, deliver)
+            timer.daemon = True
+            with lock:
+                timers.append(timer)
+            timer.start()
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+        with lock:
+            closed = True
+            for timer in timers:
+                timer.cancel()
+
+
+@contextlib.contextmanager
+def quiet_signals() -> Iterator[None]:
+    """While etlab stops for an interrupt: a further Ctrl+C or SIGTERM is ignored, so that stopping the boards
+    (bounded by their grace periods) and the one line saying so are not cut short by a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.signal(number, _ignore) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    pass  # a Python-level handler, not SIG_IGN: processes started meanwhile keep the default behaviour

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import multiprocessing.context
 import signal
 import threading
 import time
@@ -33,8 +34,26 @@ _POLL_SECONDS = 0.2  # how often a blocked scheduler looks again (memory, or the
 
 def _leave_interrupts_to_the_parent() -> None:
     """In a worker: ignore Ctrl+C, which the terminal sends to every process of the job. The parent stops the
-    workers (__exit__) and says so in one line, instead of each worker printing its KeyboardInterrupt traceback."""
+    workers (__exit__) and says so in one line, instead of each worker printing its KeyboardInterrupt traceback.
+    Until now SIGINT was blocked (_QuietSpawnProcess): one that came meanwhile is dropped as it becomes ignored."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+class _QuietSpawnProcess(multiprocessing.context.SpawnProcess):
+    """A spawned worker born with SIGINT blocked (a signal mask survives fork and exec), so a Ctrl+C while it
+    starts, before its initializer ignores SIGINT, cannot print a traceback from its bootstrap either."""
+
+    def start(self) -> None:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread only, while it spawns
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class _QuietSpawnContext(multiprocessing.context.SpawnContext):
+    Process = _QuietSpawnProcess
 
 
 @dataclass(frozen=True)
@@ -106,8 +125,6 @@ class ParallelLowering:
         self._began = time.perf_counter()
 
     def __enter__(self) -> ParallelLowering:
-        import multiprocessing
-
         self._began = time.perf_counter()
         names = ", ".join(task.backend for task in self.pending)
         name = self.pending[0].spec.name
@@ -118,7 +135,7 @@ class ParallelLowering:
         # One process per variant: its peak RSS is its own, and memory goes back to the system when it ends.
         self._pool = ProcessPoolExecutor(
             max_workers=self.workers,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=_QuietSpawnContext(),
             max_tasks_per_child=1,
             initializer=_leave_interrupts_to_the_parent,
         )

@@ -15,13 +15,15 @@ import shlex
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import IO
+from typing import IO, TypeVar
 
+from orchestrator import interrupts
 from orchestrator.boards.inventory import Board
 from orchestrator.errors import BoardDataError, BoardError, UsageError
+from orchestrator.transport.stopper import new_token
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -133,7 +135,6 @@ class BoardConnection(ABC):
         self.board = board
         self._home: str | None = None
 
-    @abstractmethod
     def run(
         self,
         argv: Sequence[str],
@@ -142,7 +143,44 @@ class BoardConnection(ABC):
         check: bool = True,
         env: Mapping[str, str] | None = None,
     ) -> CommandResult:
-        """Run argv on the board (quoted, never concatenated). Raises CommandError on non-zero exit if `check`."""
+        """Run argv on the board (quoted, never concatenated). Raises CommandError on non-zero exit if `check`.
+
+        A timeout or an interrupt stops the command and everything it started on the board (see stopping())."""
+        token = new_token()
+        with self.stopping(token):
+            return self._run(argv, timeout=timeout, check=check, env=env, token=token)
+
+    @abstractmethod
+    def _run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None,
+        check: bool,
+        env: Mapping[str, str] | None,
+        token: str,
+    ) -> CommandResult:
+        """run(), with `token` set as stopper.STOP_TOKEN_ENV in the environment of the command on the board."""
+
+    @contextlib.contextmanager
+    def stopping(self, token: str) -> Iterator[None]:
+        """While a command carrying `token` runs: an interrupt (interrupts.py, from any thread) stops it on the
+        board, and so does leaving the block by a timeout or a KeyboardInterrupt in this thread. The agent starts
+        its runner in a session of its own, so closing the channel or killing a process group would miss it."""
+        with interrupts.stoppable(lambda: self.stop_processes(token)):
+            try:
+                yield
+            except CommandTimeout:
+                self.stop_processes(token)
+                raise
+            except Exception:
+                raise
+            except BaseException:  # KeyboardInterrupt, SystemExit: this thread was interrupted
+                self.stop_processes(token)
+                raise
+
+    def stop_processes(self, token: str) -> None:  # noqa: B027 - a transport that cannot is left alone
+        """SIGTERM every process on the board carrying `token`, SIGKILL those left after a grace period."""
 
     def run_shell(
         self,
@@ -155,20 +193,35 @@ class BoardConnection(ABC):
         """Run a POSIX sh script the caller built with `quote()` (pipelines, redirections)."""
         return self.run(["sh", "-c", script], timeout=timeout, check=check, env=env)
 
-    @abstractmethod
     def open_read_stream(
         self, argv: Sequence[str], *, bulk: bool = False
     ) -> contextlib.AbstractContextManager[IO[bytes]]:
         """Stream a command's stdout. Leaving the block waits for the command and raises if it failed.
 
-        `bulk` asks for the bulk data path (see bulk_threshold()).
+        `bulk` asks for the bulk data path (see bulk_threshold()). An interrupt stops the command on the board,
+        which ends the stream.
         """
+        token = new_token()
+        return _stopping_stream(self, token, lambda: self._open_read_stream(argv, bulk=bulk, token=token))
 
-    @abstractmethod
     def open_write_stream(
         self, argv: Sequence[str], *, check: bool = True, bulk: bool = False
     ) -> contextlib.AbstractContextManager[WriteStream]:
         """Feed a command's stdin. Leaving the block sends EOF, waits, and sets `stream.result`."""
+        token = new_token()
+        return _stopping_stream(self, token, lambda: self._open_write_stream(argv, check=check, bulk=bulk, token=token))
+
+    @abstractmethod
+    def _open_read_stream(
+        self, argv: Sequence[str], *, bulk: bool, token: str
+    ) -> contextlib.AbstractContextManager[IO[bytes]]:
+        """open_read_stream(), with `token` set as stopper.STOP_TOKEN_ENV in the command's environment."""
+
+    @abstractmethod
+    def _open_write_stream(
+        self, argv: Sequence[str], *, check: bool, bulk: bool, token: str
+    ) -> contextlib.AbstractContextManager[WriteStream]:
+        """open_write_stream(), with `token` set as stopper.STOP_TOKEN_ENV in the command's environment."""
 
     def bulk_threshold(self) -> int | None:
         """From how many bytes a transfer should ask for a bulk stream; None when bulk streams are no different."""
@@ -222,6 +275,19 @@ class BoardConnection(ABC):
         if result.overflow:
             return self._too_much(argv, result.overflow)
         return self._failed(argv, result) if check and not result.ok else None
+
+
+_S = TypeVar("_S")
+
+
+@contextlib.contextmanager
+def _stopping_stream(
+    conn: BoardConnection, token: str, opener: Callable[[], contextlib.AbstractContextManager[_S]]
+) -> Iterator[_S]:
+    """A stream whose command is stopped on an interrupt (from any thread); opened only once registered, so an
+    interrupted etlab starts no new transfer."""
+    with conn.stopping(token), opener() as stream:
+        yield stream
 
 
 class Drain(threading.Thread):

@@ -22,6 +22,13 @@ from orchestrator.transport.base import (
     overflow,
 )
 from orchestrator.transport.pipes import Judge, subprocess_read_stream, subprocess_write_stream
+from orchestrator.transport.stopper import STOP_TOKEN_ENV
+from orchestrator.transport.stopper import stop as stop_marked
+
+
+def _marked(token: str, argv: Sequence[str]) -> list[str]:
+    """argv run with its stop token in its environment, for stop_processes()."""
+    return [*env_argv({STOP_TOKEN_ENV: token}), *argv]
 
 
 class LocalConnection(BoardConnection):
@@ -33,13 +40,14 @@ class LocalConnection(BoardConnection):
         env_argv(env)  # validates names
         return {**os.environ, **env} if env else None
 
-    def run(
+    def _run(
         self,
         argv: Sequence[str],
         *,
-        timeout: float | None = None,
-        check: bool = True,
-        env: Mapping[str, str] | None = None,
+        timeout: float | None,
+        check: bool,
+        env: Mapping[str, str] | None,
+        token: str,
     ) -> CommandResult:
         timeout = timeout if timeout is not None else self.board.command_timeout
         started = time.monotonic()
@@ -49,7 +57,7 @@ class LocalConnection(BoardConnection):
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=self._env(env),
+                env=self._env({**(env or {}), STOP_TOKEN_ENV: token}),
                 start_new_session=True,  # so a timeout stops the whole process group
             )
         except OSError as exc:
@@ -98,18 +106,21 @@ class LocalConnection(BoardConnection):
             raise error
         return result
 
+    def stop_processes(self, token: str) -> None:
+        stop_marked(token)  # in-process: the board's processes are this machine's
+
     def _judge(self, argv: Sequence[str]) -> Judge:
         return lambda result, check: self._judged(argv, result, check)
 
-    def open_read_stream(
-        self, argv: Sequence[str], *, bulk: bool = False
+    def _open_read_stream(
+        self, argv: Sequence[str], *, bulk: bool, token: str
     ) -> contextlib.AbstractContextManager[IO[bytes]]:
-        return subprocess_read_stream(argv, argv, self._judge(argv))
+        return subprocess_read_stream(argv, _marked(token, argv), self._judge(argv))
 
-    def open_write_stream(
-        self, argv: Sequence[str], *, check: bool = True, bulk: bool = False
+    def _open_write_stream(
+        self, argv: Sequence[str], *, check: bool, bulk: bool, token: str
     ) -> contextlib.AbstractContextManager[WriteStream]:
-        return subprocess_write_stream(argv, argv, self._judge(argv), check=check)
+        return subprocess_write_stream(argv, _marked(token, argv), self._judge(argv), check=check)
 
     def _home_dir(self) -> str:
         return str(Path.home())

@@ -11,6 +11,7 @@ its crypto and packet handling are C, and cost far less CPU than paramiko's (ben
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import shlex
@@ -49,6 +50,7 @@ from orchestrator.transport.pipes import (
     subprocess_write_stream,
 )
 from orchestrator.transport.ssh_socket import TAKE_ALL, ChannelReader, ChannelWriter, open_socket
+from orchestrator.transport.stopper import STOP_GRACE_SECONDS, STOP_TOKEN_ENV, stopper_source
 
 # paramiko logs a lost link at ERROR level from its own thread; etlab reports it as a BoardError instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -291,18 +293,19 @@ class SshConnection(BoardConnection):
         stdout = drains[0].text() if len(drains) == 2 else ""
         return CommandResult(tuple(argv), exit_code, stdout, drains[-1].text(), time.monotonic() - started)
 
-    def run(
+    def _run(
         self,
         argv: Sequence[str],
         *,
-        timeout: float | None = None,
-        check: bool = True,
-        env: Mapping[str, str] | None = None,
+        timeout: float | None,
+        check: bool,
+        env: Mapping[str, str] | None,
+        token: str,
     ) -> CommandResult:
         argv = [*env_argv(env), *argv]
         timeout = timeout if timeout is not None else self.board.command_timeout
         started = time.monotonic()
-        channel = self._exec(argv)
+        channel = self._exec(_marked(token, argv))
         try:
             channel.shutdown_write()
             drains = self._drains(channel)
@@ -314,6 +317,20 @@ class SshConnection(BoardConnection):
         if check and not result.ok:
             raise self._failed(argv, result)
         return result
+
+    def stop_processes(self, token: str) -> None:
+        # Over a fresh channel of the same connection, never a new one: a board whose link is gone is out of reach.
+        transport = self._fabric.client.get_transport() if self._fabric else None
+        if transport is None or not transport.is_active():
+            return
+        argv = ["python3", "-c", _stopper_source(), token, f"{STOP_GRACE_SECONDS:g}"]
+        with contextlib.suppress(*_CHANNEL_ERRORS):
+            channel = transport.open_session(timeout=self.board.connect_timeout)
+            try:
+                channel.exec_command(shlex.join(argv))
+                channel.status_event.wait(STOP_GRACE_SECONDS + self.board.connect_timeout)
+            finally:
+                channel.close()
 
     @staticmethod
     def _drains(channel: paramiko.Channel) -> list[Drain]:
@@ -338,23 +355,25 @@ class SshConnection(BoardConnection):
             return None
         return 0 if mode == "openssh" else BULK_FROM
 
-    def open_read_stream(
-        self, argv: Sequence[str], *, bulk: bool = False
+    def _open_read_stream(
+        self, argv: Sequence[str], *, bulk: bool, token: str
     ) -> contextlib.AbstractContextManager[IO[bytes]]:
         if bulk and self.bulk_threshold() is not None:
             self.open()  # paramiko verifies (or pins) the host key first; ssh then checks it against the same file
             self._learn_cpu()
-            return subprocess_read_stream(argv, self.openssh_argv(argv), self._openssh_judge(argv))
-        return self._channel_read_stream(argv)
+            wire = self.openssh_argv(_marked(token, argv))
+            return subprocess_read_stream(argv, wire, self._openssh_judge(argv))
+        return self._channel_read_stream(argv, token=token)
 
-    def open_write_stream(
-        self, argv: Sequence[str], *, check: bool = True, bulk: bool = False
+    def _open_write_stream(
+        self, argv: Sequence[str], *, check: bool, bulk: bool, token: str
     ) -> contextlib.AbstractContextManager[WriteStream]:
         if bulk and self.bulk_threshold() is not None:
             self.open()
             self._learn_cpu()
-            return subprocess_write_stream(argv, self.openssh_argv(argv), self._openssh_judge(argv), check=check)
-        return self._channel_write_stream(argv, check=check)
+            wire = self.openssh_argv(_marked(token, argv))
+            return subprocess_write_stream(argv, wire, self._openssh_judge(argv), check=check)
+        return self._channel_write_stream(argv, check=check, token=token)
 
     def board_has_aes(self) -> bool | None:
         """Whether the board's CPU has AES instructions (None: unknown), asked once over the control channel."""
@@ -429,9 +448,9 @@ class SshConnection(BoardConnection):
         return LinkError(f"{self.where}: the OpenSSH connection of a bulk transfer failed: {detail}")
 
     @contextlib.contextmanager
-    def _channel_read_stream(self, argv: Sequence[str]) -> Iterator[IO[bytes]]:
+    def _channel_read_stream(self, argv: Sequence[str], *, token: str) -> Iterator[IO[bytes]]:
         started = time.monotonic()
-        channel = self._exec(argv)
+        channel = self._exec(_marked(token, argv))
         try:
             channel.shutdown_write()
             stderr = self._drains(channel)[1]
@@ -470,9 +489,9 @@ class SshConnection(BoardConnection):
         return BoardError(f"{self.where}: the receiving command stopped early ({exc or type(exc).__name__})")
 
     @contextlib.contextmanager
-    def _channel_write_stream(self, argv: Sequence[str], *, check: bool) -> Iterator[WriteStream]:
+    def _channel_write_stream(self, argv: Sequence[str], *, check: bool, token: str) -> Iterator[WriteStream]:
         started = time.monotonic()
-        channel = self._exec(argv)
+        channel = self._exec(_marked(token, argv))
         try:
             drains = self._drains(channel)
             for drain in drains:
@@ -515,6 +534,18 @@ class SshConnection(BoardConnection):
         with _homes_lock:
             _homes[key] = home
         return home
+
+
+def _marked(token: str, argv: Sequence[str]) -> list[str]:
+    """argv marked with its stop token for stop_processes(): an assignment word the board's shell reads (shlex
+    leaves NAME=hex unquoted), so a board needs no `env` program for it."""
+    return [f"{STOP_TOKEN_ENV}={token}", *argv]
+
+
+@functools.cache
+def _stopper_source() -> str:
+    """stopper.py, run on the board as `python3 -c` (it is self-contained)."""
+    return stopper_source()
 
 
 _homes: dict[tuple[str | None, int, str | None], str] = {}

@@ -229,10 +229,13 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
 @task(help={"inventory": "inventory file with a `nightly:` section (default: inventory.yaml)",
             "night": "the night's date, YYYY-MM-DD (default: today); re-running a night resumes it",
             "history": "SQLAlchemy URL of the history (default: sqlite:///.etlab/history.sqlite)",
-            "reports": "folder for the HTML, markdown and JUnit reports"})  # fmt: skip
+            "reports": "folder for the HTML, markdown and JUnit reports",
+            "wait": "when another nightly runs the same night on the same history, wait for it (default: exit 75)",
+            "record_pending": "only record the results earlier nightlies measured but could not record"})  # fmt: skip
 @handle_errors
-def nightly(c, inventory=None, night=None, history=None, reports=None):
-    """Run the nightly matrix, record it, flag real regressions, write reports. Exit 0 ok, 1 regression, 2 infra."""
+def nightly(c, inventory=None, night=None, history=None, reports=None, wait=False, record_pending=False):
+    """Run the nightly matrix, record it, flag real regressions, write reports. Exit 0 ok, 1 regression, 2 infra,
+    75 another nightly holds the night."""
     from orchestrator.commands.common import nightly_job
 
-    return nightly_job(inventory, night, history, reports)
+    return nightly_job(inventory, night, history, reports, wait=wait, record_pending=record_pending)

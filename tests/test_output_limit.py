@@ -80,6 +80,16 @@ def test_the_local_board_stops_a_command_that_prints_endlessly(local_board: Boar
         assert conn.run(["echo", "still usable"]).stdout == "still usable\n"
 
 
+@UNBOUNDED_WITHOUT_A_CAP
+def test_a_flood_stops_what_the_command_started_in_a_session_of_its_own(local_board: Board, tmp_path: Path) -> None:
+    """The agent starts its runner with a session of its own: a flooding agent's runner must stop too."""
+    escaped = tmp_path / "escaped.pid"
+    script = 'setsid sh -c \'echo $$ > "$0"; exec sleep 1000\' "$0" & exec "$@"'
+    with connect(local_board) as conn, pytest.raises(OutputTooLarge):
+        conn.run(["sh", "-c", script, str(escaped), *flood("stdout")], timeout=60)
+    assert gone(int(escaped.read_text())), "a process the flooding command started in its own session still runs"
+
+
 def test_output_up_to_the_limit_is_kept_whole(local_board: Board) -> None:
     with connect(local_board) as conn:
         result = conn.run_shell(f"head -c {OUTPUT_LIMIT} /dev/zero | tr '\\0' a; head -c {OUTPUT_LIMIT} /dev/zero >&2")

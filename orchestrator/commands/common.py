@@ -6,11 +6,11 @@ import functools
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from invoke.exceptions import Exit
 
-from orchestrator import console, options
+from orchestrator import console, interrupts, options
 from orchestrator.errors import EtlabError, ExitCode, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -23,23 +23,34 @@ def split_list(value: str | None) -> list[str] | None:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def _interrupted() -> NoReturn:
+    with interrupts.quiet_signals():
+        interrupts.interrupt()  # whatever is still running on a board for us stops too
+        console.error("interrupted")
+    raise Exit(code=ExitCode.INTERRUPTED) from None
+
+
 def handle_errors(func: F) -> F:
     """Run a task body: EtlabError → one clear message and its exit code; an int result is the exit code."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         console.quiet_third_party()
+        interrupts.reset()
         try:
-            code = func(*args, **kwargs)
+            # SIGTERM (a cancelled CI job, `kill`) stops like Ctrl+C: boards are stopped, locks and places released.
+            with interrupts.sigterm_interrupts(), interrupts.no_lost_interrupts():
+                code = func(*args, **kwargs)
         except EtlabError as exc:
             console.error(str(exc))
             raise Exit(code=exc.exit_code) from None
         except KeyboardInterrupt:
-            console.error("interrupted")
-            raise Exit(code=ExitCode.INTERRUPTED) from None
+            _interrupted()
         except Exit:
             raise
-        except Exception:
+        except Exception as exc:
+            if interrupts.caused_by_interrupt(exc):  # e.g. Python wraps one raised in __set_name__ in a RuntimeError
+                _interrupted()
             if os.environ.get("ETLAB_DEBUG"):
                 raise
             console.error("internal error (set ETLAB_DEBUG=1 for the full traceback):")
@@ -105,11 +116,19 @@ def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, tim
     return RunParams(**{key: value for key, value in given.items() if value is not None})
 
 
-def nightly_job(inventory: str | None, night: str | None, history: str | None, reports: str | None) -> int:
+def nightly_job(
+    inventory: str | None,
+    night: str | None,
+    history: str | None,
+    reports: str | None,
+    *,
+    wait: bool = False,
+    record_pending: bool = False,
+) -> int:
     from pathlib import Path
 
     from orchestrator.boards.inventory import load_inventory
-    from orchestrator.lab.nightly import run_nightly
+    from orchestrator.lab.nightly import record_pending_results, run_nightly
 
     if night is not None:
         import datetime as dt
@@ -120,11 +139,18 @@ def nightly_job(inventory: str | None, night: str | None, history: str | None, r
             raise UsageError(f"--night must be a date like 2026-11-30, got {night!r}") from None
     from orchestrator.commands.render import print_night
 
+    if record_pending:
+        return record_pending_results(
+            load_inventory(Path(inventory) if inventory else None),
+            history_url=history,
+            reports_dir=Path(reports) if reports else None,
+        )
     report = run_nightly(
         load_inventory(Path(inventory) if inventory else None),
         night=night,
         history_url=history,
         reports_dir=Path(reports) if reports else None,
+        wait=wait,
     )
     print_night(report)
     return report.exit_code

@@ -170,7 +170,7 @@ class BoardConnection(ABC):
         with interrupts.stoppable(lambda: self.stop_processes(token)):
             try:
                 yield
-            except CommandTimeout:
+            except (CommandTimeout, OutputTooLarge):  # what it started (a runner in its own session) stops too
                 self.stop_processes(token)
                 raise
             except Exception:

@@ -65,9 +65,10 @@ class LocalConnection(BoardConnection):
         else:
             assert process.stdout is not None and process.stderr is not None
 
-            def stop() -> None:  # too much output: the whole process group goes
+            def stop() -> None:  # too much output: the whole process group goes, and what left it
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
+                stop_marked(token)  # e.g. a runner in a session of its own, which holds the pipes open
 
             # Not communicate(): it keeps all the output, however much the command prints.
             drains = [

@@ -15,9 +15,10 @@ import pytest
 from orchestrator.commands.render import render_top_ops
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import sha256_file
+from orchestrator.programs.plan import read_program_plan
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.documents import load_summary
-from orchestrator.results.etdump import parse_etdump, read_etdump, read_program_plan
+from orchestrator.results.etdump import parse_etdump, read_etdump
 from orchestrator.results.etdump_profile import profile_etdump
 from orchestrator.results.summary import RunSummary
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors

@@ -21,9 +21,10 @@ from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import load_artifact
 from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.programs.memory import read_program_memory
+from orchestrator.programs.plan import read_program_plan
 from orchestrator.results.analysis import analyze_bundle
-from orchestrator.results.etdump import read_etdump, read_program_plan
-from orchestrator.results.memory import read_program_memory
+from orchestrator.results.etdump import read_etdump
 from tests.plugins.analysis import adapter_graphs
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory

@@ -15,7 +15,7 @@ from orchestrator.deploy.payload import fetch_wheel, tree_sha256
 from orchestrator.deploy.provision import build_place
 from orchestrator.errors import BoardError
 from orchestrator.paths import BOARD_SOURCE_DIR
-from orchestrator.results.memory import read_program_memory
+from orchestrator.programs.memory import read_program_memory
 from orchestrator.versions import executorch_version
 from tests.plugins.pi import in_ci
 from tests.plugins.runner import RunnerModels

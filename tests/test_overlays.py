@@ -9,11 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from orchestrator.programs.plan import read_program_plan
+from orchestrator.programs.xnn import XnnNode, read_xnn_nodes
 from orchestrator.results.analysis import analyze_bundle
-from orchestrator.results.etdump import read_etdump, read_program_plan
+from orchestrator.results.etdump import read_etdump
 from orchestrator.results.etdump_profile import profile_etdump
 from orchestrator.results.overlays import METRICS, diverging_color
-from orchestrator.results.xnn_match import MatchError, XnnNode, match_events, operator_base, read_xnn_nodes
+from orchestrator.results.xnn_match import MatchError, match_events, operator_base
 from tests.plugins.analysis import RUNNER_KEYS, BundleCase, BundleCopy, adapter_graphs, analyze, rewrite_etdump
 
 pytestmark = pytest.mark.slow  # lowers and runs real models (session fixtures)

@@ -342,7 +342,7 @@ def test_runner_reads_the_constants_the_lowering_counted(
     from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.spec import BUILTIN_SPECS
-    from orchestrator.results.memory import read_program_memory
+    from orchestrator.programs.memory import read_program_memory
     from tests.plugins.artifacts import ARTIFACT_CACHE
 
     quantized = "xnnpack-int8-dynamic"
@@ -372,7 +372,7 @@ def test_runner_reads_inline_constants_of_a_program_without_segments(
     run it, but the runner's reader takes that path, and must agree with memory.py."""
     from executorch.exir._serialize._program import _program_to_flatbuffer, deserialize_pte_binary
 
-    from orchestrator.results.memory import read_program_memory
+    from orchestrator.programs.memory import read_program_memory
 
     program = deserialize_pte_binary(runner_models.portable_pte.read_bytes()).program
     assert program.constant_buffer and not program.segments

@@ -34,6 +34,7 @@ from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_p
 from orchestrator.lowering.quantize import scheme_of
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
+from orchestrator.programs.memory import read_program_memory
 from orchestrator.versions import toolchain_versions
 
 # Source files whose content decides what lowering produces; editing them invalidates the cache.
@@ -445,7 +446,6 @@ def _lower_backend(
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
     from orchestrator.lowering.delegation import delegation_report
-    from orchestrator.results.memory import read_program_memory
 
     etrecord = task.etrecord
     with timer.stage(f"{backend}: to_edge/partition", quiet=quiet):

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.programs.plan import read_program_plan
+from orchestrator.programs.xnn import XNNPACK_BACKEND, xnn_graph_buffer
+
 SCHEMES = ("none", "int8-dynamic", "int8-static", "8da4w")
 QUANTIZED_SCHEMES = SCHEMES[1:]
 GROUP_SIZE = 32  # 8da4w weight group along the input features
@@ -477,9 +480,6 @@ def _etlt_rows(path: Path, where: str) -> list[tuple[list[int], list[int] | None
 def fully_connected_types(pte: Path) -> Counter[str]:
     """FullyConnected nodes of every XNNPACK delegate of `forward`, counted by `input x weight` datatype."""
     from pte_adapter_model_explorer.executorch_flatbuffer import xnnpack_generated as xg
-
-    from orchestrator.results.etdump import read_program_plan
-    from orchestrator.results.xnn_match import XNNPACK_BACKEND, xnn_graph_buffer
 
     counts: Counter[str] = Counter()
     plan = read_program_plan(pte, "forward")

@@ -13,17 +13,14 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import sha256_file
+from orchestrator.programs.memory import ProgramMemory, program_memory_from_sidecar, read_program_memory
+from orchestrator.programs.plan import ProgramPlan, read_program_plan
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha, read_bundle
 from orchestrator.results.counters_profile import CounterProfile, counters_summary, read_counter_profile
 from orchestrator.results.documents import Summary, summary_document, write_outputs
-from orchestrator.results.etdump import Etdump, ProgramPlan, read_etdump, read_program_plan
+from orchestrator.results.etdump import Etdump, read_etdump
 from orchestrator.results.etdump_profile import _method_totals, inferred_ns_per_tick, profile_etdump
-from orchestrator.results.memory import (
-    ProgramMemory,
-    memory_summary,
-    program_memory_from_sidecar,
-    read_program_memory,
-)
+from orchestrator.results.memory import memory_summary
 from orchestrator.results.profile import Profile
 from orchestrator.results.summary import hashing_times
 from orchestrator.results.validity import (

@@ -10,10 +10,10 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json
+from orchestrator.programs.memory import ProgramMemory
 from orchestrator.results import overlays
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
 from orchestrator.results.counters_profile import CounterProfile
-from orchestrator.results.memory import ProgramMemory
 from orchestrator.results.profile import Profile
 from orchestrator.results.summary import SUMMARY_SCHEMA, Latency, ProgramInfo, RunSummary, Validity
 

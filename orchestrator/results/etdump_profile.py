@@ -15,17 +15,12 @@ from typing import Any
 import numpy as np
 
 from orchestrator.errors import AnalysisError
-from orchestrator.results.etdump import Etdump, ProgramPlan, RunBlock
+from orchestrator.programs.plan import ProgramPlan
+from orchestrator.programs.xnn import XNNPACK_BACKEND, XnnNode, read_xnn_nodes
+from orchestrator.results.etdump import Etdump, RunBlock
 from orchestrator.results.profile import DelegateProfile, InstructionProfile, Profile, XnnNodeProfile, dist_ms
 from orchestrator.results.stats import distribution
-from orchestrator.results.xnn_match import (
-    XNNPACK_BACKEND,
-    MatchError,
-    XnnNode,
-    match_events,
-    operator_type,
-    read_xnn_nodes,
-)
+from orchestrator.results.xnn_match import MatchError, match_events, operator_type
 
 NS_PER_TICK_CANDIDATES = (1.0, 1e3, 1e-3)  # ns, us and ps ticks; Linux runtimes tick in ns
 

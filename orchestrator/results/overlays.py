@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.fsutil import atomic_write_json
+from orchestrator.programs.memory import ProgramMemory, read_program_memory
 from orchestrator.results.counters_profile import CounterProfile
-from orchestrator.results.memory import ProgramMemory
 from orchestrator.results.profile import Profile
 from orchestrator.results.summary import Counters
 
@@ -85,8 +85,6 @@ def write_live_bytes(bundle_dir: Path, program: ProgramMemory, name: str) -> Pat
 
 def write_program_overlays(pte: Path, folder: Path) -> list[Path]:
     """Without a run: the live-bytes overlay of one .pte in `folder`, with its own index naming the program."""
-    from orchestrator.results.memory import read_program_memory
-
     program = read_program_memory(pte)
     path = write_live_bytes(folder, program, f"live bytes ({pte.name})")
     index = Path(folder) / OVERLAY_DIR / INDEX_NAME

@@ -25,18 +25,12 @@ fused clamp next to an inserted one) leave the delegate out, with the reason.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from orchestrator.errors import AnalysisError
-from orchestrator.results.etdump import DelegateData
-
-XNNPACK_BACKEND = "XnnpackBackend"
+from orchestrator.programs.xnn import XnnNode
 
 _BINARY = ("Binary Elementwise",)
 # A quantized unary (convert → op → convert, fused into one lookup-table operator) reports "Invalid Unary Op".
@@ -115,67 +109,6 @@ def operator_base(event_name: str) -> str:
 def operator_type(event_name: str) -> str:
     """'Fully Connected (NC, F32) GEMM #1' -> 'Fully Connected (NC, F32) GEMM' (the name without its counter)."""
     return re.sub(r" #\d+$", "", event_name)
-
-
-@dataclass(frozen=True)
-class XnnNode:
-    index: int  # the PTE adapter's node id inside the delegate graph
-    type: str  # XNNFullyConnected, ...
-    debug_handle: int
-    output_clamp: bool  # output_min_max set to something narrower than (-inf, inf)
-
-
-@functools.cache
-def xnode_type_names() -> dict[int, str]:
-    """Union code -> node type name, from the XNNPACK schema shipped with the installed ExecuTorch."""
-    # Located without importing executorch, whose package import pulls in torch (seconds).
-    spec = importlib.util.find_spec("executorch")
-    roots = list(spec.submodule_search_locations or []) if spec else []
-    candidates = [Path(root) / "backends/xnnpack/serialization/schema.fbs" for root in roots]
-    schema = next((path for path in candidates if path.is_file()), None)
-    if schema is None:
-        raise AnalysisError("cannot find ExecuTorch's XNNPACK schema.fbs: is executorch installed?")
-    text = schema.read_text(encoding="utf-8")
-    block = re.search(r"union\s+XNodeUnion\s*\{(?P<body>[^}]*)\}", text)
-    if block is None:
-        raise AnalysisError(f"cannot find the XNodeUnion in {schema}")
-    body = re.sub(r"//[^\n]*", "", block.group("body"))
-    names = [entry.split(":")[0].strip() for entry in body.split(",") if entry.strip()]
-    return {code: name for code, name in enumerate(names, start=1)}
-
-
-def xnn_graph_buffer(delegate: DelegateData, pte: Path) -> bytes:
-    """The XNNGraph flatbuffer of one delegate payload, without its constant data."""
-    head = delegate.read(pte, limit=32)
-    if head[4:8] == b"XH00":
-        flatbuffer_offset = int.from_bytes(head[10:14], "little")
-        flatbuffer_size = int.from_bytes(head[14:18], "little")
-        buffer = delegate.read_range(pte, flatbuffer_offset, flatbuffer_size)
-    else:
-        buffer = delegate.read(pte)
-    if buffer[4:8] != b"XN01":
-        raise AnalysisError(f"{pte.name}: an XNNPACK payload has no XNNGraph (identifier {buffer[4:8]!r})")
-    return buffer
-
-
-def read_xnn_nodes(delegate: DelegateData, pte: Path) -> list[XnnNode]:
-    """The serialized XNN nodes of one delegate payload, read without loading its constant data."""
-    from pte_adapter_model_explorer.executorch_flatbuffer import xnnpack_generated as xg
-
-    buffer = xnn_graph_buffer(delegate, pte)
-    names = xnode_type_names()
-    try:
-        graph = xg.XNNGraph.GetRootAs(buffer, 0)
-        nodes = []
-        for index in range(graph.XnodesLength()):
-            xnode = graph.Xnodes(index)
-            bounds = xnode.OutputMinMax()
-            clamp = bounds is not None and (np.isfinite(bounds.OutputMin()) or np.isfinite(bounds.OutputMax()))
-            code = xnode.XnodeUnionType()
-            nodes.append(XnnNode(index, names.get(code, f"XNode{code}"), xnode.DebugHandle(), bool(clamp)))
-    except Exception as exc:  # the generated reader raises struct/index errors on garbage
-        raise AnalysisError(f"{pte.name}: unreadable XNNPACK graph ({exc})") from None
-    return nodes
 
 
 @dataclass(frozen=True)

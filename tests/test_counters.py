@@ -400,8 +400,8 @@ def test_compare_reports_memory_deltas() -> None:
 
 def test_live_bytes_overlay_needs_no_board(tiny_artifacts: dict, tmp_path: Path) -> None:
     """What `fab explore --model M` shows before any run: the plan's live bytes, on the adapter's real nodes."""
-    from orchestrator.results.explorer import overlay_target
     from orchestrator.results.overlays import write_program_overlays
+    from orchestrator.servers.explorer import overlay_target
 
     artifact = load_artifact("gpt2-tiny", "xnnpack", ARTIFACT_CACHE)
     (overlay,) = write_program_overlays(artifact.pte, tmp_path)

@@ -26,23 +26,18 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.paths import PROJECT_ROOT
-from orchestrator.results.explorer import (
-    FORBIDDEN,
-    MAX_COMMAND_BYTES,
+from orchestrator.servers.explorer import (
     PTE_ADAPTER,
     ExplorerError,
     ExplorerHandle,
-    LocalOnly,
-    ServedFiles,
     artifact_models,
     check_host,
     ensure_port_free,
-    host_allowed,
-    is_loopback,
     launch_explorer,
     overlay_target,
     run_overlays,
 )
+from orchestrator.servers.guard import FORBIDDEN, MAX_COMMAND_BYTES, LocalOnly, ServedFiles, host_allowed, is_loopback
 from tests.plugins.analysis import BundleCase, adapter_graphs, analyze, copy_bundle
 from tests.plugins.browser import SCREENSHOTS
 from tests.plugins.processes import reaped
@@ -484,7 +479,7 @@ def test_stop_ends_the_server_and_frees_the_port(explored: BundleCase, analysis_
 def explore_in_subprocess(models: list[Path], overlays: list[Path], port: int, **popen: Any) -> subprocess.Popen:
     """`launch_explorer(...)` (blocking) in a child Python, as `fab explore` runs it."""
     script = (
-        "from pathlib import Path; from orchestrator.results.explorer import launch_explorer; "
+        "from pathlib import Path; from orchestrator.servers.explorer import launch_explorer; "
         f"launch_explorer([Path(p) for p in {[str(m) for m in models]!r}], "
         f"[Path(p) for p in {[str(o) for o in overlays]!r}], port={port}, open_browser=False)"
     )

@@ -9,10 +9,13 @@ from orchestrator.paths import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "orchestrator"
 # Top to bottom. A module may import its own layer and any layer below it, never one above. `testing` holds
-# the fake boards that tests and bench/ share. Data flows spec -> artifacts -> board -> bundle -> analysis, so
-# results sits above lowering; `programs` (reading a .pte) is below both, as both read programs.
+# the fake boards that tests and bench/ share. `servers` (local web servers and their HTTP guard) sits under the
+# commands that start them and over everything they may show (runs, programs, the nightly's history). Data flows
+# spec -> artifacts -> board -> bundle -> analysis, so results sits above lowering; `programs` (reading a .pte) is
+# below both, as both read programs.
 LAYERS = (
-    "testing", "commands", "lab", "deploy", "transport", "results", "lowering", "programs", "boards", "shared",
+    "testing", "commands", "servers", "lab", "deploy", "transport", "results", "lowering", "programs", "boards",
+    "shared",
 )  # fmt: skip
 
 

@@ -336,7 +336,7 @@ def test_deploy_and_profile_every_scheme_side_by_side_then_compare_across_scheme
     assert "overall: ok:" in text or "overall: inconclusive:" in text, text
     assert "regression" not in text.replace("not a regression", "")
 
-    from orchestrator.results.explorer import program_models
+    from orchestrator.servers.explorer import program_models
 
     present, _ = program_models(ArtifactPaths.for_model("distilbert-tiny", ARTIFACT_CACHE))
     names = {path.name for path in present}

@@ -78,7 +78,7 @@ def explore_cells(
     cells: Sequence[CellOutcome], artifact_paths: Any, *, host: str, port: int, open_browser: bool
 ) -> None:
     """Open Model Explorer on the first board that produced overlays."""
-    from orchestrator.results.explorer import launch_explorer, program_models, run_overlays
+    from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
 
     analysed = [cell for cell in cells if cell.bundle and cell.summary]
     if not analysed:

@@ -61,7 +61,7 @@ def explore(
     open_browser: bool = True,
 ) -> int:
     """Model Explorer on a run (its overlays) or a model (no overlays, or the model's latest run)."""
-    from orchestrator.results.explorer import launch_explorer, program_models, run_overlays
+    from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
 
     if run_id:
         run = find_run(run_id)

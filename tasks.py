@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from fabric import task
 
-from orchestrator import options
-from orchestrator.commands.common import handle_errors, run_params, select_all, select_boards
+from orchestrator.commands import options
+from orchestrator.commands.common import (
+    handle_errors,
+    lowering_options,
+    run_params,
+    select_all,
+    select_boards,
+    variants,
+)
+from orchestrator.lowering.quantize import QUANTIZED
 
 SELECT_HELP = {
     "board": "comma-separated board names (default: the inventory's `default` group, else `local`)",
@@ -19,8 +27,8 @@ MODEL_HELP = {
     "spec": "path to your own model_spec.json (instead of --model)",
 }
 QUANTIZE_HELP = (
-    "comma-separated: none (fp32, default), int8-dynamic, int8-static, 8da4w; each adds the XNNPACK program "
-    "xnnpack-<scheme>"
+    f"comma-separated: none (fp32, default), {', '.join(scheme.name for scheme in QUANTIZED)}; each adds the "
+    "XNNPACK program xnnpack-<scheme>"
 )
 ACCURACY_HELP = {
     "min_sqnr": "accuracy gate of quantized runs: minimum SQNR vs fp32 eager in dB (default 10)",
@@ -82,11 +90,10 @@ def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, ta
          quantize="none"):  # fmt: skip
     """Push lowered .pte files (content-addressed, verified) and their reference inputs to boards."""
     from orchestrator.commands import board as board_tasks
-    from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
-    backends = parse_backends(backend, quantize=quantize)
-    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, backends)
+    chosen = variants(backend, quantize)
+    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, chosen)
     return board_tasks.push(select_boards(inventory, board, group, tag, lg_wait), artifacts)
 
 
@@ -100,12 +107,11 @@ def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag
         quantize="none"):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
     from orchestrator.commands import board as board_tasks
-    from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
     params = run_params(iterations, warmup, threads, max_seconds, timeout, counters)
-    backends = parse_backends(backend, quantize=quantize)
-    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, backends)
+    chosen = variants(backend, quantize)
+    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, chosen)
     return board_tasks.run(select_boards(inventory, board, group, tag, lg_wait), artifacts, params)
 
 
@@ -143,7 +149,7 @@ def explore(c, run=None, model=None, host="127.0.0.1", port=None, no_browser=Fal
 
 
 @task(positional=["run_a", "run_b"], help={"run_a": "baseline run id", "run_b": "new run id",
-            "interleave": "re-run both programs alternately on --board for N rounds (>= 3) to confirm a change",
+            "interleave": "re-run both programs alternately on --board for N rounds (>= 5) to confirm a change",
             "retest_seconds": "time budget of the --interleave re-test: no new round starts once spent (default 180)",
             "board": "the one board for --interleave", "inventory": "inventory file (default: inventory.yaml)",
             "allow_rebuilt": "compare different builds of the same program (implied by --interleave)"})  # fmt: skip
@@ -197,29 +203,22 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
                        trust_remote_code=False):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
-    from pathlib import Path
-
     from orchestrator.commands.deploy import deploy_and_profile as chain
-    from orchestrator.lowering.artifacts import parse_backends
     from orchestrator.lowering.spec import resolve_spec
 
     # Every option is checked before the chain lowers, connects or starts anything.
     params = run_params(iterations, warmup, threads, max_seconds, None, counters)
-    mode, listen = options.weights(weights), options.port(8081 if port is None else port)
-    backends = parse_backends(backend, default="xnnpack", quantize=quantize)
+    checked = lowering_options(weights, jobs, calibration)
+    listen = options.port(8081 if port is None else port)
+    chosen = variants(backend, quantize, default="xnnpack")
     accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
-    workers = None if jobs is None else options.count("--jobs", jobs, minimum=1, maximum=options.MAX_THREADS)
-    if calibration is not None and not Path(calibration).is_file():
-        raise options.UsageError(f"--calibration {calibration}: no such file")
     return chain(
         resolve_spec(model, spec, trust_remote_code=trust_remote_code),
-        backends=backends,
-        calibration=Path(calibration) if calibration is not None else None,
+        variants=chosen,
+        lowering=checked,
         accuracy=accuracy,
-        lowering_jobs=workers,
         boards=select_boards(inventory, board, group, tag, lg_wait),
         params=params,
-        weights=mode,
         explore=not no_explore,
         port=listen,
         open_browser=not no_browser,

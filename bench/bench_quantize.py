@@ -29,8 +29,10 @@ sys.path.insert(0, str(PROJECT_ROOT))
 
 from orchestrator import console  # noqa: E402
 from orchestrator.fsutil import read_json  # noqa: E402
+from orchestrator.lowering.quantize import QUANTIZED  # noqa: E402
+from orchestrator.lowering.variants import Variant  # noqa: E402
 
-SCHEMES = ("int8-dynamic", "int8-static", "8da4w")
+SCHEMES = tuple(scheme.name for scheme in QUANTIZED)  # every quantized scheme of the registry
 PARALLEL_SET = "none,int8-dynamic,8da4w"
 
 
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             folder = artifacts / model
             sidecars = {
                 backend: read_json(folder / f"{model}_{backend}.json")
-                for backend in ["xnnpack", *(f"xnnpack-{s}" for s in SCHEMES)]
+                for backend in ["xnnpack", *(Variant("xnnpack", s).name for s in QUANTIZED)]
             }
             fp32_size = sidecars["xnnpack"]["files"]["pte"]["size"]
             console.info(f"\n{model}: every scheme lowered in {wall:.1f} s (2 workers), load {load_average()}")

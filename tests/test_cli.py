@@ -265,3 +265,16 @@ def test_an_internal_error_is_logged_for_the_suite(tmp_path: Path, monkeypatch: 
     assert caught.value.code == 70
     (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert entry["task"] == "buggy_task" and "TypeError: a bug" in entry["detail"]
+
+
+def test_the_interleave_minimum_is_the_sign_tests() -> None:
+    """One minimum: `--interleave` refuses below abtest.MIN_ROUNDS, accepts it, and its help says so."""
+    import tasks
+    from orchestrator.commands import options
+    from orchestrator.deploy.abtest import MIN_ROUNDS
+    from orchestrator.errors import UsageError
+
+    assert options.ab_rounds(MIN_ROUNDS) == MIN_ROUNDS and options.ab_rounds(0) == 0
+    with pytest.raises(UsageError, match=rf"--interleave must be a number of rounds from {MIN_ROUNDS} "):
+        options.ab_rounds(MIN_ROUNDS - 1)
+    assert f"(>= {MIN_ROUNDS})" in tasks.compare.help["interleave"]

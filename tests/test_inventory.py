@@ -432,7 +432,7 @@ def test_nightly_matrix_uses_the_inventory_checker(tmp_path: Path) -> None:
         load_config(load_inventory(path))
     lines = str(excinfo.value).splitlines()
     assert lines[0] == f"{path}:4: nightly.weights: expected one of auto, pretrained, random, got 'maybe'"
-    assert lines[1] == f"{path}:5: nightly.iterations: expected an integer >= 1, got 'abc'"
+    assert lines[1] == f"{path}:5: nightly.iterations: expected an integer 1-1000000, got 'abc'"
     assert lines[2].startswith(f"{path}:7: nightly.matrix[0].models: unknown model 'distilbert-tinny'")
     assert "did you mean 'distilbert-tiny'" in lines[2]
     assert lines[3] == f"{path}:8: nightly.matrix[0].backends: unknown backend 'vulkan'"

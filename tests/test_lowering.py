@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+from orchestrator.commands.common import variants
 from orchestrator.errors import ArtifactError, SpecError, UsageError
 from orchestrator.fsutil import remove_stale_temporaries, sha256_file
 from orchestrator.lowering import lower as lowering
-from orchestrator.lowering.artifacts import BACKENDS, ArtifactPaths, load_artifact, parse_backends, sidecar_problem
+from orchestrator.lowering.artifacts import BACKENDS, ArtifactPaths, load_artifact, sidecar_problem
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec, load_spec_file
 from orchestrator.paths import PROJECT_ROOT
@@ -322,9 +323,9 @@ def test_cli_errors_have_exit_codes(tmp_path: Path) -> None:
 
 
 def test_parse_backends() -> None:
-    assert parse_backends("xnnpack, portable,xnnpack") == ["xnnpack", "portable"]
-    with pytest.raises(UsageError):
-        parse_backends("coreml")
+    assert [variant.name for variant in variants("xnnpack, portable,xnnpack")] == ["xnnpack", "portable"]
+    with pytest.raises(UsageError, match="--backend: unknown backend coreml"):
+        variants("coreml")
 
 
 def test_etrecord_only_on_request(tmp_path: Path) -> None:

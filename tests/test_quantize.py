@@ -20,15 +20,16 @@ import numpy as np
 import pytest
 
 from orchestrator.boards.inventory import Board, load_inventory
+from orchestrator.commands.common import variants
+from orchestrator.commands.options import ACCURACY_DEFAULTS, accuracy_thresholds
 from orchestrator.errors import InventoryError, UsageError
 from orchestrator.fsutil import atomic_write_json, read_json
 from orchestrator.lab.history import History
 from orchestrator.lab.matrix import load_config
-from orchestrator.lowering.artifacts import ArtifactPaths, file_record, parse_backends, sidecar_problem
+from orchestrator.lowering.artifacts import ArtifactPaths, file_record, sidecar_problem
 from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.quantize import EXPECTED_FC, QUANTIZED_SCHEMES, fully_connected_types
+from orchestrator.lowering.quantize import QUANTIZED, SCHEMES, fully_connected_types
 from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
-from orchestrator.options import ACCURACY_DEFAULTS, accuracy_thresholds, quantize
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.validity import accuracy_figures, judge_accuracy
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
@@ -72,12 +73,15 @@ def summaries(results: Path) -> dict[tuple[str, str], list[dict[str, Any]]]:
 
 
 def test_quantize_option_and_backend_names() -> None:
-    assert quantize("none,int8-dynamic,int8-dynamic") == ["none", "int8-dynamic"]
-    assert parse_backends("xnnpack", quantize="none,8da4w") == ["xnnpack", "xnnpack-8da4w"]
-    assert parse_backends("portable,xnnpack", quantize="int8-static") == ["xnnpack-int8-static"]
-    assert parse_backends("xnnpack-int8-dynamic") == ["xnnpack-int8-dynamic"]
+    def names(backend: str, quantize: str = "none") -> list[str]:
+        return [variant.name for variant in variants(backend, quantize)]
+
+    assert names("xnnpack", "none,int8-dynamic,int8-dynamic") == ["xnnpack", "xnnpack-int8-dynamic"]
+    assert names("xnnpack", "none,8da4w") == ["xnnpack", "xnnpack-8da4w"]
+    assert names("portable,xnnpack", "int8-static") == ["xnnpack-int8-static"]
+    assert names("xnnpack-int8-dynamic") == ["xnnpack-int8-dynamic"]
     with pytest.raises(UsageError, match="--quantize: unknown scheme int4"):
-        quantize("int4")
+        variants("xnnpack", "int4")
     with pytest.raises(UsageError, match="--min-top5"):
         accuracy_thresholds(min_top5="1.5")
     with pytest.raises(UsageError, match="--min-sqnr"):
@@ -150,7 +154,7 @@ def test_the_shipped_quantizer_breaks_integer_index_arithmetic_and_ours_does_not
     with pytest.raises((IndexError, RuntimeError), match=r"indices|Long"):
         prepared(*args)
 
-    quantized = quantize_module(module, args, "int8-dynamic")
+    quantized = quantize_module(module, args, SCHEMES["int8-dynamic"])
     assert quantized.report["quantized_linears"] == quantized.report["linear_layers"] == eager_linear_count(name)
     assert quantized.report["float_linears"] == []
     with torch.no_grad():
@@ -170,7 +174,7 @@ def test_int8_static_keeps_the_attention_mask_add_in_float(monkeypatch: pytest.M
     args = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, vocab_size_of(module)))
 
     def softmax_inputs() -> list[str]:
-        program = quantizing.quantize(module, args, "int8-static", calibration=[args]).program
+        program = quantizing.quantize(module, args, SCHEMES["int8-static"], calibration=[args]).program
         softmaxes = [node for node in program.graph.nodes if "softmax" in str(node.target)]
         assert softmaxes
         return [str(node.args[0].target) for node in softmaxes]
@@ -193,7 +197,7 @@ def test_layers_8da4w_cannot_group_are_named_as_float() -> None:
     )  # fmt: skip
     module = load_model(spec, "random").module
     args = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, vocab_size_of(module)))
-    report = quantize_module(module, args, "8da4w").report
+    report = quantize_module(module, args, SCHEMES["8da4w"]).report
     # dim 48 is no multiple of 32: every linear reading 48 features stays float; lin2 reads 64 and is quantized.
     assert report["linear_layers"] == 8
     assert report["quantized_linears"] == 1
@@ -213,11 +217,11 @@ def test_quantized_node_counts_are_what_the_sidecar_claims(
     linears = eager_linear_count(name)
     fp32 = result.backends["xnnpack"]
     assert dict(fully_connected_types(fp32.pte)) == {"fp32 x fp32": linears}
-    for scheme in QUANTIZED_SCHEMES:
+    for scheme in (s.name for s in QUANTIZED):
         item = result.backends[f"xnnpack-{scheme}"]
         quantization = item.sidecar["quantization"]
         in_program = dict(fully_connected_types(item.pte))  # read from the serialized XNNPACK graphs
-        assert in_program == {EXPECTED_FC[scheme]: linears}, (scheme, in_program)
+        assert in_program == {SCHEMES[scheme].fully_connected: linears}, (scheme, in_program)
         assert quantization["nodes"]["fully_connected"] == in_program
         assert quantization["nodes"]["quantized_fully_connected"] == linears
         assert quantization["quantized_linears"] == quantization["linear_layers"] == linears
@@ -303,7 +307,7 @@ def test_deploy_and_profile_every_scheme_side_by_side_then_compare_across_scheme
     for board in ("local", "pi5-quant"):
         fp32 = found[(board, "xnnpack")][0]
         assert fp32.get("accuracy") is None and fp32["correctness"]["ok"]
-        for scheme in QUANTIZED_SCHEMES:
+        for scheme in (s.name for s in QUANTIZED):
             (summary,) = found[(board, f"xnnpack-{scheme}")]
             accuracy = summary["accuracy"]
             assert accuracy["scheme"] == scheme and accuracy["verdict"] == "pass", accuracy
@@ -340,7 +344,7 @@ def test_deploy_and_profile_every_scheme_side_by_side_then_compare_across_scheme
 
     present, _ = program_models(ArtifactPaths.for_model("distilbert-tiny", ARTIFACT_CACHE))
     names = {path.name for path in present}
-    assert {f"distilbert-tiny_xnnpack-{s}.pte" for s in QUANTIZED_SCHEMES} <= names
+    assert {f"distilbert-tiny_xnnpack-{s.name}.pte" for s in QUANTIZED} <= names
     assert "distilbert-tiny_xnnpack.pte" in names
 
 
@@ -359,7 +363,9 @@ def test_a_broken_scale_program_fails_the_accuracy_gate(
     shutil.copytree(ARTIFACT_CACHE / "distilbert-tiny", artifacts / "distilbert-tiny")
     paths = ArtifactPaths.for_model("distilbert-tiny", artifacts)
     args = tuple(torch.from_numpy(t.array) for t in read_tensors(paths.reference_inputs))
-    quantized = quantize_module(load_model(BUILTIN_SPECS["distilbert-tiny"], "random").module, args, "int8-dynamic")
+    quantized = quantize_module(
+        load_model(BUILTIN_SPECS["distilbert-tiny"], "random").module, args, SCHEMES["int8-dynamic"]
+    )
     assert break_weight_scales(quantized.program) == eager_linear_count("distilbert-tiny")
     program = to_edge_transform_and_lower(quantized.program, partitioner=[XnnpackPartitioner()]).to_executorch()
     backend = "xnnpack-int8-dynamic"

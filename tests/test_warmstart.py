@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.boards.inventory import Board
-from orchestrator.errors import SpecError
+from orchestrator.commands import options
+from orchestrator.errors import UsageError
 from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.spec import load_spec_file
@@ -161,8 +162,9 @@ def test_auto_resolution_reads_the_hf_cache_like_huggingface_hub(
     (repo / "refs" / "main").write_text("f" * 40)
     assert cached_config("etlab-test/cached-bert") is None
     assert hub_lookup() is None
-    with pytest.raises(SpecError, match="--weights must be one of"):
-        resolve_weights(spec, "pretrianed")
+    # A misspelt mode is refused where it is given (the command layer), never deeper down.
+    with pytest.raises(UsageError, match="--weights must be one of"):
+        options.weights("pretrianed")
 
 
 def test_warm_board_tasks_import_nothing_heavy(

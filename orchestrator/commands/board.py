@@ -11,14 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
+from orchestrator.boards import labgrid
 from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.commands.render import place_text, print_details, print_gc, summarize
 from orchestrator.deploy.agent_client import BoardAgent, GcResult
+from orchestrator.deploy.provision import probe, setup_board
 from orchestrator.deploy.runs import RunParams, profile, push_artifact
 from orchestrator.errors import BundleError, EtlabError, ExitCode, UsageError
+from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, load_artifact
+from orchestrator.lowering.variants import Variant
 from orchestrator.results.store import new_run_id, pull_destination
 from orchestrator.transport import connect
 from orchestrator.transport.pull import pull_bundle
@@ -39,8 +43,6 @@ def _finish(outcomes: Sequence[BoardOutcome[Any]], title: str, columns: list[str
 
 
 def setup_boards(boards: Sequence[Board], *, force: bool = False) -> int:
-    from orchestrator.deploy.provision import setup_board
-
     def one(board: Board) -> Any:
         with stage("connect"), connect(board) as conn, stage("setup"):
             return setup_board(conn, force=force)
@@ -189,9 +191,6 @@ def _matching_runs(entries: list[dict[str, Any]], run_id: str) -> list[dict[str,
 def boards_table(boards: Sequence[Board]) -> int:
     """What each board is and how it is doing: reachable, arch, model, runtime, lock, temperature, governor; for a
     labgrid place also who reserved or locked it. Only looks: nothing is reserved or locked."""
-    from orchestrator.boards import labgrid
-    from orchestrator.deploy.provision import probe
-
     places: dict[str, labgrid.PlaceStatus] = {}
 
     def one(board: Board) -> dict[str, Any]:
@@ -267,8 +266,6 @@ def _holder_text(holder: Any) -> str:
 
 
 def gc(boards: Sequence[Board], keep: int) -> int:
-    from orchestrator.lowering import programs
-
     protect = sorted(programs.kept())  # nightly baselines stay on the boards while they are baselines
 
     def one(board: Board) -> GcResult:
@@ -280,5 +277,5 @@ def gc(boards: Sequence[Board], keep: int) -> int:
     return _summarize_failures(outcomes, "gc")
 
 
-def artifacts_for(model: str, backends: Sequence[str]) -> list[Artifact]:
-    return [load_artifact(model, backend) for backend in backends]
+def artifacts_for(model: str, variants: Sequence[Variant]) -> list[Artifact]:
+    return [load_artifact(model, variant.name) for variant in variants]

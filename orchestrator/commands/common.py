@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import traceback
-from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from invoke.exceptions import Exit
 
-from orchestrator import console, interrupts, options
+from orchestrator import console, interrupts
+from orchestrator.commands import options
 from orchestrator.errors import EtlabError, ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from orchestrator.lowering.variants import Variant
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -84,6 +91,7 @@ def select_boards(
     expanded to their places, which wait at most --lg-wait seconds for their place."""
     from pathlib import Path
 
+    # here, not at the top: fab imports this module at start-up
     from orchestrator.boards import labgrid
     from orchestrator.boards.inventory import load_inventory
 
@@ -94,13 +102,67 @@ def select_boards(
 
 def select_all(inventory: Any) -> list[Any]:
     """Every board of an inventory, labgrid tag selectors expanded to their places."""
+    # here, not at the top: fab imports this module at start-up
     from orchestrator.boards import labgrid
 
     return labgrid.expand(list(inventory.boards.values()))
 
 
+def variants(backend: str | None, quantize: Any = "none", default: str = "portable,xnnpack") -> list[Variant]:
+    """`--backend portable,xnnpack --quantize none,int8-dynamic` → the variants they ask for (variants.combine):
+    order kept, no duplicates, every name checked against the registry (exit 64, the option named)."""
+    # here, not at the top: fab imports this module at start-up
+    from orchestrator.lowering.variants import BACKENDS, SCHEMES, UnknownVariant, Variant, combine, parse_schemes
+
+    names = split_list(backend or default) or []
+    unknown = [name for name in names if name not in BACKENDS]
+    if unknown or not names:
+        raise UsageError(
+            f"--backend: unknown backend {', '.join(unknown) or '(none)'}; choose from: {', '.join(BACKENDS)}"
+        )
+    if isinstance(quantize, bool):  # `--quantize` without a value
+        raise UsageError(f"--quantize: give a scheme; choose from: {', '.join(SCHEMES)}")
+    try:
+        schemes = parse_schemes(split_list(str(quantize if quantize is not None else "none")) or [])
+    except UnknownVariant as exc:
+        raise UsageError(f"--quantize: {exc}") from None
+    return list(combine([Variant.parse(name) for name in names], schemes))
+
+
+@dataclass(frozen=True)
+class LoweringOptions:
+    """`--weights`, `--jobs` and `--calibration`, each checked once, here (exit 64), before the cache is looked at:
+    a bad value must not invalidate it. The lowering below checks none of them again."""
+
+    weights: str  # auto, pretrained or random
+    jobs: int | None  # None: as many as the cores and memory allow
+    calibration: Path | None  # an existing file; its samples are checked against the model's vocabulary later
+
+
+def lowering_options(weights: Any = "auto", jobs: Any = None, calibration: Any = None) -> LoweringOptions:
+    mode = options.weights(weights)
+    workers = None if jobs is None else options.count("--jobs", jobs, minimum=1, maximum=options.MAX_THREADS)
+    path = Path(calibration) if calibration else None
+    if path is not None and not path.is_file():
+        raise UsageError(f"--calibration {calibration}: no such file")
+    return LoweringOptions(mode, workers, path)
+
+
+@contextlib.contextmanager
+def naming_calibration() -> Iterator[None]:
+    """A calibration file's mistakes, found once the model's vocabulary is known, named with the option."""
+    # here, not at the top: fab imports this module at start-up
+    from orchestrator.lowering.quantize import CalibrationError
+
+    try:
+        yield
+    except CalibrationError as exc:
+        raise UsageError(f"--calibration {exc.args[0]}", hint=exc.hint) from None
+
+
 def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any, counters: Any = None) -> Any:
     """RunParams from task options, each checked (exit 64); unset options keep the library defaults."""
+    # here, not at the top: fab imports this module at start-up
     from orchestrator.deploy.runs import RunParams
 
     given = {
@@ -127,6 +189,7 @@ def nightly_job(
 ) -> int:
     from pathlib import Path
 
+    # here, not at the top: fab imports this module at start-up
     from orchestrator.boards.inventory import load_inventory
     from orchestrator.lab.nightly import record_pending_results, run_nightly
 
@@ -137,6 +200,7 @@ def nightly_job(
             dt.date.fromisoformat(night)
         except ValueError:
             raise UsageError(f"--night must be a date like 2026-11-30, got {night!r}") from None
+    # here, not at the top: fab imports this module at start-up
     from orchestrator.commands.render import print_night
 
     if record_pending:

@@ -11,40 +11,47 @@ from rich.markup import escape
 from orchestrator import console
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
+from orchestrator.commands.common import LoweringOptions, naming_calibration
 from orchestrator.commands.render import print_cells, print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code
+from orchestrator.lowering import lower as lowerer
+from orchestrator.lowering.artifacts import load_artifact
+from orchestrator.lowering.variants import Variant
+from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
 
 
 def deploy_and_profile(
     spec: Any,
     *,
-    backends: list[str],
+    variants: Sequence[Variant],
     boards: Sequence[Board],
     params: RunParams,
-    weights: str = "auto",
+    lowering: LoweringOptions | None = None,
     explore: bool = True,
     host: str = "127.0.0.1",
     port: int = 8081,
     open_browser: bool = True,
     results_root: Path | None = None,
     artifacts_root: Path | None = None,
-    calibration: Path | None = None,
     accuracy: dict[str, float] | None = None,
-    lowering_jobs: int | None = None,
 ) -> int:
-    from orchestrator.lowering import lower as lowering
-    from orchestrator.lowering.artifacts import load_artifact
-
     # Both fp32 backends are lowered too (cached after the first time) so Model Explorer shows every program,
     # the quantized ones next to the fp32 ones.
-    wanted = list(dict.fromkeys(["portable", "xnnpack", *backends]))
-    lowered = lowering.lower(
-        spec, backends=wanted, weights=weights, root=artifacts_root, calibration=calibration, jobs=lowering_jobs
-    )
+    wanted = list(dict.fromkeys(["portable", "xnnpack", *(variant.name for variant in variants)]))
+    checked = lowering or LoweringOptions("auto", None, None)
+    with naming_calibration():
+        lowered = lowerer.lower(
+            spec,
+            backends=wanted,
+            weights=checked.weights,
+            root=artifacts_root,
+            calibration=checked.calibration,
+            jobs=checked.jobs,
+        )
     print_lowering(lowered)
-    jobs = [CellJob(load_artifact(spec.name, backend, artifacts_root), params, accuracy) for backend in backends]
+    jobs = [CellJob(load_artifact(spec.name, v.name, artifacts_root), params, accuracy) for v in variants]
 
     with console.transfer_progress() as progress:
         outcomes = fan_out(
@@ -78,8 +85,6 @@ def explore_cells(
     cells: Sequence[CellOutcome], artifact_paths: Any, *, host: str, port: int, open_browser: bool
 ) -> None:
     """Open Model Explorer on the first board that produced overlays."""
-    from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
-
     analysed = [cell for cell in cells if cell.bundle and cell.summary]
     if not analysed:
         console.warn("no analysed run to explore")

@@ -10,6 +10,7 @@ from orchestrator import console
 from orchestrator.deploy.agent_client import GC_CATEGORIES, GcResult
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
+from orchestrator.lowering.variants import Variant
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
 from orchestrator.results.summary import Counters, RunSummary
 from orchestrator.results.verdicts import Kind
@@ -162,10 +163,15 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
     With quantized variants in the table, the size of each program and the accuracy gate's verdict are shown too.
     """
     medians = {(c.board, c.model, c.backend): c.median_ms for c in cells}
-    quantized = any(c.backend.startswith("xnnpack-") for c in cells)
+    variants = {cell.backend: Variant.parse(cell.backend) for cell in cells}  # cells' backends are artifacts'
+    quantized = any(variant.quantized for variant in variants.values())
     rows = []
     for cell in cells:
-        base = "xnnpack" if cell.backend.startswith("xnnpack-") else "portable" if cell.backend == "xnnpack" else None
+        variant = variants[cell.backend]
+        # The speedup's reference: the same backend in fp32 for a quantized program, portable for fp32 XNNPACK.
+        base = Variant(variant.backend).name if variant.quantized else None
+        if variant.name == "xnnpack":
+            base = "portable"
         reference = medians.get((cell.board, cell.model, base)) if base else None
         speedup = None
         if reference and cell.median_ms:
@@ -374,6 +380,7 @@ def print_night(report: NightReport) -> None:
         caption=f"exit code {report.exit_code}",
     )
     if report.places:
+        # here, not at the top: it imports SQLAlchemy, which only the nightly's tables need
         from orchestrator.lab.report import place_rows
 
         console.table(

@@ -5,9 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator import console
+from orchestrator.boards import labgrid
+from orchestrator.commands.common import select_boards, split_list
+from orchestrator.commands.render import render_comparison, render_top_ops
+from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
+from orchestrator.deploy.abtest import interleave as run_interleaved
+from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
+from orchestrator.fsutil import atomic_write_json
+from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths, load_artifact
+from orchestrator.results.analysis import analyze_bundle
+from orchestrator.results.compare import compare_runs, interleaved_verdict
+from orchestrator.results.overlays import write_program_overlays
 from orchestrator.results.store import LocalRun, find_run
+from orchestrator.results.verdicts import Kind
+from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
+from orchestrator.transport import connect
 
 
 def _artifact_for(run: LocalRun) -> Artifact | None:
@@ -25,9 +39,6 @@ def analyze(
     bundle: Path | None = None,
     accuracy: dict[str, float] | None = None,
 ) -> int:
-    from orchestrator.commands.render import render_top_ops
-    from orchestrator.results.analysis import analyze_bundle
-
     if bundle is not None:
         path = Path(bundle)
         if not path.is_dir():
@@ -61,8 +72,6 @@ def explore(
     open_browser: bool = True,
 ) -> int:
     """Model Explorer on a run (its overlays) or a model (no overlays, or the model's latest run)."""
-    from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
-
     if run_id:
         run = find_run(run_id)
         name = run.model
@@ -86,8 +95,6 @@ def explore(
         console.warn(f"run {run.run_id} has no overlays yet: run fab analyze --run {run.run_id}")
     programs = sorted((p for p in present if p.suffix == ".pte"), key=lambda p: "xnnpack" not in p.name)
     if not run and programs:  # no board yet: the memory plan of one program (the UI renames repeated graph ids)
-        from orchestrator.results.overlays import write_program_overlays
-
         overlays += write_program_overlays(programs[0], paths.folder / "model_explorer" / programs[0].stem)
     launch_explorer(present, overlays, host=host, port=port, open_browser=open_browser)
     return 0
@@ -95,8 +102,6 @@ def explore(
 
 def _program_of(run: LocalRun, sha256: str | None) -> Path:
     """The .pte a run profiled: a kept baseline program, or the current artifact when it is still that build."""
-    from orchestrator.lowering import programs
-
     kept = programs.find(sha256)
     if kept:
         return kept
@@ -127,20 +132,8 @@ def compare(
     The re-test stops starting rounds once `retest_seconds` (default: the nightly's 180 s) are spent, after at
     least 5 rounds. Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
     """
-    from orchestrator.boards import labgrid
-    from orchestrator.commands.common import select_boards, split_list
-    from orchestrator.commands.render import render_comparison
-    from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
-    from orchestrator.deploy.abtest import interleave as run_interleaved
-    from orchestrator.deploy.runs import RunParams
-    from orchestrator.fsutil import atomic_write_json
-    from orchestrator.results.compare import compare_runs, interleaved_verdict
-    from orchestrator.results.verdicts import Kind
-    from orchestrator.transport import connect
-
-    # Every combination is checked before a run is read or a file written (exit 64).
-    if interleave and interleave < MIN_ROUNDS:
-        raise UsageError(f"--interleave must be a number of rounds >= {MIN_ROUNDS}, got {interleave}")
+    # Every combination is checked before a run is read or a file written (exit 64); `interleave` itself is checked
+    # already (options.ab_rounds: 0, or at least MIN_ROUNDS).
     if not interleave and (board or retest_seconds is not None):
         given = "--board" if board else "--retest-seconds"
         raise UsageError(

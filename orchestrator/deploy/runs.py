@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.progress import Progress
 
-from orchestrator import __version__, options
+from orchestrator import __version__
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.errors import BoardError
 from orchestrator.lowering.artifacts import Artifact
@@ -21,9 +21,16 @@ from orchestrator.transport import BoardConnection
 from orchestrator.transport.pull import pull_bundle
 from orchestrator.transport.transfer import PushResult, push_file
 
+# What a run accepts (the command line's options and the nightly matrix check against these).
+MAX_COUNT = 1_000_000  # iterations, warmup runs: far beyond any real run, well inside the runner's int
+MAX_THREADS = 4096
+MAX_SECONDS = 30 * 24 * 3600.0  # a month: a budget or timeout beyond it is a typo
+
 
 @dataclass(frozen=True)
 class RunParams:
+    """How a run goes; built from checked values only (commands/options.py, the matrix's checker)."""
+
     warmup: int = 3
     iterations: int = 20
     threads: int | None = None  # None: the board's inventory setting, else the runner's default (all cores)
@@ -32,18 +39,6 @@ class RunParams:
     lock_timeout: float = 3600.0
     etdump: bool = True
     counters: tuple[str, ...] | None = None  # a single-threaded counters pass after the timing pass
-
-    def __post_init__(self) -> None:
-        # Also reached from the nightly matrix, so the checks live here as well as in the command layer.
-        options.count("--iterations", self.iterations, minimum=1)
-        options.count("--warmup", self.warmup)
-        if self.threads is not None:
-            options.count("--threads", self.threads, minimum=1, maximum=options.MAX_THREADS)
-        if self.max_seconds is not None:
-            options.seconds("--max-seconds", self.max_seconds)
-        if self.timeout is not None:
-            options.seconds("--timeout", self.timeout, allow_zero=False)
-        options.seconds("lock timeout", self.lock_timeout)
 
     def runner_timeout(self) -> float:
         if self.timeout:

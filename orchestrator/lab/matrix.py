@@ -16,12 +16,13 @@ from orchestrator import paths
 from orchestrator.boards.inventory import Board, Inventory
 from orchestrator.config import Check, Checker, choice, integer, is_null, names, number, text
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, MIN_ROUNDS
-from orchestrator.deploy.runs import RunParams
+from orchestrator.deploy.runs import MAX_COUNT, MAX_SECONDS, MAX_THREADS, RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
-from orchestrator.lowering.artifacts import BACKENDS
 from orchestrator.lowering.spec import ModelSpec, resolve_spec
-from orchestrator.options import ACCURACY_DEFAULTS, QUANT_SCHEMES, WEIGHT_MODES
+from orchestrator.lowering.variants import BACKENDS, SCHEMES, Variant, combine, parse_schemes
+from orchestrator.lowering.weights import WEIGHT_MODES
 from orchestrator.results.stats import DEFAULT_MIN_EFFECT
+from orchestrator.results.summary import ACCURACY_DEFAULTS
 
 DEFAULT_BASELINE_NIGHTS = 7
 MIN_BASELINE_NIGHTS = 2
@@ -56,12 +57,13 @@ class NightlyConfig:
 
 
 # Run settings a matrix entry may override; the section's own values are the defaults.
+# The same bounds as the command line's: RunParams checks nothing itself.
 _RUN_FIELDS: dict[str, Check] = {
-    "iterations": integer(1),
-    "warmup": integer(0),
-    "threads": integer(1),
-    "max_seconds": number(0, above=True, unit="a number of seconds"),
-    "timeout": number(0, above=True, unit="a number of seconds"),
+    "iterations": integer(1, MAX_COUNT),
+    "warmup": integer(0, MAX_COUNT),
+    "threads": integer(1, MAX_THREADS),
+    "max_seconds": number(0, above=True, high=MAX_SECONDS, unit="a number of seconds"),
+    "timeout": number(0, above=True, high=MAX_SECONDS, unit="a number of seconds"),
 }
 _SECTION_FIELDS: dict[str, Check] = {
     "history": text,
@@ -74,7 +76,7 @@ _SECTION_FIELDS: dict[str, Check] = {
     "retest_rounds": integer(MIN_ROUNDS),
     "cooldown_seconds": number(0),
     "history_wait_seconds": number(0),
-    # The accuracy gate of quantized cells (defaults: options.ACCURACY_DEFAULTS).
+    # The accuracy gate of quantized cells (defaults: summary.ACCURACY_DEFAULTS).
     "min_sqnr_db": number(-1000, high=1000, unit="a number of dB"),
     "min_top1_agreement": number(0, high=1, unit="a fraction"),
     "min_top5_overlap": number(0, high=1, unit="a fraction"),
@@ -84,7 +86,8 @@ _SECTION_FIELDS: dict[str, Check] = {
 _ENTRY_FIELDS: dict[str, Check] = {
     "models": names,
     "backends": names,
-    "quantize": names,  # none (fp32), int8-dynamic, int8-static, 8da4w: each adds the cell xnnpack-<scheme>
+    "quantize": names,  # schemes of the registry (quantize.SCHEMES): none (fp32) keeps the backends, each other
+    # scheme adds its cell xnnpack-<scheme> (variants.combine, as `--quantize`)
     "boards": names,
     "groups": names,
     "tags": names,
@@ -158,13 +161,12 @@ def _entry(
     for backend in found.get("backends", ()):
         if backend not in BACKENDS:
             checker.error(_key_value(node, "backends") or node, f"{where}.backends", f"unknown backend {backend!r}")
-    schemes = found.get("quantize", ("none",))
-    for scheme in schemes:
-        if scheme not in QUANT_SCHEMES:
+    for scheme in found.get("quantize", ()):
+        if scheme not in SCHEMES:
             checker.error(
                 _key_value(node, "quantize") or node,
                 f"{where}.quantize",
-                f"unknown scheme {scheme!r}; choose from {', '.join(QUANT_SCHEMES)}",
+                f"unknown scheme {scheme!r}; choose from {', '.join(SCHEMES)}",
             )
     # The entry's boards: the union of the boards, groups and tags it names (the inventory default if none).
     picked: dict[str, Board] = {}
@@ -182,14 +184,13 @@ def _entry(
         return None
     try:
         selected = list(picked.values()) or inventory.default_selection()
-        params = RunParams(**{**defaults, **{key: found[key] for key in _RUN_FIELDS if key in found}})
     except EtlabError as exc:
         checker.error(node, where, first_line(exc))
         return None
-    # Quantized programs are XNNPACK programs: each scheme is a cell of its own, `xnnpack-<scheme>`.
-    backends = list(found["backends"]) if "none" in schemes else []
-    backends += [f"xnnpack-{scheme}" for scheme in schemes if scheme != "none"]
-    return MatrixEntry(tuple(models), tuple(dict.fromkeys(backends)), tuple(b.name for b in selected), params)
+    params = RunParams(**{**defaults, **{key: found[key] for key in _RUN_FIELDS if key in found}})
+    # Quantized programs are XNNPACK programs: each scheme is a cell of its own, named as the CLI names it.
+    variants = combine([Variant.parse(name) for name in found["backends"]], parse_schemes(found.get("quantize", ())))
+    return MatrixEntry(tuple(models), tuple(v.name for v in variants), tuple(b.name for b in selected), params)
 
 
 def _duplicate_cells(

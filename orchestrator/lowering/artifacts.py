@@ -14,11 +14,9 @@ from typing import Any
 from orchestrator import paths
 from orchestrator.errors import ArtifactError
 from orchestrator.fsutil import read_json, sha256_file
-from orchestrator.options import QUANT_SCHEMES
+from orchestrator.lowering.variants import BACKENDS, QUANTIZED_BACKENDS, Variant
 
-# Quantized programs are XNNPACK programs, one backend name per scheme: xnnpack-int8-dynamic, ...
-QUANTIZED_BACKENDS = tuple(f"xnnpack-{scheme}" for scheme in QUANT_SCHEMES if scheme != "none")
-BACKENDS = ("portable", "xnnpack", *QUANTIZED_BACKENDS)
+__all__ = ["BACKENDS", "QUANTIZED_BACKENDS"]  # the backend names, from variants.py
 SIDECAR_SCHEMA = 1
 
 
@@ -133,25 +131,7 @@ def load_artifact(name: str, backend: str, root: Path | None = None) -> Artifact
 
 def lower_options(backend: str) -> str:
     """The `fab lower` options that make `backend`: `--backend xnnpack` or `--quantize int8-dynamic`."""
-    if backend in QUANTIZED_BACKENDS:
-        return f"--quantize {backend.removeprefix('xnnpack-')}"
-    return f"--backend {backend}"
-
-
-def parse_backends(value: str | None, default: str = "portable,xnnpack", quantize: str | None = None) -> list[str]:
-    """`--backend portable,xnnpack` → ["portable", "xnnpack"], validated, order kept, no duplicates.
-
-    `quantize` (`--quantize none,int8-dynamic`) is orthogonal: `none` keeps the backends as given (fp32), every
-    other scheme adds its XNNPACK program `xnnpack-<scheme>`. A backend may also name a variant directly.
-    """
-    from orchestrator.errors import UsageError
-    from orchestrator.options import quantize as parse_schemes
-
-    names = [part.strip() for part in (value or default).split(",") if part.strip()]
-    unknown = [name for name in names if name not in BACKENDS]
-    if unknown or not names:
-        raise UsageError(f"unknown backend {', '.join(unknown) or '(none)'}; choose from: {', '.join(BACKENDS)}")
-    schemes = parse_schemes(quantize)
-    chosen = names if "none" in schemes else [name for name in names if name in QUANTIZED_BACKENDS]
-    chosen += [f"xnnpack-{scheme}" for scheme in schemes if scheme != "none"]
-    return list(dict.fromkeys(chosen))
+    variant = Variant.parse(backend)
+    if variant.quantized:
+        return f"--quantize {variant.scheme.name}"
+    return f"--backend {variant.name}"

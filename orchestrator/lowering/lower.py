@@ -27,14 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import console, options
+from orchestrator import console
 from orchestrator.fsutil import atomic_path, atomic_write_json, read_json, remove_stale_temporaries, sha256_file
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, sidecar_problem
+from orchestrator.lowering.delegation import delegation_report
 from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
-from orchestrator.lowering.quantize import scheme_of
+from orchestrator.lowering.quantize import calibration_from_file, generated_calibration, node_report, quantize
 from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.variants import Variant, scheme_of
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
 from orchestrator.programs.memory import read_program_memory
+from orchestrator.tensorfile import NamedTensor, describe, read_tensors, write_tensors
 from orchestrator.versions import toolchain_versions
 
 # Source files whose content decides what lowering produces; editing them invalidates the cache.
@@ -44,15 +47,6 @@ _LOWERING_SOURCES = ("lower.py", "models.py", "delegation.py", "spec.py", "weigh
 _BYTES_PER_PARAMETER = 28
 _WORKER_BASE_BYTES = 600 * 1024 * 1024  # torch, executorch and transformers imported
 _MEMORY_HEADROOM = 0.85  # of MemAvailable: never swap
-# Lowering seconds relative to fp32 XNNPACK when no earlier lowering of the variant measured them (bench/README.md:
-# 23 s, int8-dynamic 37 s, int8-static 53 s, 8da4w 44 s on full-size DistilBERT): the longest start first.
-_RELATIVE_SECONDS = {
-    "portable": 0.5,
-    "xnnpack": 1.0,
-    "xnnpack-int8-dynamic": 1.6,
-    "xnnpack-int8-static": 2.3,
-    "xnnpack-8da4w": 1.9,
-}
 
 
 @dataclass
@@ -86,7 +80,7 @@ def _code_revision() -> str:
 def cache_key(spec: ModelSpec, backend: str, weights: str, etrecord: bool, calibration: str | None = None) -> str:
     """The key a sidecar must carry to be reused; `weights` is the resolved mode, "pretrained" or "random".
 
-    `calibration` (the calibration file's sha256) matters only for int8-static.
+    `calibration` (the calibration file's sha256) matters only for a calibrated scheme (int8-static).
     """
     material = {
         "spec": spec.identity(),
@@ -96,7 +90,7 @@ def cache_key(spec: ModelSpec, backend: str, weights: str, etrecord: bool, calib
         "versions": toolchain_versions(),
         "code": _code_revision(),
     }
-    if scheme_of(backend) == "int8-static":
+    if scheme_of(backend).calibrated:
         material["calibration"] = calibration or "generated"
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
@@ -121,15 +115,11 @@ def lower(
     calibration: Path | None = None,
     jobs: int | None = None,
 ) -> LoweringResult:
-    """Lower `spec` to each backend (cached); `jobs` lowerings at once, this process included (default: the cores)."""
-    weights = options.weights(weights)  # a bad mode must not invalidate the cached sidecars below
-    if jobs is not None:
-        jobs = options.count("--jobs", jobs, minimum=1, maximum=options.MAX_THREADS)
-    calibration = Path(calibration) if calibration is not None else None
-    if calibration is not None and not calibration.is_file():
-        from orchestrator.errors import UsageError
+    """Lower `spec` to each backend (cached); `jobs` lowerings at once, this process included (default: the cores).
 
-        raise UsageError(f"--calibration {calibration}: no such file")
+    Every value comes checked from the command layer (or the matrix's checker): a bad one must be refused before
+    this runs, as it must not invalidate the cached sidecars below.
+    """
     calibration_sha = sha256_file(calibration) if calibration is not None else None
     artifact_paths = ArtifactPaths.for_model(spec.name, root)
     result = LoweringResult(spec, artifact_paths)
@@ -150,9 +140,11 @@ def lower(
     # Everything a spec or calibration file can get wrong is refused now (exit 64): before the model loads, a
     # worker starts or a cached sidecar is invalidated.
     _check_inputs(spec, choice, calibration)
-    if "xnnpack-int8-static" in missing and calibration is None:
+    calibrated = [scheme_of(backend).name for backend in missing if scheme_of(backend).calibrated]
+    if calibrated and calibration is None:
         console.loud_warning(
-            f"{spec.name}: int8-static is calibrated on generated token ids (deterministic, not real text).\n"
+            f"{spec.name}: {', '.join(calibrated)} is calibrated on generated token ids "
+            "(deterministic, not real text).\n"
             "Scales fitted to them may not suit real inputs: pass --calibration FILE with your own samples."
         )
 
@@ -181,7 +173,8 @@ def lower(
             key=cache_key(spec, backend, shared.weights, etrecord, calibration_sha),
             calibration=str(calibration) if calibration is not None else None,
             peak_bytes=measured[backend][0] or _estimated_peak(shared.parameters),
-            expected_seconds=measured[backend][1] or _RELATIVE_SECONDS.get(backend, 1.0),
+            # Until a lowering of the variant measured it: the longest start first.
+            expected_seconds=measured[backend][1] or Variant.parse(backend).relative_cost,
         )
         for backend in missing
     ]
@@ -202,8 +195,8 @@ def lower(
 
 def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | None) -> None:
     """The spec's config built and checked (no weights), and the calibration file read against its vocabulary."""
+    # here, not at the top: it imports torch (seconds), which a cache hit never needs
     from orchestrator.lowering.models import check_spec
-    from orchestrator.lowering.quantize import calibration_from_file
 
     if spec.trust_remote_code:
         console.loud_warning(
@@ -303,8 +296,8 @@ def _load(
     with timer.stage("load"):
         import torch
 
+        # here, not at the top: it imports torch (seconds), which a cache hit never needs
         from orchestrator.lowering.models import load_model, reference_inputs, vocab_size_of
-        from orchestrator.tensorfile import NamedTensor, describe, write_tensors
 
         loaded = load_model(spec, weights)
         inputs = reference_inputs(spec, vocab_size_of(loaded.module))
@@ -378,13 +371,13 @@ def _lower_variant(task: VariantTask, shared: _Exported | None = None, *, thread
 def _share_cores(task: VariantTask, threads: int | None) -> None:
     """One intra-op thread per lowering when several run at once, or their OpenMP threads spin against each other.
 
-    int8-static keeps the default: its calibration's float results, and so its scales, depend on the thread count,
-    and they must match a `--jobs 1` lowering's.
+    A calibrated scheme (int8-static) keeps the default: its calibration's float results, and so its scales,
+    depend on the thread count, and they must match a `--jobs 1` lowering's.
     """
     import torch
 
     default = threads or torch.get_num_threads()
-    torch.set_num_threads(default if scheme_of(task.backend) == "int8-static" else 1)
+    torch.set_num_threads(default if scheme_of(task.backend).calibrated else 1)
 
 
 def _reset_peak_rss() -> None:
@@ -408,9 +401,8 @@ def _quantized_program(
 ) -> tuple[Any, dict[str, Any]]:
     import torch
 
+    # here, not at the top: it imports torch (seconds), which a cache hit never needs
     from orchestrator.lowering.models import load_model, vocab_size_of
-    from orchestrator.lowering.quantize import calibration_from_file, generated_calibration, quantize
-    from orchestrator.tensorfile import read_tensors
 
     if shared is not None and shared.module is not None:
         module = shared.module
@@ -419,7 +411,7 @@ def _quantized_program(
     example_args = tuple(torch.from_numpy(t.array) for t in read_tensors(artifact_paths.reference_inputs))
     scheme = scheme_of(task.backend)
     calibration, source = None, None
-    if scheme == "int8-static":
+    if scheme.calibrated:
         vocab = vocab_size_of(module)
         if task.calibration:
             calibration = calibration_from_file(Path(task.calibration), task.spec.seq_len, vocab)
@@ -445,11 +437,9 @@ def _lower_backend(
 ) -> dict[str, Any]:
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
-    from orchestrator.lowering.delegation import delegation_report
-
     etrecord = task.etrecord
     with timer.stage(f"{backend}: to_edge/partition", quiet=quiet):
-        if backend.startswith("xnnpack"):
+        if Variant.parse(backend).backend == "xnnpack":
             from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
             edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()], generate_etrecord=etrecord)
@@ -474,8 +464,6 @@ def _lower_backend(
     # From the written .pte, as the runner will see it: planned arenas, constants, live bytes per instruction.
     memory = read_program_memory(pte_path).to_sidecar()
     if quantization is not None:
-        from orchestrator.lowering.quantize import node_report
-
         quantization = {
             **quantization,
             "nodes": node_report(pte_path, scheme_of(backend), delegation["fallback_histogram"]),

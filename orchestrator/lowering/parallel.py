@@ -26,8 +26,8 @@ from types import TracebackType
 from typing import Any
 
 from orchestrator import console
-from orchestrator.lowering.quantize import is_quantized
 from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.variants import Variant
 
 _POLL_SECONDS = 0.2  # how often a blocked scheduler looks again (memory, or the .pt2 not saved yet)
 
@@ -78,7 +78,7 @@ class VariantTask:
     @property
     def needs_program(self) -> bool:
         """Lowered from the exported program (fp32), not from the eager model (quantized)."""
-        return not is_quantized(self.backend)
+        return not Variant.parse(self.backend).quantized
 
 
 def with_program(task: VariantTask, record: dict[str, Any]) -> VariantTask:

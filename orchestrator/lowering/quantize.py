@@ -11,34 +11,27 @@ The flows are the ones ExecuTorch 1.5 documents: int8 through the XNNPACK quanti
 - HuggingFace GPT-2's `Conv1D` exports as `addmm`, which neither flow quantizes: `swap_conv1d` replaces each one
   by the equivalent `nn.Linear` (transposed weight) first.
 
-Nothing here imports torch at module level: the schemes are plain names that the options and the nightly
-matrix check without it.
+`SCHEMES` is the one registry of schemes: the CLI's `--quantize`, the nightly matrix, the lowering, the sidecar's
+claims and the reports all derive from it, so adding a scheme touches this file (and its tests) only. Backend names
+(`xnnpack-<scheme>`) are built and read back in variants.py. Nothing here imports torch at module level: the
+registry is read without it.
 """
 
 from __future__ import annotations
 
 import copy
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import UsageError
 from orchestrator.programs.plan import read_program_plan
 from orchestrator.programs.xnn import XNNPACK_BACKEND, xnn_graph_buffer
 
-SCHEMES = ("none", "int8-dynamic", "int8-static", "8da4w")
-QUANTIZED_SCHEMES = SCHEMES[1:]
 GROUP_SIZE = 32  # 8da4w weight group along the input features
 CALIBRATION_SAMPLES = 8  # generated samples when the user gives no calibration file
-QUANTIZED_BACKEND_PREFIX = "xnnpack-"
-
-METHODS = {
-    "int8-dynamic": "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, dynamic int8 activations), "
-    "prepare_pt2e/convert_pt2e",
-    "int8-static": "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, static int8 activations), "
-    "prepare_pt2e + calibration + convert_pt2e",
-    "8da4w": f"torchao quantize_: Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({GROUP_SIZE}))",
-}
 
 # XNNPACK datatype codes (schema.fbs XNNDatatype) -> names.
 XNN_DATATYPES = {
@@ -46,29 +39,32 @@ XNN_DATATYPES = {
     8: "qcint4", 9: "qdint8", 10: "qbint4", 11: "qpint8", 12: "int32", 13: "pfp32", 14: "bf16",
 }  # fmt: skip
 FLOAT_DATATYPES = frozenset({"fp32", "fp16", "bf16", "pfp32"})
-# What each scheme's fully-connected nodes must look like (input x weight), the check of the sidecar's claim.
-EXPECTED_FC = {
-    "none": "fp32 x fp32",
-    "int8-dynamic": "qdint8 x qcint8",
-    "int8-static": "qint8 x qcint8",
-    "8da4w": "qdint8 x qbint4",
-}
+
+# How a scheme turns a (deep-copied, Conv1D-swapped) eager model into an exported program: (model, example_args,
+# calibration samples, PT2E quantizer override) -> (program, the linear layers it left in float).
+Apply = Callable[[Any, tuple, list[tuple] | None, Any], tuple[Any, list[str]]]
 
 
-def backend_for(scheme: str) -> str:
-    """`int8-dynamic` → `xnnpack-int8-dynamic`; `none` → `xnnpack`."""
-    return "xnnpack" if scheme == "none" else QUANTIZED_BACKEND_PREFIX + scheme
+@dataclass(frozen=True)
+class Scheme:
+    """One `--quantize` choice. `none` is fp32: no `apply`, and its programs keep their plain backend names."""
 
+    name: str
+    method: str  # how it quantizes, as the sidecar records it
+    fully_connected: str  # what its XNNPACK FullyConnected nodes must be (input x weight): the sidecar's check
+    convolution: str  # the same for XNNPACK Convolution nodes (no model of the zoo has one yet)
+    relative_cost: float  # lowering seconds relative to fp32 XNNPACK, until a lowering of the variant measured them
+    apply: Apply | None = None
+    calibrated: bool = False  # fitted on calibration samples (`--calibration FILE`, else generated ones)
 
-def scheme_of(backend: str) -> str:
-    """The quantization scheme of a backend name: `xnnpack-8da4w` → `8da4w`, `xnnpack`/`portable` → `none`."""
-    if backend.startswith(QUANTIZED_BACKEND_PREFIX) and backend[len(QUANTIZED_BACKEND_PREFIX) :] in QUANTIZED_SCHEMES:
-        return backend[len(QUANTIZED_BACKEND_PREFIX) :]
-    return "none"
+    @property
+    def quantized(self) -> bool:
+        return self.apply is not None
 
-
-def is_quantized(backend: str) -> bool:
-    return scheme_of(backend) != "none"
+    @property
+    def label(self) -> str:
+        """How reports name it: `fp32` for none."""
+        return self.name if self.quantized else "fp32"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -220,7 +216,7 @@ class Quantized:
 def quantize(
     module: Any,
     example_args: tuple,
-    scheme: str,
+    scheme: Scheme,
     *,
     calibration: list[tuple] | None = None,
     calibration_source: str | None = None,
@@ -228,38 +224,18 @@ def quantize(
 ) -> Quantized:
     """Quantize an eager module (a copy; the original is untouched) and export it.
 
-    `calibration` is a list of argument tuples for int8-static; `quantizer` overrides the PT2E quantizer (tests).
+    `calibration` is a list of argument tuples for a calibrated scheme; `quantizer` overrides the PT2E quantizer
+    (tests).
     """
-    import torch
-
-    if scheme not in QUANTIZED_SCHEMES:
-        raise ValueError(f"not a quantization scheme: {scheme!r}")
+    if scheme.apply is None:
+        raise ValueError(f"not a quantization scheme: {scheme.name!r}")
     model = copy.deepcopy(module).eval()
     swapped = swap_conv1d(model)
     linears = linear_layers(model)
-    if scheme == "8da4w":
-        skipped = _apply_8da4w(model)
-        with torch.no_grad():
-            program = torch.export.export(model, example_args, strict=False)
-        float_layers = sorted(skipped)
-    else:
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-        dynamic = scheme == "int8-dynamic"
-        quantizer = quantizer or integer_safe_quantizer(is_dynamic=dynamic)
-        captured = torch.export.export(model, example_args, strict=False).module()
-        prepared = prepare_pt2e(captured, quantizer)
-        samples = [example_args] if dynamic or not calibration else calibration
-        with torch.no_grad():
-            for sample in samples:
-                prepared(*sample)
-        converted = convert_pt2e(prepared)
-        with torch.no_grad():
-            program = torch.export.export(converted, example_args, strict=False)
-        float_layers = _float_linears(program, linears)
+    program, float_layers = scheme.apply(model, example_args, calibration, quantizer)
     report = {
-        "scheme": scheme,
-        "method": METHODS[scheme],
+        "scheme": scheme.name,
+        "method": scheme.method,
         "conv1d_swapped_to_linear": len(swapped),
         "linear_layers": len(linears),
         "quantized_linears": len(linears) - len(float_layers),
@@ -267,6 +243,45 @@ def quantize(
         "calibration": _calibration_record(scheme, calibration, calibration_source),
     }
     return Quantized(program, report)
+
+
+def _pt2e(model: Any, example_args: tuple, samples: list[tuple], quantizer: Any) -> tuple[Any, list[str]]:
+    """PT2E: prepare, run the samples through the observers, convert, export."""
+    import torch
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    linears = linear_layers(model)
+    captured = torch.export.export(model, example_args, strict=False).module()
+    prepared = prepare_pt2e(captured, quantizer)
+    with torch.no_grad():
+        for sample in samples:
+            prepared(*sample)
+    converted = convert_pt2e(prepared)
+    with torch.no_grad():
+        program = torch.export.export(converted, example_args, strict=False)
+    return program, _float_linears(program, linears)
+
+
+def _int8_dynamic(
+    model: Any, example_args: tuple, _calibration: list[tuple] | None, quantizer: Any
+) -> tuple[Any, list[str]]:
+    return _pt2e(model, example_args, [example_args], quantizer or integer_safe_quantizer(is_dynamic=True))
+
+
+def _int8_static(
+    model: Any, example_args: tuple, calibration: list[tuple] | None, quantizer: Any
+) -> tuple[Any, list[str]]:
+    samples = calibration or [example_args]
+    return _pt2e(model, example_args, samples, quantizer or integer_safe_quantizer(is_dynamic=False))
+
+
+def _8da4w(model: Any, example_args: tuple, _calibration: list[tuple] | None, _quantizer: Any) -> tuple[Any, list[str]]:
+    import torch
+
+    skipped = _apply_8da4w(model)
+    with torch.no_grad():
+        program = torch.export.export(model, example_args, strict=False)
+    return program, sorted(skipped)
 
 
 def _apply_8da4w(model: Any) -> list[str]:
@@ -335,14 +350,59 @@ def _module_name(path: str, linears: list[str]) -> str:
     return next((name for name in linears if cleaned.endswith(name)), cleaned)
 
 
-def _calibration_record(scheme: str, calibration: list[tuple] | None, source: str | None) -> dict[str, Any] | None:
-    if scheme != "int8-static":
+def _calibration_record(scheme: Scheme, calibration: list[tuple] | None, source: str | None) -> dict[str, Any] | None:
+    if not scheme.calibrated:
         return None
     return {"source": source or "generated", "samples": len(calibration or [])}
 
 
 # --------------------------------------------------------------------------------------------------------------
+# The registry: every scheme, in the order the CLI lists them. Its costs are full-size DistilBERT's lowering
+# seconds (bench/README.md: fp32 XNNPACK 23 s, int8-dynamic 37 s, int8-static 53 s, 8da4w 44 s).
+
+FP32 = Scheme("none", "none (fp32)", fully_connected="fp32 x fp32", convolution="fp32 x fp32", relative_cost=1.0)
+SCHEMES: dict[str, Scheme] = {
+    scheme.name: scheme
+    for scheme in (
+        FP32,
+        Scheme(
+            "int8-dynamic",
+            "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, dynamic int8 activations), "
+            "prepare_pt2e/convert_pt2e",
+            fully_connected="qdint8 x qcint8",
+            convolution="qdint8 x qcint8",
+            relative_cost=1.6,
+            apply=_int8_dynamic,
+        ),
+        Scheme(
+            "int8-static",
+            "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, static int8 activations), "
+            "prepare_pt2e + calibration + convert_pt2e",
+            fully_connected="qint8 x qcint8",
+            convolution="qint8 x qcint8",
+            relative_cost=2.3,
+            apply=_int8_static,
+            calibrated=True,
+        ),
+        Scheme(
+            "8da4w",
+            f"torchao quantize_: Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({GROUP_SIZE}))",
+            fully_connected="qdint8 x qbint4",
+            convolution="fp32 x fp32",  # quantize_ here takes linears only
+            relative_cost=1.9,
+            apply=_8da4w,
+        ),
+    )
+}
+QUANTIZED = tuple(scheme for scheme in SCHEMES.values() if scheme.quantized)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Calibration data
+
+
+class CalibrationError(UsageError):
+    """A calibration file that cannot be used (exit 64); the message starts with the file's path."""
 
 
 def generated_calibration(reference_args: tuple, vocab_size: int, samples: int = CALIBRATION_SAMPLES) -> list[tuple]:
@@ -371,24 +431,23 @@ def calibration_from_file(path: Path, seq_len: int, vocab_size: int) -> list[tup
     """Samples from an ETLT file (input_ids [N, seq] and optionally attention_mask) or JSON token-id lists.
 
     Everything is checked here, before any lowering starts (lower.py calls this first in the main process): a
-    mistake is a UsageError naming `--calibration FILE`, never an exception from inside the calibration.
+    mistake is a CalibrationError naming the file (the command layer adds its option), never an exception from
+    inside the calibration.
     """
     import torch
 
-    from orchestrator.errors import UsageError
-
-    where = f"--calibration {path}"
+    where = str(path)
     if not path.is_file():
-        raise UsageError(f"{where}: no such file")
+        raise CalibrationError(f"{where}: no such file")
     rows = _json_rows(path, where) if path.suffix.lower() == ".json" else _etlt_rows(path, where)
     result = []
     for number, (ids, mask) in enumerate(rows):
         if any(t < 0 or t >= vocab_size for t in ids):
-            raise UsageError(f"{where}: sample {number} has token ids outside 0..{vocab_size - 1}")
+            raise CalibrationError(f"{where}: sample {number} has token ids outside 0..{vocab_size - 1}")
         if mask is not None:
             real = sum(mask)
             if real == 0 or not all(mask[:real]) or any(mask[real:]):
-                raise UsageError(
+                raise CalibrationError(
                     f"{where}: sample {number}: attention_mask must be 1s for the real tokens, then 0s (padding "
                     "on the right), with at least one 1"
                 )
@@ -400,7 +459,7 @@ def calibration_from_file(path: Path, seq_len: int, vocab_size: int) -> list[tup
         attention[0, : max(1, real)] = 1
         result.append((padded, attention))
     if len(result) < 2:
-        raise UsageError(f"{where}: give several samples (found {len(result)}); calibration needs variety")
+        raise CalibrationError(f"{where}: give several samples (found {len(result)}); calibration needs variety")
     return result
 
 
@@ -416,25 +475,23 @@ def _token_ids(value: Any) -> list[int] | None:
 def _json_rows(path: Path, where: str) -> list[tuple[list[int], list[int] | None]]:
     import json
 
-    from orchestrator.errors import UsageError
-
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except RecursionError:  # a nesting bomb: the parser recurses once per level
-        raise UsageError(f"{where}: not valid JSON (lists or objects nested too deeply)") from None
+        raise CalibrationError(f"{where}: not valid JSON (lists or objects nested too deeply)") from None
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{where}: not valid JSON ({exc})") from None
+        raise CalibrationError(f"{where}: not valid JSON ({exc})") from None
     samples = data.get("samples", data) if isinstance(data, dict) else data
     if not isinstance(samples, list) or not samples:
-        raise UsageError(f"{where}: expected a list of token-id lists (or {{'samples': [...]}})")
+        raise CalibrationError(f"{where}: expected a list of token-id lists (or {{'samples': [...]}})")
     rows: list[tuple[list[int], list[int] | None]] = []
     for number, sample in enumerate(samples):
         ids = _token_ids(sample.get("input_ids") if isinstance(sample, dict) else sample)
         if ids is None:
-            raise UsageError(f"{where}: sample {number} is not a non-empty list of integer token ids")
+            raise CalibrationError(f"{where}: sample {number} is not a non-empty list of integer token ids")
         mask = sample.get("attention_mask") if isinstance(sample, dict) else None
         if mask is not None and (_token_ids(mask) is None or len(mask) != len(ids) or set(mask) - {0, 1}):
-            raise UsageError(
+            raise CalibrationError(
                 f"{where}: sample {number}: attention_mask must be a list of 0s and 1s as long as input_ids"
             )
         rows.append((ids, mask))
@@ -444,13 +501,13 @@ def _json_rows(path: Path, where: str) -> list[tuple[list[int], list[int] | None
 def _etlt_rows(path: Path, where: str) -> list[tuple[list[int], list[int] | None]]:
     import numpy as np
 
-    from orchestrator.errors import UsageError
+    # here, not at the top: numpy, which the scheme registry's readers (fab's start-up) do not need
     from orchestrator.tensorfile import TensorFileError, read_tensors
 
     try:
         tensors = {t.name: t.array for t in read_tensors(path)}
     except TensorFileError as exc:
-        raise UsageError(f"{where}: {exc}") from None
+        raise CalibrationError(f"{where}: {exc}") from None
     ids_array = tensors.get("input_ids")
     if (
         ids_array is None
@@ -458,12 +515,14 @@ def _etlt_rows(path: Path, where: str) -> list[tuple[list[int], list[int] | None
         or 0 in ids_array.shape
         or not np.issubdtype(ids_array.dtype, np.integer)
     ):
-        raise UsageError(f"{where}: needs an integer tensor 'input_ids' of shape [samples, seq_len], both at least 1")
+        raise CalibrationError(
+            f"{where}: needs an integer tensor 'input_ids' of shape [samples, seq_len], both at least 1"
+        )
     masks = tensors.get("attention_mask")
     if masks is not None:
         integer = np.issubdtype(masks.dtype, np.integer) or masks.dtype == np.bool_
         if not integer or masks.shape != ids_array.shape or not np.isin(masks, (0, 1)).all():
-            raise UsageError(
+            raise CalibrationError(
                 f"{where}: attention_mask must be an integer tensor of 0s and 1s shaped like input_ids "
                 f"{list(ids_array.shape)}, got {masks.dtype} {list(masks.shape)}"
             )
@@ -519,7 +578,7 @@ def _value_datatype(xg: Any, value: Any) -> dict[int, str]:
     return {tensor.IdOut(): XNN_DATATYPES.get(tensor.Datatype(), f"type{tensor.Datatype()}")}
 
 
-def node_report(pte: Path, scheme: str, fallback_histogram: dict[str, int]) -> dict[str, Any]:
+def node_report(pte: Path, scheme: Scheme, fallback_histogram: dict[str, int]) -> dict[str, Any]:
     """What the lowered program holds: FC nodes by datatype inside the delegates, and linears left outside."""
     types = fully_connected_types(pte)
     quantized = sum(n for kind, n in types.items() if kind.split(" x ")[-1] not in FLOAT_DATATYPES)
@@ -528,6 +587,6 @@ def node_report(pte: Path, scheme: str, fallback_histogram: dict[str, int]) -> d
         "fully_connected": dict(sorted(types.items())),
         "quantized_fully_connected": quantized,
         "float_fully_connected": sum(types.values()) - quantized,
-        "expected_fully_connected": EXPECTED_FC[scheme],
+        "expected_fully_connected": scheme.fully_connected,
         "linears_outside_delegates": outside,
     }

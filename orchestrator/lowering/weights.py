@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from orchestrator.errors import SpecError
 from orchestrator.lowering.spec import ModelSpec
-from orchestrator.options import WEIGHT_MODES
 
+WEIGHT_MODES = ("auto", "pretrained", "random")  # `--weights`, the nightly's `weights:`
 RANDOM_SEED = 0
 HUB_PROBE_TIMEOUT_S = 2.0
 # huggingface_hub's spelling of true for its environment switches.
@@ -84,9 +83,8 @@ def pretrained_available(spec: ModelSpec) -> tuple[bool, str]:
 
 
 def resolve_weights(spec: ModelSpec, requested: str) -> WeightsChoice:
-    """`auto` | `pretrained` | `random` → the weights a lowering of `spec` uses now."""
-    if requested not in WEIGHT_MODES:
-        raise SpecError(f"--weights must be one of {', '.join(WEIGHT_MODES)}, got {requested!r}")
+    """`auto` | `pretrained` | `random` (one of WEIGHT_MODES, checked where it was given) → the weights a lowering
+    of `spec` uses now."""
     if requested != "auto":
         return WeightsChoice(requested, requested, "requested")
     if not spec.model_id:

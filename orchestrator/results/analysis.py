@@ -22,7 +22,7 @@ from orchestrator.results.etdump import Etdump, read_etdump
 from orchestrator.results.etdump_profile import _method_totals, inferred_ns_per_tick, profile_etdump
 from orchestrator.results.memory import memory_summary
 from orchestrator.results.profile import Profile
-from orchestrator.results.summary import hashing_times
+from orchestrator.results.summary import ACCURACY_DEFAULTS, hashing_times
 from orchestrator.results.validity import (
     TIMING_AGREEMENT,
     board_conditions,
@@ -122,8 +122,6 @@ def analyze_bundle(
     counters = counters_summary(counter_profile, bundle.run.get("counters_pass"), top_layers, latency.threads)
     run = dataclasses.replace(run, memory=memory, counters=counters)
     if scheme != "none":
-        from orchestrator.options import ACCURACY_DEFAULTS
-
         thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
         ran = outputs_path if bundle.ran_ok and outputs_path.is_file() else None
         reference = Path(reference_outputs) if reference_outputs is not None else None

@@ -30,6 +30,7 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError, UsageError
 from orchestrator.fsutil import atomic_write_json, read_json
+from orchestrator.lowering.variants import UnknownVariant, Variant
 from orchestrator.results.documents import ANALYSIS_DIR, load_summary
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
 from orchestrator.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, Verdict, compare_samples
@@ -134,9 +135,17 @@ def _instruction_signature(run: _Run) -> list[tuple[str, str, str | None]]:
 
 
 def scheme_of(run: _Run) -> str:
-    """fp32 for portable/xnnpack, else the quantization scheme the backend name carries (xnnpack-<scheme>)."""
-    backend = run.summary.model.backend or ""
-    return backend.removeprefix("xnnpack-") if backend.startswith("xnnpack-") else "fp32"
+    """How reports name the run's scheme: fp32 for portable/xnnpack, else the scheme (variants.Variant.parse).
+
+    A backend this etlab does not know (a bundle from another version) is named as it is: never taken for fp32.
+    """
+    backend = run.summary.model.backend
+    if not backend:
+        return "fp32"
+    try:
+        return Variant.parse(backend).scheme.label
+    except UnknownVariant:
+        return backend
 
 
 def across_schemes(a: _Run, b: _Run) -> bool:

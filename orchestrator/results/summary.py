@@ -164,6 +164,11 @@ class ProgramInfo:
         return cls(*texts, size_bytes=_int(fields.get("size_bytes")))
 
 
+# The accuracy gate of quantized runs against fp32 eager (README "Quantized variants"). 8da4w measured 11-20 dB
+# and 3/5 top-5 overlap on full-size models, int8 28-42 dB: the defaults pass both and catch a broken program.
+ACCURACY_DEFAULTS = {"min_sqnr_db": 10.0, "min_top1_agreement": 1.0, "min_top5_overlap": 0.6}
+
+
 @dataclass(frozen=True)
 class Accuracy:
     """A quantized run's outputs against the fp32 eager reference, and the gate's verdict on them."""

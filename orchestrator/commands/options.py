@@ -1,7 +1,8 @@
 """Command-line values checked on the workstation before a task deletes, connects or starts anything.
 
-One function per kind of value. Each takes the raw option (a string from the command line, or a number from
-code and the inventory) and returns it parsed, or raises UsageError (exit 64) naming the option.
+One function per kind of value. Each takes the raw option (a string from the command line) and returns it parsed,
+or raises UsageError (exit 64) naming the option. This is the edge: below the command layer the library gets only
+values checked here (or by the inventory's checker, config.py), and names no option in its errors.
 """
 
 from __future__ import annotations
@@ -10,19 +11,14 @@ import math
 import re
 from typing import Any
 
+from orchestrator.counters import parse_counters
+from orchestrator.deploy.runs import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.errors import UsageError
+from orchestrator.lowering.weights import WEIGHT_MODES
+from orchestrator.results.summary import ACCURACY_DEFAULTS
 
-WEIGHT_MODES = ("auto", "pretrained", "random")
-# `--quantize`: none is fp32; the others are XNNPACK programs named `xnnpack-<scheme>` (lowering/quantize.py).
-QUANT_SCHEMES = ("none", "int8-dynamic", "int8-static", "8da4w")
-# The accuracy gate of quantized runs against fp32 eager (README "Quantized variants"). 8da4w measured 11-20 dB
-# and 3/5 top-5 overlap on full-size models, int8 28-42 dB: the defaults pass both and catch a broken program.
-ACCURACY_DEFAULTS = {"min_sqnr_db": 10.0, "min_top1_agreement": 1.0, "min_top5_overlap": 0.6}
-MAX_COUNT = 1_000_000  # iterations, warmup runs: far beyond any real run, well inside the runner's int
-MAX_THREADS = 4096
-MAX_SECONDS = 30 * 24 * 3600.0  # a month: a budget or timeout beyond it is a typo
+__all__ = ["ACCURACY_DEFAULTS", "MAX_THREADS", "WEIGHT_MODES", "UsageError"]  # what tasks and tests read here
 MAX_KEEP = 1_000_000
-MIN_AB_ROUNDS = 5  # as deploy/abtest.py: fewer rounds never confirm anything
 MAX_AB_ROUNDS = 1000
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]+")  # as the board agent names bundle folders
 
@@ -88,33 +84,23 @@ def run_id(value: Any, option: str = "--run") -> str:
 
 
 def ab_rounds(value: Any, option: str = "--interleave") -> int:
-    """`compare --interleave N`: 0 (no re-test) or the rounds of the interleaved A/B re-test, at least 5."""
+    """`compare --interleave N`: 0 (no re-test) or the rounds of the interleaved A/B re-test, at least the sign
+    test's minimum (abtest.MIN_ROUNDS: fewer rounds never confirm anything)."""
+    from orchestrator.deploy.abtest import MIN_ROUNDS  # here, not at the top: it imports numpy
+
     rounds = count(option, value, minimum=0, maximum=MAX_AB_ROUNDS)
-    if 0 < rounds < MIN_AB_ROUNDS:
+    if 0 < rounds < MIN_ROUNDS:
         raise UsageError(
-            f"{option} must be a number of rounds from {MIN_AB_ROUNDS} to {MAX_AB_ROUNDS} (0: no re-test), got {rounds}"
+            f"{option} must be a number of rounds from {MIN_ROUNDS} to {MAX_AB_ROUNDS} (0: no re-test), got {rounds}"
         )
     return rounds
 
 
 def counters(value: Any) -> tuple[str, ...] | None:
     """`--counters [LIST]`: None when not asked for; the flag alone (or "default") is the default set."""
-    from orchestrator.counters import parse_counters
-
     if value is None or value is False:
         return None
     return parse_counters(None if value is True else str(value))
-
-
-def quantize(value: Any, option: str = "--quantize") -> list[str]:
-    """`--quantize none,int8-dynamic`: known schemes, order kept, no duplicates; empty means none."""
-    names = [part.strip() for part in str(value if value is not None else "none").split(",") if part.strip()]
-    unknown = [name for name in names if name not in QUANT_SCHEMES]
-    if unknown or isinstance(value, bool):
-        raise UsageError(
-            f"{option}: unknown scheme {', '.join(unknown) or repr(value)}; choose from: {', '.join(QUANT_SCHEMES)}"
-        )
-    return list(dict.fromkeys(names)) or ["none"]
 
 
 def fraction(option: str, value: Any) -> float:

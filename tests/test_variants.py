@@ -1,0 +1,135 @@
+"""The scheme registry and the typed variants: every place that accepts a scheme accepts exactly the registry's,
+and every variant's on-disk name reads back as the same variant. No torch, no lowering: fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.boards.inventory import Board, load_inventory
+from orchestrator.commands.common import variants
+from orchestrator.errors import InventoryError, UsageError
+from orchestrator.lab.matrix import load_config
+from orchestrator.lowering import quantize
+from orchestrator.lowering.artifacts import BACKENDS, QUANTIZED_BACKENDS, lower_options
+from orchestrator.lowering.quantize import FP32, QUANTIZED, SCHEMES
+from orchestrator.lowering.variants import VARIANTS, UnknownVariant, Variant, combine, parse_schemes, scheme_of
+from tests.plugins.boards import write_inventory
+
+# Names a scheme registry could plausibly be asked for that it does not hold: old spellings, backends, typos.
+NOT_SCHEMES = ("fp32", "int8", "int4", "xnnpack", "xnnpack-int8-dynamic", "INT8-DYNAMIC", "8da4w4", "")
+
+
+def _candidates() -> list[str]:
+    return [*SCHEMES, *NOT_SCHEMES]
+
+
+def _cli_accepts(name: str) -> bool:
+    try:
+        variants("xnnpack", name)
+    except UsageError:
+        return False
+    return name.strip() != ""  # an empty list is the default (fp32), not a scheme named ""
+
+
+def _matrix_accepts(name: str, tmp_path: Path) -> bool:
+    board = Board(name="local", transport="local", workdir=str(tmp_path / "wd"))
+    section = {"matrix": [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "quantize": [name]}]}
+    inventory = write_inventory(tmp_path / f"inventory-{abs(hash(name))}.yaml", [board], nightly=section)
+    try:
+        load_config(load_inventory(inventory))
+    except InventoryError:
+        return False
+    return True
+
+
+def test_every_place_accepts_exactly_the_registry_schemes(tmp_path: Path) -> None:
+    """The CLI's `--quantize`, the nightly matrix's `quantize:` and the lowering's variants: the registry's names."""
+    registry = set(SCHEMES)
+    assert {name for name in _candidates() if _cli_accepts(name)} == registry
+    assert {name for name in _candidates() if name and _matrix_accepts(name, tmp_path)} == registry
+    # The lowering: every artifact backend's scheme is one of the registry, and every scheme has its backend.
+    assert {scheme_of(backend).name for backend in BACKENDS} == registry
+    assert set(QUANTIZED_BACKENDS) == {f"xnnpack-{scheme.name}" for scheme in QUANTIZED}
+    # The fab help lists them all.
+    import tasks
+
+    assert all(name in tasks.QUANTIZE_HELP for name in registry)
+
+
+def test_every_scheme_is_complete() -> None:
+    """What the lowering, the sidecar check and the scheduler read from a scheme: present for every one."""
+    assert FP32 is SCHEMES["none"] and not FP32.quantized and FP32.label == "fp32"
+    for scheme in SCHEMES.values():
+        assert scheme.method and scheme.relative_cost > 0
+        for expected in (scheme.fully_connected, scheme.convolution):
+            kinds = expected.split(" x ")
+            assert len(kinds) == 2 and set(kinds) <= set(quantize.XNN_DATATYPES.values()), (scheme.name, expected)
+        assert scheme.quantized == (scheme.name != "none") and scheme.label == (
+            scheme.name if scheme.quantized else "fp32"
+        )
+    assert [scheme.name for scheme in SCHEMES.values() if scheme.calibrated] == ["int8-static"]
+
+
+def test_quantize_refuses_fp32() -> None:
+    with pytest.raises(ValueError, match="not a quantization scheme: 'none'"):
+        quantize.quantize(object(), (), FP32)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_a_variant_round_trips_through_its_name(name: str) -> None:
+    variant = VARIANTS[name]
+    assert variant.name == name and str(variant) == name
+    assert Variant.parse(variant.name) == variant
+    assert Variant(variant.backend, variant.scheme) == variant  # value semantics: built again, the same
+    assert scheme_of(name) is variant.scheme
+
+
+def test_every_registry_scheme_round_trips_through_a_name() -> None:
+    for scheme in SCHEMES.values():
+        variant = Variant("xnnpack", scheme)
+        assert Variant.parse(variant.name) == variant
+        assert variant.name == ("xnnpack" if scheme is FP32 else f"xnnpack-{scheme.name}")  # the names on disk
+    assert Variant.parse("portable") == Variant("portable") and Variant("portable").scheme is FP32
+
+
+@pytest.mark.parametrize("text", ["xnnpack-int4", "XNNPACK", "coreml", "portable-int8-dynamic", "", "xnnpack-"])
+def test_an_unknown_name_is_a_clear_error(text: str) -> None:
+    with pytest.raises(UnknownVariant, match=rf"unknown backend {text!r}; backends: portable, xnnpack, xnnpack-"):
+        Variant.parse(text)
+
+
+def test_a_variant_cannot_be_built_wrong() -> None:
+    with pytest.raises(UnknownVariant, match="int8-dynamic programs are xnnpack programs, not portable"):
+        Variant("portable", SCHEMES["int8-dynamic"])
+    with pytest.raises(UnknownVariant, match="unknown backend 'coreml'"):
+        Variant("coreml")
+
+
+def test_names_costs_and_fab_lower_options() -> None:
+    assert lower_options("xnnpack-8da4w") == "--quantize 8da4w"
+    assert lower_options("portable") == "--backend portable"
+    # The order of a parallel lowering (bench/README.md): portable cheapest, int8-static the longest.
+    costs = {name: variant.relative_cost for name, variant in VARIANTS.items()}
+    assert costs["portable"] < costs["xnnpack"] < costs["xnnpack-int8-dynamic"] < costs["xnnpack-int8-static"]
+
+
+def test_one_rule_combines_backends_and_schemes() -> None:
+    xnnpack, portable = Variant("xnnpack"), Variant("portable")
+    dynamic = Variant("xnnpack", SCHEMES["int8-dynamic"])
+    assert combine([portable, xnnpack], parse_schemes(["none", "int8-dynamic"])) == (portable, xnnpack, dynamic)
+    assert combine([portable, xnnpack], parse_schemes(["int8-dynamic"])) == (dynamic,)  # no fp32 asked for
+    assert combine([dynamic], parse_schemes(["int8-dynamic"])) == (dynamic,)  # named twice, once
+    assert parse_schemes([]) == (FP32,)
+    with pytest.raises(UnknownVariant, match="unknown scheme int4; choose from: none, int8-dynamic"):
+        parse_schemes(["int4"])
+
+
+def test_the_matrix_names_cells_as_the_cli_does(tmp_path: Path) -> None:
+    board = Board(name="local", transport="local", workdir=str(tmp_path / "wd"))
+    entry = {"models": ["distilbert-tiny"], "backends": ["portable", "xnnpack-8da4w"], "quantize": ["int8-static"]}
+    inventory = write_inventory(tmp_path / "inventory.yaml", [board], nightly={"matrix": [entry]})
+    (matrix,) = load_config(load_inventory(inventory)).entries
+    cli = [variant.name for variant in variants("portable,xnnpack-8da4w", "int8-static")]
+    assert list(matrix.backends) == cli == ["xnnpack-8da4w", "xnnpack-int8-static"]

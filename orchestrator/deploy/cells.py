@@ -17,6 +17,7 @@ from rich.progress import Progress
 from orchestrator import console
 from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
+from orchestrator.deploy.provision import quick_check, setup_board
 from orchestrator.deploy.runs import RemoteRun, RunParams, profile, pull, push_artifact
 from orchestrator.errors import (
     AnalysisError,
@@ -27,6 +28,7 @@ from orchestrator.errors import (
     full_reason,
 )
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.store import new_run_id
 from orchestrator.results.summary import RunSummary
 from orchestrator.transport import BoardConnection, connect
@@ -88,8 +90,6 @@ def _stage(cell: CellOutcome, name: str, timer: console.StageTimer) -> Iterator[
 
 
 def analyze_cell(cell: CellOutcome, artifact: Artifact, accuracy: dict[str, float] | None = None) -> None:
-    from orchestrator.results.analysis import analyze_bundle
-
     assert cell.bundle is not None
     summary = analyze_bundle(
         cell.bundle,
@@ -181,8 +181,6 @@ def run_cells_on_board(
 
 
 def _setup_if_needed(conn: BoardConnection, timer: console.StageTimer) -> None:
-    from orchestrator.deploy.provision import quick_check, setup_board
-
     with timer.stage("setup"):
         report = quick_check(conn) or setup_board(conn)
     if report.up_to_date:

@@ -39,16 +39,20 @@ from orchestrator.deploy.abtest import Program, interleave
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode, failure_code, first_line
+from orchestrator.fsutil import read_json
 from orchestrator.lab import pending
 from orchestrator.lab.history import History, RunRecord, default_url, describe_url, problem
 from orchestrator.lab.judging import confirm, judge, judge_memory
 from orchestrator.lab.matrix import NightlyConfig, load_config
 from orchestrator.lab.nightlock import night_lock
 from orchestrator.lab.report import CellVerdict, NightReport, PlaceWait, write_reports
+from orchestrator.lowering import lower as lowering
 from orchestrator.lowering import programs
+from orchestrator.lowering.artifacts import load_artifact
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.results.validity import number_list
 from orchestrator.results.verdicts import Kind, exit_code
+from orchestrator.transport import connect
 
 # ---------------------------------------------------------------- recording
 
@@ -61,8 +65,6 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
     ops: dict[str, tuple[str, float]] = {}
     environment: dict[str, str] = {}
     if cell.bundle:
-        from orchestrator.fsutil import read_json
-
         try:
             timings = read_json(cell.bundle / "timings.json")
         except (OSError, ValueError, RecursionError):
@@ -132,8 +134,6 @@ def _baseline(history: History, record: RunRecord, config: NightlyConfig) -> lis
 
 def _retest(board: Board, verdict: CellVerdict, job: CellJob, config: NightlyConfig) -> CellVerdict:
     """The interleaved A/B re-test of a suspected cell on its board: baseline's program (A) vs tonight's (B)."""
-    from orchestrator.transport import connect
-
     reference = verdict.reference
     kept = programs.find(reference.pte_sha256 if reference else None)
     if kept is None or reference is None or reference.pte_sha256 is None:
@@ -312,9 +312,6 @@ def _run_night(
 ) -> NightReport:
     """The night's cells; `prune`: drop kept programs no baseline needs (not while results of any night are
     pending: the history does not list their programs yet)."""
-    from orchestrator.lowering import lower as lowering
-    from orchestrator.lowering.artifacts import load_artifact
-
     recorder = _Recorder(history, reports, night)
     recorded = history.recorded_cells(night)
     specs: dict[str, ModelSpec] = {}

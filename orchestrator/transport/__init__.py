@@ -20,6 +20,7 @@ from orchestrator.transport.base import (
     is_transient,
     quote,
 )
+from orchestrator.transport.local import LocalConnection
 
 __all__ = [
     "OUTPUT_LIMIT",
@@ -41,8 +42,6 @@ __all__ = [
 def connect(board: Board, *, known_hosts: Path | None = None) -> BoardConnection:
     """Open a connection to `board` (SSH, or local subprocesses for a `local` board)."""
     if board.is_local:
-        from orchestrator.transport.local import LocalConnection
-
         return LocalConnection(board)
     from orchestrator.transport.ssh import SshConnection  # paramiko and fabric load only for SSH boards
 

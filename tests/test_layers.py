@@ -89,3 +89,68 @@ def test_only_commands_render_tables() -> None:
             if "console.table(" in line or "console.details(" in line:
                 drawing.append(f"{path.relative_to(PROJECT_ROOT)}:{number}")
     assert not drawing, "tables drawn outside orchestrator/commands/: " + ", ".join(drawing)
+
+
+# Packages whose import costs seconds: a module importing one at its top is imported inside the functions that need
+# it, and says nothing more.
+HEAVY_PACKAGES = frozenset({"torch", "torchao", "transformers", "executorch", "matplotlib", "scipy"})
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            if node.module == "orchestrator":
+                names.update(f"orchestrator.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def _heavy_modules(modules: dict[str, Path]) -> set[str]:
+    """The orchestrator modules whose import (directly or through other modules' top-level imports) loads a heavy
+    package."""
+    imports = {name: _top_level_imports(path) for name, path in modules.items()}
+    heavy = {name for name, found in imports.items() if any(n.split(".")[0] in HEAVY_PACKAGES for n in found)}
+    while True:
+        more = {name for name, found in imports.items() if name not in heavy and found & heavy}
+        if not more:
+            return heavy
+        heavy |= more
+
+
+def test_imports_inside_functions_say_why() -> None:
+    """An orchestrator module imported inside a function hides an edge from readers and tools: it is either a
+    module that pulls a heavy package (torch...), or its import group carries a comment saying why it is there."""
+    modules = {_module_name(p).removesuffix(".__init__"): p for p in PACKAGE.rglob("*.py")}
+    heavy = _heavy_modules(modules)
+    unexplained = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        tree = ast.parse("\n".join(lines))
+        nested = {
+            node
+            for function in ast.walk(tree)
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for node in ast.walk(function)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+        }
+        for node in sorted(nested, key=lambda n: n.lineno):
+            if isinstance(node, ast.ImportFrom):  # `from orchestrator.lowering import models` imports a module
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+                targets = [name if name in modules else str(node.module) for name in names]
+            else:
+                targets = [alias.name for alias in node.names]
+            ours = [t for t in targets if t.startswith("orchestrator")]
+            if not ours or all(t in heavy for t in ours):
+                continue
+            # The comment: on the statement's own lines, or above the group of imports it belongs to.
+            first = node.lineno - 1
+            while first > 0 and lines[first - 1].strip().startswith(("from ", "import ")):
+                first -= 1
+            group = lines[first : node.end_lineno]
+            if "#" in "".join(group) or (first > 0 and lines[first - 1].strip().startswith("#")):
+                continue
+            unexplained.append(f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}: {', '.join(ours)}")
+    assert not unexplained, "imports inside functions without a reason comment:\n" + "\n".join(unexplained)

@@ -10,6 +10,7 @@ import numpy as np
 
 from orchestrator.results.stats import distribution
 from orchestrator.results.summary import Accuracy, Latency, Reason, Validity, WarmLatency
+from orchestrator.tensorfile import TensorFileError, read_tensors
 
 CV_LIMIT = 0.05  # warm iterations varying more than this make a run "degraded"
 HOT_CELSIUS = 80.0
@@ -97,8 +98,6 @@ def board_conditions(before: dict[str, Any] | None, after: dict[str, Any] | None
 
 def check_outputs(outputs: Path, reference: Path) -> dict[str, Any]:
     """Board outputs vs eager reference outputs: max abs error and top-1 agreement per output."""
-    from orchestrator.tensorfile import TensorFileError, read_tensors
-
     try:
         got, want = read_tensors(outputs), read_tensors(reference)
     except TensorFileError as exc:
@@ -159,8 +158,6 @@ def accuracy_figures(outputs: Path, reference: Path) -> dict[str, float | None] 
     Over every floating-point output of the reference's shape; the last axis is the class (vocabulary) axis.
     Returns a reason string when the outputs cannot be compared.
     """
-    from orchestrator.tensorfile import TensorFileError, read_tensors
-
     try:
         got, want = read_tensors(outputs), read_tensors(reference)
     except TensorFileError as exc:

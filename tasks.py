@@ -8,6 +8,7 @@ from orchestrator.commands import options
 from orchestrator.commands.common import (
     handle_errors,
     lowering_options,
+    model_spec,
     run_params,
     select_all,
     select_boards,
@@ -90,10 +91,9 @@ def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, ta
          quantize="none"):  # fmt: skip
     """Push lowered .pte files (content-addressed, verified) and their reference inputs to boards."""
     from orchestrator.commands import board as board_tasks
-    from orchestrator.lowering.spec import resolve_spec
 
     chosen = variants(backend, quantize)
-    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, chosen)
+    artifacts = board_tasks.artifacts_for(model_spec(model, spec).name, chosen)
     return board_tasks.push(select_boards(inventory, board, group, tag, lg_wait), artifacts)
 
 
@@ -107,11 +107,10 @@ def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag
         quantize="none"):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
     from orchestrator.commands import board as board_tasks
-    from orchestrator.lowering.spec import resolve_spec
 
     params = run_params(iterations, warmup, threads, max_seconds, timeout, counters)
     chosen = variants(backend, quantize)
-    artifacts = board_tasks.artifacts_for(resolve_spec(model, spec).name, chosen)
+    artifacts = board_tasks.artifacts_for(model_spec(model, spec).name, chosen)
     return board_tasks.run(select_boards(inventory, board, group, tag, lg_wait), artifacts, params)
 
 
@@ -204,7 +203,6 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
                        trust_remote_code=False):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_and_profile as chain
-    from orchestrator.lowering.spec import resolve_spec
 
     # Every option is checked before the chain lowers, connects or starts anything.
     params = run_params(iterations, warmup, threads, max_seconds, None, counters)
@@ -213,7 +211,7 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
     chosen = variants(backend, quantize, default="xnnpack")
     accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
     return chain(
-        resolve_spec(model, spec, trust_remote_code=trust_remote_code),
+        model_spec(model, spec, trust_remote_code=trust_remote_code),
         variants=chosen,
         lowering=checked,
         accuracy=accuracy,

@@ -58,14 +58,14 @@ def perf_event(name: str, arch: str) -> tuple[str, int | str]:
 
 
 def parse_counters(value: str | None) -> tuple[str, ...]:
-    """`--counters [LIST]`: "" or "default" is the default set; otherwise known names, comma-separated."""
+    """A counter list (`--counters`): "" or "default" is the default set; otherwise known names, comma-separated."""
     text = (value or "").strip()
     if text in ("", "default", "true"):
         return DEFAULT_COUNTERS
     names: list[str] = []
     for name in (part.strip() for part in text.split(",")):
         if name not in COUNTERS:
-            raise UsageError(f"--counters: unknown counter {name!r} (known: {', '.join(COUNTERS)}, or 'default')")
+            raise UsageError(f"unknown counter {name!r} (known: {', '.join(COUNTERS)}, or 'default')")
         if name not in names:
             names.append(name)
     return tuple(names)

@@ -278,3 +278,21 @@ def test_the_interleave_minimum_is_the_sign_tests() -> None:
     with pytest.raises(UsageError, match=rf"--interleave must be a number of rounds from {MIN_ROUNDS} "):
         options.ab_rounds(MIN_ROUNDS - 1)
     assert f"(>= {MIN_ROUNDS})" in tasks.compare.help["interleave"]
+
+
+def test_the_command_layer_names_the_options_the_library_does_not() -> None:
+    from orchestrator.commands import options
+    from orchestrator.commands.common import model_spec
+    from orchestrator.counters import parse_counters
+    from orchestrator.errors import SpecError, UsageError
+    from orchestrator.lowering.spec import resolve_spec
+
+    with pytest.raises(UsageError, match=r"^give exactly one of --model NAME or --spec FILE$"):
+        model_spec(None, None)
+    with pytest.raises(SpecError) as spec_error:
+        resolve_spec(None, None)
+    with pytest.raises(UsageError, match=r"^--counters: unknown counter 'bogus'"):
+        options.counters("bogus")
+    with pytest.raises(UsageError) as counter_error:
+        parse_counters("bogus")
+    assert "--" not in str(spec_error.value) + str(counter_error.value)

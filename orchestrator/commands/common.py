@@ -18,6 +18,7 @@ from orchestrator.commands import options
 from orchestrator.errors import EtlabError, ExitCode, UsageError
 
 if TYPE_CHECKING:
+    from orchestrator.lowering.spec import ModelSpec
     from orchestrator.lowering.variants import Variant
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -106,6 +107,16 @@ def select_all(inventory: Any) -> list[Any]:
     from orchestrator.boards import labgrid
 
     return labgrid.expand(list(inventory.boards.values()))
+
+
+def model_spec(model: str | None, spec: str | None, *, trust_remote_code: bool = False) -> ModelSpec:
+    """`--model NAME` or `--spec FILE`, exactly one (exit 64, the options named)."""
+    # here, not at the top: fab imports this module at start-up
+    from orchestrator.lowering.spec import resolve_spec
+
+    if (model is None) == (spec is None):
+        raise UsageError("give exactly one of --model NAME or --spec FILE")
+    return resolve_spec(model, spec, trust_remote_code=trust_remote_code)
 
 
 def variants(backend: str | None, quantize: Any = "none", default: str = "portable,xnnpack") -> list[Variant]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.commands.common import lowering_options, naming_calibration, variants
+from orchestrator.commands.common import lowering_options, model_spec, naming_calibration, variants
 from orchestrator.commands.render import print_lowering
 from orchestrator.lowering import lower as lowering
-from orchestrator.lowering.spec import resolve_spec
 
 
 def lower(
@@ -26,7 +25,7 @@ def lower(
     chosen = variants(backend, quantize)
     with naming_calibration():
         result = lowering.lower(
-            resolve_spec(model, spec, trust_remote_code=trust_remote_code),
+            model_spec(model, spec, trust_remote_code=trust_remote_code),
             backends=[variant.name for variant in chosen],
             weights=checked.weights,
             etrecord=etrecord,

@@ -100,7 +100,10 @@ def counters(value: Any) -> tuple[str, ...] | None:
     """`--counters [LIST]`: None when not asked for; the flag alone (or "default") is the default set."""
     if value is None or value is False:
         return None
-    return parse_counters(None if value is True else str(value))
+    try:
+        return parse_counters(None if value is True else str(value))
+    except UsageError as exc:
+        raise UsageError(f"--counters: {exc}") from None
 
 
 def fraction(option: str, value: Any) -> float:

@@ -145,9 +145,10 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
 def resolve_spec(
     model: str | None = None, spec_path: str | Path | None = None, *, trust_remote_code: bool = False
 ) -> ModelSpec:
-    """The spec for `--model NAME` or `--spec FILE` (exactly one); `trust_remote_code` from the command line only."""
+    """The spec of a built-in model name or a spec file (exactly one); `trust_remote_code` from the command line
+    only."""
     if (model is None) == (spec_path is None):
-        raise SpecError("give exactly one of --model NAME or --spec FILE")
+        raise SpecError("give exactly one of a built-in model name or a spec file")
     if spec_path is not None:
         spec = load_spec_file(Path(spec_path))
     elif model in BUILTIN_SPECS:

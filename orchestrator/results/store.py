@@ -79,7 +79,7 @@ def find_run(
         where = ", ".join(f"{k}={v}" for k, v in (("model", model), ("backend", backend), ("board", board)) if v)
         raise UsageError(f"no pulled runs{' with ' + where if where else ''} yet", hint="run: fab deploy-and-profile")
     if not latest:
-        raise UsageError("give --run ID or --latest")
+        raise UsageError("give a run id, or ask for the latest run")
     return runs[-1]
 
 

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from orchestrator.counters import parse_counters
-from orchestrator.deploy.runs import MAX_COUNT, MAX_SECONDS, MAX_THREADS
+from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.errors import UsageError
 from orchestrator.lowering.weights import WEIGHT_MODES
 from orchestrator.results.summary import ACCURACY_DEFAULTS

@@ -16,7 +16,8 @@ from orchestrator import paths
 from orchestrator.boards.inventory import Board, Inventory
 from orchestrator.config import Check, Checker, choice, integer, is_null, names, number, text
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, MIN_ROUNDS
-from orchestrator.deploy.runs import MAX_COUNT, MAX_SECONDS, MAX_THREADS, RunParams
+from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
+from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
 from orchestrator.lowering.spec import ModelSpec, resolve_spec
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, Variant, combine, parse_schemes

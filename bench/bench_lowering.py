@@ -31,10 +31,10 @@ item = result.backends[sys.argv[2]]
 print(json.dumps({
     "stages": result.stage_seconds,
     "total_s": time.perf_counter() - started,
-    "pte_mb": item.sidecar["pte_size_mb"],
-    "delegates": item.sidecar["delegation"]["delegate_call_sites"],
-    "kernel_calls": item.sidecar["delegation"]["instructions"]["KernelCall"],
-    "delegate_calls": item.sidecar["delegation"]["instructions"]["DelegateCall"],
+    "pte_mb": item.sidecar.pte_size_mb,
+    "delegates": item.sidecar.delegation.delegate_call_sites,
+    "kernel_calls": item.sidecar.delegation.instructions["KernelCall"],
+    "delegate_calls": item.sidecar.delegation.instructions["DelegateCall"],
     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
 }))
 """

@@ -28,8 +28,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from orchestrator import console  # noqa: E402
-from orchestrator.fsutil import read_json  # noqa: E402
 from orchestrator.lowering.quantize import QUANTIZED  # noqa: E402
+from orchestrator.lowering.sidecar import read_sidecar  # noqa: E402
 from orchestrator.lowering.variants import Variant  # noqa: E402
 
 SCHEMES = tuple(scheme.name for scheme in QUANTIZED)  # every quantized scheme of the registry
@@ -109,18 +109,18 @@ def main(argv: list[str] | None = None) -> int:
             wall = fab_lower(model, "none," + ",".join(SCHEMES), 2, artifacts)
             folder = artifacts / model
             sidecars = {
-                backend: read_json(folder / f"{model}_{backend}.json")
+                backend: read_sidecar(folder / f"{model}_{backend}.json")
                 for backend in ["xnnpack", *(Variant("xnnpack", s).name for s in QUANTIZED)]
             }
-            fp32_size = sidecars["xnnpack"]["files"]["pte"]["size"]
+            fp32_size = sidecars["xnnpack"].files["pte"].size
             console.info(f"\n{model}: every scheme lowered in {wall:.1f} s (2 workers), load {load_average()}")
             print(f"| {model} | scheme | lowering s | peak RSS GB | .pte MB | size vs fp32 | FC nodes |")
             for backend, sidecar in sidecars.items():
-                size = sidecar["files"]["pte"]["size"]
-                nodes = ((sidecar.get("quantization") or {}).get("nodes") or {}).get("fully_connected")
+                size = sidecar.files["pte"].size
+                nodes = sidecar.quantization.fully_connected if sidecar.quantization else None
                 print(
-                    f"| | {backend} | {sidecar['lowering']['seconds']:.1f} | "
-                    f"{sidecar['lowering']['peak_rss_bytes'] / 1e9:.2f} | {size / 1e6:.1f} | "
+                    f"| | {backend} | {sidecar.lowering.seconds:.1f} | "
+                    f"{sidecar.lowering.peak_rss_bytes / 1e9:.2f} | {size / 1e6:.1f} | "
                     f"{size / fp32_size:.2f} | {nodes or 'fp32'} |"
                 )
 

@@ -122,8 +122,8 @@ def sensitivity(work: Path, board: Board, args: argparse.Namespace, figures: Fig
         result = lowering.lower(resolve_spec(None, spec_file(work, hidden_dim)), backends=["xnnpack"],
                                 root=work / f"artifacts-{hidden_dim}")  # fmt: skip
         backend = result.backends["xnnpack"]
-        inputs = (result.paths.reference_inputs, backend.sidecar["files"]["reference_inputs"]["sha256"])
-        return Program(str(hidden_dim), backend.pte, backend.sidecar["sha256"]), inputs
+        inputs = (result.paths.reference_inputs, backend.sidecar.reference_inputs_sha256)
+        return Program(str(hidden_dim), backend.pte, backend.sidecar.sha256), inputs
 
     base, inputs = build(BASE_CONFIG["hidden_dim"])
     with connect(board) as conn:

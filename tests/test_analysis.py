@@ -211,7 +211,7 @@ def test_analyze_bundle_writes_summary_ops_and_overlays(bundle_copy: BundleCopy,
     # A shared CI machine may make tiny runs jittery; nothing else may be wrong with these bundles.
     assert all(r["reason"].startswith("unstable timings") for r in data["validity"]["reasons"])
     assert data["validity"]["status"] == ("degraded" if data["validity"]["reasons"] else "valid")
-    assert data["model"]["sha256"] == case.model.sidecar["sha256"]
+    assert data["model"]["sha256"] == case.model.sidecar.sha256
     assert data["labels"]["backend"] == case.model.backend
     assert data["board_conditions"]["temperature_c_after"] == 49.8
 
@@ -356,7 +356,7 @@ def test_runner_failure_is_an_invalid_run_not_a_crash(
     case = bundle_copy("distilbert_xnnpack")
     for name in ("etdump.etdp", "outputs.etlt", "timings.json"):
         (case.path / name).unlink()
-    write_manifest(case.path, run_id=case.path.name, model_sha256=case.model.sidecar["sha256"], status="failed",
+    write_manifest(case.path, run_id=case.path.name, model_sha256=case.model.sidecar.sha256, status="failed",
                    error="etlab_runner: error: execution failed")  # fmt: skip
     summary = analyze(case)
     assert summary.validity == "invalid" and summary.profile is None

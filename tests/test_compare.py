@@ -126,7 +126,7 @@ def slowed_copy(baseline: BundleCase, destination: Any, node_index: int, factor:
     slower = [v + extra / 1e6 for v, extra in zip(timings["iterations_ms"], extra_ns[warmup:], strict=True)]
     edit_json(case.path / "timings.json", iterations_ms=[v * 1.25 for v in slower])
     edit_json(case.path / "run.json", run_id=destination.name)
-    write_manifest(case.path, run_id=destination.name, model_sha256=baseline.model.sidecar["sha256"])
+    write_manifest(case.path, run_id=destination.name, model_sha256=baseline.model.sidecar.sha256)
     analyze(case)
     return case
 
@@ -309,10 +309,10 @@ def test_interleaved_retest_confirms_a_really_slower_program(local_board: Any, t
         )
         built[name] = result
     fast, slow = built["distilbert-small"].backends["xnnpack"], built["distilbert-small-slow"].backends["xnnpack"]
-    a = Program("A", fast.pte, fast.sidecar["sha256"])
-    b = Program("B", slow.pte, slow.sidecar["sha256"])
+    a = Program("A", fast.pte, fast.sidecar.sha256)
+    b = Program("B", slow.pte, slow.sidecar.sha256)
     reference_inputs = built["distilbert-small"].paths.reference_inputs
-    inputs = (reference_inputs, fast.sidecar["files"]["reference_inputs"]["sha256"])
+    inputs = (reference_inputs, fast.sidecar.reference_inputs_sha256)
     with connect(local_board) as conn:
         result = interleave(conn, a, b, inputs, RunParams(warmup=2), rounds=5, budget_seconds=0)
         leftovers = conn.run(["ls", f"{conn.workdir}/bundles"], check=False).stdout

@@ -139,16 +139,19 @@ def test_every_run_records_memory_per_phase(provisioned_agent: Any, tiny_artifac
     section = summary.run.memory
     assert section is not None and summary.run.counters is None
     assert section.peak_rss_bytes == max(max(p["peak_rss_bytes"], p["maxrss_bytes"]) for p in memory["phases"])
-    assert section.planned_bytes == artifact.sidecar["memory"]["planned_bytes"] == sum(program.planned_arenas)
-    assert section.constants_bytes == artifact.sidecar["memory"]["constants_bytes"] > 0
+    assert section.planned_bytes == artifact.sidecar.memory.planned_bytes == sum(program.planned_arenas)
+    assert section.constants_bytes == artifact.sidecar.memory.constants_bytes > 0
     assert section.other_bytes is not None and section.baseline_rss_bytes == memory["phases"][0]["rss_bytes"]
     assert summary.data["memory"]["phases"]["first_execution"]["peak_rss_bytes"] > 0
     assert not [r for r in summary.reasons if "arenas" in r]  # the runner's plan agrees with the program's
     assert not [r for r in summary.reasons if "constant" in r]  # and so do its constants
 
     # A lowering record that counts other constants than the runner read from the .pte: a reason, not a silent pick.
-    altered = json.loads(json.dumps(artifact.sidecar))
-    altered["memory"]["constants_bytes"] += 64
+    memory_record = artifact.sidecar.memory
+    altered = dataclasses.replace(
+        artifact.sidecar,
+        memory=dataclasses.replace(memory_record, constants_bytes=memory_record.constants_bytes + 64),
+    )
     disagreeing = analyze_bundle(bundle, sidecar=altered)
     expected = f"the runner read {program.constants_bytes} bytes of constant data, the program says"
     assert [r for r in disagreeing.reasons if expected in r] and disagreeing.validity == "degraded"
@@ -169,7 +172,7 @@ def test_a_bigger_arena_shows_a_bigger_planned_figure(provisioned_agent: Any, wi
         bundle = _profile(provisioned_agent, artifact, f"arena-{name}")
         summary = analyze_bundle(bundle, pte=artifact.pte, sidecar=artifact.sidecar)
         runner_arenas = json.loads((bundle / "timings.json").read_text())["program_memory"]["planned_arenas"]
-        assert summary.run.memory.planned_bytes == sum(runner_arenas) == artifact.sidecar["memory"]["planned_bytes"]
+        assert summary.run.memory.planned_bytes == sum(runner_arenas) == artifact.sidecar.memory.planned_bytes
         figures[name] = summary.run.memory.planned_bytes
     assert figures["wide"] > figures["narrow"] * 1.5
 
@@ -178,7 +181,7 @@ def test_live_bytes_follow_the_memory_plan(tiny_artifacts: dict) -> None:
     for model in ("distilbert-tiny", "gpt2-tiny"):
         for backend in ("portable", "xnnpack"):
             artifact = load_artifact(model, backend, ARTIFACT_CACHE)
-            reported = artifact.sidecar["memory"]
+            reported = artifact.sidecar.memory.to_dict()
             plan = read_program_plan(artifact.pte)
             live = reported["live_bytes"]
             # One figure per instruction of the plan, never more than the arenas hold.
@@ -237,7 +240,7 @@ def test_counters_pass_end_to_end_on_local_and_sshd_boards(
             assert index["metrics"][metric] == f"me_overlay_{metric}.json"
             assert _assert_overlay_on_real_nodes(overlays / f"me_overlay_{metric}.json", graphs) > 0
         live = json.loads((overlays / "me_overlay_live_bytes.json").read_text())["forward"]["results"]
-        assert {node: value["value"] for node, value in live.items()} == artifact.sidecar["memory"]["live_bytes"]
+        assert {node: value["value"] for node, value in live.items()} == artifact.sidecar.memory.live_bytes
 
         with open(bundle / "analysis" / "ops.csv", newline="") as handle:
             header = next(csv.reader(handle))
@@ -251,7 +254,7 @@ def test_counters_pass_end_to_end_on_local_and_sshd_boards(
         assert memory["peak_rss_bytes"] > 0 and set(memory["phases"]) == {
             "start", "load", "method_init", "first_execution", "end"
         }  # fmt: skip
-        assert memory["planned_bytes"] == artifact.sidecar["memory"]["planned_bytes"]
+        assert memory["planned_bytes"] == artifact.sidecar.memory.planned_bytes
 
     # The analysis tables, memory deltas in fab compare, and the boards' counter facts in fab boards.
     runs = [found[(board, "distilbert-tiny", "xnnpack")][0].name for board in ("local", "pi5-counters")]
@@ -407,7 +410,7 @@ def test_live_bytes_overlay_needs_no_board(tiny_artifacts: dict, tmp_path: Path)
     (overlay,) = write_program_overlays(artifact.pte, tmp_path)
     assert overlay.name == "me_overlay_live_bytes.json" and overlay_target(overlay) == artifact.pte.name
     assert _assert_overlay_on_real_nodes(overlay, adapter_graphs(artifact.pte)) == len(
-        artifact.sidecar["memory"]["live_bytes"]
+        artifact.sidecar.memory.live_bytes
     )
     index = json.loads((tmp_path / "model_explorer" / "overlays.json").read_text())
     assert "memory plan" in index["live_bytes"]["measures"]

@@ -59,37 +59,35 @@ def test_sidecars_describe_the_programs(tiny_artifacts: dict[str, LoweringResult
     for backend, sidecar in (("portable", portable), ("xnnpack", xnnpack)):
         pte = result.paths.pte(backend)
         for key in ("model", "model_id", "backend", "exported_program", "pte", "pte_size_mb", "seq_len", "weights"):
-            assert key in sidecar, key
-        assert sidecar["backend"] == backend
-        assert sidecar["sha256"] == sha256_file(pte)
-        assert sidecar["pte_size_mb"] == pytest.approx(pte.stat().st_size / 1e6, abs=1e-3)
-        assert set(sidecar["versions"]) == {"torch", "executorch", "transformers"}
-        assert sidecar["weights"] == "random"
-        assert sidecar["inputs"] == [
+            assert key in sidecar.to_dict(), key  # the layout on disk
+        assert sidecar.backend == backend
+        assert sidecar.sha256 == sha256_file(pte)
+        assert sidecar.pte_size_mb == pytest.approx(pte.stat().st_size / 1e6, abs=1e-3)
+        assert set(sidecar.versions) == {"torch", "executorch", "transformers"}
+        assert sidecar.weights == "random"
+        assert sidecar.inputs == [
             {"name": "input_ids", "shape": [1, 128], "dtype": "int64"},
             {"name": "attention_mask", "shape": [1, 128], "dtype": "int64"},
         ]
-        assert sidecar["outputs"] == [{"name": "output_0", "shape": [1, 1000], "dtype": "float32"}]
+        assert sidecar.outputs == [{"name": "output_0", "shape": [1, 1000], "dtype": "float32"}]
         counts = execution_plan_counts(pte)
-        instructions = sidecar["delegation"]["instructions"]
+        instructions = sidecar.delegation.instructions
         assert instructions["KernelCall"] == counts.get("KernelCall", 0)
         assert instructions["DelegateCall"] == counts.get("DelegateCall", 0)
-        histogram = sidecar["delegation"]["fallback_histogram"]
-        assert sum(histogram.values()) == sidecar["delegation"]["fallback_ops"]
+        histogram = sidecar.delegation.fallback_histogram
+        assert sum(histogram.values()) == sidecar.delegation.fallback_ops
         assert "memory.alloc" in histogram
-        assert (result.paths.folder / sidecar["exported_program"]).is_file()
+        assert (result.paths.folder / sidecar.exported_program).is_file()
         assert sidecar_problem(result.paths, backend) is None
 
-    assert portable["delegation"]["delegate_call_sites"] == 0
-    assert portable["delegation"]["instructions"]["DelegateCall"] == 0
-    assert xnnpack["delegation"]["delegate_call_sites"] > 0
-    assert xnnpack["delegation"]["delegate_call_sites"] == xnnpack["delegation"]["instructions"]["DelegateCall"]
-    assert xnnpack["delegation"]["delegate_backends"] == {
-        "XnnpackBackend": xnnpack["delegation"]["delegate_call_sites"]
-    }
+    assert portable.delegation.delegate_call_sites == 0
+    assert portable.delegation.instructions["DelegateCall"] == 0
+    assert xnnpack.delegation.delegate_call_sites > 0
+    assert xnnpack.delegation.delegate_call_sites == xnnpack.delegation.instructions["DelegateCall"]
+    assert xnnpack.delegation.delegate_backends == {"XnnpackBackend": xnnpack.delegation.delegate_call_sites}
     # Delegation moves work out of the fallback path.
-    assert xnnpack["delegation"]["fallback_ops"] < portable["delegation"]["fallback_ops"]
-    assert "getitem" in xnnpack["delegation"]["fallback_histogram"]
+    assert xnnpack.delegation.fallback_ops < portable.delegation.fallback_ops
+    assert "getitem" in xnnpack.delegation.fallback_histogram
 
 
 @pytest.mark.parametrize("model", TINY_MODELS)
@@ -272,9 +270,9 @@ def test_user_spec_with_local_pretrained_weights(tmp_path: Path) -> None:
     spec = load_spec_file(spec_path)
     result = lowering.lower(spec, backends=["portable"], weights="pretrained", root=tmp_path / "artifacts")
     sidecar = result.backends["portable"].sidecar
-    assert sidecar["weights"] == "pretrained"
-    assert sidecar["model_id"] == str(saved)
-    assert sidecar["inputs"][0]["shape"] == [1, 32]
+    assert sidecar.weights == "pretrained"
+    assert sidecar.model_id == str(saved)
+    assert sidecar.inputs[0]["shape"] == [1, 32]
     # The outputs come from the saved weights, not from a fresh random init.
     reloaded = DistilBertForMaskedLM.from_pretrained(saved).eval()
     ids, mask = (torch.from_numpy(t.array) for t in read_tensors(result.paths.reference_inputs))
@@ -336,11 +334,11 @@ def test_etrecord_only_on_request(tmp_path: Path) -> None:
     )
     sidecar = result.backends["xnnpack"].sidecar
     etrecord = result.paths.etrecord("xnnpack")
-    assert sidecar["etrecord"] == etrecord.name and sidecar["files"]["etrecord"]["sha256"] == sha256_file(etrecord)
+    assert sidecar.etrecord == etrecord.name and sidecar.files["etrecord"].sha256 == sha256_file(etrecord)
     assert etrecord.stat().st_size > result.paths.exported_program.stat().st_size
     parsed = parse_etrecord(str(etrecord))
     assert parsed.edge_dialect_program is not None
     # Without the option there is none, and it is a different cache entry.
     plain = lowering.lower(BUILTIN_SPECS["gpt2-tiny"], backends=["portable"], weights="random", root=tmp_path)
-    assert plain.backends["portable"].sidecar["etrecord"] is None
+    assert plain.backends["portable"].sidecar.etrecord is None
     assert not result.paths.etrecord("portable").exists()

@@ -29,6 +29,7 @@ from orchestrator.lab.matrix import load_config
 from orchestrator.lowering.artifacts import ArtifactPaths, file_record, sidecar_problem
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.quantize import QUANTIZED, SCHEMES, fully_connected_types
+from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.validity import accuracy_figures, judge_accuracy
@@ -219,7 +220,8 @@ def test_quantized_node_counts_are_what_the_sidecar_claims(
     assert dict(fully_connected_types(fp32.pte)) == {"fp32 x fp32": linears}
     for scheme in (s.name for s in QUANTIZED):
         item = result.backends[f"xnnpack-{scheme}"]
-        quantization = item.sidecar["quantization"]
+        assert item.sidecar.quantization is not None
+        quantization = item.sidecar.quantization.to_dict()
         in_program = dict(fully_connected_types(item.pte))  # read from the serialized XNNPACK graphs
         assert in_program == {SCHEMES[scheme].fully_connected: linears}, (scheme, in_program)
         assert quantization["nodes"]["fully_connected"] == in_program
@@ -228,11 +230,12 @@ def test_quantized_node_counts_are_what_the_sidecar_claims(
         assert quantization["float_linears"] == []
         assert quantization["scheme"] == scheme and quantization["method"]
         assert quantization["conv1d_swapped_to_linear"] == (8 if name == "gpt2-tiny" else 0)
-        assert item.sidecar["pte_size_mb"] < fp32.sidecar["pte_size_mb"]
+        assert item.sidecar.pte_size_mb < fp32.sidecar.pte_size_mb
         assert item.pte.name == f"{name}_xnnpack-{scheme}.pte"
-        assert "exported_program" not in item.sidecar["files"]  # lowered from the eager model
-    calibration = result.backends["xnnpack-int8-static"].sidecar["quantization"]["calibration"]
-    assert calibration["source"].startswith("generated") and calibration["samples"] >= 2
+        assert "exported_program" not in item.sidecar.files  # lowered from the eager model
+    calibration = result.backends["xnnpack-int8-static"].sidecar.quantization
+    assert calibration is not None and calibration.calibration_source is not None
+    assert calibration.calibration_source.startswith("generated") and (calibration.calibration_samples or 0) >= 2
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -471,8 +474,9 @@ def test_the_parallel_schedule_keeps_every_variant_within_the_memory_budget(tmp_
     assert schedule.main_reserved == 5 * gb
 
 
-def _comparable(sidecar: dict[str, Any]) -> dict[str, Any]:
+def _comparable(sidecar: Sidecar | dict[str, Any]) -> dict[str, Any]:
     """A sidecar without what differs between two lowerings of the same thing: when, how long, how much memory."""
+    sidecar = sidecar.to_dict() if isinstance(sidecar, Sidecar) else sidecar
     kept = {k: v for k, v in sidecar.items() if k not in ("lowering", "created")}
     kept["files"] = {role: {k: v for k, v in r.items() if k != "mtime_ns"} for role, r in sidecar["files"].items()}
     return kept
@@ -501,8 +505,8 @@ def test_parallel_lowering_writes_what_the_sequential_one_writes(tmp_path: Path)
         # Same sidecar (the paths aside): same files vouched for (the .pt2 only for fp32), same reports.
         assert _comparable(read_json(parallel.paths.sidecar(backend))) == _comparable(two.sidecar)
         assert _comparable(one.sidecar) == _comparable(two.sidecar), backend
-        assert ("exported_program" in two.sidecar["files"]) == (backend in ("portable", "xnnpack")), backend
-        assert two.sidecar["lowering"]["peak_rss_bytes"] > 0 and two.sidecar["lowering"]["seconds"] > 0
+        assert ("exported_program" in two.sidecar.files) == (backend in ("portable", "xnnpack")), backend
+        assert two.sidecar.lowering.peak_rss_bytes > 0 and two.sidecar.lowering.seconds > 0
     # A second parallel lowering finds every variant cached.
     again = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "par", jobs=2)
     assert again.cached

@@ -356,7 +356,7 @@ def test_runner_reads_the_constants_the_lowering_counted(
         )
         assert completed.returncode == 0, completed.stderr
         reported = json.loads(timings_path.read_text())["program_memory"]
-        expected = artifact.sidecar["memory"]["constants_bytes"]
+        expected = artifact.sidecar.memory.constants_bytes
         assert reported["constants_bytes"] == expected == read_program_memory(artifact.pte).constants_bytes > 0
         assert reported["pte_bytes"] == artifact.pte.stat().st_size
         assert _probe_program(runner_binary, artifact.pte) == {

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the types only: rendering a table must not import what prod
     from orchestrator.boards.fanout import BoardOutcome
     from orchestrator.lab.report import NightReport
     from orchestrator.lowering.lower import LoweringResult
+    from orchestrator.lowering.sidecar import Sidecar
     from orchestrator.results.compare import Comparison
 
 
@@ -266,15 +267,14 @@ def print_details(outcomes: Sequence[BoardOutcome[Any]]) -> None:
 _BOOKKEEPING_OPS = {"memory.alloc", "memory.view", "getitem"}
 
 
-def _quantized_cell(sidecar: dict[str, Any]) -> str | None:
+def _quantized_cell(sidecar: Sidecar) -> str | None:
     """`38/38 linears → qdint8 x qcint8 ×38`, or what stayed in float."""
-    quantization = sidecar.get("quantization")
-    if not isinstance(quantization, dict):
+    quantization = sidecar.quantization
+    if quantization is None:
         return None
-    nodes = quantization.get("nodes") or {}
-    kinds = ", ".join(f"{kind} ×{n}" for kind, n in (nodes.get("fully_connected") or {}).items())
-    text = f"{quantization.get('quantized_linears')}/{quantization.get('linear_layers')} linears; FC {kinds or 'none'}"
-    floating = quantization.get("float_linears") or []
+    kinds = ", ".join(f"{kind} ×{n}" for kind, n in quantization.fully_connected.items())
+    text = f"{quantization.quantized_linears}/{quantization.linear_layers} linears; FC {kinds or 'none'}"
+    floating = quantization.float_linears
     if floating:
         text += f"; FLOAT: {', '.join(floating[:4])}{' …' if len(floating) > 4 else ''}"
     return text
@@ -282,17 +282,17 @@ def _quantized_cell(sidecar: dict[str, Any]) -> str | None:
 
 def print_lowering(result: LoweringResult) -> None:
     rows = []
-    quantized = any(item.sidecar.get("quantization") for item in result.backends.values())
+    quantized = any(item.sidecar.quantization for item in result.backends.values())
     for backend, item in result.backends.items():
-        delegation = item.sidecar["delegation"]
-        compute = [(op, n) for op, n in delegation["fallback_histogram"].items() if op not in _BOOKKEEPING_OPS]
+        delegation = item.sidecar.delegation
+        compute = [(op, n) for op, n in delegation.fallback_histogram.items() if op not in _BOOKKEEPING_OPS]
         top = ", ".join(f"{op} ×{count}" for op, count in compute[:3])
         row = [
             backend,
-            item.sidecar["pte_size_mb"],
-            delegation["delegate_call_sites"],
-            delegation["fallback_ops"],
-            f"{delegation['instructions']['KernelCall']} / {delegation['instructions']['DelegateCall']}",
+            item.sidecar.pte_size_mb,
+            delegation.delegate_call_sites,
+            delegation.fallback_ops,
+            f"{delegation.instructions['KernelCall']} / {delegation.instructions['DelegateCall']}",
             top,
         ]
         if quantized:
@@ -303,19 +303,21 @@ def print_lowering(result: LoweringResult) -> None:
         f"{result.spec.name} → {result.paths.folder}",
         [*columns, *(["quantized"] if quantized else []), "source"],
         rows,
-        caption=f"weights: {next(iter(result.backends.values())).sidecar['weights']}",
+        caption=f"weights: {next(iter(result.backends.values())).sidecar.weights}",
     )
     for backend, item in result.backends.items():
-        quantization = item.sidecar.get("quantization") or {}
-        floating = quantization.get("float_linears") or []
-        if floating:
+        quantization = item.sidecar.quantization
+        if quantization is None:
+            continue
+        if quantization.float_linears:
             console.warn(
-                f"{backend}: {len(floating)} of {quantization.get('linear_layers')} linear layers stay in float: "
-                + ", ".join(floating)
+                f"{backend}: {len(quantization.float_linears)} of {quantization.linear_layers} linear layers stay "
+                "in float: " + ", ".join(quantization.float_linears)
             )
-        calibration = quantization.get("calibration") or {}
-        if str(calibration.get("source", "")).startswith("generated"):
-            console.warn(f"{backend}: calibrated on {calibration['samples']} generated samples, not real text")
+        if (quantization.calibration_source or "").startswith("generated"):
+            console.warn(
+                f"{backend}: calibrated on {quantization.calibration_samples} generated samples, not real text"
+            )
 
 
 def render_comparison(comparison: Comparison, limit: int = 15) -> None:

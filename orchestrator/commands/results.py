@@ -154,7 +154,7 @@ def compare(
         artifact = load_artifact(second.model, second.backend)
         a = Program("A", _program_of(first, comparison.sha_a), str(comparison.sha_a))
         b = Program("B", _program_of(second, comparison.sha_b), str(comparison.sha_b))
-        inputs = (artifact.paths.reference_inputs, artifact.sidecar["files"]["reference_inputs"]["sha256"])
+        inputs = (artifact.paths.reference_inputs, artifact.sidecar.reference_inputs_sha256)
         console.info(
             console.escape(
                 f"re-running both programs interleaved on {boards[0].name}: {interleave} rounds, at most {budget:g} s"

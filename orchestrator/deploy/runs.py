@@ -66,7 +66,7 @@ def push_artifact(conn: BoardConnection, artifact: Artifact, progress: Progress 
         inputs_path,
         kind="inputs",
         suffix=".etlt",
-        sha256=artifact.sidecar["files"]["reference_inputs"]["sha256"],
+        sha256=artifact.sidecar.reference_inputs_sha256,
         progress=progress,
     )
     return PushedArtifact(model, inputs)
@@ -79,10 +79,10 @@ def run_labels(conn: BoardConnection, artifact: Artifact) -> dict[str, str]:
         "model": artifact.model,
         "backend": artifact.backend,
         "pte_sha256": artifact.sha256,
-        "weights": str(artifact.sidecar.get("weights")),
-        "torch": artifact.sidecar["versions"].get("torch", ""),
-        "executorch": artifact.sidecar["versions"].get("executorch", ""),
-        "transformers": artifact.sidecar["versions"].get("transformers", ""),
+        "weights": artifact.sidecar.weights,
+        "torch": artifact.sidecar.versions.get("torch", ""),
+        "executorch": artifact.sidecar.versions.get("executorch", ""),
+        "transformers": artifact.sidecar.versions.get("transformers", ""),
         "workstation": socket.gethostname(),
         "etlab": __version__,
     }

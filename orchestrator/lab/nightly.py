@@ -141,7 +141,7 @@ def _retest(board: Board, verdict: CellVerdict, job: CellJob, config: NightlyCon
     artifact = job.artifact
     a = Program("baseline", kept, reference.pte_sha256)
     b = Program("tonight", artifact.pte, artifact.sha256)
-    inputs = (artifact.paths.reference_inputs, artifact.sidecar["files"]["reference_inputs"]["sha256"])
+    inputs = (artifact.paths.reference_inputs, artifact.sidecar.reference_inputs_sha256)
     console.info(
         console.escape(f"[{board.name}] {' / '.join(verdict.cell)} looks {verdict.suspect}: interleaved re-test")
     )
@@ -341,7 +341,7 @@ def _run_night(
             result = lowering.lower(
                 specs[model], backends=sorted(backends), weights=config.weights, root=artifacts_root
             )
-            versions[model] = next(iter(result.backends.values())).sidecar["versions"]
+            versions[model] = dict(next(iter(result.backends.values())).sidecar.versions)
         except EtlabError as exc:
             lowering_errors[model] = first_line(exc)
 

@@ -14,10 +14,11 @@ from typing import Any
 from orchestrator import paths
 from orchestrator.errors import ArtifactError
 from orchestrator.fsutil import read_json, sha256_file
+from orchestrator.lowering.sidecar import SIDECAR_SCHEMA, FileRecord, Sidecar
 from orchestrator.lowering.variants import BACKENDS, QUANTIZED_BACKENDS, Variant
 
-__all__ = ["BACKENDS", "QUANTIZED_BACKENDS"]  # the backend names, from variants.py
-SIDECAR_SCHEMA = 1
+# the backend names, from variants.py; the schema, from sidecar.py
+__all__ = ["BACKENDS", "QUANTIZED_BACKENDS", "SIDECAR_SCHEMA"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Artifact:
 
     paths: ArtifactPaths
     backend: str
-    sidecar: dict[str, Any]
+    sidecar: Sidecar
 
     @property
     def pte(self) -> Path:
@@ -67,7 +68,7 @@ class Artifact:
 
     @property
     def sha256(self) -> str:
-        return str(self.sidecar["sha256"])
+        return self.sidecar.sha256
 
     @property
     def model(self) -> str:
@@ -85,34 +86,42 @@ def file_record(path: Path, sha256: str | None = None) -> dict[str, Any]:
     }
 
 
-def record_still_matches(folder: Path, record: dict[str, Any]) -> bool:
+def record_still_matches(folder: Path, record: FileRecord) -> bool:
     """Size must match; a changed mtime is forgiven only if the content hash still matches."""
-    path = folder / record["file"]
+    path = folder / record.file
     try:
         stat = path.stat()
     except OSError:
         return False
-    if stat.st_size != record["size"]:
+    if stat.st_size != record.size:
         return False
-    return stat.st_mtime_ns == record["mtime_ns"] or sha256_file(path) == record["sha256"]
+    return stat.st_mtime_ns == record.mtime_ns or sha256_file(path) == record.sha256
+
+
+def valid_sidecar(artifact_paths: ArtifactPaths, backend: str) -> tuple[Sidecar | None, str | None]:
+    """The backend's sidecar when its artifact is complete and intact, else None and why it is not."""
+    sidecar_path = artifact_paths.sidecar(backend)
+    if not sidecar_path.is_file():
+        return None, f"{sidecar_path.name} is missing"
+    try:
+        data = read_json(sidecar_path)
+    except (OSError, ValueError):
+        return None, f"{sidecar_path.name} is unreadable"
+    if not isinstance(data, dict) or data.get("schema") != SIDECAR_SCHEMA:
+        return None, f"{sidecar_path.name} has an old schema"
+    try:
+        sidecar = Sidecar.from_dict(data, sidecar_path.name)
+    except ArtifactError as exc:
+        return None, str(exc)
+    for role, record in sidecar.files.items():
+        if not record_still_matches(artifact_paths.folder, record):
+            return None, f"{record.file} ({role}) changed or is missing since it was lowered"
+    return sidecar, None
 
 
 def sidecar_problem(artifact_paths: ArtifactPaths, backend: str) -> str | None:
     """None when the backend's artifact is complete and intact, else why it is not."""
-    sidecar_path = artifact_paths.sidecar(backend)
-    if not sidecar_path.is_file():
-        return f"{sidecar_path.name} is missing"
-    try:
-        sidecar = read_json(sidecar_path)
-        records = sidecar["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"{sidecar_path.name} is unreadable"
-    if sidecar.get("schema") != SIDECAR_SCHEMA:
-        return f"{sidecar_path.name} has an old schema"
-    for role, record in records.items():
-        if not record_still_matches(artifact_paths.folder, record):
-            return f"{record['file']} ({role}) changed or is missing since it was lowered"
-    return None
+    return valid_sidecar(artifact_paths, backend)[1]
 
 
 def load_artifact(name: str, backend: str, root: Path | None = None) -> Artifact:
@@ -120,13 +129,13 @@ def load_artifact(name: str, backend: str, root: Path | None = None) -> Artifact
     if backend not in BACKENDS:
         raise ArtifactError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
     artifact_paths = ArtifactPaths.for_model(name, root)
-    problem = sidecar_problem(artifact_paths, backend)
-    if problem:
+    sidecar, problem = valid_sidecar(artifact_paths, backend)
+    if sidecar is None:
         raise ArtifactError(
             f"no valid {backend} artifact for model {name!r} in {artifact_paths.folder}: {problem}",
             hint=f"run: fab lower --model {name} {lower_options(backend)}",
         )
-    return Artifact(artifact_paths, backend, read_json(artifact_paths.sidecar(backend)))
+    return Artifact(artifact_paths, backend, sidecar)
 
 
 def lower_options(backend: str) -> str:

@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
-from orchestrator.fsutil import atomic_path, atomic_write_json, read_json, remove_stale_temporaries, sha256_file
-from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, sidecar_problem
+from orchestrator.fsutil import atomic_path, read_json, remove_stale_temporaries, sha256_file
+from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, valid_sidecar
 from orchestrator.lowering.delegation import delegation_report
 from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
 from orchestrator.lowering.quantize import calibration_from_file, generated_calibration, node_report, quantize
+from orchestrator.lowering.sidecar import Sidecar, write_sidecar
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant, scheme_of
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
@@ -53,7 +54,7 @@ _MEMORY_HEADROOM = 0.85  # of MemAvailable: never swap
 class BackendResult:
     backend: str
     pte: Path
-    sidecar: dict[str, Any]
+    sidecar: Sidecar
     cached: bool
 
 
@@ -95,11 +96,9 @@ def cache_key(spec: ModelSpec, backend: str, weights: str, etrecord: bool, calib
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def _cached(artifact_paths: ArtifactPaths, backend: str, key: str, weights: str) -> dict | None:
-    if sidecar_problem(artifact_paths, backend) is not None:
-        return None
-    sidecar = read_json(artifact_paths.sidecar(backend))
-    if sidecar.get("cache_key") != key or sidecar.get("weights") != weights:
+def _cached(artifact_paths: ArtifactPaths, backend: str, key: str, weights: str) -> Sidecar | None:
+    sidecar, _ = valid_sidecar(artifact_paths, backend)
+    if sidecar is None or sidecar.cache_key != key or sidecar.weights != weights:
         return None
     return sidecar
 
@@ -216,7 +215,7 @@ def _lower_parallel(
     shared: _Exported,
     artifact_paths: ArtifactPaths,
     timer: console.StageTimer,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Sidecar]:
     """Workers start on the quantized variants while this process exports, then lowers the fp32 ones."""
     import torch
 
@@ -264,6 +263,7 @@ def _estimated_peak(parameters: int) -> int:
 
 def _recorded_lowering(artifact_paths: ArtifactPaths, backend: str) -> tuple[int | None, float | None]:
     """Peak RSS and seconds the last lowering of this variant measured (from its sidecar, valid or not)."""
+    # Raw JSON, not a Sidecar: a stale or older sidecar that Sidecar.from_dict refuses still says what it cost.
     try:
         record = read_json(artifact_paths.sidecar(backend)).get("lowering", {})
         peak, seconds = record.get("peak_rss_bytes"), record.get("seconds")
@@ -339,7 +339,7 @@ def _export(shared: _Exported, artifact_paths: ArtifactPaths, timer: console.Sta
     return file_record(artifact_paths.exported_program)
 
 
-def _lower_variant(task: VariantTask, shared: _Exported | None = None, *, threads: int | None = None) -> dict[str, Any]:
+def _lower_variant(task: VariantTask, shared: _Exported | None = None, *, threads: int | None = None) -> Sidecar:
     """Lower one backend and write its .pte and sidecar; in a worker process `shared` is None and reloaded.
 
     `threads` (this process's default intra-op threads) is given when other lowerings run at the same time.
@@ -434,7 +434,7 @@ def _lower_backend(
     started: float,
     *,
     quiet: bool = False,
-) -> dict[str, Any]:
+) -> Sidecar:
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
     etrecord = task.etrecord
@@ -475,7 +475,7 @@ def _lower_backend(
                 f"linear layers stay in float: {', '.join(quantization['float_linears'][:8])}"
             )
 
-    sidecar = {
+    data = {
         "schema": SIDECAR_SCHEMA,
         "model": spec.name,
         "model_id": spec.model_id,
@@ -505,6 +505,8 @@ def _lower_backend(
         "files": files,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    # Checked before it is written: a sidecar this lowering cannot read back must not become a valid artifact.
+    sidecar = Sidecar.from_dict(data, artifact_paths.sidecar(backend).name)
     # The sidecar is the commit point: it is written last.
-    atomic_write_json(artifact_paths.sidecar(backend), sidecar)
+    write_sidecar(artifact_paths.sidecar(backend), sidecar)
     return sidecar

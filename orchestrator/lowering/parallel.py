@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from orchestrator import console
+from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 
@@ -100,7 +101,7 @@ class ParallelLowering:
         tasks: list[VariantTask],
         workers: int,
         *,
-        worker: Callable[[VariantTask], dict[str, Any]],
+        worker: Callable[[VariantTask], Sidecar],
         main_peak: int,
         budget: int | None,
         timer: console.StageTimer,
@@ -112,7 +113,7 @@ class ParallelLowering:
         self.main_reserved = main_peak  # the main process holds the model and lowers too
         self.budget = budget
         self.timer = timer
-        self.done: dict[str, dict[str, Any]] = {}
+        self.done: dict[str, Sidecar] = {}
         self.total = len(tasks)
         self.program_record: dict[str, Any] | None = None  # the .pt2's file record, once saved
         self._lock = threading.Lock()
@@ -168,7 +169,7 @@ class ParallelLowering:
             self.program_record = record
             self.pending = [with_program(task, record) for task in self.pending]
 
-    def run_main(self, lower_here: Callable[[VariantTask], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def run_main(self, lower_here: Callable[[VariantTask], Sidecar]) -> dict[str, Sidecar]:
         """Lower in this process what is left (the exported program's variants first), then wait for the workers."""
         while True:
             self._raise_worker_error()
@@ -235,13 +236,13 @@ class ParallelLowering:
         )
         return started
 
-    def _finished(self, task: VariantTask, sidecar: dict[str, Any], started: float) -> None:
+    def _finished(self, task: VariantTask, sidecar: Sidecar, started: float) -> None:
         seconds = time.perf_counter() - started
         with self._lock:
             self.done[task.backend] = sidecar
             count = len(self.done)
         self.timer.durations[f"{task.backend}: lower"] = seconds
-        peak = sidecar.get("lowering", {}).get("peak_rss_bytes") or 0
+        peak = sidecar.lowering.peak_rss_bytes
         console.info(
             f"  [green]✓[/] {console.escape(task.spec.name)}: {task.backend} done "
             f"[dim]{console.format_seconds(seconds)}, peak {peak / 1e9:.2f} GB[/] ({count}/{self.total})"

@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import sha256_file
+from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.programs.memory import ProgramMemory, program_memory_from_sidecar, read_program_memory
 from orchestrator.programs.plan import ProgramPlan, read_program_plan
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha, read_bundle
@@ -34,18 +35,17 @@ from orchestrator.results.validity import (
 )
 
 
-def _pte_sha(pte: Path, sidecar: dict[str, Any] | None) -> str:
+def _pte_sha(pte: Path, sidecar: Sidecar | None) -> str:
     """The sidecar's hash when its record of the .pte still matches the file (size and mtime), else hashed."""
-    record = ((sidecar or {}).get("files") or {}).get("pte") if isinstance(sidecar, dict) else None
-    sha = (sidecar or {}).get("sha256") if isinstance(sidecar, dict) else None
-    if isinstance(record, dict) and isinstance(sha, str):
+    record = sidecar.files.get("pte") if sidecar is not None else None
+    if sidecar is not None and record is not None:
         stat = pte.stat()
-        if record.get("size") == stat.st_size and record.get("mtime_ns") == stat.st_mtime_ns:
-            return sha.lower()
+        if record.size == stat.st_size and record.mtime_ns == stat.st_mtime_ns:
+            return sidecar.sha256.lower()
     return sha256_file(pte)
 
 
-def _verify_program(bundle: BundleFiles, pte: Path, sidecar: dict[str, Any] | None) -> None:
+def _verify_program(bundle: BundleFiles, pte: Path, sidecar: Sidecar | None) -> None:
     if not pte.is_file():
         raise AnalysisError(f"program {pte} does not exist")
     expected = bundle_model_sha(bundle.run, bundle.manifest)
@@ -58,12 +58,13 @@ def _verify_program(bundle: BundleFiles, pte: Path, sidecar: dict[str, Any] | No
         )
 
 
-def _program_memory(bundle: BundleFiles, pte: Path | None, sidecar: dict[str, Any] | None) -> ProgramMemory | None:
+def _program_memory(bundle: BundleFiles, pte: Path | None, sidecar: Sidecar | None) -> ProgramMemory | None:
     """The plan's memory: the lowering read this very .pte into its sidecar, so a warm run need not re-read it."""
-    recorded = program_memory_from_sidecar(sidecar)
+    # programs/ sits below lowering/ and reads the sidecar's JSON layout, not the Sidecar type.
+    recorded = program_memory_from_sidecar(sidecar.to_dict() if sidecar is not None else None)
     if pte is None:
         return recorded
-    same_program = isinstance(sidecar, dict) and sidecar.get("sha256") == bundle_model_sha(bundle.run, bundle.manifest)
+    same_program = sidecar is not None and sidecar.sha256 == bundle_model_sha(bundle.run, bundle.manifest)
     if recorded is not None and same_program and recorded.method == bundle.method:
         return recorded
     return read_program_memory(pte, bundle.method)
@@ -73,7 +74,7 @@ def analyze_bundle(
     bundle_dir: Path,
     *,
     pte: Path | None = None,
-    sidecar: dict[str, Any] | None = None,
+    sidecar: Sidecar | None = None,
     reference_outputs: Path | None = None,
     accuracy_thresholds: dict[str, float] | None = None,
 ) -> Summary:
@@ -125,7 +126,7 @@ def analyze_bundle(
         thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
         ran = outputs_path if bundle.ran_ok and outputs_path.is_file() else None
         reference = Path(reference_outputs) if reference_outputs is not None else None
-        weights = sidecar.get("weights") if isinstance(sidecar, dict) else None
+        weights = sidecar.weights if sidecar is not None else None
         run = dataclasses.replace(run, accuracy=judge_accuracy(ran, reference, scheme, thresholds, weights))
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile)
     summary.written = write_outputs(bundle.path, run, profile, program=program, counters=counter_profile)
@@ -141,11 +142,9 @@ def _counter_profile(bundle: BundleFiles) -> CounterProfile | None:
         return None
 
 
-def _scheme(sidecar: dict[str, Any] | None) -> str:
+def _scheme(sidecar: Sidecar | None) -> str:
     """The quantization scheme the sidecar records, "none" for fp32 programs (or no sidecar)."""
-    quantization = sidecar.get("quantization") if isinstance(sidecar, dict) else None
-    scheme = quantization.get("scheme") if isinstance(quantization, dict) else None
-    return scheme if isinstance(scheme, str) else "none"
+    return sidecar.quantization.scheme if sidecar is not None and sidecar.quantization is not None else "none"
 
 
 def _profile_bundle(

@@ -10,6 +10,7 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json
+from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.programs.memory import ProgramMemory
 from orchestrator.results import overlays
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
@@ -84,7 +85,7 @@ def write_outputs(
 
 def summary_document(
     bundle: BundleFiles,
-    sidecar: dict[str, Any] | None,
+    sidecar: Sidecar | None,
     pte: Path | None,
     latency: Latency,
     board: dict[str, Any],
@@ -94,26 +95,26 @@ def summary_document(
 ) -> RunSummary:
     manifest, run, timings = bundle.manifest, bundle.run, bundle.timings
     labels = run.get("labels") if isinstance(run.get("labels"), dict) else {}
-    side = sidecar if isinstance(sidecar, dict) else {}
+    pte_record = sidecar.files.get("pte") if sidecar is not None else None
     return RunSummary(
         run_id=manifest.get("run_id") or run.get("run_id") or bundle.path.name,
         status=manifest.get("status"),
         error=manifest.get("error"),
         labels=labels,
         model=ProgramInfo(
-            name=labels.get("model") or side.get("model"),
-            backend=labels.get("backend") or side.get("backend"),
+            name=labels.get("model") or (sidecar.model if sidecar is not None else None),
+            backend=labels.get("backend") or (sidecar.backend if sidecar is not None else None),
             pte=pte.name if pte else None,
             sha256=bundle_model_sha(run, manifest),
-            weights=side.get("weights"),
-            size_bytes=((side.get("files") or {}).get("pte") or {}).get("size"),
+            weights=sidecar.weights if sidecar is not None else None,
+            size_bytes=pte_record.size if pte_record is not None else None,
         ),
         board=labels.get("board") or board.get("hostname"),
         versions={
             "runner": timings.get("runner_version"),
             "executorch_board": timings.get("executorch_version"),
             "agent": run.get("agent_version") or manifest.get("agent_version"),
-            "lowered_with": side.get("versions"),
+            "lowered_with": dict(sidecar.versions) if sidecar is not None else None,
         },
         latency=latency,
         board_conditions=board,

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from orchestrator.fsutil import sha256_file
+from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 
 SEQUENCE_LENGTH = 128
@@ -31,7 +32,7 @@ class TinyModel:
     name: str  # "distilbert" or "gpt2"
     backend: str  # "portable" or "xnnpack"
     pte: Path
-    sidecar: dict[str, Any]
+    sidecar: Sidecar
     exported: Path  # the .pt2
     reference_outputs: Path
     inputs: Path  # the reference inputs (ETLT)
@@ -96,7 +97,7 @@ def make_bundle(model: TinyModel, bundle: Path, *, warmup: int = 2, iterations: 
     timings = {
         "runner_version": "python-runtime",
         "executorch_version": "1.5.1",
-        "model": f"/home/pi/.etlab/models/{model.sidecar['sha256']}.pte",
+        "model": f"/home/pi/.etlab/models/{model.sidecar.sha256}.pte",
         "method": "forward",
         "threads": 1,
         "load_ms": (loaded - started) * 1000.0,
@@ -113,8 +114,8 @@ def make_bundle(model: TinyModel, bundle: Path, *, warmup: int = 2, iterations: 
         "schema": 1,
         "run_id": run_id,
         "agent_version": "test",
-        "model_sha256": model.sidecar["sha256"],
-        "labels": {"model": model.sidecar["model"], "backend": model.backend, "board": "pi5-test"},
+        "model_sha256": model.sidecar.sha256,
+        "labels": {"model": model.sidecar.model, "backend": model.backend, "board": "pi5-test"},
         "parameters": {"warmup": warmup, "iterations": iterations, "method": "forward", "etdump": True},
         "runner_exit_code": 0,
     }
@@ -127,7 +128,7 @@ def make_bundle(model: TinyModel, bundle: Path, *, warmup: int = 2, iterations: 
     for name, document in documents.items():
         (bundle / name).write_text(json.dumps(document, indent=2))
     (bundle / "runner.log").write_text("python runtime run\n")
-    write_manifest(bundle, run_id=run_id, model_sha256=model.sidecar["sha256"])
+    write_manifest(bundle, run_id=run_id, model_sha256=model.sidecar.sha256)
     return bundle
 
 

@@ -1,0 +1,365 @@
+"""The lowering sidecar (`<name>_<backend>.json`) as types: the lowering writes a Sidecar, every reader gets one back.
+
+The file keeps its layout (docs/DESIGN.md "Artifacts"): `to_dict()` gives back exactly what `from_dict()` read, key
+order included, so sidecars already on disk (caches, boards) stay valid. `from_dict()` refuses a wrong shape with an
+ArtifactError naming the file and the field, instead of a KeyError or a silent `None` somewhere downstream. Sections
+that are reports in their own right (the spec, the quantization report beyond what is read) stay mappings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ArtifactError
+from orchestrator.fsutil import atomic_write_json, read_json
+
+SIDECAR_SCHEMA = 1
+
+
+class _Reader:
+    """Checks one field at a time, naming the file and the dotted field in every refusal."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, field: str, wanted: str, value: Any) -> ArtifactError:
+        got = "nothing" if value is _MISSING else type(value).__name__
+        return ArtifactError(f"{self.where}: sidecar field {field!r} must be {wanted}, got {got}")
+
+    def mapping(self, data: Any, field: str) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise self.fail(field, "a mapping", data)
+        return data
+
+    def text(self, data: dict[str, Any], key: str, prefix: str = "", *, optional: bool = False) -> Any:
+        value = data.get(key, _MISSING)
+        if isinstance(value, str) or (optional and value is None):
+            return value
+        raise self.fail(prefix + key, "text" + (" or null" if optional else ""), value)
+
+    def integer(self, data: dict[str, Any], key: str, prefix: str = "", *, optional: bool = False) -> Any:
+        value = data.get(key, _MISSING)
+        if (isinstance(value, int) and not isinstance(value, bool)) or (optional and value is None):
+            return value
+        raise self.fail(prefix + key, "an integer" + (" or null" if optional else ""), value)
+
+    def number(self, data: dict[str, Any], key: str, prefix: str = "") -> Any:
+        value = data.get(key, _MISSING)
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return value  # kept as written (int or float) so that to_dict() gives back the same JSON
+        raise self.fail(prefix + key, "a finite number", value)
+
+    def counts(self, data: dict[str, Any], key: str, prefix: str = "") -> dict[str, int]:
+        value = self.mapping(data.get(key, _MISSING), prefix + key)
+        for name, count in value.items():
+            if not isinstance(count, int) or isinstance(count, bool):
+                raise self.fail(f"{prefix}{key}.{name}", "an integer", count)
+        return dict(value)
+
+    def records(self, data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+        value = data.get(key, _MISSING)
+        if not isinstance(value, list):
+            raise self.fail(key, "a list", value)
+        for index, item in enumerate(value):
+            self.mapping(item, f"{key}[{index}]")
+        return [dict(item) for item in value]
+
+
+_MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """What a sidecar stores about a file so that its validity is cheap to re-check."""
+
+    file: str
+    size: int
+    mtime_ns: int
+    sha256: str
+
+    @classmethod
+    def from_dict(cls, data: Any, reader: _Reader, field: str) -> FileRecord:
+        fields = reader.mapping(data, field)
+        prefix = f"{field}."
+        return cls(
+            file=reader.text(fields, "file", prefix),
+            size=reader.integer(fields, "size", prefix),
+            mtime_ns=reader.integer(fields, "mtime_ns", prefix),
+            sha256=reader.text(fields, "sha256", prefix),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Delegation:
+    """Counts from the lowered graph and the serialized execution plan of `forward` (lowering/delegation.py)."""
+
+    delegate_call_sites: int
+    delegate_backends: dict[str, int]
+    fallback_ops: int
+    fallback_histogram: dict[str, int]  # most common first, as written
+    instructions: dict[str, int]  # KernelCall, DelegateCall, other
+
+    @classmethod
+    def from_dict(cls, data: Any, reader: _Reader) -> Delegation:
+        fields = reader.mapping(data, "delegation")
+        instructions = reader.counts(fields, "instructions", "delegation.")
+        for kind in ("KernelCall", "DelegateCall"):
+            reader.integer(instructions, kind, "delegation.instructions.")
+        return cls(
+            delegate_call_sites=reader.integer(fields, "delegate_call_sites", "delegation."),
+            delegate_backends=reader.counts(fields, "delegate_backends", "delegation."),
+            fallback_ops=reader.integer(fields, "fallback_ops", "delegation."),
+            fallback_histogram=reader.counts(fields, "fallback_histogram", "delegation."),
+            instructions=instructions,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "delegate_call_sites": self.delegate_call_sites,
+            "delegate_backends": dict(self.delegate_backends),
+            "fallback_ops": self.fallback_ops,
+            "fallback_histogram": dict(self.fallback_histogram),
+            "instructions": dict(self.instructions),
+        }
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The plan's memory read from the written .pte (programs/memory.py `ProgramMemory.to_sidecar`)."""
+
+    method: str
+    planned_arenas: tuple[int, ...]
+    planned_bytes: int
+    constants_bytes: int
+    delegate_data_bytes: int
+    pte_bytes: int
+    peak_live_bytes: int
+    live_bytes: dict[str, int]  # per instruction node, e.g. forward_0_3
+
+    @classmethod
+    def from_dict(cls, data: Any, reader: _Reader) -> Memory:
+        fields = reader.mapping(data, "memory")
+        arenas = fields.get("planned_arenas", _MISSING)
+        if not isinstance(arenas, list):
+            raise reader.fail("memory.planned_arenas", "a list", arenas)
+        for index, arena in enumerate(arenas):
+            if not isinstance(arena, int) or isinstance(arena, bool):
+                raise reader.fail(f"memory.planned_arenas[{index}]", "an integer", arena)
+        numbers = {
+            name: reader.integer(fields, name, "memory.")
+            for name in ("planned_bytes", "constants_bytes", "delegate_data_bytes", "pte_bytes", "peak_live_bytes")
+        }
+        return cls(
+            method=reader.text(fields, "method", "memory."),
+            planned_arenas=tuple(arenas),
+            live_bytes=reader.counts(fields, "live_bytes", "memory."),
+            **numbers,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "planned_arenas": list(self.planned_arenas),
+            "planned_bytes": self.planned_bytes,
+            "constants_bytes": self.constants_bytes,
+            "delegate_data_bytes": self.delegate_data_bytes,
+            "pte_bytes": self.pte_bytes,
+            "peak_live_bytes": self.peak_live_bytes,
+            "live_bytes": dict(self.live_bytes),
+        }
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """A quantized variant's report (lowering/quantize.py): the fields read are typed, `report` keeps it whole."""
+
+    scheme: str
+    linear_layers: int
+    quantized_linears: int
+    float_linears: tuple[str, ...]
+    fully_connected: dict[str, int]  # FullyConnected datatypes in the serialized XNNPACK graphs → node count
+    calibration_source: str | None  # calibrated schemes only
+    calibration_samples: int | None
+    report: dict[str, Any]  # the section as written, for to_dict()
+
+    @classmethod
+    def from_dict(cls, data: Any, reader: _Reader) -> Quantization | None:
+        if data is None:
+            return None
+        fields = reader.mapping(data, "quantization")
+        floats = fields.get("float_linears", _MISSING)
+        if not isinstance(floats, list) or not all(isinstance(name, str) for name in floats):
+            raise reader.fail("quantization.float_linears", "a list of names", floats)
+        nodes = reader.mapping(fields.get("nodes", {}), "quantization.nodes")
+        calibration = fields.get("calibration")
+        source, samples = None, None
+        if calibration is not None:
+            calibration = reader.mapping(calibration, "quantization.calibration")
+            source = reader.text(calibration, "source", "quantization.calibration.")
+            samples = reader.integer(calibration, "samples", "quantization.calibration.")
+        return cls(
+            scheme=reader.text(fields, "scheme", "quantization."),
+            linear_layers=reader.integer(fields, "linear_layers", "quantization."),
+            quantized_linears=reader.integer(fields, "quantized_linears", "quantization."),
+            float_linears=tuple(floats),
+            fully_connected=reader.counts(nodes, "fully_connected", "quantization.nodes.") if nodes else {},
+            calibration_source=source,
+            calibration_samples=samples,
+            report=dict(fields),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.report)
+
+
+@dataclass(frozen=True)
+class LoweringCost:
+    """What the lowering of this variant cost; parallel lowering budgets memory from it next time."""
+
+    seconds: float
+    peak_rss_bytes: int
+
+    @classmethod
+    def from_dict(cls, data: Any, reader: _Reader) -> LoweringCost:
+        fields = reader.mapping(data, "lowering")
+        return cls(reader.number(fields, "seconds", "lowering."), reader.integer(fields, "peak_rss_bytes", "lowering."))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "peak_rss_bytes": self.peak_rss_bytes}
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """One lowered backend's sidecar; the field order is the file's key order."""
+
+    model: str
+    model_id: str | None
+    task: str
+    backend: str
+    method: str
+    exported_program: str
+    pte: str
+    pte_size_mb: float
+    seq_len: int
+    weights: str
+    weights_note: str
+    parameters: int
+    sha256: str
+    versions: dict[str, str]  # torch, executorch, transformers
+    inputs: list[dict[str, Any]]  # name, shape, dtype per input
+    outputs: list[dict[str, Any]]
+    reference_inputs: str
+    reference_outputs: str
+    etrecord: str | None
+    delegation: Delegation
+    memory: Memory
+    quantization: Quantization | None
+    lowering: LoweringCost
+    spec: dict[str, Any]  # the spec as lowered (ModelSpec.to_dict)
+    cache_key: str
+    files: dict[str, FileRecord]  # role (pte, exported_program, reference_inputs, ...) → record
+    created: str
+    schema: int = SIDECAR_SCHEMA
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str | Path = "sidecar") -> Sidecar:
+        """The sidecar in `data` (read from `where`), or an ArtifactError naming `where` and the bad field."""
+        reader = _Reader(str(where))
+        fields = reader.mapping(data, "(top level)")
+        schema = fields.get("schema", _MISSING)
+        if schema != SIDECAR_SCHEMA or not isinstance(schema, int) or isinstance(schema, bool):
+            raise ArtifactError(f"{where}: sidecar field 'schema' must be {SIDECAR_SCHEMA}, got {schema!r}")
+        versions = reader.mapping(fields.get("versions", _MISSING), "versions")
+        for name, version in versions.items():
+            if not isinstance(version, str):
+                raise reader.fail(f"versions.{name}", "text", version)
+        files = reader.mapping(fields.get("files", _MISSING), "files")
+        for role in ("pte", "reference_inputs"):  # what every reader relies on: the program and its inputs
+            if role not in files:
+                raise reader.fail(f"files.{role}", "a file record", _MISSING)
+        return cls(
+            model=reader.text(fields, "model"),
+            model_id=reader.text(fields, "model_id", optional=True),
+            task=reader.text(fields, "task"),
+            backend=reader.text(fields, "backend"),
+            method=reader.text(fields, "method"),
+            exported_program=reader.text(fields, "exported_program"),
+            pte=reader.text(fields, "pte"),
+            pte_size_mb=reader.number(fields, "pte_size_mb"),
+            seq_len=reader.integer(fields, "seq_len"),
+            weights=reader.text(fields, "weights"),
+            weights_note=reader.text(fields, "weights_note"),
+            parameters=reader.integer(fields, "parameters"),
+            sha256=reader.text(fields, "sha256"),
+            versions=dict(versions),
+            inputs=reader.records(fields, "inputs"),
+            outputs=reader.records(fields, "outputs"),
+            reference_inputs=reader.text(fields, "reference_inputs"),
+            reference_outputs=reader.text(fields, "reference_outputs"),
+            etrecord=reader.text(fields, "etrecord", optional=True),
+            delegation=Delegation.from_dict(fields.get("delegation", _MISSING), reader),
+            memory=Memory.from_dict(fields.get("memory", _MISSING), reader),
+            quantization=Quantization.from_dict(fields.get("quantization", _MISSING), reader),
+            lowering=LoweringCost.from_dict(fields.get("lowering", _MISSING), reader),
+            spec=dict(reader.mapping(fields.get("spec", _MISSING), "spec")),
+            cache_key=reader.text(fields, "cache_key"),
+            files={role: FileRecord.from_dict(record, reader, f"files.{role}") for role, record in files.items()},
+            created=reader.text(fields, "created"),
+            schema=schema,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "model": self.model,
+            "model_id": self.model_id,
+            "task": self.task,
+            "backend": self.backend,
+            "method": self.method,
+            "exported_program": self.exported_program,
+            "pte": self.pte,
+            "pte_size_mb": self.pte_size_mb,
+            "seq_len": self.seq_len,
+            "weights": self.weights,
+            "weights_note": self.weights_note,
+            "parameters": self.parameters,
+            "sha256": self.sha256,
+            "versions": dict(self.versions),
+            "inputs": [dict(item) for item in self.inputs],
+            "outputs": [dict(item) for item in self.outputs],
+            "reference_inputs": self.reference_inputs,
+            "reference_outputs": self.reference_outputs,
+            "etrecord": self.etrecord,
+            "delegation": self.delegation.to_dict(),
+            "memory": self.memory.to_dict(),
+            "quantization": self.quantization.to_dict() if self.quantization else None,
+            "lowering": self.lowering.to_dict(),
+            "spec": dict(self.spec),
+            "cache_key": self.cache_key,
+            "files": {role: record.to_dict() for role, record in self.files.items()},
+            "created": self.created,
+        }
+
+    @property
+    def reference_inputs_sha256(self) -> str:
+        """The reference inputs' hash, as the board's content-addressed inputs/ names them."""
+        return self.files["reference_inputs"].sha256  # from_dict refuses a sidecar without the record
+
+
+def read_sidecar(path: Path) -> Sidecar:
+    """The sidecar at `path`; an unreadable file or a wrong shape is an ArtifactError naming it."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{path}: sidecar is unreadable: {exc}") from None
+    return Sidecar.from_dict(data, path)
+
+
+def write_sidecar(path: Path, sidecar: Sidecar) -> None:
+    atomic_write_json(path, sidecar.to_dict())

@@ -1,0 +1,190 @@
+"""The typed lowering sidecar: what is on disk reads back into a Sidecar and writes back byte for byte, and a
+sidecar of the wrong shape is refused with an ArtifactError (exit 65) naming the file and the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.errors import ArtifactError, ExitCode
+from orchestrator.fsutil import atomic_write_json
+from orchestrator.lowering.artifacts import load_artifact
+from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.sidecar import Sidecar, read_sidecar, write_sidecar
+from tests.plugins.artifacts import ARTIFACT_CACHE, TINY_MODELS
+
+QUANTIZATION = {
+    "scheme": "int8-static",
+    "method": "PT2E: XNNPACKQuantizer",
+    "conv1d_swapped_to_linear": 8,
+    "linear_layers": 9,
+    "quantized_linears": 9,
+    "float_linears": [],
+    "calibration": {"source": "generated: deterministic random token ids (not real text)", "samples": 8},
+    "nodes": {"fully_connected": {"qint8 x qcint8": 9}, "quantized_fully_connected": 9},
+    "pte_bytes": 514464,
+}
+
+
+@pytest.fixture(scope="module")
+def real(tiny_artifacts: dict[str, LoweringResult]) -> dict[str, Any]:
+    """One real lowered sidecar (distilbert-tiny, xnnpack), as its JSON."""
+    return json.loads(tiny_artifacts["distilbert-tiny"].paths.sidecar("xnnpack").read_text())
+
+
+def test_real_sidecars_round_trip_byte_for_byte(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path) -> None:
+    for name in TINY_MODELS:
+        for backend in ("portable", "xnnpack"):
+            path = tiny_artifacts[name].paths.sidecar(backend)
+            sidecar = read_sidecar(path)
+            assert sidecar.model == name and sidecar.backend == backend
+            assert (
+                sidecar
+                == tiny_artifacts[name].backends[backend].sidecar
+                == load_artifact(name, backend, ARTIFACT_CACHE).sidecar
+            )
+            assert sidecar.files["pte"].sha256 == sidecar.sha256
+            assert sidecar.reference_inputs_sha256 == sidecar.files["reference_inputs"].sha256
+            # The same bytes as the lowering wrote: caches and boards keep vouching for the same sidecars.
+            copy_path = tmp_path / path.name
+            write_sidecar(copy_path, sidecar)
+            assert copy_path.read_bytes() == path.read_bytes(), path.name
+            assert Sidecar.from_dict(sidecar.to_dict()) == sidecar
+
+
+def test_a_quantization_section_round_trips_and_is_typed(real: dict[str, Any]) -> None:
+    data = {**real, "backend": "xnnpack-int8-static", "quantization": copy.deepcopy(QUANTIZATION)}
+    sidecar = Sidecar.from_dict(data)
+    assert json.dumps(sidecar.to_dict()) == json.dumps(data)
+    quantization = sidecar.quantization
+    assert quantization is not None and quantization.scheme == "int8-static"
+    assert quantization.fully_connected == {"qint8 x qcint8": 9} and quantization.float_linears == ()
+    assert quantization.calibration_samples == 8 and quantization.calibration_source.startswith("generated")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d.pop("sha256"), "sha256"),
+        (lambda d: d.update(schema=2), "schema"),
+        (lambda d: d.update(weights=None), "weights"),
+        (lambda d: d.update(pte_size_mb="1 MB"), "pte_size_mb"),
+        (lambda d: d.update(files=[]), "files"),
+        (lambda d: d["files"].pop("pte"), "files.pte"),
+        (lambda d: d["files"].pop("reference_inputs"), "files.reference_inputs"),
+        (lambda d: d["files"]["pte"].update(size="12"), "files.pte.size"),
+        (lambda d: d["files"]["reference_inputs"].pop("sha256"), "files.reference_inputs.sha256"),
+        (lambda d: d["delegation"]["instructions"].pop("KernelCall"), "delegation.instructions.KernelCall"),
+        (lambda d: d["delegation"].update(fallback_ops=True), "delegation.fallback_ops"),
+        (lambda d: d["memory"]["planned_arenas"].append("big"), "memory.planned_arenas[1]"),
+        (lambda d: d["memory"]["live_bytes"].update(forward_0_0=1.5), "memory.live_bytes.forward_0_0"),
+        (lambda d: d["lowering"].update(seconds=float("nan")), "lowering.seconds"),
+        (lambda d: d.update(quantization={**QUANTIZATION, "float_linears": "none"}), "quantization.float_linears"),
+        (lambda d: d.update(quantization={**QUANTIZATION, "calibration": {"samples": 8}}), "calibration.source"),
+        (lambda d: d.update(versions={"torch": 2}), "versions.torch"),
+        (lambda d: d.update(inputs=[["input_ids"]]), "inputs[0]"),
+    ],
+)
+def test_a_bad_shape_is_refused_naming_the_file_and_the_field(
+    real: dict[str, Any], tmp_path: Path, mutate: Any, field: str
+) -> None:
+    data = copy.deepcopy(real)
+    mutate(data)
+    path = tmp_path / "distilbert-tiny_xnnpack.json"
+    atomic_write_json(path, data)
+    with pytest.raises(ArtifactError) as refused:
+        read_sidecar(path)
+    assert str(path) in str(refused.value) and field in str(refused.value), str(refused.value)
+    assert refused.value.exit_code == ExitCode.DATA == 65
+
+
+def test_an_unreadable_sidecar_is_an_artifact_error(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text("{not json")
+    with pytest.raises(ArtifactError, match=r"broken\.json"):
+        read_sidecar(path)
+    with pytest.raises(ArtifactError, match="top level"):
+        Sidecar.from_dict([1, 2], "list.json")
+
+
+def test_a_sidecar_of_the_wrong_shape_is_no_artifact(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path) -> None:
+    """load_artifact says which field is wrong (and how to re-lower), rather than failing later with a KeyError."""
+    source = tiny_artifacts["distilbert-tiny"].paths.folder
+    folder = tmp_path / "distilbert-tiny"
+    folder.mkdir()
+    for file in source.iterdir():
+        (folder / file.name).hardlink_to(file)  # hard links keep size and mtime: the records still match
+    data = json.loads((folder / "distilbert-tiny_xnnpack.json").read_text())
+    data["delegation"] = "all of it"
+    (folder / "distilbert-tiny_xnnpack.json").unlink()
+    atomic_write_json(folder / "distilbert-tiny_xnnpack.json", data)
+    assert load_artifact("distilbert-tiny", "portable", tmp_path).sidecar.backend == "portable"
+    with pytest.raises(ArtifactError, match="'delegation' must be a mapping") as refused:
+        load_artifact("distilbert-tiny", "xnnpack", tmp_path)
+    assert "distilbert-tiny_xnnpack.json" in str(refused.value) and "fab lower" in str(refused.value.hint)
+
+
+# Values a mutation may put anywhere in the document.
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every place in a JSON document: dict keys and list indices, nested."""
+    found = [prefix]
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found += _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _paths(value, (*prefix, index))
+    return found
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_mutated_sidecar_loads_or_is_an_artifact_error(real: dict[str, Any], data: st.DataObject) -> None:
+    document = copy.deepcopy(real)
+    places = _paths(document)
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        place = data.draw(st.sampled_from(places))
+        if not place:
+            document = data.draw(_VALUES)
+            break
+        parent = document
+        try:
+            for step in place[:-1]:
+                parent = parent[step]
+            if data.draw(st.booleans()) and isinstance(parent, dict):
+                parent.pop(place[-1], None)
+            else:
+                parent[place[-1]] = data.draw(_VALUES)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier mutation replaced this place's parent
+    try:
+        sidecar = Sidecar.from_dict(document, "mutated.json")
+    except ArtifactError as exc:
+        assert "mutated.json" in str(exc)
+        return
+    # What loads writes back what it read (in the file's key order: a mutation may have moved a key to the end).
+    assert json.dumps(sidecar.to_dict(), sort_keys=True) == json.dumps(document, sort_keys=True)
+
+
+def test_the_artifact_cache_holds_typed_sidecars(tiny_artifacts: dict[str, LoweringResult]) -> None:
+    for name in TINY_MODELS:
+        artifact = load_artifact(name, "xnnpack", ARTIFACT_CACHE)
+        assert isinstance(artifact.sidecar, Sidecar) and artifact.sha256 == artifact.sidecar.sha256
+        assert artifact.sidecar.memory.planned_bytes == sum(artifact.sidecar.memory.planned_arenas)

@@ -25,13 +25,12 @@ import time
 import urllib.error
 import urllib.request
 import webbrowser
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from orchestrator import console
+from orchestrator import console, interrupts
 from orchestrator.errors import EtlabError, UsageError
 from orchestrator.fsutil import read_json
 from orchestrator.lowering.artifacts import QUANTIZED_BACKENDS, ArtifactPaths
@@ -87,7 +86,7 @@ class ExplorerHandle:
     def wait(self) -> int:
         """Block until the server exits or Ctrl+C / SIGTERM arrives; then stop it cleanly. Returns its exit code
         (130 when interrupted)."""
-        with _sigterm_interrupts():
+        with interrupts.sigterm_interrupts():
             try:
                 return self.process.wait()
             except KeyboardInterrupt:
@@ -95,24 +94,6 @@ class ExplorerHandle:
                 return 130
             finally:
                 self.stop()
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt like Ctrl+C, so the server is always stopped."""
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _signal_group(pid: int, signum: int) -> None:
@@ -287,7 +268,7 @@ def launch_explorer(
     config = build_config(models, overlays)
     url = explorer_url(host, port, config, focus)
 
-    guard = _sigterm_interrupts() if block else contextlib.nullcontext()
+    guard = interrupts.sigterm_interrupts() if block else contextlib.nullcontext()
     with guard:
         handle = _spawn(host, port, config, url, focus)
         try:

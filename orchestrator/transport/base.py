@@ -170,12 +170,8 @@ class BoardConnection(ABC):
         with interrupts.stoppable(lambda: self.stop_processes(token)):
             try:
                 yield
-            except (CommandTimeout, OutputTooLarge):  # what it started (a runner in its own session) stops too
-                self.stop_processes(token)
-                raise
-            except Exception:
-                raise
-            except BaseException:  # KeyboardInterrupt, SystemExit: this thread was interrupted
+            # What it started (a runner in its own session) stops too; and when this thread was interrupted.
+            except (CommandTimeout, OutputTooLarge, KeyboardInterrupt, SystemExit):
                 self.stop_processes(token)
                 raise
 

@@ -13,7 +13,7 @@ import paramiko
 import pytest
 
 from orchestrator.boards.inventory import Board
-from orchestrator.errors import BoardError, HostKeyError
+from orchestrator.errors import BoardError, HostKeyError, UsageError
 from orchestrator.transport import (
     OUTPUT_LIMIT,
     AuthError,
@@ -24,8 +24,8 @@ from orchestrator.transport import (
     is_transient,
 )
 from orchestrator.transport.hostkeys import KnownHosts, host_id
-from orchestrator.transport.local import LocalConnection
-from orchestrator.transport.ssh import SshConnection
+from orchestrator.transport.local import LocalConnection, open_local
+from orchestrator.transport.ssh import SshConnection, open_ssh
 from tests.plugins.sshd import NetnsBoard, SshdBoard, SshdLab, keygen
 
 NASTY = [
@@ -314,3 +314,42 @@ def test_local_connection_has_the_same_interface(local_board: Board, tmp_path: P
             with conn.open_write_stream(["sh", "-c", "echo refusing >&2; exit 5"]) as stream:
                 for _ in range(64):
                     stream.write(b"x" * (1 << 20))
+
+
+# ---------------------------------------------------------------- the transport registry
+
+
+def test_every_inventory_transport_has_an_opener_in_the_transport_package() -> None:
+    """boards/transports.py TRANSPORTS is the one list: the inventory accepts its names, connect() opens each one
+    through its opener, a function of orchestrator/transport/ returning a BoardConnection."""
+    import inspect
+    import typing
+
+    from orchestrator.boards.inventory import _BOARD_FIELDS
+    from orchestrator.boards.transports import NETWORK_FIELDS, TRANSPORTS
+    from orchestrator.transport import BoardConnection, opener
+
+    assert TRANSPORTS, "no transport"
+    for name, transport in TRANSPORTS.items():
+        assert transport.name == name
+        assert transport.opener.startswith("orchestrator.transport."), transport.opener
+        function = opener(name)
+        assert function.__module__ == transport.opener.partition(":")[0]
+        returned = typing.get_type_hints(function)["return"]
+        assert issubclass(returned, BoardConnection), (name, returned)
+        assert set(inspect.signature(function).parameters) == {"board", "known_hosts"}, name
+        assert set(transport.uses) <= set(NETWORK_FIELDS) and set(transport.needs) <= set(_BOARD_FIELDS), name
+    assert opener("ssh") is open_ssh and opener("local") is open_local
+    # The inventory's transport field offers exactly these names.
+    inventory = Path("inventory.yaml")
+    from orchestrator.boards.inventory import parse_inventory
+    from orchestrator.errors import InventoryError
+
+    with pytest.raises(InventoryError, match=r"expected one of ssh, local, got 'sssh' \(did you mean 'ssh'\?\)"):
+        parse_inventory("boards:\n  a: {transport: sssh, host: h}\n", inventory)
+
+
+def test_connect_names_the_board_of_an_unknown_transport() -> None:
+    board = Board(name="pi9", transport="serial", workdir="/tmp")  # the inventory refuses it; a Board made in code
+    with pytest.raises(UsageError, match=r"unknown transport 'serial' of board 'pi9'; known: ssh, local"):
+        connect(board)

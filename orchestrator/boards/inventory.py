@@ -19,6 +19,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from orchestrator import paths
+from orchestrator.boards.transports import DEFAULT_TRANSPORT, LABGRID_TRANSPORT, NETWORK_FIELDS, TRANSPORTS
 from orchestrator.config import (
     Check,
     Checker,
@@ -43,7 +44,6 @@ from orchestrator.config import (
 from orchestrator.errors import InventoryError, UsageError
 from orchestrator.names import is_valid_name
 
-TRANSPORTS = ("ssh", "local")
 # How large transfers travel: "auto" uses OpenSSH's `ssh` client for them when it is installed (its C crypto
 # costs far less CPU than paramiko's), "openssh" always does, "paramiko" never does.
 BULK_TRANSFERS = ("auto", "openssh", "paramiko")
@@ -89,7 +89,7 @@ class Board:
     """One board and how to reach it. `workdir` is a path on the board (`~` is expanded there)."""
 
     name: str
-    transport: str = "ssh"
+    transport: str = DEFAULT_TRANSPORT  # a name in boards/transports.py TRANSPORTS
     host: str | None = None
     port: int = 22
     user: str | None = None
@@ -110,7 +110,9 @@ class Board:
 
     @property
     def is_local(self) -> bool:
-        return self.transport == "local"
+        """The board is the workstation itself (its transport's `on_workstation`)."""
+        transport = TRANSPORTS.get(self.transport)
+        return transport is not None and transport.on_workstation
 
     @property
     def address(self) -> str:
@@ -245,7 +247,7 @@ _BOARD_FIELDS: dict[str, Check] = {
     "user": text,
     "key": text,
     "agent": boolean,
-    "transport": choice(TRANSPORTS),
+    "transport": choice(tuple(TRANSPORTS)),
     "workdir": text,
     "tags": words("tag"),
     "threads": integer(1, None),
@@ -265,18 +267,6 @@ _DEFAULT_FIELDS: dict[str, Check] = {
 }
 # What a labgrid place provides itself (from its NetworkService resource), so a labgrid board must not set it.
 _FROM_THE_PLACE = ("host", "port", "user")
-_SSH_ONLY = (
-    "host",
-    "port",
-    "user",
-    "key",
-    "agent",
-    "connect_timeout",
-    "keepalive",
-    "tcp_user_timeout",
-    "bulk_transfer",
-    "bulk_cipher",
-)
 _TOP_LEVEL = ("defaults", "boards", "groups", "nightly")
 
 
@@ -352,7 +342,7 @@ class _Checker(Checker):
         own = self.fields(node, where, _BOARD_FIELDS)
         if len(self.errors) > before:
             return None
-        transport = own.get("transport", "ssh")
+        transport = TRANSPORTS[own.get("transport", DEFAULT_TRANSPORT)]  # choice(TRANSPORTS) checked the name
         settings = {**base, **own}
         if "key" in own:
             settings["key"] = self.local_path(own["key"])
@@ -360,19 +350,23 @@ class _Checker(Checker):
             settings["labgrid"] = self.labgrid_place(where, node, own)
             if settings["labgrid"] is None:
                 return None
-            settings.update(host=None, port=22)
-        elif transport == "local":
-            misplaced = [key for key in _SSH_ONLY if key in own]
+            settings.update(host=None, port=22, transport=LABGRID_TRANSPORT)
+        else:
+            misplaced = [key for key in NETWORK_FIELDS if key in own and key not in transport.uses]
             if misplaced:
                 at = next(k for k, _ in node.value if isinstance(k, ScalarNode) and k.value == misplaced[0])
-                self.error(at, field_path(where, misplaced[0]), "not used by a board with transport 'local'")
+                message = f"not used by a board with transport {transport.name!r}"
+                self.error(at, field_path(where, misplaced[0]), message)
                 return None
-            workdir = own.get("workdir")
-            settings["workdir"] = str(self.local_path(workdir) if workdir else paths.state_dir() / "boards" / name)
-            settings.update(host=None, port=22, key=None, agent=False)
-        elif not own.get("host"):
-            self.error(key_node, where, "an ssh board needs 'host'")
-            return None
+            missing = [key for key in transport.needs if not own.get(key)]
+            if missing:
+                self.error(key_node, where, f"an {transport.name} board needs {missing[0]!r}")
+                return None
+            if transport.on_workstation:
+                workdir = own.get("workdir")
+                local = self.local_path(workdir) if workdir else paths.state_dir() / "boards" / name
+                settings["workdir"] = str(local)
+                settings.update(host=None, port=22, key=None, agent=False)
         known = {f.name for f in dataclasses.fields(Board)}
         return Board(name=name, **{k: v for k, v in settings.items() if k in known})
 
@@ -384,7 +378,11 @@ class _Checker(Checker):
         misplaced = [key for key in (*_FROM_THE_PLACE, "transport") if key in own]
         if misplaced:
             key = misplaced[0]
-            why = "comes from the labgrid place's NetworkService" if key != "transport" else "a labgrid board is ssh"
+            why = (
+                "comes from the labgrid place's NetworkService"
+                if key != "transport"
+                else f"a labgrid board is {LABGRID_TRANSPORT}"
+            )
             self.error(value_node(node, key) or node, field_path(where, key), f"not allowed with 'labgrid': {why}")
             return None
         section = own["labgrid"]

@@ -3,9 +3,13 @@ streams), `hostkeys`, `transfer` (verified pushes and pulls) and `tarstream` (th
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.boards.inventory import Board
+from orchestrator.boards.transports import TRANSPORTS
+from orchestrator.errors import UsageError
 from orchestrator.transport.base import (
     OUTPUT_LIMIT,
     AuthError,
@@ -20,7 +24,6 @@ from orchestrator.transport.base import (
     is_transient,
     quote,
 )
-from orchestrator.transport.local import LocalConnection
 
 __all__ = [
     "OUTPUT_LIMIT",
@@ -35,16 +38,21 @@ __all__ = [
     "WriteStream",
     "connect",
     "is_transient",
+    "opener",
     "quote",
 ]
 
 
 def connect(board: Board, *, known_hosts: Path | None = None) -> BoardConnection:
-    """Open a connection to `board` (SSH, or local subprocesses for a `local` board)."""
-    if board.is_local:
-        return LocalConnection(board)
-    from orchestrator.transport.ssh import SshConnection  # paramiko and fabric load only for SSH boards
+    """Open a connection to `board` through its transport's opener (boards/transports.py TRANSPORTS)."""
+    return opener(board.transport, board.name)(board, known_hosts=known_hosts)
 
-    connection = SshConnection(board, known_hosts=known_hosts)
-    connection.open()
-    return connection
+
+def opener(transport: str, board: str = "") -> Callable[..., BoardConnection]:
+    """The function that opens a connection of `transport`, its module imported now: paramiko and fabric load only
+    for SSH boards."""
+    if transport not in TRANSPORTS:
+        on = f" of board {board!r}" if board else ""
+        raise UsageError(f"unknown transport {transport!r}{on}; known: {', '.join(TRANSPORTS)}")
+    module, _, function = TRANSPORTS[transport].opener.partition(":")
+    return getattr(importlib.import_module(module), function)

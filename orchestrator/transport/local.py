@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from orchestrator.boards.inventory import Board
 from orchestrator.transport.base import (
     BoardConnection,
     CommandResult,
@@ -125,3 +126,9 @@ class LocalConnection(BoardConnection):
 
     def _home_dir(self) -> str:
         return str(Path.home())
+
+
+def open_local(board: Board, *, known_hosts: Path | None = None) -> LocalConnection:
+    """The opener of transport `local` (boards/transports.py): the workstation needs no connecting; no host keys."""
+    del known_hosts
+    return LocalConnection(board)

@@ -550,3 +550,10 @@ def _stopper_source() -> str:
 
 _homes: dict[tuple[str | None, int, str | None], str] = {}
 _homes_lock = threading.Lock()
+
+
+def open_ssh(board: Board, *, known_hosts: Path | None = None) -> SshConnection:
+    """The opener of transport `ssh` (boards/transports.py): connected, its host key verified or pinned."""
+    connection = SshConnection(board, known_hosts=known_hosts)
+    connection.open()
+    return connection

@@ -9,7 +9,7 @@
 namespace etlab {
 
 // Every constant_buffer's storage bytes plus the size of the segment constant_segment names (when it has
-// offsets), as orchestrator/results/memory.py counts them. nullopt for anything that is not a readable ET12
+// offsets), as orchestrator/programs/memory.py counts them. nullopt for anything that is not a readable ET12
 // program: the file is untrusted, every offset and length is checked, and only the flatbuffer part is read.
 std::optional<uint64_t> program_constants_bytes(const std::string& path) noexcept;
 

@@ -297,6 +297,35 @@ def test_counter_names_and_the_arm_event_table() -> None:
     assert "kArmL2dCacheRefill = 0x17" in source
 
 
+def test_every_counter_and_derived_metric_reaches_the_overlays_and_the_tables(tmp_path: Path) -> None:
+    """COUNTERS and DERIVED (orchestrator/counters.py) are the one list: a counters pass that captured all of them
+    gets an overlay, an ops column and a summary entry for each, with no other list to extend (the runner's table in
+    C++ is tied to COUNTERS above)."""
+    from orchestrator.counters import DERIVED
+    from orchestrator.names import is_valid_name
+    from orchestrator.results.counters_profile import counters_summary, read_counter_profile
+    from orchestrator.results.documents import _counter_columns
+    from orchestrator.results.overlays import LIVE_BYTES, METRICS, write_counter_overlays
+
+    names = list(COUNTERS)
+    metrics = [*COUNTERS, *DERIVED]
+    assert len(set(metrics)) == len(metrics) and not set(metrics) & {*METRICS, LIVE_BYTES}
+    assert all(is_valid_name(metric) for metric in metrics)  # each names an overlay file
+    assert all(num in COUNTERS and den in COUNTERS for num, den, _ in DERIVED.values())
+    document = {
+        "schema": 1, "threads": 1, "scope": "thread", "captured": names, "missing": [], "multiplexed": False,
+        "scaling": "none", "columns": ["event_index", "chain", "instruction", *names], "executions": [[]],
+    }  # fmt: skip
+    (tmp_path / "counters.json").write_text(json.dumps(document))
+    profile = read_counter_profile(tmp_path)
+    assert profile is not None and profile.captured == names and profile.derived == list(DERIVED)
+    written = write_counter_overlays(tmp_path, profile, "run")
+    assert [path.name for path in written] == [f"me_overlay_{metric}.json" for metric in metrics]
+    assert _counter_columns(profile) == metrics  # the ops.json / ops.csv columns, and so the counters table
+    summary = counters_summary(profile, {"requested": ",".join(names)}, [], 1)
+    assert summary is not None and [*summary.captured, *summary.derived] == metrics  # what render_counters shows
+
+
 def test_the_pi5_sysfs_pmu_advertises_the_events_of_the_table() -> None:
     events = SAMPLES / "rpi5" / "sysroot" / "sys" / "bus" / "event_source" / "devices" / "armv8_cortex_a76" / "events"
     advertised = {path.name: int(path.read_text().strip().removeprefix("event="), 16) for path in events.iterdir()}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.lowering.spec import BUILTIN_SPECS, load_spec_file, resolve_spec
+from orchestrator.lowering.spec import BUILTIN_SPECS, SOURCES, ModelSpec, load_spec_file, resolve_spec
 
 
 def write_spec(tmp_path: Path, data: object, raw: str | None = None) -> Path:
@@ -116,3 +116,56 @@ def test_invalid_json_reports_line(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="cannot read spec file"):
         load_spec_file(tmp_path / "nope.json")
+
+
+# ---------------------------------------------------------------- model sources
+
+
+def test_a_spec_without_source_is_huggingface_and_a_wrong_source_is_named(tmp_path: Path) -> None:
+    implicit = load_spec_file(write_spec(tmp_path, VALID))
+    assert implicit.model_source == "huggingface"
+    assert load_spec_file(write_spec(tmp_path, {"source": "huggingface", **VALID})) == implicit
+    path = write_spec(tmp_path, {**VALID, "source": "hugginface"})
+    with pytest.raises(SpecError, match=r"model_spec\.json:9: field 'source': 'hugginface' is not a model source; "
+                                        r"known: huggingface \(did you mean 'huggingface'\?\)"):  # fmt: skip
+        load_spec_file(path)
+    assert all(spec.model_source in SOURCES for spec in BUILTIN_SPECS.values())
+
+
+def test_every_model_source_has_a_builder() -> None:
+    """spec.py SOURCES is the one list of model sources: each names its spec fields and a builder that checks a
+    spec, builds the model and its example inputs (models.py dispatches check_spec, load_model and example_inputs
+    to it). The spec's own fields are shared by every source."""
+    import inspect
+
+    from orchestrator.lowering import models
+
+    for name, source in SOURCES.items():
+        assert source.name == name
+        assert not set(source.fields) & {"name", "source", "description"}, name
+        assert set(source.required) <= set(source.fields), name
+        builder = models.builder(name)
+        for method, parameters in (
+            ("check", ["spec", "choice", "available"]),
+            ("load", ["spec", "choice"]),
+            ("example_inputs", ["spec", "module"]),
+        ):
+            assert list(inspect.signature(getattr(builder, method)).parameters) == parameters, (name, method)
+    with pytest.raises(SpecError, match="unknown model source 'nope'; known: huggingface"):
+        models.builder("nope")
+
+
+def test_a_huggingface_spec_builds_through_its_source() -> None:
+    from orchestrator.lowering.models import HUGGINGFACE, check_spec, example_inputs, load_model
+
+    spec = BUILTIN_SPECS["gpt2-tiny"]
+    assert models_builder_of(spec) is HUGGINGFACE
+    assert check_spec(spec, "random").parameters > 0
+    loaded = load_model(spec, "random")
+    assert [t.name for t in example_inputs(spec, loaded.module)] == ["input_ids", "attention_mask"]
+
+
+def models_builder_of(spec: ModelSpec) -> object:
+    from orchestrator.lowering.models import builder
+
+    return builder(spec.model_source)

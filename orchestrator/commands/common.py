@@ -50,7 +50,7 @@ def handle_errors(func: F) -> F:
             with interrupts.sigterm_interrupts(), interrupts.no_lost_interrupts():
                 code = func(*args, **kwargs)
         except EtlabError as exc:
-            console.error(str(exc))
+            console.error(str(_naming_options(exc)))
             raise Exit(code=exc.exit_code) from None
         except KeyboardInterrupt:
             _interrupted()
@@ -72,6 +72,16 @@ def handle_errors(func: F) -> F:
         return None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _naming_options(exc: EtlabError) -> EtlabError:
+    """A library error with the option that mends it, which the library does not name."""
+    # here, not at the top: fab imports this module at start-up, and only a failed task gets here
+    from orchestrator.lowering.weights import PretrainedUnavailable
+
+    if isinstance(exc, PretrainedUnavailable):
+        exc.hint = "use --weights random to build the architecture from its config"
+    return exc
 
 
 def _log_internal_error(task: str, detail: str) -> None:

@@ -1,5 +1,8 @@
 """Turn a ModelSpec into an exportable torch module, its reference inputs, and its weights story.
 
+`check_spec`, `load_model` and `example_inputs` go to the builder of the spec's source (spec.py SOURCES); the one
+builder today is `HUGGINGFACE`, transformers' Auto classes, below.
+
 The wrappers select the one output a deployment needs inside the graph (the [MASK] logits, or the
 last real token's logits), before the LM head, so the board computes and returns [1, vocab] instead of
 [1, seq, vocab].
@@ -8,9 +11,10 @@ last real token's logits), before the LM head, so the board computes and returns
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -18,10 +22,10 @@ import torch
 from orchestrator import console
 from orchestrator.config import did_you_mean, field_path
 from orchestrator.errors import SpecError
-from orchestrator.lowering.spec import LOADING_OPTIONS, SPEC_HINT, ModelSpec
+from orchestrator.lowering.spec import LOADING_OPTIONS, SOURCES, SPEC_HINT, ModelSpec
 
 # Deciding the weights needs no torch, so it lives in weights.py.
-from orchestrator.lowering.weights import RANDOM_SEED, WeightsChoice, resolve_weights
+from orchestrator.lowering.weights import RANDOM_SEED, PretrainedUnavailable, WeightsChoice, resolve_weights
 from orchestrator.tensorfile import NamedTensor
 
 
@@ -130,13 +134,12 @@ def _base_config(spec: ModelSpec, pretrained: bool) -> tuple[Any, str]:
     if not pretrained:  # the family's defaults: blamed on `config` if the spec has one, else on the family
         return CONFIG_MAPPING[spec.model_type](), "config" if spec.config or "config" in spec.lines else "model_type"
     if not spec.model_id:
-        raise SpecError(f"model {spec.name!r} has no model_id, so it has no pretrained weights; use --weights random")
+        raise PretrainedUnavailable(f"model {spec.name!r} has no model_id, so it has no pretrained weights")
     try:
         config = AutoConfig.from_pretrained(spec.model_id, trust_remote_code=spec.trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
-        raise SpecError(
-            spec.problem("model_id", f"cannot load pretrained weights for {spec.model_id!r}: {_brief(exc)}"),
-            hint="use --weights random to build the architecture from its config",
+        raise PretrainedUnavailable(
+            spec.problem("model_id", f"cannot load pretrained weights for {spec.model_id!r}: {_brief(exc)}")
         ) from exc
     if config.model_type != spec.model_type:
         raise _fail(
@@ -211,7 +214,41 @@ def _parameters(spec: ModelSpec, config: Any) -> int:
     return one + (layers - 1) * (two - one)
 
 
+class ModelBuilder(Protocol):
+    """What a model source's builder does (spec.py `Source.builder` names one)."""
+
+    def check(self, spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck: ...
+    def load(self, spec: ModelSpec, choice: WeightsChoice) -> LoadedModel: ...
+    def example_inputs(self, spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]: ...
+
+
+def builder(source: str) -> ModelBuilder:
+    """The builder of model source `source`, its module imported now."""
+    if source not in SOURCES:
+        raise SpecError(f"unknown model source {source!r}; known: {', '.join(SOURCES)}", hint=SPEC_HINT)
+    module, _, name = SOURCES[source].builder.partition(":")
+    found: ModelBuilder = getattr(importlib.import_module(module), name)
+    return found
+
+
 def check_spec(spec: ModelSpec, weights: str | WeightsChoice = "random", *, available: int | None = None) -> SpecCheck:
+    """What would only fail after loading, refused as SpecError by the spec's source before anything loads."""
+    choice = weights if isinstance(weights, WeightsChoice) else resolve_weights(spec, weights)
+    return builder(spec.model_source).check(spec, choice, available)
+
+
+def load_model(spec: ModelSpec, weights: str | WeightsChoice) -> LoadedModel:
+    """The wrapped module with the weights `weights` asks for (a mode, or a choice already resolved)."""
+    choice = weights if isinstance(weights, WeightsChoice) else resolve_weights(spec, weights)
+    return builder(spec.model_source).load(spec, choice)
+
+
+def example_inputs(spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]:
+    """The deterministic reference inputs of the model `load_model` built."""
+    return builder(spec.model_source).example_inputs(spec, module)
+
+
+def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
     """Build the spec's config (no weights) and refuse, as SpecError, what would only fail after loading.
 
     The task must have a head for the model type; the config's fields must be the class's own, of the right type;
@@ -220,7 +257,6 @@ def check_spec(spec: ModelSpec, weights: str | WeightsChoice = "random", *, avai
     """
     from transformers.models.auto import modeling_auto
 
-    choice = weights if isinstance(weights, WeightsChoice) else resolve_weights(spec, weights)
     heads = getattr(modeling_auto, _TASK_HEADS[spec.task])
     if spec.model_type not in heads:
         able = [task for task, mapping in _TASK_HEADS.items() if spec.model_type in getattr(modeling_auto, mapping)]
@@ -306,18 +342,16 @@ def build_pretrained(spec: ModelSpec) -> torch.nn.Module:
     return model.eval()
 
 
-def load_model(spec: ModelSpec, weights: str | WeightsChoice) -> LoadedModel:
-    """The wrapped module with the weights `weights` asks for (a mode, or a choice already resolved)."""
-    choice = weights if isinstance(weights, WeightsChoice) else resolve_weights(spec, weights)
+def _load_huggingface(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
+    """The wrapped module with the weights `choice` resolved to."""
     if choice.mode == "pretrained":
         try:
             module = build_pretrained(spec)
         except SpecError:
             raise
         except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
-            raise SpecError(
-                f"cannot load pretrained weights for {spec.model_id!r}: {exc.__class__.__name__}: {str(exc)[:300]}",
-                hint="use --weights random to build the architecture from its config",
+            raise PretrainedUnavailable(
+                f"cannot load pretrained weights for {spec.model_id!r}: {exc.__class__.__name__}: {str(exc)[:300]}"
             ) from exc
         return _wrap(spec, module, "pretrained", f"from_pretrained({spec.model_id!r})")
     if choice.fallback:
@@ -379,3 +413,19 @@ def reference_inputs(spec: ModelSpec, vocab_size: int) -> list[NamedTensor]:
 def vocab_size_of(module: torch.nn.Module) -> int:
     inner = getattr(module, "model", module)
     return int(inner.config.vocab_size)
+
+
+class HuggingFace:
+    """The `huggingface` source: transformers' Auto classes for the task, from a config or `from_pretrained`."""
+
+    def check(self, spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
+        return _check_huggingface(spec, choice, available)
+
+    def load(self, spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
+        return _load_huggingface(spec, choice)
+
+    def example_inputs(self, spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]:
+        return reference_inputs(spec, vocab_size_of(module))
+
+
+HUGGINGFACE = HuggingFace()

@@ -1,7 +1,8 @@
 """Model specs: what to lower, from the built-in list or a user's JSON file.
 
-A spec names the HuggingFace model, the task (which decides what the graph outputs), the sequence
-length and the inputs. It is plain data; `models.py` turns it into a torch module.
+A spec names its source (`SOURCES`: where the model comes from; `huggingface` when a spec does not say), and for
+a HuggingFace model the model type, the task (which decides what the graph outputs), the sequence length and the
+inputs. It is plain data; the source's builder (`models.py` for `huggingface`) turns it into a torch module.
 
 Reading a spec imports nothing heavy (a cached lowering must stay fast), so the checks that need the model's
 config class (its fields, the task, the sizes) run in `models.check_spec`, before anything loads. What is refused
@@ -14,7 +15,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +73,8 @@ class ModelSpec:
     config: dict[str, Any] = field(default_factory=dict)
     mask_token_id: int | None = None
     description: str = ""
-    source: str = "built-in"
+    source: str = "built-in"  # where the spec was read: a file, or built-in
+    model_source: str = "huggingface"  # the spec file's `source`: a name in SOURCES, where the model comes from
     # Only the command line sets this (`--trust-remote-code`), never a spec file: with it, `from_pretrained` runs
     # the Python files of the model folder. It is part of the identity: such a program is another program.
     trust_remote_code: bool = False
@@ -215,18 +218,63 @@ def _list(node: Node, _field: str) -> list[Any]:
     return []
 
 
-_FIELDS: dict[str, Check] = {
-    "name": _name,
+# The fields of every spec file, whatever its source.
+_COMMON_FIELDS: dict[str, Check] = {"name": _name, "source": text, "description": text}
+_HUGGINGFACE_FIELDS: dict[str, Check] = {
     "model_type": _model_type,
     "task": _supported(TASKS),
     "seq_len": integer(1, 4096),
     "model_id": text,
     "config": _mapping,
     "mask_token_id": integer(0),
-    "description": text,
     "inputs": _list,
 }
-_REQUIRED = ("name", "model_type", "task")
+
+
+def _huggingface_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[str, str] | None:
+    """The first (field, message) across the fields of a huggingface spec, once each field is valid on its own."""
+    seq_len = found.get("seq_len", 128)
+    if found["task"] == "fill-mask" and found.get("mask_token_id") is None:
+        return "mask_token_id", "is required for task 'fill-mask' (the [MASK] token id, e.g. 103 for BERT)"
+    if "inputs" in found:
+        expected = [{"name": name, "dtype": "int64", "shape": [1, seq_len]} for name in INPUT_NAMES]
+        if data["inputs"] != expected:
+            return "inputs", f"must be {json.dumps(expected)}: input_ids and attention_mask, int64 [1, seq_len]"
+    if not found.get("model_id") and not found.get("config") and found["name"] not in BUILTIN_SPECS:
+        return "model_id", "give a model_id (HuggingFace id or local folder) or a config for random weights"
+    return None
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a spec's model comes from: the fields its spec file may set (beyond name, source, description), the
+    ones it must, a check across them, and its builder.
+
+    `builder` is "module:object", imported on a cache miss only (it imports torch): an object with
+    `check(spec, weights_choice, available) -> SpecCheck`, `load(spec, weights_choice) -> LoadedModel` and
+    `example_inputs(spec, module) -> list[NamedTensor]` (models.py dispatches to it; tests/test_spec.py ties them).
+    """
+
+    name: str
+    builder: str
+    fields: dict[str, Check]
+    required: tuple[str, ...]
+    problem: Callable[[dict[str, Any], dict[str, Any]], tuple[str, str] | None]
+
+
+SOURCES: dict[str, Source] = {
+    s.name: s
+    for s in (
+        Source(
+            "huggingface",
+            "orchestrator.lowering.models:HUGGINGFACE",
+            _HUGGINGFACE_FIELDS,
+            ("model_type", "task"),
+            _huggingface_problem,
+        ),
+    )
+}
+DEFAULT_SOURCE = "huggingface"
 
 
 def _config_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str, str]]:
@@ -292,8 +340,16 @@ def load_spec_file(path: Path) -> ModelSpec:
     except (RecursionError, yaml.YAMLError) as exc:  # PyYAML recurses once per level of nesting
         raise fail(f"{path}: lists or objects nested too deeply") from exc
     checker = _SpecChecker(path)
-    found = checker.fields(root, "", _FIELDS)
-    for key in _REQUIRED:
+    source_name = data.get("source", DEFAULT_SOURCE)
+    source = SOURCES.get(source_name) if isinstance(source_name, str) else None
+    if source is None:
+        where = value_node(root, "source") or root
+        known = ", ".join(SOURCES)
+        close = did_you_mean(source_name, SOURCES) if isinstance(source_name, str) else ""
+        checker.error(where, "source", f"{source_name!r} is not a model source; known: {known}{close}")
+        raise fail("\n".join(checker.errors))
+    found = checker.fields(root, "", _COMMON_FIELDS | source.fields)
+    for key in ("name", *source.required):
         if key not in data:
             checker.error(root, key, "is required")
     config_node = value_node(root, "config")
@@ -312,25 +368,11 @@ def load_spec_file(path: Path) -> ModelSpec:
         checker.error(lines.get(key, root), key, message)
         return fail("\n".join(checker.errors))
 
-    seq_len = found.get("seq_len", 128)
-    if found["task"] == "fill-mask" and found.get("mask_token_id") is None:
-        raise problem("mask_token_id", "is required for task 'fill-mask' (the [MASK] token id, e.g. 103 for BERT)")
-    if "inputs" in found:
-        found["inputs"] = data["inputs"]
-        expected = [{"name": name, "dtype": "int64", "shape": [1, seq_len]} for name in INPUT_NAMES]
-        if found["inputs"] != expected:
-            raise problem("inputs", f"must be {json.dumps(expected)}: input_ids and attention_mask, int64 [1, seq_len]")
-    if not found.get("model_id") and not found.get("config") and found["name"] not in BUILTIN_SPECS:
-        raise problem("model_id", "give a model_id (HuggingFace id or local folder) or a config for random weights")
-    return ModelSpec(
-        name=found["name"],
-        model_type=found["model_type"],
-        task=found["task"],
-        seq_len=seq_len,
-        model_id=found.get("model_id"),
-        config=dict(found.get("config", {})),
-        mask_token_id=found.get("mask_token_id"),
-        description=found.get("description", ""),
-        source=str(path),
-        lines=spec_lines,
-    )
+    across = source.problem(found, data)
+    if across is not None:
+        raise problem(*across)
+    known = {f.name for f in fields(ModelSpec)} - {"source", "model_source", "lines", "trust_remote_code"}
+    given = {key: value for key, value in found.items() if key in known}
+    if "config" in given:
+        given["config"] = dict(given["config"])
+    return ModelSpec(**given, source=str(path), model_source=source.name, lines=spec_lines)

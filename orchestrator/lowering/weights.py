@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from orchestrator.errors import SpecError
 from orchestrator.lowering.spec import ModelSpec
 
 WEIGHT_MODES = ("auto", "pretrained", "random")  # `--weights`, the nightly's `weights:`
@@ -20,6 +21,13 @@ RANDOM_SEED = 0
 HUB_PROBE_TIMEOUT_S = 2.0
 # huggingface_hub's spelling of true for its environment switches.
 _TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
+
+
+class PretrainedUnavailable(SpecError):
+    """Pretrained weights were asked for and cannot be had; random weights can be (the command layer names how)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, hint="random weights build the architecture from its config")
 
 
 @dataclass(frozen=True)

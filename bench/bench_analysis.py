@@ -26,6 +26,7 @@ from orchestrator.deploy.runs import RunParams, profile, pull, push_artifact
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import Artifact, load_artifact
 from orchestrator.lowering.spec import BUILTIN_SPECS
+from orchestrator.lowering.variants import Variant
 from orchestrator.paths import state_dir
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.store import list_runs, new_run_id
@@ -35,8 +36,8 @@ TARGET_S = 5.0
 
 
 def bundle(cache: Path, iterations: int) -> tuple[Path, Artifact]:
-    lowering.lower(BUILTIN_SPECS["gpt2"], backends=["xnnpack"], weights="random")
-    artifact = load_artifact("gpt2", "xnnpack")
+    lowering.lower(BUILTIN_SPECS["gpt2"], variants=[Variant("xnnpack")], weights="random")
+    artifact = load_artifact("gpt2", Variant("xnnpack"))
     cached = [run for run in list_runs(cache) if run.backend == "xnnpack" and run.model == "gpt2"]
     if cached and artifact.sha256 in cached[-1].path.joinpath("run.json").read_text():
         return cached[-1].path, artifact  # profiled earlier, with this very program

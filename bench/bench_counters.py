@@ -44,6 +44,7 @@ def artifacts(models: list[str], full: bool) -> list[tuple[str, Path, Path]]:
     from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.spec import BUILTIN_SPECS
+    from orchestrator.lowering.variants import Variant
     from tests.plugins.artifacts import ARTIFACT_CACHE
 
     found = []
@@ -51,8 +52,8 @@ def artifacts(models: list[str], full: bool) -> list[tuple[str, Path, Path]]:
     for name in names:
         for backend in ("xnnpack", "portable") if name.endswith("-tiny") else ("xnnpack",):
             root = ARTIFACT_CACHE if name.endswith("-tiny") else None  # the tiny ones the tests lowered
-            lowering.lower(BUILTIN_SPECS[name], backends=[backend], weights="random", root=root)
-            artifact = load_artifact(name, backend, root)
+            lowering.lower(BUILTIN_SPECS[name], variants=[Variant(backend)], weights="random", root=root)
+            artifact = load_artifact(name, Variant(backend), root)
             found.append((f"{name} {backend}", artifact.pte, artifact.paths.reference_inputs))
     return found
 

@@ -26,8 +26,10 @@ import json, resource, sys, time
 started = time.perf_counter()
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.spec import BUILTIN_SPECS
-result = lowering.lower(BUILTIN_SPECS[sys.argv[1]], backends=[sys.argv[2]], weights="random", force=True)
-item = result.backends[sys.argv[2]]
+from orchestrator.lowering.variants import Variant
+variant = Variant.parse(sys.argv[2])
+result = lowering.lower(BUILTIN_SPECS[sys.argv[1]], variants=[variant], weights="random", force=True)
+item = result.variants[variant]
 print(json.dumps({
     "stages": result.stage_seconds,
     "total_s": time.perf_counter() - started,

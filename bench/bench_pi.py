@@ -31,6 +31,7 @@ from orchestrator.deploy.agent_client import BoardAgent  # noqa: E402
 from orchestrator.deploy.payload import fetch_wheel, tree_sha256  # noqa: E402
 from orchestrator.deploy.provision import setup_board  # noqa: E402
 from orchestrator.lowering.artifacts import load_artifact  # noqa: E402
+from orchestrator.lowering.variants import Variant  # noqa: E402
 from orchestrator.paths import BOARD_SOURCE_DIR, state_dir  # noqa: E402
 from orchestrator.testing.pi import rootfs_archive, start_pi_board, unpack_rootfs  # noqa: E402
 from orchestrator.testing.sshd import SshdLab  # noqa: E402
@@ -114,7 +115,7 @@ def main() -> int:
             native = native_runner()
             for model in MODELS:
                 for backend in BACKENDS:
-                    artifact = load_artifact(model, backend, state_dir() / "test-cache" / "artifacts")
+                    artifact = load_artifact(model, Variant(backend), state_dir() / "test-cache" / "artifacts")
                     inputs = artifact.paths.reference_inputs
                     remote_pte = push_file(conn, artifact.pte, kind="models", suffix=".pte").remote_path
                     remote_in = push_file(conn, inputs, kind="inputs", suffix=".etlt").remote_path

@@ -39,9 +39,10 @@ def distilbert_xnnpack() -> tuple[Path, Path]:
     from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.spec import BUILTIN_SPECS
+    from orchestrator.lowering.variants import Variant
 
-    lowering.lower(BUILTIN_SPECS["distilbert"], backends=["xnnpack"], weights="random")
-    artifact = load_artifact("distilbert", "xnnpack")
+    lowering.lower(BUILTIN_SPECS["distilbert"], variants=[Variant("xnnpack")], weights="random")
+    artifact = load_artifact("distilbert", Variant("xnnpack"))
     return artifact.pte, artifact.paths.reference_inputs
 
 

@@ -44,6 +44,7 @@ from orchestrator.deploy.runs import RunParams  # noqa: E402
 from orchestrator.lab.nightly import run_nightly  # noqa: E402
 from orchestrator.lowering import lower as lowering  # noqa: E402
 from orchestrator.lowering.spec import resolve_spec  # noqa: E402
+from orchestrator.lowering.variants import Variant  # noqa: E402
 from orchestrator.transport import connect  # noqa: E402
 
 BASE_CONFIG = {"vocab_size": 1000, "dim": 384, "n_layers": 2, "n_heads": 4, "hidden_dim": 1536}
@@ -119,11 +120,11 @@ def false_alarms(work: Path, board: Board, args: argparse.Namespace, figures: Fi
 
 def sensitivity(work: Path, board: Board, args: argparse.Namespace, figures: Figures) -> None:
     def build(hidden_dim: int) -> tuple[Program, tuple[Path, str]]:
-        result = lowering.lower(resolve_spec(None, spec_file(work, hidden_dim)), backends=["xnnpack"],
+        result = lowering.lower(resolve_spec(None, spec_file(work, hidden_dim)), variants=[Variant("xnnpack")],
                                 root=work / f"artifacts-{hidden_dim}")  # fmt: skip
-        backend = result.backends["xnnpack"]
-        inputs = (result.paths.reference_inputs, backend.sidecar.reference_inputs_sha256)
-        return Program(str(hidden_dim), backend.pte, backend.sidecar.sha256), inputs
+        lowered = result.variants[Variant("xnnpack")]
+        inputs = (result.paths.reference_inputs, lowered.sidecar.reference_inputs_sha256)
+        return Program(str(hidden_dim), lowered.pte, lowered.sidecar.sha256), inputs
 
     base, inputs = build(BASE_CONFIG["hidden_dim"])
     with connect(board) as conn:

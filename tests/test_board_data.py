@@ -22,6 +22,7 @@ from orchestrator.deploy.runs import RunParams, profile, pull, push_artifact
 from orchestrator.errors import AnalysisError, BoardError, BundleError, ExitCode
 from orchestrator.fsutil import TMP_PREFIX
 from orchestrator.lowering.artifacts import load_artifact
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.bundle import MANIFEST
@@ -238,7 +239,7 @@ def test_a_full_board_disk_is_reported_and_the_temporary_bundle_removed(
 def test_a_corrupt_model_fails_the_run_and_the_next_push_sends_it_again(
     local_board: Board, tiny_artifacts: dict[str, Any], tmp_path: Path
 ) -> None:
-    artifact = load_artifact("distilbert-tiny", "portable", ARTIFACT_CACHE)
+    artifact = load_artifact("distilbert-tiny", VARIANTS["portable"], ARTIFACT_CACHE)
     params = RunParams(warmup=0, iterations=1)
     with connect(local_board) as conn:
         pushed = push_artifact(conn, artifact)
@@ -405,7 +406,7 @@ def test_a_cell_records_only_the_finite_latencies_of_its_timings(tmp_path: Path)
 
     timings = {"iterations_ms": [1.5, None, float("nan"), float("inf"), {"a": 1}, "2", True, 10**400, 2]}
     (tmp_path / "timings.json").write_text(json.dumps(timings))
-    cell = CellOutcome("pi5-a", "tiny", "xnnpack", run_id="run-1", bundle=tmp_path)
+    cell = CellOutcome("pi5-a", "tiny", VARIANTS["xnnpack"], run_id="run-1", bundle=tmp_path)
     assert record_from_cell(cell, "2024-01-01", {}, None).latencies_ms == [1.5, 2.0]
     for document in ({"iterations_ms": None}, {"iterations_ms": {"0": 1.0}}, [1.0, 2.0]):
         (tmp_path / "timings.json").write_text(json.dumps(document))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from orchestrator.commands.render import render_comparison
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.compare import CompareError, compare_runs
 from orchestrator.results.stats import compare_samples, distribution
@@ -305,10 +306,13 @@ def test_interleaved_retest_confirms_a_really_slower_program(local_board: Any, t
     built = {}
     for name, root in (("distilbert-small", "artifacts"), ("distilbert-small-slow", "artifacts-slow")):
         result = lowering.lower(
-            resolve_spec(None, specs / f"{name}.json"), backends=["xnnpack"], root=TEST_CACHE / root
+            resolve_spec(None, specs / f"{name}.json"), variants=[VARIANTS["xnnpack"]], root=TEST_CACHE / root
         )
         built[name] = result
-    fast, slow = built["distilbert-small"].backends["xnnpack"], built["distilbert-small-slow"].backends["xnnpack"]
+    fast, slow = (
+        built["distilbert-small"].variants[VARIANTS["xnnpack"]],
+        built["distilbert-small-slow"].variants[VARIANTS["xnnpack"]],
+    )
     a = Program("A", fast.pte, fast.sidecar.sha256)
     b = Program("B", slow.pte, slow.sidecar.sha256)
     reference_inputs = built["distilbert-small"].paths.reference_inputs
@@ -338,8 +342,8 @@ def _lower_small(name: str, root: str) -> Any:
     from tests.plugins.artifacts import TEST_CACHE
 
     spec = resolve_spec(None, PROJECT_ROOT / "tests" / "data" / "specs" / f"{name}.json")
-    lowering.lower(spec, backends=["xnnpack"], root=TEST_CACHE / root)
-    return load_artifact(spec.name, "xnnpack", TEST_CACHE / root)
+    lowering.lower(spec, variants=[VARIANTS["xnnpack"]], root=TEST_CACHE / root)
+    return load_artifact(spec.name, VARIANTS["xnnpack"], TEST_CACHE / root)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from orchestrator.errors import UsageError
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import load_artifact
 from orchestrator.lowering.spec import BUILTIN_SPECS
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.programs.plan import read_program_plan
@@ -59,7 +60,7 @@ def _assert_overlay_on_real_nodes(overlay: Path, graphs: dict[str, set[str]]) ->
 
 
 def test_counters_pass_writes_deltas_keyed_by_its_own_etdump(provisioned_agent: Any, tiny_artifacts: dict) -> None:
-    artifact = load_artifact("distilbert-tiny", "xnnpack", ARTIFACT_CACHE)
+    artifact = load_artifact("distilbert-tiny", VARIANTS["xnnpack"], ARTIFACT_CACHE)
     bundle = _profile(provisioned_agent, artifact, "counters-1", "--counters", f"{SOFTWARE},cycles", "--threads", "2")
     run = json.loads((bundle / "run.json").read_text())
     assert run["counters_pass"]["status"] == "ok", run["counters_pass"]
@@ -100,7 +101,7 @@ def test_derived_metrics_and_untrusted_rows(provisioned_agent: Any, tiny_artifac
     """IPC and MPKI come from captured counters only; rows a board made up are dropped, never painted."""
     from orchestrator.results.counters_profile import read_counter_profile
 
-    artifact = load_artifact("distilbert-tiny", "xnnpack", ARTIFACT_CACHE)
+    artifact = load_artifact("distilbert-tiny", VARIANTS["xnnpack"], ARTIFACT_CACHE)
     bundle = _profile(provisioned_agent, artifact, "derived-1", "--counters", "task_clock")
     path = bundle / "counters.json"
     document = json.loads(path.read_text())
@@ -119,7 +120,7 @@ def test_derived_metrics_and_untrusted_rows(provisioned_agent: Any, tiny_artifac
 
 
 def test_every_run_records_memory_per_phase(provisioned_agent: Any, tiny_artifacts: dict) -> None:
-    artifact = load_artifact("gpt2-tiny", "portable", ARTIFACT_CACHE)
+    artifact = load_artifact("gpt2-tiny", VARIANTS["portable"], ARTIFACT_CACHE)
     bundle = _profile(provisioned_agent, artifact, "memory-1")
     timings = json.loads((bundle / "timings.json").read_text())
     memory = timings["memory"]
@@ -161,12 +162,12 @@ def test_every_run_records_memory_per_phase(provisioned_agent: Any, tiny_artifac
 def wide_program(tiny_artifacts: dict) -> Any:
     """distilbert-tiny at 256 tokens: the same graph with bigger activations, so a bigger planned arena."""
     spec = dataclasses.replace(BUILTIN_SPECS["distilbert-tiny"], name="distilbert-tiny-256", seq_len=256)
-    lowering.lower(spec, backends=["portable"], weights="random", root=ARTIFACT_CACHE)
-    return load_artifact("distilbert-tiny-256", "portable", ARTIFACT_CACHE)
+    lowering.lower(spec, variants=[VARIANTS["portable"]], weights="random", root=ARTIFACT_CACHE)
+    return load_artifact("distilbert-tiny-256", VARIANTS["portable"], ARTIFACT_CACHE)
 
 
 def test_a_bigger_arena_shows_a_bigger_planned_figure(provisioned_agent: Any, wide_program: Any) -> None:
-    narrow = load_artifact("distilbert-tiny", "portable", ARTIFACT_CACHE)
+    narrow = load_artifact("distilbert-tiny", VARIANTS["portable"], ARTIFACT_CACHE)
     figures = {}
     for name, artifact in (("narrow", narrow), ("wide", wide_program)):
         bundle = _profile(provisioned_agent, artifact, f"arena-{name}")
@@ -179,8 +180,8 @@ def test_a_bigger_arena_shows_a_bigger_planned_figure(provisioned_agent: Any, wi
 
 def test_live_bytes_follow_the_memory_plan(tiny_artifacts: dict) -> None:
     for model in ("distilbert-tiny", "gpt2-tiny"):
-        for backend in ("portable", "xnnpack"):
-            artifact = load_artifact(model, backend, ARTIFACT_CACHE)
+        for variant in (VARIANTS["portable"], VARIANTS["xnnpack"]):
+            artifact = load_artifact(model, variant, ARTIFACT_CACHE)
             reported = artifact.sidecar.memory.to_dict()
             plan = read_program_plan(artifact.pte)
             live = reported["live_bytes"]
@@ -217,7 +218,7 @@ def test_counters_pass_end_to_end_on_local_and_sshd_boards(
     # The terminal says which counters are missing and why.
     assert re.search(r"counter cycles not captured: ENOENT", output), output
     assert re.search(r"counter l2_refills not captured: ENOENT", output), output
-    artifact = load_artifact("distilbert-tiny", "xnnpack", ARTIFACT_CACHE)
+    artifact = load_artifact("distilbert-tiny", VARIANTS["xnnpack"], ARTIFACT_CACHE)
     graphs = adapter_graphs(artifact.pte)
     found = bundles(results)
     for board in ("local", "pi5-counters"):
@@ -367,7 +368,7 @@ def test_info_lists_the_counters_this_machine_opens(provisioned_agent: Any) -> N
 def test_memory_summary_notes_a_runner_that_planned_other_arenas(tiny_artifacts: dict) -> None:
     from orchestrator.results.memory import memory_summary
 
-    artifact = load_artifact("distilbert-tiny", "portable", ARTIFACT_CACHE)
+    artifact = load_artifact("distilbert-tiny", VARIANTS["portable"], ARTIFACT_CACHE)
     program = read_program_memory(artifact.pte)
     phases = [
         {"phase": "start", "peak_rss_bytes": 5_000_000, "rss_bytes": 5_000_000, "maxrss_bytes": 5_000_000},
@@ -435,7 +436,7 @@ def test_live_bytes_overlay_needs_no_board(tiny_artifacts: dict, tmp_path: Path)
     from orchestrator.results.overlays import write_program_overlays
     from orchestrator.servers.explorer import overlay_target
 
-    artifact = load_artifact("gpt2-tiny", "xnnpack", ARTIFACT_CACHE)
+    artifact = load_artifact("gpt2-tiny", VARIANTS["xnnpack"], ARTIFACT_CACHE)
     (overlay,) = write_program_overlays(artifact.pte, tmp_path)
     assert overlay.name == "me_overlay_live_bytes.json" and overlay_target(overlay) == artifact.pte.name
     assert _assert_overlay_on_real_nodes(overlay, adapter_graphs(artifact.pte)) == len(

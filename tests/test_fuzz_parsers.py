@@ -27,6 +27,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import AnalysisError, BundleError
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.results.bundle import MANIFEST, verify_bundle
 from orchestrator.results.etdump import Etdump, parse_etdump
 from orchestrator.tensorfile import DTYPE_CODES, MAGIC, NamedTensor, TensorFileError, read_tensors, write_tensors
@@ -662,7 +663,7 @@ def etdump_seed(tiny_artifacts: dict, tmp_path_factory: pytest.TempPathFactory) 
     result = tiny_artifacts["distilbert-tiny"]
     inputs = [torch.from_numpy(tensor.array) for tensor in read_tensors(result.paths.reference_inputs)]
     folder = tmp_path_factory.mktemp("etdump")
-    program = Runtime.get().load_program(result.paths.pte("xnnpack"), enable_etdump=True, debug_buffer_size=0)
+    program = Runtime.get().load_program(result.paths.pte(VARIANTS["xnnpack"]), enable_etdump=True, debug_buffer_size=0)
     program.load_method("forward").execute(inputs)
     program.write_etdump_result_to_file(str(folder / "etdump.etdp"), str(folder / "debug.bin"))
     data = (folder / "etdump.etdp").read_bytes()

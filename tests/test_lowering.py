@@ -19,9 +19,10 @@ from orchestrator.commands.common import variants
 from orchestrator.errors import ArtifactError, SpecError, UsageError
 from orchestrator.fsutil import remove_stale_temporaries, sha256_file
 from orchestrator.lowering import lower as lowering
-from orchestrator.lowering.artifacts import BACKENDS, ArtifactPaths, load_artifact, sidecar_problem
+from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact, sidecar_problem
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec, load_spec_file
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.tensorfile import read_tensors
 from tests.plugins.artifacts import TINY_MODELS
@@ -54,13 +55,13 @@ def execution_plan_counts(pte: Path) -> dict[str, int]:
 @pytest.mark.parametrize("model", TINY_MODELS)
 def test_sidecars_describe_the_programs(tiny_artifacts: dict[str, LoweringResult], model: str) -> None:
     result = tiny_artifacts[model]
-    portable = result.backends["portable"].sidecar
-    xnnpack = result.backends["xnnpack"].sidecar
-    for backend, sidecar in (("portable", portable), ("xnnpack", xnnpack)):
-        pte = result.paths.pte(backend)
+    portable = result.variants[VARIANTS["portable"]].sidecar
+    xnnpack = result.variants[VARIANTS["xnnpack"]].sidecar
+    for variant, sidecar in ((VARIANTS["portable"], portable), (VARIANTS["xnnpack"], xnnpack)):
+        pte = result.paths.pte(variant)
         for key in ("model", "model_id", "backend", "exported_program", "pte", "pte_size_mb", "seq_len", "weights"):
             assert key in sidecar.to_dict(), key  # the layout on disk
-        assert sidecar.backend == backend
+        assert sidecar.variant == variant and sidecar.to_dict()["backend"] == variant.name
         assert sidecar.sha256 == sha256_file(pte)
         assert sidecar.pte_size_mb == pytest.approx(pte.stat().st_size / 1e6, abs=1e-3)
         assert set(sidecar.versions) == {"torch", "executorch", "transformers"}
@@ -78,7 +79,7 @@ def test_sidecars_describe_the_programs(tiny_artifacts: dict[str, LoweringResult
         assert sum(histogram.values()) == sidecar.delegation.fallback_ops
         assert "memory.alloc" in histogram
         assert (result.paths.folder / sidecar.exported_program).is_file()
-        assert sidecar_problem(result.paths, backend) is None
+        assert sidecar_problem(result.paths, variant) is None
 
     assert portable.delegation.delegate_call_sites == 0
     assert portable.delegation.instructions["DelegateCall"] == 0
@@ -98,7 +99,7 @@ def test_pte_matches_eager_outputs(tiny_artifacts: dict[str, LoweringResult], mo
     paths = tiny_artifacts[model].paths
     inputs = [torch.from_numpy(t.array) for t in read_tensors(paths.reference_inputs)]
     (reference,) = read_tensors(paths.reference_outputs)
-    method = Runtime.get().load_program(paths.pte(backend)).load_method("forward")
+    method = Runtime.get().load_program(paths.pte(VARIANTS[backend])).load_method("forward")
     (output,) = method.execute(inputs)
     assert list(output.shape) == [1, 1000]
     np.testing.assert_allclose(output.numpy(), reference.array, atol=1e-4, rtol=1e-4)
@@ -160,7 +161,7 @@ def copy_artifacts(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path, mo
 def test_cache_hit_then_force(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path) -> None:
     root = copy_artifacts(tiny_artifacts, tmp_path, "gpt2-tiny")
     env = {"ETLAB_ARTIFACTS": str(root)}
-    pte = ArtifactPaths.for_model("gpt2-tiny", root).pte("xnnpack")
+    pte = ArtifactPaths.for_model("gpt2-tiny", root).pte(VARIANTS["xnnpack"])
     before = pte.stat().st_mtime_ns
 
     hit = run_fab("lower", "--model", "gpt2-tiny", "--weights", "random", env=env)
@@ -174,32 +175,32 @@ def test_cache_hit_then_force(tiny_artifacts: dict[str, LoweringResult], tmp_pat
     for stage in ("load", "export", "xnnpack: to_edge/partition", "xnnpack: to_executorch", "xnnpack: save"):
         assert f"✓ gpt2-tiny: {stage}" in forced.stderr
     assert pte.stat().st_mtime_ns != before
-    assert load_artifact("gpt2-tiny", "xnnpack", root).sha256 == sha256_file(pte)
+    assert load_artifact("gpt2-tiny", VARIANTS["xnnpack"], root).sha256 == sha256_file(pte)
 
 
 def test_cache_key_covers_everything_that_matters() -> None:
     spec = BUILTIN_SPECS["gpt2-tiny"]
-    base = lowering.cache_key(spec, "xnnpack", "random", False)
-    assert base == lowering.cache_key(spec, "xnnpack", "random", False)
+    base = lowering.cache_key(spec, VARIANTS["xnnpack"], "random", False)
+    assert base == lowering.cache_key(spec, VARIANTS["xnnpack"], "random", False)
     variants = {
-        lowering.cache_key(spec, "portable", "random", False),
-        lowering.cache_key(spec, "xnnpack", "pretrained", False),
-        lowering.cache_key(spec, "xnnpack", "random", True),
-        lowering.cache_key(BUILTIN_SPECS["distilbert-tiny"], "xnnpack", "random", False),
+        lowering.cache_key(spec, VARIANTS["portable"], "random", False),
+        lowering.cache_key(spec, VARIANTS["xnnpack"], "pretrained", False),
+        lowering.cache_key(spec, VARIANTS["xnnpack"], "random", True),
+        lowering.cache_key(BUILTIN_SPECS["distilbert-tiny"], VARIANTS["xnnpack"], "random", False),
     }
     assert base not in variants and len(variants) == 4
 
 
 def test_edited_pte_invalidates_the_artifact(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path) -> None:
     root = copy_artifacts(tiny_artifacts, tmp_path, "distilbert-tiny")
-    pte = ArtifactPaths.for_model("distilbert-tiny", root).pte("portable")
+    pte = ArtifactPaths.for_model("distilbert-tiny", root).pte(VARIANTS["portable"])
     data = bytearray(pte.read_bytes())
     data[len(data) // 2] ^= 0xFF
     pte.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="changed or is missing"):
-        load_artifact("distilbert-tiny", "portable", root)
+        load_artifact("distilbert-tiny", VARIANTS["portable"], root)
     # The other backend is untouched and still valid.
-    assert load_artifact("distilbert-tiny", "xnnpack", root).backend == "xnnpack"
+    assert load_artifact("distilbert-tiny", VARIANTS["xnnpack"], root).variant == VARIANTS["xnnpack"]
 
 
 def test_interrupted_lowering_leaves_nothing_valid(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path) -> None:
@@ -215,10 +216,10 @@ def test_interrupted_lowering_leaves_nothing_valid(tiny_artifacts: dict[str, Low
     )
     with reaped(proc):
         # Interrupt while the XNNPACK program is being lowered: the portable one has just been rewritten.
-        old_portable = paths.pte("portable").stat().st_mtime_ns
+        old_portable = paths.pte(VARIANTS["portable"]).stat().st_mtime_ns
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
-            if paths.pte("portable").stat().st_mtime_ns != old_portable:
+            if paths.pte(VARIANTS["portable"]).stat().st_mtime_ns != old_portable:
                 break
             time.sleep(0.02)
         assert proc.poll() is None, "the lowering finished before it could be interrupted"
@@ -227,19 +228,19 @@ def test_interrupted_lowering_leaves_nothing_valid(tiny_artifacts: dict[str, Low
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
     with pytest.raises(ArtifactError):
-        load_artifact("distilbert-tiny", "xnnpack", root)
+        load_artifact("distilbert-tiny", VARIANTS["xnnpack"], root)
     # The portable program is either complete and vouched for by its new sidecar, or not an artifact at all.
     try:
-        portable = load_artifact("distilbert-tiny", "portable", root)
+        portable = load_artifact("distilbert-tiny", VARIANTS["portable"], root)
     except ArtifactError:
         portable = None
     if portable is not None:
-        assert portable.sha256 == sha256_file(paths.pte("portable"))
+        assert portable.sha256 == sha256_file(paths.pte(VARIANTS["portable"]))
     # Whatever the interrupted writer left is a temporary, and the next lowering sweeps it away.
     names = {p.name for p in paths.folder.iterdir()}
     finals = {paths.exported_program.name, paths.reference_inputs.name, paths.reference_outputs.name}
     # The shared test cache also holds the quantized variants (tests/plugins/quantized.py): they are finals too.
-    finals |= {paths.pte(b).name for b in BACKENDS} | {paths.sidecar(b).name for b in BACKENDS}
+    finals |= {paths.pte(v).name for v in VARIANTS.values()} | {paths.sidecar(v).name for v in VARIANTS.values()}
     assert all(name in finals or name.startswith(".etlab-tmp-") for name in names), names
     remove_stale_temporaries(paths.folder)
     assert not [name for name in os.listdir(paths.folder) if name.startswith(".etlab-tmp-")]
@@ -268,8 +269,8 @@ def test_user_spec_with_local_pretrained_weights(tmp_path: Path) -> None:
         )
     )
     spec = load_spec_file(spec_path)
-    result = lowering.lower(spec, backends=["portable"], weights="pretrained", root=tmp_path / "artifacts")
-    sidecar = result.backends["portable"].sidecar
+    result = lowering.lower(spec, variants=[VARIANTS["portable"]], weights="pretrained", root=tmp_path / "artifacts")
+    sidecar = result.variants[VARIANTS["portable"]].sidecar
     assert sidecar.weights == "pretrained"
     assert sidecar.model_id == str(saved)
     assert sidecar.inputs[0]["shape"] == [1, 32]
@@ -333,15 +334,15 @@ def test_etrecord_only_on_request(tmp_path: Path) -> None:
     from executorch.devtools.etrecord import parse_etrecord
 
     result = lowering.lower(
-        BUILTIN_SPECS["gpt2-tiny"], backends=["xnnpack"], weights="random", etrecord=True, root=tmp_path
+        BUILTIN_SPECS["gpt2-tiny"], variants=[VARIANTS["xnnpack"]], weights="random", etrecord=True, root=tmp_path
     )
-    sidecar = result.backends["xnnpack"].sidecar
-    etrecord = result.paths.etrecord("xnnpack")
+    sidecar = result.variants[VARIANTS["xnnpack"]].sidecar
+    etrecord = result.paths.etrecord(VARIANTS["xnnpack"])
     assert sidecar.etrecord == etrecord.name and sidecar.files["etrecord"].sha256 == sha256_file(etrecord)
     assert etrecord.stat().st_size > result.paths.exported_program.stat().st_size
     parsed = parse_etrecord(str(etrecord))
     assert parsed.edge_dialect_program is not None
     # Without the option there is none, and it is a different cache entry.
-    plain = lowering.lower(BUILTIN_SPECS["gpt2-tiny"], backends=["portable"], weights="random", root=tmp_path)
-    assert plain.backends["portable"].sidecar.etrecord is None
-    assert not result.paths.etrecord("portable").exists()
+    plain = lowering.lower(BUILTIN_SPECS["gpt2-tiny"], variants=[VARIANTS["portable"]], weights="random", root=tmp_path)
+    assert plain.variants[VARIANTS["portable"]].sidecar.etrecord is None
+    assert not result.paths.etrecord(VARIANTS["portable"]).exists()

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.boards.inventory import Board
 from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.testing import pi as emulated
 from orchestrator.testing.pi import PiBoard
@@ -195,7 +196,7 @@ def test_mixed_architecture_lab_end_to_end(
     assert any(r["reason"].startswith("throttling: throttled_now") for r in validity["reasons"]), validity
     # XNNPACK's Arm kernels' events land on real nodes inside each delegate.
     index = json.loads((pi_xnn / "model_explorer" / "overlays.json").read_text())
-    graphs = adapter_graphs(tiny_artifacts["distilbert-tiny"].paths.pte("xnnpack"))
+    graphs = adapter_graphs(tiny_artifacts["distilbert-tiny"].paths.pte(VARIANTS["xnnpack"]))
     delegates = {g for g in graphs if "::" in g}
     assert delegates and set(index["delegate_graphs"]) == delegates, index["left_out"]
     painted = json.loads((pi_xnn / "model_explorer" / "me_overlay_mean_ms.json").read_text())

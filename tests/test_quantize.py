@@ -31,6 +31,7 @@ from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.quantize import QUANTIZED, SCHEMES, fully_connected_types
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.validity import accuracy_figures, judge_accuracy
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
@@ -216,10 +217,10 @@ def test_quantized_node_counts_are_what_the_sidecar_claims(
 ) -> None:
     result = quantized_artifacts[name]
     linears = eager_linear_count(name)
-    fp32 = result.backends["xnnpack"]
+    fp32 = result.variants[VARIANTS["xnnpack"]]
     assert dict(fully_connected_types(fp32.pte)) == {"fp32 x fp32": linears}
     for scheme in (s.name for s in QUANTIZED):
-        item = result.backends[f"xnnpack-{scheme}"]
+        item = result.variants[VARIANTS[f"xnnpack-{scheme}"]]
         assert item.sidecar.quantization is not None
         quantization = item.sidecar.quantization.to_dict()
         in_program = dict(fully_connected_types(item.pte))  # read from the serialized XNNPACK graphs
@@ -233,7 +234,7 @@ def test_quantized_node_counts_are_what_the_sidecar_claims(
         assert item.sidecar.pte_size_mb < fp32.sidecar.pte_size_mb
         assert item.pte.name == f"{name}_xnnpack-{scheme}.pte"
         assert "exported_program" not in item.sidecar.files  # lowered from the eager model
-    calibration = result.backends["xnnpack-int8-static"].sidecar.quantization
+    calibration = result.variants[VARIANTS["xnnpack-int8-static"]].sidecar.quantization
     assert calibration is not None and calibration.calibration_source is not None
     assert calibration.calibration_source.startswith("generated") and (calibration.calibration_samples or 0) >= 2
 
@@ -324,7 +325,9 @@ def test_deploy_and_profile_every_scheme_side_by_side_then_compare_across_scheme
             coverage = summary["profile"]["overlay_coverage"]
             assert coverage["delegates"] > 0 and coverage["delegates_placed"] == coverage["delegates"], coverage
             if board == "local":  # the real PTE adapter opens the quantized program; the overlays hit its nodes
-                graphs = adapter_graphs(quantized_artifacts["distilbert-tiny"].backends[f"xnnpack-{scheme}"].pte)
+                graphs = adapter_graphs(
+                    quantized_artifacts["distilbert-tiny"].variants[VARIANTS[f"xnnpack-{scheme}"]].pte
+                )
                 overlay = json.loads(
                     (Path(summary["_path"]) / "model_explorer" / "me_overlay_median_ms.json").read_text()
                 )
@@ -371,20 +374,20 @@ def test_a_broken_scale_program_fails_the_accuracy_gate(
     )
     assert break_weight_scales(quantized.program) == eager_linear_count("distilbert-tiny")
     program = to_edge_transform_and_lower(quantized.program, partitioner=[XnnpackPartitioner()]).to_executorch()
-    backend = "xnnpack-int8-dynamic"
-    paths.pte(backend).write_bytes(program.buffer)
-    sidecar = read_json(paths.sidecar(backend))
-    sidecar["files"]["pte"] = file_record(paths.pte(backend))
+    variant = VARIANTS["xnnpack-int8-dynamic"]
+    paths.pte(variant).write_bytes(program.buffer)
+    sidecar = read_json(paths.sidecar(variant))
+    sidecar["files"]["pte"] = file_record(paths.pte(variant))
     sidecar["sha256"] = sidecar["files"]["pte"]["sha256"]
-    atomic_write_json(paths.sidecar(backend), sidecar)
-    assert sidecar_problem(paths, backend) is None
+    atomic_write_json(paths.sidecar(variant), sidecar)
+    assert sidecar_problem(paths, variant) is None
 
     results = tmp_path / "results"
     result = fab("deploy-and-profile", "--model", "distilbert-tiny", "--quantize", "int8-dynamic",
                  "--board", "local", "--iterations", "3", "--warmup", "1", "--no-explore",
                  "--inventory", str(quant_lab["inventory"]), artifacts=artifacts, results=results)  # fmt: skip
     text = result.stdout + result.stderr
-    (summary,) = summaries(results)[("local", backend)]
+    (summary,) = summaries(results)[("local", variant.name)]
     accuracy = summary["accuracy"]
     assert accuracy["verdict"] == "fail", accuracy
     assert accuracy["sqnr_db"] < ACCURACY_DEFAULTS["min_sqnr_db"]
@@ -409,24 +412,24 @@ def test_an_interrupted_parallel_lowering_leaves_only_valid_artifacts(tmp_path: 
         start_new_session=True,
     )  # fmt: skip
     paths = ArtifactPaths.for_model("gpt2-tiny", artifacts)
-    backends = ["xnnpack", "xnnpack-int8-dynamic", "xnnpack-8da4w"]
+    variants = [VARIANTS["xnnpack"], VARIANTS["xnnpack-int8-dynamic"], VARIANTS["xnnpack-8da4w"]]
     with reaped(process):
         deadline = time.monotonic() + 1500
         while time.monotonic() < deadline and process.poll() is None:
-            if any(paths.sidecar(b).is_file() for b in backends):
+            if any(paths.sidecar(v).is_file() for v in variants):
                 break
             time.sleep(0.2)
         assert process.poll() is None, "the lowering ended before it could be interrupted"
         os.killpg(process.pid, signal.SIGINT)  # Ctrl+C: the parent and its workers
         output, _ = process.communicate(timeout=300)
     assert process.returncode == 130, output
-    finished = [b for b in backends if paths.sidecar(b).is_file()]
-    assert finished and len(finished) < len(backends), (finished, output)
-    for backend in backends:
-        if backend in finished:
-            assert sidecar_problem(paths, backend) is None
+    finished = [v for v in variants if paths.sidecar(v).is_file()]
+    assert finished and len(finished) < len(variants), (finished, output)
+    for variant in variants:
+        if variant in finished:
+            assert sidecar_problem(paths, variant) is None
         else:
-            assert sidecar_problem(paths, backend) is not None
+            assert sidecar_problem(paths, variant) is not None
     # A worker stopped mid-write may leave a temporary: never an artifact, and swept by the next lowering.
     assert all(not p.name.startswith(".") or p.name.startswith(".etlab-tmp-") for p in paths.folder.iterdir())
     assert "started" in output  # progress per variant
@@ -440,9 +443,9 @@ def test_the_parallel_schedule_keeps_every_variant_within_the_memory_budget(tmp_
 
     gb = 10**9
 
-    def task(backend: str, peak: float, seconds: float) -> VariantTask:
+    def task(name: str, peak: float, seconds: float) -> VariantTask:
         return VariantTask(
-            spec=BUILTIN_SPECS["distilbert-tiny"], backend=backend, weights="random", weights_note="random",
+            spec=BUILTIN_SPECS["distilbert-tiny"], variant=VARIANTS[name], weights="random", weights_note="random",
             parameters=1, files={}, inputs=[], outputs=[], root=tmp_path, etrecord=False, key="k", calibration=None,
             peak_bytes=int(peak * gb), expected_seconds=seconds,
         )  # fmt: skip
@@ -453,10 +456,10 @@ def test_the_parallel_schedule_keeps_every_variant_within_the_memory_budget(tmp_
     # Workers get the quantized variants, longest first, as long as this process's 1 GB and theirs fit in 4 GB;
     # int8-static (5 GB) never fits beside anything.
     first = schedule._claim(main=False)
-    assert first is not None and first.backend == "xnnpack-8da4w"
+    assert first is not None and first.variant.name == "xnnpack-8da4w"
     schedule._running[Future()] = first
     second = schedule._claim(main=False)
-    assert second is not None and second.backend == "xnnpack-int8-dynamic"
+    assert second is not None and second.variant.name == "xnnpack-int8-dynamic"
     schedule._running[Future()] = second
     assert schedule._claim(main=False) is None  # 1 + 1.5 + 1.5 + 1 > 4: wait rather than swap
     # The fp32 variant comes from the exported program: no worker takes it before the .pt2 is saved.
@@ -465,12 +468,12 @@ def test_the_parallel_schedule_keeps_every_variant_within_the_memory_budget(tmp_
     assert schedule._claim(main=False) is None
     schedule.program_saved({"file": "m.pt2", "size": 1, "mtime_ns": 1, "sha256": "0"})
     fp32 = schedule._claim(main=True)  # this process takes its own program's variant first
-    assert fp32 is not None and fp32.backend == "xnnpack" and "exported_program" in fp32.files
+    assert fp32 is not None and fp32.variant.name == "xnnpack" and "exported_program" in fp32.files
     assert schedule._claim(main=True) is None  # int8-static beside a running worker: it waits
     schedule._running.clear()
     assert schedule._claim(main=False) is None  # too big for a worker beside this process
     alone = schedule._claim(main=True)  # nothing else running: this process lowers it alone, with a warning
-    assert alone is not None and alone.backend == "xnnpack-int8-static" and not schedule.pending
+    assert alone is not None and alone.variant.name == "xnnpack-int8-static" and not schedule.pending
     assert schedule.main_reserved == 5 * gb
 
 
@@ -488,27 +491,27 @@ def test_parallel_lowering_writes_what_the_sequential_one_writes(tmp_path: Path)
     spec = BUILTIN_SPECS["distilbert-tiny"]
     # fp32 lowers in this process from the exported program, the quantized variant in the worker from the eager
     # model: the two paths that could diverge. (Two variants only: every lowering here is done twice.)
-    backends = ["xnnpack", "xnnpack-int8-dynamic"]
-    sequential = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "seq", jobs=1)
+    variants = [VARIANTS["xnnpack"], VARIANTS["xnnpack-int8-dynamic"]]
+    sequential = lowering.lower(spec, variants=variants, weights="random", root=tmp_path / "seq", jobs=1)
     # One worker and this process: quantized variants in the worker from the eager model, fp32 ones here first.
-    parallel = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "par", jobs=2)
+    parallel = lowering.lower(spec, variants=variants, weights="random", root=tmp_path / "par", jobs=2)
     assert "lower variants (parallel)" in parallel.stage_seconds
     assert "lower variants (parallel)" not in sequential.stage_seconds
-    assert list(parallel.backends) == backends
+    assert list(parallel.variants) == variants
     shared = ("exported_program", "reference_inputs", "reference_outputs")
     for name in shared:
         assert getattr(sequential.paths, name).read_bytes() == getattr(parallel.paths, name).read_bytes(), name
-    for backend in backends:
-        one, two = sequential.backends[backend], parallel.backends[backend]
-        assert not two.cached and sidecar_problem(parallel.paths, backend) is None
-        assert one.pte.read_bytes() == two.pte.read_bytes(), backend
+    for variant in variants:
+        one, two = sequential.variants[variant], parallel.variants[variant]
+        assert not two.cached and sidecar_problem(parallel.paths, variant) is None
+        assert one.pte.read_bytes() == two.pte.read_bytes(), variant
         # Same sidecar (the paths aside): same files vouched for (the .pt2 only for fp32), same reports.
-        assert _comparable(read_json(parallel.paths.sidecar(backend))) == _comparable(two.sidecar)
-        assert _comparable(one.sidecar) == _comparable(two.sidecar), backend
-        assert ("exported_program" in two.sidecar.files) == (backend in ("portable", "xnnpack")), backend
+        assert _comparable(read_json(parallel.paths.sidecar(variant))) == _comparable(two.sidecar)
+        assert _comparable(one.sidecar) == _comparable(two.sidecar), variant
+        assert ("exported_program" in two.sidecar.files) == (not variant.quantized), variant
         assert two.sidecar.lowering.peak_rss_bytes > 0 and two.sidecar.lowering.seconds > 0
     # A second parallel lowering finds every variant cached.
-    again = lowering.lower(spec, backends=backends, weights="random", root=tmp_path / "par", jobs=2)
+    again = lowering.lower(spec, variants=variants, weights="random", root=tmp_path / "par", jobs=2)
     assert again.cached
 
 
@@ -531,7 +534,7 @@ def test_nightly_matrix_quantize_key_and_history_keys_carry_the_scheme(
     }  # fmt: skip
     inventory = write_inventory(tmp_path / "inventory.yaml", [local_board], nightly=section)
     config = load_config(load_inventory(inventory))
-    assert config.entries[0].backends == ("xnnpack", "xnnpack-int8-dynamic")
+    assert config.entries[0].variants == (VARIANTS["xnnpack"], VARIANTS["xnnpack-int8-dynamic"])
     assert config.accuracy["min_sqnr_db"] == 12.5
 
     bad = write_inventory(

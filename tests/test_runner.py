@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from orchestrator.fsutil import TMP_PREFIX
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from orchestrator.versions import executorch_version
 from tests.plugins.processes import reaped
@@ -345,12 +346,12 @@ def test_runner_reads_the_constants_the_lowering_counted(
     from orchestrator.programs.memory import read_program_memory
     from tests.plugins.artifacts import ARTIFACT_CACHE
 
-    quantized = "xnnpack-int8-dynamic"
-    lowering.lower(BUILTIN_SPECS["distilbert-tiny"], backends=[quantized], weights="random", root=ARTIFACT_CACHE)
-    cases = [(m, b) for m in ("distilbert-tiny", "gpt2-tiny") for b in ("portable", "xnnpack")]
-    for model, backend in [*cases, ("distilbert-tiny", quantized)]:
-        artifact = load_artifact(model, backend, ARTIFACT_CACHE)
-        timings_path = tmp_path / f"{model}-{backend}.json"
+    quantized = VARIANTS["xnnpack-int8-dynamic"]
+    lowering.lower(BUILTIN_SPECS["distilbert-tiny"], variants=[quantized], weights="random", root=ARTIFACT_CACHE)
+    cases = [(m, VARIANTS[b]) for m in ("distilbert-tiny", "gpt2-tiny") for b in ("portable", "xnnpack")]
+    for model, variant in [*cases, ("distilbert-tiny", quantized)]:
+        artifact = load_artifact(model, variant, ARTIFACT_CACHE)
+        timings_path = tmp_path / f"{model}-{variant}.json"
         completed = run_runner(
             runner_binary, "--model", artifact.pte, "--warmup", "0", "--iterations", "1", "--timings", timings_path
         )

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from orchestrator.errors import ExitCode, SpecError, UsageError
 from orchestrator.lowering.spec import load_spec_file
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.tensorfile import NamedTensor, write_tensors
 
@@ -353,7 +354,7 @@ def test_calibration_is_checked_before_anything_loads(tmp_path: Path, monkeypatc
     samples.write_text(json.dumps([[101, 7, 8], [101, 1000, 102]]))
     # The library names the file; the command layer adds its option (naming_calibration).
     with pytest.raises(UsageError, match=rf"^{samples}: sample 1 has token ids outside 0\.\.999"):
-        lower(spec, backends=["xnnpack-int8-static"], weights="random", root=tmp_path / "artifacts",
+        lower(spec, variants=[VARIANTS["xnnpack-int8-static"]], weights="random", root=tmp_path / "artifacts",
               calibration=samples, jobs=2)  # fmt: skip
     assert not (tmp_path / "artifacts").exists()
 

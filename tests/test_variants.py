@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.boards.inventory import Board, load_inventory
-from orchestrator.commands.common import variants
+from orchestrator.commands.common import lower_options, variants
 from orchestrator.errors import InventoryError, UsageError
 from orchestrator.lab.matrix import load_config
 from orchestrator.lowering import quantize
-from orchestrator.lowering.artifacts import BACKENDS, QUANTIZED_BACKENDS, lower_options
+from orchestrator.lowering.artifacts import BACKENDS, QUANTIZED_BACKENDS
 from orchestrator.lowering.quantize import FP32, QUANTIZED, SCHEMES
 from orchestrator.lowering.variants import VARIANTS, UnknownVariant, Variant, combine, parse_schemes, scheme_of
 from tests.plugins.boards import write_inventory
@@ -108,8 +108,8 @@ def test_a_variant_cannot_be_built_wrong() -> None:
 
 
 def test_names_costs_and_fab_lower_options() -> None:
-    assert lower_options("xnnpack-8da4w") == "--quantize 8da4w"
-    assert lower_options("portable") == "--backend portable"
+    assert lower_options(VARIANTS["xnnpack-8da4w"]) == "--quantize 8da4w"
+    assert lower_options(VARIANTS["portable"]) == "--backend portable"
     # The order of a parallel lowering (bench/README.md): portable cheapest, int8-static the longest.
     costs = {name: variant.relative_cost for name, variant in VARIANTS.items()}
     assert costs["portable"] < costs["xnnpack"] < costs["xnnpack-int8-dynamic"] < costs["xnnpack-int8-static"]
@@ -131,5 +131,6 @@ def test_the_matrix_names_cells_as_the_cli_does(tmp_path: Path) -> None:
     entry = {"models": ["distilbert-tiny"], "backends": ["portable", "xnnpack-8da4w"], "quantize": ["int8-static"]}
     inventory = write_inventory(tmp_path / "inventory.yaml", [board], nightly={"matrix": [entry]})
     (matrix,) = load_config(load_inventory(inventory)).entries
-    cli = [variant.name for variant in variants("portable,xnnpack-8da4w", "int8-static")]
-    assert list(matrix.backends) == cli == ["xnnpack-8da4w", "xnnpack-int8-static"]
+    cli = variants("portable,xnnpack-8da4w", "int8-static")
+    assert list(matrix.variants) == cli
+    assert [variant.name for variant in cli] == ["xnnpack-8da4w", "xnnpack-int8-static"]

@@ -23,6 +23,7 @@ from orchestrator.errors import UsageError
 from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.spec import load_spec_file
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.lowering.weights import cached_config, resolve_weights
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.boards import write_inventory
@@ -92,7 +93,7 @@ def test_random_then_auto_is_a_cache_hit_without_torch(
     """The tiny models are random whatever is asked: `auto` after `random` reuses the lowering."""
     root = copy_model(tiny_artifacts, "distilbert-tiny", tmp_path / "artifacts")
     folder = ArtifactPaths.for_model("distilbert-tiny", root).folder
-    assert load_artifact("distilbert-tiny", "xnnpack", root).sidecar.weights == "random"
+    assert load_artifact("distilbert-tiny", VARIANTS["xnnpack"], root).sidecar.weights == "random"
     before = mtimes(folder)
 
     proc, imported = fab("lower", "--model", "distilbert-tiny", env={"ETLAB_ARTIFACTS": str(root)})
@@ -114,7 +115,7 @@ def test_auto_fallback_and_random_share_the_cache(tmp_path: Path, offline_hub: d
     assert first.returncode == 0, first.stderr[-3000:]
     assert "Falling back to RANDOM weights" in first.stderr
     assert "torch" in imported  # a real lowering: the import check above and below can see torch
-    sidecar = load_artifact("warm-bert", "portable", root).sidecar
+    sidecar = load_artifact("warm-bert", VARIANTS["portable"], root).sidecar
     assert sidecar.weights == "random" and "HF_HUB_OFFLINE" in sidecar.weights_note
     before = mtimes(paths.folder)
 
@@ -130,7 +131,7 @@ def test_auto_fallback_and_random_share_the_cache(tmp_path: Path, offline_hub: d
     pretrained, _ = fab("lower", "--spec", str(spec), "--backend", "portable", env=env)
     assert pretrained.returncode == 0, pretrained.stderr[-3000:]
     assert "using cached artifacts" not in pretrained.stderr
-    assert load_artifact("warm-bert", "portable", root).sidecar.weights == "pretrained"
+    assert load_artifact("warm-bert", VARIANTS["portable"], root).sidecar.weights == "pretrained"
     hit, _ = fab("lower", "--spec", str(spec), "--backend", "portable", "--weights", "pretrained", env=env)
     assert hit.returncode == 0 and "using cached artifacts for portable" in hit.stderr, hit.stderr[-3000:]
 

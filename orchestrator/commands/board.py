@@ -15,13 +15,14 @@ from orchestrator.boards import labgrid
 from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
 from orchestrator.boards.workdir import BoardWorkdir
+from orchestrator.commands.common import find_artifact
 from orchestrator.commands.render import place_text, print_details, print_gc, summarize
 from orchestrator.deploy.agent_client import BoardAgent, GcResult
 from orchestrator.deploy.provision import probe, setup_board
 from orchestrator.deploy.runs import RunParams, profile, push_artifact
 from orchestrator.errors import BundleError, EtlabError, ExitCode, UsageError
 from orchestrator.lowering import programs
-from orchestrator.lowering.artifacts import Artifact, load_artifact
+from orchestrator.lowering.artifacts import Artifact
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.store import new_run_id, pull_destination
 from orchestrator.transport import connect
@@ -64,7 +65,7 @@ def push(boards: Sequence[Board], artifacts: Sequence[Artifact]) -> int:
             for artifact in artifacts:
                 pushed = push_artifact(conn, artifact, progress)
                 rate = pushed.model.mib_per_s
-                rows.append((artifact.backend, pushed.model.remote_path, pushed.model.skipped, rate))
+                rows.append((artifact.variant.name, pushed.model.remote_path, pushed.model.skipped, rate))
         return rows
 
     outcomes = fan_out(boards, one)
@@ -90,7 +91,7 @@ def run(boards: Sequence[Board], artifacts: Sequence[Artifact], params: RunParam
                     pushed = push_artifact(conn, artifact)  # a no-op when the board holds it already
                 with stage("run"):
                     remote = profile(conn, artifact, pushed, params, new_run_id())
-                rows.append((artifact.backend, remote))
+                rows.append((artifact.variant.name, remote))
         if any(r.status != "ok" for _, r in rows):
             failed = next(r for _, r in rows if r.status != "ok")
             raise RunFailed(f"runner {failed.status} for {failed.run_id}: {failed.error}", rows)
@@ -278,4 +279,4 @@ def gc(boards: Sequence[Board], keep: int) -> int:
 
 
 def artifacts_for(model: str, variants: Sequence[Variant]) -> list[Artifact]:
-    return [load_artifact(model, variant.name) for variant in variants]
+    return [find_artifact(model, variant) for variant in variants]

@@ -18,6 +18,7 @@ from orchestrator.commands import options
 from orchestrator.errors import EtlabError, ExitCode, UsageError
 
 if TYPE_CHECKING:
+    from orchestrator.lowering.artifacts import Artifact
     from orchestrator.lowering.spec import ModelSpec
     from orchestrator.lowering.variants import Variant
 
@@ -148,6 +149,29 @@ def variants(backend: str | None, quantize: Any = "none", default: str = "portab
     except UnknownVariant as exc:
         raise UsageError(f"--quantize: {exc}") from None
     return list(combine([Variant.parse(name) for name in names], schemes))
+
+
+def lower_options(variant: Variant) -> str:
+    """The `fab lower` options that make `variant`: `--backend xnnpack` or `--quantize int8-dynamic`."""
+    return f"--quantize {variant.scheme.name}" if variant.quantized else f"--backend {variant.name}"
+
+
+def find_artifact(model: str, variant: Variant | str, root: Path | None = None) -> Artifact:
+    """The lowered artifact of `model`/`variant` (a Variant, or a variant name read from a run), or an
+    ArtifactError naming the `fab lower` that makes it."""
+    # here, not at the top: fab imports this module at start-up
+    from orchestrator.errors import ArtifactError
+    from orchestrator.lowering.artifacts import MissingArtifact, load_artifact
+    from orchestrator.lowering.variants import UnknownVariant, Variant
+
+    try:
+        chosen = variant if isinstance(variant, Variant) else Variant.parse(variant)
+    except UnknownVariant as exc:
+        raise ArtifactError(f"no artifact for model {model!r}: {exc}") from None
+    try:
+        return load_artifact(model, chosen, root)
+    except MissingArtifact as exc:
+        raise ArtifactError(str(exc), hint=f"run: fab lower --model {model} {lower_options(chosen)}") from None
 
 
 @dataclass(frozen=True)

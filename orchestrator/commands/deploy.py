@@ -11,13 +11,12 @@ from rich.markup import escape
 from orchestrator import console
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
-from orchestrator.commands.common import LoweringOptions, naming_calibration
+from orchestrator.commands.common import LoweringOptions, find_artifact, naming_calibration
 from orchestrator.commands.render import print_cells, print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code
 from orchestrator.lowering import lower as lowerer
-from orchestrator.lowering.artifacts import load_artifact
 from orchestrator.lowering.variants import Variant
 from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
 
@@ -39,19 +38,19 @@ def deploy_and_profile(
 ) -> int:
     # Both fp32 backends are lowered too (cached after the first time) so Model Explorer shows every program,
     # the quantized ones next to the fp32 ones.
-    wanted = list(dict.fromkeys(["portable", "xnnpack", *(variant.name for variant in variants)]))
+    wanted = list(dict.fromkeys([Variant("portable"), Variant("xnnpack"), *variants]))
     checked = lowering or LoweringOptions("auto", None, None)
     with naming_calibration():
         lowered = lowerer.lower(
             spec,
-            backends=wanted,
+            variants=wanted,
             weights=checked.weights,
             root=artifacts_root,
             calibration=checked.calibration,
             jobs=checked.jobs,
         )
     print_lowering(lowered)
-    jobs = [CellJob(load_artifact(spec.name, v.name, artifacts_root), params, accuracy) for v in variants]
+    jobs = [CellJob(find_artifact(spec.name, variant, artifacts_root), params, accuracy) for variant in variants]
 
     with console.transfer_progress() as progress:
         outcomes = fan_out(
@@ -64,7 +63,7 @@ def deploy_and_profile(
                 CellOutcome(
                     outcome.board.name,
                     job.artifact.model,
-                    job.artifact.backend,
+                    job.artifact.variant,
                     error=outcome.error,
                     stage=outcome.stage or "?",
                     detail=outcome.detail,

@@ -26,7 +26,7 @@ def lower(
     with naming_calibration():
         result = lowering.lower(
             model_spec(model, spec, trust_remote_code=trust_remote_code),
-            backends=[variant.name for variant in chosen],
+            variants=chosen,
             weights=checked.weights,
             etrecord=etrecord,
             force=force,

@@ -163,22 +163,21 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
 
     With quantized variants in the table, the size of each program and the accuracy gate's verdict are shown too.
     """
-    medians = {(c.board, c.model, c.backend): c.median_ms for c in cells}
-    variants = {cell.backend: Variant.parse(cell.backend) for cell in cells}  # cells' backends are artifacts'
-    quantized = any(variant.quantized for variant in variants.values())
+    medians = {(c.board, c.model, c.variant): c.median_ms for c in cells}
+    quantized = any(cell.variant.quantized for cell in cells)
     rows = []
     for cell in cells:
-        variant = variants[cell.backend]
+        variant = cell.variant
         # The speedup's reference: the same backend in fp32 for a quantized program, portable for fp32 XNNPACK.
-        base = Variant(variant.backend).name if variant.quantized else None
-        if variant.name == "xnnpack":
-            base = "portable"
+        base = Variant(variant.backend) if variant.quantized else None
+        if variant == Variant("xnnpack"):
+            base = Variant("portable")
         reference = medians.get((cell.board, cell.model, base)) if base else None
         speedup = None
-        if reference and cell.median_ms:
-            speedup = f"{reference / cell.median_ms:.2f}× vs {'fp32' if base == 'xnnpack' else 'portable'}"
+        if reference and cell.median_ms and base is not None:
+            speedup = f"{reference / cell.median_ms:.2f}× vs {'fp32' if variant.quantized else 'portable'}"
         status = "ok" if cell.ok else f"FAILED at {cell.stage}"
-        row = [cell.board, cell.model, cell.backend, status, cell.median_ms, speedup]
+        row = [cell.board, cell.model, variant.name, status, cell.median_ms, speedup]
         row.append(_mb(cell.summary.memory.peak_rss_bytes) if cell.summary and cell.summary.memory else None)
         if quantized:
             size = cell.summary.model.size_bytes if cell.summary else None
@@ -193,12 +192,12 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
     for cell in cells:
         if cell.error:
             reason = cell.detail or cell.error  # every line: a host key's fingerprints, a bundle's bad files
-            console.error(f"{cell.board}: {cell.model}/{cell.backend} failed at {cell.stage}: {reason}")
+            console.error(f"{cell.board}: {cell.model}/{cell.variant} failed at {cell.stage}: {reason}")
         for reason in cell.summary.validity.reasons if cell.summary else ():
-            console.warn(f"{cell.board}: {cell.model}/{cell.backend}: {reason.reason}")
+            console.warn(f"{cell.board}: {cell.model}/{cell.variant}: {reason.reason}")
         counters = cell.summary.counters if cell.summary else None
         if counters is not None:
-            _counters_lines(counters, f"{cell.board}: {cell.model}/{cell.backend}: ")
+            _counters_lines(counters, f"{cell.board}: {cell.model}/{cell.variant}: ")
 
 
 def _short_path(path: Path) -> str:
@@ -282,13 +281,13 @@ def _quantized_cell(sidecar: Sidecar) -> str | None:
 
 def print_lowering(result: LoweringResult) -> None:
     rows = []
-    quantized = any(item.sidecar.quantization for item in result.backends.values())
-    for backend, item in result.backends.items():
+    quantized = any(item.sidecar.quantization for item in result.variants.values())
+    for variant, item in result.variants.items():
         delegation = item.sidecar.delegation
         compute = [(op, n) for op, n in delegation.fallback_histogram.items() if op not in _BOOKKEEPING_OPS]
         top = ", ".join(f"{op} ×{count}" for op, count in compute[:3])
         row = [
-            backend,
+            variant.name,
             item.sidecar.pte_size_mb,
             delegation.delegate_call_sites,
             delegation.fallback_ops,
@@ -303,20 +302,20 @@ def print_lowering(result: LoweringResult) -> None:
         f"{result.spec.name} → {result.paths.folder}",
         [*columns, *(["quantized"] if quantized else []), "source"],
         rows,
-        caption=f"weights: {next(iter(result.backends.values())).sidecar.weights}",
+        caption=f"weights: {next(iter(result.variants.values())).sidecar.weights}",
     )
-    for backend, item in result.backends.items():
+    for variant, item in result.variants.items():
         quantization = item.sidecar.quantization
         if quantization is None:
             continue
         if quantization.float_linears:
             console.warn(
-                f"{backend}: {len(quantization.float_linears)} of {quantization.linear_layers} linear layers stay "
+                f"{variant}: {len(quantization.float_linears)} of {quantization.linear_layers} linear layers stay "
                 "in float: " + ", ".join(quantization.float_linears)
             )
         if (quantization.calibration_source or "").startswith("generated"):
             console.warn(
-                f"{backend}: calibrated on {quantization.calibration_samples} generated samples, not real text"
+                f"{variant}: calibrated on {quantization.calibration_samples} generated samples, not real text"
             )
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from orchestrator import console
 from orchestrator.boards import labgrid
-from orchestrator.commands.common import select_boards, split_list
+from orchestrator.commands.common import find_artifact, select_boards, split_list
 from orchestrator.commands.render import render_comparison, render_top_ops
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
 from orchestrator.deploy.abtest import interleave as run_interleaved
@@ -14,7 +14,7 @@ from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering import programs
-from orchestrator.lowering.artifacts import Artifact, ArtifactPaths, load_artifact
+from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.compare import compare_runs, interleaved_verdict
 from orchestrator.results.overlays import write_program_overlays
@@ -26,7 +26,7 @@ from orchestrator.transport import connect
 
 def _artifact_for(run: LocalRun) -> Artifact | None:
     try:
-        return load_artifact(run.model, run.backend)
+        return find_artifact(run.model, run.backend)
     except ArtifactError as exc:
         console.warn(f"{exc}; analysing without the program (no instruction names or delegate overlays)")
         return None
@@ -106,11 +106,11 @@ def _program_of(run: LocalRun, sha256: str | None) -> Path:
     if kept:
         return kept
     try:
-        artifact = load_artifact(run.model, run.backend)
+        current = find_artifact(run.model, run.backend)
     except ArtifactError:
-        artifact = None
-    if artifact is not None and sha256 and artifact.sha256 == sha256:
-        return artifact.pte
+        current = None
+    if current is not None and sha256 and current.sha256 == sha256:
+        return current.pte
     raise ArtifactError(
         f"the program run {run.run_id} profiled (sha256 {str(sha256)[:12]}) is neither kept nor the current artifact",
         hint="only nightly baselines (.etlab/programs/) and the current artifacts/ can be re-run",
@@ -151,7 +151,7 @@ def compare(
     first, second = find_run(run_a), find_run(run_b)
     comparison = compare_runs(first.path, second.path, allow_rebuilt=allow_rebuilt or bool(interleave))
     if interleave:
-        artifact = load_artifact(second.model, second.backend)
+        artifact = find_artifact(second.model, second.backend)
         a = Program("A", _program_of(first, comparison.sha_a), str(comparison.sha_a))
         b = Program("B", _program_of(second, comparison.sha_b), str(comparison.sha_b))
         inputs = (artifact.paths.reference_inputs, artifact.sidecar.reference_inputs_sha256)

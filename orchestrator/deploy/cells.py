@@ -1,4 +1,4 @@
-"""The engine under deploy-and-profile and the nightly: cells (model × backend) run on one board.
+"""The engine under deploy-and-profile and the nightly: cells (model × variant) run on one board.
 
 Per board the cells run one after another, set up → push → run → pull → analyse; boards run in parallel. A failure is
 recorded against its board, cell and stage, and never stops the other boards.
@@ -28,6 +28,7 @@ from orchestrator.errors import (
     full_reason,
 )
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.lowering.variants import Variant
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.store import new_run_id
 from orchestrator.results.summary import RunSummary
@@ -36,11 +37,11 @@ from orchestrator.transport import BoardConnection, connect
 
 @dataclass
 class CellOutcome:
-    """One model/backend on one board."""
+    """One model variant on one board."""
 
     board: str
     model: str
-    backend: str
+    variant: Variant
     ok: bool = False
     stage: str | None = None  # the stage that failed
     error: str | None = None
@@ -55,7 +56,8 @@ class CellOutcome:
 
     @property
     def cell(self) -> tuple[str, str, str]:
-        return (self.board, self.model, self.backend)
+        """Board, model and variant name: how the history and reports key a cell."""
+        return (self.board, self.model, self.variant.name)
 
     @property
     def median_ms(self) -> float | None:
@@ -83,7 +85,7 @@ def exit_class(exc: BaseException) -> int:
 @contextlib.contextmanager
 def _stage(cell: CellOutcome, name: str, timer: console.StageTimer) -> Iterator[None]:
     cell.stage = name
-    label = f"{cell.model}/{cell.backend} {name}"
+    label = f"{cell.model}/{cell.variant} {name}"
     with timer.stage(label):
         yield
     cell.seconds[name] = timer.durations[label]
@@ -135,7 +137,7 @@ def run_cells_on_board(
 ) -> list[CellOutcome]:
     """setup → (push → run → pull → analyze) per artifact, one board. Never raises for board trouble.
     `skip` is asked just before each cell runs: a cell it skips is neither run, reported nor returned."""
-    cells = [CellOutcome(board.name, job.artifact.model, job.artifact.backend) for job in jobs]
+    cells = [CellOutcome(board.name, job.artifact.model, job.artifact.variant) for job in jobs]
     timer = console.StageTimer(prefix=f"[{board.name}] ")
     board_stage: str | None = "connect"
     started: set[int] = set()

@@ -77,7 +77,7 @@ def run_labels(conn: BoardConnection, artifact: Artifact) -> dict[str, str]:
     return {
         "board": conn.board.name,
         "model": artifact.model,
-        "backend": artifact.backend,
+        "backend": artifact.variant.name,
         "pte_sha256": artifact.sha256,
         "weights": artifact.sidecar.weights,
         "torch": artifact.sidecar.versions.get("torch", ""),
@@ -113,5 +113,5 @@ def profile(
 
 
 def pull(conn: BoardConnection, run: RemoteRun, artifact: Artifact, root: Path | None = None) -> Path:
-    dest = bundle_dest(conn.board.name, artifact.model, artifact.backend, run.run_id, root)
+    dest = bundle_dest(conn.board.name, artifact.model, artifact.variant.name, run.run_id, root)
     return pull_bundle(conn, run.bundle, dest)

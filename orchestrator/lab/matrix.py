@@ -36,7 +36,7 @@ DEFAULT_WARMUP = 3
 @dataclass(frozen=True)
 class MatrixEntry:
     models: tuple[ModelSpec, ...]
-    backends: tuple[str, ...]
+    variants: tuple[Variant, ...]
     boards: tuple[str, ...]
     params: RunParams
 
@@ -191,7 +191,7 @@ def _entry(
     params = RunParams(**{**defaults, **{key: found[key] for key in _RUN_FIELDS if key in found}})
     # Quantized programs are XNNPACK programs: each scheme is a cell of its own, named as the CLI names it.
     variants = combine([Variant.parse(name) for name in found["backends"]], parse_schemes(found.get("quantize", ())))
-    return MatrixEntry(tuple(models), tuple(v.name for v in variants), tuple(b.name for b in selected), params)
+    return MatrixEntry(tuple(models), variants, tuple(b.name for b in selected), params)
 
 
 def _duplicate_cells(
@@ -199,8 +199,8 @@ def _duplicate_cells(
 ) -> bool:
     for board in entry.boards:
         for spec in entry.models:
-            for backend in entry.backends:
-                cell = (board, spec.name, backend)
+            for variant in entry.variants:
+                cell = (board, spec.name, variant.name)
                 if cell in seen:
                     checker.error(
                         node, f"nightly.matrix[{index}]", f"cell {' / '.join(cell)} is already in matrix[{seen[cell]}]"

@@ -50,6 +50,7 @@ from orchestrator.lowering import lower as lowering
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import load_artifact
 from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.variants import Variant
 from orchestrator.results.validity import number_list
 from orchestrator.results.verdicts import Kind, exit_code
 from orchestrator.transport import connect
@@ -94,7 +95,7 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
         night=night,
         board=cell.board,
         model=cell.model,
-        backend=cell.backend,
+        backend=cell.variant.name,
         status=status,
         validity=summary.validity.status if summary else "invalid",
         reasons=[r.reason for r in summary.validity.reasons]
@@ -315,33 +316,31 @@ def _run_night(
     recorder = _Recorder(history, reports, night)
     recorded = history.recorded_cells(night)
     specs: dict[str, ModelSpec] = {}
-    plan: dict[str, list[tuple[str, str, RunParams]]] = {}
+    plan: dict[str, list[tuple[str, Variant, RunParams]]] = {}
     skipped: list[tuple[str, str, str]] = []
     for entry in config.entries:
         for board in [place for name in entry.boards for place in expanded[name]]:
             for spec in entry.models:
                 specs[spec.name] = spec
-                for backend in entry.backends:
-                    if (board, spec.name, backend) in recorded:
-                        skipped.append((board, spec.name, backend))
+                for variant in entry.variants:
+                    if (board, spec.name, variant.name) in recorded:
+                        skipped.append((board, spec.name, variant.name))
                     else:
-                        plan.setdefault(board, []).append((spec.name, backend, entry.params))
+                        plan.setdefault(board, []).append((spec.name, variant, entry.params))
     if skipped:
         console.info(f"{len(skipped)} cell(s) already recorded for {night}: skipped")
 
     # Lower on the workstation first, once per model (cached across nights when nothing changed).
-    wanted: dict[str, set[str]] = {}
+    wanted: dict[str, dict[Variant, None]] = {}  # ordered sets, in matrix order
     for cells in plan.values():
-        for model, backend, _ in cells:
-            wanted.setdefault(model, set()).add(backend)
+        for model, variant, _ in cells:
+            wanted.setdefault(model, {})[variant] = None
     lowering_errors: dict[str, str] = {}
     versions: dict[str, dict[str, str]] = {}
-    for model, backends in wanted.items():
+    for model, variants in wanted.items():
         try:
-            result = lowering.lower(
-                specs[model], backends=sorted(backends), weights=config.weights, root=artifacts_root
-            )
-            versions[model] = dict(next(iter(result.backends.values())).sidecar.versions)
+            result = lowering.lower(specs[model], variants=list(variants), weights=config.weights, root=artifacts_root)
+            versions[model] = dict(next(iter(result.variants.values())).sidecar.versions)
         except EtlabError as exc:
             lowering_errors[model] = first_line(exc)
 
@@ -353,27 +352,27 @@ def _run_night(
         if board.labgrid is not None:
             lg = board.labgrid
             places[board.name] = PlaceWait(str(lg.place), lg.coordinator, lg.waited)
-        jobs: dict[tuple[str, str], CellJob] = {}
+        jobs: dict[tuple[str, Variant], CellJob] = {}
         failed, threads = [], {}
-        for model, backend, params in plan[board.name]:
-            threads[(model, backend)] = params.threads or board.threads
+        for model, variant, params in plan[board.name]:
+            threads[(model, variant)] = params.threads or board.threads
             if model in lowering_errors:
-                failed.append(CellOutcome(board.name, model, backend, stage="lower", error=lowering_errors[model]))
+                failed.append(CellOutcome(board.name, model, variant, stage="lower", error=lowering_errors[model]))
             else:
-                jobs[(model, backend)] = CellJob(load_artifact(model, backend, artifacts_root), params, config.accuracy)
+                jobs[(model, variant)] = CellJob(load_artifact(model, variant, artifacts_root), params, config.accuracy)
         remeasured: dict[tuple[str, str, str], dict[str, Any]] = {}
         held: list[CellOutcome] = []
         runs: dict[tuple[str, str, str], RunRecord] = {}  # the cells this run recorded (or kept pending)
 
         def record(cell: CellOutcome) -> None:
-            run = record_from_cell(cell, night, versions.get(cell.model, {}), threads[(cell.model, cell.backend)])
-            if cell.ok and (cell.model, cell.backend) in jobs:
-                artifact = jobs[(cell.model, cell.backend)].artifact
+            run = record_from_cell(cell, night, versions.get(cell.model, {}), threads[(cell.model, cell.variant)])
+            if cell.ok and (cell.model, cell.variant) in jobs:
+                artifact = jobs[(cell.model, cell.variant)].artifact
                 try:
                     # Tonight's program: tomorrow's baseline.
                     programs.keep(artifact.pte, artifact.sha256, programs.holder_id(history.url))
                 except (EtlabError, OSError) as exc:
-                    console.warn(f"{board.name}: {cell.model}/{cell.backend}: program not kept: {exc}")
+                    console.warn(f"{board.name}: {cell.model}/{cell.variant}: program not kept: {exc}")
             if recorder.record(run):
                 runs[run.cell] = run
 
@@ -386,7 +385,7 @@ def _run_night(
 
         def recorded_meanwhile(job: CellJob) -> bool:
             # Checked just before the cell runs: another run of the night may have recorded it since the plan.
-            cell = (board.name, job.artifact.model, job.artifact.backend)
+            cell = (board.name, job.artifact.model, job.artifact.variant.name)
             if recorder.recorded(cell):
                 console.info(console.escape(f"  [{board.name}] {' / '.join(cell)}: recorded meanwhile: skipped"))
                 skipped.append(cell)
@@ -401,12 +400,12 @@ def _run_night(
         for first in held:
             reasons = [r.reason for r in first.summary.validity.reasons] if first.summary else []
             console.warn(
-                f"{board.name}: {first.model}/{first.backend} is degraded ({'; '.join(reasons)}): "
+                f"{board.name}: {first.model}/{first.variant} is degraded ({'; '.join(reasons)}): "
                 f"re-measuring after a {config.cooldown_seconds:g} s cool-down"
             )
             time.sleep(config.cooldown_seconds)
             (again,) = run_cells_on_board(
-                board, [jobs[(first.model, first.backend)]], setup=False, results_root=results_root
+                board, [jobs[(first.model, first.variant)]], setup=False, results_root=results_root
             )
             final = again if again.ok or not again.infrastructure else first
             remeasured[first.cell] = {
@@ -425,7 +424,7 @@ def _run_night(
             verdict = judge(run, baseline, config.min_effect, min_nights=config.min_baseline_nights)
             verdict.remeasured = remeasured.get(cell.cell)
             if verdict.suspect:
-                verdict = _retest(board, verdict, jobs[(cell.model, cell.backend)], config)
+                verdict = _retest(board, verdict, jobs[(cell.model, cell.variant)], config)
                 if run.validity == "degraded" and verdict.verdict == Kind.UNCONFIRMED:
                     verdict.verdict = Kind.INCONCLUSIVE  # degraded twice and the re-test settled nothing
             verdict = judge_memory(verdict, baseline, config.min_effect)
@@ -442,8 +441,8 @@ def _run_night(
         if not outcome.ok and outcome.board.name not in started:
             # Never started (no labgrid place, e.g. --lg-wait ran out): its cells are recorded as failed.
             exc = outcome.exception
-            for model, backend, params in plan[outcome.board.name]:
-                cell = CellOutcome(outcome.board.name, model, backend, stage=outcome.stage or "?",
+            for model, variant, params in plan[outcome.board.name]:
+                cell = CellOutcome(outcome.board.name, model, variant, stage=outcome.stage or "?",
                                    error=outcome.error, detail=outcome.detail,
                                    infrastructure=is_link_trouble(exc),
                                    exit_class=ExitCode.SOFTWARE if exc is None else failure_code(exc))  # fmt: skip

@@ -15,10 +15,10 @@ from orchestrator import paths
 from orchestrator.errors import ArtifactError
 from orchestrator.fsutil import read_json, sha256_file
 from orchestrator.lowering.sidecar import SIDECAR_SCHEMA, FileRecord, Sidecar
-from orchestrator.lowering.variants import BACKENDS, QUANTIZED_BACKENDS, Variant
+from orchestrator.lowering.variants import BACKENDS, QUANTIZED_BACKENDS, VARIANTS, Variant
 
 # the backend names, from variants.py; the schema, from sidecar.py
-__all__ = ["BACKENDS", "QUANTIZED_BACKENDS", "SIDECAR_SCHEMA"]
+__all__ = ["BACKENDS", "QUANTIZED_BACKENDS", "SIDECAR_SCHEMA", "VARIANTS"]
 
 
 @dataclass(frozen=True)
@@ -44,27 +44,27 @@ class ArtifactPaths:
     def reference_outputs(self) -> Path:
         return self.folder / f"{self.name}_reference_outputs.etlt"
 
-    def pte(self, backend: str) -> Path:
-        return self.folder / f"{self.name}_{backend}.pte"
+    def pte(self, variant: Variant) -> Path:
+        return self.folder / f"{self.name}_{variant.name}.pte"
 
-    def sidecar(self, backend: str) -> Path:
-        return self.folder / f"{self.name}_{backend}.json"
+    def sidecar(self, variant: Variant) -> Path:
+        return self.folder / f"{self.name}_{variant.name}.json"
 
-    def etrecord(self, backend: str) -> Path:
-        return self.folder / f"{self.name}_{backend}.etrecord"
+    def etrecord(self, variant: Variant) -> Path:
+        return self.folder / f"{self.name}_{variant.name}.etrecord"
 
 
 @dataclass(frozen=True)
 class Artifact:
-    """One lowered backend: the .pte and what its sidecar says about it."""
+    """One lowered variant: the .pte and what its sidecar says about it."""
 
     paths: ArtifactPaths
-    backend: str
+    variant: Variant
     sidecar: Sidecar
 
     @property
     def pte(self) -> Path:
-        return self.paths.pte(self.backend)
+        return self.paths.pte(self.variant)
 
     @property
     def sha256(self) -> str:
@@ -98,9 +98,9 @@ def record_still_matches(folder: Path, record: FileRecord) -> bool:
     return stat.st_mtime_ns == record.mtime_ns or sha256_file(path) == record.sha256
 
 
-def valid_sidecar(artifact_paths: ArtifactPaths, backend: str) -> tuple[Sidecar | None, str | None]:
-    """The backend's sidecar when its artifact is complete and intact, else None and why it is not."""
-    sidecar_path = artifact_paths.sidecar(backend)
+def valid_sidecar(artifact_paths: ArtifactPaths, variant: Variant) -> tuple[Sidecar | None, str | None]:
+    """The variant's sidecar when its artifact is complete and intact, else None and why it is not."""
+    sidecar_path = artifact_paths.sidecar(variant)
     if not sidecar_path.is_file():
         return None, f"{sidecar_path.name} is missing"
     try:
@@ -119,28 +119,26 @@ def valid_sidecar(artifact_paths: ArtifactPaths, backend: str) -> tuple[Sidecar 
     return sidecar, None
 
 
-def sidecar_problem(artifact_paths: ArtifactPaths, backend: str) -> str | None:
-    """None when the backend's artifact is complete and intact, else why it is not."""
-    return valid_sidecar(artifact_paths, backend)[1]
+def sidecar_problem(artifact_paths: ArtifactPaths, variant: Variant) -> str | None:
+    """None when the variant's artifact is complete and intact, else why it is not."""
+    return valid_sidecar(artifact_paths, variant)[1]
 
 
-def load_artifact(name: str, backend: str, root: Path | None = None) -> Artifact:
-    """The artifact for `name`/`backend`, or a clear error saying how to make it."""
-    if backend not in BACKENDS:
-        raise ArtifactError(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}")
+class MissingArtifact(ArtifactError):
+    """No valid artifact for a model and variant; the command layer says which `fab lower` makes it."""
+
+    def __init__(self, model: str, variant: Variant, message: str) -> None:
+        super().__init__(message)
+        self.model = model
+        self.variant = variant
+
+
+def load_artifact(name: str, variant: Variant, root: Path | None = None) -> Artifact:
+    """The artifact for `name`/`variant`, or MissingArtifact saying why there is none."""
     artifact_paths = ArtifactPaths.for_model(name, root)
-    sidecar, problem = valid_sidecar(artifact_paths, backend)
+    sidecar, problem = valid_sidecar(artifact_paths, variant)
     if sidecar is None:
-        raise ArtifactError(
-            f"no valid {backend} artifact for model {name!r} in {artifact_paths.folder}: {problem}",
-            hint=f"run: fab lower --model {name} {lower_options(backend)}",
+        raise MissingArtifact(
+            name, variant, f"no valid {variant} artifact for model {name!r} in {artifact_paths.folder}: {problem}"
         )
-    return Artifact(artifact_paths, backend, sidecar)
-
-
-def lower_options(backend: str) -> str:
-    """The `fab lower` options that make `backend`: `--backend xnnpack` or `--quantize int8-dynamic`."""
-    variant = Variant.parse(backend)
-    if variant.quantized:
-        return f"--quantize {variant.scheme.name}"
-    return f"--backend {variant.name}"
+    return Artifact(artifact_paths, variant, sidecar)

@@ -1,7 +1,7 @@
-"""`fab lower`: export a spec once, lower it per backend, and write artifacts with sidecars.
+"""`fab lower`: export a spec once, lower it per variant, and write artifacts with sidecars.
 
 Quantized variants (`xnnpack-int8-dynamic`, ...; quantize.py) are lowered from the eager model, the others from
-the exported program. When several backends are missing they are lowered in parallel (parallel.py), `--jobs` at
+the exported program. When several variants are missing they are lowered in parallel (parallel.py), `--jobs` at
 once (default: the usable cores), this process counting as one: spawned workers, one per variant, start on the
 quantized variants as soon as the model is loaded and the reference inputs written, while this process exports,
 lowers the fp32 variants from the program in memory, then takes what is still waiting; as many run at once as the
@@ -23,6 +23,7 @@ import json
 import os
 import resource
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_p
 from orchestrator.lowering.quantize import calibration_from_file, generated_calibration, node_report, quantize
 from orchestrator.lowering.sidecar import Sidecar, write_sidecar
 from orchestrator.lowering.spec import ModelSpec
-from orchestrator.lowering.variants import Variant, scheme_of
+from orchestrator.lowering.variants import Variant
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.tensorfile import NamedTensor, describe, read_tensors, write_tensors
@@ -50,9 +51,9 @@ _WORKER_BASE_BYTES = 600 * 1024 * 1024  # torch, executorch and transformers imp
 _MEMORY_HEADROOM = 0.85  # of MemAvailable: never swap
 
 
-@dataclass
-class BackendResult:
-    backend: str
+@dataclass(frozen=True)
+class LoweredVariant:
+    variant: Variant
     pte: Path
     sidecar: Sidecar
     cached: bool
@@ -62,12 +63,12 @@ class BackendResult:
 class LoweringResult:
     spec: ModelSpec
     paths: ArtifactPaths
-    backends: dict[str, BackendResult] = field(default_factory=dict)
+    variants: dict[Variant, LoweredVariant] = field(default_factory=dict)  # in the order they were asked for
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def cached(self) -> bool:
-        return all(result.cached for result in self.backends.values())
+        return all(result.cached for result in self.variants.values())
 
 
 def _code_revision() -> str:
@@ -78,26 +79,26 @@ def _code_revision() -> str:
     return digest.hexdigest()[:16]
 
 
-def cache_key(spec: ModelSpec, backend: str, weights: str, etrecord: bool, calibration: str | None = None) -> str:
+def cache_key(spec: ModelSpec, variant: Variant, weights: str, etrecord: bool, calibration: str | None = None) -> str:
     """The key a sidecar must carry to be reused; `weights` is the resolved mode, "pretrained" or "random".
 
     `calibration` (the calibration file's sha256) matters only for a calibrated scheme (int8-static).
     """
     material = {
         "spec": spec.identity(),
-        "backend": backend,
+        "backend": variant.name,
         "weights": weights,
         "etrecord": etrecord,
         "versions": toolchain_versions(),
         "code": _code_revision(),
     }
-    if scheme_of(backend).calibrated:
+    if variant.scheme.calibrated:
         material["calibration"] = calibration or "generated"
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def _cached(artifact_paths: ArtifactPaths, backend: str, key: str, weights: str) -> Sidecar | None:
-    sidecar, _ = valid_sidecar(artifact_paths, backend)
+def _cached(artifact_paths: ArtifactPaths, variant: Variant, key: str, weights: str) -> Sidecar | None:
+    sidecar, _ = valid_sidecar(artifact_paths, variant)
     if sidecar is None or sidecar.cache_key != key or sidecar.weights != weights:
         return None
     return sidecar
@@ -106,7 +107,7 @@ def _cached(artifact_paths: ArtifactPaths, backend: str, key: str, weights: str)
 def lower(
     spec: ModelSpec,
     *,
-    backends: list[str],
+    variants: Sequence[Variant],
     weights: str = "auto",
     etrecord: bool = False,
     force: bool = False,
@@ -114,7 +115,7 @@ def lower(
     calibration: Path | None = None,
     jobs: int | None = None,
 ) -> LoweringResult:
-    """Lower `spec` to each backend (cached); `jobs` lowerings at once, this process included (default: the cores).
+    """Lower `spec` to each variant (cached); `jobs` lowerings at once, this process included (default: the cores).
 
     Every value comes checked from the command layer (or the matrix's checker): a bad one must be refused before
     this runs, as it must not invalidate the cached sidecars below.
@@ -124,22 +125,24 @@ def lower(
     result = LoweringResult(spec, artifact_paths)
     # `auto` that became pretrained since the last (random) lowering gets a new key, so it is redone.
     choice = resolve_weights(spec, weights)
-    keys = {backend: cache_key(spec, backend, choice.mode, etrecord, calibration_sha) for backend in backends}
+    variants = tuple(dict.fromkeys(variants))
+    keys = {variant: cache_key(spec, variant, choice.mode, etrecord, calibration_sha) for variant in variants}
 
     missing = []
-    for backend in backends:
-        sidecar = None if force else _cached(artifact_paths, backend, keys[backend], choice.mode)
+    for variant in variants:
+        sidecar = None if force else _cached(artifact_paths, variant, keys[variant], choice.mode)
         if sidecar is None:
-            missing.append(backend)
+            missing.append(variant)
         else:
-            result.backends[backend] = BackendResult(backend, artifact_paths.pte(backend), sidecar, cached=True)
+            result.variants[variant] = LoweredVariant(variant, artifact_paths.pte(variant), sidecar, cached=True)
     if not missing:
-        console.info(f"[green]✓[/] {spec.name}: using cached artifacts for {', '.join(backends)} (nothing changed)")
+        names = ", ".join(variant.name for variant in variants)
+        console.info(f"[green]✓[/] {spec.name}: using cached artifacts for {names} (nothing changed)")
         return result
     # Everything a spec or calibration file can get wrong is refused now (exit 64): before the model loads, a
     # worker starts or a cached sidecar is invalidated.
     _check_inputs(spec, choice, calibration)
-    calibrated = [scheme_of(backend).name for backend in missing if scheme_of(backend).calibrated]
+    calibrated = [variant.scheme.name for variant in missing if variant.scheme.calibrated]
     if calibrated and calibration is None:
         console.loud_warning(
             f"{spec.name}: {', '.join(calibrated)} is calibrated on generated token ids "
@@ -150,16 +153,16 @@ def lower(
     timer = console.StageTimer(prefix=f"{spec.name}: ")
     artifact_paths.folder.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(artifact_paths.folder)
-    measured = {backend: _recorded_lowering(artifact_paths, backend) for backend in missing}
-    for backend in missing:
-        # Invalidate first: from here until the new sidecar lands, this backend has no valid artifact.
-        artifact_paths.sidecar(backend).unlink(missing_ok=True)
+    measured = {variant: _recorded_lowering(artifact_paths, variant) for variant in missing}
+    for variant in missing:
+        # Invalidate first: from here until the new sidecar lands, this variant has no valid artifact.
+        artifact_paths.sidecar(variant).unlink(missing_ok=True)
 
     shared = _load(spec, choice, artifact_paths, timer)
     tasks = [
         VariantTask(
             spec=spec,
-            backend=backend,
+            variant=variant,
             weights=shared.weights,
             weights_note=shared.weights_note,
             parameters=shared.parameters,
@@ -169,13 +172,13 @@ def lower(
             outputs=shared.outputs,
             root=artifact_paths.folder.parent,
             etrecord=etrecord,
-            key=cache_key(spec, backend, shared.weights, etrecord, calibration_sha),
+            key=cache_key(spec, variant, shared.weights, etrecord, calibration_sha),
             calibration=str(calibration) if calibration is not None else None,
-            peak_bytes=measured[backend][0] or _estimated_peak(shared.parameters),
+            peak_bytes=measured[variant][0] or _estimated_peak(shared.parameters),
             # Until a lowering of the variant measured it: the longest start first.
-            expected_seconds=measured[backend][1] or Variant.parse(backend).relative_cost,
+            expected_seconds=measured[variant][1] or variant.relative_cost,
         )
-        for backend in missing
+        for variant in missing
     ]
     # `jobs` lowerings at once, this process counting as one: it exports and lowers too, and cheapest (no import,
     # no model to rebuild, the program in memory). More processes than cores only add that overhead.
@@ -184,11 +187,11 @@ def lower(
         done = _lower_parallel(tasks, workers, shared, artifact_paths, timer)
     else:  # one process, in request order, every variant from the model and program in memory
         program_record = _export(shared, artifact_paths, timer)
-        done = {task.backend: _lower_variant(with_program(task, program_record), shared) for task in tasks}
-    for backend, sidecar in done.items():
-        result.backends[backend] = BackendResult(backend, artifact_paths.pte(backend), sidecar, cached=False)
+        done = {task.variant: _lower_variant(with_program(task, program_record), shared) for task in tasks}
+    for variant, sidecar in done.items():
+        result.variants[variant] = LoweredVariant(variant, artifact_paths.pte(variant), sidecar, cached=False)
     result.stage_seconds = dict(timer.durations)
-    result.backends = {backend: result.backends[backend] for backend in backends}
+    result.variants = {variant: result.variants[variant] for variant in variants}
     return result
 
 
@@ -215,7 +218,7 @@ def _lower_parallel(
     shared: _Exported,
     artifact_paths: ArtifactPaths,
     timer: console.StageTimer,
-) -> dict[str, Sidecar]:
+) -> dict[Variant, Sidecar]:
     """Workers start on the quantized variants while this process exports, then lowers the fp32 ones."""
     import torch
 
@@ -261,11 +264,11 @@ def _estimated_peak(parameters: int) -> int:
     return _WORKER_BASE_BYTES + _BYTES_PER_PARAMETER * parameters
 
 
-def _recorded_lowering(artifact_paths: ArtifactPaths, backend: str) -> tuple[int | None, float | None]:
+def _recorded_lowering(artifact_paths: ArtifactPaths, variant: Variant) -> tuple[int | None, float | None]:
     """Peak RSS and seconds the last lowering of this variant measured (from its sidecar, valid or not)."""
     # Raw JSON, not a Sidecar: a stale or older sidecar that Sidecar.from_dict refuses still says what it cost.
     try:
-        record = read_json(artifact_paths.sidecar(backend)).get("lowering", {})
+        record = read_json(artifact_paths.sidecar(variant)).get("lowering", {})
         peak, seconds = record.get("peak_rss_bytes"), record.get("seconds")
     except (OSError, ValueError, AttributeError):
         return None, None
@@ -333,14 +336,14 @@ def _export(shared: _Exported, artifact_paths: ArtifactPaths, timer: console.Sta
     with timer.stage("export"):
         shared.program = torch.export.export(shared.module, shared.example_args, strict=False)
 
-    # Identical content keeps the old file, so other backends' sidecars still vouch for it.
+    # Identical content keeps the old file, so other variants' sidecars still vouch for it.
     with timer.stage("save .pt2"), atomic_path(artifact_paths.exported_program, keep_identical=True) as tmp:
         torch.export.save(shared.program, str(tmp))
     return file_record(artifact_paths.exported_program)
 
 
 def _lower_variant(task: VariantTask, shared: _Exported | None = None, *, threads: int | None = None) -> Sidecar:
-    """Lower one backend and write its .pte and sidecar; in a worker process `shared` is None and reloaded.
+    """Lower one variant and write its .pte and sidecar; in a worker process `shared` is None and reloaded.
 
     `threads` (this process's default intra-op threads) is given when other lowerings run at the same time.
     """
@@ -353,7 +356,7 @@ def _lower_variant(task: VariantTask, shared: _Exported | None = None, *, thread
     artifact_paths = ArtifactPaths.for_model(task.spec.name, task.root)
     timer = console.StageTimer(prefix=f"{task.spec.name}: ")
     quantization = None
-    with timer.stage(f"{task.backend}: prepare", quiet=shared is None):
+    with timer.stage(f"{task.variant}: prepare", quiet=shared is None):
         if not task.needs_program:
             program, quantization = _quantized_program(task, artifact_paths, shared)
         elif shared is not None and shared.program is not None:
@@ -362,10 +365,7 @@ def _lower_variant(task: VariantTask, shared: _Exported | None = None, *, thread
             import torch
 
             program = torch.export.load(str(artifact_paths.exported_program))
-    sidecar = _lower_backend(
-        task.spec, task.backend, program, task, artifact_paths, timer, quantization, started, quiet=shared is None
-    )
-    return sidecar
+    return _lower_program(program, task, artifact_paths, timer, quantization, started, quiet=shared is None)
 
 
 def _share_cores(task: VariantTask, threads: int | None) -> None:
@@ -377,7 +377,7 @@ def _share_cores(task: VariantTask, threads: int | None) -> None:
     import torch
 
     default = threads or torch.get_num_threads()
-    torch.set_num_threads(default if scheme_of(task.backend).calibrated else 1)
+    torch.set_num_threads(default if task.variant.scheme.calibrated else 1)
 
 
 def _reset_peak_rss() -> None:
@@ -409,7 +409,7 @@ def _quantized_program(
     else:
         module = load_model(task.spec, task.weights).module
     example_args = tuple(torch.from_numpy(t.array) for t in read_tensors(artifact_paths.reference_inputs))
-    scheme = scheme_of(task.backend)
+    scheme = task.variant.scheme
     calibration, source = None, None
     if scheme.calibrated:
         vocab = vocab_size_of(module)
@@ -423,9 +423,7 @@ def _quantized_program(
     return quantized.program, quantized.report
 
 
-def _lower_backend(
-    spec: ModelSpec,
-    backend: str,
+def _lower_program(
     exported: Any,
     task: VariantTask,
     artifact_paths: ArtifactPaths,
@@ -437,26 +435,26 @@ def _lower_backend(
 ) -> Sidecar:
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
-    etrecord = task.etrecord
-    with timer.stage(f"{backend}: to_edge/partition", quiet=quiet):
-        if Variant.parse(backend).backend == "xnnpack":
+    spec, variant, etrecord = task.spec, task.variant, task.etrecord
+    with timer.stage(f"{variant}: to_edge/partition", quiet=quiet):
+        if variant.backend == "xnnpack":
             from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
             edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()], generate_etrecord=etrecord)
         else:
             edge = to_edge(exported, generate_etrecord=etrecord)
-    with timer.stage(f"{backend}: to_executorch", quiet=quiet):
+    with timer.stage(f"{variant}: to_executorch", quiet=quiet):
         program = edge.to_executorch()
         delegation = delegation_report(program)
 
-    pte_path = artifact_paths.pte(backend)
-    with timer.stage(f"{backend}: save", quiet=quiet):
+    pte_path = artifact_paths.pte(variant)
+    with timer.stage(f"{variant}: save", quiet=quiet):
         with atomic_path(pte_path) as tmp, open(tmp, "wb") as handle:
             program.write_to_file(handle)
         files = dict(task.files)
         files["pte"] = file_record(pte_path)
         if etrecord:
-            etrecord_path = artifact_paths.etrecord(backend)
+            etrecord_path = artifact_paths.etrecord(variant)
             with atomic_path(etrecord_path) as tmp:
                 program.get_etrecord().save(str(tmp))
             files["etrecord"] = file_record(etrecord_path)
@@ -466,12 +464,12 @@ def _lower_backend(
     if quantization is not None:
         quantization = {
             **quantization,
-            "nodes": node_report(pte_path, scheme_of(backend), delegation["fallback_histogram"]),
+            "nodes": node_report(pte_path, variant.scheme, delegation["fallback_histogram"]),
         }
         quantization["pte_bytes"] = files["pte"]["size"]
         if quantization["float_linears"]:
             console.warn(
-                f"{spec.name}: {backend}: {len(quantization['float_linears'])} of {quantization['linear_layers']} "
+                f"{spec.name}: {variant}: {len(quantization['float_linears'])} of {quantization['linear_layers']} "
                 f"linear layers stay in float: {', '.join(quantization['float_linears'][:8])}"
             )
 
@@ -480,7 +478,7 @@ def _lower_backend(
         "model": spec.name,
         "model_id": spec.model_id,
         "task": spec.task,
-        "backend": backend,
+        "backend": variant.name,
         "method": "forward",
         "exported_program": artifact_paths.exported_program.name,
         "pte": pte_path.name,
@@ -495,7 +493,7 @@ def _lower_backend(
         "outputs": task.outputs,
         "reference_inputs": artifact_paths.reference_inputs.name,
         "reference_outputs": artifact_paths.reference_outputs.name,
-        "etrecord": artifact_paths.etrecord(backend).name if etrecord else None,
+        "etrecord": artifact_paths.etrecord(variant).name if etrecord else None,
         "delegation": delegation,
         "memory": memory,
         "quantization": quantization,
@@ -506,7 +504,7 @@ def _lower_backend(
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     # Checked before it is written: a sidecar this lowering cannot read back must not become a valid artifact.
-    sidecar = Sidecar.from_dict(data, artifact_paths.sidecar(backend).name)
+    sidecar = Sidecar.from_dict(data, artifact_paths.sidecar(variant).name)
     # The sidecar is the commit point: it is written last.
-    write_sidecar(artifact_paths.sidecar(backend), sidecar)
+    write_sidecar(artifact_paths.sidecar(variant), sidecar)
     return sidecar

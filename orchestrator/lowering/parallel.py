@@ -59,10 +59,10 @@ class _QuietSpawnContext(multiprocessing.context.SpawnContext):
 
 @dataclass(frozen=True)
 class VariantTask:
-    """One backend to lower, with everything a worker process needs (picklable)."""
+    """One variant to lower, with everything a worker process needs (picklable)."""
 
     spec: ModelSpec
-    backend: str
+    variant: Variant
     weights: str  # resolved: pretrained or random
     weights_note: str
     parameters: int
@@ -79,7 +79,7 @@ class VariantTask:
     @property
     def needs_program(self) -> bool:
         """Lowered from the exported program (fp32), not from the eager model (quantized)."""
-        return not Variant.parse(self.backend).quantized
+        return not self.variant.quantized
 
 
 def with_program(task: VariantTask, record: dict[str, Any]) -> VariantTask:
@@ -113,12 +113,12 @@ class ParallelLowering:
         self.main_reserved = main_peak  # the main process holds the model and lowers too
         self.budget = budget
         self.timer = timer
-        self.done: dict[str, Sidecar] = {}
+        self.done: dict[Variant, Sidecar] = {}
         self.total = len(tasks)
         self.program_record: dict[str, Any] | None = None  # the .pt2's file record, once saved
         self._lock = threading.Lock()
         self._running: dict[Future, VariantTask] = {}
-        self._started: dict[str, float] = {}
+        self._started: dict[Variant, float] = {}
         self._stopped = False
         self._error: BaseException | None = None
         self._pool: ProcessPoolExecutor | None = None
@@ -127,7 +127,7 @@ class ParallelLowering:
 
     def __enter__(self) -> ParallelLowering:
         self._began = time.perf_counter()
-        names = ", ".join(task.backend for task in self.pending)
+        names = ", ".join(task.variant.name for task in self.pending)
         name = self.pending[0].spec.name
         console.info(
             f"[cyan]▸[/] {console.escape(name)}: lowering {names} in this process and up to {self.workers} "
@@ -169,7 +169,7 @@ class ParallelLowering:
             self.program_record = record
             self.pending = [with_program(task, record) for task in self.pending]
 
-    def run_main(self, lower_here: Callable[[VariantTask], Sidecar]) -> dict[str, Sidecar]:
+    def run_main(self, lower_here: Callable[[VariantTask], Sidecar]) -> dict[Variant, Sidecar]:
         """Lower in this process what is left (the exported program's variants first), then wait for the workers."""
         while True:
             self._raise_worker_error()
@@ -216,7 +216,7 @@ class ParallelLowering:
             return None  # wait for a worker to finish (or for this process to take it) rather than swap
         task = ready[0]
         console.warn(
-            f"{task.spec.name}: {task.backend} may need {task.peak_bytes / 1e9:.1f} GB, "
+            f"{task.spec.name}: {task.variant} may need {task.peak_bytes / 1e9:.1f} GB, "
             f"{(self.budget or 0) / 1e9:.1f} GB is available; lowering it alone"
         )
         return self._take(task, max(self.main_reserved, task.peak_bytes))
@@ -229,9 +229,9 @@ class ParallelLowering:
 
     def _announce(self, task: VariantTask, where: str) -> float:
         started = time.perf_counter()
-        self._started[task.backend] = started
+        self._started[task.variant] = started
         console.info(
-            f"  [cyan]▸[/] {console.escape(task.spec.name)}: {task.backend} started in {where} "
+            f"  [cyan]▸[/] {console.escape(task.spec.name)}: {task.variant} started in {where} "
             f"[dim](expects {task.peak_bytes / 1e9:.1f} GB)[/]"
         )
         return started
@@ -239,12 +239,12 @@ class ParallelLowering:
     def _finished(self, task: VariantTask, sidecar: Sidecar, started: float) -> None:
         seconds = time.perf_counter() - started
         with self._lock:
-            self.done[task.backend] = sidecar
+            self.done[task.variant] = sidecar
             count = len(self.done)
-        self.timer.durations[f"{task.backend}: lower"] = seconds
+        self.timer.durations[f"{task.variant}: lower"] = seconds
         peak = sidecar.lowering.peak_rss_bytes
         console.info(
-            f"  [green]✓[/] {console.escape(task.spec.name)}: {task.backend} done "
+            f"  [green]✓[/] {console.escape(task.spec.name)}: {task.variant} done "
             f"[dim]{console.format_seconds(seconds)}, peak {peak / 1e9:.2f} GB[/] ({count}/{self.total})"
         )
 
@@ -273,7 +273,7 @@ class ParallelLowering:
                 for future in finished:
                     with self._lock:
                         task = self._running.pop(future)
-                    self._finished(task, future.result(), self._started[task.backend])
+                    self._finished(task, future.result(), self._started[task.variant])
         except BaseException as exc:  # a failed worker: the main thread raises it
             with self._lock:
                 self._error = exc

@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.errors import ArtifactError
 from orchestrator.fsutil import atomic_write_json, read_json
+from orchestrator.lowering.variants import UnknownVariant, Variant
 
 SIDECAR_SCHEMA = 1
 
@@ -39,6 +40,13 @@ class _Reader:
         if isinstance(value, str) or (optional and value is None):
             return value
         raise self.fail(prefix + key, "text" + (" or null" if optional else ""), value)
+
+    def variant(self, data: dict[str, Any], key: str) -> Variant:
+        name = self.text(data, key)
+        try:
+            return Variant.parse(name)
+        except UnknownVariant as exc:
+            raise ArtifactError(f"{self.where}: sidecar field {key!r}: {exc}") from None
 
     def integer(self, data: dict[str, Any], key: str, prefix: str = "", *, optional: bool = False) -> Any:
         value = data.get(key, _MISSING)
@@ -236,12 +244,12 @@ class LoweringCost:
 
 @dataclass(frozen=True)
 class Sidecar:
-    """One lowered backend's sidecar; the field order is the file's key order."""
+    """One lowered variant's sidecar; the field order is the file's key order (`variant` is written `backend`)."""
 
     model: str
     model_id: str | None
     task: str
-    backend: str
+    variant: Variant
     method: str
     exported_program: str
     pte: str
@@ -283,11 +291,11 @@ class Sidecar:
         for role in ("pte", "reference_inputs"):  # what every reader relies on: the program and its inputs
             if role not in files:
                 raise reader.fail(f"files.{role}", "a file record", _MISSING)
-        return cls(
+        sidecar = cls(
             model=reader.text(fields, "model"),
             model_id=reader.text(fields, "model_id", optional=True),
             task=reader.text(fields, "task"),
-            backend=reader.text(fields, "backend"),
+            variant=reader.variant(fields, "backend"),
             method=reader.text(fields, "method"),
             exported_program=reader.text(fields, "exported_program"),
             pte=reader.text(fields, "pte"),
@@ -313,6 +321,13 @@ class Sidecar:
             created=reader.text(fields, "created"),
             schema=schema,
         )
+        recorded = sidecar.quantization.scheme if sidecar.quantization is not None else None
+        if recorded != (sidecar.variant.scheme.name if sidecar.variant.quantized else None):
+            raise ArtifactError(
+                f"{where}: sidecar field 'quantization' ({recorded or 'none'}) does not match "
+                f"'backend' ({sidecar.variant})"
+            )
+        return sidecar
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -320,7 +335,7 @@ class Sidecar:
             "model": self.model,
             "model_id": self.model_id,
             "task": self.task,
-            "backend": self.backend,
+            "backend": self.variant.name,
             "method": self.method,
             "exported_program": self.exported_program,
             "pte": self.pte,

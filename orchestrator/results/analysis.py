@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import sha256_file
+from orchestrator.lowering.quantize import FP32
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.programs.memory import ProgramMemory, program_memory_from_sidecar, read_program_memory
 from orchestrator.programs.plan import ProgramPlan, read_program_plan
@@ -116,18 +117,18 @@ def analyze_bundle(
         latency_summary(bundle.timings), hashing_ms=hashing_times(bundle.run.get("hashing_ms"))
     )
     board = board_conditions(bundle.board_before, bundle.board_after)
-    scheme = _scheme(sidecar)
-    validity = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes, quantized=scheme != "none")
+    scheme = sidecar.variant.scheme if sidecar is not None else FP32
+    validity = judge_validity(bundle.manifest, latency, board, correctness, bundle.notes, quantized=scheme.quantized)
     run = summary_document(bundle, sidecar, pte, latency, board, correctness, profile, validity)
     top_layers = (run.profile or {}).get("top_layers") or []
     counters = counters_summary(counter_profile, bundle.run.get("counters_pass"), top_layers, latency.threads)
     run = dataclasses.replace(run, memory=memory, counters=counters)
-    if scheme != "none":
+    if scheme.quantized:
         thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
         ran = outputs_path if bundle.ran_ok and outputs_path.is_file() else None
         reference = Path(reference_outputs) if reference_outputs is not None else None
         weights = sidecar.weights if sidecar is not None else None
-        run = dataclasses.replace(run, accuracy=judge_accuracy(ran, reference, scheme, thresholds, weights))
+        run = dataclasses.replace(run, accuracy=judge_accuracy(ran, reference, scheme.name, thresholds, weights))
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile)
     summary.written = write_outputs(bundle.path, run, profile, program=program, counters=counter_profile)
     return summary
@@ -140,11 +141,6 @@ def _counter_profile(bundle: BundleFiles) -> CounterProfile | None:
     except AnalysisError as exc:
         bundle.notes.append(("degraded", f"counters pass unusable: {exc}"))
         return None
-
-
-def _scheme(sidecar: Sidecar | None) -> str:
-    """The quantization scheme the sidecar records, "none" for fp32 programs (or no sidecar)."""
-    return sidecar.quantization.scheme if sidecar is not None and sidecar.quantization is not None else "none"
 
 
 def _profile_bundle(

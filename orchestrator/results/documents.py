@@ -103,7 +103,7 @@ def summary_document(
         labels=labels,
         model=ProgramInfo(
             name=labels.get("model") or (sidecar.model if sidecar is not None else None),
-            backend=labels.get("backend") or (sidecar.backend if sidecar is not None else None),
+            backend=labels.get("backend") or (sidecar.variant.name if sidecar is not None else None),
             pte=pte.name if pte else None,
             sha256=bundle_model_sha(run, manifest),
             weights=sidecar.weights if sidecar is not None else None,

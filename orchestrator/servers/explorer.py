@@ -33,7 +33,7 @@ from urllib.parse import quote
 from orchestrator import console, interrupts
 from orchestrator.errors import EtlabError, UsageError
 from orchestrator.fsutil import read_json
-from orchestrator.lowering.artifacts import QUANTIZED_BACKENDS, ArtifactPaths
+from orchestrator.lowering.artifacts import VARIANTS, ArtifactPaths
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.overlays import INDEX_NAME, OVERLAY_DIR
 from orchestrator.servers.guard import DEFAULT_HOST, ServedFiles, guard_answers, guard_server, is_loopback
@@ -138,8 +138,9 @@ def program_models(paths: ArtifactPaths) -> tuple[list[Path], list[Path]]:
     The exported .pt2 and both fp32 .pte files are expected; the quantized variants (xnnpack-<scheme>) that were
     lowered are shown next to them.
     """
-    expected = [paths.exported_program, paths.pte("portable"), paths.pte("xnnpack")]
-    variants = [paths.pte(backend) for backend in QUANTIZED_BACKENDS if paths.pte(backend).is_file()]
+    expected = [paths.exported_program, *(paths.pte(variant) for variant in VARIANTS.values() if not variant.quantized)]
+    quantized = [paths.pte(variant) for variant in VARIANTS.values() if variant.quantized]
+    variants = [pte for pte in quantized if pte.is_file()]
     return [m for m in expected if m.is_file()] + variants, [m for m in expected if not m.is_file()]
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from orchestrator.fsutil import sha256_file
 from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 
 SEQUENCE_LENGTH = 128
@@ -42,7 +43,7 @@ class TinyModel:
         """A model lowered by the real pipeline (orchestrator.lowering.lower)."""
         paths = artifact.paths
         return cls(
-            artifact.model.removesuffix("-tiny"), artifact.backend, artifact.pte, artifact.sidecar,
+            artifact.model.removesuffix("-tiny"), artifact.variant.name, artifact.pte, artifact.sidecar,
             paths.exported_program, paths.reference_outputs, paths.reference_inputs,
         )  # fmt: skip
 
@@ -217,7 +218,7 @@ def analysis_models(tiny_artifacts: dict[str, Any]) -> dict[str, TinyModel]:
 
     keys = (("distilbert", "xnnpack"), ("distilbert", "portable"), ("gpt2", "xnnpack"))
     return {
-        f"{name}_{backend}": TinyModel.from_artifact(load_artifact(f"{name}-tiny", backend, ARTIFACT_CACHE))
+        f"{name}_{backend}": TinyModel.from_artifact(load_artifact(f"{name}-tiny", VARIANTS[backend], ARTIFACT_CACHE))
         for name, backend in keys
     }
 
@@ -262,7 +263,7 @@ def runner_bundles(
     cases = {}
     with connect(local_board) as conn:
         for backend in ("xnnpack", "portable"):
-            artifact = load_artifact("distilbert-tiny", backend, ARTIFACT_CACHE)
+            artifact = load_artifact("distilbert-tiny", VARIANTS[backend], ARTIFACT_CACHE)
             remote = profile(
                 conn, artifact, push_artifact(conn, artifact), RunParams(warmup=2, iterations=6), new_run_id()
             )

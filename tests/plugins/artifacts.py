@@ -13,6 +13,7 @@ import pytest
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.spec import BUILTIN_SPECS
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 
 TEST_CACHE = PROJECT_ROOT / ".etlab" / "test-cache"
@@ -21,7 +22,9 @@ TINY_MODELS = ("distilbert-tiny", "gpt2-tiny")
 
 
 def lower_tiny(name: str, root: Path = ARTIFACT_CACHE) -> LoweringResult:
-    return lowering.lower(BUILTIN_SPECS[name], backends=["portable", "xnnpack"], weights="random", root=root)
+    return lowering.lower(
+        BUILTIN_SPECS[name], variants=[VARIANTS["portable"], VARIANTS["xnnpack"]], weights="random", root=root
+    )
 
 
 @pytest.fixture(scope="session")

@@ -12,16 +12,15 @@ from typing import Any
 import pytest
 
 from orchestrator.lowering import lower as lowering
-from orchestrator.lowering.artifacts import QUANTIZED_BACKENDS
+from orchestrator.lowering.artifacts import VARIANTS
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.spec import BUILTIN_SPECS
 from tests.plugins.artifacts import ARTIFACT_CACHE, TINY_MODELS
 
-ALL_BACKENDS = ("portable", "xnnpack", *QUANTIZED_BACKENDS)
-
 
 def lower_quantized(name: str, root: Path = ARTIFACT_CACHE) -> LoweringResult:
-    return lowering.lower(BUILTIN_SPECS[name], backends=list(ALL_BACKENDS), weights="random", root=root, jobs=2)
+    """Every variant of the registry: both fp32 backends and each quantized scheme."""
+    return lowering.lower(BUILTIN_SPECS[name], variants=list(VARIANTS.values()), weights="random", root=root, jobs=2)
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import BOARD_SOURCE_DIR, state_dir
 from orchestrator.tensorfile import NamedTensor, read_tensors
 from orchestrator.versions import installed
@@ -133,8 +134,8 @@ def runner_models_from(result: LoweringResult) -> RunnerModels:
     with torch.no_grad():
         generated_reference = model(generated_ids, torch.ones_like(generated_ids)).numpy()
     return RunnerModels(
-        paths.pte("portable"),
-        paths.pte("xnnpack"),
+        paths.pte(VARIANTS["portable"]),
+        paths.pte(VARIANTS["xnnpack"]),
         paths.reference_inputs,
         inputs,
         reference.array,

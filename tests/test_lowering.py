@@ -315,6 +315,7 @@ def test_cli_errors_have_exit_codes(tmp_path: Path) -> None:
     unknown = run_fab("lower", "--model", "gpt3")
     assert unknown.returncode == 64
     assert "unknown model 'gpt3'" in unknown.stderr and "distilbert-tiny" in unknown.stderr
+    assert "hint: or pass your own spec with --spec" in unknown.stderr  # the command layer names the option
     bad = tmp_path / "spec.json"
     bad.write_text('{"name": "x", "model_type": "gpt2", "task": "causal-lm", "seqlen": 3}')
     result = run_fab("lower", "--spec", str(bad))

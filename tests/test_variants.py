@@ -3,6 +3,7 @@ and every variant's on-disk name reads back as the same variant. No torch, no lo
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from orchestrator.lab.matrix import load_config
 from orchestrator.lowering import quantize
 from orchestrator.lowering.artifacts import BACKENDS, QUANTIZED_BACKENDS
 from orchestrator.lowering.quantize import FP32, QUANTIZED, SCHEMES
-from orchestrator.lowering.variants import VARIANTS, UnknownVariant, Variant, combine, parse_schemes, scheme_of
+from orchestrator.lowering.variants import VARIANTS, UnknownVariant, Variant, combine, parse_schemes
+from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.boards import write_inventory
 
 # Names a scheme registry could plausibly be asked for that it does not hold: old spellings, backends, typos.
@@ -50,7 +52,7 @@ def test_every_place_accepts_exactly_the_registry_schemes(tmp_path: Path) -> Non
     assert {name for name in _candidates() if _cli_accepts(name)} == registry
     assert {name for name in _candidates() if name and _matrix_accepts(name, tmp_path)} == registry
     # The lowering: every artifact backend's scheme is one of the registry, and every scheme has its backend.
-    assert {scheme_of(backend).name for backend in BACKENDS} == registry
+    assert {Variant.parse(backend).scheme.name for backend in BACKENDS} == registry
     assert set(QUANTIZED_BACKENDS) == {f"xnnpack-{scheme.name}" for scheme in QUANTIZED}
     # The fab help lists them all.
     import tasks
@@ -83,7 +85,7 @@ def test_a_variant_round_trips_through_its_name(name: str) -> None:
     assert variant.name == name and str(variant) == name
     assert Variant.parse(variant.name) == variant
     assert Variant(variant.backend, variant.scheme) == variant  # value semantics: built again, the same
-    assert scheme_of(name) is variant.scheme
+    assert Variant.parse(name).scheme is variant.scheme
 
 
 def test_every_registry_scheme_round_trips_through_a_name() -> None:
@@ -134,3 +136,26 @@ def test_the_matrix_names_cells_as_the_cli_does(tmp_path: Path) -> None:
     cli = variants("portable,xnnpack-8da4w", "int8-static")
     assert list(matrix.variants) == cli
     assert [variant.name for variant in cli] == ["xnnpack-8da4w", "xnnpack-int8-static"]
+
+
+# Where a variant or scheme name becomes a typed value: the command line, the nightly matrix, and a name read back
+# from disk (a sidecar, a run's label). Everywhere else a Variant travels as it is.
+PARSED_AT_THE_EDGES = {
+    "orchestrator/commands/common.py",  # --backend, --quantize; a run's backend label, to find its artifact
+    "orchestrator/lab/matrix.py",  # the nightly matrix's backends and quantize
+    "orchestrator/lowering/sidecar.py",  # a sidecar's backend
+    "orchestrator/results/compare.py",  # a run's summary, to name its scheme
+}
+
+
+def test_variant_names_are_parsed_only_at_the_edges() -> None:
+    parsing = set()
+    for path in (PROJECT_ROOT / "orchestrator").rglob("*.py"):
+        relative = str(path.relative_to(PROJECT_ROOT))
+        text = path.read_text(encoding="utf-8")
+        if relative != "orchestrator/lowering/variants.py" and ("Variant.parse(" in text or "parse_schemes(" in text):
+            parsing.add(relative)
+        # Names are built in one place: Variant.name.
+        if relative not in ("orchestrator/lowering/variants.py", "orchestrator/lowering/quantize.py"):
+            assert not re.search(r"""f["']xnnpack-\{""", text), f"{relative} builds a variant name"
+    assert parsing == PARSED_AT_THE_EDGES

@@ -123,11 +123,18 @@ def select_all(inventory: Any) -> list[Any]:
 def model_spec(model: str | None, spec: str | None, *, trust_remote_code: bool = False) -> ModelSpec:
     """`--model NAME` or `--spec FILE`, exactly one (exit 64, the options named)."""
     # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.spec import resolve_spec
+    from orchestrator.lowering.spec import RemoteCodeInSpec, UnknownModel, resolve_spec
 
     if (model is None) == (spec is None):
         raise UsageError("give exactly one of --model NAME or --spec FILE")
-    return resolve_spec(model, spec, trust_remote_code=trust_remote_code)
+    try:
+        return resolve_spec(model, spec, trust_remote_code=trust_remote_code)
+    except UnknownModel as exc:
+        exc.hint = "or pass your own spec with --spec path/to/model_spec.json"
+        raise
+    except RemoteCodeInSpec as exc:
+        exc.hint = "pass --trust-remote-code on the command line if you trust the model folder's code"
+        raise
 
 
 def variants(backend: str | None, quantize: Any = "none", default: str = "portable,xnnpack") -> list[Variant]:

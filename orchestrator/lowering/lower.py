@@ -300,10 +300,10 @@ def _load(
         import torch
 
         # here, not at the top: it imports torch (seconds), which a cache hit never needs
-        from orchestrator.lowering.models import load_model, reference_inputs, vocab_size_of
+        from orchestrator.lowering.models import example_inputs, load_model
 
         loaded = load_model(spec, weights)
-        inputs = reference_inputs(spec, vocab_size_of(loaded.module))
+        inputs = example_inputs(spec, loaded.module)
         example_args = tuple(torch.from_numpy(t.array) for t in inputs)
         with torch.no_grad():
             eager = loaded.module(*example_args)

@@ -160,10 +160,18 @@ def resolve_spec(
         spec = None
     if spec is not None:
         return replace(spec, trust_remote_code=True) if trust_remote_code else spec
-    raise SpecError(
-        f"unknown model {model!r}{did_you_mean(model, BUILTIN_SPECS)}; known models: {', '.join(BUILTIN_SPECS)}",
-        hint="or pass your own spec with --spec path/to/model_spec.json",
+    raise UnknownModel(
+        f"unknown model {model!r}{did_you_mean(model, BUILTIN_SPECS)}; known models: {', '.join(BUILTIN_SPECS)}"
     )
+
+
+class UnknownModel(SpecError):
+    """A model name that is no built-in; the command layer says how to pass a spec of one's own."""
+
+
+class RemoteCodeInSpec(SpecError):
+    """A spec file asked to run the model folder's own code, which only the command line can switch on; the command
+    layer names the option."""
 
 
 class _SpecChecker(Checker):
@@ -285,10 +293,7 @@ def _config_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str
         where = key_nodes.get(key, node)
         name = field_path("config", key)
         if key == "trust_remote_code":
-            message = (
-                "a spec file cannot switch on running the model folder's own code; pass --trust-remote-code "
-                "on the command line if you trust it"
-            )
+            message = "a spec file cannot switch on running the model folder's own code; only the command line can"
         elif key in LOADING_OPTIONS:
             message = "is an option of from_pretrained, not a field of the model's config: a spec cannot set it"
         elif key.startswith("_"):
@@ -318,8 +323,8 @@ def _leaves(value: Any) -> list[Any]:
 def load_spec_file(path: Path) -> ModelSpec:
     """Parse and validate a user spec; every error names the file, the line and the field."""
 
-    def fail(message: str) -> SpecError:
-        return SpecError(message, hint=SPEC_HINT)
+    def fail(message: str, kind: type[SpecError] = SpecError) -> SpecError:
+        return kind(message, hint=SPEC_HINT)
 
     try:
         text_ = path.read_text(encoding="utf-8")
@@ -358,7 +363,8 @@ def load_spec_file(path: Path) -> ModelSpec:
         for where, name, message in _config_problems(config_node, found["config"]):
             checker.error(where, name, message)
     if checker.problems:
-        raise fail("\n".join(checker.errors))
+        remote_code = "trust_remote_code" in found.get("config", {})
+        raise fail("\n".join(checker.errors), RemoteCodeInSpec if remote_code else SpecError)
     lines = {key.value: value for key, value in root.value}
     spec_lines = {key: line_of(value) for key, value in lines.items()}
     if isinstance(config_node, MappingNode):

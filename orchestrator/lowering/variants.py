@@ -72,11 +72,6 @@ BACKENDS = tuple(VARIANTS)  # every artifact backend name
 QUANTIZED_BACKENDS = tuple(name for name, variant in VARIANTS.items() if variant.quantized)
 
 
-def scheme_of(backend: str) -> Scheme:
-    """The scheme of an artifact backend name: `xnnpack-8da4w` → 8da4w, `xnnpack`/`portable` → FP32."""
-    return Variant.parse(backend).scheme
-
-
 def parse_schemes(names: Iterable[str]) -> tuple[Scheme, ...]:
     """Scheme names → schemes of the registry, order kept, no duplicates; none given means fp32 alone."""
     names = list(dict.fromkeys(names))

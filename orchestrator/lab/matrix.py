@@ -37,7 +37,7 @@ DEFAULT_WARMUP = 3
 class MatrixEntry:
     models: tuple[ModelSpec, ...]
     variants: tuple[Variant, ...]
-    boards: tuple[str, ...]
+    boards: tuple[Board, ...]  # as the inventory has them: a labgrid tag selector is expanded when the night runs
     params: RunParams
 
 
@@ -191,7 +191,7 @@ def _entry(
     params = RunParams(**{**defaults, **{key: found[key] for key in _RUN_FIELDS if key in found}})
     # Quantized programs are XNNPACK programs: each scheme is a cell of its own, named as the CLI names it.
     variants = combine([Variant.parse(name) for name in found["backends"]], parse_schemes(found.get("quantize", ())))
-    return MatrixEntry(tuple(models), variants, tuple(b.name for b in selected), params)
+    return MatrixEntry(tuple(models), variants, tuple(selected), params)
 
 
 def _duplicate_cells(
@@ -200,7 +200,7 @@ def _duplicate_cells(
     for board in entry.boards:
         for spec in entry.models:
             for variant in entry.variants:
-                cell = (board, spec.name, variant.name)
+                cell = (board.name, spec.name, variant.name)
                 if cell in seen:
                     checker.error(
                         node, f"nightly.matrix[{index}]", f"cell {' / '.join(cell)} is already in matrix[{seen[cell]}]"

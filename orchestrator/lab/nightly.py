@@ -234,17 +234,14 @@ class _Recorder:
             return fallback
 
 
-def _expand_boards(inventory: Inventory, config: NightlyConfig) -> tuple[dict[str, Board], dict[str, list[str]]]:
-    """Labgrid tag selectors become their places; every board of the matrix that is a place is reserved."""
-    boards: dict[str, Board] = {}
-    expanded: dict[str, list[str]] = {}
+def _expand_boards(config: NightlyConfig) -> dict[Board, tuple[Board, ...]]:
+    """The boards each board of the matrix stands for: a labgrid tag selector its places, any other board itself."""
+    expanded: dict[Board, tuple[Board, ...]] = {}
     for entry in config.entries:
-        for name in entry.boards:
-            if name not in expanded:
-                found = labgrid.expand([inventory.boards[name]])
-                expanded[name] = [board.name for board in found]
-                boards.update((board.name, board) for board in found if board.name not in boards)
-    return boards, expanded
+        for board in entry.boards:
+            if board not in expanded:
+                expanded[board] = tuple(labgrid.expand([board]))
+    return expanded
 
 
 def run_nightly(
@@ -263,7 +260,7 @@ def run_nightly(
     night = night or dt.date.today().isoformat()
     url = history_url or config.history_url or default_url()
     reports = reports_dir or config.reports_dir
-    boards, expanded = _expand_boards(inventory, config)
+    expanded = _expand_boards(config)
     with night_lock(url, night, describe_url(url), wait=wait):
         history = History(url, busy_seconds=config.history_wait_seconds, check=True)
         try:
@@ -272,7 +269,7 @@ def run_nightly(
             for why in left:
                 console.warn(why)
             return _run_night(
-                inventory, config, night, history, reports, boards, expanded,
+                config, night, history, reports, expanded,
                 artifacts_root=artifacts_root, results_root=results_root, prune=not left,
             )  # fmt: skip
         finally:
@@ -299,13 +296,11 @@ def record_pending_results(
 
 
 def _run_night(
-    inventory: Inventory,
     config: NightlyConfig,
     night: str,
     history: History,
     reports: Path,
-    boards: dict[str, Board],
-    expanded: dict[str, list[str]],
+    expanded: dict[Board, tuple[Board, ...]],
     *,
     artifacts_root: Path | None,
     results_root: Path | None,
@@ -316,15 +311,15 @@ def _run_night(
     recorder = _Recorder(history, reports, night)
     recorded = history.recorded_cells(night)
     specs: dict[str, ModelSpec] = {}
-    plan: dict[str, list[tuple[str, Variant, RunParams]]] = {}
+    plan: dict[Board, list[tuple[str, Variant, RunParams]]] = {}
     skipped: list[tuple[str, str, str]] = []
     for entry in config.entries:
-        for board in [place for name in entry.boards for place in expanded[name]]:
+        for board in [place for selected in entry.boards for place in expanded[selected]]:
             for spec in entry.models:
                 specs[spec.name] = spec
                 for variant in entry.variants:
-                    if (board, spec.name, variant.name) in recorded:
-                        skipped.append((board, spec.name, variant.name))
+                    if (board.name, spec.name, variant.name) in recorded:
+                        skipped.append((board.name, spec.name, variant.name))
                     else:
                         plan.setdefault(board, []).append((spec.name, variant, entry.params))
     if skipped:
@@ -344,6 +339,8 @@ def _run_night(
         except EtlabError as exc:
             lowering_errors[model] = first_line(exc)
 
+    # fan_out hands each job the board resolved through its labgrid place: the same board by name
+    cells_of = {board.name: cells for board, cells in plan.items()}
     places: dict[str, PlaceWait] = {}
     started: set[str] = set()
 
@@ -354,7 +351,7 @@ def _run_night(
             places[board.name] = PlaceWait(str(lg.place), lg.coordinator, lg.waited)
         jobs: dict[tuple[str, Variant], CellJob] = {}
         failed, threads = [], {}
-        for model, variant, params in plan[board.name]:
+        for model, variant, params in cells_of[board.name]:
             threads[(model, variant)] = params.threads or board.threads
             if model in lowering_errors:
                 failed.append(CellOutcome(board.name, model, variant, stage="lower", error=lowering_errors[model]))
@@ -431,7 +428,7 @@ def _run_night(
             recorder.set_verdict(run, verdict)
         return failed + cells
 
-    outcomes = fan_out([boards[name] for name in plan], on_board)
+    outcomes = fan_out(list(plan), on_board)
     for outcome in outcomes:
         if not outcome.ok:  # a bug, or the board's labgrid place: still visible, and a reason to alarm
             console.error(f"{outcome.board.name}: {outcome.error}")
@@ -441,7 +438,7 @@ def _run_night(
         if not outcome.ok and outcome.board.name not in started:
             # Never started (no labgrid place, e.g. --lg-wait ran out): its cells are recorded as failed.
             exc = outcome.exception
-            for model, variant, params in plan[outcome.board.name]:
+            for model, variant, params in cells_of[outcome.board.name]:
                 cell = CellOutcome(outcome.board.name, model, variant, stage=outcome.stage or "?",
                                    error=outcome.error, detail=outcome.detail,
                                    infrastructure=is_link_trouble(exc),

@@ -201,10 +201,31 @@ def test_rebuilt_program_needs_permission(baseline: BundleCase, tmp_path: Any) -
     summary = json.loads(summary_path.read_text())
     summary["model"]["sha256"] = "0" * 64
     summary_path.write_text(json.dumps(summary))
-    with pytest.raises(CompareError, match=r"different \.pte builds"):
+    with pytest.raises(CompareError, match=r"different \.pte builds") as refused:
         compare_runs(baseline.path, rebuilt.path)
+    assert "--" not in str(refused.value)  # the library names no option
     comparison = compare_runs(baseline.path, rebuilt.path, allow_rebuilt=True, write=False)
     assert any("different builds" in note for note in comparison.notes)
+
+
+def test_fab_compare_names_the_option_that_allows_a_rebuilt_program(
+    baseline: BundleCase, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.commands import results
+    from orchestrator.results.store import LocalRun
+
+    rebuilt = copy_bundle(baseline, tmp_path / "run-rebuilt")
+    analyze(rebuilt)
+    summary_path = rebuilt.path / "analysis" / "summary.json"
+    summary_path.write_text(
+        summary_path.read_text().replace(json.loads(summary_path.read_text())["model"]["sha256"], "0" * 64)
+    )
+    runs = {name: LocalRun(case.path, "pi5-test", "distilbert", "xnnpack", name)
+            for name, case in (("a", baseline), ("b", rebuilt))}  # fmt: skip
+    monkeypatch.setattr(results, "find_run", runs.__getitem__)  # the two bundles, wherever they are
+    with pytest.raises(CompareError, match=r"different \.pte builds") as refused:
+        results.compare("a", "b")
+    assert refused.value.hint is not None and "--allow-rebuilt" in refused.value.hint
 
 
 def test_unanalysed_run_is_refused(baseline: BundleCase, tmp_path: Any) -> None:

@@ -16,7 +16,7 @@ from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.results.analysis import analyze_bundle
-from orchestrator.results.compare import compare_runs, interleaved_verdict
+from orchestrator.results.compare import RebuiltProgram, compare_runs, interleaved_verdict
 from orchestrator.results.overlays import write_program_overlays
 from orchestrator.results.store import LocalRun, find_run
 from orchestrator.results.verdicts import Kind
@@ -149,7 +149,11 @@ def compare(
         boards = select_boards(inventory, board, None, None)
     budget = DEFAULT_RETEST_SECONDS if retest_seconds is None else retest_seconds
     first, second = find_run(run_a), find_run(run_b)
-    comparison = compare_runs(first.path, second.path, allow_rebuilt=allow_rebuilt or bool(interleave))
+    try:
+        comparison = compare_runs(first.path, second.path, allow_rebuilt=allow_rebuilt or bool(interleave))
+    except RebuiltProgram as exc:
+        exc.hint = "pass --allow-rebuilt to compare a re-lowered program, or --interleave N --board B to re-run both"
+        raise
     if interleave:
         artifact = find_artifact(second.model, second.backend)
         a = Program("A", _program_of(first, comparison.sha_a), str(comparison.sha_a))

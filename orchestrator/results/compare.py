@@ -42,6 +42,11 @@ class CompareError(UsageError):
     """The two runs cannot be compared (different models or programs, or not analysed)."""
 
 
+class RebuiltProgram(CompareError):
+    """The runs profiled different builds of the same program, which a comparison allows only when asked to
+    (`allow_rebuilt`; the command layer names its option)."""
+
+
 @dataclass
 class OpDelta:
     node_id: str
@@ -190,10 +195,9 @@ def check_comparable(a: _Run, b: _Run, *, allow_rebuilt: bool) -> list[str]:
     notes = []
     if sha_a != sha_b:
         if not allow_rebuilt:
-            raise CompareError(
+            raise RebuiltProgram(
                 f"refusing to compare different .pte builds ({str(sha_a)[:12]} vs {str(sha_b)[:12]}), "
-                "although their instructions match",
-                hint="pass allow_rebuilt=True (--allow-rebuilt) to compare a re-lowered program",
+                "although their instructions match"
             )
         notes.append("the runs used different builds of the same program (same instructions, different .pte)")
     for run in (a, b):

@@ -191,6 +191,17 @@ def test_cache_key_covers_everything_that_matters() -> None:
     assert base not in variants and len(variants) == 4
 
 
+def test_the_cache_key_hashes_every_model_source_builder() -> None:
+    from orchestrator.lowering.spec import SOURCES
+
+    hashed = {path.resolve() for path in lowering.code_files()}
+    lowering_folder = PROJECT_ROOT / "orchestrator" / "lowering"
+    assert {lowering_folder / name for name in ("lower.py", "spec.py", "quantize.py", "models.py")} <= hashed
+    for source in SOURCES.values():  # a source added in a module of its own joins the key without another edit
+        module = source.builder.partition(":")[0]
+        assert PROJECT_ROOT.joinpath(*module.split(".")).with_suffix(".py") in hashed, source.name
+
+
 def test_edited_pte_invalidates_the_artifact(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path) -> None:
     root = copy_artifacts(tiny_artifacts, tmp_path, "distilbert-tiny")
     pte = ArtifactPaths.for_model("distilbert-tiny", root).pte(VARIANTS["portable"])

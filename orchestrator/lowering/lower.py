@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import importlib.util
 import json
 import os
 import resource
@@ -35,7 +36,7 @@ from orchestrator.lowering.delegation import delegation_report
 from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
 from orchestrator.lowering.quantize import calibration_from_file, generated_calibration, node_report, quantize
 from orchestrator.lowering.sidecar import Sidecar, write_sidecar
-from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.spec import SOURCES, ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
 from orchestrator.programs.memory import read_program_memory
@@ -71,11 +72,22 @@ class LoweringResult:
         return all(result.cached for result in self.variants.values())
 
 
+def code_files() -> list[Path]:
+    """The code that decides what a lowering produces: ours, and every model source's builder module (found
+    without importing it: a cache hit imports no torch)."""
+    here = Path(__file__).parent
+    files = [here / name for name in _LOWERING_SOURCES]
+    for source in SOURCES.values():
+        found = importlib.util.find_spec(source.builder.partition(":")[0])
+        if found is not None and found.origin:
+            files.append(Path(found.origin))
+    return list(dict.fromkeys(files))
+
+
 def _code_revision() -> str:
     digest = hashlib.sha256()
-    here = Path(__file__).parent
-    for name in _LOWERING_SOURCES:
-        digest.update((here / name).read_bytes())
+    for path in code_files():
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 

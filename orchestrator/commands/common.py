@@ -33,9 +33,19 @@ def split_list(value: str | None) -> list[str] | None:
 
 
 def _interrupted() -> NoReturn:
-    with interrupts.quiet_signals():
-        interrupts.interrupt()  # whatever is still running on a board for us stops too
-        console.error("interrupted")
+    said = False
+    while True:
+        try:
+            with interrupts.quiet_signals():
+                interrupts.interrupt()  # whatever is still running on a board for us stops too
+                if not said:
+                    said = True
+                    console.error("interrupted")
+            break
+        except KeyboardInterrupt:
+            # One more came before the signals were quieted, or as they were restored (a second Ctrl+C, or one
+            # that no_lost_interrupts delivered again): still exit 130 in one line, never with a traceback.
+            continue
     raise Exit(code=ExitCode.INTERRUPTED) from None
 
 

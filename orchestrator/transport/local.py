@@ -79,11 +79,13 @@ class LocalConnection(BoardConnection):
             for drain in drains:
                 drain.start()
             try:
-                process.wait(timeout=timeout)
-                for drain in drains:  # the output ends when the last process holding it does
+                # The output ends when the last process holding it does. Waiting for it first wakes at the exit,
+                # where Popen.wait(timeout) polls (every 50 ms after a while: that much later for a long command).
+                for drain in drains:
                     drain.join(None if timeout is None else max(0.0, started + timeout - time.monotonic()))
                 if any(drain.is_alive() for drain in drains):
                     raise subprocess.TimeoutExpired(list(argv), timeout or 0.0)
+                process.wait(timeout=None if timeout is None else max(0.0, started + timeout - time.monotonic()))
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)

@@ -21,8 +21,9 @@ COUNTERS_THREADS = 1  # counters are read by the thread that runs the operators
 
 
 def counters_argv(timing_argv: list[str], bundle: Path, counters: str) -> list[str]:
-    """The timing pass's command line with one thread, the counter group and the pass's own output files."""
-    replaced = {"--threads", "--etdump", "--outputs", "--timings"}
+    """The timing pass's command line with one thread, the counter group and the pass's own output files; without
+    the timing pass's `--start-fd` (the model was verified before the timing pass ran)."""
+    replaced = {"--threads", "--etdump", "--outputs", "--timings", "--start-fd"}
     argv: list[str] = []
     skip = False
     for word in timing_argv:

@@ -313,11 +313,28 @@ def glibc_version() -> str | None:
     return version if name == "glibc" and version else None
 
 
+# The runner's answers by (path, inode, size, mtime, ctime, question): `profile` describes the board before and after
+# its run with the same binary, which is then asked once per question instead of twice.
+_RUNNER_ANSWERS: dict[tuple[Any, ...], tuple[int, bytes, bytes] | None] = {}
+
+
+def ask_runner(runner: Path, flag: str, *context: Any) -> tuple[int, bytes, bytes] | None:
+    """`runner flag` through run_probe, asked again only when the file or `context` changed."""
+    try:
+        found = runner.stat()
+    except OSError:
+        return None
+    key = (str(runner), found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns, flag, *context)
+    if key not in _RUNNER_ANSWERS:
+        _RUNNER_ANSWERS[key] = run_probe([str(runner), flag], PROBE_TIMEOUT_SECONDS)
+    return _RUNNER_ANSWERS[key]
+
+
 def runner_version(runner: Path | None) -> dict[str, Any] | None:
     """`etlab_runner --version` parsed, or None when there is no runner or it does not answer."""
     if runner is None or not runner.is_file():
         return None
-    answer = run_probe([str(runner), "--version"], PROBE_TIMEOUT_SECONDS)
+    answer = ask_runner(runner, "--version")
     if answer is None or answer[0] != 0:
         return None
     try:
@@ -362,7 +379,8 @@ def probe_counters(runner: Path | None) -> dict[str, str] | None:
     """`etlab_runner --probe-counters`: which counters this kernel opens for user space, by name (ok or errno)."""
     if runner is None or not runner.is_file():
         return None
-    answer = run_probe([str(runner), "--probe-counters"], PROBE_TIMEOUT_SECONDS)
+    # What opens depends on the paranoid level: asked again when it changed.
+    answer = ask_runner(runner, "--probe-counters", read_int("/proc/sys/kernel/perf_event_paranoid"))
     if answer is None or answer[0] != 0:
         return None
     try:

@@ -10,9 +10,10 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .files import log, utc_now
 
@@ -40,6 +41,55 @@ class RunOutcome:
             "ended_at": self.ended_at,
             "duration_s": round(self.duration_s, 6),
         }
+
+
+class StartGate:
+    """Holds the runner at `--start-fd` until a verdict: the runner loads and initialises the model while the agent
+    verifies it, and executes nothing before the agent writes `g`. A refusal closes the pipe (the runner exits 10)
+    and the runner's whole group is killed, in case it does not wait."""
+
+    def __init__(self, decided: threading.Event, verdict: Callable[[], bool]) -> None:
+        self.decided = decided  # set once verdict() can answer: True starts the runner, False refuses it
+        self.verdict = verdict
+        self.read_fd, self._write_fd = os.pipe()
+        self._read_open = True
+        self.refused = False
+
+    @property
+    def pending(self) -> bool:
+        """The runner may still be waiting for the verdict."""
+        return self._write_fd is not None
+
+    def after_spawn(self) -> None:
+        """The runner holds its own copy of the read end now; ours would keep the pipe open after it exits."""
+        self._close_read()
+
+    def poll(self) -> bool | None:
+        """Write `g` (True) or refuse (False) once the verdict is in; None while waiting for it or once settled."""
+        if self._write_fd is None or not self.decided.is_set():
+            return None
+        decision = bool(self.verdict())
+        if decision:
+            with contextlib.suppress(OSError):  # the runner is gone already (EPIPE): its exit code tells why
+                os.write(self._write_fd, b"g")
+        else:
+            self.refused = True
+        self.close()
+        return decision
+
+    def close(self) -> None:
+        """EOF at the runner's end: a runner still waiting exits 10 without running anything."""
+        self._close_read()
+        if self._write_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._write_fd)
+            self._write_fd = None
+
+    def _close_read(self) -> None:
+        if self._read_open:
+            self._read_open = False
+            with contextlib.suppress(OSError):
+                os.close(self.read_fd)
 
 
 class StopRequest:
@@ -87,6 +137,20 @@ def _leader_exited(pid: int) -> bool:
     return info is not None
 
 
+def _watch_exit(pid: int) -> threading.Event:
+    """Set once the leader has exited (not reaped, as in _leader_exited), so the wait loop wakes at once instead of
+    at its next poll."""
+    exited = threading.Event()
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):  # ChildProcessError: already reaped
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        exited.set()
+
+    threading.Thread(target=watch, name="etlab-runner-exit", daemon=True).start()
+    return exited
+
+
 def _kill_group(process: subprocess.Popen, grace: float) -> None:
     pgid = process.pid
     _signal_group(pgid, signal.SIGTERM)
@@ -126,14 +190,38 @@ def run_in_own_group(
     grace: float,
     pass_fds: Sequence[int] = (),
     stop: StopRequest | None = None,
+    gate: StartGate | None = None,
+    while_held: Callable[[], None] | None = None,
 ) -> RunOutcome:
     """Run `argv` with stdout+stderr into `log_path`; kill its whole process group on timeout or on a stop signal.
 
-    Pass an entered StopRequest to cover more than the run itself; otherwise one is installed for the run.
+    Pass an entered StopRequest to cover more than the run itself; otherwise one is installed for the run. With a
+    `gate` (its read end is passed to the runner), the runner is released when the gate decides to, and its whole
+    group is killed when the gate refuses it. The gate is closed when this returns. `while_held` runs once the runner
+    has started and before the gate is looked at, so it finishes before the runner executes anything; if it raises,
+    the runner's group is killed and the error propagates.
     """
     if stop is None:
         with StopRequest() as own_stop:
-            return run_in_own_group(argv, log_path, timeout, grace, pass_fds, own_stop)
+            return run_in_own_group(argv, log_path, timeout, grace, pass_fds, own_stop, gate, while_held)
+    if gate is None:
+        return _run_in_own_group(argv, log_path, timeout, grace, pass_fds, stop, None, None)
+    try:
+        return _run_in_own_group(argv, log_path, timeout, grace, (*pass_fds, gate.read_fd), stop, gate, while_held)
+    finally:
+        gate.close()
+
+
+def _run_in_own_group(
+    argv: Sequence[str],
+    log_path: Path,
+    timeout: float,
+    grace: float,
+    pass_fds: Sequence[int],
+    stop: StopRequest,
+    gate: StartGate | None,
+    while_held: Callable[[], None] | None,
+) -> RunOutcome:
     outcome = RunOutcome()
     with open(str(log_path), "wb") as log_file:
         outcome.started_at = utc_now()
@@ -156,9 +244,18 @@ def run_in_own_group(
             log_file.write(f"etlab-agent: {outcome.spawn_error}\n".encode())
             outcome.ended_at = utc_now()
             return outcome
+        if gate is not None:
+            gate.after_spawn()
+        exited = _watch_exit(process.pid)
         try:
+            if while_held is not None:
+                while_held()
             deadline = started + timeout
             while not _leader_exited(process.pid):
+                if gate is not None and gate.poll() is False:
+                    log(f"refusing to start the runner: stopping process group {process.pid}")
+                    _kill_group(process, grace)
+                    break
                 if stop.signal_name:
                     outcome.interrupted_by = stop.signal_name
                     log(f"{stop.signal_name} received: stopping the runner (process group {process.pid})")
@@ -169,7 +266,8 @@ def run_in_own_group(
                     log(f"runner exceeded its {timeout:g} s timeout: killing process group {process.pid}")
                     _kill_group(process, grace)
                     break
-                time.sleep(POLL_SECONDS)
+                # Wake at once for what comes next: the verdict while the runner waits for it, else the exit.
+                (gate.decided if gate is not None and gate.pending else exited).wait(POLL_SECONDS)
             # Anything the runner left behind in its group goes with it.
             _signal_group(process.pid, signal.SIGKILL)
         finally:

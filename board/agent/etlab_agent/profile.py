@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from .errors import AgentError, BadInput
 from .files import atomic_write_json, fsync_path, log, sha256_file, utc_now
 from .info import collect_info
 from .lock import BoardLock, describe_holder
-from .process import RunOutcome, StopRequest, run_in_own_group
+from .process import RunOutcome, StartGate, StopRequest, run_in_own_group
 from .state import read_state, runner_from_state
 from .workdir import Workdir, validate_run_id
 
@@ -137,6 +138,56 @@ def verify_file(workdir: Workdir, path: Path, what: str) -> tuple[str, float]:
     )
 
 
+class Verification:
+    """The model and inputs hashed in a thread, so the runner loads and initialises them meanwhile; the runner waits
+    at `--start-fd` and executes nothing until both match (`StartGate`), and `result()` raises what `verify_file`
+    raised (CorruptContent) before anything is reported."""
+
+    def __init__(self, workdir: Workdir, request: ProfileRequest) -> None:
+        self.workdir, self.request = workdir, request
+        self.done = threading.Event()
+        self._verified: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="etlab-verify", daemon=True)
+
+    def start(self) -> Verification:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            model_sha256, model_ms = verify_file(self.workdir, self.request.model, "model")
+            inputs_sha256, inputs_ms = (
+                verify_file(self.workdir, self.request.inputs, "inputs file")
+                if self.request.inputs is not None
+                else (None, 0.0)
+            )
+            self._verified = {
+                "model_sha256": model_sha256,
+                "inputs_sha256": inputs_sha256,
+                "hashing_ms": {"model": round(model_ms, 3), "inputs": round(inputs_ms, 3)},
+            }
+        except BaseException as exc:  # handed to the main thread by result()
+            self._error = exc
+        finally:
+            self.done.set()
+
+    def ok(self) -> bool:
+        """Once done: whether both files are what their names say (the gate's verdict)."""
+        return self._error is None
+
+    def gate(self) -> StartGate:
+        return StartGate(self.done, self.ok)
+
+    def result(self) -> dict[str, Any]:
+        """Wait for the hashes; their figures for run.json, or the error that refuses the run."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._verified is not None
+        return self._verified
+
+
 def _inside(workdir: Workdir, path: Path) -> bool:
     try:
         path.resolve().relative_to(workdir.root.resolve())
@@ -186,7 +237,9 @@ def judge(outcome: RunOutcome, bundle: Path, request: ProfileRequest, timeout: f
     return "ok", None
 
 
-def runner_argv(runner: Path, request: ProfileRequest, bundle: Path, expect_version: str | None) -> list[str]:
+def runner_argv(
+    runner: Path, request: ProfileRequest, bundle: Path, expect_version: str | None, start_fd: int | None = None
+) -> list[str]:
     argv = [str(runner), "--model", str(request.model)]
     if request.inputs is not None:
         argv += ["--inputs", str(request.inputs)]
@@ -205,6 +258,8 @@ def runner_argv(runner: Path, request: ProfileRequest, bundle: Path, expect_vers
     argv += ["--outputs", str(bundle / "outputs.etlt"), "--timings", str(bundle / "timings.json")]
     if expect_version:
         argv += ["--expect-executorch-version", expect_version]
+    if start_fd is not None:
+        argv += ["--start-fd", str(start_fd)]
     return argv
 
 
@@ -275,24 +330,17 @@ def _profile_locked(
     if tmp.exists():  # left by a killed agent; we hold the lock, so nobody is writing it
         shutil.rmtree(str(tmp))
 
-    # Under the lock: gc cannot remove what we hash, and nobody replaces it before the runner opens it.
-    model_sha256, model_ms = verify_file(workdir, request.model, "model")
-    inputs_sha256, inputs_ms = (
-        verify_file(workdir, request.inputs, "inputs file") if request.inputs is not None else (None, 0.0)
-    )
-    _touch_if_managed(workdir, request.model)
-    _touch_if_managed(workdir, request.inputs)
-    verified = {
-        "model_sha256": model_sha256,
-        "inputs_sha256": inputs_sha256,
-        "hashing_ms": {"model": round(model_ms, 3), "inputs": round(inputs_ms, 3)},
-    }
+    # Under the lock: gc cannot remove what we hash, and nobody replaces it before the runner opens it. The hashing
+    # overlaps the board facts and the runner's load and init; the runner executes nothing before both files match,
+    # and a mismatch fails the run (CorruptContent, no bundle) whatever the runner did meanwhile.
+    verification = Verification(workdir, request).start()
     try:
         tmp.mkdir(parents=True)
-        return _run_into(workdir, request, runner, expect_version, lock, waited, stop, tmp, verified)
+        return _run_into(workdir, request, runner, expect_version, lock, waited, stop, tmp, verification)
     except BaseException as exc:
         # A run that cannot finish its bundle leaves nothing behind: no half bundle eating a full disk.
         shutil.rmtree(str(tmp), ignore_errors=True)
+        verification.result()  # a file that does not match is the reason, whatever else went wrong meanwhile
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             where = exc.filename or workdir.bundles
             raise AgentError(f"no space left on {where}", path=str(where)) from exc
@@ -308,19 +356,35 @@ def _run_into(
     waited: float,
     stop: StopRequest,
     tmp: Path,
-    verified: dict[str, Any],
+    verification: Verification,
 ) -> dict[str, Any]:
     """Run the runner with the bundle assembling in `tmp`; rename it into place when complete."""
     final = workdir.bundle(request.run_id)
-    model_sha256 = verified["model_sha256"]
-    atomic_write_json(tmp / "board_info_before.json", collect_info(workdir, runner))
-    argv = runner_argv(runner, request, tmp, expect_version)
+    gate = verification.gate()
+    argv = runner_argv(runner, request, tmp, expect_version, start_fd=gate.read_fd)
     log(f"run {request.run_id}: {' '.join(argv)}")
     assert lock.fd is not None
+
+    def describe_board() -> None:  # while the runner loads and waits at the gate: before it executes anything
+        atomic_write_json(tmp / "board_info_before.json", collect_info(workdir, runner))
+
     # The runner inherits the lock, so if this agent is killed the board stays locked until the runner is gone.
     outcome = run_in_own_group(
-        argv, tmp / "runner.log", request.timeout, request.kill_grace, pass_fds=(lock.fd,), stop=stop
+        argv,
+        tmp / "runner.log",
+        request.timeout,
+        request.kill_grace,
+        pass_fds=(lock.fd,),
+        stop=stop,
+        gate=gate,
+        while_held=describe_board,
     )
+    if not (tmp / "board_info_before.json").exists():  # the runner never started (spawn error, stopped before)
+        describe_board()
+    verified = verification.result()  # CorruptContent here: the runner never ran, and nothing is reported
+    model_sha256 = verified["model_sha256"]
+    _touch_if_managed(workdir, request.model)
+    _touch_if_managed(workdir, request.inputs)
     status, error = judge(outcome, tmp, request, request.timeout)
     counters_pass = None
     if request.counters and not request.etdump:

@@ -16,6 +16,7 @@ enum ExitCode : int {
   kExitExecutionFailed = 7,
   kExitVersionMismatch = 8,
   kExitUnwritableOutput = 9,
+  kExitNotStarted = 10,  // --start-fd closed without the go byte: nothing was executed
 };
 
 // Carries the exit code with the one-line message printed as "etlab_runner: error: <message>".

@@ -154,6 +154,7 @@ struct Timings {
   std::string program_memory_json = "null";
   double load_ms = 0;
   double method_init_ms = 0;
+  std::optional<double> start_wait_ms;  // --start-fd: how long the runner waited for the agent's go
   std::vector<double> warmup_ms;
   std::vector<double> iterations_ms;
   bool stopped_early = false;
@@ -173,6 +174,7 @@ std::string timings_json(const Options& options, const Timings& timings) {
   field("threads", std::to_string(timings.threads));
   field("load_ms", json_number(timings.load_ms));
   field("method_init_ms", json_number(timings.method_init_ms));
+  field("start_wait_ms", timings.start_wait_ms ? json_number(*timings.start_wait_ms) : "null");
   field("warmup_ms", json_number_list(timings.warmup_ms));
   field("iterations_ms", json_number_list(timings.iterations_ms));
   field("warmup_requested", std::to_string(options.warmup));
@@ -236,6 +238,24 @@ std::string counters_json(const CounterGroup& group, const CountingTracer& trace
   return out + "\n  ]\n}\n";
 }
 
+// --start-fd: the agent hashes the model and inputs while this process loads and initialises them, and writes 'g'
+// once both match; it closes the descriptor (EOF) when they do not. Nothing is executed before the 'g'.
+void wait_for_start(int fd) {
+  char byte = 0;
+  ssize_t got = -1;
+  do {
+    got = read(fd, &byte, 1);
+  } while (got < 0 && errno == EINTR);
+  const int saved = errno;
+  close(fd);
+  if (got == 1 && byte == 'g') return;
+  throw RunnerError(kExitNotStarted,
+                    got < 0 ? "not started: cannot read --start-fd " + std::to_string(fd) + " (" +
+                                  std::strerror(saved) + ")"
+                            : "not started: the agent did not confirm the model and inputs (--start-fd " +
+                                  std::to_string(fd) + " closed)");
+}
+
 void write_output(const std::string& what, const std::function<void()>& writer) {
   try {
     writer();
@@ -255,6 +275,9 @@ int run(const Options& options) {
   }
   check_outputs_writable(options);
   check_model_readable(options.model);
+  if (options.start_fd >= 0 && fcntl(options.start_fd, F_GETFD) < 0) {
+    throw RunnerError(kExitUsage, "--start-fd " + std::to_string(options.start_fd) + " is not an open descriptor");
+  }
 
   Timings timings;
   MemoryProbe memory;  // read between phases only: it never samples during a run
@@ -333,6 +356,12 @@ int run(const Options& options) {
   timings.method_init_ms = ms_since(init_start);
   memory.mark("method_init");
   timings.program_memory_json = program_memory_json(options.model, planned_memory.sizes());
+  if (options.start_fd >= 0) {
+    set_phase("waiting for the agent's go", kExitNotStarted);
+    const auto wait_start = Clock::now();
+    wait_for_start(options.start_fd);
+    timings.start_wait_ms = ms_since(wait_start);
+  }
 
   // Each execute() is its own "Execute" ETDump block (Method::execute opens it); load_method made "Default".
   const auto budget_start = Clock::now();

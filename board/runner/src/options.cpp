@@ -27,6 +27,10 @@ size_t parse_count(const std::string& option, const std::string& text, size_t mi
   return static_cast<size_t>(value);
 }
 
+int parse_descriptor(const std::string& option, const std::string& text) {
+  return static_cast<int>(parse_count(option, text, 0));
+}
+
 double parse_seconds(const std::string& option, const std::string& text) {
   errno = 0;
   char* end = nullptr;
@@ -43,7 +47,7 @@ const char* usage_text() {
   return "usage: etlab_runner --model PATH [--inputs PATH] [--method NAME] [--warmup N] [--iterations N]\n"
          "                    [--max-seconds S] [--threads N] [--etdump PATH] [--outputs PATH]\n"
          "                    [--timings PATH] [--expect-executorch-version V]\n"
-         "                    [--counters LIST --counters-out PATH]\n"
+         "                    [--counters LIST --counters-out PATH] [--start-fd N]\n"
          "       etlab_runner --version | --probe-counters | --probe-program --model PATH\n"
          "\n"
          "Runs an ExecuTorch program (.pte) and records per-iteration latency.\n"
@@ -61,11 +65,14 @@ const char* usage_text() {
          "  --counters LIST    read these counters (comma-separated, or 'default') around every kernel and\n"
          "                     delegate call, in the thread that runs them; needs --etdump and --counters-out\n"
          "  --counters-out PATH   write the per-instruction counter deltas (JSON) here\n"
+         "  --start-fd N       load and initialise, then wait for the byte 'g' on descriptor N before the first\n"
+         "                     run (the agent verifies the model meanwhile); anything else, or EOF: exit 10\n"
          "  --probe-counters   print which counters this machine can open, as JSON\n"
          "  --probe-program    print what the runner reads from --model without ExecuTorch, as JSON:\n"
          "                     {\"constants_bytes\", \"pte_bytes\"} (null when unreadable); nothing is run\n"
          "Exit codes: 0 ok, 2 usage, 3 model missing, 4 corrupt program, 5 unknown method, 6 input mismatch,\n"
-         "            7 execution failed, 8 version mismatch, 9 cannot write an output file.\n";
+         "            7 execution failed, 8 version mismatch, 9 cannot write an output file,\n"
+         "            10 not started (--start-fd closed without 'g').\n";
 }
 
 Options parse_options(const std::vector<std::string>& args) {
@@ -115,6 +122,8 @@ Options parse_options(const std::vector<std::string>& args) {
       options.counters = parse_counter_list(value());
     } else if (name == "--counters-out") {
       options.counters_out = value();
+    } else if (name == "--start-fd") {
+      options.start_fd = parse_descriptor(name, value());
     } else if (name == "--expect-executorch-version") {
       options.expect_executorch_version = value();
     } else {

@@ -26,6 +26,7 @@ struct Options {
   std::optional<std::string> expect_executorch_version;
   std::vector<std::string> counters;        // empty: no counter pass
   std::optional<std::string> counters_out;  // the counters side file
+  int start_fd = -1;  // >= 0: after init, wait for the byte 'g' on this descriptor before the first execution
 };
 
 // Throws RunnerError(kExitUsage) naming the bad argument.

@@ -3,7 +3,7 @@
 Rootfs restore, board start, first connection and later commands, `setup-board` fresh (runner built on the
 board) and up to date, the on-board build against the workstation cross build, and the tiny models' latency
 emulated vs native (same .pte, same inputs, same runner sources, 1 thread). Needs root and what
-`./bootstrap.sh --test` installs; the tiny models come from the test cache (`pytest tests/test_lowering.py`
+`./bootstrap.sh --test` installs; the tiny models come from the test cache (`pytest tests/lowering/test_lowering.py`
 or any test that uses them fills it).
 
     sudo .venv/bin/python bench/bench_pi.py [--iterations 10] [--flavour pi5]

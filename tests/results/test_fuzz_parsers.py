@@ -33,7 +33,7 @@ from orchestrator.results.etdump import Etdump, parse_etdump
 from orchestrator.tensorfile import DTYPE_CODES, MAGIC, NamedTensor, TensorFileError, read_tensors, write_tensors
 from orchestrator.transport.pull import extract_tar_stream
 from orchestrator.transport.tarstream import BLOCK, TarFormatError, TarReader
-from tests.test_tarstream import Trickle
+from tests.transport.test_tarstream import Trickle
 
 FUZZ = settings(
     max_examples=200,

@@ -19,10 +19,10 @@ from typing import Any
 from orchestrator.boards.inventory import Board
 from orchestrator.lab.history import History, RunRecord
 from orchestrator.paths import PROJECT_ROOT
+from tests.lab.test_nightly import fab_nightly, nightly_section, stored
 from tests.plugins.artifacts import TEST_CACHE
 from tests.plugins.boards import write_inventory
 from tests.plugins.processes import reaped
-from tests.test_nightly import fab_nightly, nightly_section, stored
 
 NIGHT = "2026-11-20"
 TINY = [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["local"]}]

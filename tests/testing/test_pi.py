@@ -26,11 +26,11 @@ from orchestrator.transport import connect
 from orchestrator.transport.hostkeys import KnownHosts, host_id
 from orchestrator.transport.ssh import SshConnection, bulk_ciphers, parse_cpu_probe
 from orchestrator.transport.transfer import push_file
+from tests.deploy.test_crossbuild import elf_machine
+from tests.e2e.test_e2e import bundles, fab
 from tests.plugins.agent import BOARD_SAMPLES, AgentCli
 from tests.plugins.analysis import adapter_graphs
 from tests.plugins.boards import write_inventory
-from tests.test_crossbuild import elf_machine
-from tests.test_e2e import bundles, fab
 
 AES_GCM, CHACHA = "aes128-gcm@openssh.com", "chacha20-poly1305@openssh.com"
 

@@ -21,10 +21,10 @@ from orchestrator.errors import BoardDataError, ExitCode
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.transport import OUTPUT_LIMIT, BoardConnection, OutputTooLarge, connect
+from tests.commands.test_exit_codes import fake_provisioned
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
 from tests.plugins.sshd import SshdBoard
-from tests.test_exit_codes import fake_provisioned
 
 
 def flood(stream: str, pid_file: Path | None = None, pause: float = 0.01) -> list[str]:

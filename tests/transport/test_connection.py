@@ -88,7 +88,7 @@ def test_exit_codes_and_check(sshd_board: SshdBoard) -> None:
 
 
 def test_large_stdout_and_stderr_do_not_deadlock(sshd_board: SshdBoard) -> None:
-    # Both streams up to the cap at once (more is refused: tests/test_output_limit.py).
+    # Both streams up to the cap at once (more is refused: tests/transport/test_output_limit.py).
     with connect(sshd_board.board) as conn:
         limit = OUTPUT_LIMIT
         result = conn.run_shell(f"head -c {limit} /dev/zero | tr '\\0' a; head -c {limit} /dev/zero | tr '\\0' b >&2")

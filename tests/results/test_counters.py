@@ -26,10 +26,10 @@ from orchestrator.programs.memory import read_program_memory
 from orchestrator.programs.plan import read_program_plan
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.etdump import read_etdump
+from tests.e2e.test_e2e import bundles, fab
 from tests.plugins.analysis import adapter_graphs
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
-from tests.test_e2e import bundles, fab
 
 SOFTWARE = "task_clock,page_faults,context_switches"
 SAMPLES = PROJECT_ROOT / "tests" / "data" / "board_samples"

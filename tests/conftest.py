@@ -22,4 +22,5 @@ pytest_plugins = [
     "tests.plugins.browser",  # Debian's Chromium through Playwright
     "tests.plugins.postgres",  # a private PostgreSQL server for the shared-history path
     "tests.plugins.labgrid",  # a real labgrid coordinator and exporters publishing the fake boards as places
+    "tests.plugins.fuzz",  # no fixtures: the hypothesis settings and byte mutations of the parser fuzz tests
 ]

@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.plugins.pi",  # emulated aarch64 Raspberry Pis: the rootfs's own sshd under qemu-user
     "tests.plugins.boards",  # labs of fake boards with an inventory, driven through `fab`
     "tests.plugins.analysis",  # real bundles from the runner, and the Model Explorer adapter
+    "tests.plugins.explorer",  # the Model Explorer server preloaded with a real analysed bundle
     "tests.plugins.browser",  # Debian's Chromium through Playwright
     "tests.plugins.postgres",  # a private PostgreSQL server for the shared-history path
     "tests.plugins.labgrid",  # a real labgrid coordinator and exporters publishing the fake boards as places

@@ -1,0 +1,67 @@
+"""The Model Explorer server under test (tests/servers/test_explorer*.py): a real analysed bundle, the server
+preloaded with its programs and overlays, and small HTTP helpers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from orchestrator.servers.explorer import ExplorerHandle, launch_explorer
+from tests.plugins.analysis import BundleCase, analyze, copy_bundle
+
+REFUSED = "etlab-guard: refused"  # how the server's log names a request its guard refused
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+def post_json(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def url_data(url: str) -> dict:
+    return json.loads(parse_qs(urlparse(url).query)["data"][0])
+
+
+@pytest.fixture(scope="module")
+def explored(analysis_bundles: dict[str, BundleCase], tmp_path_factory: pytest.TempPathFactory) -> BundleCase:
+    case = copy_bundle(analysis_bundles["distilbert_xnnpack"], tmp_path_factory.mktemp("explore") / "run-explore")
+    analyze(case)
+    return case
+
+
+def models_and_overlays(case: BundleCase, analysis_bundles: dict[str, BundleCase]) -> tuple[list[Path], list[Path]]:
+    portable = analysis_bundles["distilbert_portable"].model.pte
+    models = [case.model.exported, portable, case.model.pte]  # the run's program last: explore puts it first
+    return models, sorted((case.path / "model_explorer").glob("me_overlay_*.json"))
+
+
+@pytest.fixture(scope="module")
+def server(explored: BundleCase, analysis_bundles: dict[str, BundleCase]) -> Iterator[ExplorerHandle]:
+    models, overlays = models_and_overlays(explored, analysis_bundles)
+    handle = launch_explorer(models, overlays, port=free_port(), open_browser=False, block=False)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def guard_log(server: ExplorerHandle, since: int = 0) -> str:
+    """The server's log (what it wrote from byte `since` on): its guard names every request it refuses."""
+    return server.log_path.read_bytes()[since:].decode(errors="replace")

@@ -1,93 +1,36 @@
-"""Pushes and pulls against real OpenSSH servers: content addressing, verification, retries, hostile archives."""
+"""Pushes and pulls against real OpenSSH servers and the local board: content addressing, verification, retries, a
+link that dies mid-transfer. OpenSSH bulk streams: test_transfer_openssh.py; hostile archives: test_pull_archives.py."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
 import json
 import os
 import shutil
-import subprocess
-import tarfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from orchestrator import console
 from orchestrator.boards.inventory import Board
-from orchestrator.errors import BundleError, EtlabError, HostKeyError, TransferError
+from orchestrator.errors import BundleError, EtlabError, TransferError
 from orchestrator.fsutil import TMP_PREFIX
 from orchestrator.results.bundle import MANIFEST
-from orchestrator.transport import AuthError, CommandResult, LinkError, connect, transfer
-from orchestrator.transport.pull import extract_tar_stream, pull_bundle
-from orchestrator.transport.ssh import BULK_FROM, SshConnection
+from orchestrator.transport import connect, transfer
+from orchestrator.transport.pull import pull_bundle
 from orchestrator.transport.transfer import RetryPolicy, push_file
 from tests.plugins.sshd import NetnsBoard, SshdBoard
-
-ODD = "odd 'dir' \"q\" $x; `y`\nline2"
-# auto: transfers from BULK_FROM go through OpenSSH's ssh client; paramiko: everything over paramiko.
-BULK_MODES = ["auto", "paramiko"]
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def make_model(folder: Path, size: int, name: str = "model.pte") -> tuple[Path, str]:
-    path = folder / name
-    data = os.urandom(size)
-    path.write_bytes(data)
-    return path, sha(data)
-
-
-def write_bundle(folder: Path, files: dict[str, bytes], *, manifest_files: dict | None = None) -> None:
-    folder.mkdir(parents=True)
-    for name, data in files.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(data)
-    listed = (
-        manifest_files
-        if manifest_files is not None
-        else {name: {"sha256": sha(data), "size": len(data)} for name, data in files.items()}
-    )
-    manifest = {"schema": 1, "run_id": folder.name, "status": "ok", "files": listed}
-    (folder / MANIFEST).write_text(json.dumps(manifest))
-
-
-def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name.startswith(TMP_PREFIX)) if folder.exists() else []
-
-
-@contextlib.contextmanager
-def link_cut_once(netns_board: NetnsBoard, folder: Path, pattern: str) -> Iterator[threading.Event]:
-    """Blackhole the board's link for 5 s as soon as a file matching `pattern` in `folder` passes 4 MiB, so the
-    transfer under way fails (keepalives and tcp_user_timeout are 3 s) and must be retried. Yields the event
-    that says the cut happened."""
-    cut = threading.Event()
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set() and not cut.is_set():
-            growing = list(folder.glob(pattern)) if folder.exists() else []
-            if any(p.stat().st_size > 4 << 20 for p in growing if p.exists()):
-                netns_board.blackhole()  # packets vanish: only timeouts and keepalives can notice
-                cut.set()
-                time.sleep(5.0)
-                netns_board.restore()
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        yield cut
-    finally:
-        done.set()
-        watcher.join()
-        netns_board.restore()
+from tests.transport.transfer_helpers import (
+    BULK_MODES,
+    BUNDLE,
+    ODD,
+    leftovers,
+    link_cut_once,
+    make_model,
+    sha,
+    write_bundle,
+)
 
 
 @pytest.fixture
@@ -300,14 +243,6 @@ def test_local_board_push_uses_the_same_rules(local_board: Board, tmp_path: Path
 
 # ---------------------------------------------------------------- pull
 
-BUNDLE = {
-    "timings.json": b'{"iterations_ms": [1.0]}',
-    "etdump.etdp": os.urandom(300_000),
-    "outputs.etlt": os.urandom(5000),
-    "runner.log": b"line\n",  # names inside a bundle follow the name rule; odd ones are refused (test below)
-    "sub/dir/nested.bin": b"\0" * 10,
-}
-
 
 def test_pull_copies_and_verifies_a_bundle(sshd_board: SshdBoard, tmp_path: Path) -> None:
     remote = sshd_board.workdir_path / "bundles" / f"run {ODD}"
@@ -393,199 +328,3 @@ def test_local_pull_refuses_a_symlink_while_tar_is_still_writing(local_board: Bo
     with connect(local_board) as conn, pytest.raises(BundleError, match="'link' is a symbolic link"):
         pull_bundle(conn, str(remote), dest)
     assert not dest.exists() and leftovers(dest.parent) == []
-
-
-# ---------------------------------------------------------------- bulk streams (OpenSSH)
-
-
-def openssh_sessions(fake: SshdBoard) -> int:
-    """How many connections the board's sshd has accepted from OpenSSH's client (sshd logs at DEBUG1)."""
-    return fake.log_text().count("remote software version OpenSSH")
-
-
-def test_auto_mode_sends_large_transfers_through_openssh_and_small_ones_through_paramiko(
-    sshd_boards, tmp_path: Path
-) -> None:
-    (fake,) = sshd_boards(1, sshd_config=["LogLevel DEBUG1"])
-    small, small_digest = make_model(tmp_path, 1 << 20, name="small.pte")
-    large, large_digest = make_model(tmp_path, BULK_FROM + 1, name="large.pte")
-    write_bundle(fake.workdir_path / "bundles" / "small", {"a.bin": os.urandom(1000)})
-    write_bundle(fake.workdir_path / "bundles" / "large", {"a.bin": os.urandom(BULK_FROM + 4096)})
-    with connect(fake.board) as conn:
-        assert conn.bulk_threshold() == BULK_FROM
-        push_file(conn, small)
-        pull_bundle(conn, "~/.etlab/bundles/small", tmp_path / "small")
-        assert openssh_sessions(fake) == 0
-        push_file(conn, large)
-        assert openssh_sessions(fake) == 1
-        pull_bundle(conn, "~/.etlab/bundles/large", tmp_path / "large")
-        assert openssh_sessions(fake) == 2
-        assert push_file(conn, large).skipped  # asked over paramiko: no second handshake for content it holds
-        assert openssh_sessions(fake) == 2
-    models = fake.workdir_path / "models"
-    assert sha((models / f"{large_digest}.pte").read_bytes()) == large_digest
-    assert sha((models / f"{small_digest}.pte").read_bytes()) == small_digest
-    assert (tmp_path / "large" / "a.bin").read_bytes() == (fake.workdir_path / "bundles/large/a.bin").read_bytes()
-    with connect(fake.board.replace(bulk_transfer="paramiko")) as conn:
-        assert conn.bulk_threshold() is None
-        push_file(conn, large, kind="again")
-        pull_bundle(conn, "~/.etlab/bundles/large", tmp_path / "large-again")
-    assert openssh_sessions(fake) == 2
-
-
-def test_openssh_streams_round_trip_odd_names_and_paths(sshd_boards, tmp_path: Path) -> None:
-    # bulk_transfer: openssh sends every transfer through ssh, whose remote command is one shell string.
-    (fake,) = sshd_boards(1, names=["pi 'odd' $b;`c`"], workdir=f"~/{ODD}", bulk_transfer="openssh")
-    known_hosts = tmp_path / "state 100% $HOME" / "known hosts"  # ssh expands %-tokens and splits on blanks
-    board = fake.board.replace(known_hosts=known_hosts)
-    folder = tmp_path / ODD
-    folder.mkdir()
-    model, digest = make_model(folder, 70_000, name="my 'model' $1;`x`.pte")
-    remote = fake.home / ODD / "bundles" / f"run {ODD}"
-    write_bundle(remote, BUNDLE)
-    with connect(board) as conn:
-        assert conn.bulk_threshold() == 0
-        assert push_file(conn, model, kind="inputs", suffix=".etlt").remote_path == str(
-            fake.home / ODD / "inputs" / f"{digest}.etlt"
-        )
-        assert push_file(conn, model, kind="inputs", suffix=".etlt").skipped
-        dest = tmp_path / "pulled" / ODD
-        pull_bundle(conn, f"~/{ODD}/bundles/run {ODD}", dest)
-        with pytest.raises(TransferError, match="No such file or directory"):
-            pull_bundle(conn, f"~/{ODD}/bundles/missing", tmp_path / "missing")
-    assert (fake.home / ODD / "inputs" / f"{digest}.etlt").read_bytes() == model.read_bytes()
-    assert {name: (dest / name).read_bytes() for name in BUNDLE} == BUNDLE
-    assert known_hosts.read_text().count(fake.address) == 1
-
-
-def test_openssh_checks_the_pinned_host_key_and_never_pins_one_itself(sshd_board: SshdBoard, tmp_path: Path) -> None:
-    with connect(sshd_board.board) as conn:  # paramiko pins the key on first use
-        assert conn.run(["true"]).ok
-    name = f"[{sshd_board.address}]:{sshd_board.port} "
-    (pinned,) = [line + "\n" for line in sshd_board.board.known_hosts.read_text().splitlines() if line.startswith(name)]
-    for known_hosts, expected in [
-        (pinned, None),  # the pinned key: accepted
-        ("", HostKeyError),  # unknown to the file: ssh must not trust it on its own
-        (
-            pinned.replace(pinned.split()[2], "AAAAC3NzaC1lZDI1NTE5AAAAIHhYMQoBqZfRiYKkhCbtXWBMJFdxCoTpxBOZf8cy+gJp"),
-            HostKeyError,
-        ),  # a different key pinned: refused
-    ]:
-        path = tmp_path / "kh" / str(len(known_hosts))
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(known_hosts)
-        conn = SshConnection(sshd_board.board, known_hosts=path)
-        done = subprocess.run(conn.openssh_argv(["echo", "reached"]), capture_output=True, text=True, timeout=60)
-        if expected is None:
-            assert (done.returncode, done.stdout) == (0, "reached\n")
-        else:
-            assert done.returncode == 255 and "reached" not in done.stdout
-            error = conn._openssh_failure(CommandResult(("x",), done.returncode, done.stdout, done.stderr, 0.0))
-            assert isinstance(error, expected), done.stderr
-        assert path.read_text() == known_hosts  # ssh never writes our file
-
-
-def test_openssh_failures_are_classified(sshd_board: SshdBoard, tmp_path: Path) -> None:
-    conn = SshConnection(sshd_board.board)
-    with connect(sshd_board.board):  # pins the key
-        pass
-    stranger = tmp_path / "stranger_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
-    refused = SshConnection(sshd_board.board.replace(key=stranger))
-    done = subprocess.run(refused.openssh_argv(["true"]), capture_output=True, text=True, timeout=60)
-    result = CommandResult(("true",), done.returncode, "", done.stderr, 0.0)
-    assert isinstance(refused._openssh_failure(result), AuthError), done.stderr
-    sshd_board.stop()
-    done = subprocess.run(conn.openssh_argv(["true"]), capture_output=True, text=True, timeout=60)
-    result = CommandResult(("true",), done.returncode, "", done.stderr, 0.0)
-    assert done.returncode == 255 and isinstance(conn._openssh_failure(result), LinkError), done.stderr
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("bulk", BULK_MODES)
-def test_pull_recovers_when_the_link_drops_mid_stream(netns_board: NetnsBoard, tmp_path: Path, bulk: str) -> None:
-    payload = os.urandom(48 << 20)
-    write_bundle(netns_board.workdir_path / "bundles" / "big", {"big.bin": payload})
-    dest = tmp_path / "results" / "big"
-    with (
-        link_cut_once(netns_board, dest.parent, f"{TMP_PREFIX}*/big.bin") as cut,
-        connect(netns_board.board.replace(bulk_transfer=bulk)) as conn,
-    ):
-        pull_bundle(conn, "~/.etlab/bundles/big", dest, retry=RetryPolicy(attempts=8, initial_wait=1.0))
-    assert cut.is_set(), "the transfer finished before the link could be cut"
-    assert (dest / "big.bin").read_bytes() == payload
-    assert leftovers(dest.parent) == []
-    shutil.rmtree(netns_board.workdir_path / "bundles" / "big")  # pytest keeps recent temporary folders
-    shutil.rmtree(dest)
-
-
-# ---------------------------------------------------------------- hostile archives
-
-
-def tar_bytes(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-            archive.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buffer.getvalue()
-
-
-def entry(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.linkname = linkname
-    info.mode = 0o644
-    return info
-
-
-HOSTILE = {
-    "dot-dot": ([(entry("../escaped.txt"), b"pwned")], "points outside the bundle"),
-    "dot-dot inside": ([(entry("ok/../../escaped.txt"), b"pwned")], "points outside the bundle"),
-    "absolute": ([(entry("{outside}/escaped.txt"), b"pwned")], "is an absolute path"),
-    "symlink out": ([(entry("link", tarfile.SYMTYPE, "{outside}"), None)], "is a symbolic link"),
-    "symlink then write through it": (
-        [(entry("d", tarfile.SYMTYPE, "{outside}"), None), (entry("d/escaped.txt"), b"pwned")],
-        "is a symbolic link",
-    ),
-    "hardlink out": ([(entry("hard", tarfile.LNKTYPE, "../../escaped.txt"), None)], "is a hard link"),
-    "char device": ([(entry("null", tarfile.CHRTYPE), None)], "device, FIFO or other special file"),
-    "fifo": ([(entry("pipe", tarfile.FIFOTYPE), None)], "device, FIFO or other special file"),
-    "duplicate": ([(entry("a.txt"), b"one"), (entry("a.txt"), b"two")], "appears twice"),
-    "file over folder": ([(entry("x"), b"file"), (entry("x/y"), b"below")], "collides with a file"),
-}
-
-
-@pytest.mark.parametrize("case", list(HOSTILE), ids=list(HOSTILE))
-def test_hostile_archives_are_refused_and_nothing_lands_outside(tmp_path: Path, case: str) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    dest = tmp_path / "deep" / "dest"
-    dest.mkdir(parents=True)
-    members, message = HOSTILE[case]
-    built = []
-    for info, data in members:
-        info.name = info.name.replace("{outside}", str(outside))
-        info.linkname = info.linkname.replace("{outside}", str(outside))
-        built.append((info, data))
-    with pytest.raises(BundleError, match=message):
-        extract_tar_stream(io.BytesIO(tar_bytes(*built)), dest)
-    assert list(outside.iterdir()) == []
-    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "deep" / "escaped.txt").exists()
-    assert all(not p.is_symlink() for p in dest.rglob("*"))
-
-
-def test_a_truncated_archive_is_a_bundle_error(tmp_path: Path) -> None:
-    data = tar_bytes((entry("big.bin"), os.urandom(100_000)))
-    with pytest.raises(BundleError, match="corrupt or truncated"):
-        extract_tar_stream(io.BytesIO(data[:50_000]), tmp_path)
-
-
-def test_a_clean_archive_is_unpacked_with_digests(tmp_path: Path) -> None:
-    payload = os.urandom(70_000)
-    data = tar_bytes((entry("./a/b.bin"), payload), (entry("c.txt"), b"c"))
-    digests = extract_tar_stream(io.BytesIO(data), tmp_path)
-    assert digests["a/b.bin"].sha256 == sha(payload) and digests["a/b.bin"].size == 70_000
-    assert digests["c.txt"].sha256 == sha(b"c")
-    assert (tmp_path / "a" / "b.bin").read_bytes() == payload

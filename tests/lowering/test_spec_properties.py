@@ -1,0 +1,195 @@
+"""Property tests of spec and calibration files: any spec file, any spec text and any JSON or ETLT calibration file
+validates (and then builds, or is usable) or is refused as a usage error, never another failure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.errors import SpecError, UsageError
+from orchestrator.lowering.spec import load_spec_file
+from orchestrator.tensorfile import NamedTensor, write_tensors
+from tests.lowering.spec_helpers import (
+    BERT_TINY,
+    DISTILBERT_TINY,
+    GPT2_TINY,
+    calibration,
+    checked,
+    spec_data,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+FUZZ = settings(max_examples=120, derandomize=True, database=None, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
+
+ANY_FIELD = sorted({*DISTILBERT_TINY, *GPT2_TINY, *BERT_TINY, "n_layer", "dims", "hidden_dim", "intermediate_size",
+                    "activation", "dropout", "pad_token_id", "sinusoidal_pos_embds", "return_dict", "dtype",
+                    "trust_remote_code", "weights_only", "layer_norm_eps", "n_inner", "type_vocab_size", "",
+                    "hidden_size", "max_position_embeddings"})  # fmt: skip
+scalar = st.one_of(
+    st.integers(-3, 300),
+    st.sampled_from([0, 1, 2, 4, 64, 1000, 10**6, 10**9, 2**63, 10**30, -(2**63)]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=8),
+    st.sampled_from(["64", "gelu", "relu", "float16", "1e-5"]),
+)
+json_value = st.recursive(
+    scalar,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+spec_changes = st.one_of(
+    st.just({}),
+    st.dictionaries(st.sampled_from(["seq_len", "mask_token_id"]), st.integers(1, 1100), max_size=2),
+    st.dictionaries(
+        st.sampled_from(
+            ["model_type", "task", "seq_len", "mask_token_id", "config", "name", "model_id", "inputs", "x"]
+        ),
+        st.one_of(json_value, st.sampled_from(["bert", "gpt2", "distilbert", "fill-mask", "causal-lm", "roberta"])),
+        max_size=2,
+    ),
+)
+# Mostly plausible values, so that a good share of the specs validate and their models get built and run.
+plausible = st.one_of(st.integers(1, 130), st.sampled_from([0.0, 0.1, 1e-5, "gelu", "relu", True, False, None]))
+config_changes = st.one_of(
+    st.just({}),
+    st.dictionaries(st.sampled_from(ANY_FIELD), plausible, max_size=2),
+    st.dictionaries(st.sampled_from(ANY_FIELD), st.one_of(scalar, json_value), max_size=3),
+)
+small = st.sampled_from(["distilbert", "gpt2", "bert"])
+
+
+def validates_or_refuses(path: Path) -> bool:
+    """True when the spec validated and its model then built and ran; False when refused with a SpecError."""
+    import torch
+
+    from orchestrator.lowering.models import load_model, reference_inputs, vocab_size_of
+
+    try:
+        spec = load_spec_file(path)
+        report = checked(path, available=64 << 20)  # 16M parameters at most: validated models stay cheap to build
+    except SpecError:
+        return False
+    loaded = load_model(spec, "random")  # must not raise now
+    assert loaded.parameters == report.parameters
+    inputs = reference_inputs(spec, vocab_size_of(loaded.module))
+    with torch.no_grad():
+        output = loaded.module(*(torch.from_numpy(t.array) for t in inputs))
+    assert output.shape == (1, report.config.vocab_size)
+    return True
+
+
+@FUZZ
+@given(model_type=small, changes=spec_changes, config=config_changes)
+@example(model_type="distilbert", changes={}, config={"n_layer": 1})
+@example(model_type="gpt2", changes={"seq_len": 4096}, config={})
+@example(model_type="bert", changes={"mask_token_id": 10**6}, config={})
+def test_any_spec_file_validates_or_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, model_type: str, changes: dict[str, Any], config: dict[str, Any]
+) -> None:
+    data = spec_data(model_type)
+    data["config"] = {**data["config"], **config}
+    data.update(changes)
+    folder = tmp_path_factory.mktemp("spec")
+    path = folder / "spec.json"
+    path.write_text(json.dumps(data, indent=2))
+    event("validated and built" if validates_or_refuses(path) else "refused")
+
+
+def nested_config(depth: int) -> str:
+    """A JSON nesting bomb inside a spec: a RecursionError in a parser that recurses."""
+    return '{"name": "x", "config": ' + "[" * depth + "]" * depth + "}"
+
+
+@FUZZ
+@given(raw=st.one_of(st.binary(max_size=200).map(lambda b: b.decode("latin-1")), json_value.map(json.dumps),
+                     st.integers(1, 50_000).map(nested_config)))  # fmt: skip
+def test_any_spec_text_validates_or_is_refused(tmp_path_factory: pytest.TempPathFactory, raw: str) -> None:
+    path = tmp_path_factory.mktemp("spec") / "spec.json"
+    path.write_text(raw, encoding="utf-8", errors="surrogateescape")
+    assert validates_or_refuses(path) is False  # none of these is a whole spec
+
+
+token_rows = st.one_of(
+    st.lists(st.lists(st.integers(0, 199), min_size=1, max_size=12), min_size=2, max_size=5),  # usable
+    st.lists(st.fixed_dictionaries({"input_ids": st.lists(st.integers(0, 210), min_size=1, max_size=6)},
+                                   optional={"attention_mask": st.lists(st.integers(0, 1), max_size=6)}),
+             min_size=2, max_size=4),
+    st.lists(st.one_of(st.lists(st.one_of(st.integers(-2, 250), scalar), max_size=10), json_value), max_size=5),
+)  # fmt: skip
+DTYPES = [np.int64, np.int32, np.uint8, np.float32, np.bool_]
+
+
+@st.composite
+def etlt_arrays(draw: st.DrawFn) -> dict[str, np.ndarray]:
+    """Half the files well formed (input_ids [N, seq] in the vocabulary, perhaps a right-padded mask), half anything."""
+    if draw(st.booleans()):
+        samples, seq = draw(st.integers(1, 4)), draw(st.integers(1, 10))
+        ids = np.array(draw(st.lists(st.integers(0, 199), min_size=samples * seq, max_size=samples * seq)))
+        arrays = {"input_ids": ids.reshape(samples, seq).astype(draw(st.sampled_from([np.int64, np.int32])))}
+        if draw(st.booleans()):
+            lengths = draw(st.lists(st.integers(1, seq), min_size=samples, max_size=samples))
+            arrays["attention_mask"] = (np.arange(seq)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+        return arrays
+    arrays = {}
+    for name in draw(st.lists(st.sampled_from(["input_ids", "attention_mask", "other"]), max_size=3, unique=True)):
+        shape = tuple(draw(st.lists(st.integers(0, 5), max_size=3)))
+        dtype = draw(st.sampled_from(DTYPES))
+        values = draw(st.lists(st.sampled_from([0, 1, 2, 7, 199, 200, -1, 255]), min_size=math.prod(shape),
+                               max_size=math.prod(shape)))  # fmt: skip
+        array = np.array(values, dtype=np.int64).reshape(shape)
+        if dtype is np.float32 and array.size and draw(st.booleans()):
+            array = array.astype(np.float32)
+            array.flat[0] = np.nan
+        arrays[name] = array.astype(dtype)
+    return arrays
+
+
+def usable_or_refused(path: Path) -> None:
+    try:
+        samples = calibration(path)
+    except UsageError as exc:
+        assert str(exc).startswith(f"{path}: ")
+        event("refused")
+        return
+    event("usable")
+    assert len(samples) >= 2
+    for ids, mask in samples:
+        assert ids.shape == mask.shape == (1, 8)
+        assert int(ids.min()) >= 0 and int(ids.max()) < 200
+        real = int(mask.sum())
+        assert real >= 1 and mask[0, :real].tolist() == [1] * real
+
+
+@FUZZ
+@given(samples=st.one_of(token_rows, st.fixed_dictionaries({"samples": token_rows}), json_value),
+       nesting=st.sampled_from([0, 0, 0, 50_000]))  # fmt: skip
+def test_any_json_calibration_file_is_usable_or_refused(
+    tmp_path_factory: pytest.TempPathFactory, samples: Any, nesting: int
+) -> None:
+    path = tmp_path_factory.mktemp("calibration") / "samples.json"
+    text = json.dumps(samples, allow_nan=True)
+    path.write_text("[" * nesting + text + "]" * nesting)
+    usable_or_refused(path)
+
+
+@FUZZ
+@given(arrays=etlt_arrays())
+def test_any_etlt_calibration_file_is_usable_or_refused(
+    tmp_path_factory: pytest.TempPathFactory, arrays: dict[str, np.ndarray]
+) -> None:
+    path = tmp_path_factory.mktemp("calibration") / "samples.etlt"
+    write_tensors(path, [NamedTensor(name, array) for name, array in arrays.items()])
+    usable_or_refused(path)

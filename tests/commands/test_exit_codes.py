@@ -23,7 +23,7 @@ from orchestrator.versions import executorch_version
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
 from tests.plugins.sshd import SshdBoard
-from tests.results.test_board_data import board_bundle, install_agent
+from tests.results.board_data_helpers import board_bundle, install_agent
 
 
 def fab(*args: str, results: Path) -> subprocess.CompletedProcess[str]:

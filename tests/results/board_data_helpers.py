@@ -1,0 +1,40 @@
+"""Helpers shared by the board-data tests (test_board_data*.py) and tests/commands/test_exit_codes.py: the agent on a
+fake board, and a bundle as the agent leaves it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import click
+
+from orchestrator.results.bundle import MANIFEST
+from tests.plugins.agent import AGENT_DIR
+from tests.plugins.sshd import SshdBoard
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def install_agent(fake: SshdBoard) -> None:
+    """The agent on a fake board, as provisioning lays it out (board/agent and click in pylib); no runner needed
+    to list bundles."""
+    workdir = fake.workdir_path
+    shutil.copytree(AGENT_DIR, workdir / "board" / "agent", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(click.__file__).parent, workdir / "pylib" / "click", ignore=shutil.ignore_patterns("*.pyc"))
+
+
+def board_bundle(fake: SshdBoard, run_id: str, labels: dict[str, str], files: dict[str, bytes] | None = None) -> Path:
+    """A bundle as the agent leaves it: run.json with labels, the files, result_manifest.json last."""
+    folder = fake.workdir_path / "bundles" / run_id
+    folder.mkdir(parents=True)
+    contents = {"run.json": json.dumps({"run_id": run_id, "labels": labels}).encode(), **(files or {})}
+    for name, data in contents.items():
+        (folder / name).write_bytes(data)
+    listed = {name: {"sha256": sha(data), "size": len(data)} for name, data in contents.items()}
+    manifest = {"schema": 1, "run_id": run_id, "status": "ok", "files": listed}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return folder

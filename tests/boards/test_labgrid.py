@@ -2,81 +2,43 @@
 suite's sshd boards as places (made with `labgrid-client`); etlab resolves, reserves, locks and releases them.
 
 "alice" is another person of the lab: `labgrid-client` run with LG_USERNAME=alice.
+What fails (the inventory section, a lost or unreachable coordinator, hostile place names): test_labgrid_failures.py.
 """
 
 from __future__ import annotations
 
-import getpass
 import json
-import os
 import re
 import shutil
 import signal
-import socket
 import sqlite3
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from orchestrator import paths
-from orchestrator.boards.inventory import Board, parse_inventory
-from orchestrator.errors import InventoryError
+from orchestrator.boards.inventory import Board
 from orchestrator.lowering.lower import LoweringResult
-from orchestrator.paths import PROJECT_ROOT
 from orchestrator.testing.labgrid import LabgridLab, SilentPort
-from orchestrator.testing.sshd import SshdBoard, SshdLab
+from orchestrator.testing.sshd import SshdLab
+from tests.boards.labgrid_helpers import (
+    ALICE,
+    PLACES,
+    SILENT,
+    Lab,
+    fab,
+    fab_background,
+    no_reservation_of_ours,
+    our_client,
+    output,
+    pushed_models,
+    run_to_end,
+    wait_for,
+    write_inventory,
+)
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.processes import reaped
-
-PLACES = ["lg-a", "lg-b"]
-SILENT = "lg-silent"  # a place whose board never answers SSH: a job there stays busy for its connect_timeout
-ALICE = "alice"
-
-
-def our_client() -> str:
-    """The name etlab has on the coordinator, as labgrid forms it (`host/user`)."""
-    host = os.environ.get("LG_HOSTNAME", socket.gethostname())
-    return f"{host}/{os.environ.get('LG_USERNAME', getpass.getuser())}"
-
-
-@dataclass
-class Lab:
-    labgrid: LabgridLab
-    fakes: dict[str, SshdBoard]
-    inventory: Path
-    folder: Path
-
-    def alice(self, command: str, place: str) -> None:
-        self.labgrid.client(command, place=place, user=ALICE)
-
-
-def write_inventory(path: Path, sshd: SshdLab, coordinator: str, *, nightly: dict[str, Any] | None = None) -> Path:
-    document: dict[str, Any] = {
-        "defaults": {
-            "key": str(sshd.client_key),
-            "known_hosts": str(sshd.known_hosts),
-            "connect_timeout": 5,
-            "keepalive": 2,
-            "tcp_user_timeout": 10,
-            "labgrid": {"coordinator": coordinator},
-        },
-        "boards": {
-            **{place: {"labgrid": {"place": place}} for place in PLACES},
-            "pis": {"labgrid": {"tags": {"board": "pi5"}}},
-            SILENT: {"labgrid": {"place": SILENT}, "connect_timeout": 12},
-        },
-    }
-    if nightly:
-        document["nightly"] = nightly
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -92,103 +54,6 @@ def lab(labgrid_lab: LabgridLab, sshd_lab: SshdLab, tmp_path_factory: pytest.Tem
     silent.close()
     for fake in fakes.values():
         sshd_lab.discard(fake)
-
-
-def fab_argv(*args: str, lab: Lab) -> list[str]:
-    return [sys.executable, "-m", "fabric", *args, "--inventory", str(lab.inventory)]
-
-
-def fab_env(results: Path) -> dict[str, str]:
-    # Wide enough that the boards table never cuts a cell the tests read.
-    return {**os.environ, "ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results), "ETLAB_WIDTH": "400"}
-
-
-def fab(*args: str, lab: Lab, results: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        fab_argv(*args, lab=lab), cwd=PROJECT_ROOT, env=fab_env(results), capture_output=True, text=True,
-        timeout=timeout,
-    )  # fmt: skip
-
-
-def fab_background(*args: str, lab: Lab, results: Path, log: Path) -> subprocess.Popen[bytes]:
-    """A `fab` task in the background, its output (stdout and stderr) going to `log`."""
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            fab_argv(*args, lab=lab), cwd=PROJECT_ROOT, env=fab_env(results), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-
-
-def wait_for(condition: Any, what: str, timeout: float = 120) -> None:
-    """Poll `condition()` until true; fail naming `what` (a bound on a hang, never a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def output(log: Path) -> str:
-    return log.read_text(errors="replace")
-
-
-def pushed_models(fake: SshdBoard) -> list[Path]:
-    models = fake.workdir_path / "models"
-    return sorted(models.glob("*.pte")) if models.exists() else []
-
-
-def no_reservation_of_ours(lab: Lab) -> bool:
-    return our_client() not in lab.labgrid.reservation_owners()
-
-
-def run_to_end(process: subprocess.Popen[bytes], timeout: float = 300) -> int:
-    return process.wait(timeout=timeout)
-
-
-# ---------------------------------------------------------------- inventory
-
-
-def test_labgrid_inventory_section_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LG_COORDINATOR", raising=False)
-    text = """\
-defaults:
-  labgrid: {coordinator: "lab:20408"}
-boards:
-  good: {labgrid: {place: pi5-a}, threads: 4}
-  selector: {labgrid: {tags: {board: pi5}}}
-  both: {labgrid: {place: x, tags: {board: a}}}
-  address: {labgrid: {place: x}, host: 10.0.0.1}
-  typo: {labgrid: {plase: x}}
-  tag: {labgrid: {tags: {Board: x}}}
-  coordinator: {labgrid: {place: x, coordinator: nowhere}}
-"""
-    with pytest.raises(InventoryError) as caught:
-        parse_inventory(text, tmp_path / "inventory.yaml")
-    lines = str(caught.value).splitlines()
-    where = str(tmp_path / "inventory.yaml")
-    assert lines == [
-        f"{where}:6: boards.both.labgrid: give either 'place' (one place) or 'tags' (every place with those tags)",
-        f"{where}:7: boards.address.host: not allowed with 'labgrid': comes from the labgrid place's NetworkService",
-        f"{where}:8: boards.typo.labgrid.plase: unknown key 'plase' (did you mean 'place'?); allowed: place, tags, "
-        "coordinator",
-        f"{where}:9: boards.tag.labgrid.tags: tag name 'Board' must match [a-z][a-z0-9_]+",
-        f"{where}:10: boards.coordinator.labgrid.coordinator: expected HOST:PORT (port 1-65535), got 'nowhere'",
-    ]
-    good = "\n".join(text.splitlines()[:5]) + "\n"
-    inventory = parse_inventory(good, tmp_path / "inventory.yaml")
-    assert inventory.boards["good"].labgrid is not None and inventory.boards["good"].labgrid.place == "pi5-a"
-    assert inventory.boards["good"].labgrid.coordinator == "lab:20408" and inventory.boards["good"].host is None
-    assert inventory.boards["selector"].labgrid is not None
-    assert inventory.boards["selector"].labgrid.tags == (("board", "pi5"),)
-
-    # Without defaults.labgrid the coordinator comes from LG_COORDINATOR, and without either it is an error.
-    bare = "boards:\n  one: {labgrid: {place: p}}\n"
-    with pytest.raises(InventoryError, match=r"inventory.yaml:2: boards.one.labgrid.coordinator: no labgrid coord"):
-        parse_inventory(bare, tmp_path / "inventory.yaml")
-    monkeypatch.setenv("LG_COORDINATOR", "ci-lab:20408")
-    one = parse_inventory(bare, tmp_path / "inventory.yaml").boards["one"]
-    assert one.labgrid is not None and one.labgrid.coordinator == "ci-lab:20408"
 
 
 # ---------------------------------------------------------------- through fab, against the real coordinator
@@ -332,48 +197,6 @@ def test_sigkill_leaves_a_place_the_next_etlab_recovers(lab: Lab, tmp_path: Path
     assert no_reservation_of_ours(lab), lab.labgrid.reservation_owners()
 
 
-def test_a_lost_coordinator_fails_the_affected_boards_without_a_hang(
-    private_labgrid_lab: LabgridLab, sshd_lab: SshdLab, tmp_path: Path
-) -> None:
-    lg = private_labgrid_lab
-    silent = SilentPort()
-    try:
-        exporter = lg.publish({SILENT: (silent.address, silent.port)})
-        lg.add_place(SILENT, exporter, SILENT)
-        inventory = write_inventory(tmp_path / "inventory.yaml", sshd_lab, lg.address)
-        private = Lab(lg, {}, inventory, tmp_path)
-        log = tmp_path / "fab.log"
-        process = fab_background("gc", "--board", SILENT, lab=private, results=tmp_path, log=log)
-        with reaped(process):
-            wait_for(lambda: f"labgrid place {SILENT} locked" in output(log), "etlab to lock the place")
-            assert lg.holder(SILENT) == our_client()
-            lg.kill_coordinator()
-            code = run_to_end(process, timeout=120)  # the bound on a hang
-    finally:
-        silent.close()
-    text = output(log)
-    assert code == 69, text
-    assert f"lost the labgrid coordinator {lg.address} while holding place {SILENT}" in text, text
-    assert f"labgrid-client -x {lg.address} -p {SILENT} release" in text  # how to free it once the coordinator is back
-    # The note that lets the next etlab recover the place stays (the coordinator could not be told); this test's
-    # coordinator is gone for good, so its note goes too.
-    notes = list((paths.state_dir() / "labgrid").glob(f"127.0.0.1_{lg.port}--*.json"))
-    assert len(notes) == 1
-    notes[0].unlink()
-
-
-def test_an_unreachable_coordinator_fails_clearly(sshd_lab: SshdLab, tmp_path: Path) -> None:
-    closed = SilentPort()
-    address = f"127.0.0.1:{closed.port}"
-    closed.close()  # nothing listens there any more
-    inventory = write_inventory(tmp_path / "inventory.yaml", sshd_lab, address)
-    done = fab("gc", "--board", "lg-a", lab=Lab(None, {}, inventory, tmp_path), results=tmp_path)  # type: ignore[arg-type]
-    text = done.stdout + done.stderr
-    assert done.returncode == 69, text
-    assert f"labgrid coordinator {address} is unavailable" in text and "lg-a (labgrid):" in text, text
-    assert "Traceback" not in text and "ERROR:root" not in text
-
-
 def test_fab_boards_shows_places_with_their_holders(lab: Lab, tmp_path: Path) -> None:
     lab.alice("acquire", "lg-b")
     try:
@@ -443,34 +266,6 @@ def test_nightly_over_two_places(
 def _top_level_skips(folder: str, board: Board) -> list[str]:
     """Copy a provisioned workdir without what a run does not need (the SDK, old bundles, caches)."""
     return ["runtime", "bundles", "wheels", "cache", "lock", "lock.json"] if folder == board.workdir else []
-
-
-def test_a_place_whose_name_is_not_a_board_name_is_refused(private_labgrid_lab: LabgridLab, tmp_path: Path) -> None:
-    """Places named `..` or holding `/` on the coordinator, matching a tag selector: refused by name (exit 65), never a
-    board name, a results folder or a note's path; `fab nightly` refuses them before it opens the history."""
-    lg = private_labgrid_lab
-    for place in ("..", "evil/../../../escape"):
-        lg.client("create", place=place)
-        lg.client("set-tags", "board=hostile", place=place)
-    inventory = tmp_path / "inventory.yaml"
-    history = tmp_path / "history.sqlite"
-    inventory.write_text(yaml.safe_dump({
-        "defaults": {"labgrid": {"coordinator": lg.address}},
-        "boards": {"hostile": {"labgrid": {"tags": {"board": "hostile"}}}},
-        "nightly": {"history": f"sqlite:///{history}", "reports": str(tmp_path / "reports"),
-                    "matrix": [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["hostile"]}]},
-    }))  # fmt: skip
-    lab = Lab(lg, {}, inventory, tmp_path)
-    results = tmp_path / "results"
-    for args in (("boards", "--board", "hostile"), ("gc", "--board", "hostile"), ("nightly",)):
-        done = fab(*args, lab=lab, results=results)
-        text = done.stdout + done.stderr
-        assert done.returncode == 65, text
-        assert f"labgrid place '..' on {lg.address} matches places tagged board=hostile" in text, text
-        assert "cannot be a board name" in text and "Traceback" not in text, text
-    assert not history.exists() and not results.exists()
-    assert not list((paths.state_dir() / "labgrid").glob(f"127.0.0.1_{lg.port}--*")), "no note of a hostile place"
-    assert lg.reservation_owners() == [], "nothing reserved"
 
 
 def test_a_cell_recorded_meanwhile_by_another_nightly_is_skipped(

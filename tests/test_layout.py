@@ -1,0 +1,53 @@
+"""The tests mirror the packages (tests/README.md): every test module sits in a folder named for the package it tests
+(or one of the documented extra folders), every folder is a package, and no test file is over 500 lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.paths import PROJECT_ROOT
+
+TESTS = Path(__file__).parent
+MAX_LINES = 500
+# Folders that are not an orchestrator package: the board side, shared top-level modules, whole chains, fixtures.
+EXTRA_FOLDERS = {"board", "shared", "e2e", "plugins", "data"}
+TOP_LEVEL_TESTS = {"test_layers.py", "test_layout.py"}  # meta tests of the layout itself
+
+
+def orchestrator_packages() -> set[str]:
+    return {p.parent.name for p in (PROJECT_ROOT / "orchestrator").glob("*/__init__.py")}
+
+
+def test_every_test_module_sits_in_a_folder_named_for_a_package() -> None:
+    allowed = orchestrator_packages() | EXTRA_FOLDERS - {"plugins", "data"}
+    misplaced = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        relative = path.relative_to(TESTS)
+        if len(relative.parts) == 1:
+            if relative.name not in TOP_LEVEL_TESTS:
+                misplaced.append(str(relative))
+        elif len(relative.parts) != 2 or relative.parts[0] not in allowed:
+            misplaced.append(str(relative))
+    assert not misplaced, f"move these under tests/<package>/ (see tests/README.md): {misplaced}"
+
+
+def test_every_test_folder_is_a_package() -> None:
+    """Same-named modules in two folders would clash without an __init__.py."""
+    folders = {p.parent for p in TESTS.rglob("*.py") if p.relative_to(TESTS).parts[0] != "data"}
+    assert not [str(f.relative_to(PROJECT_ROOT)) for f in folders if not (f / "__init__.py").exists()]
+
+
+def test_the_documented_folders_exist_and_no_other() -> None:
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert folders <= orchestrator_packages() | EXTRA_FOLDERS, folders - orchestrator_packages() - EXTRA_FOLDERS
+    readme = (TESTS / "README.md").read_text()
+    assert all(f"tests/{folder}/" in readme for folder in folders), "tests/README.md names every folder"
+
+
+def test_no_test_file_is_over_500_lines() -> None:
+    long = {
+        str(path.relative_to(TESTS)): lines
+        for path in sorted(TESTS.rglob("*.py"))
+        if path.relative_to(TESTS).parts[0] != "data" and (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"split these by topic (shared helpers in tests/plugins/ or a helper module beside them): {long}"

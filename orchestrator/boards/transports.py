@@ -6,7 +6,7 @@ and `orchestrator.transport.connect` opens a board through its transport's `open
 imported only when a board of that transport connects (paramiko and fabric load only for SSH boards).
 
 Add a transport: one `Transport` here, and the module in orchestrator/transport/ that its opener names
-(`function(board, *, known_hosts) -> BoardConnection`); tests/test_connection.py ties the two.
+(`function(board, *, known_hosts) -> BoardConnection`); tests/transport/test_connection.py ties the two.
 """
 
 from __future__ import annotations

@@ -260,7 +260,8 @@ class Source:
 
     `builder` is "module:object", imported on a cache miss only (it imports torch): an object with
     `check(spec, weights_choice, available) -> SpecCheck`, `load(spec, weights_choice) -> LoadedModel` and
-    `example_inputs(spec, module) -> list[NamedTensor]` (models.py dispatches to it; tests/test_spec.py ties them).
+    `example_inputs(spec, module) -> list[NamedTensor]` (models.py dispatches to it; tests/lowering/test_spec.py ties
+    them).
     """
 
     name: str

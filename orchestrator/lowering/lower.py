@@ -40,7 +40,6 @@ from orchestrator.lowering.spec import SOURCES, ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
 from orchestrator.programs.memory import read_program_memory
-from orchestrator.tensorfile import NamedTensor, describe, read_tensors, write_tensors
 from orchestrator.versions import toolchain_versions
 
 # Source files whose content decides what lowering produces; editing them invalidates the cache.
@@ -311,8 +310,9 @@ def _load(
     with timer.stage("load"):
         import torch
 
-        # here, not at the top: it imports torch (seconds), which a cache hit never needs
+        # here, not at the top: it imports torch (seconds), which a cache hit never needs; numpy with tensorfile
         from orchestrator.lowering.models import example_inputs, load_model
+        from orchestrator.tensorfile import NamedTensor, describe, write_tensors
 
         loaded = load_model(spec, weights)
         inputs = example_inputs(spec, loaded.module)
@@ -413,8 +413,9 @@ def _quantized_program(
 ) -> tuple[Any, dict[str, Any]]:
     import torch
 
-    # here, not at the top: it imports torch (seconds), which a cache hit never needs
+    # here, not at the top: it imports torch (seconds), which a cache hit never needs; numpy with tensorfile
     from orchestrator.lowering.models import load_model, vocab_size_of
+    from orchestrator.tensorfile import read_tensors
 
     if shared is not None and shared.module is not None:
         module = shared.module

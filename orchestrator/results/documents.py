@@ -6,7 +6,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json
@@ -14,9 +14,12 @@ from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.programs.memory import ProgramMemory
 from orchestrator.results import overlays
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
-from orchestrator.results.counters_profile import CounterProfile
-from orchestrator.results.profile import Profile
 from orchestrator.results.summary import SUMMARY_SCHEMA, Latency, ProgramInfo, RunSummary, Validity
+
+if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
+    from orchestrator.results.counters_profile import CounterProfile
+    from orchestrator.results.profile import Profile
+
 
 ANALYSIS_DIR = "analysis"
 TOP_LAYERS = 10

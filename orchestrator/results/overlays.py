@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.programs.memory import ProgramMemory, read_program_memory
-from orchestrator.results.counters_profile import CounterProfile
-from orchestrator.results.profile import Profile
 from orchestrator.results.summary import Counters
+
+if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
+    from orchestrator.results.counters_profile import CounterProfile
+    from orchestrator.results.profile import Profile
+
 
 OVERLAY_DIR = "model_explorer"
 INDEX_NAME = "overlays.json"

@@ -6,6 +6,7 @@ import contextlib
 import os
 import shlex
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -314,6 +315,11 @@ def test_local_connection_has_the_same_interface(local_board: Board, tmp_path: P
             with conn.open_write_stream(["sh", "-c", "echo refusing >&2; exit 5"]) as stream:
                 for _ in range(64):
                     stream.write(b"x" * (1 << 20))
+        # The local board's python3 is the interpreter etlab runs on (no PATH lookup, no pyenv shim), in streams too.
+        here = conn.run(["python3", "-c", "import sys; print(sys.executable)"]).stdout.strip()
+        assert here == sys.executable
+        with conn.open_read_stream(["python3", "-c", "import sys; print(sys.executable)"]) as reader:
+            assert reader.read().decode().strip() == sys.executable
 
 
 # ---------------------------------------------------------------- the transport registry

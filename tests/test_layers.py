@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from orchestrator.paths import PROJECT_ROOT
@@ -154,3 +155,29 @@ def test_imports_inside_functions_say_why() -> None:
                 continue
             unexplained.append(f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}: {', '.join(ours)}")
     assert not unexplained, "imports inside functions without a reason comment:\n" + "\n".join(unexplained)
+
+
+# Options of `fab` are named by the command layer only; below it an error names what went wrong, not a flag (the
+# command layer adds the hint: commands/common.py). The runner's own options (`--version`) are not etlab's.
+_OPTION = re.compile(r"(?<![\w-])--(?!version\b|probe-)[a-z][a-z-]+")
+
+
+def _strings(node: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def test_errors_below_the_command_layer_name_no_option() -> None:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if _layer(_module_name(path)) in ("commands", "testing"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            texts: list[str] = []
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                texts = _strings(node.exc)
+            elif isinstance(node, ast.keyword) and node.arg == "hint":
+                texts = _strings(node.value)
+            for text in texts:
+                if _OPTION.search(text):
+                    found.append(f"{path.relative_to(PROJECT_ROOT)}:{getattr(node, 'lineno', '?')}: {text!r}")
+    assert not found, "errors that name a fab option below the command layer:\n" + "\n".join(found)

@@ -298,7 +298,7 @@ def _wait(session: Session, board: Board, place: str, token: str, started: float
         if wait is not None and elapsed >= wait:
             raise PlaceWaitTimeout(
                 f"labgrid place {place} is still held by {who} after waiting {console.format_seconds(elapsed)} "
-                f"(--lg-wait {wait:g})",
+                f"(the wait allowed: {wait:g} s)",
                 hint=f"see the place: labgrid-client -x {session.address} -p {place} show",
             )
         if stopping.is_set():

@@ -222,6 +222,19 @@ def naming_calibration() -> Iterator[None]:
         raise UsageError(f"--calibration {exc.args[0]}", hint=exc.hint) from None
 
 
+@contextlib.contextmanager
+def naming_port() -> Iterator[None]:
+    """A busy port for Model Explorer, with the option that picks another."""
+    # here, not at the top: fab imports this module at start-up
+    from orchestrator.servers.explorer import PortBusy
+
+    try:
+        yield
+    except PortBusy as exc:
+        exc.hint = "stop it, or choose another port with --port"
+        raise
+
+
 def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any, counters: Any = None) -> Any:
     """RunParams from task options, each checked (exit 64); unset options keep the library defaults."""
     # here, not at the top: fab imports this module at start-up
@@ -253,6 +266,7 @@ def nightly_job(
 
     # here, not at the top: fab imports this module at start-up
     from orchestrator.boards.inventory import load_inventory
+    from orchestrator.lab.nightlock import NightBusy
     from orchestrator.lab.nightly import record_pending_results, run_nightly
 
     if night is not None:
@@ -271,12 +285,16 @@ def nightly_job(
             history_url=history,
             reports_dir=Path(reports) if reports else None,
         )
-    report = run_nightly(
-        load_inventory(Path(inventory) if inventory else None),
-        night=night,
-        history_url=history,
-        reports_dir=Path(reports) if reports else None,
-        wait=wait,
-    )
+    try:
+        report = run_nightly(
+            load_inventory(Path(inventory) if inventory else None),
+            night=night,
+            history_url=history,
+            reports_dir=Path(reports) if reports else None,
+            wait=wait,
+        )
+    except NightBusy as exc:
+        exc.hint = "`fab nightly --wait` waits for it, then runs only the cells it did not"
+        raise
     print_night(report)
     return report.exit_code

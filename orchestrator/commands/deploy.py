@@ -11,7 +11,7 @@ from rich.markup import escape
 from orchestrator import console
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
-from orchestrator.commands.common import LoweringOptions, find_artifact, naming_calibration
+from orchestrator.commands.common import LoweringOptions, find_artifact, naming_calibration, naming_port
 from orchestrator.commands.render import print_cells, print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
@@ -97,4 +97,5 @@ def explore_cells(
     )
     models, _ = program_models(artifact_paths)
     console.info(escape(f"Opening Model Explorer with the overlays of {board} (Ctrl+C to stop)"))
-    launch_explorer(models, overlays, host=host, port=port, open_browser=open_browser)
+    with naming_port():
+        launch_explorer(models, overlays, host=host, port=port, open_browser=open_browser)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from orchestrator import console
 from orchestrator.boards import labgrid
-from orchestrator.commands.common import find_artifact, select_boards, split_list
+from orchestrator.commands.common import find_artifact, naming_port, select_boards, split_list
 from orchestrator.commands.render import render_comparison, render_top_ops
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
 from orchestrator.deploy.abtest import interleave as run_interleaved
@@ -96,7 +96,8 @@ def explore(
     programs = sorted((p for p in present if p.suffix == ".pte"), key=lambda p: "xnnpack" not in p.name)
     if not run and programs:  # no board yet: the memory plan of one program (the UI renames repeated graph ids)
         overlays += write_program_overlays(programs[0], paths.folder / "model_explorer" / programs[0].stem)
-    launch_explorer(present, overlays, host=host, port=port, open_browser=open_browser)
+    with naming_port():
+        launch_explorer(present, overlays, host=host, port=port, open_browser=open_browser)
     return 0
 
 

@@ -229,7 +229,7 @@ def night_lock(url: str, night: str, where: str, *, wait: bool = False) -> Itera
     while holder is not None:
         message = f"night {night} of the history {where} is being run by another nightly: {holder}"
         if not wait:
-            raise NightBusy(message, hint="`fab nightly --wait` waits for it, then runs only the cells it did not")
+            raise NightBusy(message)  # the command layer says how to wait for it
         now = time.monotonic()
         if holder != last or now - noted >= NOTE_SECONDS:
             console.info(f"{console.escape(message)}: waiting ({console.format_seconds(now - started)} so far)")

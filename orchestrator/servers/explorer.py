@@ -49,6 +49,10 @@ class ExplorerError(EtlabError):
     """Model Explorer could not be started."""
 
 
+class PortBusy(ExplorerError):
+    """Something listens on the port already; the command layer names the option that picks another."""
+
+
 @dataclass
 class ExplorerHandle:
     """A running Model Explorer server (a child process group)."""
@@ -118,9 +122,8 @@ def ensure_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise ExplorerError(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another Model Explorer running?)",
-                hint="stop it, or choose another port with --port",
+            raise PortBusy(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another Model Explorer running?)"
             ) from None
 
 

@@ -29,9 +29,17 @@ from orchestrator.transport.stopper import stop as stop_marked
 
 
 def _local(argv: Sequence[str]) -> list[str]:
-    """On the workstation, a board's `python3` is the interpreter etlab runs on: found once, not looked up on PATH
-    at every start (where a pyenv shim alone costs 0.1 s)."""
-    return [sys.executable, *argv[1:]] if argv and argv[0] == "python3" else list(argv)
+    """On the workstation, a board's `python3` (also after `env NAME=value ...`) is the interpreter etlab runs on:
+    found once, not looked up on PATH at every start (where a pyenv shim alone costs 0.1 s)."""
+    argv = list(argv)
+    program = 0
+    if argv and argv[0] == "env":
+        program = 1
+        while program < len(argv) and "=" in argv[program] and not argv[program].startswith("-"):
+            program += 1
+    if program < len(argv) and argv[program] == "python3":
+        argv[program] = sys.executable
+    return argv
 
 
 def _marked(token: str, argv: Sequence[str]) -> list[str]:

@@ -111,7 +111,9 @@ def test_lg_wait_expires_naming_the_holder(lab: Lab, tiny_artifacts: dict[str, L
         lab.alice("release", "lg-b")
     text = done.stdout + done.stderr
     assert done.returncode == 69, text  # the only failure: a board that could not be had
-    assert re.search(rf"labgrid place lg-b is still held by \S+/{ALICE} after waiting .* \(the wait allowed: 1 s\)", text), text
+    assert re.search(
+        rf"labgrid place lg-b is still held by \S+/{ALICE} after waiting .* \(the wait allowed: 1 s\)", text
+    ), text
     assert "lg-a" in done.stdout and ("pushed" in done.stdout or "already there" in done.stdout), text
     assert no_reservation_of_ours(lab)
     refused = fab("push", "--model", "distilbert-tiny", "--board", "lg-a", "--lg-wait", "-1", lab=lab,

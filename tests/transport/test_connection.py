@@ -318,6 +318,15 @@ def test_local_connection_has_the_same_interface(local_board: Board, tmp_path: P
         # The local board's python3 is the interpreter etlab runs on (no PATH lookup, no pyenv shim), in streams too.
         here = conn.run(["python3", "-c", "import sys; print(sys.executable)"]).stdout.strip()
         assert here == sys.executable
+        # as the board agent is started: after `env NAME=value`
+        agent_like = [
+            "env",
+            "ETLAB_X=1",
+            "python3",
+            "-c",
+            "import os, sys; print(sys.executable, os.environ['ETLAB_X'])",
+        ]
+        assert conn.run(agent_like).stdout.split() == [sys.executable, "1"]
         with conn.open_read_stream(["python3", "-c", "import sys; print(sys.executable)"]) as reader:
             assert reader.read().decode().strip() == sys.executable
 

@@ -273,6 +273,8 @@ def _quantized_cell(sidecar: Sidecar) -> str | None:
         return None
     kinds = ", ".join(f"{kind} ×{n}" for kind, n in quantization.fully_connected.items())
     text = f"{quantization.quantized_linears}/{quantization.linear_layers} linears; FC {kinds or 'none'}"
+    if quantization.convolution:
+        text += "; Conv " + ", ".join(f"{kind} ×{n}" for kind, n in quantization.convolution.items())
     floating = quantization.float_linears
     if floating:
         text += f"; FLOAT: {', '.join(floating[:4])}{' …' if len(floating) > 4 else ''}"
@@ -315,7 +317,7 @@ def print_lowering(result: LoweringResult) -> None:
             )
         if (quantization.calibration_source or "").startswith("generated"):
             console.warn(
-                f"{variant}: calibrated on {quantization.calibration_samples} generated samples, not real text"
+                f"{variant}: calibrated on {quantization.calibration_samples} generated samples, not real inputs"
             )
 
 

@@ -34,7 +34,13 @@ from orchestrator.fsutil import atomic_path, read_json, remove_stale_temporaries
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, valid_sidecar
 from orchestrator.lowering.delegation import delegation_report
 from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
-from orchestrator.lowering.quantize import calibration_from_file, generated_calibration, node_report, quantize
+from orchestrator.lowering.quantize import (
+    CalibrationError,
+    calibration_from_file,
+    generated_calibration,
+    node_report,
+    quantize,
+)
 from orchestrator.lowering.sidecar import Sidecar, write_sidecar
 from orchestrator.lowering.spec import SOURCES, ModelSpec
 from orchestrator.lowering.variants import Variant
@@ -44,6 +50,7 @@ from orchestrator.versions import toolchain_versions
 
 # Source files whose content decides what lowering produces; editing them invalidates the cache.
 _LOWERING_SOURCES = ("lower.py", "models.py", "delegation.py", "spec.py", "weights.py", "quantize.py")
+_CALIBRATION_IMAGES = 8  # generated calibration samples of an image model (int8-static)
 # Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the
 # full-size measurements (DistilBERT 67M parameters: 1.8 GB fp32 XNNPACK, 1.3 GB int8, 1.1 GB 8da4w), rounded up.
 _BYTES_PER_PARAMETER = 28
@@ -155,9 +162,9 @@ def lower(
     _check_inputs(spec, choice, calibration)
     calibrated = [variant.scheme.name for variant in missing if variant.scheme.calibrated]
     if calibrated and calibration is None:
+        samples = "images (not real photos)" if spec.image_size else "token ids (not real text)"
         console.loud_warning(
-            f"{spec.name}: {', '.join(calibrated)} is calibrated on generated token ids "
-            "(deterministic, not real text).\n"
+            f"{spec.name}: {', '.join(calibrated)} is calibrated on generated {samples}, deterministic.\n"
             "Scales fitted to them may not suit real inputs: pass --calibration FILE with your own samples."
         )
 
@@ -219,6 +226,8 @@ def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | No
             else f"--trust-remote-code has no effect: {spec.name} gets random weights from transformers' own classes."
         )
     checked = check_spec(spec, choice, available=available_memory())
+    if calibration is not None and spec.image_size is not None:
+        raise CalibrationError(f"{calibration}: calibration files hold token ids; {spec.name} is an image model")
     if calibration is not None:
         calibration_from_file(calibration, spec.seq_len, checked.config.vocab_size)
 
@@ -424,7 +433,12 @@ def _quantized_program(
     example_args = tuple(torch.from_numpy(t.array) for t in read_tensors(artifact_paths.reference_inputs))
     scheme = task.variant.scheme
     calibration, source = None, None
-    if scheme.calibrated:
+    if scheme.calibrated and task.spec.image_size is not None:
+        from orchestrator.lowering.torchvision_source import generated_images
+
+        calibration = generated_images(task.spec.image_size, _CALIBRATION_IMAGES)
+        source = "generated: deterministic random images, ImageNet-normalised (not real photos)"
+    elif scheme.calibrated:
         vocab = vocab_size_of(module)
         if task.calibration:
             calibration = calibration_from_file(Path(task.calibration), task.spec.seq_len, vocab)
@@ -496,7 +510,7 @@ def _lower_program(
         "exported_program": artifact_paths.exported_program.name,
         "pte": pte_path.name,
         "pte_size_mb": round(files["pte"]["size"] / 1e6, 3),
-        "seq_len": spec.seq_len,
+        "seq_len": spec.seq_len if spec.image_size is None else None,
         "weights": task.weights,
         "weights_note": task.weights_note,
         "parameters": task.parameters,

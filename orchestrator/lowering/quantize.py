@@ -538,9 +538,22 @@ def _etlt_rows(path: Path, where: str) -> list[tuple[list[int], list[int] | None
 
 def fully_connected_types(pte: Path) -> Counter[str]:
     """FullyConnected nodes of every XNNPACK delegate of `forward`, counted by `input x weight` datatype."""
+    return xnn_node_types(pte)[0]
+
+
+def convolution_types(pte: Path) -> Counter[str]:
+    """Convolution nodes (Conv2d and DepthwiseConv2d) of every XNNPACK delegate of `forward`, by datatype."""
+    return xnn_node_types(pte)[1]
+
+
+def xnn_node_types(pte: Path) -> tuple[Counter[str], Counter[str]]:
+    """FullyConnected and Convolution nodes of every XNNPACK delegate of `forward`, counted by `input x weight`
+    datatype."""
     from pte_adapter_model_explorer.executorch_flatbuffer import xnnpack_generated as xg
 
-    counts: Counter[str] = Counter()
+    convolutions = (xg.XNodeUnion.XNNConv2d, xg.XNodeUnion.XNNDepthwiseConv2d)
+    fully_connected: Counter[str] = Counter()
+    convolution: Counter[str] = Counter()
     plan = read_program_plan(pte, "forward")
     for instruction in plan.instructions:
         if instruction.backend != XNNPACK_BACKEND or instruction.delegate is None:
@@ -552,12 +565,18 @@ def fully_connected_types(pte: Path) -> Counter[str]:
             datatypes.update(_value_datatype(xg, graph.Xvalues(index)))
         for index in range(graph.XnodesLength()):
             xnode = graph.Xnodes(index)
-            if xnode.XnodeUnionType() != xg.XNodeUnion.XNNFullyConnected:
+            kind = xnode.XnodeUnionType()
+            if kind == xg.XNodeUnion.XNNFullyConnected:
+                node: Any = xg.XNNFullyConnected()
+                counts = fully_connected
+            elif kind in convolutions:
+                node = xg._XNNNodeConv()
+                counts = convolution
+            else:
                 continue
-            fc = xg.XNNFullyConnected()
-            fc.Init(xnode.XnodeUnion().Bytes, xnode.XnodeUnion().Pos)
-            counts[f"{datatypes.get(fc.Input1Id(), '?')} x {datatypes.get(fc.FilterId(), '?')}"] += 1
-    return counts
+            node.Init(xnode.XnodeUnion().Bytes, xnode.XnodeUnion().Pos)
+            counts[f"{datatypes.get(node.Input1Id(), '?')} x {datatypes.get(node.FilterId(), '?')}"] += 1
+    return fully_connected, convolution
 
 
 def _value_datatype(xg: Any, value: Any) -> dict[int, str]:
@@ -579,14 +598,22 @@ def _value_datatype(xg: Any, value: Any) -> dict[int, str]:
 
 
 def node_report(pte: Path, scheme: Scheme, fallback_histogram: dict[str, int]) -> dict[str, Any]:
-    """What the lowered program holds: FC nodes by datatype inside the delegates, and linears left outside."""
-    types = fully_connected_types(pte)
+    """What the lowered program holds: FC and convolution nodes by datatype inside the delegates, and linears and
+    convolutions left outside."""
+    types, convolutions = xnn_node_types(pte)
     quantized = sum(n for kind, n in types.items() if kind.split(" x ")[-1] not in FLOAT_DATATYPES)
+    quantized_conv = sum(n for kind, n in convolutions.items() if kind.split(" x ")[-1] not in FLOAT_DATATYPES)
     outside = {op: n for op, n in fallback_histogram.items() if any(k in op for k in ("addmm", "linear", ".mm."))}
+    conv_outside = {op: n for op, n in fallback_histogram.items() if "convolution" in op}
     return {
         "fully_connected": dict(sorted(types.items())),
         "quantized_fully_connected": quantized,
         "float_fully_connected": sum(types.values()) - quantized,
         "expected_fully_connected": scheme.fully_connected,
         "linears_outside_delegates": outside,
+        "convolution": dict(sorted(convolutions.items())),
+        "quantized_convolution": quantized_conv,
+        "float_convolution": sum(convolutions.values()) - quantized_conv,
+        "expected_convolution": scheme.convolution,
+        "convolutions_outside_delegates": conv_outside,
     }

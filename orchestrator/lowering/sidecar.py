@@ -192,6 +192,7 @@ class Quantization:
     quantized_linears: int
     float_linears: tuple[str, ...]
     fully_connected: dict[str, int]  # FullyConnected datatypes in the serialized XNNPACK graphs → node count
+    convolution: dict[str, int]  # the same for Convolution nodes (Conv2d, DepthwiseConv2d); {} in older sidecars
     calibration_source: str | None  # calibrated schemes only
     calibration_samples: int | None
     report: dict[str, Any]  # the section as written, for to_dict()
@@ -217,6 +218,7 @@ class Quantization:
             quantized_linears=reader.integer(fields, "quantized_linears", "quantization."),
             float_linears=tuple(floats),
             fully_connected=reader.counts(nodes, "fully_connected", "quantization.nodes.") if nodes else {},
+            convolution=reader.counts(nodes, "convolution", "quantization.nodes.") if "convolution" in nodes else {},
             calibration_source=source,
             calibration_samples=samples,
             report=dict(fields),
@@ -254,7 +256,7 @@ class Sidecar:
     exported_program: str
     pte: str
     pte_size_mb: float
-    seq_len: int
+    seq_len: int | None  # the token models' sequence length; null for an image model
     weights: str
     weights_note: str
     parameters: int
@@ -300,7 +302,7 @@ class Sidecar:
             exported_program=reader.text(fields, "exported_program"),
             pte=reader.text(fields, "pte"),
             pte_size_mb=reader.number(fields, "pte_size_mb"),
-            seq_len=reader.integer(fields, "seq_len"),
+            seq_len=reader.integer(fields, "seq_len", optional=True),
             weights=reader.text(fields, "weights"),
             weights_note=reader.text(fields, "weights_note"),
             parameters=reader.integer(fields, "parameters"),

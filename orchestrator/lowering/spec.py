@@ -42,6 +42,11 @@ from orchestrator.names import is_valid_name
 TASKS = ("fill-mask", "causal-lm")
 MODEL_TYPES = ("distilbert", "gpt2", "bert")
 INPUT_NAMES = ("input_ids", "attention_mask")
+IMAGE_TASK = "image-classification"  # the task of every torchvision spec: the classifier's logits
+IMAGE_INPUT = "pixel_values"
+# torchvision constructor keywords a spec never sets: the weights come from `--weights` (pretrained only from the
+# local torch hub cache), and the others decide how they are fetched.
+TORCHVISION_REFUSED = frozenset({"weights", "progress", "pretrained", "pretrained_backbone", "weights_backbone"})
 SPEC_HINT = "the spec schema is documented in README.md (Model specs)"
 # Keywords of `from_pretrained` and of the hub download, which `config` must never reach: some run code
 # (trust_remote_code, weights_only=False unpickles), the others change what is read or from where.
@@ -73,6 +78,10 @@ class ModelSpec:
     config: dict[str, Any] = field(default_factory=dict)
     mask_token_id: int | None = None
     description: str = ""
+    # `torchvision`: the constructor's keyword arguments (JSON scalars, checked against its signature by the builder)
+    # and the side of the square input image; `model_type` is then the torchvision model name.
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    image_size: int | None = None
     source: str = "built-in"  # where the spec was read: a file, or built-in
     model_source: str = "huggingface"  # the spec file's `source`: a name in SOURCES, where the model comes from
     # Only the command line sets this (`--trust-remote-code`), never a spec file: with it, `from_pretrained` runs
@@ -83,6 +92,8 @@ class ModelSpec:
 
     @property
     def inputs(self) -> tuple[InputSpec, ...]:
+        if self.image_size is not None:  # an image model: one normalised RGB image
+            return (InputSpec(IMAGE_INPUT, "float32", (1, 3, self.image_size, self.image_size)),)
         return tuple(InputSpec(name, "int64", (1, self.seq_len)) for name in INPUT_NAMES)
 
     def to_dict(self) -> dict[str, Any]:
@@ -105,6 +116,8 @@ class ModelSpec:
         return data
 
 
+_MOBILENET_V2_TINY = {"width_mult": 0.25, "num_classes": 10}
+_RESNET_18_TINY = {"num_classes": 10}  # BasicBlock is fixed at width 64: small by its input only
 _DISTILBERT_TINY = {"vocab_size": 1000, "dim": 64, "n_layers": 2, "n_heads": 2, "hidden_dim": 128}
 _GPT2_TINY = {"vocab_size": 1000, "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128}
 
@@ -140,6 +153,40 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             task="causal-lm",
             config=_GPT2_TINY,
             description="2-layer, 64-dim GPT-2 with random weights, for tests and quick demos",
+        ),
+        ModelSpec(
+            name="mobilenet-v2",
+            model_type="mobilenet_v2",
+            task=IMAGE_TASK,
+            image_size=224,
+            model_source="torchvision",
+            description="torchvision MobileNetV2 (ImageNet, 1000 classes), 224x224 image",
+        ),
+        ModelSpec(
+            name="resnet-18",
+            model_type="resnet18",
+            task=IMAGE_TASK,
+            image_size=224,
+            model_source="torchvision",
+            description="torchvision ResNet-18 (ImageNet, 1000 classes), 224x224 image",
+        ),
+        ModelSpec(
+            name="mobilenet-v2-tiny",
+            model_type="mobilenet_v2",
+            task=IMAGE_TASK,
+            kwargs=_MOBILENET_V2_TINY,
+            image_size=32,
+            model_source="torchvision",
+            description="MobileNetV2 at width 0.25, 10 classes, 32x32 image, random weights: for tests and quick demos",
+        ),
+        ModelSpec(
+            name="resnet-18-tiny",
+            model_type="resnet18",
+            task=IMAGE_TASK,
+            kwargs=_RESNET_18_TINY,
+            image_size=32,
+            model_source="torchvision",
+            description="ResNet-18 with 10 classes, 32x32 image, random weights: for tests and quick demos",
         ),
     )
 }
@@ -239,6 +286,17 @@ _HUGGINGFACE_FIELDS: dict[str, Check] = {
 }
 
 
+_TORCHVISION_FIELDS: dict[str, Check] = {
+    "model": text,  # a torchvision classification model name; checked against torchvision by the builder
+    "kwargs": _mapping,
+    "image_size": integer(16, 1024),
+}
+
+
+def _torchvision_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[str, str] | None:
+    return None
+
+
 def _huggingface_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[str, str] | None:
     """The first (field, message) across the fields of a huggingface spec, once each field is valid on its own."""
     seq_len = found.get("seq_len", 128)
@@ -269,6 +327,9 @@ class Source:
     fields: dict[str, Check]
     required: tuple[str, ...]
     problem: Callable[[dict[str, Any], dict[str, Any]], tuple[str, str] | None]
+    # Spec-file field -> ModelSpec field where they differ, and ModelSpec fields the source fixes.
+    renames: dict[str, str] = field(default_factory=dict)
+    fixed: dict[str, Any] = field(default_factory=dict)
 
 
 SOURCES: dict[str, Source] = {
@@ -280,6 +341,15 @@ SOURCES: dict[str, Source] = {
             _HUGGINGFACE_FIELDS,
             ("model_type", "task"),
             _huggingface_problem,
+        ),
+        Source(
+            "torchvision",
+            "orchestrator.lowering.torchvision_source:TORCHVISION",
+            _TORCHVISION_FIELDS,
+            ("model", "image_size"),
+            _torchvision_problem,
+            renames={"model": "model_type"},
+            fixed={"task": IMAGE_TASK},
         ),
     )
 }
@@ -300,6 +370,27 @@ def _config_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str
         elif key.startswith("_"):
             message = "is internal to transformers, not a field of the model's config: a spec cannot set it"
         elif any(isinstance(v, float) and not math.isfinite(v) for v in _leaves(value)):
+            message = f"expected a finite number, got {value!r}"
+        else:
+            continue
+        problems.append((where, name, message))
+    return problems
+
+
+def _kwargs_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str, str]]:
+    """(key node, field, message) for torchvision `kwargs` a spec may never set or that are not JSON scalars."""
+    problems = []
+    key_nodes = {key.value: key for key, _ in node.value if isinstance(key, ScalarNode)}
+    for key, value in values.items():
+        where = key_nodes.get(key, node)
+        name = field_path("kwargs", key)
+        if key in TORCHVISION_REFUSED:
+            message = "the weights come from --weights (pretrained only from the local torch hub cache), not a spec"
+        elif key.startswith("_"):
+            message = "is internal to torchvision: a spec cannot set it"
+        elif value is None or isinstance(value, dict | list):
+            message = f"expected a number, a boolean or a string, got {value!r}"
+        elif isinstance(value, float) and not math.isfinite(value):
             message = f"expected a finite number, got {value!r}"
         else:
             continue
@@ -363,6 +454,11 @@ def load_spec_file(path: Path) -> ModelSpec:
         found["config"] = dict(data["config"])  # as JSON reads them; the nodes give the lines
         for where, name, message in _config_problems(config_node, found["config"]):
             checker.error(where, name, message)
+    kwargs_node = value_node(root, "kwargs")
+    if "kwargs" in found and isinstance(kwargs_node, MappingNode):
+        found["kwargs"] = dict(data["kwargs"])
+        for where, name, message in _kwargs_problems(kwargs_node, found["kwargs"]):
+            checker.error(where, name, message)
     if checker.problems:
         remote_code = "trust_remote_code" in found.get("config", {})
         raise fail("\n".join(checker.errors), RemoteCodeInSpec if remote_code else SpecError)
@@ -370,6 +466,11 @@ def load_spec_file(path: Path) -> ModelSpec:
     spec_lines = {key: line_of(value) for key, value in lines.items()}
     if isinstance(config_node, MappingNode):
         spec_lines |= {field_path("config", key.value): line_of(key) for key, _ in config_node.value}
+    if isinstance(kwargs_node, MappingNode):
+        spec_lines |= {field_path("kwargs", key.value): line_of(key) for key, _ in kwargs_node.value}
+    for spec_field, real in source.renames.items():  # the builder blames the spec file's name of the field
+        if spec_field in spec_lines:
+            spec_lines[real] = spec_lines[spec_field]
 
     def problem(key: str, message: str) -> SpecError:
         checker.error(lines.get(key, root), key, message)
@@ -379,7 +480,9 @@ def load_spec_file(path: Path) -> ModelSpec:
     if across is not None:
         raise problem(*across)
     known = {f.name for f in fields(ModelSpec)} - {"source", "model_source", "lines", "trust_remote_code"}
-    given = {key: value for key, value in found.items() if key in known}
-    if "config" in given:
-        given["config"] = dict(given["config"])
+    found = {source.renames.get(key, key): value for key, value in found.items()}
+    given = {key: value for key, value in found.items() if key in known} | source.fixed
+    for key in ("config", "kwargs"):
+        if key in given:
+            given[key] = dict(given[key])
     return ModelSpec(**given, source=str(path), model_source=source.name, lines=spec_lines)

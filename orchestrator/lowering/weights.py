@@ -90,11 +90,43 @@ def pretrained_available(spec: ModelSpec) -> tuple[bool, str]:
         return False, f"not in the HuggingFace cache and {host} is unreachable ({exc.__class__.__name__}: {exc})"
 
 
+def torch_hub_checkpoints() -> Path:
+    """Where torch.hub keeps downloaded checkpoints ($TORCH_HOME/hub/checkpoints), resolved as torch.hub does."""
+    home = os.environ.get("TORCH_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "torch")
+    return Path(os.path.expanduser(home)) / "hub" / "checkpoints"
+
+
+def cached_torchvision_checkpoint(model: str) -> Path | None:
+    """A torchvision checkpoint of `model` in the torch hub cache (`<model>-<hash>.pth`, torchvision's naming), or
+    None. The builder then loads the exact file of the model's default weights, never from the network."""
+    folder = torch_hub_checkpoints()
+    try:
+        found = sorted(folder.glob(f"{model}-*.pth"))
+    except OSError:
+        return None
+    return found[0] if found else None
+
+
+def torchvision_pretrained(spec: ModelSpec) -> tuple[bool, str]:
+    """Whether a torchvision spec can have its pretrained weights without the network, and why not."""
+    if spec.kwargs:
+        return False, f"the spec's kwargs ({', '.join(spec.kwargs)}) change the model torchvision's checkpoint fits"
+    if cached_torchvision_checkpoint(spec.model_type) is None:
+        return False, f"no {spec.model_type} checkpoint in {torch_hub_checkpoints()} (etlab never downloads one)"
+    return True, f"found in {torch_hub_checkpoints()}"
+
+
 def resolve_weights(spec: ModelSpec, requested: str) -> WeightsChoice:
     """`auto` | `pretrained` | `random` (one of WEIGHT_MODES, checked where it was given) → the weights a lowering
     of `spec` uses now."""
     if requested != "auto":
         return WeightsChoice(requested, requested, "requested")
+    if spec.model_source == "torchvision":
+        available, reason = torchvision_pretrained(spec)
+        if available:
+            return WeightsChoice(requested, "pretrained", reason)
+        # kwargs that change the model (the tiny ones): random is all there is, and nothing to warn about.
+        return WeightsChoice(requested, "random", reason, fallback=not spec.kwargs)
     if not spec.model_id:
         # No model_id (the tiny models): random is all there is, and nothing to warn about.
         return WeightsChoice(requested, "random", "the spec has no model_id")

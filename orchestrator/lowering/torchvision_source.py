@@ -1,0 +1,225 @@
+"""The `torchvision` model source: a torchvision classification model, as a user would export it.
+
+A spec names the model (`torchvision.models.list_models(module=torchvision.models)`), its constructor's keyword
+arguments (JSON scalars only, each a parameter of the model class with a scalar default: nothing that names code),
+and the side of its square input image. The program is the model itself, in eval mode, with no rewrite: one float32
+input `pixel_values` [1, 3, H, W], the class logits [1, classes] out.
+
+Weights: random (seeded), or torchvision's default checkpoint when it is already in the torch hub cache
+($TORCH_HOME/hub/checkpoints), read with `torch.load(weights_only=True)`; etlab never downloads one.
+
+torchvision is imported here only, on a cache miss of a torchvision spec (`spec.SOURCES` names this module).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import typing
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchestrator import console
+from orchestrator.config import did_you_mean, field_path
+from orchestrator.errors import SpecError
+from orchestrator.lowering.models import LoadedModel, SpecCheck, _brief, _fail, _too_large
+from orchestrator.lowering.spec import IMAGE_INPUT, TORCHVISION_REFUSED, ModelSpec
+from orchestrator.lowering.weights import (
+    RANDOM_SEED,
+    PretrainedUnavailable,
+    WeightsChoice,
+    torch_hub_checkpoints,
+    torchvision_pretrained,
+)
+from orchestrator.tensorfile import NamedTensor
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_FLOAT_BYTES = 4
+_SCALARS = (bool, int, float, str)
+# Kept alive for the process: the schema of torchvision's own operators, when its C++ library cannot load.
+_OPS_FRAGMENT: list[Any] = []
+
+
+def _torchvision() -> Any:
+    """`torchvision.models`, imported now.
+
+    A torchvision wheel whose C++ operators do not load against this torch (PyPI's CUDA build next to a CPU-only
+    torch) fails at import on two operators it registers unconditionally (`nms`, `qnms`). The classification models
+    use none of torchvision's operators: their schemas are declared, with no kernel, and the import retried.
+    """
+    try:
+        import torchvision.models
+    except RuntimeError as exc:
+        if "torchvision::" not in str(exc):
+            raise
+        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+            del sys.modules[name]
+        fragment = torch.library.Library("torchvision", "FRAGMENT")
+        for op in ("nms", "qnms"):
+            if not hasattr(torch.ops.torchvision, op):
+                fragment.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _OPS_FRAGMENT.append(fragment)
+        console.warn(f"torchvision's C++ operators do not load with this torch ({_brief(exc)}): its models still do")
+        import torchvision.models
+    return torchvision.models
+
+
+def classification_models() -> list[str]:
+    models = _torchvision()
+    return list(models.list_models(module=models))
+
+
+def _model_class(name: str) -> type:
+    """The class the builder `torchvision.models.<name>` returns (its keyword arguments go to its constructor)."""
+    builder = _torchvision().get_model_builder(name)
+    try:
+        returned = typing.get_type_hints(builder).get("return")
+    except Exception:  # an annotation that does not resolve
+        returned = inspect.signature(builder).return_annotation
+    if not isinstance(returned, type):
+        raise SpecError(f"torchvision.models.{name} does not say which class it builds")
+    return returned
+
+
+def constructor_parameters(name: str) -> dict[str, Any]:
+    """The constructor parameters a spec may set: name -> default, those whose default is a JSON scalar."""
+    signature = inspect.signature(_model_class(name).__init__)
+    return {
+        parameter.name: parameter.default
+        for parameter in signature.parameters.values()
+        if parameter.name not in TORCHVISION_REFUSED and isinstance(parameter.default, _SCALARS)
+    }
+
+
+def _kwarg_problem(key: str, value: Any, allowed: dict[str, Any], model: str) -> str | None:
+    if key not in allowed:
+        close = did_you_mean(key, allowed)
+        listing = close or f"; its parameters: {', '.join(sorted(allowed)) or 'none'}"
+        return f"is not a scalar parameter of torchvision's {model}{listing}"
+    default = allowed[key]
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, str)
+    return None if ok else f"expected {type(default).__name__} like the default {default!r}, got {value!r}"
+
+
+def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
+    names = classification_models()
+    if spec.model_type not in names:
+        close = did_you_mean(spec.model_type, names)
+        raise _fail([("model", f"{spec.model_type!r} is not a torchvision classification model{close}")], spec)
+    if spec.image_size is None:
+        raise _fail([("image_size", "is required")], spec)
+    allowed = constructor_parameters(spec.model_type)
+    problems = []
+    for key, value in spec.kwargs.items():
+        message = _kwarg_problem(key, value, allowed, spec.model_type)
+        if message is not None:
+            problems.append((field_path("kwargs", key), message))
+    if problems:
+        raise _fail(problems, spec)
+    if choice.mode == "pretrained":
+        ready, reason = torchvision_pretrained(spec)
+        if not ready:
+            raise PretrainedUnavailable(spec.problem("model", f"no pretrained weights: {reason}"))
+    try:
+        with torch.device("meta"):
+            model = _build(spec).eval()
+            parameters = sum(p.numel() for p in model.parameters())
+            model(torch.empty(1, 3, spec.image_size, spec.image_size))
+    except Exception as exc:  # the constructor's own checks, or an image too small for the network
+        origin = "kwargs" if spec.kwargs else "image_size"
+        raise _fail([(origin, f"the model cannot be built and run this way: {_brief(exc)}")], spec) from exc
+    if available is not None and _FLOAT_BYTES * parameters > available:
+        raise _fail([("model", _too_large(parameters, available, ""))], spec)
+    return SpecCheck(None, parameters)
+
+
+def _build(spec: ModelSpec) -> torch.nn.Module:
+    return _torchvision().get_model(spec.model_type, weights=None, **spec.kwargs)
+
+
+def _pretrained_state(spec: ModelSpec) -> tuple[dict[str, Any], str]:
+    """torchvision's default checkpoint of the model, from the torch hub cache only (never downloaded)."""
+    weights = _torchvision().get_model_weights(spec.model_type).DEFAULT
+    path = torch_hub_checkpoints() / weights.url.rsplit("/", 1)[-1]
+    if not path.is_file():
+        raise PretrainedUnavailable(f"{weights} is not in the torch hub cache ({path} is missing)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True), f"{weights} from {path}"
+    except Exception as exc:
+        raise PretrainedUnavailable(f"cannot read {path}: {_brief(exc)}") from exc
+
+
+def _load(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
+    if choice.mode == "pretrained":
+        try:
+            state, note = _pretrained_state(spec)
+        except PretrainedUnavailable as exc:
+            if choice.requested != "auto":
+                raise
+            choice = WeightsChoice("auto", "random", str(exc), fallback=True)
+        else:
+            module = _build(spec)
+            module.load_state_dict(state)
+            return LoadedModel(module.eval(), "pretrained", note, _count(module))
+    if choice.fallback:
+        console.loud_warning(
+            f"pretrained weights for torchvision's {spec.model_type} are unavailable ({choice.reason}).\n"
+            f"Falling back to RANDOM weights (seed {RANDOM_SEED}): timings are representative, outputs are not."
+        )
+    torch.manual_seed(RANDOM_SEED)
+    module = _build(spec)
+    note = f"random (seed {RANDOM_SEED})"
+    if choice.requested == "auto" and choice.fallback:
+        note += f"; pretrained unavailable: {choice.reason}"
+    return LoadedModel(module.eval(), "random", note, _count(module))
+
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def reference_image(size: int) -> np.ndarray:
+    """A deterministic image as torchvision's transforms hand it to the model: uniform RGB in [0, 1], normalised
+    with the ImageNet mean and std, float32 [1, 3, size, size]."""
+    rng = np.random.default_rng(RANDOM_SEED)
+    pixels = rng.random((1, 3, size, size), dtype=np.float32)
+    mean = np.asarray(IMAGENET_MEAN, dtype=np.float32).reshape(1, 3, 1, 1)
+    std = np.asarray(IMAGENET_STD, dtype=np.float32).reshape(1, 3, 1, 1)
+    return ((pixels - mean) / std).astype(np.float32)
+
+
+def generated_images(size: int, samples: int) -> list[tuple[torch.Tensor]]:
+    """Calibration samples (int8-static): the reference image, then other seeded normalised images."""
+    rng = np.random.default_rng(RANDOM_SEED + 1)
+    mean = np.asarray(IMAGENET_MEAN, dtype=np.float32).reshape(1, 3, 1, 1)
+    std = np.asarray(IMAGENET_STD, dtype=np.float32).reshape(1, 3, 1, 1)
+    images = [reference_image(size)]
+    images += [((rng.random((1, 3, size, size), dtype=np.float32) - mean) / std) for _ in range(samples - 1)]
+    return [(torch.from_numpy(image.astype(np.float32)),) for image in images]
+
+
+class Torchvision:
+    """The `torchvision` source (spec.py SOURCES)."""
+
+    def check(self, spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
+        return _check(spec, choice, available)
+
+    def load(self, spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
+        return _load(spec, choice)
+
+    def example_inputs(self, spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]:
+        assert spec.image_size is not None
+        return [NamedTensor(IMAGE_INPUT, reference_image(spec.image_size))]
+
+
+TORCHVISION = Torchvision()

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.machinery
+import importlib.util
 import math
+import sys
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,6 +31,42 @@ from orchestrator.lowering.spec import LOADING_OPTIONS, SOURCES, SPEC_HINT, Mode
 # Deciding the weights needs no torch, so it lives in weights.py.
 from orchestrator.lowering.weights import RANDOM_SEED, PretrainedUnavailable, WeightsChoice, resolve_weights
 from orchestrator.tensorfile import NamedTensor
+
+# The schemas of torchvision's own operators, when its C++ library cannot load; kept alive for the process.
+_TORCHVISION_FRAGMENTS: list[Any] = []
+
+
+def declare_torchvision_ops() -> None:
+    """Make an installed torchvision importable even when its C++ operators cannot load against this torch.
+
+    PyPI's torchvision wheel for Linux x86-64 is a CUDA build: next to a CPU-only torch its `_C` library does not
+    load, and its import then fails on two operators it registers unconditionally (`nms`, `qnms`). transformers
+    imports torchvision whenever it is installed, so that would break every model, not only torchvision's. When the
+    library does not load, those two schemas are declared here, with no kernel: no model etlab builds (transformers'
+    text models, torchvision's classifiers) calls them. Nothing of torchvision is imported here.
+    """
+    if "torchvision" in sys.modules or _TORCHVISION_FRAGMENTS:
+        return
+    found = importlib.util.find_spec("torchvision")
+    if found is None or found.submodule_search_locations is None:
+        return
+    folder = Path(next(iter(found.submodule_search_locations)))
+    libraries = [folder / f"_C{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    library = next((path for path in libraries if path.is_file()), None)
+    if library is not None:
+        try:
+            torch.ops.load_library(str(library))  # what torchvision's import does first
+            return
+        except OSError:
+            pass
+    fragment = torch.library.Library("torchvision", "FRAGMENT")
+    for op in ("nms", "qnms"):
+        if not hasattr(torch.ops.torchvision, op):
+            fragment.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _TORCHVISION_FRAGMENTS.append(fragment)
+
+
+declare_torchvision_ops()
 
 
 @dataclass

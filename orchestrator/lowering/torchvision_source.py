@@ -14,7 +14,6 @@ torchvision is imported here only, on a cache miss of a torchvision spec (`spec.
 from __future__ import annotations
 
 import inspect
-import sys
 import typing
 from typing import Any
 
@@ -39,31 +38,13 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _FLOAT_BYTES = 4
 _SCALARS = (bool, int, float, str)
-# Kept alive for the process: the schema of torchvision's own operators, when its C++ library cannot load.
-_OPS_FRAGMENT: list[Any] = []
 
 
 def _torchvision() -> Any:
-    """`torchvision.models`, imported now.
+    """`torchvision.models`, imported now (models.declare_torchvision_ops, run when models.py loads, made sure a
+    torchvision whose C++ operators do not load with this torch imports all the same)."""
+    import torchvision.models
 
-    A torchvision wheel whose C++ operators do not load against this torch (PyPI's CUDA build next to a CPU-only
-    torch) fails at import on two operators it registers unconditionally (`nms`, `qnms`). The classification models
-    use none of torchvision's operators: their schemas are declared, with no kernel, and the import retried.
-    """
-    try:
-        import torchvision.models
-    except RuntimeError as exc:
-        if "torchvision::" not in str(exc):
-            raise
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
-        fragment = torch.library.Library("torchvision", "FRAGMENT")
-        for op in ("nms", "qnms"):
-            if not hasattr(torch.ops.torchvision, op):
-                fragment.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _OPS_FRAGMENT.append(fragment)
-        console.warn(f"torchvision's C++ operators do not load with this torch ({_brief(exc)}): its models still do")
-        import torchvision.models
     return torchvision.models
 
 

@@ -28,7 +28,7 @@ from orchestrator.lowering.weights import cached_config, resolve_weights
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.boards import write_inventory
 
-HEAVY = frozenset({"torch", "transformers", "executorch", "scipy", "matplotlib", "huggingface_hub"})
+HEAVY = frozenset({"torch", "torchvision", "transformers", "executorch", "scipy", "matplotlib", "huggingface_hub"})
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
 TINY_CONFIG = {"vocab_size": 1000, "dim": 64, "n_layers": 2, "n_heads": 2, "hidden_dim": 128}
 

@@ -385,7 +385,10 @@ def _kwargs_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str
         where = key_nodes.get(key, node)
         name = field_path("kwargs", key)
         if key in TORCHVISION_REFUSED:
-            message = "the weights come from --weights (pretrained only from the local torch hub cache), not a spec"
+            message = (
+                "decides torchvision's weights, which a spec cannot: they come from --weights (pretrained only from "
+                "the local torch hub cache)"
+            )
         elif key.startswith("_"):
             message = "is internal to torchvision: a spec cannot set it"
         elif value is None or isinstance(value, dict | list):

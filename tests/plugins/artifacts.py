@@ -6,6 +6,7 @@ cache makes later sessions reuse them until the lowering code or versions change
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,17 @@ from orchestrator.paths import PROJECT_ROOT
 TEST_CACHE = PROJECT_ROOT / ".etlab" / "test-cache"
 ARTIFACT_CACHE = TEST_CACHE / "artifacts"
 TINY_MODELS = ("distilbert-tiny", "gpt2-tiny")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torchvision_importable() -> None:
+    """Where torchvision is installed, transformers imports it: tests that import transformers' models directly (not
+    through lowering/models.py, which does this when it loads) need its operators declared first when its C++
+    library does not load with this torch (models.declare_torchvision_ops)."""
+    if importlib.util.find_spec("torchvision") is not None:
+        from orchestrator.lowering.models import declare_torchvision_ops  # imports torch: only with torchvision
+
+        declare_torchvision_ops()
 
 
 def lower_tiny(name: str, root: Path = ARTIFACT_CACHE) -> LoweringResult:

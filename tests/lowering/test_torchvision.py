@@ -173,3 +173,15 @@ def test_a_warm_lower_imports_no_torchvision(tiny: LoweringResult) -> None:
     assert "using cached artifacts for portable, xnnpack" in proc.stderr
     found = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)\s*$", proc.stderr, flags=re.MULTILINE)
     assert not {name.split(".")[0] for name in found} & HEAVY
+
+
+def test_a_calibration_file_is_refused_for_an_image_model(tmp_path: Path) -> None:
+    """Calibration files hold token ids: refused before anything loads, and nothing is written."""
+    from orchestrator.lowering.quantize import CalibrationError
+
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text('{"input_ids": [1, 2, 3]}\n')
+    static = Variant.parse("xnnpack-int8-static")
+    with pytest.raises(CalibrationError, match=r"samples\.jsonl: calibration files hold token ids"):
+        lowering.lower(BUILTIN_SPECS[TINY], variants=[static], root=tmp_path / "artifacts", calibration=samples)
+    assert not (tmp_path / "artifacts").exists()

@@ -294,6 +294,7 @@ _TORCHVISION_FIELDS: dict[str, Check] = {
 
 
 def _torchvision_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[str, str] | None:
+    """Nothing across fields: the model name and its kwargs are checked against torchvision by the builder."""
     return None
 
 
@@ -386,8 +387,8 @@ def _kwargs_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str
         name = field_path("kwargs", key)
         if key in TORCHVISION_REFUSED:
             message = (
-                "decides torchvision's weights, which a spec cannot: they come from --weights (pretrained only from "
-                "the local torch hub cache)"
+                "decides torchvision's weights, which a spec cannot: etlab's weights choice does (pretrained only "
+                "from the local torch hub cache)"
             )
         elif key.startswith("_"):
             message = "is internal to torchvision: a spec cannot set it"

@@ -114,7 +114,7 @@ def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> Spe
     try:
         with torch.device("meta"):
             model = _build(spec).eval()
-            parameters = sum(p.numel() for p in model.parameters())
+            parameters = _count(model)
             model(torch.empty(1, 3, spec.image_size, spec.image_size))
     except Exception as exc:  # the constructor's own checks, or an image too small for the network
         origin = "kwargs" if spec.kwargs else "image_size"
@@ -169,24 +169,25 @@ def _count(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def reference_image(size: int) -> np.ndarray:
-    """A deterministic image as torchvision's transforms hand it to the model: uniform RGB in [0, 1], normalised
-    with the ImageNet mean and std, float32 [1, 3, size, size]."""
-    rng = np.random.default_rng(RANDOM_SEED)
+def _random_image(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Uniform RGB in [0, 1] as torchvision's transforms hand it to the model: normalised with the ImageNet mean
+    and std, float32 [1, 3, size, size]."""
     pixels = rng.random((1, 3, size, size), dtype=np.float32)
     mean = np.asarray(IMAGENET_MEAN, dtype=np.float32).reshape(1, 3, 1, 1)
     std = np.asarray(IMAGENET_STD, dtype=np.float32).reshape(1, 3, 1, 1)
     return ((pixels - mean) / std).astype(np.float32)
 
 
+def reference_image(size: int) -> np.ndarray:
+    """The deterministic reference image."""
+    return _random_image(np.random.default_rng(RANDOM_SEED), size)
+
+
 def generated_images(size: int, samples: int) -> list[tuple[torch.Tensor]]:
     """Calibration samples (int8-static): the reference image, then other seeded normalised images."""
     rng = np.random.default_rng(RANDOM_SEED + 1)
-    mean = np.asarray(IMAGENET_MEAN, dtype=np.float32).reshape(1, 3, 1, 1)
-    std = np.asarray(IMAGENET_STD, dtype=np.float32).reshape(1, 3, 1, 1)
-    images = [reference_image(size)]
-    images += [((rng.random((1, 3, size, size), dtype=np.float32) - mean) / std) for _ in range(samples - 1)]
-    return [(torch.from_numpy(image.astype(np.float32)),) for image in images]
+    images = [reference_image(size), *(_random_image(rng, size) for _ in range(samples - 1))]
+    return [(torch.from_numpy(image),) for image in images]
 
 
 class Torchvision:

@@ -36,10 +36,10 @@ SCHEMES = tuple(scheme.name for scheme in QUANTIZED)  # every quantized scheme o
 PARALLEL_SET = "none,int8-dynamic,8da4w"
 
 
-def fab_lower(model: str, quantize: str, jobs: int, artifacts: Path) -> float:
+def fab_lower(model: str, quantize: str, jobs: int, artifacts: Path, backends: str = "xnnpack") -> float:
     """A whole cold `fab lower` process; returns its wall time in seconds."""
     env = {**os.environ, "ETLAB_ARTIFACTS": str(artifacts)}
-    command = [sys.executable, "-m", "fabric", "lower", "--model", model, "--backend", "xnnpack", "--quantize",
+    command = [sys.executable, "-m", "fabric", "lower", "--model", model, "--backend", backends, "--quantize",
                quantize, "--weights", "random", "--jobs", str(jobs)]  # fmt: skip
     started = time.perf_counter()
     completed = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, check=False)

@@ -32,7 +32,8 @@ from typing import Any
 from orchestrator import console
 from orchestrator.fsutil import atomic_path, read_json, remove_stale_temporaries, sha256_file
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, valid_sidecar
-from orchestrator.lowering.delegation import delegation_report
+from orchestrator.lowering.delegation import delegation_report, outside_delegates
+from orchestrator.lowering.export_errors import EXPORT, TO_EDGE, TO_EXECUTORCH, lowering_stage
 from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
 from orchestrator.lowering.quantize import (
     CalibrationError,
@@ -49,7 +50,15 @@ from orchestrator.programs.memory import read_program_memory
 from orchestrator.versions import toolchain_versions
 
 # Source files whose content decides what lowering produces; editing them invalidates the cache.
-_LOWERING_SOURCES = ("lower.py", "models.py", "delegation.py", "spec.py", "weights.py", "quantize.py")
+_LOWERING_SOURCES = (
+    "lower.py",
+    "models.py",
+    "delegation.py",
+    "spec.py",
+    "weights.py",
+    "quantize.py",
+    "export_errors.py",
+)
 _CALIBRATION_IMAGES = 8  # generated calibration samples of an image model (int8-static)
 # Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the
 # full-size measurements (DistilBERT 67M parameters: 1.8 GB fp32 XNNPACK, 1.3 GB int8, 1.1 GB 8da4w), rounded up.
@@ -350,12 +359,51 @@ def _load(
     )
 
 
+def export_module(module: Any, example_args: tuple, *, model: str) -> Any:
+    """`module` exported with `example_args` as etlab exports every model (strict=False, the inputs' fixed shapes).
+
+    The entry point for anything that brings a module: a spec's source, a user's factory. A model that cannot be
+    exported is an ExportError (exit 65) naming `model`, the line of its code torch stopped at, and a hint.
+    """
+    import torch
+
+    with lowering_stage(EXPORT, model):
+        return torch.export.export(module, example_args, strict=False)
+
+
+def lower_exported(
+    exported: Any,
+    variant: Variant,
+    *,
+    model: str,
+    etrecord: bool = False,
+    timer: console.StageTimer | None = None,
+    quiet: bool = False,
+) -> Any:
+    """An exported program lowered to `variant`'s backend: the ExecuTorch program manager, not yet written.
+
+    A failure is an ExportError naming `model`, the stage (to_edge, to_executorch) and the operator at fault.
+    """
+    from executorch.exir import to_edge, to_edge_transform_and_lower
+
+    timer = timer or console.StageTimer(prefix=f"{model}: ")
+    with timer.stage(f"{variant}: to_edge/partition", quiet=quiet), lowering_stage(TO_EDGE, model, exported):
+        if variant.backend == "xnnpack":
+            from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+            edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()], generate_etrecord=etrecord)
+        else:
+            edge = to_edge(exported, generate_etrecord=etrecord)
+    with timer.stage(f"{variant}: to_executorch", quiet=quiet), lowering_stage(TO_EXECUTORCH, model, exported):
+        return edge.to_executorch()
+
+
 def _export(shared: _Exported, artifact_paths: ArtifactPaths, timer: console.StageTimer) -> dict[str, Any]:
     """Export the loaded model into `shared.program` and save the .pt2; returns the .pt2's file record."""
     import torch
 
     with timer.stage("export"):
-        shared.program = torch.export.export(shared.module, shared.example_args, strict=False)
+        shared.program = export_module(shared.module, shared.example_args, model=artifact_paths.name)
 
     # Identical content keeps the old file, so other variants' sidecars still vouch for it.
     with timer.stage("save .pt2"), atomic_path(artifact_paths.exported_program, keep_identical=True) as tmp:
@@ -446,7 +494,8 @@ def _quantized_program(
         else:
             calibration = generated_calibration(example_args, vocab)
             source = "generated: deterministic random token ids (not real text)"
-    quantized = quantize(module, example_args, scheme, calibration=calibration, calibration_source=source)
+    with lowering_stage(f"{EXPORT} (quantizing to {scheme.name})", task.spec.name):
+        quantized = quantize(module, example_args, scheme, calibration=calibration, calibration_source=source)
     return quantized.program, quantized.report
 
 
@@ -460,19 +509,9 @@ def _lower_program(
     *,
     quiet: bool = False,
 ) -> Sidecar:
-    from executorch.exir import to_edge, to_edge_transform_and_lower
-
     spec, variant, etrecord = task.spec, task.variant, task.etrecord
-    with timer.stage(f"{variant}: to_edge/partition", quiet=quiet):
-        if variant.backend == "xnnpack":
-            from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-            edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()], generate_etrecord=etrecord)
-        else:
-            edge = to_edge(exported, generate_etrecord=etrecord)
-    with timer.stage(f"{variant}: to_executorch", quiet=quiet):
-        program = edge.to_executorch()
-        delegation = delegation_report(program)
+    program = lower_exported(exported, variant, model=spec.name, etrecord=etrecord, timer=timer, quiet=quiet)
+    delegation = delegation_report(program)
 
     pte_path = artifact_paths.pte(variant)
     with timer.stage(f"{variant}: save", quiet=quiet):
@@ -523,6 +562,8 @@ def _lower_program(
         "etrecord": artifact_paths.etrecord(variant).name if etrecord else None,
         "delegation": delegation,
         "memory": memory,
+        # Real kernels apart from bookkeeping nodes, and constants stored twice: what `fallback_ops` does not say.
+        "outside_delegates": outside_delegates(pte_path, delegation["fallback_histogram"]),
         "quantization": quantization,
         "lowering": {"seconds": round(time.perf_counter() - started, 2), "peak_rss_bytes": _peak_rss_bytes()},
         "spec": spec.to_dict(),

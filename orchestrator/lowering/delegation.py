@@ -1,9 +1,13 @@
-"""What the partitioner did: delegate call sites, fallback operators, and runtime instruction counts."""
+"""What the partitioner did: delegate call sites, fallback operators, and runtime instruction counts; what stays
+outside the delegates: real kernels apart from bookkeeping nodes, and constants stored twice."""
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
+
+from orchestrator.programs.outside import read_outside_delegates
 
 DELEGATE_TARGET = "executorch_call_delegate"
 
@@ -48,5 +52,34 @@ def delegation_report(executorch_program_manager: Any) -> dict[str, Any]:
             "KernelCall": instructions.get("KernelCall", 0),
             "DelegateCall": instructions.get("DelegateCall", 0),
             "other": sum(v for k, v in instructions.items() if k not in ("KernelCall", "DelegateCall")),
+        },
+    }
+
+
+# Graph nodes outside the delegates that emit no kernel call: the categories a user reads instead of operator names.
+BOOKKEEPING = {"memory.alloc": "memory_planning", "getitem": "tuple_access", "memory.view": "views"}
+
+
+def bookkeeping_counts(fallback_histogram: dict[str, int]) -> dict[str, int]:
+    """Memory planning (`memory.alloc`), tuple access (`getitem`) and views (`memory.view`) among the graph's
+    non-delegated nodes, every category present (0 when none)."""
+    counts = dict.fromkeys(BOOKKEEPING.values(), 0)
+    for op, count in fallback_histogram.items():
+        if op in BOOKKEEPING:
+            counts[BOOKKEEPING[op]] += count
+    return counts
+
+
+def outside_delegates(pte: Path, fallback_histogram: dict[str, int]) -> dict[str, Any]:
+    """The sidecar's `outside_delegates`: real kernel calls by operator (from the written .pte's plan), the
+    bookkeeping nodes apart, and the constants stored both outside and inside the XNNPACK delegates."""
+    outside = read_outside_delegates(pte)
+    return {
+        "kernel_calls": outside.kernel_calls,
+        "kernels": dict(outside.kernels),
+        "bookkeeping": bookkeeping_counts(fallback_histogram),
+        "stored_twice": {
+            "bytes": outside.duplicated_bytes,
+            "tensors": [{"shape": list(item.shape), "bytes": item.nbytes} for item in outside.stored_twice],
         },
     }

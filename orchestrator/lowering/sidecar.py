@@ -184,6 +184,53 @@ class Memory:
 
 
 @dataclass(frozen=True)
+class OutsideDelegates:
+    """What stays outside the delegates (lowering/delegation.py `outside_delegates`); absent in older sidecars.
+
+    `kernels` are the plan's real kernel calls by operator; `bookkeeping` the graph's nodes that emit none (memory
+    planning, tuple access, views), which `delegation.fallback_ops` counts too; `stored_twice_bytes` the constants
+    held both outside the XNNPACK delegates and inside one (a tied embedding)."""
+
+    kernel_calls: int
+    kernels: dict[str, int]  # operator → kernel calls, most common first
+    bookkeeping: dict[str, int]  # memory_planning, tuple_access, views
+    stored_twice_bytes: int
+    stored_twice: tuple[dict[str, Any], ...]  # {"shape": [...], "bytes": n}, largest first
+
+    @classmethod
+    def from_dict(cls, data: Any, reader: _Reader) -> OutsideDelegates | None:
+        if data is _MISSING:
+            return None
+        fields = reader.mapping(data, "outside_delegates")
+        prefix = "outside_delegates."
+        twice = reader.mapping(fields.get("stored_twice", _MISSING), prefix + "stored_twice")
+        tensors = twice.get("tensors", _MISSING)
+        if not isinstance(tensors, list):
+            raise reader.fail(f"{prefix}stored_twice.tensors", "a list", tensors)
+        for index, tensor in enumerate(tensors):
+            reader.mapping(tensor, f"{prefix}stored_twice.tensors[{index}]")
+            reader.integer(tensor, "bytes", f"{prefix}stored_twice.tensors[{index}].")
+            shape = tensor.get("shape", _MISSING)
+            if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+                raise reader.fail(f"{prefix}stored_twice.tensors[{index}].shape", "a list of integers", shape)
+        return cls(
+            kernel_calls=reader.integer(fields, "kernel_calls", prefix),
+            kernels=reader.counts(fields, "kernels", prefix),
+            bookkeeping=reader.counts(fields, "bookkeeping", prefix),
+            stored_twice_bytes=reader.integer(twice, "bytes", prefix + "stored_twice."),
+            stored_twice=tuple(tensors),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kernel_calls": self.kernel_calls,
+            "kernels": dict(self.kernels),
+            "bookkeeping": dict(self.bookkeeping),
+            "stored_twice": {"bytes": self.stored_twice_bytes, "tensors": [dict(t) for t in self.stored_twice]},
+        }
+
+
+@dataclass(frozen=True)
 class Quantization:
     """A quantized variant's report (lowering/quantize.py): the fields read are typed, `report` keeps it whole."""
 
@@ -276,6 +323,7 @@ class Sidecar:
     files: dict[str, FileRecord]  # role (pte, exported_program, reference_inputs, ...) → record
     created: str
     schema: int = SIDECAR_SCHEMA
+    outside_delegates: OutsideDelegates | None = None  # written after `memory`; absent in older sidecars
 
     @classmethod
     def from_dict(cls, data: Any, where: str | Path = "sidecar") -> Sidecar:
@@ -322,6 +370,7 @@ class Sidecar:
             files={role: FileRecord.from_dict(record, reader, f"files.{role}") for role, record in files.items()},
             created=reader.text(fields, "created"),
             schema=schema,
+            outside_delegates=OutsideDelegates.from_dict(fields.get("outside_delegates", _MISSING), reader),
         )
         recorded = sidecar.quantization.scheme if sidecar.quantization is not None else None
         if recorded != (sidecar.variant.scheme.name if sidecar.variant.quantized else None):
@@ -332,7 +381,7 @@ class Sidecar:
         return sidecar
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "schema": self.schema,
             "model": self.model,
             "model_id": self.model_id,
@@ -362,6 +411,14 @@ class Sidecar:
             "files": {role: record.to_dict() for role, record in self.files.items()},
             "created": self.created,
         }
+        if self.outside_delegates is None:  # an older sidecar gets back exactly what it held
+            return data
+        ordered = {}
+        for key, value in data.items():
+            ordered[key] = value
+            if key == "memory":
+                ordered["outside_delegates"] = self.outside_delegates.to_dict()
+        return ordered
 
     @property
     def reference_inputs_sha256(self) -> str:

@@ -10,6 +10,7 @@ from orchestrator import console
 from orchestrator.deploy.agent_client import GC_CATEGORIES, GcResult
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
+from orchestrator.lowering.delegation import BOOKKEEPING, bookkeeping_counts
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
 from orchestrator.results.summary import Counters, RunSummary
@@ -262,8 +263,24 @@ def print_details(outcomes: Sequence[BoardOutcome[Any]]) -> None:
         console.details("Details", entries)
 
 
-# Memory planning and tuple plumbing: counted as fallback nodes, but not worth a user's attention.
-_BOOKKEEPING_OPS = {"memory.alloc", "memory.view", "getitem"}
+# Graph nodes outside the delegates that run no kernel (lowering/delegation.py BOOKKEEPING), by short name.
+_BOOKKEEPING_LABELS = {"memory_planning": "alloc", "tuple_access": "getitem", "views": "view"}
+_STORED_TWICE_WARNING = 1_000_000  # bytes: below it a tie costs little (the tiny test models' 0.26 MB)
+
+
+def _outside_cells(sidecar: Sidecar) -> tuple[int, str, str, float | None]:
+    """Kernel calls outside the delegates, their top operators, the bookkeeping nodes, and MB stored twice."""
+    outside = sidecar.outside_delegates
+    if outside is not None:
+        kernels, calls, bookkeeping = outside.kernels, outside.kernel_calls, outside.bookkeeping
+        twice: float | None = round(outside.stored_twice_bytes / 1e6, 3)
+    else:  # an older sidecar: the graph's histogram without its bookkeeping nodes
+        histogram = sidecar.delegation.fallback_histogram
+        kernels = {op: n for op, n in histogram.items() if op not in BOOKKEEPING}
+        calls, twice, bookkeeping = sum(kernels.values()), None, bookkeeping_counts(histogram)
+    top = ", ".join(f"{op} ×{count}" for op, count in list(kernels.items())[:3])
+    plumbing = ", ".join(f"{_BOOKKEEPING_LABELS.get(kind, kind)} {n}" for kind, n in bookkeeping.items() if n)
+    return calls, top, plumbing or "none", twice
 
 
 def _quantized_cell(sidecar: Sidecar) -> str | None:
@@ -286,27 +303,35 @@ def print_lowering(result: LoweringResult) -> None:
     quantized = any(item.sidecar.quantization for item in result.variants.values())
     for variant, item in result.variants.items():
         delegation = item.sidecar.delegation
-        compute = [(op, n) for op, n in delegation.fallback_histogram.items() if op not in _BOOKKEEPING_OPS]
-        top = ", ".join(f"{op} ×{count}" for op, count in compute[:3])
+        calls, top, plumbing, twice = _outside_cells(item.sidecar)
         row = [
             variant.name,
             item.sidecar.pte_size_mb,
             delegation.delegate_call_sites,
-            delegation.fallback_ops,
-            f"{delegation.instructions['KernelCall']} / {delegation.instructions['DelegateCall']}",
-            top,
+            f"{calls} kernels" + (f" (top: {top})" if top else ""),
+            plumbing,
+            twice,
         ]
         if quantized:
             row.append(_quantized_cell(item.sidecar) or "fp32")
         rows.append([*row, "cache" if item.cached else "lowered"])
-    columns = ["backend", "size MB", "delegates", "fallback ops", "kernel / delegate calls", "top fallback ops"]
+    columns = ["backend", "size MB", "delegates", "outside the delegates", "bookkeeping (no kernel)", "stored twice MB"]
     console.table(
         f"{result.spec.name} → {result.paths.folder}",
         [*columns, *(["quantized"] if quantized else []), "source"],
         rows,
-        caption=f"weights: {next(iter(result.variants.values())).sidecar.weights}",
+        caption=f"weights: {next(iter(result.variants.values())).sidecar.weights}; kernels run outside the "
+        "delegates, bookkeeping nodes (memory planning, tuple access, views) run none; stored twice: constants held "
+        "both outside and inside an XNNPACK delegate (a tied embedding)",
     )
     for variant, item in result.variants.items():
+        outside = item.sidecar.outside_delegates
+        if outside is not None and outside.stored_twice_bytes >= _STORED_TWICE_WARNING:
+            shapes = ", ".join("×".join(map(str, t["shape"])) for t in outside.stored_twice[:3])
+            console.warn(
+                f"{variant}: {outside.stored_twice_bytes / 1e6:.1f} MB of constants stored twice, outside and inside "
+                f"the XNNPACK delegates ({shapes}): a tied embedding costs its size again in the .pte and in memory"
+            )
         quantization = item.sidecar.quantization
         if quantization is None:
             continue

@@ -1,0 +1,82 @@
+"""What stays outside the XNNPACK delegates, read from real lowered tiny models (programs/outside.py): the plan's
+kernel calls by operator, apart from the graph's bookkeeping nodes, and the constants stored twice (the tied
+embedding of both tiny models: DistilBERT's vocab projector and GPT-2's LM head share the word embeddings)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import AnalysisError
+from orchestrator.lowering.delegation import BOOKKEEPING, bookkeeping_counts
+from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.variants import VARIANTS
+from orchestrator.programs.outside import read_outside_delegates
+from orchestrator.programs.plan import read_program_plan
+from tests.plugins.artifacts import TINY_MODELS
+
+TINY_VOCAB, TINY_HIDDEN = 1000, 64  # both tiny configs (lowering/spec.py BUILTIN_SPECS)
+FLOAT32 = 4
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_kernels_are_the_plans_kernel_calls_and_bookkeeping_the_rest(
+    tiny_artifacts: dict[str, LoweringResult], name: str, backend: str
+) -> None:
+    lowered = tiny_artifacts[name].variants[VARIANTS[backend]]
+    plan = read_program_plan(lowered.pte)
+    planned = Counter(i.op for i in plan.instructions if i.kind == "KernelCall")
+    outside = read_outside_delegates(lowered.pte)
+    delegation = lowered.sidecar.delegation
+
+    assert outside.kernels == dict(planned)
+    assert outside.kernel_calls == delegation.instructions["KernelCall"] > 0
+    bookkeeping = bookkeeping_counts(delegation.fallback_histogram)
+    assert bookkeeping["memory_planning"] == delegation.fallback_histogram["memory.alloc"] > 0
+    # every non-delegated graph node is either a kernel call in the plan or bookkeeping that emits none
+    assert delegation.fallback_ops - sum(bookkeeping.values()) == outside.kernel_calls
+    assert not any(op in BOOKKEEPING for op in outside.kernels)
+    assert all(kind in {"KernelCall", "DelegateCall"} for kind in Counter(i.kind for i in plan.instructions))
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_the_xnnpack_program_stores_the_tied_embedding_twice(
+    tiny_artifacts: dict[str, LoweringResult], name: str
+) -> None:
+    """The embedding gather runs outside the delegate, the tied LM head inside it: both keep the [vocab, hidden]."""
+    outside = read_outside_delegates(tiny_artifacts[name].variants[VARIANTS["xnnpack"]].pte)
+    embedding = TINY_VOCAB * TINY_HIDDEN * FLOAT32
+    assert outside.stored_twice[0].shape == (TINY_VOCAB, TINY_HIDDEN)
+    assert outside.stored_twice[0].nbytes == embedding
+    assert outside.duplicated_bytes == sum(item.nbytes for item in outside.stored_twice) >= embedding
+
+
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_a_portable_program_has_no_delegate_to_store_a_constant_twice(
+    tiny_artifacts: dict[str, LoweringResult], name: str
+) -> None:
+    outside = read_outside_delegates(tiny_artifacts[name].variants[VARIANTS["portable"]].pte)
+    assert outside.stored_twice == ()
+    assert outside.duplicated_bytes == 0
+
+
+def test_the_sidecar_records_the_split_and_the_bytes_stored_twice(tiny_artifacts: dict[str, LoweringResult]) -> None:
+    lowered = tiny_artifacts["gpt2-tiny"].variants[VARIANTS["xnnpack"]]
+    recorded = lowered.sidecar.outside_delegates
+    read = read_outside_delegates(lowered.pte)
+    assert recorded is not None
+    assert recorded.kernels == read.kernels
+    assert recorded.kernel_calls == read.kernel_calls
+    assert recorded.bookkeeping == bookkeeping_counts(lowered.sidecar.delegation.fallback_histogram)
+    assert recorded.stored_twice_bytes == read.duplicated_bytes > 0
+    assert recorded.stored_twice[0] == {"shape": [TINY_VOCAB, TINY_HIDDEN], "bytes": TINY_VOCAB * TINY_HIDDEN * 4}
+
+
+def test_a_file_that_is_no_program_is_refused(tmp_path: Path) -> None:
+    garbage = tmp_path / "model.pte"
+    garbage.write_bytes(b"\0" * 64)
+    with pytest.raises(AnalysisError, match="not an ExecuTorch program"):
+        read_outside_delegates(garbage)

@@ -93,7 +93,7 @@ def lowering_stage(stage: str, model: str, program: Any = None) -> Iterator[None
     except (EtlabError, KeyboardInterrupt, MemoryError):
         raise
     except Exception as exc:
-        raise explain(exc, stage, model, program) from None
+        raise explain(exc, stage, model, program) from exc  # the cause stays for a debugger, never shown
 
 
 def explain(exc: BaseException, stage: str, model: str, program: Any = None) -> ExportError:

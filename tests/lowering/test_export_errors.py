@@ -8,16 +8,21 @@ from __future__ import annotations
 import inspect
 import pickle
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from invoke.exceptions import Exit
 
 from orchestrator.commands.common import handle_errors
 from orchestrator.errors import ExitCode
+from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.artifacts import ArtifactPaths
 from orchestrator.lowering.export_errors import EXPORT, TO_EDGE, ExportError, explain
 from orchestrator.lowering.lower import export_module, lower_exported
+from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
 
 
@@ -135,3 +140,21 @@ def test_a_failure_of_no_known_kind_still_names_the_stage_and_the_models_line() 
 def test_a_model_that_exports_is_not_touched() -> None:
     program = export_module(CumulativeProduct().eval(), (torch.ones(4),), model="mine")
     assert any("cumprod" in str(node.target) for node in program.graph_module.graph.nodes)
+
+
+def test_the_spec_path_exports_through_the_same_entry_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A model source whose module cannot be exported: `lower()` ends in the ExportError naming the spec's model."""
+    from orchestrator.lowering import models
+    from orchestrator.tensorfile import NamedTensor
+
+    loaded = models.LoadedModel(BranchOnValue(), "random", "", 0)
+    monkeypatch.setattr(models, "load_model", lambda spec, weights: loaded)
+    monkeypatch.setattr(models, "example_inputs", lambda spec, module: [NamedTensor("x", np.ones(4, np.float32))])
+    with pytest.raises(ExportError) as caught:
+        lowering.lower(
+            BUILTIN_SPECS["distilbert-tiny"], variants=[VARIANTS["portable"]], weights="random", root=tmp_path, jobs=1
+        )
+    assert caught.value.stage == EXPORT
+    assert str(caught.value).startswith(f"distilbert-tiny: {EXPORT} failed: control flow")
+    assert caught.value.code_line is not None and caught.value.code_line.file == __file__
+    assert not ArtifactPaths.for_model("distilbert-tiny", tmp_path).sidecar(VARIANTS["portable"]).exists()

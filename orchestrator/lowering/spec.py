@@ -47,6 +47,16 @@ IMAGE_INPUT = "pixel_values"
 # torchvision constructor keywords a spec never sets: the weights come from `--weights` (pretrained only from the
 # local torch hub cache), and the others decide how they are fetched.
 TORCHVISION_REFUSED = frozenset({"weights", "progress", "pretrained", "pretrained_backbone", "weights_backbone"})
+# timm.create_model keywords a spec never sets: they fetch or read weights and configs from files or the hub.
+TIMM_REFUSED = frozenset(
+    {
+        "pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "pretrained_strict", "checkpoint_path",
+        "cache_dir", "features_only", "feature_cfg", "device", "dtype",
+    }
+)  # fmt: skip
+FACTORY_TASK = "custom"  # a factory's module decides its own inputs and outputs
+# `pkg.mod:build` or `path/to/file.py:build`: where a factory is, and the function in it.
+_FACTORY = re.compile(r"^(?P<where>[^:]+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<object>[A-Za-z_]\w*)$")
 SPEC_HINT = "the spec schema is documented in README.md (Model specs)"
 # Keywords of `from_pretrained` and of the hub download, which `config` must never reach: some run code
 # (trust_remote_code, weights_only=False unpickles), the others change what is read or from where.
@@ -82,11 +92,17 @@ class ModelSpec:
     # and the side of the square input image; `model_type` is then the torchvision model name.
     kwargs: dict[str, Any] = field(default_factory=dict)
     image_size: int | None = None
+    # `factory`: "module:function" or "/absolute/file.py:function" (a relative file is resolved against the spec
+    # file's folder when it is read); the function returns the module and its example inputs.
+    factory: str | None = None
     source: str = "built-in"  # where the spec was read: a file, or built-in
     model_source: str = "huggingface"  # the spec file's `source`: a name in SOURCES, where the model comes from
     # Only the command line sets this (`--trust-remote-code`), never a spec file: with it, `from_pretrained` runs
     # the Python files of the model folder. It is part of the identity: such a program is another program.
     trust_remote_code: bool = False
+    # Only the command line sets this (`--trust-code`), never a spec file: a factory spec runs the user's own code.
+    # Not part of the identity: without it nothing runs, so there is no other program.
+    trust_code: bool = False
     # Where each field was written in the spec file: "seq_len", "config", "config.<key>" -> line.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -94,6 +110,8 @@ class ModelSpec:
     def inputs(self) -> tuple[InputSpec, ...]:
         if self.image_size is not None:  # an image model: one normalised RGB image
             return (InputSpec(IMAGE_INPUT, "float32", (1, 3, self.image_size, self.image_size)),)
+        if self.factory is not None:  # the factory's example inputs decide them, known once it ran
+            return ()
         return tuple(InputSpec(name, "int64", (1, self.seq_len)) for name in INPUT_NAMES)
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,13 +129,16 @@ class ModelSpec:
     def identity(self) -> dict[str, Any]:
         """What decides the lowered program (the cache key); excludes descriptive fields."""
         data = self.to_dict()
-        for key in ("description", "source"):
+        for key in ("description", "source", "trust_code"):
             data.pop(key)
+        if self.factory is not None:  # an edited factory is another program
+            data["factory_sha256"] = factory_digest(self.factory)
         return data
 
 
 _MOBILENET_V2_TINY = {"width_mult": 0.25, "num_classes": 10}
 _RESNET_18_TINY = {"num_classes": 10}  # BasicBlock is fixed at width 64: small by its input only
+_TEST_EFFICIENTNET_TINY = {"num_classes": 10}  # timm's own test-sized EfficientNet: 0.1M parameters
 _DISTILBERT_TINY = {"vocab_size": 1000, "dim": 64, "n_layers": 2, "n_heads": 2, "hidden_dim": 128}
 _GPT2_TINY = {"vocab_size": 1000, "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128}
 
@@ -188,15 +209,37 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             model_source="torchvision",
             description="ResNet-18 with 10 classes, 32x32 image, random weights: for tests and quick demos",
         ),
+        ModelSpec(
+            name="efficientnet-b0",
+            model_type="efficientnet_b0",
+            task=IMAGE_TASK,
+            image_size=224,
+            model_source="timm",
+            description="timm EfficientNet-B0 (ImageNet, 1000 classes), 224x224 image",
+        ),
+        ModelSpec(
+            name="efficientnet-b0-tiny",
+            model_type="test_efficientnet",
+            task=IMAGE_TASK,
+            kwargs=_TEST_EFFICIENTNET_TINY,
+            image_size=32,
+            model_source="timm",
+            description="timm's test_efficientnet (a 0.1M-parameter EfficientNet), 10 classes, 32x32 image, random "
+            "weights: for tests and quick demos",
+        ),
     )
 }
 
 
 def resolve_spec(
-    model: str | None = None, spec_path: str | Path | None = None, *, trust_remote_code: bool = False
+    model: str | None = None,
+    spec_path: str | Path | None = None,
+    *,
+    trust_remote_code: bool = False,
+    trust_code: bool = False,
 ) -> ModelSpec:
-    """The spec of a built-in model name or a spec file (exactly one); `trust_remote_code` from the command line
-    only."""
+    """The spec of a built-in model name or a spec file (exactly one); `trust_remote_code` and `trust_code` from the
+    command line only."""
     if (model is None) == (spec_path is None):
         raise SpecError("give exactly one of a built-in model name or a spec file")
     if spec_path is not None:
@@ -206,7 +249,13 @@ def resolve_spec(
     else:
         spec = None
     if spec is not None:
-        return replace(spec, trust_remote_code=True) if trust_remote_code else spec
+        defaults = SOURCES[spec.model_source].defaults
+        if defaults is not None:  # imports the source's library: only a spec that leaves a default to it
+            import importlib  # only such specs need it
+
+            module, _, name = defaults.partition(":")
+            spec = getattr(importlib.import_module(module), name)(spec)
+        return replace(spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
     raise UnknownModel(
         f"unknown model {model!r}{did_you_mean(model, BUILTIN_SPECS)}; known models: {', '.join(BUILTIN_SPECS)}"
     )
@@ -214,6 +263,11 @@ def resolve_spec(
 
 class UnknownModel(SpecError):
     """A model name that is no built-in; the command layer says how to pass a spec of one's own."""
+
+
+class UntrustedFactory(SpecError):
+    """A factory spec lowered without the command line's permission to run the user's code; the command layer names
+    the option."""
 
 
 class RemoteCodeInSpec(SpecError):
@@ -293,6 +347,26 @@ _TORCHVISION_FIELDS: dict[str, Check] = {
 }
 
 
+_TIMM_FIELDS: dict[str, Check] = {
+    "model": text,  # a timm model name (timm.list_models()); checked against timm by the builder
+    "kwargs": _mapping,
+    "image_size": integer(16, 1024),  # default: the model's pretrained_cfg input_size
+}
+
+
+def _factory_reference(node: Node, _field: str) -> str:
+    value = string(node)
+    if not _FACTORY.match(value):
+        raise Invalid(f"{value!r} is not 'path/to/file.py:function' or 'package.module:function'")
+    return value
+
+
+_FACTORY_FIELDS: dict[str, Check] = {
+    "factory": _factory_reference,
+    "kwargs": _mapping,  # passed to the factory function as keyword arguments
+}
+
+
 def _torchvision_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[str, str] | None:
     """Nothing across fields: the model name and its kwargs are checked against torchvision by the builder."""
     return None
@@ -331,6 +405,13 @@ class Source:
     # Spec-file field -> ModelSpec field where they differ, and ModelSpec fields the source fixes.
     renames: dict[str, str] = field(default_factory=dict)
     fixed: dict[str, Any] = field(default_factory=dict)
+    # Whether pretrained weights can be had now without the network: "module:function" of a torch-free function
+    # `(spec) -> weights.Availability` (weights.py). None: the source's modules bring their own weights.
+    pretrained: str | None = None
+    # `kwargs` keys that decide where the weights come from, which only etlab's weights choice decides.
+    refused_kwargs: frozenset[str] = frozenset()
+    # "module:function" filling in defaults that need the source's library (imported then): `(spec) -> spec`.
+    defaults: str | None = None
 
 
 SOURCES: dict[str, Source] = {
@@ -342,6 +423,7 @@ SOURCES: dict[str, Source] = {
             _HUGGINGFACE_FIELDS,
             ("model_type", "task"),
             _huggingface_problem,
+            pretrained="orchestrator.lowering.weights:huggingface_pretrained",
         ),
         Source(
             "torchvision",
@@ -351,6 +433,28 @@ SOURCES: dict[str, Source] = {
             _torchvision_problem,
             renames={"model": "model_type"},
             fixed={"task": IMAGE_TASK},
+            pretrained="orchestrator.lowering.weights:torchvision_pretrained",
+            refused_kwargs=TORCHVISION_REFUSED,
+        ),
+        Source(
+            "timm",
+            "orchestrator.lowering.timm_source:TIMM",
+            _TIMM_FIELDS,
+            ("model",),
+            _torchvision_problem,
+            renames={"model": "model_type"},
+            fixed={"task": IMAGE_TASK},
+            pretrained="orchestrator.lowering.weights:timm_pretrained",
+            refused_kwargs=TIMM_REFUSED,
+            defaults="orchestrator.lowering.timm_source:with_defaults",
+        ),
+        Source(
+            "factory",
+            "orchestrator.lowering.factory_source:FACTORY",
+            _FACTORY_FIELDS,
+            ("factory",),
+            _torchvision_problem,
+            fixed={"task": FACTORY_TASK, "model_type": "factory"},
         ),
     )
 }
@@ -378,20 +482,20 @@ def _config_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str
     return problems
 
 
-def _kwargs_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str, str]]:
-    """(key node, field, message) for torchvision `kwargs` a spec may never set or that are not JSON scalars."""
+def _kwargs_problems(node: Node, values: dict[str, Any], source: Source) -> list[tuple[Node, str, str]]:
+    """(key node, field, message) for `kwargs` a spec may never set or that are not JSON scalars."""
     problems = []
     key_nodes = {key.value: key for key, _ in node.value if isinstance(key, ScalarNode)}
     for key, value in values.items():
         where = key_nodes.get(key, node)
         name = field_path("kwargs", key)
-        if key in TORCHVISION_REFUSED:
+        if key in source.refused_kwargs:
             message = (
-                "decides torchvision's weights, which a spec cannot: etlab's weights choice does (pretrained only "
-                "from the local torch hub cache)"
+                f"decides where {source.name}'s weights come from, which a spec cannot: etlab's weights choice "
+                "does (pretrained only from a local cache)"
             )
-        elif key.startswith("_"):
-            message = "is internal to torchvision: a spec cannot set it"
+        elif key.startswith("_") and source.refused_kwargs:
+            message = f"is internal to {source.name}: a spec cannot set it"
         elif value is None or isinstance(value, dict | list):
             message = f"expected a number, a boolean or a string, got {value!r}"
         elif isinstance(value, float) and not math.isfinite(value):
@@ -461,7 +565,7 @@ def load_spec_file(path: Path) -> ModelSpec:
     kwargs_node = value_node(root, "kwargs")
     if "kwargs" in found and isinstance(kwargs_node, MappingNode):
         found["kwargs"] = dict(data["kwargs"])
-        for where, name, message in _kwargs_problems(kwargs_node, found["kwargs"]):
+        for where, name, message in _kwargs_problems(kwargs_node, found["kwargs"], source):
             checker.error(where, name, message)
     if checker.problems:
         remote_code = "trust_remote_code" in found.get("config", {})
@@ -483,10 +587,55 @@ def load_spec_file(path: Path) -> ModelSpec:
     across = source.problem(found, data)
     if across is not None:
         raise problem(*across)
-    known = {f.name for f in fields(ModelSpec)} - {"source", "model_source", "lines", "trust_remote_code"}
+    if "factory" in found:  # a relative file is relative to the spec file's folder
+        found["factory"] = _resolved_factory(found["factory"], path.parent)
+    known = {f.name for f in fields(ModelSpec)} - {"source", "model_source", "lines", "trust_remote_code", "trust_code"}
     found = {source.renames.get(key, key): value for key, value in found.items()}
     given = {key: value for key, value in found.items() if key in known} | source.fixed
     for key in ("config", "kwargs"):
         if key in given:
             given[key] = dict(given[key])
     return ModelSpec(**given, source=str(path), model_source=source.name, lines=spec_lines)
+
+
+def _resolved_factory(reference: str, folder: Path) -> str:
+    """`file.py:function` with the file made absolute (against `folder`); a module path as it is."""
+    where, _, name = reference.rpartition(":")
+    if not where.endswith(".py"):
+        return reference
+    return f"{(folder / where).resolve()}:{name}"
+
+
+def factory_file(reference: str) -> Path | None:
+    """The file a factory reference names, found without running anything (no package is imported), or None."""
+    import importlib.util  # only factory specs need it
+
+    where = reference.rpartition(":")[0]
+    if where.endswith(".py"):
+        return Path(where)
+    top, *rest = where.split(".")
+    try:
+        found = importlib.util.find_spec(top)  # a top-level name: found, never imported
+    except (ImportError, ValueError):
+        return None
+    if found is None:
+        return None
+    path = Path(found.origin) if found.origin and found.origin not in ("built-in", "frozen") else None
+    folders = [Path(folder) for folder in found.submodule_search_locations or ()]
+    for part in rest:
+        candidates = [c for f in folders for c in (f / f"{part}.py", f / part / "__init__.py") if c.is_file()]
+        if not candidates:
+            return None
+        path, folders = candidates[0], [candidates[0].parent] if candidates[0].name == "__init__.py" else []
+    return path
+
+
+def factory_digest(reference: str) -> str:
+    """sha256 of the factory's file (the one file it names; what it imports is not followed), "missing" if none."""
+    import hashlib  # only factory specs need it
+
+    path = factory_file(reference)
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path is not None else "missing"
+    except OSError:
+        return "missing"

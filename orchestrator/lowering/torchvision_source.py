@@ -108,9 +108,9 @@ def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> Spe
     if problems:
         raise _fail(problems, spec)
     if choice.mode == "pretrained":
-        ready, reason = torchvision_pretrained(spec)
-        if not ready:
-            raise PretrainedUnavailable(spec.problem("model", f"no pretrained weights: {reason}"))
+        found = torchvision_pretrained(spec)
+        if not found.available:
+            raise PretrainedUnavailable(spec.problem("model", f"no pretrained weights: {found.reason}"))
     try:
         with torch.device("meta"):
             model = _build(spec).eval()

@@ -1,12 +1,15 @@
 """What `--weights` means for a spec, decided without importing torch, transformers or huggingface_hub.
 
-`auto` is pretrained when the weights are a local folder, in the HuggingFace cache, or the hub is
-reachable, and random otherwise. The lowering cache is keyed on this resolved choice, so deciding it
-must stay cheap: it runs on every warm `fab lower` and `fab deploy-and-profile`.
+`auto` is pretrained when the spec's source says they can be had now (its `Source.pretrained`, a function here:
+a local folder, the HuggingFace cache or a reachable hub; the torch hub cache; timm's weights in the HuggingFace
+cache), and random otherwise. A source without one (`factory`) brings its own weights: "own". The lowering cache
+is keyed on this resolved choice, so deciding it must stay cheap: it runs on every warm `fab lower` and
+`fab deploy-and-profile`.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 from dataclasses import dataclass
@@ -14,9 +17,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from orchestrator.errors import SpecError
-from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.spec import SOURCES, ModelSpec
 
 WEIGHT_MODES = ("auto", "pretrained", "random")  # `--weights`, the nightly's `weights:`
+OWN_WEIGHTS = "own"  # the resolved mode of a source whose modules bring their weights (a factory's)
 RANDOM_SEED = 0
 HUB_PROBE_TIMEOUT_S = 2.0
 # huggingface_hub's spelling of true for its environment switches.
@@ -40,6 +44,16 @@ class WeightsChoice:
     fallback: bool = False
 
 
+@dataclass(frozen=True)
+class Availability:
+    """Whether a spec's pretrained weights can be had now, and why (not); `expected` is False when random is all
+    the spec can have (no model_id, kwargs that change the model), so settling for random is nothing to warn about."""
+
+    available: bool
+    reason: str
+    expected: bool = True
+
+
 def hf_hub_cache() -> Path:
     """The HuggingFace hub cache folder, resolved from the environment as huggingface_hub does."""
     home = os.path.expandvars(
@@ -53,6 +67,11 @@ def hf_hub_cache() -> Path:
 
 def cached_config(model_id: str, revision: str = "main") -> Path | None:
     """config.json of `model_id` in the hub cache, or None: the on-disk half of `try_to_load_from_cache`."""
+    return cached_hub_file(model_id, "config.json", revision)
+
+
+def cached_hub_file(model_id: str, filename: str, revision: str = "main") -> Path | None:
+    """`filename` of `model_id` in the hub cache, or None."""
     repo = hf_hub_cache() / "--".join(["models", *model_id.split("/")])
     ref = repo / "refs" / revision
     try:
@@ -61,14 +80,21 @@ def cached_config(model_id: str, revision: str = "main") -> Path | None:
         return None
     if not commit or "/" in commit or commit in (".", ".."):
         return None
-    config = repo / "snapshots" / commit / "config.json"
-    return config if config.is_file() else None
+    found = repo / "snapshots" / commit / filename
+    return found if found.is_file() else None
 
 
 def hub_offline() -> bool:
     """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set: the hub must not be asked."""
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
     return value.strip().upper() in _TRUE_VALUES
+
+
+def huggingface_pretrained(spec: ModelSpec) -> Availability:
+    """The `huggingface` source: no model_id (the tiny models) is random with nothing to warn about."""
+    if not spec.model_id:
+        return Availability(False, "the spec has no model_id", expected=False)
+    return Availability(*pretrained_available(spec))
 
 
 def pretrained_available(spec: ModelSpec) -> tuple[bool, str]:
@@ -107,30 +133,58 @@ def cached_torchvision_checkpoint(model: str) -> Path | None:
     return found[0] if found else None
 
 
-def torchvision_pretrained(spec: ModelSpec) -> tuple[bool, str]:
+def torchvision_pretrained(spec: ModelSpec) -> Availability:
     """Whether a torchvision spec can have its pretrained weights without the network, and why not."""
-    if spec.kwargs:
-        return False, f"the spec's kwargs ({', '.join(spec.kwargs)}) change the model torchvision's checkpoint fits"
+    if spec.kwargs:  # the tiny ones: random is all there is
+        reason = f"the spec's kwargs ({', '.join(spec.kwargs)}) change the model torchvision's checkpoint fits"
+        return Availability(False, reason, expected=False)
     if cached_torchvision_checkpoint(spec.model_type) is None:
-        return False, f"no {spec.model_type} checkpoint in {torch_hub_checkpoints()} (etlab never downloads one)"
-    return True, f"found in {torch_hub_checkpoints()}"
+        return Availability(
+            False, f"no {spec.model_type} checkpoint in {torch_hub_checkpoints()} (etlab never downloads one)"
+        )
+    return Availability(True, f"found in {torch_hub_checkpoints()}")
+
+
+TIMM_WEIGHTS_FILE = "model.safetensors"  # the only format read: no unpickling
+
+
+def cached_timm_weights(model: str) -> Path | None:
+    """Weights of timm's `model` in the HuggingFace cache (`timm/<model>.<tag>`, any tag), or None. The builder then
+    reads the file of the model's default tag, never from the network."""
+    try:
+        tagged = sorted(hf_hub_cache().glob(f"models--timm--{model}.*"))
+        repos = [*tagged, hf_hub_cache() / f"models--timm--{model}"]
+    except OSError:
+        return None
+    for repo in repos:
+        found = cached_hub_file("timm/" + repo.name.removeprefix("models--timm--"), TIMM_WEIGHTS_FILE)
+        if found is not None:
+            return found
+    return None
+
+
+def timm_pretrained(spec: ModelSpec) -> Availability:
+    """Whether a timm spec can have its pretrained weights without the network, and why not."""
+    if spec.kwargs:
+        reason = f"the spec's kwargs ({', '.join(spec.kwargs)}) change the model timm's weights fit"
+        return Availability(False, reason, expected=False)
+    if cached_timm_weights(spec.model_type) is None:
+        return Availability(
+            False, f"no timm/{spec.model_type} weights in {hf_hub_cache()} (etlab never downloads them)"
+        )
+    return Availability(True, f"found in {hf_hub_cache()}")
 
 
 def resolve_weights(spec: ModelSpec, requested: str) -> WeightsChoice:
     """`auto` | `pretrained` | `random` (one of WEIGHT_MODES, checked where it was given) → the weights a lowering
     of `spec` uses now."""
+    reference = SOURCES[spec.model_source].pretrained
+    if reference is None:  # whatever was asked: the module comes with the weights its maker gave it
+        return WeightsChoice(requested, OWN_WEIGHTS, f"the {spec.model_source}'s own")
     if requested != "auto":
         return WeightsChoice(requested, requested, "requested")
-    if spec.model_source == "torchvision":
-        available, reason = torchvision_pretrained(spec)
-        if available:
-            return WeightsChoice(requested, "pretrained", reason)
-        # kwargs that change the model (the tiny ones): random is all there is, and nothing to warn about.
-        return WeightsChoice(requested, "random", reason, fallback=not spec.kwargs)
-    if not spec.model_id:
-        # No model_id (the tiny models): random is all there is, and nothing to warn about.
-        return WeightsChoice(requested, "random", "the spec has no model_id")
-    available, reason = pretrained_available(spec)
-    if available:
-        return WeightsChoice(requested, "pretrained", reason)
-    return WeightsChoice(requested, "random", reason, fallback=True)
+    module, _, name = reference.partition(":")
+    found: Availability = getattr(importlib.import_module(module), name)(spec)
+    if found.available:
+        return WeightsChoice(requested, "pretrained", found.reason)
+    return WeightsChoice(requested, "random", found.reason, fallback=found.expected)

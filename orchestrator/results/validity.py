@@ -213,7 +213,7 @@ def judge_accuracy(
     outputs: Path | None, reference: Path | None, scheme: str, thresholds: dict[str, float], weights: str | None
 ) -> Accuracy:
     """The accuracy gate: pass when SQNR, top-1 agreement and top-5 overlap reach their thresholds."""
-    meaningful = weights == "pretrained"
+    meaningful = weights in ("pretrained", "own")  # "own": a factory's module, weights as its maker gave them
     note = None if meaningful else f"weights {weights or 'unknown'}: accuracy figures are not meaningful"
     if outputs is None or reference is None or not outputs.is_file() or not reference.is_file():
         return Accuracy(scheme, "unchecked", meaningful, thresholds=thresholds, note="no outputs or reference")

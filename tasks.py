@@ -40,6 +40,10 @@ TRUST_HELP = (
     "run the Python files of the spec's model folder (its config.json auto_map) with your privileges; "
     "only for code you have read. A spec file cannot ask for this"
 )
+TRUST_CODE_HELP = (
+    'run the Python factory a spec names ("factory": "file.py:build") with your privileges; only for code '
+    "you have read. A spec file cannot ask for this"
+)
 RUN_HELP = {
     "iterations": "timed iterations (default 20)",
     "warmup": "untimed warmup runs (default 3)",
@@ -61,17 +65,18 @@ RUN_HELP = {
         "etrecord": "also write an ETRecord (about twice the size of the .pt2)",
         "force": "re-lower even when the cache is valid",
         "trust_remote_code": TRUST_HELP,
+        "trust_code": TRUST_CODE_HELP,
     }
 )
 @handle_errors
 def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False,
-          quantize="none", calibration=None, jobs=None, trust_remote_code=False):  # fmt: skip
+          quantize="none", calibration=None, jobs=None, trust_remote_code=False, trust_code=False):  # fmt: skip
     """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
     from orchestrator.commands.lower import lower as lower_model
 
     return lower_model(
         model, spec, backend, weights, etrecord=etrecord, force=force, quantize=quantize, calibration=calibration,
-        jobs=jobs, trust_remote_code=trust_remote_code,
+        jobs=jobs, trust_remote_code=trust_remote_code, trust_code=trust_code,
     )  # fmt: skip
 
 
@@ -193,14 +198,14 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "port": "Model Explorer port (8081)", "quantize": QUANTIZE_HELP, **ACCURACY_HELP,
             "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
             "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
-            "trust_remote_code": TRUST_HELP},
+            "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP},
       optional=["counters"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
                        lg_wait=None, iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
                        no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
-                       trust_remote_code=False):  # fmt: skip
+                       trust_remote_code=False, trust_code=False):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_and_profile as chain
 
@@ -211,7 +216,7 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
     chosen = variants(backend, quantize, default="xnnpack")
     accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
     return chain(
-        model_spec(model, spec, trust_remote_code=trust_remote_code),
+        model_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code),
         variants=chosen,
         lowering=checked,
         accuracy=accuracy,

@@ -88,10 +88,13 @@ def handle_errors(func: F) -> F:
 def _naming_options(exc: EtlabError) -> EtlabError:
     """A library error with the option that mends it, which the library does not name."""
     # here, not at the top: fab imports this module at start-up, and only a failed task gets here
+    from orchestrator.lowering.spec import UntrustedFactory
     from orchestrator.lowering.weights import PretrainedUnavailable
 
     if isinstance(exc, PretrainedUnavailable):
         exc.hint = "use --weights random to build the architecture from its config"
+    elif isinstance(exc, UntrustedFactory):
+        exc.hint = "pass --trust-code on the command line if you trust the factory's code"
     return exc
 
 
@@ -130,7 +133,9 @@ def select_all(inventory: Any) -> list[Any]:
     return labgrid.expand(list(inventory.boards.values()))
 
 
-def model_spec(model: str | None, spec: str | None, *, trust_remote_code: bool = False) -> ModelSpec:
+def model_spec(
+    model: str | None, spec: str | None, *, trust_remote_code: bool = False, trust_code: bool = False
+) -> ModelSpec:
     """`--model NAME` or `--spec FILE`, exactly one (exit 64, the options named)."""
     # here, not at the top: fab imports this module at start-up
     from orchestrator.lowering.spec import RemoteCodeInSpec, UnknownModel, resolve_spec
@@ -138,7 +143,7 @@ def model_spec(model: str | None, spec: str | None, *, trust_remote_code: bool =
     if (model is None) == (spec is None):
         raise UsageError("give exactly one of --model NAME or --spec FILE")
     try:
-        return resolve_spec(model, spec, trust_remote_code=trust_remote_code)
+        return resolve_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
     except UnknownModel as exc:
         exc.hint = "or pass your own spec with --spec path/to/model_spec.json"
         raise

@@ -19,13 +19,14 @@ def lower(
     calibration: str | None = None,
     jobs: int | str | None = None,
     trust_remote_code: bool = False,
+    trust_code: bool = False,
 ) -> int:
     # Every option before the cache is looked at: a bad value must not invalidate it.
     checked = lowering_options(weights, jobs, calibration)
     chosen = variants(backend, quantize)
     with naming_calibration():
         result = lowering.lower(
-            model_spec(model, spec, trust_remote_code=trust_remote_code),
+            model_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code),
             variants=chosen,
             weights=checked.weights,
             etrecord=etrecord,

@@ -486,6 +486,9 @@ def _quantized_program(
 
         calibration = generated_images(task.spec.image_size, _CALIBRATION_IMAGES)
         source = "generated: deterministic random images, ImageNet-normalised (not real photos)"
+    elif scheme.calibrated and task.spec.factory is not None:  # a user's module: its inputs mean nothing to etlab
+        calibration = [example_args]
+        source = "the factory's example inputs (one sample)"
     elif scheme.calibrated:
         vocab = vocab_size_of(module)
         if task.calibration:

@@ -1,0 +1,132 @@
+"""The `factory` model source (orchestrator/lowering/factory_source.py): a user's own module from a Python file,
+run only with the command line's permission (`--trust-code`), lowered against its eager outputs, lowered again when
+the file changes, and every way a factory can fail ending in a clear message and exit 64 or 65, never 70. The
+end-to-end run on the local board is tests/e2e/test_factory_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.errors import ExitCode, SpecError
+from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.spec import UntrustedFactory, load_spec_file, resolve_spec
+from orchestrator.lowering.variants import VARIANTS
+from orchestrator.paths import PROJECT_ROOT
+from orchestrator.tensorfile import read_tensors
+
+FACTORY = """
+import torch
+
+
+class Small(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, width, 3)
+        self.head = torch.nn.Linear(width, 4)
+
+    def forward(self, image: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        features = torch.relu(self.conv(image)).mean(dim=(2, 3))
+        return self.head(features) * scale
+
+
+def build(width: int = 8):
+    torch.manual_seed(0)
+    # given out of order: etlab orders them as forward takes them
+    return Small(width), {"scale": torch.full((1, 4), 2.0), "image": torch.rand(1, 3, 16, 16)}
+"""
+
+
+def write_factory(folder: Path, body: str = FACTORY, **spec: object) -> Path:
+    """The factory in `folder/models/small.py`, its spec `folder/small.json` naming it relative to itself."""
+    (folder / "models").mkdir(exist_ok=True)
+    (folder / "models" / "small.py").write_text(body)
+    path = folder / "small.json"
+    data = {"name": "my-small", "source": "factory", "factory": "models/small.py:build", **spec}
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+def fab_lower(spec: Path, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(tmp_path / "artifacts")}
+    return subprocess.run(
+        [sys.executable, "-m", "fabric", "lower", "--spec", str(spec), "--backend", "xnnpack", *options],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_a_factory_spec_reads_its_file_relative_to_the_spec(tmp_path: Path) -> None:
+    spec = load_spec_file(write_factory(tmp_path, kwargs={"width": 4}))
+    assert spec.factory == f"{tmp_path.resolve()}/models/small.py:build" and spec.kwargs == {"width": 4}
+    assert (spec.model_source, spec.task, spec.trust_code) == ("factory", "custom", False)
+    assert spec.identity()["factory_sha256"] != "missing" and "trust_code" not in spec.identity()
+    with pytest.raises(SpecError, match=r"small\.json:4: field 'factory': 'build' is not 'path/to/file\.py:function'"):
+        load_spec_file(write_factory(tmp_path, factory="build"))
+    with pytest.raises(SpecError, match=r"field 'trust_code': unknown"):  # only the command line can say it
+        load_spec_file(write_factory(tmp_path, trust_code=True))
+
+
+def test_without_trust_code_nothing_runs_and_fab_exits_64(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    path = write_factory(tmp_path, f"open({str(marker)!r}, 'w').write('ran')\n" + FACTORY)
+    with pytest.raises(UntrustedFactory, match="is your own Python code"):
+        lowering.lower(resolve_spec(spec_path=path), variants=[VARIANTS["xnnpack"]], root=tmp_path / "artifacts")
+    proc = fab_lower(path, tmp_path)
+    assert proc.returncode == ExitCode.USAGE, proc.stdout + proc.stderr
+    assert "pass --trust-code on the command line" in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+def test_a_factory_lowers_matches_eager_and_an_edit_lowers_again(tmp_path: Path) -> None:
+    import torch
+    from executorch.runtime import Runtime
+
+    path = write_factory(tmp_path)
+    spec = resolve_spec(spec_path=path, trust_code=True)
+    root = tmp_path / "artifacts"
+    result = lowering.lower(spec, variants=[VARIANTS["xnnpack"]], root=root, jobs=1)
+    inputs = read_tensors(result.paths.reference_inputs)
+    assert [(t.name, t.array.shape) for t in inputs] == [("image", (1, 3, 16, 16)), ("scale", (1, 4))]
+    sidecar = result.variants[VARIANTS["xnnpack"]].sidecar
+    assert sidecar.weights == "own" and sidecar.delegation.delegate_call_sites >= 1
+    (reference,) = read_tensors(result.paths.reference_outputs)
+    method = Runtime.get().load_program(result.paths.pte(VARIANTS["xnnpack"])).load_method("forward")
+    (output,) = method.execute([torch.from_numpy(t.array) for t in inputs])
+    np.testing.assert_allclose(output.numpy(), reference.array, rtol=1e-4, atol=1e-5)
+
+    assert lowering.lower(spec, variants=[VARIANTS["xnnpack"]], root=root, jobs=1).cached
+    write_factory(tmp_path, FACTORY.replace("torch.manual_seed(0)", "torch.manual_seed(1)"))
+    edited = lowering.lower(resolve_spec(spec_path=path, trust_code=True), variants=[VARIANTS["xnnpack"]],
+                            root=root, jobs=1)  # fmt: skip
+    assert not edited.cached
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        ("def build(width=8):\n    raise ValueError('no GPU here')\n", ExitCode.DATA,
+         "small.py:2): ValueError: no GPU here"),
+        ("def build(width=8):\n    return 42\n", ExitCode.DATA, "returned a int; expected (torch.nn.Module"),
+        ("import torch\ndef build(width=8):\n    return torch.nn.Linear(2, 2), {'x': [1.0, 2.0]}\n", ExitCode.DATA,
+         "example input 'x' is not a parameter of forward"),
+        ("import torch\ndef build(width=8):\n    return torch.nn.Linear(2, 2), ([1.0, 2.0],)\n", ExitCode.DATA,
+         "example input 'input_0' is a list, not a tensor"),
+        ("import nonexistent_package_xyz\n", ExitCode.DATA, "ModuleNotFoundError"),
+        ("def make():\n    pass\n", ExitCode.USAGE, "has no function 'build'"),
+    ],
+)  # fmt: skip
+def test_a_failing_factory_is_a_clean_error(tmp_path: Path, body: str, code: int, message: str) -> None:
+    from orchestrator.lowering.models import check_spec
+
+    spec = resolve_spec(spec_path=write_factory(tmp_path, body), trust_code=True)
+    with pytest.raises(Exception) as excinfo:
+        check_spec(spec, "auto", available=16 << 30)
+    assert getattr(excinfo.value, "exit_code", None) == code, excinfo.value
+    assert message in str(excinfo.value) and "field 'factory'" in str(excinfo.value)

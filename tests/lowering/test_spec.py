@@ -126,7 +126,7 @@ def test_a_spec_without_source_is_huggingface_and_a_wrong_source_is_named(tmp_pa
     assert implicit.model_source == "huggingface"
     assert load_spec_file(write_spec(tmp_path, {"source": "huggingface", **VALID})) == implicit
     path = write_spec(tmp_path, {**VALID, "source": "hugginface"})
-    known = r"known: huggingface, torchvision \(did you mean 'huggingface'\?\)"
+    known = r"known: huggingface, torchvision, timm, factory \(did you mean 'huggingface'\?\)"
     with pytest.raises(
         SpecError, match=r"model_spec\.json:9: field 'source': 'hugginface' is not a model source; " + known
     ):

@@ -91,8 +91,8 @@ def test_the_file_itself_refuses_weights_and_non_scalars(tmp_path: Path) -> None
     with pytest.raises(SpecError) as excinfo:
         load_spec_file(path)
     message = str(excinfo.value)
-    assert f"{path}:6: field 'kwargs.weights': decides torchvision's weights, which a spec cannot" in message
-    assert f"{path}:7: field 'kwargs.progress': decides torchvision's weights" in message
+    assert f"{path}:6: field 'kwargs.weights': decides where torchvision's weights come from" in message
+    assert f"{path}:7: field 'kwargs.progress': decides where torchvision's weights come from" in message
     assert f"{path}:8: field 'kwargs.num_classes': expected a number, a boolean or a string" in message
     with pytest.raises(SpecError, match=r"net\.json:\d+: field 'task': unknown"):
         load_spec_file(write_spec(tmp_path, task="fill-mask"))

@@ -58,6 +58,7 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
         )
     render_memory(run)
     render_counters(run, summary)
+    render_outputs(run)
     for reason in run.validity.reasons:
         (console.error if reason.level == "invalid" else console.warn)(reason.reason)
     accuracy = run.accuracy
@@ -78,6 +79,40 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
         (console.warn if accuracy.verdict == "fail" else console.info)(console.escape(line))
         for reason in accuracy.reasons:
             console.warn(f"accuracy: {reason}")
+
+
+def _figure(value: float | None, style: str) -> str | None:
+    return None if value is None else format(value, style)
+
+
+def render_outputs(run: RunSummary) -> None:
+    """Each output against eager, one row per output: SQNR, errors, and top-1/top-5 where it is logits."""
+    accuracy = run.accuracy
+    checks = accuracy.outputs if accuracy is not None and accuracy.outputs else run.correctness.outputs
+    if not checks:
+        return
+    rows = [
+        [
+            check.name,
+            check.kind,
+            "×".join(map(str, check.shape or ())) or "scalar",
+            _figure(check.sqnr_db, ".1f"),
+            _figure(check.max_rel_error, ".1e"),
+            _figure(check.max_abs_error, ".1e"),
+            _figure(check.top1_agreement, ".0%"),
+            _figure(check.top5_overlap, ".0%"),
+            "ok" if check.ok else "FAIL",
+        ]
+        for check in checks
+    ]
+    against = f"{accuracy.scheme} vs fp32 eager" if accuracy is not None and accuracy.outputs else "vs eager"
+    caption = run.correctness.kind_note
+    console.table(
+        f"Outputs {against}",
+        ["output", "kind", "shape", "SQNR dB", "max rel err", "max abs err", "top-1", "top-5", "check"],
+        rows,
+        caption=caption,
+    )
 
 
 def _accuracy_cell(cell: CellOutcome) -> str | None:

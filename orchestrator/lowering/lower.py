@@ -34,6 +34,7 @@ from orchestrator.fsutil import atomic_path, read_json, remove_stale_temporaries
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, valid_sidecar
 from orchestrator.lowering.delegation import delegation_report, outside_delegates
 from orchestrator.lowering.export_errors import EXPORT, TO_EDGE, TO_EXECUTORCH, lowering_stage
+from orchestrator.lowering.outputs import output_records
 from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
 from orchestrator.lowering.quantize import (
     CalibrationError,
@@ -58,6 +59,7 @@ _LOWERING_SOURCES = (
     "weights.py",
     "quantize.py",
     "export_errors.py",
+    "outputs.py",
 )
 _CALIBRATION_IMAGES = 8  # generated calibration samples of an image model (int8-static)
 # Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the
@@ -353,7 +355,7 @@ def _load(
         loaded.parameters,
         files,
         describe(inputs),
-        describe(outputs),
+        output_records(spec.task, describe(outputs)),
         example_args,
         loaded.module,
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.errors import ArtifactError
 from orchestrator.fsutil import atomic_write_json, read_json
+from orchestrator.lowering.outputs import OUTPUT_KINDS, kind_from_shape
 from orchestrator.lowering.variants import UnknownVariant, Variant
 
 SIDECAR_SCHEMA = 1
@@ -101,6 +102,46 @@ class FileRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    """One output of the program: its name, shape, dtype and kind (outputs.py: logits or values).
+
+    Sidecars written before kinds were recorded lack `kind`: `kind` is then guessed from the shape and
+    `kind_recorded` is False, and `to_dict()` writes the record back without it.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str
+    kind_recorded: bool = True
+
+    @classmethod
+    def from_dict(cls, data: Any, reader: _Reader, field: str) -> OutputRecord:
+        fields = reader.mapping(data, field)
+        prefix = f"{field}."
+        shape = fields.get("shape", _MISSING)
+        if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+            raise reader.fail(prefix + "shape", "a list of integers", shape)
+        dtype = reader.text(fields, "dtype", prefix)
+        kind = fields.get("kind")
+        if kind is not None and kind not in OUTPUT_KINDS:
+            raise ArtifactError(
+                f"{reader.where}: sidecar field {prefix}kind must be one of {', '.join(OUTPUT_KINDS)}, got {kind!r}"
+            )
+        return cls(
+            name=reader.text(fields, "name", prefix),
+            shape=tuple(shape),
+            dtype=dtype,
+            kind=kind or kind_from_shape(shape, dtype),
+            kind_recorded=kind is not None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        kind = {"kind": self.kind} if self.kind_recorded else {}
+        return {"name": self.name, **kind, "shape": list(self.shape), "dtype": self.dtype}
 
 
 @dataclass(frozen=True)
@@ -310,7 +351,7 @@ class Sidecar:
     sha256: str
     versions: dict[str, str]  # torch, executorch, transformers
     inputs: list[dict[str, Any]]  # name, shape, dtype per input
-    outputs: list[dict[str, Any]]
+    outputs: tuple[OutputRecord, ...]
     reference_inputs: str
     reference_outputs: str
     etrecord: str | None
@@ -357,7 +398,10 @@ class Sidecar:
             sha256=reader.text(fields, "sha256"),
             versions=dict(versions),
             inputs=reader.records(fields, "inputs"),
-            outputs=reader.records(fields, "outputs"),
+            outputs=tuple(
+                OutputRecord.from_dict(item, reader, f"outputs[{index}]")
+                for index, item in enumerate(reader.records(fields, "outputs"))
+            ),
             reference_inputs=reader.text(fields, "reference_inputs"),
             reference_outputs=reader.text(fields, "reference_outputs"),
             etrecord=reader.text(fields, "etrecord", optional=True),
@@ -398,7 +442,7 @@ class Sidecar:
             "sha256": self.sha256,
             "versions": dict(self.versions),
             "inputs": [dict(item) for item in self.inputs],
-            "outputs": [dict(item) for item in self.outputs],
+            "outputs": [item.to_dict() for item in self.outputs],
             "reference_inputs": self.reference_inputs,
             "reference_outputs": self.reference_outputs,
             "etrecord": self.etrecord,

@@ -24,7 +24,7 @@ from orchestrator.results.etdump import Etdump, read_etdump
 from orchestrator.results.etdump_profile import _method_totals, inferred_ns_per_tick, profile_etdump
 from orchestrator.results.memory import memory_summary
 from orchestrator.results.profile import Profile
-from orchestrator.results.summary import ACCURACY_DEFAULTS, hashing_times
+from orchestrator.results.summary import ACCURACY_DEFAULTS, Correctness, hashing_times
 from orchestrator.results.validity import (
     TIMING_AGREEMENT,
     board_conditions,
@@ -33,6 +33,7 @@ from orchestrator.results.validity import (
     judge_validity,
     latency_summary,
     number_list,
+    output_kinds,
 )
 
 
@@ -99,14 +100,15 @@ def analyze_bundle(
     elif bundle.ran_ok:
         bundle.notes.append(("degraded", "run without ETDump: no per-operator profile"))
 
-    correctness: dict[str, Any] = {"checked": False, "ok": None, "reason": "no reference outputs given"}
+    correctness = Correctness()
+    kinds, kind_note = output_kinds(sidecar)
     outputs_path = bundle.path / "outputs.etlt"
     if bundle.ran_ok and not outputs_path.is_file():
         raise AnalysisError(f"bundle {bundle.path} is missing outputs.etlt")
     if reference_outputs is not None and outputs_path.is_file():
         if not Path(reference_outputs).is_file():
             raise AnalysisError(f"reference outputs {reference_outputs} do not exist")
-        correctness = check_outputs(outputs_path, Path(reference_outputs))
+        correctness = check_outputs(outputs_path, Path(reference_outputs), kinds, kind_note)
 
     program = _program_memory(bundle, pte, sidecar)
     memory, memory_notes = memory_summary(bundle.timings, program)
@@ -128,7 +130,8 @@ def analyze_bundle(
         ran = outputs_path if bundle.ran_ok and outputs_path.is_file() else None
         reference = Path(reference_outputs) if reference_outputs is not None else None
         weights = sidecar.weights if sidecar is not None else None
-        run = dataclasses.replace(run, accuracy=judge_accuracy(ran, reference, scheme.name, thresholds, weights))
+        accuracy = judge_accuracy(ran, reference, scheme.name, thresholds, weights, kinds)
+        run = dataclasses.replace(run, accuracy=accuracy)
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile)
     summary.written = write_outputs(bundle.path, run, profile, program=program, counters=counter_profile)
     return summary

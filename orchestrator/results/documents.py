@@ -14,7 +14,7 @@ from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.programs.memory import ProgramMemory
 from orchestrator.results import overlays
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
-from orchestrator.results.summary import SUMMARY_SCHEMA, Latency, ProgramInfo, RunSummary, Validity
+from orchestrator.results.summary import SUMMARY_SCHEMA, Correctness, Latency, ProgramInfo, RunSummary, Validity
 
 if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
     from orchestrator.results.counters_profile import CounterProfile
@@ -92,7 +92,7 @@ def summary_document(
     pte: Path | None,
     latency: Latency,
     board: dict[str, Any],
-    correctness: dict[str, Any],
+    correctness: Correctness,
     profile: Profile | None,
     validity: Validity,
 ) -> RunSummary:

@@ -2,7 +2,7 @@
 
 The file keeps its documented layout (docs/DESIGN.md); `to_dict()` writes it and `from_dict()` reads it, refusing
 a document whose shape is wrong instead of letting `.get` chains turn it into silent `None`s. The sections whose
-content is a report in its own right (board conditions, correctness, profile) stay mappings.
+content is a report in its own right (board conditions, profile) stay mappings.
 """
 
 from __future__ import annotations
@@ -146,6 +146,122 @@ class Validity:
         return {"status": self.status, "reasons": [{"level": r.level, "reason": r.reason} for r in self.reasons]}
 
 
+def _shape(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, list) and all(_int(n) is not None for n in value):
+        return tuple(value)
+    return None
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output of the program against the same output of the eager model (results/validity.py).
+
+    `kind` (lowering/outputs.py) decides what is compared: every output by its errors and SQNR, top-1 and top-5
+    only for logits. `ok` is the verdict of the check it belongs to (fp32 correctness, or the accuracy gate).
+    """
+
+    name: str
+    kind: str  # logits | values
+    shape: tuple[int, ...] | None = None
+    reference_shape: tuple[int, ...] | None = None  # written only when it differs from `shape`
+    max_abs_error: float | None = None  # None with non-finite values (NaN/Inf have no error figure)
+    max_rel_error: float | None = None  # max abs error over the reference's largest magnitude
+    reference_max_abs: float | None = None
+    sqnr_db: float | None = None  # 10·log10(Σref² / Σ(out-ref)²); ±999 for no noise / no signal
+    non_finite: int = 0  # NaN or Inf where the reference is finite
+    top1_agreement: float | None = None  # logits only, as every top-k figure
+    top1_within_noise: float | None = None  # flips between reference logits closer than twice the RMS error forgiven
+    top1_flips: int | None = None  # rows whose top-1 differs by more than twice the max abs error
+    top5_overlap: float | None = None
+    ok: bool = True
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> OutputCheck:
+        fields = _mapping(data, where)
+        return cls(
+            name=_text(fields.get("name")) or "?",
+            kind=_text(fields.get("kind")) or "values",
+            shape=_shape(fields.get("shape")),
+            reference_shape=_shape(fields.get("reference_shape")),
+            max_abs_error=_float(fields.get("max_abs_error")),
+            max_rel_error=_float(fields.get("max_rel_error")),
+            reference_max_abs=_float(fields.get("reference_max_abs")),
+            sqnr_db=_float(fields.get("sqnr_db")),
+            non_finite=_int(fields.get("non_finite")) or 0,
+            top1_agreement=_float(fields.get("top1_agreement")),
+            top1_within_noise=_float(fields.get("top1_within_noise")),
+            top1_flips=_int(fields.get("top1_flips")),
+            top5_overlap=_float(fields.get("top5_overlap")),
+            ok=fields.get("ok") is not False,
+            problems=_texts(fields.get("problems")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dict(vars(self))
+        data["shape"] = list(self.shape) if self.shape is not None else None
+        if self.reference_shape is None:
+            del data["reference_shape"]
+        else:
+            data["reference_shape"] = list(self.reference_shape)
+        data["problems"] = list(self.problems)
+        return data
+
+
+def _output_checks(value: Any, where: str) -> tuple[OutputCheck, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise AnalysisError(f"summary.json: {where} must be a list")
+    return tuple(OutputCheck.from_dict(item, f"{where}[{index}]") for index, item in enumerate(value))
+
+
+@dataclass(frozen=True)
+class Correctness:
+    """The board's outputs against the eager reference, output by output; the worst figures over the outputs."""
+
+    checked: bool = False
+    ok: bool | None = None
+    reason: str | None = "no reference outputs given"
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    sqnr_db: float | None = None  # the lowest over the outputs
+    non_finite: int = 0
+    top1_agreement: float | None = None  # the lowest over the logits outputs
+    kind_note: str | None = None  # how the outputs' kinds were decided when the sidecar does not record them
+    thresholds: dict[str, float] = field(default_factory=dict)
+    outputs: tuple[OutputCheck, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Correctness:
+        fields = _mapping(data, "correctness")
+        ok = fields.get("ok")
+        thresholds = _mapping(fields.get("thresholds"), "correctness.thresholds")
+        return cls(
+            checked=fields.get("checked") is True,
+            ok=ok if isinstance(ok, bool) else None,
+            reason=_text(fields.get("reason")),
+            max_abs_error=_float(fields.get("max_abs_error")),
+            max_rel_error=_float(fields.get("max_rel_error")),
+            sqnr_db=_float(fields.get("sqnr_db")),
+            non_finite=_int(fields.get("non_finite")) or 0,
+            top1_agreement=_float(fields.get("top1_agreement")),
+            kind_note=_text(fields.get("kind_note")),
+            thresholds={k: float(v) for k, v in thresholds.items() if _float(v) is not None},
+            outputs=_output_checks(fields.get("outputs"), "correctness.outputs"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dict(vars(self))
+        data["thresholds"] = dict(self.thresholds)
+        data["outputs"] = [output.to_dict() for output in self.outputs]
+        return data
+
+
 @dataclass(frozen=True)
 class ProgramInfo:
     """The program the run profiled."""
@@ -184,6 +300,7 @@ class Accuracy:
     thresholds: dict[str, float] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
     note: str | None = None
+    outputs: tuple[OutputCheck, ...] = ()  # output by output; the figures above are the worst over them
 
     @classmethod
     def from_dict(cls, data: Any) -> Accuracy | None:
@@ -207,11 +324,13 @@ class Accuracy:
             thresholds={k: v for k, v in thresholds.items() if _float(v) is not None},
             reasons=tuple(str(r) for r in reasons) if isinstance(reasons, list) else (),
             note=_text(fields.get("note")),
+            outputs=_output_checks(fields.get("outputs"), "accuracy.outputs"),
         )
 
     def to_dict(self) -> dict[str, Any]:
         data = dict(vars(self))
         data["reasons"] = list(self.reasons)
+        data["outputs"] = [output.to_dict() for output in self.outputs]
         return data
 
 
@@ -354,7 +473,7 @@ class RunSummary:
     board: str | None = None
     versions: dict[str, Any] = field(default_factory=dict)
     board_conditions: dict[str, Any] = field(default_factory=dict)
-    correctness: dict[str, Any] = field(default_factory=dict)
+    correctness: Correctness = field(default_factory=Correctness)
     profile: dict[str, Any] | None = None  # top layers, delegation split, operator types, overlay coverage
     memory: Memory | None = None
     counters: Counters | None = None
@@ -380,7 +499,7 @@ class RunSummary:
             board=_text(fields.get("board")),
             versions=_mapping(fields.get("versions"), "versions"),
             board_conditions=_mapping(fields.get("board_conditions"), "board_conditions"),
-            correctness=_mapping(fields.get("correctness"), "correctness"),
+            correctness=Correctness.from_dict(fields.get("correctness")),
             profile=_mapping(profile, "profile") if profile is not None else None,
             memory=Memory.from_dict(fields.get("memory")),
             counters=Counters.from_dict(fields.get("counters")),
@@ -400,7 +519,7 @@ class RunSummary:
             "versions": self.versions,
             "latency": self.latency.to_dict(),
             "board_conditions": self.board_conditions,
-            "correctness": self.correctness,
+            "correctness": self.correctness.to_dict(),
         }
         if self.profile is not None:
             data["profile"] = self.profile

@@ -126,8 +126,8 @@ class OutputRecord:
         if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
             raise reader.fail(prefix + "shape", "a list of integers", shape)
         dtype = reader.text(fields, "dtype", prefix)
-        kind = fields.get("kind")
-        if kind is not None and kind not in OUTPUT_KINDS:
+        kind = fields.get("kind", _MISSING)
+        if kind is not _MISSING and kind not in OUTPUT_KINDS:
             raise ArtifactError(
                 f"{reader.where}: sidecar field {prefix}kind must be one of {', '.join(OUTPUT_KINDS)}, got {kind!r}"
             )
@@ -135,8 +135,8 @@ class OutputRecord:
             name=reader.text(fields, "name", prefix),
             shape=tuple(shape),
             dtype=dtype,
-            kind=kind or kind_from_shape(shape, dtype),
-            kind_recorded=kind is not None,
+            kind=kind_from_shape(shape, dtype) if kind is _MISSING else kind,
+            kind_recorded=kind is not _MISSING,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -175,7 +175,7 @@ class OutputCheck:
     non_finite: int = 0  # NaN or Inf where the reference is finite
     top1_agreement: float | None = None  # logits only, as every top-k figure
     top1_within_noise: float | None = None  # flips between reference logits closer than twice the RMS error forgiven
-    top1_flips: int | None = None  # rows whose top-1 differs by more than twice the max abs error
+    top1_flips: int | None = None  # rows whose top-1 differs, not forgiven as a tie within the noise
     top5_overlap: float | None = None
     ok: bool = True
     problems: tuple[str, ...] = ()

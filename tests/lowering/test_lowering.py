@@ -70,7 +70,9 @@ def test_sidecars_describe_the_programs(tiny_artifacts: dict[str, LoweringResult
             {"name": "input_ids", "shape": [1, 128], "dtype": "int64"},
             {"name": "attention_mask", "shape": [1, 128], "dtype": "int64"},
         ]
-        assert sidecar.outputs == [{"name": "output_0", "shape": [1, 1000], "dtype": "float32"}]
+        assert [output.to_dict() for output in sidecar.outputs] == [
+            {"name": "output_0", "kind": "logits", "shape": [1, 1000], "dtype": "float32"}  # fill-mask: logits
+        ]
         counts = execution_plan_counts(pte)
         instructions = sidecar.delegation.instructions
         assert instructions["KernelCall"] == counts.get("KernelCall", 0)

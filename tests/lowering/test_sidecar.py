@@ -70,6 +70,22 @@ def test_a_quantization_section_round_trips_and_is_typed(real: dict[str, Any]) -
     assert quantization.calibration_samples == 8 and quantization.calibration_source.startswith("generated")
 
 
+def test_an_old_sidecar_without_output_kinds_reads_and_writes_back_unchanged(real: dict[str, Any]) -> None:
+    """Sidecars written before kinds were recorded: the kind is guessed from the shape, and not written back."""
+    old = copy.deepcopy(real)
+    old["outputs"] = [
+        {"name": "output_0", "shape": [1, 1000], "dtype": "float32"},  # [batch, classes]: logits
+        {"name": "output_1", "shape": [1, 8, 64], "dtype": "float32"},  # hidden states: values
+        {"name": "output_2", "shape": [1, 5], "dtype": "int64"},  # ids: values
+    ]
+    sidecar = Sidecar.from_dict(old)
+    assert [(o.kind, o.kind_recorded) for o in sidecar.outputs] == [
+        ("logits", False), ("values", False), ("values", False)
+    ]  # fmt: skip
+    assert json.dumps(sidecar.to_dict()) == json.dumps(old)
+    assert [(o.kind, o.kind_recorded) for o in Sidecar.from_dict(real).outputs] == [("logits", True)]
+
+
 @pytest.mark.parametrize(
     ("mutate", "field"),
     [
@@ -91,6 +107,9 @@ def test_a_quantization_section_round_trips_and_is_typed(real: dict[str, Any]) -
         (lambda d: d.update(quantization={**QUANTIZATION, "calibration": {"samples": 8}}), "calibration.source"),
         (lambda d: d.update(versions={"torch": 2}), "versions.torch"),
         (lambda d: d.update(inputs=[["input_ids"]]), "inputs[0]"),
+        (lambda d: d["outputs"][0].update(kind="hidden"), "outputs[0].kind"),
+        (lambda d: d["outputs"][0].update(kind=None), "outputs[0].kind"),
+        (lambda d: d["outputs"][0].update(shape=[1, "vocab"]), "outputs[0].shape"),
     ],
 )
 def test_a_bad_shape_is_refused_naming_the_file_and_the_field(

@@ -297,6 +297,7 @@ def test_render_top_ops_prints_table(bundle_copy: BundleCopy, capsys: pytest.Cap
         out = capsys.readouterr().out
         assert "Top operators" in out and top["node_id"] in out and summary.validity in out
         assert out.count("forward_0_") == 5
+        assert "Outputs vs eager" in out and "output_0" in out and "logits" in out  # one row per output
 
 
 # ---------------------------------------------------------------------------------------------------------------

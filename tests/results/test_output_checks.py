@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchestrator.commands.render import render_outputs
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.outputs import LOGITS, VALUES, kind_from_shape, output_kind, output_records
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.variants import VARIANTS
-from orchestrator.results.summary import ACCURACY_DEFAULTS, Correctness
+from orchestrator.results.summary import ACCURACY_DEFAULTS, Correctness, Latency, ProgramInfo, RunSummary, Validity
 from orchestrator.results.validity import (
     MIN_SQNR_DB,
     OUTPUT_RTOL,
@@ -108,6 +109,17 @@ def test_several_outputs_are_compared_one_by_one_and_the_bad_one_named(tmp_path:
     assert [c.ok for c in correctness.outputs] == [True, True, False] and "ids: differs" in (correctness.reason or "")
     # What summary.json stores reads back the same.
     assert Correctness.from_dict(correctness.to_dict()) == correctness
+
+
+def test_the_terminal_shows_one_row_per_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    logits, hidden = _normal(1.0, (1, 100)), _normal(1.0, (1, 4, 8))
+    files = _files(tmp_path, {"scores": logits, "states": hidden + 1}, {"scores": logits, "states": hidden})
+    correctness = check_outputs(*files, [LOGITS, VALUES], "a note on the kinds")
+    render_outputs(RunSummary("run", ProgramInfo(), Latency(), Validity("invalid"), correctness=correctness))
+    rows = [line for line in capsys.readouterr().out.splitlines() if "scores" in line or "states" in line]
+    assert len(rows) == 2, rows
+    assert "1×100" in rows[0] and "100%" in rows[0] and rows[0].rstrip(" │").endswith("ok")
+    assert "1×4×8" in rows[1] and "FAIL" in rows[1] and "%" not in rows[1]
 
 
 def test_a_clear_top1_flip_in_logits_fails(tmp_path: Path) -> None:

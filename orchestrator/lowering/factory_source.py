@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import json
 import sys
 import traceback
 import weakref
@@ -28,6 +29,7 @@ import torch
 from orchestrator import console
 from orchestrator.errors import EtlabError, ExitCode, SpecError
 from orchestrator.lowering.models import LoadedModel, SpecCheck, _brief, _fail, _too_large
+from orchestrator.lowering.outputs import NotTensorOutputs, eager_outputs
 from orchestrator.lowering.spec import SPEC_HINT, ModelSpec, UntrustedFactory, factory_file
 from orchestrator.lowering.weights import OWN_WEIGHTS, WeightsChoice
 from orchestrator.tensorfile import DTYPE_CODES, NamedTensor
@@ -35,6 +37,8 @@ from orchestrator.tensorfile import DTYPE_CODES, NamedTensor
 _FLOAT_BYTES = 4
 # The example inputs of each module a factory returned, until the lowering asks for them.
 _EXAMPLES: weakref.WeakKeyDictionary[torch.nn.Module, list[NamedTensor]] = weakref.WeakKeyDictionary()
+# A factory run by the check before lowering, kept for the load that follows in this process.
+_CHECKED: dict[str, LoadedModel] = {}
 
 
 class FactoryError(EtlabError):
@@ -116,9 +120,15 @@ def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> Spe
         )
         raise UntrustedFactory(spec.problem("factory", message), hint=SPEC_HINT)
     loaded = _load(spec, choice)
+    _CHECKED[_run_key(spec)] = loaded  # the lowering in this process takes it: the factory runs once
     if available is not None and _FLOAT_BYTES * loaded.parameters > available:
         raise _fail([("factory", _too_large(loaded.parameters, available, ""))], spec)
     return SpecCheck(None, loaded.parameters)
+
+
+def _run_key(spec: ModelSpec) -> str:
+    """One factory run: its file's content, its function and its keyword arguments."""
+    return json.dumps([spec.factory, spec.identity().get("factory_sha256"), spec.kwargs], sort_keys=True)
 
 
 def _load(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
@@ -142,11 +152,18 @@ def _load(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
             output = module(*(torch.from_numpy(t.array) for t in inputs))
     except Exception as exc:
         raise _bad(spec, f"the module fails on its example inputs{_where(exc, None)}: {_brief(exc)}") from exc
-    if not isinstance(output, torch.Tensor):
-        raise _bad(spec, f"the module returns a {type(output).__name__}; etlab compares one tensor output")
+    try:
+        eager_outputs(output)  # tensors, or tuples, lists and dicts of them: compared one by one
+    except NotTensorOutputs as exc:
+        raise _bad(spec, f"the module {exc}") from None
     _EXAMPLES[module] = inputs
     parameters = sum(p.numel() for p in module.parameters())
     return LoadedModel(module, OWN_WEIGHTS, f"the factory's own ({spec.factory})", parameters)
+
+
+def _load_once(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
+    """What the check in this process already built, else the factory run now (a lowering worker)."""
+    return _CHECKED.pop(_run_key(spec), None) or _load(spec, choice)
 
 
 class Factory:
@@ -156,7 +173,7 @@ class Factory:
         return _check(spec, choice, available)
 
     def load(self, spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
-        return _load(spec, choice)
+        return _load_once(spec, choice)
 
     def example_inputs(self, spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]:
         if module not in _EXAMPLES:  # a module this builder did not load

@@ -34,7 +34,7 @@ from orchestrator.fsutil import atomic_path, read_json, remove_stale_temporaries
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, valid_sidecar
 from orchestrator.lowering.delegation import delegation_report, outside_delegates
 from orchestrator.lowering.export_errors import EXPORT, TO_EDGE, TO_EXECUTORCH, lowering_stage
-from orchestrator.lowering.outputs import output_records
+from orchestrator.lowering.outputs import eager_outputs, output_records
 from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
 from orchestrator.lowering.quantize import (
     CalibrationError,
@@ -339,7 +339,7 @@ def _load(
         example_args = tuple(torch.from_numpy(t.array) for t in inputs)
         with torch.no_grad():
             eager = loaded.module(*example_args)
-        outputs = [NamedTensor("output_0", eager.detach().numpy())]
+        outputs = [NamedTensor(f"output_{i}", array) for i, array in enumerate(eager_outputs(eager))]
         write_tensors(artifact_paths.reference_inputs, inputs)
         write_tensors(artifact_paths.reference_outputs, outputs)
         console.info(

@@ -41,6 +41,24 @@ def kind_from_shape(shape: Sequence[int], dtype: str) -> str:
     return LOGITS if is_float and len(shape) == 2 and shape[-1] >= 2 else VALUES
 
 
+class NotTensorOutputs(TypeError):
+    """A module returned something other than tensors (nested in tuples, lists, dicts or ModelOutputs)."""
+
+
+def eager_outputs(result: Any) -> list[Any]:
+    """Every tensor in what a module returned, as numpy arrays in the order torch.export flattens them (pytree, so
+    the runner's output_0, output_1, ... line up). torch is imported here only: the results layer reads this module.
+    """
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    leaves = tree_leaves(result)
+    strays = sorted({type(leaf).__name__ for leaf in leaves if not isinstance(leaf, torch.Tensor)})
+    if strays or not leaves:
+        raise NotTensorOutputs(f"returns {', '.join(strays) or 'nothing'} besides tensors; etlab compares tensors")
+    return [leaf.detach().cpu().contiguous().numpy() for leaf in leaves]
+
+
 def output_records(task: str | None, described: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The sidecar's `outputs`: each described output ({name, shape, dtype}) with its kind, from the task where it
     says, else from the shape."""

@@ -130,3 +130,61 @@ def test_a_failing_factory_is_a_clean_error(tmp_path: Path, body: str, code: int
         check_spec(spec, "auto", available=16 << 30)
     assert getattr(excinfo.value, "exit_code", None) == code, excinfo.value
     assert message in str(excinfo.value) and "field 'factory'" in str(excinfo.value)
+
+
+TWO_OUTPUTS = """
+import torch
+
+RUNS = __import__("pathlib").Path(__file__).with_name("runs.txt")
+
+
+class Split(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Linear(6, 5)
+        self.head = torch.nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        features = torch.tanh(self.features(x))
+        return features.unsqueeze(1), {"scores": self.head(features)}
+
+
+def build():
+    with RUNS.open("a") as runs:  # how many times etlab ran this factory
+        runs.write("run\\n")
+    torch.manual_seed(0)
+    return Split(), (torch.rand(2, 6),)
+"""
+
+
+def test_every_output_is_kept_in_pytree_order_and_the_factory_runs_once(tmp_path: Path) -> None:
+    """A tuple holding a dict: two reference outputs, in the order the runner writes them; the check before the
+    lowering and the lowering share one run of the user's code."""
+    import torch
+    from executorch.runtime import Runtime
+
+    path = write_factory(tmp_path, TWO_OUTPUTS)
+    spec = resolve_spec(spec_path=path, trust_code=True)
+    result = lowering.lower(spec, variants=[VARIANTS["xnnpack"]], root=tmp_path / "artifacts", jobs=1)
+    assert (tmp_path / "models" / "runs.txt").read_text().count("run") == 1
+    references = read_tensors(result.paths.reference_outputs)
+    assert [(t.name, t.array.shape) for t in references] == [("output_0", (2, 1, 5)), ("output_1", (2, 3))]
+    sidecar = result.variants[VARIANTS["xnnpack"]].sidecar  # no task: the kinds come from the shapes
+    assert [(o.name, o.kind) for o in sidecar.outputs] == [("output_0", "values"), ("output_1", "logits")]
+    inputs = read_tensors(result.paths.reference_inputs)
+    method = Runtime.get().load_program(result.paths.pte(VARIANTS["xnnpack"])).load_method("forward")
+    outputs = method.execute([torch.from_numpy(t.array) for t in inputs])
+    assert len(outputs) == 2
+    for output, reference in zip(outputs, references, strict=True):
+        np.testing.assert_allclose(output.numpy(), reference.array, rtol=1e-4, atol=1e-5)
+
+
+def test_a_module_returning_no_tensor_is_refused(tmp_path: Path) -> None:
+    from orchestrator.lowering.models import check_spec
+
+    body = "import torch\ndef build():\n    return torch.nn.Identity(), (torch.ones(2),)\n"
+    body = body.replace("torch.nn.Identity()", "type('M', (torch.nn.Module,), {'forward': lambda self, x: 'text'})()")
+    spec = resolve_spec(spec_path=write_factory(tmp_path, body), trust_code=True)
+    with pytest.raises(Exception, match="returns str besides tensors") as excinfo:
+        check_spec(spec, "auto", available=16 << 30)
+    assert getattr(excinfo.value, "exit_code", None) == ExitCode.DATA

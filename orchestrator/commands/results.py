@@ -15,6 +15,7 @@ from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
+from orchestrator.lowering.user_programs import reference_outputs_of
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.compare import RebuiltProgram, compare_runs, interleaved_verdict
 from orchestrator.results.overlays import write_program_overlays
@@ -52,7 +53,7 @@ def analyze(
             run.path,
             pte=artifact.pte if artifact else None,
             sidecar=artifact.sidecar if artifact else None,
-            reference_outputs=artifact.paths.reference_outputs if artifact else None,
+            reference_outputs=reference_outputs_of(artifact) if artifact else None,
             accuracy_thresholds=accuracy,
         )
     except AnalysisError as exc:

@@ -31,6 +31,7 @@ from orchestrator.errors import (
     full_reason,
 )
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.lowering.user_programs import reference_outputs_of
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.store import new_run_id
 from orchestrator.results.summary import RunSummary
@@ -113,7 +114,7 @@ def analyze_cell(cell: CellOutcome, artifact: Artifact, accuracy: dict[str, floa
         cell.bundle,
         pte=artifact.pte,
         sidecar=artifact.sidecar,
-        reference_outputs=artifact.paths.reference_outputs,
+        reference_outputs=reference_outputs_of(artifact),
         accuracy_thresholds=accuracy,
     )
     cell.summary = summary.run

@@ -24,8 +24,13 @@ SELECT_HELP = {
     "lg_wait": "labgrid places: seconds to wait for a place held by someone else (default: as long as it takes)",
 }
 MODEL_HELP = {
-    "model": "built-in model name (distilbert, gpt2, distilbert-tiny, gpt2-tiny)",
+    "model": "built-in model name (distilbert, gpt2, distilbert-tiny, gpt2-tiny), or a model lowered with --spec",
     "spec": "path to your own model_spec.json (instead of --model)",
+}
+PTE_HELP = {
+    "pte": "profile a .pte you lowered yourself (instead of --model/--spec); inputs made from its declared shapes",
+    "reference": "with --pte: its expected outputs (ETLT file) to check correctness against; else not checked",
+    "name": "with --pte: the folder under artifacts/ (default: the file's stem)",
 }
 QUANTIZE_HELP = (
     f"comma-separated: none (fp32, default), {', '.join(scheme.name for scheme in QUANTIZED)}; each adds the "
@@ -66,13 +71,26 @@ RUN_HELP = {
         "force": "re-lower even when the cache is valid",
         "trust_remote_code": TRUST_HELP,
         "trust_code": TRUST_CODE_HELP,
+        "exported": "lower your own ExportedProgram (a torch.export.save'd .pt2) instead of --model/--spec",
+        "name": "with --exported: the folder under artifacts/ (default: the file's stem)",
     }
 )
 @handle_errors
 def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False,
-          quantize="none", calibration=None, jobs=None, trust_remote_code=False, trust_code=False):  # fmt: skip
+          quantize="none", calibration=None, jobs=None, trust_remote_code=False, trust_code=False, exported=None,
+          name=None):  # fmt: skip
     """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
     from orchestrator.commands.lower import lower as lower_model
+
+    if exported is not None or name is not None:
+        from orchestrator.commands import programs
+
+        return programs.lower_exported_task(
+            exported, name, model, spec, backend, quantize, etrecord=etrecord, force=force,
+            others={"--calibration": calibration, "--trust-remote-code": trust_remote_code or None,
+                    "--trust-code": trust_code or None,
+                    "--weights": None if weights == "auto" else weights},
+        )  # fmt: skip
 
     return lower_model(
         model, spec, backend, weights, etrecord=etrecord, force=force, quantize=quantize, calibration=calibration,
@@ -89,33 +107,36 @@ def setup_board(c, board=None, group=None, tag=None, inventory=None, lg_wait=Non
     return board_tasks.setup_boards(select_boards(inventory, board, group, tag, lg_wait), force=force)
 
 
-@task(help={**SELECT_HELP, **MODEL_HELP, "backend": "portable, xnnpack or both (default xnnpack)",
+@task(help={**SELECT_HELP, **MODEL_HELP, **PTE_HELP, "backend": "portable, xnnpack or both (default xnnpack)",
             "quantize": QUANTIZE_HELP})  # fmt: skip
 @handle_errors
 def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
-         quantize="none"):  # fmt: skip
+         quantize="none", pte=None, reference=None, name=None):  # fmt: skip
     """Push lowered .pte files (content-addressed, verified) and their reference inputs to boards."""
     from orchestrator.commands import board as board_tasks
+    from orchestrator.commands.programs import chosen_artifacts
 
     chosen = variants(backend, quantize)
-    artifacts = board_tasks.artifacts_for(model_spec(model, spec).name, chosen)
+    artifacts = chosen_artifacts(model, spec, pte, reference, name, chosen)
     return board_tasks.push(select_boards(inventory, board, group, tag, lg_wait), artifacts)
 
 
-@task(help={**SELECT_HELP, **MODEL_HELP, **RUN_HELP, "backend": "portable, xnnpack or both (default xnnpack)",
+@task(help={**SELECT_HELP, **MODEL_HELP, **PTE_HELP, **RUN_HELP,
+            "backend": "portable, xnnpack or both (default xnnpack)",
             "timeout": "hard runner timeout in seconds (default: derived from the budget)",
             "quantize": QUANTIZE_HELP},
       optional=["counters"])  # fmt: skip
 @handle_errors
 def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
         iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None,
-        quantize="none"):  # fmt: skip
+        quantize="none", pte=None, reference=None, name=None):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
     from orchestrator.commands import board as board_tasks
+    from orchestrator.commands.programs import chosen_artifacts
 
     params = run_params(iterations, warmup, threads, max_seconds, timeout, counters)
     chosen = variants(backend, quantize)
-    artifacts = board_tasks.artifacts_for(model_spec(model, spec).name, chosen)
+    artifacts = chosen_artifacts(model, spec, pte, reference, name, chosen)
     return board_tasks.run(select_boards(inventory, board, group, tag, lg_wait), artifacts, params)
 
 
@@ -191,7 +212,7 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
     return board_tasks.gc(select_boards(inventory, board, group, tag, lg_wait), kept)
 
 
-@task(help={**MODEL_HELP, **SELECT_HELP, **RUN_HELP,
+@task(help={**MODEL_HELP, **PTE_HELP, **SELECT_HELP, **RUN_HELP,
             "backend": "xnnpack (default), portable, or portable,xnnpack for the comparison",
             "weights": "auto (default), pretrained or random", "no_explore": "do not launch Model Explorer",
             "no_browser": "launch Model Explorer without opening a browser",
@@ -205,9 +226,10 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
                        lg_wait=None, iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
                        no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
-                       trust_remote_code=False, trust_code=False):  # fmt: skip
+                       trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_and_profile as chain
+    from orchestrator.commands.programs import exclusive, reference_without_pte
 
     # Every option is checked before the chain lowers, connects or starts anything.
     params = run_params(iterations, warmup, threads, max_seconds, None, counters)
@@ -215,6 +237,16 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
     listen = options.port(8081 if port is None else port)
     chosen = variants(backend, quantize, default="xnnpack")
     accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
+    exclusive(pte, model, spec)
+    reference_without_pte(pte, reference)
+    if pte is not None:
+        from orchestrator.commands.deploy import deploy_program
+        from orchestrator.commands.programs import user_program
+
+        return deploy_program(
+            user_program(pte, reference, name), boards=select_boards(inventory, board, group, tag, lg_wait),
+            params=params, accuracy=accuracy, explore=not no_explore, port=listen, open_browser=not no_browser,
+        )  # fmt: skip
     return chain(
         model_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code),
         variants=chosen,

@@ -17,6 +17,8 @@ from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code
 from orchestrator.lowering import lower as lowerer
+from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
+from orchestrator.lowering.user_programs import reference_outputs_of
 from orchestrator.lowering.variants import Variant
 from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
 
@@ -51,7 +53,42 @@ def deploy_and_profile(
         )
     print_lowering(lowered)
     jobs = [CellJob(find_artifact(spec.name, variant, artifacts_root), params, accuracy) for variant in variants]
+    return _profile(jobs, lowered.paths, boards, results_root, explore=explore, host=host, port=port,
+                    open_browser=open_browser)  # fmt: skip
 
+
+def deploy_program(
+    artifact: Artifact,
+    *,
+    boards: Sequence[Board],
+    params: RunParams,
+    accuracy: dict[str, float] | None = None,
+    explore: bool = True,
+    host: str = "127.0.0.1",
+    port: int = 8081,
+    open_browser: bool = True,
+    results_root: Path | None = None,
+) -> int:
+    """`fab deploy-and-profile --pte`: a program the user lowered, profiled as it is (nothing lowered)."""
+    if reference_outputs_of(artifact) is None:
+        console.info(f"{artifact.model}: no --reference outputs given: correctness is not checked")
+    jobs = [CellJob(artifact, params, accuracy)]
+    return _profile(jobs, artifact.paths, boards, results_root, explore=explore, host=host, port=port,
+                    open_browser=open_browser)  # fmt: skip
+
+
+def _profile(
+    jobs: list[CellJob],
+    artifact_paths: ArtifactPaths,
+    boards: Sequence[Board],
+    results_root: Path | None,
+    *,
+    explore: bool,
+    host: str,
+    port: int,
+    open_browser: bool,
+) -> int:
+    """Every job on every board (set up, push, run, pull, analyse), the results table, then Model Explorer."""
     with console.transfer_progress() as progress:
         outcomes = fan_out(
             boards, lambda board: run_cells_on_board(board, jobs, progress=progress, results_root=results_root)
@@ -76,7 +113,7 @@ def deploy_and_profile(
     code = combined_exit_code(cell.exit_class for cell in cells if not cell.ok)
 
     if explore:
-        explore_cells(cells, lowered.paths, host=host, port=port, open_browser=open_browser)
+        explore_cells(cells, artifact_paths, host=host, port=port, open_browser=open_browser)
     return code
 
 

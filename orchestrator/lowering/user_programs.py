@@ -32,6 +32,7 @@ from orchestrator.programs.signature import MethodSignature, read_signature
 from orchestrator.tensorfile import NamedTensor, TensorFileError, read_tensors, write_tensors
 
 USER_PROGRAM = "user-program"  # the sidecar's spec.model_source for a .pte the user lowered
+EXPORTED_PROGRAM = "exported-program"  # the same for a .pt2 the user exported (lowering/exported.py)
 XNNPACK_BACKEND = "XnnpackBackend"  # the delegate id XNNPACK's partitioner writes
 INPUTS_NOTE = "generated: standard normal floats (seed 0), zeros for integer inputs, true for booleans"
 
@@ -133,15 +134,15 @@ def _delegation(pte: Path, method: str) -> tuple[dict[str, Any], Counter[str]]:
     return report, backends
 
 
-def _check_folder(artifact_paths: ArtifactPaths, source: Path) -> None:
-    """artifacts/<name>/ is new, or holds earlier imports of user programs: never another model's lowering."""
+def check_folder(artifact_paths: ArtifactPaths, source: Path) -> None:
+    """artifacts/<name>/ is new, or holds earlier lowerings of user files: never another model's lowering."""
     for sidecar_path in sorted(artifact_paths.folder.glob(f"{artifact_paths.name}_*.json")):
         try:
             spec = read_json(sidecar_path).get("spec", {})
             origin = spec.get("model_source") if isinstance(spec, dict) else None
         except (OSError, ValueError, AttributeError):
             continue  # unreadable: no artifact, and nothing of value to protect
-        if origin != USER_PROGRAM:
+        if origin not in (USER_PROGRAM, EXPORTED_PROGRAM):
             folder = artifact_paths.folder
             raise NameTaken(f"{folder} holds the lowering of model {artifact_paths.name!r}, not of {source}")
 
@@ -168,7 +169,7 @@ def import_program(
     key_material = {"pte": pte_sha, "reference": sha256_file(Path(reference)) if reference else None}
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
     if artifact_paths.folder.is_dir():
-        _check_folder(artifact_paths, pte)
+        check_folder(artifact_paths, pte)
         cached, _ = valid_sidecar(artifact_paths, variant)
         if cached is not None and cached.cache_key == key:
             return Artifact(artifact_paths, variant, cached)

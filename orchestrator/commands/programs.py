@@ -1,0 +1,126 @@
+"""Your own programs: `fab lower --exported model.pt2`, and `--pte model.pte` for push, run and deploy-and-profile.
+
+The options are checked here (exit 64, the option named); what the files hold is checked below (exit 65), and
+the errors that an option mends get it named here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import UsageError
+from orchestrator.names import is_valid_name
+
+if TYPE_CHECKING:
+    from orchestrator.lowering.artifacts import Artifact
+    from orchestrator.lowering.variants import Variant
+
+
+def _existing(option: str, value: str, suffix: str) -> Path:
+    path = Path(value)
+    if not path.is_file():
+        raise UsageError(f"{option} {value}: no such file")
+    if path.suffix.lower() != suffix:
+        raise UsageError(f"{option} {value}: not a {suffix} file (its name ends in {path.suffix or 'nothing'})")
+    return path
+
+
+def artifacts_name(path: Path, name: str | None) -> str:
+    """`--name`, else the file's stem: the folder under artifacts/ (exit 64 when it is no valid name)."""
+    chosen = name if name is not None else path.stem
+    if not is_valid_name(chosen):
+        option = "--name" if name is not None else f"the file name {path.name}"
+        raise UsageError(
+            f"{option}: {chosen!r} is not a valid artifacts name (1-64 letters, digits, '.', '_' or '-')",
+            hint=None if name is not None else "pass --name NAME",
+        )
+    return chosen
+
+
+def exclusive(pte: str | None, model: str | None, spec: str | None) -> None:
+    """`--pte` profiles the program as it is: no model or spec to lower beside it."""
+    given = [option for option, value in (("--model", model), ("--spec", spec)) if value is not None]
+    if pte is not None and given:
+        raise UsageError(f"give --pte or {' / '.join(given)}, not both")
+
+
+def user_program(pte: str, reference: str | None = None, name: str | None = None) -> Artifact:
+    """The artifact of the user's own .pte (copied under artifacts/<name>/ with a sidecar saying where from)."""
+    # here, not at the top: fab imports the command modules at start-up
+    from orchestrator.lowering.user_programs import NameTaken, ReferenceMismatch, import_program
+
+    path = _existing("--pte", pte, ".pte")
+    reference_path = _existing("--reference", reference, ".etlt") if reference is not None else None
+    try:
+        return import_program(path, artifacts_name(path, name), reference=reference_path)
+    except ReferenceMismatch as exc:
+        exc.args = (f"--reference {exc}",)
+        raise
+    except NameTaken as exc:
+        exc.hint = "choose another folder with --name NAME"
+        raise
+
+
+def reference_without_pte(pte: str | None, reference: str | None) -> None:
+    if reference is not None and pte is None:
+        raise UsageError(
+            "--reference compares a program you lowered yourself: give it with --pte",
+            hint="a model etlab lowers is compared with its eager outputs already",
+        )
+
+
+def chosen_artifacts(
+    model: str | None,
+    spec: str | None,
+    pte: str | None,
+    reference: str | None,
+    name: str | None,
+    chosen: Sequence[Variant],
+) -> list[Artifact]:
+    """push and run: the user's .pte (`--pte`), or the lowered variants of `--model`/`--spec`."""
+    # here, not at the top: fab imports the command modules at start-up
+    from orchestrator.commands.board import artifacts_for
+    from orchestrator.commands.common import model_spec
+
+    exclusive(pte, model, spec)
+    reference_without_pte(pte, reference)
+    if pte is not None:
+        return [user_program(pte, reference, name)]
+    if name is not None:
+        raise UsageError("--name names the artifacts of --pte FILE: give it with --pte")
+    return list(artifacts_for(model_spec(model, spec).name, chosen))
+
+
+def lower_exported_task(
+    exported: str | None,
+    name: str | None,
+    model: str | None,
+    spec: str | None,
+    backend: str,
+    quantize: str,
+    *,
+    etrecord: bool,
+    force: bool,
+    others: dict[str, object],
+) -> int:
+    """`fab lower --exported model.pt2`: the user's ExportedProgram lowered like a model's."""
+    # here, not at the top: fab imports the command modules at start-up
+    from orchestrator.commands.common import variants
+    from orchestrator.commands.render import print_lowering
+    from orchestrator.lowering.exported import lower_exported_program
+
+    if exported is None:
+        raise UsageError("--name names the artifacts of --exported FILE or --pte FILE: give one of them")
+    given = [option for option, value in (("--model", model), ("--spec", spec)) if value is not None]
+    if given:
+        raise UsageError(f"give --exported or {' / '.join(given)}, not both")
+    unused = [option for option, value in others.items() if value is not None]
+    if unused:
+        raise UsageError(f"{', '.join(unused)}: not for --exported (the program is lowered as you exported it)")
+    path = _existing("--exported", exported, ".pt2")
+    chosen = variants(backend, quantize)
+    result = lower_exported_program(path, artifacts_name(path, name), variants=chosen, etrecord=etrecord, force=force)
+    print_lowering(result)
+    return 0

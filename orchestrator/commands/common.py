@@ -145,6 +145,16 @@ def model_spec(
     try:
         return resolve_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
     except UnknownModel as exc:
+        # here, not at the top: fab imports this module at start-up
+        from orchestrator.commands.lowered import known_lowered_models, lowered_model_spec
+
+        assert model is not None  # a spec file is never unknown
+        found = lowered_model_spec(model, trust_remote_code=trust_remote_code)
+        if found is not None:
+            return found
+        lowered = known_lowered_models()
+        if lowered:
+            exc.args = (f"{exc.args[0]}; lowered from spec files or your own programs: {', '.join(lowered)}",)
         exc.hint = "or pass your own spec with --spec path/to/model_spec.json"
         raise
     except RemoteCodeInSpec as exc:

@@ -83,9 +83,13 @@ def chosen_artifacts(
     # here, not at the top: fab imports the command modules at start-up
     from orchestrator.commands.board import artifacts_for
     from orchestrator.commands.common import model_spec
+    from orchestrator.lowering.lowered import find_lowered
 
     exclusive(pte, model, spec)
     reference_without_pte(pte, reference)
+    lowered = find_lowered(model) if model is not None else None
+    if lowered is not None and lowered.user_file:  # a program of the user's own: its artifacts are all there is
+        return list(artifacts_for(model, chosen))  # type: ignore[arg-type]
     if pte is not None:
         return [user_program(pte, reference, name)]
     if name is not None:

@@ -1,0 +1,115 @@
+"""Models found by their artifacts: `--model NAME` for a model lowered earlier from a spec file or a user's file.
+
+A sidecar records the spec it was lowered from (`spec`, with `source`: the spec file). When NAME is no built-in
+but `artifacts/NAME/` holds a valid lowering, the spec comes from there: the spec file as it is now when it still
+says the same, else the spec as it was lowered (the artifacts are from it), with a warning naming the file.
+A program the user lowered or exported themselves has no spec to lower again: only its artifacts are used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator import paths
+from orchestrator.errors import SpecError
+from orchestrator.lowering.artifacts import ArtifactPaths, valid_sidecar
+from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec, load_spec_file
+from orchestrator.lowering.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
+from orchestrator.lowering.variants import VARIANTS
+from orchestrator.names import is_valid_name
+
+# Spec fields that do not decide the program: where it was read, its description, and what only the command line
+# switches on.
+_NOT_IDENTITY = ("source", "description", "trust_remote_code", "lines")
+
+
+@dataclass(frozen=True)
+class LoweredModel:
+    """A model known by its artifacts: its newest valid sidecar, and the spec it was lowered from (if any)."""
+
+    name: str
+    sidecar: Sidecar
+
+    @property
+    def user_file(self) -> bool:
+        """A program the user lowered (.pte) or exported (.pt2) themselves: no spec to lower again."""
+        return self.sidecar.spec.get("model_source") in (USER_PROGRAM, EXPORTED_PROGRAM)
+
+    @property
+    def spec_file(self) -> str | None:
+        source = self.sidecar.spec.get("source")
+        return None if self.user_file or not isinstance(source, str) or source == "built-in" else source
+
+
+def find_lowered(name: str, root: Path | None = None) -> LoweredModel | None:
+    """The newest valid lowering in artifacts/NAME/ of a spec file or a user's file; None if there is none."""
+    if not is_valid_name(name) or name in BUILTIN_SPECS:
+        return None
+    artifact_paths = ArtifactPaths.for_model(name, root)
+    if not artifact_paths.folder.is_dir():
+        return None
+    found = []
+    for variant in VARIANTS.values():
+        sidecar, _ = valid_sidecar(artifact_paths, variant)
+        if sidecar is not None and sidecar.model == name:
+            found.append(sidecar)
+    found.sort(key=lambda sidecar: sidecar.created, reverse=True)
+    model = next((LoweredModel(name, sidecar) for sidecar in found), None)
+    if model is None or (model.spec_file is None and not model.user_file):
+        return None
+    return model
+
+
+def lowered_names(root: Path | None = None) -> list[str]:
+    """The names `find_lowered` knows, for the list of known models."""
+    folder = root or paths.artifacts_dir()
+    if not folder.is_dir():
+        return []
+    return sorted(entry.name for entry in folder.iterdir() if entry.is_dir() and find_lowered(entry.name, root))
+
+
+def _identity(data: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in data.items() if key not in _NOT_IDENTITY}
+
+
+def _spec_from_record(record: dict[str, Any], where: str) -> ModelSpec:
+    """The spec as a sidecar recorded it (ModelSpec.to_dict), back as a ModelSpec."""
+    known = {f.name for f in fields(ModelSpec)} - {"lines", "trust_remote_code"}
+    given = {key: value for key, value in record.items() if key in known}
+    try:
+        spec = ModelSpec(**given)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{where}: the recorded spec cannot be read back ({exc})") from None
+    for key, value in record.items():  # fields that became tuples in the dataclass are lists in JSON
+        current = getattr(spec, key, None)
+        if isinstance(current, tuple) and isinstance(value, list):
+            with contextlib.suppress(TypeError, ValueError):
+                spec = replace(spec, **{key: tuple(value)})
+    return spec
+
+
+@dataclass(frozen=True)
+class LoweredSpec:
+    spec: ModelSpec
+    spec_file: str
+    stale: str | None  # why the spec file no longer gives these artifacts (gone, changed, invalid), else None
+
+
+def spec_of_lowered(model: LoweredModel, *, trust_remote_code: bool = False) -> LoweredSpec:
+    """The spec of a model lowered from a spec file: the file as it is, if it still says the same; else the spec
+    as it was lowered (the artifacts are from it), with the reason."""
+    spec_file = model.spec_file
+    assert spec_file is not None, "user programs have no spec"
+    recorded = model.sidecar.spec
+    current = None
+    with contextlib.suppress(SpecError):
+        current = load_spec_file(Path(spec_file))
+    if current is not None and _identity(current.to_dict()) == _identity(recorded):
+        return LoweredSpec(replace(current, trust_remote_code=trust_remote_code), spec_file, None)
+    stale = "is gone" if not Path(spec_file).is_file() else ("changed since" if current else "is no longer valid")
+    spec = _spec_from_record(recorded, f"{model.name}'s sidecar ({model.sidecar.variant})")
+    return LoweredSpec(replace(spec, trust_remote_code=trust_remote_code), spec_file, stale)

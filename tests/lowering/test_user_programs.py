@@ -98,7 +98,7 @@ def test_reference_outputs_must_match_the_programs_outputs(programs: dict[str, P
         import_program(programs["xnnpack"], "mine", reference=wrong_shape, root=tmp_path / "a")
     one = tmp_path / "one.etlt"
     write_tensors(one, [NamedTensor("a", np.zeros((2, 4), "float32"))])
-    with pytest.raises(ReferenceMismatch, match="1 tensors, but small_x.pte has 2 outputs"):
+    with pytest.raises(ReferenceMismatch, match=r"1 tensors, but small_x\.pte has 2 outputs"):
         import_program(programs["xnnpack"], "mine", reference=one, root=tmp_path / "a")
     garbage = tmp_path / "garbage.etlt"
     garbage.write_bytes(b"not a tensor file")
@@ -155,9 +155,9 @@ def test_a_pt2_that_would_unpickle_code_is_refused_before_torch_loads_it(
     config = json.loads(zipfile.ZipFile(programs["pt2"]).read("small/data/weights/model_weights_config.json"))
     config["config"]["linear.weight"]["use_pickle"] = True
     pickled = _rewritten(programs["pt2"], tmp_path / "pickled.pt2", {"model_weights_config.json": json.dumps(config)})
-    with pytest.raises(UserProgramError, match="'linear.weight' is stored pickled"):
+    with pytest.raises(UserProgramError, match=r"'linear\.weight' is stored pickled"):
         check_archive(pickled.read_bytes(), pickled)
-    with pytest.raises(UserProgramError, match="not a .pt2 archive"):
+    with pytest.raises(UserProgramError, match=r"not a \.pt2 archive"):
         check_archive(pickle.dumps([1, 2]), tmp_path / "list.pt2")
 
 

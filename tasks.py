@@ -89,7 +89,7 @@ def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", 
             exported, name, model, spec, backend, quantize, etrecord=etrecord, force=force,
             others={"--calibration": calibration, "--trust-remote-code": trust_remote_code or None,
                     "--trust-code": trust_code or None,
-                    "--weights": None if weights == "auto" else weights},
+                    "--weights": None if weights == "auto" else weights, "--jobs": jobs},
         )  # fmt: skip
 
     return lower_model(

@@ -84,12 +84,14 @@ def chosen_artifacts(
     from orchestrator.commands.board import artifacts_for
     from orchestrator.commands.common import model_spec
     from orchestrator.lowering.lowered import find_lowered
+    from orchestrator.lowering.user_programs import USER_PROGRAM
 
     exclusive(pte, model, spec)
     reference_without_pte(pte, reference)
     lowered = find_lowered(model) if model is not None else None
     if lowered is not None and lowered.user_file:  # a program of the user's own: its artifacts are all there is
-        return list(artifacts_for(model, chosen))  # type: ignore[arg-type]
+        own = [lowered.sidecar.variant] if lowered.sidecar.spec.get("model_source") == USER_PROGRAM else chosen
+        return list(artifacts_for(lowered.name, own))
     if pte is not None:
         return [user_program(pte, reference, name)]
     if name is not None:
@@ -116,7 +118,7 @@ def lower_exported_task(
     from orchestrator.lowering.exported import lower_exported_program
 
     if exported is None:
-        raise UsageError("--name names the artifacts of --exported FILE or --pte FILE: give one of them")
+        raise UsageError("--name names the artifacts of --exported FILE: give it with --exported")
     given = [option for option, value in (("--model", model), ("--spec", spec)) if value is not None]
     if given:
         raise UsageError(f"give --exported or {' / '.join(given)}, not both")

@@ -58,6 +58,7 @@ def test_missing_and_misnamed_files_are_usage_errors(tmp_path: Path) -> None:
     refused(fab("lower", "--exported", str(text), artifacts=artifacts), 64, "not a .pt2 file")
 
 
+@pytest.mark.slow
 def test_both_a_program_and_a_model_and_options_without_their_file_are_refused(pte: Path, tmp_path: Path) -> None:
     artifacts = tmp_path / "artifacts"
     both = fab("deploy-and-profile", "--pte", str(pte), "--model", "gpt2-tiny", "--no-explore", artifacts=artifacts)
@@ -85,6 +86,7 @@ def test_files_that_are_no_programs_are_data_errors(tmp_path: Path) -> None:
     refused(fab("lower", "--exported", str(fake_pt2), artifacts=artifacts), 65, "fake.pt2", "not a .pt2 archive")
 
 
+@pytest.mark.slow
 def test_a_reference_that_does_not_fit_the_program_is_refused(pte: Path, tmp_path: Path) -> None:
     artifacts = tmp_path / "artifacts"
     wrong = tmp_path / "wrong.etlt"

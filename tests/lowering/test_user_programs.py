@@ -44,6 +44,7 @@ class Small(torch.nn.Module):
 
 
 EXAMPLE = (torch.randn(2, 8), torch.ones(3, dtype=torch.int64))
+pytestmark = pytest.mark.slow  # every test lowers with ExecuTorch (the module's programs, made once)
 
 
 @pytest.fixture(scope="module")

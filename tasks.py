@@ -8,7 +8,6 @@ from orchestrator.commands import options
 from orchestrator.commands.common import (
     handle_errors,
     lowering_options,
-    model_spec,
     run_params,
     select_all,
     select_boards,
@@ -82,19 +81,9 @@ def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", 
     """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
     from orchestrator.commands.lower import lower as lower_model
 
-    if exported is not None or name is not None:
-        from orchestrator.commands import programs
-
-        return programs.lower_exported_task(
-            exported, name, model, spec, backend, quantize, etrecord=etrecord, force=force,
-            others={"--calibration": calibration, "--trust-remote-code": trust_remote_code or None,
-                    "--trust-code": trust_code or None,
-                    "--weights": None if weights == "auto" else weights, "--jobs": jobs},
-        )  # fmt: skip
-
     return lower_model(
         model, spec, backend, weights, etrecord=etrecord, force=force, quantize=quantize, calibration=calibration,
-        jobs=jobs, trust_remote_code=trust_remote_code, trust_code=trust_code,
+        jobs=jobs, trust_remote_code=trust_remote_code, trust_code=trust_code, exported=exported, name=name,
     )  # fmt: skip
 
 
@@ -229,7 +218,7 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
                        trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_and_profile as chain
-    from orchestrator.commands.programs import exclusive, reference_without_pte
+    from orchestrator.commands.programs import profiled
 
     # Every option is checked before the chain lowers, connects or starts anything.
     params = run_params(iterations, warmup, threads, max_seconds, None, counters)
@@ -237,18 +226,8 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
     listen = options.port(8081 if port is None else port)
     chosen = variants(backend, quantize, default="xnnpack")
     accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
-    exclusive(pte, model, spec)
-    reference_without_pte(pte, reference)
-    if pte is not None:
-        from orchestrator.commands.deploy import deploy_program
-        from orchestrator.commands.programs import user_program
-
-        return deploy_program(
-            user_program(pte, reference, name), boards=select_boards(inventory, board, group, tag, lg_wait),
-            params=params, accuracy=accuracy, explore=not no_explore, port=listen, open_browser=not no_browser,
-        )  # fmt: skip
     return chain(
-        model_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code),
+        profiled(model, spec, pte, reference, name, trust_remote_code=trust_remote_code, trust_code=trust_code),
         variants=chosen,
         lowering=checked,
         accuracy=accuracy,

@@ -18,13 +18,14 @@ from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code
 from orchestrator.lowering import lower as lowerer
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
+from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.user_programs import reference_outputs_of
 from orchestrator.lowering.variants import Variant
 from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
 
 
 def deploy_and_profile(
-    spec: Any,
+    spec: ModelSpec | Artifact,
     *,
     variants: Sequence[Variant],
     boards: Sequence[Board],
@@ -38,6 +39,9 @@ def deploy_and_profile(
     artifacts_root: Path | None = None,
     accuracy: dict[str, float] | None = None,
 ) -> int:
+    if isinstance(spec, Artifact):  # `--pte`: the user's own program, profiled as it is
+        return deploy_program(spec, boards=boards, params=params, accuracy=accuracy, explore=explore, host=host,
+                              port=port, open_browser=open_browser, results_root=results_root)  # fmt: skip
     # Both fp32 backends are lowered too (cached after the first time) so Model Explorer shows every program,
     # the quantized ones next to the fp32 ones.
     wanted = list(dict.fromkeys([Variant("portable"), Variant("xnnpack"), *variants]))

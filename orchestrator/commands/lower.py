@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.commands.common import lowering_options, model_spec, naming_calibration, variants
+from orchestrator.commands.programs import lower_exported_task
 from orchestrator.commands.render import print_lowering
 from orchestrator.lowering import lower as lowering
 
@@ -20,7 +21,16 @@ def lower(
     jobs: int | str | None = None,
     trust_remote_code: bool = False,
     trust_code: bool = False,
+    exported: str | None = None,
+    name: str | None = None,
 ) -> int:
+    if exported is not None or name is not None:  # the user's own ExportedProgram
+        return lower_exported_task(
+            exported, name, model, spec, backend, quantize, etrecord=etrecord, force=force,
+            others={"--calibration": calibration, "--trust-remote-code": trust_remote_code or None,
+                    "--trust-code": trust_code or None, "--weights": None if weights == "auto" else weights,
+                    "--jobs": jobs},
+        )  # fmt: skip
     # Every option before the cache is looked at: a bad value must not invalidate it.
     checked = lowering_options(weights, jobs, calibration)
     chosen = variants(backend, quantize)

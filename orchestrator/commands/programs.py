@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UsageError
 from orchestrator.names import is_valid_name
@@ -61,6 +61,30 @@ def user_program(pte: str, reference: str | None = None, name: str | None = None
     except NameTaken as exc:
         exc.hint = "choose another folder with --name NAME"
         raise
+
+
+def profiled(
+    model: str | None,
+    spec: str | None,
+    pte: str | None,
+    reference: str | None,
+    name: str | None,
+    *,
+    trust_remote_code: bool = False,
+    trust_code: bool = False,
+) -> Any:
+    """deploy-and-profile: what it profiles, the user's own program (`--pte`, an Artifact) or a model to lower (a
+    ModelSpec), with the options that go with each checked (exit 64)."""
+    # here, not at the top: fab imports the command modules at start-up
+    from orchestrator.commands.common import model_spec
+
+    exclusive(pte, model, spec)
+    reference_without_pte(pte, reference)
+    if pte is not None:
+        return user_program(pte, reference, name)
+    if name is not None:
+        raise UsageError("--name names the artifacts of --pte FILE: give it with --pte")
+    return model_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
 
 
 def reference_without_pte(pte: str | None, reference: str | None) -> None:

@@ -231,8 +231,8 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
             console.error(f"{cell.board}: {cell.model}/{cell.variant} failed at {cell.stage}: {reason}")
         for reason in cell.summary.validity.reasons if cell.summary else ():
             console.warn(f"{cell.board}: {cell.model}/{cell.variant}: {reason.reason}")
-        if cell.summary is not None and cell.summary.correctness.get("checked") is False:
-            why = cell.summary.correctness.get("reason") or "no reference outputs"
+        if cell.summary is not None and not cell.summary.correctness.checked:
+            why = cell.summary.correctness.reason or "no reference outputs"
             console.warn(f"{cell.board}: {cell.model}/{cell.variant}: correctness not checked ({why})")
         counters = cell.summary.counters if cell.summary else None
         if counters is not None:

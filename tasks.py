@@ -23,7 +23,8 @@ SELECT_HELP = {
     "lg_wait": "labgrid places: seconds to wait for a place held by someone else (default: as long as it takes)",
 }
 MODEL_HELP = {
-    "model": "built-in model name (distilbert, gpt2, distilbert-tiny, gpt2-tiny), or a model lowered with --spec",
+    "model": "a built-in model (`fab models` lists them: distilbert, gpt2, mobilenet-v2, ...), or one lowered from "
+    "--spec or your own file",
     "spec": "path to your own model_spec.json (instead of --model)",
 }
 PTE_HELP = {
@@ -178,6 +179,15 @@ def compare(c, run_a, run_b, interleave=None, retest_seconds=None, board=None, i
         options.run_id(run_a, "RUN_A"), options.run_id(run_b, "RUN_B"), interleave=rounds, retest_seconds=budget,
         board=board, inventory=inventory, allow_rebuilt=allow_rebuilt,
     )  # fmt: skip
+
+
+@task
+@handle_errors
+def models(c):
+    """The models --model takes: the built-ins, and those lowered from a spec file or your own program."""
+    from orchestrator.commands.models import list_models
+
+    return list_models()
 
 
 @task(help={key: text for key, text in SELECT_HELP.items() if key != "lg_wait"})

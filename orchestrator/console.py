@@ -124,9 +124,15 @@ def transfer_progress() -> Progress:
 
 
 def table(
-    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, caption: str | None = None
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    caption: str | None = None,
+    fold: Sequence[str] = (),
 ) -> None:
-    """Print a table to stdout. Numeric columns are right-aligned."""
+    """Print a table to stdout. Numeric columns are right-aligned; the `fold` columns (paths) wrap where too long
+    instead of ending in an ellipsis."""
     grid = Table(
         title=_text(title) if title is not None else None,
         caption=_text(caption) if caption is not None else None,
@@ -135,7 +141,8 @@ def table(
     )
     for index, column in enumerate(columns):
         numeric = bool(rows) and all(isinstance(row[index], int | float) for row in rows if row[index] is not None)
-        grid.add_column(_text(column), justify="right" if numeric else "left")
+        overflow = "fold" if column in fold else "ellipsis"
+        grid.add_column(_text(column), justify="right" if numeric else "left", overflow=overflow)
     for row in rows:
         grid.add_row(*(_text(_cell(value)) for value in row))
     with _lock:

@@ -20,7 +20,9 @@ if TYPE_CHECKING:  # the types only: rendering a table must not import what prod
     from orchestrator.boards.fanout import BoardOutcome
     from orchestrator.lab.report import NightReport
     from orchestrator.lowering.lower import LoweringResult
+    from orchestrator.lowering.lowered import LoweredModel
     from orchestrator.lowering.sidecar import Sidecar
+    from orchestrator.lowering.spec import ModelSpec
     from orchestrator.results.compare import Comparison
 
 
@@ -382,6 +384,35 @@ def print_lowering(result: LoweringResult) -> None:
             console.warn(
                 f"{variant}: calibrated on {quantization.calibration_samples} generated samples, not real inputs"
             )
+
+
+def _inputs_cell(inputs: Sequence[tuple[Any, Any, Any]]) -> str:
+    """(name, dtype, shape) → `input_ids, attention_mask int64 1×128`: inputs of one dtype and shape share it."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, dtype, shape in inputs:
+        groups.setdefault((str(dtype), "×".join(map(str, shape or ()))), []).append(str(name))
+    return "; ".join(f"{', '.join(names)} {dtype} {shape}" for (dtype, shape), names in groups.items())
+
+
+def print_models(builtins: Sequence[ModelSpec], lowered: Sequence[LoweredModel]) -> None:
+    """`fab models`: every name `--model` takes."""
+    rows = [
+        [spec.name, spec.model_source, spec.task, _inputs_cell([(i.name, i.dtype, i.shape) for i in spec.inputs]),
+         spec.description]
+        for spec in builtins
+    ]  # fmt: skip
+    console.table("Built-in models (--model NAME)", ["name", "source", "task", "inputs", "description"], rows)
+    if not lowered:
+        console.info("no models lowered from a spec file or your own program yet (fab lower --spec FILE)")
+        return
+    rows = []
+    for model in lowered:
+        sidecar = model.sidecar
+        origin = _short_path(Path(model.spec_file)) if model.spec_file else f"your {sidecar.spec.get('model_source')}"
+        inputs = _inputs_cell([(i.get("name"), i.get("dtype"), i.get("shape")) for i in sidecar.inputs])
+        rows.append([model.name, origin, inputs, sidecar.created.replace("T", " ")[:16]])
+    columns = ["name", "from", "inputs", "lowered"]
+    console.table("Lowered from a spec or your own file (--model NAME)", columns, rows, fold=["from"])
 
 
 def render_comparison(comparison: Comparison, limit: int = 15) -> None:

@@ -104,7 +104,7 @@ def test_a_reference_that_does_not_fit_the_program_is_refused(pte: Path, tmp_pat
 
 
 @pytest.mark.slow
-def test_model_finds_a_spec_lowered_earlier(tmp_path: Path) -> None:
+def test_model_finds_a_spec_lowered_earlier(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     artifacts = tmp_path / "artifacts"
     spec = tmp_path / "my-bert.json"
     tiny = {"vocab_size": 1000, "dim": 32, "n_layers": 1, "n_heads": 2, "hidden_dim": 64}
@@ -128,3 +128,11 @@ def test_model_finds_a_spec_lowered_earlier(tmp_path: Path) -> None:
     assert "changed since" in said and f"fab lower --spec {spec}" in said and "using cached artifacts" in said, said
     listed = fab("push", "--model", "my-bertt", artifacts=artifacts)
     refused(listed, 64, "unknown model 'my-bertt'", "lowered from spec files or your own programs: my-bert")
+    monkeypatch.setenv("ETLAB_WIDTH", "300")  # `fab models` below: the spec file's path on one line
+    models = fab("models", artifacts=artifacts)
+    said = models.stdout + models.stderr
+    assert models.returncode == 0, said
+    assert "my-bert" in said and str(spec.name) in said, said  # lowered from the spec file, named as such
+    from orchestrator.lowering.spec import BUILTIN_SPECS
+
+    assert all(name in said for name in BUILTIN_SPECS), said

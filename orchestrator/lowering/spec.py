@@ -1,11 +1,14 @@
 """Model specs: what to lower, from the built-in list or a user's JSON file.
 
 A spec names its source (`SOURCES`: where the model comes from; `huggingface` when a spec does not say), and for
-a HuggingFace model the model type, the task (which decides what the graph outputs), the sequence length and the
-inputs. It is plain data; the source's builder (`models.py` for `huggingface`) turns it into a torch module.
+a HuggingFace model the model type (any family transformers knows), the task (which decides the head and what the
+graph outputs), the batch size and the inputs (`TASK_INPUTS`: their names, dtypes and shapes, with defaults per
+task). It is plain data; the source's builder (`huggingface_source.py` for `huggingface`) turns it into a torch
+module.
 
-Reading a spec imports nothing heavy (a cached lowering must stay fast), so the checks that need the model's
-config class (its fields, the task, the sizes) run in `models.check_spec`, before anything loads. What is refused
+Reading a spec imports nothing heavy (a cached lowering must stay fast), so the checks that need transformers (the
+family, whether it has a head for the task, its config's fields, the sizes) run in `models.check_spec`, before
+anything loads. What is refused
 here already: the schema, and `config` keys that are loading switches of `from_pretrained` rather than config
 fields (`trust_remote_code`, `weights_only`, ...): a spec file must never switch on code execution.
 """
@@ -39,11 +42,35 @@ from orchestrator.config import (
 from orchestrator.errors import SpecError
 from orchestrator.names import is_valid_name
 
-TASKS = ("fill-mask", "causal-lm")
-MODEL_TYPES = ("distilbert", "gpt2", "bert")
-INPUT_NAMES = ("input_ids", "attention_mask")
-IMAGE_TASK = "image-classification"  # the task of every torchvision spec: the classifier's logits
+# fill-mask and causal-lm give one position's logits [B, vocab]; the others the head's first output as the user
+# would export it (logits, or the last hidden state for feature-extraction and speech-encoder).
+WRAPPED_TASKS = ("fill-mask", "causal-lm")
+TEXT_TASKS = (*WRAPPED_TASKS, "text-classification", "token-classification")
+IMAGE_TASK = "image-classification"  # also the task of every torchvision spec: the classifier's logits
+TASKS = (*TEXT_TASKS, "feature-extraction", IMAGE_TASK, "audio-classification", "speech-encoder")
 IMAGE_INPUT = "pixel_values"
+INPUT_NAMES = ("input_ids", "attention_mask")  # the text inputs every text model takes (token_type_ids: some)
+TEXT_INPUTS = (*INPUT_NAMES, "token_type_ids")
+# Every input a spec may declare: its dtype and rank ([B, seq], [B, 3, H, W], [B, samples], [B, mel bins, frames]).
+INPUT_KINDS: dict[str, tuple[str, int]] = {
+    "input_ids": ("int64", 2),
+    "attention_mask": ("int64", 2),
+    "token_type_ids": ("int64", 2),
+    IMAGE_INPUT: ("float32", 4),
+    "input_values": ("float32", 2),
+    "input_features": ("float32", 3),
+}
+# The inputs each task's models may take; which of them a family takes is checked against transformers.
+TASK_INPUTS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(WRAPPED_TASKS, INPUT_NAMES),
+    "text-classification": TEXT_INPUTS,
+    "token-classification": TEXT_INPUTS,
+    "feature-extraction": (*TEXT_INPUTS, IMAGE_INPUT, "input_values", "input_features"),
+    IMAGE_TASK: (IMAGE_INPUT,),
+    "audio-classification": ("input_values", "input_features"),
+    "speech-encoder": ("input_values", "input_features"),
+}
+AUDIO_SAMPLES = 16000  # the default input_values: one second at 16 kHz
 # torchvision constructor keywords a spec never sets: the weights come from `--weights` (pretrained only from the
 # local torch hub cache), and the others decide how they are fetched.
 TORCHVISION_REFUSED = frozenset({"weights", "progress", "pretrained", "pretrained_backbone", "weights_backbone"})
@@ -88,6 +115,9 @@ class ModelSpec:
     config: dict[str, Any] = field(default_factory=dict)
     mask_token_id: int | None = None
     description: str = ""
+    batch_size: int = 1
+    # The spec file's `inputs`, checked against the task (names, dtypes, ranks, batch); empty: the task's defaults.
+    declared_inputs: tuple[InputSpec, ...] = ()
     # `torchvision`: the constructor's keyword arguments (JSON scalars, checked against its signature by the builder)
     # and the side of the square input image; `model_type` is then the torchvision model name.
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -108,15 +138,24 @@ class ModelSpec:
 
     @property
     def inputs(self) -> tuple[InputSpec, ...]:
+        """The inputs the spec decides: declared, or the task's defaults. The builder adds what the family decides
+        (token_type_ids where it takes them, the audio inputs' lengths), so these are the whole story only for
+        declared inputs, images and the fill-mask and causal-lm wrappers."""
+        if self.declared_inputs:
+            return self.declared_inputs
+        batch = self.batch_size
         if self.image_size is not None:  # an image model: one normalised RGB image
-            return (InputSpec(IMAGE_INPUT, "float32", (1, 3, self.image_size, self.image_size)),)
+            return (InputSpec(IMAGE_INPUT, "float32", (batch, 3, self.image_size, self.image_size)),)
         if self.factory is not None:  # the factory's example inputs decide them, known once it ran
             return ()
-        return tuple(InputSpec(name, "int64", (1, self.seq_len)) for name in INPUT_NAMES)
+        if self.task in TEXT_TASKS:
+            return tuple(InputSpec(name, "int64", (batch, self.seq_len)) for name in INPUT_NAMES)
+        return ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("lines")
+        data["declared_inputs"] = [asdict(spec) | {"shape": list(spec.shape)} for spec in self.declared_inputs]
         data["inputs"] = [asdict(spec) | {"shape": list(spec.shape)} for spec in self.inputs]
         return data
 
@@ -141,6 +180,27 @@ _RESNET_18_TINY = {"num_classes": 10}  # BasicBlock is fixed at width 64: small 
 _TEST_EFFICIENTNET_TINY = {"num_classes": 10}  # timm's own test-sized EfficientNet: 0.1M parameters
 _DISTILBERT_TINY = {"vocab_size": 1000, "dim": 64, "n_layers": 2, "n_heads": 2, "hidden_dim": 128}
 _GPT2_TINY = {"vocab_size": 1000, "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128}
+_BERT_TINY = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 128, "max_position_embeddings": 128}  # fmt: skip
+_VIT_TINY = {"image_size": 32, "patch_size": 8, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 128, "num_labels": 10}  # fmt: skip
+# Whisper's encoder takes exactly 2 x max_source_positions log-mel frames: 100 here (1 s), 3000 (30 s) for the real one.
+_WHISPER_TINY = {"vocab_size": 1000, "d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 2,
+                 "decoder_layers": 1, "decoder_attention_heads": 2, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+                 "num_mel_bins": 80, "max_source_positions": 50, "max_target_positions": 64,
+                 "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1,
+                 "suppress_tokens": [], "begin_suppress_tokens": []}  # fmt: skip
+_WAV2VEC2_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
+                  "conv_dim": [32, 32, 32, 32, 32, 32, 32], "num_conv_pos_embeddings": 16,
+                  "num_conv_pos_embedding_groups": 2}  # fmt: skip
+# HuggingFaceTB/SmolLM2-135M's config, so that random weights (no hub) build the same architecture.
+_SMOLLM2_135M = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+                 "intermediate_size": 1536, "vocab_size": 49152, "max_position_embeddings": 8192,
+                 "tie_word_embeddings": True, "rms_norm_eps": 1e-5, "bos_token_id": 0, "eos_token_id": 0,
+                 "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}  # fmt: skip
+_SMOLLM2_TINY = {**_SMOLLM2_135M, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000,
+                 "max_position_embeddings": 128}  # fmt: skip
 
 BUILTIN_SPECS: dict[str, ModelSpec] = {
     spec.name: spec
@@ -174,6 +234,81 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             task="causal-lm",
             config=_GPT2_TINY,
             description="2-layer, 64-dim GPT-2 with random weights, for tests and quick demos",
+        ),
+        ModelSpec(
+            name="bert-base",
+            model_type="bert",
+            task="fill-mask",
+            model_id="bert-base-uncased",
+            mask_token_id=103,
+            description="BERT base (uncased), fill-mask logits at the [MASK] position",
+        ),
+        ModelSpec(
+            name="bert-base-tiny",
+            model_type="bert",
+            task="fill-mask",
+            config=_BERT_TINY,
+            mask_token_id=103,
+            description="2-layer, 64-dim BERT with random weights, for tests and quick demos",
+        ),
+        ModelSpec(
+            name="vit",
+            model_type="vit",
+            task=IMAGE_TASK,
+            model_id="google/vit-base-patch16-224",
+            image_size=224,
+            description="ViT-B/16 (ImageNet, 1000 classes), 224x224 image",
+        ),
+        ModelSpec(
+            name="vit-tiny",
+            model_type="vit",
+            task=IMAGE_TASK,
+            config=_VIT_TINY,
+            image_size=32,
+            description="2-layer, 64-dim ViT, 8x8 patches of a 32x32 image, 10 classes, random weights: for tests",
+        ),
+        ModelSpec(
+            name="whisper-tiny-encoder",
+            model_type="whisper",
+            task="speech-encoder",
+            model_id="openai/whisper-tiny",
+            description="Whisper tiny's encoder: 30 s of log-mel features [1, 80, 3000] to hidden states",
+        ),
+        ModelSpec(
+            name="whisper-tiny-encoder-tiny",
+            model_type="whisper",
+            task="speech-encoder",
+            config=_WHISPER_TINY,
+            description="2-layer, 64-dim Whisper encoder on 1 s of log-mel features [1, 80, 100], random weights",
+        ),
+        ModelSpec(
+            name="wav2vec2",
+            model_type="wav2vec2",
+            task="speech-encoder",
+            model_id="facebook/wav2vec2-base",
+            description="wav2vec 2.0 base: 1 s of 16 kHz audio [1, 16000] to hidden states",
+        ),
+        ModelSpec(
+            name="wav2vec2-tiny",
+            model_type="wav2vec2",
+            task="speech-encoder",
+            config=_WAV2VEC2_TINY,
+            description="2-layer, 64-dim wav2vec 2.0 on 1 s of 16 kHz audio, random weights: for tests",
+        ),
+        ModelSpec(
+            name="smollm2-135m",
+            model_type="llama",
+            task="causal-lm",
+            model_id="HuggingFaceTB/SmolLM2-135M",
+            config=_SMOLLM2_135M,
+            description="SmolLM2-135M (Llama family, 30 layers, grouped-query attention), next-token logits",
+        ),
+        ModelSpec(
+            name="smollm2-tiny",
+            model_type="llama",
+            task="causal-lm",
+            config=_SMOLLM2_TINY,
+            description="SmolLM2's architecture at 2 layers, 64 dims, random weights: for tests and quick demos",
         ),
         ModelSpec(
             name="mobilenet-v2",
@@ -292,17 +427,12 @@ def _supported(options: tuple[str, ...]) -> Check:
     return check
 
 
-def _family(name: str) -> str:
-    return re.sub(r"[-_ ]", "", name.lower())
-
-
 def _model_type(node: Node, _field: str) -> str:
-    """A did-you-mean only for another spelling of the same family: `roberta` → `bert` builds a different model."""
+    """Only the spelling here: whether transformers knows the family (with a did-you-mean) is checked with it, in
+    `models.check_spec`."""
     value = string(node)
-    if value not in MODEL_TYPES:
-        same = [option for option in MODEL_TYPES if _family(option) == _family(value)]
-        hint = f" (did you mean {same[0]!r}?)" if same else ""
-        raise Invalid(f"{value!r} is not supported; supported: {', '.join(MODEL_TYPES)}{hint}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", value):
+        raise Invalid(f"{value!r} is not a model family name (like 'bert', 'llama' or 'vit')")
     return value
 
 
@@ -337,6 +467,8 @@ _HUGGINGFACE_FIELDS: dict[str, Check] = {
     "config": _mapping,
     "mask_token_id": integer(0),
     "inputs": _list,
+    "batch_size": integer(1, 64),
+    "image_size": integer(16, 1024),  # image-classification: the side of the square image (the config's image_size)
 }
 
 
@@ -374,16 +506,72 @@ def _torchvision_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[s
 
 def _huggingface_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[str, str] | None:
     """The first (field, message) across the fields of a huggingface spec, once each field is valid on its own."""
-    seq_len = found.get("seq_len", 128)
-    if found["task"] == "fill-mask" and found.get("mask_token_id") is None:
+    task = found["task"]
+    if task == "fill-mask" and found.get("mask_token_id") is None:
         return "mask_token_id", "is required for task 'fill-mask' (the [MASK] token id, e.g. 103 for BERT)"
+    if "image_size" in found and task != IMAGE_TASK:
+        return "image_size", f"is for task {IMAGE_TASK!r} only (task {task!r} takes no image)"
+    if "seq_len" in found and task not in TEXT_TASKS and task != "feature-extraction":
+        return "seq_len", f"is for text tasks only (task {task!r} takes no token ids)"
     if "inputs" in found:
-        expected = [{"name": name, "dtype": "int64", "shape": [1, seq_len]} for name in INPUT_NAMES]
-        if data["inputs"] != expected:
-            return "inputs", f"must be {json.dumps(expected)}: input_ids and attention_mask, int64 [1, seq_len]"
+        problem = _inputs_problem(data["inputs"], task, found)
+        if problem is not None:
+            return problem
+    elif task == IMAGE_TASK and "image_size" not in found:
+        return "image_size", f"is required for task {IMAGE_TASK!r}: the side of the square input image"
     if not found.get("model_id") and not found.get("config") and found["name"] not in BUILTIN_SPECS:
         return "model_id", "give a model_id (HuggingFace id or local folder) or a config for random weights"
     return None
+
+
+def _inputs_problem(items: list[Any], task: str, found: dict[str, Any]) -> tuple[str, str] | None:
+    """The first (field, message) in a spec's `inputs`: each {name, dtype, shape} one of the task's inputs, with its
+    dtype and rank, one batch size, text inputs [batch, seq_len] and an image [batch, C, image_size, image_size]."""
+    allowed = TASK_INPUTS[task]
+    if not items:
+        return "inputs", f"must list at least one input; task {task!r} takes {', '.join(allowed)}"
+    seen: list[str] = []
+    for index, item in enumerate(items):
+        where = f"inputs[{index}]"
+        if not isinstance(item, dict) or set(item) != {"name", "dtype", "shape"}:
+            return where, 'must be an object with exactly "name", "dtype" and "shape"'
+        name, dtype, shape = item["name"], item["dtype"], item["shape"]
+        if name not in allowed:
+            close = did_you_mean(name, allowed) if isinstance(name, str) else ""
+            inputs = ", ".join(allowed)
+            return f"{where}.name", f"{name!r} is not an input of task {task!r}; its inputs: {inputs}{close}"
+        if name in seen:
+            return f"{where}.name", f"{name!r} is declared twice"
+        seen.append(name)
+        expected_dtype, rank = INPUT_KINDS[name]
+        if dtype != expected_dtype:
+            return f"{where}.dtype", f"{name} is {expected_dtype}, got {dtype!r}"
+        sizes_ok = isinstance(shape, list) and all(type(size) is int and 1 <= size <= 10**7 for size in shape)
+        if not sizes_ok or len(shape) != rank:
+            return f"{where}.shape", f"{name} has {rank} dimensions, each from 1 to 10000000, got {shape!r}"
+        batch = found.get("batch_size", items[0]["shape"][0] if isinstance(items[0], dict) else 1)
+        if shape[0] != batch:
+            return f"{where}.shape", f"the first dimension is the batch size, {batch}, got {shape[0]}"
+        if name in TEXT_INPUTS and shape[1] != found.get("seq_len", shape[1]):
+            return f"{where}.shape", f"{name} is [batch_size, seq_len] = [{batch}, {found['seq_len']}], got {shape}"
+        if name in TEXT_INPUTS and shape != next(i["shape"] for i in items if i["name"] in TEXT_INPUTS):
+            return f"{where}.shape", "every token input has the shape of the first one"
+        if name == IMAGE_INPUT and (shape[2] != shape[3] or shape[2] != found.get("image_size", shape[2])):
+            side = found.get("image_size", "image_size")
+            return f"{where}.shape", f"the image is square, [batch_size, channels, {side}, {side}], got {shape}"
+    if set(allowed) & set(TEXT_INPUTS) and set(seen) & set(TEXT_INPUTS):
+        needed = INPUT_NAMES if task in WRAPPED_TASKS else ("input_ids",)
+        missing = [name for name in needed if name not in seen]
+        if missing:
+            return "inputs", f"task {task!r} needs {', '.join(needed)}; missing: {', '.join(missing)}"
+    if len({name in TEXT_INPUTS for name in seen}) > 1 or len([n for n in seen if n not in TEXT_INPUTS]) > 1:
+        return "inputs", f"one kind of input: token ids (with their mask and types), or one of {', '.join(allowed)}"
+    return None
+
+
+def declared_inputs(items: list[dict[str, Any]]) -> tuple[InputSpec, ...]:
+    """A spec file's `inputs` (checked by `_inputs_problem`) as InputSpecs."""
+    return tuple(InputSpec(item["name"], item["dtype"], tuple(item["shape"])) for item in items)
 
 
 @dataclass(frozen=True)
@@ -393,7 +581,8 @@ class Source:
 
     `builder` is "module:object", imported on a cache miss only (it imports torch): an object with
     `check(spec, weights_choice, available) -> SpecCheck`, `load(spec, weights_choice) -> LoadedModel` and
-    `example_inputs(spec, module) -> list[NamedTensor]` (models.py dispatches to it; tests/lowering/test_spec.py ties
+    `example_inputs(spec, module) -> list[NamedTensor]` (models.py dispatches to it; spec_errors.py says how it
+    refuses a spec; tests/lowering/test_spec.py ties
     them).
     """
 
@@ -419,7 +608,7 @@ SOURCES: dict[str, Source] = {
     for s in (
         Source(
             "huggingface",
-            "orchestrator.lowering.models:HUGGINGFACE",
+            "orchestrator.lowering.huggingface_source:HUGGINGFACE",
             _HUGGINGFACE_FIELDS,
             ("model_type", "task"),
             _huggingface_problem,
@@ -520,6 +709,19 @@ def _leaves(value: Any) -> list[Any]:
     return leaves
 
 
+def _field_node(root: Node, key: str) -> Node | None:
+    """The node of `name`, `inputs[1]` or `inputs[1].dtype` in the spec file (its line is the field's)."""
+    found = re.fullmatch(r"(\w+)(?:\[(\d+)\])?(?:\.(\w+))?", key)
+    if found is None:
+        return None
+    node = value_node(root, found[1])
+    if found[2] is not None and isinstance(node, SequenceNode) and int(found[2]) < len(node.value):
+        node = node.value[int(found[2])]
+        if found[3] is not None:
+            node = value_node(node, found[3]) or node
+    return node
+
+
 def load_spec_file(path: Path) -> ModelSpec:
     """Parse and validate a user spec; every error names the file, the line and the field."""
 
@@ -581,7 +783,7 @@ def load_spec_file(path: Path) -> ModelSpec:
             spec_lines[real] = spec_lines[spec_field]
 
     def problem(key: str, message: str) -> SpecError:
-        checker.error(lines.get(key, root), key, message)
+        checker.error(_field_node(root, key) or root, key, message)
         return fail("\n".join(checker.errors))
 
     across = source.problem(found, data)
@@ -595,6 +797,14 @@ def load_spec_file(path: Path) -> ModelSpec:
     for key in ("config", "kwargs"):
         if key in given:
             given[key] = dict(given[key])
+    if data.get("inputs") and source.name == "huggingface":  # checked: the sizes they fix are the spec's
+        inputs = declared_inputs(data["inputs"])
+        given["declared_inputs"] = inputs
+        given.setdefault("batch_size", inputs[0].shape[0])
+        if inputs[0].name in TEXT_INPUTS:
+            given.setdefault("seq_len", inputs[0].shape[1])
+        if inputs[0].name == IMAGE_INPUT:
+            given.setdefault("image_size", inputs[0].shape[2])
     return ModelSpec(**given, source=str(path), model_source=source.name, lines=spec_lines)
 
 

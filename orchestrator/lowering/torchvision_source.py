@@ -23,8 +23,9 @@ import torch
 from orchestrator import console
 from orchestrator.config import did_you_mean, field_path
 from orchestrator.errors import SpecError
-from orchestrator.lowering.models import LoadedModel, SpecCheck, _brief, _fail, _too_large
+from orchestrator.lowering.models import LoadedModel, SpecCheck
 from orchestrator.lowering.spec import IMAGE_INPUT, TORCHVISION_REFUSED, ModelSpec
+from orchestrator.lowering.spec_errors import FLOAT_BYTES, brief, spec_failure, too_large
 from orchestrator.lowering.weights import (
     RANDOM_SEED,
     PretrainedUnavailable,
@@ -36,7 +37,6 @@ from orchestrator.tensorfile import NamedTensor
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_FLOAT_BYTES = 4
 _SCALARS = (bool, int, float, str)
 
 
@@ -96,9 +96,9 @@ def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> Spe
     names = classification_models()
     if spec.model_type not in names:
         close = did_you_mean(spec.model_type, names)
-        raise _fail([("model", f"{spec.model_type!r} is not a torchvision classification model{close}")], spec)
+        raise spec_failure([("model", f"{spec.model_type!r} is not a torchvision classification model{close}")], spec)
     if spec.image_size is None:
-        raise _fail([("image_size", "is required")], spec)
+        raise spec_failure([("image_size", "is required")], spec)
     allowed = constructor_parameters(spec.model_type)
     problems = []
     for key, value in spec.kwargs.items():
@@ -106,7 +106,7 @@ def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> Spe
         if message is not None:
             problems.append((field_path("kwargs", key), message))
     if problems:
-        raise _fail(problems, spec)
+        raise spec_failure(problems, spec)
     if choice.mode == "pretrained":
         found = torchvision_pretrained(spec)
         if not found.available:
@@ -118,9 +118,9 @@ def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> Spe
             model(torch.empty(1, 3, spec.image_size, spec.image_size))
     except Exception as exc:  # the constructor's own checks, or an image too small for the network
         origin = "kwargs" if spec.kwargs else "image_size"
-        raise _fail([(origin, f"the model cannot be built and run this way: {_brief(exc)}")], spec) from exc
-    if available is not None and _FLOAT_BYTES * parameters > available:
-        raise _fail([("model", _too_large(parameters, available, ""))], spec)
+        raise spec_failure([(origin, f"the model cannot be built and run this way: {brief(exc)}")], spec) from exc
+    if available is not None and FLOAT_BYTES * parameters > available:
+        raise spec_failure([("model", too_large(parameters, available, ""))], spec)
     return SpecCheck(None, parameters)
 
 
@@ -137,7 +137,7 @@ def _pretrained_state(spec: ModelSpec) -> tuple[dict[str, Any], str]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True), f"{weights} from {path}"
     except Exception as exc:
-        raise PretrainedUnavailable(f"cannot read {path}: {_brief(exc)}") from exc
+        raise PretrainedUnavailable(f"cannot read {path}: {brief(exc)}") from exc
 
 
 def _load(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:

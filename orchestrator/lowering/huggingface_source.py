@@ -1,0 +1,659 @@
+"""The `huggingface` model source: any family transformers knows, with the head of the spec's task.
+
+The head comes from transformers' own task mappings (`modeling_auto.*_MAPPING_NAMES`, `TASK_HEADS` below): a family
+and a task that do not go together are refused before anything loads, naming the tasks the family has. The inputs
+follow the head class's main input (`main_input_name`): token ids with their mask (and `token_type_ids` where the
+family has segment embeddings), `pixel_values`, a waveform's `input_values`, or Whisper's log-mel `input_features`.
+
+What the program outputs:
+- fill-mask and causal-lm: one position's logits, [B, vocab], selected inside the graph before the LM head (the [MASK]
+  position, or the last real token), with eager attention and tanh GELU (`delegable`); the advisor is to take over
+  these rewrites.
+- every other task: the model as its user would export it, no rewrite: the head's first output as a plain tensor
+  (the logits, or the last hidden state for feature-extraction and speech-encoder; Whisper's encoder alone).
+
+Reference inputs are deterministic and valid for the model: ids inside the vocabulary with a [MASK] where fill-mask
+needs one, images and audio in the range their preprocessors produce.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from dataclasses import fields, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchestrator import console
+from orchestrator.config import did_you_mean, field_path
+from orchestrator.errors import SpecError
+from orchestrator.lowering.models import LoadedModel, SpecCheck
+from orchestrator.lowering.spec import (
+    AUDIO_SAMPLES,
+    IMAGE_INPUT,
+    INPUT_NAMES,
+    LOADING_OPTIONS,
+    TEXT_INPUTS,
+    WRAPPED_TASKS,
+    InputSpec,
+    ModelSpec,
+)
+from orchestrator.lowering.spec_errors import FLOAT_BYTES, brief, spec_failure, too_large
+from orchestrator.lowering.weights import RANDOM_SEED, PretrainedUnavailable, WeightsChoice
+from orchestrator.tensorfile import NamedTensor
+
+# task -> (the modeling_auto mapping of family -> head class, the Auto class that loads it)
+TASK_HEADS: dict[str, tuple[str, str]] = {
+    "fill-mask": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM"),
+    "causal-lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
+    "text-classification": ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification"),
+    "token-classification": ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification"),
+    "feature-extraction": ("MODEL_MAPPING_NAMES", "AutoModel"),
+    "image-classification": ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification"),
+    "audio-classification": ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification"),
+    "speech-encoder": ("MODEL_MAPPING_NAMES", "AutoModel"),
+}
+CLASSIFICATION_TASKS = ("text-classification", "token-classification", "image-classification", "audio-classification")
+# The sizes most configs have (through their attribute_map): each must be a positive integer.
+_SIZES = ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "max_position_embeddings")
+# The main input of the head class -> the inputs etlab feeds it (the mask and types only where the family has them).
+_MAIN_INPUTS = {"input_ids": TEXT_INPUTS, IMAGE_INPUT: (IMAGE_INPUT,), "input_values": ("input_values",),
+                "input_features": ("input_features",)}  # fmt: skip
+_SAMPLE_RATE = 16000  # what every speech preprocessor here expects
+_WHISPER_HOP = 160  # samples per log-mel frame of Whisper's feature extractor
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which head a family has for a task
+
+
+def known_families() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return list(CONFIG_MAPPING_NAMES)
+
+
+def _mapped(mapping: str, model_type: str) -> str | None:
+    from transformers.models.auto import modeling_auto
+
+    name = getattr(modeling_auto, mapping).get(model_type)
+    return name[0] if isinstance(name, tuple | list) else name
+
+
+def _transformers_class(name: str) -> Any:
+    """A class transformers exports, or None when its modelling code cannot be imported here."""
+    import transformers
+
+    try:
+        return getattr(transformers, name)
+    except (AttributeError, ImportError, RuntimeError):
+        return None
+
+
+def _default_config(model_type: str) -> Any:
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type]()
+
+
+def head_class(model_type: str, task: str) -> tuple[Any, bool] | None:
+    """The class of the family's model for `task`, and whether the program is its encoder only (`get_encoder()`);
+    None when the family has no such head, or none whose inputs etlab can make."""
+    name = _mapped(TASK_HEADS[task][0], model_type)
+    if name is None:
+        return None
+    encoder_only = False
+    if task == "feature-extraction" and getattr(_default_config(model_type), "is_encoder_decoder", False):
+        name = name.replace("Model", "EncoderModel", 1)  # T5EncoderModel: the encoder's last hidden state
+    # wav2vec2 and its kind (CTC models) take input_values; Whisper's kind: the encoder, on log-mel input_features
+    elif task == "speech-encoder" and _mapped("MODEL_FOR_CTC_MAPPING_NAMES", model_type) is None:
+        config = _default_config(model_type)
+        mel = all(hasattr(config, key) for key in ("num_mel_bins", "max_source_positions"))
+        if _mapped("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", model_type) is None or not mel:
+            return None
+        encoder_only = True
+    found = _transformers_class(name)
+    if found is None:
+        return None
+    main = _main_input(found, encoder_only)
+    return (found, encoder_only) if main in _MAIN_INPUTS else None
+
+
+def _main_input(cls: Any, encoder_only: bool) -> str:
+    return "input_features" if encoder_only else str(getattr(cls, "main_input_name", "input_ids"))
+
+
+def supported_tasks(model_type: str) -> list[str]:
+    return [task for task in TASK_HEADS if head_class(model_type, task) is not None]
+
+
+def _check_family(spec: ModelSpec) -> tuple[Any, bool]:
+    families = known_families()
+    if spec.model_type not in families:
+        same = [name for name in families if name.lower() == spec.model_type.lower()]
+        close = f" (did you mean {same[0]!r}?)" if same else did_you_mean(spec.model_type, families)
+        raise spec_failure([("model_type", f"{spec.model_type!r} is not a model family transformers knows{close}")],
+                           spec)  # fmt: skip
+    head = head_class(spec.model_type, spec.task)
+    if head is None:
+        able = supported_tasks(spec.model_type)
+        tasks = f"supports {', '.join(able)}" if able else "has no head for any task etlab lowers"
+        raise spec_failure([("task", f"{spec.task!r} does not go with model_type {spec.model_type!r}, which "
+                                     f"{tasks}")], spec)  # fmt: skip
+    return head
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The config: the family's defaults or the model folder's, with the spec's overrides
+
+
+def _own_fields(config_class: Any, task: str) -> dict[str, str]:
+    """The fields a spec may set: the class's own architecture fields and their aliases -> the real name, and a
+    classifier's `num_labels`.
+
+    Fields every config shares (return_dict, dtype, architectures, ...) decide how a model is loaded or what it
+    returns, not what it is, and the wrappers here rely on their defaults.
+    """
+    from transformers import PreTrainedConfig
+
+    shared = {f.name for f in fields(PreTrainedConfig)}
+    own = {f.name: f.name for f in fields(config_class) if f.name not in shared and not f.name.startswith("_")}
+    aliases = {alias: real for alias, real in getattr(config_class, "attribute_map", {}).items() if real in own}
+    labels = {"num_labels": "num_labels"} if task in CLASSIFICATION_TASKS else {}
+    return own | aliases | labels
+
+
+def _base_config(spec: ModelSpec, pretrained: bool) -> tuple[Any, str]:
+    """The config before the spec's overrides (the defaults, or the model folder's), and the field it comes from."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    if not pretrained:  # the family's defaults: blamed on `config` if the spec has one, else on the family
+        return CONFIG_MAPPING[spec.model_type](), "config" if spec.config or "config" in spec.lines else "model_type"
+    if not spec.model_id:
+        raise PretrainedUnavailable(f"model {spec.name!r} has no model_id, so it has no pretrained weights")
+    try:
+        config = AutoConfig.from_pretrained(spec.model_id, trust_remote_code=spec.trust_remote_code)
+    except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+        raise PretrainedUnavailable(
+            spec.problem("model_id", f"cannot load pretrained weights for {spec.model_id!r}: {brief(exc)}")
+        ) from exc
+    if config.model_type != spec.model_type:
+        raise spec_failure(
+            [("model_type", f"is {spec.model_type!r}, but {spec.model_id} is a {config.model_type!r} model")], spec
+        )
+    return config, "model_id"
+
+
+def _with_overrides(spec: ModelSpec, base: Any) -> tuple[Any, dict[str, str]]:
+    """`base` with the spec's `config` set field by field (each checked by the class); the fields they set -> key.
+
+    Nothing from the spec ever becomes a keyword of `from_pretrained`.
+    """
+    config = copy.deepcopy(base)
+    allowed = _own_fields(type(config), spec.task)
+    problems: list[tuple[str, str]] = []
+    given: dict[str, str] = {}
+    for key, value in spec.config.items():
+        name = field_path("config", key)
+        if key in LOADING_OPTIONS or key.startswith("_"):
+            problems.append((name, "is a loading option, not a field of the model's config: a spec cannot set it"))
+        elif key not in allowed:
+            shared = hasattr(base, key) and not callable(getattr(type(base), key, None))
+            close = did_you_mean(key, allowed)
+            reason = (
+                "decides how the model is loaded or what it returns, not part of its architecture"
+                if shared
+                else f"is not a field of {type(base).__name__}{close}"
+            )
+            problems.append((name, reason if close else f"{reason}; its fields: {', '.join(sorted(allowed))}"))
+        elif isinstance(value, float) and not math.isfinite(value):
+            problems.append((name, f"expected a finite number, got {value!r}"))
+        elif key == "num_labels" and (type(value) is not int or not 1 <= value <= 100_000):
+            problems.append((name, f"expected a number of classes from 1 to 100000, got {value!r}"))
+        else:
+            try:
+                setattr(config, allowed[key], value)  # by its real name: a strict config checks the type then
+            except Exception as exc:  # huggingface_hub's StrictDataclassFieldValidationError, or a setter's
+                cause = exc.__cause__ or exc
+                problems.append((name, str(cause).splitlines()[-1].strip() or exc.__class__.__name__))
+            else:
+                given[allowed[key]] = name
+    if problems:
+        raise spec_failure(problems, spec)
+    return config, given
+
+
+def _field_of(config: Any, attribute: str, given: dict[str, str], origin: str) -> str:
+    """The spec field that set a standard attribute (`hidden_size` is DistilBERT's `dim`), else where it came from."""
+    real = getattr(type(config), "attribute_map", {}).get(attribute, attribute)
+    return given.get(real, origin)
+
+
+def _config(spec: ModelSpec) -> Any:
+    """The default config of the model type with the spec's overrides."""
+    config, _ = _with_overrides(spec, _base_config(spec, pretrained=False)[0])
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The inputs: the family's, with defaults per kind; declared ones checked against the config
+
+
+def model_inputs(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> tuple[InputSpec, ...]:
+    """The inputs the program takes, in order: the spec's declared ones, or the defaults of the head's input kind."""
+    cls, encoder_only = head
+    main = _main_input(cls, encoder_only)
+    batch = spec.batch_size
+    if spec.declared_inputs:
+        return spec.declared_inputs
+    if main == "input_ids":
+        names = list(INPUT_NAMES)
+        forward = inspect.signature(cls.forward).parameters
+        segments = getattr(config, "type_vocab_size", None)
+        if spec.task not in WRAPPED_TASKS and "token_type_ids" in forward and isinstance(segments, int):
+            names.append("token_type_ids")  # segment embeddings: BERT's kind; zeros are its default
+        return tuple(InputSpec(name, "int64", (batch, spec.seq_len)) for name in names)
+    if main == IMAGE_INPUT:
+        side = spec.image_size or _image_side(config)
+        return (InputSpec(IMAGE_INPUT, "float32", (batch, getattr(config, "num_channels", 3), side, side)),)
+    if main == "input_values":
+        return (InputSpec("input_values", "float32", (batch, AUDIO_SAMPLES)),)
+    return (InputSpec("input_features", "float32", (batch, config.num_mel_bins, 2 * config.max_source_positions)),)
+
+
+def _image_side(config: Any) -> int:
+    size = getattr(config, "image_size", 224)
+    return int(size[0] if isinstance(size, list | tuple) else size)
+
+
+def _input_problems(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> list[tuple[str, str]]:
+    """Declared inputs the family does not take, or whose sizes its config refuses."""
+    cls, encoder_only = head
+    main = _main_input(cls, encoder_only)
+    takes = _MAIN_INPUTS[main]
+    if main == "input_ids" and spec.task not in WRAPPED_TASKS:
+        defaults = {item.name for item in model_inputs(replace(spec, declared_inputs=()), config, head)}
+        takes = tuple(name for name in takes if name in defaults)
+    problems = []
+    for index, item in enumerate(spec.declared_inputs):
+        where = f"inputs[{index}]"
+        if item.name not in takes:
+            problems.append((f"{where}.name", f"{item.name!r} is not an input of {cls.__name__}; it takes "
+                                              f"{', '.join(takes)}"))  # fmt: skip
+        elif item.name == IMAGE_INPUT and item.shape[1] != getattr(config, "num_channels", 3):
+            channels = f"the config has {config.num_channels} image channels, not {item.shape[1]}"
+            problems.append((f"{where}.shape", channels))
+        elif item.name == "input_features":
+            expected = [config.num_mel_bins, 2 * config.max_source_positions]
+            if list(item.shape[1:]) != expected:
+                takes_shape = f"[batch_size, {expected[0]}, {expected[1]}] (num_mel_bins, 2 x max_source_positions)"
+                problems.append((f"{where}.shape", f"the config takes {takes_shape}, got {list(item.shape)}"))
+        elif item.name == "input_values" and item.shape[1] < 400:
+            problems.append((f"{where}.shape", f"{item.shape[1]} samples are fewer than the 400 of one frame"))
+    if spec.declared_inputs and main not in {item.name for item in spec.declared_inputs} and not problems:
+        problems.append(("inputs", f"{cls.__name__} needs {main}"))
+    if main == IMAGE_INPUT and not spec.declared_inputs and spec.image_size is not None:
+        side = getattr(config, "image_size", None)
+        if isinstance(side, int) and side != spec.image_size and spec.model_type == "vit":
+            problems.append(("image_size", f"{spec.image_size} is not the config's image_size, {side}"))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checks before anything loads
+
+
+def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
+    """Build the spec's config (no weights) and refuse, as SpecError, what would only fail after loading.
+
+    The family must be one transformers knows, with a head for the task; the config's fields must be the class's
+    own, of the right type; the sizes positive, the hidden size a multiple of the heads; `seq_len` within the
+    position embeddings; the [MASK] id in the vocabulary; declared inputs the family's; and the float32 weights must
+    fit in `available` bytes (MemAvailable).
+    """
+    head = _check_family(spec)
+    base, origin = _base_config(spec, choice.mode == "pretrained")
+    config, given = _with_overrides(spec, base)
+
+    problems: list[tuple[str, str]] = []
+    for attribute in _SIZES:
+        value = getattr(config, attribute, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            problems.append((_field_of(config, attribute, given, origin), f"must be at least 1, got {value!r}"))
+    if problems:
+        raise spec_failure(problems, spec)
+    hidden, heads_count = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if isinstance(hidden, int) and isinstance(heads_count, int) and hidden % heads_count:
+        divisible = f"the hidden size {hidden} is not divisible by the {heads_count} attention heads"
+        heads_field = _field_of(config, "num_attention_heads", given, origin)
+        problems.append((_field_of(config, "hidden_size", given, heads_field), divisible))
+    inputs = model_inputs(spec, config, head)
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and inputs[0].name == "input_ids" and spec.seq_len > positions:
+        problems.append(("seq_len", f"{spec.seq_len} is beyond the model's {positions} position embeddings"))
+    vocab = getattr(config, "vocab_size", None) or 1
+    if spec.task == "fill-mask" and spec.mask_token_id is not None and spec.mask_token_id >= vocab:
+        problems.append(("mask_token_id", f"{spec.mask_token_id} is outside the vocabulary (0..{vocab - 1})"))
+    for real, name in given.items():
+        value = getattr(config, real)
+        if real.endswith("_token_id") and isinstance(value, int) and not 0 <= value < vocab:
+            problems.append((name, f"{value} is outside the vocabulary (0..{vocab - 1})"))
+    problems += _input_problems(spec, config, head)
+    if problems:
+        raise spec_failure(problems, spec)
+
+    # A bound without building anything: the token embeddings and 4 hidden x hidden projections per layer.
+    width = hidden if isinstance(hidden, int) else 1
+    layers = getattr(config, "num_hidden_layers", None) or 1
+    terms = {"vocab_size": vocab * width, "num_hidden_layers": 4 * layers * width * width}
+    if available is not None and FLOAT_BYTES * sum(terms.values()) > available:
+        largest = max(terms, key=lambda key: terms[key])
+        field_name = _field_of(config, largest, given, "")
+        field_name = field_name or _field_of(config, "hidden_size", given, origin)
+        raise spec_failure([(field_name, too_large(sum(terms.values()), available, "at least "))], spec)
+    try:
+        if callable(getattr(config, "validate", None)):
+            config.validate()  # the class's own cross-field checks (strict configs)
+        parameters = _parameters(spec, config, head)
+    except Exception as exc:  # anything the modelling code refuses: the config cannot make a model
+        raise spec_failure([(origin, f"the model cannot be built from this config: {brief(exc)}")], spec) from exc
+    if available is not None and FLOAT_BYTES * parameters > available:
+        raise spec_failure([(origin, too_large(parameters, available, ""))], spec)
+    return SpecCheck(config, parameters)
+
+
+def _parameters(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> int:
+    """The parameter count, from the model built on the meta device (no memory); two layers stand for all of them."""
+
+    def count(layers: int | None) -> int:
+        probe = copy.deepcopy(config)
+        if layers is not None:
+            probe.num_hidden_layers = layers
+        with torch.device("meta"):
+            model = _from_config(spec, probe, head)
+        return sum(p.numel() for p in model.parameters())
+
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(layers, int) or layers <= 2:
+        return count(None)
+    one, two = count(1), count(2)
+    return one + (layers - 1) * (two - one)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building the module
+
+
+def _auto_class(spec: ModelSpec) -> Any:
+    import transformers
+
+    return getattr(transformers, TASK_HEADS[spec.task][1])
+
+
+def _from_config(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> torch.nn.Module:
+    """The task's module with fresh weights: the Auto class's, a T5EncoderModel, or a speech model's encoder."""
+    cls, encoder_only = head
+    if spec.task in WRAPPED_TASKS:
+        model = _auto_class(spec).from_config(config, trust_remote_code=spec.trust_remote_code)
+    else:
+        model = cls._from_config(config)
+    return model.get_encoder() if encoder_only else model
+
+
+def build_random(spec: ModelSpec) -> torch.nn.Module:
+    """The architecture from its config with seeded random weights: no hub needed."""
+    head = _check_family(spec)
+    torch.manual_seed(RANDOM_SEED)
+    return _from_config(spec, _config(spec), head).eval()
+
+
+def build_pretrained(spec: ModelSpec) -> torch.nn.Module:
+    """`from_pretrained` from the HF cache, a local folder, or the hub.
+
+    The spec's overrides are set on the config object; the keywords are ours alone, so a spec can never switch on
+    remote code or unpickling. The folder's own Python runs only with `--trust-remote-code` on the command line.
+    """
+    cls, encoder_only = _check_family(spec)
+    config, _ = _with_overrides(spec, _base_config(spec, pretrained=True)[0])
+    loader = _auto_class(spec) if spec.task in WRAPPED_TASKS or not cls.__name__.endswith("EncoderModel") else cls
+    model = loader.from_pretrained(spec.model_id, config=config, trust_remote_code=spec.trust_remote_code)
+    return (model.get_encoder() if encoder_only else model).eval()
+
+
+def _load_huggingface(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
+    """The wrapped module with the weights `choice` resolved to."""
+    if choice.mode == "pretrained":
+        try:
+            module = build_pretrained(spec)
+        except SpecError:
+            raise
+        except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
+            raise PretrainedUnavailable(
+                f"cannot load pretrained weights for {spec.model_id!r}: {exc.__class__.__name__}: {str(exc)[:300]}"
+            ) from exc
+        return _wrap(spec, module, "pretrained", f"from_pretrained({spec.model_id!r})")
+    if choice.fallback:
+        console.loud_warning(
+            f"pretrained weights for {spec.model_id!r} are unavailable ({choice.reason}).\n"
+            f"Falling back to RANDOM weights (seed {RANDOM_SEED}): timings are representative, outputs are not."
+        )
+    note = f"random (seed {RANDOM_SEED})"
+    if choice.requested == "auto":
+        note += f"; pretrained unavailable: {choice.reason}"
+    return _wrap(spec, build_random(spec), "random", note)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the program computes
+
+
+def _logits_at(
+    model: torch.nn.Module, position: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """The model's logits at `position` (one per row) only: [B, 1, vocab].
+
+    The base model's last hidden state is cut to that one position before the head runs, so the head (the
+    largest matmul, hidden x vocab: a fifth of GPT-2's time) runs on one row instead of seq_len. A forward hook
+    on `base_model` does this for any HF head model, whose head reads the base model's first output.
+    """
+
+    def keep_position(_module: torch.nn.Module, _args: Any, output: Any) -> Any:
+        hidden = output[0]
+        if hidden.shape[0] == 1:  # the shape is static in the program: one row keeps the simpler graph
+            selected = torch.index_select(hidden, 1, position)
+        else:
+            selected = hidden[torch.arange(hidden.shape[0]), position].unsqueeze(1)
+        if isinstance(output, tuple):
+            return (selected, *output[1:])
+        output["last_hidden_state"] = selected
+        return output
+
+    handle = model.base_model.register_forward_hook(keep_position)
+    try:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    finally:
+        handle.remove()
+    return logits[0] if logits.shape[0] == 1 else logits[:, 0]
+
+
+class FillMaskLogits(torch.nn.Module):
+    """Masked-LM logits at each row's first [MASK] position: [B, vocab]."""
+
+    def __init__(self, model: torch.nn.Module, mask_token_id: int) -> None:
+        super().__init__()
+        self.model = model
+        self.mask_token_id = mask_token_id
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        position = (input_ids == self.mask_token_id).to(torch.int32).argmax(dim=1)
+        return _logits_at(self.model, position, input_ids, attention_mask)
+
+
+class LastTokenLogits(torch.nn.Module):
+    """Causal-LM logits of each row's last unmasked token: [B, vocab]."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        last = attention_mask.sum(dim=1) - 1
+        return _logits_at(self.model, last, input_ids, attention_mask)
+
+
+class FirstOutput(torch.nn.Module):
+    """The model as its user would export it: its inputs by name, its first output (logits, or the last hidden
+    state) as a plain tensor."""
+
+    def __init__(self, model: torch.nn.Module, input_names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = input_names
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        output = self.model(**dict(zip(self.input_names, inputs, strict=True)), return_dict=False)
+        return output[0]
+
+
+def delegable(model: torch.nn.Module) -> torch.nn.Module:
+    """The same function, written so XNNPACK can take all of it; in place.
+
+    - Eager attention: the SDPA decomposition leaves per-layer boolean-mask ops (where, eq, any, logical_not)
+      in portable kernels; eager attention adds one float mask inside the delegate.
+    - `gelu_new` becomes `gelu_pytorch_tanh`, the same tanh approximation: XNNPACK takes GELU but not `pow(x, 3)`,
+      which cost GPT-2 a portable `pow` per block (36 ms of 255 here).
+    """
+    from transformers.activations import NewGELUActivation, get_activation
+
+    model.set_attn_implementation("eager")
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, NewGELUActivation):
+                setattr(parent, name, get_activation("gelu_pytorch_tanh"))
+    return model
+
+
+def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> LoadedModel:
+    if spec.task == "fill-mask":
+        assert spec.mask_token_id is not None
+        wrapped: torch.nn.Module = FillMaskLogits(delegable(model), spec.mask_token_id)
+    elif spec.task == "causal-lm":
+        wrapped = LastTokenLogits(delegable(model))
+    else:
+        head = _check_family(spec)
+        names = tuple(item.name for item in model_inputs(spec, model.config, head))
+        wrapped = FirstOutput(model, names)
+    parameters = sum(p.numel() for p in model.parameters())
+    return LoadedModel(wrapped.eval(), weights, note, parameters)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference inputs
+
+
+def reference_inputs(
+    spec: ModelSpec, vocab_size: int, inputs: tuple[InputSpec, ...] | None = None, segments: int = 1
+) -> list[NamedTensor]:
+    """Deterministic inputs of the shapes `inputs` (default: the spec's); `segments` is the family's number of token
+    types. See `_token_inputs`, `_image`, `_audio`, `_log_mel`."""
+    inputs = spec.inputs if inputs is None else inputs
+    rng = np.random.default_rng(RANDOM_SEED)
+    if inputs[0].name in TEXT_INPUTS:
+        return _token_inputs(spec, vocab_size, inputs, rng, segments)
+    item = inputs[0]
+    if item.name == IMAGE_INPUT:
+        array = _image(rng, item.shape)
+    elif item.name == "input_values":
+        array = _audio(rng, item.shape)
+    else:
+        array = _log_mel(rng, item.shape)
+    return [NamedTensor(item.name, array)]
+
+
+def _token_inputs(
+    spec: ModelSpec, vocab_size: int, inputs: tuple[InputSpec, ...], rng: np.random.Generator, segments: int
+) -> list[NamedTensor]:
+    """A padded sequence per row (3/4 real tokens in the first, then 1/2, 3/4, ...) with a [MASK] for fill-mask
+    models; token types 0 then 1 (two segments) where the family has two."""
+    batch, seq_len = inputs[0].shape
+    low = min(1000, vocab_size // 2)
+    input_ids = np.zeros((batch, seq_len), dtype=np.int64)
+    attention_mask = np.zeros((batch, seq_len), dtype=np.int64)
+    token_types = np.zeros((batch, seq_len), dtype=np.int64)
+    for row in range(batch):
+        real = max(1, (seq_len * (3 if row % 2 == 0 else 2)) // 4)
+        input_ids[row, :real] = rng.integers(low, vocab_size, size=real)
+        if spec.task == "fill-mask":
+            assert spec.mask_token_id is not None
+            input_ids[row, min(real - 1, max(1, real // 3))] = spec.mask_token_id
+        attention_mask[row, :real] = 1
+        if segments >= 2:
+            token_types[row, real // 2 : real] = 1
+    arrays = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_types}
+    return [NamedTensor(item.name, arrays[item.name]) for item in inputs]
+
+
+def _image(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Uniform pixels in [0, 1], normalised as ViT's image processor does (mean 0.5, std 0.5): [-1, 1]."""
+    pixels = rng.random(shape, dtype=np.float32)
+    return ((pixels - 0.5) / 0.5).astype(np.float32)
+
+
+def _waveform(rng: np.random.Generator, batch: int, samples: int) -> np.ndarray:
+    """A chord and a little noise per row (a different chord each), 16 kHz: [batch, samples] in [-1, 1]."""
+    time = np.arange(samples, dtype=np.float64) / _SAMPLE_RATE
+    rows = []
+    for row in range(batch):
+        base = 220.0 * (row + 1)
+        tone = sum(np.sin(2 * np.pi * base * k * time) / k for k in (1, 2, 3))
+        rows.append(0.3 * tone / 1.83 + 0.05 * rng.standard_normal(samples))
+    return np.clip(np.stack(rows), -1.0, 1.0)
+
+
+def _audio(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """The waveform as wav2vec2's feature extractor hands it over: zero mean, unit variance per row."""
+    wave = _waveform(rng, *shape)
+    normalised = (wave - wave.mean(axis=1, keepdims=True)) / np.sqrt(wave.var(axis=1, keepdims=True) + 1e-7)
+    return normalised.astype(np.float32)
+
+
+def _log_mel(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """The waveform through Whisper's own feature extractor (log-mel, scaled to about [-1, 1.5]):
+    [batch, mel bins, frames]."""
+    from transformers import WhisperFeatureExtractor
+
+    batch, bins, frames = shape
+    extractor = WhisperFeatureExtractor(feature_size=bins, sampling_rate=_SAMPLE_RATE)
+    extractor.n_samples = frames * _WHISPER_HOP  # the window the encoder takes, whatever its length
+    extractor.nb_max_frames = frames
+    waves = list(_waveform(rng, batch, frames * _WHISPER_HOP).astype(np.float32))
+    features = extractor(waves, sampling_rate=_SAMPLE_RATE, return_tensors="np")["input_features"]
+    return np.ascontiguousarray(features[:, :, :frames], dtype=np.float32)
+
+
+def vocab_size_of(module: torch.nn.Module) -> int:
+    inner = getattr(module, "model", module)
+    return int(inner.config.vocab_size)
+
+
+class HuggingFace:
+    """The `huggingface` source: transformers' head for the task, from a config or `from_pretrained`."""
+
+    def check(self, spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
+        return _check_huggingface(spec, choice, available)
+
+    def load(self, spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
+        return _load_huggingface(spec, choice)
+
+    def example_inputs(self, spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]:
+        config = module.model.config
+        inputs = model_inputs(spec, config, _check_family(spec))
+        vocab = getattr(config, "vocab_size", None) or 1
+        segments = getattr(config, "type_vocab_size", None) or 1
+        return reference_inputs(spec, int(vocab), inputs, int(segments))
+
+
+HUGGINGFACE = HuggingFace()

@@ -136,7 +136,8 @@ _TINY_BERT = ModelSpec(
     "spec", [BUILTIN_SPECS["distilbert-tiny"], BUILTIN_SPECS["gpt2-tiny"], _TINY_BERT], ids=lambda spec: spec.name
 )
 def test_wrappers_select_the_position_before_the_head(spec: ModelSpec) -> None:
-    from orchestrator.lowering.models import build_random, load_model, reference_inputs
+    from orchestrator.lowering.huggingface_source import build_random, reference_inputs
+    from orchestrator.lowering.models import load_model
 
     wrapped = load_model(spec, "random").module
     inputs = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, 1000))

@@ -51,7 +51,7 @@ def eager_linear_count(name: str) -> int:
     """How many linear layers the eager model has (nn.Linear and HF Conv1D), counted without our code."""
     import torch
 
-    from orchestrator.lowering.models import build_random
+    from orchestrator.lowering.huggingface_source import build_random
 
     model = build_random(BUILTIN_SPECS[name])
     return sum(isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D" for m in model.modules())
@@ -137,7 +137,8 @@ def test_the_shipped_quantizer_breaks_integer_index_arithmetic_and_ours_does_not
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    from orchestrator.lowering.models import load_model, reference_inputs, vocab_size_of
+    from orchestrator.lowering.huggingface_source import reference_inputs
+    from orchestrator.lowering.models import load_model, vocab_size_of
     from orchestrator.lowering.quantize import quantize as quantize_module
     from orchestrator.lowering.quantize import shipped_quantizer, swap_conv1d
 
@@ -166,7 +167,8 @@ def test_int8_static_keeps_the_attention_mask_add_in_float(monkeypatch: pytest.M
     import torch
 
     from orchestrator.lowering import quantize as quantizing
-    from orchestrator.lowering.models import load_model, reference_inputs, vocab_size_of
+    from orchestrator.lowering.huggingface_source import reference_inputs
+    from orchestrator.lowering.models import load_model, vocab_size_of
 
     spec = BUILTIN_SPECS["gpt2-tiny"]
     module = load_model(spec, "random").module
@@ -187,7 +189,8 @@ def test_layers_8da4w_cannot_group_are_named_as_float() -> None:
     """A user's spec whose widths are not multiples of the group size: the float layers are listed, never hidden."""
     import torch
 
-    from orchestrator.lowering.models import load_model, reference_inputs, vocab_size_of
+    from orchestrator.lowering.huggingface_source import reference_inputs
+    from orchestrator.lowering.models import load_model, vocab_size_of
     from orchestrator.lowering.quantize import quantize as quantize_module
 
     spec = ModelSpec(

@@ -67,14 +67,14 @@ def test_valid_user_spec(tmp_path: Path) -> None:
     ("change", "field", "fragment"),
     [
         ({"task": "translation"}, "task", "not supported"),
-        ({"model_type": "t5"}, "model_type", "not supported"),
+        ({"model_type": "t5 encoder"}, "model_type", "is not a model family name"),
         ({"seq_len": "128"}, "seq_len", "expected an integer 1-4096, got '128'"),
         ({"seq_len": 0}, "seq_len", "expected an integer 1-4096, got 0"),
         ({"name": "bad/name"}, "name", "letters, digits"),
         ({"mask_token_id": None}, "mask_token_id", "required for task 'fill-mask'"),
         ({"config": [1, 2]}, "config", "expected a mapping"),
         ({"sequence_length": 64}, "sequence_length", "did you mean 'seq_len'"),
-        ({"inputs": [{"name": "input_ids", "dtype": "int32", "shape": [1, 128]}]}, "inputs", "input_ids and"),
+        ({"inputs": [{"name": "input_ids", "dtype": "int32", "shape": [1, 128]}]}, "inputs[0].dtype", "is int64"),
     ],
 )
 def test_bad_spec_names_file_and_field(tmp_path: Path, change: dict, field: str, fragment: str) -> None:
@@ -89,12 +89,12 @@ def test_bad_spec_names_file_and_field(tmp_path: Path, change: dict, field: str,
 
 def test_every_mistake_is_reported_with_its_line(tmp_path: Path) -> None:
     path = write_spec(
-        tmp_path, None, raw='{\n  "name": "x",\n  "model_type": "t5",\n  "task": "fill-mask",\n  "seq_len": -1\n}'
+        tmp_path, None, raw='{\n  "name": "x",\n  "model_type": "t5/x",\n  "task": "fill-mask",\n  "seq_len": -1\n}'
     )
     with pytest.raises(SpecError) as excinfo:
         load_spec_file(path)
     lines = str(excinfo.value).splitlines()
-    assert lines[0] == f"{path}:3: field 'model_type': 't5' is not supported; supported: distilbert, gpt2, bert"
+    assert lines[0] == f"{path}:3: field 'model_type': 't5/x' is not a model family name (like 'bert', 'llama' or 'vit')"
     assert lines[1] == f"{path}:5: field 'seq_len': expected an integer 1-4096, got -1"
 
 
@@ -158,7 +158,8 @@ def test_every_model_source_has_a_builder() -> None:
 
 
 def test_a_huggingface_spec_builds_through_its_source() -> None:
-    from orchestrator.lowering.models import HUGGINGFACE, check_spec, example_inputs, load_model
+    from orchestrator.lowering.huggingface_source import HUGGINGFACE
+    from orchestrator.lowering.models import check_spec, example_inputs, load_model
 
     spec = BUILTIN_SPECS["gpt2-tiny"]
     assert models_builder_of(spec) is HUGGINGFACE

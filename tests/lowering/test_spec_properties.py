@@ -75,7 +75,8 @@ def validates_or_refuses(path: Path) -> bool:
     """True when the spec validated and its model then built and ran; False when refused with a SpecError."""
     import torch
 
-    from orchestrator.lowering.models import load_model, reference_inputs, vocab_size_of
+    from orchestrator.lowering.huggingface_source import reference_inputs
+    from orchestrator.lowering.models import load_model, vocab_size_of
 
     try:
         spec = load_spec_file(path)

@@ -198,7 +198,7 @@ def test_pretrained_overrides_never_reach_from_pretrained_as_keywords(
     """Overrides are set on the config object, which is what `from_pretrained` gets."""
     import transformers
 
-    from orchestrator.lowering import models
+    from orchestrator.lowering import huggingface_source
 
     folder, _ = pickled_weights_folder(tmp_path)
     seen: dict[str, Any] = {}
@@ -210,7 +210,7 @@ def test_pretrained_overrides_never_reach_from_pretrained_as_keywords(
     monkeypatch.setattr(transformers.AutoModelForMaskedLM, "from_pretrained", fake_from_pretrained)
     spec = load_spec_file(write_spec(tmp_path / "spec.json", spec_data(model_id=str(folder), config={"n_layers": 1})))
     with pytest.raises(RuntimeError, match="stop here"):
-        models.build_pretrained(spec)
+        huggingface_source.build_pretrained(spec)
     assert set(seen) == {"config", "trust_remote_code"}, seen
     assert seen["trust_remote_code"] is False and seen["config"].n_layers == 1
 
@@ -259,13 +259,14 @@ def test_a_model_too_large_for_the_memory_is_refused(tmp_path: Path) -> None:
         checked(path, available=200 << 20)
 
 
-def test_a_model_type_gets_no_did_you_mean_to_another_family(tmp_path: Path) -> None:
-    """`roberta` → `bert` would build a different model; a different spelling of the same family is fine."""
-    with pytest.raises(SpecError) as excinfo:
-        load_spec_file(write_spec(tmp_path / "spec.json", spec_data() | {"model_type": "roberta"}))
-    assert "'roberta' is not supported" in str(excinfo.value) and "did you mean" not in str(excinfo.value)
-    with pytest.raises(SpecError, match="did you mean 'gpt2'"):
-        load_spec_file(write_spec(tmp_path / "spec.json", spec_data("gpt2") | {"model_type": "GPT-2"}))
+def test_a_model_type_transformers_does_not_know_gets_a_did_you_mean(tmp_path: Path) -> None:
+    """Any family transformers knows is a model type; another name is refused before anything loads, with the
+    closest of transformers' own names."""
+    for model_type, close in (("Roberta", "roberta"), ("robertta", "roberta"), ("GPT2", "gpt2")):
+        path = write_spec(tmp_path / "spec.json", spec_data() | {"model_type": model_type})
+        with pytest.raises(SpecError, match=rf"spec\.json:3: field 'model_type': '{model_type}' is not a model family "
+                                            rf"transformers knows \(did you mean '{close}'\?\)"):  # fmt: skip
+            checked(path)
 
 
 def test_a_valid_spec_builds_what_it_says(tmp_path: Path) -> None:

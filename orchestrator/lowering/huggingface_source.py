@@ -187,8 +187,9 @@ def _base_config(spec: ModelSpec, pretrained: bool) -> tuple[Any, str]:
     return config, "model_id"
 
 
-def _with_overrides(spec: ModelSpec, base: Any) -> tuple[Any, dict[str, str]]:
+def _with_overrides(spec: ModelSpec, base: Any, defaults: bool) -> tuple[Any, dict[str, str]]:
     """`base` with the spec's `config` set field by field (each checked by the class); the fields they set -> key.
+    `defaults`: `base` is the family's default config, built again from the overrides so derived fields follow.
 
     Nothing from the spec ever becomes a keyword of `from_pretrained`.
     """
@@ -223,6 +224,12 @@ def _with_overrides(spec: ModelSpec, base: Any) -> tuple[Any, dict[str, str]]:
                 given[allowed[key]] = name
     if problems:
         raise spec_failure(problems, spec)
+    if defaults and given:  # built again through the constructor, which derives fields (Llama's head_dim) from them
+        values = {real: getattr(config, real) for real in given}
+        try:
+            config = type(base)(**values)
+        except Exception as exc:  # the constructor's own checks
+            raise spec_failure([("config", f"the config class refuses these values: {brief(exc)}")], spec) from exc
     return config, given
 
 
@@ -234,7 +241,7 @@ def _field_of(config: Any, attribute: str, given: dict[str, str], origin: str) -
 
 def _config(spec: ModelSpec) -> Any:
     """The default config of the model type with the spec's overrides."""
-    config, _ = _with_overrides(spec, _base_config(spec, pretrained=False)[0])
+    config, _ = _with_overrides(spec, _base_config(spec, pretrained=False)[0], defaults=True)
     return config
 
 
@@ -316,7 +323,7 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
     """
     head = _check_family(spec)
     base, origin = _base_config(spec, choice.mode == "pretrained")
-    config, given = _with_overrides(spec, base)
+    config, given = _with_overrides(spec, base, choice.mode != "pretrained")
 
     problems: list[tuple[str, str]] = []
     for attribute in _SIZES:
@@ -417,7 +424,7 @@ def build_pretrained(spec: ModelSpec) -> torch.nn.Module:
     remote code or unpickling. The folder's own Python runs only with `--trust-remote-code` on the command line.
     """
     cls, encoder_only = _check_family(spec)
-    config, _ = _with_overrides(spec, _base_config(spec, pretrained=True)[0])
+    config, _ = _with_overrides(spec, _base_config(spec, pretrained=True)[0], defaults=False)
     loader = _auto_class(spec) if spec.task in WRAPPED_TASKS or not cls.__name__.endswith("EncoderModel") else cls
     model = loader.from_pretrained(spec.model_id, config=config, trust_remote_code=spec.trust_remote_code)
     return (model.get_encoder() if encoder_only else model).eval()

@@ -778,6 +778,12 @@ def load_spec_file(path: Path) -> ModelSpec:
         spec_lines |= {field_path("config", key.value): line_of(key) for key, _ in config_node.value}
     if isinstance(kwargs_node, MappingNode):
         spec_lines |= {field_path("kwargs", key.value): line_of(key) for key, _ in kwargs_node.value}
+    inputs_node = value_node(root, "inputs")
+    if isinstance(inputs_node, SequenceNode):  # a builder's problem with `inputs[1].shape` names that line
+        for index, item in enumerate(inputs_node.value):
+            spec_lines[f"inputs[{index}]"] = line_of(item)
+            if isinstance(item, MappingNode):
+                spec_lines |= {f"inputs[{index}].{key.value}": line_of(value) for key, value in item.value}
     for spec_field, real in source.renames.items():  # the builder blames the spec file's name of the field
         if spec_field in spec_lines:
             spec_lines[real] = spec_lines[spec_field]

@@ -56,6 +56,7 @@ TASK_HEADS: dict[str, tuple[str, str]] = {
     "audio-classification": ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification"),
     "speech-encoder": ("MODEL_MAPPING_NAMES", "AutoModel"),
 }
+TEXT_HEADS = ("text-classification", "token-classification", "feature-extraction")
 CLASSIFICATION_TASKS = ("text-classification", "token-classification", "image-classification", "audio-classification")
 # The sizes most configs have (through their attribute_map): each must be a positive integer.
 _SIZES = ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "max_position_embeddings")
@@ -106,7 +107,10 @@ def head_class(model_type: str, task: str) -> tuple[Any, bool] | None:
     if name is None:
         return None
     encoder_only = False
-    if task == "feature-extraction" and getattr(_default_config(model_type), "is_encoder_decoder", False):
+    encoder_decoder = task in TEXT_HEADS and getattr(_default_config(model_type), "is_encoder_decoder", False)
+    if encoder_decoder and task != "feature-extraction":
+        return None  # a decoder to feed too (T5's classifiers want decoder ids and one <eos> per row): not etlab's
+    if encoder_decoder:
         name = name.replace("Model", "EncoderModel", 1)  # T5EncoderModel: the encoder's last hidden state
     # wav2vec2 and its kind (CTC models) take input_values; Whisper's kind: the encoder, on log-mel input_features
     elif task == "speech-encoder" and _mapped("MODEL_FOR_CTC_MAPPING_NAMES", model_type) is None:
@@ -349,6 +353,9 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
         if real.endswith("_token_id") and isinstance(value, int) and not 0 <= value < vocab:
             problems.append((name, f"{value} is outside the vocabulary (0..{vocab - 1})"))
     problems += _input_problems(spec, config, head)
+    if spec.batch_size > 1 and getattr(config, "pad_token_id", None) is None and _reads_last_token(head[0]):
+        problems.append(("batch_size", f"{head[0].__name__} finds each row's last token by its padding, so a batch "
+                                       "needs config.pad_token_id"))  # fmt: skip
     if problems:
         raise spec_failure(problems, spec)
 
@@ -370,6 +377,13 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
     if available is not None and FLOAT_BYTES * parameters > available:
         raise spec_failure([(origin, too_large(parameters, available, ""))], spec)
     return SpecCheck(config, parameters)
+
+
+def _reads_last_token(cls: Any) -> bool:
+    """A decoder's sequence classifier: it classifies each row's last token that is not padding."""
+    from transformers.modeling_layers import GenericForSequenceClassification
+
+    return isinstance(cls, type) and issubclass(cls, GenericForSequenceClassification)
 
 
 def _parameters(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> int:
@@ -562,14 +576,14 @@ def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> L
 
 
 def reference_inputs(
-    spec: ModelSpec, vocab_size: int, inputs: tuple[InputSpec, ...] | None = None, segments: int = 1
+    spec: ModelSpec, vocab_size: int, inputs: tuple[InputSpec, ...] | None = None, segments: int = 1, pad: int = 0
 ) -> list[NamedTensor]:
     """Deterministic inputs of the shapes `inputs` (default: the spec's); `segments` is the family's number of token
-    types. See `_token_inputs`, `_image`, `_audio`, `_log_mel`."""
+    types, `pad` its padding token id. See `_token_inputs`, `_image`, `_audio`, `_log_mel`."""
     inputs = spec.inputs if inputs is None else inputs
     rng = np.random.default_rng(RANDOM_SEED)
     if inputs[0].name in TEXT_INPUTS:
-        return _token_inputs(spec, vocab_size, inputs, rng, segments)
+        return _token_inputs(spec, vocab_size, inputs, rng, segments, pad)
     item = inputs[0]
     if item.name == IMAGE_INPUT:
         array = _image(rng, item.shape)
@@ -581,13 +595,19 @@ def reference_inputs(
 
 
 def _token_inputs(
-    spec: ModelSpec, vocab_size: int, inputs: tuple[InputSpec, ...], rng: np.random.Generator, segments: int
+    spec: ModelSpec,
+    vocab_size: int,
+    inputs: tuple[InputSpec, ...],
+    rng: np.random.Generator,
+    segments: int,
+    pad: int,
 ) -> list[NamedTensor]:
-    """A padded sequence per row (3/4 real tokens in the first, then 1/2, 3/4, ...) with a [MASK] for fill-mask
-    models; token types 0 then 1 (two segments) where the family has two."""
+    """A sequence per row (3/4 real tokens in the first, then 1/2, 3/4, ...), padded with the pad token (a decoder's
+    classifier reads the last token that is not one), with a [MASK] for fill-mask models; token types 0 then 1 (two
+    segments) where the family has two."""
     batch, seq_len = inputs[0].shape
     low = min(1000, vocab_size // 2)
-    input_ids = np.zeros((batch, seq_len), dtype=np.int64)
+    input_ids = np.full((batch, seq_len), pad, dtype=np.int64)
     attention_mask = np.zeros((batch, seq_len), dtype=np.int64)
     token_types = np.zeros((batch, seq_len), dtype=np.int64)
     for row in range(batch):
@@ -660,7 +680,9 @@ class HuggingFace:
         inputs = model_inputs(spec, config, _check_family(spec))
         vocab = getattr(config, "vocab_size", None) or 1
         segments = getattr(config, "type_vocab_size", None) or 1
-        return reference_inputs(spec, int(vocab), inputs, int(segments))
+        pad = getattr(config, "pad_token_id", None)
+        pad = pad if isinstance(pad, int) and 0 <= pad < vocab else 0
+        return reference_inputs(spec, int(vocab), inputs, int(segments), pad)
 
 
 HUGGINGFACE = HuggingFace()

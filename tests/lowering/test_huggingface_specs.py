@@ -69,7 +69,7 @@ def test_a_family_and_a_task_it_has_a_head_for_pass_the_check(tmp_path: Path, mo
                                           "feature-extraction"),
         ("vit", "fill-mask", "feature-extraction, image-classification"),
         ("wav2vec2", "causal-lm", "feature-extraction, audio-classification, speech-encoder"),
-        ("t5", "causal-lm", "text-classification, token-classification, feature-extraction"),
+        ("t5", "text-classification", "feature-extraction"),
     ],
 )  # fmt: skip
 def test_a_task_the_family_has_no_head_for_is_refused_naming_its_tasks(

@@ -1,5 +1,6 @@
-"""Property tests of spec and calibration files: any spec file, any spec text and any JSON or ETLT calibration file
-validates (and then builds, or is usable) or is refused as a usage error, never another failure.
+"""Property tests of spec and calibration files: any spec file, any spec text, any family, task and declared inputs,
+and any JSON or ETLT calibration file validates (and then builds, or is usable) or is refused as a usage error, never
+another failure.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import SpecError, UsageError
-from orchestrator.lowering.spec import load_spec_file
+from orchestrator.lowering.spec import BUILTIN_SPECS, INPUT_KINDS, TASKS, load_spec_file
 from orchestrator.tensorfile import NamedTensor, write_tensors
 from tests.lowering.spec_helpers import (
     BERT_TINY,
@@ -107,6 +108,97 @@ def test_any_spec_file_validates_or_is_refused(
     path = folder / "spec.json"
     path.write_text(json.dumps(data, indent=2))
     event("validated and built" if validates_or_refuses(path) else "refused")
+
+
+# Tiny configs of one family per input kind (their spec builds in a fraction of a second), and names that are none.
+FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
+    "bert": BERT_TINY,
+    "roberta": {**BERT_TINY, "pad_token_id": 1},
+    "llama": {"vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64},
+    "vit": BUILTIN_SPECS["vit-tiny"].config,
+    "wav2vec2": BUILTIN_SPECS["wav2vec2-tiny"].config,
+    "whisper": BUILTIN_SPECS["whisper-tiny-encoder-tiny"].config,
+}  # fmt: skip
+FAMILY_TASKS = {
+    "bert": ("fill-mask", "text-classification", "token-classification", "feature-extraction"),
+    "roberta": ("text-classification", "feature-extraction"),
+    "llama": ("causal-lm", "text-classification"),
+    "vit": ("image-classification", "feature-extraction"),
+    "wav2vec2": ("speech-encoder", "audio-classification"),
+    "whisper": ("speech-encoder",),
+}
+_IDS = ("input_ids", "attention_mask")
+FAMILY_INPUTS = {  # declared inputs of the right kind (the batch or the sizes perhaps not the spec's)
+    "bert": [(_IDS, [2, 16]), ((*_IDS, "token_type_ids"), [1, 8])],
+    "llama": [(_IDS, [2, 16])],
+    "vit": [(("pixel_values",), [2, 3, 32, 32]), (("pixel_values",), [1, 3, 16, 16])],
+    "wav2vec2": [(("input_values",), [2, 1000])],
+    "whisper": [(("input_features",), [2, 80, 100]), (("input_features",), [1, 80, 3000])],
+}
+declared_input = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from([*INPUT_KINDS, "pixels", ""]),
+        "dtype": st.sampled_from(["int64", "float32", "int32"]),
+        "shape": st.lists(st.sampled_from([1, 2, 3, 16, 32, 80, 100, 400, 1000]), max_size=4),
+    }
+)
+
+
+@st.composite
+def family_specs(draw: st.DrawFn) -> dict[str, Any]:
+    model_type = draw(st.sampled_from([*FAMILY_CONFIGS, "Bert", "t5", "no_such_family"]))
+    # Mostly a task the family has, so that a good share validates and runs.
+    task = draw(st.one_of(st.sampled_from(FAMILY_TASKS.get(model_type, TASKS)), st.sampled_from([*TASKS, "x"])))
+    config = dict(FAMILY_CONFIGS.get(model_type, {"d_model": 32}))
+    data: dict[str, Any] = {"name": "family", "model_type": model_type, "task": task, "config": config}
+    if task == "fill-mask":
+        data["mask_token_id"] = 3
+    if task == "image-classification":
+        data["image_size"] = 32
+    if model_type in ("bert", "roberta", "llama"):
+        data["seq_len"] = 16  # within their 64 position embeddings
+    plausible_inputs = [[{"name": name, "dtype": INPUT_KINDS[name][0], "shape": shape} for name in names]
+                        for names, shape in FAMILY_INPUTS.get(model_type, [])]  # fmt: skip
+    optional = {"batch_size": st.integers(0, 3), "seq_len": st.sampled_from([8, 16, 100]),
+                "image_size": st.sampled_from([16, 32, 64]),
+                "inputs": st.one_of(st.sampled_from(plausible_inputs or [[]]), st.lists(declared_input, max_size=3),
+                                    json_value)}  # fmt: skip
+    for key in draw(st.lists(st.sampled_from(sorted(optional)), max_size=2, unique=True)):
+        data[key] = draw(optional[key])
+    return data
+
+
+@FUZZ
+@given(data=family_specs())
+@example(data={"name": "v", "model_type": "vit", "task": "image-classification", "image_size": 32, "batch_size": 2,
+               "config": FAMILY_CONFIGS["vit"]})  # fmt: skip
+@example(data={"name": "w", "model_type": "whisper", "task": "speech-encoder", "config": FAMILY_CONFIGS["whisper"],
+               "inputs": [{"name": "input_features", "dtype": "float32", "shape": [2, 80, 100]}]})  # fmt: skip
+def test_any_family_task_and_inputs_validate_and_run_or_are_refused(
+    tmp_path_factory: pytest.TempPathFactory, data: dict[str, Any]
+) -> None:
+    """Validated: the model builds, its reference inputs have the declared shapes and it runs at that batch size."""
+    import torch
+
+    from orchestrator.lowering.models import example_inputs, load_model
+
+    path = tmp_path_factory.mktemp("spec") / "spec.json"
+    path.write_text(json.dumps(data, indent=2))
+    try:
+        spec = load_spec_file(path)
+        checked(path, available=64 << 20)
+    except SpecError:
+        event("refused")
+        return
+    event(f"validated: {spec.task}")
+    loaded = load_model(spec, "random")
+    inputs = example_inputs(spec, loaded.module)
+    if spec.declared_inputs:
+        assert [(t.name, t.array.shape) for t in inputs] == [(i.name, i.shape) for i in spec.declared_inputs]
+    with torch.no_grad():
+        output = loaded.module(*(torch.from_numpy(t.array) for t in inputs))
+    assert output.shape[0] == spec.batch_size and torch.isfinite(output).all()
 
 
 def nested_config(depth: int) -> str:

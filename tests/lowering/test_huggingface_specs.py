@@ -110,7 +110,12 @@ def test_default_inputs_follow_the_task_and_the_family(tmp_path: Path) -> None:
     ids = [("input_ids", "int64", (2, 16)), ("attention_mask", "int64", (2, 16))]
     assert defaults(spec("bert", "token-classification", seq_len=16, batch_size=2)) == [
         *ids, ("token_type_ids", "int64", (2, 16))]  # fmt: skip
-    assert defaults(spec("llama", "text-classification", seq_len=16, batch_size=2)) == ids  # no segment embeddings
+    llama = spec("llama", "text-classification", seq_len=16, batch_size=2, config={"pad_token_id": 0})
+    assert defaults(llama) == ids  # no segment embeddings
+    # A decoder's classifier reads each row's last token that is not padding: a batch needs the pad token's id.
+    refused = r"field 'batch_size': LlamaForSequenceClassification finds each row's last token by its padding"
+    with pytest.raises(SpecError, match=rf"spec\.json:\d+: {refused}, so a batch needs config\.pad_token_id"):
+        defaults(llama | {"config": None})
     assert defaults(spec("bert", "fill-mask", seq_len=16, batch_size=2)) == ids  # the fill-mask wrapper's two
     assert defaults(spec("vit", "image-classification", image_size=224)) == [
         ("pixel_values", "float32", (1, 3, 224, 224))

@@ -127,3 +127,5 @@ def test_a_wrapped_task_at_batch_2_selects_each_rows_own_position() -> None:
     last = mask.sum(dim=1) - 1
     assert selected.shape == (2, 1000)
     torch.testing.assert_close(selected, full[torch.arange(2), last], rtol=1e-4, atol=1e-5)
+    program = torch.export.export(loaded.module, (ids, mask), strict=False)  # the row selection exports too
+    torch.testing.assert_close(program.module()(ids, mask), selected, rtol=1e-4, atol=1e-5)

@@ -306,11 +306,24 @@ def _input_problems(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> lis
             problems.append((f"{where}.shape", f"{item.shape[1]} samples are fewer than the 400 of one frame"))
     if spec.declared_inputs and main not in {item.name for item in spec.declared_inputs} and not problems:
         problems.append(("inputs", f"{cls.__name__} needs {main}"))
-    if main == IMAGE_INPUT and not spec.declared_inputs and spec.image_size is not None:
-        side = getattr(config, "image_size", None)
-        if isinstance(side, int) and side != spec.image_size and spec.model_type == "vit":
-            problems.append(("image_size", f"{spec.image_size} is not the config's image_size, {side}"))
     return problems
+
+
+def _run_on_meta(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> None:
+    """Run the task's module on the meta device (shapes only, no memory) with the inputs' shapes: refuses what only
+    fails when it runs (an image of another size than ViT's position embeddings, too little audio). A model whose
+    forward reads values (`.item()`) cannot run there; it is left to the lowering."""
+    inputs = model_inputs(spec, config, head)
+    try:
+        with torch.device("meta"):
+            module = FirstOutput(_from_config(spec, config, head), tuple(item.name for item in inputs))
+            module(*(torch.zeros(item.shape, dtype=getattr(torch, item.dtype)) for item in inputs))
+    except Exception as exc:
+        if "meta" in str(exc) or isinstance(exc, NotImplementedError):  # the meta device, not the spec
+            return
+        where = "inputs" if spec.declared_inputs else "image_size" if spec.image_size is not None else "task"
+        shapes = ", ".join(f"{item.name} {list(item.shape)}" for item in inputs)
+        raise spec_failure([(where, f"the model cannot run on {shapes}: {brief(exc)}")], spec) from exc
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -376,6 +389,8 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
         raise spec_failure([(origin, f"the model cannot be built from this config: {brief(exc)}")], spec) from exc
     if available is not None and FLOAT_BYTES * parameters > available:
         raise spec_failure([(origin, too_large(parameters, available, ""))], spec)
+    if spec.task not in WRAPPED_TASKS:
+        _run_on_meta(spec, config, head)
     return SpecCheck(config, parameters)
 
 

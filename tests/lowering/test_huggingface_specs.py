@@ -215,6 +215,11 @@ def test_fields_of_another_kind_of_input_are_refused(tmp_path: Path) -> None:
         load_spec_file(write(tmp_path, spec("vit", "image-classification") | {"image_size": None}))
     with pytest.raises(SpecError, match=r"field 'image_size': is for task 'image-classification' only"):
         load_spec_file(write(tmp_path, spec("bert", "text-classification", image_size=32)))
+    # Run on the meta device before anything loads: an image of another size than ViT's position embeddings.
+    vit = spec("vit", "image-classification", image_size=64, config=BUILTIN_SPECS["vit-tiny"].config)
+    cannot_run = r"the model cannot run on pixel_values \[1, 3, 64, 64\]: ValueError: Input image size \(64\*64\)"
+    with pytest.raises(SpecError, match=rf"spec\.json:6: field 'image_size': {cannot_run} doesn't match"):
+        checked(write(tmp_path, vit))
     with pytest.raises(SpecError, match=r"field 'seq_len': is for text tasks only"):
         load_spec_file(write(tmp_path, spec("wav2vec2", "speech-encoder", seq_len=32)))
     with pytest.raises(SpecError, match=r"field 'config.num_labels': expected a number of classes from 1 to 100000"):

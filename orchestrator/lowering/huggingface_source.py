@@ -591,12 +591,17 @@ def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> L
 
 
 def reference_inputs(
-    spec: ModelSpec, vocab_size: int, inputs: tuple[InputSpec, ...] | None = None, segments: int = 1, pad: int = 0
+    spec: ModelSpec,
+    vocab_size: int,
+    inputs: tuple[InputSpec, ...] | None = None,
+    segments: int = 1,
+    pad: int = 0,
+    seed: int = RANDOM_SEED,
 ) -> list[NamedTensor]:
     """Deterministic inputs of the shapes `inputs` (default: the spec's); `segments` is the family's number of token
     types, `pad` its padding token id. See `_token_inputs`, `_image`, `_audio`, `_log_mel`."""
     inputs = spec.inputs if inputs is None else inputs
-    rng = np.random.default_rng(RANDOM_SEED)
+    rng = np.random.default_rng(seed)
     if inputs[0].name in TEXT_INPUTS:
         return _token_inputs(spec, vocab_size, inputs, rng, segments, pad)
     item = inputs[0]
@@ -649,7 +654,7 @@ def _waveform(rng: np.random.Generator, batch: int, samples: int) -> np.ndarray:
     time = np.arange(samples, dtype=np.float64) / _SAMPLE_RATE
     rows = []
     for row in range(batch):
-        base = 220.0 * (row + 1)
+        base = 220.0 * (row + 1) * rng.uniform(0.8, 1.25)
         tone = sum(np.sin(2 * np.pi * base * k * time) / k for k in (1, 2, 3))
         rows.append(0.3 * tone / 1.83 + 0.05 * rng.standard_normal(samples))
     return np.clip(np.stack(rows), -1.0, 1.0)
@@ -679,6 +684,15 @@ def _log_mel(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 def vocab_size_of(module: torch.nn.Module) -> int:
     inner = getattr(module, "model", module)
     return int(inner.config.vocab_size)
+
+
+def calibration_inputs(spec: ModelSpec, module: torch.nn.Module, samples: int) -> list[tuple[torch.Tensor, ...]]:
+    """Calibration samples (int8-static) for a model of float inputs (audio): the reference inputs, then inputs made
+    the same way from other seeds."""
+    config = module.model.config
+    inputs = model_inputs(spec, config, _check_family(spec))
+    made = [reference_inputs(spec, 1, inputs, seed=RANDOM_SEED + sample) for sample in range(samples)]
+    return [tuple(torch.from_numpy(tensor.array) for tensor in tensors) for tensors in made]
 
 
 class HuggingFace:

@@ -491,6 +491,11 @@ def _quantized_program(
     elif scheme.calibrated and task.spec.factory is not None:  # a user's module: its inputs mean nothing to etlab
         calibration = [example_args]
         source = "the factory's example inputs (one sample)"
+    elif scheme.calibrated and example_args[0].is_floating_point():  # audio: no token ids to draw
+        from orchestrator.lowering.huggingface_source import calibration_inputs
+
+        calibration = calibration_inputs(task.spec, module, _CALIBRATION_IMAGES)
+        source = "generated: deterministic synthetic audio, a chord and noise (not real speech)"
     elif scheme.calibrated:
         vocab = vocab_size_of(module)
         if task.calibration:

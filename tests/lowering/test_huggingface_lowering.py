@@ -6,6 +6,7 @@ model. The spec check is test_huggingface_specs.py; the local board end to end i
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
-from orchestrator.lowering.variants import VARIANTS
+from orchestrator.lowering.variants import VARIANTS, Variant
 from orchestrator.tensorfile import read_tensors
 from tests.plugins.artifacts import ARTIFACT_CACHE
 
@@ -129,3 +130,16 @@ def test_a_wrapped_task_at_batch_2_selects_each_rows_own_position() -> None:
     torch.testing.assert_close(selected, full[torch.arange(2), last], rtol=1e-4, atol=1e-5)
     program = torch.export.export(loaded.module, (ids, mask), strict=False)  # the row selection exports too
     torch.testing.assert_close(program.module()(ids, mask), selected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_int8_static_calibrates_an_audio_model_on_generated_audio(tmp_path: Path) -> None:
+    """Whisper's encoder: no token ids to draw, so the calibration is more audio made like the reference input."""
+    static = Variant.parse("xnnpack-int8-static")
+    spec = BUILTIN_SPECS["whisper-tiny-encoder-tiny"]
+    result = lowering.lower(spec, variants=[static], weights="random", root=tmp_path, jobs=1)
+    quantization = result.variants[static].sidecar.quantization
+    assert quantization is not None and quantization.calibration_samples == 8
+    assert quantization.calibration_source is not None and "synthetic audio" in quantization.calibration_source
+    assert quantization.fully_connected == {"qint8 x qcint8": quantization.linear_layers}
+    assert quantization.convolution == {"qint8 x qcint8": 2}  # Whisper's two input convolutions

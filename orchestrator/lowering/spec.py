@@ -256,6 +256,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             model_type="vit",
             task=IMAGE_TASK,
             model_id="google/vit-base-patch16-224",
+            config={"num_labels": 1000},  # ImageNet's classes, also for random weights (the default config has 2)
             image_size=224,
             description="ViT-B/16 (ImageNet, 1000 classes), 224x224 image",
         ),

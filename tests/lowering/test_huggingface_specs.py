@@ -95,7 +95,11 @@ def test_every_task_is_listed_and_the_builtins_check() -> None:
         assert BUILTIN_SPECS[full].model_id and BUILTIN_SPECS[tiny].config and not BUILTIN_SPECS[tiny].model_id
         assert BUILTIN_SPECS[full].task == BUILTIN_SPECS[tiny].task
         assert check_spec(BUILTIN_SPECS[tiny], "random").parameters < 500_000, tiny
-    # SmolLM2-135M's architecture from its config alone (random weights need no hub): 134.5M parameters, tied.
+    # The full-size architectures from their configs alone (random weights need no hub).
+    assert check_spec(BUILTIN_SPECS["vit"], "random").config.num_labels == 1000
+    whisper = check_spec(BUILTIN_SPECS["whisper-tiny-encoder"], "random").config  # the defaults are whisper-tiny's
+    assert (whisper.d_model, whisper.encoder_layers, whisper.max_source_positions) == (384, 4, 1500)
+    # SmolLM2-135M: 134.5M parameters, tied embeddings.
     assert check_spec(BUILTIN_SPECS["smollm2-135m"], "random").parameters == 134_515_008
 
 

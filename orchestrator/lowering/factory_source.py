@@ -28,9 +28,10 @@ import torch
 
 from orchestrator import console
 from orchestrator.errors import EtlabError, ExitCode, SpecError
-from orchestrator.lowering.models import LoadedModel, SpecCheck, _brief, _fail, _too_large
+from orchestrator.lowering.models import LoadedModel, SpecCheck
 from orchestrator.lowering.outputs import NotTensorOutputs, eager_outputs
 from orchestrator.lowering.spec import SPEC_HINT, ModelSpec, UntrustedFactory, factory_file
+from orchestrator.lowering.spec_errors import brief, spec_failure, too_large
 from orchestrator.lowering.weights import OWN_WEIGHTS, WeightsChoice
 from orchestrator.tensorfile import DTYPE_CODES, NamedTensor
 
@@ -61,7 +62,7 @@ def _function(spec: ModelSpec) -> Callable[..., Any]:
     where, _, name = spec.factory.rpartition(":")
     path = factory_file(spec.factory)
     if path is None or not path.is_file():
-        raise _fail([("factory", f"{where} is not a file or an importable module")], spec)
+        raise spec_failure([("factory", f"{where} is not a file or an importable module")], spec)
     try:
         if where.endswith(".py"):
             loaded = importlib.util.spec_from_file_location(f"etlab_factory_{path.stem}", path)
@@ -73,11 +74,11 @@ def _function(spec: ModelSpec) -> Callable[..., Any]:
             module = importlib.import_module(where)
     except Exception as exc:
         raise FactoryError(
-            spec.problem("factory", f"importing {where} failed{_where(exc, path)}: {_brief(exc)}"), hint=SPEC_HINT
+            spec.problem("factory", f"importing {where} failed{_where(exc, path)}: {brief(exc)}"), hint=SPEC_HINT
         ) from exc
     function = getattr(module, name, None)
     if not callable(function):
-        raise _fail([("factory", f"{where} has no function {name!r}")], spec)
+        raise spec_failure([("factory", f"{where} has no function {name!r}")], spec)
     return function
 
 
@@ -122,7 +123,7 @@ def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> Spe
     loaded = _load(spec, choice)
     _CHECKED[_run_key(spec)] = loaded  # the lowering in this process takes it: the factory runs once
     if available is not None and _FLOAT_BYTES * loaded.parameters > available:
-        raise _fail([("factory", _too_large(loaded.parameters, available, ""))], spec)
+        raise spec_failure([("factory", too_large(loaded.parameters, available, ""))], spec)
     return SpecCheck(None, loaded.parameters)
 
 
@@ -140,7 +141,7 @@ def _load(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
     try:
         returned = function(**spec.kwargs)
     except Exception as exc:
-        message = f"the factory raised{_where(exc, factory_file(spec.factory or ''))}: {_brief(exc)}"
+        message = f"the factory raised{_where(exc, factory_file(spec.factory or ''))}: {brief(exc)}"
         raise _bad(spec, message) from exc
     if not (isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[0], torch.nn.Module)):
         raise _bad(spec, f"returned a {type(returned).__name__}; expected (torch.nn.Module, example inputs)")
@@ -151,7 +152,7 @@ def _load(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
         with torch.no_grad():
             output = module(*(torch.from_numpy(t.array) for t in inputs))
     except Exception as exc:
-        raise _bad(spec, f"the module fails on its example inputs{_where(exc, None)}: {_brief(exc)}") from exc
+        raise _bad(spec, f"the module fails on its example inputs{_where(exc, None)}: {brief(exc)}") from exc
     try:
         eager_outputs(output)  # tensors, or tuples, lists and dicts of them: compared one by one
     except NotTensorOutputs as exc:

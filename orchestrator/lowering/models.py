@@ -19,7 +19,6 @@ import torch
 
 from orchestrator.errors import SpecError
 from orchestrator.lowering.spec import SOURCES, SPEC_HINT, ModelSpec
-from orchestrator.lowering.spec_errors import brief, spec_failure, too_large
 
 # Deciding the weights needs no torch, so it lives in weights.py.
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
@@ -117,7 +116,3 @@ def vocab_size_of(module: torch.nn.Module) -> int:
     """The vocabulary of a token model's config (the wrapped model's)."""
     inner = getattr(module, "model", module)
     return int(inner.config.vocab_size)
-
-
-# The names model sources were written against before spec_errors.py held them.
-_brief, _fail, _too_large = brief, spec_failure, too_large

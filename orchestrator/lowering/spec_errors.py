@@ -5,6 +5,9 @@ Shared by the builders (huggingface_source.py, torchvision_source.py, ...); no t
 
 from __future__ import annotations
 
+from typing import Any
+
+from orchestrator.config import did_you_mean
 from orchestrator.errors import SpecError
 from orchestrator.lowering.spec import SPEC_HINT, ModelSpec
 
@@ -31,3 +34,22 @@ def too_large(parameters: int, available: int, bound: str) -> str:
         f"the model has {bound}{parameters / 1e6:.1f}M parameters ({weights:.2f} GiB of float32 weights), more than "
         f"the {available / 2**30:.2f} GiB of available memory"
     )
+
+
+def kwarg_problem(key: str, value: Any, allowed: dict[str, Any], model: str) -> str | None:
+    """What is wrong with constructor keyword `key` of `model` ("torchvision's resnet18"), given the scalar
+    parameters it takes and their defaults (a value must have its default's type); None if nothing."""
+    if key not in allowed:
+        close = did_you_mean(key, allowed)
+        listing = close or f"; its parameters: {', '.join(sorted(allowed)) or 'none'}"
+        return f"is not a scalar parameter of {model}{listing}"
+    default = allowed[key]
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, str)
+    return None if ok else f"expected {type(default).__name__} like the default {default!r}, got {value!r}"

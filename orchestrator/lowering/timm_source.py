@@ -25,9 +25,9 @@ import torch
 from orchestrator import console
 from orchestrator.config import did_you_mean, field_path
 from orchestrator.errors import SpecError
-from orchestrator.lowering.models import LoadedModel, SpecCheck, _brief, _fail, _too_large, declare_torchvision_ops
+from orchestrator.lowering.models import LoadedModel, SpecCheck, declare_torchvision_ops
 from orchestrator.lowering.spec import IMAGE_INPUT, SPEC_HINT, TIMM_REFUSED, ModelSpec
-from orchestrator.lowering.torchvision_source import _kwarg_problem
+from orchestrator.lowering.spec_errors import brief, kwarg_problem, spec_failure, too_large
 from orchestrator.lowering.weights import (
     RANDOM_SEED,
     TIMM_WEIGHTS_FILE,
@@ -53,7 +53,7 @@ def _known(spec: ModelSpec) -> None:
     names = _timm().list_models()
     if spec.model_type not in names:
         close = did_you_mean(spec.model_type, names)
-        raise _fail([("model", f"{spec.model_type!r} is not a timm model{close}")], spec)
+        raise spec_failure([("model", f"{spec.model_type!r} is not a timm model{close}")], spec)
 
 
 def pretrained_cfg(name: str) -> dict[str, Any]:
@@ -86,15 +86,15 @@ def constructor_parameters(spec: ModelSpec) -> dict[str, Any]:
 def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
     _known(spec)
     if spec.image_size is None:
-        raise _fail([("image_size", "is required")], spec)
+        raise spec_failure([("image_size", "is required")], spec)
     allowed = constructor_parameters(spec)
     problems = []
     for key, value in spec.kwargs.items():
-        message = _kwarg_problem(key, value, allowed, spec.model_type)
+        message = kwarg_problem(key, value, allowed, f"timm's {spec.model_type}")
         if message is not None:
             problems.append((field_path("kwargs", key), message.replace("torchvision's", "timm's")))
     if problems:
-        raise _fail(problems, spec)
+        raise spec_failure(problems, spec)
     if choice.mode == "pretrained":
         found = timm_pretrained(spec)
         if not found.available:
@@ -106,9 +106,9 @@ def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> Spe
             model(torch.empty(1, 3, spec.image_size, spec.image_size))
     except Exception as exc:  # the constructor's own checks, or an image the network does not take
         origin = "kwargs" if spec.kwargs else "image_size"
-        raise _fail([(origin, f"the model cannot be built and run this way: {_brief(exc)}")], spec) from exc
+        raise spec_failure([(origin, f"the model cannot be built and run this way: {brief(exc)}")], spec) from exc
     if available is not None and _FLOAT_BYTES * parameters > available:
-        raise _fail([("model", _too_large(parameters, available, ""))], spec)
+        raise spec_failure([("model", too_large(parameters, available, ""))], spec)
     return SpecCheck(None, parameters)
 
 
@@ -128,7 +128,7 @@ def _pretrained_state(spec: ModelSpec) -> tuple[dict[str, Any], str]:
     try:
         return load_file(str(path)), f"timm {hub_id} from {path}"
     except Exception as exc:
-        raise PretrainedUnavailable(f"cannot read {path}: {_brief(exc)}") from exc
+        raise PretrainedUnavailable(f"cannot read {path}: {brief(exc)}") from exc
 
 
 def _load(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
@@ -144,7 +144,7 @@ def _load(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
             try:
                 module.load_state_dict(state)
             except RuntimeError as exc:  # a cached file of another tag or layout
-                message = spec.problem("model", f"timm's weights do not fit: {_brief(exc)}")
+                message = spec.problem("model", f"timm's weights do not fit: {brief(exc)}")
                 raise SpecError(message, hint=SPEC_HINT) from exc
             return LoadedModel(module.eval(), "pretrained", note, _count(module))
     if choice.fallback:

@@ -25,7 +25,7 @@ from orchestrator.config import did_you_mean, field_path
 from orchestrator.errors import SpecError
 from orchestrator.lowering.models import LoadedModel, SpecCheck
 from orchestrator.lowering.spec import IMAGE_INPUT, TORCHVISION_REFUSED, ModelSpec
-from orchestrator.lowering.spec_errors import FLOAT_BYTES, brief, spec_failure, too_large
+from orchestrator.lowering.spec_errors import FLOAT_BYTES, brief, kwarg_problem, spec_failure, too_large
 from orchestrator.lowering.weights import (
     RANDOM_SEED,
     PretrainedUnavailable,
@@ -75,23 +75,6 @@ def constructor_parameters(name: str) -> dict[str, Any]:
     }
 
 
-def _kwarg_problem(key: str, value: Any, allowed: dict[str, Any], model: str) -> str | None:
-    if key not in allowed:
-        close = did_you_mean(key, allowed)
-        listing = close or f"; its parameters: {', '.join(sorted(allowed)) or 'none'}"
-        return f"is not a scalar parameter of torchvision's {model}{listing}"
-    default = allowed[key]
-    if isinstance(default, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(default, float):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, str)
-    return None if ok else f"expected {type(default).__name__} like the default {default!r}, got {value!r}"
-
-
 def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
     names = classification_models()
     if spec.model_type not in names:
@@ -102,7 +85,7 @@ def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> Spe
     allowed = constructor_parameters(spec.model_type)
     problems = []
     for key, value in spec.kwargs.items():
-        message = _kwarg_problem(key, value, allowed, spec.model_type)
+        message = kwarg_problem(key, value, allowed, f"torchvision's {spec.model_type}")
         if message is not None:
             problems.append((field_path("kwargs", key), message))
     if problems:

@@ -60,6 +60,7 @@ _LOWERING_SOURCES = (
     "quantize.py",
     "export_errors.py",
     "outputs.py",
+    "image_classifiers.py",
 )
 _CALIBRATION_IMAGES = 8  # generated calibration samples of an image model (int8-static)
 # Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the

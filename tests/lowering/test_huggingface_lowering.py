@@ -1,7 +1,7 @@
 """HuggingFace families beyond the first three, lowered with real ExecuTorch (XNNPACK) and run against eager: one tiny
 model per input kind and head (RoBERTa text-classification at batch 2, BERT token-classification with token_type_ids,
 T5's encoder, ViT, wav2vec2, Whisper's encoder, a SmolLM2-shaped Llama), and their reference inputs valid for the
-model. The spec check is test_huggingface_specs.py; the local board end to end is tests/e2e/test_huggingface_e2e.py.
+model. The spec check is test_huggingface_specs.py; the local board end to end is tests/e2e/test_model_sources_e2e.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The `timm` model source (orchestrator/lowering/timm_source.py): spec files and their errors (unknown model,
 refused and unknown kwargs, by file, line and field), the default image size, the weights (pretrained only from the
 HuggingFace cache, else random), and the tiny model lowered to XNNPACK against its eager outputs. The end-to-end run
-on the local board is tests/e2e/test_timm_e2e.py.
+on the local board is tests/e2e/test_model_sources_e2e.py.
 """
 
 from __future__ import annotations

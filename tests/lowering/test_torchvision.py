@@ -1,7 +1,7 @@
 """The `torchvision` model source (orchestrator/lowering/torchvision_source.py): spec files and their errors, the
 weights (pretrained only from the torch hub cache, else random loudly), the tiny model lowered and run against its
 eager outputs, quantized convolutions, and a warm `fab lower` that imports no torchvision. The end-to-end run on the
-local board is tests/e2e/test_torchvision_e2e.py.
+local board is tests/e2e/test_model_sources_e2e.py.
 """
 
 from __future__ import annotations

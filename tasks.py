@@ -8,12 +8,14 @@ from orchestrator.commands import options
 from orchestrator.commands.common import (
     handle_errors,
     lowering_options,
+    rewrite_request,
     run_params,
     select_all,
     select_boards,
     variants,
 )
 from orchestrator.lowering.quantize import QUANTIZED
+from orchestrator.lowering.rewrites import REWRITES
 
 SELECT_HELP = {
     "board": "comma-separated board names (default: the inventory's `default` group, else `local`)",
@@ -35,6 +37,9 @@ PTE_HELP = {
 QUANTIZE_HELP = (
     f"comma-separated: none (fp32, default), {', '.join(scheme.name for scheme in QUANTIZED)}; each adds the "
     "XNNPACK program xnnpack-<scheme>"
+)
+REWRITES_HELP = (
+    f"none (default: the model as exported), auto (those that apply), or comma-separated: {', '.join(REWRITES)}"
 )
 ACCURACY_HELP = {
     "min_sqnr": "accuracy gate of quantized runs: minimum SQNR vs fp32 eager in dB (default 10)",
@@ -73,18 +78,20 @@ RUN_HELP = {
         "trust_code": TRUST_CODE_HELP,
         "exported": "lower your own ExportedProgram (a torch.export.save'd .pt2) instead of --model/--spec",
         "name": "with --exported: the folder under artifacts/ (default: the file's stem)",
+        "rewrites": REWRITES_HELP,
     }
 )
 @handle_errors
 def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False,
           quantize="none", calibration=None, jobs=None, trust_remote_code=False, trust_code=False, exported=None,
-          name=None):  # fmt: skip
+          name=None, rewrites="none"):  # fmt: skip
     """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
     from orchestrator.commands.lower import lower as lower_model
 
     return lower_model(
         model, spec, backend, weights, etrecord=etrecord, force=force, quantize=quantize, calibration=calibration,
         jobs=jobs, trust_remote_code=trust_remote_code, trust_code=trust_code, exported=exported, name=name,
+        rewrites=rewrites,
     )  # fmt: skip
 
 
@@ -218,14 +225,15 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "port": "Model Explorer port (8081)", "quantize": QUANTIZE_HELP, **ACCURACY_HELP,
             "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
             "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
-            "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP},
+            "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP, "rewrites": REWRITES_HELP},
       optional=["counters"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
                        lg_wait=None, iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
                        no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
-                       trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None):  # fmt: skip
+                       trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None,
+                       rewrites="none"):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_and_profile as chain
     from orchestrator.commands.programs import profiled
@@ -236,8 +244,10 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
     listen = options.port(8081 if port is None else port)
     chosen = variants(backend, quantize, default="xnnpack")
     accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
+    target = profiled(model, spec, pte, reference, name, trust_remote_code=trust_remote_code, trust_code=trust_code)
     return chain(
-        profiled(model, spec, pte, reference, name, trust_remote_code=trust_remote_code, trust_code=trust_code),
+        target,
+        rewrites=rewrite_request(rewrites, target),
         variants=chosen,
         lowering=checked,
         accuracy=accuracy,

@@ -225,6 +225,36 @@ def lowering_options(weights: Any = "auto", jobs: Any = None, calibration: Any =
     return LoweringOptions(mode, workers, path)
 
 
+def rewrite_request(value: Any, target: Any) -> Any:
+    """`--rewrites auto|none|a,b` for the model `target` (a ModelSpec, or an Artifact of `--pte`, which etlab does
+    not lower): a RewriteRequest, or UsageError naming the option (an unknown name, one that does not apply)."""
+    # here, not at the top: fab imports this module at start-up
+    from orchestrator.lowering.rewrites import NO_REWRITES, UnknownRewrite, check_request, parse_rewrites
+    from orchestrator.lowering.spec import ModelSpec
+
+    try:
+        request = parse_rewrites(str(value))
+        if request != NO_REWRITES and not isinstance(target, ModelSpec):
+            raise UnknownRewrite("not for --pte (your program is profiled as you lowered it)")
+        if isinstance(target, ModelSpec):
+            check_request(request, target)
+    except UnknownRewrite as exc:
+        raise UsageError(f"--rewrites {value}: {exc}", hint=exc.hint) from None
+    return request
+
+
+@contextlib.contextmanager
+def naming_rewrites(value: Any) -> Iterator[None]:
+    """A rewrite asked for by name whose pattern the loaded model lacks, named with the option."""
+    # here, not at the top: fab imports this module at start-up
+    from orchestrator.lowering.rewrites import RewriteNotFound
+
+    try:
+        yield
+    except RewriteNotFound as exc:
+        raise UsageError(f"--rewrites {value}: {exc}", hint="--rewrites auto applies only what the model has") from None
+
+
 @contextlib.contextmanager
 def naming_calibration() -> Iterator[None]:
     """A calibration file's mistakes, found once the model's vocabulary is known, named with the option."""

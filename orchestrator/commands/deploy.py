@@ -11,13 +11,20 @@ from rich.markup import escape
 from orchestrator import console
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
-from orchestrator.commands.common import LoweringOptions, find_artifact, naming_calibration, naming_port
+from orchestrator.commands.common import (
+    LoweringOptions,
+    find_artifact,
+    naming_calibration,
+    naming_port,
+    naming_rewrites,
+)
 from orchestrator.commands.render import print_cells, print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code
 from orchestrator.lowering import lower as lowerer
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
+from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.user_programs import reference_outputs_of
 from orchestrator.lowering.variants import Variant
@@ -38,6 +45,7 @@ def deploy_and_profile(
     results_root: Path | None = None,
     artifacts_root: Path | None = None,
     accuracy: dict[str, float] | None = None,
+    rewrites: RewriteRequest = NO_REWRITES,
 ) -> int:
     if isinstance(spec, Artifact):  # `--pte`: the user's own program, profiled as it is
         return deploy_program(spec, boards=boards, params=params, accuracy=accuracy, explore=explore, host=host,
@@ -46,7 +54,7 @@ def deploy_and_profile(
     # the quantized ones next to the fp32 ones.
     wanted = list(dict.fromkeys([Variant("portable"), Variant("xnnpack"), *variants]))
     checked = lowering or LoweringOptions("auto", None, None)
-    with naming_calibration():
+    with naming_calibration(), naming_rewrites(rewrites):
         lowered = lowerer.lower(
             spec,
             variants=wanted,
@@ -54,6 +62,7 @@ def deploy_and_profile(
             root=artifacts_root,
             calibration=checked.calibration,
             jobs=checked.jobs,
+            rewrites=rewrites,
         )
     print_lowering(lowered)
     jobs = [CellJob(find_artifact(spec.name, variant, artifacts_root), params, accuracy) for variant in variants]

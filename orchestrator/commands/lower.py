@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from orchestrator.commands.common import lowering_options, model_spec, naming_calibration, variants
+from orchestrator.commands.common import (
+    lowering_options,
+    model_spec,
+    naming_calibration,
+    naming_rewrites,
+    rewrite_request,
+    variants,
+)
 from orchestrator.commands.programs import lower_exported_task
 from orchestrator.commands.render import print_lowering
 from orchestrator.lowering import lower as lowering
@@ -23,26 +30,30 @@ def lower(
     trust_code: bool = False,
     exported: str | None = None,
     name: str | None = None,
+    rewrites: str = "none",
 ) -> int:
     if exported is not None or name is not None:  # the user's own ExportedProgram
         return lower_exported_task(
             exported, name, model, spec, backend, quantize, etrecord=etrecord, force=force,
             others={"--calibration": calibration, "--trust-remote-code": trust_remote_code or None,
                     "--trust-code": trust_code or None, "--weights": None if weights == "auto" else weights,
-                    "--jobs": jobs},
+                    "--jobs": jobs, "--rewrites": None if rewrites == "none" else rewrites},
         )  # fmt: skip
     # Every option before the cache is looked at: a bad value must not invalidate it.
     checked = lowering_options(weights, jobs, calibration)
     chosen = variants(backend, quantize)
-    with naming_calibration():
+    target = model_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
+    request = rewrite_request(rewrites, target)
+    with naming_calibration(), naming_rewrites(rewrites):
         result = lowering.lower(
-            model_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code),
+            target,
             variants=chosen,
             weights=checked.weights,
             etrecord=etrecord,
             force=force,
             calibration=checked.calibration,
             jobs=checked.jobs,
+            rewrites=request,
         )
     print_lowering(result)
     return 0

@@ -338,6 +338,11 @@ def _quantized_cell(sidecar: Sidecar) -> str | None:
     return text
 
 
+def _rewrites_note(result: LoweringResult) -> str:
+    applied = next(iter(result.variants.values())).sidecar.applied_rewrites
+    return f"rewrites applied: {', '.join(applied)}" if applied else "the model as exported (no rewrites)"
+
+
 def print_lowering(result: LoweringResult) -> None:
     rows = []
     quantized = any(item.sidecar.quantization for item in result.variants.values())
@@ -360,7 +365,8 @@ def print_lowering(result: LoweringResult) -> None:
         f"{result.spec.name} → {result.paths.folder}",
         [*columns, *(["quantized"] if quantized else []), "source"],
         rows,
-        caption=f"weights: {next(iter(result.variants.values())).sidecar.weights}; kernels run outside the "
+        caption=f"weights: {next(iter(result.variants.values())).sidecar.weights}; {_rewrites_note(result)}; "
+        "kernels run outside the "
         "delegates, bookkeeping nodes (memory planning, tuple access, views) run none; stored twice: constants held "
         "both outside and inside an XNNPACK delegate (a tied embedding)",
     )

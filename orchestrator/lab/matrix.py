@@ -19,6 +19,7 @@ from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, M
 from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
+from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest, UnknownRewrite, not_applying, parse_rewrites
 from orchestrator.lowering.spec import ModelSpec, resolve_spec
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, Variant, combine, parse_schemes
 from orchestrator.lowering.weights import WEIGHT_MODES
@@ -39,6 +40,7 @@ class MatrixEntry:
     variants: tuple[Variant, ...]
     boards: tuple[Board, ...]  # as the inventory has them: a labgrid tag selector is expanded when the night runs
     params: RunParams
+    rewrites: RewriteRequest = NO_REWRITES  # for its models (rewrites.py): none, the models as exported
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ _ENTRY_FIELDS: dict[str, Check] = {
     "boards": names,
     "groups": names,
     "tags": names,
+    "rewrites": names,  # auto, none, or names of rewrites.REWRITES (as `--rewrites`)
     **_RUN_FIELDS,
 }
 
@@ -112,9 +115,11 @@ def load_config(inventory: Inventory) -> NightlyConfig:
         checker.error(node, "nightly.matrix", "is required: a list of {models, backends, boards/groups/tags}")
     elif "matrix" in section:
         seen: dict[tuple[str, str, str], int] = {}
+        rewritten: dict[str, tuple[RewriteRequest, int]] = {}
         for index, entry_node in enumerate(checker.items(section["matrix"], "nightly.matrix")):
             entry = _entry(checker, inventory, entry_node, f"nightly.matrix[{index}]", defaults)
             if entry is not None and not _duplicate_cells(checker, entry, entry_node, index, seen):
+                _one_program(checker, entry, entry_node, index, rewritten)
                 entries.append(entry)
     baseline_nights = section.get("baseline_nights", DEFAULT_BASELINE_NIGHTS)
     min_nights = section.get("min_baseline_nights", min(MIN_BASELINE_NIGHTS, baseline_nights))
@@ -159,6 +164,15 @@ def _entry(
             models.append(resolve_spec(None, spec_path) if spec_path else resolve_spec(model))
         except EtlabError as exc:
             checker.error(_key_value(node, "models") or node, f"{where}.models", first_line(exc))
+    rewrites = NO_REWRITES
+    at = _key_value(node, "rewrites") or node
+    try:
+        rewrites = parse_rewrites(found.get("rewrites", ()))
+    except UnknownRewrite as exc:
+        checker.error(at, f"{where}.rewrites", first_line(exc))
+    for spec in models:
+        for problem in not_applying(rewrites, spec):
+            checker.error(at, f"{where}.rewrites", problem)
     for backend in found.get("backends", ()):
         if backend not in BACKENDS:
             checker.error(_key_value(node, "backends") or node, f"{where}.backends", f"unknown backend {backend!r}")
@@ -191,7 +205,22 @@ def _entry(
     params = RunParams(**{**defaults, **{key: found[key] for key in _RUN_FIELDS if key in found}})
     # Quantized programs are XNNPACK programs: each scheme is a cell of its own, named as the CLI names it.
     variants = combine([Variant.parse(name) for name in found["backends"]], parse_schemes(found.get("quantize", ())))
-    return MatrixEntry(tuple(models), variants, tuple(selected), params)
+    return MatrixEntry(tuple(models), variants, tuple(selected), params, rewrites)
+
+
+def _one_program(
+    checker: Checker, entry: MatrixEntry, node: Node, index: int, rewritten: dict[str, tuple[RewriteRequest, int]]
+) -> None:
+    """A model is lowered once a night, into one folder: every entry naming it must ask for the same rewrites."""
+    for spec in entry.models:
+        earlier = rewritten.setdefault(spec.name, (entry.rewrites, index))
+        if earlier[0] != entry.rewrites:
+            checker.error(
+                _key_value(node, "rewrites") or node,
+                f"nightly.matrix[{index}].rewrites",
+                f"{spec.name} is lowered with rewrites {earlier[0]} in matrix[{earlier[1]}], {entry.rewrites} here: "
+                "one model, one program a night",
+            )
 
 
 def _duplicate_cells(

@@ -49,6 +49,7 @@ from orchestrator.lab.report import CellVerdict, NightReport, PlaceWait, write_r
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import load_artifact
+from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.validity import number_list
@@ -311,12 +312,14 @@ def _run_night(
     recorder = _Recorder(history, reports, night)
     recorded = history.recorded_cells(night)
     specs: dict[str, ModelSpec] = {}
+    rewrites_of: dict[str, RewriteRequest] = {}  # one per model: the matrix's check refuses two
     plan: dict[Board, list[tuple[str, Variant, RunParams]]] = {}
     skipped: list[tuple[str, str, str]] = []
     for entry in config.entries:
         for board in [place for selected in entry.boards for place in expanded[selected]]:
             for spec in entry.models:
                 specs[spec.name] = spec
+                rewrites_of[spec.name] = entry.rewrites
                 for variant in entry.variants:
                     if (board.name, spec.name, variant.name) in recorded:
                         skipped.append((board.name, spec.name, variant.name))
@@ -334,7 +337,13 @@ def _run_night(
     versions: dict[str, dict[str, str]] = {}
     for model, variants in wanted.items():
         try:
-            result = lowering.lower(specs[model], variants=list(variants), weights=config.weights, root=artifacts_root)
+            result = lowering.lower(
+                specs[model],
+                variants=list(variants),
+                weights=config.weights,
+                root=artifacts_root,
+                rewrites=rewrites_of.get(model, NO_REWRITES),
+            )
             versions[model] = dict(next(iter(result.variants.values())).sidecar.versions)
         except EtlabError as exc:
             lowering_errors[model] = first_line(exc)

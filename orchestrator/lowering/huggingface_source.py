@@ -6,11 +6,10 @@ follow the head class's main input (`main_input_name`): token ids with their mas
 family has segment embeddings), `pixel_values`, a waveform's `input_values`, or Whisper's log-mel `input_features`.
 
 What the program outputs:
-- fill-mask and causal-lm: one position's logits, [B, vocab], selected inside the graph before the LM head (the [MASK]
-  position, or the last real token), with eager attention and tanh GELU (`delegable`); the advisor is to take over
-  these rewrites.
-- every other task: the model as its user would export it, no rewrite: the head's first output as a plain tensor
-  (the logits, or the last hidden state for feature-extraction and speech-encoder; Whisper's encoder alone).
+the model as its user would export it, no rewrite: the head's first output as a plain tensor (the logits over every
+position, [B, seq_len, vocab] for fill-mask and causal-lm; the last hidden state for feature-extraction and
+speech-encoder; Whisper's encoder alone). etlab's rewrites (rewrites.py: the head at one position, eager attention,
+tanh GELU) apply only when asked (`--rewrites`).
 
 Reference inputs are deterministic and valid for the model: ids inside the vocabulary with a [MASK] where fill-mask
 needs one, images and audio in the range their preprocessors produce.
@@ -486,60 +485,6 @@ def _load_huggingface(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
 # What the program computes
 
 
-def _logits_at(
-    model: torch.nn.Module, position: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> torch.Tensor:
-    """The model's logits at `position` (one per row) only: [B, 1, vocab].
-
-    The base model's last hidden state is cut to that one position before the head runs, so the head (the
-    largest matmul, hidden x vocab: a fifth of GPT-2's time) runs on one row instead of seq_len. A forward hook
-    on `base_model` does this for any HF head model, whose head reads the base model's first output.
-    """
-
-    def keep_position(_module: torch.nn.Module, _args: Any, output: Any) -> Any:
-        hidden = output[0]
-        if hidden.shape[0] == 1:  # the shape is static in the program: one row keeps the simpler graph
-            selected = torch.index_select(hidden, 1, position)
-        else:
-            selected = hidden[torch.arange(hidden.shape[0]), position].unsqueeze(1)
-        if isinstance(output, tuple):
-            return (selected, *output[1:])
-        output["last_hidden_state"] = selected
-        return output
-
-    handle = model.base_model.register_forward_hook(keep_position)
-    try:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    finally:
-        handle.remove()
-    return logits[0] if logits.shape[0] == 1 else logits[:, 0]
-
-
-class FillMaskLogits(torch.nn.Module):
-    """Masked-LM logits at each row's first [MASK] position: [B, vocab]."""
-
-    def __init__(self, model: torch.nn.Module, mask_token_id: int) -> None:
-        super().__init__()
-        self.model = model
-        self.mask_token_id = mask_token_id
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        position = (input_ids == self.mask_token_id).to(torch.int32).argmax(dim=1)
-        return _logits_at(self.model, position, input_ids, attention_mask)
-
-
-class LastTokenLogits(torch.nn.Module):
-    """Causal-LM logits of each row's last unmasked token: [B, vocab]."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        last = attention_mask.sum(dim=1) - 1
-        return _logits_at(self.model, last, input_ids, attention_mask)
-
-
 class FirstOutput(torch.nn.Module):
     """The model as its user would export it: its inputs by name, its first output (logits, or the last hidden
     state) as a plain tensor."""
@@ -554,34 +499,12 @@ class FirstOutput(torch.nn.Module):
         return output[0]
 
 
-def delegable(model: torch.nn.Module) -> torch.nn.Module:
-    """The same function, written so XNNPACK can take all of it; in place.
-
-    - Eager attention: the SDPA decomposition leaves per-layer boolean-mask ops (where, eq, any, logical_not)
-      in portable kernels; eager attention adds one float mask inside the delegate.
-    - `gelu_new` becomes `gelu_pytorch_tanh`, the same tanh approximation: XNNPACK takes GELU but not `pow(x, 3)`,
-      which cost GPT-2 a portable `pow` per block (36 ms of 255 here).
-    """
-    from transformers.activations import NewGELUActivation, get_activation
-
-    model.set_attn_implementation("eager")
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, NewGELUActivation):
-                setattr(parent, name, get_activation("gelu_pytorch_tanh"))
-    return model
-
-
 def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> LoadedModel:
-    if spec.task == "fill-mask":
-        assert spec.mask_token_id is not None
-        wrapped: torch.nn.Module = FillMaskLogits(delegable(model), spec.mask_token_id)
-    elif spec.task == "causal-lm":
-        wrapped = LastTokenLogits(delegable(model))
-    else:
-        head = _check_family(spec)
-        names = tuple(item.name for item in model_inputs(spec, model.config, head))
-        wrapped = FirstOutput(model, names)
+    """The model as its user would export it: its first output, logits over every position for fill-mask and
+    causal-lm (etlab's rewrites, rewrites.py, apply only when asked)."""
+    head = _check_family(spec)
+    names = tuple(item.name for item in model_inputs(spec, model.config, head))
+    wrapped = FirstOutput(model, names)
     parameters = sum(p.numel() for p in model.parameters())
     return LoadedModel(wrapped.eval(), weights, note, parameters)
 

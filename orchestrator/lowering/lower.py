@@ -43,6 +43,7 @@ from orchestrator.lowering.quantize import (
     node_report,
     quantize,
 )
+from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest, apply_rewrites
 from orchestrator.lowering.sidecar import Sidecar, write_sidecar
 from orchestrator.lowering.spec import SOURCES, ModelSpec
 from orchestrator.lowering.variants import Variant
@@ -61,6 +62,8 @@ _LOWERING_SOURCES = (
     "export_errors.py",
     "outputs.py",
     "image_classifiers.py",
+    "rewrites.py",
+    "huggingface_rewrites.py",
 )
 _CALIBRATION_IMAGES = 8  # generated calibration samples of an image model (int8-static)
 # Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the
@@ -109,13 +112,22 @@ def _code_revision() -> str:
     return digest.hexdigest()[:16]
 
 
-def cache_key(spec: ModelSpec, variant: Variant, weights: str, etrecord: bool, calibration: str | None = None) -> str:
+def cache_key(
+    spec: ModelSpec,
+    variant: Variant,
+    weights: str,
+    etrecord: bool,
+    calibration: str | None = None,
+    rewrites: RewriteRequest = NO_REWRITES,
+) -> str:
     """The key a sidecar must carry to be reused; `weights` is the resolved mode, "pretrained" or "random".
 
-    `calibration` (the calibration file's sha256) matters only for a calibrated scheme (int8-static).
+    `calibration` (the calibration file's sha256) matters only for a calibrated scheme (int8-static); `rewrites`
+    by the ones it resolves to for this spec (another set of rewrites is another program).
     """
     material = {
         "spec": spec.identity(),
+        "rewrites": list(rewrites.resolve(spec)),
         "backend": variant.name,
         "weights": weights,
         "etrecord": etrecord,
@@ -144,8 +156,10 @@ def lower(
     root: Path | None = None,
     calibration: Path | None = None,
     jobs: int | None = None,
+    rewrites: RewriteRequest = NO_REWRITES,
 ) -> LoweringResult:
     """Lower `spec` to each variant (cached); `jobs` lowerings at once, this process included (default: the cores).
+    `rewrites`: none by default, the model as its user would export it.
 
     Every value comes checked from the command layer (or the matrix's checker): a bad one must be refused before
     this runs, as it must not invalidate the cached sidecars below.
@@ -156,7 +170,7 @@ def lower(
     # `auto` that became pretrained since the last (random) lowering gets a new key, so it is redone.
     choice = resolve_weights(spec, weights)
     variants = tuple(dict.fromkeys(variants))
-    keys = {variant: cache_key(spec, variant, choice.mode, etrecord, calibration_sha) for variant in variants}
+    keys = {variant: cache_key(spec, variant, choice.mode, etrecord, calibration_sha, rewrites) for variant in variants}
 
     missing = []
     for variant in variants:
@@ -188,7 +202,7 @@ def lower(
         # Invalidate first: from here until the new sidecar lands, this variant has no valid artifact.
         artifact_paths.sidecar(variant).unlink(missing_ok=True)
 
-    shared = _load(spec, choice, artifact_paths, timer)
+    shared = _load(spec, choice, artifact_paths, timer, rewrites)
     tasks = [
         VariantTask(
             spec=spec,
@@ -202,11 +216,12 @@ def lower(
             outputs=shared.outputs,
             root=artifact_paths.folder.parent,
             etrecord=etrecord,
-            key=cache_key(spec, variant, shared.weights, etrecord, calibration_sha),
+            key=cache_key(spec, variant, shared.weights, etrecord, calibration_sha, rewrites),
             calibration=str(calibration) if calibration is not None else None,
             peak_bytes=measured[variant][0] or _estimated_peak(shared.parameters),
             # Until a lowering of the variant measured it: the longest start first.
             expected_seconds=measured[variant][1] or variant.relative_cost,
+            rewrites=shared.rewrites,
         )
         for variant in missing
     ]
@@ -321,11 +336,16 @@ class _Exported:
     outputs: list[dict[str, Any]]
     example_args: tuple
     module: Any  # the eager module, for quantized variants lowered in this process
+    rewrites: tuple[str, ...] = ()  # the rewrites applied to it
     program: Any = None  # the exported program, once `_export` ran
 
 
 def _load(
-    spec: ModelSpec, weights: WeightsChoice, artifact_paths: ArtifactPaths, timer: console.StageTimer
+    spec: ModelSpec,
+    weights: WeightsChoice,
+    artifact_paths: ArtifactPaths,
+    timer: console.StageTimer,
+    rewrites: RewriteRequest = NO_REWRITES,
 ) -> _Exported:
     """Load the model and write the reference inputs and outputs: all a quantized variant needs."""
     with timer.stage("load"):
@@ -336,16 +356,19 @@ def _load(
         from orchestrator.tensorfile import NamedTensor, describe, write_tensors
 
         loaded = load_model(spec, weights)
-        inputs = example_inputs(spec, loaded.module)
+        module, applied = apply_rewrites(loaded.module, spec, rewrites)
+        inputs = example_inputs(spec, module)
         example_args = tuple(torch.from_numpy(t.array) for t in inputs)
         with torch.no_grad():
-            eager = loaded.module(*example_args)
+            eager = module(*example_args)
         outputs = [NamedTensor(f"output_{i}", array) for i, array in enumerate(eager_outputs(eager))]
         write_tensors(artifact_paths.reference_inputs, inputs)
         write_tensors(artifact_paths.reference_outputs, outputs)
         console.info(
             console.escape(f"  {spec.name}: {loaded.parameters / 1e6:.1f}M parameters, weights: {loaded.weights_note}")
         )
+        if applied:
+            console.info(console.escape(f"  {spec.name}: rewrites applied: {', '.join(applied)}"))
     files = {
         "reference_inputs": file_record(artifact_paths.reference_inputs),
         "reference_outputs": file_record(artifact_paths.reference_outputs),
@@ -358,7 +381,8 @@ def _load(
         describe(inputs),
         output_records(spec.task, describe(outputs)),
         example_args,
-        loaded.module,
+        module,
+        applied,
     )
 
 
@@ -481,6 +505,7 @@ def _quantized_program(
         module = shared.module
     else:
         module = load_model(task.spec, task.weights).module
+        module, _ = apply_rewrites(module, task.spec, RewriteRequest(names=task.rewrites))
     example_args = tuple(torch.from_numpy(t.array) for t in read_tensors(artifact_paths.reference_inputs))
     scheme = task.variant.scheme
     calibration, source = None, None
@@ -578,6 +603,7 @@ def _lower_program(
         "quantization": quantization,
         "lowering": {"seconds": round(time.perf_counter() - started, 2), "peak_rss_bytes": _peak_rss_bytes()},
         "spec": spec.to_dict(),
+        "rewrites": list(task.rewrites),
         "cache_key": task.key,
         "files": files,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

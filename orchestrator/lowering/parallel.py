@@ -75,6 +75,7 @@ class VariantTask:
     calibration: str | None
     peak_bytes: int  # what this variant is expected to need, for the memory check
     expected_seconds: float  # for the order: the longest variants start first
+    rewrites: tuple[str, ...] = ()  # the rewrites (rewrites.py) applied to the model, applied again on a reload
 
     @property
     def needs_program(self) -> bool:

@@ -365,6 +365,13 @@ class Sidecar:
     created: str
     schema: int = SIDECAR_SCHEMA
     outside_delegates: OutsideDelegates | None = None  # written after `memory`; absent in older sidecars
+    # The rewrites applied before export (rewrites.py), written after `spec`; None: an older sidecar, which had none
+    rewrites: tuple[str, ...] | None = None
+
+    @property
+    def applied_rewrites(self) -> tuple[str, ...]:
+        """The rewrites applied to the model before export; none for a sidecar older than them."""
+        return self.rewrites or ()
 
     @classmethod
     def from_dict(cls, data: Any, where: str | Path = "sidecar") -> Sidecar:
@@ -415,6 +422,7 @@ class Sidecar:
             created=reader.text(fields, "created"),
             schema=schema,
             outside_delegates=OutsideDelegates.from_dict(fields.get("outside_delegates", _MISSING), reader),
+            rewrites=_rewrites(fields, reader),
         )
         recorded = sidecar.quantization.scheme if sidecar.quantization is not None else None
         if recorded != (sidecar.variant.scheme.name if sidecar.variant.quantized else None):
@@ -455,19 +463,28 @@ class Sidecar:
             "files": {role: record.to_dict() for role, record in self.files.items()},
             "created": self.created,
         }
-        if self.outside_delegates is None:  # an older sidecar gets back exactly what it held
-            return data
-        ordered = {}
+        ordered = {}  # an older sidecar gets back exactly what it held
         for key, value in data.items():
             ordered[key] = value
-            if key == "memory":
+            if key == "memory" and self.outside_delegates is not None:
                 ordered["outside_delegates"] = self.outside_delegates.to_dict()
+            if key == "spec" and self.rewrites is not None:
+                ordered["rewrites"] = list(self.rewrites)
         return ordered
 
     @property
     def reference_inputs_sha256(self) -> str:
         """The reference inputs' hash, as the board's content-addressed inputs/ names them."""
         return self.files["reference_inputs"].sha256  # from_dict refuses a sidecar without the record
+
+
+def _rewrites(fields: dict[str, Any], reader: _Reader) -> tuple[str, ...] | None:
+    value = fields.get("rewrites", _MISSING)
+    if value is _MISSING:
+        return None
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise reader.fail("rewrites", "a list of rewrite names", value)
+    return tuple(value)
 
 
 def read_sidecar(path: Path) -> Sidecar:

@@ -1,0 +1,128 @@
+"""The rewrites of HuggingFace models (rewrites.py names them and decides when they apply): each `has_*` finds its
+pattern in the loaded module, each rewrite returns the module computing the same function.
+
+The loaded module is huggingface_source's `FirstOutput` (the model as exported) around the transformers model
+(`.model`); the head rewrite replaces that wrapper, the others change the model inside it in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from orchestrator.lowering.spec import ModelSpec
+
+
+def _model(module: torch.nn.Module) -> Any:
+    return getattr(module, "model", module)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tanh-gelu
+
+
+def has_gelu_new(module: torch.nn.Module) -> bool:
+    from transformers.activations import NewGELUActivation
+
+    return any(isinstance(child, NewGELUActivation) for child in module.modules())
+
+
+def tanh_gelu(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
+    """Every `gelu_new` becomes `gelu_pytorch_tanh`: the same tanh approximation, without `pow(x, 3)`."""
+    from transformers.activations import NewGELUActivation, get_activation
+
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, NewGELUActivation):
+                setattr(parent, name, get_activation("gelu_pytorch_tanh"))
+    return module
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# eager-attention
+
+
+def has_sdpa_attention(module: torch.nn.Module) -> bool:
+    """The model attends through an implementation other than eager (SDPA, transformers' default where supported)."""
+    config = getattr(_model(module), "config", None)
+    return getattr(config, "_attn_implementation", "eager") not in (None, "eager")
+
+
+def eager_attention(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
+    _model(module).set_attn_implementation("eager")
+    return module
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# head-at-position
+
+
+def has_all_positions_head(module: torch.nn.Module) -> bool:
+    """The model's head runs on every position (a masked or causal LM exported as it is)."""
+    from orchestrator.lowering.huggingface_source import FirstOutput
+
+    return isinstance(module, FirstOutput) and hasattr(module.model, "base_model")
+
+
+def head_at_position(module: torch.nn.Module, spec: ModelSpec) -> torch.nn.Module:
+    """The logits of one position per row: the [MASK] (fill-mask) or the last real token (causal-lm)."""
+    model = _model(module)
+    if spec.task == "fill-mask":
+        assert spec.mask_token_id is not None  # the spec check requires it
+        return FillMaskLogits(model, spec.mask_token_id).eval()
+    return LastTokenLogits(model).eval()
+
+
+def _logits_at(
+    model: torch.nn.Module, position: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """The model's logits at `position` (one per row) only: [B, vocab].
+
+    The base model's last hidden state is cut to that one position before the head runs, so the head (the
+    largest matmul, hidden x vocab) runs on one row instead of seq_len. A forward hook on `base_model` does this
+    for any HF head model, whose head reads the base model's first output.
+    """
+
+    def keep_position(_module: torch.nn.Module, _args: Any, output: Any) -> Any:
+        hidden = output[0]
+        if hidden.shape[0] == 1:  # the shape is static in the program: one row keeps the simpler graph
+            selected = torch.index_select(hidden, 1, position)
+        else:
+            selected = hidden[torch.arange(hidden.shape[0]), position].unsqueeze(1)
+        if isinstance(output, tuple):
+            return (selected, *output[1:])
+        output["last_hidden_state"] = selected
+        return output
+
+    handle = model.base_model.register_forward_hook(keep_position)
+    try:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    finally:
+        handle.remove()
+    return logits[0] if logits.shape[0] == 1 else logits[:, 0]
+
+
+class FillMaskLogits(torch.nn.Module):
+    """Masked-LM logits at each row's first [MASK] position: [B, vocab]."""
+
+    def __init__(self, model: torch.nn.Module, mask_token_id: int) -> None:
+        super().__init__()
+        self.model = model
+        self.mask_token_id = mask_token_id
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        position = (input_ids == self.mask_token_id).to(torch.int32).argmax(dim=1)
+        return _logits_at(self.model, position, input_ids, attention_mask)
+
+
+class LastTokenLogits(torch.nn.Module):
+    """Causal-LM logits of each row's last unmasked token: [B, vocab]."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        last = attention_mask.sum(dim=1) - 1
+        return _logits_at(self.model, last, input_ids, attention_mask)

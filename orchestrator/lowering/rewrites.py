@@ -1,0 +1,177 @@
+"""Named graph rewrites: what etlab may change in a model before exporting it, and only when asked (`--rewrites`).
+
+By default the program is the model as its user would export it: the profile shows what they would deploy. Each
+rewrite here computes the same function, written so more of it runs inside XNNPACK (on full-size GPT-2 the three
+took fp32 from 301.6 to 167.2 ms). The advisor (issue 24) is to propose them per family and measure what they save.
+
+This module is torch-free (the command line and the nightly matrix check names with it): whether a rewrite applies
+to a spec is decided from its source, family and task; whether its pattern is really in the loaded module
+(`present`) and the rewrite itself (`apply`) are `module:function` paths, imported when a lowering uses them.
+
+Add a rewrite: a `Rewrite` in REWRITES and its two functions (`tests/lowering/test_rewrites*.py` tie them).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.config import did_you_mean
+from orchestrator.errors import UsageError
+from orchestrator.lowering.spec import WRAPPED_TASKS, ModelSpec
+
+_FUNCTIONS = "orchestrator.lowering.huggingface_rewrites"
+# Families whose default config uses `gelu_new` (transformers' configs; tests/lowering/test_rewrites.py checks it).
+GELU_NEW_FAMILIES = ("albert", "big_bird", "codegen", "fnet", "funnel", "gpt2", "gpt_neo", "gptj", "mt5",
+                     "nystromformer", "phi")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    name: str
+    description: str  # one sentence: what changes and why it is worth it
+    sources: tuple[str, ...]  # the model sources it knows how to rewrite
+    tasks: tuple[str, ...] | None  # None: every task of those sources
+    families: tuple[str, ...] | None  # None: every family; else those, or a spec whose config asks for `config_value`
+    present: str  # "module:function": (module) -> bool, the pattern is in the loaded module
+    apply: str  # "module:function": (module, spec) -> the rewritten module
+    config_value: str | None = None
+
+    def applies(self, spec: ModelSpec) -> bool:
+        """Whether the rewrite can apply to the spec's model, without loading it."""
+        if spec.model_source not in self.sources or (self.tasks is not None and spec.task not in self.tasks):
+            return False
+        if self.families is None or spec.model_type in self.families:
+            return True
+        return self.config_value is not None and self.config_value in spec.config.values()
+
+
+REWRITES: dict[str, Rewrite] = {
+    rewrite.name: rewrite
+    for rewrite in (
+        Rewrite(
+            "tanh-gelu",
+            "gelu_new becomes gelu_pytorch_tanh, the same tanh approximation: XNNPACK takes GELU but not the "
+            "pow(x, 3) of gelu_new, left in portable kernels once per block",
+            ("huggingface",),
+            None,
+            GELU_NEW_FAMILIES,
+            f"{_FUNCTIONS}:has_gelu_new",
+            f"{_FUNCTIONS}:tanh_gelu",
+            config_value="gelu_new",
+        ),
+        Rewrite(
+            "eager-attention",
+            "eager attention instead of SDPA: the SDPA decomposition leaves per-layer boolean-mask ops (where, eq, "
+            "any, logical_not) in portable kernels; eager attention adds one float mask inside the delegate",
+            ("huggingface",),
+            None,
+            None,
+            f"{_FUNCTIONS}:has_sdpa_attention",
+            f"{_FUNCTIONS}:eager_attention",
+        ),
+        Rewrite(
+            "head-at-position",
+            "the LM head runs at one position only (the [MASK], or the last real token), so the output is "
+            "[B, vocab] instead of [B, seq_len, vocab]: the head is the largest matmul (a fifth of GPT-2's time)",
+            ("huggingface",),
+            WRAPPED_TASKS,
+            None,
+            f"{_FUNCTIONS}:has_all_positions_head",
+            f"{_FUNCTIONS}:head_at_position",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class RewriteRequest:
+    """What the command line or the matrix asked for: `auto` (those that apply, where the module has the pattern),
+    or these names (none: the model as exported)."""
+
+    auto: bool = False
+    names: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return "auto" if self.auto else ",".join(self.names) or "none"
+
+    def resolve(self, spec: ModelSpec) -> tuple[str, ...]:
+        """The rewrites to try on the spec's model, in REWRITES order (the head last: it wraps the model)."""
+        if self.auto:
+            return tuple(name for name, rewrite in REWRITES.items() if rewrite.applies(spec))
+        return tuple(name for name in REWRITES if name in self.names)
+
+
+NO_REWRITES = RewriteRequest()
+
+
+class UnknownRewrite(UsageError):
+    """A rewrite name not in REWRITES, or one that does not apply to the model (exit 64)."""
+
+
+def parse_rewrites(value: str | Sequence[str]) -> RewriteRequest:
+    """`auto`, `none`, or names (comma-separated, or a list); an unknown name is UnknownRewrite with a did-you-mean."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [item.strip() for item in items if item.strip()]
+    if names == ["auto"]:
+        return RewriteRequest(auto=True)
+    if names in ([], ["none"]):
+        return NO_REWRITES
+    for name in names:
+        if name not in REWRITES:
+            special = " ('auto' and 'none' stand alone)" if name in ("auto", "none") else ""
+            raise UnknownRewrite(
+                f"unknown rewrite {name!r}{special}{did_you_mean(name, REWRITES)}; choose auto, none, or from "
+                f"{', '.join(REWRITES)}"
+            )
+    return RewriteRequest(names=tuple(dict.fromkeys(names)))
+
+
+def not_applying(request: RewriteRequest, spec: ModelSpec) -> list[str]:
+    """The requested names that cannot apply to the spec's model, each with the reason."""
+    problems = []
+    for name in request.names:
+        rewrite = REWRITES[name]
+        if not rewrite.applies(spec):
+            where = f"tasks {', '.join(rewrite.tasks)}" if rewrite.tasks and spec.task not in rewrite.tasks else None
+            where = where or (f"families {', '.join(rewrite.families)}" if rewrite.families else None)
+            sources = ", ".join(rewrite.sources)
+            what = f"{spec.model_source} {spec.model_type} ({spec.task})"
+            problems.append(f"{name} does not apply to {spec.name}, a {what} model: it rewrites {sources} models"
+                            + (f" of the {where}" if where else ""))  # fmt: skip
+    return problems
+
+
+def check_request(request: RewriteRequest, spec: ModelSpec) -> None:
+    problems = not_applying(request, spec)
+    if problems:
+        raise UnknownRewrite("; ".join(problems))
+
+
+def _function(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class RewriteNotFound(UsageError):
+    """A rewrite asked for by name whose pattern the loaded model does not have (exit 64)."""
+
+
+def apply_rewrites(module: Any, spec: ModelSpec, request: RewriteRequest) -> tuple[Any, tuple[str, ...]]:
+    """`module` with the requested rewrites applied, and the names applied, in order.
+
+    `auto` skips a rewrite whose pattern the module lacks (a GPT-2 configured with another activation); a rewrite
+    asked for by name that finds nothing to rewrite is RewriteNotFound.
+    """
+    applied = []
+    for name in request.resolve(spec):
+        rewrite = REWRITES[name]
+        if not _function(rewrite.present)(module):
+            if request.auto:
+                continue
+            raise RewriteNotFound(f"rewrite {name}: {spec.name} has nothing to rewrite ({rewrite.description})")
+        module = _function(rewrite.apply)(module, spec)
+        applied.append(name)
+    return module, tuple(applied)

@@ -43,8 +43,14 @@ GPT_NEO_TINY = ModelSpec(
     name="gpt-neo-tiny",
     model_type="gpt_neo",
     task="causal-lm",
-    config={"vocab_size": 1000, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "attention_types": [[["global",
-            "local"], 1]], "max_position_embeddings": 128},  # fmt: skip
+    config={
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "num_layers": 2,
+        "num_heads": 2,
+        "attention_types": [[["global", "local"], 1]],
+        "max_position_embeddings": 128,
+    },
 )
 SPECS = {
     "distilbert-tiny": BUILTIN_SPECS["distilbert-tiny"],
@@ -114,7 +120,7 @@ def test_which_rewrites_apply_by_spec() -> None:
     assert NO_REWRITES.resolve(BUILTIN_SPECS["gpt2-tiny"]) == ()
     with pytest.raises(UnknownRewrite, match="tanh-gelu does not apply to distilbert-tiny"):
         check_request(parse_rewrites("tanh-gelu"), BUILTIN_SPECS["distilbert-tiny"])
-    with pytest.raises(UnknownRewrite, match="head-at-position does not apply to vit-tiny.*tasks fill-mask"):
+    with pytest.raises(UnknownRewrite, match=r"head-at-position does not apply to vit-tiny.*tasks fill-mask"):
         check_request(parse_rewrites("head-at-position"), BUILTIN_SPECS["vit-tiny"])
 
 

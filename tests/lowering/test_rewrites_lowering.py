@@ -1,0 +1,74 @@
+"""Lowering with and without rewrites (lowering/rewrites.py): the default program is the model as exported, `auto`
+records what it applied, another set of rewrites is a cache miss, `--rewrites` is checked at the edge (exit 64).
+
+The rewrites themselves (registry, patterns, equivalence) are in test_rewrites.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.rewrites import NO_REWRITES, parse_rewrites
+from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.lowering.spec import BUILTIN_SPECS
+from orchestrator.lowering.variants import VARIANTS
+from orchestrator.tensorfile import read_tensors
+from tests.lowering.test_lowering import run_fab
+
+
+def test_the_default_program_is_the_model_as_exported(tiny_artifacts: dict[str, LoweringResult]) -> None:
+    for name in ("distilbert-tiny", "gpt2-tiny"):
+        sidecar = tiny_artifacts[name].variants[VARIANTS["xnnpack"]].sidecar
+        assert [output.to_dict() for output in sidecar.outputs] == [
+            {"name": "output_0", "kind": "logits", "shape": [1, 128, 1000], "dtype": "float32"}  # every position
+        ]
+        assert sidecar.applied_rewrites == () and sidecar.to_dict()["rewrites"] == []
+
+
+def test_auto_rewrites_are_applied_recorded_and_keyed(tmp_path: Path) -> None:
+    from executorch.runtime import Runtime
+
+    spec, xnnpack = BUILTIN_SPECS["distilbert-tiny"], VARIANTS["xnnpack"]
+    auto = parse_rewrites("auto")
+    result = lowering.lower(spec, variants=[xnnpack], weights="random", root=tmp_path, jobs=1, rewrites=auto)
+    sidecar = result.variants[xnnpack].sidecar
+    assert sidecar.applied_rewrites == ("eager-attention", "head-at-position")
+    assert [list(output.shape) for output in sidecar.outputs] == [[1, 1000]]
+    inputs = [torch.from_numpy(t.array) for t in read_tensors(result.paths.reference_inputs)]
+    (reference,) = read_tensors(result.paths.reference_outputs)
+    (output,) = Runtime.get().load_program(result.paths.pte(xnnpack)).load_method("forward").execute(inputs)
+    np.testing.assert_allclose(output.numpy(), reference.array, atol=1e-4, rtol=1e-4)
+
+    again = lowering.lower(spec, variants=[xnnpack], weights="random", root=tmp_path, jobs=1, rewrites=auto)
+    assert again.cached
+    # The model as exported, or another set of rewrites, is another program: its key misses this sidecar.
+    for other in (NO_REWRITES, parse_rewrites("head-at-position")):
+        key = lowering.cache_key(spec, xnnpack, "random", False, rewrites=other)
+        assert key != sidecar.cache_key
+        assert lowering._cached(result.paths, xnnpack, key, "random") is None
+    assert lowering.cache_key(spec, xnnpack, "random", False, rewrites=parse_rewrites(
+        "eager-attention,head-at-position")) == sidecar.cache_key  # fmt: skip
+
+
+def test_an_older_sidecar_had_no_rewrites(tiny_artifacts: dict[str, LoweringResult]) -> None:
+    data = tiny_artifacts["gpt2-tiny"].variants[VARIANTS["portable"]].sidecar.to_dict()
+    del data["rewrites"]
+    older = Sidecar.from_dict(data)
+    assert older.applied_rewrites == () and "rewrites" not in older.to_dict() and older.to_dict() == data
+
+
+def test_rewrites_option_is_checked_at_the_edge() -> None:
+    typo = run_fab("lower", "--model", "distilbert-tiny", "--rewrites", "tanh-gleu")
+    assert typo.returncode == 64, typo.stderr
+    assert (
+        "--rewrites tanh-gleu: unknown rewrite 'tanh-gleu'" in typo.stderr and "did you mean 'tanh-gelu'" in typo.stderr
+    )
+    wrong = run_fab("lower", "--model", "distilbert-tiny", "--rewrites", "tanh-gelu")
+    assert wrong.returncode == 64, wrong.stderr
+    assert "--rewrites tanh-gelu: tanh-gelu does not apply to distilbert-tiny" in wrong.stderr
+    assert "Traceback" not in typo.stderr + wrong.stderr

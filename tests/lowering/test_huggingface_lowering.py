@@ -44,7 +44,7 @@ EXPECTED: dict[str, tuple[list[tuple[str, Any, tuple[int, ...]]], tuple[int, ...
     "vit-tiny": ([("pixel_values", np.float32, (1, 3, 32, 32))], (1, 10)),
     "wav2vec2-tiny": ([("input_values", np.float32, (1, 16000))], (1, 49, 64)),
     "whisper-tiny-encoder-tiny": ([("input_features", np.float32, (1, 80, 100))], (1, 50, 64)),
-    "smollm2-tiny": ([("input_ids", np.int64, (1, 128)), ("attention_mask", np.int64, (1, 128))], (1, 1000)),
+    "smollm2-tiny": ([("input_ids", np.int64, (1, 128)), ("attention_mask", np.int64, (1, 128))], (1, 128, 1000)),
 }  # fmt: skip
 
 
@@ -111,24 +111,28 @@ def test_batch_rows_are_distinct_and_the_program_keeps_them_apart() -> None:
 
 
 def test_a_wrapped_task_at_batch_2_selects_each_rows_own_position() -> None:
-    """causal-lm at batch 2: each row's logits are those of its own last real token."""
+    """causal-lm at batch 2 with the head-at-position rewrite: each row's logits are those of its own last real
+    token; without it, every position's."""
     import dataclasses
 
     import torch
 
+    from orchestrator.lowering.huggingface_rewrites import head_at_position
     from orchestrator.lowering.huggingface_source import build_random
     from orchestrator.lowering.models import example_inputs, load_model
 
     spec = dataclasses.replace(BUILTIN_SPECS["smollm2-tiny"], batch_size=2, seq_len=16)
     loaded = load_model(spec, "random")
     ids, mask = (torch.from_numpy(t.array) for t in example_inputs(spec, loaded.module))
+    rewritten = head_at_position(loaded.module, spec)
     with torch.no_grad():
-        selected = loaded.module(ids, mask)
+        selected = rewritten(ids, mask)
         full = build_random(spec)(input_ids=ids, attention_mask=mask).logits
+        torch.testing.assert_close(loaded.module(ids, mask), full, rtol=1e-4, atol=1e-5)
     last = mask.sum(dim=1) - 1
     assert selected.shape == (2, 1000)
     torch.testing.assert_close(selected, full[torch.arange(2), last], rtol=1e-4, atol=1e-5)
-    program = torch.export.export(loaded.module, (ids, mask), strict=False)  # the row selection exports too
+    program = torch.export.export(rewritten, (ids, mask), strict=False)  # the row selection exports too
     torch.testing.assert_close(program.module()(ids, mask), selected, rtol=1e-4, atol=1e-5)
 
 

@@ -43,7 +43,7 @@ REWRITES_HELP = (
 )
 ACCURACY_HELP = {
     "min_sqnr": "accuracy gate of quantized runs: minimum SQNR vs fp32 eager in dB (default 10)",
-    "min_top1": "accuracy gate: minimum top-1 agreement with fp32 eager, 0-1 (default 1)",
+    "min_top1": "accuracy gate: minimum share of logits rows whose top-1 agrees with fp32 eager, 0-1 (default 0.9)",
     "min_top5": "accuracy gate: minimum top-5 overlap with fp32 eager, 0-1 (default 0.6)",
 }
 TRUST_HELP = (

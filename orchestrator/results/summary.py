@@ -282,7 +282,9 @@ class ProgramInfo:
 
 # The accuracy gate of quantized runs against fp32 eager (README "Quantized variants"). 8da4w measured 11-20 dB
 # and 3/5 top-5 overlap on full-size models, int8 28-42 dB: the defaults pass both and catch a broken program.
-ACCURACY_DEFAULTS = {"min_sqnr_db": 10.0, "min_top1_agreement": 1.0, "min_top5_overlap": 0.6}
+# Top-1 agreement is over the rows of a logits output (batch x positions): 0.9 still asks one row of one, and lets a
+# few of a fill-mask model's 128 positions flip (padding's among them).
+ACCURACY_DEFAULTS = {"min_sqnr_db": 10.0, "min_top1_agreement": 0.9, "min_top5_overlap": 0.6}
 
 
 @dataclass(frozen=True)

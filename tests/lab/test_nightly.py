@@ -169,7 +169,7 @@ def test_changed_program_under_noise_is_never_a_regression(local_board: Board, t
         result = fab_nightly(inventory, night, tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
 
-    # Another [MASK] id: another .pte, the same work. Tonight the machine is busy the whole night.
+    # Weights initialised at another scale: another .pte, the same work. Tonight the machine is busy all night.
     variant = write_inventory(
         tmp_path / "inventory-variant.yaml",
         [local_board],

@@ -163,15 +163,17 @@ def test_the_shipped_quantizer_breaks_integer_index_arithmetic_and_ours_does_not
 
 
 def test_int8_static_keeps_the_attention_mask_add_in_float(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Eager attention adds a mask of about -3.4e38 before softmax: quantized per tensor, it zeroes every score."""
+    """Eager attention (`--rewrites eager-attention`) adds a mask of about -3.4e38 before softmax: quantized per
+    tensor, it zeroes every score."""
     import torch
 
     from orchestrator.lowering import quantize as quantizing
+    from orchestrator.lowering.huggingface_rewrites import eager_attention
     from orchestrator.lowering.huggingface_source import reference_inputs
     from orchestrator.lowering.models import load_model, vocab_size_of
 
     spec = BUILTIN_SPECS["gpt2-tiny"]
-    module = load_model(spec, "random").module
+    module = eager_attention(load_model(spec, "random").module, spec)
     args = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, vocab_size_of(module)))
 
     def softmax_inputs() -> list[str]:

@@ -89,7 +89,7 @@ def validates_or_refuses(path: Path) -> bool:
     inputs = reference_inputs(spec, vocab_size_of(loaded.module))
     with torch.no_grad():
         output = loaded.module(*(torch.from_numpy(t.array) for t in inputs))
-    assert output.shape == (1, report.config.vocab_size)
+    assert output.shape == (1, spec.seq_len, report.config.vocab_size)  # every position's logits: the model as is
     return True
 
 

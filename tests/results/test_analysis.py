@@ -196,7 +196,9 @@ def test_analyze_bundle_writes_summary_ops_and_overlays(bundle_copy: BundleCopy,
     profile = data["profile"]
     assert profile["executions"] == 6, "warmup blocks are skipped"
     assert profile["ns_per_tick"] == 1.0, "the Linux runtime ticks in nanoseconds"
-    assert 0.5 < profile["etdump_vs_timings"] <= 1.1, "ETDump's method time matches the wall clock, in ns"
+    # In ns, not µs: a wrong tick would be 1000x off. The bundle's wall clock is the Python runtime's execute(),
+    # which also copies the outputs (all positions' logits) into new tensors: on a tiny model, most of it.
+    assert 0.05 < profile["etdump_vs_timings"] <= 1.1, "ETDump's method time matches the wall clock, in ns"
     tops = profile["top_layers"]
     assert [t["mean_ms"] for t in tops] == sorted((t["mean_ms"] for t in tops), reverse=True)
     split = profile["split"]

@@ -308,6 +308,12 @@ _BOOKKEEPING_LABELS = {"memory_planning": "alloc", "tuple_access": "getitem", "v
 _STORED_TWICE_WARNING = 1_000_000  # bytes: below it a tie costs little (the tiny test models' 0.26 MB)
 
 
+def _short_op(op: str) -> str:
+    """`aten::unsqueeze_copy.out` → `unsqueeze_copy`: the operator, not its namespace and out-variant (a table cell)."""
+    name = op.removeprefix("aten::")
+    return name.rsplit(".", 1)[0] if name.endswith((".out", ".Tensor_out", ".Scalar_out", ".int_out")) else name
+
+
 def _outside_cells(sidecar: Sidecar) -> tuple[int, str, str, float | None]:
     """Kernel calls outside the delegates, their top operators, the bookkeeping nodes, and MB stored twice."""
     outside = sidecar.outside_delegates
@@ -318,7 +324,7 @@ def _outside_cells(sidecar: Sidecar) -> tuple[int, str, str, float | None]:
         histogram = sidecar.delegation.fallback_histogram
         kernels = {op: n for op, n in histogram.items() if op not in BOOKKEEPING}
         calls, twice, bookkeeping = sum(kernels.values()), None, bookkeeping_counts(histogram)
-    top = ", ".join(f"{op} ×{count}" for op, count in list(kernels.items())[:3])
+    top = ", ".join(f"{_short_op(op)} ×{count}" for op, count in list(kernels.items())[:3])
     plumbing = ", ".join(f"{_BOOKKEEPING_LABELS.get(kind, kind)} {n}" for kind, n in bookkeeping.items() if n)
     return calls, top, plumbing or "none", twice
 
@@ -353,14 +359,14 @@ def print_lowering(result: LoweringResult) -> None:
             variant.name,
             item.sidecar.pte_size_mb,
             delegation.delegate_call_sites,
-            f"{calls} kernels" + (f" (top: {top})" if top else ""),
+            f"{calls}" + (f": {top}" if top else ""),
             plumbing,
             twice,
         ]
         if quantized:
             row.append(_quantized_cell(item.sidecar) or "fp32")
         rows.append([*row, "cache" if item.cached else "lowered"])
-    columns = ["backend", "size MB", "delegates", "outside the delegates", "bookkeeping (no kernel)", "stored twice MB"]
+    columns = ["backend", "size MB", "delegates", "kernels outside", "bookkeeping", "twice MB"]
     console.table(
         f"{result.spec.name} → {result.paths.folder}",
         [*columns, *(["quantized"] if quantized else []), "source"],

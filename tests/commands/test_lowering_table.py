@@ -35,7 +35,8 @@ def test_the_table_splits_kernels_from_bookkeeping_and_shows_what_is_stored_twic
         assert outside is not None
         top_op, top_count = next(iter(outside.kernels.items()))
         row = rows[backend]
-        assert f"{outside.kernel_calls} kernels (top: {top_op} ×{top_count}" in row
+        short = top_op.removeprefix("aten::").removesuffix(".out")
+        assert f"{outside.kernel_calls}: {short} ×{top_count}" in row
         bookkeeping = outside.bookkeeping
         assert f"alloc {bookkeeping['memory_planning']}, getitem {bookkeeping['tuple_access']}" in row
         assert f"{outside.stored_twice_bytes / 1e6:.3f}" in row

@@ -330,15 +330,18 @@ def _outside_cells(sidecar: Sidecar) -> tuple[int, str, str, float | None]:
 
 
 def _quantized_cell(sidecar: Sidecar) -> str | None:
-    """`38/38 linears → qdint8 x qcint8 ×38`, or what stayed in float."""
+    """`38/38 linears, 52/52 convolutions; FC qdint8 x qcint8 ×38; Conv ...`, and what stayed in float."""
     quantization = sidecar.quantization
     if quantization is None:
         return None
     kinds = ", ".join(f"{kind} ×{n}" for kind, n in quantization.fully_connected.items())
-    text = f"{quantization.quantized_linears}/{quantization.linear_layers} linears; FC {kinds or 'none'}"
+    text = f"{quantization.quantized_linears}/{quantization.linear_layers} linears"
+    if quantization.convolutions:
+        text += f", {quantization.quantized_convolutions}/{quantization.convolutions} convolutions"
+    text += f"; FC {kinds or 'none'}"
     if quantization.convolution:
         text += "; Conv " + ", ".join(f"{kind} ×{n}" for kind, n in quantization.convolution.items())
-    floating = quantization.float_linears
+    floating = [*quantization.float_linears, *quantization.float_convolutions]
     if floating:
         text += f"; FLOAT: {', '.join(floating[:4])}{' …' if len(floating) > 4 else ''}"
     return text
@@ -387,11 +390,8 @@ def print_lowering(result: LoweringResult) -> None:
         quantization = item.sidecar.quantization
         if quantization is None:
             continue
-        if quantization.float_linears:
-            console.warn(
-                f"{variant}: {len(quantization.float_linears)} of {quantization.linear_layers} linear layers stay "
-                "in float: " + ", ".join(quantization.float_linears)
-            )
+        for note in quantization.float_notes():
+            console.warn(f"{variant}: {note}")
         if (quantization.calibration_source or "").startswith("generated"):
             console.warn(
                 f"{variant}: calibrated on {quantization.calibration_samples} generated samples, not real inputs"

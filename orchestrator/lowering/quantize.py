@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,8 +41,8 @@ XNN_DATATYPES = {
 FLOAT_DATATYPES = frozenset({"fp32", "fp16", "bf16", "pfp32"})
 
 # How a scheme turns a (deep-copied, Conv1D-swapped) eager model into an exported program: (model, example_args,
-# calibration samples, PT2E quantizer override) -> (program, the linear layers it left in float).
-Apply = Callable[[Any, tuple, list[tuple] | None, Any], tuple[Any, list[str]]]
+# calibration samples, PT2E quantizer override) -> program. What it quantized is read from that program's graph.
+Apply = Callable[[Any, tuple, list[tuple] | None, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Scheme:
     name: str
     method: str  # how it quantizes, as the sidecar records it
     fully_connected: str  # what its XNNPACK FullyConnected nodes must be (input x weight): the sidecar's check
-    convolution: str  # the same for XNNPACK Convolution nodes (no model of the zoo has one yet)
+    convolution: str  # the same for XNNPACK Convolution nodes
     relative_cost: float  # lowering seconds relative to fp32 XNNPACK, until a lowering of the variant measured them
     apply: Apply | None = None
     calibrated: bool = False  # fitted on calibration samples (`--calibration FILE`, else generated ones)
@@ -92,14 +92,15 @@ def swap_conv1d(module: Any) -> list[str]:
     return swapped
 
 
-def linear_layers(module: Any) -> list[str]:
-    """Names of the layers that compute a linear (nn.Linear, and Conv1D left unswapped)."""
+def weighted_layers(module: Any) -> list[str]:
+    """Names of the layers that compute a linear or a convolution (nn.Linear, Conv1D left unswapped, nn.ConvNd)."""
     import torch
 
+    kinds = (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
     return [
         name
         for name, child in module.named_modules()
-        if isinstance(child, torch.nn.Linear) or type(child).__name__ == "Conv1D"
+        if isinstance(child, kinds) or (type(child).__name__ == "Conv1D" and hasattr(child, "nf"))
     ]
 
 
@@ -225,32 +226,37 @@ def quantize(
     """Quantize an eager module (a copy; the original is untouched) and export it.
 
     `calibration` is a list of argument tuples for a calibrated scheme; `quantizer` overrides the PT2E quantizer
-    (tests).
+    (tests). The linears and convolutions are counted in the quantized program's graph, so a module without
+    nn.Linear or nn.Conv layers (a user's .pt2, unlifted) is counted too.
     """
     if scheme.apply is None:
         raise ValueError(f"not a quantization scheme: {scheme.name!r}")
     model = copy.deepcopy(module).eval()
     swapped = swap_conv1d(model)
-    linears = linear_layers(model)
-    program, float_layers = scheme.apply(model, example_args, calibration, quantizer)
+    program = scheme.apply(model, example_args, calibration, quantizer)
+    operations = graph_operations(program.graph, weighted_layers(model))
+    linears = [op for op in operations if op.kind == LINEAR]
+    convolutions = [op for op in operations if op.kind == CONVOLUTION]
     report = {
         "scheme": scheme.name,
         "method": scheme.method,
         "conv1d_swapped_to_linear": len(swapped),
         "linear_layers": len(linears),
-        "quantized_linears": len(linears) - len(float_layers),
-        "float_linears": float_layers,
+        "quantized_linears": sum(op.quantized for op in linears),
+        "float_linears": _float_names(linears),
+        "convolutions": len(convolutions),
+        "quantized_convolutions": sum(op.quantized for op in convolutions),
+        "float_convolutions": _float_names(convolutions),
         "calibration": _calibration_record(scheme, calibration, calibration_source),
     }
     return Quantized(program, report)
 
 
-def _pt2e(model: Any, example_args: tuple, samples: list[tuple], quantizer: Any) -> tuple[Any, list[str]]:
+def _pt2e(model: Any, example_args: tuple, samples: list[tuple], quantizer: Any) -> Any:
     """PT2E: prepare, run the samples through the observers, convert, export."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    linears = linear_layers(model)
     captured = torch.export.export(model, example_args, strict=False).module()
     prepared = prepare_pt2e(captured, quantizer)
     with torch.no_grad():
@@ -258,50 +264,37 @@ def _pt2e(model: Any, example_args: tuple, samples: list[tuple], quantizer: Any)
             prepared(*sample)
     converted = convert_pt2e(prepared)
     with torch.no_grad():
-        program = torch.export.export(converted, example_args, strict=False)
-    return program, _float_linears(program, linears)
+        return torch.export.export(converted, example_args, strict=False)
 
 
-def _int8_dynamic(
-    model: Any, example_args: tuple, _calibration: list[tuple] | None, quantizer: Any
-) -> tuple[Any, list[str]]:
+def _int8_dynamic(model: Any, example_args: tuple, _calibration: list[tuple] | None, quantizer: Any) -> Any:
     return _pt2e(model, example_args, [example_args], quantizer or integer_safe_quantizer(is_dynamic=True))
 
 
-def _int8_static(
-    model: Any, example_args: tuple, calibration: list[tuple] | None, quantizer: Any
-) -> tuple[Any, list[str]]:
+def _int8_static(model: Any, example_args: tuple, calibration: list[tuple] | None, quantizer: Any) -> Any:
     samples = calibration or [example_args]
     return _pt2e(model, example_args, samples, quantizer or integer_safe_quantizer(is_dynamic=False))
 
 
-def _8da4w(model: Any, example_args: tuple, _calibration: list[tuple] | None, _quantizer: Any) -> tuple[Any, list[str]]:
+def _8da4w(model: Any, example_args: tuple, _calibration: list[tuple] | None, _quantizer: Any) -> Any:
     import torch
 
-    skipped = _apply_8da4w(model)
+    _apply_8da4w(model)
     with torch.no_grad():
-        program = torch.export.export(model, example_args, strict=False)
-    return program, sorted(skipped)
+        return torch.export.export(model, example_args, strict=False)
 
 
-def _apply_8da4w(model: Any) -> list[str]:
-    """torchao `quantize_` on every linear whose input features divide into groups; returns the others."""
+def _apply_8da4w(model: Any) -> None:
+    """torchao `quantize_` on every linear whose input features divide into groups (the others stay float)."""
     import torch
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
     from torchao.quantization.granularity import PerGroup
-
-    skipped = [
-        name
-        for name, child in model.named_modules()
-        if isinstance(child, torch.nn.Linear) and child.in_features % GROUP_SIZE
-    ]
 
     def groupable(child: Any, _fqn: str) -> bool:
         return isinstance(child, torch.nn.Linear) and child.in_features % GROUP_SIZE == 0
 
     config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP_SIZE))
     quantize_(model, config, filter_fn=groupable)
-    return skipped
 
 
 _DEQUANTIZE = ("dequantize_per_channel", "dequantize_per_tensor", "dequantize_affine", "dequantize")
@@ -323,31 +316,64 @@ def _produced_by_dequantize(node: Any) -> bool:
     return False
 
 
-def _float_linears(program: Any, linears: list[str]) -> list[str]:
-    """The linear layers whose weight does not come out of a dequantize in the quantized graph."""
-    float_layers = []
-    for node in program.graph.nodes:
+LINEAR = "linear"
+CONVOLUTION = "convolution"
+# Graph operators that compute a linear or a convolution -> (kind, index of the weight argument).
+_WEIGHTED_OPS = {
+    "aten.linear": (LINEAR, 1),
+    "aten.addmm": (LINEAR, 2),
+    "aten.conv1d": (CONVOLUTION, 1),
+    "aten.conv2d": (CONVOLUTION, 1),
+    "aten.conv3d": (CONVOLUTION, 1),
+    "aten.conv_transpose1d": (CONVOLUTION, 1),
+    "aten.conv_transpose2d": (CONVOLUTION, 1),
+    "aten.convolution": (CONVOLUTION, 1),
+    "aten._convolution": (CONVOLUTION, 1),
+}
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One linear or convolution of an exported graph: its layer's name and whether its weight is quantized."""
+
+    kind: str  # LINEAR or CONVOLUTION
+    layer: str
+    quantized: bool
+
+
+def graph_operations(graph: Any, layers: list[str] | None = None) -> list[Operation]:
+    """Every linear and convolution node of `graph`; quantized when its weight comes out of a dequantize.
+
+    A layer is named from the node's nn_module_stack (mapped onto `layers`, the module's own names, where one
+    matches), else by the node's name: a graph without modules still names what stayed float.
+    """
+    operations = []
+    for node in graph.nodes:
         if node.op != "call_function":
             continue
-        name = str(node.target)
-        if "aten.linear" in name:
-            weight = node.args[1]
-        elif "aten.addmm" in name:
-            weight = node.args[2]
-        else:
+        target = str(node.target).rsplit(".", 1)[0]  # aten.conv2d.default -> aten.conv2d
+        found = _WEIGHTED_OPS.get(target)
+        if found is None or len(node.args) <= found[1]:
             continue
-        if _produced_by_dequantize(weight):
-            continue
+        kind, weight = found
         stack = node.meta.get("nn_module_stack") or {}
         path = list(stack.values())[-1][0] if stack else node.name
-        float_layers.append(_module_name(str(path), linears))
-    return sorted(set(float_layers))
+        operations.append(
+            Operation(kind, _module_name(str(path), layers or []), _produced_by_dequantize(node.args[weight]))
+        )
+    return operations
 
 
-def _module_name(path: str, linears: list[str]) -> str:
+def _float_names(operations: list[Operation]) -> list[str]:
+    return sorted({op.layer for op in operations if not op.quantized})
+
+
+def _module_name(path: str, layers: list[str]) -> str:
     """nn_module_stack paths look like `L['self'].model.lm_head` or `model.lm_head`; map to a layer name."""
     cleaned = path.replace("L['self'].", "").replace("L['self']", "")
-    return next((name for name in linears if cleaned.endswith(name)), cleaned)
+    if cleaned in layers:
+        return cleaned
+    return next((name for name in layers if name and cleaned.endswith("." + name)), cleaned)
 
 
 def _calibration_record(scheme: Scheme, calibration: list[tuple] | None, source: str | None) -> dict[str, Any] | None:
@@ -461,6 +487,46 @@ def calibration_from_file(path: Path, seq_len: int, vocab_size: int) -> list[tup
     if len(result) < 2:
         raise CalibrationError(f"{where}: give several samples (found {len(result)}); calibration needs variety")
     return result
+
+
+def calibration_samples(path: Path, inputs: Sequence[tuple[str, str, Sequence[int]]], model: str) -> list[tuple]:
+    """Samples for a model of any inputs (images, audio, a factory's) from an ETLT file: one tensor per input
+    (`inputs`: name, dtype, shape), named as it, of its dtype and its shape behind a leading sample axis.
+
+    A file that does not match is a CalibrationError naming the file and saying what the model takes.
+    """
+    import numpy as np
+    import torch
+
+    # here, not at the top: numpy, which the scheme registry's readers (fab's start-up) do not need
+    from orchestrator.tensorfile import TensorFileError, read_tensors
+
+    where = str(path)
+    wanted = ", ".join(f"{name} {dtype} [N, {', '.join(map(str, shape))}]" for name, dtype, shape in inputs)
+    needs = f"{model} takes {len(inputs)} input(s); its calibration file is an ETLT file of {wanted} (N samples)"
+    if path.suffix.lower() == ".json":
+        raise CalibrationError(f"{where}: token-id lists are for token models; {needs}")
+    try:
+        tensors = {t.name: t.array for t in read_tensors(path)}
+    except TensorFileError as exc:
+        raise CalibrationError(f"{where}: {exc}; {needs}") from None
+    if set(tensors) != {name for name, _, _ in inputs}:
+        raise CalibrationError(f"{where}: holds {', '.join(sorted(tensors)) or 'nothing'}; {needs}")
+    counts = set()
+    for name, dtype, shape in inputs:
+        array = tensors[name]
+        if str(array.dtype) != dtype or tuple(array.shape[1:]) != tuple(shape):
+            got = f"{array.dtype} [{', '.join(map(str, array.shape))}]"
+            raise CalibrationError(f"{where}: {name} is {got}; {needs}")
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise CalibrationError(f"{where}: {name} holds NaN or infinite values")
+        counts.add(array.shape[0])
+    if len(counts) != 1:
+        raise CalibrationError(f"{where}: its tensors hold different numbers of samples; {needs}")
+    samples = counts.pop()
+    if samples < 2:
+        raise CalibrationError(f"{where}: give several samples (found {samples}); calibration needs variety")
+    return [tuple(torch.from_numpy(tensors[name][index].copy()) for name, _, _ in inputs) for index in range(samples)]
 
 
 def _token_ids(value: Any) -> list[int] | None:

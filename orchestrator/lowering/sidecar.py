@@ -284,15 +284,18 @@ class Quantization:
     calibration_source: str | None  # calibrated schemes only
     calibration_samples: int | None
     report: dict[str, Any]  # the section as written, for to_dict()
+    # The graph's convolutions, as the linears above; 0 and () in sidecars written before they were counted.
+    convolutions: int = 0
+    quantized_convolutions: int = 0
+    float_convolutions: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, data: Any, reader: _Reader) -> Quantization | None:
         if data is None:
             return None
         fields = reader.mapping(data, "quantization")
-        floats = fields.get("float_linears", _MISSING)
-        if not isinstance(floats, list) or not all(isinstance(name, str) for name in floats):
-            raise reader.fail("quantization.float_linears", "a list of names", floats)
+        floats = _names(fields, "float_linears", reader)
+        float_convolutions = _names(fields, "float_convolutions", reader, optional=True)
         nodes = reader.mapping(fields.get("nodes", {}), "quantization.nodes")
         calibration = fields.get("calibration")
         source, samples = None, None
@@ -310,10 +313,40 @@ class Quantization:
             calibration_source=source,
             calibration_samples=samples,
             report=dict(fields),
+            convolutions=reader.integer(fields, "convolutions", "quantization.") if "convolutions" in fields else 0,
+            quantized_convolutions=(
+                reader.integer(fields, "quantized_convolutions", "quantization.")
+                if "quantized_convolutions" in fields
+                else 0
+            ),
+            float_convolutions=tuple(float_convolutions),
         )
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.report)
+
+    def float_notes(self) -> list[str]:
+        """`3 of 8 linears stay in float: a, b, c`, and the same for convolutions: what a report warns about."""
+        notes = []
+        for names, total, kind in (
+            (self.float_linears, self.linear_layers, "linears"),
+            (self.float_convolutions, self.convolutions, "convolutions"),
+        ):
+            if names:
+                shown = ", ".join(names[:8]) + (f" … ({len(names) - 8} more)" if len(names) > 8 else "")
+                notes.append(f"{total - self._quantized(kind)} of {total} {kind} stay in float: {shown}")
+        return notes
+
+    def _quantized(self, kind: str) -> int:
+        return self.quantized_linears if kind == "linears" else self.quantized_convolutions
+
+
+def _names(fields: dict[str, Any], key: str, reader: _Reader, *, optional: bool = False) -> list[str]:
+    """A list of layer names; absent is [] where `optional` (a field older sidecars lack)."""
+    value = fields.get(key, [] if optional else _MISSING)
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise reader.fail(f"quantization.{key}", "a list of names", value)
+    return value
 
 
 @dataclass(frozen=True)

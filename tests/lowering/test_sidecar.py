@@ -60,6 +60,21 @@ def test_real_sidecars_round_trip_byte_for_byte(tiny_artifacts: dict[str, Loweri
             assert Sidecar.from_dict(sidecar.to_dict()) == sidecar
 
 
+def test_convolution_counts_are_typed_and_an_older_section_without_them_still_reads(real: dict[str, Any]) -> None:
+    older = Sidecar.from_dict({**real, "backend": "xnnpack-int8-static", "quantization": copy.deepcopy(QUANTIZATION)})
+    assert older.quantization is not None and older.quantization.convolutions == 0
+    assert older.quantization.float_convolutions == () and older.quantization.float_notes() == []
+    counted = {**QUANTIZATION, "convolutions": 3, "quantized_convolutions": 1, "float_convolutions": ["a", "b"]}
+    data = {**real, "backend": "xnnpack-int8-static", "quantization": counted}
+    sidecar = Sidecar.from_dict(data)
+    assert json.dumps(sidecar.to_dict()) == json.dumps(data)
+    assert sidecar.quantization is not None and sidecar.quantization.float_convolutions == ("a", "b")
+    assert sidecar.quantization.float_notes() == ["2 of 3 convolutions stay in float: a, b"]
+    for bad in ({"float_convolutions": "a"}, {"convolutions": "3"}):
+        with pytest.raises(ArtifactError, match=r"quantization\.(float_)?convolutions"):
+            Sidecar.from_dict({**data, "quantization": {**counted, **bad}})
+
+
 def test_a_quantization_section_round_trips_and_is_typed(real: dict[str, Any]) -> None:
     data = {**real, "backend": "xnnpack-int8-static", "quantization": copy.deepcopy(QUANTIZATION)}
     sidecar = Sidecar.from_dict(data)

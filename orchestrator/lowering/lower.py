@@ -37,8 +37,8 @@ from orchestrator.lowering.export_errors import EXPORT, TO_EDGE, TO_EXECUTORCH, 
 from orchestrator.lowering.outputs import eager_outputs, output_records
 from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
 from orchestrator.lowering.quantize import (
-    CalibrationError,
     calibration_from_file,
+    calibration_samples,
     generated_calibration,
     node_report,
     quantize,
@@ -185,12 +185,11 @@ def lower(
         return result
     # Everything a spec or calibration file can get wrong is refused now (exit 64): before the model loads, a
     # worker starts or a cached sidecar is invalidated.
-    _check_inputs(spec, choice, calibration)
+    kind = _check_inputs(spec, choice, calibration)
     calibrated = [variant.scheme.name for variant in missing if variant.scheme.calibrated]
     if calibrated and calibration is None:
-        samples = "images (not real photos)" if spec.image_size else "token ids (not real text)"
         console.loud_warning(
-            f"{spec.name}: {', '.join(calibrated)} is calibrated on generated {samples}, deterministic.\n"
+            f"{spec.name}: {', '.join(calibrated)} is calibrated on {_GENERATED_CALIBRATION[kind]}, deterministic.\n"
             "Scales fitted to them may not suit real inputs: pass --calibration FILE with your own samples."
         )
 
@@ -203,6 +202,8 @@ def lower(
         artifact_paths.sidecar(variant).unlink(missing_ok=True)
 
     shared = _load(spec, choice, artifact_paths, timer, rewrites)
+    if calibration is not None and kind == FACTORY:  # its inputs are known once the factory ran
+        calibration_samples(calibration, _input_triples(shared.inputs), spec.name)
     tasks = [
         VariantTask(
             spec=spec,
@@ -240,8 +241,9 @@ def lower(
     return result
 
 
-def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | None) -> None:
-    """The spec's config built and checked (no weights), and the calibration file read against its vocabulary."""
+def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | None) -> str:
+    """The spec's config built and checked (no weights), and the calibration file read against the model's inputs
+    (token ids: against its vocabulary). Returns the kind of the model's inputs (`_GENERATED_CALIBRATION`)."""
     # here, not at the top: it imports torch (seconds), which a cache hit never needs
     from orchestrator.lowering.models import check_spec
 
@@ -253,10 +255,50 @@ def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | No
             else f"--trust-remote-code has no effect: {spec.name} gets random weights from transformers' own classes."
         )
     checked = check_spec(spec, choice, available=available_memory())
-    if calibration is not None and spec.image_size is not None:
-        raise CalibrationError(f"{calibration}: calibration files hold token ids; {spec.name} is an image model")
-    if calibration is not None:
+    inputs = _known_inputs(spec, checked.config)
+    kind = input_kind(spec, [name for name, _, _ in inputs])
+    if calibration is not None and kind == TOKENS:
         calibration_from_file(calibration, spec.seq_len, checked.config.vocab_size)
+    elif calibration is not None and kind != FACTORY:  # a factory's inputs: checked once it ran
+        calibration_samples(calibration, inputs, spec.name)
+    return kind
+
+
+TOKENS, IMAGES, AUDIO, FACTORY = "tokens", "images", "audio", "factory"
+# What int8-static is calibrated on without a calibration file, per kind of input (as the warning says it).
+_GENERATED_CALIBRATION = {
+    TOKENS: "generated token ids (not real text)",
+    IMAGES: "generated images, random and normalised as the model's preprocessing does (not real photos)",
+    AUDIO: "generated audio, a chord and noise made like its reference input (not real speech)",
+    FACTORY: "the factory's example inputs only (one sample: etlab cannot make more of a module it does not know)",
+}
+
+
+def input_kind(spec: ModelSpec, names: Sequence[str]) -> str:
+    """What a model takes, for its calibration: token ids, images, audio, or a factory's own inputs."""
+    if spec.factory is not None:
+        return FACTORY
+    if spec.image_size is not None or "pixel_values" in names:
+        return IMAGES
+    if {"input_values", "input_features"} & set(names):
+        return AUDIO
+    return TOKENS
+
+
+def _known_inputs(spec: ModelSpec, config: Any) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The model's inputs as far as the spec and its config decide them (a factory's: none until it runs)."""
+    found = spec.inputs
+    if not spec.declared_inputs and spec.model_source == "huggingface":  # the family adds its own inputs
+        from orchestrator.lowering.huggingface_source import head_class, model_inputs
+
+        head = head_class(spec.model_type, spec.task)
+        found = model_inputs(spec, config, head) if head is not None else found
+    return [(item.name, item.dtype, tuple(item.shape)) for item in found]
+
+
+def _input_triples(inputs: Sequence[dict[str, Any]]) -> list[tuple[str, str, tuple[int, ...]]]:
+    """Sidecar input records (name, shape, dtype) as (name, dtype, shape)."""
+    return [(item["name"], str(item["dtype"]), tuple(item["shape"])) for item in inputs]
 
 
 def _lower_parallel(
@@ -506,22 +548,33 @@ def _quantized_program(
     else:
         module = load_model(task.spec, task.weights).module
         module, _ = apply_rewrites(module, task.spec, RewriteRequest(names=task.rewrites))
-    example_args = tuple(torch.from_numpy(t.array) for t in read_tensors(artifact_paths.reference_inputs))
     scheme = task.variant.scheme
+    reference = read_tensors(artifact_paths.reference_inputs)
+    example_args = tuple(torch.from_numpy(t.array) for t in reference)
+    kind = input_kind(task.spec, [t.name for t in reference])
     calibration, source = None, None
-    if scheme.calibrated and task.spec.image_size is not None:
+    if scheme.calibrated and task.calibration and kind != TOKENS:  # checked against the inputs before lowering
+        path = Path(task.calibration)
+        triples = [(t.name, t.dtype, tuple(t.array.shape)) for t in reference]
+        calibration = calibration_samples(path, triples, task.spec.name)
+        source = f"file {path.name} (sha256 {sha256_file(path)[:12]})"
+    elif scheme.calibrated and kind == IMAGES and task.spec.image_size is not None:
         from orchestrator.lowering.torchvision_source import generated_images
 
         calibration = generated_images(task.spec.image_size, _CALIBRATION_IMAGES)
         source = "generated: deterministic random images, ImageNet-normalised (not real photos)"
-    elif scheme.calibrated and task.spec.factory is not None:  # a user's module: its inputs mean nothing to etlab
+    elif scheme.calibrated and kind == FACTORY:  # a user's module: its inputs mean nothing to etlab
         calibration = [example_args]
         source = "the factory's example inputs (one sample)"
-    elif scheme.calibrated and example_args[0].is_floating_point():  # audio: no token ids to draw
+    elif scheme.calibrated and kind != TOKENS:  # audio, or images the family's config sizes: made as its inputs
         from orchestrator.lowering.huggingface_source import calibration_inputs
 
         calibration = calibration_inputs(task.spec, module, _CALIBRATION_IMAGES)
-        source = "generated: deterministic synthetic audio, a chord and noise (not real speech)"
+        source = (
+            "generated: deterministic synthetic audio, a chord and noise (not real speech)"
+            if kind == AUDIO
+            else "generated: deterministic random images, normalised (not real photos)"
+        )
     elif scheme.calibrated:
         vocab = vocab_size_of(module)
         if task.calibration:
@@ -569,11 +622,6 @@ def _lower_program(
             "nodes": node_report(pte_path, variant.scheme, delegation["fallback_histogram"]),
         }
         quantization["pte_bytes"] = files["pte"]["size"]
-        if quantization["float_linears"]:
-            console.warn(
-                f"{spec.name}: {variant}: {len(quantization['float_linears'])} of {quantization['linear_layers']} "
-                f"linear layers stay in float: {', '.join(quantization['float_linears'][:8])}"
-            )
 
     data = {
         "schema": SIDECAR_SCHEMA,
@@ -585,7 +633,8 @@ def _lower_program(
         "exported_program": artifact_paths.exported_program.name,
         "pte": pte_path.name,
         "pte_size_mb": round(files["pte"]["size"] / 1e6, 3),
-        "seq_len": spec.seq_len if spec.image_size is None else None,
+        # Only where the program takes token ids: an image's or an audio model's inputs have no sequence length.
+        "seq_len": spec.seq_len if any(item["name"] == "input_ids" for item in task.inputs) else None,
         "weights": task.weights,
         "weights_note": task.weights_note,
         "parameters": task.parameters,
@@ -610,6 +659,8 @@ def _lower_program(
     }
     # Checked before it is written: a sidecar this lowering cannot read back must not become a valid artifact.
     sidecar = Sidecar.from_dict(data, artifact_paths.sidecar(variant).name)
+    for note in sidecar.quantization.float_notes() if sidecar.quantization else ():
+        console.warn(f"{spec.name}: {variant}: {note}")
     # The sidecar is the commit point: it is written last.
     write_sidecar(artifact_paths.sidecar(variant), sidecar)
     return sidecar

@@ -1,0 +1,209 @@
+"""Quantization beyond transformers: linears and convolutions counted from the exported graph for conv nets, audio
+models and a user's .pt2, checked against the XNNPACK graphs of the lowered programs, and calibration for models
+whose inputs are not token ids (images, audio, a factory). Token-model schemes and the accuracy gate are in
+test_quantize.py, parallel lowering in test_quantize_parallel.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.commands.render import _quantized_cell
+from orchestrator.lowering.lower import LoweringResult, lower
+from orchestrator.lowering.quantize import SCHEMES, CalibrationError, quantize, xnn_node_types
+from orchestrator.lowering.sidecar import Quantization
+from orchestrator.lowering.spec import BUILTIN_SPECS
+from orchestrator.lowering.variants import VARIANTS
+from orchestrator.tensorfile import NamedTensor, write_tensors
+from tests.lowering.test_quantize import fab
+
+pytestmark = pytest.mark.slow
+
+SCHEME_NAMES = ("int8-dynamic", "int8-static", "8da4w")
+
+
+def eager_layers(name: str) -> tuple[list[str], list[str]]:
+    """The built-in model's own nn.Linear and nn.ConvNd module names: what the graph's counts must match."""
+    import torch
+
+    from orchestrator.lowering.models import load_model
+
+    module = load_model(BUILTIN_SPECS[name], "random").module
+    linears = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    convolutions = [n for n, m in module.named_modules() if isinstance(m, torch.nn.modules.conv._ConvNd)]
+    return linears, convolutions
+
+
+def images(path: Path, samples: int, shape: tuple[int, ...] = (1, 3, 32, 32), name: str = "pixel_values") -> Path:
+    array = np.random.default_rng(7).standard_normal((samples, *shape)).astype(np.float32)
+    write_tensors(path, [NamedTensor(name, array)])
+    return path
+
+
+def lowered(name: str, root: Path, calibration: Path | None = None) -> LoweringResult:
+    variants = [VARIANTS[f"xnnpack-{scheme}"] for scheme in SCHEME_NAMES]
+    return lower(BUILTIN_SPECS[name], variants=variants, root=root, calibration=calibration, jobs=1)
+
+
+def quantization_of(result: LoweringResult, scheme: str) -> tuple[Quantization, Path]:
+    item = result.variants[VARIANTS[f"xnnpack-{scheme}"]]
+    assert item.sidecar.quantization is not None
+    return item.sidecar.quantization, item.pte
+
+
+@pytest.fixture(scope="module")
+def mobilenet(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoweringResult, Path]:
+    """mobilenet-v2-tiny lowered to every scheme, int8-static calibrated on an ETLT file of 4 images."""
+    root = tmp_path_factory.mktemp("mobilenet")
+    calibration = images(root / "images.etlt", 4)
+    return lowered("mobilenet-v2-tiny", root / "artifacts", calibration), calibration
+
+
+def test_a_conv_net_reports_every_convolution_and_the_xnnpack_graph_agrees(
+    mobilenet: tuple[LoweringResult, Path],
+) -> None:
+    result, _ = mobilenet
+    linears, convolutions = eager_layers("mobilenet-v2-tiny")
+    assert len(convolutions) == 52 and len(linears) == 1
+    for scheme in SCHEME_NAMES:
+        quantization, pte = quantization_of(result, scheme)
+        assert quantization.convolutions == len(convolutions), scheme
+        assert quantization.linear_layers == quantization.quantized_linears == len(linears), scheme
+        assert set(quantization.float_convolutions) <= set(convolutions), scheme  # named as the module names them
+        # What the graph says stayed float is what the serialized XNNPACK Convolution nodes are.
+        _, in_program = xnn_node_types(pte)
+        assert dict(in_program) == quantization.convolution
+        float_nodes = sum(n for kind, n in in_program.items() if kind.endswith("fp32"))
+        assert float_nodes == quantization.convolutions - quantization.quantized_convolutions, scheme
+        assert result.variants[VARIANTS[f"xnnpack-{scheme}"]].sidecar.seq_len is None  # an image has no seq_len
+    static, _ = quantization_of(result, "int8-static")
+    assert static.quantized_convolutions == 52 and static.float_convolutions == ()
+    assert static.convolution == {SCHEMES["int8-static"].convolution: 52}
+    four_bit, _ = quantization_of(result, "8da4w")  # quantize_ takes linears only
+    assert four_bit.quantized_convolutions == 0 and set(four_bit.float_convolutions) == set(convolutions)
+    assert four_bit.float_notes() == [
+        "52 of 52 convolutions stay in float: " + ", ".join(sorted(convolutions)[:8]) + " … (44 more)"
+    ]
+    dynamic, _ = quantization_of(result, "int8-dynamic")  # the depthwise convolutions stay float
+    assert 0 < dynamic.quantized_convolutions < 52 and dynamic.float_convolutions
+    assert all(name.endswith(".conv.1.0") or name == "features.1.conv.0.0" for name in dynamic.float_convolutions)
+
+
+def test_the_lowering_table_shows_convolutions_and_what_stayed_float(mobilenet: tuple[LoweringResult, Path]) -> None:
+    result, _ = mobilenet
+    item = result.variants[VARIANTS["xnnpack-8da4w"]]
+    cell = _quantized_cell(item.sidecar)
+    assert cell is not None and "1/1 linears, 0/52 convolutions" in cell and "FLOAT: features.0.0" in cell
+    static = _quantized_cell(result.variants[VARIANTS["xnnpack-int8-static"]].sidecar)
+    assert static is not None and "52/52 convolutions" in static and "FLOAT" not in static
+
+
+def test_an_image_model_is_calibrated_on_the_etlt_file_it_was_given(mobilenet: tuple[LoweringResult, Path]) -> None:
+    result, calibration = mobilenet
+    static, _ = quantization_of(result, "int8-static")
+    assert static.calibration_source is not None and static.calibration_source.startswith(f"file {calibration.name}")
+    assert static.calibration_samples == 4
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("json", "token-id lists are for token models"),
+        ("wrong name", "holds images"),
+        ("wrong shape", "pixel_values is float32 [4, 1, 3, 16, 16]"),
+        ("one sample", "give several samples (found 1)"),
+    ],
+)
+def test_a_calibration_file_that_is_not_the_models_inputs_is_refused_before_loading(
+    tmp_path: Path, content: str, problem: str
+) -> None:
+    if content == "json":
+        path = tmp_path / "ids.json"
+        path.write_text("[[1, 2, 3], [4, 5, 6]]")
+    elif content == "wrong name":
+        path = images(tmp_path / "c.etlt", 4, name="images")
+    elif content == "wrong shape":
+        path = images(tmp_path / "c.etlt", 4, shape=(1, 3, 16, 16))
+    else:
+        path = images(tmp_path / "c.etlt", 1)
+    with pytest.raises(CalibrationError) as refused:
+        lower(BUILTIN_SPECS["mobilenet-v2-tiny"], variants=[VARIANTS["xnnpack-int8-static"]], root=tmp_path / "a",
+              calibration=path)  # fmt: skip
+    message = str(refused.value.args[0])
+    assert message.startswith(str(path)) and problem in message
+    if content != "one sample":
+        assert "pixel_values float32 [N, 1, 3, 32, 32]" in message  # says what the model takes
+    assert not (tmp_path / "a").exists()  # refused before anything was loaded or written
+
+
+def test_fab_lower_names_the_calibration_option_and_exits_64(tmp_path: Path) -> None:
+    path = tmp_path / "ids.json"
+    path.write_text("[[1, 2, 3], [4, 5, 6]]")
+    done: subprocess.CompletedProcess[str] = fab(
+        "lower", "--model", "mobilenet-v2-tiny", "--quantize", "int8-static", "--calibration", str(path),
+        artifacts=tmp_path / "artifacts", results=tmp_path / "results", timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 64, done.stderr
+    assert f"--calibration {path}" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_audio_model_int8_dynamic_leaves_its_convolutions_float_and_says_so(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    result = lowered("wav2vec2-tiny", tmp_path)
+    output = capfd.readouterr().err
+    assert "generated audio, a chord and noise" in output and "token ids" not in output  # the pre-lowering warning
+    linears, convolutions = eager_layers("wav2vec2-tiny")
+    assert len(convolutions) == 8  # 7 in the feature extractor, 1 positional
+    dynamic, _ = quantization_of(result, "int8-dynamic")
+    assert dynamic.convolutions == 8 and dynamic.quantized_convolutions == 0
+    assert set(dynamic.float_convolutions) == set(convolutions)
+    assert "model.feature_extractor.conv_layers.0.conv" in dynamic.float_convolutions
+    assert dynamic.linear_layers == dynamic.quantized_linears == len(linears)
+    assert "8 of 8 convolutions stay in float: model.encoder.pos_conv_embed.conv" in output  # warned when lowered
+    static, _ = quantization_of(result, "int8-static")
+    assert static.convolutions == 8 and static.quantized_convolutions == 8 and static.float_convolutions == ()
+    assert static.calibration_source is not None and "synthetic audio" in static.calibration_source
+    assert result.variants[VARIANTS["xnnpack-int8-static"]].sidecar.seq_len is None
+
+
+@pytest.mark.parametrize("scheme", SCHEME_NAMES)
+def test_whisper_encoder_convolutions_are_counted_for_every_scheme(scheme: str) -> None:
+    import torch
+
+    from orchestrator.lowering.models import example_inputs, load_model
+
+    spec = BUILTIN_SPECS["whisper-tiny-encoder-tiny"]
+    module = load_model(spec, "random").module
+    args = tuple(torch.from_numpy(t.array) for t in example_inputs(spec, module))
+    linears, convolutions = eager_layers("whisper-tiny-encoder-tiny")
+    report = quantize(module, args, SCHEMES[scheme], calibration=[args]).report
+    assert report["convolutions"] == len(convolutions) == 2
+    assert report["linear_layers"] == len(linears)
+    assert report["quantized_convolutions"] + len(report["float_convolutions"]) == 2
+    assert report["quantized_convolutions"] == (2 if scheme == "int8-static" else 0)
+
+
+def test_a_users_exported_program_reports_its_linears_and_convolutions(tmp_path: Path) -> None:
+    import torch
+
+    from orchestrator.lowering.exported import lower_exported_program
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)
+    ).eval()
+    pt2 = tmp_path / "mine.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(1, 3, 8, 8),)), str(pt2))
+    result = lower_exported_program(pt2, "mine", variants=[VARIANTS["xnnpack-int8-dynamic"]], root=tmp_path / "a")
+    item = result.variants[VARIANTS["xnnpack-int8-dynamic"]]
+    quantization = item.sidecar.quantization
+    assert quantization is not None
+    assert quantization.linear_layers == quantization.quantized_linears == 1  # not "0/0 linears"
+    assert quantization.convolutions == 1
+    _, in_program = xnn_node_types(item.pte)
+    float_nodes = sum(n for kind, n in in_program.items() if kind.endswith("fp32"))
+    assert float_nodes == quantization.convolutions - quantization.quantized_convolutions

@@ -6,7 +6,9 @@ test_quantize.py, parallel lowering in test_quantize_parallel.py.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +20,20 @@ from orchestrator.lowering.quantize import SCHEMES, CalibrationError, quantize, 
 from orchestrator.lowering.sidecar import Quantization
 from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
+from orchestrator.paths import PROJECT_ROOT
 from orchestrator.tensorfile import NamedTensor, write_tensors
-from tests.lowering.test_quantize import fab
 
 pytestmark = pytest.mark.slow
 
 SCHEME_NAMES = ("int8-dynamic", "int8-static", "8da4w")
+
+
+def fab_lower(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(tmp_path / "artifacts"), "ETLAB_RESULTS": str(tmp_path / "results")}
+    return subprocess.run(
+        [sys.executable, "-m", "fabric", "lower", *options], cwd=PROJECT_ROOT, env=env, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
 
 
 def eager_layers(name: str) -> tuple[list[str], list[str]]:
@@ -143,10 +153,7 @@ def test_a_calibration_file_that_is_not_the_models_inputs_is_refused_before_load
 def test_fab_lower_names_the_calibration_option_and_exits_64(tmp_path: Path) -> None:
     path = tmp_path / "ids.json"
     path.write_text("[[1, 2, 3], [4, 5, 6]]")
-    done: subprocess.CompletedProcess[str] = fab(
-        "lower", "--model", "mobilenet-v2-tiny", "--quantize", "int8-static", "--calibration", str(path),
-        artifacts=tmp_path / "artifacts", results=tmp_path / "results", timeout=600,
-    )  # fmt: skip
+    done = fab_lower(tmp_path, "--model", "mobilenet-v2-tiny", "--quantize", "int8-static", "--calibration", str(path))
     assert done.returncode == 64, done.stderr
     assert f"--calibration {path}" in done.stderr and "Traceback" not in done.stderr
 
@@ -207,3 +214,24 @@ def test_a_users_exported_program_reports_its_linears_and_convolutions(tmp_path:
     _, in_program = xnn_node_types(item.pte)
     float_nodes = sum(n for kind, n in in_program.items() if kind.endswith("fp32"))
     assert float_nodes == quantization.convolutions - quantization.quantized_convolutions
+
+
+def test_a_factory_is_calibrated_on_a_file_of_its_own_inputs_and_a_wrong_one_is_refused(tmp_path: Path) -> None:
+    from orchestrator.lowering.spec import resolve_spec
+    from tests.lowering.test_factory import write_factory
+
+    spec = resolve_spec(spec_path=write_factory(tmp_path), trust_code=True)
+    static = VARIANTS["xnnpack-int8-static"]
+    rng = np.random.default_rng(3)
+    good = tmp_path / "good.etlt"
+    write_tensors(good, [NamedTensor("image", rng.random((3, 1, 3, 16, 16), dtype=np.float32)),
+                         NamedTensor("scale", np.full((3, 1, 4), 2.0, dtype=np.float32))])  # fmt: skip
+    result = lower(spec, variants=[static], root=tmp_path / "a", calibration=good, jobs=1)
+    quantization = result.variants[static].sidecar.quantization
+    assert quantization is not None and quantization.calibration_samples == 3
+    assert quantization.calibration_source is not None and quantization.calibration_source.startswith("file good.etlt")
+    assert quantization.convolutions == quantization.quantized_convolutions == 1
+    assert quantization.linear_layers == quantization.quantized_linears == 1
+    bad = images(tmp_path / "bad.etlt", 3, shape=(1, 3, 16, 16), name="image")  # no `scale`
+    with pytest.raises(CalibrationError, match="holds image; my-small takes 2 input"):
+        lower(spec, variants=[static], root=tmp_path / "b", calibration=bad, jobs=1)

@@ -175,13 +175,14 @@ def test_a_warm_lower_imports_no_torchvision(tiny: LoweringResult) -> None:
     assert not {name.split(".")[0] for name in found} & HEAVY
 
 
-def test_a_calibration_file_is_refused_for_an_image_model(tmp_path: Path) -> None:
-    """Calibration files hold token ids: refused before anything loads, and nothing is written."""
+def test_a_token_calibration_file_is_refused_for_an_image_model(tmp_path: Path) -> None:
+    """An image model's calibration file holds images (an ETLT file of pixel_values): token ids are refused before
+    anything loads, nothing is written, and the message says what the model takes."""
     from orchestrator.lowering.quantize import CalibrationError
 
     samples = tmp_path / "samples.jsonl"
     samples.write_text('{"input_ids": [1, 2, 3]}\n')
     static = Variant.parse("xnnpack-int8-static")
-    with pytest.raises(CalibrationError, match=r"samples\.jsonl: calibration files hold token ids"):
+    with pytest.raises(CalibrationError, match=r"samples\.jsonl: .*pixel_values float32 \[N, 1, 3, 32, 32\]"):
         lowering.lower(BUILTIN_SPECS[TINY], variants=[static], root=tmp_path / "artifacts", calibration=samples)
     assert not (tmp_path / "artifacts").exists()

@@ -205,15 +205,25 @@ def test_a_users_exported_program_reports_its_linears_and_convolutions(tmp_path:
     ).eval()
     pt2 = tmp_path / "mine.pt2"
     torch.export.save(torch.export.export(model, (torch.randn(1, 3, 8, 8),)), str(pt2))
-    result = lower_exported_program(pt2, "mine", variants=[VARIANTS["xnnpack-int8-dynamic"]], root=tmp_path / "a")
-    item = result.variants[VARIANTS["xnnpack-int8-dynamic"]]
-    quantization = item.sidecar.quantization
-    assert quantization is not None
-    assert quantization.linear_layers == quantization.quantized_linears == 1  # not "0/0 linears"
-    assert quantization.convolutions == 1
-    _, in_program = xnn_node_types(item.pte)
-    float_nodes = sum(n for kind, n in in_program.items() if kind.endswith("fp32"))
-    assert float_nodes == quantization.convolutions - quantization.quantized_convolutions
+    dynamic, four_bit = VARIANTS["xnnpack-int8-dynamic"], VARIANTS["xnnpack-8da4w"]
+    result = lower_exported_program(pt2, "mine", variants=[dynamic, four_bit], root=tmp_path / "a")
+    for variant in (dynamic, four_bit):
+        item = result.variants[variant]
+        quantization = item.sidecar.quantization
+        assert quantization is not None
+        assert quantization.linear_layers == 1 and quantization.convolutions == 1  # not "0/0 linears"
+        fully_connected, convolution = xnn_node_types(item.pte)
+        assert sum(n for kind, n in fully_connected.items() if kind.endswith("fp32")) == (
+            quantization.linear_layers - quantization.quantized_linears
+        )
+        assert sum(n for kind, n in convolution.items() if kind.endswith("fp32")) == (
+            quantization.convolutions - quantization.quantized_convolutions
+        )
+    assert result.variants[dynamic].sidecar.quantization.quantized_linears == 1  # type: ignore[union-attr]
+    # quantize_ swaps nn.Linear modules, and an exported program unlifted has none: said, not hidden.
+    four_bit_report = result.variants[four_bit].sidecar.quantization
+    assert four_bit_report is not None and four_bit_report.float_linears == ("3",)
+    assert four_bit_report.float_notes()[0] == "1 of 1 linears stay in float: 3"
 
 
 def test_a_factory_is_calibrated_on_a_file_of_its_own_inputs_and_a_wrong_one_is_refused(tmp_path: Path) -> None:

@@ -286,3 +286,47 @@ def test_any_etlt_calibration_file_is_usable_or_refused(
     path = tmp_path_factory.mktemp("calibration") / "samples.etlt"
     write_tensors(path, [NamedTensor(name, array) for name, array in arrays.items()])
     usable_or_refused(path)
+
+
+# An image model's and a factory's inputs: what `calibration_samples` checks a file of any input kind against.
+MODEL_INPUTS = [("pixel_values", "float32", (1, 3, 4, 4)), ("scale", "float32", (1, 2))]
+
+
+@st.composite
+def input_arrays(draw: st.DrawFn) -> dict[str, np.ndarray]:
+    """Half the files the model's inputs with a leading sample axis (perhaps a NaN), half anything."""
+    if draw(st.booleans()):
+        samples = draw(st.integers(0, 3))
+        arrays = {name: np.zeros((samples, *shape), dtype=dtype) for name, dtype, shape in MODEL_INPUTS}
+        if samples and draw(st.booleans()):
+            arrays["scale"].flat[0] = draw(st.sampled_from([np.nan, np.inf, 1.5]))
+        if draw(st.booleans()):
+            arrays.pop(draw(st.sampled_from(sorted(arrays))))
+        return arrays
+    arrays = {}
+    for name in draw(st.lists(st.sampled_from(["pixel_values", "scale", "input_ids"]), max_size=3, unique=True)):
+        shape = tuple(draw(st.lists(st.integers(0, 4), max_size=5)))
+        arrays[name] = np.ones(shape, dtype=draw(st.sampled_from(DTYPES)))
+    return arrays
+
+
+@FUZZ
+@given(arrays=input_arrays())
+def test_any_calibration_file_of_a_models_inputs_is_usable_or_refused(
+    tmp_path_factory: pytest.TempPathFactory, arrays: dict[str, np.ndarray]
+) -> None:
+    from orchestrator.lowering.quantize import calibration_samples
+
+    path = tmp_path_factory.mktemp("calibration") / "inputs.etlt"
+    write_tensors(path, [NamedTensor(name, array) for name, array in arrays.items()])
+    try:
+        samples = calibration_samples(path, MODEL_INPUTS, "small")
+    except UsageError as exc:
+        assert str(exc).startswith(f"{path}: ")
+        event("refused")
+        return
+    event("usable")
+    assert len(samples) >= 2
+    for sample in samples:
+        assert [tuple(t.shape) for t in sample] == [shape for _, _, shape in MODEL_INPUTS]
+        assert all(bool(t.isfinite().all()) for t in sample)

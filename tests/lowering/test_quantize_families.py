@@ -150,6 +150,25 @@ def test_a_calibration_file_that_is_not_the_models_inputs_is_refused_before_load
     assert not (tmp_path / "a").exists()  # refused before anything was loaded or written
 
 
+@pytest.mark.parametrize(
+    ("name", "takes"),
+    [
+        ("wav2vec2-tiny", "input_values float32 [N, 1, 16000]"),
+        ("whisper-tiny-encoder-tiny", "input_features float32 [N, 1, 80, 100]"),
+        ("vit-tiny", "pixel_values float32 [N, 1, 3, 32, 32]"),
+    ],
+)
+def test_token_ids_are_refused_for_audio_and_vision_models_naming_their_inputs(
+    tmp_path: Path, name: str, takes: str
+) -> None:
+    path = tmp_path / "ids.json"
+    path.write_text("[[1, 2, 3], [4, 5, 6]]")
+    with pytest.raises(CalibrationError, match="token-id lists are for token models") as refused:
+        lower(BUILTIN_SPECS[name], variants=[VARIANTS["xnnpack-int8-static"]], root=tmp_path / "a", calibration=path)
+    assert f"{name} takes 1 input(s); its calibration file is an ETLT file of {takes}" in refused.value.args[0]
+    assert not (tmp_path / "a").exists()
+
+
 def test_fab_lower_names_the_calibration_option_and_exits_64(tmp_path: Path) -> None:
     path = tmp_path / "ids.json"
     path.write_text("[[1, 2, 3], [4, 5, 6]]")

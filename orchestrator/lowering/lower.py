@@ -534,6 +534,11 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _seq_len(inputs: Sequence[dict[str, Any]]) -> int | None:
+    """The token ids' length where the program takes them: an image's or an audio model's inputs have none."""
+    return next((int(item["shape"][-1]) for item in inputs if item["name"] == "input_ids" and item["shape"]), None)
+
+
 def _quantized_program(
     task: VariantTask, artifact_paths: ArtifactPaths, shared: _Exported | None
 ) -> tuple[Any, dict[str, Any]]:
@@ -633,8 +638,7 @@ def _lower_program(
         "exported_program": artifact_paths.exported_program.name,
         "pte": pte_path.name,
         "pte_size_mb": round(files["pte"]["size"] / 1e6, 3),
-        # Only where the program takes token ids: an image's or an audio model's inputs have no sequence length.
-        "seq_len": spec.seq_len if any(item["name"] == "input_ids" for item in task.inputs) else None,
+        "seq_len": _seq_len(task.inputs),
         "weights": task.weights,
         "weights_note": task.weights_note,
         "parameters": task.parameters,

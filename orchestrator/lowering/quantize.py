@@ -396,7 +396,7 @@ SCHEMES: dict[str, Scheme] = {
             "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, dynamic int8 activations), "
             "prepare_pt2e/convert_pt2e",
             fully_connected="qdint8 x qcint8",
-            convolution="qdint8 x qcint8",  # Conv2d only: depthwise and 1-D convolutions stay fp32 (measured)
+            convolution="qdint8 x qcint8",  # some Conv2d only: depthwise and 1-D ones stay fp32 (README)
             relative_cost=1.6,
             apply=_int8_dynamic,
         ),

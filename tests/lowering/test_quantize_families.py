@@ -197,21 +197,32 @@ def test_an_audio_model_int8_dynamic_leaves_its_convolutions_float_and_says_so(
     assert result.variants[VARIANTS["xnnpack-int8-static"]].sidecar.seq_len is None
 
 
+# What each scheme quantizes of a model's convolutions: all of them, none, or some (int8-dynamic: a resnet's first
+# convolution of each block and its stem stay float; a Whisper encoder's two 1-D convolutions stay float).
+CONVOLUTIONS = {"int8-static": "all", "8da4w": "none"}
+
+
 @pytest.mark.parametrize("scheme", SCHEME_NAMES)
-def test_whisper_encoder_convolutions_are_counted_for_every_scheme(scheme: str) -> None:
+@pytest.mark.parametrize(("name", "dynamic"), [("whisper-tiny-encoder-tiny", "none"), ("resnet-18-tiny", "some")])
+def test_convolutions_are_counted_from_the_graph_for_every_scheme(name: str, dynamic: str, scheme: str) -> None:
     import torch
 
     from orchestrator.lowering.models import example_inputs, load_model
 
-    spec = BUILTIN_SPECS["whisper-tiny-encoder-tiny"]
+    spec = BUILTIN_SPECS[name]
     module = load_model(spec, "random").module
     args = tuple(torch.from_numpy(t.array) for t in example_inputs(spec, module))
-    linears, convolutions = eager_layers("whisper-tiny-encoder-tiny")
+    linears, convolutions = eager_layers(name)
     report = quantize(module, args, SCHEMES[scheme], calibration=[args]).report
-    assert report["convolutions"] == len(convolutions) == 2
-    assert report["linear_layers"] == len(linears)
-    assert report["quantized_convolutions"] + len(report["float_convolutions"]) == 2
-    assert report["quantized_convolutions"] == (2 if scheme == "int8-static" else 0)
+    assert report["convolutions"] == len(convolutions) > 0
+    assert report["linear_layers"] == report["quantized_linears"] == len(linears)
+    quantized, floating = report["quantized_convolutions"], report["float_convolutions"]
+    assert set(floating) <= set(convolutions)
+    assert quantized + len(floating) == len(convolutions)  # each layer runs once
+    expected = CONVOLUTIONS.get(scheme, dynamic)
+    assert {"all": quantized == len(convolutions), "none": quantized == 0, "some": 0 < quantized < len(convolutions)}[
+        expected
+    ], (quantized, floating)
 
 
 def test_a_users_exported_program_reports_its_linears_and_convolutions(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from orchestrator.lowering.quantize import (
     generated_calibration,
     node_report,
     quantize,
+    shaped_like,
 )
 from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest, apply_rewrites
 from orchestrator.lowering.sidecar import Sidecar, write_sidecar
@@ -583,7 +584,8 @@ def _quantized_program(
     elif scheme.calibrated:
         vocab = vocab_size_of(module)
         if task.calibration:
-            calibration = calibration_from_file(Path(task.calibration), task.spec.seq_len, vocab)
+            samples = calibration_from_file(Path(task.calibration), task.spec.seq_len, vocab)
+            calibration = shaped_like(samples, example_args)
             source = f"file {Path(task.calibration).name} (sha256 {sha256_file(Path(task.calibration))[:12]})"
         else:
             calibration = generated_calibration(example_args, vocab)

@@ -432,10 +432,11 @@ class CalibrationError(UsageError):
 
 
 def generated_calibration(reference_args: tuple, vocab_size: int, samples: int = CALIBRATION_SAMPLES) -> list[tuple]:
-    """Deterministic samples shaped like the reference inputs: random token ids, varied real lengths."""
+    """Deterministic samples shaped like the reference inputs: random token ids, varied real lengths, every row of a
+    batch alike; inputs after the ids and the mask (token_type_ids) as the reference has them."""
     import torch
 
-    input_ids, attention_mask = reference_args
+    input_ids, attention_mask, *others = reference_args
     generator = torch.Generator().manual_seed(1234)
     seq_len = input_ids.shape[1]
     result = [reference_args]
@@ -443,14 +444,21 @@ def generated_calibration(reference_args: tuple, vocab_size: int, samples: int =
     for index in range(samples - 1):
         real = max(1, seq_len * (index + 2) // (samples + 1))
         ids = torch.zeros_like(input_ids)
-        ids[0, :real] = torch.randint(low, vocab_size, (real,), generator=generator)
+        ids[:, :real] = torch.randint(low, vocab_size, (real,), generator=generator)
         # Keep a [MASK] where the reference has one, so fill-mask models see it.
         mask_positions = (input_ids[0] != 0) & (input_ids[0] < low)
-        ids[0, mask_positions] = input_ids[0, mask_positions]
+        ids[:, mask_positions] = input_ids[:, mask_positions]
         mask = torch.zeros_like(attention_mask)
-        mask[0, : max(real, int(mask_positions.nonzero().max()) + 1 if mask_positions.any() else real)] = 1
-        result.append((ids, mask))
+        mask[:, : max(real, int(mask_positions.nonzero().max()) + 1 if mask_positions.any() else real)] = 1
+        result.append((ids, mask, *others))
     return result
+
+
+def shaped_like(samples: list[tuple], reference_args: tuple) -> list[tuple]:
+    """Token samples of one row (ids, mask) made the reference's shape: repeated over its batch, and the inputs
+    after the ids and the mask (token_type_ids) taken from the reference."""
+    batch = reference_args[0].shape[0]
+    return [(*(t.expand(batch, -1).contiguous() for t in sample), *reference_args[len(sample) :]) for sample in samples]
 
 
 def calibration_from_file(path: Path, seq_len: int, vocab_size: int) -> list[tuple]:

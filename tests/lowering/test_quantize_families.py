@@ -275,3 +275,27 @@ def test_a_factory_is_calibrated_on_a_file_of_its_own_inputs_and_a_wrong_one_is_
     bad = images(tmp_path / "bad.etlt", 3, shape=(1, 3, 16, 16), name="image")  # no `scale`
     with pytest.raises(CalibrationError, match="holds image; my-small takes 2 input"):
         lower(spec, variants=[static], root=tmp_path / "b", calibration=bad, jobs=1)
+
+
+@pytest.mark.parametrize("calibrated_on", ["generated", "file"])
+def test_int8_static_calibrates_a_batch_of_token_ids_with_token_type_ids(tmp_path: Path, calibrated_on: str) -> None:
+    """A text classifier whose family takes token_type_ids, batch 2: the samples take every input at the batch."""
+    import dataclasses
+
+    from orchestrator.tensorfile import read_tensors
+
+    spec = dataclasses.replace(BUILTIN_SPECS["bert-base-tiny"], name="bert-classifier", task="text-classification",
+                               mask_token_id=None, seq_len=16, batch_size=2)  # fmt: skip
+    path = None
+    if calibrated_on == "file":
+        path = tmp_path / "ids.json"
+        path.write_text("[[101, 7, 8, 102], [101, 9, 10, 11, 12, 102], [101, 5, 102]]")
+    static = VARIANTS["xnnpack-int8-static"]
+    result = lower(spec, variants=[static], root=tmp_path / "a", calibration=path, jobs=1)
+    names = [t.name for t in read_tensors(result.paths.reference_inputs)]
+    assert names == ["input_ids", "attention_mask", "token_type_ids"]
+    sidecar = result.variants[static].sidecar
+    assert sidecar.seq_len == 16
+    quantization = sidecar.quantization
+    assert quantization is not None and quantization.calibration_samples == (3 if path else 8)
+    assert quantization.linear_layers == quantization.quantized_linears > 0

@@ -567,7 +567,7 @@ def _quantized_program(
     elif scheme.calibrated and kind == IMAGES and task.spec.image_size is not None:
         from orchestrator.lowering.torchvision_source import generated_images
 
-        calibration = generated_images(task.spec.image_size, _CALIBRATION_IMAGES)
+        calibration = shaped_like(generated_images(task.spec.image_size, _CALIBRATION_IMAGES), example_args)
         source = "generated: deterministic random images, ImageNet-normalised (not real photos)"
     elif scheme.calibrated and kind == FACTORY:  # a user's module: its inputs mean nothing to etlab
         calibration = [example_args]

@@ -455,10 +455,13 @@ def generated_calibration(reference_args: tuple, vocab_size: int, samples: int =
 
 
 def shaped_like(samples: list[tuple], reference_args: tuple) -> list[tuple]:
-    """Token samples of one row (ids, mask) made the reference's shape: repeated over its batch, and the inputs
-    after the ids and the mask (token_type_ids) taken from the reference."""
+    """Samples of one row (token ids and mask, an image) made the reference's shape: repeated over its batch, and
+    the inputs after theirs (token_type_ids) taken from the reference."""
     batch = reference_args[0].shape[0]
-    return [(*(t.expand(batch, -1).contiguous() for t in sample), *reference_args[len(sample) :]) for sample in samples]
+    return [
+        (*(t.expand(batch, *t.shape[1:]).contiguous() for t in sample), *reference_args[len(sample) :])
+        for sample in samples
+    ]
 
 
 def calibration_from_file(path: Path, seq_len: int, vocab_size: int) -> list[tuple]:

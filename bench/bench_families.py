@@ -5,8 +5,9 @@ For each model (a built-in name, full size, random weights unless pretrained one
 1. Lowering: one cold `fab lower` of portable, fp32 XNNPACK and one int8 scheme (`int8-static` for convolution
    models, `int8-dynamic` for the rest; `model:scheme` picks another) into a fresh artifacts folder; each
    variant's seconds and peak RSS as its sidecar records them, and its `.pte` size.
-2. Latency on the local board's native runner (as `setup-board` built it), the three programs interleaved round
-   by round, same inputs and threads: XNNPACK over portable, int8 over fp32 XNNPACK.
+2. Latency on the local board's native runner (as `setup-board` built it), same inputs and threads: fp32 XNNPACK
+   and int8 interleaved round by round; portable once (`--portable-iterations`, no warm-up: its kernels take
+   seconds to a minute per inference on a transformer, and XNNPACK's lead over it is far beyond the noise).
 3. Delegated share: one `fab deploy-and-profile` of the XNNPACK program (ETDump on), the share of the measured
    time spent inside XNNPACK delegates (summary.json's profile split).
 
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
@@ -76,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--portable-iterations", type=int, default=2)
     args = parser.parse_args(argv)
+    portable_args = argparse.Namespace(**{**vars(args), "warmup": 0, "iterations": args.portable_iterations})
     console.info(f"machine: {cpu_description()}")
     console.info(f"load average before: {load_average()}")
     runner = local_board_runner()
-    rows = []
     with tempfile.TemporaryDirectory(prefix="bench-families-") as tmp:
         work = Path(tmp)
         for entry in args.models.split(","):
@@ -92,38 +95,44 @@ def main(argv: list[str] | None = None) -> int:
             variants = {"portable": "portable", "xnnpack": "xnnpack", "int8": Variant.parse(f"xnnpack-{scheme}").name}
             sidecars = {label: read_sidecar(folder / f"{model}_{backend}.json") for label, backend in variants.items()}
             inputs = folder / f"{model}_inputs.etlt"
-            samples: dict[str, list[float]] = {label: [] for label in variants}
+            samples = {"portable": run_native(runner, folder / f"{model}_portable.pte", inputs, portable_args, work)}
+            samples |= {label: [] for label in ("xnnpack", "int8")}
             for _ in range(args.rounds):
-                for label, backend in variants.items():
-                    samples[label] += run_native(runner, folder / f"{model}_{backend}.pte", inputs, args, work)
+                for label in ("xnnpack", "int8"):
+                    samples[label] += run_native(runner, folder / f"{model}_{variants[label]}.pte", inputs, args, work)
             medians = {label: statistics.median(values) for label, values in samples.items()}
             share = delegated_share(model, artifacts, work / f"results-{model}")
-            rows.append((model, scheme, wall, sidecars, medians, share))
+            print_rows(model, scheme, wall, sidecars, medians, share)  # as each model ends: a long run keeps them
             console.info(f"{model}: done, load {load_average()}")
-    print("| model | variant | lowering s | peak RSS GB | .pte MB | median ms | speedup |")
-    print("|---|---|---:|---:|---:|---:|---|")
-    for model, scheme, wall, sidecars, medians, share in rows:
-        for label, sidecar in sidecars.items():
-            speedup = {
-                "portable": "",
-                "xnnpack": f"{medians['portable'] / medians['xnnpack']:.1f}x over portable",
-                "int8": f"{medians['xnnpack'] / medians['int8']:.2f}x over fp32 XNNPACK ({scheme})",
-            }[label]
-            print(
-                f"| {model} | {label} | {sidecar.lowering.seconds:.1f} | {sidecar.lowering.peak_rss_bytes / 1e9:.2f} "
-                f"| {sidecar.files['pte'].size / 1e6:.1f} | {medians[label]:.1f} | {speedup} |"
-            )
-        delegated = f"{share:.1f}%" if share is not None else "not measured"
-        print(f"| {model} | delegated share of the XNNPACK run: {delegated}; cold lowering {wall:.1f} s | | | | | |")
-        if model == "mobilenet-v2":
-            course = ARM_COURSE_MOBILENET_V2_MS
-            print(
-                f"MobileNetV2 here: {medians['xnnpack']:.1f} ms fp32, {medians['int8']:.1f} ms int8; the Arm course on "
-                f"a Raspberry Pi 5: {course['xnnpack']} / {course['int8']} ms "
-                f"({medians['xnnpack'] / course['xnnpack']:.2f}x / {medians['int8'] / course['int8']:.2f}x of the Pi's)"
-            )
     console.info(f"load average after: {load_average()}")
     return 0
+
+
+def print_rows(
+    model: str, scheme: str, wall: float, sidecars: dict[str, Any], medians: dict[str, float], share: float | None
+) -> None:
+    """One model's table, printed as soon as it is measured."""
+    print("| model | variant | lowering s | peak RSS GB | .pte MB | median ms | speedup |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for label, sidecar in sidecars.items():
+        speedup = {
+            "portable": "",
+            "xnnpack": f"{medians['portable'] / medians['xnnpack']:.1f}x over portable",
+            "int8": f"{medians['xnnpack'] / medians['int8']:.2f}x over fp32 XNNPACK ({scheme})",
+        }[label]
+        print(
+            f"| {model} | {label} | {sidecar.lowering.seconds:.1f} | {sidecar.lowering.peak_rss_bytes / 1e9:.2f} "
+            f"| {sidecar.files['pte'].size / 1e6:.1f} | {medians[label]:.1f} | {speedup} |"
+        )
+    delegated = f"{share:.1f}%" if share is not None else "not measured"
+    print(f"| {model} | delegated share of the XNNPACK run: {delegated}; cold lowering {wall:.1f} s | | | | | |")
+    if model == "mobilenet-v2":
+        course = ARM_COURSE_MOBILENET_V2_MS
+        print(
+            f"MobileNetV2 here: {medians['xnnpack']:.1f} ms fp32, {medians['int8']:.1f} ms int8; the Arm course on "
+            f"a Raspberry Pi 5: {course['xnnpack']} / {course['int8']} ms "
+            f"({medians['xnnpack'] / course['xnnpack']:.2f}x / {medians['int8'] / course['int8']:.2f}x of the Pi's)"
+        )
 
 
 if __name__ == "__main__":

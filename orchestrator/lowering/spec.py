@@ -211,14 +211,14 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             task="fill-mask",
             model_id="distilbert-base-uncased",
             mask_token_id=103,
-            description="DistilBERT base (uncased), fill-mask logits at the [MASK] position",
+            description="DistilBERT base (uncased), masked-LM logits at every position",
         ),
         ModelSpec(
             name="gpt2",
             model_type="gpt2",
             task="causal-lm",
             model_id="openai-community/gpt2",
-            description="GPT-2 small, next-token logits of the last real token",
+            description="GPT-2 small, next-token logits at every position",
         ),
         ModelSpec(
             name="distilbert-tiny",
@@ -241,7 +241,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             task="fill-mask",
             model_id="bert-base-uncased",
             mask_token_id=103,
-            description="BERT base (uncased), fill-mask logits at the [MASK] position",
+            description="BERT base (uncased), masked-LM logits at every position",
         ),
         ModelSpec(
             name="bert-base-tiny",
@@ -302,7 +302,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             task="causal-lm",
             model_id="HuggingFaceTB/SmolLM2-135M",
             config=_SMOLLM2_135M,
-            description="SmolLM2-135M (Llama family, 30 layers, grouped-query attention), next-token logits",
+            description="SmolLM2-135M (Llama family, 30 layers, grouped-query attention), next-token logits at every position",
         ),
         ModelSpec(
             name="smollm2-tiny",

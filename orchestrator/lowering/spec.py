@@ -302,7 +302,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             task="causal-lm",
             model_id="HuggingFaceTB/SmolLM2-135M",
             config=_SMOLLM2_135M,
-            description="SmolLM2-135M (Llama family, 30 layers, grouped-query attention), next-token logits at every position",
+            description="SmolLM2-135M (Llama family, 30 layers, grouped-query attention), all positions' logits",
         ),
         ModelSpec(
             name="smollm2-tiny",

@@ -188,6 +188,17 @@ def compare(c, run_a, run_b, interleave=None, retest_seconds=None, board=None, i
     )  # fmt: skip
 
 
+@task(help={"run": "advise on this run id (or unique prefix); default: the latest run",
+            "model": "the latest run of this model",
+            "board": "with --model: the latest run on this board"})  # fmt: skip
+@handle_errors
+def advise(c, run=None, model=None, board=None):
+    """Where the time goes → what to change: findings, predicted savings (from the profile) and fixes."""
+    from orchestrator.commands.advise import advise_task
+
+    return advise_task(None if run is None else options.run_id(run), model=model, board=board)
+
+
 @task
 @handle_errors
 def models(c):

@@ -15,8 +15,8 @@ PACKAGE = PROJECT_ROOT / "orchestrator"
 # spec -> artifacts -> board -> bundle -> analysis, so results sits above lowering; `programs` (reading a .pte) is
 # below both, as both read programs.
 LAYERS = (
-    "testing", "commands", "servers", "lab", "advice", "deploy", "transport", "results", "lowering", "programs", "boards",
-    "shared",
+    "testing", "commands", "servers", "lab", "advice", "deploy", "transport", "results", "lowering", "programs",
+    "boards", "shared",
 )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from rich.markup import escape
 from orchestrator import console
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
+from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import (
     LoweringOptions,
     find_artifact,
@@ -28,6 +29,7 @@ from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.user_programs import reference_outputs_of
 from orchestrator.lowering.variants import Variant
+from orchestrator.results.store import LocalRun
 from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
 
 
@@ -123,6 +125,10 @@ def _profile(
                 for job in jobs
             ]
     print_cells(cells)
+    for cell in cells:  # before Model Explorer starts: the advice overlays go with the others
+        if cell.bundle is not None and cell.summary is not None and cell.summary.profile is not None:
+            run = LocalRun(cell.bundle, cell.board, cell.model, cell.variant.name, cell.bundle.name)
+            advise_quietly(run, f"[{cell.board}] {cell.model}/{cell.variant} ", results_root)
     code = combined_exit_code(cell.exit_class for cell in cells if not cell.ok)
 
     if explore:

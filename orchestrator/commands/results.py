@@ -6,6 +6,7 @@ from pathlib import Path
 
 from orchestrator import console
 from orchestrator.boards import labgrid
+from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import find_artifact, naming_port, select_boards, split_list
 from orchestrator.commands.render import render_comparison, render_top_ops
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
@@ -59,6 +60,8 @@ def analyze(
     except AnalysisError as exc:
         raise AnalysisError(f"{exc} (the raw bundle is kept at {run.path})", hint=exc.hint) from None
     render_top_ops(summary)
+    if summary.profile is not None:
+        advise_quietly(run)
     names = ", ".join(str(path.relative_to(run.path)) for path in summary.written)
     console.info(console.escape(f"wrote {names}\n  in {run.path}"))
     return 0

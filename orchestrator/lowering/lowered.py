@@ -76,7 +76,7 @@ def _identity(data: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in data.items() if key not in _NOT_IDENTITY}
 
 
-def _spec_from_record(record: dict[str, Any], where: str) -> ModelSpec:
+def spec_from_record(record: dict[str, Any], where: str) -> ModelSpec:
     """The spec as a sidecar recorded it (ModelSpec.to_dict), back as a ModelSpec."""
     known = {f.name for f in fields(ModelSpec)} - {"lines", "trust_remote_code"}
     given = {key: value for key, value in record.items() if key in known}
@@ -111,5 +111,5 @@ def spec_of_lowered(model: LoweredModel, *, trust_remote_code: bool = False) -> 
     if current is not None and _identity(current.to_dict()) == _identity(recorded):
         return LoweredSpec(replace(current, trust_remote_code=trust_remote_code), spec_file, None)
     stale = "is gone" if not Path(spec_file).is_file() else ("changed since" if current else "is no longer valid")
-    spec = _spec_from_record(recorded, f"{model.name}'s sidecar ({model.sidecar.variant})")
+    spec = spec_from_record(recorded, f"{model.name}'s sidecar ({model.sidecar.variant})")
     return LoweredSpec(replace(spec, trust_remote_code=trust_remote_code), spec_file, stale)

@@ -136,6 +136,12 @@ def test_deploy_and_profile_on_local_and_two_sshd_boards(
             assert summary["status"] == "ok" and summary["correctness"]["ok"], summary["correctness"]
             assert list((bundle / "model_explorer").glob("me_overlay_*.json"))
     assert result.stdout.count("×") >= 3, "XNNPACK speedup over portable per board"
+    # Every analysis prints its top findings, one line each, and writes them with their overlays.
+    assert re.search(r"\[local\] distilbert-tiny/xnnpack advice: F1 .* → --rewrites eager-attention", result.stderr)
+    assert "predicted total" in result.stderr
+    advised = found[("local", "distilbert-tiny", "xnnpack")][0]
+    assert json.loads((advised / "analysis" / "advice.json").read_text())["findings"]
+    assert (advised / "model_explorer" / "me_overlay_advice.json").is_file()
 
     # The pulled runs, offline: re-analyse one, compare two, refuse to compare different programs.
     local_xnn = found[("local", "distilbert-tiny", "xnnpack")][0].name
@@ -144,6 +150,9 @@ def test_deploy_and_profile_on_local_and_two_sshd_boards(
     analyze = fab("analyze", "--run", local_xnn, lab=None, results=results)
     assert analyze.returncode == 0, analyze.stdout + analyze.stderr
     assert "Top operators" in analyze.stdout and "XnnpackBackend" in analyze.stdout
+    advise = fab("advise", "--run", local_xnn, lab=None, results=results)
+    assert advise.returncode == 0, advise.stdout + advise.stderr
+    assert f"Advice for run {local_xnn}" in advise.stdout and "--rewrites eager-attention" in advise.stdout
     compare = fab("compare", local_xnn, remote_xnn, lab=None, results=results)
     assert compare.returncode == 0, compare.stdout + compare.stderr
     assert re.search(r"slower|faster|no change|noise", compare.stdout + compare.stderr)

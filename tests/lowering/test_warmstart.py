@@ -183,6 +183,7 @@ def test_warm_board_tasks_import_nothing_heavy(
         ("run", [*model, *board, *short], HEAVY),
         ("pull", board, HEAVY),
         ("analyze", ["--latest"], HEAVY),
+        ("advise", model, HEAVY),
         ("boards", [], HEAVY),
     ]
     for task, args, forbidden in steps:

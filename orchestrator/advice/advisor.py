@@ -1,0 +1,34 @@
+"""The advisor: every detector on a run's facts, in DETECTORS order, each seeing which instructions an earlier one
+already explained (so no time is counted twice); the findings numbered by predicted saving."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestrator.advice.detectors import DETECTORS
+from orchestrator.advice.findings import Advice, Finding, RunFacts
+
+
+def advise(facts: RunFacts) -> Advice:
+    """Every detector on the run, in DETECTORS order; the findings numbered by predicted saving."""
+    explained: set[str] = set()  # instruction node ids an earlier finding accounted for
+    drafts: list[Finding] = []
+    for detector in DETECTORS.values():
+        for finding in detector.find(facts, frozenset(explained)):
+            explained.update(node for nodes in finding.nodes.values() for node in nodes)
+            drafts.append(finding)
+    ordered = sorted(drafts, key=_rank)
+    numbered = tuple(_with_id(finding, f"F{k}") for k, finding in enumerate(ordered, 1))
+    model = facts.summary.model
+    return Advice(facts.ops.run_id, model.name, model.backend, facts.summary.board, facts.ops.method_mean_ms, numbered)
+
+
+def _rank(finding: Finding) -> tuple[int, float]:
+    """Predictions first, then bounds, then the rest (board conditions, sizes), each by saving."""
+    if finding.saving_ms is None:
+        return (2, -(finding.saving_mb or 0.0))
+    return (1 if finding.saving_is_bound else 0, -finding.saving_ms)
+
+
+def _with_id(finding: Finding, finding_id: str) -> Finding:
+    return replace(finding, id=finding_id)

@@ -1,0 +1,245 @@
+"""The advisor's detectors (DETECTORS, run in this order): each reads a run's measured profile and its program's
+sidecar and returns findings. Savings are predicted from the measured per-operator times only:
+
+- a rewrite's saving is the time of the portable kernels it removes (the operations it moves into XNNPACK then
+  cost there what XNNPACK's elementwise work costs, which the bench compares with the measured gain);
+- the head's saving is (1 - 1/S) of the head's measured FullyConnected time: it then runs on 1 row of S;
+- more threads save on the delegated time only (Amdahl: portable kernels run on one thread);
+- quantization's saving is measured: the same model's int8 run on the same board, FullyConnected against
+  FullyConnected; without one it is not predicted.
+
+Add a detector: a `Detector` in DETECTORS (`tests/advice/` ties each to a recorded profile).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from orchestrator.advice.findings import Finding, RunFacts
+from orchestrator.lowering.rewrites import REWRITES
+from orchestrator.results.ops_record import InstructionTiming
+
+PORTABLE_MIN_SHARE = 0.02  # an operator type under 2% of the run is not worth a finding of its own
+GEMM_MIN_SHARE = 0.3  # quantization is proposed when FullyConnected and convolutions take this much of the run
+GEMM_TYPES = ("XNNFullyConnected", "XNNConvolution2d", "XNNDepthwiseConvolution2d")
+
+# The per-layer boolean-mask operations transformers' SDPA path leaves in portable kernels (measured on GPT-2,
+# DistilBERT, BERT): eager attention builds one float mask instead, keeping one `where` to do it.
+SDPA_MASK_OPERATORS = ("aten::eq", "aten::full_like", "aten::logical_not", "aten::any", "aten::where")
+# What a portable operator's finding suggests, where this ExecuTorch's XNNPACK partitioner is known to leave it out.
+PORTABLE_HINTS = {
+    "aten::native_layer_norm": "this ExecuTorch's XNNPACK partitioner leaves layer_norm out",
+    "aten::expand_copy": "a broadcast copy between delegates: broadcast inside the computation instead of "
+    "materialising it (expand + copy)",
+    "aten::pow": "XNNPACK takes mul and square, not pow with a scalar exponent: write x * x * x",
+    "aten::where": "a masked select XNNPACK does not take: add a float mask instead",
+}
+
+
+@dataclass(frozen=True)
+class Detector:
+    name: str
+    description: str
+    find: Callable[[RunFacts, frozenset[str]], list[Finding]]  # (facts, node ids explained already) → findings
+
+
+def _share(facts: RunFacts, ms: float) -> float:
+    return ms / facts.ops.method_mean_ms if facts.ops.method_mean_ms else 0.0
+
+
+def _top_nodes(facts: RunFacts, calls: Iterable[InstructionTiming]) -> dict[str, tuple[str, ...]]:
+    nodes = tuple(call.node_id for call in calls)
+    return {facts.ops.method: nodes} if nodes else {}
+
+
+def _rewrite_offered(facts: RunFacts, name: str) -> bool:
+    """The rewrite can apply to this model (its spec) and was not applied to this program already."""
+    return facts.spec is not None and REWRITES[name].applies(facts.spec) and name not in facts.applied_rewrites
+
+
+def _operator_calls(facts: RunFacts, operators: Sequence[str], explained: frozenset[str]) -> list[InstructionTiming]:
+    return [c for c in facts.ops.kernel_calls() if c.operator in operators and c.node_id not in explained]
+
+
+def _rewrite_finding(
+    facts: RunFacts, rewrite: str, calls: list[InstructionTiming], title: str, cause: str, note: str
+) -> Finding:
+    measured = sum(call.mean_ms for call in calls)
+    return Finding(
+        "", rewrite, title, tuple(sorted({call.operator for call in calls})), _top_nodes(facts, calls),
+        len(calls), measured, _share(facts, measured), cause, measured, "rewrite", f"--rewrites {rewrite}",
+        rewrite=rewrite, saving_note=note,
+    )  # fmt: skip
+
+
+def find_gelu_new(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
+    if not _rewrite_offered(facts, "tanh-gelu"):
+        return []
+    calls = _operator_calls(facts, ("aten::pow",), explained)
+    if not calls:
+        return []
+    return [_rewrite_finding(
+        facts, "tanh-gelu", calls, "gelu_new's pow(x, 3) in portable kernels",
+        f"gelu_new computes pow(x, 3), which XNNPACK does not take: {len(calls)} portable kernel call(s), one per "
+        "block, each splitting the block's delegate in two",
+        "the pow kernels' measured time (the tanh GELU that replaces gelu_new runs inside XNNPACK)",
+    )]  # fmt: skip
+
+
+def find_sdpa_masks(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
+    if not _rewrite_offered(facts, "eager-attention"):
+        return []
+    calls = _operator_calls(facts, SDPA_MASK_OPERATORS, explained)
+    if not any(call.operator == "aten::any" for call in calls):  # the SDPA path's signature: any(mask) per layer
+        return []
+    wheres = [call for call in calls if call.operator == "aten::where"]
+    kept = min(wheres, key=lambda call: call.index) if wheres else None  # eager attention still builds its mask
+    removed = [call for call in calls if call is not kept]
+    return [_rewrite_finding(
+        facts, "eager-attention", removed, "SDPA's boolean-mask operators in portable kernels",
+        f"transformers' SDPA attention turns the mask into boolean operations per layer (where, eq, any, "
+        f"logical_not): {len(removed)} portable kernel calls between the delegates",
+        "the mask operators' measured time, less the one where eager attention keeps to build its float mask",
+    )]  # fmt: skip
+
+
+def find_all_positions_head(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
+    if not _rewrite_offered(facts, "head-at-position") or facts.sidecar is None or not facts.sidecar.outputs:
+        return []
+    shape = facts.sidecar.outputs[0].shape
+    if len(shape) != 3 or shape[1] <= 1:
+        return []
+    positions = shape[1]
+    last_call = max(facts.ops.delegate_calls(), key=lambda call: call.index, default=None)
+    delegate = next((d for d in facts.ops.delegates if last_call and d.node_id == last_call.node_id), None)
+    heads = [node for node in delegate.nodes if node.type == "XNNFullyConnected"] if delegate else []
+    if not heads or last_call is None or last_call.node_id in explained:
+        return []
+    head = heads[-1]
+    saving = head.mean_ms * (1 - 1 / positions)
+    return [Finding(
+        "", "head-at-position", f"the LM head computed at all {positions} positions", ("XNNFullyConnected",),
+        {facts.ops.method: (last_call.node_id,), delegate.graph_id: (head.node,)},  # type: ignore[union-attr]
+        1, head.mean_ms, _share(facts, head.mean_ms),
+        f"the head (hidden x {shape[2]}, the largest matmul) runs on all {positions} positions, while a "
+        f"{facts.spec.task if facts.spec else 'LM'} prediction reads one",
+        saving, "rewrite", "--rewrites head-at-position", rewrite="head-at-position",
+        saving_note=f"(1 - 1/{positions}) of the head's measured FullyConnected time",
+    )]  # fmt: skip
+
+
+def find_portable_operators(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
+    by_operator: dict[str, list[InstructionTiming]] = defaultdict(list)
+    for call in facts.ops.kernel_calls():
+        if call.node_id not in explained:
+            by_operator[call.operator].append(call)
+    findings = []
+    for operator, calls in by_operator.items():
+        measured = sum(call.mean_ms for call in calls)
+        if _share(facts, measured) < PORTABLE_MIN_SHARE:
+            continue
+        hint = PORTABLE_HINTS.get(operator, "an operator XNNPACK did not take")
+        findings.append(Finding(
+            "", "portable-operator", f"{operator} in portable kernels",
+            (operator,), _top_nodes(facts, calls), len(calls), measured,
+            _share(facts, measured), f"{len(calls)} call(s) of {operator} run in single-threaded portable kernels, "
+            f"outside XNNPACK: {hint}", measured, "code",
+            "in the model's code: operators XNNPACK takes",
+            saving_is_bound=True, saving_note="at most the operator's measured time",
+        ))  # fmt: skip
+    return findings
+
+
+def find_idle_cores(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
+    threads, cores = facts.summary.latency.threads, facts.summary.board_conditions.get("cores_online")
+    if not isinstance(threads, int) or not isinstance(cores, int) or isinstance(cores, bool) or threads >= cores:
+        return []
+    delegated = facts.ops.delegated_ms
+    saving = delegated * (1 - threads / cores)
+    return [Finding(
+        "", "threads", f"{threads} of {cores} cores used", (), {}, 0, delegated, _share(facts, delegated),
+        f"the run used {threads} thread(s) on a board with {cores} cores online", saving, "option",
+        f"--threads {cores} (or `threads: {cores}` for the board in the inventory)",
+        saving_note=f"the delegated time scaled to {cores} threads (portable kernels stay single-threaded)",
+    )]  # fmt: skip
+
+
+def _gemm_ms(nodes_of: Iterable[tuple[str, float]]) -> float:
+    return sum(ms for node_type, ms in nodes_of if node_type in GEMM_TYPES)
+
+
+def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
+    if facts.sidecar is None or facts.sidecar.variant.scheme.quantized:
+        return []
+    gemms = [(d.graph_id, node) for d in facts.ops.delegates for node in d.nodes if node.type in GEMM_TYPES]
+    measured = sum(node.mean_ms for _, node in gemms)
+    if _share(facts, measured) < GEMM_MIN_SHARE:
+        return []
+    nodes: dict[str, list[str]] = defaultdict(list)
+    for graph, node in gemms:
+        nodes[graph].append(node.node)
+    saving, note = None, "not predicted: no int8 run of this model on this board yet (measure one, then advise again)"
+    if facts.quantized_peer is not None:
+        quantized = _gemm_ms((n.type, n.mean_ms) for d in facts.quantized_peer.delegates for n in d.nodes)
+        saving = max(0.0, measured - quantized)
+        note = f"measured: the same layers in run {facts.quantized_peer.run_id} ({facts.quantized_peer_backend})"
+    scheme = (facts.quantized_peer_backend or "xnnpack-int8-dynamic").removeprefix("xnnpack-")
+    return [Finding(
+        "", "quantize", "fp32 matmuls and convolutions dominate", tuple(sorted({node.type for _, node in gemms})),
+        {graph: tuple(ids) for graph, ids in nodes.items()}, len(gemms), measured, _share(facts, measured),
+        f"{len(gemms)} fp32 FullyConnected/convolution nodes take {_share(facts, measured):.0%} of the run",
+        saving, "option", f"--quantize {scheme} (check the accuracy verdict)", saving_note=note,
+    )]  # fmt: skip
+
+
+def find_board_conditions(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
+    conditions = facts.summary.board_conditions
+    findings = []
+    governor = conditions.get("governor_before") or conditions.get("governor_after")
+    if isinstance(governor, str) and governor != "performance":
+        findings.append(Finding(
+            "", "governor", f"CPU governor {governor[:40]!r}", (), {}, 0, 0.0, 0.0,
+            f"the CPU frequency governor was {governor[:40]!r}: the clock ramps up under load, so short runs are "
+            "slower and noisier", None, "board", "set the governor to performance on the board (cpufreq)",
+            saving_note="not predicted: the profile cannot tell the clock's share",
+        ))  # fmt: skip
+    throttling = [str(flag)[:40] for flag in conditions.get("throttling_during_run") or ()]
+    if throttling:
+        findings.append(Finding(
+            "", "throttling", "throttled during the run", (), {}, 0, 0.0, 0.0,
+            f"the board throttled during the run ({', '.join(throttling[:4])})", None, "board",
+            "cool the board or fix its power supply, then measure again",
+            saving_note="not predicted: the measured times are the throttled ones",
+        ))  # fmt: skip
+    return findings
+
+
+def find_constants_twice(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
+    outside = facts.sidecar.outside_delegates if facts.sidecar is not None else None
+    if outside is None or outside.stored_twice_bytes <= 0:
+        return []
+    megabytes = outside.stored_twice_bytes / 1e6
+    return [Finding(
+        "", "stored-twice", f"{megabytes:.1f} MB of constants stored twice", (), {}, 0, 0.0, 0.0,
+        "a weight is used both outside a delegate and inside XNNPACK (a tied embedding and LM head), so the "
+        "program carries two copies", None, "code",
+        "in the model's code: untie the head, if size matters more than the tie",
+        saving_note="a size cost: no time to save", saving_mb=megabytes,
+    )]  # fmt: skip
+
+
+DETECTORS: dict[str, Detector] = {
+    detector.name: detector
+    for detector in (
+        Detector("tanh-gelu", "gelu_new's pow(x, 3) left in portable kernels", find_gelu_new),
+        Detector("eager-attention", "SDPA's per-layer mask operators in portable kernels", find_sdpa_masks),
+        Detector("head-at-position", "an LM head computed at every position", find_all_positions_head),
+        Detector("portable-operator", "other operators in portable kernels, by type", find_portable_operators),
+        Detector("threads", "cores the run left idle", find_idle_cores),
+        Detector("quantize", "fp32 matmuls and convolutions that dominate", find_float_gemms),
+        Detector("board", "the governor and throttling", find_board_conditions),
+        Detector("stored-twice", "constants held outside and inside a delegate", find_constants_twice),
+    )
+}

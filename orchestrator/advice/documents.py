@@ -1,0 +1,69 @@
+"""What the advisor writes into a run: `analysis/advice.json` and two Model Explorer overlays that paint each
+finding's nodes, at the top level and inside the delegates:
+
+- `me_overlay_advice.json`: the value is the finding's number (F3 → 3), each finding in a colour of its own, and
+  the overlay's name is the legend ("F1 tanh-gelu -0.66 ms; ...");
+- `me_overlay_advice_saving_ms.json`: the value is the finding's predicted saving shared out evenly over its
+  nodes (the saving is the finding's, not any one node's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.advice.findings import ADVICE_FILE, Advice, Finding
+from orchestrator.fsutil import atomic_write_json
+from orchestrator.results.documents import ANALYSIS_DIR
+from orchestrator.results.overlays import GREEN_YELLOW_RED, graph_node_data, overlay_path
+
+ADVICE_OVERLAY, SAVING_OVERLAY = "advice", "advice_saving_ms"
+# Distinct colours for the findings, in order (colour-blind safe: Okabe-Ito), repeated past eight.
+FINDING_COLOURS = ("#e69f00", "#56b4e9", "#009e73", "#f0e442", "#0072b2", "#d55e00", "#cc79a7", "#999999")
+
+
+def finding_label(finding: Finding) -> str:
+    if finding.saving_ms is None:
+        return f"{finding.id} {finding.kind}"
+    sign = "≤" if finding.saving_is_bound else "-"
+    return f"{finding.id} {finding.kind} {sign}{finding.saving_ms:.3g} ms"
+
+
+def write_advice(bundle_dir: Path, advice: Advice) -> list[Path]:
+    """advice.json and, when a finding has nodes, the two overlays; stale overlays of an earlier advice go."""
+    bundle_dir = Path(bundle_dir)
+    written = [bundle_dir / ANALYSIS_DIR / ADVICE_FILE]
+    atomic_write_json(written[0], advice.to_dict())
+    painted = [finding for finding in advice.findings if finding.nodes]
+    paths = [overlay_path(bundle_dir, ADVICE_OVERLAY), overlay_path(bundle_dir, SAVING_OVERLAY)]
+    if not painted:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        return written
+    legend = "; ".join(finding_label(finding) for finding in painted)
+    numbers: dict[str, dict[str, float]] = {}
+    colours: dict[str, dict[str, str]] = {}
+    savings: dict[str, dict[str, float]] = {}
+    for finding in painted:
+        number = int(finding.id.removeprefix("F"))
+        colour = FINDING_COLOURS[(number - 1) % len(FINDING_COLOURS)]
+        count = sum(len(nodes) for nodes in finding.nodes.values())
+        for graph, nodes in finding.nodes.items():
+            for node in nodes:
+                numbers.setdefault(graph, {}).setdefault(node, number)  # a node in two findings: the larger saving
+                colours.setdefault(graph, {}).setdefault(node, colour)
+                if finding.saving_ms is not None:
+                    share = finding.saving_ms / count
+                    savings.setdefault(graph, {})[node] = savings.get(graph, {}).get(node, 0.0) + share
+    document = {}
+    for graph, values in numbers.items():
+        data = graph_node_data(f"advice ({advice.run_id}): {legend}", values, GREEN_YELLOW_RED)
+        for node, colour in colours[graph].items():
+            data["results"][node]["bgColor"] = colour
+        document[graph] = data
+    atomic_write_json(paths[0], document)
+    atomic_write_json(
+        paths[1],
+        {graph: graph_node_data(f"predicted saving ms ({advice.run_id})", values, GREEN_YELLOW_RED)
+         for graph, values in savings.items()},
+    )  # fmt: skip
+    return [*written, *paths]

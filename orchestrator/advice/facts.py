@@ -1,0 +1,64 @@
+"""A run's facts for the advisor, read from the results folder and the artifacts: its profile (ops.json), summary,
+the sidecar of the program it ran (when it is still that build), the spec it was lowered from, and the same model's
+int8 run on the same board (for a measured quantization saving)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.advice.findings import RunFacts
+from orchestrator.errors import AnalysisError, SpecError
+from orchestrator.lowering.artifacts import Artifact
+from orchestrator.lowering.lowered import spec_from_record
+from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
+from orchestrator.results.documents import load_summary
+from orchestrator.results.ops_record import OpsRecord, load_ops
+from orchestrator.results.store import LocalRun, list_runs
+
+QUANTIZED_PEERS = ("xnnpack-int8-dynamic", "xnnpack-int8-static", "xnnpack-8da4w")  # the measured saving's order
+
+
+def _spec_of(artifact: Artifact) -> ModelSpec | None:
+    record = artifact.sidecar.spec
+    if record.get("model_source") in (USER_PROGRAM, EXPORTED_PROGRAM):
+        return None  # a program the user lowered: no spec, no rewrite to offer
+    try:
+        return spec_from_record(record, f"{artifact.model}'s sidecar")
+    except SpecError:
+        return None
+
+
+def _quantized_peer(run: LocalRun, root: Path | None) -> tuple[OpsRecord | None, str | None]:
+    """The newest analysed int8 run of the same model on the same board (int8-dynamic first)."""
+    runs = [r for r in list_runs(root) if r.board == run.board and r.model == run.model]
+    for backend in QUANTIZED_PEERS:
+        for peer in reversed([r for r in runs if r.backend == backend]):
+            try:
+                return load_ops(peer.path), backend
+            except AnalysisError:
+                continue
+    return None, None
+
+
+def run_facts(
+    run: LocalRun, artifact: Artifact | None, *, results_root: Path | None = None
+) -> tuple[RunFacts, list[str]]:
+    """The run's facts, and notes on what is missing. AnalysisError when the run has no analysed profile."""
+    summary = load_summary(run.path)
+    ops = load_ops(run.path)
+    notes = []
+    sidecar = spec = None
+    if artifact is not None:
+        spec = _spec_of(artifact)
+        if summary.model.sha256 and artifact.sidecar.sha256.lower() == summary.model.sha256.lower():
+            sidecar = artifact.sidecar
+        else:
+            notes.append(f"{artifact.pte.name} was lowered again since this run: its output shapes and rewrites "
+                         "are not this run's, so the findings that need them are skipped")  # fmt: skip
+    else:
+        notes.append("no artifact for this run's program: findings from the profile alone")
+    peer, peer_backend = (None, None)
+    if sidecar is not None and not sidecar.variant.scheme.quantized:
+        peer, peer_backend = _quantized_peer(run, results_root)
+    return RunFacts(ops, summary, sidecar, spec, peer, peer_backend), notes

@@ -1,0 +1,57 @@
+"""The advisor in the terminal: the findings table of `fab advise`, and the one line per finding every analysis
+prints."""
+
+from __future__ import annotations
+
+from orchestrator import console
+from orchestrator.advice.findings import Advice, Finding
+
+ONE_LINE_FINDINGS = 3  # what an analysis prints; `fab advise` shows them all
+
+
+def _saving(finding: Finding, method_ms: float) -> str:
+    if finding.saving_mb is not None:
+        return f"{finding.saving_mb:.1f} MB"
+    if finding.saving_ms is None:
+        return "not predicted"
+    share = f" ({finding.saving_ms / method_ms:.0%})" if method_ms else ""
+    return f"{'≤ ' if finding.saving_is_bound else ''}{finding.saving_ms:.3g} ms{share}"
+
+
+def _total(advice: Advice) -> str:
+    share = f" ({advice.predicted_ms / advice.method_ms:.0%} of {advice.method_ms:.3g} ms)" if advice.method_ms else ""
+    return f"predicted total {advice.predicted_ms:.3g} ms{share}"
+
+
+def render_advice(advice: Advice, notes: list[str]) -> None:
+    """`fab advise`: every finding, with its operators, measured share, cause, predicted saving and fix."""
+    for note in notes:
+        console.warn(note)
+    if not advice.findings:
+        console.info(console.escape(f"run {advice.run_id}: no findings: the time is where it should be"))
+        return
+    rows = [
+        [f.id, f.title, f"{f.calls} × {', '.join(f.operators)}" if f.operators else "—", f.measured_ms or None,
+         f"{f.share:.0%}" if f.share else "—", _saving(f, advice.method_ms), f.fix_kind, f.fix]
+        for f in advice.findings
+    ]  # fmt: skip
+    console.table(
+        f"Advice for run {advice.run_id} ({advice.model}, {advice.backend}, {advice.board})",
+        ["id", "finding", "operators", "measured ms", "share", "predicted saving", "fix kind", "fix"],
+        rows,
+        caption=f"{_total(advice)} from the predicted findings (≤: at most, not counted); causes below",
+    )
+    console.details("Causes", [(f.id, f.kind, f"{f.cause}\nsaving: {f.saving_note}") for f in advice.findings])
+
+
+def advice_lines(advice: Advice, limit: int = ONE_LINE_FINDINGS) -> list[str]:
+    """One line per top finding and the predicted total, as every analysis prints them."""
+    lines = [f"{f.id} {_saving(f, advice.method_ms)}: {f.title} → {f.fix}" for f in advice.findings[:limit]]
+    more = len(advice.findings) - limit
+    tail = f"; {more} more: fab advise --run {advice.run_id}" if more > 0 else ""
+    return [*lines, f"{_total(advice)}{tail}"] if lines else []
+
+
+def print_advice_lines(advice: Advice, who: str = "") -> None:
+    for line in advice_lines(advice):
+        console.info(console.escape(f"{who}advice: {line}"))

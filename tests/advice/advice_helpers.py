@@ -1,0 +1,32 @@
+"""Recorded profiles for the advisor's tests (tests/data/advice/<model>/: ops.json, summary.json and the sidecar of
+a run on the local board), read back as the advisor's RunFacts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from orchestrator.advice.findings import RunFacts
+from orchestrator.lowering.lowered import spec_from_record
+from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.results.ops_record import OpsRecord
+from orchestrator.results.summary import RunSummary
+
+DATA = Path(__file__).parents[1] / "data" / "advice"
+
+
+def recorded(model: str) -> dict[str, Any]:
+    return {name: json.loads((DATA / model / f"{name}.json").read_text()) for name in ("ops", "summary", "sidecar")}
+
+
+def facts_of(raw: dict[str, Any], **changes: Any) -> RunFacts:
+    sidecar = Sidecar.from_dict(raw["sidecar"])
+    facts = RunFacts(
+        OpsRecord.from_dict(raw["ops"]),
+        RunSummary.from_dict(raw["summary"]),
+        sidecar,
+        spec_from_record(sidecar.spec, "recorded sidecar"),
+    )
+    return dataclasses.replace(facts, **changes)

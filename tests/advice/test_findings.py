@@ -1,0 +1,150 @@
+"""The advisor's findings on recorded profiles (tests/data/advice/: gpt2-tiny and distilbert-tiny as exported, run on
+the local board with XNNPACK). Expected values are computed here from the recorded ops.json, never typed in; no
+timing is asserted, only what follows from the recorded times. The overlay and untrusted ops documents are in
+test_advice_documents.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from orchestrator.advice.advisor import advise
+from orchestrator.advice.detectors import DETECTORS, SDPA_MASK_OPERATORS
+from orchestrator.advice.findings import Advice
+from orchestrator.results.ops_record import OpsRecord
+from tests.advice.advice_helpers import facts_of, recorded
+
+
+def kernel_rows(raw: dict[str, Any], operator: str) -> list[dict[str, Any]]:
+    return [r for r in raw["ops"]["instructions"] if r["kind"] == "KernelCall" and r["op"].split(".")[0] == operator]
+
+
+def by_kind(advice: Advice) -> dict[str, Any]:
+    return {finding.kind: finding for finding in advice.findings if finding.kind != "portable-operator"}
+
+
+def head_of(raw: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """The last delegate call and its last FullyConnected node, read from the recorded document."""
+    calls = [r for r in raw["ops"]["instructions"] if r["kind"] == "DelegateCall"]
+    last = max(calls, key=lambda r: r["instruction"])
+    delegate = next(d for d in raw["ops"]["delegates"] if d["node_id"] == last["node_id"])
+    node = [n for n in delegate["nodes"] if n["type"] == "XNNFullyConnected"][-1]
+    return last["node_id"], delegate["graph_id"], node
+
+
+def test_gpt2_gets_the_three_known_rewrites() -> None:
+    raw = recorded("gpt2-tiny")
+    found = by_kind(advise(facts_of(raw)))
+    assert {"tanh-gelu", "eager-attention", "head-at-position"} <= set(found)
+
+    pows = kernel_rows(raw, "aten::pow")
+    gelu = found["tanh-gelu"]
+    assert gelu.rewrite == "tanh-gelu" and gelu.fix == "--rewrites tanh-gelu" and gelu.fix_kind == "rewrite"
+    assert set(gelu.nodes["forward"]) == {r["node_id"] for r in pows} and gelu.calls == len(pows) == 2
+    assert gelu.saving_ms == pytest.approx(sum(r["mean_ms"] for r in pows))
+    method_ms = raw["ops"]["method_ms"]["mean"]
+    assert gelu.share == pytest.approx(gelu.measured_ms / method_ms)
+
+    head_call, graph, node = head_of(raw)
+    head = found["head-at-position"]
+    positions = raw["sidecar"]["outputs"][0]["shape"][1]
+    assert head.nodes == {"forward": (head_call,), graph: (node["node"],)}
+    assert head.saving_ms == pytest.approx(node["mean_ms"] * (1 - 1 / positions))
+
+
+def test_the_sdpa_finding_keeps_the_where_eager_attention_needs() -> None:
+    raw = recorded("gpt2-tiny")
+    masks = [r for op in SDPA_MASK_OPERATORS for r in kernel_rows(raw, op)]
+    first_where = min(kernel_rows(raw, "aten::where"), key=lambda r: r["instruction"])
+    attention = by_kind(advise(facts_of(raw)))["eager-attention"]
+    assert set(attention.nodes["forward"]) == {r["node_id"] for r in masks} - {first_where["node_id"]}
+    assert attention.saving_ms == pytest.approx(sum(r["mean_ms"] for r in masks) - first_where["mean_ms"])
+
+
+def test_distilbert_gets_only_the_rewrites_that_apply() -> None:
+    raw = recorded("distilbert-tiny")
+    found = by_kind(advise(facts_of(raw)))
+    assert "tanh-gelu" not in found  # DistilBERT's GELU is exact: no pow, and the rewrite does not apply
+    assert {"eager-attention", "head-at-position"} <= set(found)
+    assert found["stored-twice"].saving_mb == pytest.approx(
+        raw["sidecar"]["outside_delegates"]["stored_twice"]["bytes"] / 1e6
+    )
+
+
+def test_rewrites_already_applied_are_not_proposed_again() -> None:
+    raw = recorded("gpt2-tiny")
+    facts = facts_of(raw)
+    applied = dataclasses.replace(facts.sidecar, rewrites=("tanh-gelu", "eager-attention", "head-at-position"))
+    advice = advise(dataclasses.replace(facts, sidecar=applied))
+    assert not advice.rewrites
+    # the pow kernels are still in this (recorded) profile: reported as a portable operator, with a bound only
+    pow_finding = next(f for f in advice.findings if f.operators == ("aten::pow",))
+    assert pow_finding.kind == "portable-operator" and pow_finding.saving_is_bound
+
+
+def test_without_a_spec_only_the_profile_speaks() -> None:
+    """A program the user lowered: no rewrite is offered, the portable operators are still found."""
+    advice = advise(facts_of(recorded("gpt2-tiny"), sidecar=None, spec=None))
+    assert not advice.rewrites and advice.findings
+    assert {f.kind for f in advice.findings} <= {"portable-operator", "threads", "board"}
+
+
+@pytest.mark.parametrize("model", ["gpt2-tiny", "distilbert-tiny"])
+def test_no_instruction_is_counted_twice_and_ids_follow_the_savings(model: str) -> None:
+    raw = recorded(model)
+    advice = advise(facts_of(raw))
+    top = Counter(node for f in advice.findings for node in f.nodes.get("forward", ()))
+    assert top and max(top.values()) == 1
+    known = {r["node_id"] for r in raw["ops"]["instructions"]}
+    assert set(top) <= known
+    assert [f.id for f in advice.findings] == [f"F{k}" for k in range(1, len(advice.findings) + 1)]
+    predicted = [f.saving_ms for f in advice.findings if f.saving_ms is not None and not f.saving_is_bound]
+    assert predicted == sorted(predicted, reverse=True)
+    assert advice.predicted_ms == pytest.approx(sum(predicted))
+    assert advice.rewrites == tuple(f.rewrite for f in advice.findings if f.rewrite)
+
+
+def test_idle_cores_and_board_conditions() -> None:
+    raw = recorded("distilbert-tiny")
+    raw["summary"]["latency"]["threads"] = 1
+    raw["summary"]["board_conditions"].update(
+        cores_online=4, governor_before="ondemand", throttling_during_run=["under_voltage_now"]
+    )
+    advice = advise(facts_of(raw))
+    found = by_kind(advice)
+    delegated = sum(r["mean_ms"] for r in raw["ops"]["instructions"] if r["kind"] == "DelegateCall")
+    assert found["threads"].saving_ms == pytest.approx(delegated * 0.75)
+    assert found["threads"].fix.startswith("--threads 4")
+    for kind in ("governor", "throttling"):
+        assert found[kind].saving_ms is None and found[kind].fix_kind == "board"
+    assert advice.findings[-1].saving_ms is None  # unpredicted findings come last
+
+
+def _gemm_profile(raw: dict[str, Any], scale: float) -> dict[str, Any]:
+    """The recorded profile with every FullyConnected node's time scaled (a stand-in for an int8 run)."""
+    ops = json.loads(json.dumps(raw["ops"]))
+    for delegate in ops["delegates"]:
+        for node in delegate["nodes"]:
+            if node["type"] == "XNNFullyConnected":
+                node["mean_ms"] *= scale
+    return ops
+
+
+def test_quantization_saving_is_measured_or_not_predicted() -> None:
+    raw = recorded("distilbert-tiny")
+    gemm = sum(n["mean_ms"] for d in raw["ops"]["delegates"] for n in d["nodes"] if n["type"] == "XNNFullyConnected")
+    raw["ops"]["method_ms"]["mean"] = gemm / 0.5  # make the matmuls half the run, so quantization is proposed
+    alone = by_kind(advise(facts_of(raw)))["quantize"]
+    assert alone.saving_ms is None and "no int8 run" in alone.saving_note
+    peer = OpsRecord.from_dict(_gemm_profile(raw, 0.4))
+    measured = by_kind(advise(facts_of(raw, quantized_peer=peer, quantized_peer_backend="xnnpack-int8-dynamic")))
+    assert measured["quantize"].saving_ms == pytest.approx(gemm * 0.6)
+    assert measured["quantize"].fix.startswith("--quantize int8-dynamic")
+
+
+def test_every_detector_is_documented() -> None:
+    assert all(detector.description and detector.name == name for name, detector in DETECTORS.items())

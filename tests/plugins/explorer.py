@@ -43,7 +43,22 @@ def url_data(url: str) -> dict:
 def explored(analysis_bundles: dict[str, BundleCase], tmp_path_factory: pytest.TempPathFactory) -> BundleCase:
     case = copy_bundle(analysis_bundles["distilbert_xnnpack"], tmp_path_factory.mktemp("explore") / "run-explore")
     analyze(case)
+    advise_case(case)
     return case
+
+
+def advise_case(case: BundleCase) -> None:
+    """The advisor on an analysed case, as `fab analyze` runs it: advice.json and the advice overlays."""
+    from orchestrator.advice.advisor import advise
+    from orchestrator.advice.documents import write_advice
+    from orchestrator.advice.findings import RunFacts
+    from orchestrator.lowering.lowered import spec_from_record
+    from orchestrator.results.documents import load_summary
+    from orchestrator.results.ops_record import load_ops
+
+    sidecar = case.model.sidecar
+    facts = RunFacts(load_ops(case.path), load_summary(case.path), sidecar, spec_from_record(sidecar.spec, "sidecar"))
+    write_advice(case.path, advise(facts))
 
 
 def models_and_overlays(case: BundleCase, analysis_bundles: dict[str, BundleCase]) -> tuple[list[Path], list[Path]]:

@@ -56,9 +56,10 @@ def test_server_answers_and_converts_with_the_pte_adapter(server: ExplorerHandle
         },
     )
     graphs = {g["id"]: {n["id"] for n in g["nodes"]} for c in converted["graphCollections"] for g in c["graphs"]}
-    overlay = json.loads((explored.path / "model_explorer" / "me_overlay_median_ms.json").read_text())
-    for graph_id, data in overlay.items():
-        assert set(data["results"]) <= graphs[graph_id]
+    for metric in ("median_ms", "advice", "advice_saving_ms"):  # the advice paints real nodes, delegates' too
+        overlay = json.loads((explored.path / "model_explorer" / f"me_overlay_{metric}.json").read_text())
+        for graph_id, data in overlay.items():
+            assert data["results"] and set(data["results"]) <= graphs[graph_id], (metric, graph_id)
 
 
 def test_url_preloads_the_program_overlays_and_expanded_layer(server: ExplorerHandle, explored: BundleCase) -> None:
@@ -70,6 +71,7 @@ def test_url_preloads_the_program_overlays_and_expanded_layer(server: ExplorerHa
     assert set(data["nodeDataTargets"]) == {label, f"{explored.model.pte.name} (delegates)"}
     assert {Path(p).name for p in data["nodeData"]} == {
         "me_overlay_median_ms.json", "me_overlay_mean_ms.json", "me_overlay_pct.json", "me_overlay_live_bytes.json",
+        "me_overlay_advice.json", "me_overlay_advice_saving_ms.json",
     }  # fmt: skip
     (pane,) = data["uiState"]["paneStates"]
     assert pane["deepestExpandedGroupNodeIds"] == ["forward___group___"]
@@ -85,6 +87,11 @@ def test_page_renders_the_graph_with_its_overlays(
     delegate_url = server.url_for(delegate)
     page = browser_page
     start = server.log_path.stat().st_size
+    overlays = explored.path / "model_explorer"
+    advised = {
+        name: set(json.loads((overlays / f"me_overlay_{metric}.json").read_text()))
+        for name, metric in (("advice", "advice"), ("predicted saving ms", "advice_saving_ms"))
+    }
     for url, name, expected in (
         (server.url, "explore_forward", "aten::"),
         (delegate_url, "explore_delegate", "XNN"),
@@ -93,7 +100,11 @@ def test_page_renders_the_graph_with_its_overlays(
         page.wait_for_selector("canvas", timeout=90_000)
         page.wait_for_function("text => document.body.innerText.includes(text)", arg=f"pct ({run_id})", timeout=60_000)
         text = page.inner_text("body")
-        for metric in ("median_ms", "mean_ms", "pct"):
+        # The UI lists the node data that covers the graph shown; the advice covers the graphs of its findings.
+        graph = delegate if url == delegate_url else "forward"
+        advice = [name for name, graphs in advised.items() if graph in graphs]
+        assert graph != "forward" or len(advice) == 2, "the SDPA finding paints the top level"
+        for metric in ("median_ms", "mean_ms", "pct", *advice):
             assert f"{metric} ({run_id})" in text, f"{metric} overlay is listed"
         assert expected in text
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
@@ -187,7 +198,8 @@ def test_a_killed_launcher_takes_its_server_with_it(explored: BundleCase) -> Non
 
 def test_run_and_artifact_inputs_are_found(explored: BundleCase, tmp_path: Path) -> None:
     assert [p.name for p in run_overlays(explored.path)] == [
-        "me_overlay_live_bytes.json", "me_overlay_mean_ms.json", "me_overlay_median_ms.json", "me_overlay_pct.json",
+        "me_overlay_advice.json", "me_overlay_advice_saving_ms.json", "me_overlay_live_bytes.json",
+        "me_overlay_mean_ms.json", "me_overlay_median_ms.json", "me_overlay_pct.json",
     ]  # fmt: skip
     models = artifact_models(explored.model.pte.parent)
     assert explored.model.pte in models and explored.model.exported in models

@@ -13,14 +13,16 @@ Add a rewrite: a `Rewrite` in REWRITES and its two functions (`tests/lowering/te
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.config import did_you_mean
 from orchestrator.errors import UsageError
 from orchestrator.lowering.spec import WRAPPED_TASKS, ModelSpec
+from orchestrator.names import is_valid_name
 
 _FUNCTIONS = "orchestrator.lowering.huggingface_rewrites"
 # Families whose default config uses `gelu_new` (transformers' configs; tests/lowering/test_rewrites.py checks it).
@@ -102,6 +104,27 @@ class RewriteRequest:
         if self.auto:
             return tuple(name for name, rewrite in REWRITES.items() if rewrite.applies(spec))
         return tuple(name for name in REWRITES if name in self.names)
+
+    def program_name(self, spec: ModelSpec) -> str:
+        """The name the rewritten program lives under, beside the model as exported (artifacts/, results/).
+
+        `spec.name` when nothing resolves for the spec; else the name and the rewrites, dot-joined
+        (`gpt2-tiny.tanh-gelu.eager-attention.head-at-position`), or, past the name rule's 64 characters, a short
+        stable form (`<name[:48]>.rw-<8 hex of the names' sha256>`).
+        """
+        resolved = self.resolve(spec)
+        if not resolved:
+            return spec.name
+        joined = f"{spec.name}.{'.'.join(resolved)}"
+        if is_valid_name(joined):
+            return joined
+        digest = hashlib.sha256(",".join(resolved).encode()).hexdigest()[:8]
+        return f"{spec.name[:48]}.rw-{digest}"
+
+    def program_spec(self, spec: ModelSpec) -> ModelSpec:
+        """The spec under its program's name (`program_name`): the same model, lowered into its own folder."""
+        name = self.program_name(spec)
+        return spec if name == spec.name else replace(spec, name=name)
 
 
 NO_REWRITES = RewriteRequest()

@@ -6,6 +6,8 @@ The rewrites themselves (registry, patterns, equivalence) are in test_rewrites.p
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from orchestrator.lowering.rewrites import NO_REWRITES, parse_rewrites
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
+from orchestrator.names import is_valid_name
 from orchestrator.tensorfile import read_tensors
 from tests.lowering.test_lowering import run_fab
 
@@ -72,3 +75,20 @@ def test_rewrites_option_is_checked_at_the_edge() -> None:
     assert wrong.returncode == 64, wrong.stderr
     assert "--rewrites tanh-gelu: tanh-gelu does not apply to distilbert-tiny" in wrong.stderr
     assert "Traceback" not in typo.stderr + wrong.stderr
+
+
+def test_a_rewritten_program_has_its_own_name() -> None:
+    gpt2, distilbert = BUILTIN_SPECS["gpt2-tiny"], BUILTIN_SPECS["distilbert-tiny"]
+    auto = parse_rewrites("auto")
+    assert auto.program_name(gpt2) == "gpt2-tiny.tanh-gelu.eager-attention.head-at-position"
+    assert auto.program_name(distilbert) == "distilbert-tiny.eager-attention.head-at-position"
+    # In REWRITES order whatever the order asked; none, or nothing that resolves, keeps the model's own name.
+    assert parse_rewrites("head-at-position,tanh-gelu").program_name(gpt2) == "gpt2-tiny.tanh-gelu.head-at-position"
+    assert NO_REWRITES.program_name(gpt2) == "gpt2-tiny" and NO_REWRITES.program_spec(gpt2) is gpt2
+    assert auto.program_spec(gpt2) == dataclasses.replace(gpt2, name=auto.program_name(gpt2))
+    # Past the name rule's 64 characters: a short form, stable, and distinct per set of rewrites.
+    long = dataclasses.replace(gpt2, name="a-gpt2-whose-name-is-long-enough-to-go-past-the-rule")
+    short = auto.program_name(long)
+    assert is_valid_name(short) and short == auto.program_name(long)
+    assert re.fullmatch(re.escape(long.name[:48]) + r"\.rw-[0-9a-f]{8}", short)
+    assert parse_rewrites("tanh-gelu,eager-attention").program_name(long) not in (short, long.name)

@@ -1,0 +1,235 @@
+"""The trial behind `fab advise --try`: lower the model with the proposed rewrites, check it computes what the model
+as exported computes, and measure the gain on a board with the interleaved A/B re-test (deploy/abtest.py).
+
+Each variant lives under its own name (rewrites.py `program_name`), beside the model as exported: both stay
+cached. The outputs check compares the variant's eager reference outputs with the original's (the rewrite changes
+the model, not the lowering: the lowering is checked on the board by every run); `head-at-position` turns
+[B, S, V] logits into [B, V], compared with the original's row at the position the rewrite keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator import console
+from orchestrator.boards.inventory import Board
+from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, Interleaved, Program, interleave
+from orchestrator.deploy.provision import quick_check, setup_board
+from orchestrator.deploy.runs import RunParams
+from orchestrator.errors import EtlabError, ExitCode
+from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.lower import LoweredVariant
+from orchestrator.lowering.rewrites import RewriteRequest
+from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.variants import Variant
+from orchestrator.results.validity import MIN_SQNR_DB, OUTPUT_RTOL, compare_output
+from orchestrator.tensorfile import NamedTensor, read_tensors
+from orchestrator.transport import connect
+
+HEAD_AT_POSITION = "head-at-position"
+
+
+class TrialRefused(EtlabError):
+    """A variant whose outputs are not the original's: it is not measured (exit 65, the data is wrong)."""
+
+    exit_code = ExitCode.DATA
+
+
+@dataclass(frozen=True)
+class OutputsCheck:
+    """A variant's eager outputs against the original's: the worst output's figures."""
+
+    sqnr_db: float
+    max_abs_error: float
+    max_rel_error: float
+    problems: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class VariantTrial:
+    """One variant's trial: what was predicted, what the board measured, and whether its outputs match."""
+
+    name: str  # the variant's program name (artifacts/<name>/)
+    rewrites: tuple[str, ...]  # the rewrites applied, in order
+    predicted_ms: float  # the sum of the given predictions for its rewrites
+    outputs: OutputsCheck
+    retest: Interleaved = field(default_factory=Interleaved)
+
+    @property
+    def measured_ms(self) -> float | None:
+        """Median of the original minus median of the variant: positive is a saving."""
+        a, b = self.retest.median_a_ms, self.retest.median_b_ms
+        return a - b if a is not None and b is not None else None
+
+    @property
+    def measured_percent(self) -> float | None:
+        a, saved = self.retest.median_a_ms, self.measured_ms
+        return 100.0 * saved / a if a and saved is not None else None
+
+    @property
+    def ratio(self) -> float | None:
+        """Median of the variant over median of the original (below 1: faster)."""
+        return self.retest.ratio
+
+    @property
+    def confirmed(self) -> bool:
+        return self.retest.confirmed
+
+    @property
+    def why(self) -> str:
+        return self.retest.reason
+
+
+@dataclass
+class TrialReport:
+    """The trial of one model's rewrites on one board: the original (A) against each variant (B)."""
+
+    model: str  # the model as exported
+    board: str
+    variant: Variant  # the backend and scheme both sides were lowered to
+    original_ms: float | None = None  # the original's median over the first variant's re-test
+    variants: list[VariantTrial] = field(default_factory=list)
+
+
+def _logits_rows(original: np.ndarray, inputs: Sequence[NamedTensor], spec: ModelSpec) -> np.ndarray:
+    """The original's [B, S, V] logits at the position `head-at-position` keeps per row: [B, V].
+
+    fill-mask: the first mask token in input_ids (the first position when a row has none, as the rewrite does);
+    causal-lm: the last position whose attention_mask is 1.
+    """
+    by_name = {tensor.name: tensor.array for tensor in inputs}
+    if spec.task == "fill-mask":
+        if spec.mask_token_id is None or "input_ids" not in by_name:
+            raise TrialRefused(f"{spec.name}: fill-mask without mask_token_id or input_ids: no position to compare")
+        positions = np.argmax(by_name["input_ids"] == spec.mask_token_id, axis=1)
+    elif spec.task == "causal-lm":
+        if "attention_mask" not in by_name:
+            raise TrialRefused(f"{spec.name}: causal-lm inputs without attention_mask: no position to compare")
+        mask = np.asarray(by_name["attention_mask"]) == 1
+        positions = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
+    else:
+        raise TrialRefused(f"{spec.name}: {HEAD_AT_POSITION} is for fill-mask and causal-lm, not {spec.task}")
+    if original.ndim != 3 or len(positions) != original.shape[0]:
+        raise TrialRefused(f"{spec.name}: logits of shape {list(original.shape)} are not [B, seq_len, vocab]")
+    return original[np.arange(original.shape[0]), positions]
+
+
+def check_outputs(
+    spec: ModelSpec,
+    rewrites: Sequence[str],
+    inputs: Sequence[NamedTensor],
+    original: Sequence[NamedTensor],
+    rewritten: Sequence[NamedTensor],
+) -> OutputsCheck:
+    """The rewritten model's outputs against the original's, at the fp32 check's thresholds (results/validity.py)."""
+    if len(original) != len(rewritten):
+        return OutputsCheck(0.0, float("inf"), float("inf"), (f"{len(rewritten)} outputs, {len(original)} expected",))
+    problems, sqnr, abs_error, rel_error = [], [], [], []
+    for expected, got in zip(original, rewritten, strict=True):
+        want = expected.array
+        if HEAD_AT_POSITION in rewrites and want.ndim == got.array.ndim + 1:
+            want = _logits_rows(want, inputs, spec)
+        check = compare_output(expected.name, got.array, want)
+        if check.reference_shape is not None:
+            problems.append(f"{expected.name}: shape {list(got.array.shape)}, expected {list(want.shape)}")
+            continue
+        if check.non_finite:
+            problems.append(f"{expected.name}: {check.non_finite} non-finite value(s) where the original's are finite")
+            continue
+        sqnr.append(check.sqnr_db if check.sqnr_db is not None else -999.0)
+        abs_error.append(check.max_abs_error or 0.0)
+        relative = check.max_rel_error if check.max_rel_error is not None else float("inf")
+        rel_error.append(relative)
+        if sqnr[-1] < MIN_SQNR_DB:
+            problems.append(f"{expected.name}: SQNR {sqnr[-1]:.1f} dB < {MIN_SQNR_DB:g} dB")
+        if relative > OUTPUT_RTOL:
+            problems.append(f"{expected.name}: max abs error {abs_error[-1]:.3g} is {relative:.3g} of the largest "
+                            f"magnitude (limit {OUTPUT_RTOL:g})")  # fmt: skip
+    return OutputsCheck(
+        min(sqnr, default=0.0), max(abs_error, default=float("inf")), max(rel_error, default=float("inf")),
+        tuple(problems),
+    )  # fmt: skip
+
+
+def _lower(
+    spec: ModelSpec, variant: Variant, request: RewriteRequest, weights: str, root: Path | None, jobs: int | None
+) -> tuple[LoweredVariant, Path, Path]:
+    """The program of `spec` with `request`'s rewrites (cached), and its reference inputs and outputs files."""
+    named = request.program_spec(spec)
+    result = lowering.lower(named, variants=[variant], weights=weights, root=root, jobs=jobs, rewrites=request)
+    return result.variants[variant], result.paths.reference_inputs, result.paths.reference_outputs
+
+
+def variant_sets(rewrites: Sequence[str], each: bool) -> list[tuple[str, ...]]:
+    """All rewrites together, then (with `each`, when there are several) one per rewrite."""
+    together = tuple(dict.fromkeys(rewrites))
+    singles = [(name,) for name in together] if each and len(together) > 1 else []
+    return [together, *singles]
+
+
+def try_rewrites(
+    spec: ModelSpec,
+    variant: Variant,
+    rewrites: Sequence[str],
+    board: Board,
+    params: RunParams,
+    *,
+    each: bool = False,
+    predicted_ms: Mapping[str, float] | None = None,
+    weights: str = "auto",
+    root: Path | None = None,
+    jobs: int | None = None,
+    rounds: int = DEFAULT_ROUNDS,
+    budget_seconds: float = DEFAULT_RETEST_SECONDS,
+    iterations_per_run: int | None = None,
+    reference: Path | None = None,
+) -> TrialReport:
+    """Lower `spec` as exported and with `rewrites` (all together; with `each` also one variant per rewrite), refuse
+    a variant whose outputs differ from the original's (TrialRefused, exit 65), then A/B each variant against the
+    original on `board` (A the original, B the variant, expecting faster).
+
+    `rewrites` are names of rewrites.REWRITES that apply to the spec (the caller checked them); `predicted_ms` the
+    advisor's predicted saving per rewrite (missing: 0). `reference`: the original's outputs file to check against,
+    instead of its own (a test feeds a wrong one).
+    """
+    predicted = dict(predicted_ms or {})
+    original, original_inputs, original_outputs = _lower(spec, variant, RewriteRequest(), weights, root, jobs)
+    inputs = read_tensors(original_inputs)
+    expected = read_tensors(reference or original_outputs)
+    report = TrialReport(spec.name, board.name, variant)
+    lowered = []
+    for names in variant_sets(rewrites, each):
+        request = RewriteRequest(names=names)
+        program, _, outputs_file = _lower(spec, variant, request, weights, root, jobs)
+        applied = program.sidecar.applied_rewrites
+        if program.sidecar.reference_inputs_sha256 != original.sidecar.reference_inputs_sha256:
+            raise TrialRefused(f"{request.program_name(spec)}: its reference inputs are not the original's")
+        check = check_outputs(spec, applied, inputs, expected, read_tensors(outputs_file))
+        if not check.ok:
+            raise TrialRefused(
+                f"{request.program_name(spec)} does not compute what {spec.name} computes: {'; '.join(check.problems)}"
+            )
+        trial = VariantTrial(request.program_name(spec), applied, sum(predicted.get(n, 0.0) for n in applied), check)
+        lowered.append((trial, program))
+    a = Program(spec.name, original.pte, original.sidecar.sha256)
+    with connect(board) as conn:
+        if quick_check(conn) is None:  # not set up, or out of date
+            setup_board(conn)
+        for trial, program in lowered:
+            console.info(console.escape(f"[{board.name}] {spec.name} against {trial.name}: interleaved A/B"))
+            b = Program(trial.name, program.pte, program.sidecar.sha256)
+            trial.retest = interleave(
+                conn, a, b, (original_inputs, original.sidecar.reference_inputs_sha256), params, expect="faster",
+                rounds=rounds, budget_seconds=budget_seconds, iterations_per_run=iterations_per_run,
+            )  # fmt: skip
+            report.variants.append(trial)
+    report.original_ms = report.variants[0].retest.median_a_ms if report.variants else None
+    return report

@@ -1,0 +1,86 @@
+"""The trial behind `fab advise --try` (advice/trial.py): the original and its rewritten variants lowered side by
+side, the variant's outputs checked against the original's (the head-at-position projection), the interleaved A/B
+on the local board, and a variant whose outputs differ refused. No timing is asserted: only that both programs ran.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.advice.trial import TrialRefused, _logits_rows, check_outputs, try_rewrites, variant_sets
+from orchestrator.boards.inventory import Board
+from orchestrator.deploy.runs import RunParams
+from orchestrator.errors import ExitCode
+from orchestrator.lowering.artifacts import ArtifactPaths
+from orchestrator.lowering.spec import BUILTIN_SPECS
+from orchestrator.lowering.variants import VARIANTS
+from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
+from tests.plugins.artifacts import ARTIFACT_CACHE
+
+ALL_THREE = ("tanh-gelu", "eager-attention", "head-at-position")
+
+
+def test_head_at_position_rows() -> None:
+    logits = np.arange(2 * 4 * 3, dtype=np.float32).reshape(2, 4, 3)
+    ids = np.array([[5, 103, 7, 103], [103, 1, 2, 3]], dtype=np.int64)
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=np.int64)
+    inputs = [NamedTensor("input_ids", ids), NamedTensor("attention_mask", mask)]
+    fill_mask, causal = BUILTIN_SPECS["distilbert-tiny"], BUILTIN_SPECS["gpt2-tiny"]
+    assert fill_mask.mask_token_id == 103
+    # fill-mask: each row's first [MASK] (positions 1 and 0); causal-lm: the last real token (positions 2 and 3).
+    np.testing.assert_array_equal(_logits_rows(logits, inputs, fill_mask), logits[[0, 1], [1, 0]])
+    np.testing.assert_array_equal(_logits_rows(logits, inputs, causal), logits[[0, 1], [2, 3]])
+
+    rows = logits[[0, 1], [2, 3]]
+    good = check_outputs(causal, ("head-at-position",), inputs, [NamedTensor("output_0", logits)],
+                         [NamedTensor("output_0", rows.copy())])  # fmt: skip
+    assert good.ok and good.sqnr_db == 999.0 and good.max_abs_error == 0.0
+    # The row of another position is another function: refused by SQNR and error.
+    wrong = check_outputs(causal, ("head-at-position",), inputs, [NamedTensor("output_0", logits)],
+                          [NamedTensor("output_0", logits[[0, 1], [0, 0]])])  # fmt: skip
+    assert not wrong.ok and any("SQNR" in problem for problem in wrong.problems)
+    # Without head-at-position a [B, V] output where [B, S, V] was expected is a shape mismatch.
+    shape = check_outputs(causal, (), inputs, [NamedTensor("output_0", logits)], [NamedTensor("output_0", rows)])
+    assert shape.problems == ("output_0: shape [2, 3], expected [2, 4, 3]",)
+
+
+def test_variant_sets() -> None:
+    assert variant_sets(ALL_THREE, each=False) == [ALL_THREE]
+    assert variant_sets(ALL_THREE, each=True) == [ALL_THREE, *[(name,) for name in ALL_THREE]]
+    assert variant_sets(("tanh-gelu",), each=True) == [("tanh-gelu",)]
+
+
+@pytest.mark.slow
+def test_try_rewrites_on_the_local_board(local_board: Board, tmp_path: Path) -> None:
+    spec, xnnpack = BUILTIN_SPECS["gpt2-tiny"], VARIANTS["xnnpack"]
+    predicted = {"tanh-gelu": 1.5, "eager-attention": 0.5, "head-at-position": 2.0}
+    quick = {"rounds": 5, "budget_seconds": 0.0, "iterations_per_run": 5}
+    report = try_rewrites(spec, xnnpack, ALL_THREE, local_board, RunParams(warmup=1), predicted_ms=predicted,
+                          weights="random", root=ARTIFACT_CACHE, jobs=1, **quick)  # fmt: skip
+    assert report.model == "gpt2-tiny" and report.board == "local" and len(report.variants) == 1
+    (trial,) = report.variants
+    assert trial.name == "gpt2-tiny.tanh-gelu.eager-attention.head-at-position"
+    assert trial.rewrites == ALL_THREE and trial.predicted_ms == pytest.approx(4.0)
+    # Both programs lived side by side and both ran: five rounds of five iterations each.
+    assert (ARTIFACT_CACHE / "gpt2-tiny").is_dir() and (ARTIFACT_CACHE / trial.name).is_dir()
+    assert len(trial.retest.a_ms) == len(trial.retest.b_ms) == 25 and trial.retest.error is None
+    assert trial.retest.rounds == 5 and len(trial.retest.round_ratios) == 5
+    assert trial.outputs.ok and trial.outputs.sqnr_db > 40.0 and trial.outputs.max_abs_error < 1e-3
+    assert trial.measured_ms is not None and trial.measured_percent is not None and trial.ratio is not None
+    assert trial.measured_ms == pytest.approx(trial.retest.median_a_ms - trial.retest.median_b_ms)
+    assert report.original_ms == trial.retest.median_a_ms and trial.why  # a decision, whichever way it went
+
+    # A reference the variant does not match (the original's logits shuffled along the vocabulary) is refused before
+    # anything runs on the board.
+    (original,) = read_tensors(ArtifactPaths.for_model("gpt2-tiny", ARTIFACT_CACHE).reference_outputs)
+    shuffled = np.random.default_rng(0).permutation(original.array, axis=-1)
+    wrong = tmp_path / "wrong.etlt"
+    write_tensors(wrong, [NamedTensor(original.name, np.ascontiguousarray(shuffled))])
+    with pytest.raises(TrialRefused, match=rf"{trial.name} does not compute what gpt2-tiny computes: "
+                                           r"output_0: SQNR") as refused:  # fmt: skip
+        try_rewrites(spec, xnnpack, ALL_THREE, local_board, RunParams(warmup=1), weights="random",
+                     root=ARTIFACT_CACHE, jobs=1, reference=wrong, **quick)  # fmt: skip
+    assert refused.value.exit_code == ExitCode.DATA == 65

@@ -227,10 +227,21 @@ def lowering_options(weights: Any = "auto", jobs: Any = None, calibration: Any =
 
 def rewrite_request(value: Any, target: Any) -> Any:
     """`--rewrites auto|none|a,b` for the model `target` (a ModelSpec, or an Artifact of `--pte`, which etlab does
-    not lower): a RewriteRequest, or UsageError naming the option (an unknown name, one that does not apply)."""
+    not lower): a RewriteRequest, or UsageError naming the option (an unknown name, one that does not apply).
+
+    A rewritten program found by its artifacts (`--model gpt2-tiny.tanh-gelu`) gets the rewrites its sidecar
+    records: it is lowered again only with them, under its own name (`RewriteRequest.program_spec`).
+    """
     # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.rewrites import NO_REWRITES, UnknownRewrite, check_request, parse_rewrites
-    from orchestrator.lowering.spec import ModelSpec
+    from orchestrator.lowering.lowered import recorded_rewrites
+    from orchestrator.lowering.rewrites import (
+        NO_REWRITES,
+        RewriteRequest,
+        UnknownRewrite,
+        check_request,
+        parse_rewrites,
+    )
+    from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
 
     try:
         request = parse_rewrites(str(value))
@@ -240,6 +251,15 @@ def rewrite_request(value: Any, target: Any) -> Any:
             check_request(request, target)
     except UnknownRewrite as exc:
         raise UsageError(f"--rewrites {value}: {exc}", hint=exc.hint) from None
+    found = isinstance(target, ModelSpec) and target.name not in BUILTIN_SPECS
+    recorded = recorded_rewrites(target.name) if found else ()
+    if recorded and RewriteRequest(names=recorded).program_name(target) == target.name:
+        if request not in (NO_REWRITES, RewriteRequest(names=recorded)) and request.resolve(target) != recorded:
+            raise UsageError(
+                f"--rewrites {value}: {target.name} is a rewritten program, lowered with {', '.join(recorded)}",
+                hint="lower the model as exported with the rewrites you want: each set gets its own name",
+            )
+        return RewriteRequest(names=recorded)
     return request
 
 

@@ -55,6 +55,7 @@ def deploy_and_profile(
     # Both fp32 backends are lowered too (cached after the first time) so Model Explorer shows every program,
     # the quantized ones next to the fp32 ones.
     wanted = list(dict.fromkeys([Variant("portable"), Variant("xnnpack"), *variants]))
+    spec = rewrites.program_spec(spec)  # a rewritten program under its own name, beside the model as exported
     checked = lowering or LoweringOptions("auto", None, None)
     with naming_calibration(), naming_rewrites(rewrites):
         lowered = lowerer.lower(

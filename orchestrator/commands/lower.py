@@ -46,7 +46,7 @@ def lower(
     request = rewrite_request(rewrites, target)
     with naming_calibration(), naming_rewrites(rewrites):
         result = lowering.lower(
-            target,
+            request.program_spec(target),  # a rewritten program under its own name, beside the model as exported
             variants=chosen,
             weights=checked.weights,
             etrecord=etrecord,

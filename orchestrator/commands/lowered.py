@@ -27,14 +27,16 @@ def lowered_model_spec(model: str, *, trust_remote_code: bool = False) -> ModelS
             hint=f"profile it with: fab run --model {model} (or fab deploy-and-profile --pte {origin})",
         )
     lowered = spec_of_lowered(found, trust_remote_code=trust_remote_code)
+    rewritten = f" with the rewrites {', '.join(found.rewrites)}" if found.rewrites else ""
     if lowered.stale is None:
-        console.info(console.escape(f"{model}: using the spec lowered from {lowered.spec_file}"))
+        console.info(console.escape(f"{model}: using the spec lowered from {lowered.spec_file}{rewritten}"))
     else:
         console.warn(
             console.escape(
                 f"{model}: {lowered.spec_file} {lowered.stale}: the artifacts are from the spec as it was when "
                 f"lowered ({found.sidecar.created}); to lower the file as it is now, run: "
                 f"fab lower --spec {lowered.spec_file}"
+                + (f" --rewrites {','.join(found.rewrites)}" if found.rewrites else "")
             )
         )
     return lowered.spec

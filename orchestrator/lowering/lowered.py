@@ -4,6 +4,8 @@ A sidecar records the spec it was lowered from (`spec`, with `source`: the spec 
 but `artifacts/NAME/` holds a valid lowering, the spec comes from there: the spec file as it is now when it still
 says the same, else the spec as it was lowered (the artifacts are from it), with a warning naming the file.
 A program the user lowered or exported themselves has no spec to lower again: only its artifacts are used.
+A rewritten program (`artifacts/<model>.<rewrites>/`, rewrites.py `program_name`), of a built-in model or of a spec
+file, is found the same way, with the rewrites its sidecar records: lowered again, it gets them again.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ class LoweredModel:
         return self.sidecar.spec.get("model_source") in (USER_PROGRAM, EXPORTED_PROGRAM)
 
     @property
+    def rewrites(self) -> tuple[str, ...]:
+        """The rewrites its program was lowered with (a rewritten program's): lowering it again must repeat them."""
+        return self.sidecar.applied_rewrites
+
+    @property
     def spec_file(self) -> str | None:
         source = self.sidecar.spec.get("source")
         return None if self.user_file or not isinstance(source, str) or source == "built-in" else source
@@ -59,9 +66,15 @@ def find_lowered(name: str, root: Path | None = None) -> LoweredModel | None:
             found.append(sidecar)
     found.sort(key=lambda sidecar: sidecar.created, reverse=True)
     model = next((LoweredModel(name, sidecar) for sidecar in found), None)
-    if model is None or (model.spec_file is None and not model.user_file):
+    if model is None or (model.spec_file is None and not model.user_file and not model.rewrites):
         return None
     return model
+
+
+def recorded_rewrites(name: str, root: Path | None = None) -> tuple[str, ...]:
+    """The rewrites of the rewritten program `name` found by its artifacts; () for any other name."""
+    found = find_lowered(name, root)
+    return found.rewrites if found is not None and not found.user_file else ()
 
 
 def lowered_names(root: Path | None = None) -> list[str]:
@@ -95,21 +108,27 @@ def spec_from_record(record: dict[str, Any], where: str) -> ModelSpec:
 @dataclass(frozen=True)
 class LoweredSpec:
     spec: ModelSpec
-    spec_file: str
+    spec_file: str  # "built-in" for a built-in model's rewritten program
     stale: str | None  # why the spec file no longer gives these artifacts (gone, changed, invalid), else None
 
 
 def spec_of_lowered(model: LoweredModel, *, trust_remote_code: bool = False) -> LoweredSpec:
     """The spec of a model lowered from a spec file: the file as it is, if it still says the same; else the spec
     as it was lowered (the artifacts are from it), with the reason."""
-    spec_file = model.spec_file
-    assert spec_file is not None, "user programs have no spec"
     recorded = model.sidecar.spec
+    where = f"{model.name}'s sidecar ({model.sidecar.variant})"
+    spec_file = model.spec_file
+    if spec_file is None:  # a built-in model's rewritten program: the spec it was lowered from, as recorded
+        assert model.rewrites and not model.user_file, "user programs have no spec"
+        return LoweredSpec(replace(spec_from_record(recorded, where), trust_remote_code=trust_remote_code),
+                           "built-in", None)  # fmt: skip
     current = None
     with contextlib.suppress(SpecError):
         current = load_spec_file(Path(spec_file))
+    if current is not None and model.rewrites:  # the file names the model as exported, not its rewritten program
+        current = replace(current, name=model.name)
     if current is not None and _identity(current.to_dict()) == _identity(recorded):
         return LoweredSpec(replace(current, trust_remote_code=trust_remote_code), spec_file, None)
     stale = "is gone" if not Path(spec_file).is_file() else ("changed since" if current else "is no longer valid")
-    spec = spec_from_record(recorded, f"{model.name}'s sidecar ({model.sidecar.variant})")
+    spec = spec_from_record(recorded, where)
     return LoweredSpec(replace(spec, trust_remote_code=trust_remote_code), spec_file, stale)

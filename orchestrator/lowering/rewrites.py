@@ -110,16 +110,18 @@ class RewriteRequest:
 
         `spec.name` when nothing resolves for the spec; else the name and the rewrites, dot-joined
         (`gpt2-tiny.tanh-gelu.eager-attention.head-at-position`), or, past the name rule's 64 characters, a short
-        stable form (`<name[:48]>.rw-<8 hex of the names' sha256>`).
+        stable form (`<name[:48]>.rw-<8 hex of the names' sha256>`). A name that already ends so is kept: the spec
+        of a rewritten program found by its artifacts (lowering/lowered.py) is not renamed twice.
         """
         resolved = self.resolve(spec)
         if not resolved:
             return spec.name
-        joined = f"{spec.name}.{'.'.join(resolved)}"
-        if is_valid_name(joined):
-            return joined
-        digest = hashlib.sha256(",".join(resolved).encode()).hexdigest()[:8]
-        return f"{spec.name[:48]}.rw-{digest}"
+        suffix = f".{'.'.join(resolved)}"
+        short = f".rw-{hashlib.sha256(','.join(resolved).encode()).hexdigest()[:8]}"
+        if spec.name.endswith((suffix, short)):  # already the program's name (one found by its artifacts)
+            return spec.name
+        joined = f"{spec.name}{suffix}"
+        return joined if is_valid_name(joined) else f"{spec.name[:48]}{short}"
 
     def program_spec(self, spec: ModelSpec) -> ModelSpec:
         """The spec under its program's name (`program_name`): the same model, lowered into its own folder."""

@@ -86,9 +86,11 @@ def test_a_rewritten_program_has_its_own_name() -> None:
     assert parse_rewrites("head-at-position,tanh-gelu").program_name(gpt2) == "gpt2-tiny.tanh-gelu.head-at-position"
     assert NO_REWRITES.program_name(gpt2) == "gpt2-tiny" and NO_REWRITES.program_spec(gpt2) is gpt2
     assert auto.program_spec(gpt2) == dataclasses.replace(gpt2, name=auto.program_name(gpt2))
+    assert auto.program_spec(auto.program_spec(gpt2)) == auto.program_spec(gpt2)  # never renamed twice
     # Past the name rule's 64 characters: a short form, stable, and distinct per set of rewrites.
     long = dataclasses.replace(gpt2, name="a-gpt2-whose-name-is-long-enough-to-go-past-the-rule")
     short = auto.program_name(long)
     assert is_valid_name(short) and short == auto.program_name(long)
     assert re.fullmatch(re.escape(long.name[:48]) + r"\.rw-[0-9a-f]{8}", short)
     assert parse_rewrites("tanh-gelu,eager-attention").program_name(long) not in (short, long.name)
+    assert auto.program_name(auto.program_spec(long)) == short

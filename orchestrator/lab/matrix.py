@@ -14,7 +14,7 @@ from yaml.nodes import Node
 
 from orchestrator import paths
 from orchestrator.boards.inventory import Board, Inventory
-from orchestrator.config import Check, Checker, choice, integer, is_null, names, number, text
+from orchestrator.config import Check, Checker, boolean, choice, integer, is_null, names, number, text
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, MIN_ROUNDS
 from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.deploy.runs import RunParams
@@ -41,6 +41,22 @@ class MatrixEntry:
     boards: tuple[Board, ...]  # as the inventory has them: a labgrid tag selector is expanded when the night runs
     params: RunParams
     rewrites: RewriteRequest = NO_REWRITES  # for its models (rewrites.py): none, the models as exported
+    advised: bool = False  # each model as exported too, beside its rewritten program (`rewrites`, else auto)
+
+    @property
+    def request(self) -> RewriteRequest:
+        """The rewrites of its rewritten programs: `rewrites`, or auto for an `advised` entry that names none."""
+        return self.rewrites if self.rewrites != NO_REWRITES or not self.advised else RewriteRequest(auto=True)
+
+    def programs(self) -> list[tuple[ModelSpec, RewriteRequest]]:
+        """The programs the entry lowers and profiles, each under its own name (rewrites.py `program_name`), with the
+        rewrites it is lowered with: the models as exported (`advised`), then each with its rewrites."""
+        rewritten = [(self.request.program_spec(spec), self.request) for spec in self.models]
+        return [(spec, NO_REWRITES) for spec in self.models] + rewritten if self.advised else rewritten
+
+    def advised_pairs(self) -> list[tuple[str, str]]:
+        """(as exported, advised) program names of an `advised` entry, for the report's side by side."""
+        return [(spec.name, self.request.program_name(spec)) for spec in self.models] if self.advised else []
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,7 @@ _ENTRY_FIELDS: dict[str, Check] = {
     "groups": names,
     "tags": names,
     "rewrites": names,  # auto, none, or names of rewrites.REWRITES (as `--rewrites`)
+    "advised": boolean,  # the models as exported and with their rewrites (`rewrites`, else auto)
     **_RUN_FIELDS,
 }
 
@@ -115,7 +132,7 @@ def load_config(inventory: Inventory) -> NightlyConfig:
         checker.error(node, "nightly.matrix", "is required: a list of {models, backends, boards/groups/tags}")
     elif "matrix" in section:
         seen: dict[tuple[str, str, str], int] = {}
-        rewritten: dict[str, tuple[RewriteRequest, int]] = {}
+        rewritten: dict[str, tuple[tuple[str, ...], int]] = {}
         for index, entry_node in enumerate(checker.items(section["matrix"], "nightly.matrix")):
             entry = _entry(checker, inventory, entry_node, f"nightly.matrix[{index}]", defaults)
             if entry is not None and not _duplicate_cells(checker, entry, entry_node, index, seen):
@@ -173,6 +190,14 @@ def _entry(
     for spec in models:
         for problem in not_applying(rewrites, spec):
             checker.error(at, f"{where}.rewrites", problem)
+    advised = found.get("advised", False) is True
+    if advised:
+        asked = MatrixEntry((), (), (), RunParams(), rewrites, advised).request
+        for spec in models:
+            if not asked.resolve(spec):
+                checker.error(_key_value(node, "advised") or node, f"{where}.advised",
+                              f"no rewrite applies to {spec.name} ({spec.model_source} {spec.model_type}, "
+                              f"{spec.task}): there is no advised program to run beside it")  # fmt: skip
     for backend in found.get("backends", ()):
         if backend not in BACKENDS:
             checker.error(_key_value(node, "backends") or node, f"{where}.backends", f"unknown backend {backend!r}")
@@ -205,21 +230,23 @@ def _entry(
     params = RunParams(**{**defaults, **{key: found[key] for key in _RUN_FIELDS if key in found}})
     # Quantized programs are XNNPACK programs: each scheme is a cell of its own, named as the CLI names it.
     variants = combine([Variant.parse(name) for name in found["backends"]], parse_schemes(found.get("quantize", ())))
-    return MatrixEntry(tuple(models), variants, tuple(selected), params, rewrites)
+    return MatrixEntry(tuple(models), variants, tuple(selected), params, rewrites, advised)
 
 
 def _one_program(
-    checker: Checker, entry: MatrixEntry, node: Node, index: int, rewritten: dict[str, tuple[RewriteRequest, int]]
+    checker: Checker, entry: MatrixEntry, node: Node, index: int, rewritten: dict[str, tuple[tuple[str, ...], int]]
 ) -> None:
-    """A model is lowered once a night, into one folder: every entry naming it must ask for the same rewrites."""
-    for spec in entry.models:
-        earlier = rewritten.setdefault(spec.name, (entry.rewrites, index))
-        if earlier[0] != entry.rewrites:
+    """A program is lowered once a night, into its own folder: one name, one set of rewrites (a rewritten program has
+    its own name, so a model may run as exported and rewritten; this guards the names against colliding)."""
+    for spec, request in entry.programs():
+        resolved = request.resolve(spec)
+        earlier = rewritten.setdefault(spec.name, (resolved, index))
+        if earlier[0] != resolved:
             checker.error(
                 _key_value(node, "rewrites") or node,
                 f"nightly.matrix[{index}].rewrites",
-                f"{spec.name} is lowered with rewrites {earlier[0]} in matrix[{earlier[1]}], {entry.rewrites} here: "
-                "one model, one program a night",
+                f"{spec.name} is lowered with rewrites {', '.join(earlier[0]) or 'none'} in matrix[{earlier[1]}], "
+                f"{', '.join(resolved) or 'none'} here: one name, one program a night",
             )
 
 
@@ -227,7 +254,7 @@ def _duplicate_cells(
     checker: Checker, entry: MatrixEntry, node: Node, index: int, seen: dict[tuple[str, str, str], int]
 ) -> bool:
     for board in entry.boards:
-        for spec in entry.models:
+        for spec, _ in entry.programs():
             for variant in entry.variants:
                 cell = (board.name, spec.name, variant.name)
                 if cell in seen:

@@ -312,14 +312,15 @@ def _run_night(
     recorder = _Recorder(history, reports, night)
     recorded = history.recorded_cells(night)
     specs: dict[str, ModelSpec] = {}
-    rewrites_of: dict[str, RewriteRequest] = {}  # one per model: the matrix's check refuses two
+    # Per program (a rewritten one under its own name): its rewrites; the matrix's check refuses two for one name.
+    rewrites_of: dict[str, RewriteRequest] = {}
     plan: dict[Board, list[tuple[str, Variant, RunParams]]] = {}
     skipped: list[tuple[str, str, str]] = []
     for entry in config.entries:
         for board in [place for selected in entry.boards for place in expanded[selected]]:
-            for spec in entry.models:
+            for spec, request in entry.programs():
                 specs[spec.name] = spec
-                rewrites_of[spec.name] = entry.rewrites
+                rewrites_of[spec.name] = request
                 for variant in entry.variants:
                     if (board.name, spec.name, variant.name) in recorded:
                         skipped.append((board.name, spec.name, variant.name))
@@ -486,7 +487,8 @@ def _run_night(
     infrastructure_ok = all(o.ok for o in outcomes) and not recorder.pending
     code = exit_code((v.verdict for v in verdicts), infrastructure_ok=infrastructure_ok)
     report = NightReport(night, verdicts, trends, code, skipped, places=places,
-                         pending=sorted(recorder.pending), pending_dir=pending.folder(reports, night))  # fmt: skip
+                         pending=sorted(recorder.pending), pending_dir=pending.folder(reports, night),
+                         advised=[pair for entry in config.entries for pair in entry.advised_pairs()])  # fmt: skip
     report.outputs = write_reports(report, reports)
     return report
 

@@ -107,6 +107,8 @@ class NightReport:
     # Measured but not recorded (the history failed): kept in pending_dir until `fab nightly --record-pending`.
     pending: list[tuple[str, str, str]] = field(default_factory=list)
     pending_dir: Path | None = None
+    # (as exported, advised) program names of the matrix's `advised` entries: shown side by side
+    advised: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def pending_note(self) -> str | None:
@@ -276,6 +278,25 @@ def board_health(report: NightReport) -> list[dict[str, str]]:
     return rows
 
 
+_ADVISED_KEYS = ("board", "model", "backend", "exported_ms", "advised", "advised_ms", "ratio")
+
+
+def advised_rows(report: NightReport) -> list[dict[str, str]]:
+    """Per board, model and backend of an `advised` entry: tonight's median as exported and advised, and their
+    ratio (advised / as exported: below 1 the rewrites save time), where both cells ran tonight."""
+    medians = {v.cell: v.record.median_ms for v in report.verdicts}
+    rows = []
+    for (board, model, backend), exported in medians.items():
+        for plain, advised in report.advised:
+            rewritten = medians.get((board, advised, backend)) if plain == model else None
+            if rewritten is None:
+                continue
+            ratio = f"{rewritten / exported:.3f}" if exported and rewritten else "—"
+            rows.append({"board": board, "model": model, "backend": backend, "exported_ms": _fmt(exported),
+                         "advised": advised, "advised_ms": _fmt(rewritten), "ratio": ratio})  # fmt: skip
+    return rows
+
+
 def place_rows(report: NightReport) -> list[tuple[tuple[str, str, str], PlaceWait]]:
     """Tonight's cells on labgrid places, each with its place and how long it waited for it."""
     return [(v.cell, report.places[v.cell[0]]) for v in report.verdicts if v.cell[0] in report.places]
@@ -332,6 +353,16 @@ def render_html(report: NightReport) -> str:
         for item in report.warnings
     ]
     parts += _html_section("Warnings", "warnings", ("cell", "verdict", "why", "re-test"), warnings)
+
+    advised = advised_rows(report)
+    if advised:
+        parts.append("<h2>Advised programs</h2><p>Each model as exported and with the rewrites etlab advises, "
+                     "tonight's medians side by side (ratio: advised / as exported).</p>")  # fmt: skip
+        parts.append("<table id='advised'><tr>" + "".join(f"<th>{key.replace('_', ' ')}</th>" for key in _ADVISED_KEYS)
+                     + "</tr>")  # fmt: skip
+        for row in advised:
+            parts.append("<tr>" + "".join(f"<td>{html.escape(row[key])}</td>" for key in _ADVISED_KEYS) + "</tr>")
+        parts.append("</table>")
 
     parts.append("<h2>Board health</h2>")
     parts.append(
@@ -408,6 +439,11 @@ def render_markdown(report: NightReport) -> str:
             f"- {_label(i.cell)}: **{i.verdict.value}**: {i.detail} (re-test: {_retest_text(i)})"
             for i in report.warnings
         ]
+    advised = advised_rows(report)
+    if advised:
+        lines += ["", "## Advised programs", "", "| " + " | ".join(k.replace("_", " ") for k in _ADVISED_KEYS) + " |",
+                  "|" + "---|" * len(_ADVISED_KEYS)]  # fmt: skip
+        lines += ["| " + " | ".join(row[key] for key in _ADVISED_KEYS) + " |" for row in advised]
     lines += ["", "## Board health", "", "| " + " | ".join(_HEALTH_KEYS) + " |", "|" + "---|" * len(_HEALTH_KEYS)]
     lines += ["| " + " | ".join(row[key] for key in _HEALTH_KEYS) + " |" for row in board_health(report)]
     if report.places:

@@ -241,6 +241,7 @@ def rewrite_request(value: Any, target: Any) -> Any:
         check_request,
         parse_rewrites,
     )
+    # here too, not at the top: fab imports this module at start-up
     from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
 
     try:

@@ -234,19 +234,12 @@ def rewrite_request(value: Any, target: Any) -> Any:
     """
     # here, not at the top: fab imports this module at start-up
     from orchestrator.lowering.lowered import recorded_rewrites
-    from orchestrator.lowering.rewrites import (
-        NO_REWRITES,
-        RewriteRequest,
-        UnknownRewrite,
-        check_request,
-        parse_rewrites,
-    )
-    # here too, not at the top: fab imports this module at start-up
+    from orchestrator.lowering.rewrites import RewriteRequest, UnknownRewrite, check_request, parse_rewrites
     from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
 
     try:
         request = parse_rewrites(str(value))
-        if request != NO_REWRITES and not isinstance(target, ModelSpec):
+        if request != RewriteRequest() and not isinstance(target, ModelSpec):
             raise UnknownRewrite("not for --pte (your program is profiled as you lowered it)")
         if isinstance(target, ModelSpec):
             check_request(request, target)
@@ -255,7 +248,7 @@ def rewrite_request(value: Any, target: Any) -> Any:
     found = isinstance(target, ModelSpec) and target.name not in BUILTIN_SPECS
     recorded = recorded_rewrites(target.name) if found else ()
     if recorded and RewriteRequest(names=recorded).program_name(target) == target.name:
-        if request not in (NO_REWRITES, RewriteRequest(names=recorded)) and request.resolve(target) != recorded:
+        if request not in (RewriteRequest(), RewriteRequest(names=recorded)) and request.resolve(target) != recorded:
             raise UsageError(
                 f"--rewrites {value}: {target.name} is a rewritten program, lowered with {', '.join(recorded)}",
                 hint="lower the model as exported with the rewrites you want: each set gets its own name",

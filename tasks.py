@@ -190,13 +190,20 @@ def compare(c, run_a, run_b, interleave=None, retest_seconds=None, board=None, i
 
 @task(help={"run": "advise on this run id (or unique prefix); default: the latest run",
             "model": "the latest run of this model",
-            "board": "with --model: the latest run on this board"})  # fmt: skip
+            "board": "with --model: the latest run on this board; with --try: the board to measure on (default: "
+                     "the run's)",
+            "try": "lower the proposed rewrites, check their outputs, measure the gain with an interleaved A/B",
+            "each": "with --try: one A/B per rewrite too", "rounds": "with --try: A/B rounds (>= 5, default 8)",
+            "retest_seconds": "with --try: time budget per A/B (default 180)",
+            "inventory": "inventory file (default: inventory.yaml)"})  # fmt: skip
 @handle_errors
-def advise(c, run=None, model=None, board=None):
+def advise(c, run=None, model=None, board=None, try_=False, each=False, rounds=None, retest_seconds=None,
+           inventory=None):  # fmt: skip
     """Where the time goes → what to change: findings, predicted savings (from the profile) and fixes."""
     from orchestrator.commands.advise import advise_task
 
-    return advise_task(None if run is None else options.run_id(run), model=model, board=board)
+    trial = options.advice_trial(try_, each, rounds, retest_seconds, inventory)
+    return advise_task(None if run is None else options.run_id(run), model=model, board=board, trial=trial)
 
 
 @task

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from orchestrator import console
+from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, Interleaved, Program, interleave
 from orchestrator.deploy.provision import quick_check, setup_board
@@ -84,6 +86,12 @@ class VariantTrial:
         return self.retest.confirmed
 
     @property
+    def prediction_error(self) -> float | None:
+        """(predicted - measured) / measured: how far the advisor's prediction was from the board's answer."""
+        measured = self.measured_ms
+        return (self.predicted_ms - measured) / measured if measured else None
+
+    @property
     def why(self) -> str:
         return self.retest.reason
 
@@ -97,6 +105,34 @@ class TrialReport:
     variant: Variant  # the backend and scheme both sides were lowered to
     original_ms: float | None = None  # the original's median over the first variant's re-test
     variants: list[VariantTrial] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "board": self.board,
+            "backend": self.variant.name,
+            "original_ms": self.original_ms,
+            "variants": [
+                {
+                    "name": trial.name,
+                    "rewrites": list(trial.rewrites),
+                    "predicted_ms": trial.predicted_ms,
+                    "measured_ms": trial.measured_ms,
+                    "measured_percent": trial.measured_percent,
+                    "prediction_error": trial.prediction_error,
+                    "ratio": trial.ratio,
+                    "confirmed": trial.confirmed,
+                    "why": trial.why,
+                    "outputs": {
+                        "sqnr_db": trial.outputs.sqnr_db,
+                        "max_abs_error": trial.outputs.max_abs_error,
+                        "max_rel_error": trial.outputs.max_rel_error,
+                    },
+                    "retest": trial.retest.to_dict(),
+                }
+                for trial in self.variants
+            ],
+        }
 
 
 def _logits_rows(original: np.ndarray, inputs: Sequence[NamedTensor], spec: ModelSpec) -> np.ndarray:
@@ -220,7 +256,7 @@ def try_rewrites(
         trial = VariantTrial(request.program_name(spec), applied, sum(predicted.get(n, 0.0) for n in applied), check)
         lowered.append((trial, program))
     a = Program(spec.name, original.pte, original.sidecar.sha256)
-    with connect(board) as conn:
+    with labgrid.job(board) as target, connect(target) as conn:
         if quick_check(conn) is None:  # not set up, or out of date
             setup_board(conn)
         for trial, program in lowered:

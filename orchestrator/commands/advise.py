@@ -3,6 +3,7 @@ rewrites on the board. Every analysis also prints the top findings in one line e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import console
@@ -10,11 +11,18 @@ from orchestrator.advice.advisor import advise
 from orchestrator.advice.documents import write_advice
 from orchestrator.advice.facts import run_facts
 from orchestrator.advice.findings import Advice
-from orchestrator.commands.common import find_artifact
-from orchestrator.commands.render_advice import print_advice_lines, render_advice
-from orchestrator.errors import AnalysisError, ArtifactError
+from orchestrator.advice.trial import try_rewrites
+from orchestrator.commands.common import find_artifact, select_boards
+from orchestrator.commands.render_advice import print_advice_lines, render_advice, render_trial
+from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS
+from orchestrator.deploy.runs import RunParams
+from orchestrator.errors import AnalysisError, ArtifactError, UsageError
+from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.results.documents import ANALYSIS_DIR
 from orchestrator.results.store import LocalRun, find_run
+
+TRIAL_FILE = "advice_trial.json"
 
 
 def _artifact(run: LocalRun) -> Artifact | None:
@@ -43,9 +51,61 @@ def advise_quietly(run: LocalRun, who: str = "", results_root: Path | None = Non
     return advice
 
 
-def advise_task(run_id: str | None = None, *, model: str | None = None, board: str | None = None) -> int:
-    """`fab advise [--run ID | --model M [--board B]]`: the latest run when neither is given."""
+@dataclass(frozen=True)
+class TrialOptions:
+    """`--try` and what goes with it, checked at the edge."""
+
+    each: bool = False  # one A/B per rewrite too
+    rounds: int = DEFAULT_ROUNDS
+    retest_seconds: float = DEFAULT_RETEST_SECONDS
+    inventory: str | None = None
+
+
+def advise_task(
+    run_id: str | None = None,
+    *,
+    model: str | None = None,
+    board: str | None = None,
+    trial: TrialOptions | None = None,
+) -> int:
+    """`fab advise [--run ID | --model M [--board B]] [--try [--each]]`: the latest run when neither is given."""
     run = find_run(run_id) if run_id else find_run(latest=True, model=model, board=board)
-    advice, notes = advise_run(run)
+    artifact = _artifact(run)
+    facts, notes = run_facts(run, artifact)
+    advice = advise(facts)
+    write_advice(run.path, advice)
     render_advice(advice, notes)
+    if trial is None:
+        return 0
+    if not advice.rewrites:
+        console.info(console.escape(f"run {run.run_id}: no rewrite proposed: nothing to try"))
+        return 0
+    if artifact is None or facts.spec is None or facts.sidecar is None:
+        raise UsageError(
+            f"--try needs the program run {run.run_id} profiled, lowered by etlab from a spec: "
+            f"{notes[0] if notes else 'it is not in artifacts/'}",
+            hint=f"lower it again (fab lower --model {run.model}), run it, then advise",
+        )
+    if facts.applied_rewrites:
+        base = facts.spec.name.split(".", 1)[0]
+        raise UsageError(
+            f"--try measures rewrites against the model as exported; run {run.run_id} profiled {run.model}, "
+            f"which has rewrites applied already ({', '.join(facts.applied_rewrites)})",
+            hint=f"profile the model as exported (fab deploy-and-profile --model {base}), then advise on that run",
+        )
+    (target,) = select_boards(trial.inventory, run.board if board is None else board, None, None)
+    predicted = {name: advice.predicted_for(name) for name in advice.rewrites}
+    console.info(
+        console.escape(
+            f"trying {', '.join(advice.rewrites)} on {target.name}: lowering, checking outputs, then interleaved A/B "
+            f"({trial.rounds} rounds, at most {trial.retest_seconds:g} s per variant)"
+        )
+    )
+    report = try_rewrites(
+        facts.spec, facts.sidecar.variant, advice.rewrites, target, RunParams(), each=trial.each,
+        predicted_ms=predicted, weights=facts.sidecar.weights, rounds=trial.rounds,
+        budget_seconds=trial.retest_seconds,
+    )  # fmt: skip
+    atomic_write_json(run.path / ANALYSIS_DIR / TRIAL_FILE, report.to_dict())
+    render_trial(report)
     return 0

@@ -142,3 +142,21 @@ def accuracy_thresholds(min_sqnr: Any = None, min_top1: Any = None, min_top5: An
     if min_top5 is not None:
         thresholds["min_top5_overlap"] = fraction("--min-top5", min_top5)
     return thresholds
+
+
+def advice_trial(try_: bool, each: bool, rounds: Any, retest_seconds: Any, inventory: str | None) -> Any:
+    """`fab advise --try [--each] [--rounds N] [--retest-seconds S]`: the trial's options, or None without --try (then
+    none of them may be given)."""
+    from orchestrator.commands.advise import TrialOptions  # here, not at the top: tasks import this module first
+    from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, MIN_ROUNDS
+
+    if not try_:
+        given = [name for name, value in (("--each", each), ("--rounds", rounds), ("--retest-seconds", retest_seconds))
+                 if value not in (None, False)]  # fmt: skip
+        if given:
+            raise UsageError(f"{', '.join(given)}: only with --try", hint="add --try")
+        return None
+    # the sign test's minimum: fewer rounds never confirm anything
+    chosen = DEFAULT_ROUNDS if rounds is None else count("--rounds", rounds, minimum=MIN_ROUNDS, maximum=MAX_AB_ROUNDS)
+    budget = DEFAULT_RETEST_SECONDS if retest_seconds is None else seconds("--retest-seconds", retest_seconds)
+    return TrialOptions(each=bool(each), rounds=chosen, retest_seconds=budget, inventory=inventory)

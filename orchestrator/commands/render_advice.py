@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from orchestrator import console
 from orchestrator.advice.findings import Advice, Finding
+from orchestrator.advice.trial import TrialReport
 
 ONE_LINE_FINDINGS = 3  # what an analysis prints; `fab advise` shows them all
 
@@ -55,3 +56,28 @@ def advice_lines(advice: Advice, limit: int = ONE_LINE_FINDINGS) -> list[str]:
 def print_advice_lines(advice: Advice, who: str = "") -> None:
     for line in advice_lines(advice):
         console.info(console.escape(f"{who}advice: {line}"))
+
+
+def render_trial(report: TrialReport) -> None:
+    """`fab advise --try`: predicted and measured saving side by side, per variant."""
+    rows = []
+    for trial in report.variants:
+        measured = trial.measured_ms
+        share = f" ({trial.measured_percent:.0f}%)" if trial.measured_percent is not None else ""
+        error = f"{trial.prediction_error:+.0%}" if trial.prediction_error is not None else "—"
+        rows.append([
+            trial.name, ", ".join(trial.rewrites), trial.predicted_ms,
+            f"{measured:.3g} ms{share}" if measured is not None else "—", error,
+            f"{trial.ratio:.3f}" if trial.ratio is not None else "—",
+            "yes" if trial.confirmed else "no", f"{trial.outputs.sqnr_db:.0f} dB",
+        ])  # fmt: skip
+    original = f"{report.original_ms:.3g} ms" if report.original_ms is not None else "—"
+    console.table(
+        f"Advice tried on {report.board}: {report.model} ({report.variant.name}) as exported, {original}",
+        ["variant", "rewrites", "predicted ms", "measured saving", "prediction error", "ratio", "confirmed",
+         "outputs SQNR"],
+        rows,
+        caption="measured: interleaved A/B, median of the model as exported minus the variant's; confirmed: the "
+        "re-test's rules (deploy/abtest.py); outputs: the variant's against the model as exported",
+    )  # fmt: skip
+    console.details("Re-tests", [(trial.name, None, trial.why) for trial in report.variants])

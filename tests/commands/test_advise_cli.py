@@ -1,6 +1,7 @@
 """`fab advise` at its edge, on recorded runs (tests/data/advice/) in a results folder of its own: the findings
 table from the profile alone when the program's artifacts are gone, and exit codes for what cannot be advised on
-(64: no such run; 65: a run not analysed, or whose ops.json was damaged), never a traceback."""
+(64: no such run; 65: a run not analysed, or whose ops.json was damaged), never a traceback; and `--try` on the
+local board, end to end."""
 
 from __future__ import annotations
 
@@ -11,8 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from orchestrator.boards.inventory import Board
 from orchestrator.paths import PROJECT_ROOT
 from tests.advice.advice_helpers import DATA
+from tests.plugins.artifacts import ARTIFACT_CACHE
+from tests.plugins.boards import write_inventory
 
 RUN_ID = "20261201T000000Z-000abc"
 
@@ -56,3 +62,45 @@ def test_what_cannot_be_advised_on(tmp_path: Path) -> None:
     (run / "analysis" / "summary.json").unlink()
     unanalysed = fab("--model", "gpt2-tiny", tmp_path=tmp_path)
     assert unanalysed.returncode == 65 and "has not been analysed" in unanalysed.stderr
+
+
+@pytest.mark.slow
+def test_try_measures_each_proposed_rewrite_on_the_local_board(local_board: Board, tmp_path: Path) -> None:
+    """`fab advise --try --each` on a run of DistilBERT as exported: the two rewrites that apply to it, together and
+    one by one, each checked against the original's outputs and measured with an interleaved A/B."""
+    results = tmp_path / "results"
+    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board])
+    env = {"ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results), "ETLAB_INVENTORY": str(inventory)}
+    ran = run_fab("deploy-and-profile", "--model", "distilbert-tiny", "--backend", "xnnpack", "--weights", "random",
+                  "--board", "local", "--iterations", "5", "--warmup", "1", "--no-explore", env=env)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    (run,) = (results / "local" / "distilbert-tiny" / "xnnpack").iterdir()
+    tried = run_fab("advise", "--run", run.name, "--try", "--each", "--rounds", "5", "--retest-seconds", "1", env=env)
+    assert tried.returncode == 0, tried.stdout + tried.stderr
+    advice = json.loads((run / "analysis" / "advice.json").read_text())
+    proposed = [f["rewrite"] for f in advice["findings"] if f["rewrite"]]
+    assert sorted(proposed) == ["eager-attention", "head-at-position"]
+    trial = json.loads((run / "analysis" / "advice_trial.json").read_text())
+    assert [v["rewrites"] for v in trial["variants"]] == [proposed, *([name] for name in proposed)]
+    for variant in trial["variants"]:
+        predicted = sum(f["saving_ms"] for f in advice["findings"] if f["rewrite"] in variant["rewrites"])
+        assert variant["predicted_ms"] == pytest.approx(predicted)
+        assert variant["outputs"]["sqnr_db"] >= 40
+        retest = variant["retest"]
+        assert retest["rounds"] >= 5 and retest["median_a_ms"] > 0 and retest["median_b_ms"] > 0
+        assert variant["measured_ms"] == pytest.approx(retest["median_a_ms"] - retest["median_b_ms"])
+    assert "Advice tried on local" in tried.stdout and "prediction error" in tried.stdout
+
+    # A run of a variant with one rewrite: the other is still proposed, but --try measures against the model as
+    # exported, so it says which run to advise on instead.
+    rewritten = next(v["name"] for v in trial["variants"] if v["rewrites"] == ["eager-attention"])
+    again = run_fab("deploy-and-profile", "--model", rewritten, "--backend", "xnnpack", "--board", "local",
+                    "--iterations", "3", "--warmup", "1", "--no-explore", env=env)  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    refused = run_fab("advise", "--model", rewritten, "--try", env=env)
+    assert refused.returncode == 64 and "has rewrites applied already" in refused.stderr, refused.stderr
+
+
+def run_fab(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fabric", *args], cwd=PROJECT_ROOT, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=900)  # fmt: skip

@@ -28,6 +28,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -36,6 +37,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    func,
     inspect,
     select,
     text,
@@ -99,6 +101,8 @@ runs = Table(
     Column("planned_bytes", Integer),  # the program's planned arenas
     UniqueConstraint("night", "board", "model", "backend", name="one_cell_per_night"),
 )
+# A cell's nights (trends, baselines) and a board's latest run (the dashboard), without scanning every run.
+CELL_NIGHTS = Index("runs_cell_night", runs.c.board, runs.c.model, runs.c.backend, runs.c.night)
 
 samples = Table(
     "samples",
@@ -331,9 +335,10 @@ class History:
         return f"see who has it open: fuser -v {self.where} (or lsof); try again once the other writer is done"
 
     def _migrate(self) -> None:
-        """Add the columns an older etlab did not have (all nullable), in one transaction."""
+        """Add the columns and indexes an older etlab did not have (all columns nullable), in one transaction."""
         present = {column["name"] for column in inspect(self.engine).get_columns("runs")}
         missing = [column for column in runs.columns if column.name not in present]
+        CELL_NIGHTS.create(self.engine, checkfirst=True)
         if not missing:
             return
         with self.engine.begin() as connection:
@@ -419,6 +424,32 @@ class History:
             rows = list(connection.execute(query))
             return [self._load(connection, row) for row in rows]
 
+    def records(
+        self, *, night: str | None = None, cell: tuple[str, str, str] | None = None, board: str | None = None
+    ) -> list[RunRecord]:
+        """Runs newest night first, in one query: without their samples and op medians (`runs` loads those), for
+        readers of many runs at once (the dashboard's grid and trends)."""
+        query = select(runs)
+        if night is not None:
+            query = query.where(runs.c.night == night)
+        if cell is not None:
+            query = query.where(_cell_is(cell))
+        if board is not None:
+            query = query.where(runs.c.board == board)
+        query = query.order_by(runs.c.night.desc(), runs.c.id.desc())
+        with self.engine.connect() as connection:
+            return [self._record(row) for row in connection.execute(query)]
+
+    def latest_night(self) -> str | None:
+        with self.engine.connect() as connection:
+            return connection.execute(select(func.max(runs.c.night))).scalar()
+
+    def boards(self) -> dict[str, str]:
+        """Every board in the history, with the latest night it ran."""
+        query = select(runs.c.board, func.max(runs.c.night)).group_by(runs.c.board)
+        with self.engine.connect() as connection:
+            return {board: night for board, night in connection.execute(query)}
+
     def baseline_programs(self, nights: int) -> set[str]:
         """The .pte sha256 of every cell's `nights` latest valid runs: the programs still in some baseline."""
         query = (
@@ -452,10 +483,16 @@ class History:
             op.op_key: (op.op_name, op.median_ms)
             for op in connection.execute(select(op_medians).where(op_medians.c.run == row.id))
         }
+        record = History._record(row)
+        record.latencies_ms, record.ops = latencies, ops
+        return record
+
+    @staticmethod
+    def _record(row: Any) -> RunRecord:
         stored = {name: getattr(row, name) for name in _STORED_FIELDS}
         stored["environment"] = stored["environment"] or {}
         stored["verdict_info"] = stored["verdict_info"] or {}
-        return RunRecord(**stored, latencies_ms=latencies, ops=ops, created_at=row.created_at)
+        return RunRecord(**stored, created_at=row.created_at)
 
 
 def _cell_is(cell: tuple[str, str, str]) -> Any:

@@ -1,4 +1,4 @@
-"""The HTTP guard in front of a local web server etlab starts (Model Explorer's; the dashboard's to come).
+"""The HTTP guard in front of the local web servers etlab starts (Model Explorer's and the dashboard's).
 
 Binding to loopback does not stop a web page from reaching a server. So Model Explorer's child process wraps the
 upstream WSGI app (the package itself is left unmodified) in `LocalOnly`, which answers 403, before upstream sees
@@ -9,7 +9,8 @@ the request, to:
 - an API route the UI does not need, a command other than a POSTed JSON `convert` of a model it was started with,
   and a read of any file but its overlays (real paths compared: the allowlist is `ServedFiles`).
 Each refusal is one line in the server's log. The parent checks that the guard answers before it announces the
-server.
+server. `foreign_request` holds the Host, Sec-Fetch-Site and Origin rules both servers share; the dashboard's
+`SameOriginOnly` applies them to every request, as it serves its own pages and nothing else.
 """
 
 from __future__ import annotations
@@ -110,6 +111,67 @@ def origin_allowed(origin: str, port: int, bind_host: str = DEFAULT_HOST) -> boo
     return scheme == "http" and bool(sep) and "/" not in rest and host_allowed(rest, port, bind_host)
 
 
+def foreign_request(
+    environ: dict[str, Any], port: int, bind_host: str = DEFAULT_HOST, *, check_origin: bool = True
+) -> str | None:
+    """Why a request does not come from this server's own page (a foreign Host, another site's Sec-Fetch-Site, with
+    `check_origin` another site's Origin), or None."""
+    host = environ.get("HTTP_HOST")
+    if host is None or not host_allowed(host, port, bind_host):
+        return f"Host {host!a}"
+    site = environ.get("HTTP_SEC_FETCH_SITE")
+    if site is not None and site.strip().lower() not in SEC_FETCH_SERVED:
+        return f"Sec-Fetch-Site {site!a}"
+    origin = environ.get("HTTP_ORIGIN")
+    if check_origin and origin is not None and not origin_allowed(origin, port, bind_host):
+        return f"Origin {origin!a}"
+    return None
+
+
+def refuse(environ: dict[str, Any], start_response: StartResponse, reason: str, message: bytes) -> Iterable[bytes]:
+    """Answer 403 with `message`, and say why in one line of the server's log."""
+    # Only the method and path: a query can hold anything, and the log is read in a terminal.
+    print(
+        f"{GUARD_LOG} {environ.get('REQUEST_METHOD')} {str(environ.get('PATH_INFO'))!a}: {reason}",
+        file=sys.stderr,
+        flush=True,
+    )
+    start_response(
+        "403 Forbidden",
+        [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(message))),
+            ("Connection", "close"),  # a refused POST's body is left unread: never parse it as a request
+        ],
+    )
+    return [message]
+
+
+class SameOriginOnly:
+    """WSGI middleware for a server that serves only its own pages (the dashboard): every request must come from
+    its own page or the user's own navigation, and a state-changing POST must carry its own Origin (browsers send
+    one with every POST; a page elsewhere cannot forge it)."""
+
+    def __init__(self, app: WsgiApp, port: int, bind_host: str = DEFAULT_HOST, message: bytes = FORBIDDEN) -> None:
+        self.app = app
+        self.port = port
+        self.bind_host = bind_host
+        self.message = message
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        reason = self.refusal(environ)
+        if reason is None:
+            return self.app(environ, start_response)
+        return refuse(environ, start_response, reason, self.message)
+
+    def refusal(self, environ: dict[str, Any]) -> str | None:
+        reason = foreign_request(environ, self.port, self.bind_host)
+        method = environ.get("REQUEST_METHOD")
+        if reason is None and method not in ("GET", "HEAD") and environ.get("HTTP_ORIGIN") is None:
+            return f"{method} without an Origin"
+        return reason
+
+
 class LocalOnly:
     """WSGI middleware in front of Model Explorer: refuses with 403, before the upstream app sees the request,
     anything but this server's own page asking for the files it was started with (see the module's docstring)."""
@@ -126,38 +188,17 @@ class LocalOnly:
         reason = self.refusal(environ)
         if reason is None:
             return self.app(environ, start_response)
-        # Only the method and path: a query can hold anything, and the log is read in a terminal.
-        print(
-            f"{GUARD_LOG} {environ.get('REQUEST_METHOD')} {str(environ.get('PATH_INFO'))!a}: {reason}",
-            file=sys.stderr,
-            flush=True,
-        )
-        start_response(
-            "403 Forbidden",
-            [
-                ("Content-Type", "text/plain; charset=utf-8"),
-                ("Content-Length", str(len(FORBIDDEN))),
-                ("Connection", "close"),  # a refused POST's body is left unread: never parse it as a request
-            ],
-        )
-        return [FORBIDDEN]
+        return refuse(environ, start_response, reason, FORBIDDEN)
 
     def refusal(self, environ: dict[str, Any]) -> str | None:
         """Why a request is refused, or None to serve it. A served API request is rewritten to carry exactly what
         was checked (the real path), so upstream never parses anything the guard did not."""
-        host = environ.get("HTTP_HOST")
-        if host is None or not host_allowed(host, self.port, self.bind_host):
-            return f"Host {host!a}"
-        site = environ.get("HTTP_SEC_FETCH_SITE")
-        if site is not None and site.strip().lower() not in SEC_FETCH_SERVED:
-            return f"Sec-Fetch-Site {site!a}"
         # Repeated slashes merged, as routing merges them, so no spelling of an API route escapes its check.
         route = "/" + "/".join(part for part in str(environ.get("PATH_INFO", "")).split("/") if part)
-        if not route.startswith(API_PREFIX):
-            return None  # the page and its static files (upstream refuses paths out of its folder)
-        origin = environ.get("HTTP_ORIGIN")
-        if origin is not None and not origin_allowed(origin, self.port, self.bind_host):
-            return f"Origin {origin!a}"
+        # The page and its static files need no Origin check (upstream refuses paths out of its folder).
+        reason = foreign_request(environ, self.port, self.bind_host, check_origin=route.startswith(API_PREFIX))
+        if reason is not None or not route.startswith(API_PREFIX):
+            return reason
         if route in OPEN_API_ROUTES:
             return None
         if route == READ_TEXT_ROUTE:

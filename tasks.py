@@ -277,6 +277,21 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
     )
 
 
+@task(help={"port": "port on 127.0.0.1 (default 8080)", "no_browser": "do not open a browser (headless machines)",
+            "static": "write the pages into this folder instead (self-contained: opens from file://, no network)",
+            "inventory": "inventory file: its boards and its nightly history (default: inventory.yaml, if present)",
+            "history": "SQLAlchemy URL of the history (default: the inventory's, else .etlab/history.sqlite)"
+            })  # fmt: skip
+@handle_errors
+def dashboard(c, port=None, no_browser=False, static=None, inventory=None, history=None):
+    """The lab in a browser: boards, the latest night's verdicts, trends, runs, comparisons (or --static pages)."""
+    from orchestrator.commands.dashboard import dashboard_task
+
+    listen = options.port(8080 if port is None else port)
+    folder = None if static is None else options.output_folder(static, "--static")
+    return dashboard_task(port=listen, open_browser=not no_browser, static=folder, inventory=inventory, history=history)
+
+
 @task(help={"inventory": "inventory file with a `nightly:` section (default: inventory.yaml)",
             "night": "the night's date, YYYY-MM-DD (default: today); re-running a night resumes it",
             "history": "SQLAlchemy URL of the history (default: sqlite:///.etlab/history.sqlite)",

@@ -21,6 +21,7 @@ pytest_plugins = [
     "tests.plugins.analysis",  # real bundles from the runner, and the Model Explorer adapter
     "tests.plugins.explorer",  # the Model Explorer server preloaded with a real analysed bundle
     "tests.plugins.browser",  # Debian's Chromium through Playwright
+    "tests.plugins.dashboard",  # a small real lab (analysed runs, a nightly history) for the dashboard
     "tests.plugins.postgres",  # a private PostgreSQL server for the shared-history path
     "tests.plugins.labgrid",  # a real labgrid coordinator and exporters publishing the fake boards as places
     "tests.plugins.fuzz",  # no fixtures: the hypothesis settings and byte mutations of the parser fuzz tests

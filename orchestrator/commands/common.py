@@ -356,4 +356,11 @@ def nightly_job(
         exc.hint = "`fab nightly --wait` waits for it, then runs only the cells it did not"
         raise
     print_night(report)
+    if "html" in report.outputs:  # the static dashboard next to the night's reports
+        # here, not at the top: the dashboard's modules load Jinja2, which only this and `fab dashboard` need
+        from orchestrator.commands.dashboard import nightly_dashboard, sources
+
+        folder = report.outputs["html"].parent / f"dashboard-{report.night}"
+        if nightly_dashboard(sources(inventory, history), folder) is not None:
+            console.info(console.escape(f"dashboard: {folder / 'index.html'}"))
     return report.exit_code

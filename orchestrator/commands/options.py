@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 from orchestrator.counters import parse_counters
@@ -160,3 +161,13 @@ def advice_trial(try_: bool, each: bool, rounds: Any, retest_seconds: Any, inven
     chosen = DEFAULT_ROUNDS if rounds is None else count("--rounds", rounds, minimum=MIN_ROUNDS, maximum=MAX_AB_ROUNDS)
     budget = DEFAULT_RETEST_SECONDS if retest_seconds is None else seconds("--retest-seconds", retest_seconds)
     return TrialOptions(each=bool(each), rounds=chosen, retest_seconds=budget, inventory=inventory)
+
+
+def output_folder(value: Any, option: str) -> Path:
+    """A folder to write into: a path that is not an existing file (created when missing)."""
+    if isinstance(value, bool) or not str(value).strip():
+        raise UsageError(f"{option} must name a folder to write into, got {value!r}")
+    folder = Path(str(value)).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{option} {str(folder)!r} is a file, not a folder")
+    return folder

@@ -1,1 +1,1 @@
-"""Local web servers etlab starts (Model Explorer; the dashboard to come) and the HTTP guard they share."""
+"""Local web servers etlab starts (Model Explorer, the dashboard) and the HTTP guard they share."""

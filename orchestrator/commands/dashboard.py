@@ -1,0 +1,64 @@
+"""`fab dashboard`: the lab's results and nightly history in a browser, or written as static pages."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from orchestrator import console, paths
+from orchestrator.boards.inventory import load_inventory
+from orchestrator.errors import InventoryError
+from orchestrator.lab.history import default_url
+from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS, load_config
+from orchestrator.servers.dashboard.app import Sources, serve_dashboard
+from orchestrator.servers.dashboard.static import write_static
+from orchestrator.servers.explorer import PortBusy
+
+
+def sources(inventory: str | None, history: str | None, results: Path | None = None) -> Sources:
+    """What the dashboard reads: results/, and the history `--history` names, else the inventory's nightly
+    history, else the default SQLite file. An inventory is optional: without one, the boards are those the
+    history and results/ know."""
+    boards: tuple[str, ...] = ()
+    url, baseline = history, DEFAULT_BASELINE_NIGHTS
+    try:
+        found = load_inventory(Path(inventory) if inventory else None)
+    except InventoryError:
+        if inventory:  # asked for by name: its problems are the user's to fix
+            raise
+        found = None
+    if found is not None:
+        boards = tuple(found.boards)
+        if found.nightly_node is not None:
+            with contextlib.suppress(InventoryError):  # a broken nightly section is `fab nightly`'s to report
+                config = load_config(found)
+                url, baseline = url or config.history_url, config.baseline_nights
+    return Sources(results or paths.results_dir(), url or default_url(), None, boards, baseline)
+
+
+def dashboard_task(
+    *, port: int, open_browser: bool, static: Path | None, inventory: str | None, history: str | None
+) -> int:
+    chosen = sources(inventory, history)
+    if static is not None:
+        written = write_static(chosen.lab(), static, chosen.inventory_boards)
+        chosen.close()
+        console.info(console.escape(f"wrote {len(written)} files; open {written[0]}"))
+        return 0
+    try:
+        return serve_dashboard(chosen, port=port, open_browser=open_browser)
+    except PortBusy as exc:
+        exc.hint = "stop it, or choose another port with --port"
+        raise
+
+
+def nightly_dashboard(lab_sources: Sources, folder: Path) -> Path | None:
+    """The nightly's static dashboard next to its reports; a failure is a warning (the night's verdicts stand)."""
+    try:
+        written = write_static(lab_sources.lab(), folder)
+    except Exception as exc:  # the reports are written already: a page that fails must not fail the night
+        console.warn(f"the static dashboard was not written: {type(exc).__name__}: {exc}")
+        return None
+    finally:
+        lab_sources.close()
+    return written[0]

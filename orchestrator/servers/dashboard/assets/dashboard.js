@@ -1,0 +1,96 @@
+// The dashboard's one script: reads the page's data (a JSON block, never code) and draws it with Plotly.
+"use strict";
+
+const COLOURS = {
+  "regression": "#c62828", "failed": "#6a1b9a", "infra": "#757575", "unconfirmed": "#ef6c00",
+  "drift": "#f9a825", "inconclusive": "#8d6e63", "not compared": "#9e9e9e", "improvement": "#2e7d32",
+  "new": "#90caf9", "ok": "#a5d6a7",
+};
+const MARKED = ["regression", "improvement", "drift", "unconfirmed", "inconclusive"];
+const CONFIG = {displaylogo: false, responsive: true};
+
+function pageData() {
+  return JSON.parse(document.getElementById("page-data").textContent);
+}
+
+function plot(id, traces, layout) {
+  const element = document.getElementById(id);
+  if (element) {
+    Plotly.newPlot(element, traces, Object.assign({margin: {t: 30, r: 20}, hovermode: "closest"}, layout), CONFIG);
+  }
+}
+
+function trend(data) {
+  const nights = data.points.map((p) => p.night);
+  const shapes = [];
+  const annotations = [];
+  if (data.baseline) {
+    shapes.push({type: "rect", xref: "x", yref: "paper", x0: data.baseline.from, x1: data.baseline.to, y0: 0, y1: 1,
+      fillcolor: "#1565c0", opacity: 0.08, line: {width: 0}, layer: "below"});
+  }
+  for (const p of data.points.filter((p) => p.new_program)) {
+    shapes.push({type: "line", xref: "x", yref: "paper", x0: p.night, x1: p.night, y0: 0, y1: 1,
+      line: {dash: "dot", color: "#455a64"}});
+    annotations.push({x: p.night, y: 1, xref: "x", yref: "paper", text: "new .pte " + (p.pte_sha256 || "").slice(0, 8),
+      showarrow: false, yanchor: "bottom", font: {size: 10}});
+  }
+  const marked = data.points.filter((p) => MARKED.includes(p.verdict));
+  const traces = [
+    {name: "median", x: nights, y: data.points.map((p) => p.median_ms), mode: "lines+markers", type: "scatter"},
+    {name: "p90", x: nights, y: data.points.map((p) => p.p90_ms), mode: "lines", type: "scatter",
+      line: {dash: "dash"}},
+    {name: "verdicts", x: marked.map((p) => p.night), y: marked.map((p) => p.median_ms), mode: "markers",
+      type: "scatter", text: marked.map((p) => p.verdict), hovertemplate: "%{x}: %{text}, %{y:.3f} ms<extra></extra>",
+      marker: {size: 14, symbol: "diamond-open", line: {width: 3}, color: marked.map((p) => COLOURS[p.verdict])}},
+  ];
+  plot("trend-latency", traces, {title: {text: "latency per night"}, yaxis: {title: {text: "ms"}, rangemode: "tozero"},
+    xaxis: {type: "category"}, shapes: shapes, annotations: annotations});
+  plot("trend-memory", [{name: "peak RSS", x: nights, y: data.points.map((p) => p.peak_mb), type: "scatter",
+    mode: "lines+markers"}], {title: {text: "peak memory per night"}, yaxis: {title: {text: "MB"}, rangemode: "tozero"},
+    xaxis: {type: "category"}, shapes: shapes.filter((s) => s.type === "rect")});
+}
+
+function run(data) {
+  plot("run-latency", [
+    {name: "timed iterations", x: data.iterations_ms, type: "histogram", opacity: 0.75},
+    {name: "warm-up", x: data.warmup_ms, type: "histogram", opacity: 0.75},
+  ], {title: {text: "every iteration"}, barmode: "overlay", xaxis: {title: {text: "ms"}}, yaxis: {title: {text: "runs"}}});
+  if (data.operators && data.operators.length) {
+    const ops = data.operators.slice().reverse();
+    plot("run-operators", [{type: "bar", orientation: "h", x: ops.map((o) => o.share), y: ops.map((o) => o.node_id),
+      text: ops.map((o) => o.op), hovertemplate: "%{y} %{text}: %{x:.1f} %<extra></extra>"}],
+      {title: {text: "share of the method (%)"}, margin: {l: 160, t: 30}});
+  }
+  if (data.memory && data.memory.phases.length) {
+    const phases = data.memory.phases;
+    const traces = [{name: "peak RSS", type: "bar", x: phases.map((p) => p.phase),
+      y: phases.map((p) => (p.peak_rss_bytes || 0) / 1e6)}];
+    const layout = {title: {text: "memory per phase (MB)"}};
+    if (data.memory.planned_bytes) {
+      layout.shapes = [{type: "line", xref: "paper", x0: 0, x1: 1, y0: data.memory.planned_bytes / 1e6,
+        y1: data.memory.planned_bytes / 1e6, line: {dash: "dot", color: "#c62828"}}];
+      layout.annotations = [{xref: "paper", x: 1, y: data.memory.planned_bytes / 1e6, text: "planned arenas",
+        showarrow: false, xanchor: "right", yanchor: "bottom"}];
+    }
+    plot("run-memory", traces, layout);
+  }
+}
+
+function compare(data) {
+  const ops = (data.ops || []).filter((o) => o.delta_ms !== null).slice(0, 30).reverse();
+  if (ops.length) {
+    plot("compare-ops", [{type: "bar", orientation: "h", x: ops.map((o) => o.delta_ms), y: ops.map((o) => o.node_id),
+      text: ops.map((o) => o.op), marker: {color: ops.map((o) => (o.delta_ms > 0 ? "#c62828" : "#1565c0"))},
+      hovertemplate: "%{y} %{text}: %{x:.4f} ms<extra></extra>"}],
+      {title: {text: "Δ median per operator (B − A, ms)"}, margin: {l: 160, t: 30}});
+  }
+}
+
+const DRAW = {trend: trend, run: run, compare: compare};
+
+document.addEventListener("DOMContentLoaded", () => {
+  const draw = DRAW[document.body.dataset.page];
+  if (draw) {
+    draw(pageData());
+  }
+});

@@ -1,0 +1,407 @@
+"""What the dashboard's pages show, assembled from etlab's typed records: the runs under results/ (`list_runs`,
+`load_summary`, `load_ops`, the bundle's timings through `read_bundle`) and the nightly history (`History`,
+`RunRecord`). Nothing here parses a bundle file its own way; the one exception is the advisor's
+`analysis/advice.json`, read as JSON until its typed reader lands.
+
+Every value handed to a page is plain data (text, numbers, lists, mappings) for a Jinja2 template or a JSON block;
+board-controlled text stays text here and is escaped where it is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import AnalysisError, EtlabError
+from orchestrator.fsutil import read_json
+from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS
+from orchestrator.results.bundle_reader import read_bundle
+from orchestrator.results.compare import CompareError, compare_runs
+from orchestrator.results.documents import ANALYSIS_DIR, load_summary
+from orchestrator.results.ops_record import load_ops
+from orchestrator.results.store import LocalRun, list_runs
+from orchestrator.results.summary import RunSummary
+from orchestrator.results.verdicts import Kind
+
+ADVICE_FILE = "advice.json"
+TOP_OPERATORS = 12
+# The grid's colours, by verdict: one legend for the overview, the trends and the compare page.
+VERDICT_ORDER = (
+    "regression", "failed", "infra", "unconfirmed", "drift", "inconclusive", "not compared", "improvement", "new", "ok",
+)  # fmt: skip
+Cell = tuple[str, str, str]  # board, model, backend
+
+
+class NotFound(EtlabError):
+    """A page asked for a run or a cell this lab does not have (the server answers 404)."""
+
+
+def cell_key(cell: Cell) -> str:
+    """A short stable name for a cell: board names come from inventories and boards, so never a file name as is."""
+    return hashlib.sha256("\0".join(cell).encode()).hexdigest()[:16]
+
+
+def _verdict(record: RunRecord) -> str:
+    if record.verdict:
+        return str(record.verdict)
+    return {"failed": Kind.FAILED, "infra": Kind.INFRA}.get(record.status, Kind.NEW).value
+
+
+@dataclass
+class Lab:
+    """The lab's data sources: a results folder and a history, either of which may be missing."""
+
+    results_root: Path | None = None
+    history: History | None = None
+    baseline_nights: int = DEFAULT_BASELINE_NIGHTS
+    _runs: list[LocalRun] | None = field(default=None, repr=False)
+
+    def runs(self) -> list[LocalRun]:
+        """Every pulled run, oldest first (read once per Lab: a page load makes a new one when it needs fresh data)."""
+        if self._runs is None:
+            root = self.results_root
+            self._runs = list_runs(root) if root is not None and root.is_dir() else []
+        return self._runs
+
+    def find(self, run_id: str) -> LocalRun:
+        found = [run for run in self.runs() if run.run_id == run_id]
+        if not found:
+            raise NotFound(f"no run {run_id!r} in the results folder")
+        return found[0]
+
+    def has_run(self, run_id: str) -> bool:
+        return any(run.run_id == run_id for run in self.runs())
+
+
+# ---------------------------------------------------------------- overview
+
+
+def overview(lab: Lab, inventory_boards: Iterable[str] = ()) -> dict[str, Any]:
+    """The boards, and the latest night as a board × model × backend grid of verdicts."""
+    night = lab.history.latest_night() if lab.history else None
+    records = lab.history.records(night=night) if lab.history and night else []
+    local = {run.run_id for run in lab.runs()}
+    cells = [
+        {
+            "board": r.board,
+            "model": r.model,
+            "backend": r.backend,
+            "key": cell_key(r.cell),
+            "verdict": _verdict(r),
+            "median_ms": r.median_ms,
+            "run_id": r.run_id,
+            "has_run": r.run_id in local,
+            "detail": str((r.verdict_info or {}).get("detail") or r.error or ""),
+        }
+        for r in sorted(records, key=lambda r: r.cell)
+    ]
+    boards = sorted({c["board"] for c in cells})
+    columns = sorted({(c["model"], c["backend"]) for c in cells})
+    grid = {(c["board"], c["model"], c["backend"]): c for c in cells}
+    return {
+        "night": night,
+        "boards": board_rows(lab, inventory_boards),
+        "grid": {
+            "boards": boards,
+            "columns": [{"model": m, "backend": b} for m, b in columns],
+            "rows": [[grid.get((board, m, b)) for m, b in columns] for board in boards],
+        },
+        "counts": {
+            v: sum(1 for c in cells if c["verdict"] == v)
+            for v in VERDICT_ORDER
+            if any(c["verdict"] == v for c in cells)
+        },
+        "runs": [_run_row(run) for run in reversed(lab.runs()[-50:])],
+    }
+
+
+def _run_row(run: LocalRun) -> dict[str, Any]:
+    return {"run_id": run.run_id, "board": run.board, "model": run.model, "backend": run.backend}
+
+
+def board_rows(lab: Lab, inventory_boards: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Each board known to the inventory, the history or the results folder, with its last run's conditions."""
+    last_night = lab.history.boards() if lab.history else {}
+    last_local: dict[str, LocalRun] = {run.board: run for run in lab.runs()}
+    rows = []
+    for name in sorted({*inventory_boards, *last_night, *last_local}):
+        conditions: dict[str, Any] = {}
+        last = None
+        if name in last_local:
+            last = last_local[name].run_id
+            try:
+                conditions = load_summary(last_local[name].path).board_conditions
+            except AnalysisError:
+                conditions = {}
+        if name in last_night and lab.history is not None and not conditions:
+            latest = lab.history.records(board=name)[:1]
+            if latest:
+                conditions, last = latest[0].conditions or {}, last or latest[0].run_id
+        rows.append(
+            {
+                "name": name,
+                "in_inventory": name in set(inventory_boards),
+                "last_night": last_night.get(name),
+                "last_run": last,
+                "board_model": conditions.get("board_model"),
+                "temperature_c": conditions.get("temperature_c_after") or conditions.get("temperature_c_before"),
+                "governor": conditions.get("governor_after") or conditions.get("governor_before"),
+                "throttling": list(conditions.get("throttling_during_run") or []),
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------- trends
+
+
+def trend(lab: Lab, cell: Cell) -> dict[str, Any]:
+    """One cell night by night: medians, p90, peak memory, verdicts, program changes and the baseline window."""
+    if lab.history is None:
+        raise NotFound("no nightly history")
+    records = list(reversed(lab.history.records(cell=cell)))
+    if not records:
+        raise NotFound(f"no nights of {'/'.join(cell)} in the history")
+    local = {run.run_id for run in lab.runs()}
+    points = []
+    previous_sha = None
+    for record in records:
+        points.append(
+            {
+                "night": record.night,
+                "run_id": record.run_id,
+                "has_run": record.run_id in local,
+                "median_ms": record.median_ms,
+                "p90_ms": record.p90_ms,
+                "peak_mb": record.peak_rss_bytes / 1e6 if record.peak_rss_bytes else None,
+                "verdict": _verdict(record),
+                "validity": record.validity,
+                "reasons": list(record.reasons or []),
+                "pte_sha256": record.pte_sha256,
+                "new_program": previous_sha is not None and record.pte_sha256 not in (None, previous_sha),
+                "detail": str((record.verdict_info or {}).get("detail") or record.error or ""),
+            }
+        )
+        previous_sha = record.pte_sha256 or previous_sha
+    # The baseline of the latest night: the nights before it that may be one (ran, valid, not inconclusive).
+    latest = points[-1]
+    eligible = [
+        p for p in points[:-1] if p["validity"] != "invalid" and p["verdict"] not in ("inconclusive", "failed", "infra")
+    ]
+    window = eligible[-lab.baseline_nights :]
+    return {
+        "cell": {"board": cell[0], "model": cell[1], "backend": cell[2], "key": cell_key(cell)},
+        "points": points,
+        "baseline": {"from": window[0]["night"], "to": window[-1]["night"]} if window else None,
+        "latest": latest,
+    }
+
+
+def cells(lab: Lab) -> list[Cell]:
+    """Every cell the history has."""
+    if lab.history is None:
+        return []
+    return sorted({r.cell for r in lab.history.records()})
+
+
+# ---------------------------------------------------------------- one run
+
+
+def _advice(run_dir: Path) -> list[dict[str, Any]]:
+    """The advisor's findings (id, title, saving_ms, fix) when `fab advise` wrote them (read as JSON until the
+    advisor's typed reader replaces this)."""
+    path = run_dir / ANALYSIS_DIR / ADVICE_FILE
+    if not path.is_file():
+        return []
+    try:
+        document = read_json(path)
+    except (OSError, ValueError, RecursionError):
+        return []
+    findings = document.get("findings") if isinstance(document, dict) else None
+    rows = []
+    for item in findings if isinstance(findings, list) else []:
+        if isinstance(item, dict):
+            saving = item.get("saving_ms")
+            rows.append(
+                {
+                    "id": str(item.get("id") or ""),
+                    "title": str(item.get("title") or ""),
+                    "saving_ms": saving if isinstance(saving, int | float) and not isinstance(saving, bool) else None,
+                    "fix": str(item.get("fix") or ""),
+                }
+            )
+    return rows
+
+
+def _iterations(run_dir: Path) -> tuple[list[float], list[float]]:
+    """Warm-up and timed iterations as the board's timings.json has them (numbers only)."""
+    try:
+        timings = read_bundle(run_dir).timings
+    except AnalysisError:
+        return [], []
+
+    def numbers(value: Any) -> list[float]:
+        return (
+            [float(v) for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
+            if isinstance(value, list)
+            else []
+        )
+
+    return numbers(timings.get("warmup_ms")), numbers(timings.get("iterations_ms"))
+
+
+def run_page(lab: Lab, run_id: str) -> dict[str, Any]:
+    """Everything one run's page shows."""
+    run = lab.find(run_id)
+    try:
+        summary: RunSummary | None = load_summary(run.path)
+        problem = None
+    except AnalysisError as exc:
+        summary, problem = None, str(exc)
+    warmup, iterations = _iterations(run.path)
+    page: dict[str, Any] = {
+        "run": _run_row(run),
+        "problem": problem,
+        "warmup_ms": warmup,
+        "iterations_ms": iterations,
+        "advice": _advice(run.path),
+        "explore_command": f"fab explore --run {run.run_id}",
+        "previous_run": None,
+    }
+    earlier = [r.run_id for r in lab.runs() if (r.board, r.model, r.backend) == (run.board, run.model, run.backend)]
+    if earlier.index(run.run_id) > 0:  # the comparison a static export carries too (default_pairs)
+        page["previous_run"] = earlier[earlier.index(run.run_id) - 1]
+    if summary is None:
+        return page
+    latency = summary.latency
+    page.update(
+        status=summary.status,
+        error=summary.error,
+        program=dict(vars(summary.model)),
+        phases=[
+            {"phase": name, "ms": value}
+            for name, value in (
+                ("load", latency.load_ms),
+                ("method init", latency.method_init_ms),
+                ("first run", latency.first_run_ms),
+            )
+            if value is not None
+        ],
+        warm=dict(vars(latency.warm)) if latency.warm else None,
+        threads=latency.threads,
+        validity={
+            "status": summary.validity.status,
+            "reasons": [{"level": r.level, "reason": r.reason} for r in summary.validity.reasons],
+        },
+        conditions=summary.board_conditions,
+        correctness=summary.correctness.to_dict(),
+        accuracy=summary.accuracy.to_dict() if summary.accuracy else None,
+        memory=_memory(summary),
+        counters=_counters(summary),
+        versions=summary.versions,
+    )
+    page.update(_operators(run.path, summary))
+    return page
+
+
+def _operators(run_dir: Path, summary: RunSummary) -> dict[str, Any]:
+    """Top operators with their share of the method, and the delegated / non-delegated split."""
+    try:
+        ops = load_ops(run_dir)
+    except AnalysisError as exc:
+        return {"operators": [], "operators_problem": str(exc), "split": None}
+    total = ops.method_mean_ms or 1.0
+    timed = sorted((i for i in ops.instructions if i.mean_ms > 0), key=lambda i: -i.mean_ms)
+    operators = [
+        {"node_id": i.node_id, "kind": i.kind, "op": i.op or i.kind, "mean_ms": i.mean_ms,
+         "median_ms": i.median_ms, "share": i.mean_ms / total * 100}
+        for i in timed[:TOP_OPERATORS]
+    ]  # fmt: skip
+    delegated = ops.delegated_ms
+    kernels = sum(i.mean_ms for i in ops.kernel_calls())
+    split = {
+        "delegated_ms": delegated,
+        "non_delegated_ms": kernels,
+        "other_ms": max(0.0, ops.method_mean_ms - delegated - kernels),
+    }
+    return {"operators": operators, "operators_problem": None, "split": split}
+
+
+def _memory(summary: RunSummary) -> dict[str, Any] | None:
+    memory = summary.memory
+    if memory is None:
+        return None
+    return {
+        "phases": [
+            {"phase": name, "peak_rss_bytes": values.get("peak_rss_bytes"), "rss_bytes": values.get("rss_bytes")}
+            for name, values in memory.phases.items()
+        ],
+        "peak_rss_bytes": memory.peak_rss_bytes,
+        "planned_bytes": memory.planned_bytes,
+        "planned_arenas": list(memory.planned_arenas),
+        "constants_bytes": memory.constants_bytes,
+        "baseline_rss_bytes": memory.baseline_rss_bytes,
+        "other_bytes": memory.other_bytes,
+    }
+
+
+def _counters(summary: RunSummary) -> dict[str, Any] | None:
+    counters = summary.counters
+    if counters is None:
+        return None
+    return {
+        "status": counters.status,
+        "error": counters.error,
+        "totals": counters.totals,
+        "missing": [{"name": str(m.get("name")), "reason": str(m.get("reason") or m.get("error") or "")}
+                    for m in counters.missing],
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------- compare
+
+
+def compare_page(lab: Lab, run_a: str, run_b: str) -> dict[str, Any]:
+    """Two runs: the per-operator deltas and the verdict with its rules (nothing written into the runs)."""
+    a, b = lab.find(run_a), lab.find(run_b)
+    page: dict[str, Any] = {"a": _run_row(a), "b": _run_row(b), "problem": None, "ops": [], "notes": []}
+    try:
+        comparison = compare_runs(a.path, b.path, allow_rebuilt=True, write=False)
+    except (CompareError, AnalysisError) as exc:
+        page["problem"] = str(exc)
+        return page
+    page.update(
+        verdict=comparison.verdict.value,
+        verdict_detail=comparison.verdict_detail,
+        median_a_ms=comparison.median_a_ms,
+        median_b_ms=comparison.median_b_ms,
+        total=comparison.total.to_dict(),
+        notes=list(comparison.notes),
+        memory=comparison.memory,
+        ops=sorted(
+            (op.to_dict() for op in comparison.ops),
+            key=lambda op: -abs(op["delta_ms"] or 0.0),
+        ),
+    )
+    return page
+
+
+def default_pairs(lab: Lab) -> list[tuple[str, str]]:
+    """Each run against the previous run of its cell: the comparisons a static export carries."""
+    previous: dict[Cell, str] = {}
+    pairs = []
+    for run in lab.runs():
+        cell = (run.board, run.model, run.backend)
+        if cell in previous:
+            pairs.append((previous[cell], run.run_id))
+        previous[cell] = run.run_id
+    return pairs
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None

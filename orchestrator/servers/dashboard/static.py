@@ -1,0 +1,42 @@
+"""`fab dashboard --static DIR`: the dashboard's pages as files that open from file:// with no server and no network.
+
+The same templates as the live server, with relative links: index.html (the overview), trend-<cell>.html per
+history cell, run-<id>.html per pulled run, compare-<a>--<b>.html for each run against the previous run of its cell,
+and assets/ with Plotly's bundle (once, not per page) and the dashboard's script and style. A run id that is not a
+valid name gets no file (its folder was made by hand; no file name is built from it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.fsutil import atomic_write_text
+from orchestrator.names import is_valid_name
+from orchestrator.servers.dashboard import data, pages
+
+
+def write_static(lab: data.Lab, folder: Path, inventory_boards: tuple[str, ...] = ()) -> list[Path]:
+    """Write every page into `folder`; returns the files written, the overview first."""
+    links = pages.Links(static=True)
+    folder = Path(folder)
+    (folder / "assets").mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def write(name: str, text: str) -> None:
+        atomic_write_text(folder / name, text)
+        written.append(folder / name)
+
+    write("index.html", pages.overview_page(data.overview(lab, inventory_boards), links))
+    for cell in data.cells(lab):
+        write(links.trend(data.cell_key(cell)), pages.trend_page(data.trend(lab, cell), links))
+    exported = [run for run in lab.runs() if is_valid_name(run.run_id)]
+    for run in exported:
+        write(links.run(run.run_id), pages.run_page(data.run_page(lab, run.run_id), links))
+    names = {run.run_id for run in exported}
+    for run_a, run_b in data.default_pairs(lab):
+        if run_a in names and run_b in names:
+            write(links.compare(run_a, run_b), pages.compare_page(data.compare_page(lab, run_a, run_b), links))
+    for name in (pages.PLOTLY_JS, *pages.OWN_ASSETS):
+        (folder / "assets" / name).write_bytes(pages.asset(name))
+        written.append(folder / "assets" / name)
+    return written

@@ -34,14 +34,14 @@ def write_history(
     url: str | None = None,
 ) -> History:
     """`nights` nights of every cell: medians rising 0.5 ms a night, a new program from night 6 on, the verdicts of
-    VERDICTS in turn, and board text (reasons, conditions) holding EVIL. `run_ids` names chosen runs (pulled ones);
+    VERDICTS in turn (shifted by the cell's number), and board text (reasons, conditions) holding EVIL. `run_ids` names chosen runs (pulled ones);
     `url`: another history than the SQLite file `path`."""
     history = History(url or f"sqlite:///{path}")
     for index in range(nights):
         for number, cell in enumerate(cells):
             board, model, backend = cell
             median = 10.0 + number + 0.5 * index
-            verdict = VERDICTS[index % len(VERDICTS)]
+            verdict = VERDICTS[(index + number) % len(VERDICTS)]
             record = RunRecord(
                 run_id=(run_ids or {}).get((cell, index)) or f"{night(index)}-{number}-{backend}",
                 night=night(index),

@@ -107,7 +107,7 @@ def test_trend_holds_every_night_and_marks_changes(history_file: Path) -> None:
     assert [p["median_ms"] for p in points] == [r.median_ms for r in stored]
     assert [p["p90_ms"] for p in points] == [r.p90_ms for r in stored]
     assert [p["peak_mb"] for p in points] == [r.peak_rss_bytes / 1e6 for r in stored]  # type: ignore[operator]
-    assert [p["verdict"] for p in points] == [VERDICTS[i % len(VERDICTS)] for i in range(NIGHTS)]
+    assert [p["verdict"] for p in points] == [VERDICTS[(i + 1) % len(VERDICTS)] for i in range(NIGHTS)]
     assert [p["night"] for p in points if p["new_program"]] == [night(6)]  # the .pte hash changed that night
     # The latest night's baseline: the 7 nights before it that may be one (the inconclusive night is not).
     eligible = [p["night"] for p in points[:-1] if p["verdict"] != "inconclusive"]

@@ -10,6 +10,7 @@ Origin before the app sees them; the server stops on Ctrl+C or SIGTERM and close
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 import traceback
@@ -231,6 +232,7 @@ def start_dashboard(
     import werkzeug.serving
 
     ensure_port_free(DEFAULT_HOST, port)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request would bury the terminal's own
     app = DashboardApp(sources, ExplorerSlot(explorer_port))
     guarded = SameOriginOnly(app, port, DEFAULT_HOST, FORBIDDEN)
     server = werkzeug.serving.make_server(DEFAULT_HOST, port, guarded, threaded=True)

@@ -112,5 +112,6 @@ def run_page(data: dict[str, Any], links: Links) -> str:
 
 
 def compare_page(data: dict[str, Any], links: Links, run_ids: list[str] | None = None) -> str:
-    title = f"compare {data['a']['run_id']} → {data['b']['run_id']}"
+    picked = data["a"] is not None and data["b"] is not None
+    title = f"compare {data['a']['run_id']} → {data['b']['run_id']}" if picked else "compare two runs"
     return render("compare.html", links, title, data, run_ids=run_ids or [])

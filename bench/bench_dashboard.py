@@ -92,6 +92,7 @@ def main() -> None:
             pages.trend_page(data.trend(data.Lab(None, history), grid[-1]), links)
             history.close()
 
+        first = timed(overview, 1)  # the templates compiled too, as on a server's first page
         figures = {"overview": timed(overview, args.repeat), "trend": timed(trend, args.repeat)}
         history = History(url)
         CELL_NIGHTS.drop(history.engine)
@@ -114,7 +115,8 @@ def main() -> None:
             with_index = (time.perf_counter() - started) / args.repeat
         engine.dispose()
     print(f"overview page (boards + the latest night's {args.cells} cells): {figures['overview'] * 1000:.0f} ms "
-          f"(target < 1000 ms: {'ok' if figures['overview'] < 1 else 'MISSED'})")  # fmt: skip
+          f"(target < 1000 ms: {'ok' if max(first, figures['overview']) < 1 else 'MISSED'}); the first one "
+          f"{first * 1000:.0f} ms")  # fmt: skip
     print(f"trend page of one cell ({args.nights} nights): {figures['trend'] * 1000:.0f} ms")
     print(f"a cell's nights: {without * 1000:.1f} ms without the cell-night index, {with_index * 1000:.1f} ms with it")
 

@@ -425,7 +425,12 @@ class History:
             return [self._load(connection, row) for row in rows]
 
     def records(
-        self, *, night: str | None = None, cell: tuple[str, str, str] | None = None, board: str | None = None
+        self,
+        *,
+        night: str | None = None,
+        cell: tuple[str, str, str] | None = None,
+        board: str | None = None,
+        limit: int | None = None,
     ) -> list[RunRecord]:
         """Runs newest night first, in one query: without their samples and op medians (`runs` loads those), for
         readers of many runs at once (the dashboard's grid and trends)."""
@@ -437,6 +442,8 @@ class History:
         if board is not None:
             query = query.where(runs.c.board == board)
         query = query.order_by(runs.c.night.desc(), runs.c.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
         with self.engine.connect() as connection:
             return [self._record(row) for row in connection.execute(query)]
 

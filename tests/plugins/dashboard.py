@@ -34,8 +34,8 @@ def write_history(
     url: str | None = None,
 ) -> History:
     """`nights` nights of every cell: medians rising 0.5 ms a night, a new program from night 6 on, the verdicts of
-    VERDICTS in turn (shifted by the cell's number), and board text (reasons, conditions) holding EVIL. `run_ids` names chosen runs (pulled ones);
-    `url`: another history than the SQLite file `path`."""
+    VERDICTS in turn (shifted by the cell's number), and board text (reasons, conditions) holding EVIL. `run_ids`
+    names chosen runs (pulled ones); `url`: another history than the SQLite file `path`."""
     history = History(url or f"sqlite:///{path}")
     for index in range(nights):
         for number, cell in enumerate(cells):

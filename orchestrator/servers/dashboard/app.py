@@ -188,7 +188,7 @@ class DashboardApp:
     def _models(self, model: str) -> list[Path]:
         present, _missing = program_models(ArtifactPaths.for_model(model, self.sources.artifacts_root))
         if not present:
-            raise EtlabError(f"no lowered programs of {model!r} to show", hint=f"fab lower --model {model}")
+            raise EtlabError(f"no lowered programs of {model!r} to show", hint="lower the model first")
         return present
 
     def _explore_run(self, run_id: str) -> str:

@@ -139,7 +139,7 @@ def board_rows(lab: Lab, inventory_boards: Iterable[str] = ()) -> list[dict[str,
             except AnalysisError:
                 conditions = {}
         if name in last_night and lab.history is not None and not conditions:
-            latest = lab.history.records(board=name)[:1]
+            latest = lab.history.records(board=name, limit=1)
             if latest:
                 conditions, last = latest[0].conditions or {}, last or latest[0].run_id
         rows.append(

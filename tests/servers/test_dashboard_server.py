@@ -203,3 +203,16 @@ def test_fab_dashboard_stops_on_sigterm_and_frees_its_port(tmp_path: Path, histo
             process.kill()
             process.wait()
     ensure_port_free("127.0.0.1", port)
+
+
+def test_the_nightly_writes_the_static_dashboard_and_survives_its_failure(
+    tmp_path: Path, history_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orchestrator.commands.dashboard import nightly_dashboard
+
+    folder = tmp_path / "reports" / f"dashboard-{night(NIGHTS - 1)}"
+    index = nightly_dashboard(Sources(tmp_path / "results", f"sqlite:///{history_file}"), folder)
+    assert index == folder / "index.html" and night(NIGHTS - 1) in index.read_text()
+    (tmp_path / "a-file").write_text("")
+    assert nightly_dashboard(Sources(None, f"sqlite:///{history_file}"), tmp_path / "a-file") is None
+    assert "the static dashboard was not written" in capsys.readouterr().err

@@ -130,9 +130,11 @@ def table(
     *,
     caption: str | None = None,
     fold: Sequence[str] = (),
+    whole: Sequence[str] = (),
 ) -> None:
     """Print a table to stdout. Numeric columns are right-aligned; the `fold` columns (paths) wrap where too long
-    instead of ending in an ellipsis."""
+    instead of ending in an ellipsis; the `whole` columns (short compact figures) keep each cell on one line, the
+    other columns narrowing for them."""
     grid = Table(
         title=_text(title) if title is not None else None,
         caption=_text(caption) if caption is not None else None,
@@ -142,7 +144,11 @@ def table(
     for index, column in enumerate(columns):
         numeric = bool(rows) and all(isinstance(row[index], int | float) for row in rows if row[index] is not None)
         overflow = "fold" if column in fold else "ellipsis"
-        grid.add_column(_text(column), justify="right" if numeric else "left", overflow=overflow)
+        widest = max((len(_cell(row[index])) for row in rows), default=0) if column in whole else None
+        grid.add_column(
+            _text(column), justify="right" if numeric else "left", overflow=overflow, no_wrap=column in whole,
+            min_width=widest,
+        )  # fmt: skip
     for row in rows:
         grid.add_row(*(_text(_cell(value)) for value in row))
     with _lock:

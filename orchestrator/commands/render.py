@@ -121,16 +121,22 @@ def _accuracy_cell(cell: CellOutcome) -> str | None:
     accuracy = cell.summary.accuracy if cell.summary else None
     if accuracy is None:
         return None
-    figures = []
+    # Compact, so the cell stays on one line: the markers are explained once, in the table's caption (ACCURACY_KEY).
+    figures = [accuracy.verdict]
     if accuracy.sqnr_db is not None:
-        figures.append(f"{accuracy.sqnr_db:.1f} dB")
+        figures.append(f"{accuracy.sqnr_db:.1f}dB")
     if accuracy.top1_agreement is not None:
         tie = accuracy.top1_within_noise is not None and accuracy.top1_within_noise > accuracy.top1_agreement
-        figures.append(f"top-1 {accuracy.top1_agreement:.0%}{' (flip within noise)' if tie else ''}")
+        figures.append(f"t1 {accuracy.top1_agreement:.0%}{'~' if tie else ''}")
     if accuracy.top5_overlap is not None:
-        figures.append(f"top-5 {accuracy.top5_overlap:.0%}")
-    marker = "" if accuracy.meaningful else " (random weights: not meaningful)"
-    return f"{accuracy.verdict}: {', '.join(figures)}{marker}"
+        figures.append(f"t5 {accuracy.top5_overlap:.0%}")
+    return " ".join(figures) + ("" if accuracy.meaningful else " †")
+
+
+ACCURACY_KEY = (
+    "accuracy vs fp32 eager: SQNR, top-1 agreement (t1; ~ a flip within the noise), top-5 overlap (t5); "
+    "† random weights: the figures say little"
+)
 
 
 def _mb(value: int | None) -> float | None:
@@ -177,23 +183,63 @@ def render_counters(run: RunSummary, summary: Summary | Path) -> None:
     _counters_lines(counters)
 
 
-def _counters_lines(counters: Counters, where: str = "") -> None:
-    """What the counters pass captured, on which thread, what it could not and why."""
+def _counters_lines(counters: Counters, where: str = "", *, per_run: bool = True) -> None:
+    """What the counters pass captured, on which thread, what it could not and why (`per_run`: the captured and
+    missing lines too; print_cells says those once per board and cause, `_counters_by_cause`)."""
     if counters.status != "ok":
         console.warn(f"{where}counters pass failed: {counters.error}")
         return
-    console.info(console.escape(
-        f"{where}counters pass: {', '.join(counters.captured) or 'nothing'} captured on {counters.threads} thread(s), "
-        "read by the thread that runs the operators (user space only)"
-    ))  # fmt: skip
-    for missing in counters.missing:
-        console.warn(
-            f"{where}counter {missing.get('name')} not captured: {missing.get('error')}: {missing.get('reason')}"
-        )
+    if per_run:
+        _captured_line(where, counters.captured, counters.threads)
+        for (error, reason), names in _missing_by_cause([counters]).items():
+            _missing_line(where, names, error, reason)
     check = counters.consistency
     if check.get("checked") and not check.get("agrees"):
         console.warn(f"{where}counters vs timing: the hottest on {check.get('metric')} is {check.get('hottest')}: "
                      f"{check.get('reason')}")  # fmt: skip
+
+
+def _captured_line(where: str, captured: Sequence[str], threads: int | None, runs: int = 1) -> None:
+    console.info(console.escape(
+        f"{where}counters pass: {', '.join(captured) or 'nothing'} captured on {threads} thread(s)"
+        f"{f' in each of {runs} runs' if runs > 1 else ''}, read by the thread that runs the operators (user space "
+        "only)"
+    ))  # fmt: skip
+
+
+def _missing_by_cause(passes: Sequence[Counters]) -> dict[tuple[str, str], list[str]]:
+    """The counters the passes could not capture, by cause (error and reason), each name once."""
+    causes: dict[tuple[str, str], list[str]] = {}
+    for counters in passes:
+        for missing in counters.missing:
+            names = causes.setdefault((str(missing.get("error")), str(missing.get("reason"))), [])
+            if str(missing.get("name")) not in names:
+                names.append(str(missing.get("name")))
+    return causes
+
+
+def _missing_line(where: str, names: Sequence[str], error: str, reason: str, runs: int = 1) -> None:
+    which = f"counter {names[0]}" if len(names) == 1 else f"counters {', '.join(names)}"
+    console.warn(f"{where}{which} not captured{f' (all {runs} runs)' if runs > 1 else ''}: {error}: {reason}")
+
+
+def _counters_by_cause(cells: Sequence[CellOutcome]) -> None:
+    """One line per board and cause, not per variant and counter: three variants on a board without a PMU say once
+    which counters it cannot give and why."""
+    boards: dict[str, list[Counters]] = {}
+    for cell in cells:
+        counters = cell.summary.counters if cell.summary else None
+        if counters is not None and counters.status == "ok":
+            boards.setdefault(cell.board, []).append(counters)
+    for board, passes in boards.items():
+        captured = {(c.captured, c.threads) for c in passes}
+        for names, threads in sorted(captured, key=str):
+            runs = sum((c.captured, c.threads) == (names, threads) for c in passes)
+            _captured_line(f"{board}: ", names, threads, runs)
+        for (error, reason), names in _missing_by_cause(passes).items():
+            runs = sum(any(str(m.get("error")) == error and str(m.get("reason")) == reason for m in c.missing)
+                       for c in passes)  # fmt: skip
+            _missing_line(f"{board}: ", names, error, reason, runs)
 
 
 def print_cells(cells: Sequence[CellOutcome]) -> None:
@@ -221,12 +267,15 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
             size = cell.summary.model.size_bytes if cell.summary else None
             row += [round(size / 1e6, 3) if size else None, _accuracy_cell(cell)]
         rows.append([*row, cell.validity, _short_path(cell.bundle) if cell.bundle else None])
-    extra = ["size MB", "accuracy vs fp32 eager"] if quantized else []
+    extra = ["size MB", "accuracy"] if quantized else []
     console.table(
         "Results",
         ["board", "model", "backend", "status", "median ms", "speedup", "peak MB", *extra, "validity", "bundle"],
         rows,
+        caption=ACCURACY_KEY if quantized else None,
+        whole=["accuracy"],
     )
+    unchecked: dict[tuple[str, str], list[str]] = {}  # (board, why) -> runs: one line per board and cause
     for cell in cells:
         if cell.error:
             reason = cell.detail or cell.error  # every line: a host key's fingerprints, a bundle's bad files
@@ -234,11 +283,15 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
         for reason in cell.summary.validity.reasons if cell.summary else ():
             console.warn(f"{cell.board}: {cell.model}/{cell.variant}: {reason.reason}")
         if cell.summary is not None and not cell.summary.correctness.checked:
-            why = cell.summary.correctness.reason or "no reference outputs"
-            console.warn(f"{cell.board}: {cell.model}/{cell.variant}: correctness not checked ({why})")
+            unchecked.setdefault((cell.board, cell.summary.correctness.reason or "no reference outputs"), []).append(
+                f"{cell.model}/{cell.variant}"
+            )
         counters = cell.summary.counters if cell.summary else None
         if counters is not None:
-            _counters_lines(counters, f"{cell.board}: {cell.model}/{cell.variant}: ")
+            _counters_lines(counters, f"{cell.board}: {cell.model}/{cell.variant}: ", per_run=False)
+    for (board, why), runs in unchecked.items():
+        console.warn(f"{board}: {', '.join(runs)}: correctness not checked ({why})")
+    _counters_by_cause(cells)
 
 
 def _short_path(path: Path) -> str:

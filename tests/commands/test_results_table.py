@@ -1,0 +1,75 @@
+"""The terminal's results table and the lines under it (commands/render.py `print_cells`): one line per board and
+cause, not per variant and counter, and accuracy cells that stay on one line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.commands.render import print_cells
+from orchestrator.deploy.cells import CellOutcome
+from orchestrator.lowering.variants import Variant
+from orchestrator.results.summary import Accuracy, Counters, Latency, ProgramInfo, RunSummary, Validity, WarmLatency
+
+NO_PMU = "no hardware PMU exposes this event (no PMU node, or the event is not implemented)"
+HARDWARE = ("cycles", "instructions", "l1d_refills", "l2_refills", "branch_misses")
+
+
+def cell(board: str, backend: str, *, accuracy: Accuracy | None = None) -> CellOutcome:
+    counters = Counters(
+        status="ok",
+        requested=("task_clock", *HARDWARE),
+        captured=("task_clock",),
+        missing=tuple({"name": name, "error": "ENOENT", "reason": NO_PMU} for name in HARDWARE),
+        threads=1,
+        executions=4,
+    )
+    summary = RunSummary(
+        run_id=f"run-{backend}",
+        model=ProgramInfo(name="distilbert-tiny", backend=backend, size_bytes=1_000_000),
+        latency=Latency(iterations=4, warm=WarmLatency(1.0, 1.1, 1.1, 1.3, 1.4, 0.02)),
+        validity=Validity("valid"),
+        counters=counters,
+        accuracy=accuracy,
+    )
+    return CellOutcome(board, "distilbert-tiny", Variant.parse(backend), ok=True, summary=summary)
+
+
+def test_a_board_without_a_pmu_says_once_which_counters_it_cannot_give(capsys: pytest.CaptureFixture[str]) -> None:
+    quantized = Accuracy(
+        scheme="int8-dynamic", verdict="pass", meaningful=False, sqnr_db=31.24, top1_agreement=0.9,
+        top1_within_noise=1.0, top5_overlap=0.8,
+    )  # fmt: skip
+    cells = [cell("pi-nopmu", "xnnpack"), cell("pi-nopmu", "xnnpack-int8-dynamic", accuracy=quantized)]
+    cells.append(cell("pi-nopmu", "xnnpack-8da4w", accuracy=quantized))
+    print_cells(cells)
+    output = capsys.readouterr()
+    text = output.out + output.err
+    missing = [line for line in text.splitlines() if "not captured" in line]
+    assert len(missing) == 1, text  # 15 lines (3 variants x 5 counters) before
+    assert all(name in missing[0] for name in HARDWARE) and "ENOENT" in missing[0] and "all 3 runs" in missing[0]
+    assert NO_PMU[:40] in text.replace("\n", " ")
+    unchecked = [line for line in text.splitlines() if "correctness not checked" in line]
+    assert len(unchecked) == 1 and "xnnpack-8da4w" in unchecked[0], text
+    captured = [line for line in text.splitlines() if "counters pass:" in line]
+    assert len(captured) == 1 and "in each of 3 runs" in captured[0], text
+    # The accuracy cell stays on one line of its row; its markers are explained once, under the table.
+    assert sum("│ pass 31.2dB t1 90%~ t5 80% † │" in line for line in text.splitlines()) == 2, text
+    assert sum("t5 80%" in line for line in text.splitlines()) == 2, text
+    assert "† random weights" in text.replace("\n", " ").replace("│", "")
+
+
+def test_several_causes_are_one_line_each(capsys: pytest.CaptureFixture[str]) -> None:
+    forbidden = cell("pi-locked", "xnnpack")
+    paranoid = "not permitted: perf_event_paranoid is 3 (user-space counting needs <= 2, or CAP_PERFMON)"
+    changed: dict[str, Any] = {
+        "missing": ({"name": "cycles", "error": "EACCES", "reason": paranoid}, *forbidden.summary.counters.missing[1:])
+    }  # type: ignore[union-attr]
+    counters = Counters(**{**vars(forbidden.summary.counters), **changed})  # type: ignore[union-attr, arg-type]
+    forbidden.summary = RunSummary(**{**vars(forbidden.summary), "counters": counters})  # type: ignore[arg-type]
+    print_cells([forbidden, cell("pi-nopmu", "xnnpack")])
+    text = capsys.readouterr()
+    lines = [line for line in (text.out + text.err).splitlines() if "not captured" in line]
+    assert len(lines) == 3, lines  # pi-locked: EACCES (cycles), ENOENT (the rest); pi-nopmu: ENOENT
+    assert any("pi-locked" in line and "counter cycles not captured: EACCES" in line for line in lines)

@@ -120,6 +120,9 @@ def dashboard_lab(analysis_bundles: dict[str, BundleCase], tmp_path_factory: pyt
         "distilbert_b": pulled_run(analysis_bundles["distilbert_xnnpack"], results, RUN_IDS["distilbert_b"]),
         "gpt2": pulled_run(analysis_bundles["gpt2_xnnpack"], results, RUN_IDS["gpt2"]),
     }
+    # The advisor's findings as `fab advise` writes them (analysis/advice.json), a title holding markup.
+    finding = {"id": "threads", "title": f"use 4 threads {EVIL}", "saving_ms": 1.25, "fix": "--threads 4"}
+    (runs["distilbert_a"] / "analysis" / "advice.json").write_text(json.dumps({"findings": [finding]}))
     real = (LAB_BOARD, "distilbert-tiny", "xnnpack")
     evil = (EVIL_BOARD, "gpt2-tiny", "xnnpack")
     cells = [real, evil, ("pi4-lab", "distilbert-tiny", "portable")]

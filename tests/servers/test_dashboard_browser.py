@@ -7,7 +7,6 @@ test_dashboard_server.py."""
 from __future__ import annotations
 
 import itertools
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 import pytest
 
 from orchestrator.lab.history import History
-from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.bundle_reader import read_bundle
 from orchestrator.servers.dashboard import data
 from orchestrator.servers.dashboard.app import DashboardServer, Sources, start_dashboard
@@ -24,8 +22,6 @@ from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.browser import SCREENSHOTS
 from tests.plugins.dashboard import EVIL, EVIL_BOARD, LAB_BOARD, RUN_IDS, DashboardLab
 from tests.plugins.explorer import free_port
-
-README_IMAGES = PROJECT_ROOT / "docs" / "images"
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +80,8 @@ def test_every_page_loads_clean_and_board_strings_are_inert(
         watched.open(server.url + f"run/{run_id}")
         assert graph(watched.page, "run-latency")
         assert any(EVIL in text for text in watched.page.locator("#conditions .condition").all_inner_texts())
+        advice = watched.page.locator("#advice").inner_text()
+        assert (f"use 4 threads {EVIL}" in advice) == (run_id == RUN_IDS["distilbert_a"])
     watched.open(server.url + "compare")
     watched.open(server.url + f"compare?a={RUN_IDS['distilbert_a']}&b={RUN_IDS['distilbert_b']}")
     assert graph(watched.page, "compare-ops")
@@ -119,6 +117,7 @@ def test_links_from_the_overview_to_a_run_a_compare_and_model_explorer(
 ) -> None:
     page = watched.page
     watched.open(server.url)
+    # The README's screenshots (docs/images/) are these two, copied from test-artifacts/ by hand.
     page.screenshot(path=str(SCREENSHOTS / "dashboard-overview.png"), full_page=True)
     real = data.cell_key(dashboard_lab.cells[0])
     page.locator(f"#night-grid a.cell-link[href='/trend/{real}']").click()
@@ -147,9 +146,6 @@ def test_links_from_the_overview_to_a_run_a_compare_and_model_explorer(
     assert "me_overlay_" in explorer.url  # its overlays are loaded with it
     assert server.app.explorer.handle is not None and server.app.explorer.handle.running
     explorer.close()
-    for name in ("dashboard-overview.png", "dashboard-run.png"):
-        README_IMAGES.mkdir(parents=True, exist_ok=True)
-        shutil.copy(SCREENSHOTS / name, README_IMAGES / name)
 
 
 def test_static_export_opens_from_file_with_no_network(

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.advice.findings import ADVICE_FILE, Advice, Finding
-from orchestrator.fsutil import atomic_write_json
+from orchestrator.errors import AnalysisError
+from orchestrator.fsutil import atomic_write_json, read_json
 from orchestrator.results.documents import ANALYSIS_DIR
 from orchestrator.results.overlays import GREEN_YELLOW_RED, graph_node_data, overlay_path
 
@@ -26,6 +27,18 @@ def finding_label(finding: Finding) -> str:
         return f"{finding.id} {finding.kind}"
     sign = "≤" if finding.saving_is_bound else "-"
     return f"{finding.id} {finding.kind} {sign}{finding.saving_ms:.3g} ms"
+
+
+def load_advice(bundle_dir: Path) -> Advice | None:
+    """A run's advice.json (None when the advisor has not been run on it), or an AnalysisError when it is damaged:
+    a results folder can be edited, so every field is checked."""
+    path = Path(bundle_dir) / ANALYSIS_DIR / ADVICE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return Advice.from_dict(read_json(path))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        raise AnalysisError(f"{path} is not a usable advice document ({type(exc).__name__}: {exc})") from None
 
 
 def write_advice(bundle_dir: Path, advice: Advice) -> list[Path]:

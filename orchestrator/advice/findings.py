@@ -8,6 +8,7 @@ Detectors (detectors.py, DETECTORS) find them; advisor.py runs them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,45 @@ class Finding:
             "rewrite": self.rewrite,
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        """A finding as advice.json holds it; TypeError or ValueError when a field is not what it should be."""
+        nodes = data["nodes"]
+        if not isinstance(nodes, dict):
+            raise TypeError("nodes is not a mapping")
+        return cls(
+            _text(data["id"]), _text(data["kind"]), _text(data["title"]),
+            tuple(_text(op) for op in data["operators"]),
+            {_text(graph): tuple(_text(node) for node in ids) for graph, ids in nodes.items()},
+            _count(data["calls"]), _number(data["measured_ms"]), _number(data["share"]), _text(data["cause"]),
+            _optional_number(data["saving_ms"]), _text(data["fix_kind"]), _text(data["fix"]),
+            rewrite=None if data.get("rewrite") is None else _text(data["rewrite"]),
+            saving_is_bound=data.get("saving_is_bound") is True, saving_note=_text(data.get("saving_note", "")),
+            saving_mb=_optional_number(data.get("saving_mb")),
+        )  # fmt: skip
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+    return value
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _optional_number(value: Any) -> float | None:
+    return None if value is None else _number(value)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a count, got {value!r}")
+    return value
+
 
 @dataclass(frozen=True)
 class RunFacts:
@@ -98,6 +138,20 @@ class Advice:
 
     def predicted_for(self, rewrite: str) -> float:
         return sum(f.saving_ms or 0.0 for f in self.findings if f.rewrite == rewrite)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Advice:
+        """Advice as advice.json holds it; TypeError, ValueError or KeyError when it is not."""
+        if not isinstance(data, dict) or not isinstance(data["findings"], list):
+            raise TypeError("not an advice document")
+        return cls(
+            _text(data["run_id"]),
+            None if data.get("model") is None else _text(data["model"]),
+            None if data.get("backend") is None else _text(data["backend"]),
+            None if data.get("board") is None else _text(data["board"]),
+            _number(data["method_ms"]),
+            tuple(Finding.from_dict(item) for item in data["findings"]),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.advice.advisor import advise
-from orchestrator.advice.documents import ADVICE_OVERLAY, FINDING_COLOURS, SAVING_OVERLAY, write_advice
+from orchestrator.advice.documents import ADVICE_OVERLAY, FINDING_COLOURS, SAVING_OVERLAY, load_advice, write_advice
 from orchestrator.errors import AnalysisError
 from orchestrator.results.ops_record import OpsRecord, load_ops
 from orchestrator.results.overlays import overlay_path
@@ -106,3 +106,24 @@ def test_a_run_without_a_profile_says_so(tmp_path: Path) -> None:
 def test_any_json_is_a_record_or_an_analysis_error(document: Any) -> None:
     with contextlib.suppress(AnalysisError):  # anything else (a TypeError, a KeyError) fails the test
         OpsRecord.from_dict(document)
+
+
+def test_advice_json_reads_back_and_a_damaged_one_is_an_analysis_error(tmp_path: Path) -> None:
+    advice = advise(facts_of(recorded("gpt2-tiny")))
+    assert load_advice(tmp_path) is None  # not advised yet
+    write_advice(tmp_path, advice)
+    assert load_advice(tmp_path) == advice
+    path = tmp_path / "analysis" / "advice.json"
+    document = json.loads(path.read_text())
+    for damage in (
+        lambda d: d["findings"][0].update(saving_ms="lots"),
+        lambda d: d["findings"][0].update(nodes=["forward_0_1"]),
+        lambda d: d["findings"][0].pop("title"),
+        lambda d: d.update(method_ms=math.inf),
+        lambda d: d.update(findings={}),
+    ):
+        broken = json.loads(json.dumps(document))
+        damage(broken)
+        path.write_text(json.dumps(broken))
+        with pytest.raises(AnalysisError, match="not a usable advice document"):
+            load_advice(tmp_path)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.advice.documents import write_advice
+from orchestrator.advice.findings import Advice, Finding
 from orchestrator.lab.history import History, RunRecord
 from tests.plugins.analysis import BundleCase, analyze, copy_bundle, write_manifest
 
@@ -121,8 +123,10 @@ def dashboard_lab(analysis_bundles: dict[str, BundleCase], tmp_path_factory: pyt
         "gpt2": pulled_run(analysis_bundles["gpt2_xnnpack"], results, RUN_IDS["gpt2"]),
     }
     # The advisor's findings as `fab advise` writes them (analysis/advice.json), a title holding markup.
-    finding = {"id": "threads", "title": f"use 4 threads {EVIL}", "saving_ms": 1.25, "fix": "--threads 4"}
-    (runs["distilbert_a"] / "analysis" / "advice.json").write_text(json.dumps({"findings": [finding]}))
+    finding = Finding("F1", "threads", f"use 4 threads {EVIL}", (), {}, 0, 2.0, 0.5, "idle cores", 1.25, "option",
+                      "--threads 4")  # fmt: skip
+    write_advice(runs["distilbert_a"], Advice(RUN_IDS["distilbert_a"], "distilbert-tiny", "xnnpack", LAB_BOARD, 4.0,
+                                              (finding,)))  # fmt: skip
     real = (LAB_BOARD, "distilbert-tiny", "xnnpack")
     evil = (EVIL_BOARD, "gpt2-tiny", "xnnpack")
     cells = [real, evil, ("pi4-lab", "distilbert-tiny", "portable")]

@@ -1,7 +1,6 @@
 """What the dashboard's pages show, assembled from etlab's typed records: the runs under results/ (`list_runs`,
 `load_summary`, `load_ops`, the bundle's timings through `read_bundle`) and the nightly history (`History`,
-`RunRecord`). Nothing here parses a bundle file its own way; the one exception is the advisor's
-`analysis/advice.json`, read as JSON until its typed reader lands.
+`RunRecord`) and the advisor's `load_advice`. Nothing here parses a bundle file its own way.
 
 Every value handed to a page is plain data (text, numbers, lists, mappings) for a Jinja2 template or a JSON block;
 board-controlled text stays text here and is escaped where it is written.
@@ -16,19 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.advice.documents import load_advice
 from orchestrator.errors import AnalysisError, EtlabError
-from orchestrator.fsutil import read_json
 from orchestrator.lab.history import History, RunRecord
 from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS
 from orchestrator.results.bundle_reader import read_bundle
 from orchestrator.results.compare import CompareError, compare_runs
-from orchestrator.results.documents import ANALYSIS_DIR, load_summary
+from orchestrator.results.documents import load_summary
 from orchestrator.results.ops_record import load_ops
 from orchestrator.results.store import LocalRun, list_runs
 from orchestrator.results.summary import RunSummary
 from orchestrator.results.verdicts import Kind
 
-ADVICE_FILE = "advice.json"
 TOP_OPERATORS = 12
 # The grid's colours, by verdict: one legend for the overview, the trends and the compare page.
 VERDICT_ORDER = (
@@ -213,29 +211,18 @@ def cells(lab: Lab) -> list[Cell]:
 
 
 def _advice(run_dir: Path) -> list[dict[str, Any]]:
-    """The advisor's findings (id, title, saving_ms, fix) when `fab advise` wrote them (read as JSON until the
-    advisor's typed reader replaces this)."""
-    path = run_dir / ANALYSIS_DIR / ADVICE_FILE
-    if not path.is_file():
-        return []
+    """The advisor's findings (id, title, predicted saving, fix) when an analysis or `fab advise` wrote them; a
+    damaged advice.json shows as no findings (the run page still loads)."""
     try:
-        document = read_json(path)
-    except (OSError, ValueError, RecursionError):
+        advice = load_advice(run_dir)
+    except AnalysisError:
         return []
-    findings = document.get("findings") if isinstance(document, dict) else None
-    rows = []
-    for item in findings if isinstance(findings, list) else []:
-        if isinstance(item, dict):
-            saving = item.get("saving_ms")
-            rows.append(
-                {
-                    "id": str(item.get("id") or ""),
-                    "title": str(item.get("title") or ""),
-                    "saving_ms": saving if isinstance(saving, int | float) and not isinstance(saving, bool) else None,
-                    "fix": str(item.get("fix") or ""),
-                }
-            )
-    return rows
+    if advice is None:
+        return []
+    return [
+        {"id": f.id, "title": f.title, "saving_ms": None if f.saving_is_bound else f.saving_ms, "fix": f.fix}
+        for f in advice.findings
+    ]
 
 
 def _iterations(run_dir: Path) -> tuple[list[float], list[float]]:

@@ -61,9 +61,22 @@ class VariantTrial:
 
     name: str  # the variant's program name (artifacts/<name>/)
     rewrites: tuple[str, ...]  # the rewrites applied, in order
-    predicted_ms: float  # the sum of the given predictions for its rewrites
+    predicted_ms: float  # the sum of the given predictions for its rewrites, at the profiled run's pace
     outputs: OutputsCheck
     retest: Interleaved = field(default_factory=Interleaved)
+    profiled_ms: float | None = None  # the profiled run's method time the prediction is a part of
+
+    @property
+    def predicted_share(self) -> float | None:
+        """The predicted saving as a share of the profiled run."""
+        return self.predicted_ms / self.profiled_ms if self.profiled_ms else None
+
+    @property
+    def predicted_at_retest_ms(self) -> float:
+        """The prediction at the re-test's pace: its share of the original's median in the A/B. The board's pace
+        drifts between the profiled run and the re-test (load, clocks); a share does not."""
+        share, original = self.predicted_share, self.retest.median_a_ms
+        return share * original if share is not None and original else self.predicted_ms
 
     @property
     def measured_ms(self) -> float | None:
@@ -87,9 +100,10 @@ class VariantTrial:
 
     @property
     def prediction_error(self) -> float | None:
-        """(predicted - measured) / measured: how far the advisor's prediction was from the board's answer."""
+        """(predicted - measured) / measured, the prediction at the re-test's pace: how far the advisor was from
+        the board's answer."""
         measured = self.measured_ms
-        return (self.predicted_ms - measured) / measured if measured else None
+        return (self.predicted_at_retest_ms - measured) / measured if measured else None
 
     @property
     def why(self) -> str:
@@ -117,6 +131,9 @@ class TrialReport:
                     "name": trial.name,
                     "rewrites": list(trial.rewrites),
                     "predicted_ms": trial.predicted_ms,
+                    "profiled_ms": trial.profiled_ms,
+                    "predicted_share": trial.predicted_share,
+                    "predicted_at_retest_ms": trial.predicted_at_retest_ms,
                     "measured_ms": trial.measured_ms,
                     "measured_percent": trial.measured_percent,
                     "prediction_error": trial.prediction_error,
@@ -220,6 +237,7 @@ def try_rewrites(
     *,
     each: bool = False,
     predicted_ms: Mapping[str, float] | None = None,
+    profiled_ms: float | None = None,
     weights: str = "auto",
     root: Path | None = None,
     jobs: int | None = None,
@@ -233,7 +251,8 @@ def try_rewrites(
     original on `board` (A the original, B the variant, expecting faster).
 
     `rewrites` are names of rewrites.REWRITES that apply to the spec (the caller checked them); `predicted_ms` the
-    advisor's predicted saving per rewrite (missing: 0). `reference`: the original's outputs file to check against,
+    advisor's predicted saving per rewrite (missing: 0), a part of `profiled_ms`, the profiled run's time (the error is
+    then judged on shares, at the re-test's pace). `reference`: the original's outputs file to check against,
     instead of its own (a test feeds a wrong one).
     """
     predicted = dict(predicted_ms or {})
@@ -253,7 +272,10 @@ def try_rewrites(
             raise TrialRefused(
                 f"{request.program_name(spec)} does not compute what {spec.name} computes: {'; '.join(check.problems)}"
             )
-        trial = VariantTrial(request.program_name(spec), applied, sum(predicted.get(n, 0.0) for n in applied), check)
+        trial = VariantTrial(
+            request.program_name(spec), applied, sum(predicted.get(n, 0.0) for n in applied), check,
+            profiled_ms=profiled_ms,
+        )  # fmt: skip
         lowered.append((trial, program))
     a = Program(spec.name, original.pte, original.sidecar.sha256)
     with labgrid.job(board) as target, connect(target) as conn:

@@ -103,7 +103,7 @@ def advise_task(
     )
     report = try_rewrites(
         facts.spec, facts.sidecar.variant, advice.rewrites, target, RunParams(), each=trial.each,
-        predicted_ms=predicted, weights=facts.sidecar.weights, rounds=trial.rounds,
+        predicted_ms=predicted, profiled_ms=advice.method_ms, weights=facts.sidecar.weights, rounds=trial.rounds,
         budget_seconds=trial.retest_seconds,
     )  # fmt: skip
     atomic_write_json(run.path / ANALYSIS_DIR / TRIAL_FILE, report.to_dict())

@@ -66,7 +66,7 @@ def render_trial(report: TrialReport) -> None:
         share = f" ({trial.measured_percent:.0f}%)" if trial.measured_percent is not None else ""
         error = f"{trial.prediction_error:+.0%}" if trial.prediction_error is not None else "—"
         rows.append([
-            trial.name, ", ".join(trial.rewrites), trial.predicted_ms,
+            trial.name, ", ".join(trial.rewrites), trial.predicted_at_retest_ms,
             f"{measured:.3g} ms{share}" if measured is not None else "—", error,
             f"{trial.ratio:.3f}" if trial.ratio is not None else "—",
             "yes" if trial.confirmed else "no", f"{trial.outputs.sqnr_db:.0f} dB",
@@ -77,7 +77,8 @@ def render_trial(report: TrialReport) -> None:
         ["variant", "rewrites", "predicted ms", "measured saving", "prediction error", "ratio", "confirmed",
          "outputs SQNR"],
         rows,
-        caption="measured: interleaved A/B, median of the model as exported minus the variant's; confirmed: the "
-        "re-test's rules (deploy/abtest.py); outputs: the variant's against the model as exported",
+        caption="predicted: the advisor's share of the profiled run, at the A/B's pace; measured: interleaved A/B, "
+        "median of the model as exported minus the variant's; confirmed: the re-test's rules (deploy/abtest.py); "
+        "outputs: the variant's against the model as exported",
     )  # fmt: skip
     console.details("Re-tests", [(trial.name, None, trial.why) for trial in report.variants])

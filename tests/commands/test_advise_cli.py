@@ -85,10 +85,13 @@ def test_try_measures_each_proposed_rewrite_on_the_local_board(local_board: Boar
     for variant in trial["variants"]:
         predicted = sum(f["saving_ms"] for f in advice["findings"] if f["rewrite"] in variant["rewrites"])
         assert variant["predicted_ms"] == pytest.approx(predicted)
+        assert variant["predicted_share"] == pytest.approx(predicted / advice["method_ms"])
         assert variant["outputs"]["sqnr_db"] >= 40
         retest = variant["retest"]
         assert retest["rounds"] >= 5 and retest["median_a_ms"] > 0 and retest["median_b_ms"] > 0
         assert variant["measured_ms"] == pytest.approx(retest["median_a_ms"] - retest["median_b_ms"])
+        at_pace = variant["predicted_share"] * retest["median_a_ms"]
+        assert variant["prediction_error"] == pytest.approx((at_pace - variant["measured_ms"]) / variant["measured_ms"])
     assert "Advice tried on local" in tried.stdout and "prediction error" in tried.stdout
 
     # A run of a variant with one rewrite: the other is still proposed, but --try measures against the model as

@@ -406,20 +406,13 @@ class History:
         limit: int | None = None,
     ) -> list[RunRecord]:
         """Runs newest night first, with their samples and op medians; `valid_only`: those that may be a baseline."""
-        query = select(runs)
-        if night is not None:
-            query = query.where(runs.c.night == night)
-        if cell is not None:
-            query = query.where(_cell_is(cell))
+        query = _newest_first(select(runs), night, cell, limit)
         if before_night is not None:
             query = query.where(runs.c.night < before_night)
         if versions is not None:
             query = query.where(runs.c.versions_key == versions_key(versions))
         if valid_only:
             query = query.where(_may_be_baseline())
-        query = query.order_by(runs.c.night.desc(), runs.c.id.desc())
-        if limit is not None:
-            query = query.limit(limit)
         with self.engine.connect() as connection:
             rows = list(connection.execute(query))
             return [self._load(connection, row) for row in rows]
@@ -434,16 +427,9 @@ class History:
     ) -> list[RunRecord]:
         """Runs newest night first, in one query: without their samples and op medians (`runs` loads those), for
         readers of many runs at once (the dashboard's grid and trends)."""
-        query = select(runs)
-        if night is not None:
-            query = query.where(runs.c.night == night)
-        if cell is not None:
-            query = query.where(_cell_is(cell))
+        query = _newest_first(select(runs), night, cell, limit)
         if board is not None:
             query = query.where(runs.c.board == board)
-        query = query.order_by(runs.c.night.desc(), runs.c.id.desc())
-        if limit is not None:
-            query = query.limit(limit)
         with self.engine.connect() as connection:
             return [self._record(row) for row in connection.execute(query)]
 
@@ -500,6 +486,17 @@ class History:
         stored["environment"] = stored["environment"] or {}
         stored["verdict_info"] = stored["verdict_info"] or {}
         return RunRecord(**stored, created_at=row.created_at)
+
+
+def _newest_first(query: Any, night: str | None, cell: tuple[str, str, str] | None, limit: int | None) -> Any:
+    """`query` on runs narrowed to a night and a cell, newest night first, at most `limit` rows (a query's later
+    `where` still narrows it before the limit applies)."""
+    if night is not None:
+        query = query.where(runs.c.night == night)
+    if cell is not None:
+        query = query.where(_cell_is(cell))
+    query = query.order_by(runs.c.night.desc(), runs.c.id.desc())
+    return query.limit(limit) if limit is not None else query
 
 
 def _cell_is(cell: tuple[str, str, str]) -> Any:

@@ -65,6 +65,7 @@ _LOWERING_SOURCES = (
     "image_classifiers.py",
     "rewrites.py",
     "huggingface_rewrites.py",
+    "layer_rewrites.py",
 )
 _CALIBRATION_IMAGES = 8  # generated calibration samples of an image model (int8-static)
 # Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the

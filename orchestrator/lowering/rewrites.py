@@ -25,9 +25,16 @@ from orchestrator.lowering.spec import WRAPPED_TASKS, ModelSpec
 from orchestrator.names import is_valid_name
 
 _FUNCTIONS = "orchestrator.lowering.huggingface_rewrites"
+_LAYERS = "orchestrator.lowering.layer_rewrites"
 # Families whose default config uses `gelu_new` (transformers' configs; tests/lowering/test_rewrites.py checks it).
 GELU_NEW_FAMILIES = ("albert", "big_bird", "codegen", "fnet", "funnel", "gpt2", "gpt_neo", "gptj", "mt5",
                      "nystromformer", "phi")  # fmt: skip
+# Families whose positional convolution is weight-normalized (tests/lowering/test_layer_rewrites.py checks them).
+WEIGHT_NORM_FAMILIES = ("wav2vec2", "hubert", "wavlm", "sew", "sew-d", "unispeech", "unispeech-sat",
+                        "wav2vec2-conformer")  # fmt: skip
+# Families whose RMSNorm is LlamaRMSNorm's code (the same test checks them).
+LLAMA_RMS_NORM_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
+                           "smollm3", "granite")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,46 @@ REWRITES: dict[str, Rewrite] = {
             None,
             f"{_FUNCTIONS}:has_sdpa_attention",
             f"{_FUNCTIONS}:eager_attention",
+        ),
+        Rewrite(
+            "fold-weight-norm",
+            "a weight-normalized convolution's weight is computed once instead of on every run: XNNPACK takes a "
+            "convolution only with a constant weight, so wav2vec 2.0's positional convolution ran in portable kernels",
+            ("huggingface",),
+            None,
+            WEIGHT_NORM_FAMILIES,
+            f"{_LAYERS}:has_weight_norm",
+            f"{_LAYERS}:fold_weight_norm",
+        ),
+        Rewrite(
+            "layer-norm",
+            "LayerNorm written with the 4-D mean XNNPACK takes: native_layer_norm runs in portable kernels and "
+            "splits the delegates around every norm",
+            ("huggingface",),
+            None,
+            None,
+            f"{_LAYERS}:has_layer_norm",
+            f"{_LAYERS}:mean_layer_norm",
+        ),
+        Rewrite(
+            "rms-norm",
+            "Llama's RMSNorm written with the 4-D mean XNNPACK takes: its mean over the last dimension runs in "
+            "portable kernels and splits the delegates around every norm",
+            ("huggingface",),
+            None,
+            LLAMA_RMS_NORM_FAMILIES,
+            f"{_LAYERS}:has_llama_rms_norm",
+            f"{_LAYERS}:mean_rms_norm",
+        ),
+        Rewrite(
+            "no-kv-cache",
+            "the key/value cache is not built: a program of one forward pass never returns it, yet updating it "
+            "copies every layer's keys and values (a cat per layer and tensor) in portable kernels",
+            ("huggingface",),
+            ("causal-lm",),
+            None,
+            f"{_FUNCTIONS}:has_kv_cache",
+            f"{_FUNCTIONS}:no_kv_cache",
         ),
         Rewrite(
             "head-at-position",

@@ -1,0 +1,142 @@
+"""Rewrites of single layers (rewrites.py names them and decides when they apply): each `has_*` finds layers XNNPACK
+leaves to portable kernels, each rewrite replaces them, in place, by layers computing the same function from
+operators XNNPACK takes.
+
+- A weight-normalized convolution (wav2vec 2.0's positional convolution) computes its weight on every run, and
+  XNNPACK takes a convolution only with a constant weight: the weight is computed once, here.
+- XNNPACK takes a mean only over the two inner dimensions of a 4-D tensor (global average pooling): a layer norm
+  (`native_layer_norm`) and Llama's RMSNorm (`mean` over the last dimension) stay outside it. Written with that
+  mean, the whole norm runs inside the delegate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from orchestrator.lowering.spec import ModelSpec
+
+# ---------------------------------------------------------------------------------------------------------------
+# fold-weight-norm
+
+
+def _weight_normed(layer: torch.nn.Module) -> bool:
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.parametrizations import _WeightNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    if parametrize.is_parametrized(layer, "weight"):
+        return all(isinstance(p, _WeightNorm) for p in layer.parametrizations.weight)  # type: ignore[union-attr]
+    return any(isinstance(hook, WeightNorm) and hook.name == "weight" for hook in layer._forward_pre_hooks.values())
+
+
+def has_weight_norm(module: torch.nn.Module) -> bool:
+    """A layer's weight is weight-normalized (computed from a direction and a norm on every run)."""
+    return any(_weight_normed(layer) for layer in module.modules())
+
+
+def fold_weight_norm(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
+    """Every weight-normalized weight becomes the constant it computes to (what inference uses anyway)."""
+    from torch.nn.utils import parametrize
+
+    with torch.no_grad():
+        for layer in list(module.modules()):
+            if not _weight_normed(layer):
+                continue
+            if parametrize.is_parametrized(layer, "weight"):
+                # The parametrized class is shared by every copy of the layer (a deep copy keeps classes) and
+                # removing the parametrization edits it: give this layer a class of its own first.
+                shared = type(layer)
+                own = {key: value for key, value in vars(shared).items() if key not in ("__dict__", "__weakref__")}
+                layer.__class__ = type(shared.__name__, shared.__bases__, own)
+                parametrize.remove_parametrizations(layer, "weight", leave_parametrized=True)
+            else:
+                torch.nn.utils.remove_weight_norm(layer)
+    return module
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Norms written with XNNPACK's mean
+
+
+def last_dim_mean(values: torch.Tensor) -> torch.Tensor:
+    """`values.mean(-1, keepdim=True)`, written as the mean XNNPACK takes: over dims 2 and 3 of a 4-D tensor."""
+    pooled = values.reshape(1, -1, values.shape[-1], 1).mean((2, 3), keepdim=True)
+    return pooled.reshape(*values.shape[:-1], 1)
+
+
+class MeanLayerNorm(torch.nn.Module):
+    """torch.nn.LayerNorm over the last dimension, from a mean, products and rsqrt (all XNNPACK operators)."""
+
+    def __init__(self, norm: torch.nn.LayerNorm) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.bias = norm.bias
+        self.eps = norm.eps
+
+    def forward(self, values: torch.Tensor) -> torch.Tensor:
+        centred = values - last_dim_mean(values)
+        normed = centred * torch.rsqrt(last_dim_mean(centred * centred) + self.eps)
+        if self.weight is not None:
+            normed = normed * self.weight
+        if self.bias is not None:
+            normed = normed + self.bias
+        return normed
+
+
+def _plain_layer_norm(layer: torch.nn.Module) -> bool:
+    # over the last dimension only: the mean above covers one dimension
+    return type(layer) is torch.nn.LayerNorm and len(layer.normalized_shape) == 1
+
+
+def has_layer_norm(module: torch.nn.Module) -> bool:
+    return any(_plain_layer_norm(layer) for layer in module.modules())
+
+
+def _replace(module: torch.nn.Module, wanted: Any, replacement: Any) -> torch.nn.Module:
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if wanted(child):
+                setattr(parent, name, replacement(child))
+    return module
+
+
+def mean_layer_norm(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
+    return _replace(module, _plain_layer_norm, MeanLayerNorm)
+
+
+class MeanRMSNorm(torch.nn.Module):
+    """Llama's RMSNorm, its mean of squares taken the way XNNPACK takes a mean."""
+
+    def __init__(self, norm: torch.nn.Module) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.variance_epsilon = norm.variance_epsilon
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = last_dim_mean(hidden_states.pow(2))
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def _llama_rms_norm(layer: torch.nn.Module) -> bool:
+    """A norm whose forward is LlamaRMSNorm's, byte for byte (transformers copies it into most decoder families:
+    Qwen2RMSNorm, MistralRMSNorm, ...); Gemma's (1 + weight) and T5's norms are other code and stay."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    forward = getattr(type(layer), "forward", None)
+    if forward is None or not hasattr(forward, "__code__"):
+        return False
+    code, llama = forward.__code__, LlamaRMSNorm.forward.__code__
+    return (code.co_code, code.co_consts, code.co_names) == (llama.co_code, llama.co_consts, llama.co_names)
+
+
+def has_llama_rms_norm(module: torch.nn.Module) -> bool:
+    return any(_llama_rms_norm(layer) for layer in module.modules())
+
+
+def mean_rms_norm(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
+    return _replace(module, _llama_rms_norm, MeanRMSNorm)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from orchestrator.lowering.layer_rewrites import (
+    averaging,
     fold_weight_norm,
     has_layer_norm,
     has_llama_rms_norm,
@@ -133,12 +134,16 @@ def test_each_rewrite_computes_the_same(loaded: dict[str, torch.nn.Module], rewr
 
 def test_the_mean_is_the_last_dimensions() -> None:
     values = torch.randn(2, 3, 5, 7, generator=torch.Generator().manual_seed(3))
-    torch.testing.assert_close(last_dim_mean(values), values.mean(-1, keepdim=True))
+    torch.testing.assert_close(last_dim_mean(values, averaging(7)), values.mean(-1, keepdim=True))
     norm = torch.nn.LayerNorm(7, eps=1e-5)
     torch.nn.init.normal_(norm.weight)
     torch.nn.init.normal_(norm.bias)
     rewritten = mean_layer_norm(torch.nn.Sequential(norm), BUILTIN_SPECS["distilbert-tiny"])
     torch.testing.assert_close(rewritten(values), norm(values), atol=1e-5, rtol=1e-5)
+    plain = torch.nn.LayerNorm(7, elementwise_affine=False)
+    torch.testing.assert_close(
+        mean_layer_norm(torch.nn.Sequential(plain), BUILTIN_SPECS["distilbert-tiny"])(values), plain(values)
+    )
     assert has_layer_norm(torch.nn.LayerNorm([5, 7])) is False  # over two dimensions: left as it is
 
 

@@ -92,16 +92,6 @@ REWRITES: dict[str, Rewrite] = {
             f"{_LAYERS}:fold_weight_norm",
         ),
         Rewrite(
-            "layer-norm",
-            "LayerNorm written with the 4-D mean XNNPACK takes: native_layer_norm runs in portable kernels and "
-            "splits the delegates around every norm",
-            ("huggingface",),
-            None,
-            None,
-            f"{_LAYERS}:has_layer_norm",
-            f"{_LAYERS}:mean_layer_norm",
-        ),
-        Rewrite(
             "rms-norm",
             "Llama's RMSNorm written with the 4-D mean XNNPACK takes: its mean over the last dimension runs in "
             "portable kernels and splits the delegates around every norm",

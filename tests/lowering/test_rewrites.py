@@ -92,7 +92,7 @@ def test_every_rewrite_is_described_and_its_functions_exist() -> None:
     import importlib
 
     assert list(REWRITES) == [
-        "tanh-gelu", "eager-attention", "fold-weight-norm", "layer-norm", "rms-norm", "no-kv-cache", "head-at-position"
+        "tanh-gelu", "eager-attention", "fold-weight-norm", "rms-norm", "no-kv-cache", "head-at-position"
     ]  # fmt: skip
     for rewrite in REWRITES.values():
         assert rewrite.description.strip() and "\n" not in rewrite.description
@@ -116,18 +116,17 @@ def test_parse_rewrites() -> None:
 def test_which_rewrites_apply_by_spec() -> None:
     auto = RewriteRequest(auto=True)
     assert auto.resolve(BUILTIN_SPECS["gpt2-tiny"]) == (
-        "tanh-gelu", "eager-attention", "layer-norm", "no-kv-cache", "head-at-position"
+        "tanh-gelu", "eager-attention", "no-kv-cache", "head-at-position"
     )  # fmt: skip
-    assert auto.resolve(BUILTIN_SPECS["distilbert-tiny"]) == ("eager-attention", "layer-norm", "head-at-position")
-    assert auto.resolve(BUILTIN_SPECS["vit-tiny"]) == ("eager-attention", "layer-norm")  # no single read position
-    assert auto.resolve(BUILTIN_SPECS["smollm2-tiny"]) == (  # layer-norm too: only the module says it has none
+    assert auto.resolve(BUILTIN_SPECS["distilbert-tiny"]) == ("eager-attention", "head-at-position")
+    assert auto.resolve(BUILTIN_SPECS["vit-tiny"]) == ("eager-attention",)  # no single read position
+    assert auto.resolve(BUILTIN_SPECS["smollm2-tiny"]) == (
         "eager-attention",
-        "layer-norm",
         "rms-norm",
         "no-kv-cache",
         "head-at-position",
     )
-    assert auto.resolve(BUILTIN_SPECS["wav2vec2-tiny"]) == ("eager-attention", "fold-weight-norm", "layer-norm")
+    assert auto.resolve(BUILTIN_SPECS["wav2vec2-tiny"]) == ("eager-attention", "fold-weight-norm")
     assert auto.resolve(BUILTIN_SPECS["mobilenet-v2-tiny"]) == ()  # torchvision: nothing etlab rewrites
     asked = dataclasses.replace(BUILTIN_SPECS["bert-base-tiny"], config={"hidden_act": "gelu_new"})
     assert REWRITES["tanh-gelu"].applies(asked)  # a family that does not use gelu_new, configured to
@@ -159,7 +158,7 @@ def test_patterns_are_found_in_the_modules(loaded: dict[str, torch.nn.Module]) -
         assert has_sdpa_attention(loaded[name]) == (name != "gpt-neo-tiny"), name
         assert has_all_positions_head(loaded[name]), name
     _, applied = apply_rewrites(copy.deepcopy(loaded["gpt-neo-tiny"]), GPT_NEO_TINY, RewriteRequest(auto=True))
-    assert applied == ("tanh-gelu", "layer-norm", "no-kv-cache", "head-at-position")
+    assert applied == ("tanh-gelu", "no-kv-cache", "head-at-position")
     rewritten = eager_attention(copy.deepcopy(loaded["bert-base-tiny"]), SPECS["bert-base-tiny"])
     assert not has_sdpa_attention(rewritten)
     headed = head_at_position(loaded["distilbert-tiny"], SPECS["distilbert-tiny"])
@@ -171,7 +170,7 @@ def test_auto_skips_a_missing_pattern_and_a_named_one_is_refused(loaded: dict[st
     spec = dataclasses.replace(BUILTIN_SPECS["distilbert-tiny"], config={"activation": "gelu_new"})
     module = copy.deepcopy(loaded["distilbert-tiny"])  # built with gelu: the spec says gelu_new, the module has none
     _, applied = apply_rewrites(module, spec, RewriteRequest(auto=True))
-    assert applied == ("eager-attention", "layer-norm", "head-at-position")
+    assert applied == ("eager-attention", "head-at-position")
     with pytest.raises(RewriteNotFound, match="tanh-gelu: distilbert-tiny has nothing to rewrite") as caught:
         apply_rewrites(copy.deepcopy(loaded["distilbert-tiny"]), spec, parse_rewrites("tanh-gelu"))
     assert caught.value.exit_code == 64

@@ -40,7 +40,7 @@ def test_auto_rewrites_are_applied_recorded_and_keyed(tmp_path: Path) -> None:
     auto = parse_rewrites("auto")
     result = lowering.lower(spec, variants=[xnnpack], weights="random", root=tmp_path, jobs=1, rewrites=auto)
     sidecar = result.variants[xnnpack].sidecar
-    assert sidecar.applied_rewrites == ("eager-attention", "layer-norm", "head-at-position")
+    assert sidecar.applied_rewrites == ("eager-attention", "head-at-position")
     assert [list(output.shape) for output in sidecar.outputs] == [[1, 1000]]
     inputs = [torch.from_numpy(t.array) for t in read_tensors(result.paths.reference_inputs)]
     (reference,) = read_tensors(result.paths.reference_outputs)
@@ -55,7 +55,7 @@ def test_auto_rewrites_are_applied_recorded_and_keyed(tmp_path: Path) -> None:
         assert key != sidecar.cache_key
         assert lowering._cached(result.paths, xnnpack, key, "random") is None
     assert lowering.cache_key(spec, xnnpack, "random", False, rewrites=parse_rewrites(
-        "eager-attention,layer-norm,head-at-position")) == sidecar.cache_key  # fmt: skip
+        "eager-attention,head-at-position")) == sidecar.cache_key  # fmt: skip
 
 
 def test_an_older_sidecar_had_no_rewrites(tiny_artifacts: dict[str, LoweringResult]) -> None:

@@ -126,19 +126,3 @@ class LastTokenLogits(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         last = attention_mask.sum(dim=1) - 1
         return _logits_at(self.model, last, input_ids, attention_mask)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# no-kv-cache
-
-
-def has_kv_cache(module: torch.nn.Module) -> bool:
-    """The model builds a key/value cache on every run (`use_cache`), which the exported program never returns."""
-    config = getattr(_model(module), "config", None)
-    return bool(getattr(config, "use_cache", False))
-
-
-def no_kv_cache(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
-    """No cache: each layer attends to its keys and values as computed, not to a copy concatenated into a cache."""
-    _model(module).config.use_cache = False
-    return module

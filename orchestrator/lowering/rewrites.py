@@ -102,16 +102,6 @@ REWRITES: dict[str, Rewrite] = {
             f"{_LAYERS}:mean_rms_norm",
         ),
         Rewrite(
-            "no-kv-cache",
-            "the key/value cache is not built: a program of one forward pass never returns it, yet updating it "
-            "copies every layer's keys and values (a cat per layer and tensor) in portable kernels",
-            ("huggingface",),
-            ("causal-lm",),
-            None,
-            f"{_FUNCTIONS}:has_kv_cache",
-            f"{_FUNCTIONS}:no_kv_cache",
-        ),
-        Rewrite(
             "head-at-position",
             "the LM head runs at one position only (the [MASK], or the last real token), so the output is "
             "[B, vocab] instead of [B, seq_len, vocab]: the head is the largest matmul (a fifth of GPT-2's time)",

@@ -17,10 +17,8 @@ from orchestrator.lowering.huggingface_rewrites import (
     eager_attention,
     has_all_positions_head,
     has_gelu_new,
-    has_kv_cache,
     has_sdpa_attention,
     head_at_position,
-    no_kv_cache,
     tanh_gelu,
 )
 from orchestrator.lowering.huggingface_source import reference_inputs
@@ -91,9 +89,7 @@ def _input_sets(spec: ModelSpec, module: torch.nn.Module) -> list[tuple[torch.Te
 def test_every_rewrite_is_described_and_its_functions_exist() -> None:
     import importlib
 
-    assert list(REWRITES) == [
-        "tanh-gelu", "eager-attention", "fold-weight-norm", "rms-norm", "no-kv-cache", "head-at-position"
-    ]  # fmt: skip
+    assert list(REWRITES) == ["tanh-gelu", "eager-attention", "fold-weight-norm", "rms-norm", "head-at-position"]
     for rewrite in REWRITES.values():
         assert rewrite.description.strip() and "\n" not in rewrite.description
         for path in (rewrite.present, rewrite.apply):
@@ -115,17 +111,10 @@ def test_parse_rewrites() -> None:
 
 def test_which_rewrites_apply_by_spec() -> None:
     auto = RewriteRequest(auto=True)
-    assert auto.resolve(BUILTIN_SPECS["gpt2-tiny"]) == (
-        "tanh-gelu", "eager-attention", "no-kv-cache", "head-at-position"
-    )  # fmt: skip
+    assert auto.resolve(BUILTIN_SPECS["gpt2-tiny"]) == ("tanh-gelu", "eager-attention", "head-at-position")
     assert auto.resolve(BUILTIN_SPECS["distilbert-tiny"]) == ("eager-attention", "head-at-position")
     assert auto.resolve(BUILTIN_SPECS["vit-tiny"]) == ("eager-attention",)  # no single read position
-    assert auto.resolve(BUILTIN_SPECS["smollm2-tiny"]) == (
-        "eager-attention",
-        "rms-norm",
-        "no-kv-cache",
-        "head-at-position",
-    )
+    assert auto.resolve(BUILTIN_SPECS["smollm2-tiny"]) == ("eager-attention", "rms-norm", "head-at-position")
     assert auto.resolve(BUILTIN_SPECS["wav2vec2-tiny"]) == ("eager-attention", "fold-weight-norm")
     assert auto.resolve(BUILTIN_SPECS["mobilenet-v2-tiny"]) == ()  # torchvision: nothing etlab rewrites
     asked = dataclasses.replace(BUILTIN_SPECS["bert-base-tiny"], config={"hidden_act": "gelu_new"})
@@ -158,7 +147,7 @@ def test_patterns_are_found_in_the_modules(loaded: dict[str, torch.nn.Module]) -
         assert has_sdpa_attention(loaded[name]) == (name != "gpt-neo-tiny"), name
         assert has_all_positions_head(loaded[name]), name
     _, applied = apply_rewrites(copy.deepcopy(loaded["gpt-neo-tiny"]), GPT_NEO_TINY, RewriteRequest(auto=True))
-    assert applied == ("tanh-gelu", "no-kv-cache", "head-at-position")
+    assert applied == ("tanh-gelu", "head-at-position")
     rewritten = eager_attention(copy.deepcopy(loaded["bert-base-tiny"]), SPECS["bert-base-tiny"])
     assert not has_sdpa_attention(rewritten)
     headed = head_at_position(loaded["distilbert-tiny"], SPECS["distilbert-tiny"])
@@ -225,22 +214,3 @@ def test_tanh_gelu_computes_the_same(loaded: dict[str, torch.nn.Module], name: s
     from transformers.activations import NewGELUActivation, get_activation
 
     torch.testing.assert_close(get_activation("gelu_pytorch_tanh")(values), NewGELUActivation()(values))
-
-
-def _cats(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
-    exported = torch.export.export(module, inputs, strict=False)
-    return sum(node.target is torch.ops.aten.cat.default for node in exported.graph.nodes)
-
-
-@pytest.mark.parametrize("name", ["gpt2-tiny", "gpt-neo-tiny"])
-def test_no_kv_cache_computes_the_same_without_the_cache_copies(loaded: dict[str, torch.nn.Module], name: str) -> None:
-    spec, original = SPECS[name], loaded[name]
-    assert has_kv_cache(original) and not has_kv_cache(loaded["distilbert-tiny"])
-    rewritten = no_kv_cache(copy.deepcopy(original), spec)
-    assert not has_kv_cache(rewritten)
-    reference = _input_sets(spec, original)[0]
-    # the cache update: one cat per layer for the keys and one for the values, copied outside XNNPACK
-    layers = original.model.config.num_hidden_layers
-    assert (_cats(original, reference), _cats(rewritten, reference)) == (2 * layers, 0)
-    for inputs in _input_sets(spec, original):
-        np.testing.assert_allclose(_outputs(rewritten, inputs), _outputs(original, inputs), atol=1e-6, rtol=1e-6)

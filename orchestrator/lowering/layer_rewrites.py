@@ -61,7 +61,7 @@ def fold_weight_norm(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Modu
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Norms written with XNNPACK's mean
+# rms-norm: the mean as a fully connected layer
 
 
 def averaging(width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

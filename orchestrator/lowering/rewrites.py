@@ -93,8 +93,8 @@ REWRITES: dict[str, Rewrite] = {
         ),
         Rewrite(
             "rms-norm",
-            "Llama's RMSNorm written with the 4-D mean XNNPACK takes: its mean over the last dimension runs in "
-            "portable kernels and splits the delegates around every norm",
+            "Llama's RMSNorm takes its mean as a fully connected layer: XNNPACK takes a mean over the last "
+            "dimension of a 3-D tensor nowhere, so it ran in portable kernels and split the delegates at every norm",
             ("huggingface",),
             None,
             LLAMA_RMS_NORM_FAMILIES,

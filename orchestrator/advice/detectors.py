@@ -1,8 +1,8 @@
 """The advisor's detectors (DETECTORS, run in this order): each reads a run's measured profile and its program's
 sidecar and returns findings. Savings are predicted from the measured per-operator times only:
 
-- a rewrite's saving is the time of the portable kernels it removes (the operations it moves into XNNPACK then
-  cost there what XNNPACK's elementwise work costs, which the bench compares with the measured gain);
+- a rewrite's saving is the time of the portable kernels it removes (rewrites.py names them per rewrite; the work
+  it moves into XNNPACK then costs what it costs there, which the bench compares with the measured gain);
 - the head's saving is (1 - 1/S) of the head's measured FullyConnected time: it then runs on 1 row of S;
 - more threads save on the delegated time only (Amdahl: portable kernels run on one thread);
 - quantization's saving is measured: the same model's int8 run on the same board, FullyConnected against
@@ -74,18 +74,23 @@ def _rewrite_finding(
     )  # fmt: skip
 
 
-def find_gelu_new(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
-    if not _rewrite_offered(facts, "tanh-gelu"):
-        return []
-    calls = _operator_calls(facts, ("aten::pow",), explained)
-    if not calls:
-        return []
-    return [_rewrite_finding(
-        facts, "tanh-gelu", calls, "gelu_new's pow(x, 3) in portable kernels",
-        f"gelu_new computes pow(x, 3), which XNNPACK does not take: {len(calls)} portable kernel call(s), one per "
-        "block, each splitting the block's delegate in two",
-        "the pow kernels' measured time (the tanh GELU that replaces gelu_new runs inside XNNPACK)",
-    )]  # fmt: skip
+def find_rewritable_operators(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
+    """Per rewrite that names the portable operators it takes out: their calls in this run, when it applies."""
+    findings = []
+    for rewrite in REWRITES.values():
+        if not rewrite.portable_operators or not _rewrite_offered(facts, rewrite.name):
+            continue
+        taken = explained.union(node for f in findings for nodes in f.nodes.values() for node in nodes)
+        calls = _operator_calls(facts, rewrite.portable_operators, frozenset(taken))
+        if calls:
+            operators = ", ".join(sorted({call.operator for call in calls}))
+            findings.append(_rewrite_finding(
+                facts, rewrite.name, calls, rewrite.finding or f"{operators} in portable kernels",
+                f"{len(calls)} portable kernel call(s) of {operators}; the {rewrite.name} rewrite: "
+                f"{rewrite.description}",
+                "the measured time of the portable kernels it takes out (what replaces them runs inside XNNPACK)",
+            ))  # fmt: skip
+    return findings
 
 
 def find_sdpa_masks(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
@@ -233,7 +238,8 @@ def find_constants_twice(facts: RunFacts, _explained: frozenset[str]) -> list[Fi
 DETECTORS: dict[str, Detector] = {
     detector.name: detector
     for detector in (
-        Detector("tanh-gelu", "gelu_new's pow(x, 3) left in portable kernels", find_gelu_new),
+        Detector("rewrites", "portable operators a rewrite takes out (rewrites.py: tanh-gelu, fold-weight-norm, "
+                 "rms-norm)", find_rewritable_operators),
         Detector("eager-attention", "SDPA's per-layer mask operators in portable kernels", find_sdpa_masks),
         Detector("head-at-position", "an LM head computed at every position", find_all_positions_head),
         Detector("portable-operator", "other operators in portable kernels, by type", find_portable_operators),

@@ -47,6 +47,10 @@ class Rewrite:
     present: str  # "module:function": (module) -> bool, the pattern is in the loaded module
     apply: str  # "module:function": (module, spec) -> the rewritten module
     config_value: str | None = None
+    # For the advisor: the operators (without overload) whose portable kernel calls the rewrite takes out of the
+    # program, and what that looks like in a profile. A rewrite without them has a detector of its own.
+    portable_operators: tuple[str, ...] = ()
+    finding: str = ""
 
     def applies(self, spec: ModelSpec) -> bool:
         """Whether the rewrite can apply to the spec's model, without loading it."""
@@ -70,6 +74,8 @@ REWRITES: dict[str, Rewrite] = {
             f"{_FUNCTIONS}:has_gelu_new",
             f"{_FUNCTIONS}:tanh_gelu",
             config_value="gelu_new",
+            portable_operators=("aten::pow",),
+            finding="gelu_new's pow(x, 3) in portable kernels",
         ),
         Rewrite(
             "eager-attention",
@@ -90,6 +96,16 @@ REWRITES: dict[str, Rewrite] = {
             WEIGHT_NORM_FAMILIES,
             f"{_LAYERS}:has_weight_norm",
             f"{_LAYERS}:fold_weight_norm",
+            # the convolution, and the weight norm computed on every run (measured on wav2vec2: convolution, sum)
+            portable_operators=(
+                "aten::convolution",
+                "aten::_weight_norm_interface",
+                "aten::sum",
+                "aten::pow",
+                "aten::sqrt",
+                "aten::div",
+            ),
+            finding="a weight-normalized convolution in portable kernels",
         ),
         Rewrite(
             "rms-norm",
@@ -100,6 +116,8 @@ REWRITES: dict[str, Rewrite] = {
             LLAMA_RMS_NORM_FAMILIES,
             f"{_LAYERS}:has_llama_rms_norm",
             f"{_LAYERS}:mean_rms_norm",
+            portable_operators=("aten::mean",),
+            finding="RMSNorm's mean over the last dimension in portable kernels",
         ),
         Rewrite(
             "head-at-position",

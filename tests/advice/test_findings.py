@@ -15,6 +15,7 @@ import pytest
 from orchestrator.advice.advisor import advise
 from orchestrator.advice.detectors import DETECTORS, SDPA_MASK_OPERATORS
 from orchestrator.advice.findings import Advice
+from orchestrator.lowering.rewrites import REWRITES
 from orchestrator.results.ops_record import OpsRecord
 from tests.advice.advice_helpers import facts_of, recorded
 
@@ -148,3 +149,24 @@ def test_quantization_saving_is_measured_or_not_predicted() -> None:
 
 def test_every_detector_is_documented() -> None:
     assert all(detector.description and detector.name == name for name, detector in DETECTORS.items())
+
+
+@pytest.mark.parametrize(
+    ("model", "rewrite", "operators"),
+    [
+        ("wav2vec2-tiny", "fold-weight-norm", {"aten::convolution", "aten::sum"}),  # the positional convolution
+        ("smollm2-tiny", "rms-norm", {"aten::mean"}),  # RMSNorm's mean over the last dimension
+    ],
+)
+def test_rewrites_named_by_their_portable_operators(model: str, rewrite: str, operators: set[str]) -> None:
+    raw = recorded(model)
+    found = by_kind(advise(facts_of(raw)))
+    finding = found[rewrite]
+    calls = [row for op in REWRITES[rewrite].portable_operators for row in kernel_rows(raw, op)]
+    assert operators <= set(finding.operators) == {row["op"].split(".")[0] for row in calls}
+    assert set(finding.nodes["forward"]) == {row["node_id"] for row in calls}
+    assert finding.saving_ms == pytest.approx(sum(row["mean_ms"] for row in calls))
+    assert finding.fix == f"--rewrites {rewrite}" and rewrite in finding.cause
+    assert all(
+        f.kind != "portable-operator" or not set(f.operators) & operators for f in advise(facts_of(raw)).findings
+    )

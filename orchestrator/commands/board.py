@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
-from orchestrator.boards import labgrid
 from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.commands.common import find_artifact
-from orchestrator.commands.render import place_text, print_details, print_gc, summarize
+from orchestrator.commands.render import print_details, print_gc, summarize
 from orchestrator.deploy.agent_client import BoardAgent, GcResult
-from orchestrator.deploy.provision import probe, setup_board
+from orchestrator.deploy.board_status import board_statuses
+from orchestrator.deploy.provision import setup_board
 from orchestrator.deploy.runs import RunParams, profile, push_artifact
 from orchestrator.errors import BundleError, EtlabError, ExitCode, UsageError
 from orchestrator.lowering import programs
@@ -192,78 +192,21 @@ def _matching_runs(entries: list[dict[str, Any]], run_id: str) -> list[dict[str,
 def boards_table(boards: Sequence[Board]) -> int:
     """What each board is and how it is doing: reachable, arch, model, runtime, lock, temperature, governor; for a
     labgrid place also who reserved or locked it. Only looks: nothing is reserved or locked."""
-    places: dict[str, labgrid.PlaceStatus] = {}
-
-    def one(board: Board) -> dict[str, Any]:
-        if board.labgrid is not None:
-            with stage("labgrid"):
-                places[board.name] = labgrid.status(board)
-                board = labgrid.resolved(board, places[board.name])
-        with stage("connect"), connect(board) as conn:
-            facts = probe(conn, conn.workdir)
-            info: dict[str, Any] = {}
-            if facts.get("agent_present") and facts.get("state"):
-                info = BoardAgent(conn, conn.workdir).info()
-            return {"facts": facts, "info": info, "address": board.address}
-
-    outcomes = fan_out(boards, one, hold=False)
+    statuses, outcomes = board_statuses(boards)
     with_places = any(board.labgrid is not None for board in boards)
     rows = []
-    for o in outcomes:
-        place = [place_text(places.get(o.board.name))] if with_places else []
-        if not o.ok:
-            address = places[o.board.name].service if o.board.name in places else None
-            shown = f"{address.address}:{address.port}" if address else o.board.address
-            rows.append(
-                [o.board.name, shown, "no: " + (o.error or ""), None, None, None, None, *place, None, None, None]
-            )
-            continue
-        facts, info = o.value["facts"], o.value["info"]
-        holder = info.get("lock_holder")  # the agent's `info` key (board/agent/README.md)
-        runtime = (facts.get("state") or {}).get("executorch_version") or "not provisioned"
-        rows.append(
-            [
-                o.board.name,
-                o.value["address"],
-                "yes",
-                facts.get("arch"),
-                info.get("model") or "—",
-                runtime,
-                _holder_text(holder),
-                *place,
-                info.get("temperature_c"),
-                info.get("governor"),
-                _perf_text(info.get("perf")),
-            ]
-        )
+    for status in statuses:
+        place = [status.place] if with_places else []
+        reachable = "yes" if status.reachable else f"no: {status.error}"
+        rows.append([
+            status.name, status.address, reachable, status.arch, status.board_model or ("—" if status.reachable
+            else None), status.runtime, status.lock, *place, status.temperature_c, status.governor, status.counters,
+        ])  # fmt: skip
     columns = ["board", "address", "reachable", "arch", "board model", "runtime", "lock"]
     columns += ["labgrid place"] if with_places else []
     console.table("boards", [*columns, "temp °C", "governor", "counters"], rows)
     print_details(outcomes)
     return exit_code(outcomes)
-
-
-def _perf_text(perf: Any) -> str | None:
-    """The board's counter facts in a cell: its PMU (or none: a board condition, not an error), paranoid level and
-    which counters open, e.g. "no PMU; paranoid 2; opens task_clock, page_faults, context_switches"."""
-    if not isinstance(perf, dict):
-        return None
-    pmu = perf.get("hardware_pmu")
-    parts = [f"PMU {pmu}" if pmu else "no PMU", f"paranoid {perf.get('perf_event_paranoid')}"]
-    counters = perf.get("counters")
-    if isinstance(counters, dict):
-        opened = [name for name, status in counters.items() if status == "ok"]
-        parts.append(f"opens {', '.join(opened)}" if opened else "opens none")
-    return "; ".join(parts)
-
-
-def _holder_text(holder: Any) -> str:
-    if not holder:
-        return "free"
-    if isinstance(holder, dict):
-        origin = holder.get("client") or holder.get("hostname", "?")
-        return f"{holder.get('run_id', '?')} ({holder.get('user', '?')}@{origin})"
-    return str(holder)
 
 
 def gc(boards: Sequence[Board], keep: int) -> int:

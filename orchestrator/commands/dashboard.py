@@ -6,11 +6,12 @@ import contextlib
 from pathlib import Path
 
 from orchestrator import console, paths
-from orchestrator.boards.inventory import load_inventory
+from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.errors import InventoryError
 from orchestrator.lab.history import default_url
 from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS, load_config
 from orchestrator.servers.dashboard.app import Sources, serve_dashboard
+from orchestrator.servers.dashboard.boardwatch import look
 from orchestrator.servers.dashboard.static import write_static
 from orchestrator.servers.explorer import PortBusy
 
@@ -20,6 +21,7 @@ def sources(inventory: str | None, history: str | None, results: Path | None = N
     history, else the default SQLite file. An inventory is optional: without one, the boards are those the
     history and results/ know."""
     boards: tuple[str, ...] = ()
+    looked_at: tuple[Board, ...] = ()
     url, baseline = history, DEFAULT_BASELINE_NIGHTS
     try:
         found = load_inventory(Path(inventory) if inventory else None)
@@ -29,11 +31,12 @@ def sources(inventory: str | None, history: str | None, results: Path | None = N
         found = None
     if found is not None:
         boards = tuple(found.boards)
+        looked_at = tuple(found.boards.values())
         if found.nightly_node is not None:
             with contextlib.suppress(InventoryError):  # a broken nightly section is `fab nightly`'s to report
                 config = load_config(found)
                 url, baseline = url or config.history_url, config.baseline_nights
-    return Sources(results or paths.results_dir(), url or default_url(), None, boards, baseline)
+    return Sources(results or paths.results_dir(), url or default_url(), None, boards, baseline, looked_at)
 
 
 def dashboard_task(
@@ -41,7 +44,11 @@ def dashboard_task(
 ) -> int:
     chosen = sources(inventory, history)
     if static is not None:
-        written = write_static(chosen.lab(), static, chosen.inventory_boards)
+        live = None
+        if chosen.boards:
+            console.info(f"looking at {len(chosen.boards)} board(s) for the overview")
+            live = look(chosen.boards)
+        written = write_static(chosen.lab(), static, chosen.inventory_boards, live)
         chosen.close()
         console.info(console.escape(f"wrote {len(written)} files; open {written[0]}"))
         return 0

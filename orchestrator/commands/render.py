@@ -334,17 +334,6 @@ def print_gc(outcomes: Sequence[BoardOutcome[GcResult]]) -> None:
         console.table("gc", ["board", "removed", *GC_CATEGORIES, "bytes freed"], rows)
 
 
-def place_text(place: Any) -> str | None:
-    """A labgrid place's column in `fab boards`: its name and who locked or reserved it."""
-    if place is None:
-        return None
-    if place.acquired:
-        return f"{place.name}: locked by {place.acquired}"
-    if place.reserved_for:
-        return f"{place.name}: reserved for {place.reserved_for}"
-    return f"{place.name}: free"
-
-
 def print_details(outcomes: Sequence[BoardOutcome[Any]]) -> None:
     """Under a table that shows one line per board: the whole reason of every failure that has more to say."""
     entries = [

@@ -3,7 +3,6 @@ error reasons, and board-provided text shown as inert text."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -14,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 
 from orchestrator.boards.fanout import exit_code, fan_out, stage
@@ -22,9 +20,9 @@ from orchestrator.boards.inventory import Board
 from orchestrator.commands.render import summarize
 from orchestrator.errors import BundleError, ExitCode
 from orchestrator.lowering.lower import LoweringResult
-from orchestrator.paths import BOARD_SOURCE_DIR, PROJECT_ROOT
+from orchestrator.paths import PROJECT_ROOT
 from orchestrator.transport import connect
-from tests.plugins.agent import AgentCli
+from tests.plugins.agent import AgentCli, agent_workdir, holding_lock
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
 from tests.plugins.sshd import SshdBoard
@@ -41,17 +39,6 @@ def fab(*args: str, tmp_path: Path, artifacts: Path | None = None) -> subprocess
     return subprocess.run(
         [sys.executable, "-m", "fabric", *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300
     )
-
-
-def agent_workdir(workdir: Path) -> Path:
-    """A workdir holding the real board agent and click, as setup-board leaves them (without the runtime)."""
-    shutil.copytree(
-        BOARD_SOURCE_DIR / "agent", workdir / "board" / "agent", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    (workdir / "pylib").mkdir()
-    (workdir / "pylib" / "click").symlink_to(Path(click.__file__).parent)
-    (workdir / "bundles").mkdir()
-    return workdir
 
 
 @pytest.fixture
@@ -219,9 +206,7 @@ def held_lock(tmp_path: Path) -> Iterator[Path]:
         "hostname": "\x9b31mpi",
         "pid": os.getpid(),
     }
-    (workdir / "lock.json").write_text(json.dumps(holder))
-    with open(workdir / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with holding_lock(workdir, holder):
         yield workdir
 
 

@@ -7,17 +7,21 @@ the Raspberry Pi firmware tool cannot run here.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
 from orchestrator.paths import BOARD_SOURCE_DIR, PROJECT_ROOT
@@ -181,3 +185,21 @@ def process_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return fields[0] in ("Z", "X")
+
+
+def agent_workdir(workdir: Path) -> Path:
+    """A workdir holding the real board agent and click, as setup-board leaves them (without the runtime)."""
+    shutil.copytree(AGENT_DIR, workdir / "board" / "agent", ignore=shutil.ignore_patterns("__pycache__"))
+    (workdir / "pylib").mkdir()
+    (workdir / "pylib" / "click").symlink_to(Path(click.__file__).parent)
+    (workdir / "bundles").mkdir()
+    return workdir
+
+
+@contextlib.contextmanager
+def holding_lock(workdir: Path, holder: dict[str, Any]) -> Iterator[Path]:
+    """The agent's board lock held (as a run holds it), by `holder` as lock.json describes it."""
+    (workdir / "lock.json").write_text(json.dumps(holder))
+    with open(workdir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield workdir

@@ -23,11 +23,13 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from orchestrator import console, interrupts
+from orchestrator.boards.inventory import Board
 from orchestrator.errors import EtlabError
 from orchestrator.lab.history import History
 from orchestrator.lowering.artifacts import ArtifactPaths
 from orchestrator.results.compare import compare_runs
 from orchestrator.servers.dashboard import data, pages
+from orchestrator.servers.dashboard.boardwatch import DEFAULT_INTERVAL, BoardWatch
 from orchestrator.servers.explorer import (
     DEFAULT_PORT as EXPLORER_PORT,
 )
@@ -59,6 +61,7 @@ class Sources:
     artifacts_root: Path | None = None
     inventory_boards: tuple[str, ...] = ()
     baseline_nights: int = data.DEFAULT_BASELINE_NIGHTS
+    boards: tuple[Board, ...] = ()  # the inventory's boards, looked at for the overview (reachable, lock)
     _history: History | None = field(default=None, repr=False)
 
     def open_history(self) -> History | None:
@@ -108,9 +111,10 @@ class ExplorerSlot:
 class DashboardApp:
     """The WSGI app behind the guard."""
 
-    def __init__(self, sources: Sources, explorer: ExplorerSlot | None = None) -> None:
+    def __init__(self, sources: Sources, explorer: ExplorerSlot | None = None, watch: BoardWatch | None = None) -> None:
         self.sources = sources
         self.explorer = explorer or ExplorerSlot()
+        self.watch = watch
         self.links = pages.Links(static=False)
         self.lock = threading.Lock()  # one page assembled at a time: the history's engine and 2 cores are shared
 
@@ -158,7 +162,8 @@ class DashboardApp:
             return "200 OK", TYPES.get(Path(parts[1]).suffix, "application/octet-stream"), body, []
         lab = self.sources.lab()
         if not parts:
-            page = pages.overview_page(data.overview(lab, self.sources.inventory_boards), self.links)
+            live = self.watch.snapshot() if self.watch is not None else None
+            page = pages.overview_page(data.overview(lab, self.sources.inventory_boards, live), self.links)
         elif parts[0] == "trend" and len(parts) == 2:
             page = pages.trend_page(data.trend(lab, self._cell(lab, parts[1])), self.links)
         elif parts[0] == "run" and len(parts) == 2:
@@ -222,18 +227,25 @@ class DashboardServer:
         self.server.server_close()
         self.thread.join(10)
         self.app.explorer.stop()
+        if self.app.watch is not None:
+            self.app.watch.stop()
         self.app.sources.close()
 
 
 def start_dashboard(
-    sources: Sources, *, port: int = DEFAULT_PORT, explorer_port: int = EXPLORER_PORT
+    sources: Sources,
+    *,
+    port: int = DEFAULT_PORT,
+    explorer_port: int = EXPLORER_PORT,
+    board_interval: float = DEFAULT_INTERVAL,
 ) -> DashboardServer:
     """Serve the dashboard on 127.0.0.1:`port` in a thread; returns once its guard answers."""
     import werkzeug.serving
 
     ensure_port_free(DEFAULT_HOST, port)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request would bury the terminal's own
-    app = DashboardApp(sources, ExplorerSlot(explorer_port))
+    watch = BoardWatch(sources.boards, board_interval).start() if sources.boards else None
+    app = DashboardApp(sources, ExplorerSlot(explorer_port), watch)
     guarded = SameOriginOnly(app, port, DEFAULT_HOST, FORBIDDEN)
     server = werkzeug.serving.make_server(DEFAULT_HOST, port, guarded, threaded=True)
     thread = threading.Thread(target=server.serve_forever, name="etlab-dashboard", daemon=True)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.advice.documents import load_advice
+from orchestrator.deploy.board_status import BoardStatus
 from orchestrator.errors import AnalysisError, EtlabError
 from orchestrator.lab.history import History, RunRecord
 from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS
@@ -79,8 +80,11 @@ class Lab:
 # ---------------------------------------------------------------- overview
 
 
-def overview(lab: Lab, inventory_boards: Iterable[str] = ()) -> dict[str, Any]:
-    """The boards, and the latest night as a board × model × backend grid of verdicts."""
+def overview(
+    lab: Lab, inventory_boards: Iterable[str] = (), live: Mapping[str, BoardStatus] | None = None
+) -> dict[str, Any]:
+    """The boards (with `live`, the latest look at them), and the latest night as a board × model × backend grid of
+    verdicts."""
     night = lab.history.latest_night() if lab.history else None
     records = lab.history.records(night=night) if lab.history and night else []
     local = {run.run_id for run in lab.runs()}
@@ -103,7 +107,8 @@ def overview(lab: Lab, inventory_boards: Iterable[str] = ()) -> dict[str, Any]:
     grid = {(c["board"], c["model"], c["backend"]): c for c in cells}
     return {
         "night": night,
-        "boards": board_rows(lab, inventory_boards),
+        "boards": board_rows(lab, inventory_boards, live),
+        "looked": live is not None,
         "grid": {
             "boards": boards,
             "columns": [{"model": m, "backend": b} for m, b in columns],
@@ -122,8 +127,11 @@ def _run_row(run: LocalRun) -> dict[str, Any]:
     return {"run_id": run.run_id, "board": run.board, "model": run.model, "backend": run.backend}
 
 
-def board_rows(lab: Lab, inventory_boards: Iterable[str] = ()) -> list[dict[str, Any]]:
-    """Each board known to the inventory, the history or the results folder, with its last run's conditions."""
+def board_rows(
+    lab: Lab, inventory_boards: Iterable[str] = (), live: Mapping[str, BoardStatus] | None = None
+) -> list[dict[str, Any]]:
+    """Each board known to the inventory, the history or the results folder, with its last run's conditions and,
+    when it was looked at, whether it is reachable and who holds it now."""
     last_night = lab.history.boards() if lab.history else {}
     last_local: dict[str, LocalRun] = {run.board: run for run in lab.runs()}
     rows = []
@@ -150,9 +158,24 @@ def board_rows(lab: Lab, inventory_boards: Iterable[str] = ()) -> list[dict[str,
                 "temperature_c": conditions.get("temperature_c_after") or conditions.get("temperature_c_before"),
                 "governor": conditions.get("governor_after") or conditions.get("governor_before"),
                 "throttling": list(conditions.get("throttling_during_run") or []),
+                "now": _looked_at(live.get(name)) if live is not None else None,
             }
         )
     return rows
+
+
+def _looked_at(status: BoardStatus | None) -> dict[str, Any]:
+    """The latest look at a board: not yet looked at (a board of the history only, or the first look is running)."""
+    if status is None:
+        return {"reachable": None, "text": "not looked at", "lock": None}
+    holders = [text for text in (status.lock, status.place) if text]
+    return {
+        "reachable": status.reachable,
+        "text": "yes" if status.reachable else f"no: {status.error}",
+        "lock": "; ".join(holders) or None,
+        "runtime": status.runtime,
+        "checked_at": status.checked_at,
+    }
 
 
 # ---------------------------------------------------------------- trends

@@ -8,15 +8,23 @@ valid name gets no file (its folder was made by hand; no file name is built from
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
+from orchestrator.deploy.board_status import BoardStatus
 from orchestrator.fsutil import atomic_write_text
 from orchestrator.names import is_valid_name
 from orchestrator.servers.dashboard import data, pages
 
 
-def write_static(lab: data.Lab, folder: Path, inventory_boards: tuple[str, ...] = ()) -> list[Path]:
-    """Write every page into `folder`; returns the files written, the overview first."""
+def write_static(
+    lab: data.Lab,
+    folder: Path,
+    inventory_boards: tuple[str, ...] = (),
+    live: Mapping[str, BoardStatus] | None = None,
+) -> list[Path]:
+    """Write every page into `folder` (`live`: a look at the boards, for the overview); returns the files written,
+    the overview first."""
     links = pages.Links(static=True)
     folder = Path(folder)
     (folder / "assets").mkdir(parents=True, exist_ok=True)
@@ -26,7 +34,7 @@ def write_static(lab: data.Lab, folder: Path, inventory_boards: tuple[str, ...] 
         atomic_write_text(folder / name, text)
         written.append(folder / name)
 
-    write("index.html", pages.overview_page(data.overview(lab, inventory_boards), links))
+    write("index.html", pages.overview_page(data.overview(lab, inventory_boards, live), links))
     for cell in data.cells(lab):
         write(links.trend(data.cell_key(cell)), pages.trend_page(data.trend(lab, cell), links))
     exported = [run for run in lab.runs() if is_valid_name(run.run_id)]

@@ -238,8 +238,11 @@ def find_constants_twice(facts: RunFacts, _explained: frozenset[str]) -> list[Fi
 DETECTORS: dict[str, Detector] = {
     detector.name: detector
     for detector in (
-        Detector("rewrites", "portable operators a rewrite takes out (rewrites.py: tanh-gelu, fold-weight-norm, "
-                 "rms-norm)", find_rewritable_operators),
+        Detector(
+            "rewrites",
+            "portable operators a rewrite takes out (rewrites.py: tanh-gelu, fold-weight-norm, rms-norm)",
+            find_rewritable_operators,
+        ),
         Detector("eager-attention", "SDPA's per-layer mask operators in portable kernels", find_sdpa_masks),
         Detector("head-at-position", "an LM head computed at every position", find_all_positions_head),
         Detector("portable-operator", "other operators in portable kernels, by type", find_portable_operators),

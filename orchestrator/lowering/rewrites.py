@@ -2,7 +2,7 @@
 
 By default the program is the model as its user would export it: the profile shows what they would deploy. Each
 rewrite here computes the same function, written so more of it runs inside XNNPACK (on full-size GPT-2 the three
-took fp32 from 301.6 to 167.2 ms). The advisor (issue 24) is to propose them per family and measure what they save.
+took fp32 from 301.6 to 167.2 ms). The advisor (orchestrator/advice/) proposes them from a profile and measures them.
 
 This module is torch-free (the command line and the nightly matrix check names with it): whether a rewrite applies
 to a spec is decided from its source, family and task; whether its pattern is really in the loaded module

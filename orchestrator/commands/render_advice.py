@@ -54,8 +54,9 @@ def advice_lines(advice: Advice, limit: int = ONE_LINE_FINDINGS) -> list[str]:
 
 
 def print_advice_lines(advice: Advice, who: str = "") -> None:
+    """One unbroken line each (the terminal wraps them, not rich): a line to grep, a run id to copy."""
     for line in advice_lines(advice):
-        console.info(console.escape(f"{who}advice: {line}"))
+        console.plain(f"{who}advice: {line}")
 
 
 def render_trial(report: TrialReport) -> None:

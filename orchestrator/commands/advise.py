@@ -10,7 +10,7 @@ from orchestrator import console
 from orchestrator.advice.advisor import advise
 from orchestrator.advice.documents import write_advice
 from orchestrator.advice.facts import run_facts
-from orchestrator.advice.findings import Advice
+from orchestrator.advice.findings import Advice, RunFacts
 from orchestrator.advice.trial import try_rewrites
 from orchestrator.commands.common import find_artifact, select_boards
 from orchestrator.commands.render_advice import print_advice_lines, render_advice, render_trial
@@ -32,18 +32,21 @@ def _artifact(run: LocalRun) -> Artifact | None:
         return None
 
 
-def advise_run(run: LocalRun, results_root: Path | None = None) -> tuple[Advice, list[str]]:
-    """The run's advice, written into it (advice.json and the overlays); AnalysisError if it has no profile."""
-    facts, notes = run_facts(run, _artifact(run), results_root=results_root)
+def advise_run(
+    run: LocalRun, artifact: Artifact | None, results_root: Path | None = None
+) -> tuple[RunFacts, Advice, list[str]]:
+    """The run's facts and advice, the advice written into it (advice.json and the overlays); AnalysisError if it
+    has no profile."""
+    facts, notes = run_facts(run, artifact, results_root=results_root)
     advice = advise(facts)
     write_advice(run.path, advice)
-    return advice, notes
+    return facts, advice, notes
 
 
 def advise_quietly(run: LocalRun, who: str = "", results_root: Path | None = None) -> Advice | None:
     """After an analysis: the top findings in one line each. Advice never fails the analysis it follows."""
     try:
-        advice, _ = advise_run(run, results_root)
+        _, advice, _ = advise_run(run, _artifact(run), results_root)
     except AnalysisError as exc:
         console.warn(console.escape(f"{who}no advice: {exc}"))
         return None
@@ -71,9 +74,7 @@ def advise_task(
     """`fab advise [--run ID | --model M [--board B]] [--try [--each]]`: the latest run when neither is given."""
     run = find_run(run_id) if run_id else find_run(latest=True, model=model, board=board)
     artifact = _artifact(run)
-    facts, notes = run_facts(run, artifact)
-    advice = advise(facts)
-    write_advice(run.path, advice)
+    facts, advice, notes = advise_run(run, artifact)
     render_advice(advice, notes)
     if trial is None:
         return 0

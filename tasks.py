@@ -61,6 +61,8 @@ RUN_HELP = {
     "max_seconds": "time budget for the timed loop; stops early once spent (default 120)",
     "counters": "after the timing pass, a single-threaded hardware-counters pass: --counters alone for the default "
     "set, or --counters=cycles,instructions,task_clock,...",
+    "new_tokens": "text-generation programs: tokens generated after the prompt (default: the model's, e.g. 32); "
+    "the prompt and these must fit the KV cache",
 }
 
 
@@ -126,14 +128,16 @@ def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, ta
 @handle_errors
 def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
         iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None,
-        quantize="none", pte=None, reference=None, name=None):  # fmt: skip
+        quantize="none", pte=None, reference=None, name=None, new_tokens=None):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
     from orchestrator.commands import board as board_tasks
+    from orchestrator.commands.common import check_generation
     from orchestrator.commands.programs import chosen_artifacts
 
-    params = run_params(iterations, warmup, threads, max_seconds, timeout, counters)
+    params = run_params(iterations, warmup, threads, max_seconds, timeout, counters, new_tokens)
     chosen = variants(backend, quantize)
     artifacts = chosen_artifacts(model, spec, pte, reference, name, chosen)
+    check_generation(artifacts, params)
     return board_tasks.run(select_boards(inventory, board, group, tag, lg_wait), artifacts, params)
 
 
@@ -251,13 +255,13 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
                        no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
                        trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None,
-                       rewrites="none"):  # fmt: skip
+                       rewrites="none", new_tokens=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_and_profile as chain
     from orchestrator.commands.programs import profiled
 
     # Every option is checked before the chain lowers, connects or starts anything.
-    params = run_params(iterations, warmup, threads, max_seconds, None, counters)
+    params = run_params(iterations, warmup, threads, max_seconds, None, counters, new_tokens)
     checked = lowering_options(weights, jobs, calibration)
     listen = options.port(8081 if port is None else port)
     chosen = variants(backend, quantize, default="xnnpack")

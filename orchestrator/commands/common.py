@@ -294,7 +294,15 @@ def naming_port() -> Iterator[None]:
         raise
 
 
-def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any, counters: Any = None) -> Any:
+def run_params(
+    iterations: Any,
+    warmup: Any,
+    threads: Any,
+    max_seconds: Any,
+    timeout: Any,
+    counters: Any = None,
+    new_tokens: Any = None,
+) -> Any:
     """RunParams from task options, each checked (exit 64); unset options keep the library defaults."""
     # here, not at the top: fab imports this module at start-up
     from orchestrator.deploy.runs import RunParams
@@ -308,8 +316,29 @@ def run_params(iterations: Any, warmup: Any, threads: Any, max_seconds: Any, tim
         "max_seconds": None if max_seconds is None else options.seconds("--max-seconds", max_seconds),
         "timeout": None if timeout is None else options.seconds("--timeout", timeout, allow_zero=False),
         "counters": options.counters(counters),
+        "new_tokens": None if new_tokens is None else options.count("--new-tokens", new_tokens, minimum=1),
     }
     return RunParams(**{key: value for key, value in given.items() if value is not None})
+
+
+def check_generation(artifacts: Any, params: Any) -> None:
+    """`--new-tokens` against each text-generation program's KV cache, before anything is pushed or run (exit 64).
+
+    `--new-tokens` on a program that does not generate is refused too: it would be silently ignored."""
+    if params.new_tokens is None:
+        return
+    for artifact in artifacts:
+        generation = artifact.sidecar.generation
+        if generation is None:
+            raise UsageError(f"--new-tokens: {artifact.model} is not a text-generation program (it runs once per run)")
+        needed = generation.prompt_len + params.new_tokens
+        if needed > generation.context:
+            raise UsageError(
+                f"--new-tokens {params.new_tokens}: {artifact.model}'s prompt of {generation.prompt_len} tokens and "
+                f"{params.new_tokens} new ones need {needed} positions; its KV cache holds {generation.context}",
+                hint=f"at most --new-tokens {generation.context - generation.prompt_len}, or lower it with a larger "
+                "context",
+            )
 
 
 def nightly_job(

@@ -14,6 +14,7 @@ from orchestrator.boards.inventory import Board
 from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import (
     LoweringOptions,
+    check_generation,
     find_artifact,
     naming_calibration,
     naming_port,
@@ -69,6 +70,7 @@ def deploy_and_profile(
         )
     print_lowering(lowered)
     jobs = [CellJob(find_artifact(spec.name, variant, artifacts_root), params, accuracy) for variant in variants]
+    check_generation([job.artifact for job in jobs], params)
     return _profile(jobs, lowered.paths, boards, results_root, explore=explore, host=host, port=port,
                     open_browser=open_browser)  # fmt: skip
 
@@ -88,6 +90,7 @@ def deploy_program(
     """`fab deploy-and-profile --pte`: a program the user lowered, profiled as it is (nothing lowered)."""
     if reference_outputs_of(artifact) is None:
         console.info(f"{artifact.model}: no --reference outputs given: correctness is not checked")
+    check_generation([artifact], params)
     jobs = [CellJob(artifact, params, accuracy)]
     return _profile(jobs, artifact.paths, boards, results_root, explore=explore, host=host, port=port,
                     open_browser=open_browser)  # fmt: skip

@@ -45,6 +45,9 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
     )
     caption = f"run {run.run_id}: {measured} — {run.validity.status}"
     columns = ["node", "op", "median ms", "p90 ms", "mean ms", "% of run"]
+    if run.generation is not None:  # ops.json is a decode step's; ops_prefill.json the prompt's
+        caption = f"run {run.run_id}: one decode step (ops_prefill.json: the prefill) — {run.validity.status}"
+        columns[-1] = "% of step"
     console.table("Top operators", columns, rows[:limit], caption=caption)
     profile = run.profile or {}
     inside = profile.get("top_operator_types") or []
@@ -61,6 +64,7 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
     render_memory(run)
     render_counters(run, summary)
     render_outputs(run)
+    print_generation([(run.board or "?", run.model.name or "?", run.model.backend or "?", run)])
     for reason in run.validity.reasons:
         (console.error if reason.level == "invalid" else console.warn)(reason.reason)
     accuracy = run.accuracy
@@ -292,6 +296,52 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
     for (board, why), runs in unchecked.items():
         console.warn(f"{board}: {', '.join(runs)}: correctness not checked ({why})")
     _counters_by_cause(cells)
+    print_generation([(cell.board, cell.model, cell.variant.name, cell.summary) for cell in cells if cell.summary])
+
+
+def print_generation(runs: Sequence[tuple[str, str, str, RunSummary]]) -> None:
+    """A language model as it is used: time to first token, decode speed, per-token latency, memory per phase."""
+    rows = []
+    for board, model, backend, summary in runs:
+        generation = summary.generation
+        if generation is None:
+            continue
+        steps = generation.token_ms
+        tokens = generation.tokens or {}
+        agreement = tokens.get("agreement")
+        if agreement is None:
+            ids = "not checked"
+        elif tokens.get("first_divergence") is None:
+            ids = f"= eager ({tokens.get('compared')})"
+        else:
+            ids = f"{agreement * 100:.0f}%, parts at {tokens.get('first_divergence')}"
+        rows.append([
+            board, model, backend, f"{generation.prompt_len}+{generation.new_tokens}/{generation.context or '?'}",
+            generation.ttft_ms, generation.decode_tokens_per_s,
+            " / ".join("-" if steps.get(k) is None else f"{steps[k]:.2f}" for k in ("median", "p90", "max")),
+            _mb(generation.memory.get("prefill")), _mb(generation.memory.get("decode")),
+            _mb(generation.kv_cache_bytes), ids,
+        ])  # fmt: skip
+    if rows:
+        console.table(
+            "Generation",
+            [
+                "board",
+                "model",
+                "backend",
+                "prompt+new/ctx",
+                "TTFT ms",
+                "decode tok/s",
+                "token ms p50/p90/max",
+                "prefill MB",
+                "decode MB",
+                "KV cache MB",
+                "ids vs eager greedy",
+            ],
+            rows,
+            caption="TTFT: the prompt's prefill (median); decode tok/s: the steps after the first token; MB: peak "
+            "RSS per phase",
+        )
 
 
 def _short_path(path: Path) -> str:

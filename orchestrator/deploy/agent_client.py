@@ -41,6 +41,15 @@ GC_CATEGORIES = ("bundles", "temporaries", "models", "inputs")  # `gc`'s `remove
 
 
 @dataclass(frozen=True)
+class GenerateArgs:
+    """The runner's generate loop: a prompt of `prompt_len` ids, `new_tokens` after it, a KV cache of `context`."""
+
+    prompt_len: int
+    new_tokens: int
+    context: int
+
+
+@dataclass(frozen=True)
 class GcResult:
     """What `gc` removed on one board (or would remove, with --dry-run), checked against the documented shape."""
 
@@ -132,8 +141,11 @@ class BoardAgent:
         lock_timeout: float,
         etdump: bool = True,
         counters: str | None = None,
+        generate: GenerateArgs | None = None,
     ) -> tuple[dict[str, Any], int]:
-        """Profile under the board lock; a failed run still returns its bundle (exit 1 is accepted)."""
+        """Profile under the board lock; a failed run still returns its bundle (exit 1 is accepted).
+
+        `generate`: run the program as a language model's generate loop (the runner's `--generate`)."""
         args = [
             "profile",
             "--model",
@@ -158,6 +170,9 @@ class BoardAgent:
             args.append("--no-etdump")
         if counters:
             args += ["--counters", counters]
+        if generate is not None:
+            args += ["--generate", "--prompt-len", str(generate.prompt_len), "--new-tokens", str(generate.new_tokens)]
+            args += ["--context", str(generate.context)]
         # The SSH command itself gets the runner timeout (twice with a counters pass) plus the lock wait plus slack
         # for info probes.
         runs = 2 if counters else 1

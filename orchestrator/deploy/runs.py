@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.progress import Progress
 
 from orchestrator import __version__
-from orchestrator.deploy.agent_client import BoardAgent
+from orchestrator.deploy.agent_client import BoardAgent, GenerateArgs
 from orchestrator.errors import BoardError
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.results.store import bundle_dest
@@ -34,6 +34,7 @@ class RunParams:
     lock_timeout: float = 3600.0
     etdump: bool = True
     counters: tuple[str, ...] | None = None  # a single-threaded counters pass after the timing pass
+    new_tokens: int | None = None  # text-generation: tokens per generation; None: the program's default
 
     def runner_timeout(self) -> float:
         if self.timeout:
@@ -106,10 +107,19 @@ def profile(
         lock_timeout=params.lock_timeout,
         etdump=params.etdump,
         counters=",".join(params.counters) if params.counters else None,
+        generate=generate_args(artifact, params),
     )
     if "bundle" not in document:
         raise BoardError(f"{conn.board.name}: profile produced no bundle: {document.get('error', document)}")
     return RemoteRun(conn.board.name, run_id, document["bundle"], document["status"], document.get("error"))
+
+
+def generate_args(artifact: Artifact, params: RunParams) -> GenerateArgs | None:
+    """A text-generation program runs its generate loop on the reference prompt; any other program, once per run."""
+    generation = artifact.sidecar.generation
+    if generation is None:
+        return None
+    return GenerateArgs(generation.prompt_len, params.new_tokens or generation.new_tokens, generation.context)
 
 
 def pull(conn: BoardConnection, run: RemoteRun, artifact: Artifact, root: Path | None = None) -> Path:

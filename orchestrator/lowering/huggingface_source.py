@@ -32,6 +32,7 @@ from orchestrator.errors import SpecError
 from orchestrator.lowering.models import LoadedModel, SpecCheck
 from orchestrator.lowering.spec import (
     AUDIO_SAMPLES,
+    GENERATION_TASK,
     IMAGE_INPUT,
     INPUT_NAMES,
     LOADING_OPTIONS,
@@ -48,6 +49,7 @@ from orchestrator.tensorfile import NamedTensor
 TASK_HEADS: dict[str, tuple[str, str]] = {
     "fill-mask": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM"),
     "causal-lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
+    GENERATION_TASK: ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
     "text-classification": ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification"),
     "token-classification": ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification"),
     "feature-extraction": ("MODEL_MAPPING_NAMES", "AutoModel"),
@@ -55,6 +57,7 @@ TASK_HEADS: dict[str, tuple[str, str]] = {
     "audio-classification": ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification"),
     "speech-encoder": ("MODEL_MAPPING_NAMES", "AutoModel"),
 }
+_AUTO_BUILT = (*WRAPPED_TASKS, GENERATION_TASK)  # built through their Auto class (whole model, head included)
 TEXT_HEADS = ("text-classification", "token-classification", "feature-extraction")
 CLASSIFICATION_TASKS = ("text-classification", "token-classification", "image-classification", "audio-classification")
 # The sizes most configs have (through their attribute_map): each must be a positive integer.
@@ -257,8 +260,8 @@ def model_inputs(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> tuple[
     cls, encoder_only = head
     main = _main_input(cls, encoder_only)
     batch = spec.batch_size
-    if spec.declared_inputs:
-        return spec.declared_inputs
+    if spec.declared_inputs or spec.generates:
+        return spec.inputs
     if main == "input_ids":
         names = list(INPUT_NAMES)
         forward = inspect.signature(cls.forward).parameters
@@ -357,6 +360,10 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
     positions = getattr(config, "max_position_embeddings", None)
     if isinstance(positions, int) and inputs[0].name == "input_ids" and spec.seq_len > positions:
         problems.append(("seq_len", f"{spec.seq_len} is beyond the model's {positions} position embeddings"))
+    if spec.generates and isinstance(positions, int) and spec.cache_capacity > positions:
+        where = "context" if "context" in spec.lines or spec.context else "task"
+        problems.append((where, f"a KV cache of {spec.cache_capacity} positions is beyond the model's {positions} "
+                                "position embeddings"))  # fmt: skip
     vocab = getattr(config, "vocab_size", None) or 1
     if spec.task == "fill-mask" and spec.mask_token_id is not None and spec.mask_token_id >= vocab:
         problems.append(("mask_token_id", f"{spec.mask_token_id} is outside the vocabulary (0..{vocab - 1})"))
@@ -388,7 +395,7 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
         raise spec_failure([(origin, f"the model cannot be built from this config: {brief(exc)}")], spec) from exc
     if available is not None and FLOAT_BYTES * parameters > available:
         raise spec_failure([(origin, too_large(parameters, available, ""))], spec)
-    if spec.task not in WRAPPED_TASKS:
+    if spec.task not in _AUTO_BUILT:
         _run_on_meta(spec, config, head)
     return SpecCheck(config, parameters)
 
@@ -431,7 +438,7 @@ def _auto_class(spec: ModelSpec) -> Any:
 def _from_config(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> torch.nn.Module:
     """The task's module with fresh weights: the Auto class's, a T5EncoderModel, or a speech model's encoder."""
     cls, encoder_only = head
-    if spec.task in WRAPPED_TASKS:
+    if spec.task in _AUTO_BUILT:
         model = _auto_class(spec).from_config(config, trust_remote_code=spec.trust_remote_code)
     else:
         model = cls._from_config(config)
@@ -453,7 +460,7 @@ def build_pretrained(spec: ModelSpec) -> torch.nn.Module:
     """
     cls, encoder_only = _check_family(spec)
     config, _ = _with_overrides(spec, _base_config(spec, pretrained=True)[0], defaults=False)
-    loader = _auto_class(spec) if spec.task in WRAPPED_TASKS or not cls.__name__.endswith("EncoderModel") else cls
+    loader = _auto_class(spec) if spec.task in _AUTO_BUILT or not cls.__name__.endswith("EncoderModel") else cls
     model = loader.from_pretrained(spec.model_id, config=config, trust_remote_code=spec.trust_remote_code)
     return (model.get_encoder() if encoder_only else model).eval()
 
@@ -503,9 +510,13 @@ def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> L
     """The model as its user would export it: its first output, logits over every position for fill-mask and
     causal-lm (etlab's rewrites, rewrites.py, apply only when asked)."""
     head = _check_family(spec)
+    parameters = sum(p.numel() for p in model.parameters())
+    if spec.generates:  # prefill and decode with a static KV cache (generation.py)
+        from orchestrator.lowering.generation import GenerationModule
+
+        return LoadedModel(GenerationModule(model, spec.cache_capacity).eval(), weights, note, parameters)
     names = tuple(item.name for item in model_inputs(spec, model.config, head))
     wrapped = FirstOutput(model, names)
-    parameters = sum(p.numel() for p in model.parameters())
     return LoadedModel(wrapped.eval(), weights, note, parameters)
 
 
@@ -628,6 +639,10 @@ class HuggingFace:
         return _load_huggingface(spec, choice)
 
     def example_inputs(self, spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]:
+        if spec.generates:
+            from orchestrator.lowering import generation
+
+            return generation.example_inputs(module, spec)  # type: ignore[arg-type]
         config = module.model.config
         inputs = model_inputs(spec, config, _check_family(spec))
         vocab = getattr(config, "vocab_size", None) or 1

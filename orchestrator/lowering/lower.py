@@ -66,6 +66,7 @@ _LOWERING_SOURCES = (
     "rewrites.py",
     "huggingface_rewrites.py",
     "layer_rewrites.py",
+    "generation.py",
 )
 _CALIBRATION_IMAGES = 8  # generated calibration samples of an image model (int8-static)
 # Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the
@@ -225,6 +226,7 @@ def lower(
             # Until a lowering of the variant measured it: the longest start first.
             expected_seconds=measured[variant][1] or variant.relative_cost,
             rewrites=shared.rewrites,
+            generation=shared.generation,
         )
         for variant in missing
     ]
@@ -382,6 +384,8 @@ class _Exported:
     module: Any  # the eager module, for quantized variants lowered in this process
     rewrites: tuple[str, ...] = ()  # the rewrites applied to it
     program: Any = None  # the exported program, once `_export` ran
+    context: int | None = None  # text-generation: the KV cache's positions (a dynamic sequence length up to it)
+    generation: dict[str, Any] | None = None  # text-generation: the sidecar's `generation` record
 
 
 def _load(
@@ -403,10 +407,17 @@ def _load(
         module, applied = apply_rewrites(loaded.module, spec, rewrites)
         inputs = example_inputs(spec, module)
         example_args = tuple(torch.from_numpy(t.array) for t in inputs)
-        with torch.no_grad():
-            eager = module(*example_args)
-        outputs = [NamedTensor(f"output_{i}", array) for i, array in enumerate(eager_outputs(eager))]
-        write_tensors(artifact_paths.reference_inputs, inputs)
+        if spec.generates:  # the board gets the prompt; the reference is eager greedy generation from it
+            from orchestrator.lowering import generation
+
+            board_inputs, outputs = generation.reference(module, spec)
+            generation_record = generation.record(module, spec)
+        else:
+            with torch.no_grad():
+                eager = module(*example_args)
+            board_inputs, generation_record = inputs, None
+            outputs = [NamedTensor(f"output_{i}", array) for i, array in enumerate(eager_outputs(eager))]
+        write_tensors(artifact_paths.reference_inputs, board_inputs)
         write_tensors(artifact_paths.reference_outputs, outputs)
         console.info(
             console.escape(f"  {spec.name}: {loaded.parameters / 1e6:.1f}M parameters, weights: {loaded.weights_note}")
@@ -427,6 +438,8 @@ def _load(
         example_args,
         module,
         applied,
+        context=spec.cache_capacity if spec.generates else None,
+        generation=generation_record,
     )
 
 
@@ -474,7 +487,13 @@ def _export(shared: _Exported, artifact_paths: ArtifactPaths, timer: console.Sta
     import torch
 
     with timer.stage("export"):
-        shared.program = export_module(shared.module, shared.example_args, model=artifact_paths.name)
+        if shared.context is not None:
+            from orchestrator.lowering import generation
+
+            with lowering_stage(EXPORT, artifact_paths.name):
+                shared.program = generation.export(shared.module, shared.example_args, shared.context)
+        else:
+            shared.program = export_module(shared.module, shared.example_args, model=artifact_paths.name)
 
     # Identical content keeps the old file, so other variants' sidecars still vouch for it.
     with timer.stage("save .pt2"), atomic_path(artifact_paths.exported_program, keep_identical=True) as tmp:
@@ -660,6 +679,7 @@ def _lower_program(
         "lowering": {"seconds": round(time.perf_counter() - started, 2), "peak_rss_bytes": _peak_rss_bytes()},
         "spec": spec.to_dict(),
         "rewrites": list(task.rewrites),
+        "generation": task.generation,
         "cache_key": task.key,
         "files": files,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

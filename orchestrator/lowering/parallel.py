@@ -76,6 +76,7 @@ class VariantTask:
     peak_bytes: int  # what this variant is expected to need, for the memory check
     expected_seconds: float  # for the order: the longest variants start first
     rewrites: tuple[str, ...] = ()  # the rewrites (rewrites.py) applied to the model, applied again on a reload
+    generation: dict[str, Any] | None = None  # text-generation: the sidecar's `generation` record
 
     @property
     def needs_program(self) -> bool:

@@ -366,6 +366,31 @@ class LoweringCost:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """A text-generation program's KV cache and the run defaults it was lowered with (generation.py)."""
+
+    context: int  # the cache's positions: a prompt and its new tokens share them
+    max_prompt_len: int  # the program's upper bound on the sequence length
+    prompt_len: int  # the reference prompt's length (the spec's seq_len)
+    new_tokens: int  # the reference generation's length
+    kv_cache_bytes: int
+
+    @classmethod
+    def from_dict(cls, data: Any, reader: _Reader) -> Generation | None:
+        if data is _MISSING or data is None:
+            return None
+        fields = reader.mapping(data, "generation")
+        values = {name: reader.integer(fields, name, "generation.") for name in cls.__dataclass_fields__}
+        for name, value in values.items():
+            if value < (2 if name == "context" else 0):
+                raise reader.fail(f"generation.{name}", "a positive integer", value)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
 class Sidecar:
     """One lowered variant's sidecar; the field order is the file's key order (`variant` is written `backend`)."""
 
@@ -400,6 +425,7 @@ class Sidecar:
     outside_delegates: OutsideDelegates | None = None  # written after `memory`; absent in older sidecars
     # The rewrites applied before export (rewrites.py), written after `spec`; None: an older sidecar, which had none
     rewrites: tuple[str, ...] | None = None
+    generation: Generation | None = None  # text-generation only, written after `rewrites`
 
     @property
     def applied_rewrites(self) -> tuple[str, ...]:
@@ -456,6 +482,7 @@ class Sidecar:
             schema=schema,
             outside_delegates=OutsideDelegates.from_dict(fields.get("outside_delegates", _MISSING), reader),
             rewrites=_rewrites(fields, reader),
+            generation=Generation.from_dict(fields.get("generation", _MISSING), reader),
         )
         recorded = sidecar.quantization.scheme if sidecar.quantization is not None else None
         if recorded != (sidecar.variant.scheme.name if sidecar.variant.quantized else None):
@@ -503,6 +530,8 @@ class Sidecar:
                 ordered["outside_delegates"] = self.outside_delegates.to_dict()
             if key == "spec" and self.rewrites is not None:
                 ordered["rewrites"] = list(self.rewrites)
+            if key == "spec" and self.generation is not None:
+                ordered["generation"] = self.generation.to_dict()
         return ordered
 
     @property

@@ -47,7 +47,12 @@ from orchestrator.names import is_valid_name
 WRAPPED_TASKS = ("fill-mask", "causal-lm")
 TEXT_TASKS = (*WRAPPED_TASKS, "text-classification", "token-classification")
 IMAGE_TASK = "image-classification"  # also the task of every torchvision spec: the classifier's logits
-TASKS = (*TEXT_TASKS, "feature-extraction", IMAGE_TASK, "audio-classification", "speech-encoder")
+# A decoder LM as it is used: one program for prefill (a prompt) and decode (a token at a position), with a static
+# KV cache as mutable state inside it (generation.py).
+GENERATION_TASK = "text-generation"
+TASKS = (*TEXT_TASKS, GENERATION_TASK, "feature-extraction", IMAGE_TASK, "audio-classification", "speech-encoder")
+DEFAULT_CONTEXT = 256  # a text-generation program's KV cache capacity when the spec does not say
+DEFAULT_NEW_TOKENS = 32
 IMAGE_INPUT = "pixel_values"
 INPUT_NAMES = ("input_ids", "attention_mask")  # the text inputs every text model takes (token_type_ids: some)
 TEXT_INPUTS = (*INPUT_NAMES, "token_type_ids")
@@ -69,6 +74,7 @@ TASK_INPUTS: dict[str, tuple[str, ...]] = {
     IMAGE_TASK: (IMAGE_INPUT,),
     "audio-classification": ("input_values", "input_features"),
     "speech-encoder": ("input_values", "input_features"),
+    GENERATION_TASK: ("input_ids",),
 }
 AUDIO_SAMPLES = 16000  # the default input_values: one second at 16 kHz
 # torchvision constructor keywords a spec never sets: the weights come from `--weights` (pretrained only from the
@@ -133,6 +139,10 @@ class ModelSpec:
     # Only the command line sets this (`--trust-code`), never a spec file: a factory spec runs the user's own code.
     # Not part of the identity: without it nothing runs, so there is no other program.
     trust_code: bool = False
+    # `text-generation`: the KV cache capacity (positions) baked into the program, and how many tokens a run
+    # generates by default after a prompt of `seq_len` tokens (seq_len + new_tokens <= context).
+    context: int | None = None
+    new_tokens: int = DEFAULT_NEW_TOKENS
     # Where each field was written in the spec file: "seq_len", "config", "config.<key>" -> line.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -150,7 +160,21 @@ class ModelSpec:
             return ()
         if self.task in TEXT_TASKS:
             return tuple(InputSpec(name, "int64", (batch, self.seq_len)) for name in INPUT_NAMES)
+        if self.task == GENERATION_TASK:  # the prompt's ids and their positions; the length is dynamic
+            return (
+                InputSpec("input_ids", "int64", (1, self.seq_len)),
+                InputSpec("cache_position", "int64", (self.seq_len,)),
+            )
         return ()
+
+    @property
+    def generates(self) -> bool:
+        return self.task == GENERATION_TASK
+
+    @property
+    def cache_capacity(self) -> int:
+        """The KV cache's positions: what a prompt and the tokens generated after it share."""
+        return self.context or DEFAULT_CONTEXT
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -180,6 +204,8 @@ _RESNET_18_TINY = {"num_classes": 10}  # BasicBlock is fixed at width 64: small 
 _TEST_EFFICIENTNET_TINY = {"num_classes": 10}  # timm's own test-sized EfficientNet: 0.1M parameters
 _DISTILBERT_TINY = {"vocab_size": 1000, "dim": 64, "n_layers": 2, "n_heads": 2, "hidden_dim": 128}
 _GPT2_TINY = {"vocab_size": 1000, "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128}
+# Wider random weights than GPT-2's own 0.02, or greedy decoding of a tiny random GPT-2 repeats one token forever.
+_GPT2_GEN_TINY = {**_GPT2_TINY, "initializer_range": 0.2}
 _BERT_TINY = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
               "intermediate_size": 128, "max_position_embeddings": 128}  # fmt: skip
 _VIT_TINY = {"image_size": 32, "patch_size": 8, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -310,6 +336,47 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             task="causal-lm",
             config=_SMOLLM2_TINY,
             description="SmolLM2's architecture at 2 layers, 64 dims, random weights: for tests and quick demos",
+        ),
+        ModelSpec(
+            name="smollm2-135m-gen",
+            model_type="llama",
+            task=GENERATION_TASK,
+            model_id="HuggingFaceTB/SmolLM2-135M",
+            config=_SMOLLM2_135M,
+            seq_len=64,
+            new_tokens=64,
+            context=256,
+            description="SmolLM2-135M generating: a 64-token prompt, then 64 tokens one at a time, KV cache of 256",
+        ),
+        ModelSpec(
+            name="smollm2-gen-tiny",
+            model_type="llama",
+            task=GENERATION_TASK,
+            config={**_SMOLLM2_TINY, "initializer_range": 0.2},  # as _GPT2_GEN_TINY: ids that vary
+            seq_len=8,
+            new_tokens=8,
+            context=64,
+            description="SmolLM2's architecture at 2 layers, generating 8 tokens after 8, random weights: for tests",
+        ),
+        ModelSpec(
+            name="gpt2-gen",
+            model_type="gpt2",
+            task=GENERATION_TASK,
+            model_id="openai-community/gpt2",
+            seq_len=64,
+            new_tokens=64,
+            context=256,
+            description="GPT-2 small generating: a 64-token prompt, then 64 tokens one at a time, KV cache of 256",
+        ),
+        ModelSpec(
+            name="gpt2-gen-tiny",
+            model_type="gpt2",
+            task=GENERATION_TASK,
+            config=_GPT2_GEN_TINY,
+            seq_len=8,
+            new_tokens=8,
+            context=64,
+            description="2-layer, 64-dim GPT-2 generating 8 tokens after 8, random weights: for tests",
         ),
         ModelSpec(
             name="mobilenet-v2",
@@ -470,6 +537,8 @@ _HUGGINGFACE_FIELDS: dict[str, Check] = {
     "inputs": _list,
     "batch_size": integer(1, 64),
     "image_size": integer(16, 1024),  # image-classification: the side of the square image (the config's image_size)
+    "context": integer(2, 32768),  # text-generation: the KV cache capacity
+    "new_tokens": integer(1, 4096),  # text-generation: tokens a run generates by default
 }
 
 
@@ -512,8 +581,11 @@ def _huggingface_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[s
         return "mask_token_id", "is required for task 'fill-mask' (the [MASK] token id, e.g. 103 for BERT)"
     if "image_size" in found and task != IMAGE_TASK:
         return "image_size", f"is for task {IMAGE_TASK!r} only (task {task!r} takes no image)"
-    if "seq_len" in found and task not in TEXT_TASKS and task != "feature-extraction":
+    if "seq_len" in found and task not in (*TEXT_TASKS, GENERATION_TASK, "feature-extraction"):
         return "seq_len", f"is for text tasks only (task {task!r} takes no token ids)"
+    generation = _generation_problem(found, task)
+    if generation is not None:
+        return generation
     if "inputs" in found:
         problem = _inputs_problem(data["inputs"], task, found)
         if problem is not None:
@@ -522,6 +594,29 @@ def _huggingface_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[s
         return "image_size", f"is required for task {IMAGE_TASK!r}: the side of the square input image"
     if not found.get("model_id") and not found.get("config") and found["name"] not in BUILTIN_SPECS:
         return "model_id", "give a model_id (HuggingFace id or local folder) or a config for random weights"
+    return None
+
+
+def _generation_problem(found: dict[str, Any], task: str) -> tuple[str, str] | None:
+    """A text-generation spec's own rules: one sequence, a prompt and its new tokens within the KV cache."""
+    for key in ("context", "new_tokens"):
+        if key in found and task != GENERATION_TASK:
+            return key, f"is for task {GENERATION_TASK!r} only (task {task!r} has no KV cache)"
+    if task != GENERATION_TASK:
+        return None
+    if "inputs" in found:
+        return "inputs", f"task {GENERATION_TASK!r} takes a prompt of seq_len token ids; give seq_len instead"
+    if found.get("batch_size", 1) != 1:
+        return "batch_size", f"task {GENERATION_TASK!r} generates one sequence: batch_size must be 1"
+    prompt = found.get("seq_len", ModelSpec.seq_len)
+    new_tokens = found.get("new_tokens", DEFAULT_NEW_TOKENS)
+    context = found.get("context", DEFAULT_CONTEXT)
+    if prompt + new_tokens > context:
+        where = "context" if "context" in found else "seq_len" if "seq_len" in found else "new_tokens"
+        return where, (
+            f"a prompt of seq_len {prompt} and {new_tokens} new tokens need {prompt + new_tokens} positions, more "
+            f"than the KV cache's context {context}"
+        )
     return None
 
 

@@ -22,6 +22,15 @@ from orchestrator.results.counters_profile import CounterProfile, counters_summa
 from orchestrator.results.documents import Summary, summary_document, write_outputs
 from orchestrator.results.etdump import Etdump, read_etdump
 from orchestrator.results.etdump_profile import _method_totals, inferred_ns_per_tick, profile_etdump
+from orchestrator.results.generation import (
+    DECODE,
+    PHASES,
+    GenerationTimings,
+    TokenCheck,
+    generation_summary,
+    phase_etdump,
+    token_check,
+)
 from orchestrator.results.memory import memory_summary
 from orchestrator.results.profile import Profile
 from orchestrator.results.summary import ACCURACY_DEFAULTS, Correctness, hashing_times
@@ -90,13 +99,20 @@ def analyze_bundle(
         _verify_program(bundle, pte, sidecar)
 
     profile = None
+    phases: dict[str, Profile] = {}
+    generated = GenerationTimings.from_timings(bundle.timings)
     etdump_path = bundle.path / "etdump.etdp"
     if bundle.ran_ok and bundle.etdump_requested and not etdump_path.is_file():
         raise AnalysisError(f"bundle {bundle.path} is missing etdump.etdp")
     if etdump_path.is_file():
         plan = read_program_plan(pte, bundle.method) if pte is not None else None
-        profile, profile_notes = _profile_bundle(read_etdump(etdump_path), plan, bundle.method, bundle.timings)
-        bundle.notes.extend(profile_notes)
+        etdump = read_etdump(etdump_path)
+        if generated is not None:
+            phases = _profile_phases(etdump, plan, bundle.method, generated, bundle.notes)
+            profile = phases.get(DECODE) or next(iter(phases.values()), None)
+        else:
+            profile, profile_notes = _profile_bundle(etdump, plan, bundle.method, bundle.timings)
+            bundle.notes.extend(profile_notes)
     elif bundle.ran_ok:
         bundle.notes.append(("degraded", "run without ETDump: no per-operator profile"))
 
@@ -105,10 +121,14 @@ def analyze_bundle(
     outputs_path = bundle.path / "outputs.etlt"
     if bundle.ran_ok and not outputs_path.is_file():
         raise AnalysisError(f"bundle {bundle.path} is missing outputs.etlt")
+    tokens = None
     if reference_outputs is not None and outputs_path.is_file():
         if not Path(reference_outputs).is_file():
             raise AnalysisError(f"reference outputs {reference_outputs} do not exist")
-        correctness = check_outputs(outputs_path, Path(reference_outputs), kinds, kind_note)
+        if generated is not None:
+            correctness, tokens = _check_tokens(outputs_path, Path(reference_outputs))
+        else:
+            correctness = check_outputs(outputs_path, Path(reference_outputs), kinds, kind_note)
 
     program = _program_memory(bundle, pte, sidecar)
     memory, memory_notes = memory_summary(bundle.timings, program)
@@ -125,7 +145,11 @@ def analyze_bundle(
     top_layers = (run.profile or {}).get("top_layers") or []
     counters = counters_summary(counter_profile, bundle.run.get("counters_pass"), top_layers, latency.threads)
     run = dataclasses.replace(run, memory=memory, counters=counters)
-    if scheme.quantized:
+    if generated is not None:
+        cache = sidecar.generation.kv_cache_bytes if sidecar is not None and sidecar.generation else None
+        summary_of_generation = generation_summary(generated, bundle.timings, kv_cache_bytes=cache, tokens=tokens)
+        run = dataclasses.replace(run, generation=summary_of_generation)
+    if scheme.quantized and generated is None:
         thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
         ran = outputs_path if bundle.ran_ok and outputs_path.is_file() else None
         reference = Path(reference_outputs) if reference_outputs is not None else None
@@ -133,8 +157,58 @@ def analyze_bundle(
         accuracy = judge_accuracy(ran, reference, scheme.name, thresholds, weights, kinds)
         run = dataclasses.replace(run, accuracy=accuracy)
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile)
-    summary.written = write_outputs(bundle.path, run, profile, program=program, counters=counter_profile)
+    summary.written = write_outputs(bundle.path, run, profile, program=program, counters=counter_profile, phases=phases)
     return summary
+
+
+def _profile_phases(
+    etdump: Etdump, plan: ProgramPlan | None, method: str, generated: GenerationTimings, notes: list[tuple[str, str]]
+) -> dict[str, Profile]:
+    """The timed generations' prefill and decode steps, each profiled on its own blocks."""
+    blocks = generated.phase_blocks(etdump.execute_blocks)
+    if not any(blocks.values()):
+        notes.append((
+            "degraded",
+            f"the ETDump holds {len(etdump.execute_blocks)} Execute blocks but timings.json lists "
+            f"{len(generated.executions)} executions: no per-phase profile",
+        ))  # fmt: skip
+        return {}
+    profiles = {}
+    for phase in PHASES:
+        if not blocks[phase]:
+            continue
+        ns_per_tick, agreement = inferred_ns_per_tick(_method_totals(blocks[phase]), generated.phase_times(phase))
+        if agreement is not None and abs(agreement - 1.0) > TIMING_AGREEMENT:
+            notes.append((
+                "degraded",
+                f"{phase}: ETDump's method time is {agreement * 100:.0f}% of timings.json's; per-operator times "
+                "may be off",
+            ))  # fmt: skip
+        phase_profile = profile_etdump(
+            phase_etdump(etdump, blocks[phase]), plan, method=method, ns_per_tick=ns_per_tick
+        )
+        phase_profile.timing_agreement = agreement
+        profiles[phase] = phase_profile
+    return profiles
+
+
+def _check_tokens(outputs: Path, reference: Path) -> tuple[Correctness, TokenCheck | None]:
+    """The generated ids against eager greedy generation: equal, or where they part."""
+    from orchestrator.tensorfile import TensorFileError, read_tensors
+
+    try:
+        (ran,), (expected,) = read_tensors(outputs), read_tensors(reference)
+    except (TensorFileError, ValueError) as exc:
+        return Correctness(True, False, f"the generated ids cannot be compared: {exc}"), None
+    check = token_check(ran.array, expected.array)
+    reason = None
+    if check.first_divergence is not None:
+        reason = (
+            f"the generated ids part from eager greedy generation at token {check.first_divergence} "
+            f"({check.matching}/{check.compared} equal)"
+        )
+    correctness = Correctness(True, check.first_divergence is None, reason, top1_agreement=check.agreement)
+    return correctness, check
 
 
 def _counter_profile(bundle: BundleFiles) -> CounterProfile | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,12 +60,16 @@ def write_outputs(
     *,
     program: ProgramMemory | None = None,
     counters: CounterProfile | None = None,
+    phases: Mapping[str, Profile] | None = None,
 ) -> list[Path]:
-    """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point."""
+    """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point.
+
+    `phases` (a text-generation run: prefill, decode) get their own ops_<phase>.json and overlays.
+    """
     out = bundle_dir / ANALYSIS_DIR
     written = []
     # Outputs of an earlier analysis (and comparisons made from it) must not outlive it.
-    stale = [out / "ops.json", out / "ops.csv", *out.glob("compare_vs_*.json")]
+    stale = [out / "ops.json", out / "ops.csv", *out.glob("ops_*.json"), *out.glob("compare_vs_*.json")]
     stale += (bundle_dir / overlays.OVERLAY_DIR).glob("me_overlay_*.json")
     for path in stale:
         path.unlink(missing_ok=True)
@@ -80,7 +85,11 @@ def write_outputs(
             program=program,
             counters=counters,
             counters_summary=run.counters,
+            phases=phases,
         )
+    for phase, phase_profile in (phases or {}).items():
+        atomic_write_json(out / f"ops_{phase}.json", ops_document(phase_profile, run.run_id, None))
+        written.append(out / f"ops_{phase}.json")
     atomic_write_json(out / "summary.json", run.to_dict())
     written.append(out / "summary.json")
     return written

@@ -44,6 +44,11 @@ BLUE_WHITE_RED = [
 ]
 
 
+def _base(metric: str) -> str:
+    """The timing metric of a phase's overlay name (`decode_median_ms` -> `median_ms`)."""
+    return next(base for base in METRICS if metric == base or metric.endswith(f"_{base}"))
+
+
 def overlay_path(bundle_dir: Path, metric: str) -> Path:
     return Path(bundle_dir) / OVERLAY_DIR / f"me_overlay_{metric}.json"
 
@@ -117,18 +122,27 @@ def write_overlays(
     program: ProgramMemory | None = None,
     counters: CounterProfile | None = None,
     counters_summary: Counters | None = None,
+    phases: Mapping[str, Profile] | None = None,
 ) -> list[Path]:
-    """Write one overlay per metric (timing, live bytes, each captured counter) plus the index; return the paths."""
+    """Write one overlay per metric (timing, live bytes, each captured counter) plus the index; return the paths.
+
+    `phases` (prefill, decode of a text-generation run) add `me_overlay_<phase>_<metric>` for each timing metric.
+    """
     written = []
-    for metric in METRICS:
+    extra: dict[str, str] = {}
+    timed = [(metric, profile, f"{metric} ({run_id})") for metric in METRICS]
+    for phase, phase_profile in (phases or {}).items():
+        timed += [(f"{phase}_{metric}", phase_profile, f"{phase}: {metric} ({run_id})") for metric in METRICS]
+    for metric, metric_profile, name in timed:
         document = {
-            graph_id: graph_node_data(f"{metric} ({run_id})", values, GREEN_YELLOW_RED)
-            for graph_id, values in overlay_values(profile, metric).items()
+            graph_id: graph_node_data(name, values, GREEN_YELLOW_RED)
+            for graph_id, values in overlay_values(metric_profile, _base(metric)).items()
         }
         path = overlay_path(bundle_dir, metric)
         atomic_write_json(path, document)
         written.append(path)
-    extra: dict[str, str] = {}
+        if metric not in METRICS:
+            extra[metric] = path.name
     if program is not None and program.live_bytes:
         written.append(write_live_bytes(bundle_dir, program, f"live bytes ({profile.pte_name or run_id})"))
         extra[LIVE_BYTES] = overlay_path(bundle_dir, LIVE_BYTES).name

@@ -464,6 +464,63 @@ class Counters:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """summary.json's `generation`: the figures a user of a language model asks for."""
+
+    prompt_len: int
+    new_tokens: int
+    context: int | None
+    generations: int  # timed generations the figures come from
+    ttft_ms: float | None  # time to first token: the prefill (median over the timed generations)
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None  # (N-1) decode steps over their time, median over the generations
+    token_ms: dict[str, float | None] = field(default_factory=dict)  # decode step latency: median, p90, max
+    load_ms: float | None = None  # loading the program and initialising the method
+    kv_cache_bytes: int | None = None
+    memory: dict[str, int | None] = field(default_factory=dict)  # peak RSS: prefill, decode
+    tokens: dict[str, Any] | None = None  # TokenCheck.to_dict(), or None when no reference was given
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Generation | None:
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise AnalysisError("summary.json: generation must be a mapping")
+        number = _float
+        tokens = data.get("tokens")
+        return cls(
+            prompt_len=int(number(data.get("prompt_len")) or 0),
+            new_tokens=int(number(data.get("new_tokens")) or 0),
+            context=_int(data.get("context")),
+            generations=int(number(data.get("generations")) or 0),
+            ttft_ms=number(data.get("ttft_ms")),
+            prefill_tokens_per_s=number(data.get("prefill_tokens_per_s")),
+            decode_tokens_per_s=number(data.get("decode_tokens_per_s")),
+            token_ms={str(k): number(v) for k, v in _mapping(data.get("token_ms"), "generation.token_ms").items()},
+            load_ms=number(data.get("load_ms")),
+            kv_cache_bytes=_int(data.get("kv_cache_bytes")),
+            memory={str(k): _int(v) for k, v in _mapping(data.get("memory"), "generation.memory").items()},
+            tokens=dict(tokens) if isinstance(tokens, dict) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_len": self.prompt_len,
+            "new_tokens": self.new_tokens,
+            "context": self.context,
+            "generations": self.generations,
+            "ttft_ms": self.ttft_ms,
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "token_ms": dict(self.token_ms),
+            "load_ms": self.load_ms,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "memory": dict(self.memory),
+            "tokens": self.tokens,
+        }
+
+
+@dataclass(frozen=True)
 class RunSummary:
     run_id: str
     model: ProgramInfo
@@ -480,6 +537,7 @@ class RunSummary:
     memory: Memory | None = None
     counters: Counters | None = None
     accuracy: Accuracy | None = None  # quantized programs only
+    generation: Generation | None = None  # text-generation programs only
 
     @classmethod
     def from_dict(cls, data: Any) -> RunSummary:
@@ -506,6 +564,7 @@ class RunSummary:
             memory=Memory.from_dict(fields.get("memory")),
             counters=Counters.from_dict(fields.get("counters")),
             accuracy=Accuracy.from_dict(fields.get("accuracy")),
+            generation=Generation.from_dict(fields.get("generation")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -531,5 +590,7 @@ class RunSummary:
             data["counters"] = self.counters.to_dict()
         if self.accuracy is not None:
             data["accuracy"] = self.accuracy.to_dict()
+        if self.generation is not None:
+            data["generation"] = self.generation.to_dict()
         data["validity"] = self.validity.to_dict()
         return data

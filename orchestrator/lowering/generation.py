@@ -1,0 +1,109 @@
+"""A decoder LM as it is used (`task: text-generation`): one program for prefill and decode, a static KV cache inside.
+
+The program takes `input_ids` [1, S] and `cache_position` [S] (S dynamic: a prompt of P tokens, then one token at
+position P, P+1, ...) and returns the logits [1, S, vocab]; the KV cache is mutable state of the program, written at
+`cache_position` on every call. That is transformers' own ExecuTorch recipe (`TorchExportableModuleWithStaticCache`),
+chosen over ExecuTorch's LLM export because it takes any family transformers knows (the LLM export builds its own
+Llama from a checkpoint) and uses only standard operators, which the native runner's kernels have (ExecuTorch's
+custom SDPA and cache-update operators would need their kernel library on the board). Measured with transformers
+5.24 and ExecuTorch 1.5.1: `strict=False` export fails later in to_edge ("expected compiled_fn to be GraphModule"),
+`strict=True` lowers, and the runner's greedy ids equal `model.generate`'s for Llama and GPT-2 configs.
+
+The reference a run is checked against is eager HuggingFace greedy generation from the same prompt (fp32), so the
+generated ids must be equal, not close.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.weights import RANDOM_SEED
+from orchestrator.tensorfile import NamedTensor
+
+PROMPT_INPUT = "input_ids"
+POSITION_INPUT = "cache_position"
+
+
+class GenerationModule(torch.nn.Module):
+    """`model` with a static KV cache of `context` positions: forward(input_ids [1, S], cache_position [S]) ->
+    logits [1, S, vocab]. `model` stays the HuggingFace model (eager generation, vocab_size_of, rewrites' checks)."""
+
+    def __init__(self, model: torch.nn.Module, context: int) -> None:
+        from transformers import GenerationConfig
+        from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+
+        super().__init__()
+        model.generation_config = GenerationConfig(
+            use_cache=True, cache_implementation="static", cache_config={"batch_size": 1, "max_cache_len": context}
+        )
+        self.model = model
+        self.context = context
+        self.cached = TorchExportableModuleWithStaticCache(model, 1, context)
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        return self.cached(input_ids=input_ids, cache_position=cache_position)
+
+
+def prompt_ids(length: int, vocab_size: int, seed: int = RANDOM_SEED) -> np.ndarray:
+    """A deterministic prompt [1, length]: ids drawn from the upper half of the vocabulary (no special tokens)."""
+    low = min(1000, vocab_size // 2)
+    return np.random.default_rng(seed).integers(low, vocab_size, size=(1, length)).astype(np.int64)
+
+
+def example_inputs(module: GenerationModule, spec: ModelSpec) -> list[NamedTensor]:
+    """The prefill's inputs for the spec's prompt: the ids and their positions 0..P-1."""
+    ids = prompt_ids(spec.seq_len, int(module.model.config.vocab_size))
+    return [NamedTensor(PROMPT_INPUT, ids), NamedTensor(POSITION_INPUT, np.arange(spec.seq_len, dtype=np.int64))]
+
+
+def greedy_ids(module: GenerationModule, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
+    """Eager HuggingFace greedy generation from `prompt` [1, P]: the `new_tokens` ids after it, [1, N], int64.
+
+    Its own dynamic cache, never the program's static one; no end-of-sequence stop (the runner generates N tokens).
+    """
+    from transformers import GenerationConfig
+
+    ids = torch.from_numpy(prompt)
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0
+    )
+    with torch.no_grad():
+        out = module.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out[:, prompt.shape[1] :].contiguous().numpy().astype(np.int64)
+
+
+def reference(module: GenerationModule, spec: ModelSpec) -> tuple[list[NamedTensor], list[NamedTensor]]:
+    """What the board runs and what it must produce: the prompt (the runner's inputs file) and eager greedy ids."""
+    prompt = example_inputs(module, spec)[0]
+    return [prompt], [NamedTensor("output_0", greedy_ids(module, prompt.array, spec.new_tokens))]
+
+
+def export(module: torch.nn.Module, example_args: tuple, context: int) -> Any:
+    """The program with a dynamic sequence length 1..context-1 (a prompt, then one token at a time)."""
+    seq = torch.export.Dim("seq", min=1, max=context - 1)
+    with torch.no_grad():
+        return torch.export.export(module, example_args, dynamic_shapes=({1: seq}, {0: seq}), strict=True)
+
+
+def kv_cache_bytes(module: GenerationModule) -> int:
+    """The KV cache's bytes: every layer's key and value buffers, as the program holds them."""
+    return sum(
+        buffer.numel() * buffer.element_size()
+        for name, buffer in module.cached.named_buffers()
+        if name.startswith(("key_cache_", "value_cache_"))
+    )
+
+
+def record(module: GenerationModule, spec: ModelSpec) -> dict[str, Any]:
+    """The sidecar's `generation`: the cache's size and the defaults a run starts from."""
+    return {
+        "context": spec.cache_capacity,
+        "max_prompt_len": spec.cache_capacity - 1,
+        "prompt_len": spec.seq_len,
+        "new_tokens": spec.new_tokens,
+        "kv_cache_bytes": kv_cache_bytes(module),
+    }

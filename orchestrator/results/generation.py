@@ -1,0 +1,224 @@
+"""A text-generation run as it is used: time to first token, decode speed, per-token latency, and the phases.
+
+The runner's `--generate` mode (board/runner/README.md, "Generate mode") records, in timings.json's `generation`,
+one entry per `execute()` (`executions`: "prefill" or "decode", warmup included) and per generation its prefill
+time, its decode steps' times and the ids it produced. ETDump opens one "Execute" block per `execute()`, so those
+entries split the blocks into the prefill's and the decode steps' (timed generations only), each profiled on its
+own. Everything in timings.json came from a board: it is checked here before anything is counted from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from orchestrator.errors import AnalysisError
+from orchestrator.results.etdump import Etdump, RunBlock
+from orchestrator.results.stats import distribution
+from orchestrator.results.summary import Generation
+
+PREFILL = "prefill"
+DECODE = "decode"
+PHASES = (PREFILL, DECODE)
+_MAX_EXECUTIONS = 1_000_000  # far beyond any run's budget: a larger list is not a runner's
+_MAX_TOKEN_ID = 2**31
+
+
+@dataclass(frozen=True)
+class GenerationRun:
+    """One generation: a prefill, then N-1 decode steps, N ids."""
+
+    warmup: bool
+    prefill_ms: float
+    decode_ms: tuple[float, ...]
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GenerationTimings:
+    """timings.json's `generation`, checked."""
+
+    prompt_len: int
+    new_tokens: int
+    context: int | None
+    max_prompt_len: int | None
+    executions: tuple[str, ...]
+    runs: tuple[GenerationRun, ...]
+
+    @classmethod
+    def from_timings(cls, timings: dict[str, Any]) -> GenerationTimings | None:
+        """None for a run that did not generate; AnalysisError naming the field when the record is malformed."""
+        data = timings.get("generation") if isinstance(timings, dict) else None
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise _bad("generation", "a mapping")
+        prompt_len, new_tokens = _count(data, "prompt_len", 1), _count(data, "new_tokens", 1)
+        context = None if data.get("context") is None else _count(data, "context", 2)
+        max_prompt = None if data.get("max_prompt_len") is None else _count(data, "max_prompt_len", 1)
+        executions = data.get("executions")
+        if not isinstance(executions, list) or len(executions) > _MAX_EXECUTIONS:
+            raise _bad("generation.executions", "a list")
+        if any(item not in PHASES for item in executions):
+            raise _bad("generation.executions", f"a list of {' and '.join(PHASES)}")
+        runs = data.get("runs")
+        if not isinstance(runs, list) or len(runs) > _MAX_EXECUTIONS:
+            raise _bad("generation.runs", "a list")
+        parsed = tuple(_run(item, f"generation.runs[{index}]", new_tokens) for index, item in enumerate(runs))
+        expected = [phase for run in parsed for phase in (PREFILL, *[DECODE] * len(run.decode_ms))]
+        if executions != expected:
+            raise AnalysisError(
+                f"timings.json: generation.executions ({len(executions)}) does not follow its runs "
+                f"({len(parsed)} generations, {len(expected)} executions)"
+            )
+        return cls(prompt_len, new_tokens, context, max_prompt, tuple(executions), parsed)
+
+    @property
+    def timed(self) -> list[GenerationRun]:
+        return [run for run in self.runs if not run.warmup]
+
+    def phase_blocks(self, execute_blocks: list[RunBlock]) -> dict[str, list[RunBlock]]:
+        """The timed generations' Execute blocks by phase, in order; empty when the ETDump does not line up."""
+        if len(execute_blocks) != len(self.executions):
+            return {phase: [] for phase in PHASES}
+        warmup = [run.warmup for run in self.runs for _ in range(1 + len(run.decode_ms))]
+        return {
+            phase: [
+                block
+                for block, which, is_warmup in zip(execute_blocks, self.executions, warmup, strict=True)
+                if which == phase and not is_warmup
+            ]
+            for phase in PHASES
+        }
+
+    def phase_times(self, phase: str) -> list[float]:
+        """The timed executions' times of `phase`, in the order of its blocks."""
+        if phase == PREFILL:
+            return [run.prefill_ms for run in self.timed]
+        return [ms for run in self.timed for ms in run.decode_ms]
+
+    def last_tokens(self) -> tuple[int, ...]:
+        timed = self.timed or list(self.runs)
+        return timed[-1].token_ids if timed else ()
+
+
+def phase_etdump(etdump: Etdump, blocks: list[RunBlock]) -> Etdump:
+    """An ETDump of `blocks` only: what profile_etdump reads for one phase."""
+    return Etdump(etdump.version, list(blocks))
+
+
+@dataclass(frozen=True)
+class TokenCheck:
+    """The board's ids against eager greedy generation from the same prompt."""
+
+    compared: int  # ids compared: the shorter of the run's and the reference's
+    matching: int
+    first_divergence: int | None  # the index of the first id that differs, None when all compared ones match
+    reference_tokens: int
+
+    @property
+    def agreement(self) -> float | None:
+        return self.matching / self.compared if self.compared else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "compared": self.compared,
+            "matching": self.matching,
+            "agreement": self.agreement,
+            "first_divergence": self.first_divergence,
+            "reference_tokens": self.reference_tokens,
+        }
+
+
+def token_check(generated: np.ndarray, reference: np.ndarray) -> TokenCheck:
+    """Position by position; the first divergence makes every later id a different continuation, so `agreement`
+    counts positions, and `first_divergence` says where the text parts."""
+    ran, expected = np.asarray(generated).reshape(-1), np.asarray(reference).reshape(-1)
+    compared = min(ran.size, expected.size)
+    equal = ran[:compared] == expected[:compared]
+    first = None if bool(equal.all()) else int(np.argmin(equal))
+    return TokenCheck(compared, int(equal.sum()), first, int(expected.size))
+
+
+def generation_summary(
+    record: GenerationTimings,
+    timings: dict[str, Any],
+    *,
+    kv_cache_bytes: int | None,
+    tokens: TokenCheck | None,
+) -> Generation:
+    timed = record.timed
+    prefill = distribution([run.prefill_ms for run in timed])
+    rates = [len(run.decode_ms) / sum(run.decode_ms) * 1000.0 for run in timed if run.decode_ms and sum(run.decode_ms)]
+    steps = distribution(record.phase_times(DECODE))
+    loads = [timings.get(key) for key in ("load_ms", "method_init_ms")]
+    phases = _mapping((_mapping(timings.get("memory")) or {}).get("phases"))
+    return Generation(
+        prompt_len=record.prompt_len,
+        new_tokens=record.new_tokens,
+        context=record.context,
+        generations=len(timed),
+        ttft_ms=prefill.median if prefill else None,
+        prefill_tokens_per_s=record.prompt_len / prefill.median * 1000.0 if prefill and prefill.median else None,
+        decode_tokens_per_s=float(np.median(rates)) if rates else None,
+        token_ms={"median": steps.median, "p90": steps.p90, "max": steps.max} if steps else {},
+        load_ms=sum(known) if (known := [v for v in map(_number_or_none, loads) if v is not None]) else None,
+        kv_cache_bytes=kv_cache_bytes,
+        memory={
+            PREFILL: _peak(phases.get("first_execution")),
+            DECODE: _peak(phases.get("decode")),
+        },
+        tokens=tokens.to_dict() if tokens is not None else None,
+    )
+
+
+def _peak(phase: Any) -> int | None:
+    if not isinstance(phase, dict):
+        return None
+    return _int_or_none(phase.get("peak_rss_bytes"))
+
+
+def _run(data: Any, where: str, new_tokens: int) -> GenerationRun:
+    if not isinstance(data, dict):
+        raise _bad(where, "a mapping")
+    prefill = _number_or_none(data.get("prefill_ms"))
+    if prefill is None or prefill < 0:
+        raise _bad(f"{where}.prefill_ms", "a number >= 0")
+    decode = data.get("decode_ms")
+    if not isinstance(decode, list) or any(_number_or_none(v) is None or v < 0 for v in decode):
+        raise _bad(f"{where}.decode_ms", "a list of numbers >= 0")
+    ids = data.get("token_ids")
+    if not isinstance(ids, list) or any(_int_or_none(v) is None or not 0 <= v < _MAX_TOKEN_ID for v in ids):
+        raise _bad(f"{where}.token_ids", "a list of token ids")
+    if len(ids) != len(decode) + 1 or len(ids) > new_tokens:
+        raise AnalysisError(
+            f"timings.json: {where}: {len(ids)} token ids for {len(decode)} decode steps (new_tokens {new_tokens})"
+        )
+    return GenerationRun(data.get("warmup") is True, float(prefill), tuple(float(v) for v in decode), tuple(ids))
+
+
+def _count(data: dict[str, Any], key: str, minimum: int) -> int:
+    value = _int_or_none(data.get(key))
+    if value is None or value < minimum:
+        raise _bad(f"generation.{key}", f"an integer >= {minimum}")
+    return value
+
+
+def _bad(where: str, wanted: str) -> AnalysisError:
+    return AnalysisError(f"timings.json: {where} must be {wanted}")
+
+
+def _number_or_none(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value):
+        return float(value)
+    return None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}

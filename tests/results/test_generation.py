@@ -1,0 +1,104 @@
+"""timings.json's `generation` record (orchestrator/results/generation.py): checked before anything is counted from it
+(it comes from a board), split into phases, summarised; and the generated ids against eager greedy generation."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+
+from orchestrator.errors import AnalysisError
+from orchestrator.results.etdump import RunBlock
+from orchestrator.results.generation import (
+    DECODE,
+    PREFILL,
+    GenerationTimings,
+    generation_summary,
+    token_check,
+)
+from orchestrator.results.summary import Generation
+
+
+def record(generations: list[tuple[bool, float, list[float], list[int]]], **changes: Any) -> dict[str, Any]:
+    executions = [phase for _, _, decode, _ in generations for phase in (PREFILL, *[DECODE] * len(decode))]
+    data = {
+        "prompt_len": 4, "new_tokens": 3, "context": 16, "max_prompt_len": 15, "executions": executions,
+        "runs": [{"warmup": w, "prefill_ms": p, "decode_ms": d, "token_ids": t} for w, p, d, t in generations],
+    }  # fmt: skip
+    return {"generation": {**data, **changes}, "load_ms": 5.0, "method_init_ms": 2.0}
+
+
+RUNS = [(True, 9.0, [1.0, 1.0], [5, 6, 7]), (False, 8.0, [2.0, 2.0], [5, 6, 7]), (False, 6.0, [1.0, 3.0], [5, 6, 7])]
+
+
+def test_a_record_splits_into_timed_phases_and_summarises() -> None:
+    timings = record(RUNS)
+    parsed = GenerationTimings.from_timings(timings)
+    assert parsed is not None and len(parsed.timed) == 2
+    assert parsed.phase_times(PREFILL) == [8.0, 6.0]
+    assert parsed.phase_times(DECODE) == [2.0, 2.0, 1.0, 3.0]
+    blocks = [RunBlock(name="Execute", **_empty_block()) for _ in parsed.executions]
+    split = parsed.phase_blocks(blocks)
+    assert [len(split[PREFILL]), len(split[DECODE])] == [2, 4]
+    assert split[PREFILL][0] is blocks[3]  # the warmup generation's three executions are left out
+    assert parsed.phase_blocks(blocks[:-1]) == {PREFILL: [], DECODE: []}  # not lined up: no phase is guessed
+    summary = generation_summary(parsed, timings, kv_cache_bytes=1024, tokens=None)
+    assert summary.ttft_ms == 7.0  # the median of 8 and 6
+    assert summary.decode_tokens_per_s == pytest.approx(500.0)  # 2 steps in 4 ms, both generations
+    assert summary.token_ms == {"median": 2.0, "p90": pytest.approx(2.7), "max": 3.0}
+    assert summary.load_ms == 7.0
+    assert Generation.from_dict(summary.to_dict()) == summary
+
+
+def _empty_block() -> dict[str, Any]:
+    empty = np.zeros(0, dtype=np.int64)
+    return {"event_names": [], "delegate_names": [], "chain": empty, "instruction": empty, "start": empty,
+            "end": empty}  # fmt: skip
+
+
+BAD = [
+    ({"executions": "prefill"}, "generation.executions must be a list"),
+    ({"executions": ["prefill", "warp", "decode"] * 3}, "a list of prefill and decode"),
+    ({"prompt_len": 0}, "generation.prompt_len must be an integer >= 1"),
+    ({"prompt_len": True}, "generation.prompt_len must be an integer >= 1"),
+    ({"runs": {"a": 1}}, "generation.runs must be a list"),
+    ({"executions": ["prefill"]}, "does not follow its runs"),
+]
+
+
+@pytest.mark.parametrize(("change", "words"), BAD)
+def test_a_malformed_record_is_an_analysis_error_naming_the_field(change: dict[str, Any], words: str) -> None:
+    with pytest.raises(AnalysisError, match=words):
+        GenerationTimings.from_timings(record(RUNS, **change))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("token_ids", [5, -1, 7], "token_ids must be a list of token ids"),
+        ("decode_ms", [1.0, float("nan")], "decode_ms must be a list of numbers"),
+        ("prefill_ms", "fast", "prefill_ms must be a number"),
+        ("token_ids", [5, 6], "2 token ids for 2 decode steps"),
+    ],
+)
+def test_a_malformed_run_is_refused(field: str, value: Any, words: str) -> None:
+    timings = record(RUNS)
+    broken = copy.deepcopy(timings)
+    broken["generation"]["runs"][1][field] = value
+    with pytest.raises(AnalysisError, match=words):
+        GenerationTimings.from_timings(broken)
+
+
+def test_a_run_without_generation_has_no_record() -> None:
+    assert GenerationTimings.from_timings({"iterations_ms": [1.0]}) is None
+
+
+def test_token_check_finds_the_first_divergence() -> None:
+    same = token_check(np.array([[1, 2, 3, 4]]), np.array([[1, 2, 3, 4]]))
+    assert (same.agreement, same.first_divergence) == (1.0, None)
+    parted = token_check(np.array([[1, 2, 9, 4]]), np.array([[1, 2, 3, 4]]))
+    assert (parted.matching, parted.first_divergence) == (3, 2)
+    shorter = token_check(np.array([[1, 2]]), np.array([[1, 2, 3, 4]]))
+    assert (shorter.compared, shorter.reference_tokens, shorter.first_divergence) == (2, 4, None)

@@ -281,11 +281,6 @@ int run(const Options& options) {
                                                   expected);
     }
   }
-  check_outputs_writable(options);
-  check_model_readable(options.model);
-  if (options.start_fd >= 0 && fcntl(options.start_fd, F_GETFD) < 0) {
-    throw RunnerError(kExitUsage, "--start-fd " + std::to_string(options.start_fd) + " is not an open descriptor");
-  }
   // Generate mode: the prompt is known before the program is loaded, so a run that cannot fit is refused at once.
   std::vector<int64_t> prompt;
   if (options.generate) {
@@ -296,6 +291,11 @@ int run(const Options& options) {
                                         std::to_string(options.new_tokens) + " exceeds --context " +
                                         std::to_string(*options.context));
     }
+  }
+  check_outputs_writable(options);
+  check_model_readable(options.model);
+  if (options.start_fd >= 0 && fcntl(options.start_fd, F_GETFD) < 0) {
+    throw RunnerError(kExitUsage, "--start-fd " + std::to_string(options.start_fd) + " is not an open descriptor");
   }
 
   Timings timings;

@@ -134,6 +134,22 @@ def test_non_generate_timings_say_generation_null(
     assert "decode" not in [phase["phase"] for phase in timings["memory"]["phases"]]
 
 
+def test_the_budget_is_checked_between_generations(
+    runner_binary: Path, generate_models: GenerateModels, tmp_path: Path
+) -> None:
+    # A budget spent at once: one warmup and one timed generation still happen, each one whole.
+    timings_path = tmp_path / "timings.json"
+    completed = run_runner(
+        runner_binary, "--model", generate_models.pte("portable"), "--generate", "--prompt-len", "5",
+        "--new-tokens", "4", "--warmup", "3", "--iterations", "5", "--max-seconds", "0.000001",
+        "--timings", timings_path,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    timings = json.loads(timings_path.read_text())
+    assert timings["stopped_early"] is True
+    check_generation(timings, 5, 4, (1, 1), generate_models.greedy(generated_prompt(5), 4))
+
+
 USAGE_ERRORS = {
     "prompt and tokens beyond the context": (
         ["--generate", "--prompt-len", "60", "--new-tokens", "10", "--context", "64"],

@@ -232,6 +232,18 @@ def test_a_prompt_beyond_the_upper_bound_exits_6(runner_binary: Path, generate_m
     )
 
 
+def test_decoding_past_the_cache_exits_7_naming_the_position(
+    runner_binary: Path, generate_models: GenerateModels
+) -> None:
+    # Without --context the runner cannot know the cache's size: the program's own bounds check stops it.
+    completed = run_runner(
+        runner_binary, "--model", generate_models.pte("xnnpack"), "--generate", "--prompt-len", "60",
+        "--new-tokens", "10", "--warmup", "0", "--iterations", "1",
+    )  # fmt: skip
+    assert completed.returncode == 7, completed.stderr
+    assert "execution failed in decode step 5 (position 64) of timed run 1 of 1" in error_line(completed)
+
+
 def test_a_program_that_is_not_a_language_model_exits_6(runner_binary: Path, runner_models: RunnerModels) -> None:
     # DistilBERT: input_ids and attention_mask, both int64 [1, 128], but attention_mask is not a cache position.
     completed = run_runner(runner_binary, "--model", runner_models.pte("xnnpack"), "--generate")

@@ -165,9 +165,12 @@ GenerationRun Generator::run(bool warmup, const std::string& label, const Execut
   result.prefill_ms = execute(prefill, [this] { bind(prompt_.size()); });
   result.token_ids.push_back(argmax_last_position(prefill));
   for (size_t k = 0; k + 1 < new_tokens_; ++k) {
-    const std::string decode = "decode step " + std::to_string(k + 1) + " of " + label;
+    // The position is in the message: past the program's cache, the failure is the program's bounds check.
+    const auto position = static_cast<int64_t>(prompt_.size() + k);
+    const std::string decode =
+        "decode step " + std::to_string(k + 1) + " (position " + std::to_string(position) + ") of " + label;
     ids_[0] = result.token_ids.back();
-    positions_[0] = static_cast<int64_t>(prompt_.size() + k);
+    positions_[0] = position;
     result.decode_ms.push_back(execute(decode, [this] { bind(1); }));
     result.token_ids.push_back(argmax_last_position(decode));
   }

@@ -147,6 +147,10 @@ def info(workdir: Workdir, runner: str | None) -> tuple[dict[str, Any], int]:
 @click.option("--no-etdump", is_flag=True, help="Do not record an ETDump.")
 @click.option("--runner", help="Runner binary (default: the provisioned one from state.json).")
 @click.option("--counters", help="After the timing pass, a single-threaded counters pass: 'default' or a,b,c.")
+@click.option("--generate", is_flag=True, help="Each run is one greedy generation (the runner's generate mode).")
+@click.option("--prompt-len", type=click.IntRange(min=1), help="Generated prompt length, or the --inputs prompt's.")
+@click.option("--new-tokens", type=click.IntRange(min=1), help="Tokens per generation (runner default: 16).")
+@click.option("--context", type=click.IntRange(min=2), help="KV cache capacity: prompt + new tokens must fit.")
 @click.pass_obj
 @json_command
 def profile_command(
@@ -166,8 +170,16 @@ def profile_command(
     no_etdump: bool,
     runner: str | None,
     counters: str | None,
+    generate: bool,
+    prompt_len: int | None,
+    new_tokens: int | None,
+    context: int | None,
 ) -> tuple[dict[str, Any], int]:
     """Run the native runner once under the board lock and write <wd>/bundles/<run-id>/."""
+    generate_only = {"--prompt-len": prompt_len, "--new-tokens": new_tokens, "--context": context}
+    given = [flag for flag, value in generate_only.items() if value is not None]
+    if given and not generate:
+        raise BadInput(f"{given[0]} needs --generate")
     request = ProfileRequest(
         model=Path(model),
         run_id=run_id,
@@ -184,6 +196,10 @@ def profile_command(
         runner=Path(runner) if runner else None,
         kill_grace=kill_grace,
         counters=counters,
+        generate=generate,
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+        context=context,
     )
     result = profile(workdir, request)
     return result, ExitCode.OK if result["status"] == "ok" else ExitCode.FAILED

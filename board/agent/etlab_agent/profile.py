@@ -55,6 +55,10 @@ class ProfileRequest:
         runner: Path | None = None,
         kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
         counters: str | None = None,
+        generate: bool = False,
+        prompt_len: int | None = None,
+        new_tokens: int | None = None,
+        context: int | None = None,
     ) -> None:
         self.model = model
         self.run_id = run_id
@@ -71,6 +75,11 @@ class ProfileRequest:
         self.runner = runner
         self.kill_grace = kill_grace
         self.counters = counters  # a counters pass after the timing pass: "default" or "a,b,c"
+        # The runner's generate mode: each run is a prefill and new_tokens - 1 decode steps.
+        self.generate = generate
+        self.prompt_len = prompt_len
+        self.new_tokens = new_tokens
+        self.context = context
 
     def parameters(self) -> dict[str, Any]:
         return {
@@ -84,6 +93,10 @@ class ProfileRequest:
             "etdump": self.etdump,
             "kill_grace": self.kill_grace,
             "counters": self.counters,
+            "generate": self.generate,
+            "prompt_len": self.prompt_len,
+            "new_tokens": self.new_tokens,
+            "context": self.context,
         }
 
 
@@ -250,6 +263,13 @@ def runner_argv(
         ("--threads", request.threads),
         ("--max-seconds", request.max_seconds),
     ]
+    if request.generate:
+        argv.append("--generate")
+        optional += [
+            ("--prompt-len", request.prompt_len),
+            ("--new-tokens", request.new_tokens),
+            ("--context", request.context),
+        ]
     for flag, value in optional:
         if value is not None:
             argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]

@@ -31,6 +31,7 @@
 #include "counting_tracer.h"
 #include "crash_guard.h"
 #include "exit_codes.h"
+#include "generate.h"
 #include "json.h"
 #include "memory_probe.h"
 #include "method_io.h"
@@ -134,6 +135,11 @@ class PlannedMemory {
   }
 
   et::HierarchicalAllocator* allocator() { return allocator_.get(); }
+  void zero() {
+    for (const auto& span : spans_) {
+      if (span.size() > 0) std::memset(span.data(), 0, span.size());
+    }
+  }
   size_t total_bytes() const { return total_bytes_; }
   std::vector<size_t> sizes() const {
     std::vector<size_t> out;
@@ -159,6 +165,7 @@ struct Timings {
   std::vector<double> iterations_ms;
   bool stopped_early = false;
   std::string inputs_source;
+  std::string generation_json = "null";  // generate mode: prompt, steps and tokens of every run
 };
 
 std::string timings_json(const Options& options, const Timings& timings) {
@@ -184,6 +191,7 @@ std::string timings_json(const Options& options, const Timings& timings) {
   field("etdump", options.etdump ? "true" : "false");
   field("inputs_source", json_string(timings.inputs_source));
   field("memory", timings.memory_json);
+  field("generation", timings.generation_json);
   field("program_memory", timings.program_memory_json, /*last=*/true);
   return out + "}\n";
 }
@@ -273,6 +281,17 @@ int run(const Options& options) {
                                                   expected);
     }
   }
+  // Generate mode: the prompt is known before the program is loaded, so a run that cannot fit is refused at once.
+  std::vector<int64_t> prompt;
+  if (options.generate) {
+    prompt = options.inputs ? read_prompt(*options.inputs, options.prompt_len)
+                            : generated_prompt(options.prompt_len.value_or(kDefaultPromptLen));
+    if (options.context && prompt.size() + options.new_tokens > *options.context) {
+      throw RunnerError(kExitUsage, "prompt length " + std::to_string(prompt.size()) + " + new tokens " +
+                                        std::to_string(options.new_tokens) + " exceeds --context " +
+                                        std::to_string(*options.context));
+    }
+  }
   check_outputs_writable(options);
   check_model_readable(options.model);
   if (options.start_fd >= 0 && fcntl(options.start_fd, F_GETFD) < 0) {
@@ -316,7 +335,11 @@ int run(const Options& options) {
 
   set_phase("preparing inputs", kExitInputMismatch);
   std::vector<NamedTensor> inputs;
-  if (options.inputs) {
+  GenerateShape generate_shape;
+  if (options.generate) {
+    generate_shape = check_generate_method(meta.get(), prompt);
+    timings.inputs_source = options.inputs ? "file" : "generated";
+  } else if (options.inputs) {
     try {
       inputs = read_tensor_file(*options.inputs);
     } catch (const TensorFileError& error) {
@@ -333,6 +356,9 @@ int run(const Options& options) {
 
   set_phase("initialising the method", kExitCorruptProgram);
   PlannedMemory planned_memory(meta.get());
+  // The KV cache is a mutable buffer in planned memory with no serialized initial state: start it at zero, as the
+  // eager model's cache does (positions not yet written are masked, but garbage could hold NaN).
+  if (options.generate) planned_memory.zero();
   MallocMemoryAllocator method_allocator;
   MallocMemoryAllocator temp_allocator;  // reset by the runtime after each instruction
   et::MemoryManager memory_manager(&method_allocator, planned_memory.allocator(), &temp_allocator);
@@ -369,9 +395,9 @@ int run(const Options& options) {
     return options.max_seconds > 0 && ms_since(budget_start) >= options.max_seconds * 1000.0;
   };
   bool first_execution_marked = false;
-  auto execute_once = [&](const std::string& which) {
+  auto execute_once = [&](const std::string& which, const std::function<void()>& set_inputs) {
     set_phase("setting inputs", kExitInputMismatch);
-    bound_inputs.set_all(method.get());  // every run: planned input memory may be reused by activations
+    set_inputs();  // every execution: planned input memory may be reused by activations
     set_phase("executing the method", kExitExecutionFailed);
     const auto start = Clock::now();
     const et::Error error = method->execute();
@@ -385,13 +411,26 @@ int run(const Options& options) {
     }
     return elapsed;
   };
+  auto set_bound_inputs = [&] { bound_inputs.set_all(method.get()); };
+  // A run is one execute(), or in generate mode one generation (a prefill and its decode steps).
+  std::unique_ptr<Generator> generator;
+  std::vector<GenerationRun> generations;
+  if (options.generate) {
+    generator = std::make_unique<Generator>(method.get(), prompt, options.new_tokens, generate_shape.vocab_size);
+  }
+  auto run_once = [&](bool warmup, const std::string& which) -> double {
+    if (!generator) return execute_once(which, set_bound_inputs);
+    generations.push_back(generator->run(warmup, which, execute_once));
+    if (generations.size() == 1) memory.mark("decode");  // the first generation's decode steps
+    return generations.back().total_ms();
+  };
   for (size_t i = 0; i < options.warmup; ++i) {
     if (i > 0 && budget_spent()) {
       timings.stopped_early = true;
       break;
     }
     timings.warmup_ms.push_back(
-        execute_once("warmup run " + std::to_string(i + 1) + " of " + std::to_string(options.warmup)));
+        run_once(true, "warmup run " + std::to_string(i + 1) + " of " + std::to_string(options.warmup)));
   }
   for (size_t i = 0; i < options.iterations; ++i) {
     if (i > 0 && budget_spent()) {
@@ -399,14 +438,20 @@ int run(const Options& options) {
       break;
     }
     timings.iterations_ms.push_back(
-        execute_once("timed run " + std::to_string(i + 1) + " of " + std::to_string(options.iterations)));
+        run_once(false, "timed run " + std::to_string(i + 1) + " of " + std::to_string(options.iterations)));
+  }
+  if (generator) {
+    timings.generation_json = generation_json(prompt.size(), options.new_tokens, options.context,
+                                              generate_shape.max_prompt_len, generations);
   }
 
   memory.mark("end");
   timings.memory_json = memory.json();
   set_phase("writing results", kExitUnwritableOutput);
   if (options.outputs) {
-    const auto outputs = collect_outputs(method.get());
+    // Generate mode: the last timed generation's token ids, not the last step's logits.
+    const auto outputs = generator ? std::vector<NamedTensor>{token_ids_output(generations.back())}
+                                   : collect_outputs(method.get());
     write_output("outputs", [&] { write_tensor_file(*options.outputs, outputs); });
   }
   if (etdump) {

@@ -48,6 +48,7 @@ const char* usage_text() {
          "                    [--max-seconds S] [--threads N] [--etdump PATH] [--outputs PATH]\n"
          "                    [--timings PATH] [--expect-executorch-version V]\n"
          "                    [--counters LIST --counters-out PATH] [--start-fd N]\n"
+         "                    [--generate [--prompt-len P] [--new-tokens N] [--context C]]\n"
          "       etlab_runner --version | --probe-counters | --probe-program --model PATH\n"
          "\n"
          "Runs an ExecuTorch program (.pte) and records per-iteration latency.\n"
@@ -67,6 +68,12 @@ const char* usage_text() {
          "  --counters-out PATH   write the per-instruction counter deltas (JSON) here\n"
          "  --start-fd N       load and initialise, then wait for the byte 'g' on descriptor N before the first\n"
          "                     run (the agent verifies the model meanwhile); anything else, or EOF: exit 10\n"
+         "  --generate         each run is one greedy generation: a prefill of the prompt, then N-1 decode steps\n"
+         "                     (method forward(input_ids int64 [1, S], cache_position int64 [S]) -> logits);\n"
+         "                     --inputs, if given, holds the prompt ids (one int64 tensor [1, P] or [P])\n"
+         "  --prompt-len P     prompt length without --inputs (default: 16); with --inputs it must match\n"
+         "  --new-tokens N     tokens generated per run (default: 16)\n"
+         "  --context C        the program's KV cache capacity: P + N > C is refused before loading (exit 2)\n"
          "  --probe-counters   print which counters this machine can open, as JSON\n"
          "  --probe-program    print what the runner reads from --model without ExecuTorch, as JSON:\n"
          "                     {\"constants_bytes\", \"pte_bytes\"} (null when unreadable); nothing is run\n"
@@ -77,6 +84,7 @@ const char* usage_text() {
 
 Options parse_options(const std::vector<std::string>& args) {
   Options options;
+  std::vector<std::string> generate_only;  // options that mean nothing without --generate
   for (size_t i = 0; i < args.size(); ++i) {
     std::string name = args[i];
     std::optional<std::string> inline_value;
@@ -124,6 +132,18 @@ Options parse_options(const std::vector<std::string>& args) {
       options.counters_out = value();
     } else if (name == "--start-fd") {
       options.start_fd = parse_descriptor(name, value());
+    } else if (name == "--generate") {
+      if (inline_value) usage_error(name + " takes no value");
+      options.generate = true;
+    } else if (name == "--prompt-len") {
+      options.prompt_len = parse_count(name, value(), 1);
+      generate_only.push_back(name);
+    } else if (name == "--new-tokens") {
+      options.new_tokens = parse_count(name, value(), 1);
+      generate_only.push_back(name);
+    } else if (name == "--context") {
+      options.context = parse_count(name, value(), 2);
+      generate_only.push_back(name);
     } else if (name == "--expect-executorch-version") {
       options.expect_executorch_version = value();
     } else {
@@ -141,6 +161,7 @@ Options parse_options(const std::vector<std::string>& args) {
       usage_error("--counters needs --counters-out and --etdump (the deltas are keyed by ETDump event)");
     }
     if (options.counters_out && options.counters.empty()) usage_error("--counters-out needs --counters");
+    if (!generate_only.empty() && !options.generate) usage_error(generate_only.front() + " needs --generate");
   }
   return options;
 }

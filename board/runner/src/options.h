@@ -27,7 +27,14 @@ struct Options {
   std::vector<std::string> counters;        // empty: no counter pass
   std::optional<std::string> counters_out;  // the counters side file
   int start_fd = -1;  // >= 0: after init, wait for the byte 'g' on this descriptor before the first execution
+  // Generate mode (README.md, "Generate mode"): each run is one greedy generation of new_tokens ids.
+  bool generate = false;
+  std::optional<size_t> prompt_len;  // default: the --inputs prompt's length, else kDefaultPromptLen
+  size_t new_tokens = 16;
+  std::optional<size_t> context;  // the KV cache capacity: prompt_len + new_tokens must not exceed it
 };
+
+constexpr size_t kDefaultPromptLen = 16;
 
 // Throws RunnerError(kExitUsage) naming the bad argument.
 Options parse_options(const std::vector<std::string>& args);

@@ -147,7 +147,9 @@ def analyze_bundle(
     run = dataclasses.replace(run, memory=memory, counters=counters)
     if generated is not None:
         cache = sidecar.generation.kv_cache_bytes if sidecar is not None and sidecar.generation else None
-        summary_of_generation = generation_summary(generated, bundle.timings, kv_cache_bytes=cache, tokens=tokens)
+        summary_of_generation = generation_summary(
+            generated, bundle.timings, kv_cache_bytes=cache, tokens=tokens, memory=memory
+        )
         run = dataclasses.replace(run, generation=summary_of_generation)
     if scheme.quantized and generated is None:
         thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}

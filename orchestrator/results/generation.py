@@ -17,7 +17,7 @@ import numpy as np
 from orchestrator.errors import AnalysisError
 from orchestrator.results.etdump import Etdump, RunBlock
 from orchestrator.results.stats import distribution
-from orchestrator.results.summary import Generation
+from orchestrator.results.summary import Generation, Memory
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -148,13 +148,15 @@ def generation_summary(
     *,
     kv_cache_bytes: int | None,
     tokens: TokenCheck | None,
+    memory: Memory | None = None,
 ) -> Generation:
+    """The figures of the timed generations; `memory` (the run's, from memory.py) gives each phase's peak."""
     timed = record.timed
     prefill = distribution([run.prefill_ms for run in timed])
     rates = [len(run.decode_ms) / sum(run.decode_ms) * 1000.0 for run in timed if run.decode_ms and sum(run.decode_ms)]
     steps = distribution(record.phase_times(DECODE))
     loads = [timings.get(key) for key in ("load_ms", "method_init_ms")]
-    phases = _mapping((_mapping(timings.get("memory")) or {}).get("phases"))
+    phases = memory.phases if memory is not None else {}
     return Generation(
         prompt_len=record.prompt_len,
         new_tokens=record.new_tokens,

@@ -11,7 +11,8 @@ from typing import Any
 from orchestrator.programs.memory import ProgramMemory
 from orchestrator.results.summary import Memory
 
-PHASES = ("start", "load", "method_init", "first_execution", "end")
+# "decode": a text-generation run, after its first generation's decode steps (first_execution is its prefill)
+PHASES = ("start", "load", "method_init", "first_execution", "decode", "end")
 
 MAX_ARENAS = 64  # a board's timings.json is untrusted: a method has a handful of planned arenas
 

@@ -1,0 +1,114 @@
+"""Language models as they are used, end to end on the local board: `fab deploy-and-profile` of a text-generation
+model lowers one program for prefill and decode, the runner generates token by token, and the analysis reports time
+to first token, decode speed and memory per phase; the ids equal eager HuggingFace greedy generation, and the
+prefill and decode overlays carry only node ids Model Explorer draws. Bad `--new-tokens` are refused with exit 64
+before anything is pushed or run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.boards.inventory import Board
+from orchestrator.paths import PROJECT_ROOT
+from orchestrator.tensorfile import read_tensors
+from tests.plugins.analysis import adapter_graphs
+from tests.plugins.boards import write_inventory
+
+PHASE_OVERLAYS = [f"me_overlay_{phase}_{metric}.json" for phase in ("prefill", "decode")
+                  for metric in ("median_ms", "mean_ms", "pct")]  # fmt: skip
+
+
+def fab(tmp_path: Path, board: Board, artifacts: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    inventory = write_inventory(tmp_path / "inventory.yaml", [board])
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(artifacts), "ETLAB_RESULTS": str(tmp_path / "results")}
+    return subprocess.run(
+        [sys.executable, "-m", "fabric", *args, "--board", "local", "--inventory", str(inventory)],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def generation_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("generation-artifacts")
+
+
+@pytest.mark.parametrize("model", ["smollm2-gen-tiny", "gpt2-gen-tiny"])
+def test_a_language_model_generates_what_eager_greedy_does_and_is_profiled_per_phase(
+    local_board: Board, tmp_path: Path, generation_artifacts: Path, model: str
+) -> None:
+    proc = fab(tmp_path, local_board, generation_artifacts, "deploy-and-profile", "--model", model, "--backend",
+               "xnnpack", "--weights", "random", "--iterations", "3", "--warmup", "1", "--no-explore")  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    (run,) = [m.parent for m in (tmp_path / "results").glob(f"local/{model}/xnnpack/*/result_manifest.json")]
+    summary = json.loads((run / "analysis" / "summary.json").read_text())
+    generation = summary["generation"]
+    assert (generation["prompt_len"], generation["new_tokens"], generation["context"]) == (8, 8, 64)
+    assert generation["generations"] == 3
+    assert generation["tokens"] == {"compared": 8, "matching": 8, "agreement": 1.0, "first_divergence": None,
+                                    "reference_tokens": 8}  # fmt: skip
+    assert summary["correctness"]["ok"] is True
+    assert generation["ttft_ms"] > 0 and generation["decode_tokens_per_s"] > 0
+    assert generation["kv_cache_bytes"] > 0
+    assert generation["memory"]["prefill"] > 0 and generation["memory"]["decode"] > 0
+    (ran,) = read_tensors(run / "outputs.etlt")
+    (reference,) = read_tensors(generation_artifacts / model / f"{model}_reference_outputs.etlt")
+    assert ran.array.tolist() == reference.array.tolist()
+    assert "Generation" in said and "= eager (8)" in said
+
+    # Per phase: ops files of their own, and overlays whose every node is one Model Explorer draws.
+    prefill = json.loads((run / "analysis" / "ops_prefill.json").read_text())
+    decode = json.loads((run / "analysis" / "ops_decode.json").read_text())
+    assert prefill["instructions"] and decode["instructions"]
+    graphs = adapter_graphs(generation_artifacts / model / f"{model}_xnnpack.pte")
+    index = json.loads((run / "model_explorer" / "overlays.json").read_text())
+    for name in PHASE_OVERLAYS:
+        assert name in index["metrics"].values()
+        document = json.loads((run / "model_explorer" / name).read_text())
+        assert "forward" in document and any("::" in graph for graph in document), name  # inside the delegates
+        for graph_id, data in document.items():
+            assert graph_id in graphs and data["results"]
+            assert set(data["results"]) <= graphs[graph_id], f"{name}: {graph_id} has nodes the adapter lacks"
+    # A prefill step processes 8 tokens, a decode step one: the prefill's measured time is the larger.
+    assert sum(i["mean_ms"] or 0 for i in prefill["instructions"]) > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--new-tokens", "57"], "need 65 positions; its KV cache holds 64"),
+        (["--new-tokens", "0"], "--new-tokens"),
+        (["--new-tokens", "lots"], "--new-tokens"),
+    ],
+)
+def test_new_tokens_beyond_the_cache_are_refused_before_anything_runs(
+    local_board: Board, tmp_path: Path, generation_artifacts: Path, args: list[str], words: str
+) -> None:
+    proc = fab(tmp_path, local_board, generation_artifacts, "deploy-and-profile", "--model", "smollm2-gen-tiny",
+               "--backend", "xnnpack", "--weights", "random", "--no-explore", *args)  # fmt: skip
+    assert proc.returncode == 64, proc.stdout + proc.stderr
+    assert words in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").rglob("timings.json"))
+
+
+def test_new_tokens_on_a_model_that_does_not_generate_is_refused(
+    local_board: Board, tmp_path: Path, generation_artifacts: Path
+) -> None:
+    lowered = subprocess.run(
+        [sys.executable, "-m", "fabric", "lower", "--model", "gpt2-tiny", "--backend", "xnnpack", "--weights", "random"],
+        cwd=PROJECT_ROOT, env={**os.environ, "ETLAB_ARTIFACTS": str(generation_artifacts)}, capture_output=True,
+        text=True, timeout=900,
+    )  # fmt: skip
+    assert lowered.returncode == 0, lowered.stderr
+    proc = fab(tmp_path, local_board, generation_artifacts, "run", "--model", "gpt2-tiny", "--backend", "xnnpack",
+               "--new-tokens", "4")  # fmt: skip
+    assert proc.returncode == 64, proc.stdout + proc.stderr
+    assert "gpt2-tiny is not a text-generation program" in proc.stdout + proc.stderr

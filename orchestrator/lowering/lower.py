@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
+from orchestrator.errors import SpecError
 from orchestrator.fsutil import atomic_path, read_json, remove_stale_temporaries, sha256_file
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, valid_sidecar
 from orchestrator.lowering.delegation import delegation_report, outside_delegates
@@ -190,6 +191,11 @@ def lower(
     # worker starts or a cached sidecar is invalidated.
     kind = _check_inputs(spec, choice, calibration)
     calibrated = [variant.scheme.name for variant in missing if variant.scheme.calibrated]
+    if spec.generates and calibrated:
+        raise SpecError(
+            f"{spec.name}: {', '.join(calibrated)} calibrates fixed-shape inputs; a text-generation program takes a "
+            "prompt, then one token at a time: quantize it with int8-dynamic, 8da4w or 8da4w-g128"
+        )
     if calibrated and calibration is None:
         console.loud_warning(
             f"{spec.name}: {', '.join(calibrated)} is calibrated on {_GENERATED_CALIBRATION[kind]}, deterministic.\n"
@@ -463,8 +469,12 @@ def lower_exported(
     etrecord: bool = False,
     timer: console.StageTimer | None = None,
     quiet: bool = False,
+    fuse_quantized: bool = False,
 ) -> Any:
     """An exported program lowered to `variant`'s backend: the ExecuTorch program manager, not yet written.
+
+    `fuse_quantized`: torchao's dequantize + embedding patterns become ExecuTorch's quantized operators (and
+    constants are folded), as ExecuTorch's LLM export does; only for programs that need it (quantized embeddings).
 
     A failure is an ExportError naming `model`, the stage (to_edge, to_executorch) and the operator at fault.
     """
@@ -479,6 +489,10 @@ def lower_exported(
         else:
             edge = to_edge(exported, generate_etrecord=etrecord)
     with timer.stage(f"{variant}: to_executorch", quiet=quiet), lowering_stage(TO_EXECUTORCH, model, exported):
+        if fuse_quantized:
+            from executorch.exir import ExecutorchBackendConfig
+
+            return edge.to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True))
         return edge.to_executorch()
 
 
@@ -577,6 +591,8 @@ def _quantized_program(
     scheme = task.variant.scheme
     reference = read_tensors(artifact_paths.reference_inputs)
     example_args = tuple(torch.from_numpy(t.array) for t in reference)
+    if task.spec.generates:  # the board's file holds the prompt; the program takes its positions too
+        example_args = (*example_args, torch.arange(example_args[0].shape[1]))
     kind = input_kind(task.spec, [t.name for t in reference])
     calibration, source = None, None
     if scheme.calibrated and task.calibration and kind != TOKENS:  # checked against the inputs before lowering
@@ -610,8 +626,17 @@ def _quantized_program(
         else:
             calibration = generated_calibration(example_args, vocab)
             source = "generated: deterministic random token ids (not real text)"
+    apply = None
+    if task.spec.generates:  # as ExecuTorch's LLM recipe: 8-bit embeddings too, exported with the KV cache
+        from orchestrator.lowering import generation
+
+        apply = generation.quantizer(scheme, task.spec.cache_capacity)
     with lowering_stage(f"{EXPORT} (quantizing to {scheme.name})", task.spec.name):
-        quantized = quantize(module, example_args, scheme, calibration=calibration, calibration_source=source)
+        quantized = quantize(
+            module, example_args, scheme, calibration=calibration, calibration_source=source, apply=apply
+        )
+    if task.spec.generates:
+        quantized.report["method"] = generation.quantization_method(scheme)
     return quantized.program, quantized.report
 
 
@@ -626,7 +651,11 @@ def _lower_program(
     quiet: bool = False,
 ) -> Sidecar:
     spec, variant, etrecord = task.spec, task.variant, task.etrecord
-    program = lower_exported(exported, variant, model=spec.name, etrecord=etrecord, timer=timer, quiet=quiet)
+    # Quantized embeddings become quantized_decomposed::embedding_byte (the runner links those kernels).
+    fuse = spec.generates and variant.quantized
+    program = lower_exported(
+        exported, variant, model=spec.name, etrecord=etrecord, timer=timer, quiet=quiet, fuse_quantized=fuse
+    )
     delegation = delegation_report(program)
 
     pte_path = artifact_paths.pte(variant)

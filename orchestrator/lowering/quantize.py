@@ -20,6 +20,7 @@ registry is read without it.
 from __future__ import annotations
 
 import copy
+import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from orchestrator.programs.plan import read_program_plan
 from orchestrator.programs.xnn import XNNPACK_BACKEND, xnn_graph_buffer
 
 GROUP_SIZE = 32  # 8da4w weight group along the input features
+LLM_GROUP_SIZE = 128  # the ExecuTorch LLM recipe's group (`-qmode 8da4w -G 128`)
 CALIBRATION_SAMPLES = 8  # generated samples when the user gives no calibration file
 
 # XNNPACK datatype codes (schema.fbs XNNDatatype) -> names.
@@ -56,6 +58,7 @@ class Scheme:
     relative_cost: float  # lowering seconds relative to fp32 XNNPACK, until a lowering of the variant measured them
     apply: Apply | None = None
     calibrated: bool = False  # fitted on calibration samples (`--calibration FILE`, else generated ones)
+    group_size: int | None = None  # grouped int4 weights: the group along the input features
 
     @property
     def quantized(self) -> bool:
@@ -222,18 +225,20 @@ def quantize(
     calibration: list[tuple] | None = None,
     calibration_source: str | None = None,
     quantizer: Any = None,
+    apply: Apply | None = None,
 ) -> Quantized:
     """Quantize an eager module (a copy; the original is untouched) and export it.
 
     `calibration` is a list of argument tuples for a calibrated scheme; `quantizer` overrides the PT2E quantizer
-    (tests). The linears and convolutions are counted in the quantized program's graph, so a module without
-    nn.Linear or nn.Conv layers (a user's .pt2, unlifted) is counted too.
+    (tests); `apply` the scheme's own way of quantizing and exporting (a text-generation program's, generation.py).
+    The linears and convolutions are counted in the quantized program's graph, so a module without nn.Linear or
+    nn.Conv layers (a user's .pt2, unlifted) is counted too.
     """
     if scheme.apply is None:
         raise ValueError(f"not a quantization scheme: {scheme.name!r}")
     model = copy.deepcopy(module).eval()
     swapped = swap_conv1d(model)
-    program = scheme.apply(model, example_args, calibration, quantizer)
+    program = (apply or scheme.apply)(model, example_args, calibration, quantizer)
     operations = graph_operations(program.graph, weighted_layers(model))
     linears = [op for op in operations if op.kind == LINEAR]
     convolutions = [op for op in operations if op.kind == CONVOLUTION]
@@ -249,7 +254,23 @@ def quantize(
         "float_convolutions": _float_names(convolutions),
         "calibration": _calibration_record(scheme, calibration, calibration_source),
     }
+    embeddings = embedding_layers(model)
+    if any(quantized for _, quantized in embeddings):  # 8-bit embeddings (a language model's recipe)
+        report["embeddings"] = len(embeddings)
+        report["quantized_embeddings"] = sum(quantized for _, quantized in embeddings)
+        report["float_embeddings"] = sorted(name for name, quantized in embeddings if not quantized)
     return Quantized(program, report)
+
+
+def embedding_layers(module: Any) -> list[tuple[str, bool]]:
+    """Every nn.Embedding, and whether its weight was quantized (torchao swaps in a quantized tensor subclass)."""
+    import torch
+
+    return [
+        (name, type(child.weight) is not torch.nn.Parameter and type(child.weight) is not torch.Tensor)
+        for name, child in module.named_modules()
+        if isinstance(child, torch.nn.Embedding)
+    ]
 
 
 def _pt2e(model: Any, example_args: tuple, samples: list[tuple], quantizer: Any) -> Any:
@@ -276,24 +297,26 @@ def _int8_static(model: Any, example_args: tuple, calibration: list[tuple] | Non
     return _pt2e(model, example_args, samples, quantizer or integer_safe_quantizer(is_dynamic=False))
 
 
-def _8da4w(model: Any, example_args: tuple, _calibration: list[tuple] | None, _quantizer: Any) -> Any:
+def _8da4w(
+    model: Any, example_args: tuple, _calibration: list[tuple] | None, _quantizer: Any, *, group: int = GROUP_SIZE
+) -> Any:
     import torch
 
-    _apply_8da4w(model)
+    apply_8da4w(model, group)
     with torch.no_grad():
         return torch.export.export(model, example_args, strict=False)
 
 
-def _apply_8da4w(model: Any) -> None:
+def apply_8da4w(model: Any, group: int = GROUP_SIZE) -> None:
     """torchao `quantize_` on every linear whose input features divide into groups (the others stay float)."""
     import torch
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
     from torchao.quantization.granularity import PerGroup
 
     def groupable(child: Any, _fqn: str) -> bool:
-        return isinstance(child, torch.nn.Linear) and child.in_features % GROUP_SIZE == 0
+        return isinstance(child, torch.nn.Linear) and child.in_features % group == 0
 
-    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP_SIZE))
+    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group))
     quantize_(model, config, filter_fn=groupable)
 
 
@@ -410,13 +433,17 @@ SCHEMES: dict[str, Scheme] = {
             apply=_int8_static,
             calibrated=True,
         ),
-        Scheme(
-            "8da4w",
-            f"torchao quantize_: Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({GROUP_SIZE}))",
-            fully_connected="qdint8 x qbint4",
-            convolution="fp32 x fp32",  # quantize_ here takes linears only
-            relative_cost=1.9,
-            apply=_8da4w,
+        *(
+            Scheme(
+                name,
+                f"torchao quantize_: Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({group}))",
+                fully_connected="qdint8 x qbint4",
+                convolution="fp32 x fp32",  # quantize_ here takes linears only
+                relative_cost=1.9,
+                apply=functools.partial(_8da4w, group=group),  # a module-level function: workers unpickle it
+                group_size=group,
+            )
+            for name, group in (("8da4w", GROUP_SIZE), ("8da4w-g128", LLM_GROUP_SIZE))
         ),
     )
 }

@@ -288,6 +288,10 @@ class Quantization:
     convolutions: int = 0
     quantized_convolutions: int = 0
     float_convolutions: tuple[str, ...] = ()
+    # 8-bit embeddings (a language model's recipe); 0 and () when the scheme left every embedding alone.
+    embeddings: int = 0
+    quantized_embeddings: int = 0
+    float_embeddings: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, data: Any, reader: _Reader) -> Quantization | None:
@@ -320,6 +324,13 @@ class Quantization:
                 else 0
             ),
             float_convolutions=tuple(float_convolutions),
+            embeddings=reader.integer(fields, "embeddings", "quantization.") if "embeddings" in fields else 0,
+            quantized_embeddings=(
+                reader.integer(fields, "quantized_embeddings", "quantization.")
+                if "quantized_embeddings" in fields
+                else 0
+            ),
+            float_embeddings=tuple(_names(fields, "float_embeddings", reader, optional=True)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -331,6 +342,7 @@ class Quantization:
         for names, total, kind in (
             (self.float_linears, self.linear_layers, "linears"),
             (self.float_convolutions, self.convolutions, "convolutions"),
+            (self.float_embeddings, self.embeddings, "embeddings"),
         ):
             if names:
                 shown = ", ".join(names[:8]) + (f" … ({len(names) - 8} more)" if len(names) > 8 else "")
@@ -338,7 +350,8 @@ class Quantization:
         return notes
 
     def _quantized(self, kind: str) -> int:
-        return self.quantized_linears if kind == "linears" else self.quantized_convolutions
+        counts = {"linears": self.quantized_linears, "embeddings": self.quantized_embeddings}
+        return counts.get(kind, self.quantized_convolutions)
 
 
 def _names(fields: dict[str, Any], key: str, reader: _Reader, *, optional: bool = False) -> list[str]:

@@ -28,6 +28,7 @@ from orchestrator.results.generation import (
     GenerationTimings,
     TokenCheck,
     generation_summary,
+    judge_tokens,
     phase_etdump,
     token_check,
 )
@@ -151,6 +152,10 @@ def analyze_bundle(
             generated, bundle.timings, kv_cache_bytes=cache, tokens=tokens, memory=memory
         )
         run = dataclasses.replace(run, generation=summary_of_generation)
+        if scheme.quantized:
+            thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
+            weights = sidecar.weights if sidecar is not None else None
+            run = dataclasses.replace(run, accuracy=judge_tokens(tokens, scheme.name, thresholds, weights))
     if scheme.quantized and generated is None:
         thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
         ran = outputs_path if bundle.ran_ok and outputs_path.is_file() else None

@@ -17,7 +17,7 @@ import numpy as np
 from orchestrator.errors import AnalysisError
 from orchestrator.results.etdump import Etdump, RunBlock
 from orchestrator.results.stats import distribution
-from orchestrator.results.summary import Generation, Memory
+from orchestrator.results.summary import Accuracy, Generation, Memory
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -34,6 +34,25 @@ class GenerationRun:
     prefill_ms: float
     decode_ms: tuple[float, ...]
     token_ids: tuple[int, ...]
+
+
+def judge_tokens(tokens: TokenCheck | None, scheme: str, thresholds: dict[str, float], weights: str | None) -> Accuracy:
+    """A quantized language model's gate: the share of generated ids equal to fp32 eager greedy generation's, against
+    `min_top1_agreement`, with where the text first parts (after it, every id continues another text)."""
+    meaningful = weights in ("pretrained", "own")
+    gate = {"min_top1_agreement": thresholds["min_top1_agreement"]}
+    if tokens is None or tokens.agreement is None:
+        return Accuracy(scheme, "unchecked", meaningful, thresholds=gate, note="no generated ids or reference")
+    parted = "never parts" if tokens.first_divergence is None else f"first parts at token {tokens.first_divergence}"
+    note = f"{tokens.matching}/{tokens.compared} generated ids equal eager greedy generation's; {parted}"
+    if not meaningful:
+        note += f"; weights {weights or 'unknown'}: accuracy figures are not meaningful"
+    below = tokens.agreement < gate["min_top1_agreement"]
+    reasons = (f"token agreement {tokens.agreement:.2f} < {gate['min_top1_agreement']:.2f}",) if below else ()
+    return Accuracy(
+        scheme, "fail" if below else "pass", meaningful, top1_agreement=tokens.agreement, thresholds=gate,
+        reasons=reasons, note=note,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from orchestrator.lab.history import History
 from orchestrator.lab.matrix import load_config
 from orchestrator.lowering.artifacts import ArtifactPaths, file_record, sidecar_problem
 from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.quantize import QUANTIZED, SCHEMES, fully_connected_types
+from orchestrator.lowering.quantize import SCHEMES, fully_connected_types
 from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -37,7 +37,7 @@ from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.plugins.analysis import adapter_graphs
 from tests.plugins.artifacts import ARTIFACT_CACHE, TINY_MODELS
 from tests.plugins.boards import write_inventory
-from tests.plugins.quantized import break_weight_scales
+from tests.plugins.quantized import TINY_SCHEMES, break_weight_scales
 
 
 def fab(*args: str, artifacts: Path, results: Path, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
@@ -222,7 +222,7 @@ def test_quantized_node_counts_are_what_the_sidecar_claims(
     linears = eager_linear_count(name)
     fp32 = result.variants[VARIANTS["xnnpack"]]
     assert dict(fully_connected_types(fp32.pte)) == {"fp32 x fp32": linears}
-    for scheme in (s.name for s in QUANTIZED):
+    for scheme in (s.name for s in TINY_SCHEMES):
         item = result.variants[VARIANTS[f"xnnpack-{scheme}"]]
         assert item.sidecar.quantization is not None
         quantization = item.sidecar.quantization.to_dict()
@@ -315,7 +315,7 @@ def test_deploy_and_profile_every_scheme_side_by_side_then_compare_across_scheme
     for board in ("local", "pi5-quant"):
         fp32 = found[(board, "xnnpack")][0]
         assert fp32.get("accuracy") is None and fp32["correctness"]["ok"]
-        for scheme in (s.name for s in QUANTIZED):
+        for scheme in (s.name for s in TINY_SCHEMES):
             (summary,) = found[(board, f"xnnpack-{scheme}")]
             accuracy = summary["accuracy"]
             assert accuracy["scheme"] == scheme and accuracy["verdict"] == "pass", accuracy
@@ -354,7 +354,7 @@ def test_deploy_and_profile_every_scheme_side_by_side_then_compare_across_scheme
 
     present, _ = program_models(ArtifactPaths.for_model("distilbert-tiny", ARTIFACT_CACHE))
     names = {path.name for path in present}
-    assert {f"distilbert-tiny_xnnpack-{s.name}.pte" for s in QUANTIZED} <= names
+    assert {f"distilbert-tiny_xnnpack-{s.name}.pte" for s in TINY_SCHEMES} <= names
     assert "distilbert-tiny_xnnpack.pte" in names
 
 

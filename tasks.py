@@ -6,6 +6,7 @@ from fabric import task
 
 from orchestrator.commands import options
 from orchestrator.commands.common import (
+    context_specs,
     handle_errors,
     lowering_options,
     rewrite_request,
@@ -54,6 +55,10 @@ TRUST_CODE_HELP = (
     'run the Python factory a spec names ("factory": "file.py:build") with your privileges; only for code '
     "you have read. A spec file cannot ask for this"
 )
+CONTEXT_HELP = (
+    "text-generation models: KV cache sizes, one program each (e.g. 128,512,1024: prefill time, decode speed and "
+    "memory against the context, in one table and one plot); default: the model's"
+)
 RUN_HELP = {
     "iterations": "timed iterations (default 20)",
     "warmup": "untimed warmup runs (default 3)",
@@ -81,19 +86,20 @@ RUN_HELP = {
         "exported": "lower your own ExportedProgram (a torch.export.save'd .pt2) instead of --model/--spec",
         "name": "with --exported: the folder under artifacts/ (default: the file's stem)",
         "rewrites": REWRITES_HELP,
+        "context": CONTEXT_HELP,
     }
 )
 @handle_errors
 def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False,
           quantize="none", calibration=None, jobs=None, trust_remote_code=False, trust_code=False, exported=None,
-          name=None, rewrites="none"):  # fmt: skip
+          name=None, rewrites="none", context=None):  # fmt: skip
     """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
     from orchestrator.commands.lower import lower as lower_model
 
     return lower_model(
         model, spec, backend, weights, etrecord=etrecord, force=force, quantize=quantize, calibration=calibration,
         jobs=jobs, trust_remote_code=trust_remote_code, trust_code=trust_code, exported=exported, name=name,
-        rewrites=rewrites,
+        rewrites=rewrites, context=context,
     )  # fmt: skip
 
 
@@ -247,7 +253,8 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "port": "Model Explorer port (8081)", "quantize": QUANTIZE_HELP, **ACCURACY_HELP,
             "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
             "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
-            "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP, "rewrites": REWRITES_HELP},
+            "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP, "rewrites": REWRITES_HELP,
+            "context": CONTEXT_HELP},
       optional=["counters"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
@@ -255,7 +262,7 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
                        no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
                        trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None,
-                       rewrites="none", new_tokens=None):  # fmt: skip
+                       rewrites="none", new_tokens=None, context=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_and_profile as chain
     from orchestrator.commands.programs import profiled
@@ -269,6 +276,7 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
     target = profiled(model, spec, pte, reference, name, trust_remote_code=trust_remote_code, trust_code=trust_code)
     return chain(
         target,
+        contexts=context_specs(context, target, params.new_tokens) if context is not None else (),
         rewrites=rewrite_request(rewrites, target),
         variants=chosen,
         lowering=checked,

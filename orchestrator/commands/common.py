@@ -321,6 +321,34 @@ def run_params(
     return RunParams(**{key: value for key, value in given.items() if value is not None})
 
 
+MAX_CONTEXT = 32768
+
+
+def context_specs(value: Any, target: Any, new_tokens: int | None = None) -> list[Any]:
+    """`--context 128,512,1024` for a text-generation spec: one spec per KV cache size (its own program and name),
+    each checked to hold the prompt and the new tokens (exit 64, the option named). None: the spec as it is."""
+    if value is None:
+        return [target]
+    from orchestrator.lowering.spec import ModelSpec  # here, not at the top: fab imports this module at start-up
+
+    if not isinstance(target, ModelSpec) or not target.generates:
+        name = getattr(target, "name", None) or getattr(target, "model", "this program")
+        raise UsageError(f"--context: {name} is not a text-generation model (it has no KV cache)")
+    contexts = []
+    for item in split_list(str(value)) or []:
+        contexts.append(options.count("--context", item, minimum=2, maximum=MAX_CONTEXT))
+    if not contexts:
+        raise UsageError("--context: give one or more KV cache sizes, e.g. --context 128,512,1024")
+    tokens = new_tokens or target.new_tokens
+    for context in contexts:
+        if target.seq_len + tokens > context:
+            raise UsageError(
+                f"--context {context}: {target.name}'s prompt of {target.seq_len} tokens and {tokens} new ones need "
+                f"{target.seq_len + tokens} positions"
+            )
+    return [target.with_context(context) for context in dict.fromkeys(contexts)]
+
+
 def check_generation(artifacts: Any, params: Any) -> None:
     """`--new-tokens` against each text-generation program's KV cache, before anything is pushed or run (exit 64).
 

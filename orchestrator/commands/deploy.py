@@ -20,7 +20,7 @@ from orchestrator.commands.common import (
     naming_port,
     naming_rewrites,
 )
-from orchestrator.commands.render import print_cells, print_lowering
+from orchestrator.commands.render import print_cells, print_context_scaling, print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code
@@ -49,30 +49,36 @@ def deploy_and_profile(
     artifacts_root: Path | None = None,
     accuracy: dict[str, float] | None = None,
     rewrites: RewriteRequest = NO_REWRITES,
+    contexts: Sequence[ModelSpec] = (),
 ) -> int:
+    """`contexts`: a text-generation model's programs, one per KV cache size (`--context`), profiled side by side
+    and compared in one table and one plot; empty: `spec` alone."""
     if isinstance(spec, Artifact):  # `--pte`: the user's own program, profiled as it is
         return deploy_program(spec, boards=boards, params=params, accuracy=accuracy, explore=explore, host=host,
                               port=port, open_browser=open_browser, results_root=results_root)  # fmt: skip
     # Both fp32 backends are lowered too (cached after the first time) so Model Explorer shows every program,
     # the quantized ones next to the fp32 ones.
     wanted = list(dict.fromkeys([Variant("portable"), Variant("xnnpack"), *variants]))
-    spec = rewrites.program_spec(spec)  # a rewritten program under its own name, beside the model as exported
     checked = lowering or LoweringOptions("auto", None, None)
-    with naming_calibration(), naming_rewrites(rewrites):
-        lowered = lowerer.lower(
-            spec,
-            variants=wanted,
-            weights=checked.weights,
-            root=artifacts_root,
-            calibration=checked.calibration,
-            jobs=checked.jobs,
-            rewrites=rewrites,
-        )
-    print_lowering(lowered)
-    jobs = [CellJob(find_artifact(spec.name, variant, artifacts_root), params, accuracy) for variant in variants]
+    jobs, paths = [], []
+    for each in contexts or [spec]:
+        each = rewrites.program_spec(each)  # a rewritten program under its own name, beside the model as exported
+        with naming_calibration(), naming_rewrites(rewrites):
+            lowered = lowerer.lower(
+                each,
+                variants=wanted,
+                weights=checked.weights,
+                root=artifacts_root,
+                calibration=checked.calibration,
+                jobs=checked.jobs,
+                rewrites=rewrites,
+            )
+        print_lowering(lowered)
+        paths.append(lowered.paths)
+        jobs += [CellJob(find_artifact(each.name, variant, artifacts_root), params, accuracy) for variant in variants]
     check_generation([job.artifact for job in jobs], params)
-    return _profile(jobs, lowered.paths, boards, results_root, explore=explore, host=host, port=port,
-                    open_browser=open_browser)  # fmt: skip
+    return _profile(jobs, paths[0], boards, results_root, explore=explore, host=host, port=port,
+                    open_browser=open_browser, scaling=len(contexts) > 1)  # fmt: skip
 
 
 def deploy_program(
@@ -106,8 +112,11 @@ def _profile(
     host: str,
     port: int,
     open_browser: bool,
+    scaling: bool = False,
 ) -> int:
-    """Every job on every board (set up, push, run, pull, analyse), the results table, then Model Explorer."""
+    """Every job on every board (set up, push, run, pull, analyse), the results table, then Model Explorer.
+
+    `scaling`: the jobs are one model at several KV cache sizes: a table and a plot against the context too."""
     with console.transfer_progress() as progress:
         outcomes = fan_out(
             boards, lambda board: run_cells_on_board(board, jobs, progress=progress, results_root=results_root)
@@ -129,6 +138,8 @@ def _profile(
                 for job in jobs
             ]
     print_cells(cells)
+    if scaling:
+        print_context_scaling(cells, results_root)
     for cell in cells:  # before Model Explorer starts: the advice overlays go with the others
         if cell.bundle is not None and cell.summary is not None and cell.summary.profile is not None:
             run = LocalRun(cell.bundle, cell.board, cell.model, cell.variant.name, cell.bundle.name)

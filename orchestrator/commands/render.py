@@ -299,6 +299,50 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
     print_generation([(cell.board, cell.model, cell.variant.name, cell.summary) for cell in cells if cell.summary])
 
 
+def print_context_scaling(cells: Sequence[CellOutcome], results_root: Path | None = None) -> None:
+    """One model at several KV cache sizes: a row per board, backend and context, and the plot's path."""
+    from orchestrator import paths
+    from orchestrator.results.context_scaling import context_rows, write_plot
+
+    runs = [(cell.board, cell.model, cell.variant.name, cell.summary) for cell in cells if cell.summary]
+    rows = context_rows(runs)
+    if not rows:
+        return
+    console.table(
+        "Against the context",
+        [
+            "board",
+            "backend",
+            "context",
+            "TTFT ms",
+            "prefill tok/s",
+            "decode tok/s",
+            "token ms p50",
+            "decode MB",
+            "KV cache MB",
+        ],
+        [
+            [
+                row.board,
+                row.backend,
+                row.context,
+                row.ttft_ms,
+                row.prefill_tokens_per_s,
+                row.decode_tokens_per_s,
+                row.token_median_ms,
+                _mb(row.decode_peak_bytes),
+                _mb(row.kv_cache_bytes),
+            ]
+            for row in rows
+        ],
+        caption="each context is its own program (its KV cache is planned memory); same prompt and new tokens",
+    )
+    base = rows[0].model.split(".ctx")[0]
+    plot = write_plot(rows, results_root or paths.results_dir(), base)
+    if plot is not None:
+        console.info(f"plot: {_short_path(plot)}")
+
+
 def print_generation(runs: Sequence[tuple[str, str, str, RunSummary]]) -> None:
     """A language model as it is used: time to first token, decode speed, per-token latency, memory per phase."""
     rows = []

@@ -176,6 +176,13 @@ class ModelSpec:
         """The KV cache's positions: what a prompt and the tokens generated after it share."""
         return self.context or DEFAULT_CONTEXT
 
+    def with_context(self, context: int) -> ModelSpec:
+        """The same model with a KV cache of `context` positions: another program, under its own name
+        (`smollm2-135m-gen.ctx1024`) unless it is the spec's own context."""
+        if context == self.cache_capacity:
+            return self
+        return replace(self, context=context, name=f"{self.name}.ctx{context}")
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("lines")

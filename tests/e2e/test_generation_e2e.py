@@ -103,7 +103,8 @@ def test_new_tokens_on_a_model_that_does_not_generate_is_refused(
     local_board: Board, tmp_path: Path, generation_artifacts: Path
 ) -> None:
     lowered = subprocess.run(
-        [sys.executable, "-m", "fabric", "lower", "--model", "gpt2-tiny", "--backend", "xnnpack", "--weights", "random"],
+        [sys.executable, "-m", "fabric", "lower", "--model", "gpt2-tiny", "--backend", "xnnpack",
+         "--weights", "random"],
         cwd=PROJECT_ROOT, env={**os.environ, "ETLAB_ARTIFACTS": str(generation_artifacts)}, capture_output=True,
         text=True, timeout=900,
     )  # fmt: skip
@@ -112,3 +113,43 @@ def test_new_tokens_on_a_model_that_does_not_generate_is_refused(
                "--new-tokens", "4")  # fmt: skip
     assert proc.returncode == 64, proc.stdout + proc.stderr
     assert "gpt2-tiny is not a text-generation program" in proc.stdout + proc.stderr
+
+
+def test_context_scaling_profiles_one_program_per_cache_size_in_one_table_and_plot(
+    local_board: Board, tmp_path: Path, generation_artifacts: Path
+) -> None:
+    proc = fab(tmp_path, local_board, generation_artifacts, "deploy-and-profile", "--model", "smollm2-gen-tiny",
+               "--backend", "xnnpack", "--weights", "random", "--iterations", "2", "--warmup", "1", "--no-explore",
+               "--context", "16,32")  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    assert "Against the context" in said
+    summaries = {}
+    for program in ("smollm2-gen-tiny.ctx16", "smollm2-gen-tiny.ctx32"):
+        (run,) = [m.parent for m in (tmp_path / "results").glob(f"local/{program}/xnnpack/*/result_manifest.json")]
+        summaries[program] = json.loads((run / "analysis" / "summary.json").read_text())["generation"]
+    small, large = summaries["smollm2-gen-tiny.ctx16"], summaries["smollm2-gen-tiny.ctx32"]
+    assert (small["context"], large["context"]) == (16, 32)
+    assert large["kv_cache_bytes"] == 2 * small["kv_cache_bytes"]  # keys and values of every position
+    assert small["tokens"]["agreement"] == large["tokens"]["agreement"] == 1.0  # the cache size changes no id
+    (plot,) = (tmp_path / "results" / "context-scaling").glob("smollm2-gen-tiny-*.png")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("model", "context", "words"),
+    [
+        ("smollm2-gen-tiny", "8", "--context 8: smollm2-gen-tiny's prompt of 8 tokens and 8 new ones need 16"),
+        ("smollm2-gen-tiny", "16,x", "--context must be a whole number"),
+        ("gpt2-tiny", "64", "--context: gpt2-tiny is not a text-generation model"),
+    ],
+)
+def test_a_bad_context_is_refused_before_anything_is_lowered(
+    local_board: Board, tmp_path: Path, model: str, context: str, words: str
+) -> None:
+    artifacts = tmp_path / "artifacts"
+    proc = fab(tmp_path, local_board, artifacts, "deploy-and-profile", "--model", model, "--no-explore",
+               "--context", context)  # fmt: skip
+    assert proc.returncode == 64, proc.stdout + proc.stderr
+    assert words in proc.stdout + proc.stderr
+    assert not artifacts.exists() or not list(artifacts.rglob("*.pte"))

@@ -20,6 +20,7 @@ from orchestrator.counters import COUNTERS, DERIVED, derived_metrics
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import read_json
 from orchestrator.results.etdump import read_etdump
+from orchestrator.results.generation import DECODE, GenerationTimings
 from orchestrator.results.summary import Counters
 
 COUNTERS_FILE = "counters.json"
@@ -84,6 +85,7 @@ def read_counter_profile(bundle: Path, method: str = "forward") -> CounterProfil
     slots = {name: columns.index(name) for name in captured if name in columns}
     timings_path = Path(bundle) / COUNTERS_TIMINGS
     warmup = 0
+    decode_steps = None  # a text-generation run: the counters of its timed decode steps
     if timings_path.is_file():
         try:
             timings = read_json(timings_path)
@@ -93,9 +95,14 @@ def read_counter_profile(bundle: Path, method: str = "forward") -> CounterProfil
             raise AnalysisError(f"{timings_path}: not a JSON object")
         warm = timings.get("warmup_ms")
         warmup = len(warm) if isinstance(warm, list) else 0
+        generated = GenerationTimings.from_timings(timings)
+        if generated is not None and len(generated.executions) == len(executions):
+            decode_steps = generated.execution_indices(DECODE)
     etdump_path = Path(bundle) / COUNTERS_ETDUMP
     blocks = read_etdump(etdump_path).execute_blocks if etdump_path.is_file() else []
     measured = list(range(warmup if len(executions) > warmup else 0, len(executions)))
+    if decode_steps:  # one decode step, as ops.json: a prefill's counts are another operator's work
+        measured = decode_steps
 
     sums: dict[str, dict[tuple[int, int], list[float]]] = {name: {} for name in slots}
     dropped = 0

@@ -102,15 +102,13 @@ class GenerationTimings:
         """The timed generations' Execute blocks by phase, in order; empty when the ETDump does not line up."""
         if len(execute_blocks) != len(self.executions):
             return {phase: [] for phase in PHASES}
+        return {phase: [execute_blocks[i] for i in self.execution_indices(phase)] for phase in PHASES}
+
+    def execution_indices(self, phase: str) -> list[int]:
+        """The timed generations' executions of `phase`, by their index among every execute() call."""
         warmup = [run.warmup for run in self.runs for _ in range(1 + len(run.decode_ms))]
-        return {
-            phase: [
-                block
-                for block, which, is_warmup in zip(execute_blocks, self.executions, warmup, strict=True)
-                if which == phase and not is_warmup
-            ]
-            for phase in PHASES
-        }
+        return [i for i, (which, early) in enumerate(zip(self.executions, warmup, strict=True))
+                if which == phase and not early]  # fmt: skip
 
     def phase_times(self, phase: str) -> list[float]:
         """The timed executions' times of `phase`, in the order of its blocks."""

@@ -44,7 +44,8 @@ def test_a_language_model_generates_what_eager_greedy_does_and_is_profiled_per_p
     local_board: Board, tmp_path: Path, generation_artifacts: Path, model: str
 ) -> None:
     proc = fab(tmp_path, local_board, generation_artifacts, "deploy-and-profile", "--model", model, "--backend",
-               "xnnpack", "--weights", "random", "--iterations", "3", "--warmup", "1", "--no-explore")  # fmt: skip
+               "xnnpack", "--weights", "random", "--iterations", "3", "--warmup", "1", "--no-explore",
+               "--counters=task_clock")  # fmt: skip
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said
     (run,) = [m.parent for m in (tmp_path / "results").glob(f"local/{model}/xnnpack/*/result_manifest.json")]
@@ -62,6 +63,11 @@ def test_a_language_model_generates_what_eager_greedy_does_and_is_profiled_per_p
     (reference,) = read_tensors(generation_artifacts / model / f"{model}_reference_outputs.etlt")
     assert ran.array.tolist() == reference.array.tolist()
     assert "Generation" in said and "= eager (8)" in said
+    counters = summary["counters"]  # one decode step's counts, as ops.json: the 3 timed generations' 7 steps each
+    if "task_clock" in counters["captured"]:
+        assert counters["executions"] == 3 * 7, counters
+    else:  # a machine that refuses perf events says why, by name
+        assert [m["name"] for m in counters["missing"]] == ["task_clock"], counters
 
     # Per phase: ops files of their own, and overlays whose every node is one Model Explorer draws.
     prefill = json.loads((run / "analysis" / "ops_prefill.json").read_text())

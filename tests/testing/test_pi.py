@@ -30,6 +30,7 @@ from tests.deploy.test_crossbuild import elf_machine
 from tests.e2e.test_e2e import bundles, fab
 from tests.plugins.agent import BOARD_SAMPLES, AgentCli
 from tests.plugins.analysis import adapter_graphs
+from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
 
 AES_GCM, CHACHA = "aes128-gcm@openssh.com", "chacha20-poly1305@openssh.com"
@@ -252,3 +253,20 @@ def test_a_pi_without_a_compiler_gets_a_cross_built_runner(
     assert f"VERSION {answer['runner_version']} " in cmake_lists and answer["runner_version"] == state["runner_version"]
     again = fab("setup-board", lab=lab, results=results)
     assert again.returncode == 0 and "already up to date" in again.stdout, again.stdout + again.stderr
+
+    # A language model as it is used, once on the emulated Pi with the cross-built runner: the generate loop's ids
+    # equal eager greedy generation's, and the prefill and decode overlays land on nodes Model Explorer draws.
+    generated = fab("deploy-and-profile", "--model", "smollm2-gen-tiny", "--backend", "xnnpack", "--weights",
+                    "random", "--iterations", "2", "--warmup", "1", "--no-explore", lab=lab, results=results,
+                    timeout=1500)  # fmt: skip
+    assert generated.returncode == 0, generated.stdout + generated.stderr
+    (run,) = bundles(results)[("pi-nocc", "smollm2-gen-tiny", "xnnpack")]
+    summary = json.loads((run / "analysis" / "summary.json").read_text())
+    assert summary["generation"]["tokens"]["agreement"] == 1.0, summary["generation"]
+    assert summary["generation"]["decode_tokens_per_s"] > 0 and summary["correctness"]["ok"]
+    graphs = adapter_graphs(ARTIFACT_CACHE / "smollm2-gen-tiny" / "smollm2-gen-tiny_xnnpack.pte")
+    for phase in ("prefill", "decode"):
+        painted = json.loads((run / "model_explorer" / f"me_overlay_{phase}_mean_ms.json").read_text())
+        assert any("::" in graph for graph in painted)
+        for graph_id, data in painted.items():
+            assert set(data["results"]) <= graphs[graph_id]

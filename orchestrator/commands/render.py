@@ -386,6 +386,10 @@ def print_generation(runs: Sequence[tuple[str, str, str, RunSummary]]) -> None:
             caption="TTFT: the prompt's prefill (median); decode tok/s: the steps after the first token; MB: peak "
             "RSS per phase",
         )
+        for board, model, backend, summary in runs:
+            text = summary.generation.text if summary.generation else None
+            if text:  # the ids equal eager's: this is what the board generated
+                console.info(console.escape(f"{board}: {model}/{backend}: {text['prompt']!r} → {text['generated']!r}"))
 
 
 def _short_path(path: Path) -> str:

@@ -54,10 +54,38 @@ def prompt_ids(length: int, vocab_size: int, seed: int = RANDOM_SEED) -> np.ndar
     return np.random.default_rng(seed).integers(low, vocab_size, size=(1, length)).astype(np.int64)
 
 
+def cached_tokenizer(spec: ModelSpec) -> Any:
+    """The model's tokenizer when it is on this machine (the HF cache, or a model_id folder): never downloaded, never
+    its folder's code (`trust_remote_code` only from the command line). None otherwise."""
+    if not spec.model_id:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(
+            spec.model_id, local_files_only=True, trust_remote_code=spec.trust_remote_code
+        )
+    except Exception:  # not cached, or not a tokenizer transformers can read: deterministic ids instead
+        return None
+
+
+def prompt_for(spec: ModelSpec, vocab_size: int) -> tuple[np.ndarray, str]:
+    """The prompt's ids [1, P] and where they come from: the spec's text through the cached tokenizer, else
+    deterministic ids of seq_len tokens."""
+    tokenizer = cached_tokenizer(spec) if spec.prompt else None
+    if tokenizer is not None:
+        ids = np.asarray([tokenizer(spec.prompt)["input_ids"]], dtype=np.int64)
+        if ids.size and int(ids.max()) < vocab_size:
+            return ids, f"the spec's prompt, tokenized by {spec.model_id}'s tokenizer"
+    why = "no prompt in the spec" if not spec.prompt else f"{spec.model_id or 'the model'}'s tokenizer is not cached"
+    return prompt_ids(spec.seq_len, vocab_size), f"deterministic ids ({why})"
+
+
 def example_inputs(module: GenerationModule, spec: ModelSpec) -> list[NamedTensor]:
     """The prefill's inputs for the spec's prompt: the ids and their positions 0..P-1."""
-    ids = prompt_ids(spec.seq_len, int(module.model.config.vocab_size))
-    return [NamedTensor(PROMPT_INPUT, ids), NamedTensor(POSITION_INPUT, np.arange(spec.seq_len, dtype=np.int64))]
+    ids, _ = prompt_for(spec, int(module.model.config.vocab_size))
+    length = ids.shape[1]
+    return [NamedTensor(PROMPT_INPUT, ids), NamedTensor(POSITION_INPUT, np.arange(length, dtype=np.int64))]
 
 
 def greedy_ids(module: GenerationModule, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
@@ -77,8 +105,20 @@ def greedy_ids(module: GenerationModule, prompt: np.ndarray, new_tokens: int) ->
 
 
 def reference(module: GenerationModule, spec: ModelSpec) -> tuple[list[NamedTensor], list[NamedTensor]]:
-    """What the board runs and what it must produce: the prompt (the runner's inputs file) and eager greedy ids."""
+    """What the board runs and what it must produce: the prompt (the runner's inputs file) and eager greedy ids.
+
+    A tokenized prompt and its new tokens must fit the cache: a SpecError naming `prompt` otherwise."""
+    from orchestrator.lowering.spec_errors import spec_failure
+
     prompt = example_inputs(module, spec)[0]
+    needed = prompt.array.shape[1] + spec.new_tokens
+    if needed > spec.cache_capacity:
+        where = "prompt" if spec.prompt else "seq_len"
+        problem = (
+            f"the prompt's {prompt.array.shape[1]} tokens and {spec.new_tokens} new ones need {needed} positions; "
+            f"the KV cache holds {spec.cache_capacity}"
+        )
+        raise spec_failure([(where, problem)], spec)
     return [prompt], [NamedTensor("output_0", greedy_ids(module, prompt.array, spec.new_tokens))]
 
 
@@ -133,12 +173,23 @@ def kv_cache_bytes(module: GenerationModule) -> int:
     )
 
 
-def record(module: GenerationModule, spec: ModelSpec) -> dict[str, Any]:
-    """The sidecar's `generation`: the cache's size and the defaults a run starts from."""
+def record(module: GenerationModule, spec: ModelSpec, prompt: np.ndarray, reference_ids: np.ndarray) -> dict[str, Any]:
+    """The sidecar's `generation`: the cache's size, the defaults a run starts from, the prompt's source, and the
+    texts of the prompt and of eager greedy generation when a tokenizer is cached."""
+    _, source = prompt_for(spec, int(module.model.config.vocab_size))
+    tokenizer = cached_tokenizer(spec) if spec.model_id else None
+    texts = {}
+    if tokenizer is not None:
+        texts = {
+            "prompt_text": tokenizer.decode(prompt.reshape(-1).tolist()),
+            "reference_text": tokenizer.decode(reference_ids.reshape(-1).tolist()),
+        }
     return {
         "context": spec.cache_capacity,
         "max_prompt_len": spec.cache_capacity - 1,
-        "prompt_len": spec.seq_len,
+        "prompt_len": int(prompt.shape[1]),
         "new_tokens": spec.new_tokens,
         "kv_cache_bytes": kv_cache_bytes(module),
+        "prompt_source": source,
+        **texts,
     }

@@ -417,7 +417,7 @@ def _load(
             from orchestrator.lowering import generation
 
             board_inputs, outputs = generation.reference(module, spec)
-            generation_record = generation.record(module, spec)
+            generation_record = generation.record(module, spec, board_inputs[0].array, outputs[0].array)
         else:
             with torch.no_grad():
                 eager = module(*example_args)

@@ -387,20 +387,29 @@ class Generation:
     prompt_len: int  # the reference prompt's length (the spec's seq_len)
     new_tokens: int  # the reference generation's length
     kv_cache_bytes: int
+    prompt_source: str | None = None  # tokenized text, or deterministic ids (and why)
+    prompt_text: str | None = None  # with a cached tokenizer: the prompt and eager greedy generation, decoded
+    reference_text: str | None = None
 
     @classmethod
     def from_dict(cls, data: Any, reader: _Reader) -> Generation | None:
         if data is _MISSING or data is None:
             return None
         fields = reader.mapping(data, "generation")
-        values = {name: reader.integer(fields, name, "generation.") for name in cls.__dataclass_fields__}
+        counts = ("context", "max_prompt_len", "prompt_len", "new_tokens", "kv_cache_bytes")
+        values = {name: reader.integer(fields, name, "generation.") for name in counts}
         for name, value in values.items():
             if value < (2 if name == "context" else 0):
                 raise reader.fail(f"generation.{name}", "a positive integer", value)
-        return cls(**values)
+        texts = {
+            name: reader.text(fields, name, "generation.", optional=True) if name in fields else None
+            for name in ("prompt_source", "prompt_text", "reference_text")
+        }
+        return cls(**values, **texts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return {key: value for key, value in data.items() if value is not None}
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,9 @@ class ModelSpec:
     # generates by default after a prompt of `seq_len` tokens (seq_len + new_tokens <= context).
     context: int | None = None
     new_tokens: int = DEFAULT_NEW_TOKENS
+    # `text-generation`: a text prompt, tokenized on the workstation when the model's tokenizer is cached (never
+    # downloaded); without one, deterministic ids of seq_len tokens.
+    prompt: str | None = None
     # Where each field was written in the spec file: "seq_len", "config", "config.<key>" -> line.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -546,6 +549,7 @@ _HUGGINGFACE_FIELDS: dict[str, Check] = {
     "image_size": integer(16, 1024),  # image-classification: the side of the square image (the config's image_size)
     "context": integer(2, 32768),  # text-generation: the KV cache capacity
     "new_tokens": integer(1, 4096),  # text-generation: tokens a run generates by default
+    "prompt": text,  # text-generation: the prompt, tokenized when the model's tokenizer is cached
 }
 
 
@@ -604,9 +608,14 @@ def _huggingface_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[s
     return None
 
 
+def _fallback_prompt_len(context: int, new_tokens: int) -> int:
+    """A text prompt's stand-in when no tokenizer is cached and the spec gives no seq_len: what fits the cache."""
+    return max(1, min(ModelSpec.seq_len, context - new_tokens))
+
+
 def _generation_problem(found: dict[str, Any], task: str) -> tuple[str, str] | None:
     """A text-generation spec's own rules: one sequence, a prompt and its new tokens within the KV cache."""
-    for key in ("context", "new_tokens"):
+    for key in ("context", "new_tokens", "prompt"):
         if key in found and task != GENERATION_TASK:
             return key, f"is for task {GENERATION_TASK!r} only (task {task!r} has no KV cache)"
     if task != GENERATION_TASK:
@@ -615,9 +624,9 @@ def _generation_problem(found: dict[str, Any], task: str) -> tuple[str, str] | N
         return "inputs", f"task {GENERATION_TASK!r} takes a prompt of seq_len token ids; give seq_len instead"
     if found.get("batch_size", 1) != 1:
         return "batch_size", f"task {GENERATION_TASK!r} generates one sequence: batch_size must be 1"
-    prompt = found.get("seq_len", ModelSpec.seq_len)
     new_tokens = found.get("new_tokens", DEFAULT_NEW_TOKENS)
     context = found.get("context", DEFAULT_CONTEXT)
+    prompt = found.get("seq_len", _fallback_prompt_len(context, new_tokens) if "prompt" in found else ModelSpec.seq_len)
     if prompt + new_tokens > context:
         where = "context" if "context" in found else "seq_len" if "seq_len" in found else "new_tokens"
         return where, (
@@ -914,6 +923,9 @@ def load_spec_file(path: Path) -> ModelSpec:
             given.setdefault("seq_len", inputs[0].shape[1])
         if inputs[0].name == IMAGE_INPUT:
             given.setdefault("image_size", inputs[0].shape[2])
+    if given.get("task") == GENERATION_TASK and "prompt" in given:  # seq_len: the stand-in without a tokenizer
+        context = given.get("context") or DEFAULT_CONTEXT
+        given.setdefault("seq_len", _fallback_prompt_len(context, given.get("new_tokens", DEFAULT_NEW_TOKENS)))
     return ModelSpec(**given, source=str(path), model_source=source.name, lines=spec_lines)
 
 

@@ -151,6 +151,14 @@ def analyze_bundle(
         summary_of_generation = generation_summary(
             generated, bundle.timings, kv_cache_bytes=cache, tokens=tokens, memory=memory
         )
+        recorded = sidecar.generation if sidecar is not None else None
+        if recorded is not None:
+            generated_text = None
+            if recorded.reference_text is not None and tokens is not None and tokens.first_divergence is None:
+                generated_text = {"prompt": recorded.prompt_text or "", "generated": recorded.reference_text}
+            summary_of_generation = dataclasses.replace(
+                summary_of_generation, prompt_source=recorded.prompt_source, text=generated_text
+            )
         run = dataclasses.replace(run, generation=summary_of_generation)
         if scheme.quantized:
             thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}

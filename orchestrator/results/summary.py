@@ -479,6 +479,9 @@ class Generation:
     kv_cache_bytes: int | None = None
     memory: dict[str, int | None] = field(default_factory=dict)  # peak RSS: prefill, decode
     tokens: dict[str, Any] | None = None  # TokenCheck.to_dict(), or None when no reference was given
+    # Where the prompt came from; with a cached tokenizer and ids equal to eager's, the prompt and what followed
+    prompt_source: str | None = None
+    text: dict[str, str] | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> Generation | None:
@@ -501,6 +504,10 @@ class Generation:
             kv_cache_bytes=_int(data.get("kv_cache_bytes")),
             memory={str(k): _int(v) for k, v in _mapping(data.get("memory"), "generation.memory").items()},
             tokens=dict(tokens) if isinstance(tokens, dict) else None,
+            prompt_source=_text(data.get("prompt_source")),
+            text={k: v for k, v in data["text"].items() if isinstance(v, str)}
+            if isinstance(data.get("text"), dict)
+            else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -517,6 +524,8 @@ class Generation:
             "kv_cache_bytes": self.kv_cache_bytes,
             "memory": dict(self.memory),
             "tokens": self.tokens,
+            "prompt_source": self.prompt_source,
+            "text": self.text,
         }
 
 

@@ -159,3 +159,27 @@ def test_a_bad_context_is_refused_before_anything_is_lowered(
     assert proc.returncode == 64, proc.stdout + proc.stderr
     assert words in proc.stdout + proc.stderr
     assert not artifacts.exists() or not list(artifacts.rglob("*.pte"))
+
+
+def test_a_text_prompt_goes_through_the_cached_tokenizer_and_the_text_is_shown(
+    local_board: Board, tmp_path: Path
+) -> None:
+    from tests.lowering.test_generation import LLAMA_TINY, _word_tokenizer
+
+    words = [f"w{i}" for i in range(255)]
+    folder = _word_tokenizer(tmp_path / "tokenizer", words)
+    spec = {"name": "chat", "model_type": "llama", "task": "text-generation", "model_id": str(folder),
+            "config": LLAMA_TINY, "prompt": "w1 w2 w3", "new_tokens": 4, "context": 16}  # fmt: skip
+    (tmp_path / "chat.json").write_text(json.dumps(spec))
+    proc = fab(tmp_path, local_board, tmp_path / "artifacts", "deploy-and-profile", "--spec",
+               str(tmp_path / "chat.json"), "--backend", "xnnpack", "--weights", "random", "--iterations", "1",
+               "--warmup", "0", "--no-explore")  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    (run,) = [m.parent for m in (tmp_path / "results").glob("local/chat/xnnpack/*/result_manifest.json")]
+    generation = json.loads((run / "analysis" / "summary.json").read_text())["generation"]
+    assert generation["prompt_len"] == 3 and "tokenized" in generation["prompt_source"]
+    (ids,) = read_tensors(run / "outputs.etlt")
+    expected = " ".join("[UNK]" if i == 0 else words[i - 1] for i in ids.array.reshape(-1).tolist())
+    assert generation["text"] == {"prompt": "w1 w2 w3", "generated": expected}
+    assert f"'w1 w2 w3' → '{expected}'" in " ".join(said.split())

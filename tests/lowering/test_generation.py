@@ -154,3 +154,45 @@ def test_int8_static_is_refused_for_a_language_model_before_it_loads(tmp_path: P
         lowerer.lower(BUILTIN_SPECS["smollm2-gen-tiny"], variants=[Variant.parse("xnnpack-int8-static")],
                       weights="random", root=tmp_path)  # fmt: skip
     assert not list(tmp_path.rglob("*.pte"))
+
+
+def _word_tokenizer(folder: Path, words: list[str]) -> Path:
+    """A tokenizer saved as transformers saves one (tokenizer.json), made offline: one id per word."""
+    from orchestrator.lowering.models import declare_torchvision_ops
+
+    declare_torchvision_ops()
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, **{word: index + 1 for index, word in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]").save_pretrained(folder)
+    return folder
+
+
+def test_a_text_prompt_is_tokenized_when_the_tokenizer_is_on_this_machine(tmp_path: Path) -> None:
+    words = [f"w{i}" for i in range(255)]
+    folder = _word_tokenizer(tmp_path / "tokenizer", words)
+    prompt = "w3 w10 w17 w200 w1"
+    spec = load_spec_file(write(tmp_path, generation_spec(model_id=str(folder), prompt=prompt, new_tokens=4)))
+    result = lowerer.lower(spec, variants=[Variant("portable")], weights="random", root=tmp_path / "artifacts", jobs=1)
+    generation = result.variants[Variant("portable")].sidecar.generation
+    assert generation is not None
+    assert generation.prompt_len == 5 and "tokenized by" in (generation.prompt_source or "")
+    assert generation.prompt_text == prompt
+    (ids,) = read_tensors(result.paths.reference_inputs)
+    assert ids.array.tolist() == [[4, 11, 18, 201, 2]]
+    (reference,) = read_tensors(result.paths.reference_outputs)
+    assert generation.reference_text == " ".join(
+        "[UNK]" if i == 0 else words[i - 1] for i in reference.array.reshape(-1).tolist()
+    )
+
+
+def test_without_a_cached_tokenizer_the_prompt_is_deterministic_ids_and_says_why(tmp_path: Path) -> None:
+    spec = load_spec_file(write(tmp_path, generation_spec(model_id=str(tmp_path / "nowhere"), prompt="hello")))
+    result = lowerer.lower(spec, variants=[Variant("portable")], weights="random", root=tmp_path / "artifacts", jobs=1)
+    generation = result.variants[Variant("portable")].sidecar.generation
+    assert generation is not None and generation.prompt_len == 8  # seq_len
+    assert generation.prompt_source == f"deterministic ids ({tmp_path / 'nowhere'}'s tokenizer is not cached)"
+    assert generation.prompt_text is None

@@ -17,7 +17,7 @@ import numpy as np
 from orchestrator.errors import AnalysisError
 from orchestrator.results.etdump import Etdump, RunBlock
 from orchestrator.results.stats import distribution
-from orchestrator.results.summary import Accuracy, Generation, Memory
+from orchestrator.results.summary import Accuracy, Generation, Memory, _float, _int  # the same value checks
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -183,7 +183,7 @@ def generation_summary(
         prefill_tokens_per_s=record.prompt_len / prefill.median * 1000.0 if prefill and prefill.median else None,
         decode_tokens_per_s=float(np.median(rates)) if rates else None,
         token_ms={"median": steps.median, "p90": steps.p90, "max": steps.max} if steps else {},
-        load_ms=sum(known) if (known := [v for v in map(_number_or_none, loads) if v is not None]) else None,
+        load_ms=sum(known) if (known := [v for v in map(_float, loads) if v is not None]) else None,
         kv_cache_bytes=kv_cache_bytes,
         memory={
             PREFILL: _peak(phases.get("first_execution")),
@@ -196,20 +196,20 @@ def generation_summary(
 def _peak(phase: Any) -> int | None:
     if not isinstance(phase, dict):
         return None
-    return _int_or_none(phase.get("peak_rss_bytes"))
+    return _int(phase.get("peak_rss_bytes"))
 
 
 def _run(data: Any, where: str, new_tokens: int) -> GenerationRun:
     if not isinstance(data, dict):
         raise _bad(where, "a mapping")
-    prefill = _number_or_none(data.get("prefill_ms"))
+    prefill = _float(data.get("prefill_ms"))
     if prefill is None or prefill < 0:
         raise _bad(f"{where}.prefill_ms", "a number >= 0")
     decode = data.get("decode_ms")
-    if not isinstance(decode, list) or any(_number_or_none(v) is None or v < 0 for v in decode):
+    if not isinstance(decode, list) or any(_float(v) is None or v < 0 for v in decode):
         raise _bad(f"{where}.decode_ms", "a list of numbers >= 0")
     ids = data.get("token_ids")
-    if not isinstance(ids, list) or any(_int_or_none(v) is None or not 0 <= v < _MAX_TOKEN_ID for v in ids):
+    if not isinstance(ids, list) or any(_int(v) is None or not 0 <= v < _MAX_TOKEN_ID for v in ids):
         raise _bad(f"{where}.token_ids", "a list of token ids")
     if len(ids) != len(decode) + 1 or len(ids) > new_tokens:
         raise AnalysisError(
@@ -219,7 +219,7 @@ def _run(data: Any, where: str, new_tokens: int) -> GenerationRun:
 
 
 def _count(data: dict[str, Any], key: str, minimum: int) -> int:
-    value = _int_or_none(data.get(key))
+    value = _int(data.get(key))
     if value is None or value < minimum:
         raise _bad(f"generation.{key}", f"an integer >= {minimum}")
     return value
@@ -227,16 +227,6 @@ def _count(data: dict[str, Any], key: str, minimum: int) -> int:
 
 def _bad(where: str, wanted: str) -> AnalysisError:
     return AnalysisError(f"timings.json: {where} must be {wanted}")
-
-
-def _number_or_none(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value):
-        return float(value)
-    return None
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _mapping(value: Any) -> dict[str, Any]:

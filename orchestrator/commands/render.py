@@ -583,8 +583,19 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
         f"{comparison.run_id_b} vs {comparison.run_id_a}",
         ["node", "op", "A median ms", "B median ms", "Δ ms", "Δ %", "change"],
         rows,
-        caption="per operator: the measured change of each instruction; the overall verdict follows",
+        caption=f"per operator, over {comparison.per_operator_scope}: the measured change of each instruction; "
+        "the overall verdict follows",
     )
+    if comparison.generation:
+        console.table(
+            "Generation",
+            ["figure", "A", "B", "B / A"],
+            [
+                [row["label"], row["a"], row["b"], f"{row['ratio']:.3f}×" if row["ratio"] is not None else None]
+                for row in comparison.generation
+            ],
+            caption="tokens/s: above 1× is faster; milliseconds: above 1× is slower",
+        )
     if comparison.memory:
         console.table(
             "Memory",

@@ -635,6 +635,16 @@ def print_night(report: NightReport) -> None:
         rows,
         caption=f"exit code {report.exit_code}",
     )
+    if any(item.record.generation for item in report.verdicts):
+        # here, not at the top: it imports SQLAlchemy, which only the nightly's tables need
+        from orchestrator.lab.report import GENERATION_HEADERS, GENERATION_KEYS, generation_rows
+
+        console.table(
+            "Generation",
+            list(GENERATION_HEADERS),
+            [[row[key] for key in GENERATION_KEYS] for row in generation_rows(report)],
+            caption="language models: the median above is one whole generation",
+        )
     if report.places:
         # here, not at the top: it imports SQLAlchemy, which only the nightly's tables need
         from orchestrator.lab.report import place_rows

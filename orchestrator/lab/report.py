@@ -297,9 +297,9 @@ def advised_rows(report: NightReport) -> list[dict[str, str]]:
     return rows
 
 
-_GENERATION_KEYS = ("board", "model", "backend", "prompt_new_context", "ttft_ms", "prefill_tok_s", "decode_tok_s",
+GENERATION_KEYS = ("board", "model", "backend", "prompt_new_context", "ttft_ms", "prefill_tok_s", "decode_tok_s",
                     "token_ms_median", "decode_peak_mb", "ids")  # fmt: skip
-_GENERATION_HEADERS = ("board", "model", "backend", "prompt+new/ctx", "TTFT ms", "prefill tok/s", "decode tok/s",
+GENERATION_HEADERS = ("board", "model", "backend", "prompt+new/ctx", "TTFT ms", "prefill tok/s", "decode tok/s",
                        "token ms (median)", "decode peak MB", "ids vs eager")  # fmt: skip
 
 
@@ -363,9 +363,9 @@ def render_html(report: NightReport) -> str:
             "<h2>Generation</h2><p>Language models: time to first token (the prefill), decode speed and the decode "
             "step's latency; ids: the generated tokens against eager greedy generation.</p>"
         )
-        parts.append("<table id='generation'><tr>" + "".join(f"<th>{h}</th>" for h in _GENERATION_HEADERS) + "</tr>")
+        parts.append("<table id='generation'><tr>" + "".join(f"<th>{h}</th>" for h in GENERATION_HEADERS) + "</tr>")
         for row in generation:
-            parts.append("<tr>" + "".join(f"<td>{html.escape(row[key])}</td>" for key in _GENERATION_KEYS) + "</tr>")
+            parts.append("<tr>" + "".join(f"<td>{html.escape(row[key])}</td>" for key in GENERATION_KEYS) + "</tr>")
         parts.append("</table>")
 
     parts.append("<h2>Regressions</h2>")
@@ -464,9 +464,9 @@ def render_markdown(report: NightReport) -> str:
         )
     generation = generation_rows(report)
     if generation:
-        lines += ["", "## Generation", "", "| " + " | ".join(_GENERATION_HEADERS) + " |",
-                  "|---|---|---|---|" + "---:|" * (len(_GENERATION_HEADERS) - 5) + "---|"]  # fmt: skip
-        lines += ["| " + " | ".join(row[key] for key in _GENERATION_KEYS) + " |" for row in generation]
+        lines += ["", "## Generation", "", "| " + " | ".join(GENERATION_HEADERS) + " |",
+                  "|---|---|---|---|" + "---:|" * (len(GENERATION_HEADERS) - 5) + "---|"]  # fmt: skip
+        lines += ["| " + " | ".join(row[key] for key in GENERATION_KEYS) + " |" for row in generation]
     for item in report.regressions:
         lines += ["", f"## Regression: {_label(item.cell)}", "", item.detail]
         if item.slower_ops:

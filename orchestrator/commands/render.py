@@ -644,6 +644,7 @@ def print_night(report: NightReport) -> None:
             list(GENERATION_HEADERS),
             [[row[key] for key in GENERATION_KEYS] for row in generation_rows(report)],
             caption="language models: the median above is one whole generation",
+            whole=["model", "prompt+new/ctx", "ids vs eager"],
         )
     if report.places:
         # here, not at the top: it imports SQLAlchemy, which only the nightly's tables need

@@ -22,6 +22,7 @@ pytest_plugins = [
     "tests.plugins.explorer",  # the Model Explorer server preloaded with a real analysed bundle
     "tests.plugins.browser",  # Debian's Chromium through Playwright
     "tests.plugins.dashboard",  # a small real lab (analysed runs, a nightly history) for the dashboard
+    "tests.plugins.generation",  # a real two-night nightly of a tiny language model on the local board
     "tests.plugins.postgres",  # a private PostgreSQL server for the shared-history path
     "tests.plugins.labgrid",  # a real labgrid coordinator and exporters publishing the fake boards as places
     "tests.plugins.fuzz",  # no fixtures: the hypothesis settings and byte mutations of the parser fuzz tests

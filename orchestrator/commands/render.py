@@ -587,8 +587,19 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
         f"{comparison.run_id_b} vs {comparison.run_id_a}",
         ["node", "op", "A median ms", "B median ms", "Δ ms", "Δ %", "change"],
         rows,
-        caption="per operator: the measured change of each instruction; the overall verdict follows",
+        caption=f"per operator, over {comparison.per_operator_scope}: the measured change of each instruction; "
+        "the overall verdict follows",
     )
+    if comparison.generation:
+        console.table(
+            "Generation",
+            ["figure", "A", "B", "B / A"],
+            [
+                [row["label"], row["a"], row["b"], f"{row['ratio']:.3f}×" if row["ratio"] is not None else None]
+                for row in comparison.generation
+            ],
+            caption="tokens/s: above 1× is faster; milliseconds: above 1× is slower",
+        )
     if comparison.memory:
         console.table(
             "Memory",
@@ -628,6 +639,17 @@ def print_night(report: NightReport) -> None:
         rows,
         caption=f"exit code {report.exit_code}",
     )
+    if any(item.record.generation for item in report.verdicts):
+        # here, not at the top: it imports SQLAlchemy, which only the nightly's tables need
+        from orchestrator.lab.report import GENERATION_HEADERS, GENERATION_KEYS, generation_rows
+
+        console.table(
+            "Generation",
+            list(GENERATION_HEADERS),
+            [[row[key] for key in GENERATION_KEYS] for row in generation_rows(report)],
+            caption="language models: the median above is one whole generation",
+            whole=["model", "prompt+new/ctx", "ids vs eager"],
+        )
     if report.places:
         # here, not at the top: it imports SQLAlchemy, which only the nightly's tables need
         from orchestrator.lab.report import place_rows

@@ -47,6 +47,7 @@ from sqlalchemy.exc import DatabaseError
 
 from orchestrator import console, paths
 from orchestrator.errors import EtlabError, ExitCode
+from orchestrator.results.summary import Generation
 
 DEFAULT_BUSY_SECONDS = 30.0  # how long a write waits for another writer's lock before it fails
 INTEGRITY_PROBLEMS = 5  # problems of a corrupt file named in the message (integrity_check lists up to 100)
@@ -99,6 +100,8 @@ runs = Table(
     # Added with memory footprint (issue 13).
     Column("peak_rss_bytes", Integer),  # the run's peak RSS over every phase
     Column("planned_bytes", Integer),  # the program's planned arenas
+    # Added with language models (issue 26): summary.json's `generation` figures (Generation.to_dict()).
+    Column("generation", JSON),
     UniqueConstraint("night", "board", "model", "backend", name="one_cell_per_night"),
 )
 # A cell's nights (trends, baselines) and a board's latest run (the dashboard), without scanning every run.
@@ -153,6 +156,7 @@ class RunRecord:
     verdict_info: dict[str, Any] = field(default_factory=dict)
     peak_rss_bytes: int | None = None
     planned_bytes: int | None = None
+    generation: Generation | None = None  # text-generation programs: TTFT, decode tok/s, token agreement, ...
 
     @property
     def identity(self) -> tuple[str | None, str]:
@@ -371,6 +375,7 @@ class History:
                 runs.insert().values(
                     **{name: getattr(run, name) for name in _STORED_FIELDS},
                     versions_key=versions_key(run.versions),
+                    generation=run.generation.to_dict() if run.generation else None,
                     created_at=created,
                 )
             ).inserted_primary_key[0]
@@ -485,7 +490,9 @@ class History:
         stored = {name: getattr(row, name) for name in _STORED_FIELDS}
         stored["environment"] = stored["environment"] or {}
         stored["verdict_info"] = stored["verdict_info"] or {}
-        return RunRecord(**stored, created_at=row.created_at)
+        # Read back through the same typed check as summary.json (an older row has none: NULL).
+        generation = Generation.from_dict(row.generation)
+        return RunRecord(**stored, generation=generation, created_at=row.created_at)
 
 
 def _newest_first(query: Any, night: str | None, cell: tuple[str, str, str] | None, limit: int | None) -> Any:

@@ -118,6 +118,7 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
         environment=environment,
         peak_rss_bytes=summary.memory.peak_rss_bytes if summary and summary.memory else None,
         planned_bytes=summary.memory.planned_bytes if summary and summary.memory else None,
+        generation=summary.generation if summary else None,
     )
 
 

@@ -297,6 +297,32 @@ def advised_rows(report: NightReport) -> list[dict[str, str]]:
     return rows
 
 
+GENERATION_KEYS = ("board", "model", "backend", "prompt_new_context", "ttft_ms", "prefill_tok_s", "decode_tok_s",
+                    "token_ms_median", "decode_peak_mb", "ids")  # fmt: skip
+GENERATION_HEADERS = ("board", "model", "backend", "prompt+new/ctx", "TTFT ms", "prefill tok/s", "decode tok/s",
+                       "token ms (median)", "decode peak MB", "ids vs eager")  # fmt: skip
+
+
+def generation_rows(report: NightReport) -> list[dict[str, str]]:
+    """Tonight's language-model cells as they are used: time to first token, decode speed, per-token latency (their
+    median latency is one whole generation, which says little on its own)."""
+    rows = []
+    for item in report.verdicts:
+        generation = item.record.generation
+        if generation is None:
+            continue
+        decode_peak = generation.memory.get("decode")
+        rows.append({
+            "board": item.record.board, "model": item.record.model, "backend": item.record.backend,
+            "prompt_new_context": f"{generation.prompt_len}+{generation.new_tokens}/{generation.context or '?'}",
+            "ttft_ms": _fmt(generation.ttft_ms), "prefill_tok_s": _fmt(generation.prefill_tokens_per_s),
+            "decode_tok_s": _fmt(generation.decode_tokens_per_s),
+            "token_ms_median": _fmt(generation.token_ms.get("median")),
+            "decode_peak_mb": _fmt(decode_peak / 1e6 if decode_peak else None), "ids": generation.ids_text,
+        })  # fmt: skip
+    return rows
+
+
 def place_rows(report: NightReport) -> list[tuple[tuple[str, str, str], PlaceWait]]:
     """Tonight's cells on labgrid places, each with its place and how long it waited for it."""
     return [(v.cell, report.places[v.cell[0]]) for v in report.verdicts if v.cell[0] in report.places]
@@ -330,6 +356,17 @@ def render_html(report: NightReport) -> str:
             f"<td><code>{html.escape(record.bundle_path or '—')}</code></td></tr>"
         )
     parts.append("</table>")
+
+    generation = generation_rows(report)
+    if generation:
+        parts.append(
+            "<h2>Generation</h2><p>Language models: time to first token (the prefill), decode speed and the decode "
+            "step's latency; ids: the generated tokens against eager greedy generation.</p>"
+        )
+        parts.append("<table id='generation'><tr>" + "".join(f"<th>{h}</th>" for h in GENERATION_HEADERS) + "</tr>")
+        for row in generation:
+            parts.append("<tr>" + "".join(f"<td>{html.escape(row[key])}</td>" for key in GENERATION_KEYS) + "</tr>")
+        parts.append("</table>")
 
     parts.append("<h2>Regressions</h2>")
     if not report.regressions:
@@ -425,6 +462,11 @@ def render_markdown(report: NightReport) -> str:
             f"| {r.board} | {r.model} | {r.backend} | {_fmt(r.median_ms)} | {_fmt(item.baseline_median_ms)} | "
             f"{change} | {_fmt(_peak_mb(r))} | {item.verdict} | {r.validity} |"
         )
+    generation = generation_rows(report)
+    if generation:
+        lines += ["", "## Generation", "", "| " + " | ".join(GENERATION_HEADERS) + " |",
+                  "|---|---|---|---|" + "---:|" * (len(GENERATION_HEADERS) - 5) + "---|"]  # fmt: skip
+        lines += ["| " + " | ".join(row[key] for key in GENERATION_KEYS) + " |" for row in generation]
     for item in report.regressions:
         lines += ["", f"## Regression: {_label(item.cell)}", "", item.detail]
         if item.slower_ops:

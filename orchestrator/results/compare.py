@@ -34,7 +34,7 @@ from orchestrator.lowering.variants import UnknownVariant, Variant
 from orchestrator.results.documents import ANALYSIS_DIR, load_summary
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
 from orchestrator.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, Verdict, compare_samples
-from orchestrator.results.summary import Memory, RunSummary
+from orchestrator.results.summary import Generation, Memory, RunSummary
 from orchestrator.results.verdicts import Kind
 
 
@@ -91,11 +91,21 @@ class Comparison:
     sha_b: str | None = None
     retest: dict[str, Any] | None = None
     memory: list[dict[str, Any]] = field(default_factory=list)  # memory_deltas(): one row per figure
+    generation: list[dict[str, Any]] = field(default_factory=list)  # generation_ratios(): language models only
+
+    @property
+    def per_operator_scope(self) -> str:
+        """What one per-operator figure is: a whole execution, or one decode step of a generation."""
+        if self.generation:
+            return "one decode step (analysis/ops.json; the prefill's is ops_prefill.json)"
+        return "one execution"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": 1,
             "memory": self.memory,
+            "generation": self.generation,
+            "per_operator": self.per_operator_scope,
             "run_a": {"run_id": self.run_id_a, "path": str(self.run_a), "median_ms": self.median_a_ms},
             "run_b": {"run_id": self.run_id_b, "path": str(self.run_b), "median_ms": self.median_b_ms},
             "total": self.total.to_dict(),
@@ -297,6 +307,29 @@ def memory_deltas(a: Memory | None, b: Memory | None) -> list[dict[str, Any]]:
     return rows
 
 
+# summary.json's generation figures compared, as (figure, what it is): higher is better only for tokens per second.
+GENERATION_FIGURES = (
+    ("ttft_ms", "time to first token ms"),
+    ("decode_tokens_per_s", "decode tokens/s"),
+    ("token_ms.median", "decode step median ms"),
+)
+
+
+def generation_ratios(a: Generation | None, b: Generation | None) -> list[dict[str, Any]]:
+    """Both runs' time to first token, decode speed and decode step median, with B / A; empty unless both runs
+    generated text. Figures only: the verdict stays the overall latency's."""
+    if a is None or b is None:
+        return []
+    rows = []
+    for name, label in GENERATION_FIGURES:
+        value_a, value_b = (
+            (run.token_ms.get("median") if name == "token_ms.median" else getattr(run, name)) for run in (a, b)
+        )
+        ratio = value_b / value_a if value_a and value_b is not None else None
+        rows.append({"figure": name, "label": label, "a": value_a, "b": value_b, "ratio": ratio})
+    return rows
+
+
 def compare_runs(
     run_a: Path,
     run_b: Path,
@@ -334,6 +367,7 @@ def compare_runs(
     )
     comparison.sha_a, comparison.sha_b = a.summary.model.sha256, b.summary.model.sha256
     comparison.memory = memory_deltas(a.summary.memory, b.summary.memory)
+    comparison.generation = generation_ratios(a.summary.generation, b.summary.generation)
     comparison.verdict, comparison.verdict_detail = run_verdict(a, b, total)
     if write:
         method = str(b.ops.get("method") or "forward")

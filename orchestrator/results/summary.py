@@ -510,6 +510,23 @@ class Generation:
             else None,
         )
 
+    @property
+    def token_agreement(self) -> float | None:
+        """Generated ids equal to eager greedy's, as a share of those compared (None: not checked)."""
+        value = (self.tokens or {}).get("agreement")
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    @property
+    def ids_text(self) -> str:
+        """The ids against eager greedy in a few words, for tables and pages: "= eager (8)", "75%, parts at 6"."""
+        tokens = self.tokens or {}
+        agreement = self.token_agreement
+        if agreement is None:
+            return "not checked"
+        if tokens.get("first_divergence") is None:
+            return f"= eager ({tokens.get('compared')})"
+        return f"{agreement * 100:.0f}%, parts at {tokens.get('first_divergence')}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "prompt_len": self.prompt_len,

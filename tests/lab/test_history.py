@@ -11,6 +11,8 @@ import sqlalchemy
 
 from orchestrator.errors import ArtifactError
 from orchestrator.lab.history import History, RunRecord
+from orchestrator.results.documents import load_summary
+from tests.plugins.generation import GenerationNights
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -115,6 +117,47 @@ def test_an_older_history_file_still_opens(tmp_path: Path) -> None:
         assert after.environment == {"runner": "1"}
     finally:
         store.close()
+
+
+def test_a_language_models_figures_round_trip_typed(history: History, generation_nights: GenerationNights) -> None:
+    """A real run's summary.json `generation` (tests/plugins/generation.py) through both databases: the same
+    typed Generation back, with its token agreement; a run of another task has none."""
+    bundle = generation_nights.records()[0].bundle_path
+    assert bundle is not None
+    generation = load_summary(Path(bundle)).generation
+    assert generation is not None and generation.ttft_ms and generation.tokens
+    history.record(record("lm", "2026-11-01", model="smollm2-gen-tiny", generation=generation))
+    history.record(record("vision", "2026-11-01", model="resnet"))
+    by_id = {r.run_id: r for r in history.runs(night="2026-11-01")}
+    assert by_id["lm"].generation == generation and by_id["vision"].generation is None
+    assert by_id["lm"].generation.token_agreement == 1.0  # type: ignore[union-attr]
+    assert [r.generation for r in history.records(night="2026-11-01") if r.run_id == "lm"] == [generation]
+
+
+def test_an_older_history_without_generation_gains_the_column(
+    tmp_path: Path, generation_nights: GenerationNights
+) -> None:
+    """A database written before language models: the `generation` column is added, its rows read back without
+    figures, and a new generation run is stored and read back typed."""
+    path = tmp_path / "old.sqlite"
+    old = History(f"sqlite:///{path}")
+    old.record(record("before", "2026-10-01"))
+    old.close()
+    with sqlite3.connect(path) as connection:
+        connection.execute("alter table runs drop column generation")
+        assert "generation" not in {row[1] for row in connection.execute("pragma table_info(runs)")}
+    real = generation_nights.records()[0]
+    store = History(f"sqlite:///{path}")
+    try:
+        (before,) = store.runs()
+        assert before.run_id == "before" and before.generation is None
+        store.record(record("after", "2026-10-02", generation=real.generation))
+        (after,) = store.runs(night="2026-10-02")
+        assert after.generation == real.generation and after.generation is not None
+    finally:
+        store.close()
+    with sqlite3.connect(path) as connection:
+        assert "generation" in {row[1] for row in connection.execute("pragma table_info(runs)")}
 
 
 def test_nightlies_sharing_kept_programs_never_drop_each_others_baselines(

@@ -102,3 +102,20 @@ def test_token_check_finds_the_first_divergence() -> None:
     assert (parted.matching, parted.first_divergence) == (3, 2)
     shorter = token_check(np.array([[1, 2]]), np.array([[1, 2, 3, 4]]))
     assert (shorter.compared, shorter.reference_tokens, shorter.first_divergence) == (2, 4, None)
+
+
+def test_the_ids_in_a_few_words_for_reports_and_pages() -> None:
+    timings = record(RUNS)
+    parsed = GenerationTimings.from_timings(timings)
+    assert parsed is not None
+
+    def said(check: Any) -> tuple[float | None, str]:
+        generation = Generation.from_dict(
+            generation_summary(parsed, timings, kv_cache_bytes=None, tokens=check).to_dict()
+        )
+        assert generation is not None
+        return generation.token_agreement, generation.ids_text
+
+    assert said(token_check(np.array([1, 2, 3, 4]), np.array([1, 2, 3, 4]))) == (1.0, "= eager (4)")
+    assert said(token_check(np.array([1, 2, 9, 4]), np.array([1, 2, 3, 4]))) == (0.75, "75%, parts at 2")
+    assert said(None) == (None, "not checked")

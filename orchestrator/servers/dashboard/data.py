@@ -96,6 +96,8 @@ def overview(
             "key": cell_key(r.cell),
             "verdict": _verdict(r),
             "median_ms": r.median_ms,
+            # A language model's figure is its decode speed: its median is one whole generation.
+            "decode_tokens_per_s": r.generation.decode_tokens_per_s if r.generation else None,
             "run_id": r.run_id,
             "has_run": r.run_id in local,
             "detail": str((r.verdict_info or {}).get("detail") or r.error or ""),
@@ -199,6 +201,8 @@ def trend(lab: Lab, cell: Cell) -> dict[str, Any]:
                 "has_run": record.run_id in local,
                 "median_ms": record.median_ms,
                 "p90_ms": record.p90_ms,
+                "decode_tokens_per_s": record.generation.decode_tokens_per_s if record.generation else None,
+                "ttft_ms": record.generation.ttft_ms if record.generation else None,
                 "peak_mb": record.peak_rss_bytes / 1e6 if record.peak_rss_bytes else None,
                 "verdict": _verdict(record),
                 "validity": record.validity,
@@ -218,6 +222,7 @@ def trend(lab: Lab, cell: Cell) -> dict[str, Any]:
     return {
         "cell": {"board": cell[0], "model": cell[1], "backend": cell[2], "key": cell_key(cell)},
         "points": points,
+        "generates": any(p["decode_tokens_per_s"] is not None for p in points),
         "baseline": {"from": window[0]["night"], "to": window[-1]["night"]} if window else None,
         "latest": latest,
     }
@@ -311,6 +316,7 @@ def run_page(lab: Lab, run_id: str) -> dict[str, Any]:
         conditions=summary.board_conditions,
         correctness=summary.correctness.to_dict(),
         accuracy=summary.accuracy.to_dict() if summary.accuracy else None,
+        generation=_generation(summary),
         memory=_memory(summary),
         counters=_counters(summary),
         versions=summary.versions,
@@ -340,6 +346,33 @@ def _operators(run_dir: Path, summary: RunSummary) -> dict[str, Any]:
         "other_ms": max(0.0, ops.method_mean_ms - delegated - kernels),
     }
     return {"operators": operators, "operators_problem": None, "split": split}
+
+
+def _generation(summary: RunSummary) -> dict[str, Any] | None:
+    """A language model's figures as it is used: prompt and new tokens, time to first token, decode speed, the decode
+    step's latency, memory per phase and the generated ids against eager greedy generation."""
+    generation = summary.generation
+    if generation is None:
+        return None
+    tokens = generation.tokens or {}
+    return {
+        "prompt_len": generation.prompt_len,
+        "new_tokens": generation.new_tokens,
+        "context": generation.context,
+        "generations": generation.generations,
+        "ttft_ms": generation.ttft_ms,
+        "prefill_tokens_per_s": generation.prefill_tokens_per_s,
+        "decode_tokens_per_s": generation.decode_tokens_per_s,
+        "token_ms": {key: generation.token_ms.get(key) for key in ("median", "p90", "max")},
+        "load_ms": generation.load_ms,
+        "kv_cache_bytes": generation.kv_cache_bytes,
+        "prefill_peak_bytes": generation.memory.get("prefill"),
+        "decode_peak_bytes": generation.memory.get("decode"),
+        "agreement": generation.token_agreement,
+        "compared": tokens.get("compared"),
+        "first_divergence": tokens.get("first_divergence"),
+        "ids": generation.ids_text,
+    }
 
 
 def _memory(summary: RunSummary) -> dict[str, Any] | None:
@@ -393,6 +426,8 @@ def compare_page(lab: Lab, run_a: str, run_b: str) -> dict[str, Any]:
         total=comparison.total.to_dict(),
         notes=list(comparison.notes),
         memory=comparison.memory,
+        generation=comparison.generation,
+        per_operator=comparison.per_operator_scope,
         ops=sorted(
             (op.to_dict() for op in comparison.ops),
             key=lambda op: -abs(op["delta_ms"] or 0.0),

@@ -48,6 +48,10 @@ function trend(data) {
   plot("trend-memory", [{name: "peak RSS", x: nights, y: data.points.map((p) => p.peak_mb), type: "scatter",
     mode: "lines+markers"}], {title: {text: "peak memory per night"}, yaxis: {title: {text: "MB"}, rangemode: "tozero"},
     xaxis: {type: "category"}, shapes: shapes.filter((s) => s.type === "rect")});
+  // A language model's cell: its decode speed, the figure its median (one whole generation) stands in for.
+  plot("trend-decode", [{name: "decode tokens/s", x: nights, y: data.points.map((p) => p.decode_tokens_per_s),
+    type: "scatter", mode: "lines+markers"}], {title: {text: "decode speed per night"},
+    yaxis: {title: {text: "tokens/s"}, rangemode: "tozero"}, xaxis: {type: "category"}, shapes: shapes});
 }
 
 function run(data) {

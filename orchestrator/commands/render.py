@@ -6,12 +6,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import console
+from orchestrator import console, paths
 from orchestrator.deploy.agent_client import GC_CATEGORIES, GcResult
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
 from orchestrator.lowering.delegation import BOOKKEEPING, bookkeeping_counts
 from orchestrator.lowering.variants import Variant
+from orchestrator.results.context_scaling import context_rows, write_plot
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
 from orchestrator.results.summary import Counters, RunSummary
 from orchestrator.results.verdicts import Kind
@@ -301,9 +302,6 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
 
 def print_context_scaling(cells: Sequence[CellOutcome], results_root: Path | None = None) -> None:
     """One model at several KV cache sizes: a row per board, backend and context, and the plot's path."""
-    from orchestrator import paths
-    from orchestrator.results.context_scaling import context_rows, write_plot
-
     runs = [(cell.board, cell.model, cell.variant.name, cell.summary) for cell in cells if cell.summary]
     rows = context_rows(runs)
     if not rows:

@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from orchestrator.lowering.quantize import apply_8da4w
 from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.spec_errors import spec_failure
 from orchestrator.lowering.weights import RANDOM_SEED
 from orchestrator.tensorfile import NamedTensor
 
@@ -108,8 +110,6 @@ def reference(module: GenerationModule, spec: ModelSpec) -> tuple[list[NamedTens
     """What the board runs and what it must produce: the prompt (the runner's inputs file) and eager greedy ids.
 
     A tokenized prompt and its new tokens must fit the cache: a SpecError naming `prompt` otherwise."""
-    from orchestrator.lowering.spec_errors import spec_failure
-
     prompt = example_inputs(module, spec)[0]
     needed = prompt.array.shape[1] + spec.new_tokens
     if needed > spec.cache_capacity:
@@ -138,8 +138,6 @@ def quantizer(scheme: Any, context: int) -> Any:
     def apply(module: GenerationModule, example_args: tuple, _calibration: Any, _quantizer: Any) -> Any:
         from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
         from torchao.quantization.granularity import PerAxis
-
-        from orchestrator.lowering.quantize import apply_8da4w
 
         model = module.model
         if scheme.group_size is not None:

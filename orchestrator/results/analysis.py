@@ -45,6 +45,7 @@ from orchestrator.results.validity import (
     number_list,
     output_kinds,
 )
+from orchestrator.tensorfile import TensorFileError, read_tensors
 
 
 def _pte_sha(pte: Path, sidecar: Sidecar | None) -> str:
@@ -209,8 +210,6 @@ def _profile_phases(
 
 def _check_tokens(outputs: Path, reference: Path) -> tuple[Correctness, TokenCheck | None]:
     """The generated ids against eager greedy generation: equal, or where they part."""
-    from orchestrator.tensorfile import TensorFileError, read_tensors
-
     try:
         (ran,), (expected,) = read_tensors(outputs), read_tensors(reference)
     except (TensorFileError, ValueError) as exc:

@@ -48,6 +48,11 @@ class ExportedSpec:
     model_source: str = EXPORTED_PROGRAM
     inputs: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def generates(self) -> bool:
+        """A user's ExportedProgram runs once per run: etlab lowers no KV cache into it (ModelSpec.generates)."""
+        return False
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,

@@ -19,6 +19,7 @@ from orchestrator.boards.inventory import Board
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.tensorfile import read_tensors
 from tests.plugins.analysis import adapter_graphs
+from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
 
 PHASE_OVERLAYS = [f"me_overlay_{phase}_{metric}.json" for phase in ("prefill", "decode")
@@ -35,8 +36,9 @@ def fab(tmp_path: Path, board: Board, artifacts: Path, *args: str) -> subprocess
 
 
 @pytest.fixture(scope="module")
-def generation_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("generation-artifacts")
+def generation_artifacts() -> Path:
+    """The shared test cache: each generation program is lowered once per session (and kept across sessions)."""
+    return ARTIFACT_CACHE
 
 
 @pytest.mark.parametrize("model", ["smollm2-gen-tiny", "gpt2-gen-tiny"])

@@ -21,6 +21,7 @@ from orchestrator.lowering.variants import Variant
 from orchestrator.tensorfile import read_tensors
 from tests.lowering.spec_helpers import GPT2_TINY, checked
 from tests.lowering.test_huggingface_specs import write
+from tests.plugins.artifacts import ARTIFACT_CACHE
 
 LLAMA_TINY = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}  # fmt: skip
@@ -70,12 +71,14 @@ def test_a_generation_spec_checks_and_declares_the_prompt_and_its_positions(tmp_
     assert [(item.name, item.shape) for item in spec.inputs] == [("input_ids", (1, 8)), ("cache_position", (8,))]
 
 
-def _generated_by_the_runner(runner: Path, pte: Path, prompt: Path, new_tokens: int, context: int) -> list[int]:
+def _generated_by_the_runner(
+    runner: Path, pte: Path, prompt: Path, new_tokens: int, context: int, out_dir: Path
+) -> list[int]:
     """The native runner's generate loop (prefill, then one token at a time at positions P, P+1, ...): the ids.
 
     Not ExecuTorch's Python runtime: it leaves planned memory uninitialised, and the KV cache's unwritten slots
     (garbage, NaN at times) then reach a quantized delegate's dynamic activation quantization, which fails."""
-    out = pte.parent / f"{pte.stem}.generated.etlt"
+    out = out_dir / f"{pte.stem}.generated.etlt"
     done = subprocess.run(
         [str(runner), "--model", str(pte), "--generate", "--inputs", str(prompt), "--new-tokens", str(new_tokens),
          "--context", str(context), "--warmup", "0", "--iterations", "1", "--outputs", str(out)],
@@ -91,8 +94,8 @@ def _generated_by_the_runner(runner: Path, pte: Path, prompt: Path, new_tokens: 
 def test_the_program_generates_what_eager_greedy_generation_does(
     runner_binary: Path, tmp_path: Path, name: str
 ) -> None:
-    spec = BUILTIN_SPECS[name]
-    result = lowerer.lower(spec, variants=[Variant("xnnpack")], weights="random", root=tmp_path, jobs=1)
+    spec = BUILTIN_SPECS[name]  # into the shared test cache: the e2e tests, the nightly's and the Pi's reuse it
+    result = lowerer.lower(spec, variants=[Variant("xnnpack")], weights="random", root=ARTIFACT_CACHE, jobs=1)
     lowered = result.variants[Variant("xnnpack")]
     generation = lowered.sidecar.generation
     assert generation is not None
@@ -105,7 +108,7 @@ def test_the_program_generates_what_eager_greedy_generation_does(
     assert prompt.array.shape == (1, 8) and reference.array.shape == (1, 8)
     assert reference.array.dtype == np.int64
     assert len(set(reference.array.reshape(-1).tolist())) > 1  # a random model that repeats one id proves little
-    generated = _generated_by_the_runner(runner_binary, lowered.pte, result.paths.reference_inputs, 8, 64)
+    generated = _generated_by_the_runner(runner_binary, lowered.pte, result.paths.reference_inputs, 8, 64, tmp_path)
     assert generated == reference.array.reshape(-1).tolist()
     assert [item["name"] for item in lowered.sidecar.inputs] == ["input_ids", "cache_position"]
 
@@ -133,14 +136,14 @@ def test_quantized_language_models_follow_the_llm_recipe_and_still_generate(
         else:
             assert (quantization.embeddings, quantization.quantized_embeddings) == (1, 1)
             assert "embeddings" in quantization.report["method"]
-        ids = _generated_by_the_runner(runner_binary, lowered.pte, result.paths.reference_inputs, 8, 32)
+        ids = _generated_by_the_runner(runner_binary, lowered.pte, result.paths.reference_inputs, 8, 32, tmp_path)
         assert all(0 <= i < 256 for i in ids)
 
 
 def test_a_group_that_does_not_divide_the_features_leaves_those_linears_float_and_says_so(tmp_path: Path) -> None:
     spec = BUILTIN_SPECS["smollm2-gen-tiny"]  # 64 features: a group of 128 fits only the MLP's down projections
     variant = Variant.parse("xnnpack-8da4w-g128")
-    lowered = lowerer.lower(spec, variants=[variant], weights="random", root=tmp_path, jobs=1).variants[variant]
+    lowered = lowerer.lower(spec, variants=[variant], weights="random", root=ARTIFACT_CACHE, jobs=1).variants[variant]
     quantization = lowered.sidecar.quantization
     assert quantization is not None
     assert quantization.quantized_linears == 2 and len(quantization.float_linears) == 13

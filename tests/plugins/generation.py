@@ -15,6 +15,7 @@ import pytest
 from orchestrator.boards.inventory import Board
 from orchestrator.lab.history import History, RunRecord
 from orchestrator.paths import PROJECT_ROOT
+from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
 
 GENERATION_MODEL = "smollm2-gen-tiny"
@@ -55,8 +56,8 @@ def generation_nights(local_board: Board, tmp_path_factory: pytest.TempPathFacto
         "matrix": [{"models": [GENERATION_MODEL], "backends": ["xnnpack"], "boards": ["local"]}],
     }
     inventory = write_inventory(root / "inventory.yaml", [local_board], nightly=section)
-    # Artifacts of their own: the generation programs are lowered once per session, not mixed with other caches.
-    env = {**os.environ, "ETLAB_ARTIFACTS": str(root / "artifacts"), "ETLAB_RESULTS": str(root / "results"),
+    # The shared test cache: the generation programs are lowered once per session (and kept across sessions).
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(root / "results"),
            "COLUMNS": "200"}  # fmt: skip
     outputs = {}
     for night in GENERATION_NIGHTS:

@@ -65,8 +65,8 @@ def test_a_family_and_a_task_it_has_a_head_for_pass_the_check(tmp_path: Path, mo
 @pytest.mark.parametrize(
     ("model_type", "task", "tasks"),
     [
-        ("bert", "image-classification", "fill-mask, causal-lm, text-classification, token-classification, "
-                                          "feature-extraction"),
+        ("bert", "image-classification", "fill-mask, causal-lm, text-generation, text-classification, "
+                                          "token-classification, feature-extraction"),
         ("vit", "fill-mask", "feature-extraction, image-classification"),
         ("wav2vec2", "causal-lm", "feature-extraction, audio-classification, speech-encoder"),
         ("t5", "text-classification", "feature-extraction"),
@@ -85,12 +85,13 @@ def test_every_task_is_listed_and_the_builtins_check() -> None:
     from orchestrator.lowering.models import check_spec
 
     assert set(TASKS) == {
-        "fill-mask", "causal-lm", "text-classification", "token-classification", "feature-extraction",
-        "image-classification", "audio-classification", "speech-encoder",
+        "fill-mask", "causal-lm", "text-generation", "text-classification", "token-classification",
+        "feature-extraction", "image-classification", "audio-classification", "speech-encoder",
     }  # fmt: skip
     # Each full-size built-in has its pretrained id and a tiny variant with random weights from a small config.
     pairs = {"bert-base": "bert-base-tiny", "vit": "vit-tiny", "whisper-tiny-encoder": "whisper-tiny-encoder-tiny",
-             "wav2vec2": "wav2vec2-tiny", "smollm2-135m": "smollm2-tiny"}  # fmt: skip
+             "wav2vec2": "wav2vec2-tiny", "smollm2-135m": "smollm2-tiny", "smollm2-135m-gen": "smollm2-gen-tiny",
+             "gpt2-gen": "gpt2-gen-tiny"}  # fmt: skip
     for full, tiny in pairs.items():
         assert BUILTIN_SPECS[full].model_id and BUILTIN_SPECS[tiny].config and not BUILTIN_SPECS[tiny].model_id
         assert BUILTIN_SPECS[full].task == BUILTIN_SPECS[tiny].task

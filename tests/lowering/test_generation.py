@@ -140,18 +140,6 @@ def test_quantized_language_models_follow_the_llm_recipe_and_still_generate(
         assert all(0 <= i < 256 for i in ids)
 
 
-def test_a_group_that_does_not_divide_the_features_leaves_those_linears_float_and_says_so(tmp_path: Path) -> None:
-    spec = BUILTIN_SPECS["smollm2-gen-tiny"]  # 64 features: a group of 128 fits only the MLP's down projections
-    variant = Variant.parse("xnnpack-8da4w-g128")
-    lowered = lowerer.lower(spec, variants=[variant], weights="random", root=ARTIFACT_CACHE, jobs=1).variants[variant]
-    quantization = lowered.sidecar.quantization
-    assert quantization is not None
-    assert quantization.quantized_linears == 2 and len(quantization.float_linears) == 13
-    assert "model.lm_head" in quantization.float_linears
-    (note,) = [n for n in quantization.float_notes() if "linears" in n]
-    assert note.startswith("13 of 15 linears stay in float")
-
-
 def test_int8_static_is_refused_for_a_language_model_before_it_loads(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="text-generation program takes a prompt"):
         lowerer.lower(BUILTIN_SPECS["smollm2-gen-tiny"], variants=[Variant.parse("xnnpack-int8-static")],

@@ -321,15 +321,13 @@ def run_params(
     return RunParams(**{key: value for key, value in given.items() if value is not None})
 
 
-MAX_CONTEXT = 32768
-
-
 def context_specs(value: Any, target: Any, new_tokens: int | None = None) -> list[Any]:
     """`--context 128,512,1024` for a text-generation spec: one spec per KV cache size (its own program and name),
     each checked to hold the prompt and the new tokens (exit 64, the option named). None: the spec as it is."""
     if value is None:
         return [target]
-    from orchestrator.lowering.spec import ModelSpec  # here, not at the top: fab imports this module at start-up
+    # here, not at the top: fab imports this module at start-up
+    from orchestrator.lowering.spec import MAX_CONTEXT, ModelSpec
 
     if not isinstance(target, ModelSpec) or not target.generates:
         name = getattr(target, "name", None) or getattr(target, "model", "this program")

@@ -349,20 +349,12 @@ def print_generation(runs: Sequence[tuple[str, str, str, RunSummary]]) -> None:
         if generation is None:
             continue
         steps = generation.token_ms
-        tokens = generation.tokens or {}
-        agreement = tokens.get("agreement")
-        if agreement is None:
-            ids = "not checked"
-        elif tokens.get("first_divergence") is None:
-            ids = f"= eager ({tokens.get('compared')})"
-        else:
-            ids = f"{agreement * 100:.0f}%, parts at {tokens.get('first_divergence')}"
         rows.append([
             board, model, backend, f"{generation.prompt_len}+{generation.new_tokens}/{generation.context or '?'}",
             generation.ttft_ms, generation.decode_tokens_per_s,
             " / ".join("-" if steps.get(k) is None else f"{steps[k]:.2f}" for k in ("median", "p90", "max")),
             _mb(generation.memory.get("prefill")), _mb(generation.memory.get("decode")),
-            _mb(generation.kv_cache_bytes), ids,
+            _mb(generation.kv_cache_bytes), generation.ids_text,
         ])  # fmt: skip
     if rows:
         console.table(

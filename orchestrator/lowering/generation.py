@@ -15,6 +15,7 @@ generated ids must be equal, not close.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -71,23 +72,35 @@ def cached_tokenizer(spec: ModelSpec) -> Any:
         return None
 
 
-def prompt_for(spec: ModelSpec, vocab_size: int) -> tuple[np.ndarray, str]:
-    """The prompt's ids [1, P] and where they come from: the spec's text through the cached tokenizer, else
-    deterministic ids of seq_len tokens."""
-    tokenizer = cached_tokenizer(spec) if spec.prompt else None
-    if tokenizer is not None:
+@dataclass(frozen=True)
+class Prompt:
+    """The prompt's ids [1, P], where they come from, and the cached tokenizer (None without one)."""
+
+    ids: np.ndarray
+    source: str
+    tokenizer: Any = None
+
+    @property
+    def inputs(self) -> list[NamedTensor]:
+        """The prefill's inputs: the ids and their positions 0..P-1."""
+        positions = np.arange(self.ids.shape[1], dtype=np.int64)
+        return [NamedTensor(PROMPT_INPUT, self.ids), NamedTensor(POSITION_INPUT, positions)]
+
+
+def prompt_for(spec: ModelSpec, vocab_size: int) -> Prompt:
+    """The spec's text through the cached tokenizer, else deterministic ids of seq_len tokens (saying why)."""
+    tokenizer = cached_tokenizer(spec)
+    if tokenizer is not None and spec.prompt:
         ids = np.asarray([tokenizer(spec.prompt)["input_ids"]], dtype=np.int64)
         if ids.size and int(ids.max()) < vocab_size:
-            return ids, f"the spec's prompt, tokenized by {spec.model_id}'s tokenizer"
+            return Prompt(ids, f"the spec's prompt, tokenized by {spec.model_id}'s tokenizer", tokenizer)
     why = "no prompt in the spec" if not spec.prompt else f"{spec.model_id or 'the model'}'s tokenizer is not cached"
-    return prompt_ids(spec.seq_len, vocab_size), f"deterministic ids ({why})"
+    return Prompt(prompt_ids(spec.seq_len, vocab_size), f"deterministic ids ({why})", tokenizer)
 
 
 def example_inputs(module: GenerationModule, spec: ModelSpec) -> list[NamedTensor]:
     """The prefill's inputs for the spec's prompt: the ids and their positions 0..P-1."""
-    ids, _ = prompt_for(spec, int(module.model.config.vocab_size))
-    length = ids.shape[1]
-    return [NamedTensor(PROMPT_INPUT, ids), NamedTensor(POSITION_INPUT, np.arange(length, dtype=np.int64))]
+    return prompt_for(spec, int(module.model.config.vocab_size)).inputs
 
 
 def greedy_ids(module: GenerationModule, prompt: np.ndarray, new_tokens: int) -> np.ndarray:
@@ -106,20 +119,33 @@ def greedy_ids(module: GenerationModule, prompt: np.ndarray, new_tokens: int) ->
     return out[:, prompt.shape[1] :].contiguous().numpy().astype(np.int64)
 
 
-def reference(module: GenerationModule, spec: ModelSpec) -> tuple[list[NamedTensor], list[NamedTensor]]:
-    """What the board runs and what it must produce: the prompt (the runner's inputs file) and eager greedy ids.
+@dataclass(frozen=True)
+class Reference:
+    """What a lowering keeps of a text-generation model: the program's example inputs (the prefill's), what the board
+    runs (the prompt), what it must produce (eager greedy ids) and the sidecar's `generation` record."""
+
+    inputs: list[NamedTensor]
+    board_inputs: list[NamedTensor]
+    outputs: list[NamedTensor]
+    record: dict[str, Any]
+
+
+def reference(module: GenerationModule, spec: ModelSpec) -> Reference:
+    """The prompt resolved once (its tokenizer read once), eager greedy generation from it, and the record.
 
     A tokenized prompt and its new tokens must fit the cache: a SpecError naming `prompt` otherwise."""
-    prompt = example_inputs(module, spec)[0]
-    needed = prompt.array.shape[1] + spec.new_tokens
+    prompt = prompt_for(spec, int(module.model.config.vocab_size))
+    needed = prompt.ids.shape[1] + spec.new_tokens
     if needed > spec.cache_capacity:
         where = "prompt" if spec.prompt else "seq_len"
         problem = (
-            f"the prompt's {prompt.array.shape[1]} tokens and {spec.new_tokens} new ones need {needed} positions; "
+            f"the prompt's {prompt.ids.shape[1]} tokens and {spec.new_tokens} new ones need {needed} positions; "
             f"the KV cache holds {spec.cache_capacity}"
         )
         raise spec_failure([(where, problem)], spec)
-    return [prompt], [NamedTensor("output_0", greedy_ids(module, prompt.array, spec.new_tokens))]
+    generated = greedy_ids(module, prompt.ids, spec.new_tokens)
+    inputs = prompt.inputs
+    return Reference(inputs, inputs[:1], [NamedTensor("output_0", generated)], _record(module, spec, prompt, generated))
 
 
 def export(module: torch.nn.Module, example_args: tuple, context: int) -> Any:
@@ -171,23 +197,21 @@ def kv_cache_bytes(module: GenerationModule) -> int:
     )
 
 
-def record(module: GenerationModule, spec: ModelSpec, prompt: np.ndarray, reference_ids: np.ndarray) -> dict[str, Any]:
+def _record(module: GenerationModule, spec: ModelSpec, prompt: Prompt, generated: np.ndarray) -> dict[str, Any]:
     """The sidecar's `generation`: the cache's size, the defaults a run starts from, the prompt's source, and the
     texts of the prompt and of eager greedy generation when a tokenizer is cached."""
-    _, source = prompt_for(spec, int(module.model.config.vocab_size))
-    tokenizer = cached_tokenizer(spec) if spec.model_id else None
     texts = {}
-    if tokenizer is not None:
+    if prompt.tokenizer is not None:
         texts = {
-            "prompt_text": tokenizer.decode(prompt.reshape(-1).tolist()),
-            "reference_text": tokenizer.decode(reference_ids.reshape(-1).tolist()),
+            "prompt_text": prompt.tokenizer.decode(prompt.ids.reshape(-1).tolist()),
+            "reference_text": prompt.tokenizer.decode(generated.reshape(-1).tolist()),
         }
     return {
         "context": spec.cache_capacity,
         "max_prompt_len": spec.cache_capacity - 1,
-        "prompt_len": int(prompt.shape[1]),
+        "prompt_len": int(prompt.ids.shape[1]),
         "new_tokens": spec.new_tokens,
         "kv_cache_bytes": kv_cache_bytes(module),
-        "prompt_source": source,
+        "prompt_source": prompt.source,
         **texts,
     }

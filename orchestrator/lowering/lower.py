@@ -411,14 +411,15 @@ def _load(
 
         loaded = load_model(spec, weights)
         module, applied = apply_rewrites(loaded.module, spec, rewrites)
-        inputs = example_inputs(spec, module)
-        example_args = tuple(torch.from_numpy(t.array) for t in inputs)
         if spec.generates:  # the board gets the prompt; the reference is eager greedy generation from it
             from orchestrator.lowering import generation
 
-            board_inputs, outputs = generation.reference(module, spec)
-            generation_record = generation.record(module, spec, board_inputs[0].array, outputs[0].array)
+            made = generation.reference(module, spec)
+            inputs, board_inputs, outputs, generation_record = made.inputs, made.board_inputs, made.outputs, made.record
+            example_args = tuple(torch.from_numpy(t.array) for t in inputs)
         else:
+            inputs = example_inputs(spec, module)
+            example_args = tuple(torch.from_numpy(t.array) for t in inputs)
             with torch.no_grad():
                 eager = module(*example_args)
             board_inputs, generation_record = inputs, None

@@ -52,6 +52,7 @@ IMAGE_TASK = "image-classification"  # also the task of every torchvision spec: 
 GENERATION_TASK = "text-generation"
 TASKS = (*TEXT_TASKS, GENERATION_TASK, "feature-extraction", IMAGE_TASK, "audio-classification", "speech-encoder")
 DEFAULT_CONTEXT = 256  # a text-generation program's KV cache capacity when the spec does not say
+MAX_CONTEXT = 32768  # the largest KV cache a spec or `--context` may ask for
 DEFAULT_NEW_TOKENS = 32
 IMAGE_INPUT = "pixel_values"
 INPUT_NAMES = ("input_ids", "attention_mask")  # the text inputs every text model takes (token_type_ids: some)
@@ -547,7 +548,7 @@ _HUGGINGFACE_FIELDS: dict[str, Check] = {
     "inputs": _list,
     "batch_size": integer(1, 64),
     "image_size": integer(16, 1024),  # image-classification: the side of the square image (the config's image_size)
-    "context": integer(2, 32768),  # text-generation: the KV cache capacity
+    "context": integer(2, MAX_CONTEXT),  # text-generation: the KV cache capacity
     "new_tokens": integer(1, 4096),  # text-generation: tokens a run generates by default
     "prompt": text,  # text-generation: the prompt, tokenized when the model's tokenizer is cached
 }

@@ -148,29 +148,18 @@ def analyze_bundle(
     counters = counters_summary(counter_profile, bundle.run.get("counters_pass"), top_layers, latency.threads)
     run = dataclasses.replace(run, memory=memory, counters=counters)
     if generated is not None:
-        cache = sidecar.generation.kv_cache_bytes if sidecar is not None and sidecar.generation else None
-        summary_of_generation = generation_summary(
-            generated, bundle.timings, kv_cache_bytes=cache, tokens=tokens, memory=memory
-        )
         recorded = sidecar.generation if sidecar is not None else None
-        if recorded is not None:
-            generated_text = None
-            if recorded.reference_text is not None and tokens is not None and tokens.first_divergence is None:
-                generated_text = {"prompt": recorded.prompt_text or "", "generated": recorded.reference_text}
-            summary_of_generation = dataclasses.replace(
-                summary_of_generation, prompt_source=recorded.prompt_source, text=generated_text
-            )
-        run = dataclasses.replace(run, generation=summary_of_generation)
-        if scheme.quantized:
-            thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
-            weights = sidecar.weights if sidecar is not None else None
-            run = dataclasses.replace(run, accuracy=judge_tokens(tokens, scheme.name, thresholds, weights))
-    if scheme.quantized and generated is None:
+        figures = generation_summary(generated, bundle.timings, recorded=recorded, tokens=tokens, memory=memory)
+        run = dataclasses.replace(run, generation=figures)
+    if scheme.quantized:
         thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
-        ran = outputs_path if bundle.ran_ok and outputs_path.is_file() else None
-        reference = Path(reference_outputs) if reference_outputs is not None else None
         weights = sidecar.weights if sidecar is not None else None
-        accuracy = judge_accuracy(ran, reference, scheme.name, thresholds, weights, kinds)
+        if generated is not None:  # a language model: the share of ids equal to eager greedy generation's
+            accuracy = judge_tokens(tokens, scheme.name, thresholds, weights)
+        else:
+            ran = outputs_path if bundle.ran_ok and outputs_path.is_file() else None
+            reference = Path(reference_outputs) if reference_outputs is not None else None
+            accuracy = judge_accuracy(ran, reference, scheme.name, thresholds, weights, kinds)
         run = dataclasses.replace(run, accuracy=accuracy)
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile)
     summary.written = write_outputs(bundle.path, run, profile, program=program, counters=counter_profile, phases=phases)

@@ -15,9 +15,11 @@ from typing import Any
 import numpy as np
 
 from orchestrator.errors import AnalysisError
+from orchestrator.lowering.sidecar import Generation as SidecarGeneration
 from orchestrator.results.etdump import Etdump, RunBlock
 from orchestrator.results.stats import distribution
 from orchestrator.results.summary import Accuracy, Generation, Memory, _float, _int  # the same value checks
+from orchestrator.results.validity import weights_meaning
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -39,14 +41,14 @@ class GenerationRun:
 def judge_tokens(tokens: TokenCheck | None, scheme: str, thresholds: dict[str, float], weights: str | None) -> Accuracy:
     """A quantized language model's gate: the share of generated ids equal to fp32 eager greedy generation's, against
     `min_top1_agreement`, with where the text first parts (after it, every id continues another text)."""
-    meaningful = weights in ("pretrained", "own")
+    meaningful, weights_note = weights_meaning(weights)
     gate = {"min_top1_agreement": thresholds["min_top1_agreement"]}
     if tokens is None or tokens.agreement is None:
         return Accuracy(scheme, "unchecked", meaningful, thresholds=gate, note="no generated ids or reference")
     parted = "never parts" if tokens.first_divergence is None else f"first parts at token {tokens.first_divergence}"
     note = f"{tokens.matching}/{tokens.compared} generated ids equal eager greedy generation's; {parted}"
-    if not meaningful:
-        note += f"; weights {weights or 'unknown'}: accuracy figures are not meaningful"
+    if weights_note:
+        note += f"; {weights_note}"
     below = tokens.agreement < gate["min_top1_agreement"]
     reasons = (f"token agreement {tokens.agreement:.2f} < {gate['min_top1_agreement']:.2f}",) if below else ()
     return Accuracy(
@@ -163,11 +165,15 @@ def generation_summary(
     record: GenerationTimings,
     timings: dict[str, Any],
     *,
-    kv_cache_bytes: int | None,
+    recorded: SidecarGeneration | None,
     tokens: TokenCheck | None,
     memory: Memory | None = None,
 ) -> Generation:
-    """The figures of the timed generations; `memory` (the run's, from memory.py) gives each phase's peak."""
+    """The figures of the timed generations. `recorded` (the sidecar's, when it is this build's) gives the KV cache's
+    bytes, the prompt's source and, with ids equal to eager's, the texts; `memory` (memory.py) each phase's peak."""
+    text = None
+    if recorded is not None and recorded.reference_text is not None and tokens and tokens.first_divergence is None:
+        text = {"prompt": recorded.prompt_text or "", "generated": recorded.reference_text}
     timed = record.timed
     prefill = distribution([run.prefill_ms for run in timed])
     rates = [len(run.decode_ms) / sum(run.decode_ms) * 1000.0 for run in timed if run.decode_ms and sum(run.decode_ms)]
@@ -184,12 +190,14 @@ def generation_summary(
         decode_tokens_per_s=float(np.median(rates)) if rates else None,
         token_ms={"median": steps.median, "p90": steps.p90, "max": steps.max} if steps else {},
         load_ms=sum(known) if (known := [v for v in map(_float, loads) if v is not None]) else None,
-        kv_cache_bytes=kv_cache_bytes,
+        kv_cache_bytes=recorded.kv_cache_bytes if recorded is not None else None,
         memory={
             PREFILL: _peak(phases.get("first_execution")),
             DECODE: _peak(phases.get("decode")),
         },
         tokens=tokens.to_dict() if tokens is not None else None,
+        prompt_source=recorded.prompt_source if recorded is not None else None,
+        text=text,
     )
 
 

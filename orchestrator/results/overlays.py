@@ -44,11 +44,6 @@ BLUE_WHITE_RED = [
 ]
 
 
-def _base(metric: str) -> str:
-    """The timing metric of a phase's overlay name (`decode_median_ms` -> `median_ms`)."""
-    return next(base for base in METRICS if metric == base or metric.endswith(f"_{base}"))
-
-
 def overlay_path(bundle_dir: Path, metric: str) -> Path:
     return Path(bundle_dir) / OVERLAY_DIR / f"me_overlay_{metric}.json"
 
@@ -130,19 +125,20 @@ def write_overlays(
     """
     written = []
     extra: dict[str, str] = {}
-    timed = [(metric, profile, f"{metric} ({run_id})") for metric in METRICS]
+    # (overlay name, profile, timing metric, label): the run's, then each phase's under `<phase>_<metric>`.
+    timed = [(metric, profile, metric, f"{metric} ({run_id})") for metric in METRICS]
     for phase, phase_profile in (phases or {}).items():
-        timed += [(f"{phase}_{metric}", phase_profile, f"{phase}: {metric} ({run_id})") for metric in METRICS]
-    for metric, metric_profile, name in timed:
+        timed += [(f"{phase}_{metric}", phase_profile, metric, f"{phase}: {metric} ({run_id})") for metric in METRICS]
+    for overlay, metric_profile, metric, label in timed:
         document = {
-            graph_id: graph_node_data(name, values, GREEN_YELLOW_RED)
-            for graph_id, values in overlay_values(metric_profile, _base(metric)).items()
+            graph_id: graph_node_data(label, values, GREEN_YELLOW_RED)
+            for graph_id, values in overlay_values(metric_profile, metric).items()
         }
-        path = overlay_path(bundle_dir, metric)
+        path = overlay_path(bundle_dir, overlay)
         atomic_write_json(path, document)
         written.append(path)
-        if metric not in METRICS:
-            extra[metric] = path.name
+        if overlay not in METRICS:
+            extra[overlay] = path.name
     if program is not None and program.live_bytes:
         written.append(write_live_bytes(bundle_dir, program, f"live bytes ({profile.pte_name or run_id})"))
         extra[LIVE_BYTES] = overlay_path(bundle_dir, LIVE_BYTES).name

@@ -328,6 +328,12 @@ def _gate_reasons(check: OutputCheck, thresholds: dict[str, float]) -> list[str]
     return reasons
 
 
+def weights_meaning(weights: str | None) -> tuple[bool, str | None]:
+    """Whether accuracy figures mean anything with these weights, and the note saying so when they do not."""
+    meaningful = weights in ("pretrained", "own")  # "own": a factory's module, weights as its maker gave them
+    return meaningful, None if meaningful else f"weights {weights or 'unknown'}: accuracy figures are not meaningful"
+
+
 def judge_accuracy(
     outputs: Path | None,
     reference: Path | None,
@@ -338,8 +344,7 @@ def judge_accuracy(
 ) -> Accuracy:
     """The accuracy gate, output by output: pass when every output's SQNR, and every logits output's top-1
     agreement and top-5 overlap, reach their thresholds."""
-    meaningful = weights in ("pretrained", "own")  # "own": a factory's module, weights as its maker gave them
-    note = None if meaningful else f"weights {weights or 'unknown'}: accuracy figures are not meaningful"
+    meaningful, note = weights_meaning(weights)
     if outputs is None or reference is None or not outputs.is_file() or not reference.is_file():
         return Accuracy(scheme, "unchecked", meaningful, thresholds=thresholds, note="no outputs or reference")
     figures = accuracy_figures(outputs, reference, kinds)

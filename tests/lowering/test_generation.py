@@ -187,3 +187,4 @@ def test_without_a_cached_tokenizer_the_prompt_is_deterministic_ids_and_says_why
     assert generation is not None and generation.prompt_len == 8  # seq_len
     assert generation.prompt_source == f"deterministic ids ({tmp_path / 'nowhere'}'s tokenizer is not cached)"
     assert generation.prompt_text is None
+

@@ -44,7 +44,7 @@ def test_a_record_splits_into_timed_phases_and_summarises() -> None:
     assert [len(split[PREFILL]), len(split[DECODE])] == [2, 4]
     assert split[PREFILL][0] is blocks[3]  # the warmup generation's three executions are left out
     assert parsed.phase_blocks(blocks[:-1]) == {PREFILL: [], DECODE: []}  # not lined up: no phase is guessed
-    summary = generation_summary(parsed, timings, kv_cache_bytes=1024, tokens=None)
+    summary = generation_summary(parsed, timings, recorded=None, tokens=None)
     assert summary.ttft_ms == 7.0  # the median of 8 and 6
     assert summary.decode_tokens_per_s == pytest.approx(500.0)  # 2 steps in 4 ms, both generations
     assert summary.token_ms == {"median": 2.0, "p90": pytest.approx(2.7), "max": 3.0}
@@ -110,9 +110,7 @@ def test_the_ids_in_a_few_words_for_reports_and_pages() -> None:
     assert parsed is not None
 
     def said(check: Any) -> tuple[float | None, str]:
-        generation = Generation.from_dict(
-            generation_summary(parsed, timings, kv_cache_bytes=None, tokens=check).to_dict()
-        )
+        generation = Generation.from_dict(generation_summary(parsed, timings, recorded=None, tokens=check).to_dict())
         assert generation is not None
         return generation.token_agreement, generation.ids_text
 

@@ -152,7 +152,23 @@ def export(module: torch.nn.Module, example_args: tuple, context: int) -> Any:
     """The program with a dynamic sequence length 1..context-1 (a prompt, then one token at a time)."""
     seq = torch.export.Dim("seq", min=1, max=context - 1)
     with torch.no_grad():
-        return torch.export.export(module, example_args, dynamic_shapes=({1: seq}, {0: seq}), strict=True)
+        program = torch.export.export(module, example_args, dynamic_shapes=({1: seq}, {0: seq}), strict=True)
+    _deterministic_metadata(program)
+    return program
+
+
+def _deterministic_metadata(program: Any) -> None:
+    """Key each node's module stack by the module's path, not by its `id()`, and drop the trace's provenance records
+    (`from_node`, which name graphs by their `id()`): with them every strict export of the same model would save a
+    different .pt2, and lowering one more variant later would invalidate the variants the earlier .pt2 vouches for
+    (the cache keeps an identical file, never a different one)."""
+    for node in program.graph.nodes:
+        node.meta.pop("from_node", None)
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            node.meta["nn_module_stack"] = {
+                (f"module:{entry[0]}" if str(key).isdigit() else key): entry for key, entry in stack.items()
+            }
 
 
 def quantizer(scheme: Any, context: int) -> Any:

@@ -188,3 +188,18 @@ def test_without_a_cached_tokenizer_the_prompt_is_deterministic_ids_and_says_why
     assert generation.prompt_source == f"deterministic ids ({tmp_path / 'nowhere'}'s tokenizer is not cached)"
     assert generation.prompt_text is None
 
+
+def test_lowering_one_more_variant_later_keeps_the_earlier_ones_valid(tmp_path: Path) -> None:
+    """Strict export keyed module stacks and provenance by id(): each export saved another .pt2, and the variant
+    lowered first no longer matched it (exit 65 on deploy). The same model now saves the same bytes."""
+    from orchestrator.lowering.artifacts import load_artifact
+
+    spec = BUILTIN_SPECS["gpt2-gen-tiny"]
+    first = lowerer.lower(spec, variants=[Variant("xnnpack")], weights="random", root=tmp_path, jobs=1)
+    saved = first.paths.exported_program.read_bytes()
+    lowerer.lower(spec, variants=[Variant("portable")], weights="random", root=tmp_path, jobs=1)
+    assert first.paths.exported_program.read_bytes() == saved
+    assert (
+        load_artifact(spec.name, Variant("xnnpack"), tmp_path).sha256
+        == first.variants[Variant("xnnpack")].sidecar.sha256
+    )

@@ -153,6 +153,9 @@ def require_emulation() -> None:
         raise LabSetupError(problem)
 
 
+BACKGROUND_LOG = ".etlab/pi-rootfs.log"  # bootstrap.sh --test writes its background build's output here
+
+
 def _log(message: str) -> None:
     print(f"etlab emulated Pi: {message}", file=sys.stderr, flush=True)
 
@@ -162,7 +165,12 @@ def _cache_lock() -> Iterator[None]:
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # two sessions never build or unpack the same rootfs at once
+        # Two processes never build or unpack the same rootfs at once (bootstrap.sh --test builds it in the background).
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"waiting for another process preparing the rootfs (bootstrap's log: {BACKGROUND_LOG})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 

@@ -57,6 +57,34 @@ def test_rootfs_cache_key_follows_the_recipe_and_the_month(monkeypatch: pytest.M
     assert "--include=openssh-server,python3,g++,make,procps,iproute2,strace" in emulated.mmdebstrap_argv(Path("x"))
 
 
+def test_a_rootfs_being_prepared_elsewhere_is_waited_for_and_said(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """bootstrap.sh --test builds the rootfs in the background: the suite's first emulated Pi waits for that build,
+    saying so, rather than starting a second one."""
+    import fcntl  # here, not at the top: only this test holds the lock by hand
+    import threading
+
+    monkeypatch.setenv("ETLAB_PI_CACHE", str(tmp_path))
+    ready = tmp_path / emulated.rootfs_archive().name.removesuffix(".tar.zst")
+    ready.mkdir()  # what the other process leaves behind once it is done
+    entered = threading.Event()
+
+    def first_emulated_pi() -> None:
+        assert emulated.ensure_rootfs() == ready
+        entered.set()
+
+    with open(tmp_path / ".lock", "a") as other_process:
+        fcntl.flock(other_process, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=first_emulated_pi)
+        waiter.start()
+        assert not entered.wait(1.0), "the lock was not honoured"
+        fcntl.flock(other_process, fcntl.LOCK_UN)
+    waiter.join(30)
+    assert entered.is_set()
+    assert "waiting for another process preparing the rootfs" in capfd.readouterr().err
+
+
 def test_emulated_pis_look_like_raspberry_pis(pi_boards: Callable[..., PiBoard]) -> None:
     pi5, pi4 = pi_boards("pi5-emu"), pi_boards("pi4-emu", flavour="pi4")
     midr = "/sys/devices/system/cpu/cpu3/regs/identification/midr_el1"

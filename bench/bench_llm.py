@@ -64,6 +64,8 @@ SCHEMES = {
     "fp16": Scheme("fp16", None, "f16", 1),  # etlab has no fp16 scheme: llama.cpp's figures alone
     "8bit": Scheme("8bit", "xnnpack-int8-dynamic", "q8_0", 1),  # int8 weights (per channel / blocks of 32)
     "4bit": Scheme("4bit", "xnnpack-8da4w", "q4_0", 1),  # int4 weights in groups, int8 activations on both
+    # The LLM recipe's other group size; llama.cpp has no 128-block format, so Q4_0 (blocks of 32) is its peer too.
+    "4bit-g128": Scheme("4bit-g128", "xnnpack-8da4w-g128", "q4_0", 1),
 }
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
+
+from orchestrator import strictjson
 
 CHUNK = 1 << 20
 TMP_PREFIX = ".etlab-tmp-"
@@ -80,7 +81,7 @@ def atomic_write_text(final: Path, text: str) -> None:
 
 
 def atomic_write_json(final: Path, obj: Any) -> None:
-    atomic_write_text(final, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(final, strictjson.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 def sha256_and_size(path: Path) -> tuple[str, int]:
@@ -116,6 +117,11 @@ def remove_stale_temporaries(folder: Path) -> int:
     return removed
 
 
-def read_json(path: Path) -> Any:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+def unreadable(path: Path, exc: Exception) -> str:
+    """Why a JSON file could not be read: the strict reader's message names the file and field itself."""
+    return str(exc) if isinstance(exc, strictjson.JsonDataError) else f"{path} is unreadable: {exc}"
+
+
+def read_json(path: Path, *, nonfinite: Collection[str] = (), max_magnitude: int = strictjson.MAX_MAGNITUDE) -> Any:
+    """Every JSON file etlab reads back goes through the strict reader (strictjson: limits, ranges, the field named)."""
+    return strictjson.read(path, nonfinite=nonfinite, max_magnitude=max_magnitude)

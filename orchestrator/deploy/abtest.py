@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator import strictjson
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import BoardDataError, BoardError
@@ -156,13 +157,11 @@ def iterations_for(probe_ms: float, run_seconds: float) -> int:
 
 def _timings(conn: BoardConnection, bundle: str) -> list[float]:
     """The timed iterations of one bundle, read on the board (no pull: only the numbers are needed)."""
-    import json
-
     result = conn.run(["cat", posixpath.join(bundle, "timings.json")], timeout=60)
     try:
-        document = json.loads(result.stdout)
-    except (ValueError, RecursionError):
-        raise BoardDataError(f"{conn.board.name}: unreadable timings.json in {bundle}") from None
+        document = strictjson.loads(result.stdout, where=f"timings.json in {bundle}")
+    except ValueError as exc:
+        raise BoardDataError(f"{conn.board.name}: {exc}") from None
     values = document.get("iterations_ms") if isinstance(document, dict) else None
     if not isinstance(values, list):
         raise BoardDataError(f"{conn.board.name}: timings.json in {bundle} has no iterations_ms list")

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator import strictjson
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.errors import BoardDataError, BoardError
 from orchestrator.transport import OUTPUT_LIMIT, BoardConnection, OutputTooLarge
@@ -97,9 +98,9 @@ class BoardAgent:
             limit = f"more than {OUTPUT_LIMIT >> 20} MiB on {exc.stream}"
             raise self.malformed(args[0], f"{limit}; the command was stopped") from exc
         try:
-            document = json.loads(result.stdout) if result.stdout.strip() else {}
-        except (ValueError, RecursionError):  # ValueError: also an integer of thousands of digits
-            document = {"error": f"unparseable agent output: {_last_line(result.stdout)[:200]}"}
+            document = strictjson.loads(result.stdout, where=args[0]) if result.stdout.strip() else {}
+        except strictjson.JsonDataError as exc:
+            document = {"error": f"unparseable agent output ({exc.problem}): {_last_line(result.stdout)[:200]}"}
         # The board is untrusted: its answer must have the documented shape before anything reads it.
         if not isinstance(document, dict):
             raise self.malformed(args[0], f"expected a JSON object, got {type(document).__name__}")

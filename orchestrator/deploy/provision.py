@@ -21,7 +21,7 @@ from pathlib import Path
 from shlex import quote
 from typing import Any
 
-from orchestrator import console, paths
+from orchestrator import console, paths, strictjson
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.deploy import crossbuild
 from orchestrator.deploy.agent_client import BoardAgent
@@ -112,8 +112,8 @@ def quick_check(conn: BoardConnection) -> ProvisionReport | None:
     if result.exit_code != 0 or len(parts) != 3:
         return None
     try:
-        state, runner = json.loads(parts[0]), json.loads(parts[2])
-    except (ValueError, RecursionError):
+        state, runner = strictjson.loads(parts[0], where="state.json"), strictjson.loads(parts[2], where="runner")
+    except ValueError:
         return None
     if not isinstance(state, dict) or not isinstance(runner, dict) or state.get("runner_path") != runner_path:
         return None
@@ -131,9 +131,9 @@ def quick_check(conn: BoardConnection) -> ProvisionReport | None:
 def checked_facts(board: str, text: str) -> dict[str, Any]:
     """The probe's JSON, refused (BoardDataError) unless every fact has its documented type and shape."""
     try:
-        facts = json.loads(text)
-    except (ValueError, RecursionError):
-        raise BoardDataError(f"{board}: the board probe sent malformed output: not JSON") from None
+        facts = strictjson.loads(text, where="the board probe's output")
+    except ValueError as exc:
+        raise BoardDataError(f"{board}: {exc}") from None
     if not isinstance(facts, dict):
         raise BoardDataError(f"{board}: the board probe sent malformed output: not a JSON object")
     for key, kinds in _FACT_KINDS.items():
@@ -403,8 +403,8 @@ def _verify(conn: BoardConnection, runner_path: str, wanted: str) -> None:
 def _runner_version(conn: BoardConnection, runner_path: str) -> str:
     text = _run(conn, [runner_path, "--version"], "asking the runner its version", timeout=60)
     try:
-        answer = json.loads(text)
-    except (ValueError, RecursionError):
+        answer = strictjson.loads(text, where="runner --version")
+    except ValueError:
         answer = None
     version = answer.get("runner_version") if isinstance(answer, dict) else None
     if not isinstance(version, str) or not _VERSION.fullmatch(version.split("+")[0]):

@@ -26,7 +26,7 @@ from typing import Any
 
 from orchestrator import console
 from orchestrator.errors import EtlabError, ExitCode
-from orchestrator.fsutil import atomic_write_text
+from orchestrator.fsutil import atomic_write_text, read_json
 
 POLL_SECONDS = 1.0  # while waiting for another nightly (--wait)
 NOTE_SECONDS = 300.0  # repeat the "waiting for" line this often even when the holder is the same
@@ -108,7 +108,7 @@ class _FileLock(_Lock):
 
     def _holder(self) -> Holder | str:
         try:
-            return Holder.parse(json.loads(self.note.read_text())) or f"unknown (unreadable {self.note})"
+            return Holder.parse(read_json(self.note)) or f"unknown (unreadable {self.note})"
         except FileNotFoundError:
             return UNKNOWN
         except (OSError, ValueError) as exc:

@@ -10,7 +10,6 @@ file (`holders/<id>.json`), and a program goes only when no holder names it. A h
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from orchestrator import paths
 from orchestrator.errors import ArtifactError
-from orchestrator.fsutil import atomic_path, atomic_write_json, sha256_file
+from orchestrator.fsutil import atomic_path, atomic_write_json, read_json, sha256_file
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _HOLDER = re.compile(r"[0-9a-f]{16}")
@@ -80,7 +79,7 @@ def _holder_file(holder: str) -> Path:
 
 def _held(path: Path) -> set[str]:
     try:
-        listed = json.loads(path.read_text())
+        listed = read_json(path)
     except (OSError, ValueError):
         return set()
     return (

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator import strictjson
 from orchestrator.errors import UsageError
+from orchestrator.fsutil import read_json
 from orchestrator.programs.plan import read_program_plan
 from orchestrator.programs.xnn import XNNPACK_BACKEND, xnn_graph_buffer
 
@@ -577,14 +579,12 @@ def _token_ids(value: Any) -> list[int] | None:
 
 
 def _json_rows(path: Path, where: str) -> list[tuple[list[int], list[int] | None]]:
-    import json
-
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except RecursionError:  # a nesting bomb: the parser recurses once per level
-        raise CalibrationError(f"{where}: not valid JSON (lists or objects nested too deeply)") from None
-    except (OSError, ValueError) as exc:
-        raise CalibrationError(f"{where}: not valid JSON ({exc})") from None
+        data = read_json(path)
+    except strictjson.JsonDataError as exc:
+        raise CalibrationError(f"{where}: {exc.field + ': ' if exc.field else ''}{exc.problem}") from None
+    except OSError as exc:
+        raise CalibrationError(f"{where}: unreadable ({exc})") from None
     samples = data.get("samples", data) if isinstance(data, dict) else data
     if not isinstance(samples, list) or not samples:
         raise CalibrationError(f"{where}: expected a list of token-id lists (or {{'samples': [...]}})")

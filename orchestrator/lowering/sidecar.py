@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ArtifactError
-from orchestrator.fsutil import atomic_write_json, read_json
+from orchestrator.fsutil import atomic_write_json, read_json, unreadable
 from orchestrator.lowering.outputs import OUTPUT_KINDS, kind_from_shape
 from orchestrator.lowering.variants import UnknownVariant, Variant
 
@@ -576,7 +576,7 @@ def read_sidecar(path: Path) -> Sidecar:
     try:
         data = read_json(path)
     except (OSError, ValueError) as exc:
-        raise ArtifactError(f"{path}: sidecar is unreadable: {exc}") from None
+        raise ArtifactError(f"sidecar {unreadable(path, exc)}") from None
     return Sidecar.from_dict(data, path)
 
 

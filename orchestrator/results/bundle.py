@@ -6,12 +6,12 @@ verifies the files as they arrive, and analysis verifies them again on disk befo
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator import strictjson
 from orchestrator.errors import BundleError
 from orchestrator.fsutil import sha256_and_size
 from orchestrator.names import is_valid_name
@@ -57,11 +57,9 @@ def parse_manifest(data: bytes, where: str) -> tuple[dict[str, Any], dict[str, F
     if len(data) > MANIFEST_MAX_BYTES:
         raise BundleError(f"{where}: {MANIFEST} is larger than {MANIFEST_MAX_BYTES} bytes")
     try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {exc}") from None
-    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; nesting deeper than the stack
-        raise BundleError(f"{where}: {MANIFEST} is not valid JSON: {str(exc)[:200]}") from None
+        manifest = strictjson.loads(data, where=f"{where}: {MANIFEST}")
+    except ValueError as exc:
+        raise BundleError(str(exc)[:400]) from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict):
         raise BundleError(f"{where}: {MANIFEST} has no 'files' mapping")

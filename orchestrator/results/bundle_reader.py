@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import AnalysisError, BundleError
-from orchestrator.fsutil import read_json
+from orchestrator.fsutil import read_json, unreadable
 from orchestrator.names import is_valid_name
 from orchestrator.results.bundle import is_bundle_path, verify_bundle
 
@@ -20,7 +20,7 @@ def read_optional_json(path: Path) -> tuple[Any, str | None]:
     try:
         return read_json(path), None
     except (OSError, ValueError) as exc:
-        return None, f"{path.name} is unreadable ({exc})"
+        return None, unreadable(path, exc)
 
 
 def read_required_json(path: Path) -> Any:
@@ -29,7 +29,7 @@ def read_required_json(path: Path) -> Any:
     try:
         return read_json(path)
     except (OSError, ValueError) as exc:
-        raise AnalysisError(f"bundle file {path} is unreadable: {exc}") from None
+        raise AnalysisError(unreadable(path, exc)) from None
 
 
 def bundle_model_sha(run: dict[str, Any], manifest: dict[str, Any]) -> str | None:

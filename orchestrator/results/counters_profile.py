@@ -18,7 +18,7 @@ import numpy as np
 
 from orchestrator.counters import COUNTERS, DERIVED, derived_metrics
 from orchestrator.errors import AnalysisError
-from orchestrator.fsutil import read_json
+from orchestrator.fsutil import read_json, unreadable
 from orchestrator.results.etdump import read_etdump
 from orchestrator.results.generation import DECODE, GenerationTimings
 from orchestrator.results.summary import Counters
@@ -71,9 +71,9 @@ def read_counter_profile(bundle: Path, method: str = "forward") -> CounterProfil
     if not path.is_file():
         return None
     try:
-        document = read_json(path)
-    except (OSError, ValueError, RecursionError) as exc:
-        raise AnalysisError(f"{path} is unreadable: {exc}") from None
+        document = read_json(path, max_magnitude=2**64 - 1)  # uint64 deltas: a wrapped one is dropped below
+    except (OSError, ValueError) as exc:
+        raise AnalysisError(unreadable(path, exc)) from None
     captured = document.get("captured") if isinstance(document, dict) else None
     columns = document.get("columns") if isinstance(document, dict) else None
     executions = document.get("executions") if isinstance(document, dict) else None
@@ -89,8 +89,8 @@ def read_counter_profile(bundle: Path, method: str = "forward") -> CounterProfil
     if timings_path.is_file():
         try:
             timings = read_json(timings_path)
-        except (OSError, ValueError, RecursionError) as exc:
-            raise AnalysisError(f"{timings_path} is unreadable: {str(exc)[:200]}") from None
+        except (OSError, ValueError) as exc:
+            raise AnalysisError(unreadable(timings_path, exc)) from None
         if not isinstance(timings, dict):
             raise AnalysisError(f"{timings_path}: not a JSON object")
         warm = timings.get("warmup_ms")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import AnalysisError
-from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json
+from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json, unreadable
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.programs.memory import ProgramMemory
 from orchestrator.results import overlays
@@ -213,4 +213,4 @@ def load_summary(bundle_dir: Path) -> RunSummary:
     try:
         return RunSummary.from_dict(read_json(path))
     except (OSError, ValueError) as exc:
-        raise AnalysisError(f"{path} is unreadable: {exc}") from None
+        raise AnalysisError(unreadable(path, exc)) from None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import AnalysisError
-from orchestrator.fsutil import read_json
+from orchestrator.fsutil import read_json, unreadable
 from orchestrator.results.documents import ANALYSIS_DIR
 
 OPS_FILE = "ops.json"
@@ -130,5 +130,5 @@ def load_ops(bundle_dir: Path) -> OpsRecord:
     try:
         data = read_json(path)
     except (OSError, ValueError) as exc:
-        raise AnalysisError(f"{path} is unreadable: {exc}") from None
+        raise AnalysisError(unreadable(path, exc)) from None
     return OpsRecord.from_dict(data, str(path))

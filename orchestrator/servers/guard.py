@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
+from orchestrator import strictjson
+
 DEFAULT_HOST = "127.0.0.1"
 
 
@@ -217,8 +219,8 @@ class LocalOnly:
             return "send_command that is not JSON"
         body = _request_body(environ)
         try:
-            command = json.loads(body) if body is not None else None
-        except (ValueError, RecursionError):
+            command = strictjson.loads(body, where="send_command") if body is not None else None
+        except strictjson.JsonDataError:
             command = None
         if not isinstance(command, dict):
             return "send_command that is not a JSON object"

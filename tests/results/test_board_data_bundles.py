@@ -131,25 +131,34 @@ def test_counter_values_out_of_the_runners_range_are_dropped(bundle_copy: Bundle
     ]
     assert executions and executions[0], "the ETDump has instruction events to key rows by"
     good = executions[0][0]
-    executions[0] += [[*good[:3], bad] for bad in (10**400, 2**64 - 1, 2**63, -1)]
+    executions[0] += [[*good[:3], bad] for bad in (2**64 - 1, 2**63, -1)]
     write_counters(counters, {"captured": ["task_clock"], "columns": COUNTER_COLUMNS, "executions": executions})
 
     profile = read_counter_profile(counters)
 
-    assert profile is not None and profile.dropped_rows == 4
+    assert profile is not None and profile.dropped_rows == 3
     assert set(profile.values["task_clock"].values()) == {1000.0}  # only the plausible rows count
+
+    # No uint64 is 400 digits long: the strict reader refuses the file, naming the field
+    executions[0].append([*good[:3], 10**400])
+    write_counters(counters, {"captured": ["task_clock"], "columns": COUNTER_COLUMNS, "executions": executions})
+    with pytest.raises(AnalysisError, match=rf"counters\.json: executions\[0\]\[{len(executions[0]) - 1}\]\[3\]: "):
+        read_counter_profile(counters)
 
 
 def test_a_cell_records_only_the_finite_latencies_of_its_timings(tmp_path: Path) -> None:
     from orchestrator.deploy.cells import CellOutcome
     from orchestrator.lab.nightly import record_from_cell
 
-    timings = {"iterations_ms": [1.5, None, float("nan"), float("inf"), {"a": 1}, "2", True, 10**400, 2]}
+    timings = {"iterations_ms": [1.5, None, {"a": 1}, "2", True, 2]}
     (tmp_path / "timings.json").write_text(json.dumps(timings))
     cell = CellOutcome("pi5-a", "tiny", VARIANTS["xnnpack"], run_id="run-1", bundle=tmp_path)
     assert record_from_cell(cell, "2024-01-01", {}, None).latencies_ms == [1.5, 2.0]
     for document in ({"iterations_ms": None}, {"iterations_ms": {"0": 1.0}}, [1.0, 2.0]):
         (tmp_path / "timings.json").write_text(json.dumps(document))
+        assert record_from_cell(cell, "2024-01-01", {}, None).latencies_ms == []
+    for odd in ("NaN", "Infinity", "1" * 400):  # the strict reader refuses the file: nothing of it is recorded
+        (tmp_path / "timings.json").write_text(f'{{"iterations_ms": [1.5, {odd}, 2]}}')
         assert record_from_cell(cell, "2024-01-01", {}, None).latencies_ms == []
 
 
@@ -246,8 +255,12 @@ def test_a_malformed_retest_timings_file_is_board_data_error(sshd_board: SshdBoa
     folder.mkdir(parents=True)
     with connect(sshd_board.board) as conn:
         bundle = f"{conn.workdir}/bundles/ab-1"
-        (folder / "timings.json").write_text(json.dumps({"iterations_ms": [10**400, 2.0, float("nan"), None, 3]}))
+        (folder / "timings.json").write_text(json.dumps({"iterations_ms": [2.0, "x", None, 3]}))
         assert _timings(conn, bundle) == [2.0, 3.0]
+        for odd, field in ((10**400, r"iterations_ms\[0\]"), (float("nan"), r"iterations_ms\[0\]")):
+            (folder / "timings.json").write_text(json.dumps({"iterations_ms": [odd, 2.0]}))
+            with pytest.raises(BoardDataError, match=rf"timings\.json in .*: {field}: .* is out of range"):
+                _timings(conn, bundle)
         for text in (json.dumps({"iterations_ms": {"0": 1.0}}), json.dumps({"iterations_ms": None}), "[]", "{" * 50000):
             (folder / "timings.json").write_text(text)
             with pytest.raises(BoardDataError, match=r"timings\.json"):

@@ -1,9 +1,10 @@
 """The dashboard's pages: Jinja2 templates (autoescaped) over the plain data of data.py.
 
 Data for the plots travels in `<script type="application/json">` blocks written with Jinja2's `tojson`, which
-escapes `<`, `>`, `&` and `'`, so no board-controlled string can close the block or become markup; the page's one
-script (assets/dashboard.js) parses the block and hands the values to Plotly. No value is ever concatenated into
-JavaScript. Links come from a `Links` object, so the same templates serve the live server and the static export.
+escapes `<`, `>`, `&` and `'`, so no board-controlled string can close the block or become markup, and writes NaN
+and Infinity as null (strictjson.dumps), so the block always parses; the page's one script (assets/dashboard.js)
+parses the block and hands the values to Plotly. No value is ever concatenated into JavaScript. Links come from a
+`Links` object, so the same templates serve the live server and the static export.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from urllib.parse import quote, urlencode
 
 import jinja2
 
+from orchestrator import strictjson
 from orchestrator.servers.dashboard.data import VERDICT_ORDER
 
 ASSETS_DIR = Path(__file__).parent / "assets"
@@ -74,6 +76,7 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.policies["json.dumps_function"] = strictjson.dumps  # page data is strict JSON: NaN would fail JSON.parse
     env.filters["ms"] = _ms
     env.filters["mb"] = _mb
     env.filters["css"] = lambda verdict: "verdict-" + "-".join(str(verdict).split())

@@ -18,7 +18,8 @@ import torch
 
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact
-from orchestrator.lowering.exported import check_archive, lower_exported_program
+from orchestrator.lowering.exported import lower_exported_program
+from orchestrator.lowering.exported_archive import checked_archive
 from orchestrator.lowering.lowered import find_lowered, spec_of_lowered
 from orchestrator.lowering.spec import load_spec_file
 from orchestrator.lowering.user_programs import (
@@ -157,9 +158,9 @@ def test_a_pt2_that_would_unpickle_code_is_refused_before_torch_loads_it(
     config["config"]["linear.weight"]["use_pickle"] = True
     pickled = _rewritten(programs["pt2"], tmp_path / "pickled.pt2", {"model_weights_config.json": json.dumps(config)})
     with pytest.raises(UserProgramError, match=r"'linear\.weight' is stored pickled"):
-        check_archive(pickled.read_bytes(), pickled)
+        checked_archive(pickled.read_bytes(), pickled)
     with pytest.raises(UserProgramError, match=r"not a \.pt2 archive"):
-        check_archive(pickle.dumps([1, 2]), tmp_path / "list.pt2")
+        checked_archive(pickle.dumps([1, 2]), tmp_path / "list.pt2")
 
 
 def test_an_exported_program_is_lowered_with_its_example_inputs(programs: dict[str, Path], tmp_path: Path) -> None:

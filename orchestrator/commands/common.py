@@ -149,7 +149,7 @@ def model_spec(
         from orchestrator.commands.lowered import known_lowered_models, lowered_model_spec
 
         assert model is not None  # a spec file is never unknown
-        found = lowered_model_spec(model, trust_remote_code=trust_remote_code)
+        found = lowered_model_spec(model, trust_remote_code=trust_remote_code, trust_code=trust_code)
         if found is not None:
             return found
         lowered = known_lowered_models()

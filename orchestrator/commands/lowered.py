@@ -11,8 +11,10 @@ if TYPE_CHECKING:
     from orchestrator.lowering.spec import ModelSpec
 
 
-def lowered_model_spec(model: str, *, trust_remote_code: bool = False) -> ModelSpec | None:
-    """`--model NAME` of a model lowered earlier with `--spec FILE` (its spec from its sidecar), else None."""
+def lowered_model_spec(model: str, *, trust_remote_code: bool = False, trust_code: bool = False) -> ModelSpec | None:
+    """`--model NAME` of a model lowered earlier with `--spec FILE` (its spec from its sidecar), else None. Running
+    its code (`--trust-remote-code`, a factory's `--trust-code`) is what this command line allows, never what the
+    lowering that wrote the sidecar was allowed."""
     # here, not at the top: fab imports the command modules at start-up
     from orchestrator import console
     from orchestrator.lowering.lowered import find_lowered, spec_of_lowered
@@ -26,7 +28,7 @@ def lowered_model_spec(model: str, *, trust_remote_code: bool = False) -> ModelS
             f"model {model!r} is a program you made yourself ({origin}): etlab has no spec to lower it from",
             hint=f"profile it with: fab run --model {model} (or fab deploy-and-profile --pte {origin})",
         )
-    lowered = spec_of_lowered(found, trust_remote_code=trust_remote_code)
+    lowered = spec_of_lowered(found, trust_remote_code=trust_remote_code, trust_code=trust_code)
     rewritten = f" with the rewrites {', '.join(found.rewrites)}" if found.rewrites else ""
     if lowered.stale is None:
         console.info(console.escape(f"{model}: using the spec lowered from {lowered.spec_file}{rewritten}"))

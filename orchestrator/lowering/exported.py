@@ -1,10 +1,9 @@
 """`fab lower --exported model.pt2`: lower an ExportedProgram the user made (`torch.export.save`) like a model.
 
-Loading a .pt2 can run code: `torch.export.load` unpickles tensor subclasses, script and opaque objects with
-`weights_only=False`, and falls back to it for example inputs that a safe load refuses. So the archive is read
-into memory and checked first (`check_archive`): only plain tensors stored as raw bytes, example inputs that load
-with `weights_only=True`, and the current archive format. Anything else is refused (exit 65) before torch sees it,
-and the checked bytes are what is loaded.
+Loading a .pt2 can run code (pickles, shape expressions sympy evals, guards torch execs, compiled code). So the
+archive is read into memory, read the way torch reads it and checked, and its program rebuilt from the checked
+entries (exported_archive.checked_archive); anything else is refused (exit 65) before torch sees it. torch loads
+the rebuilt archive, and artifacts/<name>/ keeps it.
 
 The reference inputs are the program's own example inputs (random ones of the declared shapes when it has none),
 the reference outputs the program run eagerly on them. The program is lowered as the user exported it.
@@ -16,7 +15,6 @@ import hashlib
 import io
 import json
 import time
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +23,12 @@ from typing import Any
 from orchestrator import console
 from orchestrator.fsutil import atomic_path, sha256_bytes
 from orchestrator.lowering.artifacts import ArtifactPaths, file_record, valid_sidecar
+from orchestrator.lowering.exported_archive import checked_archive
 from orchestrator.lowering.lower import LoweredVariant, LoweringResult, _code_revision, _lower_program
 from orchestrator.lowering.parallel import VariantTask
 from orchestrator.lowering.user_programs import EXPORTED_PROGRAM, UserProgramError, check_folder
 from orchestrator.lowering.variants import Variant
 from orchestrator.versions import toolchain_versions
-
-_TENSOR_CONSTANT = "tensor_"  # constants stored as tensors; custom_obj_ and opaque_obj_ payloads are pickles
 
 
 @dataclass(frozen=True)
@@ -61,55 +58,6 @@ class ExportedSpec:
             "sha256": self.sha256,
             "inputs": list(self.inputs),
         }
-
-
-def check_archive(data: bytes, where: Path) -> None:
-    """Refuse a .pt2 whose loading would unpickle anything but plain tensors (UserProgramError, exit 65)."""
-
-    def refuse(why: str) -> UserProgramError:
-        return UserProgramError(
-            f"{where}: {why}; torch.export.load would unpickle it, which can run code, so etlab does not load it",
-            hint="export plain tensors (no tensor subclasses or script objects) and save with torch.export.save "
-            "from a current torch",
-        )
-
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-        names = archive.namelist()
-    except (zipfile.BadZipFile, ValueError, OSError) as exc:
-        raise UserProgramError(f"{where}: not a .pt2 archive of torch.export.save ({exc})") from None
-    models = [name for name in names if "/models/" in f"/{name}" and name.endswith(".json")]
-    if not models:
-        raise refuse("no models/*.json: an older .pt2 format (or not an ExportedProgram)")
-    try:
-        for name in names:
-            if name.endswith("_weights_config.json") or name.endswith("_constants_config.json"):
-                config = json.loads(archive.read(name)).get("config", {})
-                for fqn, payload in config.items():
-                    if payload.get("use_pickle"):
-                        raise refuse(f"{fqn!r} is stored pickled (a tensor subclass)")
-                    if name.endswith("_constants_config.json") and not str(payload.get("path_name", "")).startswith(
-                        _TENSOR_CONSTANT
-                    ):
-                        raise refuse(f"constant {fqn!r} is a script or opaque object")
-            elif name.rsplit("/", 2)[-2:-1] == ["weights"] and name.endswith(".pt"):
-                raise refuse(f"{name} holds weights in the legacy pickled format")
-        samples = [name for name in names if "/sample_inputs/" in f"/{name}"]
-        for name in samples:
-            _safe_torch_load(archive.read(name), name, refuse)
-    except UserProgramError:
-        raise
-    except (KeyError, ValueError, AttributeError, zipfile.BadZipFile) as exc:
-        raise UserProgramError(f"{where}: unreadable .pt2 archive ({exc})") from None
-
-
-def _safe_torch_load(payload: bytes, name: str, refuse: Any) -> None:
-    import torch
-
-    try:
-        torch.load(io.BytesIO(payload), weights_only=True)
-    except Exception as exc:  # weights_only refuses any class it does not know: that is the check
-        raise refuse(f"{name} does not load with weights_only=True ({str(exc).splitlines()[0][:160]})") from None
 
 
 def _load(data: bytes, where: Path) -> Any:
@@ -228,13 +176,13 @@ def lower_exported_program(
                 hint="quantize it yourself before exporting, or use int8-dynamic or 8da4w",
             )
 
-    check_archive(data, Path(path))
+    checked = checked_archive(data, Path(path))
     timer = console.StageTimer(prefix=f"{name}: ")
     with timer.stage("load"):
         # here, not at the top: it imports torch (seconds), which a cache hit never needs
         from orchestrator.tensorfile import describe, write_tensors
 
-        program = _load(data, Path(path))
+        program = _load(checked, Path(path))
         example_args = _example_args(program, Path(path))
         inputs, outputs = _reference(program, example_args, Path(path))
     artifact_paths.folder.mkdir(parents=True, exist_ok=True)
@@ -243,13 +191,13 @@ def lower_exported_program(
     write_tensors(artifact_paths.reference_inputs, inputs)
     write_tensors(artifact_paths.reference_outputs, outputs)
     with atomic_path(artifact_paths.exported_program, keep_identical=True) as tmp:
-        tmp.write_bytes(data)
+        tmp.write_bytes(checked)  # what was checked: Model Explorer loads this copy with torch.export.load
     spec = ExportedSpec(name=name, source=spec.source, sha256=sha, inputs=describe(inputs))
     result.spec = spec  # type: ignore[assignment]
     files = {
         "reference_inputs": file_record(artifact_paths.reference_inputs),
         "reference_outputs": file_record(artifact_paths.reference_outputs),
-        "exported_program": file_record(artifact_paths.exported_program, sha),
+        "exported_program": file_record(artifact_paths.exported_program, sha256_bytes(checked)),
     }
     parameters = sum(int(tensor.numel()) for tensor in program.state_dict.values())
     for variant in missing:

@@ -26,7 +26,10 @@ from orchestrator.names import is_valid_name
 
 # Spec fields that do not decide the program: where it was read, its description, and what only the command line
 # switches on.
-_NOT_IDENTITY = ("source", "description", "trust_remote_code", "lines")
+_NOT_IDENTITY = ("source", "description", "trust_remote_code", "trust_code", "lines")
+# What only the command line says, never a sidecar: the permission to run code (a model folder's, a factory's) holds
+# for the command that gave it, not for every later command that finds the model by its name.
+_COMMAND_LINE_ONLY = ("trust_remote_code", "trust_code")
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,8 @@ def _identity(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def spec_from_record(record: dict[str, Any], where: str) -> ModelSpec:
-    """The spec as a sidecar recorded it (ModelSpec.to_dict), back as a ModelSpec."""
-    known = {f.name for f in fields(ModelSpec)} - {"lines", "trust_remote_code"}
+    """The spec as a sidecar recorded it (ModelSpec.to_dict), back as a ModelSpec; no permission to run code."""
+    known = {f.name for f in fields(ModelSpec)} - {"lines", *_COMMAND_LINE_ONLY}
     given = {key: value for key, value in record.items() if key in known}
     try:
         spec = ModelSpec(**given)
@@ -112,23 +115,24 @@ class LoweredSpec:
     stale: str | None  # why the spec file no longer gives these artifacts (gone, changed, invalid), else None
 
 
-def spec_of_lowered(model: LoweredModel, *, trust_remote_code: bool = False) -> LoweredSpec:
+def spec_of_lowered(model: LoweredModel, *, trust_remote_code: bool = False, trust_code: bool = False) -> LoweredSpec:
     """The spec of a model lowered from a spec file: the file as it is, if it still says the same; else the spec
-    as it was lowered (the artifacts are from it), with the reason."""
+    as it was lowered (the artifacts are from it), with the reason. The permissions to run code are this command
+    line's (`trust_remote_code`, `trust_code`), whatever the lowering that made the sidecar was allowed."""
     recorded = model.sidecar.spec
     where = f"{model.name}'s sidecar ({model.sidecar.variant})"
+    allowed = {"trust_remote_code": trust_remote_code, "trust_code": trust_code}
     spec_file = model.spec_file
     if spec_file is None:  # a built-in model's rewritten program: the spec it was lowered from, as recorded
         assert model.rewrites and not model.user_file, "user programs have no spec"
-        return LoweredSpec(replace(spec_from_record(recorded, where), trust_remote_code=trust_remote_code),
-                           "built-in", None)  # fmt: skip
+        return LoweredSpec(replace(spec_from_record(recorded, where), **allowed), "built-in", None)
     current = None
     with contextlib.suppress(SpecError):
         current = load_spec_file(Path(spec_file))
     if current is not None and model.rewrites:  # the file names the model as exported, not its rewritten program
         current = replace(current, name=model.name)
     if current is not None and _identity(current.to_dict()) == _identity(recorded):
-        return LoweredSpec(replace(current, trust_remote_code=trust_remote_code), spec_file, None)
+        return LoweredSpec(replace(current, **allowed), spec_file, None)
     stale = "is gone" if not Path(spec_file).is_file() else ("changed since" if current else "is no longer valid")
     spec = spec_from_record(recorded, where)
-    return LoweredSpec(replace(spec, trust_remote_code=trust_remote_code), spec_file, stale)
+    return LoweredSpec(replace(spec, **allowed), spec_file, stale)

@@ -35,6 +35,11 @@ USER_PROGRAM = "user-program"  # the sidecar's spec.model_source for a .pte the 
 EXPORTED_PROGRAM = "exported-program"  # the same for a .pt2 the user exported (lowering/exported.py)
 XNNPACK_BACKEND = "XnnpackBackend"  # the delegate id XNNPACK's partitioner writes
 INPUTS_NOTE = "generated: standard normal floats (seed 0), zeros for integer inputs, true for booleans"
+# The inputs etlab makes for a user's .pte, each and all together: a program's declared shapes are the file's word,
+# and a 2 KB file can declare gigabytes. Real inputs (an image batch, a few thousand tokens) are far below.
+MAX_GENERATED_BYTES = 256 << 20
+_DRAW_BYTES = 8  # numpy draws normal floats as float64, then casts them to the declared dtype
+_MEMORY_HEADROOM = 0.5  # of MemAvailable: the inputs are held, written and hashed beside everything else
 
 
 class UserProgramError(ArtifactError):
@@ -69,10 +74,48 @@ def check_program_file(path: Path) -> None:
         )
 
 
-def generated_inputs(signature: MethodSignature, where: Path) -> list[NamedTensor]:
-    """Deterministic inputs of the declared shapes and dtypes (INPUTS_NOTE): valid for any vocabulary or index."""
+def _size(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB" if size < 2**30 else f"{size / 2**30:,.1f} GiB"
+
+
+def check_input_sizes(signature: MethodSignature, where: Path, available: int | None) -> None:
+    """The declared inputs fit MAX_GENERATED_BYTES and `available` memory (MemAvailable, None: unknown), before a
+    byte of them is made (UserProgramError, exit 65, the input, its shape, its size and the limit named)."""
     import numpy as np
 
+    total = peak = 0
+    for slot in signature.inputs:
+        if slot.kind != "tensor" or slot.dtype is None:
+            continue  # refused by generated_inputs, naming its kind
+        nbytes = slot.elements * np.dtype(slot.dtype).itemsize
+        total += nbytes
+        peak = max(peak, total + (slot.elements * _DRAW_BYTES if slot.dtype.startswith("float") else 0))
+        if nbytes > MAX_GENERATED_BYTES:
+            raise UserProgramError(
+                f"{where}: input {slot.index} of {signature.method} declares {slot.describe()}, {_size(nbytes)} to "
+                f"generate: more than etlab's limit of {_size(MAX_GENERATED_BYTES)} for a program's inputs",
+                hint="export the program with the input shapes it runs on",
+            )
+    if total > MAX_GENERATED_BYTES:
+        shapes = "; ".join(f"input {slot.index}: {slot.describe()}" for slot in signature.inputs)
+        raise UserProgramError(
+            f"{where}: the inputs of {signature.method} ({shapes}) take {_size(total)} together: more than etlab's "
+            f"limit of {_size(MAX_GENERATED_BYTES)} for a program's inputs",
+            hint="export the program with the input shapes it runs on",
+        )
+    if available is not None and peak > _MEMORY_HEADROOM * available:
+        raise UserProgramError(
+            f"{where}: generating the inputs of {signature.method} needs about {_size(peak)}, more than half of the "
+            f"{_size(available)} of memory available now"
+        )
+
+
+def generated_inputs(signature: MethodSignature, where: Path, available: int | None = None) -> list[NamedTensor]:
+    """Deterministic inputs of the declared shapes and dtypes (INPUTS_NOTE): valid for any vocabulary or index.
+    Their sizes are checked first (check_input_sizes), against `available` bytes of memory when known."""
+    import numpy as np
+
+    check_input_sizes(signature, where, available)
     rng = np.random.default_rng(0)
     tensors = []
     for slot in signature.inputs:
@@ -162,7 +205,10 @@ def import_program(
         raise UserProgramError(str(exc)) from None
     variant = Variant("xnnpack" if XNNPACK_BACKEND in backends else "portable")
     references = checked_reference(Path(reference), signature, pte) if reference is not None else None
-    inputs = generated_inputs(signature, pte)
+    # here, not at the top: lower.py brings the whole lowering, which a user's program needs nothing else of
+    from orchestrator.lowering.lower import available_memory
+
+    inputs = generated_inputs(signature, pte, available_memory())
 
     artifact_paths = ArtifactPaths.for_model(name, root)
     pte_sha = sha256_file(pte)

@@ -6,14 +6,17 @@ a `--reference` file is checked against its outputs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.programs.plan import program_bytes
 from orchestrator.tensorfile import CODE_DTYPES
 
 _TENSOR = 5  # KernelTypes.Tensor in the program schema
+MAX_RANK = 16  # ExecuTorch's kTensorDimensionLimit: a runtime refuses more dimensions
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,15 @@ class TensorSlot:
         if self.kind != "tensor":
             return f"a {self.kind}"
         return f"{self.dtype} {list(self.shape)}"
+
+    @property
+    def elements(self) -> int:
+        """The declared element count (Python ints: a hostile shape does not overflow)."""
+        return math.prod(self.shape)
+
+
+class _Undeclarable(Exception):
+    """A tensor declaration no program can hold (the caller names the slot)."""
 
 
 @dataclass(frozen=True)
@@ -63,11 +75,25 @@ def read_signature(pte: Path, method: str = "forward") -> MethodSignature:
             tensor = pg.Tensor()
             table = value.Val()
             tensor.Init(table.Bytes, table.Pos)
-            shape = tuple(int(tensor.Sizes(d)) for d in range(tensor.SizesLength()))
+            rank = tensor.SizesLength()
+            if rank > MAX_RANK:
+                raise _Undeclarable(f"{rank} dimensions, more than ExecuTorch's {MAX_RANK}")
+            shape = tuple(int(tensor.Sizes(d)) for d in range(rank))
+            if any(size < 0 for size in shape):
+                raise _Undeclarable(f"the shape {list(shape)}, which has a negative size")
             return TensorSlot(position, "tensor", CODE_DTYPES.get(tensor.ScalarType()), shape)
 
-        inputs = tuple(slot(i, plan.Inputs(i)) for i in range(plan.InputsLength()))
-        outputs = tuple(slot(i, plan.Outputs(i)) for i in range(plan.OutputsLength()))
+        def slots(kind: str, count: int, value_index: Any) -> tuple[TensorSlot, ...]:
+            found = []
+            for i in range(count):
+                try:
+                    found.append(slot(i, value_index(i)))
+                except _Undeclarable as exc:
+                    raise AnalysisError(f"{pte}: {kind} {i} of {method} declares {exc}: no tensor has it") from None
+            return tuple(found)
+
+        inputs = slots("input", plan.InputsLength(), plan.Inputs)
+        outputs = slots("output", plan.OutputsLength(), plan.Outputs)
     except AnalysisError:
         raise
     except Exception as exc:  # the generated reader raises struct/index errors on garbage

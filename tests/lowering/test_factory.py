@@ -188,3 +188,49 @@ def test_a_module_returning_no_tensor_is_refused(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="returns str besides tensors") as excinfo:
         check_spec(spec, "auto", available=16 << 30)
     assert getattr(excinfo.value, "exit_code", None) == ExitCode.DATA
+
+
+def fab(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(tmp_path / "artifacts"), "ETLAB_RESULTS": str(tmp_path / "results")}
+    return subprocess.run(
+        [sys.executable, "-m", "fabric", *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_a_factory_model_found_by_name_runs_only_with_this_command_lines_trust_code(tmp_path: Path) -> None:
+    """The permission is the command line's, never the sidecar's: after one `--spec --trust-code` lowering,
+    `--model NAME` imports the factory only when it says `--trust-code` again; a cache hit imports nothing."""
+    marker = tmp_path / "imported"
+    touch = f"open({str(marker)!r}, 'w').write('imported')\n"
+    path = write_factory(tmp_path, touch + FACTORY)
+    lowered = fab(tmp_path, "lower", "--spec", str(path), "--backend", "xnnpack", "--trust-code")
+    assert lowered.returncode == 0 and marker.exists(), lowered.stdout + lowered.stderr
+    marker.unlink()
+
+    def refused(*args: str) -> None:
+        proc = fab(tmp_path, *args)
+        said = proc.stdout + proc.stderr
+        assert not marker.exists(), f"{args} imported the factory: {said}"
+        assert proc.returncode == ExitCode.USAGE and "--trust-code" in proc.stderr, said
+        assert "Traceback" not in said
+
+    refused("lower", "--model", "my-small", "--backend", "portable")  # a variant not lowered yet
+    refused("lower", "--model", "my-small", "--backend", "xnnpack", "--quantize", "int8-dynamic")
+    refused("lower", "--model", "my-small", "--backend", "xnnpack", "--force")
+    refused("deploy-and-profile", "--model", "my-small", "--backend", "portable", "--board", "local")
+
+    cached = fab(tmp_path, "lower", "--model", "my-small", "--backend", "xnnpack")  # the same variant: nothing runs
+    assert cached.returncode == 0 and "using cached artifacts" in cached.stdout + cached.stderr, cached.stderr
+    assert not marker.exists()
+
+    write_factory(tmp_path, touch + FACTORY.replace("torch.manual_seed(0)", "torch.manual_seed(1)"))
+    refused("lower", "--model", "my-small", "--backend", "xnnpack")  # edited: lowered again only if trusted
+    trusted = fab(tmp_path, "lower", "--model", "my-small", "--backend", "xnnpack", "--trust-code")
+    assert trusted.returncode == 0 and marker.exists(), trusted.stdout + trusted.stderr
+    # what advise --try and the others read back from the sidecar carries no permission either
+    from orchestrator.lowering.lowered import find_lowered, spec_from_record, spec_of_lowered
+
+    found = find_lowered("my-small", tmp_path / "artifacts")
+    assert found is not None and found.sidecar.spec["trust_code"] is True  # recorded: that lowering was allowed
+    assert not spec_from_record(found.sidecar.spec, "sidecar").trust_code and not spec_of_lowered(found).spec.trust_code
+    assert spec_of_lowered(found, trust_code=True).spec.trust_code

@@ -1,5 +1,7 @@
-"""Programs the user made: a .pte given an artifacts folder (lowering/user_programs.py), a .pt2 checked for pickles
-and lowered (lowering/exported.py), and `--model NAME` finding a model lowered from a spec file (lowering/lowered.py).
+"""Programs the user made: a .pte given an artifacts folder (lowering/user_programs.py; its declared input shapes
+checked before inputs are made), a .pt2 checked for pickles and lowered (lowering/exported.py; the archive read as
+torch reads it: tests/lowering/test_exported_archive.py), and `--model NAME` finding a model lowered from a spec file
+(lowering/lowered.py).
 The command line's refusals are in tests/commands/test_own_programs.py, the local board in
 tests/e2e/test_own_programs_e2e.py.
 """
@@ -8,7 +10,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
+import re
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -18,18 +24,21 @@ import torch
 
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact
-from orchestrator.lowering.exported import check_archive, lower_exported_program
+from orchestrator.lowering.exported import lower_exported_program
+from orchestrator.lowering.exported_archive import checked_archive
 from orchestrator.lowering.lowered import find_lowered, spec_of_lowered
 from orchestrator.lowering.spec import load_spec_file
 from orchestrator.lowering.user_programs import (
     NameTaken,
     ReferenceMismatch,
     UserProgramError,
+    generated_inputs,
     import_program,
     reference_outputs_of,
 )
 from orchestrator.lowering.variants import Variant
-from orchestrator.programs.signature import read_signature
+from orchestrator.paths import PROJECT_ROOT
+from orchestrator.programs.signature import MethodSignature, TensorSlot, read_signature
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 
 
@@ -122,6 +131,55 @@ def test_a_file_that_is_no_program_and_a_taken_name_are_refused(programs: dict[s
         import_program(programs["portable"], "taken", root=tmp_path)
 
 
+def _declaring(source: Path, target: Path, sizes: list[int]) -> Path:
+    """A copy of a .pte whose first input declares `sizes`, rewritten with ExecuTorch's own serializer."""
+    from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
+
+    pte = deserialize_pte_binary(source.read_bytes())
+    plan = pte.program.execution_plan[0]
+    plan.values[plan.inputs[0]].val.sizes = sizes
+    target.write_bytes(bytes(serialize_pte_binary(pte)))
+    return target
+
+
+@pytest.mark.parametrize(
+    ("sizes", "said"),
+    [
+        ([-1, 8], r"input 0 of forward declares the shape \[-1, 8\], which has a negative size"),
+        ([2**31 - 1, 2**31 - 1], r"input 0 of forward declares float32 \[2147483647, 2147483647\], [\d,.]+ GiB to"),
+        ([10000, 10000], r"input 0 of forward declares float32 \[10000, 10000\], 381\.5 MiB to generate: more than "
+         r"etlab's limit of 256\.0 MiB"),
+    ],
+)  # fmt: skip
+def test_declared_input_shapes_are_checked_before_inputs_are_made(
+    programs: dict[str, Path], tmp_path: Path, sizes: list[int], said: str
+) -> None:
+    hostile = _declaring(programs["portable"], tmp_path / "declared.pte", sizes)
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(tmp_path / "artifacts"), "ETLAB_RESULTS": str(tmp_path / "results")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fabric", "push", "--pte", str(hostile), "--board", "local"],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 65, proc.stdout + proc.stderr
+    assert re.search(said, proc.stderr) and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "artifacts").exists()  # no inputs file, no copy: nothing was generated
+
+
+def test_generated_inputs_fit_the_limit_and_the_memory_available() -> None:
+    def signature(*shapes: tuple[int, ...]) -> MethodSignature:
+        slots = tuple(TensorSlot(i, "tensor", "float32", shape) for i, shape in enumerate(shapes))
+        return MethodSignature("forward", slots, ())
+
+    where = Path("mine.pte")
+    assert [t.shape for t in generated_inputs(signature((2, 3)), where, available=1 << 30)] == [[2, 3]]
+    with pytest.raises(UserProgramError, match=r"\(input 0: float32 \[8192, 6144\]; input 1: float32 \[8192, 6144\]\) "
+                       r"take 384\.0 MiB together"):  # fmt: skip
+        generated_inputs(signature((8192, 6144), (8192, 6144)), where)
+    with pytest.raises(UserProgramError, match=r"needs about 48\.0 MiB, more than half of the 64\.0 MiB") as caught:
+        generated_inputs(signature((1024, 4096)), where, available=64 << 20)  # 16 MiB, drawn as float64
+    assert caught.value.exit_code == 65
+
+
 def _rewritten(source: Path, target: Path, replace: dict[str, bytes]) -> Path:
     """A copy of a .pt2 archive with some members' content replaced (by the end of their name)."""
     with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
@@ -157,9 +215,9 @@ def test_a_pt2_that_would_unpickle_code_is_refused_before_torch_loads_it(
     config["config"]["linear.weight"]["use_pickle"] = True
     pickled = _rewritten(programs["pt2"], tmp_path / "pickled.pt2", {"model_weights_config.json": json.dumps(config)})
     with pytest.raises(UserProgramError, match=r"'linear\.weight' is stored pickled"):
-        check_archive(pickled.read_bytes(), pickled)
+        checked_archive(pickled.read_bytes(), pickled)
     with pytest.raises(UserProgramError, match=r"not a \.pt2 archive"):
-        check_archive(pickle.dumps([1, 2]), tmp_path / "list.pt2")
+        checked_archive(pickle.dumps([1, 2]), tmp_path / "list.pt2")
 
 
 def test_an_exported_program_is_lowered_with_its_example_inputs(programs: dict[str, Path], tmp_path: Path) -> None:

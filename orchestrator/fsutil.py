@@ -122,6 +122,6 @@ def unreadable(path: Path, exc: Exception) -> str:
     return str(exc) if isinstance(exc, strictjson.JsonDataError) else f"{path} is unreadable: {exc}"
 
 
-def read_json(path: Path, *, nonfinite: Collection[str] = (), max_magnitude: int = strictjson.MAX_MAGNITUDE) -> Any:
+def read_json(path: Path, *, nonfinite: Collection[str] = (), max_magnitude: float = strictjson.MAX_MAGNITUDE) -> Any:
     """Every JSON file etlab reads back goes through the strict reader (strictjson: limits, ranges, the field named)."""
     return strictjson.read(path, nonfinite=nonfinite, max_magnitude=max_magnitude)

@@ -59,7 +59,7 @@ def loads(
     where: str,
     nonfinite: Collection[str] = (),
     max_depth: int = MAX_DEPTH,
-    max_magnitude: int = MAX_MAGNITUDE,
+    max_magnitude: float = MAX_MAGNITUDE,
 ) -> Any:
     """Decode `text` strictly. `where` names the source in errors; `nonfinite` lists the keys whose value may be
     NaN or ±Infinity (the last key of the field's path); `max_magnitude` bounds every number."""
@@ -96,7 +96,7 @@ def _may_hold_odd_numbers(outside_strings: str) -> bool:
     return "0" * 19 in zeroed or _LARGE_EXPONENT.search(zeroed) is not None
 
 
-def _number(kind: type[int] | type[float], literal: str, bad: list[_Bad], max_magnitude: int) -> Any:
+def _number(kind: type[int] | type[float], literal: str, bad: list[_Bad], max_magnitude: float) -> Any:
     if literal in _NONFINITE:
         marker = _Bad(literal, _NONFINITE[literal])
     else:
@@ -109,7 +109,7 @@ def _number(kind: type[int] | type[float], literal: str, bad: list[_Bad], max_ma
 
 
 def read(
-    path: Path, *, nonfinite: Collection[str] = (), max_bytes: int = MAX_BYTES, max_magnitude: int = MAX_MAGNITUDE
+    path: Path, *, nonfinite: Collection[str] = (), max_bytes: int = MAX_BYTES, max_magnitude: float = MAX_MAGNITUDE
 ) -> Any:
     """Read and decode one file strictly: at most `max_bytes`, named in every error by its path."""
     with open(path, "rb") as handle:
@@ -146,7 +146,7 @@ def _check_depth(outside_strings: str, where: str, max_depth: int) -> None:
     raise JsonDataError(where, f"nested more than {max_depth} levels deep; etlab reads at most {max_depth}")
 
 
-def _settle(document: Any, where: str, nonfinite: frozenset[str], max_magnitude: int) -> Any:
+def _settle(document: Any, where: str, nonfinite: frozenset[str], max_magnitude: float) -> Any:
     """Replace allowed non-finite markers by their float; raise for the first bad value, naming its field."""
     if isinstance(document, _Bad):
         raise JsonDataError(where, f"{document.text} is out of range")

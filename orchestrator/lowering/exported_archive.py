@@ -36,11 +36,13 @@ import functools
 import io
 import json
 import re
+import sys
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator import strictjson
 from orchestrator.lowering.user_programs import UserProgramError
 
 MODEL = "model"  # the program torch.export.load returns; other programs in the archive are left out
@@ -100,12 +102,13 @@ def checked_archive(data: bytes, where: Path) -> bytes:
     for path, value in (ARCHIVE_FORMAT, ARCHIVE_VERSION):
         if entries.get(path, b"").strip() != value.encode():
             raise refuse(f"{path} is not {value!r}: not the archive format of a current torch.export.save")
-    try:
-        program = json.loads(entries[MODEL_JSON])
-        weights = json.loads(entries.get(WEIGHTS_CONFIG, b"null"))
-        constants = json.loads(entries.get(CONSTANTS_CONFIG, b"null"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserProgramError(f"{where}: unreadable .pt2 archive ({exc})") from None
+    try:  # torch writes strict JSON; a float32 mask constant (-3.4e38) is as large as its numbers get
+        program, weights, constants = (
+            strictjson.loads(entries.get(name, b"null"), where=f"{where}: {name}", max_magnitude=sys.float_info.max)
+            for name in (MODEL_JSON, WEIGHTS_CONFIG, CONSTANTS_CONFIG)
+        )
+    except strictjson.JsonDataError as exc:
+        raise UserProgramError(f"unreadable .pt2 archive: {exc}") from None
     if not isinstance(program, dict):
         raise UserProgramError(f"{where}: unreadable .pt2 archive ({MODEL_JSON} is not a JSON object)")
     for expression in _expressions(program):

@@ -240,6 +240,25 @@ def test_a_tensor_that_claims_more_than_its_file_holds_is_refused(saved: Path, t
         checked_archive(claimed.read_bytes(), claimed)
 
 
+@pytest.mark.parametrize(
+    ("entry", "text", "problem"),
+    [
+        ("models/model.json", "[" * 100_000 + "]" * 100_000, "nested more than 64 levels"),
+        ("model_weights_config.json", '{"config": {"w": {"x": ' + "9" * 400 + "}}}", "config.w.x: a number of 400"),
+        ("model_constants_config.json", '{"config": NaN}', "config: NaN is out of range"),
+    ],
+)
+def test_its_json_entries_are_read_strictly(saved: Path, tmp_path: Path, entry: str, text: str, problem: str) -> None:
+    """A nesting bomb or an odd number in the archive's JSON is bad data (65), never a RecursionError (70)."""
+    swapped = rewritten(
+        saved,
+        tmp_path / "odd.pt2",
+        lambda entries: [(name, text.encode() if name.endswith(entry) else data) for name, data in entries],
+    )
+    with pytest.raises(UserProgramError, match=rf"unreadable \.pt2 archive: .*{entry}: {problem}"):
+        checked_archive(swapped.read_bytes(), swapped)
+
+
 def test_shape_expressions_torch_writes_pass_and_code_does_not() -> None:
     assert safe_expression("Symbol('s77', positive=True, integer=True)") is None
     assert safe_expression("Add(Mul(Integer(2), Symbol('s77', positive=True, integer=True)), Integer(1))") is None

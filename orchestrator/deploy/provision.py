@@ -131,7 +131,7 @@ def quick_check(conn: BoardConnection) -> ProvisionReport | None:
 def checked_facts(board: str, text: str) -> dict[str, Any]:
     """The probe's JSON, refused (BoardDataError) unless every fact has its documented type and shape."""
     try:
-        facts = strictjson.loads(text, where="the board probe's output")
+        facts = strictjson.loads(text, where="the board probe sent malformed output")
     except ValueError as exc:
         raise BoardDataError(f"{board}: {exc}") from None
     if not isinstance(facts, dict):

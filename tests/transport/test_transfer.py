@@ -266,7 +266,7 @@ def test_pull_copies_and_verifies_a_bundle(sshd_board: SshdBoard, tmp_path: Path
         ("extra", r"stray.txt: not listed in the manifest"),
         ("missing", r"outputs.etlt: listed in the manifest but missing"),
         ("no manifest", r"has no result_manifest.json: it is incomplete"),
-        ("bad manifest", r"result_manifest.json is not valid JSON"),
+        ("bad manifest", r"result_manifest.json: not valid JSON"),
     ],
 )
 def test_pull_refuses_a_bundle_that_does_not_match_its_manifest(

@@ -78,8 +78,11 @@ def field_types(config_class: type) -> dict[str, Any]:
     """The type of each field the class declares, as transformers annotates it."""
     import torch  # PreTrainedConfig annotates `dtype` with torch.dtype, imported there for type checkers only
 
-    hints = typing.get_type_hints(config_class, localns={"torch": torch})
-    return {f.name: hints.get(f.name, Any) for f in fields(config_class)}
+    try:
+        hints = typing.get_type_hints(config_class, localns={"torch": torch})
+    except Exception:  # a model folder's own class (--trust-remote-code) may name what it never imports
+        hints = {}
+    return {f.name: hints.get(f.name, f.type if not isinstance(f.type, str) else Any) for f in fields(config_class)}
 
 
 @functools.cache

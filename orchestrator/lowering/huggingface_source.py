@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -137,7 +137,7 @@ def _whisper_mel(config: Any) -> bool:
 def _spectrogram(config: Any) -> bool:
     """AST's kind: input_values are a log-mel filter bank [batch, max_length frames, num_mel_bins], not a waveform
     (the class declares both sizes)."""
-    return {"max_length", "num_mel_bins"} <= {f.name for f in fields(type(config))}
+    return {"max_length", "num_mel_bins"} <= set(getattr(type(config), "__dataclass_fields__", {}))
 
 
 def _main_input(cls: Any, encoder_only: bool) -> str:

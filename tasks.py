@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from fabric import task
-
 from orchestrator.commands import options
 from orchestrator.commands.common import (
     context_specs,
@@ -17,6 +15,8 @@ from orchestrator.commands.common import (
 )
 from orchestrator.lowering.quantize import QUANTIZED
 from orchestrator.lowering.rewrites import REWRITES
+
+task = options.task  # fabric's task, short flags letters only: `--new-tokens -1` reaches its check
 
 SELECT_HELP = {
     "board": "comma-separated board names (default: the inventory's `default` group, else `local`)",

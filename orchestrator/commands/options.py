@@ -1,8 +1,9 @@
 """Command-line values checked on the workstation before a task deletes, connects or starts anything.
 
 One function per kind of value. Each takes the raw option (a string from the command line) and returns it parsed,
-or raises UsageError (exit 64) naming the option. This is the edge: below the command layer the library gets only
-values checked here (or by the inventory's checker, config.py), and names no option in its errors.
+or raises UsageError (exit 64) naming the option; `task` makes the tasks, so that every value reaches its check. This
+is the edge: below the command layer the library gets only values checked here (or by the inventory's checker,
+config.py), and names no option in its errors.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import math
 import re
 from pathlib import Path
 from typing import Any
+
+import fabric
 
 from orchestrator.counters import parse_counters
 from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
@@ -22,6 +25,22 @@ __all__ = ["ACCURACY_DEFAULTS", "MAX_THREADS", "WEIGHT_MODES", "UsageError"]  # 
 MAX_KEEP = 1_000_000
 MAX_AB_ROUNDS = 1000
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]+")  # as the board agent names bundle folders
+
+
+class Task(fabric.Task):  # type: ignore[misc]
+    """Fabric's task whose short flags are letters only. Invoke gives an option the first character of its name no
+    other option took, a digit too (`--min-top1` got `-1`), and then reads a value such as `--new-tokens -1` or
+    `--new-tokens=-1` as that flag ("needed value", exit 1): every negative number reaches its check here."""
+
+    def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
+        opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
+        opts["names"] = [flag for flag in opts["names"] if len(flag) > 1 or flag.isalpha()]
+        return opts
+
+
+def task(*args: Any, **kwargs: Any) -> Any:
+    """`fabric.task`, making a `Task` (short flags letters only)."""
+    return fabric.task(*args, klass=Task, **kwargs)
 
 
 def count(option: str, value: Any, *, minimum: int = 0, maximum: int = MAX_COUNT) -> int:

@@ -3,7 +3,9 @@
 The head comes from transformers' own task mappings (`modeling_auto.*_MAPPING_NAMES`, `TASK_HEADS` below): a family
 and a task that do not go together are refused before anything loads, naming the tasks the family has. The inputs
 follow the head class's main input (`main_input_name`): token ids with their mask (and `token_type_ids` where the
-family has segment embeddings), `pixel_values`, a waveform's `input_values`, or Whisper's log-mel `input_features`.
+family has segment embeddings), `pixel_values`, `input_values` (a waveform, or AST's log-mel filter bank
+[batch, frames, mel bins]: the config's sizes decide), or Whisper's log-mel `input_features` [batch, mel bins, frames]
+(a family whose input_features are laid out otherwise has no head etlab lowers).
 
 What the program outputs:
 the model as its user would export it, no rewrite: the head's first output as a plain tensor (the logits over every
@@ -19,23 +21,22 @@ from __future__ import annotations
 
 import copy
 import inspect
-import math
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from orchestrator import console
-from orchestrator.config import did_you_mean, field_path
+from orchestrator.config import did_you_mean
 from orchestrator.errors import SpecError
+from orchestrator.lowering.huggingface_config import Overrides, check_derived, read_overrides
 from orchestrator.lowering.models import LoadedModel, SpecCheck
 from orchestrator.lowering.spec import (
     AUDIO_SAMPLES,
     GENERATION_TASK,
     IMAGE_INPUT,
     INPUT_NAMES,
-    LOADING_OPTIONS,
     TEXT_INPUTS,
     WRAPPED_TASKS,
     InputSpec,
@@ -59,7 +60,6 @@ TASK_HEADS: dict[str, tuple[str, str]] = {
 }
 _AUTO_BUILT = (*WRAPPED_TASKS, GENERATION_TASK)  # built through their Auto class (whole model, head included)
 TEXT_HEADS = ("text-classification", "token-classification", "feature-extraction")
-CLASSIFICATION_TASKS = ("text-classification", "token-classification", "image-classification", "audio-classification")
 # The sizes most configs have (through their attribute_map): each must be a positive integer.
 _SIZES = ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "max_position_embeddings")
 # The main input of the head class -> the inputs etlab feeds it (the mask and types only where the family has them).
@@ -67,6 +67,7 @@ _MAIN_INPUTS = {"input_ids": TEXT_INPUTS, IMAGE_INPUT: (IMAGE_INPUT,), "input_va
                 "input_features": ("input_features",)}  # fmt: skip
 _SAMPLE_RATE = 16000  # what every speech preprocessor here expects
 _WHISPER_HOP = 160  # samples per log-mel frame of Whisper's feature extractor
+_FBANK_HOP, _FBANK_WINDOW = 160, 400  # AST's filter bank: a 25 ms window every 10 ms, in samples
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -116,16 +117,27 @@ def head_class(model_type: str, task: str) -> tuple[Any, bool] | None:
         name = name.replace("Model", "EncoderModel", 1)  # T5EncoderModel: the encoder's last hidden state
     # wav2vec2 and its kind (CTC models) take input_values; Whisper's kind: the encoder, on log-mel input_features
     elif task == "speech-encoder" and _mapped("MODEL_FOR_CTC_MAPPING_NAMES", model_type) is None:
-        config = _default_config(model_type)
-        mel = all(hasattr(config, key) for key in ("num_mel_bins", "max_source_positions"))
-        if _mapped("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", model_type) is None or not mel:
+        if _mapped("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", model_type) is None:
             return None
         encoder_only = True
     found = _transformers_class(name)
     if found is None:
         return None
     main = _main_input(found, encoder_only)
+    if main == "input_features" and not _whisper_mel(_default_config(model_type)):
+        return None  # log-mel features of another layout (frames first, stacked, ...): not ones etlab makes
     return (found, encoder_only) if main in _MAIN_INPUTS else None
+
+
+def _whisper_mel(config: Any) -> bool:
+    """Whisper's kind: input_features are log-mel [batch, num_mel_bins, 2 x max_source_positions frames]."""
+    return all(type(getattr(config, key, None)) is int for key in ("num_mel_bins", "max_source_positions"))
+
+
+def _spectrogram(config: Any) -> bool:
+    """AST's kind: input_values are a log-mel filter bank [batch, max_length frames, num_mel_bins], not a waveform
+    (the class declares both sizes)."""
+    return {"max_length", "num_mel_bins"} <= set(getattr(type(config), "__dataclass_fields__", {}))
 
 
 def _main_input(cls: Any, encoder_only: bool) -> str:
@@ -156,22 +168,6 @@ def _check_family(spec: ModelSpec) -> tuple[Any, bool]:
 # The config: the family's defaults or the model folder's, with the spec's overrides
 
 
-def _own_fields(config_class: Any, task: str) -> dict[str, str]:
-    """The fields a spec may set: the class's own architecture fields and their aliases -> the real name, and a
-    classifier's `num_labels`.
-
-    Fields every config shares (return_dict, dtype, architectures, ...) decide how a model is loaded or what it
-    returns, not what it is, and the wrappers here rely on their defaults.
-    """
-    from transformers import PreTrainedConfig
-
-    shared = {f.name for f in fields(PreTrainedConfig)}
-    own = {f.name: f.name for f in fields(config_class) if f.name not in shared and not f.name.startswith("_")}
-    aliases = {alias: real for alias, real in getattr(config_class, "attribute_map", {}).items() if real in own}
-    labels = {"num_labels": "num_labels"} if task in CLASSIFICATION_TASKS else {}
-    return own | aliases | labels
-
-
 def _base_config(spec: ModelSpec, pretrained: bool) -> tuple[Any, str]:
     """The config before the spec's overrides (the defaults, or the model folder's), and the field it comes from."""
     from transformers import CONFIG_MAPPING, AutoConfig
@@ -193,50 +189,34 @@ def _base_config(spec: ModelSpec, pretrained: bool) -> tuple[Any, str]:
     return config, "model_id"
 
 
-def _with_overrides(spec: ModelSpec, base: Any, defaults: bool) -> tuple[Any, dict[str, str]]:
-    """`base` with the spec's `config` set field by field (each checked by the class); the fields they set -> key.
-    `defaults`: `base` is the family's default config, built again from the overrides so derived fields follow.
+def _with_overrides(spec: ModelSpec, base: Any, defaults: bool) -> tuple[Any, Overrides]:
+    """`base` with the spec's `config` (huggingface_config.py sorts and types it), and what was set and said.
+    `defaults`: `base` is the family's default config, built again through its class from the overrides as
+    transformers builds one from a config.json (derived fields follow, legacy keys are converted); otherwise they
+    are set on the model folder's config.
 
     Nothing from the spec ever becomes a keyword of `from_pretrained`.
     """
+    overrides, problems = read_overrides(spec, type(base), rebuilt=defaults)
     config = copy.deepcopy(base)
-    allowed = _own_fields(type(config), spec.task)
-    problems: list[tuple[str, str]] = []
-    given: dict[str, str] = {}
-    for key, value in spec.config.items():
-        name = field_path("config", key)
-        if key in LOADING_OPTIONS or key.startswith("_"):
-            problems.append((name, "is a loading option, not a field of the model's config: a spec cannot set it"))
-        elif key not in allowed:
-            shared = hasattr(base, key) and not callable(getattr(type(base), key, None))
-            close = did_you_mean(key, allowed)
-            reason = (
-                "decides how the model is loaded or what it returns, not part of its architecture"
-                if shared
-                else f"is not a field of {type(base).__name__}{close}"
-            )
-            problems.append((name, reason if close else f"{reason}; its fields: {', '.join(sorted(allowed))}"))
-        elif isinstance(value, float) and not math.isfinite(value):
-            problems.append((name, f"expected a finite number, got {value!r}"))
-        elif key == "num_labels" and (type(value) is not int or not 1 <= value <= 100_000):
-            problems.append((name, f"expected a number of classes from 1 to 100000, got {value!r}"))
-        else:
-            try:
-                setattr(config, allowed[key], value)  # by its real name: a strict config checks the type then
-            except Exception as exc:  # huggingface_hub's StrictDataclassFieldValidationError, or a setter's
-                cause = exc.__cause__ or exc
-                problems.append((name, str(cause).splitlines()[-1].strip() or exc.__class__.__name__))
-            else:
-                given[allowed[key]] = name
+    for real, value in overrides.fields.items():
+        try:
+            setattr(config, real, value)  # a strict config runs its field's own validators (ranges) now
+        except Exception as exc:  # huggingface_hub's StrictDataclassFieldValidationError, or a setter's
+            cause = exc.__cause__ or exc
+            problems.append((overrides.given[real], str(cause).splitlines()[-1].strip() or exc.__class__.__name__))
     if problems:
         raise spec_failure(problems, spec)
-    if defaults and given:  # built again through the constructor, which derives fields (Llama's head_dim) from them
-        values = {real: getattr(config, real) for real in given}
-        try:
-            config = type(base)(**values)
-        except Exception as exc:  # the constructor's own checks
-            raise spec_failure([("config", f"the config class refuses these values: {brief(exc)}")], spec) from exc
-    return config, given
+    try:
+        if defaults and overrides.applied:
+            config = type(base)(**overrides.applied)
+        else:
+            for key, value in {**overrides.labels, **overrides.extras}.items():
+                setattr(config, key, value)
+    except Exception as exc:  # the class's own checks across fields
+        raise spec_failure([("config", f"the config class refuses these values: {brief(exc)}")], spec) from exc
+    check_derived(spec, config, overrides)
+    return config, overrides
 
 
 def _field_of(config: Any, attribute: str, given: dict[str, str], origin: str) -> str:
@@ -272,6 +252,8 @@ def model_inputs(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> tuple[
     if main == IMAGE_INPUT:
         side = spec.image_size or _image_side(config)
         return (InputSpec(IMAGE_INPUT, "float32", (batch, getattr(config, "num_channels", 3), side, side)),)
+    if main == "input_values" and _spectrogram(config):
+        return (InputSpec("input_values", "float32", (batch, config.max_length, config.num_mel_bins)),)
     if main == "input_values":
         return (InputSpec("input_values", "float32", (batch, AUDIO_SAMPLES)),)
     return (InputSpec("input_features", "float32", (batch, config.num_mel_bins, 2 * config.max_source_positions)),)
@@ -304,6 +286,14 @@ def _input_problems(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> lis
             if list(item.shape[1:]) != expected:
                 takes_shape = f"[batch_size, {expected[0]}, {expected[1]}] (num_mel_bins, 2 x max_source_positions)"
                 problems.append((f"{where}.shape", f"the config takes {takes_shape}, got {list(item.shape)}"))
+        elif item.name == "input_values" and _spectrogram(config):
+            expected = [config.max_length, config.num_mel_bins]
+            if list(item.shape[1:]) != expected:
+                takes_shape = f"[batch_size, {expected[0]}, {expected[1]}] (max_length frames, num_mel_bins)"
+                problems.append((f"{where}.shape", f"the config takes {takes_shape}, got {list(item.shape)}"))
+        elif item.name == "input_values" and len(item.shape) != 2:
+            problems.append((f"{where}.shape", f"{cls.__name__} takes a waveform, [batch_size, samples], got "
+                                               f"{list(item.shape)}"))  # fmt: skip
         elif item.name == "input_values" and item.shape[1] < 400:
             problems.append((f"{where}.shape", f"{item.shape[1]} samples are fewer than the 400 of one frame"))
     if spec.declared_inputs and main not in {item.name for item in spec.declared_inputs} and not problems:
@@ -335,19 +325,21 @@ def _run_on_meta(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> None:
 def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
     """Build the spec's config (no weights) and refuse, as SpecError, what would only fail after loading.
 
-    The family must be one transformers knows, with a head for the task; the config's fields must be the class's
-    own, of the right type; the sizes positive, the hidden size a multiple of the heads; `seq_len` within the
-    position embeddings; the [MASK] id in the vocabulary; declared inputs the family's; and the float32 weights must
-    fit in `available` bytes (MemAvailable).
+    The family must be one transformers knows, with a head for the task; the config's keys are sorted and typed
+    against its class (huggingface_config.py: a field of the type transformers annotates, a record, labels, or a
+    key kept with a warning); the sizes positive (each per stage), the hidden size a multiple of the heads;
+    `seq_len` within the position embeddings; the [MASK] id in the vocabulary; declared inputs the family's; and the
+    float32 weights must fit in `available` bytes (MemAvailable).
     """
     head = _check_family(spec)
     base, origin = _base_config(spec, choice.mode == "pretrained")
-    config, given = _with_overrides(spec, base, choice.mode != "pretrained")
+    config, overrides = _with_overrides(spec, base, choice.mode != "pretrained")
+    given = overrides.given
 
     problems: list[tuple[str, str]] = []
-    for attribute in _SIZES:
+    for attribute in _SIZES:  # a scalar, or one per stage (Swin's heads, SegFormer's): the class's type decides
         value = getattr(config, attribute, None)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if value is not None and not _sizes(value):
             problems.append((_field_of(config, attribute, given, origin), f"must be at least 1, got {value!r}"))
     if problems:
         raise spec_failure(problems, spec)
@@ -397,7 +389,13 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
         raise spec_failure([(origin, too_large(parameters, available, ""))], spec)
     if spec.task not in _AUTO_BUILT:
         _run_on_meta(spec, config, head)
-    return SpecCheck(config, parameters)
+    return SpecCheck(config, parameters, tuple(overrides.warnings))
+
+
+def _sizes(value: Any) -> bool:
+    """A size of at least 1, or a non-empty list of them (one per stage)."""
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    return bool(items) and all(type(item) is int and item >= 1 for item in items)
 
 
 def _reads_last_token(cls: Any) -> bool:
@@ -533,7 +531,7 @@ def reference_inputs(
     seed: int = RANDOM_SEED,
 ) -> list[NamedTensor]:
     """Deterministic inputs of the shapes `inputs` (default: the spec's); `segments` is the family's number of token
-    types, `pad` its padding token id. See `_token_inputs`, `_image`, `_audio`, `_log_mel`."""
+    types, `pad` its padding token id. See `_token_inputs`, `_image`, `_audio`, `_filter_bank`, `_log_mel`."""
     inputs = spec.inputs if inputs is None else inputs
     rng = np.random.default_rng(seed)
     if inputs[0].name in TEXT_INPUTS:
@@ -541,6 +539,8 @@ def reference_inputs(
     item = inputs[0]
     if item.name == IMAGE_INPUT:
         array = _image(rng, item.shape)
+    elif item.name == "input_values" and len(item.shape) == 3:
+        array = _filter_bank(rng, item.shape)
     elif item.name == "input_values":
         array = _audio(rng, item.shape)
     else:
@@ -599,6 +599,19 @@ def _audio(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     wave = _waveform(rng, *shape)
     normalised = (wave - wave.mean(axis=1, keepdims=True)) / np.sqrt(wave.var(axis=1, keepdims=True) + 1e-7)
     return normalised.astype(np.float32)
+
+
+def _filter_bank(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """The waveform through AST's own feature extractor (Kaldi's log-mel filter bank, 25 ms windows every 10 ms,
+    normalised with AudioSet's mean and deviation): [batch, frames, mel bins]."""
+    from transformers import ASTFeatureExtractor
+
+    batch, frames, bins = shape
+    extractor = ASTFeatureExtractor(num_mel_bins=bins, max_length=frames, sampling_rate=_SAMPLE_RATE)
+    samples = (frames - 1) * _FBANK_HOP + _FBANK_WINDOW  # exactly `frames` windows
+    waves = list(_waveform(rng, batch, samples).astype(np.float32))
+    features = extractor(waves, sampling_rate=_SAMPLE_RATE, return_tensors="np")["input_values"]
+    return np.ascontiguousarray(features, dtype=np.float32)
 
 
 def _log_mel(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

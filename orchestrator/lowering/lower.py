@@ -265,6 +265,8 @@ def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | No
             else f"--trust-remote-code has no effect: {spec.name} gets random weights from transformers' own classes."
         )
     checked = check_spec(spec, choice, available=available_memory())
+    for warning in checked.warnings:
+        console.warn(warning)
     inputs = _known_inputs(spec, checked.config)
     kind = input_kind(spec, [name for name, _, _ in inputs])
     if calibration is not None and kind == TOKENS:

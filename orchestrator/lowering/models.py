@@ -71,11 +71,13 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class SpecCheck:
-    """What `check_spec` found: the config the model will be built from (None for a source without one), and its
-    parameter count."""
+    """What `check_spec` found: the config the model will be built from (None for a source without one), its
+    parameter count, and what the spec says that is accepted but deserves a look (`file:line: field: message`:
+    a config key its class does not declare, one ignored)."""
 
     config: Any
     parameters: int
+    warnings: tuple[str, ...] = ()
 
 
 class ModelBuilder(Protocol):

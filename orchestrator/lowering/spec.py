@@ -57,14 +57,16 @@ DEFAULT_NEW_TOKENS = 32
 IMAGE_INPUT = "pixel_values"
 INPUT_NAMES = ("input_ids", "attention_mask")  # the text inputs every text model takes (token_type_ids: some)
 TEXT_INPUTS = (*INPUT_NAMES, "token_type_ids")
-# Every input a spec may declare: its dtype and rank ([B, seq], [B, 3, H, W], [B, samples], [B, mel bins, frames]).
-INPUT_KINDS: dict[str, tuple[str, int]] = {
-    "input_ids": ("int64", 2),
-    "attention_mask": ("int64", 2),
-    "token_type_ids": ("int64", 2),
-    IMAGE_INPUT: ("float32", 4),
-    "input_values": ("float32", 2),
-    "input_features": ("float32", 3),
+# Every input a spec may declare: its dtype and ranks ([B, seq], [B, 3, H, W], input_values a waveform [B, samples]
+# or a spectrogram [B, frames, mel bins] (AST's kind), input_features [B, mel bins, frames]); which rank a family
+# takes is checked against its config by the builder.
+INPUT_KINDS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "input_ids": ("int64", (2,)),
+    "attention_mask": ("int64", (2,)),
+    "token_type_ids": ("int64", (2,)),
+    IMAGE_INPUT: ("float32", (4,)),
+    "input_values": ("float32", (2, 3)),
+    "input_features": ("float32", (3,)),
 }
 # The inputs each task's models may take; which of them a family takes is checked against transformers.
 TASK_INPUTS: dict[str, tuple[str, ...]] = {
@@ -100,7 +102,18 @@ LOADING_OPTIONS = frozenset(
         "from_tf", "from_flax", "state_dict", "cache_dir", "force_download", "local_files_only", "token",
         "use_auth_token", "proxies", "subfolder", "gguf_file", "device_map", "low_cpu_mem_usage", "offload_folder",
         "offload_state_dict", "quantization_config", "key_mapping", "adapter_kwargs", "adapter_name", "config",
-        "torch_dtype", "dtype", "attn_implementation", "experts_implementation", "name_or_path",
+        "attn_implementation", "experts_implementation", "name_or_path",
+    }
+)  # fmt: skip
+# What a published checkpoint's config.json records about how it was saved and what reads it (its classes, the
+# transformers that wrote it, the dtype of its weights, its tokenizer, its pipelines' settings): accepted in `config`
+# so that a config.json can be given whole, and never applied (etlab builds the spec's task head in float32; the
+# builder checks `model_type` against the spec's).
+CHECKPOINT_RECORDS = frozenset(
+    {
+        "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "_name_or_path",
+        "_commit_hash", "_attn_implementation_autoset", "tokenizer_class", "finetuning_task", "task_specific_params",
+        "prefix",
     }
 )  # fmt: skip
 
@@ -656,11 +669,12 @@ def _inputs_problem(items: list[Any], task: str, found: dict[str, Any]) -> tuple
         if name in seen:
             return f"{where}.name", f"{name!r} is declared twice"
         seen.append(name)
-        expected_dtype, rank = INPUT_KINDS[name]
+        expected_dtype, ranks = INPUT_KINDS[name]
         if dtype != expected_dtype:
             return f"{where}.dtype", f"{name} is {expected_dtype}, got {dtype!r}"
         sizes_ok = isinstance(shape, list) and all(type(size) is int and 1 <= size <= 10**7 for size in shape)
-        if not sizes_ok or len(shape) != rank:
+        if not sizes_ok or len(shape) not in ranks:
+            rank = " or ".join(str(r) for r in ranks)
             return f"{where}.shape", f"{name} has {rank} dimensions, each from 1 to 10000000, got {shape!r}"
         batch = found.get("batch_size", items[0]["shape"][0] if isinstance(items[0], dict) else 1)
         if shape[0] != batch:
@@ -774,7 +788,7 @@ def _config_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str
             message = "a spec file cannot switch on running the model folder's own code; only the command line can"
         elif key in LOADING_OPTIONS:
             message = "is an option of from_pretrained, not a field of the model's config: a spec cannot set it"
-        elif key.startswith("_"):
+        elif key.startswith("_") and key not in CHECKPOINT_RECORDS:
             message = "is internal to transformers, not a field of the model's config: a spec cannot set it"
         elif any(isinstance(v, float) and not math.isfinite(v) for v in _leaves(value)):
             message = f"expected a finite number, got {value!r}"

@@ -1,7 +1,8 @@
 """HuggingFace families beyond the first three, lowered with real ExecuTorch (XNNPACK) and run against eager: one tiny
 model per input kind and head (RoBERTa text-classification at batch 2, BERT token-classification with token_type_ids,
-T5's encoder, ViT, wav2vec2, Whisper's encoder, a SmolLM2-shaped Llama), and their reference inputs valid for the
-model. The spec check is test_huggingface_specs.py; the local board end to end is tests/e2e/test_model_sources_e2e.py.
+T5's encoder, ViT, wav2vec2, Whisper's encoder, AST on its filter bank, a SmolLM2-shaped Llama), and their reference
+inputs valid for the model. The spec check is test_huggingface_specs.py; the local board end to end is
+tests/e2e/test_model_sources_e2e.py.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ USER_SPECS = {
                   config={**_TEXT, "num_labels": 5}),
         ModelSpec(name="hf-t5-encoder", model_type="t5", task="feature-extraction", seq_len=16,
                   config={"vocab_size": 1000, "d_model": 64, "num_layers": 2, "num_heads": 2, "d_kv": 32, "d_ff": 128}),
+        # Audio Spectrogram Transformer: input_values are a filter bank [batch, max_length frames, num_mel_bins]
+        ModelSpec(name="hf-ast-tiny", model_type="audio-spectrogram-transformer", task="audio-classification",
+                  config={"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                          "intermediate_size": 128, "max_length": 100, "num_mel_bins": 16, "num_labels": 4}),
     )
 }  # fmt: skip
 # name -> (input name, dtype, shape), output shape
@@ -41,6 +46,7 @@ EXPECTED: dict[str, tuple[list[tuple[str, Any, tuple[int, ...]]], tuple[int, ...
     "hf-bert-tokens": ([("input_ids", np.int64, (1, 16)), ("attention_mask", np.int64, (1, 16)),
                         ("token_type_ids", np.int64, (1, 16))], (1, 16, 5)),
     "hf-t5-encoder": ([("input_ids", np.int64, (1, 16)), ("attention_mask", np.int64, (1, 16))], (1, 16, 64)),
+    "hf-ast-tiny": ([("input_values", np.float32, (1, 100, 16))], (1, 4)),
     "vit-tiny": ([("pixel_values", np.float32, (1, 3, 32, 32))], (1, 10)),
     "wav2vec2-tiny": ([("input_values", np.float32, (1, 16000))], (1, 49, 64)),
     "whisper-tiny-encoder-tiny": ([("input_features", np.float32, (1, 80, 100))], (1, 50, 64)),
@@ -86,7 +92,9 @@ def test_the_program_matches_eager_on_valid_reference_inputs(lowered: LoweringRe
         assert not (arrays["token_type_ids"] * (1 - arrays["attention_mask"])).any()
     if "pixel_values" in arrays:  # ViT's image processor's range
         assert -1.0 <= arrays["pixel_values"].min() < -0.9 and 0.9 < arrays["pixel_values"].max() <= 1.0
-    if "input_values" in arrays:  # wav2vec2's feature extractor normalises each row
+    if "input_values" in arrays and arrays["input_values"].ndim == 3:  # AST's filter bank: a signal, every frame
+        assert float(arrays["input_values"].std(axis=2).min()) > 0.01 and np.isfinite(arrays["input_values"]).all()
+    elif "input_values" in arrays:  # wav2vec2's feature extractor normalises each row
         assert abs(float(arrays["input_values"].mean())) < 1e-3 and abs(float(arrays["input_values"].std()) - 1) < 1e-3
     if "input_features" in arrays:  # Whisper's log-mel, scaled to about [-1, 1.5]
         assert arrays["input_features"].min() > -1.5 and arrays["input_features"].max() < 2.0

@@ -1,5 +1,6 @@
-"""The dashboard's server without a browser: its guard (plain HTTP), what the overview and trends take from a real
-history (SQLite and PostgreSQL), either source alone, `fab dashboard` at its edge (options, --static, SIGTERM).
+"""The dashboard's server without a browser: its guard (plain HTTP), pages answering while Model Explorer starts
+(one for concurrent requests), what the overview and trends take from a real history (SQLite and PostgreSQL), either
+source alone, `fab dashboard` at its edge (options, --static, SIGTERM).
 The pages in Chromium: test_dashboard_browser.py."""
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +23,8 @@ from orchestrator.paths import PROJECT_ROOT
 from orchestrator.servers.dashboard import data, pages
 from orchestrator.servers.dashboard.app import DashboardServer, Sources, start_dashboard
 from orchestrator.servers.explorer import ensure_port_free
-from tests.plugins.dashboard import EVIL, EVIL_BOARD, VERDICTS, night, write_history
+from tests.plugins.artifacts import ARTIFACT_CACHE
+from tests.plugins.dashboard import EVIL, EVIL_BOARD, LAB_BOARD, RUN_IDS, VERDICTS, DashboardLab, night, write_history
 from tests.plugins.explorer import free_port
 
 CELLS = [(EVIL_BOARD, "distilbert-tiny", "xnnpack"), ("pi5", "gpt2-tiny", "portable"), ("pi5", "gpt2-tiny", "xnnpack")]
@@ -74,6 +78,57 @@ def test_guard_serves_own_pages_and_refuses_other_sites(server: DashboardServer)
     assert request(server, "/run/no-such-run")[0] == 404
     assert request(server, "/assets/../../etc/passwd")[0] == 404
     assert request(server, "/", "DELETE", Origin=own)[0] == 405
+
+
+def test_pages_answer_while_model_explorer_starts_and_two_posts_start_one(
+    dashboard_lab: DashboardLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Model Explorer starts (seconds) outside the page lock: an asset and a page asked for meanwhile answer before
+    that start is over. Two concurrent POSTs of one run start one Model Explorer; the second reuses it."""
+    from orchestrator.servers.dashboard import app
+
+    launching, launches = threading.Event(), []
+    launch = app.launch_explorer
+
+    def counted(*args: Any, **kwargs: Any) -> Any:  # the real launch, counted
+        launches.append(args)
+        launching.set()
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(app, "launch_explorer", counted)
+    sources = Sources(dashboard_lab.results, dashboard_lab.history_url, ARTIFACT_CACHE, (LAB_BOARD,))
+    server = start_dashboard(sources, port=free_port(), explorer_port=free_port())
+    done: dict[str, tuple[float, int, str | None]] = {}
+
+    def timed(name: str, path: str, method: str = "GET", **headers: str) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=300)
+        try:
+            connection.request(method, path, headers={"Host": f"127.0.0.1:{server.port}", **headers})
+            response = connection.getresponse()
+            response.read()
+            done[name] = (time.monotonic(), response.status, response.getheader("Location"))
+        finally:
+            connection.close()
+
+    try:
+        own = {"Origin": f"http://127.0.0.1:{server.port}"}
+        posts = [threading.Thread(target=timed, args=(f"post {n}", f"/explore/{RUN_IDS['distilbert_a']}", "POST"),
+                                  kwargs=own) for n in (1, 2)]  # fmt: skip
+        for post in posts:
+            post.start()
+        assert launching.wait(120), "no Model Explorer was started"
+        timed("asset", "/assets/dashboard.css")
+        timed("page", "/")
+        for post in posts:
+            post.join(300)
+        assert [done[name][1] for name in ("asset", "page", "post 1", "post 2")] == [200, 200, 303, 303], done
+        first_post = min(done["post 1"][0], done["post 2"][0])
+        assert done["asset"][0] < first_post and done["page"][0] < first_post, done  # not behind the start
+        assert len(launches) == 1, launches
+        assert done["post 1"][2] == done["post 2"][2] == server.app.explorer.handle.url  # type: ignore[union-attr]
+        assert server.app.explorer.handle is not None and server.app.explorer.handle.running
+    finally:
+        server.stop()
 
 
 def test_overview_is_the_latest_night_of_the_history(server: DashboardServer, history_file: Path) -> None:

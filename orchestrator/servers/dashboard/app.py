@@ -44,7 +44,7 @@ from orchestrator.servers.guard import DEFAULT_HOST, SameOriginOnly, guard_answe
 
 DEFAULT_PORT = 8080
 FORBIDDEN = b"forbidden: this etlab dashboard serves only its own pages, on its loopback address\n"
-Response = tuple[str, str, bytes]  # status, content type, body
+Response = tuple[str, str, bytes, list[tuple[str, str]]]  # status, content type, body, more headers
 StartResponse = Callable[..., Any]
 HTML = "text/html; charset=utf-8"
 # No script but the page's own files (the JSON blocks are data, never run); Plotly sets inline styles.
@@ -83,7 +83,8 @@ class Sources:
 
 
 class ExplorerSlot:
-    """The one Model Explorer the dashboard starts: reused while it shows the same files, restarted otherwise."""
+    """The one Model Explorer the dashboard starts: reused while it shows the same files, restarted otherwise. Its
+    lock makes a start (seconds) one at a time: a request arriving meanwhile waits, then reuses it."""
 
     def __init__(self, port: int = EXPLORER_PORT) -> None:
         self.port = port
@@ -116,15 +117,17 @@ class DashboardApp:
         self.explorer = explorer or ExplorerSlot()
         self.watch = watch
         self.links = pages.Links(static=False)
-        self.lock = threading.Lock()  # one page assembled at a time: the history's engine and 2 cores are shared
+        # One page assembled at a time (the history's engine and 2 cores are shared). Assets need no lock, and Model
+        # Explorer starts (seconds) outside it, under its slot's own lock: pages answer meanwhile, and two
+        # concurrent POSTs still start one Model Explorer.
+        self.lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         path = "/" + "/".join(p for p in str(environ.get("PATH_INFO", "")).split("/") if p)
         query = {k: v[0] for k, v in parse_qs(str(environ.get("QUERY_STRING", ""))).items()}
         try:
-            with self.lock:
-                status, kind, body, headers = self.route(method, path, query)
+            status, kind, body, headers = self.route(method, path, query)
         except data.NotFound as exc:
             status, kind, body, headers = "404 Not Found", HTML, _message_page("not found", str(exc)), []
         except EtlabError as exc:
@@ -146,7 +149,7 @@ class DashboardApp:
         )
         return [b"" if method == "HEAD" else body]
 
-    def route(self, method: str, path: str, query: dict[str, str]) -> tuple[str, str, bytes, list[tuple[str, str]]]:
+    def route(self, method: str, path: str, query: dict[str, str]) -> Response:
         parts = [unquote(p) for p in path.strip("/").split("/")] if path != "/" else []
         if method == "POST" and len(parts) == 2 and parts[0] == "explore":
             return self._redirect(self._explore_run(parts[1]))
@@ -160,6 +163,10 @@ class DashboardApp:
             except KeyError:
                 raise data.NotFound(f"no asset {parts[1]!r}") from None
             return "200 OK", TYPES.get(Path(parts[1]).suffix, "application/octet-stream"), body, []
+        with self.lock:
+            return self._page(parts, path, query)
+
+    def _page(self, parts: list[str], path: str, query: dict[str, str]) -> Response:
         lab = self.sources.lab()
         if not parts:
             live = self.watch.snapshot() if self.watch is not None else None
@@ -187,7 +194,7 @@ class DashboardApp:
         raise data.NotFound("no such cell in the history")
 
     @staticmethod
-    def _redirect(url: str) -> tuple[str, str, bytes, list[tuple[str, str]]]:
+    def _redirect(url: str) -> Response:
         return "303 See Other", "text/plain", b"", [("Location", url)]
 
     def _models(self, model: str) -> list[Path]:
@@ -197,15 +204,19 @@ class DashboardApp:
         return present
 
     def _explore_run(self, run_id: str) -> str:
-        run = self.sources.lab().find(run_id)
-        return self.explorer.open(self._models(run.model), run_overlays(run.path, required=False))
+        with self.lock:  # what to show, read as a page is
+            run = self.sources.lab().find(run_id)
+            models, overlays = self._models(run.model), run_overlays(run.path, required=False)
+        return self.explorer.open(models, overlays)
 
     def _explore_diff(self, run_a: str, run_b: str) -> str:
-        lab = self.sources.lab()
-        a, b = lab.find(run_a), lab.find(run_b)
-        comparison = compare_runs(a.path, b.path, allow_rebuilt=True)  # writes B's diff overlay
-        overlays = [o for o in run_overlays(b.path, required=False) if o != comparison.overlay]
-        return self.explorer.open(self._models(b.model), [*overlays, *filter(None, [comparison.overlay])])
+        with self.lock:
+            lab = self.sources.lab()
+            a, b = lab.find(run_a), lab.find(run_b)
+            comparison = compare_runs(a.path, b.path, allow_rebuilt=True)  # writes B's diff overlay
+            overlays = [o for o in run_overlays(b.path, required=False) if o != comparison.overlay]
+            models = self._models(b.model)
+        return self.explorer.open(models, [*overlays, *filter(None, [comparison.overlay])])
 
 
 def _message_page(title: str, text: str) -> bytes:

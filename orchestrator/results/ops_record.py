@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import AnalysisError
-from orchestrator.fsutil import read_json, unreadable
-from orchestrator.results.documents import ANALYSIS_DIR
+from orchestrator.results.documents import ANALYSIS_DIR, read_analysis_file
 
 OPS_FILE = "ops.json"
 KERNEL_CALL, DELEGATE_CALL = "KernelCall", "DelegateCall"
@@ -127,8 +126,4 @@ def load_ops(bundle_dir: Path) -> OpsRecord:
     path = Path(bundle_dir) / ANALYSIS_DIR / OPS_FILE
     if not path.is_file():
         raise AnalysisError(f"{bundle_dir} has no per-operator profile ({ANALYSIS_DIR}/{OPS_FILE}): run with ETDump")
-    try:
-        data = read_json(path)
-    except (OSError, ValueError) as exc:
-        raise AnalysisError(unreadable(path, exc)) from None
-    return OpsRecord.from_dict(data, str(path))
+    return OpsRecord.from_dict(read_analysis_file(bundle_dir, OPS_FILE), str(path))

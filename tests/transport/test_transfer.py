@@ -266,7 +266,7 @@ def test_pull_copies_and_verifies_a_bundle(sshd_board: SshdBoard, tmp_path: Path
         ("extra", r"stray.txt: not listed in the manifest"),
         ("missing", r"outputs.etlt: listed in the manifest but missing"),
         ("no manifest", r"has no result_manifest.json: it is incomplete"),
-        ("bad manifest", r"result_manifest.json is not valid JSON"),
+        ("bad manifest", r"result_manifest.json: not valid JSON"),
     ],
 )
 def test_pull_refuses_a_bundle_that_does_not_match_its_manifest(
@@ -322,7 +322,7 @@ def test_pull_from_the_local_board(local_board: Board, tmp_path: Path) -> None:
 
 def test_local_pull_refuses_a_symlink_while_tar_is_still_writing(local_board: Board, tmp_path: Path) -> None:
     remote = Path(local_board.workdir) / "bundles" / "evil"
-    write_bundle(remote, {"a.bin": os.urandom(4 << 20), "z.bin": os.urandom(4 << 20)})
+    write_bundle(remote, {"etdump.etdp": os.urandom(4 << 20), "timings.json": os.urandom(4 << 20)})
     (remote / "link").symlink_to("/etc/passwd")
     dest = tmp_path / "results" / "evil"
     with connect(local_board) as conn, pytest.raises(BundleError, match="'link' is a symbolic link"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.advice.findings import ADVICE_FILE, Advice, Finding
+from orchestrator.advice.findings import ADVICE_FILE, Advice, AdviceError, Finding
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.results.documents import ANALYSIS_DIR, read_analysis_file
@@ -38,8 +38,8 @@ def load_advice(bundle_dir: Path) -> Advice | None:
     document = read_analysis_file(bundle_dir, ADVICE_FILE)  # strict JSON; never a board's (its manifest is checked)
     try:
         return Advice.from_dict(document)
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise AnalysisError(f"{path}: not a usable advice document ({type(exc).__name__}: {exc})") from None
+    except AdviceError as exc:
+        raise AnalysisError(f"{path}: {exc}", hint="`fab advise` on the run writes it again") from None
 
 
 def write_advice(bundle_dir: Path, advice: Advice) -> list[Path]:

@@ -228,12 +228,14 @@ def read_analysis_file(bundle_dir: Path, name: str) -> Any:
         raise AnalysisError(unreadable(path, exc)) from None
 
 
+class NotAnalysed(AnalysisError):
+    """A pulled run the analysis has not been run on (no analysis/summary.json)."""
+
+
 def load_summary(bundle_dir: Path) -> RunSummary:
-    """A bundle's analysis/summary.json, or an AnalysisError saying it has not been analysed (or is damaged)."""
+    """A bundle's analysis/summary.json: NotAnalysed when there is none, an AnalysisError naming the file and the
+    field when it is unreadable or not etlab's."""
     path = Path(bundle_dir) / ANALYSIS_DIR / "summary.json"
     if not path.is_file():
-        raise AnalysisError(f"{bundle_dir} has not been analysed (no {ANALYSIS_DIR}/summary.json)")
-    try:
-        return RunSummary.from_dict(read_analysis_file(bundle_dir, "summary.json"))
-    except (TypeError, ValueError) as exc:
-        raise AnalysisError(unreadable(path, exc)) from None
+        raise NotAnalysed(f"{bundle_dir} has not been analysed (no {ANALYSIS_DIR}/summary.json)")
+    return RunSummary.from_dict(read_analysis_file(bundle_dir, "summary.json"), str(path))

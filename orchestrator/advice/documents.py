@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.advice.findings import ADVICE_FILE, Advice, Finding
+from orchestrator.advice.findings import ADVICE_FILE, Advice, AdviceError, Finding
 from orchestrator.errors import AnalysisError
-from orchestrator.fsutil import atomic_write_json, read_json
-from orchestrator.results.documents import ANALYSIS_DIR
+from orchestrator.fsutil import atomic_write_json
+from orchestrator.results.documents import ANALYSIS_DIR, read_analysis_file
 from orchestrator.results.overlays import GREEN_YELLOW_RED, graph_node_data, overlay_path
 
 ADVICE_OVERLAY, SAVING_OVERLAY = "advice", "advice_saving_ms"
@@ -35,10 +35,11 @@ def load_advice(bundle_dir: Path) -> Advice | None:
     path = Path(bundle_dir) / ANALYSIS_DIR / ADVICE_FILE
     if not path.is_file():
         return None
+    document = read_analysis_file(bundle_dir, ADVICE_FILE)  # strict JSON; never a board's (its manifest is checked)
     try:
-        return Advice.from_dict(read_json(path))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-        raise AnalysisError(f"{path} is not a usable advice document ({type(exc).__name__}: {exc})") from None
+        return Advice.from_dict(document)
+    except AdviceError as exc:
+        raise AnalysisError(f"{path}: {exc}", hint="`fab advise` on the run writes it again") from None
 
 
 def write_advice(bundle_dir: Path, advice: Advice) -> list[Path]:

@@ -61,42 +61,77 @@ class Finding:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Finding:
-        """A finding as advice.json holds it; TypeError or ValueError when a field is not what it should be."""
-        nodes = data["nodes"]
-        if not isinstance(nodes, dict):
-            raise TypeError("nodes is not a mapping")
+    def from_dict(cls, data: Any, where: str = "finding") -> Finding:
+        """A finding as advice.json holds it; AdviceError naming the field (`where`.name) when one is not what the
+        advisor writes (text, a count, a time >= 0)."""
+        data = _mapping(data, where)
+
+        def at(name: str) -> tuple[Any, str]:
+            if name not in data:
+                raise AdviceError(f"{where}.{name}", "is missing")
+            return data[name], f"{where}.{name}"
+
+        operators = _texts(*at("operators"))
+        nodes = {graph: _texts(ids, f"{where}.nodes.{graph}") for graph, ids in _mapping(*at("nodes")).items()}
         return cls(
-            _text(data["id"]), _text(data["kind"]), _text(data["title"]),
-            tuple(_text(op) for op in data["operators"]),
-            {_text(graph): tuple(_text(node) for node in ids) for graph, ids in nodes.items()},
-            _count(data["calls"]), _number(data["measured_ms"]), _number(data["share"]), _text(data["cause"]),
-            _optional_number(data["saving_ms"]), _text(data["fix_kind"]), _text(data["fix"]),
-            rewrite=None if data.get("rewrite") is None else _text(data["rewrite"]),
-            saving_is_bound=data.get("saving_is_bound") is True, saving_note=_text(data.get("saving_note", "")),
-            saving_mb=_optional_number(data.get("saving_mb")),
+            _text(*at("id")), _text(*at("kind")), _text(*at("title")), operators, nodes,
+            _count(*at("calls")), _number(*at("measured_ms")), _number(*at("share")), _text(*at("cause")),
+            _optional_number(*at("saving_ms")), _text(*at("fix_kind")), _text(*at("fix")),
+            rewrite=None if data.get("rewrite") is None else _text(data["rewrite"], f"{where}.rewrite"),
+            saving_is_bound=data.get("saving_is_bound") is True,
+            saving_note=_text(data.get("saving_note", ""), f"{where}.saving_note"),
+            saving_mb=_optional_number(data.get("saving_mb"), f"{where}.saving_mb"),
         )  # fmt: skip
 
 
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected text, got {type(value).__name__}")
+class AdviceError(ValueError):
+    """A field of advice.json that is not what the advisor writes: `field: problem` (load_advice names the file)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _mapping(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise AdviceError(field, f"must be a mapping, got {type(value).__name__}")
     return value
 
 
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"expected a finite number, got {value!r}")
+def _list(value: Any, field: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise AdviceError(field, f"must be a list, got {type(value).__name__}")
+    return value
+
+
+def _texts(value: Any, field: str) -> tuple[str, ...]:
+    return tuple(_text(item, f"{field}[{index}]") for index, item in enumerate(_list(value, field)))
+
+
+def _text(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise AdviceError(field, f"expected text, got {_shown(value)}")
+    return value
+
+
+def _number(value: Any, field: str) -> float:
+    """A time, a share or a size: a finite number >= 0 (the advisor never predicts a negative saving)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise AdviceError(field, f"expected a finite number >= 0, got {_shown(value)}")
     return float(value)
 
 
-def _optional_number(value: Any) -> float | None:
-    return None if value is None else _number(value)
+def _optional_number(value: Any, field: str) -> float | None:
+    return None if value is None else _number(value, field)
 
 
-def _count(value: Any) -> int:
+def _count(value: Any, field: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"expected a count, got {value!r}")
+        raise AdviceError(field, f"expected a count (an integer >= 0), got {_shown(value)}")
     return value
 
 
@@ -141,16 +176,22 @@ class Advice:
 
     @classmethod
     def from_dict(cls, data: Any) -> Advice:
-        """Advice as advice.json holds it; TypeError, ValueError or KeyError when it is not."""
-        if not isinstance(data, dict) or not isinstance(data["findings"], list):
-            raise TypeError("not an advice document")
+        """Advice as advice.json holds it; AdviceError (a ValueError) naming the field that is not what it should be."""
+        data = _mapping(data, "the document")
+
+        def optional_text(name: str) -> str | None:
+            return None if data.get(name) is None else _text(data[name], name)
+
         return cls(
-            _text(data["run_id"]),
-            None if data.get("model") is None else _text(data["model"]),
-            None if data.get("backend") is None else _text(data["backend"]),
-            None if data.get("board") is None else _text(data["board"]),
-            _number(data["method_ms"]),
-            tuple(Finding.from_dict(item) for item in data["findings"]),
+            _text(data.get("run_id"), "run_id"),
+            optional_text("model"),
+            optional_text("backend"),
+            optional_text("board"),
+            _number(data.get("method_ms"), "method_ms"),
+            tuple(
+                Finding.from_dict(item, f"findings[{index}]")
+                for index, item in enumerate(_list(data.get("findings"), "findings"))
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:

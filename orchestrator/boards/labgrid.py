@@ -55,6 +55,7 @@ from orchestrator.boards.labgrid_session import (  # noqa: F401 - the public sur
     stopping,
 )
 from orchestrator.errors import BoardDataError, UsageError, first_line
+from orchestrator.fsutil import read_json
 from orchestrator.names import is_valid_name
 
 # ---------------------------------------------------------------- places left by a killed etlab
@@ -86,7 +87,7 @@ def _recover(session: Session, place: str) -> None:
     with open(marker.parent / "recover.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one recovery at a time, so a fresh lock is never taken for a stale one
         try:
-            note = json.loads(marker.read_text())
+            note = read_json(marker)
         except (OSError, ValueError):
             return
         if not isinstance(note, dict) or _pid_alive(int(note.get("pid", 0))):
@@ -113,7 +114,8 @@ def _note(session: Session, place: str, token: str, board: str) -> None:
 def _unnote(session: Session, place: str, token: str) -> None:
     marker = _marker(session.address, place)
     with contextlib.suppress(OSError, ValueError):
-        if json.loads(marker.read_text()).get("token") == token:
+        note = read_json(marker)
+        if isinstance(note, dict) and note.get("token") == token:
             marker.unlink()
 
 

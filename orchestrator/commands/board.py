@@ -138,9 +138,12 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
                     except BundleError as exc:
                         refused.append(str(exc))
                         continue
-                    # A bundle already on the workstation is skipped.
+                    # A bundle already on the workstation is skipped; a refused one leaves nothing here.
                     if not dest.exists():
-                        pulled.append(pull_bundle(conn, BoardWorkdir(conn.workdir).bundle(entry["run_id"]), dest))
+                        try:
+                            pulled.append(pull_bundle(conn, BoardWorkdir(conn.workdir).bundle(entry["run_id"]), dest))
+                        except BundleError as exc:
+                            refused.append(str(exc))
                 if refused:
                     raise RefusedBundles(refused, pulled)
         return pulled, len(entries)
@@ -168,7 +171,8 @@ def pull(boards: Sequence[Board], *, run_id: str | None = None, latest: bool = F
 
 
 class RefusedBundles(BundleError):
-    """Bundles a board sent that break the name rules; they stay on the board, untouched."""
+    """Bundles a board sent that break the name rules or their manifest (a file a board does not write, a hash that
+    differs); they stay on the board, untouched."""
 
     def __init__(self, reasons: list[str], pulled: list[Path]) -> None:
         extra = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import os
 import platform
 import shutil
@@ -27,7 +26,7 @@ from typing import IO
 
 from orchestrator import paths
 from orchestrator.errors import BoardError
-from orchestrator.fsutil import atomic_write_json, sha256_and_size, sha256_file
+from orchestrator.fsutil import atomic_write_json, read_json, sha256_and_size, sha256_file
 
 # Board architecture (uname -m) -> GNU triplet of Debian's cross toolchain.
 TRIPLETS = {"aarch64": "aarch64-linux-gnu", "x86_64": "x86_64-linux-gnu", "armv7l": "arm-linux-gnueabihf"}
@@ -126,7 +125,7 @@ def _complete(folder: Path, binary: Path) -> bool:
     """Whether `folder` holds a finished build: its stamp names the binary's exact size and sha256 (a binary that
     a killed build left behind, or one truncated later, is rebuilt)."""
     try:
-        stamp = json.loads((folder / COMPLETE).read_text())
+        stamp = read_json(folder / COMPLETE)
         if not isinstance(stamp, dict) or stamp.get("size") != binary.stat().st_size:
             return False
     except (OSError, ValueError):

@@ -15,6 +15,7 @@ integrity check (a corrupt file is HistoryError, exit 65, naming the file and wh
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import sqlite3
 import time
@@ -45,7 +46,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DatabaseError
 
-from orchestrator import console, paths
+from orchestrator import console, paths, strictjson
 from orchestrator.errors import EtlabError, ExitCode
 from orchestrator.results.summary import Generation
 
@@ -228,7 +229,14 @@ class History:
         self.where = describe_url(self.url)
         if self.url.startswith("sqlite:///"):
             Path(self.url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self.engine: Engine = create_engine(self.url, future=True)
+        # JSON columns hold board values (conditions, reasons): written strictly (NaN as null), read strictly
+        # (depth, numbers in range), so no row can carry what a page's JSON.parse or a reader would choke on.
+        self.engine: Engine = create_engine(
+            self.url,
+            future=True,
+            json_serializer=strictjson.dumps,
+            json_deserializer=functools.partial(strictjson.loads, where=f"the history {self.where}"),
+        )
         self.busy_seconds = busy_seconds
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", lambda dbapi, _record: _sqlite_pragmas(dbapi, busy_seconds))

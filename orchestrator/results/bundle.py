@@ -1,7 +1,9 @@
-"""Result bundles on the workstation: the manifest every file is checked against.
+"""Result bundles on the workstation: the manifest every file is checked against, and the files a bundle may hold.
 
 The board agent writes `result_manifest.json` last, with the sha256 and size of every other file; a pull
-verifies the files as they arrive, and analysis verifies them again on disk before trusting them.
+verifies the files as they arrive, and analysis verifies them again on disk before trusting them. A manifest may
+list only the files a board writes (BOARD_FILES): what etlab derives from them (analysis/, model_explorer/) never
+comes from a board, so a board cannot hand the workstation its own verdicts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,28 @@ from orchestrator.fsutil import sha256_and_size
 from orchestrator.names import is_valid_name
 
 MANIFEST = "result_manifest.json"
+# Every file a board writes into a bundle, and nothing else: the agent's (board/agent/etlab_agent/profile.py: run.json,
+# board_info_before/after.json, runner.log, the manifest; counters.py: the counters pass's four files) and the
+# runner's (--timings, --etdump, --outputs). A manifest listing any other name is refused whole (exit 65).
+# tests/results/test_board_files.py checks this list against what a real run with a counters pass leaves.
+BOARD_FILES = frozenset(
+    {
+        MANIFEST,
+        "run.json",
+        "timings.json",
+        "etdump.etdp",
+        "outputs.etlt",
+        "runner.log",
+        "board_info_before.json",
+        "board_info_after.json",
+        "counters.json",
+        "counters_etdump.etdp",
+        "counters_timings.json",
+        "counters_runner.log",
+    }
+)
+# What analysis adds to a pulled bundle: not part of what the board wrote.
+DERIVED_FOLDERS = ("analysis", "model_explorer")
 MANIFEST_MAX_BYTES = 1 << 20  # a manifest lists a few files; anything larger is not one
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -43,8 +67,21 @@ def verify_bundle(folder: Path) -> dict[str, Any]:
     return verify_manifest(folder, digests)
 
 
-# What analysis adds to a pulled bundle: not part of what the board wrote.
-DERIVED_FOLDERS = ("analysis", "model_explorer")
+def board_supplied(folder: Path) -> list[str]:
+    """The files of analysis/ or model_explorer/ that the bundle's manifest lists: a board wrote those (a bundle
+    pulled before pulls refused them), so whatever is there is not etlab's analysis. Readers of analysis results
+    refuse such a run. A folder without a manifest was never pulled: nothing in it came from a board. An unreadable
+    manifest is a BundleError: who wrote the analysis cannot be told then."""
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = strictjson.read(path, max_bytes=MANIFEST_MAX_BYTES)
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{path} is unreadable ({exc}); the run's analysis cannot be told from a board's") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    listed = files if isinstance(files, dict) else {}
+    return sorted(name for name in listed if isinstance(name, str) and name.split("/", 1)[0] in DERIVED_FOLDERS)
 
 
 def is_bundle_path(name: object) -> bool:
@@ -71,6 +108,10 @@ def parse_manifest(data: bytes, where: str) -> tuple[dict[str, Any], dict[str, F
         sha, size = (entry.get("sha256"), entry.get("size")) if isinstance(entry, dict) else (None, None)
         if not is_bundle_path(name) or name == MANIFEST:
             problems.append(f"{name!r}: not a valid file name (letters, digits, '.', '_', '-')")
+        elif name.split("/", 1)[0] in DERIVED_FOLDERS:
+            problems.append(f"{name}: analysis results are etlab's own, never a board's")
+        elif name not in BOARD_FILES:
+            problems.append(f"{name}: not a file a board writes")
         elif not isinstance(sha, str) or not _SHA256.fullmatch(sha):
             problems.append(f"{name}: manifest entry lacks a sha256 (64 lowercase hex digits)")
         elif isinstance(size, bool) or not isinstance(size, int) or size < 0:

@@ -57,13 +57,18 @@ class BundleFiles:
         return self.manifest.get("status") == "ok"
 
     @property
+    def parameters(self) -> dict[str, Any]:
+        """run.json's `parameters` (the profile's options), {} when the board wrote none or not a mapping."""
+        parameters = self.run.get("parameters")
+        return parameters if isinstance(parameters, dict) else {}
+
+    @property
     def method(self) -> str:
-        return str(self.timings.get("method") or (self.run.get("parameters") or {}).get("method") or "forward")
+        return str(self.timings.get("method") or self.parameters.get("method") or "forward")
 
     @property
     def etdump_requested(self) -> bool:
-        parameters = self.run.get("parameters") or {}
-        return self.timings.get("etdump") is not False and parameters.get("etdump") is not False
+        return self.timings.get("etdump") is not False and self.parameters.get("etdump") is not False
 
 
 def read_bundle(bundle_dir: Path) -> BundleFiles:

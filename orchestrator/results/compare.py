@@ -29,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import AnalysisError, UsageError
-from orchestrator.fsutil import atomic_write_json, read_json
+from orchestrator.fsutil import atomic_write_json, read_json, unreadable
 from orchestrator.lowering.variants import UnknownVariant, Variant
-from orchestrator.results.documents import ANALYSIS_DIR, load_summary
+from orchestrator.results.documents import ANALYSIS_DIR, NotAnalysed, load_summary
+from orchestrator.results.ops_record import InstructionTiming, OpsRecord, load_ops
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
 from orchestrator.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, Verdict, compare_samples
 from orchestrator.results.summary import Generation, Memory, RunSummary
+from orchestrator.results.validity import number_list
 from orchestrator.results.verdicts import Kind
 
 
@@ -122,7 +124,7 @@ class Comparison:
 class _Run:
     path: Path
     summary: RunSummary
-    ops: dict[str, Any]
+    ops: OpsRecord
     iterations_ms: list[float]
 
     @property
@@ -131,22 +133,28 @@ class _Run:
 
 
 def _load(run: Path) -> _Run:
+    """An analysed run: CompareError when it has not been analysed (or has no profile), AnalysisError (bad data,
+    exit 65, the file and field named) when what it holds is unreadable."""
     run = Path(run)
     try:
         summary = load_summary(run)
-    except AnalysisError as exc:
+    except NotAnalysed as exc:
         raise CompareError(str(exc), hint="run the analysis first (it writes analysis/summary.json)") from None
     ops_path = run / ANALYSIS_DIR / "ops.json"
     if not ops_path.is_file():
         raise CompareError(f"{run} has no per-operator profile ({ops_path.name}): was it run without ETDump?")
+    ops = load_ops(run)
     timings_path = run / "timings.json"
-    timings = read_json(timings_path) if timings_path.is_file() else {}
-    iterations = [float(v) for v in timings.get("iterations_ms") or [] if isinstance(v, int | float)]
-    return _Run(run, summary, read_json(ops_path), iterations)
+    try:
+        timings = read_json(timings_path) if timings_path.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise AnalysisError(unreadable(timings_path, exc)) from None
+    iterations = number_list(timings.get("iterations_ms") if isinstance(timings, dict) else None)
+    return _Run(run, summary, ops, iterations)
 
 
 def _instruction_signature(run: _Run) -> list[tuple[str, str, str | None]]:
-    return [(row["node_id"], row["kind"], row["op"]) for row in run.ops["instructions"]]
+    return [(row.node_id, row.kind, row.op) for row in run.ops.instructions]
 
 
 def scheme_of(run: _Run) -> str:
@@ -277,10 +285,9 @@ def interleaved_verdict(comparison: Comparison, result: Any) -> None:
 
 def _delegate_medians(run: _Run) -> dict[str, dict[str, float]]:
     found: dict[str, dict[str, float]] = {}
-    for delegate in run.ops.get("delegates", []):
-        if delegate.get("status") == "placed":
-            nodes = delegate["nodes"]
-            found[delegate["graph_id"]] = {n["node"]: n["median_ms"] for n in nodes if n["median_ms"] is not None}
+    for delegate in run.ops.delegates:
+        if delegate.placed:
+            found[delegate.graph_id] = {n.node: n.median_ms for n in delegate.nodes if n.median_ms is not None}
     return found
 
 
@@ -343,25 +350,24 @@ def compare_runs(
     a, b = _load(run_a), _load(run_b)
     notes = check_comparable(a, b, allow_rebuilt=allow_rebuilt)
     total = compare_samples(a.iterations_ms, b.iterations_ms, min_effect=min_effect, alpha=alpha)
-    rows_b = {row["node_id"]: row for row in b.ops["instructions"]}
+    rows_b: dict[str, InstructionTiming] = {row.node_id: row for row in b.ops.instructions}
     # Across schemes only the instructions that run the same operator in both programs are paired.
     paired = [
         row
-        for row in a.ops["instructions"]
-        if row["node_id"] in rows_b
-        and (rows_b[row["node_id"]]["kind"], rows_b[row["node_id"]]["op"]) == (row["kind"], row["op"])
+        for row in a.ops.instructions
+        if row.node_id in rows_b and (rows_b[row.node_id].kind, rows_b[row.node_id].op) == (row.kind, row.op)
     ]
-    testable = [r for r in paired if r["samples"] and rows_b[r["node_id"]]["samples"]]
+    testable = [r for r in paired if r.samples and rows_b[r.node_id].samples]
     per_op_alpha = alpha / max(1, len(testable))
     ops = []
     for row_a in paired:
-        row_b = rows_b[row_a["node_id"]]
+        row_b = rows_b[row_a.node_id]
         verdict = None
-        if row_a["samples"] and row_b["samples"]:
+        if row_a.samples and row_b.samples:
             verdict = compare_samples(
-                row_a.get("samples_ms", []), row_b.get("samples_ms", []), min_effect=min_effect, alpha=per_op_alpha
+                list(row_a.samples_ms), list(row_b.samples_ms), min_effect=min_effect, alpha=per_op_alpha
             )
-        ops.append(OpDelta(row_a["node_id"], row_a["op"], row_a["median_ms"], row_b["median_ms"], verdict))
+        ops.append(OpDelta(row_a.node_id, row_a.op, row_a.timed_median_ms, row_b.timed_median_ms, verdict))
     comparison = Comparison(
         a.path, b.path, a.run_id, b.run_id, total, a.summary.latency.median_ms, b.summary.latency.median_ms, ops, notes
     )
@@ -370,7 +376,7 @@ def compare_runs(
     comparison.generation = generation_ratios(a.summary.generation, b.summary.generation)
     comparison.verdict, comparison.verdict_detail = run_verdict(a, b, total)
     if write:
-        method = str(b.ops.get("method") or "forward")
+        method = b.ops.method or "forward"
         values = {method: {op.node_id: op.delta_ms for op in ops if op.delta_ms is not None}}
         # Delegate graphs are named after the .pte file, so different schemes never pair (their XNN nodes differ).
         medians_a, medians_b = _delegate_medians(a), _delegate_medians(b)

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import AnalysisError
+from orchestrator.errors import AnalysisError, BundleError
 from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json, unreadable
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.programs.memory import ProgramMemory
 from orchestrator.results import overlays
+from orchestrator.results.bundle import board_supplied
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
 from orchestrator.results.summary import SUMMARY_SCHEMA, Correctness, Latency, ProgramInfo, RunSummary, Validity
 
@@ -205,12 +206,36 @@ def ops_csv(profile: Profile, counters: CounterProfile | None = None) -> str:
     return buffer.getvalue()
 
 
-def load_summary(bundle_dir: Path) -> RunSummary:
-    """A bundle's analysis/summary.json, or an AnalysisError saying it has not been analysed (or is damaged)."""
-    path = Path(bundle_dir) / ANALYSIS_DIR / "summary.json"
-    if not path.is_file():
-        raise AnalysisError(f"{bundle_dir} has not been analysed (no {ANALYSIS_DIR}/summary.json)")
+def read_analysis_file(bundle_dir: Path, name: str) -> Any:
+    """One file an analysis wrote (analysis/<name>), read strictly. AnalysisError when it is unreadable, or when the
+    bundle's manifest lists analysis files: then a board supplied them (pulled before pulls refused that), and
+    nothing in analysis/ is etlab's own."""
+    bundle_dir = Path(bundle_dir)
     try:
-        return RunSummary.from_dict(read_json(path))
+        supplied = board_supplied(bundle_dir)
+    except BundleError as exc:
+        raise AnalysisError(str(exc)) from None
+    if supplied:
+        raise AnalysisError(
+            f"run {bundle_dir.name}: its board listed {', '.join(supplied[:3])} in result_manifest.json; an analysis "
+            "a board supplies is never read",
+            hint=f"delete {bundle_dir}: `fab pull` refuses such a bundle now",
+        )
+    path = bundle_dir / ANALYSIS_DIR / name
+    try:
+        return read_json(path)
     except (OSError, ValueError) as exc:
         raise AnalysisError(unreadable(path, exc)) from None
+
+
+class NotAnalysed(AnalysisError):
+    """A pulled run the analysis has not been run on (no analysis/summary.json)."""
+
+
+def load_summary(bundle_dir: Path) -> RunSummary:
+    """A bundle's analysis/summary.json: NotAnalysed when there is none, an AnalysisError naming the file and the
+    field when it is unreadable or not etlab's."""
+    path = Path(bundle_dir) / ANALYSIS_DIR / "summary.json"
+    if not path.is_file():
+        raise NotAnalysed(f"{bundle_dir} has not been analysed (no {ANALYSIS_DIR}/summary.json)")
+    return RunSummary.from_dict(read_analysis_file(bundle_dir, "summary.json"), str(path))

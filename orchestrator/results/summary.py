@@ -1,8 +1,11 @@
 """`analysis/summary.json` as types: the analysis writes a RunSummary, and every reader gets one back.
 
 The file keeps its documented layout (docs/DESIGN.md); `to_dict()` writes it and `from_dict()` reads it, refusing
-a document whose shape is wrong instead of letting `.get` chains turn it into silent `None`s. The sections whose
-content is a report in its own right (board conditions, profile) stay mappings.
+a document whose shape is wrong instead of letting `.get` chains turn it into silent `None`s: every field present
+must have the type and range an analysis writes (a time is a finite number >= 0, a count or a byte count an integer
+>= 0, never a bool), else SummaryError (exit 65) names the file and the field, so no reader crashes on it later.
+Absent and null mean unknown. The sections whose content is a report in its own right (board conditions, profile)
+stay mappings.
 """
 
 from __future__ import annotations
@@ -17,6 +20,16 @@ SUMMARY_SCHEMA = 1
 VALIDITY_LEVELS = ("valid", "degraded", "invalid")
 
 
+class SummaryError(AnalysisError):
+    """A summary.json field that is not what an analysis writes: the file, the field and what is wrong (exit 65)."""
+
+    def __init__(self, field: str, problem: str, where: str = "summary.json") -> None:
+        super().__init__(f"{where}: {field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+# Lenient value checks, for board data (generation.py, hashing_times): a value of another kind is None.
 def _float(value: Any) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
@@ -27,21 +40,97 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 def hashing_times(data: Any) -> dict[str, float | None] | None:
-    """run.json's `hashing_ms` (model, inputs), numbers only."""
-    return {key: _float(data.get(key)) for key in ("model", "inputs")} if isinstance(data, dict) else None
+    """run.json's `hashing_ms` (model, inputs): times only (a finite number >= 0), anything else unknown."""
+    if not isinstance(data, dict):
+        return None
+    times = {key: _float(data.get(key)) for key in ("model", "inputs")}
+    return {key: value if value is not None and value >= 0 else None for key, value in times.items()}
 
 
-def _mapping(data: Any, where: str) -> dict[str, Any]:
+# Strict checks, for reading summary.json back: None when absent or null, SummaryError when anything else is wrong.
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _number(value: Any, field: str, minimum: float | None = 0.0) -> float | None:
+    """A finite number (a time, a rate, a ratio: >= `minimum`, None for any sign)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SummaryError(field, f"{_shown(value)} is not a finite number")
+    if minimum is not None and value < minimum:
+        raise SummaryError(field, f"{value!r} is below {minimum:g}")
+    return float(value)
+
+
+def _share(value: Any, field: str) -> float | None:
+    """A share between 0 and 1 (an agreement, an overlap)."""
+    number = _number(value, field)
+    if number is not None and number > 1:
+        raise SummaryError(field, f"{value!r} is above 1")
+    return number
+
+
+def _count(value: Any, field: str) -> int | None:
+    """A count or a byte count: an integer >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SummaryError(field, f"{_shown(value)} is not a count (an integer >= 0)")
+    return value
+
+
+def _text(value: Any, field: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise SummaryError(field, f"{_shown(value)} is not text")
+
+
+def _flag(value: Any, field: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise SummaryError(field, f"{_shown(value)} is not true or false")
+
+
+def _mapping(data: Any, field: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise AnalysisError(f"summary.json: {where} must be a mapping, got {type(data).__name__}")
+        raise SummaryError(field, f"must be a mapping, got {type(data).__name__}")
     return data
+
+
+def _list(data: Any, field: str) -> list[Any]:
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        raise SummaryError(field, f"must be a list, got {type(data).__name__}")
+    return data
+
+
+def _texts(data: Any, field: str) -> tuple[str, ...]:
+    """A list of text (reasons, counter names): every item text."""
+    items = _list(data, field)
+    for index, item in enumerate(items):
+        if not isinstance(item, str):
+            raise SummaryError(f"{field}[{index}]", f"{_shown(item)} is not text")
+    return tuple(items)
+
+
+def _text_map(data: Any, field: str) -> dict[str, str]:
+    mapping = _mapping(data, field)
+    for key, value in mapping.items():
+        if not isinstance(value, str):
+            raise SummaryError(f"{field}.{key}", f"{_shown(value)} is not text")
+    return dict(mapping)
+
+
+def _numbers(data: Any, field: str, minimum: float | None = None) -> dict[str, float]:
+    """A mapping of names to finite numbers (thresholds, totals); null values are left out."""
+    values = {str(key): _number(value, f"{field}.{key}", minimum) for key, value in _mapping(data, field).items()}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -60,12 +149,11 @@ class WarmLatency:
         if data is None:
             return None
         fields = _mapping(data, "latency.warm")
-        values = {
-            name: _float(fields.get(name)) for name in ("min_ms", "median_ms", "mean_ms", "p90_ms", "max_ms", "cv")
-        }
+        names = ("min_ms", "median_ms", "mean_ms", "p90_ms", "max_ms", "cv")
+        values = {name: _number(fields.get(name), f"latency.warm.{name}") for name in names}
         missing = [name for name, value in values.items() if value is None]
         if missing:
-            raise AnalysisError(f"summary.json: latency.warm lacks a number for {', '.join(missing)}")
+            raise SummaryError("latency.warm", f"lacks a number for {', '.join(missing)}")
         return cls(**values)  # type: ignore[arg-type]
 
 
@@ -85,18 +173,21 @@ class Latency:
     @classmethod
     def from_dict(cls, data: Any) -> Latency:
         fields = _mapping(data, "latency")
-        stopped = fields.get("stopped_early")
+        hashing = fields.get("hashing_ms")
+        if hashing is not None:  # the agent hashing the model and the inputs
+            times = _mapping(hashing, "latency.hashing_ms")
+            hashing = {key: _number(times.get(key), f"latency.hashing_ms.{key}") for key in ("model", "inputs")}
         return cls(
-            load_ms=_float(fields.get("load_ms")),
-            method_init_ms=_float(fields.get("method_init_ms")),
-            first_run_ms=_float(fields.get("first_run_ms")),
-            warmup_runs=_int(fields.get("warmup_runs")) or 0,
-            iterations=_int(fields.get("iterations")) or 0,
-            iterations_requested=_int(fields.get("iterations_requested")),
-            stopped_early=stopped if isinstance(stopped, bool) else None,
-            threads=_int(fields.get("threads")),
+            load_ms=_number(fields.get("load_ms"), "latency.load_ms"),
+            method_init_ms=_number(fields.get("method_init_ms"), "latency.method_init_ms"),
+            first_run_ms=_number(fields.get("first_run_ms"), "latency.first_run_ms"),
+            warmup_runs=_count(fields.get("warmup_runs"), "latency.warmup_runs") or 0,
+            iterations=_count(fields.get("iterations"), "latency.iterations") or 0,
+            iterations_requested=_count(fields.get("iterations_requested"), "latency.iterations_requested"),
+            stopped_early=_flag(fields.get("stopped_early"), "latency.stopped_early"),
+            threads=_count(fields.get("threads"), "latency.threads"),
             warm=WarmLatency.from_dict(fields.get("warm")),
-            hashing_ms=hashing_times(fields.get("hashing_ms")),
+            hashing_ms=hashing,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,26 +225,23 @@ class Validity:
         fields = _mapping(data, "validity")
         status = fields.get("status")
         if status not in VALIDITY_LEVELS:
-            raise AnalysisError(f"summary.json: validity.status must be one of {', '.join(VALIDITY_LEVELS)}")
-        reasons = fields.get("reasons") or []
-        if not isinstance(reasons, list):
-            raise AnalysisError("summary.json: validity.reasons must be a list")
-        return cls(
-            status, tuple(Reason(str(r.get("level")), str(r.get("reason"))) for r in reasons if isinstance(r, dict))
-        )
+            raise SummaryError("validity.status", f"must be one of {', '.join(VALIDITY_LEVELS)}")
+        reasons = []
+        for index, item in enumerate(_list(fields.get("reasons"), "validity.reasons")):
+            where = f"validity.reasons[{index}]"
+            reason = _mapping(item, where)
+            level, text = _text(reason.get("level"), f"{where}.level"), _text(reason.get("reason"), f"{where}.reason")
+            reasons.append(Reason(str(level), str(text)))
+        return cls(status, tuple(reasons))
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "reasons": [{"level": r.level, "reason": r.reason} for r in self.reasons]}
 
 
-def _shape(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, list) and all(_int(n) is not None for n in value):
-        return tuple(value)
-    return None
-
-
-def _texts(value: Any) -> tuple[str, ...]:
-    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+def _shape(value: Any, field: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    return tuple(int(_count(n, f"{field}[{index}]") or 0) for index, n in enumerate(_list(value, field)))
 
 
 @dataclass(frozen=True)
@@ -183,22 +271,26 @@ class OutputCheck:
     @classmethod
     def from_dict(cls, data: Any, where: str) -> OutputCheck:
         fields = _mapping(data, where)
+
+        def at(name: str) -> tuple[Any, str]:
+            return fields.get(name), f"{where}.{name}"
+
         return cls(
-            name=_text(fields.get("name")) or "?",
-            kind=_text(fields.get("kind")) or "values",
-            shape=_shape(fields.get("shape")),
-            reference_shape=_shape(fields.get("reference_shape")),
-            max_abs_error=_float(fields.get("max_abs_error")),
-            max_rel_error=_float(fields.get("max_rel_error")),
-            reference_max_abs=_float(fields.get("reference_max_abs")),
-            sqnr_db=_float(fields.get("sqnr_db")),
-            non_finite=_int(fields.get("non_finite")) or 0,
-            top1_agreement=_float(fields.get("top1_agreement")),
-            top1_within_noise=_float(fields.get("top1_within_noise")),
-            top1_flips=_int(fields.get("top1_flips")),
-            top5_overlap=_float(fields.get("top5_overlap")),
-            ok=fields.get("ok") is not False,
-            problems=_texts(fields.get("problems")),
+            name=_text(*at("name")) or "?",
+            kind=_text(*at("kind")) or "values",
+            shape=_shape(*at("shape")),
+            reference_shape=_shape(*at("reference_shape")),
+            max_abs_error=_number(*at("max_abs_error")),
+            max_rel_error=_number(*at("max_rel_error")),
+            reference_max_abs=_number(*at("reference_max_abs")),
+            sqnr_db=_number(*at("sqnr_db"), minimum=None),
+            non_finite=_count(*at("non_finite")) or 0,
+            top1_agreement=_share(*at("top1_agreement")),
+            top1_within_noise=_share(*at("top1_within_noise")),
+            top1_flips=_count(*at("top1_flips")),
+            top5_overlap=_share(*at("top5_overlap")),
+            ok=_flag(*at("ok")) is not False,
+            problems=_texts(*at("problems")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,11 +305,7 @@ class OutputCheck:
 
 
 def _output_checks(value: Any, where: str) -> tuple[OutputCheck, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise AnalysisError(f"summary.json: {where} must be a list")
-    return tuple(OutputCheck.from_dict(item, f"{where}[{index}]") for index, item in enumerate(value))
+    return tuple(OutputCheck.from_dict(item, f"{where}[{index}]") for index, item in enumerate(_list(value, where)))
 
 
 @dataclass(frozen=True)
@@ -239,20 +327,22 @@ class Correctness:
     @classmethod
     def from_dict(cls, data: Any) -> Correctness:
         fields = _mapping(data, "correctness")
-        ok = fields.get("ok")
-        thresholds = _mapping(fields.get("thresholds"), "correctness.thresholds")
+
+        def at(name: str) -> tuple[Any, str]:
+            return fields.get(name), f"correctness.{name}"
+
         return cls(
-            checked=fields.get("checked") is True,
-            ok=ok if isinstance(ok, bool) else None,
-            reason=_text(fields.get("reason")),
-            max_abs_error=_float(fields.get("max_abs_error")),
-            max_rel_error=_float(fields.get("max_rel_error")),
-            sqnr_db=_float(fields.get("sqnr_db")),
-            non_finite=_int(fields.get("non_finite")) or 0,
-            top1_agreement=_float(fields.get("top1_agreement")),
-            kind_note=_text(fields.get("kind_note")),
-            thresholds={k: float(v) for k, v in thresholds.items() if _float(v) is not None},
-            outputs=_output_checks(fields.get("outputs"), "correctness.outputs"),
+            checked=_flag(*at("checked")) is True,
+            ok=_flag(*at("ok")),
+            reason=_text(*at("reason")),
+            max_abs_error=_number(*at("max_abs_error")),
+            max_rel_error=_number(*at("max_rel_error")),
+            sqnr_db=_number(*at("sqnr_db"), minimum=None),
+            non_finite=_count(*at("non_finite")) or 0,
+            top1_agreement=_share(*at("top1_agreement")),
+            kind_note=_text(*at("kind_note")),
+            thresholds=_numbers(*at("thresholds")),
+            outputs=_output_checks(*at("outputs")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,8 +366,8 @@ class ProgramInfo:
     @classmethod
     def from_dict(cls, data: Any) -> ProgramInfo:
         fields = _mapping(data, "model")
-        texts = (_text(fields.get(name)) for name in ("name", "backend", "pte", "sha256", "weights"))
-        return cls(*texts, size_bytes=_int(fields.get("size_bytes")))
+        texts = (_text(fields.get(name), f"model.{name}") for name in ("name", "backend", "pte", "sha256", "weights"))
+        return cls(*texts, size_bytes=_count(fields.get("size_bytes"), "model.size_bytes"))
 
 
 # The accuracy gate of quantized runs against fp32 eager (README "Quantized variants"). 8da4w measured 11-20 dB
@@ -311,22 +401,24 @@ class Accuracy:
         fields = _mapping(data, "accuracy")
         verdict = fields.get("verdict")
         if verdict not in ("pass", "fail", "unchecked"):
-            raise AnalysisError("summary.json: accuracy.verdict must be pass, fail or unchecked")
-        thresholds = _mapping(fields.get("thresholds"), "accuracy.thresholds")
-        reasons = fields.get("reasons") or []
+            raise SummaryError("accuracy.verdict", "must be pass, fail or unchecked")
+
+        def at(name: str) -> tuple[Any, str]:
+            return fields.get(name), f"accuracy.{name}"
+
         return cls(
-            scheme=_text(fields.get("scheme")) or "?",
+            scheme=_text(*at("scheme")) or "?",
             verdict=verdict,
-            meaningful=fields.get("meaningful") is True,
-            max_abs_error=_float(fields.get("max_abs_error")),
-            top1_agreement=_float(fields.get("top1_agreement")),
-            top1_within_noise=_float(fields.get("top1_within_noise")),
-            sqnr_db=_float(fields.get("sqnr_db")),
-            top5_overlap=_float(fields.get("top5_overlap")),
-            thresholds={k: v for k, v in thresholds.items() if _float(v) is not None},
-            reasons=tuple(str(r) for r in reasons) if isinstance(reasons, list) else (),
-            note=_text(fields.get("note")),
-            outputs=_output_checks(fields.get("outputs"), "accuracy.outputs"),
+            meaningful=_flag(*at("meaningful")) is True,
+            max_abs_error=_number(*at("max_abs_error")),
+            top1_agreement=_share(*at("top1_agreement")),
+            top1_within_noise=_share(*at("top1_within_noise")),
+            sqnr_db=_number(*at("sqnr_db"), minimum=None),
+            top5_overlap=_share(*at("top5_overlap")),
+            thresholds=_numbers(*at("thresholds")),
+            reasons=_texts(*at("reasons")),
+            note=_text(*at("note")),
+            outputs=_output_checks(*at("outputs")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -362,24 +454,29 @@ class Memory:
             return None
         fields = _mapping(data, "memory")
         phases = _mapping(fields.get("phases"), "memory.phases")
-        arenas = fields.get("planned_arenas") or []
-        if not isinstance(arenas, list):
-            raise AnalysisError("summary.json: memory.planned_arenas must be a list")
+        arenas = _list(fields.get("planned_arenas"), "memory.planned_arenas")
+
+        def count(name: str) -> int | None:
+            return _count(fields.get(name), f"memory.{name}")
+
         return cls(
-            peak_rss_bytes=_int(fields.get("peak_rss_bytes")),
+            peak_rss_bytes=count("peak_rss_bytes"),
             phases={
-                str(name): {k: _int(v) for k, v in _mapping(values, f"memory.phases.{name}").items()}
+                str(name): {
+                    str(k): _count(v, f"memory.phases.{name}.{k}")
+                    for k, v in _mapping(values, f"memory.phases.{name}").items()
+                }
                 for name, values in phases.items()
             },
-            peak_reset=fields.get("peak_reset") is True,
-            baseline_rss_bytes=_int(fields.get("baseline_rss_bytes")),
-            planned_arenas=tuple(a for a in arenas if _int(a) is not None),
-            planned_bytes=_int(fields.get("planned_bytes")),
-            constants_bytes=_int(fields.get("constants_bytes")),
-            delegate_data_bytes=_int(fields.get("delegate_data_bytes")),
-            pte_bytes=_int(fields.get("pte_bytes")),
-            peak_live_bytes=_int(fields.get("peak_live_bytes")),
-            other_bytes=_int(fields.get("other_bytes")),
+            peak_reset=_flag(fields.get("peak_reset"), "memory.peak_reset") is True,
+            baseline_rss_bytes=count("baseline_rss_bytes"),
+            planned_arenas=tuple(int(_count(a, f"memory.planned_arenas[{i}]") or 0) for i, a in enumerate(arenas)),
+            planned_bytes=count("planned_bytes"),
+            constants_bytes=count("constants_bytes"),
+            delegate_data_bytes=count("delegate_data_bytes"),
+            pte_bytes=count("pte_bytes"),
+            peak_live_bytes=count("peak_live_bytes"),
+            other_bytes=count("other_bytes"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -422,27 +519,24 @@ class Counters:
             return None
         fields = _mapping(data, "counters")
 
-        def names(key: str) -> tuple[str, ...]:
-            value = fields.get(key) or []
-            return tuple(str(v) for v in value) if isinstance(value, list) else ()
+        def at(name: str) -> tuple[Any, str]:
+            return fields.get(name), f"counters.{name}"
 
-        missing = fields.get("missing") or []
+        missing = _list(*at("missing"))
         return cls(
-            status=_text(fields.get("status")) or "failed",
-            error=_text(fields.get("error")),
-            requested=names("requested"),
-            captured=names("captured"),
-            derived=names("derived"),
-            missing=tuple(m for m in missing if isinstance(m, dict)) if isinstance(missing, list) else (),
-            threads=_int(fields.get("threads")),
-            scope=_text(fields.get("scope")) or "",
-            multiplexed=fields.get("multiplexed") is True,
-            scaling=_text(fields.get("scaling")) or "",
-            executions=_int(fields.get("executions")) or 0,
-            totals={
-                str(k): v for k, v in _mapping(fields.get("totals"), "counters.totals").items() if _float(v) is not None
-            },
-            consistency=_mapping(fields.get("consistency"), "counters.consistency"),
+            status=_text(*at("status")) or "failed",
+            error=_text(*at("error")),
+            requested=_texts(*at("requested")),
+            captured=_texts(*at("captured")),
+            derived=_texts(*at("derived")),
+            missing=tuple(_mapping(m, f"counters.missing[{index}]") for index, m in enumerate(missing)),
+            threads=_count(*at("threads")),
+            scope=_text(*at("scope")) or "",
+            multiplexed=_flag(*at("multiplexed")) is True,
+            scaling=_text(*at("scaling")) or "",
+            executions=_count(*at("executions")) or 0,
+            totals=_numbers(*at("totals")),
+            consistency=_mapping(*at("consistency")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -487,27 +581,29 @@ class Generation:
     def from_dict(cls, data: Any) -> Generation | None:
         if data is None:
             return None
-        if not isinstance(data, dict):
-            raise AnalysisError("summary.json: generation must be a mapping")
-        number = _float
-        tokens = data.get("tokens")
+        fields = _mapping(data, "generation")
+
+        def at(name: str) -> tuple[Any, str]:
+            return fields.get(name), f"generation.{name}"
+
+        tokens, text = fields.get("tokens"), fields.get("text")
+        if tokens is not None:
+            _share(_mapping(*at("tokens")).get("agreement"), "generation.tokens.agreement")
         return cls(
-            prompt_len=int(number(data.get("prompt_len")) or 0),
-            new_tokens=int(number(data.get("new_tokens")) or 0),
-            context=_int(data.get("context")),
-            generations=int(number(data.get("generations")) or 0),
-            ttft_ms=number(data.get("ttft_ms")),
-            prefill_tokens_per_s=number(data.get("prefill_tokens_per_s")),
-            decode_tokens_per_s=number(data.get("decode_tokens_per_s")),
-            token_ms={str(k): number(v) for k, v in _mapping(data.get("token_ms"), "generation.token_ms").items()},
-            load_ms=number(data.get("load_ms")),
-            kv_cache_bytes=_int(data.get("kv_cache_bytes")),
-            memory={str(k): _int(v) for k, v in _mapping(data.get("memory"), "generation.memory").items()},
-            tokens=dict(tokens) if isinstance(tokens, dict) else None,
-            prompt_source=_text(data.get("prompt_source")),
-            text={k: v for k, v in data["text"].items() if isinstance(v, str)}
-            if isinstance(data.get("text"), dict)
-            else None,
+            prompt_len=_count(*at("prompt_len")) or 0,
+            new_tokens=_count(*at("new_tokens")) or 0,
+            context=_count(*at("context")),
+            generations=_count(*at("generations")) or 0,
+            ttft_ms=_number(*at("ttft_ms")),
+            prefill_tokens_per_s=_number(*at("prefill_tokens_per_s")),
+            decode_tokens_per_s=_number(*at("decode_tokens_per_s")),
+            token_ms={str(k): _number(v, f"generation.token_ms.{k}") for k, v in _mapping(*at("token_ms")).items()},
+            load_ms=_number(*at("load_ms")),
+            kv_cache_bytes=_count(*at("kv_cache_bytes")),
+            memory={str(k): _count(v, f"generation.memory.{k}") for k, v in _mapping(*at("memory")).items()},
+            tokens=dict(tokens) if tokens is not None else None,
+            prompt_source=_text(*at("prompt_source")),
+            text=_text_map(text, "generation.text") if text is not None else None,
         )
 
     @property
@@ -566,25 +662,37 @@ class RunSummary:
     generation: Generation | None = None  # text-generation programs only
 
     @classmethod
-    def from_dict(cls, data: Any) -> RunSummary:
-        fields = _mapping(data, "the document")
+    def from_dict(cls, data: Any, where: str = "summary.json") -> RunSummary:
+        """The summary in a summary.json document (`where` names it in errors), every field checked."""
+        try:
+            return cls._from_dict(data)
+        except SummaryError as exc:
+            raise SummaryError(exc.field, exc.problem, where) from None
+
+    @classmethod
+    def _from_dict(cls, data: Any) -> RunSummary:
+        if not isinstance(data, dict):
+            raise SummaryError("the document", f"must be a mapping, got {type(data).__name__}")
+        fields = data
         if fields.get("schema") != SUMMARY_SCHEMA:
-            raise AnalysisError(f"summary.json: schema {fields.get('schema')!r} is not {SUMMARY_SCHEMA}")
-        run_id = _text(fields.get("run_id"))
+            raise SummaryError("schema", f"{_shown(fields.get('schema'))} is not {SUMMARY_SCHEMA}")
+        run_id = _text(fields.get("run_id"), "run_id")
         if not run_id:
-            raise AnalysisError("summary.json: run_id is missing")
+            raise SummaryError("run_id", "is missing")
         profile = fields.get("profile")
+        conditions = _mapping(fields.get("board_conditions"), "board_conditions")
+        _texts(conditions.get("throttling_during_run"), "board_conditions.throttling_during_run")  # the advisor's
         return cls(
             run_id=run_id,
             model=ProgramInfo.from_dict(fields.get("model")),
             latency=Latency.from_dict(fields.get("latency")),
             validity=Validity.from_dict(fields.get("validity")),
-            status=_text(fields.get("status")),
-            error=_text(fields.get("error")),
+            status=_text(fields.get("status"), "status"),
+            error=_text(fields.get("error"), "error"),
             labels=_mapping(fields.get("labels"), "labels"),
-            board=_text(fields.get("board")),
+            board=_text(fields.get("board"), "board"),
             versions=_mapping(fields.get("versions"), "versions"),
-            board_conditions=_mapping(fields.get("board_conditions"), "board_conditions"),
+            board_conditions=conditions,
             correctness=Correctness.from_dict(fields.get("correctness")),
             profile=_mapping(profile, "profile") if profile is not None else None,
             memory=Memory.from_dict(fields.get("memory")),

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.errors import AnalysisError
 from orchestrator.lowering.outputs import LOGITS, kind_from_shape, output_kind
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.results.stats import distribution
@@ -53,22 +54,41 @@ def number(value: Any) -> float | None:
     return result if math.isfinite(result) else None
 
 
+def _time(value: Any, field: str) -> float | None:
+    """A board's time in ms: a finite number, else unknown; a negative one is impossible, and refused."""
+    time = number(value)
+    if time is not None and time < 0:
+        raise AnalysisError(f"timings.json: {field}: {value!r} is a negative time")
+    return time
+
+
+def _times(value: Any, field: str) -> list[float]:
+    """A board's list of times: its finite numbers (anything else skipped); a negative one refuses the bundle."""
+    items = value if isinstance(value, list) else []
+    return [time for index, item in enumerate(items) if (time := _time(item, f"{field}[{index}]")) is not None]
+
+
+def _board_count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def latency_summary(timings: dict[str, Any] | None) -> Latency:
+    """timings.json's latency figures, as summary.json records them (what its reader accepts back)."""
     timings = timings or {}
-    warmup = number_list(timings.get("warmup_ms"))
-    iterations = number_list(timings.get("iterations_ms"))
+    warmup = _times(timings.get("warmup_ms"), "warmup_ms")
+    iterations = _times(timings.get("iterations_ms"), "iterations_ms")
     first = warmup[0] if warmup else (iterations[0] if iterations else None)
     warm = distribution(iterations)
-    requested, stopped, threads = (timings.get(k) for k in ("iterations_requested", "stopped_early", "threads"))
+    stopped = timings.get("stopped_early")
     return Latency(
-        load_ms=number(timings.get("load_ms")),
-        method_init_ms=number(timings.get("method_init_ms")),
+        load_ms=_time(timings.get("load_ms"), "load_ms"),
+        method_init_ms=_time(timings.get("method_init_ms"), "method_init_ms"),
         first_run_ms=first,
         warmup_runs=len(warmup),
         iterations=len(iterations),
-        iterations_requested=requested if isinstance(requested, int) and not isinstance(requested, bool) else None,
+        iterations_requested=_board_count(timings.get("iterations_requested")),
         stopped_early=stopped if isinstance(stopped, bool) else None,
-        threads=threads if isinstance(threads, int) and not isinstance(threads, bool) else None,
+        threads=_board_count(timings.get("threads")),
         warm=WarmLatency(warm.min, warm.median, warm.mean, warm.p90, warm.max, warm.cv) if warm else None,
     )
 

@@ -1,7 +1,9 @@
 """Pulls: a bundle folder streamed as tar over one exec channel, checked against its manifest as it arrives.
 
 The board sends `result_manifest.json` first; a file it does not list is refused, no file is written past its
-declared size, and nothing lands outside the destination (files and folders only, never links).
+declared size, and nothing lands outside the destination (files and folders only, never links). The manifest may
+list only the files a board writes (results/bundle.py BOARD_FILES), all at the top of the bundle: a pulled bundle
+holds no folder, so never an analysis/ or model_explorer/ of the board's making.
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ def extract_tar_stream(
     Only regular files and folders are accepted: links (symbolic or hard), devices and FIFOs, absolute
     paths, `..` and duplicate entries raise BundleError, and nothing is ever written outside `dest`.
     With `manifest_first` (pulls), the first member must be result_manifest.json: every later file must be
-    listed in it and is cut off as soon as it exceeds its declared size, so a board cannot fill this disk.
+    listed in it (only files a board writes: no folder) and is cut off as soon as it exceeds its declared size, so a
+    board cannot fill this disk.
     """
     digests: dict[str, FileDigest] = {}
     declared: dict[str, FileDigest] | None = None
@@ -162,6 +165,8 @@ def extract_tar_stream(
                 if member.size > limit:
                     raise BundleError(f"{where}: {relative}: size {member.size}, the manifest says {limit}")
             if member.kind == "dir":
+                if declared is not None:
+                    raise BundleError(f"{where}: archive entry {relative!r} is a folder; a board's bundle has none")
                 _make_folder(dest, parts)
             elif member.kind == "file":
                 _make_folder(dest, parts[:-1])

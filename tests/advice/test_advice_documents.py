@@ -125,5 +125,5 @@ def test_advice_json_reads_back_and_a_damaged_one_is_an_analysis_error(tmp_path:
         broken = json.loads(json.dumps(document))
         damage(broken)
         path.write_text(json.dumps(broken))
-        with pytest.raises(AnalysisError, match="not a usable advice document"):
+        with pytest.raises(AnalysisError, match=r"advice\.json: "):  # the file, then the field (or the JSON's fault)
             load_advice(tmp_path)

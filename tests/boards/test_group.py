@@ -31,14 +31,14 @@ def deploy(model: Path, results: Path):
             with stage("run"):
                 bundle = f"{conn.workdir}/bundles/r1"
                 script = (
-                    'mkdir -p "$1" && sha256sum "$2" | cut -c1-64 > "$1/out.txt" && '
-                    'printf \'{"schema": 1, "files": {"out.txt": {"sha256": "%s", "size": 65}}}\' '
-                    '"$(sha256sum "$1/out.txt" | cut -c1-64)" > "$1/result_manifest.json"'
+                    'mkdir -p "$1" && sha256sum "$2" | cut -c1-64 > "$1/runner.log" && '
+                    'printf \'{"schema": 1, "files": {"runner.log": {"sha256": "%s", "size": 65}}}\' '
+                    '"$(sha256sum "$1/runner.log" | cut -c1-64)" > "$1/result_manifest.json"'
                 )
                 conn.run(["sh", "-c", script, "sh", bundle, pushed.remote_path])
             with stage("pull"):
                 pulled = pull_bundle(conn, bundle, results / board.name / "r1")
-        return (pulled / "out.txt").read_text().strip()
+        return (pulled / "runner.log").read_text().strip()
 
     return work
 
@@ -60,7 +60,7 @@ def test_one_dead_board_is_reported_and_the_others_succeed(
     for outcome in (outcomes[0], outcomes[1], outcomes[3]):
         assert outcome.ok and outcome.error is None and outcome.value == digest
         manifest = json.loads((tmp_path / "results" / outcome.board.name / "r1" / MANIFEST).read_text())
-        assert list(manifest["files"]) == ["out.txt"]
+        assert list(manifest["files"]) == ["runner.log"]
     assert exit_code(outcomes) == ExitCode.UNAVAILABLE, "the only failure is an unreachable board"
 
     summarize(outcomes, title="deploy")

@@ -8,6 +8,7 @@ docs/DESIGN.md). It can later be swapped for orchestrator.lowering.lower plus th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import time
@@ -207,6 +208,30 @@ def edit_json(path: Path, **changes: object) -> None:
     document.update(changes)
     path.write_text(json.dumps(document))
     if path.name != "result_manifest.json" and (path.parent / "result_manifest.json").is_file():
+        remanifest(path.parent)
+
+
+# Values a board or an edited file can send that Python's json takes and etlab must refuse (issue 34.4): raw JSON text.
+NESTING_BOMB = "[" * 100_000 + "]" * 100_000
+HUGE_INTEGER = "9" * 400
+_PLANTED = "@@planted@@"
+
+
+def plant_json(path: Path, field: str, raw: str) -> None:
+    """Set `field` ("latency.warm.median_ms", "warmup_ms[0]") of a JSON file to the raw JSON text `raw` (NaN, a
+    400-digit integer, a nesting bomb: what json.dumps will not write); missing or null mappings on the way are
+    made. A board's file is re-hashed in its manifest, as if the board had written it so."""
+    document = json.loads(path.read_text())
+    parts = [int(part[1:-1]) if part.startswith("[") else part for part in re.findall(r"\[\d+\]|[^.\[\]]+", field)]
+    container = document
+    for part in parts[:-1]:
+        if isinstance(part, str) and not isinstance(container.get(part), dict | list):
+            container[part] = {}
+        container = container[part]
+    container[parts[-1]] = _PLANTED
+    path.write_text(json.dumps(document).replace(json.dumps(_PLANTED), raw))
+    manifest = path.parent / "result_manifest.json"
+    if path.parent.name not in ("analysis", "model_explorer") and path != manifest and manifest.is_file():
         remanifest(path.parent)
 
 

@@ -21,7 +21,6 @@ from orchestrator.errors import BoardError, BundleError, ExitCode
 from orchestrator.fsutil import TMP_PREFIX
 from orchestrator.lowering.artifacts import load_artifact
 from orchestrator.lowering.variants import VARIANTS
-from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.bundle import MANIFEST
 from orchestrator.results.store import new_run_id
@@ -32,19 +31,7 @@ from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
 from tests.plugins.runner import RunnerModels
 from tests.plugins.sshd import SshdBoard
-from tests.results.board_data_helpers import board_bundle, install_agent, sha
-
-
-def fab(*args: str, results: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ETLAB_RESULTS": str(results)}
-    return subprocess.run(
-        [sys.executable, "-m", "fabric", *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-
-
-def files_under(folder: Path) -> set[str]:
-    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()} if folder.exists() else set()
-
+from tests.results.board_data_helpers import board_bundle, fab, files_under, install_agent, sha
 
 # ---------------------------------------------------------------- 1. a board cannot choose where results land
 
@@ -94,7 +81,7 @@ def test_a_manifest_entry_with_a_bad_name_is_refused(sshd_board: SshdBoard, tmp_
 
 
 FAKE_TAR = r"""#!{python}
-# Test-only: a hostile board's tar. It sends a manifest declaring 1000 bytes for big.bin, then 64 MiB of it, and
+# Test-only: a hostile board's tar. It sends a manifest declaring 1000 bytes for etdump.etdp, then 64 MiB of it, and
 # records that the whole archive went out (a workstation that checks sizes while streaming stops reading first).
 import json, sys, tarfile
 out = sys.stdout.buffer
@@ -103,10 +90,10 @@ def member(name, data_size):
     info.size = data_size
     out.write(info.tobuf(format=tarfile.USTAR_FORMAT))
 manifest = json.dumps({{"schema": 1, "run_id": "big", "status": "ok",
-                       "files": {{"big.bin": {{"sha256": "0" * 64, "size": 1000}}}}}}).encode()
+                       "files": {{"etdump.etdp": {{"sha256": "0" * 64, "size": 1000}}}}}}).encode()
 member("./result_manifest.json", len(manifest))
 out.write(manifest + bytes(-len(manifest) % 512))
-member("./big.bin", 64 << 20)
+member("./etdump.etdp", 64 << 20)
 for _ in range(64):
     out.write(bytes(1 << 20))
 out.write(bytes(1024))
@@ -130,7 +117,7 @@ def test_a_pull_stops_as_soon_as_a_file_outgrows_its_manifest_entry(
     dest = tmp_path / "results" / "big"
     with (
         connect(fake.board) as conn,
-        pytest.raises(BundleError, match=r"big\.bin: size 67108864, the manifest says 1000"),
+        pytest.raises(BundleError, match=r"etdump\.etdp: size 67108864, the manifest says 1000"),
     ):
         pull_bundle(conn, "~/.etlab/bundles/big", dest)
     assert not dest.exists() and not [p for p in dest.parent.iterdir() if p.name.startswith(TMP_PREFIX)]

@@ -322,7 +322,7 @@ def test_pull_from_the_local_board(local_board: Board, tmp_path: Path) -> None:
 
 def test_local_pull_refuses_a_symlink_while_tar_is_still_writing(local_board: Board, tmp_path: Path) -> None:
     remote = Path(local_board.workdir) / "bundles" / "evil"
-    write_bundle(remote, {"a.bin": os.urandom(4 << 20), "z.bin": os.urandom(4 << 20)})
+    write_bundle(remote, {"etdump.etdp": os.urandom(4 << 20), "timings.json": os.urandom(4 << 20)})
     (remote / "link").symlink_to("/etc/passwd")
     dest = tmp_path / "results" / "evil"
     with connect(local_board) as conn, pytest.raises(BundleError, match="'link' is a symbolic link"):

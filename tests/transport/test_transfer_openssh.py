@@ -42,8 +42,8 @@ def test_auto_mode_sends_large_transfers_through_openssh_and_small_ones_through_
     (fake,) = sshd_boards(1, sshd_config=["LogLevel DEBUG1"])
     small, small_digest = make_model(tmp_path, 1 << 20, name="small.pte")
     large, large_digest = make_model(tmp_path, BULK_FROM + 1, name="large.pte")
-    write_bundle(fake.workdir_path / "bundles" / "small", {"a.bin": os.urandom(1000)})
-    write_bundle(fake.workdir_path / "bundles" / "large", {"a.bin": os.urandom(BULK_FROM + 4096)})
+    write_bundle(fake.workdir_path / "bundles" / "small", {"etdump.etdp": os.urandom(1000)})
+    write_bundle(fake.workdir_path / "bundles" / "large", {"etdump.etdp": os.urandom(BULK_FROM + 4096)})
     with connect(fake.board) as conn:
         assert conn.bulk_threshold() == BULK_FROM
         push_file(conn, small)
@@ -58,7 +58,8 @@ def test_auto_mode_sends_large_transfers_through_openssh_and_small_ones_through_
     models = fake.workdir_path / "models"
     assert sha((models / f"{large_digest}.pte").read_bytes()) == large_digest
     assert sha((models / f"{small_digest}.pte").read_bytes()) == small_digest
-    assert (tmp_path / "large" / "a.bin").read_bytes() == (fake.workdir_path / "bundles/large/a.bin").read_bytes()
+    pulled, sent = tmp_path / "large" / "etdump.etdp", fake.workdir_path / "bundles" / "large" / "etdump.etdp"
+    assert pulled.read_bytes() == sent.read_bytes()
     with connect(fake.board.replace(bulk_transfer="paramiko")) as conn:
         assert conn.bulk_threshold() is None
         push_file(conn, large, kind="again")
@@ -138,15 +139,15 @@ def test_openssh_failures_are_classified(sshd_board: SshdBoard, tmp_path: Path) 
 @pytest.mark.parametrize("bulk", BULK_MODES)
 def test_pull_recovers_when_the_link_drops_mid_stream(netns_board: NetnsBoard, tmp_path: Path, bulk: str) -> None:
     payload = os.urandom(48 << 20)
-    write_bundle(netns_board.workdir_path / "bundles" / "big", {"big.bin": payload})
+    write_bundle(netns_board.workdir_path / "bundles" / "big", {"etdump.etdp": payload})
     dest = tmp_path / "results" / "big"
     with (
-        link_cut_once(netns_board, dest.parent, f"{TMP_PREFIX}*/big.bin") as cut,
+        link_cut_once(netns_board, dest.parent, f"{TMP_PREFIX}*/etdump.etdp") as cut,
         connect(netns_board.board.replace(bulk_transfer=bulk)) as conn,
     ):
         pull_bundle(conn, "~/.etlab/bundles/big", dest, retry=RetryPolicy(attempts=8, initial_wait=1.0))
     assert cut.is_set(), "the transfer finished before the link could be cut"
-    assert (dest / "big.bin").read_bytes() == payload
+    assert (dest / "etdump.etdp").read_bytes() == payload
     assert leftovers(dest.parent) == []
     shutil.rmtree(netns_board.workdir_path / "bundles" / "big")  # pytest keeps recent temporary folders
     shutil.rmtree(dest)

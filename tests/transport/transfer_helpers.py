@@ -82,6 +82,6 @@ BUNDLE = {
     "timings.json": b'{"iterations_ms": [1.0]}',
     "etdump.etdp": os.urandom(300_000),
     "outputs.etlt": os.urandom(5000),
-    "runner.log": b"line\n",  # names inside a bundle follow the name rule; odd ones are refused (test below)
-    "sub/dir/nested.bin": b"\0" * 10,
+    "runner.log": b"line\n",  # only the files a board writes (results/bundle.py BOARD_FILES); others are refused
+    "board_info_before.json": b"\0" * 10,
 }

@@ -22,10 +22,11 @@ from orchestrator.lab.history import History, RunRecord
 from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS
 from orchestrator.results.bundle_reader import read_bundle
 from orchestrator.results.compare import CompareError, compare_runs
-from orchestrator.results.documents import load_summary
+from orchestrator.results.documents import NotAnalysed, load_summary
 from orchestrator.results.ops_record import load_ops
 from orchestrator.results.store import LocalRun, list_runs
 from orchestrator.results.summary import RunSummary
+from orchestrator.results.validity import number_list
 from orchestrator.results.verdicts import Kind
 
 TOP_OPERATORS = 12
@@ -238,55 +239,75 @@ def cells(lab: Lab) -> list[Cell]:
 # ---------------------------------------------------------------- one run
 
 
-def _advice(run_dir: Path) -> list[dict[str, Any]]:
+def _advice(run_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
     """The advisor's findings (id, title, predicted saving, fix) when an analysis or `fab advise` wrote them; a
-    damaged advice.json shows as no findings (the run page still loads)."""
+    damaged advice.json shows as no findings and why (the run page still loads)."""
     try:
         advice = load_advice(run_dir)
-    except AnalysisError:
-        return []
+    except AnalysisError as exc:
+        return [], str(exc)
     if advice is None:
-        return []
-    return [
+        return [], None
+    findings = [
         {"id": f.id, "title": f.title, "saving_ms": None if f.saving_is_bound else f.saving_ms, "fix": f.fix}
         for f in advice.findings
     ]
+    return findings, None
 
 
-def _iterations(run_dir: Path) -> tuple[list[float], list[float]]:
-    """Warm-up and timed iterations as the board's timings.json has them (numbers only)."""
+def _iterations(run_dir: Path) -> tuple[list[float], list[float], str | None]:
+    """Warm-up and timed iterations as the board's timings.json has them (finite numbers only), and why there are
+    none when the bundle cannot be read."""
     try:
         timings = read_bundle(run_dir).timings
-    except AnalysisError:
-        return [], []
-
-    def numbers(value: Any) -> list[float]:
-        return (
-            [float(v) for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
-            if isinstance(value, list)
-            else []
-        )
-
-    return numbers(timings.get("warmup_ms")), numbers(timings.get("iterations_ms"))
+    except AnalysisError as exc:
+        return [], [], str(exc)
+    return number_list(timings.get("warmup_ms")), number_list(timings.get("iterations_ms")), None
 
 
 def run_page(lab: Lab, run_id: str) -> dict[str, Any]:
-    """Everything one run's page shows."""
+    """Everything one run's page shows. A run that was pulled but not analysed, or whose files cannot be read (the
+    file and the field named), gets its page all the same, saying so: every key the page reads is always there."""
     run = lab.find(run_id)
+    summary: RunSummary | None = None
+    problem = analyse_command = None
     try:
-        summary: RunSummary | None = load_summary(run.path)
-        problem = None
+        summary = load_summary(run.path)
+    except NotAnalysed:
+        analyse_command = f"fab analyze --run {run.run_id}"
     except AnalysisError as exc:
-        summary, problem = None, str(exc)
-    warmup, iterations = _iterations(run.path)
+        problem = str(exc)
+    warmup, iterations, iterations_problem = _iterations(run.path)
+    advice, advice_problem = _advice(run.path)
     page: dict[str, Any] = {
         "run": _run_row(run),
         "problem": problem,
+        "analyse_command": analyse_command,
         "warmup_ms": warmup,
         "iterations_ms": iterations,
-        "advice": _advice(run.path),
+        "iterations_problem": iterations_problem,
+        "advice": advice,
+        "advice_problem": advice_problem,
         "explore_command": f"fab explore --run {run.run_id}",
         "previous_run": None,
+        # What the analysis says, when there is one to read: unknown until then.
+        "status": None,
+        "error": None,
+        "program": None,
+        "phases": [],
+        "warm": None,
+        "threads": None,
+        "validity": None,
+        "conditions": {},
+        "correctness": None,
+        "accuracy": None,
+        "generation": None,
+        "memory": None,
+        "counters": None,
+        "versions": {},
+        "operators": [],
+        "operators_problem": None,
+        "split": None,
     }
     earlier = [r.run_id for r in lab.runs() if (r.board, r.model, r.backend) == (run.board, run.model, run.backend)]
     if earlier.index(run.run_id) > 0:  # the comparison a static export carries too (default_pairs)

@@ -114,6 +114,11 @@ def run_page(data: dict[str, Any], links: Links) -> str:
     return render("run.html", links, f"run {data['run']['run_id']}", data)
 
 
+def problem_page(name: str, problem: str, links: Links) -> str:
+    """A page that could not be made from its data (named by `problem`: the file and the field)."""
+    return render("problem.html", links, f"{name}: cannot be shown", {"problem": problem})
+
+
 def compare_page(data: dict[str, Any], links: Links, run_ids: list[str] | None = None) -> str:
     picked = data["a"] is not None and data["b"] is not None
     title = f"compare {data['a']['run_id']} → {data['b']['run_id']}" if picked else "compare two runs"

@@ -301,7 +301,8 @@ def dashboard(c, port=None, no_browser=False, static=None, inventory=None, histo
 
     listen = options.port(8080 if port is None else port)
     folder = None if static is None else options.output_folder(static, "--static")
-    return dashboard_task(port=listen, open_browser=not no_browser, static=folder, inventory=inventory, history=history)
+    url = None if history is None else options.history(history)
+    return dashboard_task(port=listen, open_browser=not no_browser, static=folder, inventory=inventory, history=url)
 
 
 @task(help={"inventory": "inventory file with a `nightly:` section (default: inventory.yaml)",
@@ -316,4 +317,6 @@ def nightly(c, inventory=None, night=None, history=None, reports=None, wait=Fals
     75 another nightly holds the night."""
     from orchestrator.commands.common import nightly_job
 
-    return nightly_job(inventory, night, history, reports, wait=wait, record_pending=record_pending)
+    date = None if night is None else options.night(night)
+    url = None if history is None else options.history(history)
+    return nightly_job(inventory, date, url, reports, wait=wait, record_pending=record_pending)

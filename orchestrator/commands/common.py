@@ -380,18 +380,10 @@ def nightly_job(
 
     # here, not at the top: fab imports this module at start-up
     from orchestrator.boards.inventory import load_inventory
+    from orchestrator.commands.render import print_night
     from orchestrator.lab.nightlock import NightBusy
     from orchestrator.lab.nightly import record_pending_results, run_nightly
-
-    if night is not None:
-        import datetime as dt
-
-        try:
-            dt.date.fromisoformat(night)
-        except ValueError:
-            raise UsageError(f"--night must be a date like 2026-11-30, got {night!r}") from None
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.commands.render import print_night
+    from orchestrator.lab.report import ReportsFolderTaken
 
     if record_pending:
         return record_pending_results(
@@ -409,6 +401,12 @@ def nightly_job(
         )
     except NightBusy as exc:
         exc.hint = "`fab nightly --wait` waits for it, then runs only the cells it did not"
+        raise
+    except ReportsFolderTaken as exc:
+        exc.hint = (
+            "give each history its own reports folder: `reports:` in the inventory's nightly section, or --reports "
+            f"DIR (if the history itself moved, remove {exc.marker} and this one takes the folder over)"
+        )
         raise
     print_night(report)
     if "html" in report.outputs:  # the static dashboard next to the night's reports

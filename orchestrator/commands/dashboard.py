@@ -9,7 +9,7 @@ from orchestrator import console, paths
 from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.errors import InventoryError
 from orchestrator.lab.history import default_url
-from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS, load_config
+from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS, load_config, load_history_url
 from orchestrator.servers.dashboard.app import Sources, serve_dashboard
 from orchestrator.servers.dashboard.boardwatch import look
 from orchestrator.servers.dashboard.static import write_static
@@ -33,9 +33,9 @@ def sources(inventory: str | None, history: str | None, results: Path | None = N
         boards = tuple(found.boards)
         looked_at = tuple(found.boards.values())
         if found.nightly_node is not None:
-            with contextlib.suppress(InventoryError):  # a broken nightly section is `fab nightly`'s to report
-                config = load_config(found)
-                url, baseline = url or config.history_url, config.baseline_nights
+            url = url or load_history_url(found)  # a malformed one is named (exit 64), never another history shown
+            with contextlib.suppress(InventoryError):  # the rest of a broken nightly section is `fab nightly`'s
+                baseline = load_config(found).baseline_nights
     return Sources(results or paths.results_dir(), url or default_url(), None, boards, baseline, looked_at)
 
 

@@ -8,6 +8,7 @@ config.py), and names no option in its errors.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ from orchestrator.counters import parse_counters
 from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.errors import UsageError
 from orchestrator.lowering.weights import WEIGHT_MODES
+from orchestrator.names import is_night
 from orchestrator.results.summary import ACCURACY_DEFAULTS
 
 __all__ = ["ACCURACY_DEFAULTS", "MAX_THREADS", "WEIGHT_MODES", "UsageError"]  # what tasks and tests read here
@@ -190,3 +192,28 @@ def output_folder(value: Any, option: str) -> Path:
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{option} {str(folder)!r} is a file, not a folder")
     return folder
+
+
+def night(value: Any) -> str:
+    """`--night`: a date spelled YYYY-MM-DD, the one spelling (the history, the reports and the night's lock are
+    named by it: 20310101 and 2031-W01-3 would make one date several nights)."""
+    text = "" if isinstance(value, bool) else str(value).strip()
+    if is_night(text):
+        return text
+    try:
+        meant = f" (did you mean {dt.date.fromisoformat(text).isoformat()}?)"
+    except ValueError:
+        meant = ""
+    raise UsageError(f"--night must be a date spelled YYYY-MM-DD, e.g. 2026-11-30, got {value!r}{meant}")
+
+
+def history(value: Any, option: str = "--history") -> str:
+    """`--history`: a history URL, checked without connecting (history.check_url): exit 64 with the accepted forms."""
+    # here, not at the top: it loads SQLAlchemy, which fab's start-up (every task) does not need
+    from orchestrator.lab.history import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
+
+    text = "" if isinstance(value, bool) else str(value).strip()
+    try:
+        return check_url(text)
+    except BadHistoryUrl as exc:
+        raise UsageError(f"{option} {shown_url(text)!r}: {exc}", hint=f"a history is {HISTORY_FORMS}") from None

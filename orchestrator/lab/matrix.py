@@ -14,11 +14,25 @@ from yaml.nodes import Node
 
 from orchestrator import paths
 from orchestrator.boards.inventory import Board, Inventory
-from orchestrator.config import Check, Checker, boolean, choice, integer, is_null, names, number, text
+from orchestrator.config import (
+    Check,
+    Checker,
+    Invalid,
+    boolean,
+    choice,
+    integer,
+    is_null,
+    names,
+    number,
+    string,
+    text,
+    value_node,
+)
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, MIN_ROUNDS
 from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
+from orchestrator.lab.history import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
 from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest, UnknownRewrite, not_applying, parse_rewrites
 from orchestrator.lowering.spec import ModelSpec, resolve_spec
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, Variant, combine, parse_schemes
@@ -75,6 +89,28 @@ class NightlyConfig:
     accuracy: dict[str, float] = field(default_factory=lambda: dict(ACCURACY_DEFAULTS))
 
 
+def history_url(node: Node, _field: str) -> str:
+    """`history:`, checked as `--history` is (history.check_url), without connecting."""
+    url = string(node, "a history URL")
+    try:
+        return check_url(url)
+    except BadHistoryUrl as exc:
+        raise Invalid(f"{shown_url(url)!r}: {exc}; a history is {HISTORY_FORMS}") from None
+
+
+def load_history_url(inventory: Inventory) -> str | None:
+    """The nightly section's `history:` alone, checked (`file:line: nightly.history: ...`, exit 64): what `fab
+    dashboard` reads of the section, even when the rest of it has problems."""
+    node = value_node(inventory.nightly_node, "history") if inventory.nightly_node is not None else None
+    if node is None or is_null(node):
+        return None
+    checker = Checker(inventory.path)
+    url = checker.value(node, "nightly.history", history_url)
+    if checker.problems:
+        raise InventoryError("\n".join(checker.errors))
+    return url
+
+
 # Run settings a matrix entry may override; the section's own values are the defaults.
 # The same bounds as the command line's: RunParams checks nothing itself.
 _RUN_FIELDS: dict[str, Check] = {
@@ -85,7 +121,7 @@ _RUN_FIELDS: dict[str, Check] = {
     "timeout": number(0, above=True, high=MAX_SECONDS, unit="a number of seconds"),
 }
 _SECTION_FIELDS: dict[str, Check] = {
-    "history": text,
+    "history": history_url,
     "reports": text,
     "baseline_nights": integer(1),
     "min_baseline_nights": integer(1),

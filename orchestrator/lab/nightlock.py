@@ -27,6 +27,7 @@ from typing import Any
 from orchestrator import console
 from orchestrator.errors import EtlabError, ExitCode
 from orchestrator.fsutil import atomic_write_text, read_json
+from orchestrator.lab.history import HistoryError, describe_url, make_engine, problem, unreachable
 
 POLL_SECONDS = 1.0  # while waiting for another nightly (--wait)
 NOTE_SECONDS = 300.0  # repeat the "waiting for" line this often even when the holder is the same
@@ -128,17 +129,22 @@ class _FileLock(_Lock):
 
 class _PostgresLock(_Lock):
     def __init__(self, url: str, night: str) -> None:
-        from sqlalchemy import create_engine
-
-        self.engine = create_engine(url, future=True)
+        self.engine = make_engine(url)
+        self.url = url
         self.keys = {"a": _PG_KEY, "b": int(night.replace("-", ""))}
         self.night = night
         self.connection: Any = None
 
     def try_acquire(self) -> Holder | str | None:
         from sqlalchemy import text
+        from sqlalchemy.exc import DBAPIError
 
-        connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            connection = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        except DBAPIError as exc:  # checked just before (history.reach): the server went away since
+            raise unreachable(self.url, exc) or HistoryError(
+                f"the night's lock on the history {describe_url(self.url)} cannot be had: {problem(exc)}"
+            ) from None
         try:
             held = connection.execute(text("select pg_try_advisory_lock(:a, :b)"), self.keys).scalar()
             if not held:

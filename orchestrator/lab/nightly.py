@@ -14,8 +14,10 @@ Verdicts (results/verdicts.py) survive a noisy board:
 
 Exit codes: 0 all good (warnings included), 1 a confirmed regression (or a model that fails on a healthy board),
 2 an infrastructure failure (a board unreachable or lost, or a cell kept pending; takes precedence, since the night
-is incomplete). Before anything runs: 65 a corrupt history, 75 the night held by another nightly (without --wait) or
-the history locked by another writer for longer than `history_wait_seconds`.
+is incomplete), 75 a night otherwise good that left an earlier night's pending result unrecorded (a malformed file,
+kept and named). Before anything runs: 64 a reports folder that holds another history's reports, 65 a corrupt
+history, 75 a history server that cannot be reached, the night held by another nightly (without --wait) or the
+history locked by another writer for longer than `history_wait_seconds`.
 """
 
 from __future__ import annotations
@@ -37,22 +39,23 @@ from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board, Inventory
 from orchestrator.deploy.abtest import Program, interleave
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
+from orchestrator.deploy.limits import MAX_THREADS
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode, failure_code, first_line
 from orchestrator.fsutil import read_json
 from orchestrator.lab import pending
-from orchestrator.lab.history import History, RunRecord, default_url, describe_url, problem
+from orchestrator.lab.history import History, RunRecord, default_url, describe_url, problem, reach
 from orchestrator.lab.judging import confirm, judge, judge_memory
 from orchestrator.lab.matrix import NightlyConfig, load_config
 from orchestrator.lab.nightlock import night_lock
-from orchestrator.lab.report import CellVerdict, NightReport, PlaceWait, write_reports
+from orchestrator.lab.report import CellVerdict, NightReport, PlaceWait, claim_folder, write_reports
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import load_artifact
 from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
-from orchestrator.results.validity import number_list
+from orchestrator.results.validity import number, number_list
 from orchestrator.results.verdicts import Kind, exit_code
 from orchestrator.transport import connect
 
@@ -84,12 +87,10 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
             pass
         try:
             for row in read_json(cell.bundle / "analysis" / "ops.json").get("instructions", []):
-                if row.get("median_ms") is not None:
-                    ops[f"{row['chain']}:{row['instruction']}"] = (
-                        str(row.get("op") or row.get("kind")),
-                        row["median_ms"],
-                    )
-        except (OSError, ValueError, KeyError):
+                median = number(row.get("median_ms"))
+                if median is not None:
+                    ops[f"{row['chain']}:{row['instruction']}"] = (str(row.get("op") or row.get("kind")), median)
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
             ops = {}
     return RunRecord(
         run_id=cell.run_id or f"{night}-unrun-{secrets.token_hex(4)}",
@@ -106,7 +107,7 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
         stage=cell.stage if not cell.ok else None,
         versions=versions,
         pte_sha256=summary.model.sha256 if summary else None,
-        threads=(summary.latency.threads if summary else None) or threads,
+        threads=_threads(summary.latency.threads if summary else None) or threads,
         median_ms=warm.median_ms if warm else None,
         p90_ms=warm.p90_ms if warm else None,
         mean_ms=warm.mean_ms if warm else None,
@@ -120,6 +121,11 @@ def record_from_cell(cell: CellOutcome, night: str, versions: dict[str, str], th
         planned_bytes=summary.memory.planned_bytes if summary and summary.memory else None,
         generation=summary.generation if summary else None,
     )
+
+
+def _threads(reported: int | None) -> int | None:
+    """The threads a run reports, when a history can hold them (what the options allow); else the configured ones."""
+    return reported if reported is not None and 1 <= reported <= MAX_THREADS else None
 
 
 # ---------------------------------------------------------------- the night
@@ -263,16 +269,18 @@ def run_nightly(
     url = history_url or config.history_url or default_url()
     reports = reports_dir or config.reports_dir
     expanded = _expand_boards(config)
+    reach(url)  # a server that does not answer: 75 naming it, before its lock is asked for
     with night_lock(url, night, describe_url(url), wait=wait):
         history = History(url, busy_seconds=config.history_wait_seconds, check=True)
         try:
             history.wait_writable(config.history_wait_seconds)
-            _recorded, left = pending.record_pending(history, reports, held_night=night)
-            for why in left:
+            claim_folder(reports, url)  # by a history that works; another history's reports are never overwritten
+            carried = pending.record_pending(history, reports, held_night=night)
+            for why in carried.left:
                 console.warn(why)
             return _run_night(
                 config, night, history, reports, expanded,
-                artifacts_root=artifacts_root, results_root=results_root, prune=not left,
+                artifacts_root=artifacts_root, results_root=results_root, carried=carried,
             )  # fmt: skip
         finally:
             history.close()
@@ -285,16 +293,17 @@ def record_pending_results(
     75 when some still wait (the history still fails, or their night is being run)."""
     config = load_config(inventory)
     url = history_url or config.history_url or default_url()
+    reach(url)
     history = History(url, busy_seconds=config.history_wait_seconds, check=True)
     try:
         history.wait_writable(config.history_wait_seconds)
-        done, left = pending.record_pending(history, reports_dir or config.reports_dir)
+        outcome = pending.record_pending(history, reports_dir or config.reports_dir)
     finally:
         history.close()
-    console.info(f"{done} pending result(s) recorded in the history {console.escape(history.where)}")
-    for why in left:
+    console.info(f"{outcome.recorded} pending result(s) recorded in the history {console.escape(history.where)}")
+    for why in outcome.left:
         console.warn(why)
-    return ExitCode.TEMPFAIL if left else ExitCode.OK
+    return ExitCode.TEMPFAIL if outcome.left else ExitCode.OK
 
 
 def _run_night(
@@ -306,10 +315,11 @@ def _run_night(
     *,
     artifacts_root: Path | None,
     results_root: Path | None,
-    prune: bool = True,
+    carried: pending.Outcome,
 ) -> NightReport:
-    """The night's cells; `prune`: drop kept programs no baseline needs (not while results of any night are
-    pending: the history does not list their programs yet)."""
+    """The night's cells, after the earlier nights' pending results were recorded (`carried`). Kept programs no
+    baseline needs are dropped, unless results of any night are still pending: the history does not list their
+    programs yet."""
     recorder = _Recorder(history, reports, night)
     recorded = history.recorded_cells(night)
     specs: dict[str, ModelSpec] = {}
@@ -482,13 +492,16 @@ def _run_night(
             f"{len(recorder.pending)} cell(s) measured but not recorded in the history {history.where}: kept pending "
             f"in {pending.folder(reports, night)}; `fab nightly --record-pending` records them"
         )
-    elif prune:
+    elif not carried.left:
         with contextlib.suppress(SQLAlchemyError):
             _keep_baselines_only(history, config)
     infrastructure_ok = all(o.ok for o in outcomes) and not recorder.pending
     code = exit_code((v.verdict for v in verdicts), infrastructure_ok=infrastructure_ok)
+    if code == ExitCode.OK and carried.left_behind:
+        code = ExitCode.TEMPFAIL  # tonight is good, but earlier results still wait to be recorded: say so
     report = NightReport(night, verdicts, trends, code, skipped, places=places,
                          pending=sorted(recorder.pending), pending_dir=pending.folder(reports, night),
+                         left_behind=carried.left_behind,
                          advised=[pair for entry in config.entries for pair in entry.advised_pairs()])  # fmt: skip
     report.outputs = write_reports(report, reports)
     return report

@@ -2,9 +2,11 @@
 and `fab nightly --record-pending` (or the next nightly) records it.
 
     <reports>/nightly-<night>/pending/<board>--<model>--<backend>.json
-        {"schema": 1, "history": <the history's holder id>, "record": <RunRecord fields, verdict included>}
+        {"schema": 1, "history": <the history's holder id>, "record": RunRecord.to_dict()}
 
-The file names the history it belongs to (a hash of its URL), so another history never records it.
+The file names the history it belongs to (a hash of its URL), so another history never records it. A file is read
+back through the history's own record reader (RunRecord.from_dict): a damaged or edited one is reported with its
+file and field, kept (nothing is lost, it can be mended) and skipped; it never stops the other files nor a nightly.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -21,9 +24,30 @@ from orchestrator.fsutil import atomic_write_json, read_json
 from orchestrator.lab import nightlock
 from orchestrator.lab.history import History, RunRecord, problem
 from orchestrator.lowering.programs import holder_id
+from orchestrator.names import is_night
+from orchestrator.strictjson import JsonDataError
 
 SCHEMA = 1
-_FIELDS = {f.name for f in dataclasses.fields(RunRecord)}
+
+
+@dataclass
+class Outcome:
+    """What `record_pending` did: how many it recorded, and why the others are still pending."""
+
+    recorded: int = 0
+    malformed: list[str] = field(default_factory=list)  # files that cannot be read as a record: kept, named
+    unrecorded: list[str] = field(default_factory=list)  # the history still fails to record them
+    waiting: list[str] = field(default_factory=list)  # their night is being run by another nightly, which has them
+
+    @property
+    def left(self) -> list[str]:
+        """Every reason a pending result is still there."""
+        return [*self.malformed, *self.unrecorded, *self.waiting]
+
+    @property
+    def left_behind(self) -> list[str]:
+        """Pending results that nobody else will record: a nightly that leaves them says so (exit 75)."""
+        return [*self.malformed, *self.unrecorded]
 
 
 def folder(reports_dir: Path, night: str) -> Path:
@@ -36,62 +60,65 @@ def path_of(reports_dir: Path, record: RunRecord) -> Path:
 
 
 def write(reports_dir: Path, history_url: str, record: RunRecord) -> Path:
-    """Keep the record (written atomically: a kill leaves the previous version or none)."""
-    data = dataclasses.asdict(record)
-    data["ops"] = {key: list(value) for key, value in record.ops.items()}
-    data["created_at"] = (record.created_at or dt.datetime.now(dt.timezone.utc)).isoformat()
+    """Keep the record (written atomically: a kill leaves the previous version or none), with the time it was
+    measured: recorded later, it keeps it."""
+    stamped = dataclasses.replace(record, created_at=record.created_at or dt.datetime.now(dt.timezone.utc))
     path = path_of(reports_dir, record)
-    atomic_write_json(path, {"schema": SCHEMA, "history": holder_id(history_url), "record": data})
+    atomic_write_json(path, {"schema": SCHEMA, "history": holder_id(history_url), "record": stamped.to_dict()})
     return path
 
 
-def _load(path: Path, history: str) -> RunRecord | None:
-    """The record in a pending file of this history; None for another history's file. ValueError when unreadable."""
+def load(path: Path, history: str) -> RunRecord | None:
+    """The record in a pending file of the history whose holder id is `history`; None for another history's file.
+    JsonDataError (naming the file and the field) for anything else: unreadable, not a pending file, a record that
+    does not read back as one, or one of another night than its folder's."""
     try:
         document = read_json(path)
-    except (OSError, ValueError, RecursionError) as exc:
-        raise ValueError(f"{path}: unreadable: {exc}") from None
-    if (
-        not isinstance(document, dict)
-        or document.get("schema") != SCHEMA
-        or not isinstance(document.get("record"), dict)
-    ):
-        raise ValueError(f"{path}: not a pending nightly result")
-    if document.get("history") != history:
+    except OSError as exc:
+        raise JsonDataError(str(path), f"unreadable: {exc.strerror or exc}") from None
+    if not isinstance(document, dict):
+        raise JsonDataError(str(path), "not a pending nightly result (expected a mapping)")
+    if document.get("schema") != SCHEMA:
+        raise JsonDataError(str(path), f"not a pending nightly result of schema {SCHEMA}", "schema")
+    if not isinstance(document.get("history"), str):
+        raise JsonDataError(str(path), "expected the id of the history it belongs to", "history")
+    if document["history"] != history:
         return None
-    data = {key: value for key, value in document["record"].items() if key in _FIELDS}
-    try:
-        data["ops"] = {str(key): (str(name), float(ms)) for key, (name, ms) in (data.get("ops") or {}).items()}
-        data["created_at"] = dt.datetime.fromisoformat(data["created_at"]) if data.get("created_at") else None
-        return RunRecord(**data)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ValueError(f"{path}: malformed record: {exc}") from None
+    record = RunRecord.from_dict(document.get("record"), str(path), "record")
+    night = path.parent.parent.name.removeprefix("nightly-")
+    if is_night(night) and record.night != night:  # its night's lock is the one held while it is recorded
+        raise JsonDataError(str(path), f"{record.night} is not the night of its folder, {night}", "record.night")
+    return record
 
 
 def nights_pending(reports_dir: Path) -> list[str]:
-    return sorted(p.parent.name.removeprefix("nightly-") for p in reports_dir.glob("nightly-*/pending"))
+    """The nights with a pending folder (a folder whose name is no night is not etlab's: left alone)."""
+    nights = (p.parent.name.removeprefix("nightly-") for p in reports_dir.glob("nightly-*/pending"))
+    return sorted(night for night in nights if is_night(night))
 
 
-def record_pending(history: History, reports_dir: Path, *, held_night: str | None = None) -> tuple[int, list[str]]:
-    """Record every pending result of this history; returns (how many were recorded, why some were left).
+def record_pending(history: History, reports_dir: Path, *, held_night: str | None = None) -> Outcome:
+    """Record every pending result of this history.
 
     The night `held_night` is ours (its lock is held); another night whose nightly runs now is left for later."""
     mine = holder_id(history.url)
-    recorded, left = 0, []
+    outcome = Outcome()
     for night in nights_pending(reports_dir):
         files = sorted(folder(reports_dir, night).glob("*.json"))
         if not files:
             continue
         lock = None if night == held_night else nightlock.try_night(history.url, night)
         if night != held_night and lock is None:
-            left.append(f"night {night} is being run by another nightly: its pending results wait for it to end")
+            outcome.waiting.append(
+                f"night {night} is being run by another nightly: its pending results wait for it to end"
+            )
             continue
         try:
             for path in files:
                 try:
-                    record = _load(path, mine)
-                except ValueError as exc:
-                    left.append(str(exc))
+                    record = load(path, mine)
+                except JsonDataError as exc:
+                    outcome.malformed.append(f"{exc} (the file is kept: mend or remove it)")
                     continue
                 if record is None:
                     continue
@@ -102,10 +129,10 @@ def record_pending(history: History, reports_dir: Path, *, held_night: str | Non
                     console.warn(f"{label}: a later run of the night recorded the cell; the pending copy is dropped "
                                  f"(its bundle stays: {record.bundle_path})")  # fmt: skip
                 except SQLAlchemyError as exc:
-                    left.append(f"{label}: still not recorded: {problem(exc)}")
-                    return recorded, left  # the history fails: the rest would too
+                    outcome.unrecorded.append(f"{label}: still not recorded: {problem(exc)}")
+                    return outcome  # the history fails: the rest would too
                 else:
-                    recorded += 1
+                    outcome.recorded += 1
                     console.info(console.escape(f"recorded the pending result of {label}"))
                 path.unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # the night's folder goes once nothing is pending
@@ -114,4 +141,4 @@ def record_pending(history: History, reports_dir: Path, *, held_night: str | Non
         finally:
             if lock is not None:
                 lock.release()
-    return recorded, left
+    return outcome

@@ -2,6 +2,11 @@
 
 Plots are rendered with matplotlib (Agg) to PNG and embedded as data URIs, so the report is one
 self-contained file that can be mailed or archived.
+
+A reports folder holds the reports of one history: `nightly-<night>.*` and `dashboard-<night>/` are named by the
+night alone, so two histories sharing a folder would overwrite each other's nights. The first nightly to write a
+folder names its history in `history.json` there (claim_folder); a nightly of another history is refused before it
+runs anything, and a re-run of the same history rewrites only its own night.
 """
 
 from __future__ import annotations
@@ -9,15 +14,28 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.fsutil import atomic_write_text
-from orchestrator.lab.history import RunRecord
+from orchestrator.errors import UsageError
+from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json
+from orchestrator.lab.history import RunRecord, describe_url, history_id
 from orchestrator.results.verdicts import Kind
+from orchestrator.strictjson import JsonDataError
+
+OWNER_FILE = "history.json"  # in a reports folder: the history whose reports it holds
+
+
+class ReportsFolderTaken(UsageError):
+    """The reports folder holds the nightly reports of another history (exit 64: give each history its own)."""
+
+    def __init__(self, message: str, marker: Path) -> None:
+        super().__init__(message)
+        self.marker = marker  # the folder's history.json: whose reports it holds
 
 
 @dataclass(frozen=True)
@@ -109,6 +127,8 @@ class NightReport:
     pending_dir: Path | None = None
     # (as exported, advised) program names of the matrix's `advised` entries: shown side by side
     advised: list[tuple[str, str]] = field(default_factory=list)
+    # Earlier nights' pending results this nightly could not record (a malformed file, kept): why, one per result
+    left_behind: list[str] = field(default_factory=list)
 
     @property
     def pending_note(self) -> str | None:
@@ -119,6 +139,13 @@ class NightReport:
             f"them. They are kept in {self.pending_dir}; `fab nightly --record-pending` (or the next nightly) "
             f"records them: {', '.join(_label(cell) for cell in self.pending)}."
         )
+
+    @property
+    def left_behind_note(self) -> str | None:
+        if not self.left_behind:
+            return None
+        reasons = "; ".join(self.left_behind)
+        return f"{len(self.left_behind)} result(s) of earlier nights are still pending, not recorded: {reasons}"
 
     @property
     def regressions(self) -> list[CellVerdict]:
@@ -339,6 +366,9 @@ def render_html(report: NightReport) -> str:
         f"{_count(len(report.warnings), 'warnings (drift, unconfirmed, inconclusive)', 'drift')}, "
         f"{_count(len(report.failures), 'failures', 'failed')}</p>",
         f"<p id='pending' class='failed'>{html.escape(report.pending_note)}</p>" if report.pending_note else "",
+        f"<p id='left-behind' class='failed'>{html.escape(report.left_behind_note)}</p>"
+        if report.left_behind_note
+        else "",
         "<h2>Tonight</h2><table id='tonight'><tr><th>board</th><th>model</th><th>backend</th><th>median ms</th>"
         "<th>baseline ms</th><th>change</th><th>peak MB</th><th>verdict</th><th>validity</th><th>bundle</th></tr>",
     ]
@@ -452,6 +482,7 @@ def render_markdown(report: NightReport) -> str:
         f"{len(report.warnings)} warnings, {len(report.failures)} failures, {len(report.skipped)} already recorded.",
         "",
         *([f"**Not recorded**: {report.pending_note}", ""] if report.pending_note else []),
+        *([f"**Still pending**: {report.left_behind_note}", ""] if report.left_behind_note else []),
         "| board | model | backend | median ms | baseline ms | change | peak MB | verdict | validity |",
         "|---|---|---|---:|---:|---:|---:|---|---|",
     ]
@@ -530,6 +561,36 @@ def render_junit(report: NightReport) -> str:
         elif item.verdict == "infra":
             ET.SubElement(case, "error", message=item.record.error or "", type=item.record.stage or "infra")
     return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True) + "\n"
+
+
+def claim_folder(folder: Path, history_url: str) -> None:
+    """Make sure `folder` holds this history's reports: claimed by the first nightly to write there (history.json,
+    created at once, so two nightlies starting together cannot both claim it); ReportsFolderTaken when another
+    history holds it, before the nightly runs anything."""
+    marker = folder / OWNER_FILE
+    mine = history_id(history_url)
+    if not marker.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        draft = folder / f".{OWNER_FILE}.{os.getpid()}"
+        atomic_write_json(draft, {"schema": 1, "history": mine, "where": describe_url(history_url)})
+        try:
+            os.link(draft, marker)  # fails if another nightly claimed it meanwhile: its claim stands
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink(missing_ok=True)
+    try:
+        owner = read_json(marker)
+    except (OSError, JsonDataError) as exc:
+        raise JsonDataError(str(marker), f"cannot say whose reports {folder} holds ({exc})") from None
+    if not isinstance(owner, dict) or not isinstance(owner.get("history"), str):
+        raise JsonDataError(str(marker), f"cannot say whose reports {folder} holds (no history id)", "history")
+    if owner["history"] != mine:
+        raise ReportsFolderTaken(
+            f"the reports folder {folder} holds the nightly reports of the history {owner.get('where') or '?'}; "
+            f"this nightly's history is {describe_url(history_url)}: its reports of a night would overwrite theirs",
+            marker,
+        )
 
 
 def write_reports(report: NightReport, folder: Path) -> dict[str, Path]:

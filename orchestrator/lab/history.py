@@ -58,9 +58,9 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, DBAPIError
 
 from orchestrator import console, paths, strictjson
 from orchestrator.deploy.limits import MAX_THREADS
-from orchestrator.errors import AnalysisError, EtlabError, ExitCode
+from orchestrator.errors import EtlabError, ExitCode
 from orchestrator.names import is_night
-from orchestrator.results.summary import VALIDITY_LEVELS, Generation
+from orchestrator.results.summary import VALIDITY_LEVELS, Generation, SummaryError
 from orchestrator.results.verdicts import Kind
 from orchestrator.strictjson import MAX_MAGNITUDE, JsonDataError
 
@@ -380,9 +380,8 @@ class _RecordReader:
     def generation(self) -> Generation | None:
         try:  # summary.json's own typed reader: a record holds what a run's summary said
             return Generation.from_dict(self.data.get("generation"))
-        except AnalysisError as exc:  # "summary.json: generation.token_ms must be a mapping, got list"
-            name, _, problem = str(exc).removeprefix("summary.json: ").partition(" ")
-            raise self.fail(name, problem) from None
+        except SummaryError as exc:  # field "generation.token_ms", problem "must be a mapping, got list"
+            raise self.fail(exc.field, exc.problem) from None
 
     def record(self) -> RunRecord:
         return RunRecord(

@@ -41,6 +41,7 @@ from orchestrator.config import (
 )
 from orchestrator.errors import SpecError
 from orchestrator.names import is_valid_name
+from orchestrator.strictjson import MAX_MAGNITUDE
 
 # fill-mask and causal-lm give one position's logits [B, vocab]; the others the head's first output as the user
 # would export it (logits, or the last hidden state for feature-extraction and speech-encoder).
@@ -55,6 +56,7 @@ DEFAULT_CONTEXT = 256  # a text-generation program's KV cache capacity when the 
 MAX_CONTEXT = 32768  # the largest KV cache a spec or `--context` may ask for
 DEFAULT_NEW_TOKENS = 32
 IMAGE_INPUT = "pixel_values"
+_LONG_INTEGER = re.compile(r"-?\d{19,}")  # may pass int64; shorter ones cannot
 INPUT_NAMES = ("input_ids", "attention_mask")  # the text inputs every text model takes (token_type_ids: some)
 TEXT_INPUTS = (*INPUT_NAMES, "token_type_ids")
 # Every input a spec may declare: its dtype and ranks ([B, seq], [B, 3, H, W], input_values a waveform [B, samples]
@@ -849,6 +851,25 @@ def _field_node(root: Node, key: str) -> Node | None:
     return node
 
 
+def _huge_numbers(root: Node) -> list[tuple[Node, str]]:
+    """Every integer of the spec beyond ±(2**63-1) (a 400-digit vocab_size), with its field path."""
+    found: list[tuple[Node, str]] = []
+    pending: list[tuple[Node, str]] = [(root, "")]
+    while pending:
+        node, name = pending.pop()
+        if isinstance(node, MappingNode):
+            pending += [(value, f"{name}.{key.value}" if name else str(key.value)) for key, value in node.value]
+        elif isinstance(node, SequenceNode):
+            pending += [(item, f"{name}[{index}]") for index, item in enumerate(node.value)]
+        elif (
+            isinstance(node, ScalarNode)
+            and _LONG_INTEGER.fullmatch(node.value)
+            and abs(int(node.value)) > MAX_MAGNITUDE
+        ):
+            found.append((node, name))
+    return sorted(found, key=lambda item: line_of(item[0]))
+
+
 def load_spec_file(path: Path) -> ModelSpec:
     """Parse and validate a user spec; every error names the file, the line and the field."""
 
@@ -874,6 +895,10 @@ def load_spec_file(path: Path) -> ModelSpec:
     except (RecursionError, yaml.YAMLError) as exc:  # PyYAML recurses once per level of nesting
         raise fail(f"{path}: lists or objects nested too deeply") from exc
     checker = _SpecChecker(path)
+    for node, name in _huge_numbers(root):
+        checker.error(node, name, f"a number of {len(str(node.value).lstrip('-'))} digits, beyond any size or id")
+    if checker.problems:  # nothing downstream has to guard its arithmetic against them
+        raise fail("\n".join(checker.errors))
     source_name = data.get("source", DEFAULT_SOURCE)
     source = SOURCES.get(source_name) if isinstance(source_name, str) else None
     if source is None:

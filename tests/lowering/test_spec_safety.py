@@ -244,7 +244,10 @@ def test_pretrained_overrides_never_reach_from_pretrained_as_keywords(
         (spec_data("gpt2", task="fill-mask", mask_token_id=3), "task", "causal-lm"),
         (spec_data(config={**DISTILBERT_TINY, "activation": "swishy"}), "config", "cannot be built"),
         (spec_data(config={**DISTILBERT_TINY, "vocab_size": 10**9}), "config.vocab_size", "available memory"),
-        (spec_data(config={**DISTILBERT_TINY, "vocab_size": 10**30}), "config.vocab_size", "available memory"),
+        (spec_data(config={**DISTILBERT_TINY, "vocab_size": 2**63 - 1}), "config.vocab_size", "available memory"),
+        (spec_data(config={**DISTILBERT_TINY, "vocab_size": 10**400}), "config.vocab_size", "401 digits, beyond any"),
+        (spec_data(config={**DISTILBERT_TINY, "dim": -(10**30)}), "config.dim", "31 digits, beyond any"),
+        (spec_data(seq_len=10**19), "seq_len", "20 digits, beyond any"),
         (spec_data(config={**DISTILBERT_TINY, "n_layers": 10**9}), "config.n_layers", "available memory"),
     ],
 )

@@ -137,7 +137,8 @@ def test_deploy_and_profile_on_local_and_two_sshd_boards(
             assert list((bundle / "model_explorer").glob("me_overlay_*.json"))
     assert result.stdout.count("×") >= 3, "XNNPACK speedup over portable per board"
     # Every analysis prints its top findings, one line each, and writes them with their overlays.
-    assert re.search(r"\[local\] distilbert-tiny/xnnpack advice: F1 .* → --rewrites eager-attention", result.stderr)
+    # Findings are ranked by measured saving, so which one is F1 depends on timings: any rank will do.
+    assert re.search(r"\[local\] distilbert-tiny/xnnpack advice: F\d .* → --rewrites eager-attention", result.stderr)
     assert "predicted total" in result.stderr
     advised = found[("local", "distilbert-tiny", "xnnpack")][0]
     assert json.loads((advised / "analysis" / "advice.json").read_text())["findings"]

@@ -19,6 +19,7 @@ from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.user_programs import reference_outputs_of
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.compare import RebuiltProgram, compare_runs, interleaved_verdict
+from orchestrator.results.documents import refuse_board_supplied
 from orchestrator.results.overlays import write_program_overlays
 from orchestrator.results.store import LocalRun, find_run
 from orchestrator.results.verdicts import Kind
@@ -88,6 +89,8 @@ def explore(
     else:
         run = find_run(latest=True)
         name = run.model
+    if run:
+        refuse_board_supplied(run.path)  # overlays a board wrote are never shown as etlab's
     paths = ArtifactPaths.for_model(name)
     present, missing = program_models(paths)
     if not present:

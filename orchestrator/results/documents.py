@@ -206,11 +206,9 @@ def ops_csv(profile: Profile, counters: CounterProfile | None = None) -> str:
     return buffer.getvalue()
 
 
-def read_analysis_file(bundle_dir: Path, name: str) -> Any:
-    """One file an analysis wrote (analysis/<name>), read strictly. AnalysisError when it is unreadable, or when the
-    bundle's manifest lists analysis files: then a board supplied them (pulled before pulls refused that), and
-    nothing in analysis/ is etlab's own."""
-    bundle_dir = Path(bundle_dir)
+def refuse_board_supplied(bundle_dir: Path) -> None:
+    """AnalysisError when the bundle's manifest lists analysis/ or model_explorer/ files: a board supplied them
+    (pulled before pulls refused that), so nothing there is etlab's own, overlays included."""
     try:
         supplied = board_supplied(bundle_dir)
     except BundleError as exc:
@@ -221,6 +219,14 @@ def read_analysis_file(bundle_dir: Path, name: str) -> Any:
             "a board supplies is never read",
             hint=f"delete {bundle_dir}: `fab pull` refuses such a bundle now",
         )
+
+
+def read_analysis_file(bundle_dir: Path, name: str) -> Any:
+    """One file an analysis wrote (analysis/<name>), read strictly. AnalysisError when it is unreadable, or when the
+    bundle's manifest lists analysis files: then a board supplied them (pulled before pulls refused that), and
+    nothing in analysis/ is etlab's own."""
+    bundle_dir = Path(bundle_dir)
+    refuse_board_supplied(bundle_dir)
     path = bundle_dir / ANALYSIS_DIR / name
     try:
         return read_json(path)

@@ -107,7 +107,11 @@ def test_an_analysis_a_board_supplied_is_never_read(tmp_path: Path) -> None:
     legacy_run(results, first)
     legacy_run(results, second)
 
-    for command in (("advise", "--run", second), ("compare", first, second)):
+    for command in (
+        ("advise", "--run", second),
+        ("compare", first, second),
+        ("explore", "--run", second, "--no-browser"),
+    ):
         done = fab(*command, results=results)
         output = done.stdout + done.stderr
         assert done.returncode == ExitCode.DATA, output

@@ -82,6 +82,14 @@ def test_no_import_cycles_between_modules() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+def test_an_import_of_a_module_from_its_package_is_an_edge_to_that_module() -> None:
+    """`from orchestrator.commands import options` imports the module options, not the package: an edge the cycle
+    test must see (it missed advise -> common -> options -> advise when this was read as the package)."""
+    imported = {target for _, target in _imports(PACKAGE / "commands" / "common.py")}
+    assert {"orchestrator.commands.options", "orchestrator.console", "orchestrator.interrupts"} <= imported
+    assert "orchestrator.commands" not in imported and "orchestrator" not in imported
+
+
 def test_layer_table_names_every_package() -> None:
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert packages == set(LAYERS) - {"shared"}

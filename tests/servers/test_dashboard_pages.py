@@ -71,6 +71,7 @@ def test_a_page_added_to_pages_is_exported(hello_page: pages.Page, tmp_path: Pat
 
 def test_the_shipped_pages_are_rows_of_pages() -> None:
     assert list(pages.PAGES) == ["overview", "trend", "run", "compare"]
+    assert len({page.route for page in pages.PAGES.values()} | {"assets", "explore"}) == len(pages.PAGES) + 2
     links, files = pages.Links(), pages.Links(static=True)
     assert (links.overview(), files.overview()) == ("/", "index.html")
     assert (links.run("r1"), files.run("r1")) == ("/run/r1", "run-r1.html")

@@ -84,12 +84,12 @@ def main() -> None:
 
         def overview() -> None:
             history = History(url)
-            pages.overview_page(data.overview(data.Lab(None, history)), links)
+            pages.render_page("overview", data.overview(data.Lab(None, history)), links)
             history.close()
 
         def trend() -> None:
             history = History(url)
-            pages.trend_page(data.trend(data.Lab(None, history), grid[-1]), links)
+            pages.render_page("trend", data.trend(data.Lab(None, history), grid[-1]), links)
             history.close()
 
         first = timed(overview, 1)  # the templates compiled too, as on a server's first page

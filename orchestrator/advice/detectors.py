@@ -176,7 +176,7 @@ def _gemm_ms(nodes_of: Iterable[tuple[str, float]]) -> float:
 
 
 def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
-    if facts.sidecar is None or facts.sidecar.variant.scheme.quantized:
+    if facts.sidecar is None or not facts.sidecar.variant.peers:  # a quantized program: nothing to quantize
         return []
     gemms = [(d.graph_id, node) for d in facts.ops.delegates for node in d.nodes if node.type in GEMM_TYPES]
     measured = sum(node.mean_ms for _, node in gemms)
@@ -189,8 +189,9 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
     if facts.quantized_peer is not None:
         quantized = _gemm_ms((n.type, n.mean_ms) for d in facts.quantized_peer.delegates for n in d.nodes)
         saving = max(0.0, measured - quantized)
-        note = f"measured: the same layers in run {facts.quantized_peer.run_id} ({facts.quantized_peer_backend})"
-    scheme = (facts.quantized_peer_backend or "xnnpack-int8-dynamic").removeprefix("xnnpack-")
+        note = f"measured: the same layers in run {facts.quantized_peer.run_id} ({facts.quantized_peer_variant})"
+    # The measured peer's scheme, else the first the program's scheme names.
+    scheme = (facts.quantized_peer_variant or facts.sidecar.variant.peers[0]).scheme.name
     return [Finding(
         "", "quantize", "fp32 matmuls and convolutions dominate", tuple(sorted({node.type for _, node in gemms})),
         {graph: tuple(ids) for graph, ids in nodes.items()}, len(gemms), measured, _share(facts, measured),

@@ -1,6 +1,6 @@
 """A run's facts for the advisor, read from the results folder and the artifacts: its profile (ops.json), summary,
 the sidecar of the program it ran (when it is still that build), the spec it was lowered from, and the same model's
-int8 run on the same board (for a measured quantization saving)."""
+quantized run on the same board (for a measured quantization saving; which schemes count: quantize.Scheme.peers)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from orchestrator.lowering.artifacts import Artifact
 from orchestrator.lowering.lowered import spec_from_record
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
+from orchestrator.lowering.variants import Variant
 from orchestrator.results.documents import load_summary
 from orchestrator.results.ops_record import OpsRecord, load_ops
 from orchestrator.results.store import LocalRun, list_runs
-
-QUANTIZED_PEERS = ("xnnpack-int8-dynamic", "xnnpack-int8-static", "xnnpack-8da4w")  # the measured saving's order
 
 
 def _spec_of(artifact: Artifact) -> ModelSpec | None:
@@ -29,13 +28,13 @@ def _spec_of(artifact: Artifact) -> ModelSpec | None:
         return None
 
 
-def _quantized_peer(run: LocalRun, root: Path | None) -> tuple[OpsRecord | None, str | None]:
-    """The newest analysed int8 run of the same model on the same board (int8-dynamic first)."""
+def _quantized_peer(run: LocalRun, variant: Variant, root: Path | None) -> tuple[OpsRecord | None, Variant | None]:
+    """The newest analysed run of the same model on the same board of one of `variant`'s peers (in their order)."""
     runs = [r for r in list_runs(root) if r.board == run.board and r.model == run.model]
-    for backend in QUANTIZED_PEERS:
-        for peer in reversed([r for r in runs if r.backend == backend]):
+    for peer_variant in variant.peers:
+        for peer in reversed([r for r in runs if r.backend == peer_variant.name]):
             try:
-                return load_ops(peer.path), backend
+                return load_ops(peer.path), peer_variant
             except AnalysisError:
                 continue
     return None, None
@@ -58,7 +57,7 @@ def run_facts(
                          "are not this run's, so the findings that need them are skipped")  # fmt: skip
     else:
         notes.append("no artifact for this run's program: findings from the profile alone")
-    peer, peer_backend = (None, None)
-    if sidecar is not None and not sidecar.variant.scheme.quantized:
-        peer, peer_backend = _quantized_peer(run, results_root)
-    return RunFacts(ops, summary, sidecar, spec, peer, peer_backend), notes
+    peer, peer_variant = (None, None)
+    if sidecar is not None:
+        peer, peer_variant = _quantized_peer(run, sidecar.variant, results_root)
+    return RunFacts(ops, summary, sidecar, spec, peer, peer_variant), notes

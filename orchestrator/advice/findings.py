@@ -14,6 +14,7 @@ from typing import Any
 
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.variants import Variant
 from orchestrator.results.ops_record import OpsRecord
 from orchestrator.results.summary import RunSummary
 
@@ -138,14 +139,15 @@ def _count(value: Any, field: str) -> int:
 @dataclass(frozen=True)
 class RunFacts:
     """What the detectors read. `sidecar` and `spec` are None for a program etlab did not lower (`--pte`);
-    `quantized_peer` is the same model's int8 run on the same board, when one was measured."""
+    `quantized_peer` is the same model's quantized run on the same board (of a scheme among the program's scheme's
+    peers, quantize.Scheme.peers), when one was measured, and `quantized_peer_variant` the program it ran."""
 
     ops: OpsRecord
     summary: RunSummary
     sidecar: Sidecar | None = None
     spec: ModelSpec | None = None
     quantized_peer: OpsRecord | None = None
-    quantized_peer_backend: str | None = None
+    quantized_peer_variant: Variant | None = None
 
     @property
     def applied_rewrites(self) -> tuple[str, ...]:

@@ -3,7 +3,6 @@ rewrites on the board. Every analysis also prints the top findings in one line e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import console
@@ -13,8 +12,8 @@ from orchestrator.advice.facts import run_facts
 from orchestrator.advice.findings import Advice, RunFacts
 from orchestrator.advice.trial import try_rewrites
 from orchestrator.commands.common import find_artifact, select_boards
+from orchestrator.commands.options import TrialOptions
 from orchestrator.commands.render_advice import print_advice_lines, render_advice, render_trial
-from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
@@ -52,16 +51,6 @@ def advise_quietly(run: LocalRun, who: str = "", results_root: Path | None = Non
         return None
     print_advice_lines(advice, who)
     return advice
-
-
-@dataclass(frozen=True)
-class TrialOptions:
-    """`--try` and what goes with it, checked at the edge."""
-
-    each: bool = False  # one A/B per rewrite too
-    rounds: int = DEFAULT_ROUNDS
-    retest_seconds: float = DEFAULT_RETEST_SECONDS
-    inventory: str | None = None
 
 
 def advise_task(

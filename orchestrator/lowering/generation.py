@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from orchestrator.lowering.quantize import apply_8da4w
+from orchestrator.lowering.quantize import Scheme
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.spec_errors import spec_failure
 from orchestrator.lowering.weights import RANDOM_SEED
@@ -171,37 +171,19 @@ def _deterministic_metadata(program: Any) -> None:
             }
 
 
-def quantizer(scheme: Any, context: int) -> Any:
-    """How a text-generation program is quantized, as ExecuTorch's LLM recipe does it (torchao `quantize_` on the
-    HuggingFace model, then the export above): 8da4w schemes get 8-bit per-row embeddings first, then int4 grouped
-    linears; int8-dynamic gets int8 per-channel linears with dynamic int8 activations (8da8w). The eager module is
-    quantized once (the wrapper holds the model twice: through the cache too)."""
+def quantizer(scheme: Scheme, context: int) -> Any:
+    """How a text-generation program is quantized: the scheme's own LLM recipe (quantize.LlmRecipe) on the
+    HuggingFace model, then the export above. The eager module is quantized once (the wrapper holds the model twice:
+    through the cache too). A scheme without a recipe never gets here: the lowering refuses it first (exit 64)."""
+    recipe = scheme.llm
+    if recipe is None:
+        raise ValueError(f"{scheme.name} has no text-generation recipe")
 
     def apply(module: GenerationModule, example_args: tuple, _calibration: Any, _quantizer: Any) -> Any:
-        from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
-        from torchao.quantization.granularity import PerAxis
-
-        model = module.model
-        if scheme.group_size is not None:
-            embeddings = IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
-            quantize_(model, embeddings, filter_fn=lambda child, _: isinstance(child, torch.nn.Embedding))
-            apply_8da4w(model, scheme.group_size)
-        else:
-            linears = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
-            quantize_(model, linears, filter_fn=lambda child, _: isinstance(child, torch.nn.Linear))
+        recipe.apply(module.model)
         return export(module, example_args, context)
 
     return apply
-
-
-def quantization_method(scheme: Any) -> str:
-    """What `quantizer` does for `scheme`, as the sidecar records it."""
-    if scheme.group_size is not None:
-        return (
-            "torchao quantize_ (ExecuTorch's LLM recipe): IntxWeightOnlyConfig(int8, PerAxis(0)) embeddings, then "
-            f"Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({scheme.group_size})) linears"
-        )
-    return "torchao quantize_: Int8DynamicActivationIntxWeightConfig(int8 weights, PerAxis(0)) linears (8da8w)"
 
 
 def kv_cache_bytes(module: GenerationModule) -> int:

@@ -38,6 +38,7 @@ from orchestrator.lowering.export_errors import EXPORT, TO_EDGE, TO_EXECUTORCH, 
 from orchestrator.lowering.outputs import eager_outputs, output_records
 from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
 from orchestrator.lowering.quantize import (
+    LLM_SCHEMES,
     calibration_from_file,
     calibration_samples,
     generated_calibration,
@@ -174,6 +175,7 @@ def lower(
     # `auto` that became pretrained since the last (random) lowering gets a new key, so it is redone.
     choice = resolve_weights(spec, weights)
     variants = tuple(dict.fromkeys(variants))
+    _check_llm_recipes(spec, variants)
     keys = {variant: cache_key(spec, variant, choice.mode, etrecord, calibration_sha, rewrites) for variant in variants}
 
     missing = []
@@ -191,11 +193,6 @@ def lower(
     # worker starts or a cached sidecar is invalidated.
     kind = _check_inputs(spec, choice, calibration)
     calibrated = [variant.scheme.name for variant in missing if variant.scheme.calibrated]
-    if spec.generates and calibrated:
-        raise SpecError(
-            f"{spec.name}: {', '.join(calibrated)} calibrates fixed-shape inputs; a text-generation program takes a "
-            "prompt, then one token at a time: quantize it with int8-dynamic, 8da4w or 8da4w-g128"
-        )
     if calibrated and calibration is None:
         console.loud_warning(
             f"{spec.name}: {', '.join(calibrated)} is calibrated on {_GENERATED_CALIBRATION[kind]}, deterministic.\n"
@@ -638,9 +635,21 @@ def _quantized_program(
         quantized = quantize(
             module, example_args, scheme, calibration=calibration, calibration_source=source, apply=apply
         )
-    if task.spec.generates:
-        quantized.report["method"] = generation.quantization_method(scheme)
+    if task.spec.generates and scheme.llm is not None:  # the recipe that quantized it
+        quantized.report["method"] = scheme.llm.method
     return quantized.program, quantized.report
+
+
+def _check_llm_recipes(spec: ModelSpec, variants: Sequence[Variant]) -> None:
+    """A text-generation program takes only the schemes that carry an LLM recipe: any other is refused (exit 64),
+    never given another scheme's recipe."""
+    refused = [variant.scheme.name for variant in variants if variant.quantized and variant.scheme.llm is None]
+    if spec.generates and refused:
+        raise SpecError(
+            f"{spec.name}: {', '.join(refused)} has no recipe for a text-generation program (a text-generation "
+            "program takes a prompt, then one token at a time): quantize it with "
+            + " or ".join(scheme.name for scheme in LLM_SCHEMES)
+        )
 
 
 def _lower_program(

@@ -50,8 +50,21 @@ Apply = Callable[[Any, tuple, list[tuple] | None, Any], Any]
 
 
 @dataclass(frozen=True)
+class LlmRecipe:
+    """How a scheme quantizes a text-generation program, as ExecuTorch's LLM recipe does: torchao `quantize_` on the
+    eager HuggingFace model, in place, before generation.py exports it with its KV cache."""
+
+    method: str  # what it does, as the sidecar records it
+    apply: Callable[[Any], None]  # (model) -> None; module-level (or a partial of one): workers unpickle it
+
+
+@dataclass(frozen=True)
 class Scheme:
-    """One `--quantize` choice. `none` is fp32: no `apply`, and its programs keep their plain backend names."""
+    """One `--quantize` choice. `none` is fp32: no `apply`, and its programs keep their plain backend names.
+
+    A scheme without `llm` is refused for a text-generation program (exit 64), never given another scheme's recipe.
+    `peers` are the schemes whose runs (same model, same board) measure what quantizing this scheme's program would
+    save, in the advisor's order of preference."""
 
     name: str
     method: str  # how it quantizes, as the sidecar records it
@@ -61,6 +74,8 @@ class Scheme:
     apply: Apply | None = None
     calibrated: bool = False  # fitted on calibration samples (`--calibration FILE`, else generated ones)
     group_size: int | None = None  # grouped int4 weights: the group along the input features
+    llm: LlmRecipe | None = None  # its recipe for a text-generation program; None: refused for one
+    peers: tuple[str, ...] = ()  # names of schemes in SCHEMES
 
     @property
     def quantized(self) -> bool:
@@ -322,6 +337,27 @@ def apply_8da4w(model: Any, group: int = GROUP_SIZE) -> None:
     quantize_(model, config, filter_fn=groupable)
 
 
+def _llm_8da4w(model: Any, group: int) -> None:
+    """8-bit per-row embeddings, then int4 grouped linears (`-qmode 8da4w -E 8,0`)."""
+    import torch
+    from torchao.quantization import IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerAxis
+
+    embeddings = IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
+    quantize_(model, embeddings, filter_fn=lambda child, _: isinstance(child, torch.nn.Embedding))
+    apply_8da4w(model, group)
+
+
+def _llm_8da8w(model: Any) -> None:
+    """int8 per-channel linears with dynamic int8 activations (8da8w); embeddings stay float."""
+    import torch
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerAxis
+
+    linears = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+    quantize_(model, linears, filter_fn=lambda child, _: isinstance(child, torch.nn.Linear))
+
+
 _DEQUANTIZE = ("dequantize_per_channel", "dequantize_per_tensor", "dequantize_affine", "dequantize")
 _PASS_THROUGH = ("t.default", "permute", "transpose", "view", "reshape", "_to_copy", "clone")
 
@@ -411,45 +447,56 @@ def _calibration_record(scheme: Scheme, calibration: list[tuple] | None, source:
 # The registry: every scheme, in the order the CLI lists them. Its costs are full-size DistilBERT's lowering
 # seconds (bench/README.md: fp32 XNNPACK 23 s, int8-dynamic 37 s, int8-static 53 s, 8da4w 44 s).
 
-FP32 = Scheme("none", "none (fp32)", fully_connected="fp32 x fp32", convolution="fp32 x fp32", relative_cost=1.0)
-SCHEMES: dict[str, Scheme] = {
-    scheme.name: scheme
-    for scheme in (
-        FP32,
+_QUANTIZED_SCHEMES = (
+    Scheme(
+        "int8-dynamic",
+        "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, dynamic int8 activations), "
+        "prepare_pt2e/convert_pt2e",
+        fully_connected="qdint8 x qcint8",
+        convolution="qdint8 x qcint8",  # some Conv2d only: depthwise and 1-D ones stay fp32 (README)
+        relative_cost=1.6,
+        apply=_int8_dynamic,
+        llm=LlmRecipe(
+            "torchao quantize_: Int8DynamicActivationIntxWeightConfig(int8 weights, PerAxis(0)) linears (8da8w)",
+            _llm_8da8w,
+        ),
+    ),
+    Scheme(
+        "int8-static",
+        "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, static int8 activations), "
+        "prepare_pt2e + calibration + convert_pt2e",
+        fully_connected="qint8 x qcint8",
+        convolution="qint8 x qcint8",
+        relative_cost=2.3,
+        apply=_int8_static,
+        calibrated=True,
+    ),
+    *(
         Scheme(
-            "int8-dynamic",
-            "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, dynamic int8 activations), "
-            "prepare_pt2e/convert_pt2e",
-            fully_connected="qdint8 x qcint8",
-            convolution="qdint8 x qcint8",  # some Conv2d only: depthwise and 1-D ones stay fp32 (README)
-            relative_cost=1.6,
-            apply=_int8_dynamic,
-        ),
-        Scheme(
-            "int8-static",
-            "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, static int8 activations), "
-            "prepare_pt2e + calibration + convert_pt2e",
-            fully_connected="qint8 x qcint8",
-            convolution="qint8 x qcint8",
-            relative_cost=2.3,
-            apply=_int8_static,
-            calibrated=True,
-        ),
-        *(
-            Scheme(
-                name,
-                f"torchao quantize_: Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({group}))",
-                fully_connected="qdint8 x qbint4",
-                convolution="fp32 x fp32",  # quantize_ here takes linears only
-                relative_cost=1.9,
-                apply=functools.partial(_8da4w, group=group),  # a module-level function: workers unpickle it
-                group_size=group,
-            )
-            for name, group in (("8da4w", GROUP_SIZE), ("8da4w-g128", LLM_GROUP_SIZE))
-        ),
-    )
-}
+            name,
+            f"torchao quantize_: Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({group}))",
+            fully_connected="qdint8 x qbint4",
+            convolution="fp32 x fp32",  # quantize_ here takes linears only
+            relative_cost=1.9,
+            apply=functools.partial(_8da4w, group=group),  # a module-level function: workers unpickle it
+            group_size=group,
+            llm=LlmRecipe(
+                "torchao quantize_ (ExecuTorch's LLM recipe): IntxWeightOnlyConfig(int8, PerAxis(0)) embeddings, "
+                f"then Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({group})) linears",
+                functools.partial(_llm_8da4w, group=group),
+            ),
+        )
+        for name, group in (("8da4w", GROUP_SIZE), ("8da4w-g128", LLM_GROUP_SIZE))
+    ),
+)
+# fp32's peers: every quantized scheme, int8-dynamic first (the registry's order).
+FP32 = Scheme(
+    "none", "none (fp32)", fully_connected="fp32 x fp32", convolution="fp32 x fp32", relative_cost=1.0,
+    peers=tuple(scheme.name for scheme in _QUANTIZED_SCHEMES),
+)  # fmt: skip
+SCHEMES: dict[str, Scheme] = {scheme.name: scheme for scheme in (FP32, *_QUANTIZED_SCHEMES)}
 QUANTIZED = tuple(scheme for scheme in SCHEMES.values() if scheme.quantized)
+LLM_SCHEMES = tuple(scheme for scheme in QUANTIZED if scheme.llm is not None)  # those a text-generation program takes
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -45,6 +45,11 @@ class Variant:
         return self.scheme.quantized
 
     @property
+    def peers(self) -> tuple[Variant, ...]:
+        """The programs whose runs measure what quantizing this one would save: its scheme's peers, in order."""
+        return tuple(Variant(QUANTIZED_ON, SCHEMES[name]) for name in self.scheme.peers)
+
+    @property
     def relative_cost(self) -> float:
         """Lowering seconds relative to fp32 XNNPACK, for the order of a parallel lowering."""
         return _BACKEND_COST[self.backend] * self.scheme.relative_cost

@@ -16,6 +16,7 @@ from orchestrator.advice.advisor import advise
 from orchestrator.advice.detectors import DETECTORS, SDPA_MASK_OPERATORS
 from orchestrator.advice.findings import Advice
 from orchestrator.lowering.rewrites import REWRITES
+from orchestrator.lowering.variants import Variant
 from orchestrator.results.ops_record import OpsRecord
 from tests.advice.advice_helpers import facts_of, recorded
 
@@ -142,7 +143,9 @@ def test_quantization_saving_is_measured_or_not_predicted() -> None:
     alone = by_kind(advise(facts_of(raw)))["quantize"]
     assert alone.saving_ms is None and "no int8 run" in alone.saving_note
     peer = OpsRecord.from_dict(_gemm_profile(raw, 0.4))
-    measured = by_kind(advise(facts_of(raw, quantized_peer=peer, quantized_peer_backend="xnnpack-int8-dynamic")))
+    measured = by_kind(
+        advise(facts_of(raw, quantized_peer=peer, quantized_peer_variant=Variant.parse("xnnpack-int8-dynamic")))
+    )
     assert measured["quantize"].saving_ms == pytest.approx(gemm * 0.6)
     assert measured["quantize"].fix.startswith("--quantize int8-dynamic")
 

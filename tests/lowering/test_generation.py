@@ -6,6 +6,7 @@ LLM recipe does (8da4w with 8-bit embeddings, int8-dynamic), the sidecar naming 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 from pathlib import Path
@@ -15,9 +16,11 @@ import numpy as np
 import pytest
 
 from orchestrator.errors import SpecError
+from orchestrator.lowering import generation
 from orchestrator.lowering import lower as lowerer
+from orchestrator.lowering.quantize import LLM_SCHEMES, SCHEMES, LlmRecipe
 from orchestrator.lowering.spec import BUILTIN_SPECS, GENERATION_TASK, load_spec_file
-from orchestrator.lowering.variants import Variant
+from orchestrator.lowering.variants import QUANTIZED_ON, Variant
 from orchestrator.tensorfile import read_tensors
 from tests.lowering.spec_helpers import GPT2_TINY, checked
 from tests.lowering.test_huggingface_specs import write
@@ -145,6 +148,33 @@ def test_int8_static_is_refused_for_a_language_model_before_it_loads(tmp_path: P
         lowerer.lower(BUILTIN_SPECS["smollm2-gen-tiny"], variants=[Variant.parse("xnnpack-int8-static")],
                       weights="random", root=tmp_path)  # fmt: skip
     assert not list(tmp_path.rglob("*.pte"))
+
+
+def test_a_scheme_without_an_llm_recipe_is_refused_not_given_another(tmp_path: Path) -> None:
+    """A new scheme whose row names no LLM recipe: exit 64 for a text-generation model, before it loads (it used to
+    get int8-dynamic's 8da8w recipe silently)."""
+    new = dataclasses.replace(SCHEMES["int8-dynamic"], name="int8-new", llm=None)
+    with pytest.raises(SpecError, match="int8-new has no recipe for a text-generation program") as refused:
+        lowerer.lower(BUILTIN_SPECS["smollm2-gen-tiny"], variants=[Variant(QUANTIZED_ON, new)], weights="random",
+                      root=tmp_path)  # fmt: skip
+    assert refused.value.exit_code == 64
+    assert all(scheme.name in str(refused.value) for scheme in LLM_SCHEMES)  # what to use instead
+    assert not list(tmp_path.rglob("*.pte"))
+
+
+def test_a_scheme_s_own_recipe_is_what_a_language_model_gets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """generation.quantizer applies the scheme's row and nothing else: a scheme's LLM recipe is one row."""
+    calls: list[str] = []
+    scheme = dataclasses.replace(SCHEMES["int8-dynamic"], name="int8-new", llm=LlmRecipe("a recipe", calls.append))
+    monkeypatch.setattr(generation, "export", lambda module, args, context: ("exported", module.model, context))
+
+    class Wrapped:
+        model = "the model"
+
+    assert generation.quantizer(scheme, 8)(Wrapped(), (), None, None) == ("exported", "the model", 8)
+    assert calls == ["the model"]
+    with pytest.raises(ValueError, match="has no text-generation recipe"):
+        generation.quantizer(dataclasses.replace(scheme, llm=None), 8)
 
 
 def _word_tokenizer(folder: Path, words: list[str]) -> Path:

@@ -3,6 +3,7 @@ and every variant's on-disk name reads back as the same variant. No torch, no lo
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -14,8 +15,8 @@ from orchestrator.errors import InventoryError, UsageError
 from orchestrator.lab.matrix import load_config
 from orchestrator.lowering import quantize
 from orchestrator.lowering.artifacts import BACKENDS, QUANTIZED_BACKENDS
-from orchestrator.lowering.quantize import FP32, QUANTIZED, SCHEMES
-from orchestrator.lowering.variants import VARIANTS, UnknownVariant, Variant, combine, parse_schemes
+from orchestrator.lowering.quantize import FP32, LLM_SCHEMES, QUANTIZED, SCHEMES
+from orchestrator.lowering.variants import QUANTIZED_ON, VARIANTS, UnknownVariant, Variant, combine, parse_schemes
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.boards import write_inventory
 
@@ -72,6 +73,40 @@ def test_every_scheme_is_complete() -> None:
             scheme.name if scheme.quantized else "fp32"
         )
     assert [scheme.name for scheme in SCHEMES.values() if scheme.calibrated] == ["int8-static"]
+    # Its LLM recipe (or none: refused for text-generation) and its peers, all in the row.
+    assert [scheme.name for scheme in QUANTIZED if scheme.llm is None] == ["int8-static"]
+    assert all(scheme.llm.method for scheme in LLM_SCHEMES)
+    assert FP32.peers == tuple(scheme.name for scheme in QUANTIZED)  # any quantized run measures fp32's saving
+    assert all(not scheme.peers for scheme in QUANTIZED)
+
+
+def _string_literals(tree: ast.AST) -> list[ast.Constant]:
+    """Every string constant of a module but its docstrings (which may show a name as an example)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_no_code_spells_a_quantized_backend_name() -> None:
+    """`xnnpack-<scheme>` is built by Variant.name and read back by Variant.parse only: a literal elsewhere (a
+    hand-kept list of schemes, a prefix stripped by hand) is a place a new scheme would be forgotten."""
+    prefix = f"{QUANTIZED_ON}-"
+    spelled = []
+    for path in sorted((PROJECT_ROOT / "orchestrator").rglob("*.py")):
+        for node in _string_literals(ast.parse(path.read_text(encoding="utf-8"))):
+            if node.value == prefix or any(name in node.value for name in QUANTIZED_BACKENDS):
+                spelled.append(f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}: {node.value[:60]!r}")
+    assert not spelled, "quantized backend names spelled out:\n" + "\n".join(spelled)
 
 
 def test_quantize_refuses_fp32() -> None:

@@ -137,7 +137,7 @@ def test_a_damaged_analysis_file_is_a_record_or_an_analysis_error(results: Path,
         assert f"{name}: " in str(exc), str(exc)  # the file, then the field or the JSON's fault
 
     # Whatever was read is used without a crash: the dashboard's page (its JSON block strict), compare, the advisor.
-    page = pages.run_page(data_of(results, RUN_B), pages.Links())
+    page = pages.render_page("run", data_of(results, RUN_B), pages.Links())
     (block,) = PAGE_DATA.findall(page)
     strict(block)
     try:

@@ -172,7 +172,7 @@ def test_trend_holds_every_night_and_marks_changes(history_file: Path) -> None:
 def test_either_source_alone(tmp_path: Path, history_file: Path) -> None:
     absent = tmp_path / "nothing" / "history.sqlite"
     empty = Sources(tmp_path / "no-results", f"sqlite:///{absent}")
-    page = pages.overview_page(data.overview(empty.lab()), pages.Links())
+    page = pages.render_page("overview", data.overview(empty.lab()), pages.Links())
     assert "No nightly history" in page and "No pulled runs" in page
     assert not absent.exists()  # the dashboard reads: it never creates a history
     only_history = Sources(tmp_path / "no-results", f"sqlite:///{history_file}")

@@ -167,31 +167,16 @@ class DashboardApp:
             return self._page(parts, path, query)
 
     def _page(self, parts: list[str], path: str, query: dict[str, str]) -> Response:
-        lab = self.sources.lab()
-        if not parts:
-            live = self.watch.snapshot() if self.watch is not None else None
-            page = pages.overview_page(data.overview(lab, self.sources.inventory_boards, live), self.links)
-        elif parts[0] == "trend" and len(parts) == 2:
-            page = pages.trend_page(data.trend(lab, self._cell(lab, parts[1])), self.links)
-        elif parts[0] == "run" and len(parts) == 2:
-            page = pages.run_page(data.run_page(lab, parts[1]), self.links)
-        elif parts == ["compare"]:
-            run_ids = [run.run_id for run in reversed(lab.runs())]
-            if "a" in query and "b" in query:
-                found = data.compare_page(lab, query["a"], query["b"])
-            else:
-                found = {"a": None, "b": None}
-            page = pages.compare_page(found, self.links, run_ids)
-        else:
+        """The page of PAGES the path names: its route, then its params (in the path, or a form's query)."""
+        route, given = (parts[0], parts[1:]) if parts else ("", [])
+        page = next((page for page in pages.PAGES.values() if page.route == route), None)
+        if page is None or len(given) != (0 if page.query else len(page.params)):
             raise data.NotFound(f"no page {path!r}")
-        return "200 OK", HTML, page.encode(), []
-
-    @staticmethod
-    def _cell(lab: data.Lab, key: str) -> data.Cell:
-        for cell in data.cells(lab):
-            if data.cell_key(cell) == key:
-                return cell
-        raise data.NotFound("no such cell in the history")
+        if page.query:  # all of them, or none: the page is its form alone
+            given = [query[name] for name in page.params] if all(name in query for name in page.params) else []
+        live = self.watch.snapshot() if self.watch is not None else None
+        site = pages.Site(self.sources.lab(), self.sources.inventory_boards, live)
+        return "200 OK", HTML, page.render(site, given, self.links).encode(), []
 
     @staticmethod
     def _redirect(url: str) -> Response:

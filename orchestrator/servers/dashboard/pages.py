@@ -5,11 +5,16 @@ escapes `<`, `>`, `&` and `'`, so no board-controlled string can close the block
 and Infinity as null (strictjson.dumps), so the block always parses; the page's one script (assets/dashboard.js)
 parses the block and hands the values to Plotly. No value is ever concatenated into JavaScript. Links come from a
 `Links` object, so the same templates serve the live server and the static export.
+
+A page is one row of `PAGES` (its route, data, template and static export): the live server (app.py), the static
+export (static.py) and the links read it, so adding a page is adding a row (and its template, when no existing one
+fits).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +23,9 @@ from urllib.parse import quote, urlencode
 import jinja2
 
 from orchestrator import strictjson
+from orchestrator.deploy.board_status import BoardStatus
+from orchestrator.names import is_valid_name
+from orchestrator.servers.dashboard import data
 from orchestrator.servers.dashboard.data import VERDICT_ORDER
 
 ASSETS_DIR = Path(__file__).parent / "assets"
@@ -45,23 +53,25 @@ def asset(name: str) -> bytes:
 @dataclass(frozen=True)
 class Links:
     """Where each page lives: routes of the live server, or files of a static export (relative, so the folder
-    opens from file:// anywhere)."""
+    opens from file:// anywhere). `links.<page>(*params)` is the link to a page of PAGES (`links.run(run_id)`)."""
 
     static: bool = False
 
-    def overview(self) -> str:
-        return "index.html" if self.static else "/"
-
-    def trend(self, key: str) -> str:
-        return f"trend-{key}.html" if self.static else f"/trend/{quote(key, safe='')}"
-
-    def run(self, run_id: str) -> str:
-        return f"run-{run_id}.html" if self.static else f"/run/{quote(run_id, safe='')}"
-
-    def compare(self, run_a: str, run_b: str) -> str:
+    def to(self, name: str, *params: str) -> str:
+        """The link to page `name` of PAGES named by `params` (none: a page that takes none, or a form's page)."""
+        page = PAGES[name]
         if self.static:
-            return f"compare-{run_a}--{run_b}.html"
-        return "/compare?" + urlencode({"a": run_a, "b": run_b})
+            return page.file_name(params)
+        if not page.route:
+            return "/"
+        if page.query:
+            return f"/{page.route}" + ("?" + urlencode(dict(zip(page.params, params, strict=True))) if params else "")
+        return "/" + "/".join([page.route, *(quote(value, safe="") for value in params)])
+
+    def __getattr__(self, name: str) -> Callable[..., str]:
+        if name.startswith("_") or name not in PAGES:
+            raise AttributeError(name)
+        return functools.partial(self.to, name)
 
     def asset(self, name: str) -> str:
         return f"assets/{name}" if self.static else f"/assets/{name}"
@@ -100,26 +110,111 @@ def render(template: str, links: Links, title: str, data: dict[str, Any], **cont
     )
 
 
-def overview_page(data: dict[str, Any], links: Links) -> str:
-    return render("overview.html", links, "etlab lab overview", data)
+@dataclass
+class Site:
+    """What a page is made from: the lab (read once per page load, or once per static export), the inventory's board
+    names and a look at the boards (the overview's)."""
+
+    lab: data.Lab
+    inventory_boards: tuple[str, ...] = ()
+    live: Mapping[str, BoardStatus] | None = None
+
+    @functools.cached_property
+    def cells(self) -> dict[str, data.Cell]:
+        """The history's cells by key (read once: a static export makes a trend page per cell)."""
+        return {data.cell_key(cell): cell for cell in data.cells(self.lab)}
 
 
-def trend_page(data: dict[str, Any], links: Links) -> str:
-    cell = data["cell"]
-    title = f"{cell['board']} · {cell['model']} · {cell['backend']}: night by night"
-    return render("trend.html", links, title, data)
+@dataclass(frozen=True)
+class Page:
+    """One dashboard page: a row of PAGES is all the live server, the static export and the links know of it.
+
+    `route` is its URL's first segment (the overview's: ""); `params` name one page: path segments after the route,
+    or with `query` the query string's fields (as a form sends them; without them the page is the form alone).
+    `assemble(site, *params)` is its data (data.NotFound: a 404), rendered by `template` under `title(data)`, with
+    `context(site)` as more template values. `exported(site)` lists the params of every page of it a static export
+    writes, as `<route>-<params joined by -->.html` (the overview: index.html); None: none is exported."""
+
+    route: str
+    params: tuple[str, ...]
+    assemble: Callable[..., dict[str, Any]]
+    template: str
+    title: Callable[[dict[str, Any]], str]
+    exported: Callable[[Site], Iterable[tuple[str, ...]]] | None = None
+    query: bool = False
+    context: Callable[[Site], dict[str, Any]] | None = None
+
+    def file_name(self, params: Sequence[str]) -> str:
+        return f"{self.route}-{'--'.join(params)}.html" if self.route else "index.html"
+
+    def render(self, site: Site, params: Sequence[str], links: Links) -> str:
+        """The page named by `params` (their number checked by the caller)."""
+        found = self.assemble(site, *params)
+        more = self.context(site) if self.context is not None else {}
+        return render(self.template, links, self.title(found), found, **more)
 
 
-def run_page(data: dict[str, Any], links: Links) -> str:
-    return render("run.html", links, f"run {data['run']['run_id']}", data)
+def _trend(site: Site, key: str) -> dict[str, Any]:
+    cell = site.cells.get(key)
+    if cell is None:
+        raise data.NotFound("no such cell in the history")
+    return data.trend(site.lab, cell)
+
+
+def _trend_title(found: dict[str, Any]) -> str:
+    cell = found["cell"]
+    return f"{cell['board']} · {cell['model']} · {cell['backend']}: night by night"
+
+
+def _exported_runs(site: Site) -> list[tuple[str]]:
+    """Every pulled run whose id is a valid name (a folder made by hand gets no file: none is named from it)."""
+    return [(run.run_id,) for run in site.lab.runs() if is_valid_name(run.run_id)]
+
+
+def _compare(site: Site, run_a: str | None = None, run_b: str | None = None) -> dict[str, Any]:
+    if run_a is None or run_b is None:
+        return {"a": None, "b": None}  # the form alone
+    return data.compare_page(site.lab, run_a, run_b)
+
+
+def _compare_title(found: dict[str, Any]) -> str:
+    if found["a"] is None or found["b"] is None:
+        return "compare two runs"
+    return f"compare {found['a']['run_id']} → {found['b']['run_id']}"
+
+
+def _exported_pairs(site: Site) -> list[tuple[str, str]]:
+    """Each run against the previous run of its cell, both exported."""
+    return [(a, b) for a, b in data.default_pairs(site.lab) if is_valid_name(a) and is_valid_name(b)]
+
+
+# Every page, the overview first (a static export writes them in this order).
+PAGES: dict[str, Page] = {
+    "overview": Page(
+        "", (), lambda site: data.overview(site.lab, site.inventory_boards, site.live), "overview.html",
+        lambda _: "etlab lab overview", exported=lambda _: [()],
+    ),
+    "trend": Page(
+        "trend", ("key",), _trend, "trend.html", _trend_title,
+        exported=lambda site: [(key,) for key in site.cells],
+    ),
+    "run": Page(
+        "run", ("run_id",), lambda site, run_id: data.run_page(site.lab, run_id), "run.html",
+        lambda found: f"run {found['run']['run_id']}", exported=_exported_runs,
+    ),
+    "compare": Page(
+        "compare", ("a", "b"), _compare, "compare.html", _compare_title, exported=_exported_pairs, query=True,
+        context=lambda site: {"run_ids": [run.run_id for run in reversed(site.lab.runs())]},
+    ),
+}  # fmt: skip
+
+
+def render_page(name: str, found: dict[str, Any], links: Links, **context: Any) -> str:
+    """Page `name` of PAGES rendered from data already assembled (`found`)."""
+    page = PAGES[name]
+    return render(page.template, links, page.title(found), found, **context)
 
 
 def problem_page(name: str, problem: str, links: Links) -> str:
     """A page that could not be made from its data (named by `problem`: the file and the field)."""
     return render("problem.html", links, f"{name}: cannot be shown", {"problem": problem})
-
-
-def compare_page(data: dict[str, Any], links: Links, run_ids: list[str] | None = None) -> str:
-    picked = data["a"] is not None and data["b"] is not None
-    title = f"compare {data['a']['run_id']} → {data['b']['run_id']}" if picked else "compare two runs"
-    return render("compare.html", links, title, data, run_ids=run_ids or [])

@@ -12,9 +12,8 @@ saying why, with a warning; the export goes on and completes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from orchestrator import console
 from orchestrator.deploy.board_status import BoardStatus
@@ -36,27 +35,20 @@ def write_static(
     folder = Path(folder)
     (folder / "assets").mkdir(parents=True, exist_ok=True)
     written = []
-
-    def write(name: str, render: Callable[..., str], assemble: Callable[..., dict[str, Any]], *args: Any) -> None:
-        """The page `render(assemble(*args))`; bad data behind it (an EtlabError) makes a page saying why instead."""
-        try:
-            text = render(assemble(*args), links)
-        except EtlabError as exc:
-            console.warn(console.escape(f"{name}: {exc}"))
-            text = pages.problem_page(name, str(exc), links)
-        atomic_write_text(folder / name, text)
-        written.append(folder / name)
-
-    write("index.html", pages.overview_page, data.overview, lab, inventory_boards, live)
-    for cell in data.cells(lab):
-        write(links.trend(data.cell_key(cell)), pages.trend_page, data.trend, lab, cell)
-    exported = [run for run in lab.runs() if is_valid_name(run.run_id)]
-    for run in exported:
-        write(links.run(run.run_id), pages.run_page, data.run_page, lab, run.run_id)
-    names = {run.run_id for run in exported}
-    for run_a, run_b in data.default_pairs(lab):
-        if run_a in names and run_b in names:
-            write(links.compare(run_a, run_b), pages.compare_page, data.compare_page, lab, run_a, run_b)
+    site = pages.Site(lab, inventory_boards, live)
+    for page in pages.PAGES.values():
+        for params in page.exported(site) if page.exported is not None else ():
+            name = page.file_name(params)
+            if not all(is_valid_name(param) for param in params):  # a file named from data stays in the folder
+                console.warn(console.escape(f"{name[:80]!r}: not a file name, not exported"))
+                continue
+            try:
+                text = page.render(site, params, links)
+            except EtlabError as exc:  # bad data behind it: a page saying why instead
+                console.warn(console.escape(f"{name}: {exc}"))
+                text = pages.problem_page(name, str(exc), links)
+            atomic_write_text(folder / name, text)
+            written.append(folder / name)
     for name in (pages.PLOTLY_JS, *pages.OWN_ASSETS):
         (folder / "assets" / name).write_bytes(pages.asset(name))
         written.append(folder / "assets" / name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,11 +167,22 @@ def accuracy_thresholds(min_sqnr: Any = None, min_top1: Any = None, min_top5: An
     return thresholds
 
 
-def advice_trial(try_: bool, each: bool, rounds: Any, retest_seconds: Any, inventory: str | None) -> Any:
+@dataclass(frozen=True)
+class TrialOptions:
+    """`fab advise --try` and what goes with it, checked here (commands/advise.py takes it)."""
+
+    rounds: int
+    retest_seconds: float
+    each: bool = False  # one A/B per rewrite too
+    inventory: str | None = None
+
+
+def advice_trial(
+    try_: bool, each: bool, rounds: Any, retest_seconds: Any, inventory: str | None
+) -> TrialOptions | None:
     """`fab advise --try [--each] [--rounds N] [--retest-seconds S]`: the trial's options, or None without --try (then
     none of them may be given)."""
-    from orchestrator.commands.advise import TrialOptions  # here, not at the top: tasks import this module first
-    from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, MIN_ROUNDS
+    from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, MIN_ROUNDS  # imports numpy
 
     if not try_:
         given = [name for name, value in (("--each", each), ("--rounds", rounds), ("--retest-seconds", retest_seconds))

@@ -1,11 +1,15 @@
-"""Tasks on pulled results: analyze, explore, compare. They work offline, from results/ and artifacts/."""
+"""Tasks on pulled results: analyze, explore, compare. They work offline, from results/ and artifacts/.
+
+The `*_task` functions take a task's raw options, check them (exit 64), then call the task."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from orchestrator import console
 from orchestrator.boards import labgrid
+from orchestrator.commands import options
 from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import find_artifact, naming_port, select_boards, split_list
 from orchestrator.commands.render import render_comparison, render_top_ops
@@ -176,3 +180,30 @@ def compare(
             atomic_write_json(comparison.report, comparison.to_dict())
     render_comparison(comparison)
     return 1 if comparison.verdict == Kind.REGRESSION else 0
+
+
+def analyze_task(
+    run_id: str | None, *, latest: bool, bundle: str | None, min_sqnr: Any, min_top1: Any, min_top5: Any
+) -> int:
+    """`fab analyze`."""
+    accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
+    return analyze(run_id, latest=latest, bundle=None if bundle is None else Path(bundle), accuracy=accuracy)
+
+
+def explore_task(run_id: str | None, *, model: str | None, host: str, port: Any, no_browser: bool) -> int:
+    """`fab explore` (Model Explorer on port 8081 unless told)."""
+    listen = options.port(8081 if port is None else port)
+    return explore(run_id, model=model, host=host, port=listen, open_browser=not no_browser)
+
+
+def compare_task(
+    run_a: Any, run_b: Any, *, interleave: Any, retest_seconds: Any, board: str | None, inventory: str | None,
+    allow_rebuilt: bool,
+) -> int:  # fmt: skip
+    """`fab compare RUN_A RUN_B [--interleave N --board B]`."""
+    rounds = options.ab_rounds(0 if interleave is None else interleave)
+    budget = None if retest_seconds is None else options.seconds("--retest-seconds", retest_seconds)
+    return compare(
+        options.run_id(run_a, "RUN_A"), options.run_id(run_b, "RUN_B"), interleave=rounds, retest_seconds=budget,
+        board=board, inventory=inventory, allow_rebuilt=allow_rebuilt,
+    )  # fmt: skip

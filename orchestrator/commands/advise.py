@@ -15,7 +15,6 @@ from orchestrator.commands import options
 from orchestrator.commands.common import find_artifact, select_boards
 from orchestrator.commands.options import TrialOptions
 from orchestrator.commands.render_advice import print_advice_lines, render_advice, render_trial
-from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import Artifact
@@ -104,6 +103,7 @@ def advise_on(
     # here, not at the top: the trial brings the lowering and the A/B re-test, which every analysis's advice
     # (advise_quietly, on a warm deploy's path) needs none of
     from orchestrator.advice.trial import try_rewrites
+    from orchestrator.deploy.runs import RunParams
 
     report = try_rewrites(
         facts.spec, facts.sidecar.variant, advice.rewrites, target, RunParams(), each=trial.each,

@@ -8,14 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
-from orchestrator.boards import labgrid
 from orchestrator.commands import options
 from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import find_artifact, naming_port, select_boards, split_list
 from orchestrator.commands.render import render_comparison, render_top_ops
-from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
-from orchestrator.deploy.abtest import interleave as run_interleaved
-from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering import programs
@@ -26,8 +22,6 @@ from orchestrator.results.compare import RebuiltProgram, compare_runs, interleav
 from orchestrator.results.overlays import write_program_overlays
 from orchestrator.results.store import LocalRun, find_run
 from orchestrator.results.verdicts import Kind
-from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
-from orchestrator.transport import connect
 
 
 def _artifact_for(run: LocalRun) -> Artifact | None:
@@ -80,6 +74,9 @@ def explore(
     open_browser: bool = True,
 ) -> int:
     """Model Explorer on a run (its overlays) or a model (no overlays, or the model's latest run)."""
+    # here, not at the top: Model Explorer's server is for this task only (`fab analyze` never starts it)
+    from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
+
     if run_id:
         run = find_run(run_id)
         name = run.model
@@ -141,6 +138,13 @@ def compare(
     The re-test stops starting rounds once `retest_seconds` (default: the nightly's 180 s) are spent, after at
     least 5 rounds. Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
     """
+    # here, not at the top: the interleaved re-test and the board connection are compare's alone
+    from orchestrator.boards import labgrid
+    from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
+    from orchestrator.deploy.abtest import interleave as run_interleaved
+    from orchestrator.deploy.runs import RunParams
+    from orchestrator.transport import connect
+
     # Every combination is checked before a run is read or a file written (exit 64); `interleave` itself is checked
     # already (options.ab_rounds: 0, or at least MIN_ROUNDS).
     if not interleave and (board or retest_seconds is not None):

@@ -1,18 +1,10 @@
-"""Fabric tasks. Each one only parses options and calls one library function (see docs/DESIGN.md)."""
+"""Fabric tasks. Each one only declares its name, help and options, and calls one function of orchestrator/commands/
+that checks them and runs the task (see docs/DESIGN.md)."""
 
 from __future__ import annotations
 
 from orchestrator.commands import options
-from orchestrator.commands.common import (
-    context_specs,
-    handle_errors,
-    lowering_options,
-    rewrite_request,
-    run_params,
-    select_all,
-    select_boards,
-    variants,
-)
+from orchestrator.commands.common import handle_errors
 from orchestrator.lowering.quantize import QUANTIZED
 from orchestrator.lowering.rewrites import REWRITES
 
@@ -107,9 +99,9 @@ def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", 
 @handle_errors
 def setup_board(c, board=None, group=None, tag=None, inventory=None, lg_wait=None, force=False):
     """Provision boards: push the runtime and board/, build the runner on the board, verify it."""
-    from orchestrator.commands import board as board_tasks
+    from orchestrator.commands.board import setup_board_task
 
-    return board_tasks.setup_boards(select_boards(inventory, board, group, tag, lg_wait), force=force)
+    return setup_board_task(board=board, group=group, tag=tag, inventory=inventory, lg_wait=lg_wait, force=force)
 
 
 @task(help={**SELECT_HELP, **MODEL_HELP, **PTE_HELP, "backend": "portable, xnnpack or both (default xnnpack)",
@@ -118,12 +110,12 @@ def setup_board(c, board=None, group=None, tag=None, inventory=None, lg_wait=Non
 def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
          quantize="none", pte=None, reference=None, name=None):  # fmt: skip
     """Push lowered .pte files (content-addressed, verified) and their reference inputs to boards."""
-    from orchestrator.commands import board as board_tasks
-    from orchestrator.commands.programs import chosen_artifacts
+    from orchestrator.commands.board import push_task
 
-    chosen = variants(backend, quantize)
-    artifacts = chosen_artifacts(model, spec, pte, reference, name, chosen)
-    return board_tasks.push(select_boards(inventory, board, group, tag, lg_wait), artifacts)
+    return push_task(
+        model, spec, backend=backend, quantize=quantize, pte=pte, reference=reference, name=name, board=board,
+        group=group, tag=tag, inventory=inventory, lg_wait=lg_wait,
+    )  # fmt: skip
 
 
 @task(help={**SELECT_HELP, **MODEL_HELP, **PTE_HELP, **RUN_HELP,
@@ -136,25 +128,22 @@ def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag
         iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None,
         quantize="none", pte=None, reference=None, name=None, new_tokens=None):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
-    from orchestrator.commands import board as board_tasks
-    from orchestrator.commands.common import check_generation
-    from orchestrator.commands.programs import chosen_artifacts
+    from orchestrator.commands.board import run_task
 
-    params = run_params(iterations, warmup, threads, max_seconds, timeout, counters, new_tokens)
-    chosen = variants(backend, quantize)
-    artifacts = chosen_artifacts(model, spec, pte, reference, name, chosen)
-    check_generation(artifacts, params)
-    return board_tasks.run(select_boards(inventory, board, group, tag, lg_wait), artifacts, params)
+    return run_task(
+        model, spec, backend=backend, quantize=quantize, pte=pte, reference=reference, name=name, board=board,
+        group=group, tag=tag, inventory=inventory, lg_wait=lg_wait, iterations=iterations, warmup=warmup,
+        threads=threads, max_seconds=max_seconds, timeout=timeout, counters=counters, new_tokens=new_tokens,
+    )  # fmt: skip
 
 
 @task(help={**SELECT_HELP, "run": "pull this run id (or a unique prefix)", "latest": "only each board's latest run"})
 @handle_errors
 def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=None, lg_wait=None):
     """Pull result bundles (verified against their manifests) into results/<board>/<model>/<backend>/<run-id>/."""
-    from orchestrator.commands import board as board_tasks
+    from orchestrator.commands.board import pull_task
 
-    run_id = None if run is None else options.run_id(run)
-    return board_tasks.pull(select_boards(inventory, board, group, tag, lg_wait), run_id=run_id, latest=latest)
+    return pull_task(run, latest=latest, board=board, group=group, tag=tag, inventory=inventory, lg_wait=lg_wait)
 
 
 @task(help={"run": "run id (or unique prefix) under results/", "latest": "the latest pulled run (default)",
@@ -162,10 +151,11 @@ def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=
 @handle_errors
 def analyze(c, run=None, latest=False, bundle=None, min_sqnr=None, min_top1=None, min_top5=None):
     """Per-operator statistics, summary.json, validity and Model Explorer overlays for a pulled run."""
-    from orchestrator.commands import results as result_tasks
+    from orchestrator.commands.results import analyze_task
 
-    accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
-    return result_tasks.analyze(run, latest=latest, bundle=bundle, accuracy=accuracy)
+    return analyze_task(
+        run, latest=latest, bundle=bundle, min_sqnr=min_sqnr, min_top1=min_top1, min_top5=min_top5
+    )  # fmt: skip
 
 
 @task(help={"run": "show this run's overlays", "model": "show this model (with its latest run's overlays)",
@@ -174,10 +164,9 @@ def analyze(c, run=None, latest=False, bundle=None, min_sqnr=None, min_top1=None
 @handle_errors
 def explore(c, run=None, model=None, host="127.0.0.1", port=None, no_browser=False):
     """Open Model Explorer with the .pt2, both .pte files and the run's cost overlays."""
-    from orchestrator.commands import results as result_tasks
+    from orchestrator.commands.results import explore_task
 
-    listen = options.port(8081 if port is None else port)
-    return result_tasks.explore(run, model=model, host=host, port=listen, open_browser=not no_browser)
+    return explore_task(run, model=model, host=host, port=port, no_browser=no_browser)
 
 
 @task(positional=["run_a", "run_b"], help={"run_a": "baseline run id", "run_b": "new run id",
@@ -188,13 +177,11 @@ def explore(c, run=None, model=None, host="127.0.0.1", port=None, no_browser=Fal
 @handle_errors
 def compare(c, run_a, run_b, interleave=None, retest_seconds=None, board=None, inventory=None, allow_rebuilt=False):
     """Per-operator and total deltas between two runs, a noise-aware verdict, a diff overlay. Exit 1: a regression."""
-    from orchestrator.commands import results as result_tasks
+    from orchestrator.commands.results import compare_task
 
-    rounds = options.ab_rounds(0 if interleave is None else interleave)
-    budget = None if retest_seconds is None else options.seconds("--retest-seconds", retest_seconds)
-    return result_tasks.compare(
-        options.run_id(run_a, "RUN_A"), options.run_id(run_b, "RUN_B"), interleave=rounds, retest_seconds=budget,
-        board=board, inventory=inventory, allow_rebuilt=allow_rebuilt,
+    return compare_task(
+        run_a, run_b, interleave=interleave, retest_seconds=retest_seconds, board=board, inventory=inventory,
+        allow_rebuilt=allow_rebuilt,
     )  # fmt: skip
 
 
@@ -212,8 +199,10 @@ def advise(c, run=None, model=None, board=None, try_=False, each=False, rounds=N
     """Where the time goes → what to change: findings, predicted savings (from the profile) and fixes."""
     from orchestrator.commands.advise import advise_task
 
-    trial = options.advice_trial(try_, each, rounds, retest_seconds, inventory)
-    return advise_task(None if run is None else options.run_id(run), model=model, board=board, trial=trial)
+    return advise_task(
+        run, model=model, board=board, try_=try_, each=each, rounds=rounds, retest_seconds=retest_seconds,
+        inventory=inventory,
+    )  # fmt: skip
 
 
 @task
@@ -229,21 +218,18 @@ def models(c):
 @handle_errors
 def boards(c, board=None, group=None, tag=None, inventory=None):
     """The inventory as a table: reachable, architecture, board model, runtime, lock holder, temperature."""
-    from orchestrator.boards.inventory import load_inventory
-    from orchestrator.commands import board as board_tasks
+    from orchestrator.commands.board import boards_task
 
-    selected = select_boards(inventory, board, group, tag) if (board or group or tag) else None
-    return board_tasks.boards_table(selected or select_all(load_inventory(inventory)))
+    return boards_task(board=board, group=group, tag=tag, inventory=inventory)
 
 
 @task(help={**SELECT_HELP, "keep": "bundles to keep per board (default 20)"})
 @handle_errors
 def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=None):
     """Free space on boards: old bundles, leftovers, models no kept bundle uses."""
-    from orchestrator.commands import board as board_tasks
+    from orchestrator.commands.board import gc_task
 
-    kept = options.keep(20 if keep is None else keep)
-    return board_tasks.gc(select_boards(inventory, board, group, tag, lg_wait), kept)
+    return gc_task(keep, board=board, group=group, tag=tag, inventory=inventory, lg_wait=lg_wait)
 
 
 @task(help={**MODEL_HELP, **PTE_HELP, **SELECT_HELP, **RUN_HELP,
@@ -264,29 +250,16 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
                        trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None,
                        rewrites="none", new_tokens=None, context=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
-    from orchestrator.commands.deploy import deploy_and_profile as chain
-    from orchestrator.commands.programs import profiled
+    from orchestrator.commands.deploy import deploy_task
 
-    # Every option is checked before the chain lowers, connects or starts anything.
-    params = run_params(iterations, warmup, threads, max_seconds, None, counters, new_tokens)
-    checked = lowering_options(weights, jobs, calibration)
-    listen = options.port(8081 if port is None else port)
-    chosen = variants(backend, quantize, default="xnnpack")
-    accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
-    target = profiled(model, spec, pte, reference, name, trust_remote_code=trust_remote_code, trust_code=trust_code)
-    return chain(
-        target,
-        contexts=context_specs(context, target, params.new_tokens) if context is not None else (),
-        rewrites=rewrite_request(rewrites, target),
-        variants=chosen,
-        lowering=checked,
-        accuracy=accuracy,
-        boards=select_boards(inventory, board, group, tag, lg_wait),
-        params=params,
-        explore=not no_explore,
-        port=listen,
-        open_browser=not no_browser,
-    )
+    return deploy_task(
+        model, spec, backend=backend, board=board, group=group, tag=tag, inventory=inventory, lg_wait=lg_wait,
+        iterations=iterations, warmup=warmup, threads=threads, max_seconds=max_seconds, weights=weights,
+        no_explore=no_explore, no_browser=no_browser, port=port, counters=counters, quantize=quantize,
+        calibration=calibration, min_sqnr=min_sqnr, min_top1=min_top1, min_top5=min_top5, jobs=jobs,
+        trust_remote_code=trust_remote_code, trust_code=trust_code, pte=pte, reference=reference, name=name,
+        rewrites=rewrites, new_tokens=new_tokens, context=context,
+    )  # fmt: skip
 
 
 @task(help={"port": "port on 127.0.0.1 (default 8080)", "no_browser": "do not open a browser (headless machines)",
@@ -299,10 +272,7 @@ def dashboard(c, port=None, no_browser=False, static=None, inventory=None, histo
     """The lab in a browser: boards, the latest night's verdicts, trends, runs, comparisons (or --static pages)."""
     from orchestrator.commands.dashboard import dashboard_task
 
-    listen = options.port(8080 if port is None else port)
-    folder = None if static is None else options.output_folder(static, "--static")
-    url = None if history is None else options.history(history)
-    return dashboard_task(port=listen, open_browser=not no_browser, static=folder, inventory=inventory, history=url)
+    return dashboard_task(port=port, no_browser=no_browser, static=static, inventory=inventory, history=history)
 
 
 @task(help={"inventory": "inventory file with a `nightly:` section (default: inventory.yaml)",
@@ -315,8 +285,8 @@ def dashboard(c, port=None, no_browser=False, static=None, inventory=None, histo
 def nightly(c, inventory=None, night=None, history=None, reports=None, wait=False, record_pending=False):
     """Run the nightly matrix, record it, flag real regressions, write reports. Exit 0 ok, 1 regression, 2 infra,
     75 another nightly holds the night."""
-    from orchestrator.commands.common import nightly_job
+    from orchestrator.commands.common import nightly_task
 
-    date = None if night is None else options.night(night)
-    url = None if history is None else options.history(history)
-    return nightly_job(inventory, date, url, reports, wait=wait, record_pending=record_pending)
+    return nightly_task(
+        inventory=inventory, night=night, history=history, reports=reports, wait=wait, record_pending=record_pending
+    )

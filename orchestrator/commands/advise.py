@@ -4,17 +4,17 @@ rewrites on the board. Every analysis also prints the top findings in one line e
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from orchestrator import console
 from orchestrator.advice.advisor import advise
 from orchestrator.advice.documents import write_advice
 from orchestrator.advice.facts import run_facts
 from orchestrator.advice.findings import Advice, RunFacts
-from orchestrator.advice.trial import try_rewrites
+from orchestrator.commands import options
 from orchestrator.commands.common import find_artifact, select_boards
 from orchestrator.commands.options import TrialOptions
 from orchestrator.commands.render_advice import print_advice_lines, render_advice, render_trial
-from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import Artifact
@@ -54,6 +54,15 @@ def advise_quietly(run: LocalRun, who: str = "", results_root: Path | None = Non
 
 
 def advise_task(
+    run_id: Any, *, model: str | None, board: str | None, try_: bool, each: bool, rounds: Any, retest_seconds: Any,
+    inventory: str | None,
+) -> int:  # fmt: skip
+    """`fab advise`: its options checked (exit 64), then `advise_on`."""
+    trial = options.advice_trial(try_, each, rounds, retest_seconds, inventory)
+    return advise_on(None if run_id is None else options.run_id(run_id), model=model, board=board, trial=trial)
+
+
+def advise_on(
     run_id: str | None = None,
     *,
     model: str | None = None,
@@ -91,6 +100,11 @@ def advise_task(
             f"({trial.rounds} rounds, at most {trial.retest_seconds:g} s per variant)"
         )
     )
+    # here, not at the top: the trial brings the lowering and the A/B re-test, which every analysis's advice
+    # (advise_quietly, on a warm deploy's path) needs none of
+    from orchestrator.advice.trial import try_rewrites
+    from orchestrator.deploy.runs import RunParams
+
     report = try_rewrites(
         facts.spec, facts.sidecar.variant, advice.rewrites, target, RunParams(), each=trial.each,
         predicted_ms=predicted, profiled_ms=advice.method_ms, weights=facts.sidecar.weights, rounds=trial.rounds,

@@ -1,7 +1,8 @@
 """Single steps across the selected boards: setup-board, push, run, pull, boards, gc.
 
 Each fans out over boards in parallel, prints a per-board table, and returns the exit code
-(non-zero when any board failed).
+(non-zero when any board failed). The `*_task` functions take a task's raw options, check them (exit 64), then call
+the step.
 """
 
 from __future__ import annotations
@@ -12,9 +13,19 @@ from typing import Any
 
 from orchestrator import console
 from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
-from orchestrator.boards.inventory import Board
+from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.boards.workdir import BoardWorkdir
-from orchestrator.commands.common import find_artifact
+from orchestrator.commands import options
+from orchestrator.commands.common import (
+    check_generation,
+    find_artifact,
+    model_spec,
+    run_params,
+    select_all,
+    select_boards,
+    variants,
+)
+from orchestrator.commands.programs import exclusive, reference_without_pte, user_program
 from orchestrator.commands.render import print_details, print_gc, summarize
 from orchestrator.deploy.agent_client import BoardAgent, GcResult
 from orchestrator.deploy.board_status import board_statuses
@@ -23,6 +34,8 @@ from orchestrator.deploy.runs import RunParams, profile, push_artifact
 from orchestrator.errors import BundleError, EtlabError, ExitCode, UsageError
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.lowering.lowered import find_lowered
+from orchestrator.lowering.user_programs import USER_PROGRAM
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.store import new_run_id, pull_destination
 from orchestrator.transport import connect
@@ -227,3 +240,80 @@ def gc(boards: Sequence[Board], keep: int) -> int:
 
 def artifacts_for(model: str, variants: Sequence[Variant]) -> list[Artifact]:
     return [find_artifact(model, variant) for variant in variants]
+
+
+def chosen_artifacts(
+    model: str | None,
+    spec: str | None,
+    pte: str | None,
+    reference: str | None,
+    name: str | None,
+    chosen: Sequence[Variant],
+) -> list[Artifact]:
+    """push and run: the user's .pte (`--pte`), or the lowered variants of `--model`/`--spec`."""
+    exclusive(pte, model, spec)
+    reference_without_pte(pte, reference)
+    lowered = find_lowered(model) if model is not None else None
+    if lowered is not None and lowered.user_file:  # a program of the user's own: its artifacts are all there is
+        own = [lowered.sidecar.variant] if lowered.sidecar.spec.get("model_source") == USER_PROGRAM else chosen
+        return list(artifacts_for(lowered.name, own))
+    if pte is not None:
+        return [user_program(pte, reference, name)]
+    if name is not None:
+        raise UsageError("--name names the artifacts of --pte FILE: give it with --pte")
+    return list(artifacts_for(model_spec(model, spec).name, chosen))
+
+
+def setup_board_task(
+    *, board: str | None, group: str | None, tag: str | None, inventory: str | None, lg_wait: str | None, force: bool
+) -> int:
+    """`fab setup-board`."""
+    return setup_boards(select_boards(inventory, board, group, tag, lg_wait), force=force)
+
+
+def push_task(
+    model: str | None, spec: str | None, *, backend: str, quantize: str, pte: str | None, reference: str | None,
+    name: str | None, board: str | None, group: str | None, tag: str | None, inventory: str | None,
+    lg_wait: str | None,
+) -> int:  # fmt: skip
+    """`fab push`: the variants, then the programs, then the boards, each checked before anything is pushed."""
+    chosen = variants(backend, quantize)
+    artifacts = chosen_artifacts(model, spec, pte, reference, name, chosen)
+    return push(select_boards(inventory, board, group, tag, lg_wait), artifacts)
+
+
+def run_task(
+    model: str | None, spec: str | None, *, backend: str, quantize: str, pte: str | None, reference: str | None,
+    name: str | None, board: str | None, group: str | None, tag: str | None, inventory: str | None,
+    lg_wait: str | None, iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any, counters: Any,
+    new_tokens: Any,
+) -> int:  # fmt: skip
+    """`fab run`: every option checked (and `--new-tokens` against each program) before a board is touched."""
+    params = run_params(iterations, warmup, threads, max_seconds, timeout, counters, new_tokens)
+    chosen = variants(backend, quantize)
+    artifacts = chosen_artifacts(model, spec, pte, reference, name, chosen)
+    check_generation(artifacts, params)
+    return run(select_boards(inventory, board, group, tag, lg_wait), artifacts, params)
+
+
+def pull_task(
+    run_id: str | None, *, latest: bool, board: str | None, group: str | None, tag: str | None,
+    inventory: str | None, lg_wait: str | None,
+) -> int:  # fmt: skip
+    """`fab pull [--run ID | --latest]`."""
+    checked = None if run_id is None else options.run_id(run_id)
+    return pull(select_boards(inventory, board, group, tag, lg_wait), run_id=checked, latest=latest)
+
+
+def boards_task(*, board: str | None, group: str | None, tag: str | None, inventory: str | None) -> int:
+    """`fab boards`: the selected boards, else every board of the inventory."""
+    selected = select_boards(inventory, board, group, tag) if (board or group or tag) else None
+    return boards_table(selected or select_all(load_inventory(inventory)))
+
+
+def gc_task(
+    keep: Any, *, board: str | None, group: str | None, tag: str | None, inventory: str | None, lg_wait: str | None
+) -> int:
+    """`fab gc [--keep N]` (default 20 bundles per board)."""
+    kept = options.keep(20 if keep is None else keep)
+    return gc(select_boards(inventory, board, group, tag, lg_wait), kept)

@@ -367,6 +367,15 @@ def check_generation(artifacts: Any, params: Any) -> None:
             )
 
 
+def nightly_task(
+    *, inventory: str | None, night: Any, history: Any, reports: str | None, wait: bool, record_pending: bool
+) -> int:
+    """`fab nightly`: `--night` and `--history` checked (exit 64), then the night."""
+    date = None if night is None else options.night(night)
+    url = None if history is None else options.history(history)
+    return nightly_job(inventory, date, url, reports, wait=wait, record_pending=record_pending)
+
+
 def nightly_job(
     inventory: str | None,
     night: str | None,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 from orchestrator import console, paths
 from orchestrator.boards.inventory import Board, load_inventory
+from orchestrator.commands import options
 from orchestrator.errors import InventoryError
 from orchestrator.lab.history import default_url
 from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS, load_config, load_history_url
@@ -39,7 +41,15 @@ def sources(inventory: str | None, history: str | None, results: Path | None = N
     return Sources(results or paths.results_dir(), url or default_url(), None, boards, baseline, looked_at)
 
 
-def dashboard_task(
+def dashboard_task(*, port: Any, no_browser: bool, static: Any, inventory: str | None, history: Any) -> int:
+    """`fab dashboard`: its options checked (exit 64), then the pages served or written."""
+    listen = options.port(8080 if port is None else port)
+    folder = None if static is None else options.output_folder(static, "--static")
+    url = None if history is None else options.history(history)
+    return serve_or_write(port=listen, open_browser=not no_browser, static=folder, inventory=inventory, history=url)
+
+
+def serve_or_write(
     *, port: int, open_browser: bool, static: Path | None, inventory: str | None, history: str | None
 ) -> int:
     chosen = sources(inventory, history)

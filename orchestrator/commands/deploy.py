@@ -11,15 +11,23 @@ from rich.markup import escape
 from orchestrator import console
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
+from orchestrator.commands import options
 from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import (
     LoweringOptions,
     check_generation,
+    context_specs,
     find_artifact,
+    lowering_options,
     naming_calibration,
     naming_port,
     naming_rewrites,
+    rewrite_request,
+    run_params,
+    select_boards,
+    variants,
 )
+from orchestrator.commands.programs import profiled
 from orchestrator.commands.render import print_cells, print_context_scaling, print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
@@ -31,7 +39,35 @@ from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.user_programs import reference_outputs_of
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.store import LocalRun
-from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
+
+
+def deploy_task(
+    model: str | None, spec: str | None, *, backend: str, board: str | None, group: str | None, tag: str | None,
+    inventory: str | None, lg_wait: str | None, iterations: Any, warmup: Any, threads: Any, max_seconds: Any,
+    weights: Any, no_explore: bool, no_browser: bool, port: Any, counters: Any, quantize: str, calibration: Any,
+    min_sqnr: Any, min_top1: Any, min_top5: Any, jobs: Any, trust_remote_code: bool, trust_code: bool,
+    pte: str | None, reference: str | None, name: str | None, rewrites: Any, new_tokens: Any, context: Any,
+) -> int:  # fmt: skip
+    """`fab deploy-and-profile`: every option is checked before the chain lowers, connects or starts anything."""
+    params = run_params(iterations, warmup, threads, max_seconds, None, counters, new_tokens)
+    checked = lowering_options(weights, jobs, calibration)
+    listen = options.port(8081 if port is None else port)
+    chosen = variants(backend, quantize, default="xnnpack")
+    accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
+    target = profiled(model, spec, pte, reference, name, trust_remote_code=trust_remote_code, trust_code=trust_code)
+    return deploy_and_profile(
+        target,
+        contexts=context_specs(context, target, params.new_tokens) if context is not None else (),
+        rewrites=rewrite_request(rewrites, target),
+        variants=chosen,
+        lowering=checked,
+        accuracy=accuracy,
+        boards=select_boards(inventory, board, group, tag, lg_wait),
+        params=params,
+        explore=not no_explore,
+        port=listen,
+        open_browser=not no_browser,
+    )
 
 
 def deploy_and_profile(
@@ -155,6 +191,9 @@ def explore_cells(
     cells: Sequence[CellOutcome], artifact_paths: Any, *, host: str, port: int, open_browser: bool
 ) -> None:
     """Open Model Explorer on the first board that produced overlays."""
+    # here, not at the top: Model Explorer's server and its adapters are for --explore only, not every deploy
+    from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
+
     analysed = [cell for cell in cells if cell.bundle and cell.summary]
     if not analysed:
         console.warn("no analysed run to explore")

@@ -169,12 +169,12 @@ def accuracy_thresholds(min_sqnr: Any = None, min_top1: Any = None, min_top5: An
 
 @dataclass(frozen=True)
 class TrialOptions:
-    """`--try` and what goes with it, checked at the edge (here, below the advise command that reads them)."""
+    """`fab advise --try` and what goes with it, checked here (commands/advise.py takes it)."""
 
-    each: bool  # one A/B per rewrite too
     rounds: int
     retest_seconds: float
-    inventory: str | None
+    each: bool = False  # one A/B per rewrite too
+    inventory: str | None = None
 
 
 def advice_trial(

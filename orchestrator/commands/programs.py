@@ -6,7 +6,6 @@ the errors that an option mends get it named here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +14,6 @@ from orchestrator.names import is_valid_name
 
 if TYPE_CHECKING:
     from orchestrator.lowering.artifacts import Artifact
-    from orchestrator.lowering.variants import Variant
 
 
 def _existing(option: str, value: str, suffix: str) -> Path:
@@ -93,34 +91,6 @@ def reference_without_pte(pte: str | None, reference: str | None) -> None:
             "--reference compares a program you lowered yourself: give it with --pte",
             hint="a model etlab lowers is compared with its eager outputs already",
         )
-
-
-def chosen_artifacts(
-    model: str | None,
-    spec: str | None,
-    pte: str | None,
-    reference: str | None,
-    name: str | None,
-    chosen: Sequence[Variant],
-) -> list[Artifact]:
-    """push and run: the user's .pte (`--pte`), or the lowered variants of `--model`/`--spec`."""
-    # here, not at the top: fab imports the command modules at start-up
-    from orchestrator.commands.board import artifacts_for
-    from orchestrator.commands.common import model_spec
-    from orchestrator.lowering.lowered import find_lowered
-    from orchestrator.lowering.user_programs import USER_PROGRAM
-
-    exclusive(pte, model, spec)
-    reference_without_pte(pte, reference)
-    lowered = find_lowered(model) if model is not None else None
-    if lowered is not None and lowered.user_file:  # a program of the user's own: its artifacts are all there is
-        own = [lowered.sidecar.variant] if lowered.sidecar.spec.get("model_source") == USER_PROGRAM else chosen
-        return list(artifacts_for(lowered.name, own))
-    if pte is not None:
-        return [user_program(pte, reference, name)]
-    if name is not None:
-        raise UsageError("--name names the artifacts of --pte FILE: give it with --pte")
-    return list(artifacts_for(model_spec(model, spec).name, chosen))
 
 
 def lower_exported_task(

@@ -3,9 +3,13 @@ prints."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from orchestrator import console
 from orchestrator.advice.findings import Advice, Finding
-from orchestrator.advice.trial import TrialReport
+
+if TYPE_CHECKING:  # the trial module brings the lowering: a warm deploy prints advice lines without it
+    from orchestrator.advice.trial import TrialReport
 
 ONE_LINE_FINDINGS = 3  # what an analysis prints; `fab advise` shows them all
 

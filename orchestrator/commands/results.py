@@ -1,17 +1,17 @@
-"""Tasks on pulled results: analyze, explore, compare. They work offline, from results/ and artifacts/."""
+"""Tasks on pulled results: analyze, explore, compare. They work offline, from results/ and artifacts/.
+
+The `*_task` functions take a task's raw options, check them (exit 64), then call the task."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from orchestrator import console
-from orchestrator.boards import labgrid
+from orchestrator.commands import options
 from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import find_artifact, naming_port, select_boards, split_list
 from orchestrator.commands.render import render_comparison, render_top_ops
-from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
-from orchestrator.deploy.abtest import interleave as run_interleaved
-from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering import programs
@@ -23,8 +23,6 @@ from orchestrator.results.documents import refuse_board_supplied
 from orchestrator.results.overlays import write_program_overlays
 from orchestrator.results.store import LocalRun, find_run
 from orchestrator.results.verdicts import Kind
-from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
-from orchestrator.transport import connect
 
 
 def _artifact_for(run: LocalRun) -> Artifact | None:
@@ -77,6 +75,9 @@ def explore(
     open_browser: bool = True,
 ) -> int:
     """Model Explorer on a run (its overlays) or a model (no overlays, or the model's latest run)."""
+    # here, not at the top: Model Explorer's server is for this task only (`fab analyze` never starts it)
+    from orchestrator.servers.explorer import launch_explorer, program_models, run_overlays
+
     if run_id:
         run = find_run(run_id)
         name = run.model
@@ -140,6 +141,13 @@ def compare(
     The re-test stops starting rounds once `retest_seconds` (default: the nightly's 180 s) are spent, after at
     least 5 rounds. Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
     """
+    # here, not at the top: the interleaved re-test and the board connection are compare's alone
+    from orchestrator.boards import labgrid
+    from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
+    from orchestrator.deploy.abtest import interleave as run_interleaved
+    from orchestrator.deploy.runs import RunParams
+    from orchestrator.transport import connect
+
     # Every combination is checked before a run is read or a file written (exit 64); `interleave` itself is checked
     # already (options.ab_rounds: 0, or at least MIN_ROUNDS).
     if not interleave and (board or retest_seconds is not None):
@@ -179,3 +187,30 @@ def compare(
             atomic_write_json(comparison.report, comparison.to_dict())
     render_comparison(comparison)
     return 1 if comparison.verdict == Kind.REGRESSION else 0
+
+
+def analyze_task(
+    run_id: str | None, *, latest: bool, bundle: str | None, min_sqnr: Any, min_top1: Any, min_top5: Any
+) -> int:
+    """`fab analyze`."""
+    accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
+    return analyze(run_id, latest=latest, bundle=None if bundle is None else Path(bundle), accuracy=accuracy)
+
+
+def explore_task(run_id: str | None, *, model: str | None, host: str, port: Any, no_browser: bool) -> int:
+    """`fab explore` (Model Explorer on port 8081 unless told)."""
+    listen = options.port(8081 if port is None else port)
+    return explore(run_id, model=model, host=host, port=listen, open_browser=not no_browser)
+
+
+def compare_task(
+    run_a: Any, run_b: Any, *, interleave: Any, retest_seconds: Any, board: str | None, inventory: str | None,
+    allow_rebuilt: bool,
+) -> int:  # fmt: skip
+    """`fab compare RUN_A RUN_B [--interleave N --board B]`."""
+    rounds = options.ab_rounds(0 if interleave is None else interleave)
+    budget = None if retest_seconds is None else options.seconds("--retest-seconds", retest_seconds)
+    return compare(
+        options.run_id(run_a, "RUN_A"), options.run_id(run_b, "RUN_B"), interleave=rounds, retest_seconds=budget,
+        board=board, inventory=inventory, allow_rebuilt=allow_rebuilt,
+    )  # fmt: skip

@@ -17,7 +17,7 @@ import json
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import console
 from orchestrator.errors import AnalysisError, ArtifactError
@@ -29,7 +29,9 @@ from orchestrator.names import is_valid_name
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.programs.plan import PROGRAM_IDENTIFIER, read_program_plan
 from orchestrator.programs.signature import MethodSignature, read_signature
-from orchestrator.tensorfile import NamedTensor, TensorFileError, read_tensors, write_tensors
+
+if TYPE_CHECKING:  # tensorfile imports numpy: a warm deploy's start finds a model's artifacts without it
+    from orchestrator.tensorfile import NamedTensor
 
 USER_PROGRAM = "user-program"  # the sidecar's spec.model_source for a .pte the user lowered
 EXPORTED_PROGRAM = "exported-program"  # the same for a .pt2 the user exported (lowering/exported.py)
@@ -115,6 +117,8 @@ def generated_inputs(signature: MethodSignature, where: Path, available: int | N
     Their sizes are checked first (check_input_sizes), against `available` bytes of memory when known."""
     import numpy as np
 
+    from orchestrator.tensorfile import NamedTensor  # here, not at the top: it imports numpy
+
     check_input_sizes(signature, where, available)
     rng = np.random.default_rng(0)
     tensors = []
@@ -136,6 +140,8 @@ def generated_inputs(signature: MethodSignature, where: Path, available: int | N
 
 def checked_reference(reference: Path, signature: MethodSignature, pte: Path) -> list[NamedTensor]:
     """The user's reference outputs, read and matched to the program's outputs one by one."""
+    from orchestrator.tensorfile import TensorFileError, read_tensors  # here, not at the top: it imports numpy
+
     try:
         tensors = read_tensors(reference)
     except OSError as exc:
@@ -205,8 +211,10 @@ def import_program(
         raise UserProgramError(str(exc)) from None
     variant = Variant("xnnpack" if XNNPACK_BACKEND in backends else "portable")
     references = checked_reference(Path(reference), signature, pte) if reference is not None else None
-    # here, not at the top: lower.py brings the whole lowering, which a user's program needs nothing else of
+    # here, not at the top: lower.py brings the whole lowering, which a user's program needs nothing else of;
+    # tensorfile imports numpy
     from orchestrator.lowering.lower import available_memory
+    from orchestrator.tensorfile import write_tensors
 
     inputs = generated_inputs(signature, pte, available_memory())
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.programs.plan import program_bytes
-from orchestrator.tensorfile import CODE_DTYPES
 
 _TENSOR = 5  # KernelTypes.Tensor in the program schema
 MAX_RANK = 16  # ExecuTorch's kTensorDimensionLimit: a runtime refuses more dimensions
@@ -53,6 +52,8 @@ class MethodSignature:
 def read_signature(pte: Path, method: str = "forward") -> MethodSignature:
     """`method`'s inputs and outputs as declared in the program (AnalysisError on a file that is not one)."""
     from pte_adapter_model_explorer.executorch_flatbuffer import program_generated as pg
+
+    from orchestrator.tensorfile import CODE_DTYPES  # here, not at the top: it imports numpy
 
     pte = Path(pte)
     data, _ = program_bytes(pte)

@@ -98,7 +98,7 @@ class _Flatbuffer:
         if positions.size and not shifts.any():
             return views[0][positions // width].astype(np.int64)
         values = np.empty(positions.size, dtype=np.int64)
-        for shift in np.unique(shifts):
+        for shift in np.flatnonzero(np.bincount(shifts, minlength=width)):  # np.unique would import numpy.ma
             mask = shifts == shift
             values[mask] = views[shift][(positions[mask] - shift) // width]
         return values

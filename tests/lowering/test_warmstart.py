@@ -46,9 +46,12 @@ def fab(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[st
     return proc, imported_packages(proc.stderr)
 
 
+def imported_modules(stderr: str) -> set[str]:
+    return set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)\s*$", stderr, flags=re.MULTILINE))
+
+
 def imported_packages(stderr: str) -> set[str]:
-    found = re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*([\w.]+)\s*$", stderr, flags=re.MULTILINE)
-    return {name.split(".")[0] for name in found}
+    return {name.split(".")[0] for name in imported_modules(stderr)}
 
 
 def mtimes(folder: Path) -> dict[str, int]:
@@ -201,3 +204,53 @@ def test_warm_board_tasks_import_nothing_heavy(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "scipy" in imported
     assert not imported & (HEAVY - {"scipy"}), sorted(imported & HEAVY)
+
+
+# What a warm deploy-and-profile (cached lowering, provisioned board, --no-explore) has no use for: the advisor's
+# trial (it lowers rewritten variants and A/B-tests them: `fab advise --try` only), the A/B re-test, Model
+# Explorer's server, and the lowering that builds models.
+NOT_FOR_A_WARM_DEPLOY = frozenset(
+    {
+        "orchestrator.advice.trial",
+        "orchestrator.deploy.abtest",
+        "orchestrator.servers.explorer",
+        "orchestrator.lowering.models",
+    }
+)
+# Every module the process holds when it exits, whichever way it was imported (`-X importtime` misses what
+# importlib.import_module loads: the analysis prefetch, the `module:name` builders).
+MODULES_AT_EXIT = """
+import atexit, os, sys
+
+def _write_modules():
+    with open(os.environ["ETLAB_TEST_MODULES"], "w") as out:
+        out.write("\\n".join(sorted(sys.modules)))
+
+atexit.register(_write_modules)
+"""
+
+
+def test_warm_deploy_imports_only_what_it_needs(
+    tiny_artifacts: dict[str, LoweringResult], local_board: Board, tmp_path: Path
+) -> None:
+    root = copy_model(tiny_artifacts, "distilbert-tiny", tmp_path / "artifacts")
+    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board])
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(MODULES_AT_EXIT)
+    listing = tmp_path / "modules.txt"
+    python_path = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    env = {"ETLAB_ARTIFACTS": str(root), "ETLAB_RESULTS": str(tmp_path / "results"), "ETLAB_INVENTORY": str(inventory),
+           "PYTHONPATH": python_path, "ETLAB_TEST_MODULES": str(listing)}  # fmt: skip
+    args = ["--model", "distilbert-tiny", "--board", "local", "--iterations", "3", "--warmup", "1", "--no-explore"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fabric", "deploy-and-profile", *args],
+        cwd=PROJECT_ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "using cached artifacts" in proc.stderr and "advice:" in proc.stderr, proc.stderr[-3000:]
+    modules = set(listing.read_text().split())
+    # The audit sees what the deploy did: the cache check, the analysis (in a board's thread) and the advice.
+    assert {"orchestrator.lowering.lower", "orchestrator.results.analysis", "orchestrator.advice.advisor"} <= modules
+    assert not modules & NOT_FOR_A_WARM_DEPLOY, sorted(modules & NOT_FOR_A_WARM_DEPLOY)
+    assert not {name.split(".")[0] for name in modules} & HEAVY, sorted(modules)

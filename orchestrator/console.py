@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, OverflowMethod
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -143,7 +143,7 @@ def table(
     )
     for index, column in enumerate(columns):
         numeric = bool(rows) and all(isinstance(row[index], int | float) for row in rows if row[index] is not None)
-        overflow = "fold" if column in fold else "ellipsis"
+        overflow: OverflowMethod = "fold" if column in fold else "ellipsis"
         widest = max((len(_cell(row[index])) for row in rows), default=0) if column in whole else None
         grid.add_column(
             _text(column), justify="right" if numeric else "left", overflow=overflow, no_wrap=column in whole,

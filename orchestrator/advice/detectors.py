@@ -68,15 +68,25 @@ def _rewrite_finding(
 ) -> Finding:
     measured = sum(call.mean_ms for call in calls)
     return Finding(
-        "", rewrite, title, tuple(sorted({call.operator for call in calls})), _top_nodes(facts, calls),
-        len(calls), measured, _share(facts, measured), cause, measured, "rewrite", f"--rewrites {rewrite}",
-        rewrite=rewrite, saving_note=note,
-    )  # fmt: skip
+        kind=rewrite,
+        title=title,
+        operators=tuple(sorted({call.operator for call in calls})),
+        nodes=_top_nodes(facts, calls),
+        calls=len(calls),
+        measured_ms=measured,
+        share=_share(facts, measured),
+        cause=cause,
+        saving_ms=measured,
+        fix_kind="rewrite",
+        fix=f"--rewrites {rewrite}",
+        rewrite=rewrite,
+        saving_note=note,
+    )
 
 
 def find_rewritable_operators(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
     """Per rewrite that names the portable operators it takes out: their calls in this run, when it applies."""
-    findings = []
+    findings: list[Finding] = []
     for rewrite in REWRITES.values():
         if not rewrite.portable_operators or not _rewrite_offered(facts, rewrite.name):
             continue
@@ -120,19 +130,28 @@ def find_all_positions_head(facts: RunFacts, explained: frozenset[str]) -> list[
     last_call = max(facts.ops.delegate_calls(), key=lambda call: call.index, default=None)
     delegate = next((d for d in facts.ops.delegates if last_call and d.node_id == last_call.node_id), None)
     heads = [node for node in delegate.nodes if node.type == "XNNFullyConnected"] if delegate else []
-    if not heads or last_call is None or last_call.node_id in explained:
+    if delegate is None or not heads or last_call is None or last_call.node_id in explained:
         return []
     head = heads[-1]
     saving = head.mean_ms * (1 - 1 / positions)
-    return [Finding(
-        "", "head-at-position", f"the LM head computed at all {positions} positions", ("XNNFullyConnected",),
-        {facts.ops.method: (last_call.node_id,), delegate.graph_id: (head.node,)},  # type: ignore[union-attr]
-        1, head.mean_ms, _share(facts, head.mean_ms),
-        f"the head (hidden x {shape[2]}, the largest matmul) runs on all {positions} positions, while a "
-        f"{facts.spec.task if facts.spec else 'LM'} prediction reads one",
-        saving, "rewrite", "--rewrites head-at-position", rewrite="head-at-position",
-        saving_note=f"(1 - 1/{positions}) of the head's measured FullyConnected time",
-    )]  # fmt: skip
+    return [
+        Finding(
+            kind="head-at-position",
+            title=f"the LM head computed at all {positions} positions",
+            operators=("XNNFullyConnected",),
+            nodes={facts.ops.method: (last_call.node_id,), delegate.graph_id: (head.node,)},
+            calls=1,
+            measured_ms=head.mean_ms,
+            share=_share(facts, head.mean_ms),
+            cause=f"the head (hidden x {shape[2]}, the largest matmul) runs on all {positions} positions, while a "
+            f"{facts.spec.task if facts.spec else 'LM'} prediction reads one",
+            saving_ms=saving,
+            fix_kind="rewrite",
+            fix="--rewrites head-at-position",
+            rewrite="head-at-position",
+            saving_note=f"(1 - 1/{positions}) of the head's measured FullyConnected time",
+        )
+    ]
 
 
 def find_portable_operators(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
@@ -146,14 +165,24 @@ def find_portable_operators(facts: RunFacts, explained: frozenset[str]) -> list[
         if _share(facts, measured) < PORTABLE_MIN_SHARE:
             continue
         hint = PORTABLE_HINTS.get(operator, "an operator XNNPACK did not take")
-        findings.append(Finding(
-            "", "portable-operator", f"{operator} in portable kernels",
-            (operator,), _top_nodes(facts, calls), len(calls), measured,
-            _share(facts, measured), f"{len(calls)} call(s) of {operator} run in single-threaded portable kernels, "
-            f"outside XNNPACK: {hint}", measured, "code",
-            "in the model's code: operators XNNPACK takes",
-            saving_is_bound=True, saving_note="at most the operator's measured time",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                kind="portable-operator",
+                title=f"{operator} in portable kernels",
+                operators=(operator,),
+                nodes=_top_nodes(facts, calls),
+                calls=len(calls),
+                measured_ms=measured,
+                share=_share(facts, measured),
+                cause=f"{len(calls)} call(s) of {operator} run in single-threaded portable kernels, outside "
+                f"XNNPACK: {hint}",
+                saving_ms=measured,
+                fix_kind="code",
+                fix="in the model's code: operators XNNPACK takes",
+                saving_is_bound=True,
+                saving_note="at most the operator's measured time",
+            )
+        )
     return findings
 
 
@@ -163,12 +192,22 @@ def find_idle_cores(facts: RunFacts, _explained: frozenset[str]) -> list[Finding
         return []
     delegated = facts.ops.delegated_ms
     saving = delegated * (1 - threads / cores)
-    return [Finding(
-        "", "threads", f"{threads} of {cores} cores used", (), {}, 0, delegated, _share(facts, delegated),
-        f"the run used {threads} thread(s) on a board with {cores} cores online", saving, "option",
-        f"--threads {cores} (or `threads: {cores}` for the board in the inventory)",
-        saving_note=f"the delegated time scaled to {cores} threads (portable kernels stay single-threaded)",
-    )]  # fmt: skip
+    return [
+        Finding(
+            kind="threads",
+            title=f"{threads} of {cores} cores used",
+            operators=(),
+            nodes={},
+            calls=0,
+            measured_ms=delegated,
+            share=_share(facts, delegated),
+            cause=f"the run used {threads} thread(s) on a board with {cores} cores online",
+            saving_ms=saving,
+            fix_kind="option",
+            fix=f"--threads {cores} (or `threads: {cores}` for the board in the inventory)",
+            saving_note=f"the delegated time scaled to {cores} threads (portable kernels stay single-threaded)",
+        )
+    ]
 
 
 def _gemm_ms(nodes_of: Iterable[tuple[str, float]]) -> float:
@@ -192,12 +231,22 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
         note = f"measured: the same layers in run {facts.quantized_peer.run_id} ({facts.quantized_peer_variant})"
     # The measured peer's scheme, else the first the program's scheme names.
     scheme = (facts.quantized_peer_variant or facts.sidecar.variant.peers[0]).scheme.name
-    return [Finding(
-        "", "quantize", "fp32 matmuls and convolutions dominate", tuple(sorted({node.type for _, node in gemms})),
-        {graph: tuple(ids) for graph, ids in nodes.items()}, len(gemms), measured, _share(facts, measured),
-        f"{len(gemms)} fp32 FullyConnected/convolution nodes take {_share(facts, measured):.0%} of the run",
-        saving, "option", f"--quantize {scheme} (check the accuracy verdict)", saving_note=note,
-    )]  # fmt: skip
+    return [
+        Finding(
+            kind="quantize",
+            title="fp32 matmuls and convolutions dominate",
+            operators=tuple(sorted({node.type for _, node in gemms})),
+            nodes={graph: tuple(ids) for graph, ids in nodes.items()},
+            calls=len(gemms),
+            measured_ms=measured,
+            share=_share(facts, measured),
+            cause=f"{len(gemms)} fp32 FullyConnected/convolution nodes take {_share(facts, measured):.0%} of the run",
+            saving_ms=saving,
+            fix_kind="option",
+            fix=f"--quantize {scheme} (check the accuracy verdict)",
+            saving_note=note,
+        )
+    ]
 
 
 def find_board_conditions(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
@@ -205,20 +254,41 @@ def find_board_conditions(facts: RunFacts, _explained: frozenset[str]) -> list[F
     findings = []
     governor = conditions.get("governor_before") or conditions.get("governor_after")
     if isinstance(governor, str) and governor != "performance":
-        findings.append(Finding(
-            "", "governor", f"CPU governor {governor[:40]!r}", (), {}, 0, 0.0, 0.0,
-            f"the CPU frequency governor was {governor[:40]!r}: the clock ramps up under load, so short runs are "
-            "slower and noisier", None, "board", "set the governor to performance on the board (cpufreq)",
-            saving_note="not predicted: the profile cannot tell the clock's share",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                kind="governor",
+                title=f"CPU governor {governor[:40]!r}",
+                operators=(),
+                nodes={},
+                calls=0,
+                measured_ms=0.0,
+                share=0.0,
+                cause=f"the CPU frequency governor was {governor[:40]!r}: the clock ramps up under load, so short "
+                "runs are slower and noisier",
+                saving_ms=None,
+                fix_kind="board",
+                fix="set the governor to performance on the board (cpufreq)",
+                saving_note="not predicted: the profile cannot tell the clock's share",
+            )
+        )
     throttling = [str(flag)[:40] for flag in conditions.get("throttling_during_run") or ()]
     if throttling:
-        findings.append(Finding(
-            "", "throttling", "throttled during the run", (), {}, 0, 0.0, 0.0,
-            f"the board throttled during the run ({', '.join(throttling[:4])})", None, "board",
-            "cool the board or fix its power supply, then measure again",
-            saving_note="not predicted: the measured times are the throttled ones",
-        ))  # fmt: skip
+        findings.append(
+            Finding(
+                kind="throttling",
+                title="throttled during the run",
+                operators=(),
+                nodes={},
+                calls=0,
+                measured_ms=0.0,
+                share=0.0,
+                cause=f"the board throttled during the run ({', '.join(throttling[:4])})",
+                saving_ms=None,
+                fix_kind="board",
+                fix="cool the board or fix its power supply, then measure again",
+                saving_note="not predicted: the measured times are the throttled ones",
+            )
+        )
     return findings
 
 
@@ -227,13 +297,24 @@ def find_constants_twice(facts: RunFacts, _explained: frozenset[str]) -> list[Fi
     if outside is None or outside.stored_twice_bytes <= 0:
         return []
     megabytes = outside.stored_twice_bytes / 1e6
-    return [Finding(
-        "", "stored-twice", f"{megabytes:.1f} MB of constants stored twice", (), {}, 0, 0.0, 0.0,
-        "a weight is used both outside a delegate and inside XNNPACK (a tied embedding and LM head), so the "
-        "program carries two copies", None, "code",
-        "in the model's code: untie the head, if size matters more than the tie",
-        saving_note="a size cost: no time to save", saving_mb=megabytes,
-    )]  # fmt: skip
+    return [
+        Finding(
+            kind="stored-twice",
+            title=f"{megabytes:.1f} MB of constants stored twice",
+            operators=(),
+            nodes={},
+            calls=0,
+            measured_ms=0.0,
+            share=0.0,
+            cause="a weight is used both outside a delegate and inside XNNPACK (a tied embedding and LM head), so "
+            "the program carries two copies",
+            saving_ms=None,
+            fix_kind="code",
+            fix="in the model's code: untie the head, if size matters more than the tie",
+            saving_note="a size cost: no time to save",
+            saving_mb=megabytes,
+        )
+    ]
 
 
 DETECTORS: dict[str, Detector] = {

@@ -22,9 +22,9 @@ ADVICE_FILE = "advice.json"
 FIX_KINDS = ("rewrite", "code", "option", "board")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # built by keyword: fifteen fields, several of one type
 class Finding:
-    id: str  # "F1": findings numbered by predicted saving, largest first
+    id: str = ""  # "F1": findings numbered by predicted saving, largest first (the advisor numbers them)
     kind: str  # the detector that found it (DETECTORS)
     title: str  # what, in a few words: "gelu_new's pow(x, 3) in portable kernels"
     operators: tuple[str, ...]  # the operators it is about: "aten::pow.Tensor_Scalar_out", "XNNFullyConnected"
@@ -75,14 +75,23 @@ class Finding:
         operators = _texts(*at("operators"))
         nodes = {graph: _texts(ids, f"{where}.nodes.{graph}") for graph, ids in _mapping(*at("nodes")).items()}
         return cls(
-            _text(*at("id")), _text(*at("kind")), _text(*at("title")), operators, nodes,
-            _count(*at("calls")), _number(*at("measured_ms")), _number(*at("share")), _text(*at("cause")),
-            _optional_number(*at("saving_ms")), _text(*at("fix_kind")), _text(*at("fix")),
+            id=_text(*at("id")),
+            kind=_text(*at("kind")),
+            title=_text(*at("title")),
+            operators=operators,
+            nodes=nodes,
+            calls=_count(*at("calls")),
+            measured_ms=_number(*at("measured_ms")),
+            share=_number(*at("share")),
+            cause=_text(*at("cause")),
+            saving_ms=_optional_number(*at("saving_ms")),
+            fix_kind=_text(*at("fix_kind")),
+            fix=_text(*at("fix")),
             rewrite=None if data.get("rewrite") is None else _text(data["rewrite"], f"{where}.rewrite"),
             saving_is_bound=data.get("saving_is_bound") is True,
             saving_note=_text(data.get("saving_note", ""), f"{where}.saving_note"),
             saving_mb=_optional_number(data.get("saving_mb"), f"{where}.saving_mb"),
-        )  # fmt: skip
+        )
 
 
 class AdviceError(ValueError):

@@ -10,7 +10,7 @@ import dataclasses
 import getpass
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,7 +132,7 @@ class Inventory:
     path: Path
     boards: dict[str, Board]
     groups: dict[str, tuple[str, ...]]
-    nightly: dict[str, Any] | None = None
+    nightly: dict[Hashable, Any] | None = None  # as YAML reads it: any key (the matrix checker names a bad one)
     # The `nightly:` section as read, so the matrix checker (lab/matrix.py) reports its lines and fields.
     nightly_node: Node | None = field(default=None, compare=False, repr=False)
 
@@ -308,7 +308,7 @@ class _Checker(Checker):
                 members = self.group(name, value_node, boards)
                 if members is not None:
                     groups[name] = members
-        nightly: dict[str, Any] | None = None
+        nightly: dict[Hashable, Any] | None = None
         if "nightly" in sections and not is_null(sections["nightly"][1]):
             node = sections["nightly"][1]
             if isinstance(node, MappingNode):

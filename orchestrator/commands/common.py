@@ -6,10 +6,10 @@ import contextlib
 import functools
 import os
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
 
 from invoke.exceptions import Exit
 
@@ -18,7 +18,10 @@ from orchestrator.commands import options
 from orchestrator.errors import EtlabError, ExitCode, UsageError
 
 if TYPE_CHECKING:
+    from orchestrator.boards.inventory import Board, Inventory
+    from orchestrator.deploy.runs import RunParams
     from orchestrator.lowering.artifacts import Artifact
+    from orchestrator.lowering.rewrites import RewriteRequest
     from orchestrator.lowering.spec import ModelSpec
     from orchestrator.lowering.variants import Variant
 
@@ -111,7 +114,7 @@ def _log_internal_error(task: str, detail: str) -> None:
 
 def select_boards(
     inventory: str | None, board: str | None, group: str | None, tag: str | None, lg_wait: Any = None
-) -> list[Any]:
+) -> list[Board]:
     """Boards chosen by --board/--group/--tag from --inventory (default inventory.yaml); labgrid tag selectors
     expanded to their places, which wait at most --lg-wait seconds for their place."""
     from pathlib import Path
@@ -125,7 +128,7 @@ def select_boards(
     return labgrid.with_wait(labgrid.expand(selected), wait)
 
 
-def select_all(inventory: Any) -> list[Any]:
+def select_all(inventory: Inventory) -> list[Board]:
     """Every board of an inventory, labgrid tag selectors expanded to their places."""
     # here, not at the top: fab imports this module at start-up
     from orchestrator.boards import labgrid
@@ -225,7 +228,7 @@ def lowering_options(weights: Any = "auto", jobs: Any = None, calibration: Any =
     return LoweringOptions(mode, workers, path)
 
 
-def rewrite_request(value: Any, target: Any) -> Any:
+def rewrite_request(value: Any, target: ModelSpec | Artifact) -> RewriteRequest:
     """`--rewrites auto|none|a,b` for the model `target` (a ModelSpec, or an Artifact of `--pte`, which etlab does
     not lower): a RewriteRequest, or UsageError naming the option (an unknown name, one that does not apply).
 
@@ -245,8 +248,9 @@ def rewrite_request(value: Any, target: Any) -> Any:
             check_request(request, target)
     except UnknownRewrite as exc:
         raise UsageError(f"--rewrites {value}: {exc}", hint=exc.hint) from None
-    found = isinstance(target, ModelSpec) and target.name not in BUILTIN_SPECS
-    recorded = recorded_rewrites(target.name) if found else ()
+    if not isinstance(target, ModelSpec) or target.name in BUILTIN_SPECS:
+        return request
+    recorded = recorded_rewrites(target.name)
     if recorded and RewriteRequest(names=recorded).program_name(target) == target.name:
         if request not in (RewriteRequest(), RewriteRequest(names=recorded)) and request.resolve(target) != recorded:
             raise UsageError(
@@ -302,26 +306,34 @@ def run_params(
     timeout: Any,
     counters: Any = None,
     new_tokens: Any = None,
-) -> Any:
+) -> RunParams:
     """RunParams from task options, each checked (exit 64); unset options keep the library defaults."""
     # here, not at the top: fab imports this module at start-up
     from orchestrator.deploy.runs import RunParams
 
-    given = {
-        "iterations": None if iterations is None else options.count("--iterations", iterations, minimum=1),
-        "warmup": None if warmup is None else options.count("--warmup", warmup),
-        "threads": None
+    default = RunParams()
+    return RunParams(
+        iterations=default.iterations if iterations is None else options.count("--iterations", iterations, minimum=1),
+        warmup=default.warmup if warmup is None else options.count("--warmup", warmup),
+        threads=default.threads
         if threads is None
         else options.count("--threads", threads, minimum=1, maximum=options.MAX_THREADS),
-        "max_seconds": None if max_seconds is None else options.seconds("--max-seconds", max_seconds),
-        "timeout": None if timeout is None else options.seconds("--timeout", timeout, allow_zero=False),
-        "counters": options.counters(counters),
-        "new_tokens": None if new_tokens is None else options.count("--new-tokens", new_tokens, minimum=1),
-    }
-    return RunParams(**{key: value for key, value in given.items() if value is not None})
+        max_seconds=default.max_seconds if max_seconds is None else options.seconds("--max-seconds", max_seconds),
+        timeout=default.timeout if timeout is None else options.seconds("--timeout", timeout, allow_zero=False),
+        counters=options.counters(counters),
+        new_tokens=default.new_tokens if new_tokens is None else options.count("--new-tokens", new_tokens, minimum=1),
+    )
 
 
-def context_specs(value: Any, target: Any, new_tokens: int | None = None) -> list[Any]:
+@overload
+def context_specs(value: Any, target: ModelSpec, new_tokens: int | None = None) -> list[ModelSpec]: ...
+@overload
+def context_specs(
+    value: Any, target: ModelSpec | Artifact, new_tokens: int | None = None
+) -> list[ModelSpec | Artifact]: ...
+def context_specs(
+    value: Any, target: ModelSpec | Artifact, new_tokens: int | None = None
+) -> list[ModelSpec] | list[ModelSpec | Artifact]:
     """`--context 128,512,1024` for a text-generation spec: one spec per KV cache size (its own program and name),
     each checked to hold the prompt and the new tokens (exit 64, the option named). None: the spec as it is."""
     if value is None:
@@ -347,7 +359,7 @@ def context_specs(value: Any, target: Any, new_tokens: int | None = None) -> lis
     return [target.with_context(context) for context in dict.fromkeys(contexts)]
 
 
-def check_generation(artifacts: Any, params: Any) -> None:
+def check_generation(artifacts: Iterable[Artifact], params: RunParams) -> None:
     """`--new-tokens` against each text-generation program's KV cache, before anything is pushed or run (exit 64).
 
     `--new-tokens` on a program that does not generate is refused too: it would be silently ignored."""

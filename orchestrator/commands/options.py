@@ -30,7 +30,7 @@ MAX_AB_ROUNDS = 1000
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]+")  # as the board agent names bundle folders
 
 
-class Task(fabric.Task):  # type: ignore[misc]
+class Task(fabric.Task):
     """Fabric's task whose short flags are letters only. Invoke gives an option the first character of its name no
     other option took, a digit too (`--min-top1` got `-1`), and then reads a value such as `--new-tokens -1` or
     `--new-tokens=-1` as that flag ("needed value", exit 1): every negative number reaches its check here."""

@@ -84,8 +84,8 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
         if accuracy.note:
             line += f"; {accuracy.note}"
         (console.warn if accuracy.verdict == "fail" else console.info)(console.escape(line))
-        for reason in accuracy.reasons:
-            console.warn(f"accuracy: {reason}")
+        for said in accuracy.reasons:
+            console.warn(f"accuracy: {said}")
 
 
 def _figure(value: float | None, style: str) -> str | None:
@@ -238,9 +238,9 @@ def _counters_by_cause(cells: Sequence[CellOutcome]) -> None:
             boards.setdefault(cell.board, []).append(counters)
     for board, passes in boards.items():
         captured = {(c.captured, c.threads) for c in passes}
-        for names, threads in sorted(captured, key=str):
-            runs = sum((c.captured, c.threads) == (names, threads) for c in passes)
-            _captured_line(f"{board}: ", names, threads, runs)
+        for captured_names, threads in sorted(captured, key=str):
+            runs = sum((c.captured, c.threads) == (captured_names, threads) for c in passes)
+            _captured_line(f"{board}: ", captured_names, threads, runs)
         for (error, reason), names in _missing_by_cause(passes).items():
             runs = sum(any(str(m.get("error")) == error and str(m.get("reason")) == reason for m in c.missing)
                        for c in passes)  # fmt: skip
@@ -283,8 +283,8 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
     unchecked: dict[tuple[str, str], list[str]] = {}  # (board, why) -> runs: one line per board and cause
     for cell in cells:
         if cell.error:
-            reason = cell.detail or cell.error  # every line: a host key's fingerprints, a bundle's bad files
-            console.error(f"{cell.board}: {cell.model}/{cell.variant} failed at {cell.stage}: {reason}")
+            failure = cell.detail or cell.error  # every line: a host key's fingerprints, a bundle's bad files
+            console.error(f"{cell.board}: {cell.model}/{cell.variant} failed at {cell.stage}: {failure}")
         for reason in cell.summary.validity.reasons if cell.summary else ():
             console.warn(f"{cell.board}: {cell.model}/{cell.variant}: {reason.reason}")
         if cell.summary is not None and not cell.summary.correctness.checked:

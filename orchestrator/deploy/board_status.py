@@ -108,6 +108,7 @@ def board_statuses(boards: Sequence[Board]) -> tuple[list[BoardStatus], list[Boa
             statuses.append(BoardStatus(o.board.name, shown, False, o.error or "unreachable", place=place,
                                         checked_at=now))  # fmt: skip
             continue
+        assert o.value is not None  # a board that answered has its facts
         facts, info = o.value["facts"], o.value["info"]
         statuses.append(
             BoardStatus(

@@ -148,12 +148,13 @@ samples = Table(
     Column("latency_ms", Float, nullable=False),
 )
 
+_OP_KEY_SIZE, _OP_NAME_SIZE = 64, 200  # the columns' lengths: a record's keys and names are checked against them
 op_medians = Table(
     "op_medians",
     metadata,
     Column("run", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-    Column("op_key", String(64), primary_key=True),  # "<chain>:<instruction>"
-    Column("op_name", String(200), nullable=False),
+    Column("op_key", String(_OP_KEY_SIZE), primary_key=True),  # "<chain>:<instruction>"
+    Column("op_name", String(_OP_NAME_SIZE), nullable=False),
     Column("median_ms", Float, nullable=False),
 )
 
@@ -335,7 +336,7 @@ class _RecordReader:
 
     def ops(self) -> dict[str, tuple[str, float]]:
         ops: dict[str, tuple[str, float]] = {}
-        key_size, name_size = op_medians.c.op_key.type.length, op_medians.c.op_name.type.length
+        key_size, name_size = _OP_KEY_SIZE, _OP_NAME_SIZE
         for key, item in self.mapping("ops").items():
             where = f"ops.{key}"
             if not key or len(key) > key_size or not _storable(key):
@@ -558,11 +559,14 @@ def problem(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+_SQLITE_BUSY = 5  # SQLite's result code; sqlite3.SQLITE_BUSY only from Python 3.11
+
+
 def _is_locked(exc: BaseException) -> bool:
     """SQLite's "database is locked" (SQLITE_BUSY): another connection holds the write lock."""
     orig = getattr(exc, "orig", exc)
     return isinstance(orig, sqlite3.OperationalError) and (
-        getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY or "locked" in str(orig)
+        getattr(orig, "sqlite_errorcode", None) == _SQLITE_BUSY or "locked" in str(orig)
     )
 
 
@@ -730,14 +734,16 @@ class History:
             connection.execute(
                 runs.delete().where(_cell_is(run.cell) & (runs.c.night == run.night) & (runs.c.status == "infra"))
             )
-            row_id = connection.execute(
+            inserted = connection.execute(
                 runs.insert().values(
                     **{name: getattr(run, name) for name in _STORED_FIELDS},
                     versions_key=versions_key(run.versions),
                     generation=run.generation.to_dict() if run.generation else None,
                     created_at=created,
                 )
-            ).inserted_primary_key[0]
+            ).inserted_primary_key
+            assert inserted is not None  # a single-row INSERT always reports its key
+            row_id = inserted[0]
             if run.latencies_ms:
                 connection.execute(
                     samples.insert(),

@@ -145,15 +145,16 @@ class _PostgresLock(_Lock):
             raise unreachable(self.url, exc) or HistoryError(
                 f"the night's lock on the history {describe_url(self.url)} cannot be had: {problem(exc)}"
             ) from None
+        kept = False  # the connection holds the lock from here on: release() closes it
         try:
             held = connection.execute(text("select pg_try_advisory_lock(:a, :b)"), self.keys).scalar()
             if not held:
                 return self._holder(connection)
-            self.connection, connection = connection, None
+            self.connection, kept = connection, True
             self._note(self.connection)
             return None
         finally:
-            if connection is not None:
+            if not kept:
                 connection.close()
 
     def _note(self, connection: Any) -> None:
@@ -184,7 +185,7 @@ class _PostgresLock(_Lock):
             ).first()
         except SQLAlchemyError:
             return UNKNOWN
-        return Holder.parse(dict(row._mapping)) if row is not None else UNKNOWN
+        return (Holder.parse(dict(row._mapping)) if row is not None else None) or UNKNOWN  # None would mean "ours"
 
     def release(self) -> None:
         from sqlalchemy import text

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import secrets
 import threading
 import time
@@ -438,7 +439,7 @@ def _run_night(
             run = runs.get(cell.cell)
             if run is None:
                 continue  # recorded by another run of the night: judged with the night
-            baseline = recorder.read(lambda run=run: _baseline(history, run, config), [])
+            baseline = recorder.read(functools.partial(_baseline, history, run, config), [])
             verdict = judge(run, baseline, config.min_effect, min_nights=config.min_baseline_nights)
             verdict.remeasured = remeasured.get(cell.cell)
             if verdict.suspect:
@@ -458,12 +459,12 @@ def _run_night(
                 places.setdefault(outcome.board.name, PlaceWait(str(lg.place), lg.coordinator, None, outcome.error))
         if not outcome.ok and outcome.board.name not in started:
             # Never started (no labgrid place, e.g. --lg-wait ran out): its cells are recorded as failed.
-            exc = outcome.exception
+            failure = outcome.exception
+            exit_class = ExitCode.SOFTWARE if failure is None else failure_code(failure)
             for model, variant, params in cells_of[outcome.board.name]:
                 cell = CellOutcome(outcome.board.name, model, variant, stage=outcome.stage or "?",
                                    error=outcome.error, detail=outcome.detail,
-                                   infrastructure=is_link_trouble(exc),
-                                   exit_class=ExitCode.SOFTWARE if exc is None else failure_code(exc))  # fmt: skip
+                                   infrastructure=is_link_trouble(failure), exit_class=exit_class)  # fmt: skip
                 threads = params.threads or outcome.board.threads
                 recorder.record(record_from_cell(cell, night, versions.get(model, {}), threads))
 
@@ -474,14 +475,14 @@ def _run_night(
         if record.verdict:
             verdict = CellVerdict.stored(record)
         else:  # recorded by a run killed before it judged the cell: judged now, without a re-test
-            baseline = recorder.read(lambda record=record: _baseline(history, record, config), [])
+            baseline = recorder.read(functools.partial(_baseline, history, record, config), [])
             verdict = judge(record, baseline, config.min_effect, min_nights=config.min_baseline_nights)
             if verdict.suspect:
                 verdict = confirm(verdict, None, why_not="the night was resumed after the cell ran")
             verdict = judge_memory(verdict, baseline, config.min_effect)
             recorder.set_verdict(record, verdict)
         verdicts.append(verdict)
-        earlier = recorder.read(lambda record=record: history.runs(cell=record.cell, limit=60), [])
+        earlier = recorder.read(functools.partial(history.runs, cell=record.cell, limit=60), [])
         if record.cell in recorder.pending:  # not in the history yet: tonight's point comes from the pending copy
             earlier = [record, *(r for r in earlier if r.night != night)]
         trends[record.cell] = list(reversed(earlier))

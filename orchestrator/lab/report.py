@@ -189,11 +189,12 @@ def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: s
                 ax.plot([x], [y], marker="o", color="#de2d26", markersize=9, fillstyle="none")
     for record in records:
         if record.status != "ok":
-            ax.axvline(record.night, color="#de2d26", alpha=0.3, linestyle="--")
-    with_memory = [r for r in ok if r.peak_rss_bytes]
+            # matplotlib's stub takes only a float, but on this categorical axis a night's label is its x
+            ax.axvline(record.night, color="#de2d26", alpha=0.3, linestyle="--")  # type: ignore[arg-type]
+    with_memory = [(r.night, r.peak_rss_bytes) for r in ok if r.peak_rss_bytes]
     if with_memory:  # peak memory per night on its own axis: a growth shows next to the latency
         memory_ax = ax.twinx()
-        memory_ax.plot([r.night for r in with_memory], [r.peak_rss_bytes / 1e6 for r in with_memory],
+        memory_ax.plot([when for when, _ in with_memory], [peak / 1e6 for _, peak in with_memory],
                        marker="s", color="#756bb1", linestyle=":", label="peak memory")  # fmt: skip
         memory_ax.set_ylabel("peak memory (MB)", color="#756bb1")
         memory_ax.legend(fontsize=8, loc="upper right")
@@ -279,7 +280,7 @@ def board_health(report: NightReport) -> list[dict[str, str]]:
                 nights.setdefault((record.board, record.night), []).append(record)
     rows = []
     for (board, night), records in sorted(nights.items()):
-        drifts = [r.verdict_info.get("drift") for r in records if isinstance(r.verdict_info.get("drift"), float)]
+        drifts = [drift for r in records if isinstance(drift := r.verdict_info.get("drift"), float)]
         temps = [
             t
             for r in records
@@ -560,7 +561,7 @@ def render_junit(report: NightReport) -> str:
             ET.SubElement(case, "failure", message=item.record.error or "", type=item.record.stage or "failed")
         elif item.verdict == "infra":
             ET.SubElement(case, "error", message=item.record.error or "", type=item.record.stage or "infra")
-    return ET.tostring(ET.ElementTree(suite).getroot(), encoding="unicode", xml_declaration=True) + "\n"
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
 def claim_folder(folder: Path, history_url: str) -> None:

@@ -16,7 +16,7 @@ generated ids must be equal, not close.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from orchestrator.lowering.spec_errors import spec_failure
 from orchestrator.lowering.weights import RANDOM_SEED
 from orchestrator.tensorfile import NamedTensor
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 PROMPT_INPUT = "input_ids"
 POSITION_INPUT = "cache_position"
 
@@ -35,7 +38,7 @@ class GenerationModule(torch.nn.Module):
     """`model` with a static KV cache of `context` positions: forward(input_ids [1, S], cache_position [S]) ->
     logits [1, S, vocab]. `model` stays the HuggingFace model (eager generation, vocab_size_of, rewrites' checks)."""
 
-    def __init__(self, model: torch.nn.Module, context: int) -> None:
+    def __init__(self, model: PreTrainedModel, context: int) -> None:
         from transformers import GenerationConfig
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
@@ -108,14 +111,16 @@ def greedy_ids(module: GenerationModule, prompt: np.ndarray, new_tokens: int) ->
 
     Its own dynamic cache, never the program's static one; no end-of-sequence stop (the runner generates N tokens).
     """
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, GenerationMixin
 
+    model = module.model
+    assert isinstance(model, GenerationMixin)  # a causal LM's head: the spec check allows no other for generation
     ids = torch.from_numpy(prompt)
     config = GenerationConfig(
         do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0
     )
     with torch.no_grad():
-        out = module.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
     return out[:, prompt.shape[1] :].contiguous().numpy().astype(np.int64)
 
 

@@ -7,11 +7,14 @@ The loaded module is huggingface_source's `FirstOutput` (the model as exported) 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from orchestrator.lowering.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _model(module: torch.nn.Module) -> Any:
@@ -75,7 +78,7 @@ def head_at_position(module: torch.nn.Module, spec: ModelSpec) -> torch.nn.Modul
 
 
 def _logits_at(
-    model: torch.nn.Module, position: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: PreTrainedModel, position: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """The model's logits at `position` (one per row) only: [B, vocab].
 
@@ -106,7 +109,7 @@ def _logits_at(
 class FillMaskLogits(torch.nn.Module):
     """Masked-LM logits at each row's first [MASK] position: [B, vocab]."""
 
-    def __init__(self, model: torch.nn.Module, mask_token_id: int) -> None:
+    def __init__(self, model: PreTrainedModel, mask_token_id: int) -> None:
         super().__init__()
         self.model = model
         self.mask_token_id = mask_token_id
@@ -119,7 +122,7 @@ class FillMaskLogits(torch.nn.Module):
 class LastTokenLogits(torch.nn.Module):
     """Causal-LM logits of each row's last unmasked token: [B, vocab]."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
 

@@ -510,8 +510,11 @@ def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> L
     head = _check_family(spec)
     parameters = sum(p.numel() for p in model.parameters())
     if spec.generates:  # prefill and decode with a static KV cache (generation.py)
+        from transformers import PreTrainedModel
+
         from orchestrator.lowering.generation import GenerationModule
 
+        assert isinstance(model, PreTrainedModel)  # a causal LM, never an encoder taken out of one
         return LoadedModel(GenerationModule(model, spec.cache_capacity).eval(), weights, note, parameters)
     names = tuple(item.name for item in model_inputs(spec, model.config, head))
     wrapped = FirstOutput(model, names)
@@ -629,14 +632,15 @@ def _log_mel(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def vocab_size_of(module: torch.nn.Module) -> int:
-    inner = getattr(module, "model", module)
+    inner: Any = getattr(module, "model", module)  # a HuggingFace model: its config's fields differ per family
     return int(inner.config.vocab_size)
 
 
 def calibration_inputs(spec: ModelSpec, module: torch.nn.Module, samples: int) -> list[tuple[torch.Tensor, ...]]:
     """Calibration samples (int8-static) for a model of float inputs (audio): the reference inputs, then inputs made
     the same way from other seeds."""
-    config = module.model.config
+    model: Any = module.model  # the HuggingFace model FirstOutput wraps
+    config = model.config
     inputs = model_inputs(spec, config, _check_family(spec))
     made = [reference_inputs(spec, 1, inputs, seed=RANDOM_SEED + sample) for sample in range(samples)]
     return [tuple(torch.from_numpy(tensor.array) for tensor in tensors) for tensors in made]
@@ -656,7 +660,8 @@ class HuggingFace:
             from orchestrator.lowering import generation
 
             return generation.example_inputs(module, spec)  # type: ignore[arg-type]
-        config = module.model.config
+        model: Any = module.model  # the HuggingFace model FirstOutput wraps
+        config = model.config
         inputs = model_inputs(spec, config, _check_family(spec))
         vocab = getattr(config, "vocab_size", None) or 1
         segments = getattr(config, "type_vocab_size", None) or 1

@@ -26,7 +26,7 @@ from orchestrator.tensorfile import NamedTensor
 _SCALARS = (bool, int, float, str)
 
 
-def scalar_parameters(model_class: type, refused: frozenset[str]) -> dict[str, Any]:
+def scalar_parameters(model_class: type[torch.nn.Module], refused: frozenset[str]) -> dict[str, Any]:
     """The constructor parameters a spec may set: name -> default, those whose default is a JSON scalar."""
     signature = inspect.signature(model_class.__init__)
     return {

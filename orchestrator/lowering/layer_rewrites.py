@@ -86,11 +86,13 @@ def _replace(module: torch.nn.Module, wanted: Any, replacement: Any) -> torch.nn
 class MeanRMSNorm(torch.nn.Module):
     """Llama's RMSNorm, its mean of squares a fully connected layer."""
 
+    averaging: torch.Tensor  # a buffer
+
     def __init__(self, norm: torch.nn.Module) -> None:
         super().__init__()
-        self.weight = norm.weight
-        self.variance_epsilon = norm.variance_epsilon
-        self.register_buffer("averaging", averaging(norm.weight.shape[-1]), persistent=False)
+        self.weight = norm.get_parameter("weight")
+        self.variance_epsilon: float = vars(norm)["variance_epsilon"]  # a plain float attribute, not a tensor
+        self.register_buffer("averaging", averaging(self.weight.shape[-1]), persistent=False)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         input_dtype = hidden_states.dtype

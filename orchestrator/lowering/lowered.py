@@ -103,8 +103,9 @@ def spec_from_record(record: dict[str, Any], where: str) -> ModelSpec:
     for key, value in record.items():  # fields that became tuples in the dataclass are lists in JSON
         current = getattr(spec, key, None)
         if isinstance(current, tuple) and isinstance(value, list):
+            as_tuple: dict[str, Any] = {key: tuple(value)}  # a field named by the record: checked by ModelSpec
             with contextlib.suppress(TypeError, ValueError):
-                spec = replace(spec, **{key: tuple(value)})
+                spec = replace(spec, **as_tuple)
     return spec
 
 
@@ -121,18 +122,21 @@ def spec_of_lowered(model: LoweredModel, *, trust_remote_code: bool = False, tru
     line's (`trust_remote_code`, `trust_code`), whatever the lowering that made the sidecar was allowed."""
     recorded = model.sidecar.spec
     where = f"{model.name}'s sidecar ({model.sidecar.variant})"
-    allowed = {"trust_remote_code": trust_remote_code, "trust_code": trust_code}
+
+    def allowed(spec: ModelSpec) -> ModelSpec:
+        return replace(spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
+
     spec_file = model.spec_file
     if spec_file is None:  # a built-in model's rewritten program: the spec it was lowered from, as recorded
         assert model.rewrites and not model.user_file, "user programs have no spec"
-        return LoweredSpec(replace(spec_from_record(recorded, where), **allowed), "built-in", None)
+        return LoweredSpec(allowed(spec_from_record(recorded, where)), "built-in", None)
     current = None
     with contextlib.suppress(SpecError):
         current = load_spec_file(Path(spec_file))
     if current is not None and model.rewrites:  # the file names the model as exported, not its rewritten program
         current = replace(current, name=model.name)
     if current is not None and _identity(current.to_dict()) == _identity(recorded):
-        return LoweredSpec(replace(current, **allowed), spec_file, None)
+        return LoweredSpec(allowed(current), spec_file, None)
     stale = "is gone" if not Path(spec_file).is_file() else ("changed since" if current else "is no longer valid")
     spec = spec_from_record(recorded, where)
-    return LoweredSpec(replace(spec, **allowed), spec_file, stale)
+    return LoweredSpec(allowed(spec), spec_file, stale)

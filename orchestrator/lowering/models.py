@@ -116,5 +116,5 @@ def example_inputs(spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor
 
 def vocab_size_of(module: torch.nn.Module) -> int:
     """The vocabulary of a token model's config (the wrapped model's)."""
-    inner = getattr(module, "model", module)
+    inner: Any = getattr(module, "model", module)  # a HuggingFace model: its config's fields differ per family
     return int(inner.config.vocab_size)

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import multiprocessing.context
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -136,12 +137,19 @@ class ParallelLowering:
             f"worker process{'es' if self.workers > 1 else ''}"
         )
         # One process per variant: its peak RSS is its own, and memory goes back to the system when it ends.
-        self._pool = ProcessPoolExecutor(
-            max_workers=self.workers,
-            mp_context=_QuietSpawnContext(),
-            max_tasks_per_child=1,
-            initializer=_leave_interrupts_to_the_parent,
-        )
+        if sys.version_info >= (3, 11):
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=_QuietSpawnContext(),
+                max_tasks_per_child=1,
+                initializer=_leave_interrupts_to_the_parent,
+            )
+        else:  # Python 3.10 has no max_tasks_per_child: a worker lowers the variants it is given, one after another
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=_QuietSpawnContext(),
+                initializer=_leave_interrupts_to_the_parent,
+            )
         self._feeder = threading.Thread(target=self._feed, name="lowering-feeder", daemon=True)
         self._feeder.start()
         return self

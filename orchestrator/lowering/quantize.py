@@ -333,7 +333,8 @@ def apply_8da4w(model: Any, group: int = GROUP_SIZE) -> None:
     def groupable(child: Any, _fqn: str) -> bool:
         return isinstance(child, torch.nn.Linear) and child.in_features % group == 0
 
-    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(group))
+    int4 = torch.int4  # type: ignore[attr-defined]  # torch's stubs lack the sub-byte dtypes it has had since 2.5
+    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=int4, weight_granularity=PerGroup(group))
     quantize_(model, config, filter_fn=groupable)
 
 

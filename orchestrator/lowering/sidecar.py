@@ -405,7 +405,16 @@ class Generation:
             name: reader.text(fields, name, "generation.", optional=True) if name in fields else None
             for name in ("prompt_source", "prompt_text", "reference_text")
         }
-        return cls(**values, **texts)
+        return cls(
+            context=values["context"],
+            max_prompt_len=values["max_prompt_len"],
+            prompt_len=values["prompt_len"],
+            new_tokens=values["new_tokens"],
+            kv_cache_bytes=values["kv_cache_bytes"],
+            prompt_source=texts["prompt_source"],
+            prompt_text=texts["prompt_text"],
+            reference_text=texts["reference_text"],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -485,6 +485,7 @@ def resolve_spec(
             module, _, name = defaults.partition(":")
             spec = getattr(importlib.import_module(module), name)(spec)
         return replace(spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
+    assert model is not None  # a spec file is never unknown
     raise UnknownModel(
         f"unknown model {model!r}{did_you_mean(model, BUILTIN_SPECS)}; known models: {', '.join(BUILTIN_SPECS)}"
     )
@@ -894,6 +895,7 @@ def load_spec_file(path: Path) -> ModelSpec:
             root = yaml.compose(json.dumps(data, indent=0))
     except (RecursionError, yaml.YAMLError) as exc:  # PyYAML recurses once per level of nesting
         raise fail(f"{path}: lists or objects nested too deeply") from exc
+    assert isinstance(root, MappingNode)  # a JSON object, checked above
     checker = _SpecChecker(path)
     for node, name in _huge_numbers(root):
         checker.error(node, name, f"a number of {len(str(node.value).lstrip('-'))} digits, beyond any size or id")
@@ -902,10 +904,10 @@ def load_spec_file(path: Path) -> ModelSpec:
     source_name = data.get("source", DEFAULT_SOURCE)
     source = SOURCES.get(source_name) if isinstance(source_name, str) else None
     if source is None:
-        where = value_node(root, "source") or root
-        known = ", ".join(SOURCES)
+        source_node = value_node(root, "source") or root
+        sources = ", ".join(SOURCES)
         close = did_you_mean(source_name, SOURCES) if isinstance(source_name, str) else ""
-        checker.error(where, "source", f"{source_name!r} is not a model source; known: {known}{close}")
+        checker.error(source_node, "source", f"{source_name!r} is not a model source; known: {sources}{close}")
         raise fail("\n".join(checker.errors))
     found = checker.fields(root, "", _COMMON_FIELDS | source.fields)
     for key in ("name", *source.required):
@@ -914,13 +916,13 @@ def load_spec_file(path: Path) -> ModelSpec:
     config_node = value_node(root, "config")
     if "config" in found and isinstance(config_node, MappingNode):
         found["config"] = dict(data["config"])  # as JSON reads them; the nodes give the lines
-        for where, name, message in _config_problems(config_node, found["config"]):
-            checker.error(where, name, message)
+        for node, name, message in _config_problems(config_node, found["config"]):
+            checker.error(node, name, message)
     kwargs_node = value_node(root, "kwargs")
     if "kwargs" in found and isinstance(kwargs_node, MappingNode):
         found["kwargs"] = dict(data["kwargs"])
-        for where, name, message in _kwargs_problems(kwargs_node, found["kwargs"], source):
-            checker.error(where, name, message)
+        for node, name, message in _kwargs_problems(kwargs_node, found["kwargs"], source):
+            checker.error(node, name, message)
     if checker.problems:
         remote_code = "trust_remote_code" in found.get("config", {})
         raise fail("\n".join(checker.errors), RemoteCodeInSpec if remote_code else SpecError)

@@ -78,7 +78,8 @@ def read_bundle(bundle_dir: Path) -> BundleFiles:
     run = read_required_json(bundle_dir / "run.json")
     if not isinstance(manifest, dict) or not isinstance(run, dict):
         raise AnalysisError(f"bundle {bundle_dir}: result_manifest.json or run.json is not a JSON object")
-    listed = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    files = manifest.get("files")
+    listed = files if isinstance(files, dict) else {}
     # Only names that pass the rule touch the disk; verify_bundle refuses the others by name.
     missing = sorted(name for name in listed if is_bundle_path(name) and not (bundle_dir / name).is_file())
     if missing:

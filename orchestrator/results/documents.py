@@ -107,7 +107,8 @@ def summary_document(
     validity: Validity,
 ) -> RunSummary:
     manifest, run, timings = bundle.manifest, bundle.run, bundle.timings
-    labels = run.get("labels") if isinstance(run.get("labels"), dict) else {}
+    given_labels = run.get("labels")
+    labels = given_labels if isinstance(given_labels, dict) else {}
     pte_record = sidecar.files.get("pte") if sidecar is not None else None
     return RunSummary(
         run_id=manifest.get("run_id") or run.get("run_id") or bundle.path.name,
@@ -138,10 +139,9 @@ def summary_document(
 
 
 def profile_summary(profile: Profile) -> dict[str, Any]:
-    timed = [i for i in profile.instructions if i.dist]
-    timed.sort(key=lambda i: -i.dist.mean)  # type: ignore[union-attr]
-    delegated = sum(i.dist.mean for i in timed if i.kind == "DelegateCall")  # type: ignore[union-attr]
-    kernels = sum(i.dist.mean for i in timed if i.kind != "DelegateCall")  # type: ignore[union-attr]
+    timed = sorted(((i, i.dist) for i in profile.instructions if i.dist), key=lambda timing: -timing[1].mean)
+    delegated = sum(dist.mean for i, dist in timed if i.kind == "DelegateCall")
+    kernels = sum(dist.mean for i, dist in timed if i.kind != "DelegateCall")
     total = profile.total.mean if profile.total else 0.0
     return {
         "method": profile.method,
@@ -152,8 +152,8 @@ def profile_summary(profile: Profile) -> dict[str, Any]:
         "instructions": len(profile.instructions),
         "instructions_timed": len(timed),
         "top_layers": [
-            {"node_id": i.node_id, "op": i.op or i.label, "ms": i.dist.median, "mean_ms": i.dist.mean, "pct": i.pct}  # type: ignore[union-attr]
-            for i in timed[:TOP_LAYERS]
+            {"node_id": i.node_id, "op": i.op or i.label, "ms": dist.median, "mean_ms": dist.mean, "pct": i.pct}
+            for i, dist in timed[:TOP_LAYERS]
         ],
         "split": {
             "delegated_ms": delegated,

@@ -182,7 +182,7 @@ def _delegate_profiles(
             [blocks[b].durations[sequences[b][key]] / ticks_per_ms for b in ran], dtype=np.float64
         )
         plan_instruction = by_key.get(key)
-        if backend != XNNPACK_BACKEND or plan_instruction is None or plan_instruction.delegate is None:
+        if plan is None or backend != XNNPACK_BACKEND or plan_instruction is None or plan_instruction.delegate is None:
             profile.status = "not inspectable"
             profile.reason = "no .pte given" if plan is None else f"no node matcher for backend {backend}"
             continue

@@ -188,7 +188,7 @@ def diverging_color(value: float, limit: float) -> str:
     if limit <= 0:
         return "#ffffff"
     t = max(-1.0, min(1.0, value / limit))
-    end = BLUE_WHITE_RED[2 if t > 0 else 0]["bgColor"]
+    end = str(BLUE_WHITE_RED[2 if t > 0 else 0]["bgColor"])
     r, g, b = (int(end[i : i + 2], 16) for i in (1, 3, 5))
     mix = abs(t)
     return "#{:02x}{:02x}{:02x}".format(*(round(255 + (c - 255) * mix) for c in (r, g, b)))

@@ -141,15 +141,23 @@ def compare_samples(
     values_b = np.asarray(b, dtype=np.float64)
     values_a = values_a[np.isfinite(values_a)]
     values_b = values_b[np.isfinite(values_b)]
-    common = {"n_a": int(values_a.size), "n_b": int(values_b.size), "min_effect": min_effect, "alpha": alpha}
-    if values_a.size < MIN_SAMPLES or values_b.size < MIN_SAMPLES:
+
+    def verdict(
+        change: str, ratio: float | None, low: float | None, high: float | None, p_value: float | None, reason: str
+    ) -> Verdict:
         return Verdict(
-            "insufficient data", None, None, None, None, **common,
+            change, ratio, low, high, p_value, n_a=int(values_a.size), n_b=int(values_b.size),
+            min_effect=min_effect, alpha=alpha, reason=reason,
+        )  # fmt: skip
+
+    if values_a.size < MIN_SAMPLES or values_b.size < MIN_SAMPLES:
+        return verdict(
+            "insufficient data", None, None, None, None,
             reason=f"need at least {MIN_SAMPLES} samples per run (have {values_a.size} and {values_b.size})",
         )  # fmt: skip
     median_a, median_b = float(np.median(values_a)), float(np.median(values_b))
     if median_a <= 0:
-        return Verdict("insufficient data", None, None, None, None, **common, reason="baseline median is not positive")
+        return verdict("insufficient data", None, None, None, None, reason="baseline median is not positive")
     ratio = median_b / median_a
     if np.array_equal(np.unique(values_a), np.unique(values_b)) and np.unique(values_a).size == 1:
         p_value = 1.0  # identical constant samples: mannwhitneyu would warn
@@ -167,4 +175,4 @@ def compare_samples(
     else:
         change = "no change"
         reason = f"within noise (p={p_value:.2g}, CI {low:.3f}-{high:.3f})"
-    return Verdict(change, ratio, low, high, p_value, **common, reason=reason)
+    return verdict(change, ratio, low, high, p_value, reason=reason)

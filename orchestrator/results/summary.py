@@ -366,8 +366,17 @@ class ProgramInfo:
     @classmethod
     def from_dict(cls, data: Any) -> ProgramInfo:
         fields = _mapping(data, "model")
-        texts = (_text(fields.get(name), f"model.{name}") for name in ("name", "backend", "pte", "sha256", "weights"))
-        return cls(*texts, size_bytes=_count(fields.get("size_bytes"), "model.size_bytes"))
+        texts = {
+            name: _text(fields.get(name), f"model.{name}") for name in ("name", "backend", "pte", "sha256", "weights")
+        }
+        return cls(
+            name=texts["name"],
+            backend=texts["backend"],
+            pte=texts["pte"],
+            sha256=texts["sha256"],
+            weights=texts["weights"],
+            size_bytes=_count(fields.get("size_bytes"), "model.size_bytes"),
+        )
 
 
 # The accuracy gate of quantized runs against fp32 eager (README "Quantized variants"). 8da4w measured 11-20 dB

@@ -309,7 +309,6 @@ class NetnsBoard(SshdBoard):
         if made.returncode != 0:
             raise LabSetupError(
                 f"cannot create a network namespace (needs root with CAP_NET_ADMIN): {made.stderr.strip()}",
-                pytrace=False,
             )
         self._created = True
         steps = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -79,7 +80,8 @@ class LocalConnection(BoardConnection):
         except OSError as exc:
             result = CommandResult(tuple(argv), 127, "", f"{argv[0]}: {exc.strerror}", time.monotonic() - started)
         else:
-            assert process.stdout is not None and process.stderr is not None
+            # PIPE with the default buffering: buffered readers, whose read1 returns what is there
+            assert isinstance(process.stdout, io.BufferedReader) and isinstance(process.stderr, io.BufferedReader)
 
             def stop() -> None:  # too much output: the whole process group goes, and what left it
                 with contextlib.suppress(ProcessLookupError):

@@ -23,13 +23,14 @@ class QuickAckSocket:
     previous packet (Nagle on the server side): 40 ms on every connect, measured on loopback.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, quickack: int) -> None:
         self._sock = sock
+        self._quickack = quickack  # socket.TCP_QUICKACK, where the platform has it
 
     def recv(self, size: int) -> bytes:
         data = self._sock.recv(size)
         with contextlib.suppress(OSError):
-            self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
+            self._sock.setsockopt(socket.IPPROTO_TCP, self._quickack, 1)
         return data
 
     def __getattr__(self, name: str) -> object:
@@ -59,7 +60,7 @@ def open_socket(board: Board) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if hasattr(socket, "TCP_USER_TIMEOUT"):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(board.tcp_user_timeout * 1000))
-        return QuickAckSocket(sock) if _TCP_QUICKACK is not None else sock  # type: ignore[return-value]
+        return QuickAckSocket(sock, _TCP_QUICKACK) if _TCP_QUICKACK is not None else sock  # type: ignore[return-value]
     if isinstance(last, TimeoutError | socket.timeout):
         reason = f"no answer within {board.connect_timeout:g} s (connect_timeout)"
     elif isinstance(last, ConnectionRefusedError):

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.advice.advisor import advise
 from orchestrator.advice.detectors import DETECTORS, SDPA_MASK_OPERATORS
-from orchestrator.advice.findings import Advice
+from orchestrator.advice.findings import Advice, Finding
 from orchestrator.lowering.rewrites import REWRITES
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.ops_record import OpsRecord
@@ -152,6 +152,16 @@ def test_quantization_saving_is_measured_or_not_predicted() -> None:
 
 def test_every_detector_is_documented() -> None:
     assert all(detector.description and detector.name == name for name, detector in DETECTORS.items())
+
+
+def test_a_finding_is_built_by_keyword() -> None:
+    """Fifteen fields, several of one type (three times, four texts): a positional call could swap two silently."""
+    fields = {"kind": "threads", "title": "2 of 4 cores used", "operators": (), "nodes": {}, "calls": 0,
+              "measured_ms": 2.0, "share": 0.5, "cause": "idle cores", "saving_ms": 1.0, "fix_kind": "option",
+              "fix": "--threads 4"}  # fmt: skip
+    assert Finding(**fields).id == ""  # the advisor numbers findings
+    with pytest.raises(TypeError):
+        Finding("", *fields.values())
 
 
 @pytest.mark.parametrize(

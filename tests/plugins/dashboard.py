@@ -123,8 +123,9 @@ def dashboard_lab(analysis_bundles: dict[str, BundleCase], tmp_path_factory: pyt
         "gpt2": pulled_run(analysis_bundles["gpt2_xnnpack"], results, RUN_IDS["gpt2"]),
     }
     # The advisor's findings as `fab advise` writes them (analysis/advice.json), a title holding markup.
-    finding = Finding("F1", "threads", f"use 4 threads {EVIL}", (), {}, 0, 2.0, 0.5, "idle cores", 1.25, "option",
-                      "--threads 4")  # fmt: skip
+    finding = Finding(id="F1", kind="threads", title=f"use 4 threads {EVIL}", operators=(), nodes={}, calls=0,
+                      measured_ms=2.0, share=0.5, cause="idle cores", saving_ms=1.25, fix_kind="option",
+                      fix="--threads 4")  # fmt: skip
     write_advice(runs["distilbert_a"], Advice(RUN_IDS["distilbert_a"], "distilbert-tiny", "xnnpack", LAB_BOARD, 4.0,
                                               (finding,)))  # fmt: skip
     real = (LAB_BOARD, "distilbert-tiny", "xnnpack")

@@ -105,8 +105,8 @@ def overview(
         }
         for r in sorted(records, key=lambda r: r.cell)
     ]
-    boards = sorted({c["board"] for c in cells})
-    columns = sorted({(c["model"], c["backend"]) for c in cells})
+    boards = sorted({r.board for r in records})
+    columns = sorted({(r.model, r.backend) for r in records})
     grid = {(c["board"], c["model"], c["backend"]): c for c in cells}
     return {
         "night": night,

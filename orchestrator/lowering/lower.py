@@ -53,22 +53,9 @@ from orchestrator.lowering.weights import WeightsChoice, resolve_weights
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.versions import toolchain_versions
 
-# Source files whose content decides what lowering produces; editing them invalidates the cache.
-_LOWERING_SOURCES = (
-    "lower.py",
-    "models.py",
-    "delegation.py",
-    "spec.py",
-    "weights.py",
-    "quantize.py",
-    "export_errors.py",
-    "outputs.py",
-    "image_classifiers.py",
-    "rewrites.py",
-    "huggingface_rewrites.py",
-    "layer_rewrites.py",
-    "generation.py",
-)
+# Every module of this package decides what lowering produces (a rewrite in a new module too): editing any
+# invalidates the cache. Hashed by relative path, so a moved module is another revision.
+LOWERING_PACKAGE = Path(__file__).resolve().parent
 _CALIBRATION_IMAGES = 8  # generated calibration samples of an image model (int8-static)
 # Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the
 # full-size measurements (DistilBERT 67M parameters: 1.8 GB fp32 XNNPACK, 1.3 GB int8, 1.1 GB 8da4w), rounded up.
@@ -98,21 +85,23 @@ class LoweringResult:
 
 
 def code_files() -> list[Path]:
-    """The code that decides what a lowering produces: ours, and every model source's builder module (found
-    without importing it: a cache hit imports no torch)."""
-    here = Path(__file__).parent
-    files = [here / name for name in _LOWERING_SOURCES]
+    """The code that decides what a lowering produces: every .py of the lowering package (recursively, sorted by
+    relative path), then any model source's module registered from outside it (found without importing it: a cache
+    hit imports no torch)."""
+    package = LOWERING_PACKAGE
+    files = sorted(package.rglob("*.py"), key=lambda path: path.relative_to(package).as_posix())
     for source in SOURCES.values():
         found = importlib.util.find_spec(source.builder.partition(":")[0])
         if found is not None and found.origin:
-            files.append(Path(found.origin))
+            files.append(Path(found.origin).resolve())
     return list(dict.fromkeys(files))
 
 
 def _code_revision() -> str:
     digest = hashlib.sha256()
     for path in code_files():
-        digest.update(path.read_bytes())
+        name = path.relative_to(LOWERING_PACKAGE).as_posix() if path.is_relative_to(LOWERING_PACKAGE) else str(path)
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 

@@ -16,7 +16,8 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.lowering import lower as lowerer
-from orchestrator.lowering.spec import BUILTIN_SPECS, GENERATION_TASK, load_spec_file
+from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.spec import GENERATION_TASK, load_spec_file
 from orchestrator.lowering.variants import Variant
 from orchestrator.tensorfile import read_tensors
 from tests.lowering.spec_helpers import GPT2_TINY, checked

@@ -20,8 +20,9 @@ from orchestrator.errors import ArtifactError, SpecError, UsageError
 from orchestrator.fsutil import remove_stale_temporaries, sha256_file
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact, sidecar_problem
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec, load_spec_file
+from orchestrator.lowering.spec import ModelSpec, load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.tensorfile import read_tensors

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.lowering.spec import BUILTIN_SPECS, SOURCES, ModelSpec, load_spec_file, resolve_spec
+from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
+from orchestrator.lowering.spec import SOURCES, ModelSpec, load_spec_file
 
 
 def write_spec(tmp_path: Path, data: object, raw: str | None = None) -> Path:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 

@@ -150,7 +150,7 @@ def test_int8_static_is_refused_for_a_language_model_before_it_loads(tmp_path: P
 
 def _word_tokenizer(folder: Path, words: list[str]) -> Path:
     """A tokenizer saved as transformers saves one (tokenizer.json), made offline: one id per word."""
-    from orchestrator.lowering.models import declare_torchvision_ops
+    from orchestrator.lowering.torchvision_source import declare_torchvision_ops
 
     declare_torchvision_ops()
     from tokenizers import Tokenizer, models, pre_tokenizers

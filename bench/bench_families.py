@@ -36,8 +36,8 @@ sys.path.insert(0, str(PROJECT_ROOT))
 
 from bench.bench_quantize import cpu_description, fab_lower, load_average, local_board_runner, run_native  # noqa: E402
 from orchestrator import console  # noqa: E402
+from orchestrator.lowering.builtins import BUILTIN_SPECS  # noqa: E402
 from orchestrator.lowering.sidecar import read_sidecar  # noqa: E402
-from orchestrator.lowering.spec import BUILTIN_SPECS  # noqa: E402
 from orchestrator.lowering.variants import Variant, parse_schemes  # noqa: E402
 
 DEFAULT_MODELS = "mobilenet-v2,resnet-18,vit,bert-base,whisper-tiny-encoder,smollm2-135m"

@@ -42,7 +42,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from orchestrator import console  # noqa: E402
-from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec  # noqa: E402
+from orchestrator.lowering.builtins import BUILTIN_SPECS  # noqa: E402
+from orchestrator.lowering.spec import ModelSpec  # noqa: E402
 from orchestrator.lowering.variants import Variant  # noqa: E402
 from orchestrator.results.generation import GenerationTimings  # noqa: E402
 

@@ -25,7 +25,7 @@ CHILD = """
 import json, resource, sys, time
 started = time.perf_counter()
 from orchestrator.lowering import lower as lowering
-from orchestrator.lowering.spec import BUILTIN_SPECS
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.variants import Variant
 variant = Variant.parse(sys.argv[2])
 result = lowering.lower(BUILTIN_SPECS[sys.argv[1]], variants=[variant], weights="random", force=True)

@@ -38,7 +38,7 @@ def distilbert_xnnpack() -> tuple[Path, Path]:
     """Full-size DistilBERT (random weights) lowered by `fab lower` (cached in artifacts/): .pte and its inputs."""
     from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
-    from orchestrator.lowering.spec import BUILTIN_SPECS
+    from orchestrator.lowering.builtins import BUILTIN_SPECS
     from orchestrator.lowering.variants import Variant
 
     lowering.lower(BUILTIN_SPECS["distilbert"], variants=[Variant("xnnpack")], weights="random")

@@ -308,7 +308,7 @@ def pull_task(
 def boards_task(*, board: str | None, group: str | None, tag: str | None, inventory: str | None) -> int:
     """`fab boards`: the selected boards, else every board of the inventory."""
     selected = select_boards(inventory, board, group, tag) if (board or group or tag) else None
-    return boards_table(selected or select_all(load_inventory(inventory)))
+    return boards_table(selected or select_all(load_inventory(Path(inventory) if inventory else None)))
 
 
 def gc_task(

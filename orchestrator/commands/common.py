@@ -141,7 +141,8 @@ def model_spec(
 ) -> ModelSpec:
     """`--model NAME` or `--spec FILE`, exactly one (exit 64, the options named)."""
     # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.spec import RemoteCodeInSpec, UnknownModel, resolve_spec
+    from orchestrator.lowering.builtins import resolve_spec
+    from orchestrator.lowering.spec import RemoteCodeInSpec, UnknownModel
 
     if (model is None) == (spec is None):
         raise UsageError("give exactly one of --model NAME or --spec FILE")
@@ -236,9 +237,10 @@ def rewrite_request(value: Any, target: ModelSpec | Artifact) -> RewriteRequest:
     records: it is lowered again only with them, under its own name (`RewriteRequest.program_spec`).
     """
     # here, not at the top: fab imports this module at start-up
+    from orchestrator.lowering.builtins import BUILTIN_SPECS
     from orchestrator.lowering.lowered import recorded_rewrites
     from orchestrator.lowering.rewrites import RewriteRequest, UnknownRewrite, check_request, parse_rewrites
-    from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
+    from orchestrator.lowering.spec import ModelSpec
 
     try:
         request = parse_rewrites(str(value))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.commands.render import print_models
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lowered import find_lowered, lowered_names
-from orchestrator.lowering.spec import BUILTIN_SPECS
 
 
 def list_models(root: Path | None = None) -> int:

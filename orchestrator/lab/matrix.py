@@ -33,8 +33,9 @@ from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
 from orchestrator.lab.history import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
+from orchestrator.lowering.builtins import resolve_spec
 from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest, UnknownRewrite, not_applying, parse_rewrites
-from orchestrator.lowering.spec import ModelSpec, resolve_spec
+from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, Variant, combine, parse_schemes
 from orchestrator.lowering.weights import WEIGHT_MODES
 from orchestrator.results.stats import DEFAULT_MIN_EFFECT

@@ -20,7 +20,7 @@ import json
 import sys
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,10 @@ import torch
 
 from orchestrator import console
 from orchestrator.errors import EtlabError, ExitCode, SpecError
-from orchestrator.lowering.models import LoadedModel, SpecCheck
+from orchestrator.lowering.models import OWN, LoadedModel, SourceBuilder, SpecCheck
 from orchestrator.lowering.outputs import NotTensorOutputs, eager_outputs
-from orchestrator.lowering.spec import SPEC_HINT, ModelSpec, UntrustedFactory, factory_file
+from orchestrator.lowering.sources.factory import factory_file
+from orchestrator.lowering.spec import SPEC_HINT, ModelSpec, UntrustedFactory
 from orchestrator.lowering.spec_errors import brief, spec_failure, too_large
 from orchestrator.lowering.weights import OWN_WEIGHTS, WeightsChoice
 from orchestrator.tensorfile import DTYPE_CODES, NamedTensor
@@ -167,8 +168,16 @@ def _load_once(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
     return _CHECKED.pop(_run_key(spec), None) or _load(spec, choice)
 
 
-class Factory:
-    """The `factory` source (spec.py SOURCES)."""
+class Factory(SourceBuilder):
+    """The `factory` source (its record: sources/factory.py): a user's module, whose inputs mean nothing to etlab."""
+
+    def input_kind(self, spec: ModelSpec, names: Sequence[str]) -> str:
+        return OWN
+
+    def calibration(
+        self, spec: ModelSpec, module: torch.nn.Module, example_args: tuple[torch.Tensor, ...], kind: str, samples: int
+    ) -> tuple[list[tuple[torch.Tensor, ...]], str]:
+        return [example_args], "the factory's example inputs (one sample)"
 
     def check(self, spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
         return _check(spec, choice, available)

@@ -31,7 +31,8 @@ from orchestrator import console
 from orchestrator.config import did_you_mean
 from orchestrator.errors import SpecError
 from orchestrator.lowering.huggingface_config import Overrides, check_derived, read_overrides
-from orchestrator.lowering.models import LoadedModel, SpecCheck
+from orchestrator.lowering.models import AUDIO, LoadedModel, SourceBuilder, SpecCheck
+from orchestrator.lowering.quantize import shaped_like
 from orchestrator.lowering.spec import (
     AUDIO_SAMPLES,
     GENERATION_TASK,
@@ -43,8 +44,11 @@ from orchestrator.lowering.spec import (
     ModelSpec,
 )
 from orchestrator.lowering.spec_errors import FLOAT_BYTES, brief, spec_failure, too_large
+from orchestrator.lowering.torchvision_source import declare_torchvision_ops, generated_images
 from orchestrator.lowering.weights import RANDOM_SEED, PretrainedUnavailable, WeightsChoice
 from orchestrator.tensorfile import NamedTensor
+
+declare_torchvision_ops()  # transformers imports torchvision whenever it is installed
 
 # task -> (the modeling_auto mapping of family -> head class, the Auto class that loads it)
 TASK_HEADS: dict[str, tuple[str, str]] = {
@@ -646,8 +650,25 @@ def calibration_inputs(spec: ModelSpec, module: torch.nn.Module, samples: int) -
     return [tuple(torch.from_numpy(tensor.array) for tensor in tensors) for tensors in made]
 
 
-class HuggingFace:
+class HuggingFace(SourceBuilder):
     """The `huggingface` source: transformers' head for the task, from a config or `from_pretrained`."""
+
+    def known_inputs(self, spec: ModelSpec, config: Any) -> tuple[InputSpec, ...]:
+        if spec.declared_inputs:
+            return spec.declared_inputs
+        head = head_class(spec.model_type, spec.task)  # the family adds its own inputs
+        return model_inputs(spec, config, head) if head is not None else spec.inputs
+
+    def calibration(
+        self, spec: ModelSpec, module: torch.nn.Module, example_args: tuple[torch.Tensor, ...], kind: str, samples: int
+    ) -> tuple[list[tuple[torch.Tensor, ...]], str]:
+        if spec.image_size is not None:
+            generated = shaped_like(generated_images(spec.image_size, samples), example_args)
+            return generated, "generated: deterministic random images, ImageNet-normalised (not real photos)"
+        made = calibration_inputs(spec, module, samples)  # audio, or images the family's config sizes
+        if kind == AUDIO:
+            return made, "generated: deterministic synthetic audio, a chord and noise (not real speech)"
+        return made, "generated: deterministic random images, normalised (not real photos)"
 
     def check(self, spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
         return _check_huggingface(spec, choice, available)

@@ -54,22 +54,9 @@ from orchestrator.lowering.weights import WeightsChoice, resolve_weights
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.versions import toolchain_versions
 
-# Source files whose content decides what lowering produces; editing them invalidates the cache.
-_LOWERING_SOURCES = (
-    "lower.py",
-    "models.py",
-    "delegation.py",
-    "spec.py",
-    "weights.py",
-    "quantize.py",
-    "export_errors.py",
-    "outputs.py",
-    "image_classifiers.py",
-    "rewrites.py",
-    "huggingface_rewrites.py",
-    "layer_rewrites.py",
-    "generation.py",
-)
+# Every module of this package decides what lowering produces (a rewrite in a new module too): editing any
+# invalidates the cache. Hashed by relative path, so a moved module is another revision.
+LOWERING_PACKAGE = Path(__file__).resolve().parent
 _CALIBRATION_IMAGES = 8  # generated calibration samples of an image model (int8-static)
 # Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the
 # full-size measurements (DistilBERT 67M parameters: 1.8 GB fp32 XNNPACK, 1.3 GB int8, 1.1 GB 8da4w), rounded up.
@@ -98,22 +85,25 @@ class LoweringResult:
         return all(result.cached for result in self.variants.values())
 
 
-def code_files() -> list[Path]:
-    """The code that decides what a lowering produces: ours, and every model source's builder module (found
-    without importing it: a cache hit imports no torch)."""
-    here = Path(__file__).parent
-    files = [here / name for name in _LOWERING_SOURCES]
-    for source in SOURCES.values():
-        found = importlib.util.find_spec(source.builder.partition(":")[0])
+def code_files(source: str | None = None) -> list[Path]:
+    """The code that decides what a lowering produces: every .py of the lowering package (recursively, sorted by
+    relative path), then the builder module of model source `source` when it lives outside the package (registered
+    by a test or a plugin; found without importing it: a cache hit imports no torch). Only the spec's own source:
+    another process may not have registered the others."""
+    package = LOWERING_PACKAGE
+    files = sorted(package.rglob("*.py"), key=lambda path: path.relative_to(package).as_posix())
+    if source is not None and source in SOURCES:
+        found = importlib.util.find_spec(SOURCES[source].builder.partition(":")[0])
         if found is not None and found.origin:
-            files.append(Path(found.origin))
+            files.append(Path(found.origin).resolve())
     return list(dict.fromkeys(files))
 
 
-def _code_revision() -> str:
+def _code_revision(source: str | None = None) -> str:
     digest = hashlib.sha256()
-    for path in code_files():
-        digest.update(path.read_bytes())
+    for path in code_files(source):
+        name = path.relative_to(LOWERING_PACKAGE).as_posix() if path.is_relative_to(LOWERING_PACKAGE) else str(path)
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
@@ -137,7 +127,7 @@ def cache_key(
         "weights": weights,
         "etrecord": etrecord,
         "versions": toolchain_versions(),
-        "code": _code_revision(),
+        "code": _code_revision(spec.model_source),
     }
     if variant.scheme.calibrated:
         material["calibration"] = calibration or "generated"
@@ -208,7 +198,7 @@ def lower(
         artifact_paths.sidecar(variant).unlink(missing_ok=True)
 
     shared = _load(spec, choice, artifact_paths, timer, rewrites)
-    if calibration is not None and kind == FACTORY:  # its inputs are known once the factory ran
+    if calibration is not None and kind == "own":  # its inputs are known once the module's source ran
         calibration_samples(calibration, _input_triples(shared.inputs), spec.name)
     tasks = [
         VariantTask(
@@ -252,7 +242,7 @@ def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | No
     """The spec's config built and checked (no weights), and the calibration file read against the model's inputs
     (token ids: against its vocabulary). Returns the kind of the model's inputs (`_GENERATED_CALIBRATION`)."""
     # here, not at the top: it imports torch (seconds), which a cache hit never needs
-    from orchestrator.lowering.models import check_spec
+    from orchestrator.lowering.models import OWN, TOKENS, builder, check_spec
 
     if spec.trust_remote_code:
         console.loud_warning(
@@ -264,45 +254,23 @@ def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | No
     checked = check_spec(spec, choice, available=available_memory())
     for warning in checked.warnings:
         console.warn(warning)
-    inputs = _known_inputs(spec, checked.config)
-    kind = input_kind(spec, [name for name, _, _ in inputs])
+    source = builder(spec.model_source)
+    inputs = [(item.name, item.dtype, tuple(item.shape)) for item in source.known_inputs(spec, checked.config)]
+    kind = source.input_kind(spec, [name for name, _, _ in inputs])
     if calibration is not None and kind == TOKENS:
         calibration_from_file(calibration, spec.seq_len, checked.config.vocab_size)
-    elif calibration is not None and kind != FACTORY:  # a factory's inputs: checked once it ran
+    elif calibration is not None and kind != OWN:  # a module's own inputs: checked once it ran
         calibration_samples(calibration, inputs, spec.name)
     return kind
 
 
-TOKENS, IMAGES, AUDIO, FACTORY = "tokens", "images", "audio", "factory"
-# What int8-static is calibrated on without a calibration file, per kind of input (as the warning says it).
+# What int8-static is calibrated on without a calibration file, per kind of input (models.py; as the warning says).
 _GENERATED_CALIBRATION = {
-    TOKENS: "generated token ids (not real text)",
-    IMAGES: "generated images, random and normalised as the model's preprocessing does (not real photos)",
-    AUDIO: "generated audio, a chord and noise made like its reference input (not real speech)",
-    FACTORY: "the factory's example inputs only (one sample: etlab cannot make more of a module it does not know)",
+    "tokens": "generated token ids (not real text)",
+    "images": "generated images, random and normalised as the model's preprocessing does (not real photos)",
+    "audio": "generated audio, a chord and noise made like its reference input (not real speech)",
+    "own": "the source's example inputs only (one sample: etlab cannot make more of a module it does not know)",
 }
-
-
-def input_kind(spec: ModelSpec, names: Sequence[str]) -> str:
-    """What a model takes, for its calibration: token ids, images, audio, or a factory's own inputs."""
-    if spec.factory is not None:
-        return FACTORY
-    if spec.image_size is not None or "pixel_values" in names:
-        return IMAGES
-    if {"input_values", "input_features"} & set(names):
-        return AUDIO
-    return TOKENS
-
-
-def _known_inputs(spec: ModelSpec, config: Any) -> list[tuple[str, str, tuple[int, ...]]]:
-    """The model's inputs as far as the spec and its config decide them (a factory's: none until it runs)."""
-    found = spec.inputs
-    if not spec.declared_inputs and spec.model_source == "huggingface":  # the family adds its own inputs
-        from orchestrator.lowering.huggingface_source import head_class, model_inputs
-
-        head = head_class(spec.model_type, spec.task)
-        found = model_inputs(spec, config, head) if head is not None else found
-    return [(item.name, item.dtype, tuple(item.shape)) for item in found]
 
 
 def _input_triples(inputs: Sequence[dict[str, Any]]) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -580,7 +548,7 @@ def _quantized_program(
     import torch
 
     # here, not at the top: it imports torch (seconds), which a cache hit never needs; numpy with tensorfile
-    from orchestrator.lowering.models import load_model, vocab_size_of
+    from orchestrator.lowering.models import TOKENS, builder, load_model, vocab_size_of
     from orchestrator.tensorfile import read_tensors
 
     if shared is not None and shared.module is not None:
@@ -593,30 +561,16 @@ def _quantized_program(
     example_args = tuple(torch.from_numpy(t.array) for t in reference)
     if task.spec.generates:  # the board's file holds the prompt; the program takes its positions too
         example_args = (*example_args, torch.arange(example_args[0].shape[1]))
-    kind = input_kind(task.spec, [t.name for t in reference])
+    source_builder = builder(task.spec.model_source)
+    kind = source_builder.input_kind(task.spec, [t.name for t in reference])
     calibration, source = None, None
     if scheme.calibrated and task.calibration and kind != TOKENS:  # checked against the inputs before lowering
         path = Path(task.calibration)
         triples = [(t.name, t.dtype, tuple(t.array.shape)) for t in reference]
         calibration = calibration_samples(path, triples, task.spec.name)
         source = f"file {path.name} (sha256 {sha256_file(path)[:12]})"
-    elif scheme.calibrated and kind == IMAGES and task.spec.image_size is not None:
-        from orchestrator.lowering.torchvision_source import generated_images
-
-        calibration = shaped_like(generated_images(task.spec.image_size, _CALIBRATION_IMAGES), example_args)
-        source = "generated: deterministic random images, ImageNet-normalised (not real photos)"
-    elif scheme.calibrated and kind == FACTORY:  # a user's module: its inputs mean nothing to etlab
-        calibration = [example_args]
-        source = "the factory's example inputs (one sample)"
-    elif scheme.calibrated and kind != TOKENS:  # audio, or images the family's config sizes: made as its inputs
-        from orchestrator.lowering.huggingface_source import calibration_inputs
-
-        calibration = calibration_inputs(task.spec, module, _CALIBRATION_IMAGES)
-        source = (
-            "generated: deterministic synthetic audio, a chord and noise (not real speech)"
-            if kind == AUDIO
-            else "generated: deterministic random images, normalised (not real photos)"
-        )
+    elif scheme.calibrated and kind != TOKENS:  # images, audio, a module's own inputs: its source makes them
+        calibration, source = source_builder.calibration(task.spec, module, example_args, kind, _CALIBRATION_IMAGES)
     elif scheme.calibrated:
         vocab = vocab_size_of(module)
         if task.calibration:

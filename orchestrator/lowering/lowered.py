@@ -18,8 +18,9 @@ from typing import Any
 from orchestrator import paths
 from orchestrator.errors import SpecError
 from orchestrator.lowering.artifacts import ArtifactPaths, valid_sidecar
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.sidecar import Sidecar
-from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec, load_spec_file
+from orchestrator.lowering.spec import ModelSpec, load_spec_file
 from orchestrator.lowering.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.names import is_valid_name

@@ -1,64 +1,26 @@
 """Turn a ModelSpec into an exportable torch module, its reference inputs, and its weights story.
 
-`check_spec`, `load_model` and `example_inputs` go to the builder of the spec's source (spec.py SOURCES):
+`check_spec`, `load_model` and `example_inputs` go to the builder of the spec's source (its record: sources/):
 `huggingface_source.HUGGINGFACE` (transformers, any family and task), `torchvision_source.TORCHVISION`, ...
-How a builder refuses a spec is spec_errors.py.
+How a builder refuses a spec is spec_errors.py; what a source decides beyond loading (its inputs before it loads,
+their kind, generated calibration samples) is its builder's too, with `SourceBuilder`'s defaults.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
-import importlib.util
-import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from orchestrator.errors import SpecError
-from orchestrator.lowering.spec import SOURCES, SPEC_HINT, ModelSpec
+from orchestrator.lowering.spec import IMAGE_INPUT, SOURCES, SPEC_HINT, InputSpec, ModelSpec
 
 # Deciding the weights needs no torch, so it lives in weights.py.
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
 from orchestrator.tensorfile import NamedTensor
-
-# The schemas of torchvision's own operators, when its C++ library cannot load; kept alive for the process.
-_TORCHVISION_FRAGMENTS: list[Any] = []
-
-
-def declare_torchvision_ops() -> None:
-    """Make an installed torchvision importable even when its C++ operators cannot load against this torch.
-
-    PyPI's torchvision wheel for Linux x86-64 is a CUDA build: next to a CPU-only torch its `_C` library does not
-    load, and its import then fails on two operators it registers unconditionally (`nms`, `qnms`). transformers
-    imports torchvision whenever it is installed, so that would break every model, not only torchvision's. When the
-    library does not load, those two schemas are declared here, with no kernel: no model etlab builds (transformers'
-    text models, torchvision's classifiers) calls them. Nothing of torchvision is imported here.
-    """
-    if "torchvision" in sys.modules or _TORCHVISION_FRAGMENTS:
-        return
-    found = importlib.util.find_spec("torchvision")
-    if found is None or found.submodule_search_locations is None:
-        return
-    folder = Path(next(iter(found.submodule_search_locations)))
-    libraries = [folder / f"_C{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
-    library = next((path for path in libraries if path.is_file()), None)
-    if library is not None:
-        try:
-            torch.ops.load_library(str(library))  # what torchvision's import does first
-            return
-        except OSError:
-            pass
-    fragment = torch.library.Library("torchvision", "FRAGMENT")
-    for op in ("nms", "qnms"):
-        if not hasattr(torch.ops.torchvision, op):
-            fragment.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _TORCHVISION_FRAGMENTS.append(fragment)
-
-
-declare_torchvision_ops()
 
 
 @dataclass
@@ -80,12 +42,46 @@ class SpecCheck:
     warnings: tuple[str, ...] = ()
 
 
+# What a model takes, for its calibration (lower.py says what int8-static is calibrated on without a file, per
+# kind): token ids, images, audio, or the source's own example inputs (a module etlab knows nothing of).
+TOKENS, IMAGES, AUDIO, OWN = "tokens", "images", "audio", "own"
+
+
 class ModelBuilder(Protocol):
-    """What a model source's builder does (spec.py `Source.builder` names one)."""
+    """What a model source's builder does (`spec.ModelSource.builder` names one); `SourceBuilder` gives the defaults
+    of the last three."""
 
     def check(self, spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck: ...
     def load(self, spec: ModelSpec, choice: WeightsChoice) -> LoadedModel: ...
     def example_inputs(self, spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]: ...
+    def known_inputs(self, spec: ModelSpec, config: Any) -> tuple[InputSpec, ...]: ...
+    def input_kind(self, spec: ModelSpec, names: Sequence[str]) -> str: ...
+    def calibration(
+        self, spec: ModelSpec, module: torch.nn.Module, example_args: tuple[torch.Tensor, ...], kind: str, samples: int
+    ) -> tuple[list[tuple[torch.Tensor, ...]], str]: ...
+
+
+class SourceBuilder:
+    """The build side's defaults: a source overrides what it decides itself."""
+
+    def known_inputs(self, spec: ModelSpec, config: Any) -> tuple[InputSpec, ...]:
+        """The model's inputs as far as the spec and its config decide them, before it loads."""
+        return spec.inputs
+
+    def input_kind(self, spec: ModelSpec, names: Sequence[str]) -> str:
+        """What the model takes (TOKENS, IMAGES, AUDIO or OWN), from its inputs' names."""
+        if spec.image_size is not None or IMAGE_INPUT in names:
+            return IMAGES
+        if {"input_values", "input_features"} & set(names):
+            return AUDIO
+        return TOKENS
+
+    def calibration(
+        self, spec: ModelSpec, module: torch.nn.Module, example_args: tuple[torch.Tensor, ...], kind: str, samples: int
+    ) -> tuple[list[tuple[torch.Tensor, ...]], str]:
+        """Generated calibration samples for inputs that are not token ids (lower.py makes those), and what they
+        are (`kind`: what `input_kind` said); the default: the example inputs, one sample."""
+        return [example_args], f"the {spec.model_source} source's example inputs (one sample)"
 
 
 def builder(source: str) -> ModelBuilder:

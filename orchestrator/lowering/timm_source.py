@@ -9,8 +9,8 @@ normalised with the model's own pretrained_cfg mean and std, the class logits ou
 Weights: random (seeded), or the model's default weights when timm's `model.safetensors` is already in the
 HuggingFace cache (read with safetensors: no unpickling); etlab never downloads them.
 
-timm is imported here only, on a cache miss of a timm spec (`spec.SOURCES` names this module), after
-models.declare_torchvision_ops (timm imports torchvision).
+timm is imported here only, on a cache miss of a timm spec (`sources/timm.py` names this module), after
+torchvision_source.declare_torchvision_ops (timm imports torchvision).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from typing import Any
 import torch
 
 from orchestrator.lowering.image_classifiers import ImageClassifierSource, scalar_parameters
-from orchestrator.lowering.models import declare_torchvision_ops
-from orchestrator.lowering.spec import TIMM_REFUSED, ModelSpec
+from orchestrator.lowering.sources.timm import TIMM_REFUSED, timm_pretrained
+from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.spec_errors import brief
+from orchestrator.lowering.torchvision_source import declare_torchvision_ops, image_calibration
 from orchestrator.lowering.weights import (
     TIMM_WEIGHTS_FILE,
     Availability,
     PretrainedUnavailable,
     cached_hub_file,
-    timm_pretrained,
 )
 
 
@@ -63,7 +63,7 @@ def constructor_parameters(spec: ModelSpec) -> dict[str, Any]:
 
 
 class Timm(ImageClassifierSource):
-    """The `timm` source (spec.py SOURCES)."""
+    """The `timm` source's build side (its record: sources/timm.py)."""
 
     library = "timm"
     catalogue = "timm model"
@@ -93,6 +93,11 @@ class Timm(ImageClassifierSource):
             return load_file(str(path)), f"timm {hub_id} from {path}"
         except Exception as exc:
             raise PretrainedUnavailable(f"cannot read {path}: {brief(exc)}") from exc
+
+    def calibration(
+        self, spec: ModelSpec, module: torch.nn.Module, example_args: tuple[torch.Tensor, ...], kind: str, samples: int
+    ) -> tuple[list[tuple[torch.Tensor, ...]], str]:
+        return image_calibration(spec, example_args, samples)
 
     def mean_std(self, spec: ModelSpec) -> tuple[Any, Any]:
         """The model's own, from its pretrained_cfg (ImageNet's for most)."""

@@ -8,13 +8,17 @@ input `pixel_values` [1, 3, H, W], the class logits [1, classes] out.
 Weights: random (seeded), or torchvision's default checkpoint when it is already in the torch hub cache
 ($TORCH_HOME/hub/checkpoints), read with `torch.load(weights_only=True)`; etlab never downloads one.
 
-torchvision is imported here only, on a cache miss of a torchvision spec (`spec.SOURCES` names this module).
+torchvision is imported here only, on a cache miss of a torchvision spec (`sources/torchvision.py` names this module).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import inspect
+import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,23 +26,59 @@ import torch
 
 from orchestrator.errors import SpecError
 from orchestrator.lowering.image_classifiers import ImageClassifierSource, normalised_image, scalar_parameters
-from orchestrator.lowering.spec import TORCHVISION_REFUSED, ModelSpec
+from orchestrator.lowering.quantize import shaped_like
+from orchestrator.lowering.sources.torchvision import TORCHVISION_REFUSED, torchvision_pretrained
+from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.spec_errors import brief
 from orchestrator.lowering.weights import (
     RANDOM_SEED,
     Availability,
     PretrainedUnavailable,
     torch_hub_checkpoints,
-    torchvision_pretrained,
 )
+
+# The schemas of torchvision's own operators, when its C++ library cannot load; kept alive for the process.
+_TORCHVISION_FRAGMENTS: list[Any] = []
+
+
+def declare_torchvision_ops() -> None:
+    """Make an installed torchvision importable even when its C++ operators cannot load against this torch.
+
+    PyPI's torchvision wheel for Linux x86-64 is a CUDA build: next to a CPU-only torch its `_C` library does not
+    load, and its import then fails on two operators it registers unconditionally (`nms`, `qnms`). transformers
+    imports torchvision whenever it is installed, so that would break every model, not only torchvision's. When the
+    library does not load, those two schemas are declared here, with no kernel: no model etlab builds (transformers'
+    text models, torchvision's classifiers) calls them. Nothing of torchvision is imported here.
+    """
+    if "torchvision" in sys.modules or _TORCHVISION_FRAGMENTS:
+        return
+    found = importlib.util.find_spec("torchvision")
+    if found is None or found.submodule_search_locations is None:
+        return
+    folder = Path(next(iter(found.submodule_search_locations)))
+    libraries = [folder / f"_C{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+    library = next((path for path in libraries if path.is_file()), None)
+    if library is not None:
+        try:
+            torch.ops.load_library(str(library))  # what torchvision's import does first
+            return
+        except OSError:
+            pass
+    fragment = torch.library.Library("torchvision", "FRAGMENT")
+    for op in ("nms", "qnms"):
+        if not hasattr(torch.ops.torchvision, op):
+            fragment.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _TORCHVISION_FRAGMENTS.append(fragment)
+
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def _torchvision() -> Any:
-    """`torchvision.models`, imported now (models.declare_torchvision_ops, run when models.py loads, made sure a
-    torchvision whose C++ operators do not load with this torch imports all the same)."""
+    """`torchvision.models`, imported now (declare_torchvision_ops first: a torchvision whose C++ operators do not
+    load with this torch imports all the same)."""
+    declare_torchvision_ops()
     import torchvision.models
 
     return torchvision.models
@@ -78,8 +118,17 @@ def generated_images(size: int, samples: int) -> list[tuple[torch.Tensor]]:
     return [(torch.from_numpy(image),) for image in (reference_image(size), *others)]
 
 
+def image_calibration(
+    spec: ModelSpec, example_args: tuple[torch.Tensor, ...], samples: int
+) -> tuple[list[tuple[torch.Tensor, ...]], str]:
+    """An image classifier's calibration without a file (torchvision's and timm's alike)."""
+    assert spec.image_size is not None  # both sources require or default it
+    generated = shaped_like(generated_images(spec.image_size, samples), example_args)
+    return generated, "generated: deterministic random images, ImageNet-normalised (not real photos)"
+
+
 class Torchvision(ImageClassifierSource):
-    """The `torchvision` source (spec.py SOURCES)."""
+    """The `torchvision` source's build side (its record: sources/torchvision.py)."""
 
     library = "torchvision"
     catalogue = "torchvision classification model"
@@ -106,6 +155,11 @@ class Torchvision(ImageClassifierSource):
             return torch.load(path, map_location="cpu", weights_only=True), f"{weights} from {path}"
         except Exception as exc:
             raise PretrainedUnavailable(f"cannot read {path}: {brief(exc)}") from exc
+
+    def calibration(
+        self, spec: ModelSpec, module: torch.nn.Module, example_args: tuple[torch.Tensor, ...], kind: str, samples: int
+    ) -> tuple[list[tuple[torch.Tensor, ...]], str]:
+        return image_calibration(spec, example_args, samples)
 
     def mean_std(self, spec: ModelSpec) -> tuple[Any, Any]:
         return IMAGENET_MEAN, IMAGENET_STD

@@ -1,6 +1,6 @@
 """What `--weights` means for a spec, decided without importing torch, transformers or huggingface_hub.
 
-`auto` is pretrained when the spec's source says they can be had now (its `Source.pretrained`, a function here:
+`auto` is pretrained when the spec's source says they can be had now (its `ModelSource.pretrained`, with helpers here:
 a local folder, the HuggingFace cache or a reachable hub; the torch hub cache; timm's weights in the HuggingFace
 cache), and random otherwise. A source without one (`factory`) brings its own weights: "own". The lowering cache
 is keyed on this resolved choice, so deciding it must stay cheap: it runs on every warm `fab lower` and
@@ -9,7 +9,6 @@ is keyed on this resolved choice, so deciding it must stay cheap: it runs on eve
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 from dataclasses import dataclass
@@ -90,13 +89,6 @@ def hub_offline() -> bool:
     return value.strip().upper() in _TRUE_VALUES
 
 
-def huggingface_pretrained(spec: ModelSpec) -> Availability:
-    """The `huggingface` source: no model_id (the tiny models) is random with nothing to warn about."""
-    if not spec.model_id:
-        return Availability(False, "the spec has no model_id", expected=False)
-    return Availability(*pretrained_available(spec))
-
-
 def pretrained_available(spec: ModelSpec) -> tuple[bool, str]:
     """Whether pretrained weights can be had without a long network timeout, and why not."""
     if not spec.model_id:
@@ -133,18 +125,6 @@ def cached_torchvision_checkpoint(model: str) -> Path | None:
     return found[0] if found else None
 
 
-def torchvision_pretrained(spec: ModelSpec) -> Availability:
-    """Whether a torchvision spec can have its pretrained weights without the network, and why not."""
-    if spec.kwargs:  # the tiny ones: random is all there is
-        reason = f"the spec's kwargs ({', '.join(spec.kwargs)}) change the model torchvision's checkpoint fits"
-        return Availability(False, reason, expected=False)
-    if cached_torchvision_checkpoint(spec.model_type) is None:
-        return Availability(
-            False, f"no {spec.model_type} checkpoint in {torch_hub_checkpoints()} (etlab never downloads one)"
-        )
-    return Availability(True, f"found in {torch_hub_checkpoints()}")
-
-
 TIMM_WEIGHTS_FILE = "model.safetensors"  # the only format read: no unpickling
 
 
@@ -163,28 +143,15 @@ def cached_timm_weights(model: str) -> Path | None:
     return None
 
 
-def timm_pretrained(spec: ModelSpec) -> Availability:
-    """Whether a timm spec can have its pretrained weights without the network, and why not."""
-    if spec.kwargs:
-        reason = f"the spec's kwargs ({', '.join(spec.kwargs)}) change the model timm's weights fit"
-        return Availability(False, reason, expected=False)
-    if cached_timm_weights(spec.model_type) is None:
-        return Availability(
-            False, f"no timm/{spec.model_type} weights in {hf_hub_cache()} (etlab never downloads them)"
-        )
-    return Availability(True, f"found in {hf_hub_cache()}")
-
-
 def resolve_weights(spec: ModelSpec, requested: str) -> WeightsChoice:
     """`auto` | `pretrained` | `random` (one of WEIGHT_MODES, checked where it was given) → the weights a lowering
     of `spec` uses now."""
-    reference = SOURCES[spec.model_source].pretrained
-    if reference is None:  # whatever was asked: the module comes with the weights its maker gave it
+    lookup = SOURCES[spec.model_source].pretrained
+    if lookup is None:  # whatever was asked: the module comes with the weights its maker gave it
         return WeightsChoice(requested, OWN_WEIGHTS, f"the {spec.model_source}'s own")
     if requested != "auto":
         return WeightsChoice(requested, requested, "requested")
-    module, _, name = reference.partition(":")
-    found: Availability = getattr(importlib.import_module(module), name)(spec)
+    found: Availability = lookup(spec)
     if found.available:
         return WeightsChoice(requested, "pretrained", found.reason)
     return WeightsChoice(requested, "random", found.reason, fallback=found.expected)

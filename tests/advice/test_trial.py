@@ -15,7 +15,7 @@ from orchestrator.boards.inventory import Board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode
 from orchestrator.lowering.artifacts import ArtifactPaths
-from orchestrator.lowering.spec import BUILTIN_SPECS
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.plugins.artifacts import ARTIFACT_CACHE

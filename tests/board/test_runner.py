@@ -342,7 +342,7 @@ def test_runner_reads_the_constants_the_lowering_counted(
 ) -> None:
     from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
-    from orchestrator.lowering.spec import BUILTIN_SPECS
+    from orchestrator.lowering.builtins import BUILTIN_SPECS
     from orchestrator.programs.memory import read_program_memory
     from tests.plugins.artifacts import ARTIFACT_CACHE
 

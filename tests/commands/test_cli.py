@@ -270,7 +270,7 @@ def test_the_command_layer_names_the_options_the_library_does_not() -> None:
     from orchestrator.commands.common import model_spec
     from orchestrator.counters import parse_counters
     from orchestrator.errors import SpecError, UsageError
-    from orchestrator.lowering.spec import resolve_spec
+    from orchestrator.lowering.builtins import resolve_spec
 
     with pytest.raises(UsageError, match=r"^give exactly one of --model NAME or --spec FILE$"):
         model_spec(None, None)

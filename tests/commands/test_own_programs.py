@@ -133,6 +133,6 @@ def test_model_finds_a_spec_lowered_earlier(tmp_path: Path, monkeypatch: pytest.
     said = models.stdout + models.stderr
     assert models.returncode == 0, said
     assert "my-bert" in said and str(spec.name) in said, said  # lowered from the spec file, named as such
-    from orchestrator.lowering.spec import BUILTIN_SPECS
+    from orchestrator.lowering.builtins import BUILTIN_SPECS
 
     assert all(name in said for name in BUILTIN_SPECS), said

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.lowering import lower as lowering
-from orchestrator.lowering.spec import BUILTIN_SPECS
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
 
 # DistilBertConfig's structure (6 layers, 12 heads) at a width of 48 (4 per head) and a 500-word vocabulary.

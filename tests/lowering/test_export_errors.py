@@ -20,9 +20,9 @@ from orchestrator.commands.common import handle_errors
 from orchestrator.errors import ExitCode
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import ArtifactPaths
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export_errors import EXPORT, TO_EDGE, ExportError, explain
 from orchestrator.lowering.lower import export_module, lower_exported
-from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
 
 

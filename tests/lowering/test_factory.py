@@ -17,7 +17,8 @@ import pytest
 
 from orchestrator.errors import ExitCode, SpecError
 from orchestrator.lowering import lower as lowering
-from orchestrator.lowering.spec import UntrustedFactory, load_spec_file, resolve_spec
+from orchestrator.lowering.builtins import resolve_spec
+from orchestrator.lowering.spec import UntrustedFactory, load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.tensorfile import read_tensors

@@ -18,8 +18,9 @@ import pytest
 from orchestrator.errors import SpecError
 from orchestrator.lowering import generation
 from orchestrator.lowering import lower as lowerer
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.quantize import LLM_SCHEMES, SCHEMES, LlmRecipe
-from orchestrator.lowering.spec import BUILTIN_SPECS, GENERATION_TASK, load_spec_file
+from orchestrator.lowering.spec import GENERATION_TASK, load_spec_file
 from orchestrator.lowering.variants import QUANTIZED_ON, Variant
 from orchestrator.tensorfile import read_tensors
 from tests.lowering.spec_helpers import GPT2_TINY, checked
@@ -179,7 +180,7 @@ def test_a_scheme_s_own_recipe_is_what_a_language_model_gets(monkeypatch: pytest
 
 def _word_tokenizer(folder: Path, words: list[str]) -> Path:
     """A tokenizer saved as transformers saves one (tokenizer.json), made offline: one id per word."""
-    from orchestrator.lowering.models import declare_torchvision_ops
+    from orchestrator.lowering.torchvision_source import declare_torchvision_ops
 
     declare_torchvision_ops()
     from tokenizers import Tokenizer, models, pre_tokenizers

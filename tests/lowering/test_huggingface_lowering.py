@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
+from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import VARIANTS, Variant
 from orchestrator.tensorfile import read_tensors
 from tests.plugins.artifacts import ARTIFACT_CACHE

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.lowering.spec import BUILTIN_SPECS, TASKS, InputSpec, load_spec_file
+from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.spec import TASKS, InputSpec, load_spec_file
 from tests.lowering.spec_helpers import checked
 
 

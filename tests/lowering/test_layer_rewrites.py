@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.layer_rewrites import (
     averaging,
     fold_weight_norm,
@@ -26,7 +27,7 @@ from orchestrator.lowering.layer_rewrites import (
 )
 from orchestrator.lowering.models import example_inputs, load_model
 from orchestrator.lowering.rewrites import LLAMA_RMS_NORM_FAMILIES, REWRITES, WEIGHT_NORM_FAMILIES
-from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
+from orchestrator.lowering.spec import ModelSpec
 
 _WAV2VEC2_TINY = BUILTIN_SPECS["wav2vec2-tiny"]
 HUBERT_TINY = ModelSpec(name="hubert-tiny", model_type="hubert", task="speech-encoder", config=_WAV2VEC2_TINY.config)

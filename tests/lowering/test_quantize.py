@@ -27,9 +27,10 @@ from orchestrator.fsutil import atomic_write_json, read_json
 from orchestrator.lab.history import History
 from orchestrator.lab.matrix import load_config
 from orchestrator.lowering.artifacts import ArtifactPaths, file_record, sidecar_problem
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.quantize import SCHEMES, fully_connected_types
-from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
+from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.validity import accuracy_figures, judge_accuracy

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from orchestrator.commands.render import _quantized_cell
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lower import LoweringResult, lower
 from orchestrator.lowering.quantize import SCHEMES, CalibrationError, quantize, xnn_node_types
 from orchestrator.lowering.sidecar import Quantization
-from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.tensorfile import NamedTensor, write_tensors
@@ -258,7 +258,7 @@ def test_a_users_exported_program_reports_its_linears_and_convolutions(tmp_path:
 
 
 def test_a_factory_is_calibrated_on_a_file_of_its_own_inputs_and_a_wrong_one_is_refused(tmp_path: Path) -> None:
-    from orchestrator.lowering.spec import resolve_spec
+    from orchestrator.lowering.builtins import resolve_spec
     from tests.lowering.test_factory import write_factory
 
     spec = resolve_spec(spec_path=write_factory(tmp_path), trust_code=True)

@@ -14,8 +14,8 @@ from typing import Any
 
 from orchestrator.fsutil import read_json
 from orchestrator.lowering.artifacts import ArtifactPaths, sidecar_problem
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.sidecar import Sidecar
-from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.processes import reaped

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.huggingface_rewrites import (
     eager_attention,
     has_all_positions_head,
@@ -34,7 +35,7 @@ from orchestrator.lowering.rewrites import (
     check_request,
     parse_rewrites,
 )
-from orchestrator.lowering.spec import BUILTIN_SPECS, ModelSpec
+from orchestrator.lowering.spec import ModelSpec
 
 _SMALL = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
           "intermediate_size": 128}  # fmt: skip

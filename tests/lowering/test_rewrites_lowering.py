@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.rewrites import NO_REWRITES, parse_rewrites
 from orchestrator.lowering.sidecar import Sidecar
-from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.names import is_valid_name
 from orchestrator.tensorfile import read_tensors

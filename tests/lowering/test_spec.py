@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.lowering.spec import BUILTIN_SPECS, SOURCES, ModelSpec, load_spec_file, resolve_spec
+from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
+from orchestrator.lowering.spec import SOURCES, ModelSpec, load_spec_file
 
 
 def write_spec(tmp_path: Path, data: object, raw: str | None = None) -> Path:
@@ -127,7 +128,7 @@ def test_a_spec_without_source_is_huggingface_and_a_wrong_source_is_named(tmp_pa
     assert implicit.model_source == "huggingface"
     assert load_spec_file(write_spec(tmp_path, {"source": "huggingface", **VALID})) == implicit
     path = write_spec(tmp_path, {**VALID, "source": "hugginface"})
-    known = r"known: huggingface, torchvision, timm, factory \(did you mean 'huggingface'\?\)"
+    known = r"known: huggingface, factory, timm, torchvision\b.* \(did you mean 'huggingface'\?\)"
     with pytest.raises(
         SpecError, match=r"model_spec\.json:9: field 'source': 'hugginface' is not a model source; " + known
     ):
@@ -136,13 +137,17 @@ def test_a_spec_without_source_is_huggingface_and_a_wrong_source_is_named(tmp_pa
 
 
 def test_every_model_source_has_a_builder() -> None:
-    """spec.py SOURCES is the one list of model sources: each names its spec fields and a builder that checks a
-    spec, builds the model and its example inputs (models.py dispatches check_spec, load_model and example_inputs
-    to it). The spec's own fields are shared by every source."""
+    """spec.py SOURCES is the one registry of model sources, every module of lowering/sources/ in it: each names its
+    spec fields and a builder that checks a spec, builds the model, its example inputs and calibration samples
+    (models.py dispatches check_spec, load_model and example_inputs to it; lower.py the rest). The spec's own fields
+    are shared by every source."""
     import inspect
 
     from orchestrator.lowering import models
+    from orchestrator.paths import PROJECT_ROOT
 
+    modules = {path.stem for path in (PROJECT_ROOT / "orchestrator" / "lowering" / "sources").glob("*.py")}
+    assert modules - {"__init__"} <= set(SOURCES)  # a module there is a source, found without a list to edit
     for name, source in SOURCES.items():
         assert source.name == name
         assert not set(source.fields) & {"name", "source", "description"}, name
@@ -152,6 +157,9 @@ def test_every_model_source_has_a_builder() -> None:
             ("check", ["spec", "choice", "available"]),
             ("load", ["spec", "choice"]),
             ("example_inputs", ["spec", "module"]),
+            ("known_inputs", ["spec", "config"]),
+            ("input_kind", ["spec", "names"]),
+            ("calibration", ["spec", "module", "example_args", "kind", "samples"]),
         ):
             assert list(inspect.signature(getattr(builder, method)).parameters) == parameters, (name, method)
     with pytest.raises(SpecError, match="unknown model source 'nope'; known: huggingface"):

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import SpecError, UsageError
-from orchestrator.lowering.spec import BUILTIN_SPECS, INPUT_KINDS, TASKS, load_spec_file
+from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.spec import INPUT_KINDS, TASKS, load_spec_file
 from orchestrator.tensorfile import NamedTensor, write_tensors
 from tests.lowering.spec_helpers import (
     BERT_TINY,

@@ -16,7 +16,8 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.lowering import lower as lowering
-from orchestrator.lowering.spec import BUILTIN_SPECS, load_spec_file, resolve_spec
+from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
+from orchestrator.lowering.spec import load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.lowering.weights import resolve_weights
 from orchestrator.tensorfile import read_tensors

@@ -19,8 +19,9 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.spec import BUILTIN_SPECS, load_spec_file
+from orchestrator.lowering.spec import load_spec_file
 from orchestrator.lowering.variants import VARIANTS, Variant
 from orchestrator.lowering.weights import PretrainedUnavailable, resolve_weights
 from orchestrator.paths import PROJECT_ROOT

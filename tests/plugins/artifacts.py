@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.spec import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 
@@ -25,10 +25,11 @@ TINY_MODELS = ("distilbert-tiny", "gpt2-tiny")
 @pytest.fixture(scope="session", autouse=True)
 def torchvision_importable() -> None:
     """Where torchvision is installed, transformers imports it: tests that import transformers' models directly (not
-    through lowering/models.py, which does this when it loads) need its operators declared first when its C++
-    library does not load with this torch (models.declare_torchvision_ops)."""
+    through a model source's builder, which does this when it loads) need its operators declared first when its C++
+    library does not load with this torch (torchvision_source.declare_torchvision_ops)."""
     if importlib.util.find_spec("torchvision") is not None:
-        from orchestrator.lowering.models import declare_torchvision_ops  # imports torch: only with torchvision
+        # imports torch: only with torchvision
+        from orchestrator.lowering.torchvision_source import declare_torchvision_ops
 
         declare_torchvision_ops()
 

@@ -15,9 +15,9 @@ import pytest
 
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import VARIANTS
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.quantize import QUANTIZED
-from orchestrator.lowering.spec import BUILTIN_SPECS
 from tests.plugins.artifacts import ARTIFACT_CACHE, TINY_MODELS
 
 TINY_WIDTH = 64  # the tiny models' hidden size: the input features of most of their linears

@@ -122,8 +122,8 @@ def runner_models_from(result: LoweringResult) -> RunnerModels:
     """The tiny DistilBERT the real lowering produced, plus the eager outputs for the runner's generated inputs."""
     import torch
 
+    from orchestrator.lowering.builtins import BUILTIN_SPECS
     from orchestrator.lowering.models import load_model
-    from orchestrator.lowering.spec import BUILTIN_SPECS
 
     paths = result.paths
     inputs = read_tensors(paths.reference_inputs)

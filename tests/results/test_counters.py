@@ -19,7 +19,7 @@ from orchestrator.counters import COUNTERS, DEFAULT_COUNTERS, SOFTWARE_COUNTERS,
 from orchestrator.errors import UsageError
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import load_artifact
-from orchestrator.lowering.spec import BUILTIN_SPECS
+from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.programs.memory import read_program_memory

@@ -1,0 +1,47 @@
+"""The `torchvision` model source, spec side (no torch): a torchvision classification model by name, its
+constructor's keyword arguments (JSON scalars) and the side of its square input image.
+
+The build side is `torchvision_source.TORCHVISION`; pretrained weights only from the local torch hub cache.
+"""
+
+from __future__ import annotations
+
+from orchestrator.config import Check, integer, text
+from orchestrator.lowering.spec import IMAGE_TASK, ModelSource, ModelSpec, mapping, register_source
+from orchestrator.lowering.weights import Availability, cached_torchvision_checkpoint, torch_hub_checkpoints
+
+# torchvision constructor keywords a spec never sets: the weights come from `--weights` (pretrained only from the
+# local torch hub cache), and the others decide how they are fetched.
+TORCHVISION_REFUSED = frozenset({"weights", "progress", "pretrained", "pretrained_backbone", "weights_backbone"})
+
+_TORCHVISION_FIELDS: dict[str, Check] = {
+    "model": text,  # a torchvision classification model name; checked against torchvision by the builder
+    "kwargs": mapping,
+    "image_size": integer(16, 1024),
+}
+
+
+def torchvision_pretrained(spec: ModelSpec) -> Availability:
+    """Whether a torchvision spec can have its pretrained weights without the network, and why not."""
+    if spec.kwargs:  # the tiny ones: random is all there is
+        reason = f"the spec's kwargs ({', '.join(spec.kwargs)}) change the model torchvision's checkpoint fits"
+        return Availability(False, reason, expected=False)
+    if cached_torchvision_checkpoint(spec.model_type) is None:
+        return Availability(
+            False, f"no {spec.model_type} checkpoint in {torch_hub_checkpoints()} (etlab never downloads one)"
+        )
+    return Availability(True, f"found in {torch_hub_checkpoints()}")
+
+
+TORCHVISION = register_source(
+    ModelSource(
+        "torchvision",
+        "orchestrator.lowering.torchvision_source:TORCHVISION",
+        _TORCHVISION_FIELDS,
+        ("model", "image_size"),
+        renames={"model": "model_type"},
+        fixed={"task": IMAGE_TASK},
+        pretrained=torchvision_pretrained,
+        refused_kwargs=TORCHVISION_REFUSED,
+    )
+)

@@ -43,9 +43,16 @@ from orchestrator.errors import SpecError
 from orchestrator.names import is_valid_name
 from orchestrator.strictjson import MAX_MAGNITUDE
 
-# fill-mask and causal-lm give one position's logits [B, vocab]; the others the head's first output as the user
-# would export it (logits, or the last hidden state for feature-extraction and speech-encoder).
+# fill-mask and causal-lm give the logits the spec's `output` names (below); the others the head's first output as
+# the user would export it (logits, or the last hidden state for feature-extraction and speech-encoder).
 WRAPPED_TASKS = ("fill-mask", "causal-lm")
+# What a fill-mask or causal-lm program returns: the logits at every position [B, seq_len, vocab] ("all", the
+# default), the final position's [B, vocab] ("last", causal-lm), or the [MASK] position's [B, vocab], found in the
+# graph from input_ids ("mask", fill-mask). Each output -> the tasks it fits.
+OUTPUTS: dict[str, tuple[str, ...]] = {"all": WRAPPED_TASKS, "last": ("causal-lm",), "mask": ("fill-mask",)}
+ALL_POSITIONS = "all"
+OUTPUT_WORDS = {"all": "every position's logits", "last": "the last position's logits",
+                "mask": "the [MASK] position's logits"}  # fmt: skip
 TEXT_TASKS = (*WRAPPED_TASKS, "text-classification", "token-classification")
 IMAGE_TASK = "image-classification"  # also the task of every torchvision spec: the classifier's logits
 # A decoder LM as it is used: one program for prefill (a prompt) and decode (a token at a position), with a static
@@ -162,8 +169,14 @@ class ModelSpec:
     # `text-generation`: a text prompt, tokenized on the workstation when the model's tokenizer is cached (never
     # downloaded); without one, deterministic ids of seq_len tokens.
     prompt: str | None = None
+    # fill-mask and causal-lm: which logits the program returns (OUTPUTS); part of the identity.
+    output: str = ALL_POSITIONS
     # Where each field was written in the spec file: "seq_len", "config", "config.<key>" -> line.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:  # a recorded spec (a sidecar) is read back through here too
+        if self.output not in OUTPUTS:
+            raise ValueError(f"output {self.output!r} is not one of {', '.join(OUTPUTS)}")
 
     @property
     def inputs(self) -> tuple[InputSpec, ...]:
@@ -263,14 +276,16 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             task="fill-mask",
             model_id="distilbert-base-uncased",
             mask_token_id=103,
-            description="DistilBERT base (uncased), masked-LM logits at every position",
+            output="mask",  # the course's program: the [MASK] position's logits, [1, 30522]
+            description="DistilBERT base (uncased), masked-LM logits at the [MASK] position",
         ),
         ModelSpec(
             name="gpt2",
             model_type="gpt2",
             task="causal-lm",
             model_id="openai-community/gpt2",
-            description="GPT-2 small, next-token logits at every position",
+            output="last",  # the course's program: the final position's logits, [1, 50257]
+            description="GPT-2 small, next-token logits at the last position",
         ),
         ModelSpec(
             name="distilbert-tiny",
@@ -566,6 +581,7 @@ _HUGGINGFACE_FIELDS: dict[str, Check] = {
     "context": integer(2, MAX_CONTEXT),  # text-generation: the KV cache capacity
     "new_tokens": integer(1, 4096),  # text-generation: tokens a run generates by default
     "prompt": text,  # text-generation: the prompt, tokenized when the model's tokenizer is cached
+    "output": _supported(tuple(OUTPUTS)),  # fill-mask and causal-lm: which logits the program returns
 }
 
 
@@ -606,6 +622,11 @@ def _huggingface_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[s
     task = found["task"]
     if task == "fill-mask" and found.get("mask_token_id") is None:
         return "mask_token_id", "is required for task 'fill-mask' (the [MASK] token id, e.g. 103 for BERT)"
+    if "output" in found and task not in OUTPUTS[found["output"]]:
+        fits = ", ".join(repr(name) for name, tasks in OUTPUTS.items() if task in tasks)
+        return "output", f"{found['output']!r} is not an output of task {task!r}; " + (
+            f"its outputs: {fits}" if fits else f"only tasks {', '.join(WRAPPED_TASKS)} choose their output"
+        )
     if "image_size" in found and task != IMAGE_TASK:
         return "image_size", f"is for task {IMAGE_TASK!r} only (task {task!r} takes no image)"
     if "seq_len" in found and task not in (*TEXT_TASKS, GENERATION_TASK, "feature-extraction"):

@@ -537,13 +537,16 @@ def _inputs_cell(inputs: Sequence[tuple[Any, Any, Any]]) -> str:
 
 
 def print_models(builtins: Sequence[ModelSpec], lowered: Sequence[LoweredModel]) -> None:
-    """`fab models`: every name `--model` takes."""
+    """`fab models`: every name `--model` takes, and what each built-in program returns."""
+    from orchestrator.lowering.spec import OUTPUT_WORDS, WRAPPED_TASKS  # `fab models` only
+
     rows = [
         [spec.name, spec.model_source, spec.task, _inputs_cell([(i.name, i.dtype, i.shape) for i in spec.inputs]),
-         spec.description]
+         f"{spec.output}: {OUTPUT_WORDS[spec.output]}" if spec.task in WRAPPED_TASKS else None, spec.description]
         for spec in builtins
     ]  # fmt: skip
-    console.table("Built-in models (--model NAME)", ["name", "source", "task", "inputs", "description"], rows)
+    columns = ["name", "source", "task", "inputs", "output", "description"]
+    console.table("Built-in models (--model NAME)", columns, rows)
     if not lowered:
         console.info("no models lowered from a spec file or your own program yet (fab lower --spec FILE)")
         return

@@ -58,14 +58,16 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             task="fill-mask",
             model_id="distilbert-base-uncased",
             mask_token_id=103,
-            description="DistilBERT base (uncased), masked-LM logits at every position",
+            output="mask",  # the course's program: the [MASK] position's logits, [1, 30522]
+            description="DistilBERT base (uncased), masked-LM logits at the [MASK] position",
         ),
         ModelSpec(
             name="gpt2",
             model_type="gpt2",
             task="causal-lm",
             model_id="openai-community/gpt2",
-            description="GPT-2 small, next-token logits at every position",
+            output="last",  # the course's program: the final position's logits, [1, 50257]
+            description="GPT-2 small, next-token logits at the last position",
         ),
         ModelSpec(
             name="distilbert-tiny",

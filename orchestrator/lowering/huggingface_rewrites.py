@@ -62,7 +62,8 @@ def eager_attention(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Modul
 
 
 def has_all_positions_head(module: torch.nn.Module) -> bool:
-    """The model's head runs on every position (a masked or causal LM exported as it is)."""
+    """The model's head runs on every position (a masked or causal LM exported as it is, `output: all`); a program
+    of one position's logits (`PositionLogits`) has its position selected already."""
     from orchestrator.lowering.huggingface_source import FirstOutput
 
     return isinstance(module, FirstOutput) and hasattr(module.model, "base_model")

@@ -8,8 +8,9 @@ family has segment embeddings), `pixel_values`, `input_values` (a waveform, or A
 (a family whose input_features are laid out otherwise has no head etlab lowers).
 
 What the program outputs:
-the model as its user would export it, no rewrite: the head's first output as a plain tensor (the logits over every
-position, [B, seq_len, vocab] for fill-mask and causal-lm; the last hidden state for feature-extraction and
+the model as its user would export it, no rewrite: the head's first output as a plain tensor (for fill-mask and
+causal-lm the logits the spec's `output` names: every position's [B, seq_len, vocab], or one position's [B, vocab],
+selected after the head as a user's own code would; the last hidden state for feature-extraction and
 speech-encoder; Whisper's encoder alone). etlab's rewrites (rewrites.py: the head at one position, eager attention,
 tanh GELU) apply only when asked (`--rewrites`).
 
@@ -34,6 +35,7 @@ from orchestrator.lowering.huggingface_config import Overrides, check_derived, r
 from orchestrator.lowering.models import AUDIO, LoadedModel, SourceBuilder, SpecCheck
 from orchestrator.lowering.quantize import shaped_like
 from orchestrator.lowering.spec import (
+    ALL_POSITIONS,
     AUDIO_SAMPLES,
     GENERATION_TASK,
     IMAGE_INPUT,
@@ -508,9 +510,30 @@ class FirstOutput(torch.nn.Module):
         return output[0]
 
 
+class PositionLogits(torch.nn.Module):
+    """The logits of one position per row, [B, vocab], selected from every position's as a user's own code would
+    (the head runs on every position): the final one (`output: last`), or the first [MASK] in input_ids, found in
+    the graph (`output: mask`; the first position when a row has none)."""
+
+    def __init__(self, model: torch.nn.Module, input_names: tuple[str, ...], mask_token_id: int | None) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = input_names
+        self.mask_token_id = mask_token_id
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        by_name = dict(zip(self.input_names, inputs, strict=True))
+        logits = self.model(**by_name, return_dict=False)[0]
+        if self.mask_token_id is None:
+            return logits[:, -1]
+        input_ids = by_name["input_ids"]
+        position = (input_ids == self.mask_token_id).to(torch.int32).argmax(dim=1)  # argmax takes no bool
+        return logits[torch.arange(input_ids.shape[0]), position]
+
+
 def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> LoadedModel:
-    """The model as its user would export it: its first output, logits over every position for fill-mask and
-    causal-lm (etlab's rewrites, rewrites.py, apply only when asked)."""
+    """The model as its user would export it: its first output; for fill-mask and causal-lm the logits the spec's
+    `output` names (etlab's rewrites, rewrites.py, apply only when asked)."""
     head = _check_family(spec)
     parameters = sum(p.numel() for p in model.parameters())
     if spec.generates:  # prefill and decode with a static KV cache (generation.py)
@@ -521,8 +544,10 @@ def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> L
         assert isinstance(model, PreTrainedModel)  # a causal LM, never an encoder taken out of one
         return LoadedModel(GenerationModule(model, spec.cache_capacity).eval(), weights, note, parameters)
     names = tuple(item.name for item in model_inputs(spec, model.config, head))
-    wrapped = FirstOutput(model, names)
-    return LoadedModel(wrapped.eval(), weights, note, parameters)
+    if spec.task in WRAPPED_TASKS and spec.output != ALL_POSITIONS:
+        mask = spec.mask_token_id if spec.output == "mask" else None
+        return LoadedModel(PositionLogits(model, names, mask).eval(), weights, note, parameters)
+    return LoadedModel(FirstOutput(model, names).eval(), weights, note, parameters)
 
 
 # ---------------------------------------------------------------------------------------------------------------

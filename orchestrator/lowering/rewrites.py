@@ -21,7 +21,7 @@ from typing import Any
 
 from orchestrator.config import did_you_mean
 from orchestrator.errors import UsageError
-from orchestrator.lowering.spec import WRAPPED_TASKS, ModelSpec
+from orchestrator.lowering.spec import ALL_POSITIONS, OUTPUT_WORDS, WRAPPED_TASKS, ModelSpec
 from orchestrator.names import is_valid_name
 
 _FUNCTIONS = "orchestrator.lowering.huggingface_rewrites"
@@ -47,6 +47,8 @@ class Rewrite:
     present: str  # "module:function": (module) -> bool, the pattern is in the loaded module
     apply: str  # "module:function": (module, spec) -> the rewritten module
     config_value: str | None = None
+    # The programs' outputs (spec.py OUTPUTS) it rewrites; None: whatever the program returns.
+    outputs: tuple[str, ...] | None = None
     # For the advisor: the operators (without overload) whose portable kernel calls the rewrite takes out of the
     # program, and what that looks like in a profile. A rewrite without them has a detector of its own.
     portable_operators: tuple[str, ...] = ()
@@ -55,6 +57,8 @@ class Rewrite:
     def applies(self, spec: ModelSpec) -> bool:
         """Whether the rewrite can apply to the spec's model, without loading it."""
         if spec.model_source not in self.sources or (self.tasks is not None and spec.task not in self.tasks):
+            return False
+        if self.outputs is not None and spec.output not in self.outputs:
             return False
         if self.families is None or spec.model_type in self.families:
             return True
@@ -128,6 +132,7 @@ REWRITES: dict[str, Rewrite] = {
             None,
             f"{_FUNCTIONS}:has_all_positions_head",
             f"{_FUNCTIONS}:head_at_position",
+            outputs=(ALL_POSITIONS,),  # a program of one position's logits has its head's output selected already
         ),
     )
 }
@@ -204,6 +209,17 @@ def not_applying(request: RewriteRequest, spec: ModelSpec) -> list[str]:
     problems = []
     for name in request.names:
         rewrite = REWRITES[name]
+        if (
+            rewrite.outputs is not None
+            and spec.output not in rewrite.outputs
+            and rewrite.applies(replace(spec, output=rewrite.outputs[0]))
+        ):
+            wanted = " or ".join(f"{OUTPUT_WORDS[output]} (output: {output})" for output in rewrite.outputs)
+            problems.append(
+                f"{name} does not apply to {spec.name}: it rewrites programs that return {wanted}, and "
+                f"{spec.name} returns {OUTPUT_WORDS[spec.output]} (output: {spec.output})"
+            )
+            continue
         if not rewrite.applies(spec):
             where = f"tasks {', '.join(rewrite.tasks)}" if rewrite.tasks and spec.task not in rewrite.tasks else None
             where = where or (f"families {', '.join(rewrite.families)}" if rewrite.families else None)

@@ -45,9 +45,16 @@ from orchestrator.errors import SpecError
 from orchestrator.names import is_valid_name
 from orchestrator.strictjson import MAX_MAGNITUDE
 
-# fill-mask and causal-lm give one position's logits [B, vocab]; the others the head's first output as the user
-# would export it (logits, or the last hidden state for feature-extraction and speech-encoder).
+# fill-mask and causal-lm give the logits the spec's `output` names (below); the others the head's first output as
+# the user would export it (logits, or the last hidden state for feature-extraction and speech-encoder).
 WRAPPED_TASKS = ("fill-mask", "causal-lm")
+# What a fill-mask or causal-lm program returns: the logits at every position [B, seq_len, vocab] ("all", the
+# default), the final position's [B, vocab] ("last", causal-lm), or the [MASK] position's [B, vocab], found in the
+# graph from input_ids ("mask", fill-mask). Each output -> the tasks it fits.
+OUTPUTS: dict[str, tuple[str, ...]] = {"all": WRAPPED_TASKS, "last": ("causal-lm",), "mask": ("fill-mask",)}
+ALL_POSITIONS = "all"
+OUTPUT_WORDS = {"all": "every position's logits", "last": "the last position's logits",
+                "mask": "the [MASK] position's logits"}  # fmt: skip
 TEXT_TASKS = (*WRAPPED_TASKS, "text-classification", "token-classification")
 IMAGE_TASK = "image-classification"  # also the task of every torchvision spec: the classifier's logits
 # A decoder LM as it is used: one program for prefill (a prompt) and decode (a token at a position), with a static
@@ -154,8 +161,14 @@ class ModelSpec:
     prompt: str | None = None
     # The fields of a source's own that are no field here (a source added in one module), checked by its record.
     source_options: dict[str, Any] = field(default_factory=dict)
+    # fill-mask and causal-lm: which logits the program returns (OUTPUTS); part of the identity.
+    output: str = ALL_POSITIONS
     # Where each field was written in the spec file: "seq_len", "config", "config.<key>" -> line.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:  # a recorded spec (a sidecar) is read back through here too
+        if self.output not in OUTPUTS:
+            raise ValueError(f"output {self.output!r} is not one of {', '.join(OUTPUTS)}")
 
     @property
     def inputs(self) -> tuple[InputSpec, ...]:

@@ -88,6 +88,18 @@ def test_rewrites_already_applied_are_not_proposed_again() -> None:
     assert pow_finding.kind == "portable-operator" and pow_finding.saving_is_bound
 
 
+@pytest.mark.parametrize(("model", "output"), [("gpt2-tiny", "last"), ("distilbert-tiny", "mask")])
+def test_no_head_finding_for_a_program_of_one_position(model: str, output: str) -> None:
+    """A program that returns one position's logits (the built-in gpt2 and distilbert) has nothing for
+    head-at-position to do: the detector keeps quiet, whatever the head's measured time (the recorded profiles are
+    of every position's program, where it speaks)."""
+    facts = facts_of(recorded(model))
+    assert "head-at-position" in by_kind(advise(facts))
+    one_position = dataclasses.replace(facts, spec=dataclasses.replace(facts.spec, output=output))
+    advice = advise(one_position)
+    assert "head-at-position" not in by_kind(advice) and "head-at-position" not in advice.rewrites
+
+
 def test_without_a_spec_only_the_profile_speaks() -> None:
     """A program the user lowered: no rewrite is offered, the portable operators are still found."""
     advice = advise(facts_of(recorded("gpt2-tiny"), sidecar=None, spec=None))

@@ -20,6 +20,7 @@ from orchestrator.lowering.spec import (
     INPUT_KINDS,
     INPUT_NAMES,
     MAX_CONTEXT,
+    OUTPUTS,
     TASK_INPUTS,
     TASKS,
     TEXT_INPUTS,
@@ -49,6 +50,7 @@ _HUGGINGFACE_FIELDS: dict[str, Check] = {
     "context": integer(2, MAX_CONTEXT),  # text-generation: the KV cache capacity
     "new_tokens": integer(1, 4096),  # text-generation: tokens a run generates by default
     "prompt": text,  # text-generation: the prompt, tokenized when the model's tokenizer is cached
+    "output": one_of(tuple(OUTPUTS)),  # fill-mask and causal-lm: which logits the program returns
 }
 
 
@@ -57,6 +59,11 @@ def _huggingface_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[s
     task = found["task"]
     if task == "fill-mask" and found.get("mask_token_id") is None:
         return "mask_token_id", "is required for task 'fill-mask' (the [MASK] token id, e.g. 103 for BERT)"
+    if "output" in found and task not in OUTPUTS[found["output"]]:
+        fits = ", ".join(repr(name) for name, tasks in OUTPUTS.items() if task in tasks)
+        return "output", f"{found['output']!r} is not an output of task {task!r}; " + (
+            f"its outputs: {fits}" if fits else f"only tasks {', '.join(WRAPPED_TASKS)} choose their output"
+        )
     if "image_size" in found and task != IMAGE_TASK:
         return "image_size", f"is for task {IMAGE_TASK!r} only (task {task!r} takes no image)"
     if "seq_len" in found and task not in (*TEXT_TASKS, GENERATION_TASK, "feature-extraction"):

@@ -492,6 +492,7 @@ def print_lowering(result: LoweringResult) -> None:
             variant.name,
             item.sidecar.pte_size_mb,
             delegation.delegate_call_sites,
+            delegation.fallback_ops,
             f"{calls}" + (f": {top}" if top else ""),
             plumbing,
             twice,
@@ -499,14 +500,14 @@ def print_lowering(result: LoweringResult) -> None:
         if quantized:
             row.append(_quantized_cell(item.sidecar) or "fp32")
         rows.append([*row, "cache" if item.cached else "lowered"])
-    columns = ["backend", "size MB", "delegates", "kernels outside", "bookkeeping", "twice MB"]
+    columns = ["backend", "size MB", "delegates", "fallback ops", "kernels outside", "bookkeeping", "twice MB"]
     console.table(
         f"{result.spec.name} → {result.paths.folder}",
         [*columns, *(["quantized"] if quantized else []), "source"],
         rows,
         caption=f"weights: {next(iter(result.variants.values())).sidecar.weights}; {_rewrites_note(result)}; "
-        "kernels run outside the "
-        "delegates, bookkeeping nodes (memory planning, tuple access, views) run none; stored twice: constants held "
+        "fallback ops: the graph's nodes outside the delegates (the course's count): kernels, which run, and "
+        "bookkeeping nodes (memory planning, tuple access, views), which run none; stored twice: constants held "
         "both outside and inside an XNNPACK delegate (a tied embedding)",
     )
     for variant, item in result.variants.items():

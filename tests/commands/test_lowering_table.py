@@ -35,6 +35,9 @@ def test_the_table_splits_kernels_from_bookkeeping_and_shows_what_is_stored_twic
         assert outside is not None
         top_op, top_count = next(iter(outside.kernels.items()))
         row = rows[backend]
+        # the course's count: every graph node outside the delegates, kernels and bookkeeping together
+        assert row.split("│")[4].strip() == str(sidecar.delegation.fallback_ops)
+        assert sidecar.delegation.fallback_ops == outside.kernel_calls + sum(outside.bookkeeping.values())
         short = top_op.removeprefix("aten::").removesuffix(".out")
         assert f"{outside.kernel_calls}: {short} ×{top_count}" in row
         bookkeeping = outside.bookkeeping

@@ -19,7 +19,6 @@ from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.user_programs import reference_outputs_of
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.compare import RebuiltProgram, compare_runs, interleaved_verdict
-from orchestrator.results.documents import refuse_board_supplied
 from orchestrator.results.overlays import write_program_overlays
 from orchestrator.results.store import LocalRun, find_run
 from orchestrator.results.verdicts import Kind
@@ -90,15 +89,13 @@ def explore(
     else:
         run = find_run(latest=True)
         name = run.model
-    if run:
-        refuse_board_supplied(run.path)  # overlays a board wrote are never shown as etlab's
+    overlays = run_overlays(run.path, required=False) if run else []  # refuses overlays a board wrote
     paths = ArtifactPaths.for_model(name)
     present, missing = program_models(paths)
     if not present:
         raise ArtifactError(f"no artifacts for model {name!r} in {paths.folder}", hint=f"run: fab lower --model {name}")
     for absent in missing:
         console.warn(f"{absent.name} is missing: not shown (fab lower --model {name} makes it)")
-    overlays = run_overlays(run.path, required=False) if run else []
     if run and not overlays:
         console.warn(f"run {run.run_id} has no overlays yet: run fab analyze --run {run.run_id}")
     programs = sorted((p for p in present if p.suffix == ".pte"), key=lambda p: "xnnpack" not in p.name)

@@ -35,6 +35,7 @@ from orchestrator.errors import EtlabError, UsageError
 from orchestrator.fsutil import read_json
 from orchestrator.lowering.artifacts import VARIANTS, ArtifactPaths
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.results.documents import refuse_board_supplied
 from orchestrator.results.overlays import INDEX_NAME, OVERLAY_DIR
 from orchestrator.servers.guard import DEFAULT_HOST, ServedFiles, guard_answers, guard_server, is_loopback
 
@@ -128,7 +129,10 @@ def ensure_port_free(host: str, port: int) -> None:
 
 
 def run_overlays(run_dir: Path, *, required: bool = True) -> list[Path]:
-    """An analysed run's overlays (median_ms, mean_ms, pct, and any compare diffs); [] if none and not required."""
+    """An analysed run's overlays (median_ms, mean_ms, pct, and any compare diffs); [] if none and not required.
+    AnalysisError when the run's manifest lists analysis or overlay files: a board wrote those, never shown as
+    etlab's (fab explore, the dashboard's Model Explorer button and its compare diffs alike)."""
+    refuse_board_supplied(Path(run_dir))
     found = sorted((Path(run_dir) / OVERLAY_DIR).glob("me_overlay_*.json"))
     if not found and required:
         raise ExplorerError(f"{run_dir} has no Model Explorer overlays", hint="analyse the run first")

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ExitCode
+from orchestrator.errors import AnalysisError, ExitCode
 from orchestrator.fsutil import TMP_PREFIX
 from orchestrator.results.bundle import MANIFEST
 from orchestrator.servers.dashboard import data
+from orchestrator.servers.explorer import run_overlays
 from tests.advice.advice_helpers import DATA
 from tests.plugins.boards import write_inventory
 from tests.plugins.sshd import SshdBoard
@@ -117,6 +118,9 @@ def test_an_analysis_a_board_supplied_is_never_read(tmp_path: Path) -> None:
         assert done.returncode == ExitCode.DATA, output
         assert "listed analysis/ops.json, analysis/summary.json in result_manifest.json" in output, output
         assert "0.010" not in done.stdout and "Traceback" not in output
+
+    with pytest.raises(AnalysisError, match="an analysis a board supplies is never read"):  # the dashboard's explore
+        run_overlays(results / "pi" / "gpt2-tiny" / "xnnpack" / second, required=False)
 
     page = data.run_page(data.Lab(results), second)  # the dashboard shows why, and no figure of the board's
     assert page["problem"] and "an analysis a board supplies is never read" in page["problem"]

@@ -121,7 +121,10 @@ def read(
 
 def dumps(obj: Any, **kwargs: Any) -> str:
     """Strict JSON text: NaN and ±Infinity become null, so every reader (a browser's JSON.parse too) takes it."""
-    return json.dumps(finite(obj), allow_nan=False, **kwargs)
+    try:  # the common case, no non-finite float anywhere: no copy of the document first
+        return json.dumps(obj, allow_nan=False, **kwargs)
+    except ValueError:
+        return json.dumps(finite(obj), allow_nan=False, **kwargs)
 
 
 def finite(obj: Any) -> Any:

@@ -63,7 +63,8 @@ def write_outputs(
     counters: CounterProfile | None = None,
     phases: Mapping[str, Profile] | None = None,
 ) -> list[Path]:
-    """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point.
+    """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point, the one file
+    fsynced: the others are derived again from the raw bundle by `fab analyze` (fsutil.atomic_write_bytes).
 
     `phases` (a text-generation run: prefill, decode) get their own ops_<phase>.json and overlays.
     """
@@ -75,8 +76,8 @@ def write_outputs(
     for path in stale:
         path.unlink(missing_ok=True)
     if profile is not None:
-        atomic_write_json(out / "ops.json", ops_document(profile, run.run_id, counters))
-        atomic_write_text(out / "ops.csv", ops_csv(profile, counters))
+        atomic_write_json(out / "ops.json", ops_document(profile, run.run_id, counters), durable=False, indent=None)
+        atomic_write_text(out / "ops.csv", ops_csv(profile, counters), durable=False)
         written += [out / "ops.json", out / "ops.csv"]
         written += overlays.write_overlays(
             bundle_dir,
@@ -89,7 +90,9 @@ def write_outputs(
             phases=phases,
         )
     for phase, phase_profile in (phases or {}).items():
-        atomic_write_json(out / f"ops_{phase}.json", ops_document(phase_profile, run.run_id, None))
+        atomic_write_json(
+            out / f"ops_{phase}.json", ops_document(phase_profile, run.run_id, None), durable=False, indent=None
+        )
         written.append(out / f"ops_{phase}.json")
     atomic_write_json(out / "summary.json", run.to_dict())
     written.append(out / "summary.json")

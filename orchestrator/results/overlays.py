@@ -5,7 +5,8 @@ One file per metric, `model_explorer/me_overlay_<metric>.json`, in Model Explore
 top-level graph (graph id = method name, node ids `<method>_<chain>_<instruction>`) and one graph per XNNPACK
 delegate whose events could be placed on its nodes (graph id `<pte file>::<method>_<chain>_<instruction>`,
 node ids = XNN node index). `model_explorer/overlays.json` says which .pte the overlays belong to, so `explore`
-can target the right model when several are loaded.
+can target the right model when several are loaded. Overlays are derived from the raw bundle again by
+`fab analyze`, so they are written without fsyncs (fsutil.atomic_write_bytes).
 """
 
 from __future__ import annotations
@@ -82,7 +83,12 @@ def overlay_values(profile: Profile, metric: str) -> dict[str, dict[str, float]]
 def write_live_bytes(bundle_dir: Path, program: ProgramMemory, name: str) -> Path:
     """me_overlay_live_bytes.json: the plan's live activation bytes per top-level instruction (no board needed)."""
     path = overlay_path(bundle_dir, LIVE_BYTES)
-    atomic_write_json(path, {program.method: graph_node_data(name, program.node_values(), GREEN_YELLOW_RED)})
+    atomic_write_json(
+        path,
+        {program.method: graph_node_data(name, program.node_values(), GREEN_YELLOW_RED)},
+        durable=False,
+        indent=None,
+    )
     return path
 
 
@@ -103,7 +109,8 @@ def write_counter_overlays(bundle_dir: Path, counters: CounterProfile, run_id: s
     for metric in counters.metrics:
         values = counters.values.get(metric) or {}
         path = overlay_path(bundle_dir, metric)
-        atomic_write_json(path, {counters.method: graph_node_data(f"{metric} ({run_id})", values, GREEN_YELLOW_RED)})
+        document = {counters.method: graph_node_data(f"{metric} ({run_id})", values, GREEN_YELLOW_RED)}
+        atomic_write_json(path, document, durable=False, indent=None)
         written.append(path)
     return written
 
@@ -135,7 +142,7 @@ def write_overlays(
             for graph_id, values in overlay_values(metric_profile, metric).items()
         }
         path = overlay_path(bundle_dir, overlay)
-        atomic_write_json(path, document)
+        atomic_write_json(path, document, durable=False, indent=None)
         written.append(path)
         if overlay not in METRICS:
             extra[overlay] = path.name
@@ -160,7 +167,7 @@ def write_overlays(
         "placed_share": coverage["placed_share"],
     }
     index_path = Path(bundle_dir) / OVERLAY_DIR / INDEX_NAME
-    atomic_write_json(index_path, index)
+    atomic_write_json(index_path, index, durable=False)
     written.append(index_path)
     return written
 

@@ -123,5 +123,5 @@ def test_an_analysis_a_board_supplied_is_never_read(tmp_path: Path) -> None:
         run_overlays(results / "pi" / "gpt2-tiny" / "xnnpack" / second, required=False)
 
     page = data.run_page(data.Lab(results), second)  # the dashboard shows why, and no figure of the board's
-    assert page["problem"] and "an analysis a board supplies is never read" in page["problem"]
-    assert page.get("warm") is None and page.get("validity") is None
+    assert page.problem and "an analysis a board supplies is never read" in page.problem
+    assert page.warm is None and page.validity is None

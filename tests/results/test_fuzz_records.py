@@ -29,6 +29,7 @@ from orchestrator.results.documents import load_summary
 from orchestrator.results.ops_record import load_ops
 from orchestrator.results.summary import Accuracy, Counters, Generation, RunSummary
 from orchestrator.servers.dashboard import data, pages
+from orchestrator.servers.dashboard.records import RunPage
 from tests.advice.advice_helpers import facts_of, recorded
 from tests.plugins.fuzz import FUZZ, FUZZ_TIMEOUT
 
@@ -147,7 +148,7 @@ def test_a_damaged_analysis_file_is_a_record_or_an_analysis_error(results: Path,
         pass
 
 
-def data_of(results: Path, run_id: str) -> dict[str, Any]:
+def data_of(results: Path, run_id: str) -> RunPage:
     return data.run_page(data.Lab(results), run_id)
 
 

@@ -3,24 +3,27 @@ server, linked by `Links` and written by the static export; and the four pages e
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.servers.dashboard import data, pages
+from orchestrator.servers.dashboard import data, pages, records
 from orchestrator.servers.dashboard.app import Sources, start_dashboard
+from orchestrator.servers.dashboard.records import ProblemPage
 from orchestrator.servers.dashboard.static import write_static
 from tests.plugins.explorer import free_port
 
 GREETED = ("world", "lab")
 
 
-def _hello(site: pages.Site, who: str) -> dict[str, Any]:
+def _hello(site: pages.Site, who: str) -> ProblemPage:
     if who == "nobody":
         raise data.NotFound("no such greeting")
-    return {"problem": f"hello {who}, from a lab of {len(site.lab.runs())} runs"}
+    return ProblemPage(problem=f"hello {who}, from a lab of {len(site.lab.runs())} runs")
 
 
 @pytest.fixture
@@ -79,3 +82,28 @@ def test_the_shipped_pages_are_rows_of_pages() -> None:
     assert links.compare() == "/compare"  # the form alone
     with pytest.raises(AttributeError):
         links.nosuchpage("x")
+
+
+def test_each_shipped_page_is_a_typed_record_of_typed_rows() -> None:
+    """The data functions return records.py's dataclasses, whose fields are typed rows, not bare mappings."""
+    assemblers = {"overview": data.overview, "trend": data.trend, "run": data.run_page, "compare": data.compare_page}
+    assert set(assemblers) == set(pages.PAGES)
+    for name, assemble in assemblers.items():
+        record = typing.get_type_hints(assemble)["return"]
+        assert dataclasses.is_dataclass(record) and record.__module__ == records.__name__, name
+    row_fields = {
+        records.OverviewPage: ("boards", "grid", "runs"),
+        records.TrendPage: ("cell", "points", "baseline", "latest"),
+        records.RunPage: ("run", "advice", "phases", "validity", "generation", "memory", "operators", "split"),
+        records.ComparePage: ("a", "b"),
+    }
+    for record, names in row_fields.items():
+        hints = typing.get_type_hints(record)
+        for field_name in names:
+            rows = [t for t in _leaf_types(hints[field_name]) if dataclasses.is_dataclass(t)]
+            assert rows, f"{record.__name__}.{field_name} is {hints[field_name]}, not a typed row"
+
+
+def _leaf_types(hint: Any) -> list[Any]:
+    arguments = typing.get_args(hint)
+    return [leaf for argument in arguments for leaf in _leaf_types(argument)] if arguments else [hint]

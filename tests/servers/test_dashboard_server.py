@@ -22,6 +22,7 @@ from orchestrator.lab.history import History
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.servers.dashboard import data, pages
 from orchestrator.servers.dashboard.app import DashboardServer, Sources, start_dashboard
+from orchestrator.servers.dashboard.records import NightSpan
 from orchestrator.servers.explorer import ensure_port_free
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.dashboard import EVIL, EVIL_BOARD, LAB_BOARD, RUN_IDS, VERDICTS, DashboardLab, night, write_history
@@ -140,10 +141,10 @@ def test_overview_is_the_latest_night_of_the_history(server: DashboardServer, hi
     finally:
         history.close()
     overview = data.overview(data.Lab(None, History(f"sqlite:///{history_file}")))
-    assert overview["night"] == night(NIGHTS - 1)
-    shown = {(c["board"], c["model"], c["backend"]): c for row in overview["grid"]["rows"] for c in row if c}
-    assert {cell: c["verdict"] for cell, c in shown.items()} == {r.cell: r.verdict for r in latest}
-    assert {cell: c["median_ms"] for cell, c in shown.items()} == {r.cell: r.median_ms for r in latest}
+    assert overview.night == night(NIGHTS - 1)
+    shown = {(c.board, c.model, c.backend): c for row in overview.grid.rows for c in row if c}
+    assert {cell: c.verdict for cell, c in shown.items()} == {r.cell: r.verdict for r in latest}
+    assert {cell: c.median_ms for cell, c in shown.items()} == {r.cell: r.median_ms for r in latest}
     for cell in CELLS:  # every cell links to its trend page
         assert f'href="/trend/{data.cell_key(cell)}"' in page
     assert EVIL not in page  # board text is escaped: no markup of its own
@@ -157,16 +158,16 @@ def test_trend_holds_every_night_and_marks_changes(history_file: Path) -> None:
         stored = list(reversed(history.records(cell=CELLS[1])))
     finally:
         history.close()
-    points = trend["points"]
-    assert [p["night"] for p in points] == [r.night for r in stored] == [night(i) for i in range(NIGHTS)]
-    assert [p["median_ms"] for p in points] == [r.median_ms for r in stored]
-    assert [p["p90_ms"] for p in points] == [r.p90_ms for r in stored]
-    assert [p["peak_mb"] for p in points] == [r.peak_rss_bytes / 1e6 for r in stored]  # type: ignore[operator]
-    assert [p["verdict"] for p in points] == [VERDICTS[(i + 1) % len(VERDICTS)] for i in range(NIGHTS)]
-    assert [p["night"] for p in points if p["new_program"]] == [night(6)]  # the .pte hash changed that night
+    points = trend.points
+    assert [p.night for p in points] == [r.night for r in stored] == [night(i) for i in range(NIGHTS)]
+    assert [p.median_ms for p in points] == [r.median_ms for r in stored]
+    assert [p.p90_ms for p in points] == [r.p90_ms for r in stored]
+    assert [p.peak_mb for p in points] == [r.peak_rss_bytes / 1e6 for r in stored]  # type: ignore[operator]
+    assert [p.verdict for p in points] == [VERDICTS[(i + 1) % len(VERDICTS)] for i in range(NIGHTS)]
+    assert [p.night for p in points if p.new_program] == [night(6)]  # the .pte hash changed that night
     # The latest night's baseline: the 7 nights before it that may be one (the inconclusive night is not).
-    eligible = [p["night"] for p in points[:-1] if p["verdict"] != "inconclusive"]
-    assert trend["baseline"] == {"from": eligible[-7], "to": eligible[-1]}
+    eligible = [p.night for p in points[:-1] if p.verdict != "inconclusive"]
+    assert trend.baseline == NightSpan(first=eligible[-7], last=eligible[-1])
 
 
 def test_either_source_alone(tmp_path: Path, history_file: Path) -> None:
@@ -176,7 +177,7 @@ def test_either_source_alone(tmp_path: Path, history_file: Path) -> None:
     assert "No nightly history" in page and "No pulled runs" in page
     assert not absent.exists()  # the dashboard reads: it never creates a history
     only_history = Sources(tmp_path / "no-results", f"sqlite:///{history_file}")
-    assert data.overview(only_history.lab())["night"] == night(NIGHTS - 1)
+    assert data.overview(only_history.lab()).night == night(NIGHTS - 1)
     only_history.close()
 
 
@@ -190,10 +191,10 @@ def test_postgresql_history(postgres_url: str) -> None:
     write_history(Path("unused"), CELLS[:1], 3, url=postgres_url).close()
     sources = Sources(None, postgres_url)
     try:
-        points = data.trend(sources.lab(), CELLS[0])["points"]
+        points = data.trend(sources.lab(), CELLS[0]).points
     finally:
         sources.close()
-    assert [p["median_ms"] for p in points] == [10.0, 10.5, 11.0]
+    assert [p.median_ms for p in points] == [10.0, 10.5, 11.0]
 
 
 def test_stop_frees_the_port(tmp_path: Path, history_file: Path) -> None:

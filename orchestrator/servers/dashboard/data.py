@@ -2,12 +2,13 @@
 `load_summary`, `load_ops`, the bundle's timings through `read_bundle`) and the nightly history (`History`,
 `RunRecord`) and the advisor's `load_advice`. Nothing here parses a bundle file its own way.
 
-Every value handed to a page is plain data (text, numbers, lists, mappings) for a Jinja2 template or a JSON block;
+Every page gets a typed record (records.py) for its Jinja2 template, turned into plain JSON once for its plots;
 board-controlled text stays text here and is escaped where it is written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import statistics
 from collections.abc import Iterable, Mapping
@@ -28,6 +29,32 @@ from orchestrator.results.store import LocalRun, list_runs
 from orchestrator.results.summary import RunSummary
 from orchestrator.results.validity import number_list
 from orchestrator.results.verdicts import Kind
+from orchestrator.servers.dashboard.records import (
+    AdviceRow,
+    BoardNow,
+    BoardRow,
+    Column,
+    ComparePage,
+    CountersView,
+    GenerationView,
+    Grid,
+    GridCell,
+    MemoryPhase,
+    MemoryView,
+    MissingCounter,
+    NightSpan,
+    OperatorRow,
+    OverviewPage,
+    PhaseTime,
+    Reason,
+    RunPage,
+    RunRow,
+    Split,
+    TrendCell,
+    TrendPage,
+    TrendPoint,
+    ValidityView,
+)
 
 TOP_OPERATORS = 12
 # The grid's colours, by verdict: one legend for the overview, the trends and the compare page.
@@ -83,56 +110,53 @@ class Lab:
 
 def overview(
     lab: Lab, inventory_boards: Iterable[str] = (), live: Mapping[str, BoardStatus] | None = None
-) -> dict[str, Any]:
+) -> OverviewPage:
     """The boards (with `live`, the latest look at them), and the latest night as a board × model × backend grid of
     verdicts."""
     night = lab.history.latest_night() if lab.history else None
     records = lab.history.records(night=night) if lab.history and night else []
     local = {run.run_id for run in lab.runs()}
     cells = [
-        {
-            "board": r.board,
-            "model": r.model,
-            "backend": r.backend,
-            "key": cell_key(r.cell),
-            "verdict": _verdict(r),
-            "median_ms": r.median_ms,
-            # A language model's figure is its decode speed: its median is one whole generation.
-            "decode_tokens_per_s": r.generation.decode_tokens_per_s if r.generation else None,
-            "run_id": r.run_id,
-            "has_run": r.run_id in local,
-            "detail": str((r.verdict_info or {}).get("detail") or r.error or ""),
-        }
+        GridCell(
+            board=r.board,
+            model=r.model,
+            backend=r.backend,
+            key=cell_key(r.cell),
+            verdict=_verdict(r),
+            median_ms=r.median_ms,
+            decode_tokens_per_s=r.generation.decode_tokens_per_s if r.generation else None,
+            run_id=r.run_id,
+            has_run=r.run_id in local,
+            detail=str((r.verdict_info or {}).get("detail") or r.error or ""),
+        )
         for r in sorted(records, key=lambda r: r.cell)
     ]
     boards = sorted({r.board for r in records})
     columns = sorted({(r.model, r.backend) for r in records})
-    grid = {(c["board"], c["model"], c["backend"]): c for c in cells}
-    return {
-        "night": night,
-        "boards": board_rows(lab, inventory_boards, live),
-        "looked": live is not None,
-        "grid": {
-            "boards": boards,
-            "columns": [{"model": m, "backend": b} for m, b in columns],
-            "rows": [[grid.get((board, m, b)) for m, b in columns] for board in boards],
+    grid = {(c.board, c.model, c.backend): c for c in cells}
+    return OverviewPage(
+        night=night,
+        boards=board_rows(lab, inventory_boards, live),
+        looked=live is not None,
+        grid=Grid(
+            boards=boards,
+            columns=[Column(model=m, backend=b) for m, b in columns],
+            rows=[[grid.get((board, m, b)) for m, b in columns] for board in boards],
+        ),
+        counts={
+            v: sum(1 for c in cells if c.verdict == v) for v in VERDICT_ORDER if any(c.verdict == v for c in cells)
         },
-        "counts": {
-            v: sum(1 for c in cells if c["verdict"] == v)
-            for v in VERDICT_ORDER
-            if any(c["verdict"] == v for c in cells)
-        },
-        "runs": [_run_row(run) for run in reversed(lab.runs()[-50:])],
-    }
+        runs=[_run_row(run) for run in reversed(lab.runs()[-50:])],
+    )
 
 
-def _run_row(run: LocalRun) -> dict[str, Any]:
-    return {"run_id": run.run_id, "board": run.board, "model": run.model, "backend": run.backend}
+def _run_row(run: LocalRun) -> RunRow:
+    return RunRow(run_id=run.run_id, board=run.board, model=run.model, backend=run.backend)
 
 
 def board_rows(
     lab: Lab, inventory_boards: Iterable[str] = (), live: Mapping[str, BoardStatus] | None = None
-) -> list[dict[str, Any]]:
+) -> list[BoardRow]:
     """Each board known to the inventory, the history or the results folder, with its last run's conditions and,
     when it was looked at, whether it is reachable and who holds it now."""
     last_night = lab.history.boards() if lab.history else {}
@@ -152,39 +176,39 @@ def board_rows(
             if latest:
                 conditions, last = latest[0].conditions or {}, last or latest[0].run_id
         rows.append(
-            {
-                "name": name,
-                "in_inventory": name in set(inventory_boards),
-                "last_night": last_night.get(name),
-                "last_run": last,
-                "board_model": conditions.get("board_model"),
-                "temperature_c": conditions.get("temperature_c_after") or conditions.get("temperature_c_before"),
-                "governor": conditions.get("governor_after") or conditions.get("governor_before"),
-                "throttling": list(conditions.get("throttling_during_run") or []),
-                "now": _looked_at(live.get(name)) if live is not None else None,
-            }
+            BoardRow(
+                name=name,
+                in_inventory=name in set(inventory_boards),
+                last_night=last_night.get(name),
+                last_run=last,
+                board_model=conditions.get("board_model"),
+                temperature_c=conditions.get("temperature_c_after") or conditions.get("temperature_c_before"),
+                governor=conditions.get("governor_after") or conditions.get("governor_before"),
+                throttling=list(conditions.get("throttling_during_run") or []),
+                now=_looked_at(live.get(name)) if live is not None else None,
+            )
         )
     return rows
 
 
-def _looked_at(status: BoardStatus | None) -> dict[str, Any]:
+def _looked_at(status: BoardStatus | None) -> BoardNow:
     """The latest look at a board: not yet looked at (a board of the history only, or the first look is running)."""
     if status is None:
-        return {"reachable": None, "text": "not looked at", "lock": None}
+        return BoardNow(reachable=None, text="not looked at", lock=None)
     holders = [text for text in (status.lock, status.place) if text]
-    return {
-        "reachable": status.reachable,
-        "text": "yes" if status.reachable else f"no: {status.error}",
-        "lock": "; ".join(holders) or None,
-        "runtime": status.runtime,
-        "checked_at": status.checked_at,
-    }
+    return BoardNow(
+        reachable=status.reachable,
+        text="yes" if status.reachable else f"no: {status.error}",
+        lock="; ".join(holders) or None,
+        runtime=status.runtime,
+        checked_at=status.checked_at,
+    )
 
 
 # ---------------------------------------------------------------- trends
 
 
-def trend(lab: Lab, cell: Cell) -> dict[str, Any]:
+def trend(lab: Lab, cell: Cell) -> TrendPage:
     """One cell night by night: medians, p90, peak memory, verdicts, program changes and the baseline window."""
     if lab.history is None:
         raise NotFound("no nightly history")
@@ -196,37 +220,37 @@ def trend(lab: Lab, cell: Cell) -> dict[str, Any]:
     previous_sha = None
     for record in records:
         points.append(
-            {
-                "night": record.night,
-                "run_id": record.run_id,
-                "has_run": record.run_id in local,
-                "median_ms": record.median_ms,
-                "p90_ms": record.p90_ms,
-                "decode_tokens_per_s": record.generation.decode_tokens_per_s if record.generation else None,
-                "ttft_ms": record.generation.ttft_ms if record.generation else None,
-                "peak_mb": record.peak_rss_bytes / 1e6 if record.peak_rss_bytes else None,
-                "verdict": _verdict(record),
-                "validity": record.validity,
-                "reasons": list(record.reasons or []),
-                "pte_sha256": record.pte_sha256,
-                "new_program": previous_sha is not None and record.pte_sha256 not in (None, previous_sha),
-                "detail": str((record.verdict_info or {}).get("detail") or record.error or ""),
-            }
+            TrendPoint(
+                night=record.night,
+                run_id=record.run_id,
+                has_run=record.run_id in local,
+                median_ms=record.median_ms,
+                p90_ms=record.p90_ms,
+                decode_tokens_per_s=record.generation.decode_tokens_per_s if record.generation else None,
+                ttft_ms=record.generation.ttft_ms if record.generation else None,
+                peak_mb=record.peak_rss_bytes / 1e6 if record.peak_rss_bytes else None,
+                verdict=_verdict(record),
+                validity=record.validity,
+                reasons=list(record.reasons or []),
+                pte_sha256=record.pte_sha256,
+                new_program=previous_sha is not None and record.pte_sha256 not in (None, previous_sha),
+                detail=str((record.verdict_info or {}).get("detail") or record.error or ""),
+            )
         )
         previous_sha = record.pte_sha256 or previous_sha
     # The baseline of the latest night: the nights before it that may be one (ran, valid, not inconclusive).
     latest = points[-1]
     eligible = [
-        p for p in points[:-1] if p["validity"] != "invalid" and p["verdict"] not in ("inconclusive", "failed", "infra")
+        p for p in points[:-1] if p.validity != "invalid" and p.verdict not in ("inconclusive", "failed", "infra")
     ]
     window = eligible[-lab.baseline_nights :]
-    return {
-        "cell": {"board": cell[0], "model": cell[1], "backend": cell[2], "key": cell_key(cell)},
-        "points": points,
-        "generates": any(p["decode_tokens_per_s"] is not None for p in points),
-        "baseline": {"from": window[0]["night"], "to": window[-1]["night"]} if window else None,
-        "latest": latest,
-    }
+    return TrendPage(
+        cell=TrendCell(board=cell[0], model=cell[1], backend=cell[2], key=cell_key(cell)),
+        points=points,
+        generates=any(p.decode_tokens_per_s is not None for p in points),
+        baseline=NightSpan(first=window[0].night, last=window[-1].night) if window else None,
+        latest=latest,
+    )
 
 
 def cells(lab: Lab) -> list[Cell]:
@@ -239,7 +263,7 @@ def cells(lab: Lab) -> list[Cell]:
 # ---------------------------------------------------------------- one run
 
 
-def _advice(run_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
+def _advice(run_dir: Path) -> tuple[list[AdviceRow], str | None]:
     """The advisor's findings (id, title, predicted saving, fix) when an analysis or `fab advise` wrote them; a
     damaged advice.json shows as no findings and why (the run page still loads)."""
     try:
@@ -249,7 +273,7 @@ def _advice(run_dir: Path) -> tuple[list[dict[str, Any]], str | None]:
     if advice is None:
         return [], None
     findings = [
-        {"id": f.id, "title": f.title, "saving_ms": None if f.saving_is_bound else f.saving_ms, "fix": f.fix}
+        AdviceRow(id=f.id, title=f.title, saving_ms=None if f.saving_is_bound else f.saving_ms, fix=f.fix)
         for f in advice.findings
     ]
     return findings, None
@@ -265,9 +289,9 @@ def _iterations(run_dir: Path) -> tuple[list[float], list[float], str | None]:
     return number_list(timings.get("warmup_ms")), number_list(timings.get("iterations_ms")), None
 
 
-def run_page(lab: Lab, run_id: str) -> dict[str, Any]:
+def run_page(lab: Lab, run_id: str) -> RunPage:
     """Everything one run's page shows. A run that was pulled but not analysed, or whose files cannot be read (the
-    file and the field named), gets its page all the same, saying so: every key the page reads is always there."""
+    file and the field named), gets its page all the same, saying so."""
     run = lab.find(run_id)
     summary: RunSummary | None = None
     problem = analyse_command = None
@@ -279,48 +303,32 @@ def run_page(lab: Lab, run_id: str) -> dict[str, Any]:
         problem = str(exc)
     warmup, iterations, iterations_problem = _iterations(run.path)
     advice, advice_problem = _advice(run.path)
-    page: dict[str, Any] = {
-        "run": _run_row(run),
-        "problem": problem,
-        "analyse_command": analyse_command,
-        "warmup_ms": warmup,
-        "iterations_ms": iterations,
-        "iterations_problem": iterations_problem,
-        "advice": advice,
-        "advice_problem": advice_problem,
-        "explore_command": f"fab explore --run {run.run_id}",
-        "previous_run": None,
-        # What the analysis says, when there is one to read: unknown until then.
-        "status": None,
-        "error": None,
-        "program": None,
-        "phases": [],
-        "warm": None,
-        "threads": None,
-        "validity": None,
-        "conditions": {},
-        "correctness": None,
-        "accuracy": None,
-        "generation": None,
-        "memory": None,
-        "counters": None,
-        "versions": {},
-        "operators": [],
-        "operators_problem": None,
-        "split": None,
-    }
     earlier = [r.run_id for r in lab.runs() if (r.board, r.model, r.backend) == (run.board, run.model, run.backend)]
-    if earlier.index(run.run_id) > 0:  # the comparison a static export carries too (default_pairs)
-        page["previous_run"] = earlier[earlier.index(run.run_id) - 1]
+    position = earlier.index(run.run_id)
+    page = RunPage(
+        run=_run_row(run),
+        problem=problem,
+        analyse_command=analyse_command,
+        warmup_ms=warmup,
+        iterations_ms=iterations,
+        iterations_problem=iterations_problem,
+        advice=advice,
+        advice_problem=advice_problem,
+        explore_command=f"fab explore --run {run.run_id}",
+        # the comparison a static export carries too (default_pairs)
+        previous_run=earlier[position - 1] if position > 0 else None,
+    )
     if summary is None:
         return page
     latency = summary.latency
-    page.update(
+    operators, operators_problem, split = _operators(run.path)
+    return dataclasses.replace(
+        page,
         status=summary.status,
         error=summary.error,
         program=dict(vars(summary.model)),
         phases=[
-            {"phase": name, "ms": value}
+            PhaseTime(phase=name, ms=value)
             for name, value in (
                 ("load", latency.load_ms),
                 ("method init", latency.method_init_ms),
@@ -330,10 +338,10 @@ def run_page(lab: Lab, run_id: str) -> dict[str, Any]:
         ],
         warm=dict(vars(latency.warm)) if latency.warm else None,
         threads=latency.threads,
-        validity={
-            "status": summary.validity.status,
-            "reasons": [{"level": r.level, "reason": r.reason} for r in summary.validity.reasons],
-        },
+        validity=ValidityView(
+            status=summary.validity.status,
+            reasons=[Reason(level=r.level, reason=r.reason) for r in summary.validity.reasons],
+        ),
         conditions=summary.board_conditions,
         correctness=summary.correctness.to_dict(),
         accuracy=summary.accuracy.to_dict() if summary.accuracy else None,
@@ -341,105 +349,106 @@ def run_page(lab: Lab, run_id: str) -> dict[str, Any]:
         memory=_memory(summary),
         counters=_counters(summary),
         versions=summary.versions,
+        operators=operators,
+        operators_problem=operators_problem,
+        split=split,
     )
-    page.update(_operators(run.path, summary))
-    return page
 
 
-def _operators(run_dir: Path, summary: RunSummary) -> dict[str, Any]:
-    """Top operators with their share of the method, and the delegated / non-delegated split."""
+def _operators(run_dir: Path) -> tuple[list[OperatorRow], str | None, Split | None]:
+    """Top operators with their share of the method, and the delegated / non-delegated split (or why none)."""
     try:
         ops = load_ops(run_dir)
     except AnalysisError as exc:
-        return {"operators": [], "operators_problem": str(exc), "split": None}
+        return [], str(exc), None
     total = ops.method_mean_ms or 1.0
     timed = sorted((i for i in ops.instructions if i.mean_ms > 0), key=lambda i: -i.mean_ms)
     operators = [
-        {"node_id": i.node_id, "kind": i.kind, "op": i.op or i.kind, "mean_ms": i.mean_ms,
-         "median_ms": i.median_ms, "share": i.mean_ms / total * 100}
+        OperatorRow(node_id=i.node_id, kind=i.kind, op=i.op or i.kind, mean_ms=i.mean_ms,
+                    median_ms=i.median_ms, share=i.mean_ms / total * 100)
         for i in timed[:TOP_OPERATORS]
     ]  # fmt: skip
     delegated = ops.delegated_ms
     kernels = sum(i.mean_ms for i in ops.kernel_calls())
-    split = {
-        "delegated_ms": delegated,
-        "non_delegated_ms": kernels,
-        "other_ms": max(0.0, ops.method_mean_ms - delegated - kernels),
-    }
-    return {"operators": operators, "operators_problem": None, "split": split}
+    split = Split(
+        delegated_ms=delegated,
+        non_delegated_ms=kernels,
+        other_ms=max(0.0, ops.method_mean_ms - delegated - kernels),
+    )
+    return operators, None, split
 
 
-def _generation(summary: RunSummary) -> dict[str, Any] | None:
+def _generation(summary: RunSummary) -> GenerationView | None:
     """A language model's figures as it is used: prompt and new tokens, time to first token, decode speed, the decode
     step's latency, memory per phase and the generated ids against eager greedy generation."""
     generation = summary.generation
     if generation is None:
         return None
     tokens = generation.tokens or {}
-    return {
-        "prompt_len": generation.prompt_len,
-        "new_tokens": generation.new_tokens,
-        "context": generation.context,
-        "generations": generation.generations,
-        "ttft_ms": generation.ttft_ms,
-        "prefill_tokens_per_s": generation.prefill_tokens_per_s,
-        "decode_tokens_per_s": generation.decode_tokens_per_s,
-        "token_ms": {key: generation.token_ms.get(key) for key in ("median", "p90", "max")},
-        "load_ms": generation.load_ms,
-        "kv_cache_bytes": generation.kv_cache_bytes,
-        "prefill_peak_bytes": generation.memory.get("prefill"),
-        "decode_peak_bytes": generation.memory.get("decode"),
-        "agreement": generation.token_agreement,
-        "compared": tokens.get("compared"),
-        "first_divergence": tokens.get("first_divergence"),
-        "ids": generation.ids_text,
-    }
+    return GenerationView(
+        prompt_len=generation.prompt_len,
+        new_tokens=generation.new_tokens,
+        context=generation.context,
+        generations=generation.generations,
+        ttft_ms=generation.ttft_ms,
+        prefill_tokens_per_s=generation.prefill_tokens_per_s,
+        decode_tokens_per_s=generation.decode_tokens_per_s,
+        token_ms={key: generation.token_ms.get(key) for key in ("median", "p90", "max")},
+        load_ms=generation.load_ms,
+        kv_cache_bytes=generation.kv_cache_bytes,
+        prefill_peak_bytes=generation.memory.get("prefill"),
+        decode_peak_bytes=generation.memory.get("decode"),
+        agreement=generation.token_agreement,
+        compared=tokens.get("compared"),
+        first_divergence=tokens.get("first_divergence"),
+        ids=generation.ids_text,
+    )
 
 
-def _memory(summary: RunSummary) -> dict[str, Any] | None:
+def _memory(summary: RunSummary) -> MemoryView | None:
     memory = summary.memory
     if memory is None:
         return None
-    return {
-        "phases": [
-            {"phase": name, "peak_rss_bytes": values.get("peak_rss_bytes"), "rss_bytes": values.get("rss_bytes")}
+    return MemoryView(
+        phases=[
+            MemoryPhase(phase=name, peak_rss_bytes=values.get("peak_rss_bytes"), rss_bytes=values.get("rss_bytes"))
             for name, values in memory.phases.items()
         ],
-        "peak_rss_bytes": memory.peak_rss_bytes,
-        "planned_bytes": memory.planned_bytes,
-        "planned_arenas": list(memory.planned_arenas),
-        "constants_bytes": memory.constants_bytes,
-        "baseline_rss_bytes": memory.baseline_rss_bytes,
-        "other_bytes": memory.other_bytes,
-    }
+        peak_rss_bytes=memory.peak_rss_bytes,
+        planned_bytes=memory.planned_bytes,
+        planned_arenas=list(memory.planned_arenas),
+        constants_bytes=memory.constants_bytes,
+        baseline_rss_bytes=memory.baseline_rss_bytes,
+        other_bytes=memory.other_bytes,
+    )
 
 
-def _counters(summary: RunSummary) -> dict[str, Any] | None:
+def _counters(summary: RunSummary) -> CountersView | None:
     counters = summary.counters
     if counters is None:
         return None
-    return {
-        "status": counters.status,
-        "error": counters.error,
-        "totals": counters.totals,
-        "missing": [{"name": str(m.get("name")), "reason": str(m.get("reason") or m.get("error") or "")}
-                    for m in counters.missing],
-    }  # fmt: skip
+    return CountersView(
+        status=counters.status,
+        error=counters.error,
+        totals=counters.totals,
+        missing=[MissingCounter(name=str(m.get("name")), reason=str(m.get("reason") or m.get("error") or ""))
+                 for m in counters.missing],
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- compare
 
 
-def compare_page(lab: Lab, run_a: str, run_b: str) -> dict[str, Any]:
+def compare_page(lab: Lab, run_a: str, run_b: str) -> ComparePage:
     """Two runs: the per-operator deltas and the verdict with its rules (nothing written into the runs)."""
     a, b = lab.find(run_a), lab.find(run_b)
-    page: dict[str, Any] = {"a": _run_row(a), "b": _run_row(b), "problem": None, "ops": [], "notes": []}
     try:
         comparison = compare_runs(a.path, b.path, allow_rebuilt=True, write=False)
     except (CompareError, AnalysisError) as exc:
-        page["problem"] = str(exc)
-        return page
-    page.update(
+        return ComparePage(a=_run_row(a), b=_run_row(b), problem=str(exc))
+    return ComparePage(
+        a=_run_row(a),
+        b=_run_row(b),
         verdict=comparison.verdict.value,
         verdict_detail=comparison.verdict_detail,
         median_a_ms=comparison.median_a_ms,
@@ -449,12 +458,8 @@ def compare_page(lab: Lab, run_a: str, run_b: str) -> dict[str, Any]:
         memory=comparison.memory,
         generation=comparison.generation,
         per_operator=comparison.per_operator_scope,
-        ops=sorted(
-            (op.to_dict() for op in comparison.ops),
-            key=lambda op: -abs(op["delta_ms"] or 0.0),
-        ),
+        ops=sorted((op.to_dict() for op in comparison.ops), key=lambda op: -abs(op["delta_ms"] or 0.0)),
     )
-    return page
 
 
 def default_pairs(lab: Lab) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""The dashboard's pages: Jinja2 templates (autoescaped) over the plain data of data.py.
+"""The dashboard's pages: Jinja2 templates (autoescaped) over the typed records data.py assembles.
 
 Data for the plots travels in `<script type="application/json">` blocks written with Jinja2's `tojson`, which
 escapes `<`, `>`, `&` and `'`, so no board-controlled string can close the block or become markup, and writes NaN
@@ -27,6 +27,7 @@ from orchestrator.deploy.board_status import BoardStatus
 from orchestrator.names import is_valid_name
 from orchestrator.servers.dashboard import data
 from orchestrator.servers.dashboard.data import VERDICT_ORDER
+from orchestrator.servers.dashboard.records import ComparePage, ProblemPage, TrendPage, plain
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 TEMPLATES_DIR = Path(__file__).parent / "templates"
@@ -101,12 +102,13 @@ def _mb(value: Any) -> str:
     return "–" if not isinstance(value, int | float) else f"{value / 1e6:.1f} MB"
 
 
-def render(template: str, links: Links, title: str, data: dict[str, Any], **context: Any) -> str:
-    """A page: `data` is both the template's context and, as `page-data`, what the script plots."""
+def render(template: str, links: Links, title: str, data: Any, **context: Any) -> str:
+    """A page: `data`, its typed record, is the template's context and, as plain JSON in `page-data`, what the
+    script plots."""
     return (
         environment()
         .get_template(template)
-        .render(links=links, title=title, data=data, verdicts=VERDICT_ORDER, **context)
+        .render(links=links, title=title, data=data, page_data=plain(data), verdicts=VERDICT_ORDER, **context)
     )
 
 
@@ -137,9 +139,9 @@ class Page:
 
     route: str
     params: tuple[str, ...]
-    assemble: Callable[..., dict[str, Any]]
+    assemble: Callable[..., Any]  # a record of records.py
     template: str
-    title: Callable[[dict[str, Any]], str]
+    title: Callable[[Any], str]
     exported: Callable[[Site], Iterable[tuple[str, ...]]] | None = None
     query: bool = False
     context: Callable[[Site], dict[str, Any]] | None = None
@@ -154,16 +156,16 @@ class Page:
         return render(self.template, links, self.title(found), found, **more)
 
 
-def _trend(site: Site, key: str) -> dict[str, Any]:
+def _trend(site: Site, key: str) -> TrendPage:
     cell = site.cells.get(key)
     if cell is None:
         raise data.NotFound("no such cell in the history")
     return data.trend(site.lab, cell)
 
 
-def _trend_title(found: dict[str, Any]) -> str:
-    cell = found["cell"]
-    return f"{cell['board']} · {cell['model']} · {cell['backend']}: night by night"
+def _trend_title(found: TrendPage) -> str:
+    cell = found.cell
+    return f"{cell.board} · {cell.model} · {cell.backend}: night by night"
 
 
 def _exported_runs(site: Site) -> list[tuple[str]]:
@@ -171,16 +173,16 @@ def _exported_runs(site: Site) -> list[tuple[str]]:
     return [(run.run_id,) for run in site.lab.runs() if is_valid_name(run.run_id)]
 
 
-def _compare(site: Site, run_a: str | None = None, run_b: str | None = None) -> dict[str, Any]:
+def _compare(site: Site, run_a: str | None = None, run_b: str | None = None) -> ComparePage:
     if run_a is None or run_b is None:
-        return {"a": None, "b": None}  # the form alone
+        return ComparePage(a=None, b=None)  # the form alone
     return data.compare_page(site.lab, run_a, run_b)
 
 
-def _compare_title(found: dict[str, Any]) -> str:
-    if found["a"] is None or found["b"] is None:
+def _compare_title(found: ComparePage) -> str:
+    if found.a is None or found.b is None:
         return "compare two runs"
-    return f"compare {found['a']['run_id']} → {found['b']['run_id']}"
+    return f"compare {found.a.run_id} → {found.b.run_id}"
 
 
 def _exported_pairs(site: Site) -> list[tuple[str, str]]:
@@ -200,7 +202,7 @@ PAGES: dict[str, Page] = {
     ),
     "run": Page(
         "run", ("run_id",), lambda site, run_id: data.run_page(site.lab, run_id), "run.html",
-        lambda found: f"run {found['run']['run_id']}", exported=_exported_runs,
+        lambda found: f"run {found.run.run_id}", exported=_exported_runs,
     ),
     "compare": Page(
         "compare", ("a", "b"), _compare, "compare.html", _compare_title, exported=_exported_pairs, query=True,
@@ -209,7 +211,7 @@ PAGES: dict[str, Page] = {
 }  # fmt: skip
 
 
-def render_page(name: str, found: dict[str, Any], links: Links, **context: Any) -> str:
+def render_page(name: str, found: Any, links: Links, **context: Any) -> str:
     """Page `name` of PAGES rendered from data already assembled (`found`)."""
     page = PAGES[name]
     return render(page.template, links, page.title(found), found, **context)
@@ -217,4 +219,4 @@ def render_page(name: str, found: dict[str, Any], links: Links, **context: Any) 
 
 def problem_page(name: str, problem: str, links: Links) -> str:
     """A page that could not be made from its data (named by `problem`: the file and the field)."""
-    return render("problem.html", links, f"{name}: cannot be shown", {"problem": problem})
+    return render("problem.html", links, f"{name}: cannot be shown", ProblemPage(problem=problem))

@@ -25,7 +25,7 @@ function trend(data) {
   const shapes = [];
   const annotations = [];
   if (data.baseline) {
-    shapes.push({type: "rect", xref: "x", yref: "paper", x0: data.baseline.from, x1: data.baseline.to, y0: 0, y1: 1,
+    shapes.push({type: "rect", xref: "x", yref: "paper", x0: data.baseline.first, x1: data.baseline.last, y0: 0, y1: 1,
       fillcolor: "#1565c0", opacity: 0.08, line: {width: 0}, layer: "below"});
   }
   for (const p of data.points.filter((p) => p.new_program)) {

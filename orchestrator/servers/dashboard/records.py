@@ -1,0 +1,299 @@
+"""The typed records each dashboard page shows: what data.py assembles, what the templates read by attribute and,
+turned into plain JSON once (`plain`), what the page's script plots.
+
+Records that other layers already type (a run's correctness, accuracy, a comparison's operators) travel in their
+own serialized form, the one their files use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# ---------------------------------------------------------------- shared
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRow:
+    run_id: str
+    board: str
+    model: str
+    backend: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProblemPage:
+    """A page that could not be made from its data: the file and the field named."""
+
+    problem: str
+
+
+# ---------------------------------------------------------------- overview
+
+
+@dataclass(frozen=True, kw_only=True)
+class GridCell:
+    board: str
+    model: str
+    backend: str
+    key: str
+    verdict: str
+    median_ms: float | None
+    decode_tokens_per_s: float | None  # a language model's figure: its median is one whole generation
+    run_id: str | None
+    has_run: bool
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Column:
+    model: str
+    backend: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grid:
+    boards: list[str]
+    columns: list[Column]
+    rows: list[list[GridCell | None]]  # one per board, one entry per column
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoardNow:
+    """The latest look at a board (reachable None: not looked at yet)."""
+
+    reachable: bool | None
+    text: str
+    lock: str | None
+    runtime: str | None = None
+    checked_at: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoardRow:
+    name: str
+    in_inventory: bool
+    last_night: str | None
+    last_run: str | None
+    board_model: Any
+    temperature_c: Any
+    governor: Any
+    throttling: list[Any]
+    now: BoardNow | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OverviewPage:
+    night: str | None
+    boards: list[BoardRow]
+    looked: bool
+    grid: Grid
+    counts: dict[str, int]
+    runs: list[RunRow]
+
+
+# ---------------------------------------------------------------- trends
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrendCell:
+    board: str
+    model: str
+    backend: str
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrendPoint:
+    night: str
+    run_id: str | None
+    has_run: bool
+    median_ms: float | None
+    p90_ms: float | None
+    decode_tokens_per_s: float | None
+    ttft_ms: float | None
+    peak_mb: float | None
+    verdict: str
+    validity: str | None
+    reasons: list[Any]
+    pte_sha256: str | None
+    new_program: bool
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NightSpan:
+    first: str
+    last: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrendPage:
+    cell: TrendCell
+    points: list[TrendPoint]
+    generates: bool
+    baseline: NightSpan | None  # the latest night's baseline window
+    latest: TrendPoint
+
+
+# ---------------------------------------------------------------- one run
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdviceRow:
+    id: str
+    title: str
+    saving_ms: float | None  # None: the saving is a bound, not a prediction
+    fix: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseTime:
+    phase: str
+    ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reason:
+    level: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidityView:
+    status: str
+    reasons: list[Reason]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorRow:
+    node_id: str
+    kind: str
+    op: str
+    mean_ms: float
+    median_ms: float | None
+    share: float  # % of the method's mean
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    delegated_ms: float
+    non_delegated_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationView:
+    prompt_len: int | None
+    new_tokens: int | None
+    context: int | None
+    generations: int | None
+    ttft_ms: float | None
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    token_ms: dict[str, float | None]
+    load_ms: float | None
+    kv_cache_bytes: int | None
+    prefill_peak_bytes: Any
+    decode_peak_bytes: Any
+    agreement: Any
+    compared: Any
+    first_divergence: Any
+    ids: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPhase:
+    phase: str
+    peak_rss_bytes: Any
+    rss_bytes: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryView:
+    phases: list[MemoryPhase]
+    peak_rss_bytes: int | None
+    planned_bytes: int | None
+    planned_arenas: list[int]
+    constants_bytes: int | None
+    baseline_rss_bytes: int | None
+    other_bytes: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MissingCounter:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountersView:
+    status: str | None
+    error: str | None
+    totals: Any
+    missing: list[MissingCounter]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPage:
+    """Everything one run's page shows. Every field is always there: a run pulled but not analysed, or whose files
+    cannot be read, gets its page all the same, saying why (`analyse_command`, `problem`), and what the analysis
+    says stays unknown (None, empty) until there is one to read."""
+
+    run: RunRow
+    problem: str | None
+    analyse_command: str | None
+    warmup_ms: list[float]
+    iterations_ms: list[float]
+    iterations_problem: str | None
+    advice: list[AdviceRow]
+    advice_problem: str | None
+    explore_command: str
+    previous_run: str | None
+    status: str | None = None
+    error: str | None = None
+    program: dict[str, Any] | None = None
+    phases: list[PhaseTime] = field(default_factory=list)
+    warm: dict[str, Any] | None = None
+    threads: int | None = None
+    validity: ValidityView | None = None
+    conditions: dict[str, Any] = field(default_factory=dict)
+    correctness: dict[str, Any] | None = None
+    accuracy: dict[str, Any] | None = None
+    generation: GenerationView | None = None
+    memory: MemoryView | None = None
+    counters: CountersView | None = None
+    versions: dict[str, Any] = field(default_factory=dict)
+    operators: list[OperatorRow] = field(default_factory=list)
+    operators_problem: str | None = None
+    split: Split | None = None
+
+
+# ---------------------------------------------------------------- compare
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComparePage:
+    """Two runs (both None: the form alone) and their comparison, or why there is none (`problem`)."""
+
+    a: RunRow | None
+    b: RunRow | None
+    problem: str | None = None
+    notes: list[str] = field(default_factory=list)
+    ops: list[dict[str, Any]] = field(default_factory=list)  # the comparison's operator records, largest change first
+    verdict: str | None = None
+    verdict_detail: str | None = None
+    median_a_ms: float | None = None
+    median_b_ms: float | None = None
+    total: dict[str, Any] | None = None
+    memory: Any = None
+    generation: Any = None
+    per_operator: Any = None
+
+
+def plain(record: Any) -> Any:
+    """A page record as plain JSON data (mappings, lists, text, numbers): the page's `page-data` block."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return dataclasses.asdict(record)
+    return record

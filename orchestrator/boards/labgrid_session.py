@@ -7,6 +7,7 @@ and board threads call into it with run_coroutine_threadsafe (why not `labgrid-c
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import logging
@@ -17,7 +18,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from orchestrator import exiting
 from orchestrator.errors import BoardError
 
 _T = TypeVar("_T")
@@ -185,7 +185,7 @@ def existing_session(address: str) -> Session | None:
         return _sessions.get(address)
 
 
-@exiting.at_exit
+@atexit.register
 def close_sessions() -> None:
     """The safety net: a place still held at exit (a job thread cut short) is released before the session ends."""
     with _sessions_lock:

@@ -58,14 +58,6 @@ def handle_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         exiting.task_started()
-        try:
-            _run_task(*args, **kwargs)
-        except Exit as exc:
-            exiting.task_finished(exc.code)
-            raise
-        exiting.task_finished(0)
-
-    def _run_task(*args: Any, **kwargs: Any) -> None:
         console.quiet_third_party()
         interrupts.reset()
         try:
@@ -92,6 +84,7 @@ def handle_errors(func: F) -> F:
             if code == ExitCode.SOFTWARE:
                 _log_internal_error(func.__name__, "a board's job ended in an internal error")
             raise Exit(code=code)
+        return None
 
     return wrapper  # type: ignore[return-value]
 

@@ -8,11 +8,10 @@ from typing import Any
 
 from rich.markup import escape
 
-from orchestrator import console
+from orchestrator import console, prefetch
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
 from orchestrator.commands import options
-from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import (
     LoweringOptions,
     check_generation,
@@ -138,6 +137,9 @@ def deploy_program(
                     open_browser=open_browser)  # fmt: skip
 
 
+_ADVISOR = "orchestrator.commands.advise"
+
+
 def _profile(
     jobs: list[CellJob],
     artifact_paths: ArtifactPaths,
@@ -153,6 +155,7 @@ def _profile(
     """Every job on every board (set up, push, run, pull, analyse), the results table, then Model Explorer.
 
     `scaling`: the jobs are one model at several KV cache sizes: a table and a plot against the context too."""
+    prefetch.in_background(_ADVISOR)  # while the boards work: the advice comes after them
     with console.transfer_progress() as progress:
         outcomes = fan_out(
             boards, lambda board: run_cells_on_board(board, jobs, progress=progress, results_root=results_root)
@@ -176,6 +179,9 @@ def _profile(
     print_cells(cells)
     if scaling:
         print_context_scaling(cells, results_root)
+    # here, not at the top: prefetched while the boards worked (an import of it now waits for that one)
+    from orchestrator.commands.advise import advise_quietly
+
     for cell in cells:  # before Model Explorer starts: the advice overlays go with the others
         if cell.bundle is not None and cell.summary is not None and cell.summary.profile is not None:
             run = LocalRun(cell.bundle, cell.board, cell.model, cell.variant.name, cell.bundle.name)

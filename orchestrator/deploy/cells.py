@@ -7,9 +7,6 @@ recorded against its board, cell and stage, and never stops the other boards.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +14,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.progress import Progress
 
-from orchestrator import console
+from orchestrator import console, prefetch
 from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
 from orchestrator.deploy.provision import quick_check, setup_board
@@ -94,15 +91,11 @@ def _stage(cell: CellOutcome, name: str, timer: console.StageTimer) -> Iterator[
     cell.seconds[name] = timer.durations[label]
 
 
-_ANALYSIS = "orchestrator.results.analysis"
-
-
 def prefetch_analysis() -> None:
     """Import the analysis (numpy and the ETDump reader, about 0.1 s) in a thread while a board is set up, pushed
     to and loads the program, so a warm run does not wait for it afterwards. Before the runner's timed iterations
     start: the import is done long before (the board hashes the model first)."""
-    if _ANALYSIS not in sys.modules:
-        threading.Thread(target=importlib.import_module, args=(_ANALYSIS,), name="etlab-prefetch", daemon=True).start()
+    prefetch.in_background("orchestrator.results.analysis")
 
 
 def analyze_cell(cell: CellOutcome, artifact: Artifact, accuracy: dict[str, float] | None = None) -> None:

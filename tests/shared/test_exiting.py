@@ -1,4 +1,5 @@
-"""A finished task's process ends at once with the task's code, its output whole and etlab's clean-ups run."""
+"""A finished task's process skips the interpreter's final collections: every atexit handler still runs and the exit
+code and the output are whole; what is alive at exit is left to the operating system."""
 
 from __future__ import annotations
 
@@ -12,48 +13,50 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent(
     """
-    import sys
+    import atexit, sys
     from orchestrator import exiting
 
-    class Teardown:
+    class Says:
+        def __init__(self, words):
+            self.words = words
         def __del__(self):
-            sys.stderr.write("interpreter teardown ran\\n")
+            sys.stderr.write(self.words + "\\n")
 
-    kept = Teardown()  # a module global: only the interpreter's teardown deletes it
-    exiting.at_exit(lambda: sys.stderr.write("etlab clean-up ran\\n"))
+    atexit.register(lambda: sys.stderr.write("handler registered before the task ran\\n"))
+    released = Says("released by its last reference")  # a module global: freed as the module is torn down
+    cycle = Says("collected by the final collection")
+    cycle.itself = cycle  # a reference cycle: only the garbage collector frees it
+    del cycle
     exiting.task_started()
-    sys.stdout.write("x" * 200_000)  # more than any pipe buffer: flushed before the process ends
-    if sys.argv[1] != "unfinished":
-        exiting.task_finished(int(sys.argv[1]))
-        sys.exit(int(sys.argv[1]))  # as Invoke ends a failed task
+    atexit.register(lambda: sys.stderr.write("handler registered by the task\\n"))
+    sys.stdout.write("x" * 200_000)  # more than a pipe holds: all of it arrives
+    sys.exit(int(sys.argv[1]))  # as Invoke ends a failed task
     """
 )
 
 
-def run(arg: str, **env: str) -> subprocess.CompletedProcess[str]:
+def run(code: int, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {key: value for key, value in os.environ.items() if key != "ETLAB_FULL_TEARDOWN"}
     return subprocess.run(
-        [sys.executable, "-c", SCRIPT, arg],
+        [sys.executable, "-c", SCRIPT, str(code)],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, **env},
+        env={**environment, **env},
         timeout=60,
     )
 
 
-def test_a_finished_task_skips_the_teardown_keeps_its_code_output_and_clean_ups() -> None:
-    result = run("3")
-    assert result.returncode == 3
-    assert result.stdout == "x" * 200_000
-    assert "etlab clean-up ran" in result.stderr
-    assert "interpreter teardown ran" not in result.stderr
+def test_a_finished_task_skips_only_the_final_collections() -> None:
+    result = run(3)
+    assert result.returncode == 3 and result.stdout == "x" * 200_000
+    for said in ("handler registered before the task ran", "handler registered by the task"):
+        assert said in result.stderr
+    assert "collected by the final collection" not in result.stderr
 
 
-def test_an_unfinished_task_and_the_opt_out_tear_down_as_usual() -> None:
-    unfinished = run("unfinished")
-    assert unfinished.returncode == 0
-    assert "etlab clean-up ran" in unfinished.stderr and "interpreter teardown ran" in unfinished.stderr
-    opted_out = run("5", ETLAB_FULL_TEARDOWN="1")
-    assert opted_out.returncode == 5
-    assert "etlab clean-up ran" in opted_out.stderr and "interpreter teardown ran" in opted_out.stderr
-    assert opted_out.stdout == "x" * 200_000
+def test_the_opt_out_keeps_pythons_own_teardown() -> None:
+    result = run(5, ETLAB_FULL_TEARDOWN="1")
+    assert result.returncode == 5 and result.stdout == "x" * 200_000
+    assert "collected by the final collection" in result.stderr
+    assert "released by its last reference" in result.stderr

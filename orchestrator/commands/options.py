@@ -222,7 +222,7 @@ def night(value: Any) -> str:
 def history(value: Any, option: str = "--history") -> str:
     """`--history`: a history URL, checked without connecting (history.check_url): exit 64 with the accepted forms."""
     # here, not at the top: it loads SQLAlchemy, which fab's start-up (every task) does not need
-    from orchestrator.lab.history import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
+    from orchestrator.lab.history_url import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
 
     text = "" if isinstance(value, bool) else str(value).strip()
     try:

@@ -32,7 +32,7 @@ from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, M
 from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
-from orchestrator.lab.history import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
+from orchestrator.lab.history_url import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
 from orchestrator.lowering.builtins import resolve_spec
 from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest, UnknownRewrite, not_applying, parse_rewrites
 from orchestrator.lowering.spec import ModelSpec

@@ -23,7 +23,8 @@ from typing import Any
 
 from orchestrator.errors import UsageError
 from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json
-from orchestrator.lab.history import RunRecord, describe_url, history_id
+from orchestrator.lab.history_url import describe_url, history_id
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.results.verdicts import Kind
 from orchestrator.strictjson import JsonDataError
 

@@ -22,7 +22,7 @@ from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.errors import UsageError
 from orchestrator.lowering.weights import WEIGHT_MODES
 from orchestrator.names import is_night
-from orchestrator.results.summary import ACCURACY_DEFAULTS
+from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS
 
 __all__ = ["ACCURACY_DEFAULTS", "MAX_THREADS", "WEIGHT_MODES", "UsageError"]  # what tasks and tests read here
 MAX_KEEP = 1_000_000

@@ -39,7 +39,7 @@ from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, Variant, combine, parse_schemes
 from orchestrator.lowering.weights import WEIGHT_MODES
 from orchestrator.results.stats import DEFAULT_MIN_EFFECT
-from orchestrator.results.summary import ACCURACY_DEFAULTS
+from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS
 
 DEFAULT_BASELINE_NIGHTS = 7
 MIN_BASELINE_NIGHTS = 2

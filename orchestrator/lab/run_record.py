@@ -18,7 +18,8 @@ from typing import Any
 
 from orchestrator.deploy.limits import MAX_THREADS
 from orchestrator.names import is_night
-from orchestrator.results.summary import VALIDITY_LEVELS, Generation, SummaryError
+from orchestrator.results.summary import VALIDITY_LEVELS, Generation
+from orchestrator.results.summary_checks import SummaryError
 from orchestrator.results.verdicts import Kind
 from orchestrator.strictjson import MAX_MAGNITUDE, JsonDataError
 

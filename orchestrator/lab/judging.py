@@ -14,7 +14,7 @@ import numpy as np
 
 from orchestrator.deploy.abtest import Interleaved
 from orchestrator.lab.matrix import MIN_BASELINE_NIGHTS
-from orchestrator.lab.report import CellVerdict
+from orchestrator.lab.night_report import CellVerdict
 from orchestrator.lab.run_record import RunRecord
 from orchestrator.results.stats import compare_samples
 from orchestrator.results.verdicts import Kind

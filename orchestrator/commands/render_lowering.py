@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the types only: rendering a table must not import what prod
     from orchestrator.lowering.spec import ModelSpec
 
 
+# Graph nodes outside the delegates that run no kernel (lowering/delegation.py BOOKKEEPING), by short name.
 _BOOKKEEPING_LABELS = {"memory_planning": "alloc", "tuple_access": "getitem", "views": "view"}
 _STORED_TWICE_WARNING = 1_000_000  # bytes: below it a tie costs little (the tiny test models' 0.26 MB)
 

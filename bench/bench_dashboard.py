@@ -26,7 +26,8 @@ from sqlalchemy import create_engine
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from orchestrator.lab.history import CELL_NIGHTS, History, runs, samples, versions_key  # noqa: E402
+from orchestrator.lab.history import CELL_NIGHTS, History, runs, samples  # noqa: E402
+from orchestrator.lab.run_record import versions_key  # noqa: E402
 from orchestrator.servers.dashboard import data, pages  # noqa: E402
 
 VERDICTS = ("ok", "ok", "ok", "drift", "ok", "unconfirmed", "ok", "regression", "inconclusive", "improvement")

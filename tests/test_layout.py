@@ -1,5 +1,6 @@
 """The tests mirror the packages (tests/README.md): every test module sits in a folder named for the package it tests
-(or one of the documented extra folders), every folder is a package, and no test file is over 500 lines."""
+(or one of the documented extra folders), every folder is a package, and no test file is over 500 lines. No module of
+orchestrator/ or board/ is over 600 lines, and docs/DESIGN.md's map names every module."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from orchestrator.paths import PROJECT_ROOT
 
 TESTS = Path(__file__).parent
 MAX_LINES = 500
+MAX_MODULE_LINES = 600  # a module longer than this holds more than one concept: split it along its seams (issue 35)
 # Folders that are not an orchestrator package: the board side, shared top-level modules, whole chains, fixtures.
 EXTRA_FOLDERS = {"board", "shared", "e2e", "plugins", "data"}
 TOP_LEVEL_TESTS = {"test_layers.py", "test_layout.py"}  # meta tests of the layout itself
@@ -59,3 +61,22 @@ def test_the_design_map_names_every_module() -> None:
     modules = sorted((PROJECT_ROOT / "orchestrator").rglob("*.py"))
     missing = [str(m.relative_to(PROJECT_ROOT)) for m in modules if m.name != "__init__.py" and m.name not in design]
     assert not missing, f"name these in docs/DESIGN.md's map: {missing}"
+
+
+def test_no_module_is_over_600_lines() -> None:
+    """orchestrator/ and board/ (the agent copied to a board): a module a newcomer can read whole. Native build trees
+    (board/runner/build/, git-ignored) are not ours."""
+    native_build = PROJECT_ROOT / "board" / "runner" / "build"
+    modules = [
+        path
+        for package in ("orchestrator", "board")
+        for path in sorted((PROJECT_ROOT / package).rglob("*.py"))
+        if not path.is_relative_to(native_build)
+    ]
+    assert len(modules) > 100, "the walk found the packages"  # a moved root would pass with nothing checked
+    long = {
+        str(path.relative_to(PROJECT_ROOT)): lines
+        for path in modules
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"split these along their seams, one concept per module (docs/DESIGN.md's map): {long}"

@@ -26,7 +26,7 @@ from orchestrator.commands.common import (
     variants,
 )
 from orchestrator.commands.programs import exclusive, reference_without_pte, user_program
-from orchestrator.commands.render import print_details, print_gc, summarize
+from orchestrator.commands.render_boards import print_details, print_gc, summarize
 from orchestrator.deploy.agent_client import BoardAgent, GcResult
 from orchestrator.deploy.board_status import board_statuses
 from orchestrator.deploy.provision import setup_board

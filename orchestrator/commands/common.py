@@ -404,10 +404,10 @@ def nightly_job(
 
     # here, not at the top: fab imports this module at start-up
     from orchestrator.boards.inventory import load_inventory
-    from orchestrator.commands.render import print_night
+    from orchestrator.commands.render_night import print_night
     from orchestrator.lab.nightlock import NightBusy
     from orchestrator.lab.nightly import record_pending_results, run_nightly
-    from orchestrator.lab.report import ReportsFolderTaken
+    from orchestrator.lab.reports_folder import ReportsFolderTaken
 
     if record_pending:
         return record_pending_results(

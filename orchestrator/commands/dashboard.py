@@ -10,7 +10,7 @@ from orchestrator import console, paths
 from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.commands import options
 from orchestrator.errors import InventoryError
-from orchestrator.lab.history import default_url
+from orchestrator.lab.history_url import default_url
 from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS, load_config, load_history_url
 from orchestrator.servers.dashboard.app import Sources, serve_dashboard
 from orchestrator.servers.dashboard.boardwatch import look

@@ -27,7 +27,8 @@ from orchestrator.commands.common import (
     variants,
 )
 from orchestrator.commands.programs import profiled
-from orchestrator.commands.render import print_cells, print_context_scaling, print_lowering
+from orchestrator.commands.render import print_cells, print_context_scaling
+from orchestrator.commands.render_lowering import print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code

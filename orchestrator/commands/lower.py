@@ -12,7 +12,7 @@ from orchestrator.commands.common import (
     variants,
 )
 from orchestrator.commands.programs import lower_exported_task
-from orchestrator.commands.render import print_lowering
+from orchestrator.commands.render_lowering import print_lowering
 from orchestrator.lowering import lower as lowering
 
 

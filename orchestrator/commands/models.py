@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.commands.render import print_models
+from orchestrator.commands.render_lowering import print_models
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lowered import find_lowered, lowered_names
 

@@ -22,7 +22,7 @@ from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.errors import UsageError
 from orchestrator.lowering.weights import WEIGHT_MODES
 from orchestrator.names import is_night
-from orchestrator.results.summary import ACCURACY_DEFAULTS
+from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS
 
 __all__ = ["ACCURACY_DEFAULTS", "MAX_THREADS", "WEIGHT_MODES", "UsageError"]  # what tasks and tests read here
 MAX_KEEP = 1_000_000
@@ -222,7 +222,7 @@ def night(value: Any) -> str:
 def history(value: Any, option: str = "--history") -> str:
     """`--history`: a history URL, checked without connecting (history.check_url): exit 64 with the accepted forms."""
     # here, not at the top: it loads SQLAlchemy, which fab's start-up (every task) does not need
-    from orchestrator.lab.history import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
+    from orchestrator.lab.history_url import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
 
     text = "" if isinstance(value, bool) else str(value).strip()
     try:

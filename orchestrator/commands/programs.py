@@ -108,7 +108,7 @@ def lower_exported_task(
     """`fab lower --exported model.pt2`: the user's ExportedProgram lowered like a model's."""
     # here, not at the top: fab imports the command modules at start-up
     from orchestrator.commands.common import variants
-    from orchestrator.commands.render import print_lowering
+    from orchestrator.commands.render_lowering import print_lowering
     from orchestrator.lowering.exported import lower_exported_program
 
     if exported is None:

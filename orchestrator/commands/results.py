@@ -11,7 +11,8 @@ from orchestrator import console
 from orchestrator.commands import options
 from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import find_artifact, naming_port, select_boards, split_list
-from orchestrator.commands.render import render_comparison, render_top_ops
+from orchestrator.commands.render import render_top_ops
+from orchestrator.commands.render_compare import render_comparison
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering import programs

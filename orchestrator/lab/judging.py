@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from orchestrator.deploy.abtest import Interleaved
-from orchestrator.lab.history import RunRecord
 from orchestrator.lab.matrix import MIN_BASELINE_NIGHTS
-from orchestrator.lab.report import CellVerdict
+from orchestrator.lab.night_report import CellVerdict
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.results.stats import compare_samples
 from orchestrator.results.verdicts import Kind
 

@@ -32,14 +32,14 @@ from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, M
 from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
-from orchestrator.lab.history import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
+from orchestrator.lab.history_url import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
 from orchestrator.lowering.builtins import resolve_spec
 from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest, UnknownRewrite, not_applying, parse_rewrites
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, Variant, combine, parse_schemes
 from orchestrator.lowering.weights import WEIGHT_MODES
 from orchestrator.results.stats import DEFAULT_MIN_EFFECT
-from orchestrator.results.summary import ACCURACY_DEFAULTS
+from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS
 
 DEFAULT_BASELINE_NIGHTS = 7
 MIN_BASELINE_NIGHTS = 2

@@ -27,7 +27,7 @@ from typing import Any
 from orchestrator import console
 from orchestrator.errors import EtlabError, ExitCode
 from orchestrator.fsutil import atomic_write_text, read_json
-from orchestrator.lab.history import HistoryError, describe_url, make_engine, problem, unreachable
+from orchestrator.lab.history_url import HistoryError, describe_url, make_engine, problem, unreachable
 
 POLL_SECONDS = 1.0  # while waiting for another nightly (--wait)
 NOTE_SECONDS = 300.0  # repeat the "waiting for" line this often even when the holder is the same

@@ -45,11 +45,15 @@ from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode, failure_code, first_line
 from orchestrator.fsutil import read_json
 from orchestrator.lab import pending
-from orchestrator.lab.history import History, RunRecord, default_url, describe_url, problem, reach
+from orchestrator.lab.history import History
+from orchestrator.lab.history_url import default_url, describe_url, problem, reach
 from orchestrator.lab.judging import confirm, judge, judge_memory
 from orchestrator.lab.matrix import NightlyConfig, load_config
+from orchestrator.lab.night_report import CellVerdict, NightReport, PlaceWait
 from orchestrator.lab.nightlock import night_lock
-from orchestrator.lab.report import CellVerdict, NightReport, PlaceWait, claim_folder, write_reports
+from orchestrator.lab.report import write_reports
+from orchestrator.lab.reports_folder import claim_folder
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.lowering import lower as lowering
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import load_artifact

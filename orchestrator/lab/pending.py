@@ -22,7 +22,9 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from orchestrator import console
 from orchestrator.fsutil import atomic_write_json, read_json
 from orchestrator.lab import nightlock
-from orchestrator.lab.history import History, RunRecord, problem
+from orchestrator.lab.history import History
+from orchestrator.lab.history_url import problem
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.lowering.programs import holder_id
 from orchestrator.names import is_night
 from orchestrator.strictjson import JsonDataError

@@ -1,12 +1,8 @@
 """Nightly reports: an HTML page with latency trend plots, a markdown summary, and JUnit XML for CI.
 
 Plots are rendered with matplotlib (Agg) to PNG and embedded as data URIs, so the report is one
-self-contained file that can be mailed or archived.
-
-A reports folder holds the reports of one history: `nightly-<night>.*` and `dashboard-<night>/` are named by the
-night alone, so two histories sharing a folder would overwrite each other's nights. The first nightly to write a
-folder names its history in `history.json` there (claim_folder); a nightly of another history is refused before it
-runs anything, and a re-run of the same history rewrites only its own night.
+self-contained file that can be mailed or archived. What they report is night_report.py's NightReport; the rows they
+share with the terminal's table are report_rows.py's; whose reports a folder holds, reports_folder.py's.
 """
 
 from __future__ import annotations
@@ -14,155 +10,27 @@ from __future__ import annotations
 import base64
 import html
 import io
-import os
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from orchestrator.errors import UsageError
-from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json
-from orchestrator.lab.history import RunRecord, describe_url, history_id
+from orchestrator.fsutil import atomic_write_text
+from orchestrator.lab.night_report import NightReport, label
+from orchestrator.lab.report_rows import (
+    ADVISED_KEYS,
+    GENERATION_HEADERS,
+    GENERATION_KEYS,
+    HEALTH_KEYS,
+    advised_rows,
+    board_health,
+    figure,
+    generation_rows,
+    peak_mb,
+    place_rows,
+    retest_text,
+)
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.results.verdicts import Kind
-from orchestrator.strictjson import JsonDataError
-
-OWNER_FILE = "history.json"  # in a reports folder: the history whose reports it holds
-
-
-class ReportsFolderTaken(UsageError):
-    """The reports folder holds the nightly reports of another history (exit 64: give each history its own)."""
-
-    def __init__(self, message: str, marker: Path) -> None:
-        super().__init__(message)
-        self.marker = marker  # the folder's history.json: whose reports it holds
-
-
-@dataclass(frozen=True)
-class PlaceWait:
-    """A board that is a labgrid place: which place, and how long its cells waited for the place's lock (they all
-    ran under one lock, so they waited together)."""
-
-    place: str
-    coordinator: str
-    waited: float | None  # None when the place was never held
-    error: str | None = None
-
-    @property
-    def waited_text(self) -> str:
-        return f"{self.waited:.1f} s" if self.waited is not None else f"not held: {self.error or '?'}"
-
-
-@dataclass
-class CellVerdict:
-    """The outcome of one nightly cell against its baseline."""
-
-    record: RunRecord
-    verdict: Kind
-    detail: str = ""
-    baseline_median_ms: float | None = None
-    ratio: float | None = None
-    slower_ops: list[dict] = field(default_factory=list)
-    suspect: str | None = None  # "slower"/"faster": a changed program that needs the interleaved re-test
-    reference: RunRecord | None = None  # the baseline night whose program is the A side of a re-test
-    drift: float | None = None  # unchanged program: tonight's median / the baseline's, the board's doing
-    retest: dict[str, Any] | None = None  # abtest.Interleaved.to_dict()
-    remeasured: dict[str, Any] | None = None  # the degraded first run that was re-measured
-    memory: dict[str, Any] | None = None  # peak RSS vs the baseline nights' (judging.judge_memory)
-
-    def __post_init__(self) -> None:
-        self.verdict = Kind(self.verdict)
-
-    @property
-    def cell(self) -> tuple[str, str, str]:
-        return self.record.cell
-
-    def info(self) -> dict[str, Any]:
-        """What the history keeps of a verdict (history.set_verdict)."""
-        return {
-            "detail": self.detail,
-            "baseline_median_ms": self.baseline_median_ms,
-            "ratio": self.ratio,
-            "slower_ops": self.slower_ops,
-            "drift": self.drift,
-            "retest": self.retest,
-            "remeasured": self.remeasured,
-            "memory": self.memory,
-        }
-
-    @classmethod
-    def stored(cls, record: RunRecord) -> CellVerdict:
-        """The verdict a cell got when it was judged (a resumed night, or an earlier night in a report)."""
-        info = record.verdict_info or {}
-        return cls(
-            record,
-            Kind(record.verdict),
-            str(info.get("detail") or ""),
-            info.get("baseline_median_ms"),
-            info.get("ratio"),
-            list(info.get("slower_ops") or []),
-            drift=info.get("drift"),
-            retest=info.get("retest"),
-            remeasured=info.get("remeasured"),
-            memory=info.get("memory"),
-        )
-
-    @property
-    def change(self) -> str | None:
-        """Tonight's median against the baseline's, e.g. "+12.5%"."""
-        return None if self.ratio is None else f"{(self.ratio - 1) * 100:+.1f}%"
-
-
-@dataclass
-class NightReport:
-    night: str
-    verdicts: list[CellVerdict]
-    history: dict[tuple[str, str, str], list[RunRecord]]  # per cell, oldest first
-    exit_code: int
-    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # recorded earlier the same night
-    outputs: dict[str, Path] = field(default_factory=dict)  # the report files written (html, md, junit)
-    places: dict[str, PlaceWait] = field(default_factory=dict)  # per board that is a labgrid place
-    # Measured but not recorded (the history failed): kept in pending_dir until `fab nightly --record-pending`.
-    pending: list[tuple[str, str, str]] = field(default_factory=list)
-    pending_dir: Path | None = None
-    # (as exported, advised) program names of the matrix's `advised` entries: shown side by side
-    advised: list[tuple[str, str]] = field(default_factory=list)
-    # Earlier nights' pending results this nightly could not record (a malformed file, kept): why, one per result
-    left_behind: list[str] = field(default_factory=list)
-
-    @property
-    def pending_note(self) -> str | None:
-        if not self.pending:
-            return None
-        return (
-            f"{len(self.pending)} cell(s) measured tonight are not in the history yet: the history failed to record "
-            f"them. They are kept in {self.pending_dir}; `fab nightly --record-pending` (or the next nightly) "
-            f"records them: {', '.join(_label(cell) for cell in self.pending)}."
-        )
-
-    @property
-    def left_behind_note(self) -> str | None:
-        if not self.left_behind:
-            return None
-        reasons = "; ".join(self.left_behind)
-        return f"{len(self.left_behind)} result(s) of earlier nights are still pending, not recorded: {reasons}"
-
-    @property
-    def regressions(self) -> list[CellVerdict]:
-        return [v for v in self.verdicts if v.verdict == Kind.REGRESSION]
-
-    @property
-    def failures(self) -> list[CellVerdict]:
-        return [v for v in self.verdicts if v.verdict in (Kind.FAILED, Kind.INFRA)]
-
-    @property
-    def warnings(self) -> list[CellVerdict]:
-        """Drift, unconfirmed and inconclusive cells: worth reading, not a red build."""
-        return [v for v in self.verdicts if v.verdict.is_warning and v.verdict != Kind.NOT_COMPARED]
-
-
-def _label(cell: tuple[str, str, str]) -> str:
-    return " / ".join(cell)
 
 
 def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: str) -> bytes:
@@ -198,7 +66,7 @@ def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: s
                        marker="s", color="#756bb1", linestyle=":", label="peak memory")  # fmt: skip
         memory_ax.set_ylabel("peak memory (MB)", color="#756bb1")
         memory_ax.legend(fontsize=8, loc="upper right")
-    ax.set_title(_label(cell), fontsize=10)
+    ax.set_title(label(cell), fontsize=10)
     ax.set_ylabel("latency (ms)")
     ax.grid(alpha=0.3)
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
@@ -209,14 +77,6 @@ def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: s
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
-
-
-def _peak_mb(record: RunRecord) -> float | None:
-    return record.peak_rss_bytes / 1e6 if record.peak_rss_bytes else None
-
-
-def _fmt(value: float | None, unit: str = "") -> str:
-    return "—" if value is None else f"{value:,.2f}{unit}"
 
 
 _CSS = """
@@ -248,114 +108,6 @@ def _html_section(title: str, table_id: str, headers: Sequence[str], rows: list[
     return [f"<h2>{title}</h2>", f"<table id='{table_id}'><tr>{head}</tr>", *rows, "</table>"]
 
 
-def _retest_text(item: CellVerdict) -> str:
-    """The interleaved re-test in one line, for the reports (per cell: its rounds and time)."""
-    retest = item.retest
-    if not retest:
-        return "—"
-    if retest.get("error"):
-        return f"stopped after {retest.get('seconds', 0):.0f} s: {retest['error']}"
-    ratio = retest.get("ratio")
-    shift = f"{ratio - 1:+.1%}" if isinstance(ratio, float) else "?"
-    state = "confirmed" if retest.get("confirmed") else "not confirmed"
-    budget = retest.get("budget_seconds")
-    of_budget = f" of {budget:g} s" if isinstance(budget, int | float) else ""
-    return f"{state}: {shift} over {retest.get('rounds')} rounds in {retest.get('seconds', 0):.0f} s{of_budget}"
-
-
-_HEALTH_KEYS = ("board", "night", "cells", "drift", "degraded", "max_temperature", "governor", "throttling")
-
-
-def board_health(report: NightReport) -> list[dict[str, str]]:
-    """Per board and night (oldest first): cells run, the median drift of unchanged programs, degraded runs,
-    the hottest temperature, the governors and any throttling, from the cells' histories in the report."""
-    import numpy as np
-
-    nights: dict[tuple[str, str], list[RunRecord]] = {}
-    seen: set[str] = set()
-    for records in report.history.values():
-        for record in records:
-            if record.run_id not in seen:
-                seen.add(record.run_id)
-                nights.setdefault((record.board, record.night), []).append(record)
-    rows = []
-    for (board, night), records in sorted(nights.items()):
-        drifts = [drift for r in records if isinstance(drift := r.verdict_info.get("drift"), float)]
-        temps = [
-            t
-            for r in records
-            for t in (r.conditions.get("temperature_c_before"), r.conditions.get("temperature_c_after"))
-            if isinstance(t, int | float)
-        ]
-        governors = sorted(
-            {str(r.conditions.get("governor_before")) for r in records if r.conditions.get("governor_before")}
-        )
-        throttling = sorted({f for r in records for f in r.conditions.get("throttling_during_run") or []})
-        rows.append(
-            {
-                "board": board,
-                "night": night,
-                "cells": str(len(records)),
-                "drift": f"{float(np.median(drifts)) - 1:+.1%}" if drifts else "—",
-                "degraded": str(sum(r.validity == "degraded" for r in records)),
-                "max_temperature": f"{max(temps):.1f}" if temps else "—",
-                "governor": ", ".join(governors) or "—",
-                "throttling": ", ".join(throttling) or "none",
-            }
-        )
-    return rows
-
-
-_ADVISED_KEYS = ("board", "model", "backend", "exported_ms", "advised", "advised_ms", "ratio")
-
-
-def advised_rows(report: NightReport) -> list[dict[str, str]]:
-    """Per board, model and backend of an `advised` entry: tonight's median as exported and advised, and their
-    ratio (advised / as exported: below 1 the rewrites save time), where both cells ran tonight."""
-    medians = {v.cell: v.record.median_ms for v in report.verdicts}
-    rows = []
-    for (board, model, backend), exported in medians.items():
-        for plain, advised in report.advised:
-            rewritten = medians.get((board, advised, backend)) if plain == model else None
-            if rewritten is None:
-                continue
-            ratio = f"{rewritten / exported:.3f}" if exported and rewritten else "—"
-            rows.append({"board": board, "model": model, "backend": backend, "exported_ms": _fmt(exported),
-                         "advised": advised, "advised_ms": _fmt(rewritten), "ratio": ratio})  # fmt: skip
-    return rows
-
-
-GENERATION_KEYS = ("board", "model", "backend", "prompt_new_context", "ttft_ms", "prefill_tok_s", "decode_tok_s",
-                    "token_ms_median", "decode_peak_mb", "ids")  # fmt: skip
-GENERATION_HEADERS = ("board", "model", "backend", "prompt+new/ctx", "TTFT ms", "prefill tok/s", "decode tok/s",
-                       "token ms (median)", "decode peak MB", "ids vs eager")  # fmt: skip
-
-
-def generation_rows(report: NightReport) -> list[dict[str, str]]:
-    """Tonight's language-model cells as they are used: time to first token, decode speed, per-token latency (their
-    median latency is one whole generation, which says little on its own)."""
-    rows = []
-    for item in report.verdicts:
-        generation = item.record.generation
-        if generation is None:
-            continue
-        decode_peak = generation.memory.get("decode")
-        rows.append({
-            "board": item.record.board, "model": item.record.model, "backend": item.record.backend,
-            "prompt_new_context": f"{generation.prompt_len}+{generation.new_tokens}/{generation.context or '?'}",
-            "ttft_ms": _fmt(generation.ttft_ms), "prefill_tok_s": _fmt(generation.prefill_tokens_per_s),
-            "decode_tok_s": _fmt(generation.decode_tokens_per_s),
-            "token_ms_median": _fmt(generation.token_ms.get("median")),
-            "decode_peak_mb": _fmt(decode_peak / 1e6 if decode_peak else None), "ids": generation.ids_text,
-        })  # fmt: skip
-    return rows
-
-
-def place_rows(report: NightReport) -> list[tuple[tuple[str, str, str], PlaceWait]]:
-    """Tonight's cells on labgrid places, each with its place and how long it waited for it."""
-    return [(v.cell, report.places[v.cell[0]]) for v in report.verdicts if v.cell[0] in report.places]
-
-
 def render_html(report: NightReport) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
@@ -378,9 +130,9 @@ def render_html(report: NightReport) -> str:
         change = item.change or "—"
         parts.append(
             f"<tr><td>{html.escape(record.board)}</td><td>{html.escape(record.model)}</td>"
-            f"<td>{html.escape(record.backend)}</td><td class='num'>{_fmt(record.median_ms)}</td>"
-            f"<td class='num'>{_fmt(item.baseline_median_ms)}</td><td class='num'>{change}</td>"
-            f"<td class='num'>{_fmt(_peak_mb(record))}</td>"
+            f"<td>{html.escape(record.backend)}</td><td class='num'>{figure(record.median_ms)}</td>"
+            f"<td class='num'>{figure(item.baseline_median_ms)}</td><td class='num'>{change}</td>"
+            f"<td class='num'>{figure(peak_mb(record))}</td>"
             f"<td class='{html.escape(item.verdict.replace(' ', '-'))}'>{html.escape(item.verdict)}"
             f"{'<br><small>' + html.escape(item.detail) + '</small>' if item.detail else ''}</td>"
             f"<td>{html.escape(record.validity)}{_reasons_html(record.reasons)}</td>"
@@ -403,7 +155,7 @@ def render_html(report: NightReport) -> str:
     if not report.regressions:
         parts.append("<p>None.</p>")
     for item in report.regressions:
-        parts.append(f"<h3 class='regression'>{html.escape(_label(item.cell))}</h3><p>{html.escape(item.detail)}</p>")
+        parts.append(f"<h3 class='regression'>{html.escape(label(item.cell))}</h3><p>{html.escape(item.detail)}</p>")
         if item.slower_ops:
             parts.append(
                 "<table class='ops'><tr><th>operator</th><th>baseline ms</th><th>tonight ms</th><th>Δ ms</th></tr>"
@@ -416,8 +168,8 @@ def render_html(report: NightReport) -> str:
             parts.append("</table>")
 
     warnings = [
-        f"<tr><td>{html.escape(_label(item.cell))}</td><td class='{item.verdict.value}'>{item.verdict.value}"
-        f"</td><td>{html.escape(item.detail)}</td><td>{html.escape(_retest_text(item))}</td></tr>"
+        f"<tr><td>{html.escape(label(item.cell))}</td><td class='{item.verdict.value}'>{item.verdict.value}"
+        f"</td><td>{html.escape(item.detail)}</td><td>{html.escape(retest_text(item))}</td></tr>"
         for item in report.warnings
     ]
     parts += _html_section("Warnings", "warnings", ("cell", "verdict", "why", "re-test"), warnings)
@@ -426,10 +178,10 @@ def render_html(report: NightReport) -> str:
     if advised:
         parts.append("<h2>Advised programs</h2><p>Each model as exported and with the rewrites etlab advises, "
                      "tonight's medians side by side (ratio: advised / as exported).</p>")  # fmt: skip
-        parts.append("<table id='advised'><tr>" + "".join(f"<th>{key.replace('_', ' ')}</th>" for key in _ADVISED_KEYS)
+        parts.append("<table id='advised'><tr>" + "".join(f"<th>{key.replace('_', ' ')}</th>" for key in ADVISED_KEYS)
                      + "</tr>")  # fmt: skip
         for row in advised:
-            parts.append("<tr>" + "".join(f"<td>{html.escape(row[key])}</td>" for key in _ADVISED_KEYS) + "</tr>")
+            parts.append("<tr>" + "".join(f"<td>{html.escape(row[key])}</td>" for key in ADVISED_KEYS) + "</tr>")
         parts.append("</table>")
 
     parts.append("<h2>Board health</h2>")
@@ -442,11 +194,11 @@ def render_html(report: NightReport) -> str:
         "<th>max °C</th><th>governor</th><th>throttling</th></tr>"
     )
     for row in board_health(report):
-        parts.append("<tr>" + "".join(f"<td>{html.escape(str(row[key]))}</td>" for key in _HEALTH_KEYS) + "</tr>")
+        parts.append("<tr>" + "".join(f"<td>{html.escape(str(row[key]))}</td>" for key in HEALTH_KEYS) + "</tr>")
     parts.append("</table>")
 
     failures = [
-        f"<tr><td>{html.escape(_label(item.cell))}</td><td class='{item.verdict}'>{item.verdict}</td>"
+        f"<tr><td>{html.escape(label(item.cell))}</td><td class='{item.verdict}'>{item.verdict}</td>"
         f"<td>{html.escape(item.record.stage or '—')}</td><td>{html.escape(item.record.error or '')}</td></tr>"
         for item in report.failures
     ]
@@ -459,7 +211,7 @@ def render_html(report: NightReport) -> str:
         )
         for cell, place in place_rows(report):
             parts.append(
-                f"<tr><td>{html.escape(_label(cell))}</td><td>{html.escape(place.place)}</td>"
+                f"<tr><td>{html.escape(label(cell))}</td><td>{html.escape(place.place)}</td>"
                 f"<td>{html.escape(place.coordinator)}</td><td>{html.escape(place.waited_text)}</td></tr>"
             )
         parts.append("</table>")
@@ -468,8 +220,8 @@ def render_html(report: NightReport) -> str:
     for cell, records in sorted(report.history.items()):
         png = base64.b64encode(trend_png(cell, records, report.night)).decode()
         parts.append(
-            f"<figure><img class='trend' alt='latency trend {html.escape(_label(cell))}' "
-            f"src='data:image/png;base64,{png}'><figcaption>{html.escape(_label(cell))}</figcaption></figure>"
+            f"<figure><img class='trend' alt='latency trend {html.escape(label(cell))}' "
+            f"src='data:image/png;base64,{png}'><figcaption>{html.escape(label(cell))}</figcaption></figure>"
         )
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -491,8 +243,8 @@ def render_markdown(report: NightReport) -> str:
         r = item.record
         change = item.change or "—"
         lines.append(
-            f"| {r.board} | {r.model} | {r.backend} | {_fmt(r.median_ms)} | {_fmt(item.baseline_median_ms)} | "
-            f"{change} | {_fmt(_peak_mb(r))} | {item.verdict} | {r.validity} |"
+            f"| {r.board} | {r.model} | {r.backend} | {figure(r.median_ms)} | {figure(item.baseline_median_ms)} | "
+            f"{change} | {figure(peak_mb(r))} | {item.verdict} | {r.validity} |"
         )
     generation = generation_rows(report)
     if generation:
@@ -500,7 +252,7 @@ def render_markdown(report: NightReport) -> str:
                   "|---|---|---|---|" + "---:|" * (len(GENERATION_HEADERS) - 5) + "---|"]  # fmt: skip
         lines += ["| " + " | ".join(row[key] for key in GENERATION_KEYS) + " |" for row in generation]
     for item in report.regressions:
-        lines += ["", f"## Regression: {_label(item.cell)}", "", item.detail]
+        lines += ["", f"## Regression: {label(item.cell)}", "", item.detail]
         if item.slower_ops:
             lines += ["", "| operator | baseline ms | tonight ms | Δ ms |", "|---|---:|---:|---:|"]
             lines += [
@@ -510,16 +262,15 @@ def render_markdown(report: NightReport) -> str:
     if report.warnings:
         lines += ["", "## Warnings", ""]
         lines += [
-            f"- {_label(i.cell)}: **{i.verdict.value}**: {i.detail} (re-test: {_retest_text(i)})"
-            for i in report.warnings
+            f"- {label(i.cell)}: **{i.verdict.value}**: {i.detail} (re-test: {retest_text(i)})" for i in report.warnings
         ]
     advised = advised_rows(report)
     if advised:
-        lines += ["", "## Advised programs", "", "| " + " | ".join(k.replace("_", " ") for k in _ADVISED_KEYS) + " |",
-                  "|" + "---|" * len(_ADVISED_KEYS)]  # fmt: skip
-        lines += ["| " + " | ".join(row[key] for key in _ADVISED_KEYS) + " |" for row in advised]
-    lines += ["", "## Board health", "", "| " + " | ".join(_HEALTH_KEYS) + " |", "|" + "---|" * len(_HEALTH_KEYS)]
-    lines += ["| " + " | ".join(row[key] for key in _HEALTH_KEYS) + " |" for row in board_health(report)]
+        lines += ["", "## Advised programs", "", "| " + " | ".join(k.replace("_", " ") for k in ADVISED_KEYS) + " |",
+                  "|" + "---|" * len(ADVISED_KEYS)]  # fmt: skip
+        lines += ["| " + " | ".join(row[key] for key in ADVISED_KEYS) + " |" for row in advised]
+    lines += ["", "## Board health", "", "| " + " | ".join(HEALTH_KEYS) + " |", "|" + "---|" * len(HEALTH_KEYS)]
+    lines += ["| " + " | ".join(row[key] for key in HEALTH_KEYS) + " |" for row in board_health(report)]
     if report.places:
         lines += [
             "",
@@ -528,11 +279,11 @@ def render_markdown(report: NightReport) -> str:
             "| cell | place | coordinator | waited for the place |",
             "|---|---|---|---|",
         ]
-        lines += [f"| {_label(c)} | {p.place} | {p.coordinator} | {p.waited_text} |" for c, p in place_rows(report)]
+        lines += [f"| {label(c)} | {p.place} | {p.coordinator} | {p.waited_text} |" for c, p in place_rows(report)]
     if report.failures:
         lines += ["", "## Failures", ""]
         lines += [
-            f"- {_label(i.cell)}: {i.verdict} at {i.record.stage or '?'}: {i.record.error}" for i in report.failures
+            f"- {label(i.cell)}: {i.verdict} at {i.record.stage or '?'}: {i.record.error}" for i in report.failures
         ]
     return "\n".join(lines) + "\n"
 
@@ -551,7 +302,7 @@ def render_junit(report: NightReport) -> str:
         case.set("time", f"{(item.record.median_ms or 0) / 1000:.6f}")
         ET.SubElement(ET.SubElement(case, "properties"), "property", name="verdict", value=item.verdict.value)
         if item.retest:
-            ET.SubElement(case.find("properties"), "property", name="retest", value=_retest_text(item))  # type: ignore[arg-type]
+            ET.SubElement(case.find("properties"), "property", name="retest", value=retest_text(item))  # type: ignore[arg-type]
         if item.verdict.is_warning:
             # Not a failure: CI shows it, the build stays green.
             ET.SubElement(case, "system-out").text = f"{item.verdict.value}: {item.detail}"
@@ -562,36 +313,6 @@ def render_junit(report: NightReport) -> str:
         elif item.verdict == "infra":
             ET.SubElement(case, "error", message=item.record.error or "", type=item.record.stage or "infra")
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
-
-
-def claim_folder(folder: Path, history_url: str) -> None:
-    """Make sure `folder` holds this history's reports: claimed by the first nightly to write there (history.json,
-    created at once, so two nightlies starting together cannot both claim it); ReportsFolderTaken when another
-    history holds it, before the nightly runs anything."""
-    marker = folder / OWNER_FILE
-    mine = history_id(history_url)
-    if not marker.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        draft = folder / f".{OWNER_FILE}.{os.getpid()}"
-        atomic_write_json(draft, {"schema": 1, "history": mine, "where": describe_url(history_url)})
-        try:
-            os.link(draft, marker)  # fails if another nightly claimed it meanwhile: its claim stands
-        except FileExistsError:
-            pass
-        finally:
-            draft.unlink(missing_ok=True)
-    try:
-        owner = read_json(marker)
-    except (OSError, JsonDataError) as exc:
-        raise JsonDataError(str(marker), f"cannot say whose reports {folder} holds ({exc})") from None
-    if not isinstance(owner, dict) or not isinstance(owner.get("history"), str):
-        raise JsonDataError(str(marker), f"cannot say whose reports {folder} holds (no history id)", "history")
-    if owner["history"] != mine:
-        raise ReportsFolderTaken(
-            f"the reports folder {folder} holds the nightly reports of the history {owner.get('where') or '?'}; "
-            f"this nightly's history is {describe_url(history_url)}: its reports of a night would overwrite theirs",
-            marker,
-        )
 
 
 def write_reports(report: NightReport, folder: Path) -> dict[str, Path]:

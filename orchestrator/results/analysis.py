@@ -34,7 +34,8 @@ from orchestrator.results.generation import (
 )
 from orchestrator.results.memory import memory_summary
 from orchestrator.results.profile import Profile
-from orchestrator.results.summary import ACCURACY_DEFAULTS, Correctness, hashing_times
+from orchestrator.results.summary_checks import hashing_times
+from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS, Correctness
 from orchestrator.results.validity import (
     TIMING_AGREEMENT,
     board_conditions,

@@ -16,7 +16,8 @@ from orchestrator.programs.memory import ProgramMemory
 from orchestrator.results import overlays
 from orchestrator.results.bundle import board_supplied
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
-from orchestrator.results.summary import SUMMARY_SCHEMA, Correctness, Latency, ProgramInfo, RunSummary, Validity
+from orchestrator.results.summary import SUMMARY_SCHEMA, Latency, ProgramInfo, RunSummary, Validity
+from orchestrator.results.summary_outputs import Correctness
 
 if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
     from orchestrator.results.counters_profile import CounterProfile

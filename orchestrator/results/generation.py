@@ -18,7 +18,9 @@ from orchestrator.errors import AnalysisError
 from orchestrator.lowering.sidecar import Generation as SidecarGeneration
 from orchestrator.results.etdump import Etdump, RunBlock
 from orchestrator.results.stats import distribution
-from orchestrator.results.summary import Accuracy, Generation, Memory, _float, _int  # the same value checks
+from orchestrator.results.summary import Generation, Memory
+from orchestrator.results.summary_checks import as_float, as_int  # the same value checks
+from orchestrator.results.summary_outputs import Accuracy
 from orchestrator.results.validity import weights_meaning
 
 PREFILL = "prefill"
@@ -189,7 +191,7 @@ def generation_summary(
         prefill_tokens_per_s=record.prompt_len / prefill.median * 1000.0 if prefill and prefill.median else None,
         decode_tokens_per_s=float(np.median(rates)) if rates else None,
         token_ms={"median": steps.median, "p90": steps.p90, "max": steps.max} if steps else {},
-        load_ms=sum(known) if (known := [v for v in map(_float, loads) if v is not None]) else None,
+        load_ms=sum(known) if (known := [v for v in map(as_float, loads) if v is not None]) else None,
         kv_cache_bytes=recorded.kv_cache_bytes if recorded is not None else None,
         memory={
             PREFILL: _peak(phases.get("first_execution")),
@@ -204,20 +206,20 @@ def generation_summary(
 def _peak(phase: Any) -> int | None:
     if not isinstance(phase, dict):
         return None
-    return _int(phase.get("peak_rss_bytes"))
+    return as_int(phase.get("peak_rss_bytes"))
 
 
 def _run(data: Any, where: str, new_tokens: int) -> GenerationRun:
     if not isinstance(data, dict):
         raise _bad(where, "a mapping")
-    prefill = _float(data.get("prefill_ms"))
+    prefill = as_float(data.get("prefill_ms"))
     if prefill is None or prefill < 0:
         raise _bad(f"{where}.prefill_ms", "a number >= 0")
     decode = data.get("decode_ms")
-    if not isinstance(decode, list) or any(_float(v) is None or v < 0 for v in decode):
+    if not isinstance(decode, list) or any(as_float(v) is None or v < 0 for v in decode):
         raise _bad(f"{where}.decode_ms", "a list of numbers >= 0")
     ids = data.get("token_ids")
-    if not isinstance(ids, list) or any(_int(v) is None or not 0 <= v < _MAX_TOKEN_ID for v in ids):
+    if not isinstance(ids, list) or any(as_int(v) is None or not 0 <= v < _MAX_TOKEN_ID for v in ids):
         raise _bad(f"{where}.token_ids", "a list of token ids")
     if len(ids) != len(decode) + 1 or len(ids) > new_tokens:
         raise AnalysisError(
@@ -227,7 +229,7 @@ def _run(data: Any, where: str, new_tokens: int) -> GenerationRun:
 
 
 def _count(data: dict[str, Any], key: str, minimum: int) -> int:
-    value = _int(data.get(key))
+    value = as_int(data.get(key))
     if value is None or value < minimum:
         raise _bad(f"generation.{key}", f"an integer >= {minimum}")
     return value

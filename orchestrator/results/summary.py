@@ -2,135 +2,23 @@
 
 The file keeps its documented layout (docs/DESIGN.md); `to_dict()` writes it and `from_dict()` reads it, refusing
 a document whose shape is wrong instead of letting `.get` chains turn it into silent `None`s: every field present
-must have the type and range an analysis writes (a time is a finite number >= 0, a count or a byte count an integer
->= 0, never a bool), else SummaryError (exit 65) names the file and the field, so no reader crashes on it later.
-Absent and null mean unknown. The sections whose content is a report in its own right (board conditions, profile)
-stay mappings.
+must have the type and range an analysis writes (summary_checks.py: a time is a finite number >= 0, a count or a byte
+count an integer >= 0, never a bool), else SummaryError (exit 65) names the file and the field, so no reader crashes
+on it later. Absent and null mean unknown. The sections whose content is a report in its own right (board
+conditions, profile) stay mappings. The outputs' checks (correctness, accuracy) are summary_outputs.py's.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.errors import AnalysisError
+from orchestrator.results import summary_checks as check
+from orchestrator.results.summary_checks import SummaryError
+from orchestrator.results.summary_outputs import Accuracy, Correctness
 
 SUMMARY_SCHEMA = 1
 VALIDITY_LEVELS = ("valid", "degraded", "invalid")
-
-
-class SummaryError(AnalysisError):
-    """A summary.json field that is not what an analysis writes: the file, the field and what is wrong (exit 65)."""
-
-    def __init__(self, field: str, problem: str, where: str = "summary.json") -> None:
-        super().__init__(f"{where}: {field}: {problem}")
-        self.field = field
-        self.problem = problem
-
-
-# Lenient value checks, for board data (generation.py, hashing_times): a value of another kind is None.
-def _float(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def hashing_times(data: Any) -> dict[str, float | None] | None:
-    """run.json's `hashing_ms` (model, inputs): times only (a finite number >= 0), anything else unknown."""
-    if not isinstance(data, dict):
-        return None
-    times = {key: _float(data.get(key)) for key in ("model", "inputs")}
-    return {key: value if value is not None and value >= 0 else None for key, value in times.items()}
-
-
-# Strict checks, for reading summary.json back: None when absent or null, SummaryError when anything else is wrong.
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
-
-
-def _number(value: Any, field: str, minimum: float | None = 0.0) -> float | None:
-    """A finite number (a time, a rate, a ratio: >= `minimum`, None for any sign)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise SummaryError(field, f"{_shown(value)} is not a finite number")
-    if minimum is not None and value < minimum:
-        raise SummaryError(field, f"{value!r} is below {minimum:g}")
-    return float(value)
-
-
-def _share(value: Any, field: str) -> float | None:
-    """A share between 0 and 1 (an agreement, an overlap)."""
-    number = _number(value, field)
-    if number is not None and number > 1:
-        raise SummaryError(field, f"{value!r} is above 1")
-    return number
-
-
-def _count(value: Any, field: str) -> int | None:
-    """A count or a byte count: an integer >= 0."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise SummaryError(field, f"{_shown(value)} is not a count (an integer >= 0)")
-    return value
-
-
-def _text(value: Any, field: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise SummaryError(field, f"{_shown(value)} is not text")
-
-
-def _flag(value: Any, field: str) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    raise SummaryError(field, f"{_shown(value)} is not true or false")
-
-
-def _mapping(data: Any, field: str) -> dict[str, Any]:
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise SummaryError(field, f"must be a mapping, got {type(data).__name__}")
-    return data
-
-
-def _list(data: Any, field: str) -> list[Any]:
-    if data is None:
-        return []
-    if not isinstance(data, list):
-        raise SummaryError(field, f"must be a list, got {type(data).__name__}")
-    return data
-
-
-def _texts(data: Any, field: str) -> tuple[str, ...]:
-    """A list of text (reasons, counter names): every item text."""
-    items = _list(data, field)
-    for index, item in enumerate(items):
-        if not isinstance(item, str):
-            raise SummaryError(f"{field}[{index}]", f"{_shown(item)} is not text")
-    return tuple(items)
-
-
-def _text_map(data: Any, field: str) -> dict[str, str]:
-    mapping = _mapping(data, field)
-    for key, value in mapping.items():
-        if not isinstance(value, str):
-            raise SummaryError(f"{field}.{key}", f"{_shown(value)} is not text")
-    return dict(mapping)
-
-
-def _numbers(data: Any, field: str, minimum: float | None = None) -> dict[str, float]:
-    """A mapping of names to finite numbers (thresholds, totals); null values are left out."""
-    values = {str(key): _number(value, f"{field}.{key}", minimum) for key, value in _mapping(data, field).items()}
-    return {key: value for key, value in values.items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -148,9 +36,9 @@ class WarmLatency:
     def from_dict(cls, data: Any) -> WarmLatency | None:
         if data is None:
             return None
-        fields = _mapping(data, "latency.warm")
+        fields = check.mapping(data, "latency.warm")
         names = ("min_ms", "median_ms", "mean_ms", "p90_ms", "max_ms", "cv")
-        values = {name: _number(fields.get(name), f"latency.warm.{name}") for name in names}
+        values = {name: check.number(fields.get(name), f"latency.warm.{name}") for name in names}
         missing = [name for name, value in values.items() if value is None]
         if missing:
             raise SummaryError("latency.warm", f"lacks a number for {', '.join(missing)}")
@@ -172,20 +60,20 @@ class Latency:
 
     @classmethod
     def from_dict(cls, data: Any) -> Latency:
-        fields = _mapping(data, "latency")
+        fields = check.mapping(data, "latency")
         hashing = fields.get("hashing_ms")
         if hashing is not None:  # the agent hashing the model and the inputs
-            times = _mapping(hashing, "latency.hashing_ms")
-            hashing = {key: _number(times.get(key), f"latency.hashing_ms.{key}") for key in ("model", "inputs")}
+            times = check.mapping(hashing, "latency.hashing_ms")
+            hashing = {key: check.number(times.get(key), f"latency.hashing_ms.{key}") for key in ("model", "inputs")}
         return cls(
-            load_ms=_number(fields.get("load_ms"), "latency.load_ms"),
-            method_init_ms=_number(fields.get("method_init_ms"), "latency.method_init_ms"),
-            first_run_ms=_number(fields.get("first_run_ms"), "latency.first_run_ms"),
-            warmup_runs=_count(fields.get("warmup_runs"), "latency.warmup_runs") or 0,
-            iterations=_count(fields.get("iterations"), "latency.iterations") or 0,
-            iterations_requested=_count(fields.get("iterations_requested"), "latency.iterations_requested"),
-            stopped_early=_flag(fields.get("stopped_early"), "latency.stopped_early"),
-            threads=_count(fields.get("threads"), "latency.threads"),
+            load_ms=check.number(fields.get("load_ms"), "latency.load_ms"),
+            method_init_ms=check.number(fields.get("method_init_ms"), "latency.method_init_ms"),
+            first_run_ms=check.number(fields.get("first_run_ms"), "latency.first_run_ms"),
+            warmup_runs=check.count(fields.get("warmup_runs"), "latency.warmup_runs") or 0,
+            iterations=check.count(fields.get("iterations"), "latency.iterations") or 0,
+            iterations_requested=check.count(fields.get("iterations_requested"), "latency.iterations_requested"),
+            stopped_early=check.flag(fields.get("stopped_early"), "latency.stopped_early"),
+            threads=check.count(fields.get("threads"), "latency.threads"),
             warm=WarmLatency.from_dict(fields.get("warm")),
             hashing_ms=hashing,
         )
@@ -222,134 +110,23 @@ class Validity:
 
     @classmethod
     def from_dict(cls, data: Any) -> Validity:
-        fields = _mapping(data, "validity")
+        fields = check.mapping(data, "validity")
         status = fields.get("status")
         if status not in VALIDITY_LEVELS:
             raise SummaryError("validity.status", f"must be one of {', '.join(VALIDITY_LEVELS)}")
         reasons = []
-        for index, item in enumerate(_list(fields.get("reasons"), "validity.reasons")):
+        for index, item in enumerate(check.listing(fields.get("reasons"), "validity.reasons")):
             where = f"validity.reasons[{index}]"
-            reason = _mapping(item, where)
-            level, text = _text(reason.get("level"), f"{where}.level"), _text(reason.get("reason"), f"{where}.reason")
+            reason = check.mapping(item, where)
+            level, text = (
+                check.text(reason.get("level"), f"{where}.level"),
+                check.text(reason.get("reason"), f"{where}.reason"),
+            )
             reasons.append(Reason(str(level), str(text)))
         return cls(status, tuple(reasons))
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "reasons": [{"level": r.level, "reason": r.reason} for r in self.reasons]}
-
-
-def _shape(value: Any, field: str) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    return tuple(int(_count(n, f"{field}[{index}]") or 0) for index, n in enumerate(_list(value, field)))
-
-
-@dataclass(frozen=True)
-class OutputCheck:
-    """One output of the program against the same output of the eager model (results/validity.py).
-
-    `kind` (lowering/outputs.py) decides what is compared: every output by its errors and SQNR, top-1 and top-5
-    only for logits. `ok` is the verdict of the check it belongs to (fp32 correctness, or the accuracy gate).
-    """
-
-    name: str
-    kind: str  # logits | values
-    shape: tuple[int, ...] | None = None
-    reference_shape: tuple[int, ...] | None = None  # written only when it differs from `shape`
-    max_abs_error: float | None = None  # None with non-finite values (NaN/Inf have no error figure)
-    max_rel_error: float | None = None  # max abs error over the reference's largest magnitude
-    reference_max_abs: float | None = None
-    sqnr_db: float | None = None  # 10·log10(Σref² / Σ(out-ref)²); ±999 for no noise / no signal
-    non_finite: int = 0  # NaN or Inf where the reference is finite
-    top1_agreement: float | None = None  # logits only, as every top-k figure
-    top1_within_noise: float | None = None  # flips between reference logits closer than twice the RMS error forgiven
-    top1_flips: int | None = None  # rows whose top-1 differs, not forgiven as a tie within the noise
-    top5_overlap: float | None = None
-    ok: bool = True
-    problems: tuple[str, ...] = ()
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str) -> OutputCheck:
-        fields = _mapping(data, where)
-
-        def at(name: str) -> tuple[Any, str]:
-            return fields.get(name), f"{where}.{name}"
-
-        return cls(
-            name=_text(*at("name")) or "?",
-            kind=_text(*at("kind")) or "values",
-            shape=_shape(*at("shape")),
-            reference_shape=_shape(*at("reference_shape")),
-            max_abs_error=_number(*at("max_abs_error")),
-            max_rel_error=_number(*at("max_rel_error")),
-            reference_max_abs=_number(*at("reference_max_abs")),
-            sqnr_db=_number(*at("sqnr_db"), minimum=None),
-            non_finite=_count(*at("non_finite")) or 0,
-            top1_agreement=_share(*at("top1_agreement")),
-            top1_within_noise=_share(*at("top1_within_noise")),
-            top1_flips=_count(*at("top1_flips")),
-            top5_overlap=_share(*at("top5_overlap")),
-            ok=_flag(*at("ok")) is not False,
-            problems=_texts(*at("problems")),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dict(vars(self))
-        data["shape"] = list(self.shape) if self.shape is not None else None
-        if self.reference_shape is None:
-            del data["reference_shape"]
-        else:
-            data["reference_shape"] = list(self.reference_shape)
-        data["problems"] = list(self.problems)
-        return data
-
-
-def _output_checks(value: Any, where: str) -> tuple[OutputCheck, ...]:
-    return tuple(OutputCheck.from_dict(item, f"{where}[{index}]") for index, item in enumerate(_list(value, where)))
-
-
-@dataclass(frozen=True)
-class Correctness:
-    """The board's outputs against the eager reference, output by output; the worst figures over the outputs."""
-
-    checked: bool = False
-    ok: bool | None = None
-    reason: str | None = "no reference outputs given"
-    max_abs_error: float | None = None
-    max_rel_error: float | None = None
-    sqnr_db: float | None = None  # the lowest over the outputs
-    non_finite: int = 0
-    top1_agreement: float | None = None  # the lowest over the logits outputs
-    kind_note: str | None = None  # how the outputs' kinds were decided when the sidecar does not record them
-    thresholds: dict[str, float] = field(default_factory=dict)
-    outputs: tuple[OutputCheck, ...] = ()
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Correctness:
-        fields = _mapping(data, "correctness")
-
-        def at(name: str) -> tuple[Any, str]:
-            return fields.get(name), f"correctness.{name}"
-
-        return cls(
-            checked=_flag(*at("checked")) is True,
-            ok=_flag(*at("ok")),
-            reason=_text(*at("reason")),
-            max_abs_error=_number(*at("max_abs_error")),
-            max_rel_error=_number(*at("max_rel_error")),
-            sqnr_db=_number(*at("sqnr_db"), minimum=None),
-            non_finite=_count(*at("non_finite")) or 0,
-            top1_agreement=_share(*at("top1_agreement")),
-            kind_note=_text(*at("kind_note")),
-            thresholds=_numbers(*at("thresholds")),
-            outputs=_output_checks(*at("outputs")),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dict(vars(self))
-        data["thresholds"] = dict(self.thresholds)
-        data["outputs"] = [output.to_dict() for output in self.outputs]
-        return data
 
 
 @dataclass(frozen=True)
@@ -365,9 +142,10 @@ class ProgramInfo:
 
     @classmethod
     def from_dict(cls, data: Any) -> ProgramInfo:
-        fields = _mapping(data, "model")
+        fields = check.mapping(data, "model")
         texts = {
-            name: _text(fields.get(name), f"model.{name}") for name in ("name", "backend", "pte", "sha256", "weights")
+            name: check.text(fields.get(name), f"model.{name}")
+            for name in ("name", "backend", "pte", "sha256", "weights")
         }
         return cls(
             name=texts["name"],
@@ -375,7 +153,7 @@ class ProgramInfo:
             pte=texts["pte"],
             sha256=texts["sha256"],
             weights=texts["weights"],
-            size_bytes=_count(fields.get("size_bytes"), "model.size_bytes"),
+            size_bytes=check.count(fields.get("size_bytes"), "model.size_bytes"),
         )
 
 
@@ -383,58 +161,6 @@ class ProgramInfo:
 # and 3/5 top-5 overlap on full-size models, int8 28-42 dB: the defaults pass both and catch a broken program.
 # Top-1 agreement is over the rows of a logits output (batch x positions): 0.9 still asks one row of one, and lets a
 # few of a fill-mask model's 128 positions flip (padding's among them).
-ACCURACY_DEFAULTS = {"min_sqnr_db": 10.0, "min_top1_agreement": 0.9, "min_top5_overlap": 0.6}
-
-
-@dataclass(frozen=True)
-class Accuracy:
-    """A quantized run's outputs against the fp32 eager reference, and the gate's verdict on them."""
-
-    scheme: str
-    verdict: str  # pass | fail | unchecked
-    meaningful: bool  # False with random weights: the figures say little about real use
-    max_abs_error: float | None = None
-    top1_agreement: float | None = None  # exact argmax agreement
-    top1_within_noise: float | None = None  # counting flips between reference logits closer than the noise as ties
-    sqnr_db: float | None = None
-    top5_overlap: float | None = None
-    thresholds: dict[str, float] = field(default_factory=dict)
-    reasons: tuple[str, ...] = ()
-    note: str | None = None
-    outputs: tuple[OutputCheck, ...] = ()  # output by output; the figures above are the worst over them
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Accuracy | None:
-        if data is None:
-            return None
-        fields = _mapping(data, "accuracy")
-        verdict = fields.get("verdict")
-        if verdict not in ("pass", "fail", "unchecked"):
-            raise SummaryError("accuracy.verdict", "must be pass, fail or unchecked")
-
-        def at(name: str) -> tuple[Any, str]:
-            return fields.get(name), f"accuracy.{name}"
-
-        return cls(
-            scheme=_text(*at("scheme")) or "?",
-            verdict=verdict,
-            meaningful=_flag(*at("meaningful")) is True,
-            max_abs_error=_number(*at("max_abs_error")),
-            top1_agreement=_share(*at("top1_agreement")),
-            top1_within_noise=_share(*at("top1_within_noise")),
-            sqnr_db=_number(*at("sqnr_db"), minimum=None),
-            top5_overlap=_share(*at("top5_overlap")),
-            thresholds=_numbers(*at("thresholds")),
-            reasons=_texts(*at("reasons")),
-            note=_text(*at("note")),
-            outputs=_output_checks(*at("outputs")),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dict(vars(self))
-        data["reasons"] = list(self.reasons)
-        data["outputs"] = [output.to_dict() for output in self.outputs]
-        return data
 
 
 @dataclass(frozen=True)
@@ -461,25 +187,25 @@ class Memory:
     def from_dict(cls, data: Any) -> Memory | None:
         if data is None:
             return None
-        fields = _mapping(data, "memory")
-        phases = _mapping(fields.get("phases"), "memory.phases")
-        arenas = _list(fields.get("planned_arenas"), "memory.planned_arenas")
+        fields = check.mapping(data, "memory")
+        phases = check.mapping(fields.get("phases"), "memory.phases")
+        arenas = check.listing(fields.get("planned_arenas"), "memory.planned_arenas")
 
         def count(name: str) -> int | None:
-            return _count(fields.get(name), f"memory.{name}")
+            return check.count(fields.get(name), f"memory.{name}")
 
         return cls(
             peak_rss_bytes=count("peak_rss_bytes"),
             phases={
                 str(name): {
-                    str(k): _count(v, f"memory.phases.{name}.{k}")
-                    for k, v in _mapping(values, f"memory.phases.{name}").items()
+                    str(k): check.count(v, f"memory.phases.{name}.{k}")
+                    for k, v in check.mapping(values, f"memory.phases.{name}").items()
                 }
                 for name, values in phases.items()
             },
-            peak_reset=_flag(fields.get("peak_reset"), "memory.peak_reset") is True,
+            peak_reset=check.flag(fields.get("peak_reset"), "memory.peak_reset") is True,
             baseline_rss_bytes=count("baseline_rss_bytes"),
-            planned_arenas=tuple(int(_count(a, f"memory.planned_arenas[{i}]") or 0) for i, a in enumerate(arenas)),
+            planned_arenas=tuple(int(check.count(a, f"memory.planned_arenas[{i}]") or 0) for i, a in enumerate(arenas)),
             planned_bytes=count("planned_bytes"),
             constants_bytes=count("constants_bytes"),
             delegate_data_bytes=count("delegate_data_bytes"),
@@ -526,26 +252,26 @@ class Counters:
     def from_dict(cls, data: Any) -> Counters | None:
         if data is None:
             return None
-        fields = _mapping(data, "counters")
+        fields = check.mapping(data, "counters")
 
         def at(name: str) -> tuple[Any, str]:
             return fields.get(name), f"counters.{name}"
 
-        missing = _list(*at("missing"))
+        missing = check.listing(*at("missing"))
         return cls(
-            status=_text(*at("status")) or "failed",
-            error=_text(*at("error")),
-            requested=_texts(*at("requested")),
-            captured=_texts(*at("captured")),
-            derived=_texts(*at("derived")),
-            missing=tuple(_mapping(m, f"counters.missing[{index}]") for index, m in enumerate(missing)),
-            threads=_count(*at("threads")),
-            scope=_text(*at("scope")) or "",
-            multiplexed=_flag(*at("multiplexed")) is True,
-            scaling=_text(*at("scaling")) or "",
-            executions=_count(*at("executions")) or 0,
-            totals=_numbers(*at("totals")),
-            consistency=_mapping(*at("consistency")),
+            status=check.text(*at("status")) or "failed",
+            error=check.text(*at("error")),
+            requested=check.texts(*at("requested")),
+            captured=check.texts(*at("captured")),
+            derived=check.texts(*at("derived")),
+            missing=tuple(check.mapping(m, f"counters.missing[{index}]") for index, m in enumerate(missing)),
+            threads=check.count(*at("threads")),
+            scope=check.text(*at("scope")) or "",
+            multiplexed=check.flag(*at("multiplexed")) is True,
+            scaling=check.text(*at("scaling")) or "",
+            executions=check.count(*at("executions")) or 0,
+            totals=check.numbers(*at("totals")),
+            consistency=check.mapping(*at("consistency")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -590,29 +316,31 @@ class Generation:
     def from_dict(cls, data: Any) -> Generation | None:
         if data is None:
             return None
-        fields = _mapping(data, "generation")
+        fields = check.mapping(data, "generation")
 
         def at(name: str) -> tuple[Any, str]:
             return fields.get(name), f"generation.{name}"
 
         tokens, text = fields.get("tokens"), fields.get("text")
         if tokens is not None:
-            _share(_mapping(*at("tokens")).get("agreement"), "generation.tokens.agreement")
+            check.share(check.mapping(*at("tokens")).get("agreement"), "generation.tokens.agreement")
         return cls(
-            prompt_len=_count(*at("prompt_len")) or 0,
-            new_tokens=_count(*at("new_tokens")) or 0,
-            context=_count(*at("context")),
-            generations=_count(*at("generations")) or 0,
-            ttft_ms=_number(*at("ttft_ms")),
-            prefill_tokens_per_s=_number(*at("prefill_tokens_per_s")),
-            decode_tokens_per_s=_number(*at("decode_tokens_per_s")),
-            token_ms={str(k): _number(v, f"generation.token_ms.{k}") for k, v in _mapping(*at("token_ms")).items()},
-            load_ms=_number(*at("load_ms")),
-            kv_cache_bytes=_count(*at("kv_cache_bytes")),
-            memory={str(k): _count(v, f"generation.memory.{k}") for k, v in _mapping(*at("memory")).items()},
+            prompt_len=check.count(*at("prompt_len")) or 0,
+            new_tokens=check.count(*at("new_tokens")) or 0,
+            context=check.count(*at("context")),
+            generations=check.count(*at("generations")) or 0,
+            ttft_ms=check.number(*at("ttft_ms")),
+            prefill_tokens_per_s=check.number(*at("prefill_tokens_per_s")),
+            decode_tokens_per_s=check.number(*at("decode_tokens_per_s")),
+            token_ms={
+                str(k): check.number(v, f"generation.token_ms.{k}") for k, v in check.mapping(*at("token_ms")).items()
+            },
+            load_ms=check.number(*at("load_ms")),
+            kv_cache_bytes=check.count(*at("kv_cache_bytes")),
+            memory={str(k): check.count(v, f"generation.memory.{k}") for k, v in check.mapping(*at("memory")).items()},
             tokens=dict(tokens) if tokens is not None else None,
-            prompt_source=_text(*at("prompt_source")),
-            text=_text_map(text, "generation.text") if text is not None else None,
+            prompt_source=check.text(*at("prompt_source")),
+            text=check.text_map(text, "generation.text") if text is not None else None,
         )
 
     @property
@@ -684,26 +412,26 @@ class RunSummary:
             raise SummaryError("the document", f"must be a mapping, got {type(data).__name__}")
         fields = data
         if fields.get("schema") != SUMMARY_SCHEMA:
-            raise SummaryError("schema", f"{_shown(fields.get('schema'))} is not {SUMMARY_SCHEMA}")
-        run_id = _text(fields.get("run_id"), "run_id")
+            raise SummaryError("schema", f"{check.shown(fields.get('schema'))} is not {SUMMARY_SCHEMA}")
+        run_id = check.text(fields.get("run_id"), "run_id")
         if not run_id:
             raise SummaryError("run_id", "is missing")
         profile = fields.get("profile")
-        conditions = _mapping(fields.get("board_conditions"), "board_conditions")
-        _texts(conditions.get("throttling_during_run"), "board_conditions.throttling_during_run")  # the advisor's
+        conditions = check.mapping(fields.get("board_conditions"), "board_conditions")
+        check.texts(conditions.get("throttling_during_run"), "board_conditions.throttling_during_run")  # the advisor's
         return cls(
             run_id=run_id,
             model=ProgramInfo.from_dict(fields.get("model")),
             latency=Latency.from_dict(fields.get("latency")),
             validity=Validity.from_dict(fields.get("validity")),
-            status=_text(fields.get("status"), "status"),
-            error=_text(fields.get("error"), "error"),
-            labels=_mapping(fields.get("labels"), "labels"),
-            board=_text(fields.get("board"), "board"),
-            versions=_mapping(fields.get("versions"), "versions"),
+            status=check.text(fields.get("status"), "status"),
+            error=check.text(fields.get("error"), "error"),
+            labels=check.mapping(fields.get("labels"), "labels"),
+            board=check.text(fields.get("board"), "board"),
+            versions=check.mapping(fields.get("versions"), "versions"),
             board_conditions=conditions,
             correctness=Correctness.from_dict(fields.get("correctness")),
-            profile=_mapping(profile, "profile") if profile is not None else None,
+            profile=check.mapping(profile, "profile") if profile is not None else None,
             memory=Memory.from_dict(fields.get("memory")),
             counters=Counters.from_dict(fields.get("counters")),
             accuracy=Accuracy.from_dict(fields.get("accuracy")),

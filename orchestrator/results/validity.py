@@ -14,15 +14,8 @@ from orchestrator.errors import AnalysisError
 from orchestrator.lowering.outputs import LOGITS, kind_from_shape, output_kind
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.results.stats import distribution
-from orchestrator.results.summary import (
-    Accuracy,
-    Correctness,
-    Latency,
-    OutputCheck,
-    Reason,
-    Validity,
-    WarmLatency,
-)
+from orchestrator.results.summary import Latency, Reason, Validity, WarmLatency
+from orchestrator.results.summary_outputs import Accuracy, Correctness, OutputCheck
 from orchestrator.tensorfile import TensorFileError, read_tensors
 
 CV_LIMIT = 0.05  # warm iterations varying more than this make a run "degraded"

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
-from orchestrator.commands.render import summarize
+from orchestrator.commands.render_boards import summarize
 from orchestrator.errors import ExitCode
 from orchestrator.results.bundle import MANIFEST
 from orchestrator.transport import connect

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.boards.fanout import exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
-from orchestrator.commands.render import summarize
+from orchestrator.commands.render_boards import summarize
 from orchestrator.errors import BundleError, ExitCode
 from orchestrator.lowering.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT

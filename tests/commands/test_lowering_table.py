@@ -1,5 +1,6 @@
-"""`fab lower`'s table (commands/render.py `print_lowering`): the kernels that run outside the delegates apart from
-the bookkeeping nodes that run none, and the constants stored twice, as the sidecars of real tiny models record them."""
+"""`fab lower`'s table (commands/render_lowering.py `print_lowering`): the kernels that run outside the delegates apart
+from the bookkeeping nodes that run none, and the constants stored twice, as the sidecars of real tiny models record
+them."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ import pytest
 from orchestrator.commands.render import print_cells
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.lowering.variants import Variant
-from orchestrator.results.summary import Accuracy, Counters, Latency, ProgramInfo, RunSummary, Validity, WarmLatency
+from orchestrator.results.summary import Counters, Latency, ProgramInfo, RunSummary, Validity, WarmLatency
+from orchestrator.results.summary_outputs import Accuracy
 
 NO_PMU = "no hardware PMU exposes this event (no PMU node, or the event is not implemented)"
 HARDWARE = ("cycles", "instructions", "l1d_refills", "l2_refills", "branch_misses")

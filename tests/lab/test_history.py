@@ -10,7 +10,8 @@ import pytest
 import sqlalchemy
 
 from orchestrator.errors import ArtifactError
-from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.history import History
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.results.documents import load_summary
 from tests.plugins.generation import GenerationNights
 

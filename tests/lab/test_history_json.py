@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ExitCode
-from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.history import History
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.strictjson import JsonDataError
 
 

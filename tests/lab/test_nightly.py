@@ -21,9 +21,10 @@ import pytest
 from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.deploy.abtest import Interleaved, decide, iterations_for, sign_test
 from orchestrator.errors import InventoryError
-from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.history import History
 from orchestrator.lab.judging import confirm, judge
 from orchestrator.lab.matrix import load_config
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.verdicts import Kind
 from tests.plugins.artifacts import TEST_CACHE

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.boards.inventory import Board
-from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.history import History
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.paths import PROJECT_ROOT
 from tests.lab.test_nightly import fab_nightly, nightly_section, stored
 from tests.plugins.artifacts import TEST_CACHE

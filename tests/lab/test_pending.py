@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from orchestrator.boards.inventory import Board
 from orchestrator.lab import pending
-from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.history import History
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.lowering.programs import holder_id
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.summary import Generation

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.commands.render import _quantized_cell
+from orchestrator.commands.render_lowering import _quantized_cell
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.lower import LoweringResult, lower
 from orchestrator.lowering.quantize import SCHEMES, CalibrationError, quantize, xnn_node_types

@@ -14,7 +14,8 @@ import pytest
 
 from orchestrator.advice.documents import write_advice
 from orchestrator.advice.findings import Advice, Finding
-from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.history import History
+from orchestrator.lab.run_record import RunRecord
 from tests.plugins.analysis import BundleCase, analyze, copy_bundle, write_manifest
 
 # Board-controlled text: a board name, a reason, a condition. Any of them run as markup would open a dialog.

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.boards.inventory import Board
-from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.history import History
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory

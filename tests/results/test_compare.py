@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from orchestrator.commands.render import render_comparison
+from orchestrator.commands.render_compare import render_comparison
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.compare import CompareError, compare_runs

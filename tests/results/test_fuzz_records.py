@@ -27,7 +27,8 @@ from orchestrator.errors import AnalysisError, EtlabError
 from orchestrator.results.compare import compare_runs
 from orchestrator.results.documents import load_summary
 from orchestrator.results.ops_record import load_ops
-from orchestrator.results.summary import Accuracy, Counters, Generation, RunSummary
+from orchestrator.results.summary import Counters, Generation, RunSummary
+from orchestrator.results.summary_outputs import Accuracy
 from orchestrator.servers.dashboard import data, pages
 from orchestrator.servers.dashboard.records import RunPage
 from tests.advice.advice_helpers import facts_of, recorded

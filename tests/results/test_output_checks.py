@@ -17,7 +17,8 @@ from orchestrator.lowering.lower import LoweringResult
 from orchestrator.lowering.outputs import LOGITS, VALUES, kind_from_shape, output_kind, output_records
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.variants import VARIANTS
-from orchestrator.results.summary import ACCURACY_DEFAULTS, Correctness, Latency, ProgramInfo, RunSummary, Validity
+from orchestrator.results.summary import Latency, ProgramInfo, RunSummary, Validity
+from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS, Correctness
 from orchestrator.results.validity import (
     MIN_SQNR_DB,
     OUTPUT_RTOL,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.lab.history import RunRecord
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.results.documents import load_summary
 from orchestrator.servers.dashboard import data
 from orchestrator.servers.dashboard.app import DashboardServer, Sources, start_dashboard

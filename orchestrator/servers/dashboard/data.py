@@ -19,8 +19,9 @@ from typing import Any
 from orchestrator.advice.documents import load_advice
 from orchestrator.deploy.board_status import BoardStatus
 from orchestrator.errors import AnalysisError, EtlabError
-from orchestrator.lab.history import History, RunRecord
+from orchestrator.lab.history import History
 from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS
+from orchestrator.lab.run_record import RunRecord
 from orchestrator.results.bundle_reader import read_bundle
 from orchestrator.results.compare import CompareError, compare_runs
 from orchestrator.results.documents import NotAnalysed, load_summary

@@ -10,7 +10,7 @@ from orchestrator import console, paths
 from orchestrator.deploy.agent_client import GC_CATEGORIES, GcResult
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
-from orchestrator.lowering.delegation import BOOKKEEPING, bookkeeping_counts
+from orchestrator.lowering.export.delegation import BOOKKEEPING, bookkeeping_counts
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.context_scaling import context_rows, write_plot
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
@@ -20,7 +20,7 @@ from orchestrator.results.verdicts import Kind
 if TYPE_CHECKING:  # the types only: rendering a table must not import what produced it
     from orchestrator.boards.fanout import BoardOutcome
     from orchestrator.lab.report import NightReport
-    from orchestrator.lowering.lower import LoweringResult
+    from orchestrator.lowering.export.lower import LoweringResult
     from orchestrator.lowering.lowered import LoweredModel
     from orchestrator.lowering.sidecar import Sidecar
     from orchestrator.lowering.spec import ModelSpec

@@ -50,10 +50,10 @@ from orchestrator.lab.judging import confirm, judge, judge_memory
 from orchestrator.lab.matrix import NightlyConfig, load_config
 from orchestrator.lab.nightlock import night_lock
 from orchestrator.lab.report import CellVerdict, NightReport, PlaceWait, claim_folder, write_reports
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import load_artifact
-from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest
+from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.validity import number, number_list

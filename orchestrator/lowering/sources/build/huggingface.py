@@ -1,7 +1,7 @@
 """The `huggingface` model source: any family transformers knows, with the head of the spec's task.
 
-The head comes from transformers' own task mappings (`modeling_auto.*_MAPPING_NAMES`, `TASK_HEADS` below): a family
-and a task that do not go together are refused before anything loads, naming the tasks the family has. The inputs
+The head comes from transformers' own task mappings (huggingface_heads.py): a family and a task that do not go
+together are refused before anything loads, naming the tasks the family has. The inputs
 follow the head class's main input (`main_input_name`): token ids with their mask (and `token_type_ids` where the
 family has segment embeddings), `pixel_values`, `input_values` (a waveform, or AST's log-mel filter bank
 [batch, frames, mel bins]: the config's sizes decide), or Whisper's log-mel `input_features` [batch, mel bins, frames]
@@ -14,8 +14,8 @@ selected after the head as a user's own code would; the last hidden state for fe
 speech-encoder; Whisper's encoder alone). etlab's rewrites (rewrites/: the head at one position, eager attention,
 tanh GELU) apply only when asked (`--rewrites`).
 
-Reference inputs are deterministic and valid for the model: ids inside the vocabulary with a [MASK] where fill-mask
-needs one, images and audio in the range their preprocessors produce.
+Reference inputs are deterministic and valid for the model (huggingface_inputs.py): ids inside the vocabulary with a
+[MASK] where fill-mask needs one, images and audio in the range their preprocessors produce.
 """
 
 from __future__ import annotations
@@ -440,6 +440,10 @@ def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> L
         mask = spec.mask_token_id if spec.output == "mask" else None
         return LoadedModel(PositionLogits(model, names, mask).eval(), weights, note, parameters)
     return LoadedModel(FirstOutput(model, names).eval(), weights, note, parameters)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Calibration samples, and the builder
 
 
 def vocab_size_of(module: torch.nn.Module) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from orchestrator.commands import options
 from orchestrator.commands.common import handle_errors
-from orchestrator.lowering.quantize import QUANTIZED
-from orchestrator.lowering.rewrites import REWRITES
+from orchestrator.lowering.quantize.schemes import QUANTIZED
+from orchestrator.lowering.rewrites.registry import REWRITES
 
 task = options.task  # fabric's task, short flags letters only: `--new-tokens -1` reaches its check
 

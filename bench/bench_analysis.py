@@ -23,9 +23,9 @@ from orchestrator import console
 from orchestrator.boards.inventory import load_inventory
 from orchestrator.deploy.provision import setup_board
 from orchestrator.deploy.runs import RunParams, profile, pull, push_artifact
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import Artifact, load_artifact
 from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.variants import Variant
 from orchestrator.paths import state_dir
 from orchestrator.results.analysis import analyze_bundle

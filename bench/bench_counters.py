@@ -41,9 +41,9 @@ def runner_binary() -> Path:
 
 
 def artifacts(models: list[str], full: bool) -> list[tuple[str, Path, Path]]:
-    from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.builtins import BUILTIN_SPECS
+    from orchestrator.lowering.export import lower as lowering
     from orchestrator.lowering.variants import Variant
     from tests.plugins.artifacts import ARTIFACT_CACHE
 

@@ -95,7 +95,8 @@ class Generations:
 
 def generation_module(spec: ModelSpec) -> Any:
     """The spec's GenerationModule with the seeded random weights the lowering uses."""
-    from orchestrator.lowering.models import declare_torchvision_ops, load_model
+    from orchestrator.lowering.sources.build.models import load_model
+    from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops
 
     declare_torchvision_ops()  # before transformers is imported
     return load_model(spec, "random").module
@@ -229,8 +230,8 @@ class LlamaCpp:
 
 def lowered(spec: ModelSpec, variant: str) -> tuple[Path, int, int]:
     """The spec lowered (cached in artifacts/): the .pte, its KV cache's bytes and context."""
-    from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
+    from orchestrator.lowering.export import lower as lowering
 
     lowering.lower(spec, variants=[Variant.parse(variant)], weights="random", jobs=1)
     artifact = load_artifact(spec.name, Variant.parse(variant))
@@ -318,7 +319,7 @@ def decode_profile(runner: Path, pte: Path, prompt_file: Path, args: argparse.Na
 def hf_greedy(module: Any, prompt: np.ndarray, new_tokens: int, spec: ModelSpec) -> list[int]:
     """Eager greedy ids from `prompt`: the lowering's reference when it is the same generation (it took minutes)."""
     from orchestrator.lowering.artifacts import ArtifactPaths
-    from orchestrator.lowering.generation import greedy_ids
+    from orchestrator.lowering.export.generation import greedy_ids
     from orchestrator.tensorfile import read_tensors
 
     paths = ArtifactPaths.for_model(spec.name)
@@ -431,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         wanted = args.prompt_len + args.new_tokens
         spec = dataclasses.replace(spec, name=f"{spec.name}-ctx{wanted}", context=wanted)
     args.work.mkdir(parents=True, exist_ok=True)
-    from orchestrator.lowering.generation import prompt_ids
+    from orchestrator.lowering.export.generation import prompt_ids
     from orchestrator.tensorfile import NamedTensor, write_tensors
 
     with timer.stage(f"{args.model}: the seeded random weights"):

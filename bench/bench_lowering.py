@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = """
 import json, resource, sys, time
 started = time.perf_counter()
-from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.variants import Variant
 variant = Variant.parse(sys.argv[2])

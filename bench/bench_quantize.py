@@ -28,7 +28,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
 from orchestrator import console  # noqa: E402
-from orchestrator.lowering.quantize import QUANTIZED  # noqa: E402
+from orchestrator.lowering.quantize.schemes import QUANTIZED  # noqa: E402
 from orchestrator.lowering.sidecar import read_sidecar  # noqa: E402
 from orchestrator.lowering.variants import Variant  # noqa: E402
 

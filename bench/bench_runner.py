@@ -36,9 +36,9 @@ RATIOS = [("native / python", "native", "python", 1.0), ("etdump / native", "nat
 
 def distilbert_xnnpack() -> tuple[Path, Path]:
     """Full-size DistilBERT (random weights) lowered by `fab lower` (cached in artifacts/): .pte and its inputs."""
-    from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.builtins import BUILTIN_SPECS
+    from orchestrator.lowering.export import lower as lowering
     from orchestrator.lowering.variants import Variant
 
     lowering.lower(BUILTIN_SPECS["distilbert"], variants=[Variant("xnnpack")], weights="random")

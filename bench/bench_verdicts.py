@@ -42,8 +42,8 @@ from orchestrator.deploy.abtest import Program, interleave  # noqa: E402
 from orchestrator.deploy.provision import setup_board  # noqa: E402
 from orchestrator.deploy.runs import RunParams  # noqa: E402
 from orchestrator.lab.nightly import run_nightly  # noqa: E402
-from orchestrator.lowering import lower as lowering  # noqa: E402
 from orchestrator.lowering.builtins import resolve_spec  # noqa: E402
+from orchestrator.lowering.export import lower as lowering  # noqa: E402
 from orchestrator.lowering.variants import Variant  # noqa: E402
 from orchestrator.transport import connect  # noqa: E402
 

@@ -153,7 +153,9 @@ def test_imports_inside_functions_say_why() -> None:
             if isinstance(node, (ast.Import, ast.ImportFrom))
         }
         for node in sorted(nested, key=lambda n: n.lineno):
-            if isinstance(node, ast.ImportFrom):  # `from orchestrator.lowering import models` imports a module
+            if isinstance(
+                node, ast.ImportFrom
+            ):  # `from orchestrator.lowering.sources.build import models` imports a module
                 names = [f"{node.module}.{alias.name}" for alias in node.names]
                 targets = [name if name in modules else str(node.module) for name in names]
             else:

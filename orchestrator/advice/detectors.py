@@ -1,7 +1,7 @@
 """The advisor's detectors (DETECTORS, run in this order): each reads a run's measured profile and its program's
 sidecar and returns findings. Savings are predicted from the measured per-operator times only:
 
-- a rewrite's saving is the time of the portable kernels it removes (rewrites.py names them per rewrite; the work
+- a rewrite's saving is the time of the portable kernels it removes (rewrites/registry.py names them; the work
   it moves into XNNPACK then costs what it costs there, which the bench compares with the measured gain);
 - the head's saving is (1 - 1/S) of the head's measured FullyConnected time: it then runs on 1 row of S;
 - more threads save on the delegated time only (Amdahl: portable kernels run on one thread);
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.advice.findings import Finding, RunFacts
-from orchestrator.lowering.rewrites import REWRITES
+from orchestrator.lowering.rewrites.registry import REWRITES
 from orchestrator.results.ops_record import InstructionTiming
 
 PORTABLE_MIN_SHARE = 0.02  # an operator type under 2% of the run is not worth a finding of its own
@@ -322,7 +322,7 @@ DETECTORS: dict[str, Detector] = {
     for detector in (
         Detector(
             "rewrites",
-            "portable operators a rewrite takes out (rewrites.py: tanh-gelu, fold-weight-norm, rms-norm)",
+            "portable operators a rewrite takes out (rewrites/registry.py: tanh-gelu, fold-weight-norm, rms-norm)",
             find_rewritable_operators,
         ),
         Detector("eager-attention", "SDPA's per-layer mask operators in portable kernels", find_sdpa_masks),

@@ -9,9 +9,9 @@ from pathlib import Path
 from orchestrator.advice.findings import RunFacts
 from orchestrator.errors import AnalysisError, SpecError
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.lowering.export.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
 from orchestrator.lowering.lowered import spec_from_record
 from orchestrator.lowering.spec import ModelSpec
-from orchestrator.lowering.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.documents import load_summary
 from orchestrator.results.ops_record import OpsRecord, load_ops

@@ -1,7 +1,7 @@
 """The trial behind `fab advise --try`: lower the model with the proposed rewrites, check it computes what the model
 as exported computes, and measure the gain on a board with the interleaved A/B re-test (deploy/abtest.py).
 
-Each variant lives under its own name (rewrites.py `program_name`), beside the model as exported: both stay
+Each variant lives under its own name (rewrites/registry.py `program_name`), beside the model as exported: both stay
 cached. The outputs check compares the variant's eager reference outputs with the original's (the rewrite changes
 the model, not the lowering: the lowering is checked on the board by every run); `head-at-position` turns
 [B, S, V] logits into [B, V], compared with the original's row at the position the rewrite keeps.
@@ -23,9 +23,9 @@ from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, I
 from orchestrator.deploy.provision import quick_check, setup_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode
-from orchestrator.lowering import lower as lowering
-from orchestrator.lowering.lower import LoweredVariant
-from orchestrator.lowering.rewrites import RewriteRequest
+from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.export.lower import LoweredVariant
+from orchestrator.lowering.rewrites.registry import RewriteRequest
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.validity import MIN_SQNR_DB, OUTPUT_RTOL, compare_output

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from orchestrator.boards.inventory import Board, Inventory
     from orchestrator.deploy.runs import RunParams
     from orchestrator.lowering.artifacts import Artifact
-    from orchestrator.lowering.rewrites import RewriteRequest
+    from orchestrator.lowering.rewrites.registry import RewriteRequest
     from orchestrator.lowering.spec import ModelSpec
     from orchestrator.lowering.variants import Variant
 
@@ -240,7 +240,7 @@ def rewrite_request(value: Any, target: ModelSpec | Artifact) -> RewriteRequest:
     # here, not at the top: fab imports this module at start-up
     from orchestrator.lowering.builtins import BUILTIN_SPECS
     from orchestrator.lowering.lowered import recorded_rewrites
-    from orchestrator.lowering.rewrites import RewriteRequest, UnknownRewrite, check_request, parse_rewrites
+    from orchestrator.lowering.rewrites.registry import RewriteRequest, UnknownRewrite, check_request, parse_rewrites
     from orchestrator.lowering.spec import ModelSpec
 
     try:
@@ -268,7 +268,7 @@ def rewrite_request(value: Any, target: ModelSpec | Artifact) -> RewriteRequest:
 def naming_rewrites(value: Any) -> Iterator[None]:
     """A rewrite asked for by name whose pattern the loaded model lacks, named with the option."""
     # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.rewrites import RewriteNotFound
+    from orchestrator.lowering.rewrites.registry import RewriteNotFound
 
     try:
         yield
@@ -280,7 +280,7 @@ def naming_rewrites(value: Any) -> Iterator[None]:
 def naming_calibration() -> Iterator[None]:
     """A calibration file's mistakes, found once the model's vocabulary is known, named with the option."""
     # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.quantize import CalibrationError
+    from orchestrator.lowering.quantize.calibration import CalibrationError
 
     try:
         yield

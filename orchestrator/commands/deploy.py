@@ -32,11 +32,11 @@ from orchestrator.commands.render_lowering import print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode, combined_exit_code, failure_code
-from orchestrator.lowering import lower as lowerer
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
-from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest
+from orchestrator.lowering.export import lower as lowerer
+from orchestrator.lowering.export.user_programs import reference_outputs_of
+from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest
 from orchestrator.lowering.spec import ModelSpec
-from orchestrator.lowering.user_programs import reference_outputs_of
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.store import LocalRun
 

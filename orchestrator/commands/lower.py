@@ -13,7 +13,7 @@ from orchestrator.commands.common import (
 )
 from orchestrator.commands.programs import lower_exported_task
 from orchestrator.commands.render_lowering import print_lowering
-from orchestrator.lowering import lower as lowering
+from orchestrator.lowering.export import lower as lowering
 
 
 def lower(

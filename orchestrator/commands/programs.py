@@ -47,7 +47,7 @@ def exclusive(pte: str | None, model: str | None, spec: str | None) -> None:
 def user_program(pte: str, reference: str | None = None, name: str | None = None) -> Artifact:
     """The artifact of the user's own .pte (copied under artifacts/<name>/ with a sidecar saying where from)."""
     # here, not at the top: fab imports the command modules at start-up
-    from orchestrator.lowering.user_programs import NameTaken, ReferenceMismatch, import_program
+    from orchestrator.lowering.export.user_programs import NameTaken, ReferenceMismatch, import_program
 
     path = _existing("--pte", pte, ".pte")
     reference_path = _existing("--reference", reference, ".etlt") if reference is not None else None
@@ -109,7 +109,7 @@ def lower_exported_task(
     # here, not at the top: fab imports the command modules at start-up
     from orchestrator.commands.common import variants
     from orchestrator.commands.render_lowering import print_lowering
-    from orchestrator.lowering.exported import lower_exported_program
+    from orchestrator.lowering.export.exported import lower_exported_program
 
     if exported is None:
         raise UsageError("--name names the artifacts of --exported FILE: give it with --exported")

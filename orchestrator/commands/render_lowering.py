@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import console
 from orchestrator.commands.render import short_path
-from orchestrator.lowering.delegation import BOOKKEEPING, bookkeeping_counts
+from orchestrator.lowering.export.delegation import BOOKKEEPING, bookkeeping_counts
 
 if TYPE_CHECKING:  # the types only: rendering a table must not import what produced it
-    from orchestrator.lowering.lower import LoweringResult
+    from orchestrator.lowering.export.lower import LoweringResult
     from orchestrator.lowering.lowered import LoweredModel
     from orchestrator.lowering.sidecar import Sidecar
     from orchestrator.lowering.spec import ModelSpec

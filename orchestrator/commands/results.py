@@ -17,7 +17,7 @@ from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
-from orchestrator.lowering.user_programs import reference_outputs_of
+from orchestrator.lowering.export.user_programs import reference_outputs_of
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.compare import RebuiltProgram, compare_runs, interleaved_verdict
 from orchestrator.results.overlays import write_program_overlays

@@ -28,7 +28,7 @@ from orchestrator.errors import (
     full_reason,
 )
 from orchestrator.lowering.artifacts import Artifact
-from orchestrator.lowering.user_programs import reference_outputs_of
+from orchestrator.lowering.export.user_programs import reference_outputs_of
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.store import new_run_id
 from orchestrator.results.summary import RunSummary

@@ -34,7 +34,13 @@ from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
 from orchestrator.lab.history_url import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
 from orchestrator.lowering.builtins import resolve_spec
-from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest, UnknownRewrite, not_applying, parse_rewrites
+from orchestrator.lowering.rewrites.registry import (
+    NO_REWRITES,
+    RewriteRequest,
+    UnknownRewrite,
+    not_applying,
+    parse_rewrites,
+)
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, Variant, combine, parse_schemes
 from orchestrator.lowering.weights import WEIGHT_MODES
@@ -55,7 +61,7 @@ class MatrixEntry:
     variants: tuple[Variant, ...]
     boards: tuple[Board, ...]  # as the inventory has them: a labgrid tag selector is expanded when the night runs
     params: RunParams
-    rewrites: RewriteRequest = NO_REWRITES  # for its models (rewrites.py): none, the models as exported
+    rewrites: RewriteRequest = NO_REWRITES  # for its models (rewrites/): none, the models as exported
     advised: bool = False  # each model as exported too, beside its rewritten program (`rewrites`, else auto)
 
     @property
@@ -64,8 +70,8 @@ class MatrixEntry:
         return self.rewrites if self.rewrites != NO_REWRITES or not self.advised else RewriteRequest(auto=True)
 
     def programs(self) -> list[tuple[ModelSpec, RewriteRequest]]:
-        """The programs the entry lowers and profiles, each under its own name (rewrites.py `program_name`), with the
-        rewrites it is lowered with: the models as exported (`advised`), then each with its rewrites."""
+        """The programs the entry lowers and profiles, each under its own name (rewrites/registry.py `program_name`),
+        with the rewrites it is lowered with: the models as exported (`advised`), then each with its rewrites."""
         rewritten = [(self.request.program_spec(spec), self.request) for spec in self.models]
         return [(spec, NO_REWRITES) for spec in self.models] + rewritten if self.advised else rewritten
 

@@ -54,10 +54,10 @@ from orchestrator.lab.nightlock import night_lock
 from orchestrator.lab.report import write_reports
 from orchestrator.lab.reports_folder import claim_folder
 from orchestrator.lab.run_record import RunRecord
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import load_artifact
-from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest
+from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.validity import number, number_list

@@ -4,8 +4,8 @@ A sidecar records the spec it was lowered from (`spec`, with `source`: the spec 
 but `artifacts/NAME/` holds a valid lowering, the spec comes from there: the spec file as it is now when it still
 says the same, else the spec as it was lowered (the artifacts are from it), with a warning naming the file.
 A program the user lowered or exported themselves has no spec to lower again: only its artifacts are used.
-A rewritten program (`artifacts/<model>.<rewrites>/`, rewrites.py `program_name`), of a built-in model or of a spec
-file, is found the same way, with the rewrites its sidecar records: lowered again, it gets them again.
+A rewritten program (`artifacts/<model>.<rewrites>/`, rewrites/registry.py `program_name`), of a built-in model or of
+a spec file, is found the same way, with the rewrites its sidecar records: lowered again, it gets them again.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from orchestrator import paths
 from orchestrator.errors import SpecError
 from orchestrator.lowering.artifacts import ArtifactPaths, valid_sidecar
 from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.export.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.spec import ModelSpec, load_spec_file
-from orchestrator.lowering.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.names import is_valid_name
 

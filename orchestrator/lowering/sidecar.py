@@ -273,7 +273,7 @@ class OutsideDelegates:
 
 @dataclass(frozen=True)
 class Quantization:
-    """A quantized variant's report (lowering/quantize.py): the fields read are typed, `report` keeps it whole."""
+    """A quantized variant's report (lowering/quantize/): the fields read are typed, `report` keeps it whole."""
 
     scheme: str
     linear_layers: int
@@ -454,7 +454,7 @@ class Sidecar:
     created: str
     schema: int = SIDECAR_SCHEMA
     outside_delegates: OutsideDelegates | None = None  # written after `memory`; absent in older sidecars
-    # The rewrites applied before export (rewrites.py), written after `spec`; None: an older sidecar, which had none
+    # The rewrites applied before export (rewrites/), written after `spec`; None: an older sidecar, which had none
     rewrites: tuple[str, ...] | None = None
     generation: Generation | None = None  # text-generation only, written after `rewrites`
 

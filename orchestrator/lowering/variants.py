@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.lowering.quantize import FP32, SCHEMES, Scheme
+from orchestrator.lowering.quantize.schemes import FP32, SCHEMES, Scheme
 
 # Lowering seconds of a backend's fp32 program relative to fp32 XNNPACK (bench/README.md).
 _BACKEND_COST = {"portable": 0.5, "xnnpack": 1.0}

@@ -1,7 +1,7 @@
 """A program's execution plan, read from its .pte: every instruction, its operator, and where delegate payloads live.
 
-Lowering reads it to check what it built (quantize.py), analysis to name what ETDump events timed. Read with the
-PTE adapter's generated flatbuffer classes, so neither ExecuTorch nor torch is imported.
+Lowering reads it to check what it built (lowering/quantize/xnn_types.py), analysis to name what ETDump events
+timed. Read with the PTE adapter's generated flatbuffer classes, so neither ExecuTorch nor torch is imported.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import sha256_file
-from orchestrator.lowering.quantize import FP32
+from orchestrator.lowering.quantize.schemes import FP32
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.programs.memory import ProgramMemory, program_memory_from_sidecar, read_program_memory
 from orchestrator.programs.plan import ProgramPlan, read_program_plan

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.advice.facts import run_facts
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
-from orchestrator.lowering.quantize import FP32, QUANTIZED, SCHEMES
+from orchestrator.lowering.quantize.schemes import FP32, QUANTIZED, SCHEMES
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.variants import QUANTIZED_ON, Variant
 from orchestrator.results.store import find_run

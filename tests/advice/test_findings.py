@@ -15,7 +15,7 @@ import pytest
 from orchestrator.advice.advisor import advise
 from orchestrator.advice.detectors import DETECTORS, SDPA_MASK_OPERATORS
 from orchestrator.advice.findings import Advice, Finding
-from orchestrator.lowering.rewrites import REWRITES
+from orchestrator.lowering.rewrites.registry import REWRITES
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.ops_record import OpsRecord
 from tests.advice.advice_helpers import facts_of, recorded

@@ -340,9 +340,9 @@ def _probe_program(binary: Path, model: Path) -> dict:
 def test_runner_reads_the_constants_the_lowering_counted(
     runner_binary: Path, tiny_artifacts: dict, tmp_path: Path
 ) -> None:
-    from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.builtins import BUILTIN_SPECS
+    from orchestrator.lowering.export import lower as lowering
     from orchestrator.programs.memory import read_program_memory
     from tests.plugins.artifacts import ARTIFACT_CACHE
 

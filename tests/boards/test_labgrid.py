@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from orchestrator.boards.inventory import Board
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.testing.labgrid import LabgridLab, SilentPort
 from orchestrator.testing.sshd import SshdLab
 from tests.boards.labgrid_helpers import (

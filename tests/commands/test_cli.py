@@ -19,7 +19,7 @@ from orchestrator.boards.fanout import exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board
 from orchestrator.commands.render_boards import summarize
 from orchestrator.errors import BundleError, ExitCode
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.transport import connect
 from tests.plugins.agent import AgentCli, agent_workdir, holding_lock

@@ -17,7 +17,7 @@ import pytest
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.deploy.payload import board_tarball
 from orchestrator.errors import ExitCode
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.versions import executorch_version
 from tests.plugins.artifacts import ARTIFACT_CACHE

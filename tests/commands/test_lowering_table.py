@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 

@@ -1,4 +1,5 @@
-"""A rewritten program under its own name (rewrites.py `program_name`) at the edges: `fab lower` with and without
+"""A rewritten program under its own name (rewrites/registry.py `program_name`) at the
+edges: `fab lower` with and without
 `--rewrites` leaves both programs side by side, and `fab deploy-and-profile --model <the rewritten program>` finds
 it by its artifacts and lowers it only with the rewrites its sidecar records (a cache hit, nothing lowered).
 """
@@ -16,7 +17,7 @@ from orchestrator.boards.inventory import Board
 from orchestrator.commands.common import model_spec, rewrite_request
 from orchestrator.errors import UsageError
 from orchestrator.lowering.artifacts import load_artifact
-from orchestrator.lowering.rewrites import RewriteRequest
+from orchestrator.lowering.rewrites.registry import RewriteRequest
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.artifacts import ARTIFACT_CACHE

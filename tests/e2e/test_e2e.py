@@ -22,7 +22,7 @@ import pytest
 
 from orchestrator.boards.inventory import Board
 from orchestrator.deploy import provision
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.transport import connect
 from tests.plugins.artifacts import ARTIFACT_CACHE

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.errors import InventoryError
 from orchestrator.lab.matrix import load_config
-from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest
+from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest
 from tests.lab.test_nightly import fab_nightly, nightly_section, stored
 from tests.plugins.boards import write_inventory
 

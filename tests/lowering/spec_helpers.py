@@ -37,13 +37,13 @@ def write_spec(path: Path, data: dict[str, Any]) -> Path:
 
 def checked(path: Path, *, available: int | None = 16 * GIB) -> Any:
     """The spec file loaded and checked as `fab lower` does before it loads anything."""
-    from orchestrator.lowering.models import check_spec
+    from orchestrator.lowering.sources.build.models import check_spec
 
     return check_spec(load_spec_file(path), "random", available=available)
 
 
 def calibration(path: Path, seq_len: int = 8, vocab_size: int = 200) -> list[tuple]:
-    from orchestrator.lowering.quantize import calibration_from_file
+    from orchestrator.lowering.quantize.calibration import calibration_from_file
 
     return calibration_from_file(path, seq_len, vocab_size)
 

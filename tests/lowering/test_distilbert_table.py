@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.variants import VARIANTS
 
 # DistilBertConfig's structure (6 layers, 12 heads) at a width of 48 (4 per head) and a 500-word vocabulary.
@@ -49,7 +49,7 @@ def test_distilbert_delegation_table_is_pinned(tmp_path: Path) -> None:
         ("aten.expand_copy.out", 25),
         ("aten.native_layer_norm.out", 14),
     ]
-    # SDPA's boolean-mask ops, once or twice per layer: what eager attention removes (rewrites.py)
+    # SDPA's boolean-mask ops, once or twice per layer: what eager attention removes (rewrites/)
     for op, count in {"aten.where.self_out": 12, "aten.logical_not.out": 12, "aten.any.out": 6}.items():
         assert delegation.fallback_histogram[op] == count, op
     assert delegation.instructions == {"KernelCall": 133, "DelegateCall": 27, "other": 0}

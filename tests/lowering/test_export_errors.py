@@ -18,11 +18,11 @@ from invoke.exceptions import Exit
 
 from orchestrator.commands.common import handle_errors
 from orchestrator.errors import ExitCode
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import ArtifactPaths
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.export_errors import EXPORT, TO_EDGE, ExportError, explain
-from orchestrator.lowering.lower import export_module, lower_exported
+from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.export.export_errors import EXPORT, TO_EDGE, ExportError, explain
+from orchestrator.lowering.export.program import export_module, lower_exported
 from orchestrator.lowering.variants import VARIANTS
 
 
@@ -144,7 +144,7 @@ def test_a_model_that_exports_is_not_touched() -> None:
 
 def test_the_spec_path_exports_through_the_same_entry_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A model source whose module cannot be exported: `lower()` ends in the ExportError naming the spec's model."""
-    from orchestrator.lowering import models
+    from orchestrator.lowering.sources.build import models
     from orchestrator.tensorfile import NamedTensor
 
     loaded = models.LoadedModel(BranchOnValue(), "random", "", 0)

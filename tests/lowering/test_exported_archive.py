@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.lowering.exported import lower_exported_program
-from orchestrator.lowering.exported_archive import checked_archive, normalised_name, safe_expression
-from orchestrator.lowering.user_programs import UserProgramError
+from orchestrator.lowering.export.exported import lower_exported_program
+from orchestrator.lowering.export.exported_archive import checked_archive, normalised_name, safe_expression
+from orchestrator.lowering.export.user_programs import UserProgramError
 from orchestrator.lowering.variants import Variant
 from orchestrator.paths import PROJECT_ROOT
 

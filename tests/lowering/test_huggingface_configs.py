@@ -1,4 +1,4 @@
-"""Published checkpoints' config.json files as a huggingface spec's `config` (lowering/huggingface_config.py): each
+"""Published checkpoints' config.json files as a huggingface spec's `config` (sources/build/huggingface_config.py): each
 accepted by the spec check, with its records, labels and the keys its config class reads with getattr; per-stage
 sizes as lists; AST's spectrogram input; impossible values and loading switches still refused with file:line:field.
 
@@ -77,8 +77,8 @@ def as_json(value: Any) -> Any:
 def test_a_published_config_is_accepted_as_it_is(tmp_path: Path, name: str) -> None:
     config = published(name)
     path = spec_file(tmp_path, name, config)
-    from orchestrator.lowering.huggingface_config import declared_fields
-    from orchestrator.lowering.huggingface_source import _config
+    from orchestrator.lowering.sources.build.huggingface import _config
+    from orchestrator.lowering.sources.build.huggingface_config import declared_fields
 
     report = checked(path, available=None)
     assert report.parameters > 0 and report.config.model_type == config["model_type"]
@@ -104,7 +104,8 @@ def test_a_published_config_is_accepted_as_it_is(tmp_path: Path, name: str) -> N
 def test_what_a_published_config_says_is_what_gets_built(tmp_path: Path) -> None:
     """Per-stage sizes stay lists, Llama 3's legacy RoPE keys become its rope_parameters, AST takes a spectrogram,
     and the keys a class does not declare are kept where modelling code reads them, each named once."""
-    from orchestrator.lowering.huggingface_source import _check_family, model_inputs
+    from orchestrator.lowering.sources.build.huggingface import model_inputs
+    from orchestrator.lowering.sources.build.huggingface_heads import check_family
 
     def built(name: str) -> Any:
         return checked(spec_file(tmp_path, name, published(name)), available=None)
@@ -118,7 +119,7 @@ def test_what_a_published_config_says_is_what_gets_built(tmp_path: Path) -> None
     ast = load_spec_file(spec_file(tmp_path, "ast-finetuned-audioset-10-10-0.4593",
                                    published("ast-finetuned-audioset-10-10-0.4593")))  # fmt: skip
     config = checked(tmp_path / "spec.json", available=None).config
-    inputs = model_inputs(ast, config, _check_family(ast))
+    inputs = model_inputs(ast, config, check_family(ast))
     assert [(i.name, i.shape) for i in inputs] == [("input_values", (1, 1024, 128))]  # [batch, frames, mel bins]
     bert = built("bert-base-uncased")
     assert bert.config.position_embedding_type == "absolute" and bert.config.gradient_checkpointing is False

@@ -1,4 +1,4 @@
-"""The rewrites of single layers (lowering/layer_rewrites.py): fold-weight-norm and rms-norm each find their pattern
+"""The rewrites of single layers (lowering/rewrites/layers.py): fold-weight-norm and rms-norm each find their pattern
 in two families and not where it is not, compute the same function as the model they rewrite (on the reference
 inputs and on random ones), and leave no kernel of theirs outside the XNNPACK delegates.
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.layer_rewrites import (
+from orchestrator.lowering.rewrites.layers import (
     averaging,
     fold_weight_norm,
     has_llama_rms_norm,
@@ -25,8 +25,8 @@ from orchestrator.lowering.layer_rewrites import (
     last_dim_mean,
     mean_rms_norm,
 )
-from orchestrator.lowering.models import example_inputs, load_model
-from orchestrator.lowering.rewrites import LLAMA_RMS_NORM_FAMILIES, REWRITES, WEIGHT_NORM_FAMILIES
+from orchestrator.lowering.rewrites.registry import LLAMA_RMS_NORM_FAMILIES, REWRITES, WEIGHT_NORM_FAMILIES
+from orchestrator.lowering.sources.build.models import example_inputs, load_model
 from orchestrator.lowering.spec import ModelSpec
 
 _WAV2VEC2_TINY = BUILTIN_SPECS["wav2vec2-tiny"]
@@ -143,8 +143,8 @@ def test_the_mean_is_the_last_dimensions() -> None:
 def test_the_rewritten_layers_run_inside_the_delegates(
     loaded: dict[str, torch.nn.Module], rewrite_name: str, name: str, operator: str
 ) -> None:
-    from orchestrator.lowering.delegation import delegation_report
-    from orchestrator.lowering.lower import export_module, lower_exported
+    from orchestrator.lowering.export.delegation import delegation_report
+    from orchestrator.lowering.export.program import export_module, lower_exported
     from orchestrator.lowering.variants import VARIANTS
 
     spec, (_, rewrite, _, _) = SPECS[name], CASES[rewrite_name]

@@ -18,10 +18,11 @@ import torch
 from orchestrator.commands.common import variants
 from orchestrator.errors import ArtifactError, SpecError, UsageError
 from orchestrator.fsutil import remove_stale_temporaries, sha256_file
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact, sidecar_problem
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export import cache
+from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.spec import ModelSpec, load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -137,9 +138,10 @@ _TINY_BERT = ModelSpec(
     "spec", [BUILTIN_SPECS["distilbert-tiny"], BUILTIN_SPECS["gpt2-tiny"], _TINY_BERT], ids=lambda spec: spec.name
 )
 def test_head_at_position_selects_the_position_before_the_head(spec: ModelSpec) -> None:
-    from orchestrator.lowering.huggingface_rewrites import head_at_position
-    from orchestrator.lowering.huggingface_source import build_random, reference_inputs
-    from orchestrator.lowering.models import load_model
+    from orchestrator.lowering.rewrites.huggingface import head_at_position
+    from orchestrator.lowering.sources.build.huggingface import build_random
+    from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
+    from orchestrator.lowering.sources.build.models import load_model
 
     wrapped = head_at_position(load_model(spec, "random").module, spec)
     inputs = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, 1000))
@@ -185,13 +187,13 @@ def test_cache_hit_then_force(tiny_artifacts: dict[str, LoweringResult], tmp_pat
 
 def test_cache_key_covers_everything_that_matters() -> None:
     spec = BUILTIN_SPECS["gpt2-tiny"]
-    base = lowering.cache_key(spec, VARIANTS["xnnpack"], "random", False)
-    assert base == lowering.cache_key(spec, VARIANTS["xnnpack"], "random", False)
+    base = cache.cache_key(spec, VARIANTS["xnnpack"], "random", False)
+    assert base == cache.cache_key(spec, VARIANTS["xnnpack"], "random", False)
     variants = {
-        lowering.cache_key(spec, VARIANTS["portable"], "random", False),
-        lowering.cache_key(spec, VARIANTS["xnnpack"], "pretrained", False),
-        lowering.cache_key(spec, VARIANTS["xnnpack"], "random", True),
-        lowering.cache_key(BUILTIN_SPECS["distilbert-tiny"], VARIANTS["xnnpack"], "random", False),
+        cache.cache_key(spec, VARIANTS["portable"], "random", False),
+        cache.cache_key(spec, VARIANTS["xnnpack"], "pretrained", False),
+        cache.cache_key(spec, VARIANTS["xnnpack"], "random", True),
+        cache.cache_key(BUILTIN_SPECS["distilbert-tiny"], VARIANTS["xnnpack"], "random", False),
     }
     assert base not in variants and len(variants) == 4
 
@@ -199,13 +201,13 @@ def test_cache_key_covers_everything_that_matters() -> None:
 def test_the_cache_key_hashes_every_model_source_builder() -> None:
     from orchestrator.lowering.spec import SOURCES
 
-    hashed = {path.resolve() for path in lowering.code_files()}
+    hashed = {path.resolve() for path in cache.code_files()}
     lowering_folder = PROJECT_ROOT / "orchestrator" / "lowering"
     # Every module of the package, in subpackages too: none is left out of a hand-kept list.
     assert set(lowering_folder.rglob("*.py")) <= hashed
     for source in SOURCES.values():  # a source's builder joins its specs' key, wherever it lives
         module = source.builder.partition(":")[0]
-        own = {path.resolve() for path in lowering.code_files(source.name)}
+        own = {path.resolve() for path in cache.code_files(source.name)}
         assert PROJECT_ROOT.joinpath(*module.split(".")).with_suffix(".py") in own, source.name
 
 
@@ -214,12 +216,12 @@ def test_a_new_module_in_the_lowering_package_changes_the_cache_key(
 ) -> None:
     package = tmp_path / "lowering"
     shutil.copytree(PROJECT_ROOT / "orchestrator" / "lowering", package, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(lowering, "LOWERING_PACKAGE", package)
+    monkeypatch.setattr(cache, "LOWERING_PACKAGE", package)
     spec = BUILTIN_SPECS["gpt2-tiny"]
-    before = lowering.cache_key(spec, VARIANTS["xnnpack"], "random", False)
-    (package / "rewrites").mkdir()
-    (package / "rewrites" / "fuse_more.py").write_text("def rewrite(graph):\n    return graph\n")
-    assert lowering.cache_key(spec, VARIANTS["xnnpack"], "random", False) != before
+    before = cache.cache_key(spec, VARIANTS["xnnpack"], "random", False)
+    (package / "rewrites" / "more").mkdir()  # a module one level deeper than any today
+    (package / "rewrites" / "more" / "fuse_more.py").write_text("def rewrite(graph):\n    return graph\n")
+    assert cache.cache_key(spec, VARIANTS["xnnpack"], "random", False) != before
 
 
 def test_edited_pte_invalidates_the_artifact(tiny_artifacts: dict[str, LoweringResult], tmp_path: Path) -> None:
@@ -316,7 +318,7 @@ def test_user_spec_with_local_pretrained_weights(tmp_path: Path) -> None:
 
 
 def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.lowering.models import load_model
+    from orchestrator.lowering.sources.build.models import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     spec = BUILTIN_SPECS["distilbert"].__class__(
@@ -329,7 +331,7 @@ def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_pretrained_unavailable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.commands.common import _naming_options
-    from orchestrator.lowering.models import load_model
+    from orchestrator.lowering.sources.build.models import load_model
     from orchestrator.lowering.weights import PretrainedUnavailable
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from orchestrator.errors import ExitCode, SpecError
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.export import cache
+from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.lowered import spec_from_record
-from orchestrator.lowering.rewrites import UnknownRewrite, check_request, parse_rewrites
+from orchestrator.lowering.rewrites.registry import UnknownRewrite, check_request, parse_rewrites
 from orchestrator.lowering.spec import OUTPUTS, load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.tensorfile import read_tensors
@@ -89,19 +90,19 @@ def test_a_recorded_output_is_read_back_and_checked() -> None:
 def test_the_output_is_in_the_cache_key() -> None:
     xnnpack = VARIANTS["xnnpack"]
     keys = {
-        output: lowering.cache_key(dataclasses.replace(MASKED_TINY, output=output), xnnpack, "random", False)
+        output: cache.cache_key(dataclasses.replace(MASKED_TINY, output=output), xnnpack, "random", False)
         for output in ("all", "mask")
     }
     assert keys["all"] != keys["mask"]
-    assert keys["all"] == lowering.cache_key(BUILTIN_SPECS["distilbert-tiny"], xnnpack, "random", False)
+    assert keys["all"] == cache.cache_key(BUILTIN_SPECS["distilbert-tiny"], xnnpack, "random", False)
 
 
 @pytest.mark.parametrize(("name", "rows"), [("distilbert-tiny", 2), ("gpt2-tiny", 1)])
 def test_the_selected_logits_are_the_eager_models_at_that_position(name: str, rows: int) -> None:
     """The [MASK] row of each row (batch 2: the rows' masks at different places) or the final position, as the
     eager model's full logits have them; the program exported from it computes the same."""
-    from orchestrator.lowering.huggingface_source import build_random
-    from orchestrator.lowering.models import example_inputs, load_model
+    from orchestrator.lowering.sources.build.huggingface import build_random
+    from orchestrator.lowering.sources.build.models import example_inputs, load_model
 
     output = "mask" if name.startswith("distilbert") else "last"
     spec = dataclasses.replace(BUILTIN_SPECS[name], output=output, batch_size=rows, seq_len=16)
@@ -135,7 +136,7 @@ def test_a_mask_program_lowers_to_the_mask_logits_and_another_output_relowers(tm
     method = Runtime.get().load_program(result.paths.pte(xnnpack)).load_method("forward")
     (got,) = method.execute(inputs)
     np.testing.assert_allclose(got.numpy(), reference.array, atol=1e-4, rtol=1e-4)
-    from orchestrator.lowering.huggingface_source import build_random
+    from orchestrator.lowering.sources.build.huggingface import build_random
 
     with torch.no_grad():  # the reference is the eager model's logits at the [MASK]
         full = build_random(MASKED_TINY)(input_ids=inputs[0], attention_mask=inputs[1]).logits

@@ -28,8 +28,9 @@ from orchestrator.lab.history import History
 from orchestrator.lab.matrix import load_config
 from orchestrator.lowering.artifacts import ArtifactPaths, file_record, sidecar_problem
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.quantize import SCHEMES, fully_connected_types
+from orchestrator.lowering.export.lower import LoweringResult
+from orchestrator.lowering.quantize.schemes import SCHEMES
+from orchestrator.lowering.quantize.xnn_types import fully_connected_types
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -53,7 +54,7 @@ def eager_linear_count(name: str) -> int:
     """How many linear layers the eager model has (nn.Linear and HF Conv1D), counted without our code."""
     import torch
 
-    from orchestrator.lowering.huggingface_source import build_random
+    from orchestrator.lowering.sources.build.huggingface import build_random
 
     model = build_random(BUILTIN_SPECS[name])
     return sum(isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D" for m in model.modules())
@@ -99,7 +100,7 @@ def test_a_bad_quantize_option_exits_64_before_anything_is_lowered(tmp_path: Pat
 
 
 def test_calibration_files_json_and_etlt(tmp_path: Path) -> None:
-    from orchestrator.lowering.quantize import calibration_from_file
+    from orchestrator.lowering.quantize.calibration import calibration_from_file
 
     good = tmp_path / "samples.json"
     good.write_text(json.dumps([[101, 7, 8, 102], {"input_ids": [101, 9, 102]}]))
@@ -139,10 +140,10 @@ def test_the_shipped_quantizer_breaks_integer_index_arithmetic_and_ours_does_not
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    from orchestrator.lowering.huggingface_source import reference_inputs
-    from orchestrator.lowering.models import load_model, vocab_size_of
-    from orchestrator.lowering.quantize import quantize as quantize_module
-    from orchestrator.lowering.quantize import shipped_quantizer, swap_conv1d
+    from orchestrator.lowering.quantize.methods import shipped_quantizer, swap_conv1d
+    from orchestrator.lowering.quantize.quantized import quantize as quantize_module
+    from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
+    from orchestrator.lowering.sources.build.models import load_model, vocab_size_of
 
     spec = BUILTIN_SPECS[name]
     module = load_model(spec, "random").module
@@ -169,23 +170,24 @@ def test_int8_static_keeps_the_attention_mask_add_in_float(monkeypatch: pytest.M
     tensor, it zeroes every score."""
     import torch
 
-    from orchestrator.lowering import quantize as quantizing
-    from orchestrator.lowering.huggingface_rewrites import eager_attention
-    from orchestrator.lowering.huggingface_source import reference_inputs
-    from orchestrator.lowering.models import load_model, vocab_size_of
+    from orchestrator.lowering.quantize import methods
+    from orchestrator.lowering.quantize.quantized import quantize
+    from orchestrator.lowering.rewrites.huggingface import eager_attention
+    from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
+    from orchestrator.lowering.sources.build.models import load_model, vocab_size_of
 
     spec = BUILTIN_SPECS["gpt2-tiny"]
     module = eager_attention(load_model(spec, "random").module, spec)
     args = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, vocab_size_of(module)))
 
     def softmax_inputs() -> list[str]:
-        program = quantizing.quantize(module, args, SCHEMES["int8-static"], calibration=[args]).program
+        program = quantize(module, args, SCHEMES["int8-static"], calibration=[args]).program
         softmaxes = [node for node in program.graph.nodes if "softmax" in str(node.target)]
         assert softmaxes
         return [str(node.args[0].target) for node in softmaxes]
 
     assert not [target for target in softmax_inputs() if "dequantize" in target]
-    monkeypatch.setattr(quantizing, "keep_softmax_inputs_float", lambda model: None)
+    monkeypatch.setattr(methods, "keep_softmax_inputs_float", lambda model: None)
     assert all("dequantize" in target for target in softmax_inputs()), "without the guard the mask add is int8"
 
 
@@ -193,9 +195,9 @@ def test_layers_8da4w_cannot_group_are_named_as_float() -> None:
     """A user's spec whose widths are not multiples of the group size: the float layers are listed, never hidden."""
     import torch
 
-    from orchestrator.lowering.huggingface_source import reference_inputs
-    from orchestrator.lowering.models import load_model, vocab_size_of
-    from orchestrator.lowering.quantize import quantize as quantize_module
+    from orchestrator.lowering.quantize.quantized import quantize as quantize_module
+    from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
+    from orchestrator.lowering.sources.build.models import load_model, vocab_size_of
 
     spec = ModelSpec(
         name="odd-bert", model_type="distilbert", task="fill-mask", mask_token_id=103, seq_len=16,
@@ -366,8 +368,8 @@ def test_a_broken_scale_program_fails_the_accuracy_gate(
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from orchestrator.lowering.models import load_model
-    from orchestrator.lowering.quantize import quantize as quantize_module
+    from orchestrator.lowering.quantize.quantized import quantize as quantize_module
+    from orchestrator.lowering.sources.build.models import load_model
 
     # A copy of the artifacts whose int8-dynamic program has wrong weight scales, its sidecar vouching for it.
     artifacts = tmp_path / "artifacts"

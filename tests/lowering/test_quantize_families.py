@@ -16,8 +16,11 @@ import pytest
 
 from orchestrator.commands.render_lowering import _quantized_cell
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.lower import LoweringResult, lower
-from orchestrator.lowering.quantize import SCHEMES, CalibrationError, quantize, xnn_node_types
+from orchestrator.lowering.export.lower import LoweringResult, lower
+from orchestrator.lowering.quantize.calibration import CalibrationError
+from orchestrator.lowering.quantize.quantized import quantize
+from orchestrator.lowering.quantize.schemes import SCHEMES
+from orchestrator.lowering.quantize.xnn_types import xnn_node_types
 from orchestrator.lowering.sidecar import Quantization
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -40,7 +43,7 @@ def eager_layers(name: str) -> tuple[list[str], list[str]]:
     """The built-in model's own nn.Linear and nn.ConvNd module names: what the graph's counts must match."""
     import torch
 
-    from orchestrator.lowering.models import load_model
+    from orchestrator.lowering.sources.build.models import load_model
 
     module = load_model(BUILTIN_SPECS[name], "random").module
     linears = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -208,7 +211,7 @@ CONVOLUTIONS = {"int8-static": "all", "8da4w": "none"}
 def test_convolutions_are_counted_from_the_graph_for_every_scheme(name: str, dynamic: str, scheme: str) -> None:
     import torch
 
-    from orchestrator.lowering.models import example_inputs, load_model
+    from orchestrator.lowering.sources.build.models import example_inputs, load_model
 
     spec = BUILTIN_SPECS[name]
     module = load_model(spec, "random").module
@@ -229,7 +232,7 @@ def test_convolutions_are_counted_from_the_graph_for_every_scheme(name: str, dyn
 def test_a_users_exported_program_reports_its_linears_and_convolutions(tmp_path: Path) -> None:
     import torch
 
-    from orchestrator.lowering.exported import lower_exported_program
+    from orchestrator.lowering.export.exported import lower_exported_program
 
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)

@@ -58,7 +58,7 @@ def test_the_parallel_schedule_keeps_every_variant_within_the_memory_budget(tmp_
     from concurrent.futures import Future
 
     from orchestrator.console import StageTimer
-    from orchestrator.lowering.parallel import ParallelLowering, VariantTask
+    from orchestrator.lowering.export.parallel import ParallelLowering, VariantTask
 
     gb = 10**9
 
@@ -105,7 +105,7 @@ def _comparable(sidecar: Sidecar | dict[str, Any]) -> dict[str, Any]:
 
 
 def test_parallel_lowering_writes_what_the_sequential_one_writes(tmp_path: Path) -> None:
-    from orchestrator.lowering import lower as lowering
+    from orchestrator.lowering.export import lower as lowering
 
     spec = BUILTIN_SPECS["distilbert-tiny"]
     # fp32 lowers in this process from the exported program, the quantized variant in the worker from the eager

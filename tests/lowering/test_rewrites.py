@@ -1,4 +1,4 @@
-"""The named rewrites (lowering/rewrites.py): the registry, `--rewrites` values, when each applies, and that each
+"""The named rewrites (lowering/rewrites/): the registry, `--rewrites` values, when each applies, and that each
 finds its pattern where it should and computes the same function as the model it rewrites, on two families or more.
 
 The lowering with rewrites (shapes, sidecar, cache) is in test_rewrites_lowering.py.
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.huggingface_rewrites import (
+from orchestrator.lowering.rewrites.huggingface import (
     eager_attention,
     has_all_positions_head,
     has_gelu_new,
@@ -22,9 +22,7 @@ from orchestrator.lowering.huggingface_rewrites import (
     head_at_position,
     tanh_gelu,
 )
-from orchestrator.lowering.huggingface_source import reference_inputs
-from orchestrator.lowering.models import example_inputs, load_model
-from orchestrator.lowering.rewrites import (
+from orchestrator.lowering.rewrites.registry import (
     GELU_NEW_FAMILIES,
     NO_REWRITES,
     REWRITES,
@@ -35,6 +33,8 @@ from orchestrator.lowering.rewrites import (
     check_request,
     parse_rewrites,
 )
+from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
+from orchestrator.lowering.sources.build.models import example_inputs, load_model
 from orchestrator.lowering.spec import ModelSpec
 
 _SMALL = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,

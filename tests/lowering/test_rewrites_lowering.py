@@ -1,4 +1,4 @@
-"""Lowering with and without rewrites (lowering/rewrites.py): the default program is the model as exported, `auto`
+"""Lowering with and without rewrites (lowering/rewrites/): the default program is the model as exported, `auto`
 records what it applied, another set of rewrites is a cache miss, `--rewrites` is checked at the edge (exit 64).
 
 The rewrites themselves (registry, patterns, equivalence) are in test_rewrites.py.
@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.rewrites import NO_REWRITES, parse_rewrites
+from orchestrator.lowering.export import cache
+from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.export.lower import LoweringResult
+from orchestrator.lowering.rewrites.registry import NO_REWRITES, parse_rewrites
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.names import is_valid_name
@@ -51,10 +52,10 @@ def test_auto_rewrites_are_applied_recorded_and_keyed(tmp_path: Path) -> None:
     assert again.cached
     # The model as exported, or another set of rewrites, is another program: its key misses this sidecar.
     for other in (NO_REWRITES, parse_rewrites("head-at-position")):
-        key = lowering.cache_key(spec, xnnpack, "random", False, rewrites=other)
+        key = cache.cache_key(spec, xnnpack, "random", False, rewrites=other)
         assert key != sidecar.cache_key
-        assert lowering._cached(result.paths, xnnpack, key, "random") is None
-    assert lowering.cache_key(spec, xnnpack, "random", False, rewrites=parse_rewrites(
+        assert cache.cached_sidecar(result.paths, xnnpack, key, "random") is None
+    assert cache.cache_key(spec, xnnpack, "random", False, rewrites=parse_rewrites(
         "eager-attention,head-at-position")) == sidecar.cache_key  # fmt: skip
 
 

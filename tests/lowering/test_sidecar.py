@@ -16,7 +16,7 @@ from orchestrator.commands.common import find_artifact
 from orchestrator.errors import ArtifactError, ExitCode
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import load_artifact
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.sidecar import Sidecar, read_sidecar, write_sidecar
 from orchestrator.lowering.variants import VARIANTS
 from tests.plugins.artifacts import ARTIFACT_CACHE, TINY_MODELS

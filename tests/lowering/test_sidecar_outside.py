@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import ArtifactError
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.variants import VARIANTS
 

@@ -16,9 +16,10 @@ import torch
 
 from orchestrator.config import integer
 from orchestrator.errors import SpecError
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.builtins import resolve_spec
-from orchestrator.lowering.models import OWN, LoadedModel, SourceBuilder, SpecCheck
+from orchestrator.lowering.export import cache
+from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.sources.build.models import OWN, LoadedModel, SourceBuilder, SpecCheck
 from orchestrator.lowering.spec import SOURCES, ModelSource, ModelSpec, load_spec_file, register_source
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.lowering.weights import WeightsChoice
@@ -78,8 +79,8 @@ def write_spec(folder: Path, **fields: Any) -> Path:
 def test_the_registered_source_is_read_and_checked_like_any_other(tmp_path: Path) -> None:
     assert SOURCES["tiny-mlp"] is SOURCE
     # Its builder's module joins its own specs' cache key only: a process without it keys the others alike.
-    assert Path(__file__).resolve() in lowering.code_files("tiny-mlp")
-    assert lowering.code_files("huggingface") == lowering.code_files()
+    assert Path(__file__).resolve() in cache.code_files("tiny-mlp")
+    assert cache.code_files("huggingface") == cache.code_files()
     spec = load_spec_file(write_spec(tmp_path, width=8))
     assert (spec.model_source, spec.task, spec.source_options) == ("tiny-mlp", "custom", {"width": 8})
     assert spec.identity()["source_options"] == {"width": 8}
@@ -106,4 +107,4 @@ def test_the_registered_source_lowers_to_a_program_that_matches_eager(tmp_path: 
         np.testing.assert_allclose(output.numpy(), reference.array, atol=tolerance, rtol=tolerance)
     assert lowering.lower(spec, variants=variants, root=root, jobs=1).cached
     wider = resolve_spec(spec_path=write_spec(tmp_path, width=16))  # its own field decides the program
-    assert lowering.cache_key(wider, variants[0], "own", False) != lowering.cache_key(spec, variants[0], "own", False)
+    assert cache.cache_key(wider, variants[0], "own", False) != cache.cache_key(spec, variants[0], "own", False)

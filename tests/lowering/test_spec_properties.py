@@ -77,8 +77,8 @@ def validates_or_refuses(path: Path) -> bool:
     """True when the spec validated and its model then built and ran; False when refused with a SpecError."""
     import torch
 
-    from orchestrator.lowering.huggingface_source import reference_inputs
-    from orchestrator.lowering.models import load_model, vocab_size_of
+    from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
+    from orchestrator.lowering.sources.build.models import load_model, vocab_size_of
 
     try:
         spec = load_spec_file(path)
@@ -182,7 +182,7 @@ def test_any_family_task_and_inputs_validate_and_run_or_are_refused(
     """Validated: the model builds, its reference inputs have the declared shapes and it runs at that batch size."""
     import torch
 
-    from orchestrator.lowering.models import example_inputs, load_model
+    from orchestrator.lowering.sources.build.models import example_inputs, load_model
 
     path = tmp_path_factory.mktemp("spec") / "spec.json"
     path.write_text(json.dumps(data, indent=2))
@@ -316,7 +316,7 @@ def input_arrays(draw: st.DrawFn) -> dict[str, np.ndarray]:
 def test_any_calibration_file_of_a_models_inputs_is_usable_or_refused(
     tmp_path_factory: pytest.TempPathFactory, arrays: dict[str, np.ndarray]
 ) -> None:
-    from orchestrator.lowering.quantize import calibration_samples
+    from orchestrator.lowering.quantize.calibration import calibration_samples
 
     path = tmp_path_factory.mktemp("calibration") / "inputs.etlt"
     write_tensors(path, [NamedTensor(name, array) for name, array in arrays.items()])

@@ -1,4 +1,4 @@
-"""The `torchvision` model source (orchestrator/lowering/torchvision_source.py): spec files and their errors, the
+"""The `torchvision` model source (orchestrator/lowering/sources/build/torchvision.py): spec files and their errors, the
 weights (pretrained only from the torch hub cache, else random loudly), the tiny model lowered and run against its
 eager outputs, quantized convolutions, and a warm `fab lower` that imports no torchvision. The end-to-end run on the
 local board is tests/e2e/test_model_sources_e2e.py.
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.spec import load_spec_file
 from orchestrator.lowering.variants import VARIANTS, Variant
 from orchestrator.lowering.weights import PretrainedUnavailable, resolve_weights
@@ -42,7 +42,7 @@ def write_spec(tmp_path: Path, **changes: Any) -> Path:
 
 
 def checked(path: Path) -> Any:
-    from orchestrator.lowering.models import check_spec
+    from orchestrator.lowering.sources.build.models import check_spec
 
     return check_spec(load_spec_file(path), "random", available=16 << 30)
 
@@ -105,7 +105,7 @@ def test_pretrained_comes_from_the_torch_hub_cache_only(tmp_path: Path, monkeypa
                                                         capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     import torch
 
-    from orchestrator.lowering.models import load_model
+    from orchestrator.lowering.sources.build.models import load_model
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     spec = BUILTIN_SPECS["mobilenet-v2"]
@@ -179,7 +179,7 @@ def test_a_warm_lower_imports_no_torchvision(tiny: LoweringResult) -> None:
 def test_a_token_calibration_file_is_refused_for_an_image_model(tmp_path: Path) -> None:
     """An image model's calibration file holds images (an ETLT file of pixel_values): token ids are refused before
     anything loads, nothing is written, and the message says what the model takes."""
-    from orchestrator.lowering.quantize import CalibrationError
+    from orchestrator.lowering.quantize.calibration import CalibrationError
 
     samples = tmp_path / "samples.jsonl"
     samples.write_text('{"input_ids": [1, 2, 3]}\n')

@@ -24,11 +24,9 @@ import torch
 
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact
-from orchestrator.lowering.exported import lower_exported_program
-from orchestrator.lowering.exported_archive import checked_archive
-from orchestrator.lowering.lowered import find_lowered, spec_of_lowered
-from orchestrator.lowering.spec import load_spec_file
-from orchestrator.lowering.user_programs import (
+from orchestrator.lowering.export.exported import lower_exported_program
+from orchestrator.lowering.export.exported_archive import checked_archive
+from orchestrator.lowering.export.user_programs import (
     NameTaken,
     ReferenceMismatch,
     UserProgramError,
@@ -36,6 +34,8 @@ from orchestrator.lowering.user_programs import (
     import_program,
     reference_outputs_of,
 )
+from orchestrator.lowering.lowered import find_lowered, spec_of_lowered
+from orchestrator.lowering.spec import load_spec_file
 from orchestrator.lowering.variants import Variant
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.programs.signature import MethodSignature, TensorSlot, read_signature

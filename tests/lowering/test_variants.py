@@ -13,9 +13,10 @@ from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.commands.common import lower_options, variants
 from orchestrator.errors import InventoryError, UsageError
 from orchestrator.lab.matrix import load_config
-from orchestrator.lowering import quantize
 from orchestrator.lowering.artifacts import BACKENDS, QUANTIZED_BACKENDS
-from orchestrator.lowering.quantize import FP32, LLM_SCHEMES, QUANTIZED, SCHEMES
+from orchestrator.lowering.quantize.quantized import quantize
+from orchestrator.lowering.quantize.schemes import FP32, LLM_SCHEMES, QUANTIZED, SCHEMES
+from orchestrator.lowering.quantize.xnn_types import XNN_DATATYPES
 from orchestrator.lowering.variants import QUANTIZED_ON, VARIANTS, UnknownVariant, Variant, combine, parse_schemes
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.boards import write_inventory
@@ -68,7 +69,7 @@ def test_every_scheme_is_complete() -> None:
         assert scheme.method and scheme.relative_cost > 0
         for expected in (scheme.fully_connected, scheme.convolution):
             kinds = expected.split(" x ")
-            assert len(kinds) == 2 and set(kinds) <= set(quantize.XNN_DATATYPES.values()), (scheme.name, expected)
+            assert len(kinds) == 2 and set(kinds) <= set(XNN_DATATYPES.values()), (scheme.name, expected)
         assert scheme.quantized == (scheme.name != "none") and scheme.label == (
             scheme.name if scheme.quantized else "fp32"
         )
@@ -111,7 +112,7 @@ def test_no_code_spells_a_quantized_backend_name() -> None:
 
 def test_quantize_refuses_fp32() -> None:
     with pytest.raises(ValueError, match="not a quantization scheme: 'none'"):
-        quantize.quantize(object(), (), FP32)
+        quantize(object(), (), FP32)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -191,6 +192,6 @@ def test_variant_names_are_parsed_only_at_the_edges() -> None:
         if relative != "orchestrator/lowering/variants.py" and ("Variant.parse(" in text or "parse_schemes(" in text):
             parsing.add(relative)
         # Names are built in one place: Variant.name.
-        if relative not in ("orchestrator/lowering/variants.py", "orchestrator/lowering/quantize.py"):
+        if relative not in ("orchestrator/lowering/variants.py", "orchestrator/lowering/quantize/schemes.py"):
             assert not re.search(r"""f["']xnnpack-\{""", text), f"{relative} builds a variant name"
     assert parsing == PARSED_AT_THE_EDGES

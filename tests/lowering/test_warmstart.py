@@ -21,7 +21,7 @@ from orchestrator.boards.inventory import Board
 from orchestrator.commands import options
 from orchestrator.errors import UsageError
 from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.spec import load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.lowering.weights import cached_config, resolve_weights
@@ -214,9 +214,11 @@ NOT_FOR_A_WARM_DEPLOY = frozenset(
         "orchestrator.advice.trial",
         "orchestrator.deploy.abtest",
         "orchestrator.servers.explorer",
-        "orchestrator.lowering.models",
     }
 )
+# The lowering stack that builds models, every module of the sources' build side (torch, transformers, timm): a warm
+# deploy's cache check needs the spec side only (it finds the builder's file, which imports the empty package).
+BUILD_SIDE = "orchestrator.lowering.sources.build."
 # Every module the process holds when it exits, whichever way it was imported (`-X importtime` misses what
 # importlib.import_module loads: the analysis prefetch, the `module:name` builders).
 MODULES_AT_EXIT = """
@@ -251,6 +253,11 @@ def test_warm_deploy_imports_only_what_it_needs(
     assert "using cached artifacts" in proc.stderr and "advice:" in proc.stderr, proc.stderr[-3000:]
     modules = set(listing.read_text().split())
     # The audit sees what the deploy did: the cache check, the analysis (in a board's thread) and the advice.
-    assert {"orchestrator.lowering.lower", "orchestrator.results.analysis", "orchestrator.advice.advisor"} <= modules
+    assert {
+        "orchestrator.lowering.export.lower",
+        "orchestrator.results.analysis",
+        "orchestrator.advice.advisor",
+    } <= modules
     assert not modules & NOT_FOR_A_WARM_DEPLOY, sorted(modules & NOT_FOR_A_WARM_DEPLOY)
+    assert not [name for name in modules if name.startswith(BUILD_SIDE)], sorted(modules)
     assert not {name.split(".")[0] for name in modules} & HEAVY, sorted(modules)

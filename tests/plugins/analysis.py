@@ -2,7 +2,7 @@
 
 `make_bundle` is the one place that produces a bundle: it lowers a tiny real model with ExecuTorch and runs it
 with ExecuTorch's Python runtime (ETDump on), then writes the bundle files the board agent writes (layout in
-docs/DESIGN.md). It can later be swapped for orchestrator.lowering.lower plus the native runner and agent.
+docs/DESIGN.md). It can later be swapped for orchestrator.lowering.export.lower plus the native runner and agent.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class TinyModel:
 
     @classmethod
     def from_artifact(cls, artifact: Any) -> TinyModel:
-        """A model lowered by the real pipeline (orchestrator.lowering.lower)."""
+        """A model lowered by the real pipeline (orchestrator.lowering.export.lower)."""
         paths = artifact.paths
         return cls(
             artifact.model.removesuffix("-tiny"), artifact.variant.name, artifact.pte, artifact.sidecar,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 
@@ -26,10 +26,10 @@ TINY_MODELS = ("distilbert-tiny", "gpt2-tiny")
 def torchvision_importable() -> None:
     """Where torchvision is installed, transformers imports it: tests that import transformers' models directly (not
     through a model source's builder, which does this when it loads) need its operators declared first when its C++
-    library does not load with this torch (torchvision_source.declare_torchvision_ops)."""
+    library does not load with this torch (torchvision.declare_torchvision_ops)."""
     if importlib.util.find_spec("torchvision") is not None:
         # imports torch: only with torchvision
-        from orchestrator.lowering.torchvision_source import declare_torchvision_ops
+        from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops
 
         declare_torchvision_ops()
 

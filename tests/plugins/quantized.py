@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import VARIANTS
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.lower import LoweringResult
-from orchestrator.lowering.quantize import QUANTIZED
+from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.export.lower import LoweringResult
+from orchestrator.lowering.quantize.schemes import QUANTIZED
 from tests.plugins.artifacts import ARTIFACT_CACHE, TINY_MODELS
 
 TINY_WIDTH = 64  # the tiny models' hidden size: the input features of most of their linears

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import BOARD_SOURCE_DIR, state_dir
 from orchestrator.tensorfile import NamedTensor, read_tensors
@@ -123,7 +123,7 @@ def runner_models_from(result: LoweringResult) -> RunnerModels:
     import torch
 
     from orchestrator.lowering.builtins import BUILTIN_SPECS
-    from orchestrator.lowering.models import load_model
+    from orchestrator.lowering.sources.build.models import load_model
 
     paths = result.paths
     inputs = read_tensors(paths.reference_inputs)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import AnalysisError
-from orchestrator.lowering.delegation import BOOKKEEPING, bookkeeping_counts
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.delegation import BOOKKEEPING, bookkeeping_counts
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.programs.outside import read_outside_delegates
 from orchestrator.programs.plan import read_program_plan

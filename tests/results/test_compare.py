@@ -317,8 +317,8 @@ def test_interleaved_retest_confirms_a_really_slower_program(local_board: Any, t
     """The A/B re-test on a real board: distilbert-small vs its 4x wider feed-forward twin (same name, same inputs)."""
     from orchestrator.deploy.abtest import Program, interleave
     from orchestrator.deploy.runs import RunParams
-    from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.builtins import resolve_spec
+    from orchestrator.lowering.export import lower as lowering
     from orchestrator.results.compare import Comparison, interleaved_verdict
     from orchestrator.transport import connect
     from tests.plugins.artifacts import TEST_CACHE
@@ -357,9 +357,9 @@ def test_interleaved_retest_confirms_a_really_slower_program(local_board: Any, t
 
 
 def _lower_small(name: str, root: str) -> Any:
-    from orchestrator.lowering import lower as lowering
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.builtins import resolve_spec
+    from orchestrator.lowering.export import lower as lowering
     from tests.plugins.artifacts import TEST_CACHE
 
     spec = resolve_spec(None, PROJECT_ROOT / "tests" / "data" / "specs" / f"{name}.json")

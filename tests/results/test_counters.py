@@ -17,9 +17,9 @@ import pytest
 
 from orchestrator.counters import COUNTERS, DEFAULT_COUNTERS, SOFTWARE_COUNTERS, parse_counters, perf_event
 from orchestrator.errors import UsageError
-from orchestrator.lowering import lower as lowering
 from orchestrator.lowering.artifacts import load_artifact
 from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.programs.memory import read_program_memory

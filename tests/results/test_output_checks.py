@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from orchestrator.commands.render import render_outputs
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.outputs import LOGITS, VALUES, kind_from_shape, output_kind, output_records
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.variants import VARIANTS

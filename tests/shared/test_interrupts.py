@@ -24,7 +24,7 @@ from orchestrator import interrupts
 from orchestrator.boards.inventory import Board
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.errors import ExitCode
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.transport import connect
 from orchestrator.versions import executorch_version

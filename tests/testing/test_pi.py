@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from orchestrator.boards.inventory import Board
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.testing import pi as emulated

@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.boards.inventory import Board
 from orchestrator.errors import BoardDataError, ExitCode
-from orchestrator.lowering.lower import LoweringResult
+from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.transport import OUTPUT_LIMIT, BoardConnection, OutputTooLarge, connect
 from tests.commands.test_exit_codes import fake_provisioned

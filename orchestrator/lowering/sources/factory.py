@@ -2,7 +2,7 @@
 `package.module:function`) that returns a module and its example inputs, with keyword arguments.
 
 Nothing of it runs without the command line's `--trust-code`; its file is part of the identity (an edited factory is
-another program). The build side is `factory_source.FACTORY`; it brings its own weights.
+another program). The build side is `build/factory.py`'s `FACTORY`; it brings its own weights.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _identity(spec: ModelSpec) -> dict[str, Any]:
 FACTORY = register_source(
     ModelSource(
         "factory",
-        "orchestrator.lowering.factory_source:FACTORY",
+        "orchestrator.lowering.sources.build.factory:FACTORY",
         _FACTORY_FIELDS,
         ("factory",),
         fixed={"task": FACTORY_TASK, "model_type": "factory"},

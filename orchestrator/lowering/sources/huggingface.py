@@ -2,7 +2,7 @@
 checkpoint (`model_id`: a HuggingFace id or a local folder).
 
 Its fields, the checks across them (the task's inputs, a text-generation program's KV cache), and where its
-pretrained weights can be had now. The build side is `huggingface_source.HUGGINGFACE`.
+pretrained weights can be had now. The build side is `build/huggingface.py`'s `HUGGINGFACE`.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def huggingface_pretrained(spec: ModelSpec) -> Availability:
 HUGGINGFACE = register_source(
     ModelSource(
         "huggingface",
-        "orchestrator.lowering.huggingface_source:HUGGINGFACE",
+        "orchestrator.lowering.sources.build.huggingface:HUGGINGFACE",
         _HUGGINGFACE_FIELDS,
         ("model_type", "task"),
         _huggingface_problem,

@@ -1,7 +1,7 @@
 """The `timm` model source, spec side (no torch): a timm model by name, its keyword arguments (JSON scalars) and
 optionally the side of its square input image (default: the model's pretrained_cfg, filled in by the build side).
 
-The build side is `timm_source.TIMM`; pretrained weights only from timm's safetensors in the HuggingFace cache.
+The build side is `build/timm.py`'s `TIMM`; pretrained weights only from timm's safetensors in the HuggingFace cache.
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ def timm_pretrained(spec: ModelSpec) -> Availability:
 TIMM = register_source(
     ModelSource(
         "timm",
-        "orchestrator.lowering.timm_source:TIMM",
+        "orchestrator.lowering.sources.build.timm:TIMM",
         _TIMM_FIELDS,
         ("model",),
         renames={"model": "model_type"},
         fixed={"task": IMAGE_TASK},
         pretrained=timm_pretrained,
         refused_kwargs=TIMM_REFUSED,
-        defaults="orchestrator.lowering.timm_source:with_defaults",
+        defaults="orchestrator.lowering.sources.build.timm:with_defaults",
     )
 )

@@ -1,7 +1,7 @@
 """The `huggingface` model source: any family transformers knows, with the head of the spec's task.
 
-The head comes from transformers' own task mappings (`modeling_auto.*_MAPPING_NAMES`, `TASK_HEADS` below): a family
-and a task that do not go together are refused before anything loads, naming the tasks the family has. The inputs
+The head comes from transformers' own task mappings (huggingface_heads.py): a family and a task that do not go
+together are refused before anything loads, naming the tasks the family has. The inputs
 follow the head class's main input (`main_input_name`): token ids with their mask (and `token_type_ids` where the
 family has segment embeddings), `pixel_values`, `input_values` (a waveform, or AST's log-mel filter bank
 [batch, frames, mel bins]: the config's sizes decide), or Whisper's log-mel `input_features` [batch, mel bins, frames]
@@ -11,11 +11,11 @@ What the program outputs:
 the model as its user would export it, no rewrite: the head's first output as a plain tensor (for fill-mask and
 causal-lm the logits the spec's `output` names: every position's [B, seq_len, vocab], or one position's [B, vocab],
 selected after the head as a user's own code would; the last hidden state for feature-extraction and
-speech-encoder; Whisper's encoder alone). etlab's rewrites (rewrites.py: the head at one position, eager attention,
+speech-encoder; Whisper's encoder alone). etlab's rewrites (rewrites/: the head at one position, eager attention,
 tanh GELU) apply only when asked (`--rewrites`).
 
-Reference inputs are deterministic and valid for the model: ids inside the vocabulary with a [MASK] where fill-mask
-needs one, images and audio in the range their preprocessors produce.
+Reference inputs are deterministic and valid for the model (huggingface_inputs.py): ids inside the vocabulary with a
+[MASK] where fill-mask needs one, images and audio in the range their preprocessors produce.
 """
 
 from __future__ import annotations
@@ -25,149 +25,41 @@ import inspect
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import torch
 
 from orchestrator import console
-from orchestrator.config import did_you_mean
 from orchestrator.errors import SpecError
-from orchestrator.lowering.huggingface_config import Overrides, check_derived, read_overrides
-from orchestrator.lowering.models import AUDIO, LoadedModel, SourceBuilder, SpecCheck
-from orchestrator.lowering.quantize import shaped_like
+from orchestrator.lowering.quantize.calibration import shaped_like
+from orchestrator.lowering.sources.build.huggingface_config import Overrides, check_derived, read_overrides
+from orchestrator.lowering.sources.build.huggingface_heads import (
+    AUTO_BUILT,
+    MAIN_INPUTS,
+    TASK_HEADS,
+    check_family,
+    head_class,
+    main_input,
+    spectrogram,
+)
+from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
+from orchestrator.lowering.sources.build.models import AUDIO, LoadedModel, SourceBuilder, SpecCheck
+from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops, generated_images
 from orchestrator.lowering.spec import (
     ALL_POSITIONS,
     AUDIO_SAMPLES,
-    GENERATION_TASK,
     IMAGE_INPUT,
     INPUT_NAMES,
-    TEXT_INPUTS,
     WRAPPED_TASKS,
     InputSpec,
     ModelSpec,
 )
 from orchestrator.lowering.spec_errors import FLOAT_BYTES, brief, spec_failure, too_large
-from orchestrator.lowering.torchvision_source import declare_torchvision_ops, generated_images
 from orchestrator.lowering.weights import RANDOM_SEED, PretrainedUnavailable, WeightsChoice
 from orchestrator.tensorfile import NamedTensor
 
 declare_torchvision_ops()  # transformers imports torchvision whenever it is installed
 
-# task -> (the modeling_auto mapping of family -> head class, the Auto class that loads it)
-TASK_HEADS: dict[str, tuple[str, str]] = {
-    "fill-mask": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM"),
-    "causal-lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
-    GENERATION_TASK: ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
-    "text-classification": ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification"),
-    "token-classification": ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification"),
-    "feature-extraction": ("MODEL_MAPPING_NAMES", "AutoModel"),
-    "image-classification": ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification"),
-    "audio-classification": ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification"),
-    "speech-encoder": ("MODEL_MAPPING_NAMES", "AutoModel"),
-}
-_AUTO_BUILT = (*WRAPPED_TASKS, GENERATION_TASK)  # built through their Auto class (whole model, head included)
-TEXT_HEADS = ("text-classification", "token-classification", "feature-extraction")
 # The sizes most configs have (through their attribute_map): each must be a positive integer.
 _SIZES = ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers", "max_position_embeddings")
-# The main input of the head class -> the inputs etlab feeds it (the mask and types only where the family has them).
-_MAIN_INPUTS = {"input_ids": TEXT_INPUTS, IMAGE_INPUT: (IMAGE_INPUT,), "input_values": ("input_values",),
-                "input_features": ("input_features",)}  # fmt: skip
-_SAMPLE_RATE = 16000  # what every speech preprocessor here expects
-_WHISPER_HOP = 160  # samples per log-mel frame of Whisper's feature extractor
-_FBANK_HOP, _FBANK_WINDOW = 160, 400  # AST's filter bank: a 25 ms window every 10 ms, in samples
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Which head a family has for a task
-
-
-def known_families() -> list[str]:
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    return list(CONFIG_MAPPING_NAMES)
-
-
-def _mapped(mapping: str, model_type: str) -> str | None:
-    from transformers.models.auto import modeling_auto
-
-    name = getattr(modeling_auto, mapping).get(model_type)
-    return name[0] if isinstance(name, tuple | list) else name
-
-
-def _transformers_class(name: str) -> Any:
-    """A class transformers exports, or None when its modelling code cannot be imported here."""
-    import transformers
-
-    try:
-        return getattr(transformers, name)
-    except (AttributeError, ImportError, RuntimeError):
-        return None
-
-
-def _default_config(model_type: str) -> Any:
-    from transformers import CONFIG_MAPPING
-
-    return CONFIG_MAPPING[model_type]()
-
-
-def head_class(model_type: str, task: str) -> tuple[Any, bool] | None:
-    """The class of the family's model for `task`, and whether the program is its encoder only (`get_encoder()`);
-    None when the family has no such head, or none whose inputs etlab can make."""
-    name = _mapped(TASK_HEADS[task][0], model_type)
-    if name is None:
-        return None
-    encoder_only = False
-    encoder_decoder = task in TEXT_HEADS and getattr(_default_config(model_type), "is_encoder_decoder", False)
-    if encoder_decoder and task != "feature-extraction":
-        return None  # a decoder to feed too (T5's classifiers want decoder ids and one <eos> per row): not etlab's
-    if encoder_decoder:
-        name = name.replace("Model", "EncoderModel", 1)  # T5EncoderModel: the encoder's last hidden state
-    # wav2vec2 and its kind (CTC models) take input_values; Whisper's kind: the encoder, on log-mel input_features
-    elif task == "speech-encoder" and _mapped("MODEL_FOR_CTC_MAPPING_NAMES", model_type) is None:
-        if _mapped("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", model_type) is None:
-            return None
-        encoder_only = True
-    found = _transformers_class(name)
-    if found is None:
-        return None
-    main = _main_input(found, encoder_only)
-    if main == "input_features" and not _whisper_mel(_default_config(model_type)):
-        return None  # log-mel features of another layout (frames first, stacked, ...): not ones etlab makes
-    return (found, encoder_only) if main in _MAIN_INPUTS else None
-
-
-def _whisper_mel(config: Any) -> bool:
-    """Whisper's kind: input_features are log-mel [batch, num_mel_bins, 2 x max_source_positions frames]."""
-    return all(type(getattr(config, key, None)) is int for key in ("num_mel_bins", "max_source_positions"))
-
-
-def _spectrogram(config: Any) -> bool:
-    """AST's kind: input_values are a log-mel filter bank [batch, max_length frames, num_mel_bins], not a waveform
-    (the class declares both sizes)."""
-    return {"max_length", "num_mel_bins"} <= set(getattr(type(config), "__dataclass_fields__", {}))
-
-
-def _main_input(cls: Any, encoder_only: bool) -> str:
-    return "input_features" if encoder_only else str(getattr(cls, "main_input_name", "input_ids"))
-
-
-def supported_tasks(model_type: str) -> list[str]:
-    return [task for task in TASK_HEADS if head_class(model_type, task) is not None]
-
-
-def _check_family(spec: ModelSpec) -> tuple[Any, bool]:
-    families = known_families()
-    if spec.model_type not in families:
-        same = [name for name in families if name.lower() == spec.model_type.lower()]
-        close = f" (did you mean {same[0]!r}?)" if same else did_you_mean(spec.model_type, families)
-        raise spec_failure([("model_type", f"{spec.model_type!r} is not a model family transformers knows{close}")],
-                           spec)  # fmt: skip
-    head = head_class(spec.model_type, spec.task)
-    if head is None:
-        able = supported_tasks(spec.model_type)
-        tasks = f"supports {', '.join(able)}" if able else "has no head for any task etlab lowers"
-        raise spec_failure([("task", f"{spec.task!r} does not go with model_type {spec.model_type!r}, which "
-                                     f"{tasks}")], spec)  # fmt: skip
-    return head
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,7 +136,7 @@ def _config(spec: ModelSpec) -> Any:
 def model_inputs(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> tuple[InputSpec, ...]:
     """The inputs the program takes, in order: the spec's declared ones, or the defaults of the head's input kind."""
     cls, encoder_only = head
-    main = _main_input(cls, encoder_only)
+    main = main_input(cls, encoder_only)
     batch = spec.batch_size
     if spec.declared_inputs or spec.generates:
         return spec.inputs
@@ -258,7 +150,7 @@ def model_inputs(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> tuple[
     if main == IMAGE_INPUT:
         side = spec.image_size or _image_side(config)
         return (InputSpec(IMAGE_INPUT, "float32", (batch, getattr(config, "num_channels", 3), side, side)),)
-    if main == "input_values" and _spectrogram(config):
+    if main == "input_values" and spectrogram(config):
         return (InputSpec("input_values", "float32", (batch, config.max_length, config.num_mel_bins)),)
     if main == "input_values":
         return (InputSpec("input_values", "float32", (batch, AUDIO_SAMPLES)),)
@@ -273,8 +165,8 @@ def _image_side(config: Any) -> int:
 def _input_problems(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> list[tuple[str, str]]:
     """Declared inputs the family does not take, or whose sizes its config refuses."""
     cls, encoder_only = head
-    main = _main_input(cls, encoder_only)
-    takes = _MAIN_INPUTS[main]
+    main = main_input(cls, encoder_only)
+    takes = MAIN_INPUTS[main]
     if main == "input_ids" and spec.task not in WRAPPED_TASKS:
         defaults = {item.name for item in model_inputs(replace(spec, declared_inputs=()), config, head)}
         takes = tuple(name for name in takes if name in defaults)
@@ -292,7 +184,7 @@ def _input_problems(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> lis
             if list(item.shape[1:]) != expected:
                 takes_shape = f"[batch_size, {expected[0]}, {expected[1]}] (num_mel_bins, 2 x max_source_positions)"
                 problems.append((f"{where}.shape", f"the config takes {takes_shape}, got {list(item.shape)}"))
-        elif item.name == "input_values" and _spectrogram(config):
+        elif item.name == "input_values" and spectrogram(config):
             expected = [config.max_length, config.num_mel_bins]
             if list(item.shape[1:]) != expected:
                 takes_shape = f"[batch_size, {expected[0]}, {expected[1]}] (max_length frames, num_mel_bins)"
@@ -337,7 +229,7 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
     `seq_len` within the position embeddings; the [MASK] id in the vocabulary; declared inputs the family's; and the
     float32 weights must fit in `available` bytes (MemAvailable).
     """
-    head = _check_family(spec)
+    head = check_family(spec)
     base, origin = _base_config(spec, choice.mode == "pretrained")
     config, overrides = _with_overrides(spec, base, choice.mode != "pretrained")
     given = overrides.given
@@ -393,7 +285,7 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
         raise spec_failure([(origin, f"the model cannot be built from this config: {brief(exc)}")], spec) from exc
     if available is not None and FLOAT_BYTES * parameters > available:
         raise spec_failure([(origin, too_large(parameters, available, ""))], spec)
-    if spec.task not in _AUTO_BUILT:
+    if spec.task not in AUTO_BUILT:
         _run_on_meta(spec, config, head)
     return SpecCheck(config, parameters, tuple(overrides.warnings))
 
@@ -442,7 +334,7 @@ def _auto_class(spec: ModelSpec) -> Any:
 def _from_config(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> torch.nn.Module:
     """The task's module with fresh weights: the Auto class's, a T5EncoderModel, or a speech model's encoder."""
     cls, encoder_only = head
-    if spec.task in _AUTO_BUILT:
+    if spec.task in AUTO_BUILT:
         model = _auto_class(spec).from_config(config, trust_remote_code=spec.trust_remote_code)
     else:
         model = cls._from_config(config)
@@ -451,7 +343,7 @@ def _from_config(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> torch.
 
 def build_random(spec: ModelSpec) -> torch.nn.Module:
     """The architecture from its config with seeded random weights: no hub needed."""
-    head = _check_family(spec)
+    head = check_family(spec)
     torch.manual_seed(RANDOM_SEED)
     return _from_config(spec, _config(spec), head).eval()
 
@@ -462,9 +354,9 @@ def build_pretrained(spec: ModelSpec) -> torch.nn.Module:
     The spec's overrides are set on the config object; the keywords are ours alone, so a spec can never switch on
     remote code or unpickling. The folder's own Python runs only with `--trust-remote-code` on the command line.
     """
-    cls, encoder_only = _check_family(spec)
+    cls, encoder_only = check_family(spec)
     config, _ = _with_overrides(spec, _base_config(spec, pretrained=True)[0], defaults=False)
-    loader = _auto_class(spec) if spec.task in _AUTO_BUILT or not cls.__name__.endswith("EncoderModel") else cls
+    loader = _auto_class(spec) if spec.task in AUTO_BUILT or not cls.__name__.endswith("EncoderModel") else cls
     model = loader.from_pretrained(spec.model_id, config=config, trust_remote_code=spec.trust_remote_code)
     return (model.get_encoder() if encoder_only else model).eval()
 
@@ -533,13 +425,13 @@ class PositionLogits(torch.nn.Module):
 
 def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> LoadedModel:
     """The model as its user would export it: its first output; for fill-mask and causal-lm the logits the spec's
-    `output` names (etlab's rewrites, rewrites.py, apply only when asked)."""
-    head = _check_family(spec)
+    `output` names (etlab's rewrites, rewrites/, apply only when asked)."""
+    head = check_family(spec)
     parameters = sum(p.numel() for p in model.parameters())
     if spec.generates:  # prefill and decode with a static KV cache (generation.py)
         from transformers import PreTrainedModel
 
-        from orchestrator.lowering.generation import GenerationModule
+        from orchestrator.lowering.export.generation import GenerationModule
 
         assert isinstance(model, PreTrainedModel)  # a causal LM, never an encoder taken out of one
         return LoadedModel(GenerationModule(model, spec.cache_capacity).eval(), weights, note, parameters)
@@ -551,113 +443,7 @@ def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> L
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Reference inputs
-
-
-def reference_inputs(
-    spec: ModelSpec,
-    vocab_size: int,
-    inputs: tuple[InputSpec, ...] | None = None,
-    segments: int = 1,
-    pad: int = 0,
-    seed: int = RANDOM_SEED,
-) -> list[NamedTensor]:
-    """Deterministic inputs of the shapes `inputs` (default: the spec's); `segments` is the family's number of token
-    types, `pad` its padding token id. See `_token_inputs`, `_image`, `_audio`, `_filter_bank`, `_log_mel`."""
-    inputs = spec.inputs if inputs is None else inputs
-    rng = np.random.default_rng(seed)
-    if inputs[0].name in TEXT_INPUTS:
-        return _token_inputs(spec, vocab_size, inputs, rng, segments, pad)
-    item = inputs[0]
-    if item.name == IMAGE_INPUT:
-        array = _image(rng, item.shape)
-    elif item.name == "input_values" and len(item.shape) == 3:
-        array = _filter_bank(rng, item.shape)
-    elif item.name == "input_values":
-        array = _audio(rng, item.shape)
-    else:
-        array = _log_mel(rng, item.shape)
-    return [NamedTensor(item.name, array)]
-
-
-def _token_inputs(
-    spec: ModelSpec,
-    vocab_size: int,
-    inputs: tuple[InputSpec, ...],
-    rng: np.random.Generator,
-    segments: int,
-    pad: int,
-) -> list[NamedTensor]:
-    """A sequence per row (3/4 real tokens in the first, then 1/2, 3/4, ...), padded with the pad token (a decoder's
-    classifier reads the last token that is not one), with a [MASK] for fill-mask models; token types 0 then 1 (two
-    segments) where the family has two."""
-    batch, seq_len = inputs[0].shape
-    low = min(1000, vocab_size // 2)
-    input_ids = np.full((batch, seq_len), pad, dtype=np.int64)
-    attention_mask = np.zeros((batch, seq_len), dtype=np.int64)
-    token_types = np.zeros((batch, seq_len), dtype=np.int64)
-    for row in range(batch):
-        real = max(1, (seq_len * (3 if row % 2 == 0 else 2)) // 4)
-        input_ids[row, :real] = rng.integers(low, vocab_size, size=real)
-        if spec.task == "fill-mask":
-            assert spec.mask_token_id is not None
-            input_ids[row, min(real - 1, max(1, real // 3))] = spec.mask_token_id
-        attention_mask[row, :real] = 1
-        if segments >= 2:
-            token_types[row, real // 2 : real] = 1
-    arrays = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_types}
-    return [NamedTensor(item.name, arrays[item.name]) for item in inputs]
-
-
-def _image(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Uniform pixels in [0, 1], normalised as ViT's image processor does (mean 0.5, std 0.5): [-1, 1]."""
-    pixels = rng.random(shape, dtype=np.float32)
-    return ((pixels - 0.5) / 0.5).astype(np.float32)
-
-
-def _waveform(rng: np.random.Generator, batch: int, samples: int) -> np.ndarray:
-    """A chord and a little noise per row (a different chord each), 16 kHz: [batch, samples] in [-1, 1]."""
-    time = np.arange(samples, dtype=np.float64) / _SAMPLE_RATE
-    rows = []
-    for row in range(batch):
-        base = 220.0 * (row + 1) * rng.uniform(0.8, 1.25)
-        tone = sum(np.sin(2 * np.pi * base * k * time) / k for k in (1, 2, 3))
-        rows.append(0.3 * tone / 1.83 + 0.05 * rng.standard_normal(samples))
-    return np.clip(np.stack(rows), -1.0, 1.0)
-
-
-def _audio(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """The waveform as wav2vec2's feature extractor hands it over: zero mean, unit variance per row."""
-    wave = _waveform(rng, *shape)
-    normalised = (wave - wave.mean(axis=1, keepdims=True)) / np.sqrt(wave.var(axis=1, keepdims=True) + 1e-7)
-    return normalised.astype(np.float32)
-
-
-def _filter_bank(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """The waveform through AST's own feature extractor (Kaldi's log-mel filter bank, 25 ms windows every 10 ms,
-    normalised with AudioSet's mean and deviation): [batch, frames, mel bins]."""
-    from transformers import ASTFeatureExtractor
-
-    batch, frames, bins = shape
-    extractor = ASTFeatureExtractor(num_mel_bins=bins, max_length=frames, sampling_rate=_SAMPLE_RATE)
-    samples = (frames - 1) * _FBANK_HOP + _FBANK_WINDOW  # exactly `frames` windows
-    waves = list(_waveform(rng, batch, samples).astype(np.float32))
-    features = extractor(waves, sampling_rate=_SAMPLE_RATE, return_tensors="np")["input_values"]
-    return np.ascontiguousarray(features, dtype=np.float32)
-
-
-def _log_mel(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """The waveform through Whisper's own feature extractor (log-mel, scaled to about [-1, 1.5]):
-    [batch, mel bins, frames]."""
-    from transformers import WhisperFeatureExtractor
-
-    batch, bins, frames = shape
-    extractor = WhisperFeatureExtractor(feature_size=bins, sampling_rate=_SAMPLE_RATE)
-    extractor.n_samples = frames * _WHISPER_HOP  # the window the encoder takes, whatever its length
-    extractor.nb_max_frames = frames
-    waves = list(_waveform(rng, batch, frames * _WHISPER_HOP).astype(np.float32))
-    features = extractor(waves, sampling_rate=_SAMPLE_RATE, return_tensors="np")["input_features"]
-    return np.ascontiguousarray(features[:, :, :frames], dtype=np.float32)
+# Calibration samples, and the builder
 
 
 def vocab_size_of(module: torch.nn.Module) -> int:
@@ -670,7 +456,7 @@ def calibration_inputs(spec: ModelSpec, module: torch.nn.Module, samples: int) -
     the same way from other seeds."""
     model: Any = module.model  # the HuggingFace model FirstOutput wraps
     config = model.config
-    inputs = model_inputs(spec, config, _check_family(spec))
+    inputs = model_inputs(spec, config, check_family(spec))
     made = [reference_inputs(spec, 1, inputs, seed=RANDOM_SEED + sample) for sample in range(samples)]
     return [tuple(torch.from_numpy(tensor.array) for tensor in tensors) for tensors in made]
 
@@ -703,12 +489,12 @@ class HuggingFace(SourceBuilder):
 
     def example_inputs(self, spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]:
         if spec.generates:
-            from orchestrator.lowering import generation
+            from orchestrator.lowering.export import generation
 
             return generation.example_inputs(module, spec)  # type: ignore[arg-type]
         model: Any = module.model  # the HuggingFace model FirstOutput wraps
         config = model.config
-        inputs = model_inputs(spec, config, _check_family(spec))
+        inputs = model_inputs(spec, config, check_family(spec))
         vocab = getattr(config, "vocab_size", None) or 1
         segments = getattr(config, "type_vocab_size", None) or 1
         pad = getattr(config, "pad_token_id", None)

@@ -24,8 +24,8 @@ from orchestrator.errors import UsageError
 from orchestrator.lowering.spec import ALL_POSITIONS, OUTPUT_WORDS, WRAPPED_TASKS, ModelSpec
 from orchestrator.names import is_valid_name
 
-_FUNCTIONS = "orchestrator.lowering.huggingface_rewrites"
-_LAYERS = "orchestrator.lowering.layer_rewrites"
+_FUNCTIONS = "orchestrator.lowering.rewrites.huggingface"
+_LAYERS = "orchestrator.lowering.rewrites.layers"
 # Families whose default config uses `gelu_new` (transformers' configs; tests/lowering/test_rewrites.py checks it).
 GELU_NEW_FAMILIES = ("albert", "big_bird", "codegen", "fnet", "funnel", "gpt2", "gpt_neo", "gptj", "mt5",
                      "nystromformer", "phi")  # fmt: skip

@@ -10,7 +10,7 @@ Weights: random (seeded), or the model's default weights when timm's `model.safe
 HuggingFace cache (read with safetensors: no unpickling); etlab never downloads them.
 
 timm is imported here only, on a cache miss of a timm spec (`sources/timm.py` names this module), after
-torchvision_source.declare_torchvision_ops (timm imports torchvision).
+torchvision.declare_torchvision_ops (timm imports torchvision).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from orchestrator.lowering.image_classifiers import ImageClassifierSource, scalar_parameters
+from orchestrator.lowering.sources.build.image_classifiers import ImageClassifierSource, scalar_parameters
+from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops, image_calibration
 from orchestrator.lowering.sources.timm import TIMM_REFUSED, timm_pretrained
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.spec_errors import brief
-from orchestrator.lowering.torchvision_source import declare_torchvision_ops, image_calibration
 from orchestrator.lowering.weights import (
     TIMM_WEIGHTS_FILE,
     Availability,

@@ -1,5 +1,5 @@
 """A huggingface spec's `config`, key by key, against the family's config class as transformers declares it: what
-huggingface_source.py sets on the config, what it ignores, and what it refuses, before anything is built.
+huggingface.py sets on the config, what it ignores, and what it refuses, before anything is built.
 
 A published checkpoint's config.json may be given whole. Each of its keys is one of:
 - a field the class declares (its dataclass fields, and their `attribute_map` aliases): the value must be of the type

@@ -23,10 +23,12 @@ from typing import Any
 from orchestrator import console
 from orchestrator.fsutil import atomic_path, sha256_bytes
 from orchestrator.lowering.artifacts import ArtifactPaths, file_record, valid_sidecar
-from orchestrator.lowering.exported_archive import checked_archive
-from orchestrator.lowering.lower import LoweredVariant, LoweringResult, _code_revision, _lower_program
-from orchestrator.lowering.parallel import VariantTask
-from orchestrator.lowering.user_programs import EXPORTED_PROGRAM, UserProgramError, check_folder
+from orchestrator.lowering.export.cache import code_revision
+from orchestrator.lowering.export.exported_archive import checked_archive
+from orchestrator.lowering.export.lower import LoweredVariant, LoweringResult
+from orchestrator.lowering.export.parallel import VariantTask
+from orchestrator.lowering.export.program import lower_program
+from orchestrator.lowering.export.user_programs import EXPORTED_PROGRAM, UserProgramError, check_folder
 from orchestrator.lowering.variants import Variant
 from orchestrator.versions import toolchain_versions
 
@@ -134,7 +136,7 @@ def _key(sha256: str, variant: Variant, etrecord: bool) -> str:
         "backend": variant.name,
         "etrecord": etrecord,
         "versions": toolchain_versions(),
-        "code": _code_revision() + sha256_bytes(Path(__file__).read_bytes())[:16],
+        "code": code_revision() + sha256_bytes(Path(__file__).read_bytes())[:16],
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
@@ -221,7 +223,7 @@ def lower_exported_program(
         lowered, quantization = program, None
         if variant.quantized:
             lowered, quantization = _quantized(program, example_args, variant, timer)
-        sidecar = _lower_program(lowered, task, artifact_paths, timer, quantization, started)
+        sidecar = lower_program(lowered, task, artifact_paths, timer, quantization, started)
         result.variants[variant] = LoweredVariant(variant, artifact_paths.pte(variant), sidecar, cached=False)
     result.variants = {variant: result.variants[variant] for variant in variants}
     result.stage_seconds = dict(timer.durations)
@@ -231,7 +233,7 @@ def lower_exported_program(
 def _quantized(program: Any, example_args: tuple[Any, ...], variant: Variant, timer: console.StageTimer) -> Any:
     """The scheme applied to the program's module (the graph unlifted from the ExportedProgram)."""
     # here, not at the top: it imports torch (seconds), which a cache hit never needs
-    from orchestrator.lowering.quantize import quantize
+    from orchestrator.lowering.quantize.quantized import quantize
 
     with timer.stage(f"{variant}: quantize"):
         try:

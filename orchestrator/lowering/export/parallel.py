@@ -76,7 +76,7 @@ class VariantTask:
     calibration: str | None
     peak_bytes: int  # what this variant is expected to need, for the memory check
     expected_seconds: float  # for the order: the longest variants start first
-    rewrites: tuple[str, ...] = ()  # the rewrites (rewrites.py) applied to the model, applied again on a reload
+    rewrites: tuple[str, ...] = ()  # the rewrites (rewrites/) applied to the model, applied again on a reload
     generation: dict[str, Any] | None = None  # text-generation: the sidecar's `generation` record
 
     @property

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import strictjson
-from orchestrator.lowering.user_programs import UserProgramError
+from orchestrator.lowering.export.user_programs import UserProgramError
 
 MODEL = "model"  # the program torch.export.load returns; other programs in the archive are left out
 MAX_UNPACKED_FACTOR = 16  # a .pt2 unpacks to at most this many times its size (torch's writer stores, not deflates)

@@ -1,4 +1,4 @@
-"""Rewrites of single layers (rewrites.py names them and decides when they apply): each `has_*` finds layers XNNPACK
+"""Rewrites of single layers (registry.py names them and decides when they apply): each `has_*` finds layers XNNPACK
 leaves to portable kernels, each rewrite replaces them, in place, by layers computing the same function from
 operators XNNPACK takes.
 

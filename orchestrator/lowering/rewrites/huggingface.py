@@ -1,8 +1,9 @@
-"""The rewrites of HuggingFace models (rewrites.py names them and decides when they apply): each `has_*` finds its
+"""The rewrites of HuggingFace models (registry.py names them and decides when they apply): each `has_*` finds its
 pattern in the loaded module, each rewrite returns the module computing the same function.
 
-The loaded module is huggingface_source's `FirstOutput` (the model as exported) around the transformers model
-(`.model`); the head rewrite replaces that wrapper, the others change the model inside it in place.
+The loaded module is the huggingface builder's `FirstOutput` (sources/build/huggingface.py: the model as exported)
+around the transformers model (`.model`); the head rewrite replaces that wrapper, the others change the model inside
+it in place.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def eager_attention(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Modul
 def has_all_positions_head(module: torch.nn.Module) -> bool:
     """The model's head runs on every position (a masked or causal LM exported as it is, `output: all`); a program
     of one position's logits (`PositionLogits`) has its position selected already."""
-    from orchestrator.lowering.huggingface_source import FirstOutput
+    from orchestrator.lowering.sources.build.huggingface import FirstOutput
 
     return isinstance(module, FirstOutput) and hasattr(module.model, "base_model")
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from orchestrator.lowering.quantize import Scheme
+from orchestrator.lowering.quantize.schemes import Scheme
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.spec_errors import spec_failure
 from orchestrator.lowering.weights import RANDOM_SEED

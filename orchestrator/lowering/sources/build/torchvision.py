@@ -25,8 +25,12 @@ import numpy as np
 import torch
 
 from orchestrator.errors import SpecError
-from orchestrator.lowering.image_classifiers import ImageClassifierSource, normalised_image, scalar_parameters
-from orchestrator.lowering.quantize import shaped_like
+from orchestrator.lowering.quantize.calibration import shaped_like
+from orchestrator.lowering.sources.build.image_classifiers import (
+    ImageClassifierSource,
+    normalised_image,
+    scalar_parameters,
+)
 from orchestrator.lowering.sources.torchvision import TORCHVISION_REFUSED, torchvision_pretrained
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.spec_errors import brief

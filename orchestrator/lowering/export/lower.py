@@ -1,6 +1,6 @@
 """`fab lower`: export a spec once, lower it per variant, and write artifacts with sidecars.
 
-Quantized variants (`xnnpack-int8-dynamic`, ...; quantize.py) are lowered from the eager model, the others from
+Quantized variants (`xnnpack-int8-dynamic`, ...; quantize/) are lowered from the eager model, the others from
 the exported program. When several variants are missing they are lowered in parallel (parallel.py), `--jobs` at
 once (default: the usable cores), this process counting as one: spawned workers, one per variant, start on the
 quantized variants as soon as the model is loaded and the reference inputs written, while this process exports,
@@ -16,13 +16,7 @@ decides `auto` without torch): `auto` that falls back to random hits the cache o
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import hashlib
-import importlib.util
-import json
 import os
-import resource
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,34 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
-from orchestrator.errors import SpecError
 from orchestrator.fsutil import atomic_path, read_json, remove_stale_temporaries, sha256_file
-from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record, valid_sidecar
-from orchestrator.lowering.delegation import delegation_report, outside_delegates
-from orchestrator.lowering.export_errors import EXPORT, TO_EDGE, TO_EXECUTORCH, lowering_stage
+from orchestrator.lowering.artifacts import ArtifactPaths, file_record
+from orchestrator.lowering.export.cache import cache_key, cached_sidecar
+from orchestrator.lowering.export.export_errors import EXPORT, lowering_stage
+from orchestrator.lowering.export.parallel import ParallelLowering, VariantTask, with_program
+from orchestrator.lowering.export.program import export_module, lower_program, reset_peak_rss
+from orchestrator.lowering.export.quantized import check_llm_recipes, quantized_program
 from orchestrator.lowering.outputs import eager_outputs, output_records
-from orchestrator.lowering.parallel import ParallelLowering, VariantTask, with_program
-from orchestrator.lowering.quantize import (
-    LLM_SCHEMES,
-    calibration_from_file,
-    calibration_samples,
-    generated_calibration,
-    node_report,
-    quantize,
-    shaped_like,
-)
-from orchestrator.lowering.rewrites import NO_REWRITES, RewriteRequest, apply_rewrites
-from orchestrator.lowering.sidecar import Sidecar, write_sidecar
-from orchestrator.lowering.spec import SOURCES, ModelSpec
+from orchestrator.lowering.quantize.calibration import calibration_from_file, calibration_samples
+from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest, apply_rewrites
+from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
-from orchestrator.programs.memory import read_program_memory
-from orchestrator.versions import toolchain_versions
 
-# Every module of this package decides what lowering produces (a rewrite in a new module too): editing any
-# invalidates the cache. Hashed by relative path, so a moved module is another revision.
-LOWERING_PACKAGE = Path(__file__).resolve().parent
-_CALIBRATION_IMAGES = 8  # generated calibration samples of an image model (int8-static)
 # Peak RSS of a lowering worker per parameter, when no earlier lowering of the variant measured it: from the
 # full-size measurements (DistilBERT 67M parameters: 1.8 GB fp32 XNNPACK, 1.3 GB int8, 1.1 GB 8da4w), rounded up.
 _BYTES_PER_PARAMETER = 28
@@ -85,62 +66,6 @@ class LoweringResult:
         return all(result.cached for result in self.variants.values())
 
 
-def code_files(source: str | None = None) -> list[Path]:
-    """The code that decides what a lowering produces: every .py of the lowering package (recursively, sorted by
-    relative path), then the builder module of model source `source` when it lives outside the package (registered
-    by a test or a plugin; found without importing it: a cache hit imports no torch). Only the spec's own source:
-    another process may not have registered the others."""
-    package = LOWERING_PACKAGE
-    files = sorted(package.rglob("*.py"), key=lambda path: path.relative_to(package).as_posix())
-    if source is not None and source in SOURCES:
-        found = importlib.util.find_spec(SOURCES[source].builder.partition(":")[0])
-        if found is not None and found.origin:
-            files.append(Path(found.origin).resolve())
-    return list(dict.fromkeys(files))
-
-
-def _code_revision(source: str | None = None) -> str:
-    digest = hashlib.sha256()
-    for path in code_files(source):
-        name = path.relative_to(LOWERING_PACKAGE).as_posix() if path.is_relative_to(LOWERING_PACKAGE) else str(path)
-        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-def cache_key(
-    spec: ModelSpec,
-    variant: Variant,
-    weights: str,
-    etrecord: bool,
-    calibration: str | None = None,
-    rewrites: RewriteRequest = NO_REWRITES,
-) -> str:
-    """The key a sidecar must carry to be reused; `weights` is the resolved mode, "pretrained" or "random".
-
-    `calibration` (the calibration file's sha256) matters only for a calibrated scheme (int8-static); `rewrites`
-    by the ones it resolves to for this spec (another set of rewrites is another program).
-    """
-    material = {
-        "spec": spec.identity(),
-        "rewrites": list(rewrites.resolve(spec)),
-        "backend": variant.name,
-        "weights": weights,
-        "etrecord": etrecord,
-        "versions": toolchain_versions(),
-        "code": _code_revision(spec.model_source),
-    }
-    if variant.scheme.calibrated:
-        material["calibration"] = calibration or "generated"
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
-
-
-def _cached(artifact_paths: ArtifactPaths, variant: Variant, key: str, weights: str) -> Sidecar | None:
-    sidecar, _ = valid_sidecar(artifact_paths, variant)
-    if sidecar is None or sidecar.cache_key != key or sidecar.weights != weights:
-        return None
-    return sidecar
-
-
 def lower(
     spec: ModelSpec,
     *,
@@ -165,12 +90,12 @@ def lower(
     # `auto` that became pretrained since the last (random) lowering gets a new key, so it is redone.
     choice = resolve_weights(spec, weights)
     variants = tuple(dict.fromkeys(variants))
-    _check_llm_recipes(spec, variants)
+    check_llm_recipes(spec, variants)
     keys = {variant: cache_key(spec, variant, choice.mode, etrecord, calibration_sha, rewrites) for variant in variants}
 
     missing = []
     for variant in variants:
-        sidecar = None if force else _cached(artifact_paths, variant, keys[variant], choice.mode)
+        sidecar = None if force else cached_sidecar(artifact_paths, variant, keys[variant], choice.mode)
         if sidecar is None:
             missing.append(variant)
         else:
@@ -242,7 +167,7 @@ def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | No
     """The spec's config built and checked (no weights), and the calibration file read against the model's inputs
     (token ids: against its vocabulary). Returns the kind of the model's inputs (`_GENERATED_CALIBRATION`)."""
     # here, not at the top: it imports torch (seconds), which a cache hit never needs
-    from orchestrator.lowering.models import OWN, TOKENS, builder, check_spec
+    from orchestrator.lowering.sources.build.models import OWN, TOKENS, builder, check_spec
 
     if spec.trust_remote_code:
         console.loud_warning(
@@ -264,7 +189,8 @@ def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | No
     return kind
 
 
-# What int8-static is calibrated on without a calibration file, per kind of input (models.py; as the warning says).
+# What int8-static is calibrated on without a calibration file, per kind of input (sources/build/models.py; as the
+# warning says).
 _GENERATED_CALIBRATION = {
     "tokens": "generated token ids (not real text)",
     "images": "generated images, random and normalised as the model's preprocessing does (not real photos)",
@@ -373,13 +299,13 @@ def _load(
         import torch
 
         # here, not at the top: it imports torch (seconds), which a cache hit never needs; numpy with tensorfile
-        from orchestrator.lowering.models import example_inputs, load_model
+        from orchestrator.lowering.sources.build.models import example_inputs, load_model
         from orchestrator.tensorfile import NamedTensor, describe, write_tensors
 
         loaded = load_model(spec, weights)
         module, applied = apply_rewrites(loaded.module, spec, rewrites)
         if spec.generates:  # the board gets the prompt; the reference is eager greedy generation from it
-            from orchestrator.lowering import generation
+            from orchestrator.lowering.export import generation
 
             made = generation.reference(module, spec)
             inputs, board_inputs, outputs, generation_record = made.inputs, made.board_inputs, made.outputs, made.record
@@ -417,60 +343,13 @@ def _load(
     )
 
 
-def export_module(module: Any, example_args: tuple, *, model: str) -> Any:
-    """`module` exported with `example_args` as etlab exports every model (strict=False, the inputs' fixed shapes).
-
-    The entry point for anything that brings a module: a spec's source, a user's factory. A model that cannot be
-    exported is an ExportError (exit 65) naming `model`, the line of its code torch stopped at, and a hint.
-    """
-    import torch
-
-    with lowering_stage(EXPORT, model):
-        return torch.export.export(module, example_args, strict=False)
-
-
-def lower_exported(
-    exported: Any,
-    variant: Variant,
-    *,
-    model: str,
-    etrecord: bool = False,
-    timer: console.StageTimer | None = None,
-    quiet: bool = False,
-    fuse_quantized: bool = False,
-) -> Any:
-    """An exported program lowered to `variant`'s backend: the ExecuTorch program manager, not yet written.
-
-    `fuse_quantized`: torchao's dequantize + embedding patterns become ExecuTorch's quantized operators (and
-    constants are folded), as ExecuTorch's LLM export does; only for programs that need it (quantized embeddings).
-
-    A failure is an ExportError naming `model`, the stage (to_edge, to_executorch) and the operator at fault.
-    """
-    from executorch.exir import to_edge, to_edge_transform_and_lower
-
-    timer = timer or console.StageTimer(prefix=f"{model}: ")
-    with timer.stage(f"{variant}: to_edge/partition", quiet=quiet), lowering_stage(TO_EDGE, model, exported):
-        if variant.backend == "xnnpack":
-            from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-            edge = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()], generate_etrecord=etrecord)
-        else:
-            edge = to_edge(exported, generate_etrecord=etrecord)
-    with timer.stage(f"{variant}: to_executorch", quiet=quiet), lowering_stage(TO_EXECUTORCH, model, exported):
-        if fuse_quantized:
-            from executorch.exir import ExecutorchBackendConfig
-
-            return edge.to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True))
-        return edge.to_executorch()
-
-
 def _export(shared: _Exported, artifact_paths: ArtifactPaths, timer: console.StageTimer) -> dict[str, Any]:
     """Export the loaded model into `shared.program` and save the .pt2; returns the .pt2's file record."""
     import torch
 
     with timer.stage("export"):
         if shared.context is not None:
-            from orchestrator.lowering import generation
+            from orchestrator.lowering.export import generation
 
             with lowering_stage(EXPORT, artifact_paths.name):
                 shared.program = generation.export(shared.module, shared.example_args, shared.context)
@@ -493,20 +372,20 @@ def _lower_variant(task: VariantTask, shared: _Exported | None = None, *, thread
         console.quiet_third_party()  # a spawned worker starts with default warning filters
     if shared is None or threads is not None:
         _share_cores(task, threads)
-    _reset_peak_rss()
+    reset_peak_rss()
     artifact_paths = ArtifactPaths.for_model(task.spec.name, task.root)
     timer = console.StageTimer(prefix=f"{task.spec.name}: ")
     quantization = None
     with timer.stage(f"{task.variant}: prepare", quiet=shared is None):
         if not task.needs_program:
-            program, quantization = _quantized_program(task, artifact_paths, shared)
+            program, quantization = quantized_program(task, artifact_paths, shared.module if shared else None)
         elif shared is not None and shared.program is not None:
             program = shared.program
         else:
             import torch
 
             program = torch.export.load(str(artifact_paths.exported_program))
-    return _lower_program(program, task, artifact_paths, timer, quantization, started, quiet=shared is None)
+    return lower_program(program, task, artifact_paths, timer, quantization, started, quiet=shared is None)
 
 
 def _share_cores(task: VariantTask, threads: int | None) -> None:
@@ -519,170 +398,3 @@ def _share_cores(task: VariantTask, threads: int | None) -> None:
 
     default = threads or torch.get_num_threads()
     torch.set_num_threads(default if task.variant.scheme.calibrated else 1)
-
-
-def _reset_peak_rss() -> None:
-    """Start the process's VmHWM afresh (Linux), so a variant lowered in-process reports its own peak."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-
-
-def _peak_rss_bytes() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _seq_len(inputs: Sequence[dict[str, Any]]) -> int | None:
-    """The token ids' length where the program takes them: an image's or an audio model's inputs have none."""
-    return next((int(item["shape"][-1]) for item in inputs if item["name"] == "input_ids" and item["shape"]), None)
-
-
-def _quantized_program(
-    task: VariantTask, artifact_paths: ArtifactPaths, shared: _Exported | None
-) -> tuple[Any, dict[str, Any]]:
-    import torch
-
-    # here, not at the top: it imports torch (seconds), which a cache hit never needs; numpy with tensorfile
-    from orchestrator.lowering.models import TOKENS, builder, load_model, vocab_size_of
-    from orchestrator.tensorfile import read_tensors
-
-    if shared is not None and shared.module is not None:
-        module = shared.module
-    else:
-        module = load_model(task.spec, task.weights).module
-        module, _ = apply_rewrites(module, task.spec, RewriteRequest(names=task.rewrites))
-    scheme = task.variant.scheme
-    reference = read_tensors(artifact_paths.reference_inputs)
-    example_args = tuple(torch.from_numpy(t.array) for t in reference)
-    if task.spec.generates:  # the board's file holds the prompt; the program takes its positions too
-        example_args = (*example_args, torch.arange(example_args[0].shape[1]))
-    source_builder = builder(task.spec.model_source)
-    kind = source_builder.input_kind(task.spec, [t.name for t in reference])
-    calibration, source = None, None
-    if scheme.calibrated and task.calibration and kind != TOKENS:  # checked against the inputs before lowering
-        path = Path(task.calibration)
-        triples = [(t.name, t.dtype, tuple(t.array.shape)) for t in reference]
-        calibration = calibration_samples(path, triples, task.spec.name)
-        source = f"file {path.name} (sha256 {sha256_file(path)[:12]})"
-    elif scheme.calibrated and kind != TOKENS:  # images, audio, a module's own inputs: its source makes them
-        calibration, source = source_builder.calibration(task.spec, module, example_args, kind, _CALIBRATION_IMAGES)
-    elif scheme.calibrated:
-        vocab = vocab_size_of(module)
-        if task.calibration:
-            samples = calibration_from_file(Path(task.calibration), task.spec.seq_len, vocab)
-            calibration = shaped_like(samples, example_args)
-            source = f"file {Path(task.calibration).name} (sha256 {sha256_file(Path(task.calibration))[:12]})"
-        else:
-            calibration = generated_calibration(example_args, vocab)
-            source = "generated: deterministic random token ids (not real text)"
-    apply = None
-    if task.spec.generates:  # as ExecuTorch's LLM recipe: 8-bit embeddings too, exported with the KV cache
-        from orchestrator.lowering import generation
-
-        apply = generation.quantizer(scheme, task.spec.cache_capacity)
-    with lowering_stage(f"{EXPORT} (quantizing to {scheme.name})", task.spec.name):
-        quantized = quantize(
-            module, example_args, scheme, calibration=calibration, calibration_source=source, apply=apply
-        )
-    if task.spec.generates and scheme.llm is not None:  # the recipe that quantized it
-        quantized.report["method"] = scheme.llm.method
-    return quantized.program, quantized.report
-
-
-def _check_llm_recipes(spec: ModelSpec, variants: Sequence[Variant]) -> None:
-    """A text-generation program takes only the schemes that carry an LLM recipe: any other is refused (exit 64),
-    never given another scheme's recipe."""
-    refused = [variant.scheme.name for variant in variants if variant.quantized and variant.scheme.llm is None]
-    if spec.generates and refused:
-        raise SpecError(
-            f"{spec.name}: {', '.join(refused)} has no recipe for a text-generation program (a text-generation "
-            "program takes a prompt, then one token at a time): quantize it with "
-            + " or ".join(scheme.name for scheme in LLM_SCHEMES)
-        )
-
-
-def _lower_program(
-    exported: Any,
-    task: VariantTask,
-    artifact_paths: ArtifactPaths,
-    timer: console.StageTimer,
-    quantization: dict[str, Any] | None,
-    started: float,
-    *,
-    quiet: bool = False,
-) -> Sidecar:
-    spec, variant, etrecord = task.spec, task.variant, task.etrecord
-    # Quantized embeddings become quantized_decomposed::embedding_byte (the runner links those kernels).
-    fuse = spec.generates and variant.quantized
-    program = lower_exported(
-        exported, variant, model=spec.name, etrecord=etrecord, timer=timer, quiet=quiet, fuse_quantized=fuse
-    )
-    delegation = delegation_report(program)
-
-    pte_path = artifact_paths.pte(variant)
-    with timer.stage(f"{variant}: save", quiet=quiet):
-        with atomic_path(pte_path) as tmp, open(tmp, "wb") as handle:
-            program.write_to_file(handle)
-        files = dict(task.files)
-        files["pte"] = file_record(pte_path)
-        if etrecord:
-            etrecord_path = artifact_paths.etrecord(variant)
-            with atomic_path(etrecord_path) as tmp:
-                program.get_etrecord().save(str(tmp))
-            files["etrecord"] = file_record(etrecord_path)
-
-    # From the written .pte, as the runner will see it: planned arenas, constants, live bytes per instruction.
-    memory = read_program_memory(pte_path).to_sidecar()
-    if quantization is not None:
-        quantization = {
-            **quantization,
-            "nodes": node_report(pte_path, variant.scheme, delegation["fallback_histogram"]),
-        }
-        quantization["pte_bytes"] = files["pte"]["size"]
-
-    data = {
-        "schema": SIDECAR_SCHEMA,
-        "model": spec.name,
-        "model_id": spec.model_id,
-        "task": spec.task,
-        "backend": variant.name,
-        "method": "forward",
-        "exported_program": artifact_paths.exported_program.name,
-        "pte": pte_path.name,
-        "pte_size_mb": round(files["pte"]["size"] / 1e6, 3),
-        "seq_len": _seq_len(task.inputs),
-        "weights": task.weights,
-        "weights_note": task.weights_note,
-        "parameters": task.parameters,
-        "sha256": files["pte"]["sha256"],
-        "versions": toolchain_versions(),
-        "inputs": task.inputs,
-        "outputs": task.outputs,
-        "reference_inputs": artifact_paths.reference_inputs.name,
-        "reference_outputs": artifact_paths.reference_outputs.name,
-        "etrecord": artifact_paths.etrecord(variant).name if etrecord else None,
-        "delegation": delegation,
-        "memory": memory,
-        # Real kernels apart from bookkeeping nodes, and constants stored twice: what `fallback_ops` does not say.
-        "outside_delegates": outside_delegates(pte_path, delegation["fallback_histogram"]),
-        "quantization": quantization,
-        "lowering": {"seconds": round(time.perf_counter() - started, 2), "peak_rss_bytes": _peak_rss_bytes()},
-        "spec": spec.to_dict(),
-        "rewrites": list(task.rewrites),
-        "generation": task.generation,
-        "cache_key": task.key,
-        "files": files,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    # Checked before it is written: a sidecar this lowering cannot read back must not become a valid artifact.
-    sidecar = Sidecar.from_dict(data, artifact_paths.sidecar(variant).name)
-    for note in sidecar.quantization.float_notes() if sidecar.quantization else ():
-        console.warn(f"{spec.name}: {variant}: {note}")
-    # The sidecar is the commit point: it is written last.
-    write_sidecar(artifact_paths.sidecar(variant), sidecar)
-    return sidecar

@@ -213,7 +213,7 @@ def import_program(
     references = checked_reference(Path(reference), signature, pte) if reference is not None else None
     # here, not at the top: lower.py brings the whole lowering, which a user's program needs nothing else of;
     # tensorfile imports numpy
-    from orchestrator.lowering.lower import available_memory
+    from orchestrator.lowering.export.lower import available_memory
     from orchestrator.tensorfile import write_tensors
 
     inputs = generated_inputs(signature, pte, available_memory())

@@ -1,0 +1,124 @@
+"""The quantization schemes: `SCHEMES`, the one registry of `--quantize` choices (int8 dynamic, int8 static
+(calibrated), 8da4w and its LLM group), each with its method, its expected XNNPACK datatypes, its relative cost, how
+it quantizes (methods.py), its recipe for a text-generation program and its quantized peers.
+
+The CLI's `--quantize`, the nightly matrix, the lowering, the sidecar's claims, the advisor's peers and the reports
+all derive from it, so adding a scheme is a `Scheme` here (its apply function beside it or in methods.py) and its
+tests. Backend names (`xnnpack-<scheme>`) are built and read back in variants.py. Nothing here imports torch at
+module level: the registry is read without it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.lowering.quantize.methods import (
+    GROUP_SIZE,
+    LLM_GROUP_SIZE,
+    int8_dynamic,
+    int8_static,
+    llm_8da4w,
+    llm_8da8w,
+    quantize_8da4w,
+)
+
+# How a scheme turns a (deep-copied, Conv1D-swapped) eager model into an exported program: (model, example_args,
+# calibration samples, PT2E quantizer override) -> program. What it quantized is read from that program's graph.
+Apply = Callable[[Any, tuple, list[tuple] | None, Any], Any]
+
+
+@dataclass(frozen=True)
+class LlmRecipe:
+    """How a scheme quantizes a text-generation program, as ExecuTorch's LLM recipe does: torchao `quantize_` on the
+    eager HuggingFace model, in place, before generation.py exports it with its KV cache."""
+
+    method: str  # what it does, as the sidecar records it
+    apply: Callable[[Any], None]  # (model) -> None; module-level (or a partial of one): workers unpickle it
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One `--quantize` choice. `none` is fp32: no `apply`, and its programs keep their plain backend names.
+
+    A scheme without `llm` is refused for a text-generation program (exit 64), never given another scheme's recipe.
+    `peers` are the schemes whose runs (same model, same board) measure what quantizing this scheme's program would
+    save, in the advisor's order of preference."""
+
+    name: str
+    method: str  # how it quantizes, as the sidecar records it
+    fully_connected: str  # what its XNNPACK FullyConnected nodes must be (input x weight): the sidecar's check
+    convolution: str  # the same for XNNPACK Convolution nodes
+    relative_cost: float  # lowering seconds relative to fp32 XNNPACK, until a lowering of the variant measured them
+    apply: Apply | None = None
+    calibrated: bool = False  # fitted on calibration samples (`--calibration FILE`, else generated ones)
+    group_size: int | None = None  # grouped int4 weights: the group along the input features
+    llm: LlmRecipe | None = None  # its recipe for a text-generation program; None: refused for one
+    peers: tuple[str, ...] = ()  # names of schemes in SCHEMES
+
+    @property
+    def quantized(self) -> bool:
+        return self.apply is not None
+
+    @property
+    def label(self) -> str:
+        """How reports name it: `fp32` for none."""
+        return self.name if self.quantized else "fp32"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The registry: every scheme, in the order the CLI lists them. Its costs are full-size DistilBERT's lowering
+# seconds (bench/README.md: fp32 XNNPACK 23 s, int8-dynamic 37 s, int8-static 53 s, 8da4w 44 s).
+
+_QUANTIZED_SCHEMES = (
+    Scheme(
+        "int8-dynamic",
+        "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, dynamic int8 activations), "
+        "prepare_pt2e/convert_pt2e",
+        fully_connected="qdint8 x qcint8",
+        convolution="qdint8 x qcint8",  # some Conv2d only: depthwise and 1-D ones stay fp32 (README)
+        relative_cost=1.6,
+        apply=int8_dynamic,
+        llm=LlmRecipe(
+            "torchao quantize_: Int8DynamicActivationIntxWeightConfig(int8 weights, PerAxis(0)) linears (8da8w)",
+            llm_8da8w,
+        ),
+    ),
+    Scheme(
+        "int8-static",
+        "PT2E: XNNPACKQuantizer (symmetric, per-channel int8 weights, static int8 activations), "
+        "prepare_pt2e + calibration + convert_pt2e",
+        fully_connected="qint8 x qcint8",
+        convolution="qint8 x qcint8",
+        relative_cost=2.3,
+        apply=int8_static,
+        calibrated=True,
+    ),
+    *(
+        Scheme(
+            name,
+            f"torchao quantize_: Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({group}))",
+            fully_connected="qdint8 x qbint4",
+            convolution="fp32 x fp32",  # quantize_ here takes linears only
+            relative_cost=1.9,
+            apply=functools.partial(quantize_8da4w, group=group),  # a module-level function: workers unpickle it
+            group_size=group,
+            llm=LlmRecipe(
+                "torchao quantize_ (ExecuTorch's LLM recipe): IntxWeightOnlyConfig(int8, PerAxis(0)) embeddings, "
+                f"then Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({group})) linears",
+                functools.partial(llm_8da4w, group=group),
+            ),
+        )
+        for name, group in (("8da4w", GROUP_SIZE), ("8da4w-g128", LLM_GROUP_SIZE))
+    ),
+)
+# fp32's peers: every quantized scheme, int8-dynamic first (the registry's order).
+FP32 = Scheme(
+    "none", "none (fp32)", fully_connected="fp32 x fp32", convolution="fp32 x fp32", relative_cost=1.0,
+    peers=tuple(scheme.name for scheme in _QUANTIZED_SCHEMES),
+)  # fmt: skip
+SCHEMES: dict[str, Scheme] = {scheme.name: scheme for scheme in (FP32, *_QUANTIZED_SCHEMES)}
+QUANTIZED = tuple(scheme for scheme in SCHEMES.values() if scheme.quantized)
+LLM_SCHEMES = tuple(scheme for scheme in QUANTIZED if scheme.llm is not None)  # those a text-generation program takes

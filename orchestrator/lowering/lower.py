@@ -193,6 +193,9 @@ def lower(
                 result.variants[variant] = LoweredVariant(variant, artifact_paths.pte(variant), sidecar, cached=True)
         if missing:
             _lower_missing(spec, choice, kind, missing, result, etrecord, calibration, calibration_sha, jobs, rewrites)
+        else:
+            names = ", ".join(variant.name for variant in variants)
+            console.info(f"[green]✓[/] {spec.name}: using cached artifacts for {names} (another process lowered them)")
     result.variants = {variant: result.variants[variant] for variant in variants}
     return result
 

@@ -7,6 +7,7 @@ same folder, fsynced, and renamed into place, so an interrupted write never leav
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -19,6 +20,16 @@ from orchestrator import strictjson
 
 CHUNK = 1 << 20
 TMP_PREFIX = ".etlab-tmp-"
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_file: Path) -> Iterator[None]:
+    """`lock_file` (created if missing) held with an exclusive flock for the block: other processes wait. The
+    kernel drops it with its process, so a killed holder never leaves it locked."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 @contextlib.contextmanager

@@ -351,10 +351,16 @@ class NetnsBoard(SshdBoard):
 
 
 class SshdLab:
-    """A set of fake boards sharing one client key and one known_hosts file."""
+    """A set of fake boards sharing one client key and one known_hosts file.
 
-    def __init__(self, root: Path) -> None:
+    `network` picks the boards' loopback range, 127.<network>.x.y: labs that run at once (the test workers of
+    pytest-xdist) take different ones, so a board restarted on its address and port never meets another lab's."""
+
+    def __init__(self, root: Path, network: int = 0) -> None:
         require_sshd()
+        if not 0 <= network <= 255:
+            raise ValueError(f"network {network} is not an octet")
+        self.network = network
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.client_key = self.root / "client_ed25519"
@@ -369,7 +375,7 @@ class SshdLab:
         # Every board gets its own address, so a host key pinned for one never meets another.
         index = self._count
         self._count += 1
-        return f"127.0.{index // 250}.{2 + index % 250}"
+        return f"127.{self.network}.{index // 250}.{2 + index % 250}"
 
     def allocate(self, name: str | None, *, prefix: str = "board") -> tuple[str, str, Path]:
         """A new board's name (given or numbered), loopback address and folder."""

@@ -252,6 +252,36 @@ def test_an_internal_error_is_logged_for_the_suite(tmp_path: Path, monkeypatch: 
     assert entry["task"] == "buggy_task" and "TypeError: a bug" in entry["detail"]
 
 
+INNER_SUITE = """
+import json, os
+
+def test_a_fab_that_exited_70():  # what handle_errors appends for one
+    with open(os.environ["ETLAB_INTERNAL_ERROR_LOG"], "a") as log:
+        log.write(json.dumps({"task": "buggy_task", "argv": ["fab", "buggy"], "detail": "TypeError: a bug"}) + "\\n")
+
+def test_something_else():
+    pass
+"""
+
+
+def test_an_exit_70_on_a_parallel_worker_fails_the_session(tmp_path: Path) -> None:
+    """The suite runs on pytest-xdist workers: an exit 70 logged on any of them fails the whole run, as it does
+    without workers (tests/plugins/internal_errors.py)."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_inner.py").write_text(INNER_SUITE)
+    outer = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "ETLAB_INTERNAL_ERROR_LOG", "PYTEST_ADDOPTS")
+    env = {key: value for key, value in os.environ.items() if key not in outer}  # this session's, not the inner one's
+    env["PYTHONPATH"] = str(PROJECT_ROOT)
+    for workers in ("2", "0"):
+        inner = subprocess.run(
+            [sys.executable, "-m", "pytest", "-n", workers, "-p", "tests.plugins.internal_errors",
+             "-p", "no:cacheprovider", "-p", "no:labgrid", "test_inner.py"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert inner.returncode == pytest.ExitCode.TESTS_FAILED, (workers, inner.stdout, inner.stderr)
+        assert "fab exited 70 (internal error) 1 time(s)" in inner.stdout and "buggy_task: fab buggy" in inner.stdout
+
+
 def test_the_interleave_minimum_is_the_sign_tests() -> None:
     """One minimum: `--interleave` refuses below abtest.MIN_ROUNDS, accepts it, and its help says so."""
     import tasks

@@ -185,6 +185,21 @@ def test_cache_hit_then_force(tiny_artifacts: dict[str, LoweringResult], tmp_pat
     assert load_artifact("gpt2-tiny", VARIANTS["xnnpack"], root).sha256 == sha256_file(pte)
 
 
+def test_two_lowerings_of_one_model_at_once_lower_it_once(tmp_path: Path) -> None:
+    """A second `fab lower` (or a parallel test worker) lowering the same model into the same folder waits for the
+    first and then finds its artifacts cached, instead of deleting the first one's temporaries and sidecars."""
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(tmp_path / "artifacts")}
+    argv = [*FAB, "lower", "--model", "gpt2-tiny", "--weights", "random", "--backend", "portable"]
+    start = lambda: subprocess.Popen(argv, cwd=PROJECT_ROOT, env=env, stderr=subprocess.PIPE, text=True)  # noqa: E731
+    with reaped(start()) as first, reaped(start()) as second:
+        both = (first, second)
+        outputs = [process.communicate(timeout=600)[1] for process in both]
+    assert [process.returncode for process in both] == [0, 0], outputs
+    assert sum("using cached artifacts" in output for output in outputs) == 1, outputs
+    pte = ArtifactPaths.for_model("gpt2-tiny", tmp_path / "artifacts").pte(VARIANTS["portable"])
+    assert load_artifact("gpt2-tiny", VARIANTS["portable"], tmp_path / "artifacts").sha256 == sha256_file(pte)
+
+
 def test_cache_key_covers_everything_that_matters() -> None:
     spec = BUILTIN_SPECS["gpt2-tiny"]
     base = cache.cache_key(spec, VARIANTS["xnnpack"], "random", False)

@@ -3,6 +3,9 @@
 Every `fab` the tests start inherits ETLAB_INTERNAL_ERROR_LOG; `commands.common.handle_errors` appends one line
 there for each exit 70. A session that collected any fails, and the report names the task, its arguments and the
 traceback, whichever test started it.
+
+Under pytest-xdist the controller creates the log before it starts the workers, which inherit it: every worker's
+`fab`s append to the one file, and the controller, which alone decides the run's exit status, reads it at the end.
 """
 
 from __future__ import annotations
@@ -14,8 +17,12 @@ from pathlib import Path
 
 import pytest
 
-_LOG = Path(tempfile.mkdtemp(prefix="etlab-internal-errors-")) / "exit70.jsonl"
-os.environ["ETLAB_INTERNAL_ERROR_LOG"] = str(_LOG)  # set at import, before any test starts a process
+_WORKER = "PYTEST_XDIST_WORKER" in os.environ  # an xdist worker: the controller made the log and judges it
+if _WORKER and os.environ.get("ETLAB_INTERNAL_ERROR_LOG"):
+    _LOG = Path(os.environ["ETLAB_INTERNAL_ERROR_LOG"])
+else:
+    _LOG = Path(tempfile.mkdtemp(prefix="etlab-internal-errors-")) / "exit70.jsonl"
+    os.environ["ETLAB_INTERNAL_ERROR_LOG"] = str(_LOG)  # set at import, before any test or worker starts
 
 
 def internal_errors() -> list[dict[str, object]]:
@@ -25,7 +32,7 @@ def internal_errors() -> list[dict[str, object]]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    found = internal_errors()
+    found = [] if _WORKER else internal_errors()
     if not found:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

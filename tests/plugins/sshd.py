@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,9 +21,15 @@ from orchestrator.testing.sshd import (  # noqa: F401 - re-exported for the test
 )
 
 
+def worker_network() -> int:
+    """The loopback range of this test process's boards: 127.0.x.y alone, 127.<1+n>.x.y on xdist worker gw<n>."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return 1 + int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+
+
 @pytest.fixture(scope="session")
 def sshd_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshdLab]:
-    lab = SshdLab(tmp_path_factory.mktemp("sshd-lab"))
+    lab = SshdLab(tmp_path_factory.mktemp("sshd-lab"), network=worker_network())
     yield lab
     lab.close()
 

@@ -210,8 +210,10 @@ def test_analyze_bundle_writes_summary_ops_and_overlays(bundle_copy: BundleCopy,
 
     assert data["correctness"]["checked"] and data["correctness"]["ok"]
     assert data["correctness"]["top1_agreement"] == 1.0
-    # A shared CI machine may make tiny runs jittery; nothing else may be wrong with these bundles.
-    assert all(r["reason"].startswith("unstable timings") for r in data["validity"]["reasons"]), data["validity"]
+    # A shared CI machine (another test worker lowering beside it) may make tiny runs jittery, and stretch the Python
+    # wall clock's output copies past ETDump's method time (its ratio bounded above); nothing else may be wrong.
+    load_effects = ("unstable timings", "ETDump's method time is ")
+    assert all(r["reason"].startswith(load_effects) for r in data["validity"]["reasons"]), data["validity"]
     assert data["validity"]["status"] == ("degraded" if data["validity"]["reasons"] else "valid")
     assert data["model"]["sha256"] == case.model.sidecar.sha256
     assert data["labels"]["backend"] == case.model.backend

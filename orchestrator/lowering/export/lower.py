@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
-from orchestrator.fsutil import atomic_path, read_json, remove_stale_temporaries, sha256_file
+from orchestrator.fsutil import atomic_path, exclusive_lock, read_json, remove_stale_temporaries, sha256_file
 from orchestrator.lowering.artifacts import ArtifactPaths, file_record
 from orchestrator.lowering.export.cache import cache_key, cached_sidecar
 from orchestrator.lowering.export.export_errors import EXPORT, lowering_stage
@@ -107,6 +107,38 @@ def lower(
     # Everything a spec or calibration file can get wrong is refused now (exit 64): before the model loads, a
     # worker starts or a cached sidecar is invalidated.
     kind = _check_inputs(spec, choice, calibration)
+    # Another process lowering this model into the same folder (a second `fab lower`, a parallel test worker) would
+    # delete this one's temporaries and invalidate its sidecars: one at a time, and what the other one lowered
+    # meanwhile is a cache hit.
+    with exclusive_lock(artifact_paths.folder.parent / f".{artifact_paths.folder.name}.lowering.lock"):
+        for variant in [] if force else list(missing):
+            sidecar = cached_sidecar(artifact_paths, variant, keys[variant], choice.mode)
+            if sidecar is not None:
+                missing.remove(variant)
+                result.variants[variant] = LoweredVariant(variant, artifact_paths.pte(variant), sidecar, cached=True)
+        if missing:
+            _lower_missing(spec, choice, kind, missing, result, etrecord, calibration, calibration_sha, jobs, rewrites)
+        else:
+            names = ", ".join(variant.name for variant in variants)
+            console.info(f"[green]✓[/] {spec.name}: using cached artifacts for {names} (another process lowered them)")
+    result.variants = {variant: result.variants[variant] for variant in variants}
+    return result
+
+
+def _lower_missing(
+    spec: ModelSpec,
+    choice: WeightsChoice,
+    kind: str,
+    missing: list[Variant],
+    result: LoweringResult,
+    etrecord: bool,
+    calibration: Path | None,
+    calibration_sha: str | None,
+    jobs: int | None,
+    rewrites: RewriteRequest,
+) -> None:
+    """Lower the variants `missing` from the cache into `result`, under the model folder's lock."""
+    artifact_paths = result.paths
     calibrated = [variant.scheme.name for variant in missing if variant.scheme.calibrated]
     if calibrated and calibration is None:
         console.loud_warning(
@@ -159,8 +191,6 @@ def lower(
     for variant, sidecar in done.items():
         result.variants[variant] = LoweredVariant(variant, artifact_paths.pte(variant), sidecar, cached=False)
     result.stage_seconds = dict(timer.durations)
-    result.variants = {variant: result.variants[variant] for variant in variants}
-    return result
 
 
 def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | None) -> str:

@@ -133,6 +133,16 @@ def _config(spec: ModelSpec) -> Any:
 # The inputs: the family's, with defaults per kind; declared ones checked against the config
 
 
+def _token_positions(config: Any) -> int | None:
+    """How many token positions the model embeds: its max_position_embeddings, or an encoder-decoder's decoder's
+    (Whisper: max_target_positions), which reads the token ids."""
+    for attribute in ("max_position_embeddings", "max_target_positions"):
+        value = getattr(config, attribute, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
 def model_inputs(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> tuple[InputSpec, ...]:
     """The inputs the program takes, in order: the spec's declared ones, or the defaults of the head's input kind."""
     cls, encoder_only = head
@@ -247,7 +257,7 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
         heads_field = _field_of(config, "num_attention_heads", given, origin)
         problems.append((_field_of(config, "hidden_size", given, heads_field), divisible))
     inputs = model_inputs(spec, config, head)
-    positions = getattr(config, "max_position_embeddings", None)
+    positions = _token_positions(config)
     if isinstance(positions, int) and inputs[0].name == "input_ids" and spec.seq_len > positions:
         problems.append(("seq_len", f"{spec.seq_len} is beyond the model's {positions} position embeddings"))
     if spec.generates and isinstance(positions, int) and spec.cache_capacity > positions:

@@ -23,13 +23,17 @@ TMP_PREFIX = ".etlab-tmp-"
 
 
 @contextlib.contextmanager
-def exclusive_lock(lock_file: Path) -> Iterator[None]:
-    """`lock_file` (created if missing) held with an exclusive flock for the block: other processes wait. The
-    kernel drops it with its process, so a killed holder never leaves it locked."""
+def file_lock(lock_file: Path, *, shared: bool = False) -> Iterator[None]:
+    """`lock_file` (created if missing) held with a flock for the block, exclusive unless `shared`: other processes
+    wait. Per open file, so threads exclude each other too; the kernel drops it with its process, so a killed holder
+    never leaves it locked."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_file, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
+        fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

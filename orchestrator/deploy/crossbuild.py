@@ -22,11 +22,10 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from orchestrator import paths
 from orchestrator.errors import BoardError
-from orchestrator.fsutil import atomic_write_json, read_json, sha256_and_size, sha256_file
+from orchestrator.fsutil import atomic_write_json, file_lock, read_json, sha256_and_size, sha256_file
 
 # Board architecture (uname -m) -> GNU triplet of Debian's cross toolchain.
 TRIPLETS = {"aarch64": "aarch64-linux-gnu", "x86_64": "x86_64-linux-gnu", "armv7l": "arm-linux-gnueabihf"}
@@ -134,18 +133,6 @@ def _complete(folder: Path, binary: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _flock(path: Path, mode: int) -> Iterator[IO[str]]:
-    """`path` locked with fcntl.flock (`mode`: LOCK_SH or LOCK_EX); per open file, so threads exclude each other."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, mode)
-        try:
-            yield handle
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
 def cross_built_runner(
     compiler: CrossCompiler, wheel: Path, runner_source: Path, source_sha256: str, executorch_version: str
 ) -> Iterator[Path]:
@@ -159,11 +146,11 @@ def cross_built_runner(
     binary = folder / "runner" / executorch_version / RUNNER_NAME
     lock = root / f"{key}.lock"
     for _ in range(3):
-        with _flock(lock, fcntl.LOCK_SH):
+        with file_lock(lock, shared=True):
             if _complete(folder, binary):
                 yield binary
                 return
-        with _flock(lock, fcntl.LOCK_EX):
+        with file_lock(lock):
             if not _complete(folder, binary):
                 _build(compiler, wheel, runner_source, folder, binary, executorch_version)
                 _remove_stale(root, key)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
-from orchestrator.fsutil import atomic_path, exclusive_lock, read_json, remove_stale_temporaries, sha256_file
+from orchestrator.fsutil import atomic_path, file_lock, read_json, remove_stale_temporaries, sha256_file
 from orchestrator.lowering.artifacts import ArtifactPaths, file_record
 from orchestrator.lowering.export.cache import cache_key, cached_sidecar
 from orchestrator.lowering.export.export_errors import EXPORT, lowering_stage
@@ -110,7 +110,7 @@ def lower(
     # Another process lowering this model into the same folder (a second `fab lower`, a parallel test worker) would
     # delete this one's temporaries and invalidate its sidecars: one at a time, and what the other one lowered
     # meanwhile is a cache hit.
-    with exclusive_lock(artifact_paths.folder.parent / f".{artifact_paths.folder.name}.lowering.lock"):
+    with file_lock(artifact_paths.folder.parent / f".{artifact_paths.folder.name}.lowering.lock"):
         for variant in [] if force else list(missing):
             sidecar = cached_sidecar(artifact_paths, variant, keys[variant], choice.mode)
             if sidecar is not None:

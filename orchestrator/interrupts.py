@@ -145,19 +145,13 @@ def no_lost_interrupts() -> Iterator[None]:
                 timer.cancel()
 
 
-@contextlib.contextmanager
-def quiet_signals() -> Iterator[None]:
-    """While etlab stops for an interrupt: a further Ctrl+C or SIGTERM is ignored, so that stopping the boards
-    (bounded by their grace periods) and the one line saying so are not cut short by a traceback."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {number: signal.signal(number, _ignore) for number in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+def stay_quiet() -> None:
+    """The process is ending on an interrupt (exit 130): a further SIGINT or SIGTERM, or one `no_lost_interrupts`
+    delivers again late, is ignored until it is gone. Restored handlers would let one land while the exit unwinds,
+    and Python then ends by the signal itself (status -2, no exit code) instead of 130."""
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, _ignore)
 
 
 def _ignore(signum: int, frame: Any) -> None:

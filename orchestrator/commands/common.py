@@ -39,16 +39,17 @@ def _interrupted() -> NoReturn:
     said = False
     while True:
         try:
-            with interrupts.quiet_signals():
-                interrupts.interrupt()  # whatever is still running on a board for us stops too
-                if not said:
-                    said = True
-                    console.error("interrupted")
+            # From here until the process ends, a further Ctrl+C or SIGTERM (a second one, or one that
+            # no_lost_interrupts delivers again late) is ignored: exit 130 in one line, never a traceback, never
+            # the signal's own status (-2) because one landed while the exit unwound.
+            interrupts.stay_quiet()
+            interrupts.interrupt()  # whatever is still running on a board for us stops too
+            if not said:
+                said = True
+                console.error("interrupted")
             break
         except KeyboardInterrupt:
-            # One more came before the signals were quieted, or as they were restored (a second Ctrl+C, or one
-            # that no_lost_interrupts delivered again): still exit 130 in one line, never with a traceback.
-            continue
+            continue  # one came before the signals were quieted
     raise Exit(code=ExitCode.INTERRUPTED) from None
 
 

@@ -255,3 +255,31 @@ def test_ctrl_c_during_a_parallel_lowering_prints_one_line_and_no_traceback(tmp_
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
     assert "interrupted" in stderr, output
     wait_for(lambda: all(process_gone(pid) for pid in workers), timeout=10, what="the workers to be gone")
+
+
+LATE_SIGNAL = """
+import os, signal, sys
+from invoke.exceptions import Exit
+from orchestrator.commands.common import handle_errors
+
+@handle_errors
+def task() -> int:
+    raise KeyboardInterrupt  # Ctrl+C in the middle of the task
+
+try:
+    task()
+except Exit as stopped:
+    os.kill(os.getpid(), signal.SIGINT)  # one more while the exit unwinds (a second Ctrl+C, a late re-delivery)
+    os.kill(os.getpid(), signal.SIGTERM)
+    sys.exit(stopped.code)
+"""
+
+
+def test_signals_after_the_interrupted_line_still_end_in_130() -> None:
+    """Measured once under load: a lowering interrupted by Ctrl+C said "interrupted", then ended by SIGINT itself
+    (status -2, no exit code) because a late interrupt landed after the signal handlers were restored."""
+    done = subprocess.run(
+        [sys.executable, "-c", LATE_SIGNAL], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == ExitCode.INTERRUPTED, (done.returncode, done.stderr)
+    assert done.stderr.count("interrupted") == 1 and "Traceback" not in done.stderr, done.stderr

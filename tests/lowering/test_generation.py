@@ -120,12 +120,13 @@ def test_the_program_generates_what_eager_greedy_generation_does(
 def test_quantized_language_models_follow_the_llm_recipe_and_still_generate(
     runner_binary: Path, tmp_path: Path
 ) -> None:
-    """8da4w (groups of 32 and 128) with 8-bit embeddings, and int8-dynamic: every linear and the embedding quantized
+    """8da4w (groups of 128; 8da4w's groups of 32 run the same recipe, llm_8da4w, with another group, and cost
+    this test a third of its time) with 8-bit embeddings, and int8-dynamic: every linear and the embedding quantized
     where the group divides the features, the sidecar naming what stayed float, and the program still runs the
     generate loop (its ids are compared with eager by the analysis, not here: 4-bit weights change them)."""
     path = write(tmp_path, generation_spec(config={**LLAMA_TINY, "hidden_size": 128, "intermediate_size": 256}))
     spec = load_spec_file(path)
-    schemes = ["8da4w", "8da4w-g128", "int8-dynamic"]
+    schemes = ["8da4w-g128", "int8-dynamic"]
     result = lowerer.lower(spec, variants=[Variant.parse(f"xnnpack-{s}") for s in schemes], weights="random",
                            root=tmp_path / "artifacts", jobs=1)  # fmt: skip
     for scheme in schemes:

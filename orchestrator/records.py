@@ -47,7 +47,16 @@ class RecordError(EtlabError, ValueError):
 
 def to_data(record: Any) -> Any:
     """A record (or a list or mapping of them) as JSON-ready builtins: dicts, lists, str, int, float, bool, None."""
-    return msgspec.to_builtins(record)
+    return _lists(msgspec.to_builtins(record))
+
+
+def _lists(data: Any) -> Any:
+    """msgspec keeps a tuple field a tuple: as a list, the data equals the same document read back from JSON."""
+    if isinstance(data, dict):
+        return {key: _lists(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [_lists(item) for item in data]
+    return data
 
 
 def from_data(data: Any, kind: type[RecordT], *, where: str, field: str = "") -> RecordT:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.records import write_document
 from orchestrator.results.compare import compare_runs
 from orchestrator.results.documents import load_summary
 from orchestrator.results.verdicts import Kind
@@ -45,7 +46,7 @@ def test_two_generation_runs_compare_their_generation_figures(generation_nights:
         assert (rows[figure]["a"], rows[figure]["b"]) == (value_a, value_b)
         assert rows[figure]["ratio"] == pytest.approx(value_b / value_a)
     assert "one decode step" in comparison.per_operator_scope
-    document = comparison.to_dict()
+    document = write_document(comparison.document())
     assert document["generation"] == comparison.generation and "decode step" in document["per_operator"]
     # The verdict is untouched: one program on both sides is drift at most, or inconclusive on a degraded side.
     assert comparison.sha_a == comparison.sha_b

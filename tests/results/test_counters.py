@@ -24,6 +24,7 @@ from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.programs.plan import read_program_plan
+from orchestrator.records import from_data, to_data
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.bundle import BOARD_FILES
 from orchestrator.results.etdump import read_etdump
@@ -431,7 +432,7 @@ def test_compare_reports_memory_deltas() -> None:
     assert rows["peak_rss_bytes.load"]["delta"] == -5
     assert "constants_bytes" not in rows  # unknown on both sides
     assert memory_deltas(a, None) == []
-    assert Memory.from_dict(b.to_dict()) == b  # summary.json keeps the layout it reads back
+    assert from_data(to_data(b), Memory, where="summary.json") == b  # summary.json keeps the layout it reads back
 
 
 def test_live_bytes_overlay_needs_no_board(tiny_artifacts: dict, tmp_path: Path) -> None:

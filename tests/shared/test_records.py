@@ -77,3 +77,10 @@ def test_a_record_inside_a_file_is_named_by_its_path_there() -> None:
         from_data([{"level": "x", "reason": "r"}], list[Reason], where="s.json", field="validity.reasons")
     assert caught.value.field == "validity.reasons[0].level"
     assert to_data([Reason("invalid", "r")]) == [{"level": "invalid", "reason": "r"}]
+
+
+def test_a_tuple_field_is_written_as_a_list_equal_to_the_json_read_back() -> None:
+    data = to_data({"v": Verdict("degraded", (Reason("degraded", "few runs"),))})
+    assert data == {"v": {"status": "degraded", "reasons": [{"level": "degraded", "reason": "few runs"}], "runs": None,
+                          "agreement": None}}  # fmt: skip
+    assert isinstance(data["v"]["reasons"], list)

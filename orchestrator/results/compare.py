@@ -79,8 +79,8 @@ class RunSide:
 class ComparisonReport(Document):
     """analysis/compare_vs_<run A>.json in run B's folder: what `compare` found (written with write_document)."""
 
-    memory: list[dict[str, Any]]
-    generation: list[dict[str, Any]]
+    memory: tuple[MemoryDelta, ...]
+    generation: tuple[GenerationRatio, ...]
     per_operator: str
     run_a: RunSide
     run_b: RunSide
@@ -111,8 +111,8 @@ class Comparison:
     sha_a: str | None = None
     sha_b: str | None = None
     retest: dict[str, Any] | None = None
-    memory: list[dict[str, Any]] = field(default_factory=list)  # memory_deltas(): one row per figure
-    generation: list[dict[str, Any]] = field(default_factory=list)  # generation_ratios(): language models only
+    memory: list[MemoryDelta] = field(default_factory=list)  # memory_deltas(): one row per figure
+    generation: list[GenerationRatio] = field(default_factory=list)  # generation_ratios(): language models only
 
     @property
     def per_operator_scope(self) -> str:
@@ -124,8 +124,8 @@ class Comparison:
     def document(self) -> ComparisonReport:
         """The comparison as its report file holds it."""
         return ComparisonReport(
-            memory=self.memory,
-            generation=self.generation,
+            memory=tuple(self.memory),
+            generation=tuple(self.generation),
             per_operator=self.per_operator_scope,
             run_a=RunSide(self.run_id_a, str(self.run_a), self.median_a_ms),
             run_b=RunSide(self.run_id_b, str(self.run_b), self.median_b_ms),
@@ -313,7 +313,29 @@ def _delegate_medians(run: _Run) -> dict[str, dict[str, float]]:
 MEMORY_FIGURES = ("peak_rss_bytes", "planned_bytes", "constants_bytes", "other_bytes", "pte_bytes")
 
 
-def memory_deltas(a: Memory | None, b: Memory | None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class MemoryDelta:
+    """One memory figure (bytes) on both sides, B - A and B / A - 1."""
+
+    figure: str
+    a: int | None
+    b: int | None
+    delta: int | None
+    ratio: float | None
+
+
+@dataclass(frozen=True)
+class GenerationRatio:
+    """One generation figure on both sides and B / A."""
+
+    figure: str
+    label: str
+    a: float | None
+    b: float | None
+    ratio: float | None
+
+
+def memory_deltas(a: Memory | None, b: Memory | None) -> list[MemoryDelta]:
     """Each memory figure on both sides and B - A, plus the peak of every phase; empty when a side has none."""
     if a is None or b is None:
         return []
@@ -329,7 +351,7 @@ def memory_deltas(a: Memory | None, b: Memory | None) -> list[dict[str, Any]]:
             continue
         delta = value_b - value_a if value_a is not None and value_b is not None else None
         ratio = value_b / value_a - 1 if delta is not None and value_a else None
-        rows.append({"figure": name, "a": value_a, "b": value_b, "delta": delta, "ratio": ratio})
+        rows.append(MemoryDelta(name, value_a, value_b, delta, ratio))
     return rows
 
 
@@ -341,7 +363,7 @@ GENERATION_FIGURES = (
 )
 
 
-def generation_ratios(a: Generation | None, b: Generation | None) -> list[dict[str, Any]]:
+def generation_ratios(a: Generation | None, b: Generation | None) -> list[GenerationRatio]:
     """Both runs' time to first token, decode speed and decode step median, with B / A; empty unless both runs
     generated text. Figures only: the verdict stays the overall latency's."""
     if a is None or b is None:
@@ -352,7 +374,7 @@ def generation_ratios(a: Generation | None, b: Generation | None) -> list[dict[s
             (run.token_ms.get("median") if name == "token_ms.median" else getattr(run, name)) for run in (a, b)
         )
         ratio = value_b / value_a if value_a and value_b is not None else None
-        rows.append({"figure": name, "label": label, "a": value_a, "b": value_b, "ratio": ratio})
+        rows.append(GenerationRatio(name, label, value_a, value_b, ratio))
     return rows
 
 

@@ -215,7 +215,3 @@ def _count(data: dict[str, Any], key: str, minimum: int) -> int:
 
 def _bad(where: str, wanted: str) -> AnalysisError:
     return AnalysisError(f"timings.json: {where} must be {wanted}")
-
-
-def _mapping(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}

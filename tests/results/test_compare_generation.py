@@ -56,7 +56,7 @@ def test_two_generation_runs_compare_their_generation_figures(generation_nights:
 def test_a_generation_run_against_itself_has_ratios_of_one(generation_nights: GenerationNights) -> None:
     run_a, _ = night_runs(generation_nights)
     comparison = compare_runs(run_a, run_a, write=False)
-    assert [row["ratio"] for row in comparison.generation] == [1.0, 1.0, 1.0]
+    assert [row.ratio for row in comparison.generation] == [1.0, 1.0, 1.0]
 
 
 def test_fab_compare_prints_the_generation_table(generation_nights: GenerationNights, tmp_path: Path) -> None:

@@ -19,7 +19,17 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 import msgspec
 
 from orchestrator.errors import AnalysisError
-from orchestrator.records import Count, Document, Duration, RecordError, Share, from_data, read_document, write_document
+from orchestrator.records import (
+    Count,
+    Document,
+    Duration,
+    RecordError,
+    Share,
+    complete,
+    from_data,
+    read_document,
+    write_document,
+)
 from orchestrator.results.summary_outputs import Accuracy, Correctness
 
 SUMMARY_SCHEMA = 1
@@ -232,7 +242,7 @@ def summary_data(summary: RunSummary) -> dict[str, Any]:
 def read_summary(data: Any, where: str = "summary.json") -> RunSummary:
     """The summary in a summary.json document (`where` names it in errors), every field checked: SummaryError."""
     try:
-        return read_document(data, RunSummary, where=where)
+        return complete(read_document(data, RunSummary, where=where))
     except RecordError as exc:
         raise SummaryError(exc.where, exc.field, exc.problem) from None
 
@@ -240,6 +250,6 @@ def read_summary(data: Any, where: str = "summary.json") -> RunSummary:
 def read_generation(data: Any, where: str, field: str = "generation") -> Generation | None:
     """A summary's `generation` section kept elsewhere (a history row, a pending record): SummaryError."""
     try:
-        return from_data(data, Generation | None, where=where, field=field)  # type: ignore[arg-type]
+        return complete(from_data(data, Generation | None, where=where, field=field))  # type: ignore[arg-type]
     except RecordError as exc:
         raise SummaryError(exc.where, exc.field, exc.problem) from None

@@ -9,7 +9,17 @@ from typing import Any, ClassVar, Literal
 import pytest
 
 from orchestrator.errors import ExitCode
-from orchestrator.records import Count, Document, RecordError, Share, from_data, read_document, to_data, write_document
+from orchestrator.records import (
+    Count,
+    Document,
+    RecordError,
+    Share,
+    complete,
+    from_data,
+    read_document,
+    to_data,
+    write_document,
+)
 
 
 @dataclass(frozen=True)
@@ -84,3 +94,10 @@ def test_a_tuple_field_is_written_as_a_list_equal_to_the_json_read_back() -> Non
     assert data == {"v": {"status": "degraded", "reasons": [{"level": "degraded", "reason": "few runs"}], "runs": None,
                           "agreement": None}}  # fmt: skip
     assert isinstance(data["v"]["reasons"], list)
+
+
+def test_a_record_read_without_its_defaults_writes_them_once_completed() -> None:
+    read = from_data({"status": "valid", "reasons": [{"level": "invalid", "reason": "r"}]}, Verdict, where="v.json")
+    assert read == Verdict("valid", (Reason("invalid", "r"),))
+    assert to_data(complete(read)) == to_data(Verdict("valid", (Reason("invalid", "r"),)))
+    assert to_data(complete(read))["runs"] is None

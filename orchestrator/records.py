@@ -15,6 +15,7 @@ no duplicate keys); this module checks shapes and ranges, not JSON syntax.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, TypeVar
@@ -47,7 +48,32 @@ class RecordError(EtlabError, ValueError):
 
 def to_data(record: Any) -> Any:
     """A record (or a list or mapping of them) as JSON-ready builtins: dicts, lists, str, int, float, bool, None."""
-    return msgspec.to_builtins(record)
+    return _lists(msgspec.to_builtins(record))
+
+
+def complete(record: RecordT) -> RecordT:
+    """`record` (read back by from_data) with every field set on its instance, nested records too: msgspec leaves a
+    field the data lacked to its class default, which `to_data` then leaves out, so a record read from a file
+    without a field would write less than the same record built in code (a page reading `correctness.reason`)."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        for item in dataclasses.fields(record):
+            object.__setattr__(record, item.name, complete(getattr(record, item.name)))
+    elif isinstance(record, list | tuple):
+        for value in record:
+            complete(value)
+    elif isinstance(record, dict):
+        for value in record.values():
+            complete(value)
+    return record
+
+
+def _lists(data: Any) -> Any:
+    """msgspec keeps a tuple field a tuple: as a list, the data equals the same document read back from JSON."""
+    if isinstance(data, dict):
+        return {key: _lists(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [_lists(item) for item in data]
+    return data
 
 
 def from_data(data: Any, kind: type[RecordT], *, where: str, field: str = "") -> RecordT:

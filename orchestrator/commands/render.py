@@ -117,7 +117,7 @@ def _accuracy_cell(cell: CellOutcome) -> str | None:
     if accuracy is None:
         return None
     # Compact, so the cell stays on one line: the markers are explained once, in the table's caption (ACCURACY_KEY).
-    figures = [accuracy.verdict]
+    figures: list[str] = [accuracy.verdict]
     if accuracy.sqnr_db is not None:
         figures.append(f"{accuracy.sqnr_db:.1f}dB")
     if accuracy.top1_agreement is not None:

@@ -40,7 +40,7 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
             "Generation",
             ["figure", "A", "B", "B / A"],
             [
-                [row["label"], row["a"], row["b"], f"{row['ratio']:.3f}×" if row["ratio"] is not None else None]
+                [row.label, row.a, row.b, f"{row.ratio:.3f}×" if row.ratio is not None else None]
                 for row in comparison.generation
             ],
             caption="tokens/s: above 1× is faster; milliseconds: above 1× is slower",
@@ -51,11 +51,11 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
             ["figure", "A MB", "B MB", "Δ MB", "Δ %"],
             [
                 [
-                    row["figure"],
-                    megabytes(row["a"]),
-                    megabytes(row["b"]),
-                    megabytes(row["delta"]),
-                    f"{row['ratio'] * 100:+.1f}%" if row["ratio"] is not None else None,
+                    row.figure,
+                    megabytes(row.a),
+                    megabytes(row.b),
+                    megabytes(row.delta),
+                    f"{row.ratio * 100:+.1f}%" if row.ratio is not None else None,
                 ]
                 for row in comparison.memory
             ],

@@ -14,12 +14,11 @@ from orchestrator.commands.common import find_artifact, naming_port, select_boar
 from orchestrator.commands.render import render_top_ops
 from orchestrator.commands.render_compare import render_comparison
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
-from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.export.user_programs import reference_outputs_of
 from orchestrator.results.analysis import analyze_bundle
-from orchestrator.results.compare import RebuiltProgram, compare_runs, interleaved_verdict
+from orchestrator.results.compare import RebuiltProgram, compare_runs, interleaved_verdict, write_report
 from orchestrator.results.overlays import write_program_overlays
 from orchestrator.results.store import LocalRun, find_run
 from orchestrator.results.verdicts import Kind
@@ -181,8 +180,7 @@ def compare(
         with labgrid.job(boards[0]) as target, connect(target) as conn:
             result = run_interleaved(conn, a, b, inputs, RunParams(), rounds=interleave, budget_seconds=budget)
         interleaved_verdict(comparison, result)
-        if comparison.report:
-            atomic_write_json(comparison.report, comparison.to_dict())
+        write_report(comparison)
     render_comparison(comparison)
     return 1 if comparison.verdict == Kind.REGRESSION else 0
 

@@ -55,6 +55,7 @@ from orchestrator.lab.history_url import (
     unreachable,
 )
 from orchestrator.lab.run_record import OP_KEY_SIZE, OP_NAME_SIZE, STORED_FIELDS, TEXT_SIZES, RunRecord, versions_key
+from orchestrator.records import to_data
 
 DEFAULT_BUSY_SECONDS = 30.0  # how long a write waits for another writer's lock before it fails
 INTEGRITY_PROBLEMS = 5  # problems of a corrupt file named in the message (integrity_check lists up to 100)
@@ -95,7 +96,7 @@ runs = Table(
     # Added with memory footprint (issue 13).
     Column("peak_rss_bytes", Integer),  # the run's peak RSS over every phase
     Column("planned_bytes", Integer),  # the program's planned arenas
-    # Added with language models (issue 26): summary.json's `generation` figures (Generation.to_dict()).
+    # Added with language models (issue 26): summary.json's `generation` figures (records.to_data).
     Column("generation", JSON),
     UniqueConstraint("night", "board", "model", "backend", name="one_cell_per_night"),
 )
@@ -312,7 +313,7 @@ class History:
                 runs.insert().values(
                     **{name: getattr(run, name) for name in STORED_FIELDS},
                     versions_key=versions_key(run.versions),
-                    generation=run.generation.to_dict() if run.generation else None,
+                    generation=to_data(run.generation),
                     created_at=created,
                 )
             ).inserted_primary_key

@@ -18,8 +18,8 @@ from typing import Any
 
 from orchestrator.deploy.limits import MAX_THREADS
 from orchestrator.names import is_night
-from orchestrator.results.summary import VALIDITY_LEVELS, Generation
-from orchestrator.results.summary_checks import SummaryError
+from orchestrator.records import to_data
+from orchestrator.results.summary import VALIDITY_LEVELS, Generation, SummaryError, read_generation
 from orchestrator.results.verdicts import Kind
 from orchestrator.strictjson import MAX_MAGNITUDE, JsonDataError
 
@@ -78,7 +78,7 @@ class RunRecord:
         data = {name: getattr(self, name) for name in _PLAIN_FIELDS}
         data["ops"] = {key: [name, ms] for key, (name, ms) in self.ops.items()}
         data["created_at"] = self.created_at.isoformat() if self.created_at else None
-        data["generation"] = self.generation.to_dict() if self.generation else None
+        data["generation"] = to_data(self.generation)
         return data
 
     @classmethod
@@ -248,8 +248,8 @@ class _RecordReader:
 
     def generation(self) -> Generation | None:
         try:  # summary.json's own typed reader: a record holds what a run's summary said
-            return Generation.from_dict(self.data.get("generation"))
-        except SummaryError as exc:  # field "generation.token_ms", problem "must be a mapping, got list"
+            return read_generation(self.data.get("generation"), "record")
+        except SummaryError as exc:  # field "generation.token_ms", problem "expected an object, got array"
             raise self.fail(exc.field, exc.problem) from None
 
     def record(self) -> RunRecord:

@@ -26,7 +26,6 @@ from orchestrator.results.generation import (
     DECODE,
     PHASES,
     GenerationTimings,
-    TokenCheck,
     generation_summary,
     judge_tokens,
     phase_etdump,
@@ -34,6 +33,7 @@ from orchestrator.results.generation import (
 )
 from orchestrator.results.memory import memory_summary
 from orchestrator.results.profile import Profile
+from orchestrator.results.summary import TokenCheck
 from orchestrator.results.summary_checks import hashing_times
 from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS, Correctness
 from orchestrator.results.validity import (

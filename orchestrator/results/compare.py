@@ -31,6 +31,7 @@ from typing import Any
 from orchestrator.errors import AnalysisError, UsageError
 from orchestrator.fsutil import atomic_write_json, read_json, unreadable
 from orchestrator.lowering.variants import UnknownVariant, Variant
+from orchestrator.records import Document, write_document
 from orchestrator.results.documents import ANALYSIS_DIR, NotAnalysed, load_summary
 from orchestrator.results.ops_record import InstructionTiming, OpsRecord, load_ops
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
@@ -49,29 +50,47 @@ class RebuiltProgram(CompareError):
     (`allow_rebuilt`; the command layer names its option)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class OpDelta:
+    """One instruction on both sides: its medians, B - A, and the per-operator verdict (None: not tested)."""
+
     node_id: str
     op: str | None
     median_a_ms: float | None
     median_b_ms: float | None
+    delta_ms: float | None
     verdict: Verdict | None
 
-    @property
-    def delta_ms(self) -> float | None:
-        if self.median_a_ms is None or self.median_b_ms is None:
-            return None
-        return self.median_b_ms - self.median_a_ms
+    @classmethod
+    def of(cls, row_a: InstructionTiming, row_b: InstructionTiming, verdict: Verdict | None) -> OpDelta:
+        median_a, median_b = row_a.timed_median_ms, row_b.timed_median_ms
+        delta = median_b - median_a if median_a is not None and median_b is not None else None
+        return cls(row_a.node_id, row_a.op, median_a, median_b, delta, verdict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "node_id": self.node_id,
-            "op": self.op,
-            "median_a_ms": self.median_a_ms,
-            "median_b_ms": self.median_b_ms,
-            "delta_ms": self.delta_ms,
-            "verdict": self.verdict.to_dict() if self.verdict else None,
-        }
+
+@dataclass(frozen=True)
+class RunSide:
+    run_id: str
+    path: str
+    median_ms: float | None
+
+
+@dataclass(frozen=True)
+class ComparisonReport(Document):
+    """analysis/compare_vs_<run A>.json in run B's folder: what `compare` found (written with write_document)."""
+
+    memory: tuple[MemoryDelta, ...]
+    generation: tuple[GenerationRatio, ...]
+    per_operator: str
+    run_a: RunSide
+    run_b: RunSide
+    total: Verdict
+    verdict: str
+    verdict_detail: str
+    retest: dict[str, Any] | None
+    notes: tuple[str, ...]
+    ops: tuple[OpDelta, ...]
+    overlay: str | None
 
 
 @dataclass
@@ -92,8 +111,8 @@ class Comparison:
     sha_a: str | None = None
     sha_b: str | None = None
     retest: dict[str, Any] | None = None
-    memory: list[dict[str, Any]] = field(default_factory=list)  # memory_deltas(): one row per figure
-    generation: list[dict[str, Any]] = field(default_factory=list)  # generation_ratios(): language models only
+    memory: list[MemoryDelta] = field(default_factory=list)  # memory_deltas(): one row per figure
+    generation: list[GenerationRatio] = field(default_factory=list)  # generation_ratios(): language models only
 
     @property
     def per_operator_scope(self) -> str:
@@ -102,22 +121,22 @@ class Comparison:
             return "one decode step (analysis/ops.json; the prefill's is ops_prefill.json)"
         return "one execution"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": 1,
-            "memory": self.memory,
-            "generation": self.generation,
-            "per_operator": self.per_operator_scope,
-            "run_a": {"run_id": self.run_id_a, "path": str(self.run_a), "median_ms": self.median_a_ms},
-            "run_b": {"run_id": self.run_id_b, "path": str(self.run_b), "median_ms": self.median_b_ms},
-            "total": self.total.to_dict(),
-            "verdict": self.verdict.value,
-            "verdict_detail": self.verdict_detail,
-            "retest": self.retest,
-            "notes": self.notes,
-            "ops": [op.to_dict() for op in self.ops],
-            "overlay": str(self.overlay) if self.overlay else None,
-        }
+    def document(self) -> ComparisonReport:
+        """The comparison as its report file holds it."""
+        return ComparisonReport(
+            memory=tuple(self.memory),
+            generation=tuple(self.generation),
+            per_operator=self.per_operator_scope,
+            run_a=RunSide(self.run_id_a, str(self.run_a), self.median_a_ms),
+            run_b=RunSide(self.run_id_b, str(self.run_b), self.median_b_ms),
+            total=self.total,
+            verdict=self.verdict.value,
+            verdict_detail=self.verdict_detail,
+            retest=self.retest,
+            notes=tuple(self.notes),
+            ops=tuple(self.ops),
+            overlay=str(self.overlay) if self.overlay else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -294,7 +313,29 @@ def _delegate_medians(run: _Run) -> dict[str, dict[str, float]]:
 MEMORY_FIGURES = ("peak_rss_bytes", "planned_bytes", "constants_bytes", "other_bytes", "pte_bytes")
 
 
-def memory_deltas(a: Memory | None, b: Memory | None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class MemoryDelta:
+    """One memory figure (bytes) on both sides, B - A and B / A - 1."""
+
+    figure: str
+    a: int | None
+    b: int | None
+    delta: int | None
+    ratio: float | None
+
+
+@dataclass(frozen=True)
+class GenerationRatio:
+    """One generation figure on both sides and B / A."""
+
+    figure: str
+    label: str
+    a: float | None
+    b: float | None
+    ratio: float | None
+
+
+def memory_deltas(a: Memory | None, b: Memory | None) -> list[MemoryDelta]:
     """Each memory figure on both sides and B - A, plus the peak of every phase; empty when a side has none."""
     if a is None or b is None:
         return []
@@ -310,7 +351,7 @@ def memory_deltas(a: Memory | None, b: Memory | None) -> list[dict[str, Any]]:
             continue
         delta = value_b - value_a if value_a is not None and value_b is not None else None
         ratio = value_b / value_a - 1 if delta is not None and value_a else None
-        rows.append({"figure": name, "a": value_a, "b": value_b, "delta": delta, "ratio": ratio})
+        rows.append(MemoryDelta(name, value_a, value_b, delta, ratio))
     return rows
 
 
@@ -322,7 +363,7 @@ GENERATION_FIGURES = (
 )
 
 
-def generation_ratios(a: Generation | None, b: Generation | None) -> list[dict[str, Any]]:
+def generation_ratios(a: Generation | None, b: Generation | None) -> list[GenerationRatio]:
     """Both runs' time to first token, decode speed and decode step median, with B / A; empty unless both runs
     generated text. Figures only: the verdict stays the overall latency's."""
     if a is None or b is None:
@@ -333,7 +374,7 @@ def generation_ratios(a: Generation | None, b: Generation | None) -> list[dict[s
             (run.token_ms.get("median") if name == "token_ms.median" else getattr(run, name)) for run in (a, b)
         )
         ratio = value_b / value_a if value_a and value_b is not None else None
-        rows.append({"figure": name, "label": label, "a": value_a, "b": value_b, "ratio": ratio})
+        rows.append(GenerationRatio(name, label, value_a, value_b, ratio))
     return rows
 
 
@@ -367,7 +408,7 @@ def compare_runs(
             verdict = compare_samples(
                 list(row_a.samples_ms), list(row_b.samples_ms), min_effect=min_effect, alpha=per_op_alpha
             )
-        ops.append(OpDelta(row_a.node_id, row_a.op, row_a.timed_median_ms, row_b.timed_median_ms, verdict))
+        ops.append(OpDelta.of(row_a, row_b, verdict))
     comparison = Comparison(
         a.path, b.path, a.run_id, b.run_id, total, a.summary.latency.median_ms, b.summary.latency.median_ms, ops, notes
     )
@@ -388,5 +429,11 @@ def compare_runs(
             b.path / OVERLAY_DIR / f"me_overlay_diff_vs_{safe_id}.json", values, f"Δ median ms vs {a.run_id}"
         )
         comparison.report = b.path / ANALYSIS_DIR / f"compare_vs_{safe_id}.json"
-        atomic_write_json(comparison.report, comparison.to_dict())
+        write_report(comparison)
     return comparison
+
+
+def write_report(comparison: Comparison) -> None:
+    """The comparison into its report file (`comparison.report`; none: nothing to write)."""
+    if comparison.report is not None:
+        atomic_write_json(comparison.report, write_document(comparison.document()))

@@ -13,10 +13,19 @@ from orchestrator.errors import AnalysisError, BundleError
 from orchestrator.fsutil import atomic_write_json, atomic_write_text, read_json, unreadable
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.programs.memory import ProgramMemory
+from orchestrator.records import to_data
 from orchestrator.results import overlays
 from orchestrator.results.bundle import board_supplied
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
-from orchestrator.results.summary import SUMMARY_SCHEMA, Latency, ProgramInfo, RunSummary, Validity
+from orchestrator.results.summary import (
+    SUMMARY_SCHEMA,
+    Latency,
+    ProgramInfo,
+    RunSummary,
+    Validity,
+    read_summary,
+    summary_data,
+)
 from orchestrator.results.summary_outputs import Correctness
 
 if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
@@ -44,7 +53,7 @@ class Summary:
     @property
     def data(self) -> dict[str, Any]:
         """What summary.json holds."""
-        return self.run.to_dict()
+        return summary_data(self.run)
 
     @property
     def validity(self) -> str:
@@ -95,7 +104,7 @@ def write_outputs(
             out / f"ops_{phase}.json", ops_document(phase_profile, run.run_id, None), durable=False, indent=None
         )
         written.append(out / f"ops_{phase}.json")
-    atomic_write_json(out / "summary.json", run.to_dict())
+    atomic_write_json(out / "summary.json", summary_data(run))
     written.append(out / "summary.json")
     return written
 
@@ -152,7 +161,7 @@ def profile_summary(profile: Profile) -> dict[str, Any]:
         "executions": profile.executions,
         "ns_per_tick": profile.ns_per_tick,
         "etdump_vs_timings": profile.timing_agreement,
-        "method_ms": profile.total.to_dict() if profile.total else None,
+        "method_ms": to_data(profile.total),
         "instructions": len(profile.instructions),
         "instructions_timed": len(timed),
         "top_layers": [
@@ -188,13 +197,13 @@ def ops_document(profile: Profile, run_id: str, counters: CounterProfile | None 
         "pte": profile.pte_name,
         "executions": profile.executions,
         "ns_per_tick": profile.ns_per_tick,
-        "method_ms": profile.total.to_dict() if profile.total else None,
+        "method_ms": to_data(profile.total),
         "counters": _counter_columns(counters),
         "instructions": [
             {**i.row(), **_counter_cells(counters, i.node_id), "samples_ms": [round(float(v), 6) for v in i.samples_ms]}
             for i in profile.instructions
         ],
-        "delegates": [d.to_dict() for d in profile.delegates],
+        "delegates": to_data([d.report() for d in profile.delegates]),
         "operator_types": profile.operator_types,
         "coverage": profile.coverage(),
     }
@@ -248,4 +257,4 @@ def load_summary(bundle_dir: Path) -> RunSummary:
     path = Path(bundle_dir) / ANALYSIS_DIR / "summary.json"
     if not path.is_file():
         raise NotAnalysed(f"{bundle_dir} has not been analysed (no {ANALYSIS_DIR}/summary.json)")
-    return RunSummary.from_dict(read_analysis_file(bundle_dir, "summary.json"), str(path))
+    return read_summary(read_analysis_file(bundle_dir, "summary.json"), str(path))

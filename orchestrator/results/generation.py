@@ -18,7 +18,7 @@ from orchestrator.errors import AnalysisError
 from orchestrator.lowering.sidecar import Generation as SidecarGeneration
 from orchestrator.results.etdump import Etdump, RunBlock
 from orchestrator.results.stats import distribution
-from orchestrator.results.summary import Generation, Memory
+from orchestrator.results.summary import Generation, Memory, TokenCheck
 from orchestrator.results.summary_checks import as_float, as_int  # the same value checks
 from orchestrator.results.summary_outputs import Accuracy
 from orchestrator.results.validity import weights_meaning
@@ -130,29 +130,6 @@ def phase_etdump(etdump: Etdump, blocks: list[RunBlock]) -> Etdump:
     return Etdump(etdump.version, list(blocks))
 
 
-@dataclass(frozen=True)
-class TokenCheck:
-    """The board's ids against eager greedy generation from the same prompt."""
-
-    compared: int  # ids compared: the shorter of the run's and the reference's
-    matching: int
-    first_divergence: int | None  # the index of the first id that differs, None when all compared ones match
-    reference_tokens: int
-
-    @property
-    def agreement(self) -> float | None:
-        return self.matching / self.compared if self.compared else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "compared": self.compared,
-            "matching": self.matching,
-            "agreement": self.agreement,
-            "first_divergence": self.first_divergence,
-            "reference_tokens": self.reference_tokens,
-        }
-
-
 def token_check(generated: np.ndarray, reference: np.ndarray) -> TokenCheck:
     """Position by position; the first divergence makes every later id a different continuation, so `agreement`
     counts positions, and `first_divergence` says where the text parts."""
@@ -160,7 +137,8 @@ def token_check(generated: np.ndarray, reference: np.ndarray) -> TokenCheck:
     compared = min(ran.size, expected.size)
     equal = ran[:compared] == expected[:compared]
     first = None if bool(equal.all()) else int(np.argmin(equal))
-    return TokenCheck(compared, int(equal.sum()), first, int(expected.size))
+    matching = int(equal.sum())
+    return TokenCheck(compared, matching, matching / compared if compared else None, first, int(expected.size))
 
 
 def generation_summary(
@@ -197,7 +175,7 @@ def generation_summary(
             PREFILL: _peak(phases.get("first_execution")),
             DECODE: _peak(phases.get("decode")),
         },
-        tokens=tokens.to_dict() if tokens is not None else None,
+        tokens=tokens,
         prompt_source=recorded.prompt_source if recorded is not None else None,
         text=text,
     )
@@ -237,7 +215,3 @@ def _count(data: dict[str, Any], key: str, minimum: int) -> int:
 
 def _bad(where: str, wanted: str) -> AnalysisError:
     return AnalysisError(f"timings.json: {where} must be {wanted}")
-
-
-def _mapping(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}

@@ -75,30 +75,79 @@ class DelegateProfile:
     def placed_mean_ms(self) -> float:
         return float(sum(node.dist.mean for node in self.nodes if node.dist))
 
-    def to_dict(self) -> dict[str, Any]:
+    def report(self) -> DelegateReport:
+        """What ops.json's `delegates` holds for this delegate (read back by ops_record.py)."""
         call_mean = self.call.mean if self.call else None
-        events = [
-            {"name": name, **dist_ms(distribution(self.event_samples_ms[:, k]))}
-            for k, name in enumerate(self.event_names)
-        ]
-        return {
-            "node_id": self.node_id,
-            "backend": self.backend,
-            "graph_id": self.graph_id,
-            "status": self.status,
-            "reason": self.reason,
-            "call_mean_ms": call_mean,
-            "events_mean_ms": self.event_mean_ms(),
-            "placed_mean_ms": self.placed_mean_ms(),
-            "coverage": (self.placed_mean_ms() / call_mean) if call_mean else None,
-            "nodes": [
-                {"node": n.node, "type": n.type, "events": n.events, **dist_ms(n.dist), "pct": n.pct}
-                for n in self.nodes
-            ],
-            "fused_nodes": [{"node": node, "type": self.node_types.get(node)} for node in self.fused_nodes],
-            "unplaced_events": self.unplaced_events,
-            "events": events,
-        }
+        return DelegateReport(
+            node_id=self.node_id,
+            backend=self.backend,
+            graph_id=self.graph_id,
+            status=self.status,
+            reason=self.reason,
+            call_mean_ms=call_mean,
+            events_mean_ms=self.event_mean_ms(),
+            placed_mean_ms=self.placed_mean_ms(),
+            coverage=(self.placed_mean_ms() / call_mean) if call_mean else None,
+            nodes=tuple(NodeReport(n.node, n.type, tuple(n.events), **dist_ms(n.dist), pct=n.pct) for n in self.nodes),
+            fused_nodes=tuple(FusedNode(node, self.node_types.get(node)) for node in self.fused_nodes),
+            unplaced_events=tuple(self.unplaced_events),
+            events=tuple(
+                EventReport(name, **dist_ms(distribution(self.event_samples_ms[:, k])))
+                for k, name in enumerate(self.event_names)
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """One XNNPACK node of a delegate, with the time of the events placed on it."""
+
+    node: str
+    type: str
+    events: tuple[str, ...]
+    samples: int
+    median_ms: float | None
+    p10_ms: float | None
+    p90_ms: float | None
+    mean_ms: float | None
+    pct: float | None
+
+
+@dataclass(frozen=True)
+class FusedNode:
+    node: str
+    type: str | None
+
+
+@dataclass(frozen=True)
+class EventReport:
+    """One runtime event of a delegate's execution, over the executions."""
+
+    name: str
+    samples: int
+    median_ms: float | None
+    p10_ms: float | None
+    p90_ms: float | None
+    mean_ms: float | None
+
+
+@dataclass(frozen=True)
+class DelegateReport:
+    """ops.json's record of one delegate call: where its time went (written with records.to_data)."""
+
+    node_id: str
+    backend: str
+    graph_id: str
+    status: str
+    reason: str | None
+    call_mean_ms: float | None
+    events_mean_ms: float
+    placed_mean_ms: float
+    coverage: float | None
+    nodes: tuple[NodeReport, ...]
+    fused_nodes: tuple[FusedNode, ...]
+    unplaced_events: tuple[str, ...]
+    events: tuple[EventReport, ...]
 
 
 @dataclass

@@ -18,8 +18,7 @@ With fewer than `MIN_SAMPLES` samples per side the verdict is "insufficient data
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,9 +42,6 @@ class Distribution:
     max: float
     stdev: float
     cv: float  # coefficient of variation: stdev / mean (0 when the mean is 0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _percentile_of_sorted(values: np.ndarray, q: float) -> float:
@@ -97,9 +93,6 @@ class Verdict:
     @property
     def is_change(self) -> bool:
         return self.change in ("slower", "faster")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def bootstrap_median_ratio(

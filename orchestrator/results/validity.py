@@ -14,7 +14,7 @@ from orchestrator.errors import AnalysisError
 from orchestrator.lowering.outputs import LOGITS, kind_from_shape, output_kind
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.results.stats import distribution
-from orchestrator.results.summary import Latency, Reason, Validity, WarmLatency
+from orchestrator.results.summary import Latency, Reason, Validity, ValidityStatus, WarmLatency
 from orchestrator.results.summary_outputs import Accuracy, Correctness, OutputCheck
 from orchestrator.tensorfile import TensorFileError, read_tensors
 
@@ -431,5 +431,5 @@ def judge_validity(
     if warm and warm.cv > CV_LIMIT:
         reasons.append(("degraded", f"unstable timings: CV {warm.cv * 100:.1f}% > {CV_LIMIT * 100:.0f}%"))
     levels = {level for level, _ in reasons}
-    verdict = "invalid" if "invalid" in levels else "degraded" if "degraded" in levels else "valid"
+    verdict: ValidityStatus = "invalid" if "invalid" in levels else "degraded" if "degraded" in levels else "valid"
     return Validity(verdict, tuple(Reason(level, reason) for level, reason in reasons))

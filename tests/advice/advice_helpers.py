@@ -11,8 +11,8 @@ from typing import Any
 from orchestrator.advice.findings import RunFacts
 from orchestrator.lowering.lowered import spec_from_record
 from orchestrator.lowering.sidecar import Sidecar
-from orchestrator.results.ops_record import OpsRecord
-from orchestrator.results.summary import RunSummary
+from orchestrator.results.ops_record import read_ops
+from orchestrator.results.summary import read_summary
 
 DATA = Path(__file__).parents[1] / "data" / "advice"
 
@@ -24,8 +24,8 @@ def recorded(model: str) -> dict[str, Any]:
 def facts_of(raw: dict[str, Any], **changes: Any) -> RunFacts:
     sidecar = Sidecar.from_dict(raw["sidecar"])
     facts = RunFacts(
-        OpsRecord.from_dict(raw["ops"]),
-        RunSummary.from_dict(raw["summary"]),
+        read_ops(raw["ops"]),
+        read_summary(raw["summary"]),
         sidecar,
         spec_from_record(sidecar.spec, "recorded sidecar"),
     )

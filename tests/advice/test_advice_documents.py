@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from orchestrator.advice.advisor import advise
 from orchestrator.advice.documents import ADVICE_OVERLAY, FINDING_COLOURS, SAVING_OVERLAY, load_advice, write_advice
 from orchestrator.errors import AnalysisError
-from orchestrator.results.ops_record import OpsRecord, load_ops
+from orchestrator.results.ops_record import load_ops, read_ops
 from orchestrator.results.overlays import overlay_path
 from tests.advice.advice_helpers import facts_of, recorded
 
@@ -105,7 +105,7 @@ def test_a_run_without_a_profile_says_so(tmp_path: Path) -> None:
 )
 def test_any_json_is_a_record_or_an_analysis_error(document: Any) -> None:
     with contextlib.suppress(AnalysisError):  # anything else (a TypeError, a KeyError) fails the test
-        OpsRecord.from_dict(document)
+        read_ops(document)
 
 
 def test_advice_json_reads_back_and_a_damaged_one_is_an_analysis_error(tmp_path: Path) -> None:

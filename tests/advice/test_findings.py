@@ -17,7 +17,7 @@ from orchestrator.advice.detectors import DETECTORS, SDPA_MASK_OPERATORS
 from orchestrator.advice.findings import Advice, Finding
 from orchestrator.lowering.rewrites.registry import REWRITES
 from orchestrator.lowering.variants import Variant
-from orchestrator.results.ops_record import OpsRecord
+from orchestrator.results.ops_record import read_ops
 from tests.advice.advice_helpers import facts_of, recorded
 
 
@@ -154,7 +154,7 @@ def test_quantization_saving_is_measured_or_not_predicted() -> None:
     raw["ops"]["method_ms"]["mean"] = gemm / 0.5  # make the matmuls half the run, so quantization is proposed
     alone = by_kind(advise(facts_of(raw)))["quantize"]
     assert alone.saving_ms is None and "no int8 run" in alone.saving_note
-    peer = OpsRecord.from_dict(_gemm_profile(raw, 0.4))
+    peer = read_ops(_gemm_profile(raw, 0.4))
     measured = by_kind(
         advise(facts_of(raw, quantized_peer=peer, quantized_peer_variant=Variant.parse("xnnpack-int8-dynamic")))
     )

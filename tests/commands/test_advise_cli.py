@@ -55,9 +55,9 @@ def test_what_cannot_be_advised_on(tmp_path: Path) -> None:
     run = recorded_run(tmp_path)
     unknown = fab("--run", "nosuch", tmp_path=tmp_path)
     assert unknown.returncode == 64 and "no pulled run 'nosuch'" in unknown.stderr
-    (run / "analysis" / "ops.json").write_text('{"run_id": "x", "method": "forward", "instructions": [{}]}')
+    (run / "analysis" / "ops.json").write_text('{"run_id": "x", "method": "forward", "instructions": []}')
     damaged = fab("--run", RUN_ID, tmp_path=tmp_path)
-    assert damaged.returncode == 65 and "ops.json: delegates: must be a list" in damaged.stderr  # file and field
+    assert damaged.returncode == 65 and "ops.json: delegates: is missing" in damaged.stderr  # file and field
     assert "Traceback" not in damaged.stderr
     (run / "analysis" / "summary.json").unlink()
     unanalysed = fab("--model", "gpt2-tiny", tmp_path=tmp_path)

@@ -20,7 +20,7 @@ from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.documents import load_summary
 from orchestrator.results.etdump import parse_etdump, read_etdump
 from orchestrator.results.etdump_profile import profile_etdump
-from orchestrator.results.summary import RunSummary
+from orchestrator.results.summary import read_summary, summary_data
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.plugins.analysis import (
     RUNNER_KEYS,
@@ -159,8 +159,8 @@ def test_summary_json_reads_back_as_the_typed_summary_and_refuses_a_damaged_one(
     summary = analyze(case)
     path = case.path / "analysis" / "summary.json"
     on_disk = json.loads(path.read_text())
-    assert RunSummary.from_dict(on_disk) == summary.run
-    assert RunSummary.from_dict(on_disk).to_dict() == on_disk, "the file layout is what the typed model writes"
+    assert read_summary(on_disk) == summary.run
+    assert summary_data(read_summary(on_disk)) == on_disk, "the file layout is what the typed model writes"
     for damage in (
         {"validity": {"status": "great", "reasons": []}},
         {"latency": {**on_disk["latency"], "warm": {"median_ms": "fast"}}},
@@ -182,7 +182,7 @@ def test_analyze_bundle_writes_summary_ops_and_overlays(bundle_copy: BundleCopy,
     before = raw_hashes(case.path)
     summary = analyze(case)
     assert raw_hashes(case.path) == before, "raw bundle files are never modified"
-    data = load_summary(case.path).to_dict()
+    data = summary_data(load_summary(case.path))
     assert data == json.loads(json.dumps(summary.data))
     timings = json.loads((case.path / "timings.json").read_text())
 

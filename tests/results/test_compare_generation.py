@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.records import to_data, write_document
 from orchestrator.results.compare import compare_runs
 from orchestrator.results.documents import load_summary
 from orchestrator.results.verdicts import Kind
@@ -33,7 +34,7 @@ def test_two_generation_runs_compare_their_generation_figures(generation_nights:
     comparison = compare_runs(run_a, run_b, write=False)
     a, b = load_summary(run_a).generation, load_summary(run_b).generation
     assert a is not None and b is not None
-    rows = {row["figure"]: row for row in comparison.generation}
+    rows = {row.figure: row for row in comparison.generation}
     assert list(rows) == ["ttft_ms", "decode_tokens_per_s", "token_ms.median"]
     expected = {
         "ttft_ms": (a.ttft_ms, b.ttft_ms),
@@ -42,11 +43,11 @@ def test_two_generation_runs_compare_their_generation_figures(generation_nights:
     }
     for figure, (value_a, value_b) in expected.items():
         assert value_a and value_b, figure
-        assert (rows[figure]["a"], rows[figure]["b"]) == (value_a, value_b)
-        assert rows[figure]["ratio"] == pytest.approx(value_b / value_a)
+        assert (rows[figure].a, rows[figure].b) == (value_a, value_b)
+        assert rows[figure].ratio == pytest.approx(value_b / value_a)
     assert "one decode step" in comparison.per_operator_scope
-    document = comparison.to_dict()
-    assert document["generation"] == comparison.generation and "decode step" in document["per_operator"]
+    document = write_document(comparison.document())
+    assert document["generation"] == to_data(comparison.generation) and "decode step" in document["per_operator"]
     # The verdict is untouched: one program on both sides is drift at most, or inconclusive on a degraded side.
     assert comparison.sha_a == comparison.sha_b
     assert comparison.verdict in (Kind.OK, Kind.DRIFT, Kind.INCONCLUSIVE), comparison.verdict_detail
@@ -55,7 +56,7 @@ def test_two_generation_runs_compare_their_generation_figures(generation_nights:
 def test_a_generation_run_against_itself_has_ratios_of_one(generation_nights: GenerationNights) -> None:
     run_a, _ = night_runs(generation_nights)
     comparison = compare_runs(run_a, run_a, write=False)
-    assert [row["ratio"] for row in comparison.generation] == [1.0, 1.0, 1.0]
+    assert [row.ratio for row in comparison.generation] == [1.0, 1.0, 1.0]
 
 
 def test_fab_compare_prints_the_generation_table(generation_nights: GenerationNights, tmp_path: Path) -> None:

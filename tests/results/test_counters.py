@@ -24,6 +24,7 @@ from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.programs.plan import read_program_plan
+from orchestrator.records import from_data, to_data
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.bundle import BOARD_FILES
 from orchestrator.results.etdump import read_etdump
@@ -425,13 +426,13 @@ def test_compare_reports_memory_deltas() -> None:
 
     a = Memory(peak_rss_bytes=100, planned_bytes=40, phases={"load": {"peak_rss_bytes": 50}})
     b = Memory(peak_rss_bytes=130, planned_bytes=40, phases={"load": {"peak_rss_bytes": 45}})
-    rows = {row["figure"]: row for row in memory_deltas(a, b)}
-    assert rows["peak_rss_bytes"]["delta"] == 30 and rows["peak_rss_bytes"]["ratio"] == pytest.approx(0.3)
-    assert rows["planned_bytes"]["delta"] == 0
-    assert rows["peak_rss_bytes.load"]["delta"] == -5
+    rows = {row.figure: row for row in memory_deltas(a, b)}
+    assert rows["peak_rss_bytes"].delta == 30 and rows["peak_rss_bytes"].ratio == pytest.approx(0.3)
+    assert rows["planned_bytes"].delta == 0
+    assert rows["peak_rss_bytes.load"].delta == -5
     assert "constants_bytes" not in rows  # unknown on both sides
     assert memory_deltas(a, None) == []
-    assert Memory.from_dict(b.to_dict()) == b  # summary.json keeps the layout it reads back
+    assert from_data(to_data(b), Memory, where="summary.json") == b  # summary.json keeps the layout it reads back
 
 
 def test_live_bytes_overlay_needs_no_board(tiny_artifacts: dict, tmp_path: Path) -> None:

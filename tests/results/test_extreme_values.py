@@ -105,8 +105,10 @@ ANALYSIS_VALUES = {
     "NaN median": ("summary.json", "latency.warm.median_ms", "NaN", "summary.json: latency.warm.median_ms: NaN"),
     "400-digit peak": ("summary.json", "memory.peak_rss_bytes", HUGE_INTEGER, "summary.json: memory.peak_rss_bytes"),
     "summary nesting bomb": ("summary.json", "board_conditions", NESTING_BOMB, "summary.json: nested more than 64"),
-    "a bool for a count": ("summary.json", "latency.iterations", "true", "summary.json: latency.iterations: True"),
-    "a negative count": ("summary.json", "latency.threads", "-2", "summary.json: latency.threads: -2"),
+    "a bool for a count": (
+        "summary.json", "latency.iterations", "true", "summary.json: latency.iterations: expected `int`, got `bool`",
+    ),
+    "a negative count": ("summary.json", "latency.threads", "-2", "summary.json: latency.threads: expected `int` >= 0"),
     "400-digit prompt_len": (
         "summary.json", "generation.prompt_len", HUGE_INTEGER, "summary.json: generation.prompt_len: a number of 400",
     ),

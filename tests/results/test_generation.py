@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from orchestrator.errors import AnalysisError
+from orchestrator.records import from_data, to_data
 from orchestrator.results.etdump import RunBlock
 from orchestrator.results.generation import (
     DECODE,
@@ -49,7 +50,7 @@ def test_a_record_splits_into_timed_phases_and_summarises() -> None:
     assert summary.decode_tokens_per_s == pytest.approx(500.0)  # 2 steps in 4 ms, both generations
     assert summary.token_ms == {"median": 2.0, "p90": pytest.approx(2.7), "max": 3.0}
     assert summary.load_ms == 7.0
-    assert Generation.from_dict(summary.to_dict()) == summary
+    assert from_data(to_data(summary), Generation, where="summary.json") == summary
 
 
 def _empty_block() -> dict[str, Any]:
@@ -110,7 +111,9 @@ def test_the_ids_in_a_few_words_for_reports_and_pages() -> None:
     assert parsed is not None
 
     def said(check: Any) -> tuple[float | None, str]:
-        generation = Generation.from_dict(generation_summary(parsed, timings, recorded=None, tokens=check).to_dict())
+        generation = from_data(
+            to_data(generation_summary(parsed, timings, recorded=None, tokens=check)), Generation, where="summary.json"
+        )
         assert generation is not None
         return generation.token_agreement, generation.ids_text
 

@@ -17,7 +17,8 @@ from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.outputs import LOGITS, VALUES, kind_from_shape, output_kind, output_records
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.variants import VARIANTS
-from orchestrator.results.summary import Latency, ProgramInfo, RunSummary, Validity
+from orchestrator.records import from_data, to_data
+from orchestrator.results.summary import RunSummary, Validity
 from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS, Correctness
 from orchestrator.results.validity import (
     MIN_SQNR_DB,
@@ -109,14 +110,14 @@ def test_several_outputs_are_compared_one_by_one_and_the_bad_one_named(tmp_path:
     correctness = check_outputs(*_files(tmp_path, board, eager), [LOGITS, VALUES, VALUES])
     assert [c.ok for c in correctness.outputs] == [True, True, False] and "ids: differs" in (correctness.reason or "")
     # What summary.json stores reads back the same.
-    assert Correctness.from_dict(correctness.to_dict()) == correctness
+    assert from_data(to_data(correctness), Correctness, where="summary.json") == correctness
 
 
 def test_the_terminal_shows_one_row_per_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     logits, hidden = _normal(1.0, (1, 100)), _normal(1.0, (1, 4, 8))
     files = _files(tmp_path, {"scores": logits, "states": hidden + 1}, {"scores": logits, "states": hidden})
     correctness = check_outputs(*files, [LOGITS, VALUES], "a note on the kinds")
-    render_outputs(RunSummary("run", ProgramInfo(), Latency(), Validity("invalid"), correctness=correctness))
+    render_outputs(RunSummary(run_id="run", validity=Validity("invalid"), correctness=correctness))
     rows = [line for line in capsys.readouterr().out.splitlines() if "scores" in line or "states" in line]
     assert len(rows) == 2, rows
     assert "1×100" in rows[0] and "100%" in rows[0] and rows[0].rstrip(" │").endswith("ok")
@@ -157,7 +158,7 @@ def test_the_accuracy_gate_judges_each_output(tmp_path: Path) -> None:
     assert good.ok and good.top5_overlap is not None and good.top1_agreement is not None
     assert not bad.ok and bad.top1_agreement is None and bad.top5_overlap is None  # values: SQNR only
     assert accuracy.sqnr_db == bad.sqnr_db and accuracy.top5_overlap == good.top5_overlap
-    assert type(accuracy).from_dict(accuracy.to_dict()) == accuracy
+    assert from_data(to_data(accuracy), type(accuracy), where="summary.json") == accuracy
 
 
 def test_output_kinds_come_from_the_task() -> None:

@@ -36,7 +36,7 @@ PLANTED = {
     "20261203T000003Z-000b03": ("analysis/summary.json", "board_conditions", NESTING_BOMB,
                                 "summary.json: nested more than 64 levels"),
     "20261203T000004Z-000b04": ("analysis/summary.json", "latency.iterations", "true",
-                                "summary.json: latency.iterations: True is not a count"),
+                                "summary.json: latency.iterations: expected `int`, got `bool`"),
     "20261203T000005Z-000b05": ("analysis/ops.json", "instructions", NESTING_BOMB,
                                 "ops.json: nested more than 64 levels"),
     "20261203T000006Z-000b06": ("analysis/advice.json", "findings[0].saving_ms", HUGE_INTEGER,

@@ -9,7 +9,17 @@ from typing import Any, ClassVar, Literal
 import pytest
 
 from orchestrator.errors import ExitCode
-from orchestrator.records import Count, Document, RecordError, Share, from_data, read_document, to_data, write_document
+from orchestrator.records import (
+    Count,
+    Document,
+    RecordError,
+    Share,
+    complete,
+    from_data,
+    read_document,
+    to_data,
+    write_document,
+)
 
 
 @dataclass(frozen=True)
@@ -77,3 +87,17 @@ def test_a_record_inside_a_file_is_named_by_its_path_there() -> None:
         from_data([{"level": "x", "reason": "r"}], list[Reason], where="s.json", field="validity.reasons")
     assert caught.value.field == "validity.reasons[0].level"
     assert to_data([Reason("invalid", "r")]) == [{"level": "invalid", "reason": "r"}]
+
+
+def test_a_tuple_field_is_written_as_a_list_equal_to_the_json_read_back() -> None:
+    data = to_data({"v": Verdict("degraded", (Reason("degraded", "few runs"),))})
+    assert data == {"v": {"status": "degraded", "reasons": [{"level": "degraded", "reason": "few runs"}], "runs": None,
+                          "agreement": None}}  # fmt: skip
+    assert isinstance(data["v"]["reasons"], list)
+
+
+def test_a_record_read_without_its_defaults_writes_them_once_completed() -> None:
+    read = from_data({"status": "valid", "reasons": [{"level": "invalid", "reason": "r"}]}, Verdict, where="v.json")
+    assert read == Verdict("valid", (Reason("invalid", "r"),))
+    assert to_data(complete(read)) == to_data(Verdict("valid", (Reason("invalid", "r"),)))
+    assert to_data(complete(read))["runs"] is None

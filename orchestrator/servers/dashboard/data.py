@@ -22,6 +22,7 @@ from orchestrator.errors import AnalysisError, EtlabError
 from orchestrator.lab.history import History
 from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS
 from orchestrator.lab.run_record import RunRecord
+from orchestrator.records import to_data
 from orchestrator.results.bundle_reader import read_bundle
 from orchestrator.results.compare import CompareError, compare_runs
 from orchestrator.results.documents import NotAnalysed, load_summary
@@ -337,15 +338,15 @@ def run_page(lab: Lab, run_id: str) -> RunPage:
             )
             if value is not None
         ],
-        warm=dict(vars(latency.warm)) if latency.warm else None,
+        warm=to_data(latency.warm),
         threads=latency.threads,
         validity=ValidityView(
             status=summary.validity.status,
             reasons=[Reason(level=r.level, reason=r.reason) for r in summary.validity.reasons],
         ),
         conditions=summary.board_conditions,
-        correctness=summary.correctness.to_dict(),
-        accuracy=summary.accuracy.to_dict() if summary.accuracy else None,
+        correctness=to_data(summary.correctness),
+        accuracy=to_data(summary.accuracy),
         generation=_generation(summary),
         memory=_memory(summary),
         counters=_counters(summary),
@@ -385,7 +386,7 @@ def _generation(summary: RunSummary) -> GenerationView | None:
     generation = summary.generation
     if generation is None:
         return None
-    tokens = generation.tokens or {}
+    tokens = generation.tokens
     return GenerationView(
         prompt_len=generation.prompt_len,
         new_tokens=generation.new_tokens,
@@ -400,8 +401,8 @@ def _generation(summary: RunSummary) -> GenerationView | None:
         prefill_peak_bytes=generation.memory.get("prefill"),
         decode_peak_bytes=generation.memory.get("decode"),
         agreement=generation.token_agreement,
-        compared=tokens.get("compared"),
-        first_divergence=tokens.get("first_divergence"),
+        compared=tokens.compared if tokens else None,
+        first_divergence=tokens.first_divergence if tokens else None,
         ids=generation.ids_text,
     )
 
@@ -454,12 +455,12 @@ def compare_page(lab: Lab, run_a: str, run_b: str) -> ComparePage:
         verdict_detail=comparison.verdict_detail,
         median_a_ms=comparison.median_a_ms,
         median_b_ms=comparison.median_b_ms,
-        total=comparison.total.to_dict(),
+        total=to_data(comparison.total),
         notes=list(comparison.notes),
         memory=comparison.memory,
         generation=comparison.generation,
         per_operator=comparison.per_operator_scope,
-        ops=sorted((op.to_dict() for op in comparison.ops), key=lambda op: -abs(op["delta_ms"] or 0.0)),
+        ops=sorted(to_data(comparison.ops), key=lambda op: -abs(op["delta_ms"] or 0.0)),
     )
 
 

@@ -24,6 +24,7 @@ from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.programs.plan import read_program_plan
+from orchestrator.records import to_data
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.bundle import BOARD_FILES
 from orchestrator.results.etdump import read_etdump
@@ -185,7 +186,7 @@ def test_live_bytes_follow_the_memory_plan(tiny_artifacts: dict) -> None:
     for model in ("distilbert-tiny", "gpt2-tiny"):
         for variant in (VARIANTS["portable"], VARIANTS["xnnpack"]):
             artifact = load_artifact(model, variant, ARTIFACT_CACHE)
-            reported = artifact.sidecar.memory.to_dict()
+            reported = to_data(artifact.sidecar.memory)
             plan = read_program_plan(artifact.pte)
             live = reported["live_bytes"]
             # One figure per instruction of the plan, never more than the arenas hold.

@@ -77,3 +77,10 @@ def test_a_record_inside_a_file_is_named_by_its_path_there() -> None:
         from_data([{"level": "x", "reason": "r"}], list[Reason], where="s.json", field="validity.reasons")
     assert caught.value.field == "validity.reasons[0].level"
     assert to_data([Reason("invalid", "r")]) == [{"level": "invalid", "reason": "r"}]
+
+
+def test_a_lone_surrogate_is_a_record_error_not_a_crash() -> None:
+    """JSON can spell "\\ud800"; msgspec raises UnicodeEncodeError on it where it wanted an object."""
+    with pytest.raises(RecordError, match=r"s\.json: validity: holds a lone surrogate") as caught:
+        from_data("a\ud800", Reason, where="s.json", field="validity")
+    assert caught.value.exit_code == ExitCode.DATA

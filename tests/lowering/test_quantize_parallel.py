@@ -4,6 +4,7 @@ keeps every variant within the memory budget, and it writes what the sequential 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -98,7 +99,7 @@ def test_the_parallel_schedule_keeps_every_variant_within_the_memory_budget(tmp_
 
 def _comparable(sidecar: Sidecar | dict[str, Any]) -> dict[str, Any]:
     """A sidecar without what differs between two lowerings of the same thing: when, how long, how much memory."""
-    sidecar = sidecar_data(sidecar) if isinstance(sidecar, Sidecar) else sidecar
+    sidecar = json.loads(json.dumps(sidecar_data(sidecar))) if isinstance(sidecar, Sidecar) else sidecar  # lists
     kept = {k: v for k, v in sidecar.items() if k not in ("lowering", "created")}
     kept["files"] = {role: {k: v for k, v in r.items() if k != "mtime_ns"} for role, r in sidecar["files"].items()}
     return kept

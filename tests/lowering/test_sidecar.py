@@ -29,6 +29,7 @@ from orchestrator.lowering.sidecar import (
     write_sidecar,
 )
 from orchestrator.lowering.variants import VARIANTS
+from orchestrator.programs.memory import program_memory_from_sidecar
 from tests.plugins.artifacts import ARTIFACT_CACHE, TINY_MODELS
 
 QUANTIZATION = {
@@ -278,3 +279,11 @@ def test_the_artifact_cache_holds_typed_sidecars(tiny_artifacts: dict[str, Lower
         artifact = load_artifact(name, VARIANTS["xnnpack"], ARTIFACT_CACHE)
         assert isinstance(artifact.sidecar, Sidecar) and artifact.sha256 == artifact.sidecar.sha256
         assert artifact.sidecar.memory.planned_bytes == sum(artifact.sidecar.memory.planned_arenas)
+
+
+def test_a_warm_analysis_reads_the_plans_memory_from_the_typed_sidecar() -> None:
+    """results/analysis.py hands programs/ the sidecar's data (tuples, as to_data writes them): the recorded plan is
+    used, not re-read from the .pte."""
+    sidecar = read_sidecar(WRITTEN_BEFORE[0])
+    memory = program_memory_from_sidecar(sidecar_data(sidecar))
+    assert memory is not None and memory.planned_arenas == list(sidecar.memory.planned_arenas)

@@ -84,6 +84,8 @@ def from_data(data: Any, kind: type[RecordT], *, where: str, field: str = "") ->
     except msgspec.ValidationError as exc:
         path, problem = _located(str(exc))
         raise RecordError(where, _join(field, path), problem) from None
+    except UnicodeEncodeError:  # msgspec meets a lone surrogate, which JSON can spell ("\ud800") and UTF-8 cannot
+        raise RecordError(where, field, "holds a lone surrogate, which is not text") from None
 
 
 def _located(message: str) -> tuple[str, str]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.advice.findings import ADVICE_FILE, Advice, AdviceError, Finding
+from orchestrator.advice.findings import ADVICE_FILE, Advice, Finding
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import atomic_write_json
+from orchestrator.records import RecordError, from_data, to_data
 from orchestrator.results.documents import ANALYSIS_DIR, read_analysis_file
 from orchestrator.results.overlays import GREEN_YELLOW_RED, graph_node_data, overlay_path
 
@@ -37,16 +38,16 @@ def load_advice(bundle_dir: Path) -> Advice | None:
         return None
     document = read_analysis_file(bundle_dir, ADVICE_FILE)  # strict JSON; never a board's (its manifest is checked)
     try:
-        return Advice.from_dict(document)
-    except AdviceError as exc:
-        raise AnalysisError(f"{path}: {exc}", hint="`fab advise` on the run writes it again") from None
+        return from_data(document, Advice, where=str(path))
+    except RecordError as exc:
+        raise AnalysisError(str(exc), hint="`fab advise` on the run writes it again") from None
 
 
 def write_advice(bundle_dir: Path, advice: Advice) -> list[Path]:
     """advice.json and, when a finding has nodes, the two overlays; stale overlays of an earlier advice go."""
     bundle_dir = Path(bundle_dir)
     written = [bundle_dir / ANALYSIS_DIR / ADVICE_FILE]
-    atomic_write_json(written[0], advice.to_dict())
+    atomic_write_json(written[0], to_data(advice))
     painted = [finding for finding in advice.findings if finding.nodes]
     paths = [overlay_path(bundle_dir, ADVICE_OVERLAY), overlay_path(bundle_dir, SAVING_OVERLAY)]
     if not painted:

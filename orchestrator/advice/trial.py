@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from orchestrator import console
 from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
-from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, Interleaved, Program, interleave
+from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, Interleaved, Program, Retest, interleave
 from orchestrator.deploy.provision import quick_check, setup_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode
@@ -120,36 +119,73 @@ class TrialReport:
     original_ms: float | None = None  # the original's median over the first variant's re-test
     variants: list[VariantTrial] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "board": self.board,
-            "backend": self.variant.name,
-            "original_ms": self.original_ms,
-            "variants": [
-                {
-                    "name": trial.name,
-                    "rewrites": list(trial.rewrites),
-                    "predicted_ms": trial.predicted_ms,
-                    "profiled_ms": trial.profiled_ms,
-                    "predicted_share": trial.predicted_share,
-                    "predicted_at_retest_ms": trial.predicted_at_retest_ms,
-                    "measured_ms": trial.measured_ms,
-                    "measured_percent": trial.measured_percent,
-                    "prediction_error": trial.prediction_error,
-                    "ratio": trial.ratio,
-                    "confirmed": trial.confirmed,
-                    "why": trial.why,
-                    "outputs": {
-                        "sqnr_db": trial.outputs.sqnr_db,
-                        "max_abs_error": trial.outputs.max_abs_error,
-                        "max_rel_error": trial.outputs.max_rel_error,
-                    },
-                    "retest": trial.retest.to_dict(),
-                }
+    @property
+    def outcome(self) -> TrialOutcome:
+        """What advice_trial.json keeps (`to_data` writes it): per variant its prediction, the board's answer and
+        the re-test's figures."""
+        return TrialOutcome(
+            self.model,
+            self.board,
+            self.variant.name,
+            self.original_ms,
+            tuple(
+                VariantOutcome(
+                    trial.name,
+                    trial.rewrites,
+                    trial.predicted_ms,
+                    trial.profiled_ms,
+                    trial.predicted_share,
+                    trial.predicted_at_retest_ms,
+                    trial.measured_ms,
+                    trial.measured_percent,
+                    trial.prediction_error,
+                    trial.ratio,
+                    trial.confirmed,
+                    trial.why,
+                    OutputFigures(trial.outputs.sqnr_db, trial.outputs.max_abs_error, trial.outputs.max_rel_error),
+                    trial.retest.outcome,
+                )
                 for trial in self.variants
-            ],
-        }
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class OutputFigures:
+    sqnr_db: float
+    max_abs_error: float
+    max_rel_error: float
+
+
+@dataclass(frozen=True)
+class VariantOutcome:
+    """One variant's line of advice_trial.json."""
+
+    name: str
+    rewrites: tuple[str, ...]
+    predicted_ms: float
+    profiled_ms: float | None
+    predicted_share: float | None
+    predicted_at_retest_ms: float
+    measured_ms: float | None
+    measured_percent: float | None
+    prediction_error: float | None
+    ratio: float | None
+    confirmed: bool
+    why: str
+    outputs: OutputFigures
+    retest: Retest
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """advice_trial.json: the trial of one model's rewrites on one board."""
+
+    model: str
+    board: str
+    backend: str  # the variant both sides were lowered to
+    original_ms: float | None
+    variants: tuple[VariantOutcome, ...]
 
 
 def _logits_rows(original: np.ndarray, inputs: Sequence[NamedTensor], spec: ModelSpec) -> np.ndarray:

@@ -18,6 +18,7 @@ from orchestrator.commands.render_advice import print_advice_lines, render_advic
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.records import to_data
 from orchestrator.results.documents import ANALYSIS_DIR
 from orchestrator.results.store import LocalRun, find_run
 
@@ -110,6 +111,6 @@ def advise_on(
         predicted_ms=predicted, profiled_ms=advice.method_ms, weights=facts.sidecar.weights, rounds=trial.rounds,
         budget_seconds=trial.retest_seconds,
     )  # fmt: skip
-    atomic_write_json(run.path / ANALYSIS_DIR / TRIAL_FILE, report.to_dict())
+    atomic_write_json(run.path / ANALYSIS_DIR / TRIAL_FILE, to_data(report.outcome))
     render_trial(report)
     return 0

@@ -97,7 +97,7 @@ def print_lowering(result: LoweringResult) -> None:
     for variant, item in result.variants.items():
         outside = item.sidecar.outside_delegates
         if outside is not None and outside.stored_twice_bytes >= _STORED_TWICE_WARNING:
-            shapes = ", ".join("×".join(map(str, t["shape"])) for t in outside.stored_twice[:3])
+            shapes = ", ".join("×".join(map(str, t.shape)) for t in outside.stored_twice.tensors[:3])
             console.warn(
                 f"{variant}: {outside.stored_twice_bytes / 1e6:.1f} MB of constants stored twice, outside and inside "
                 f"the XNNPACK delegates ({shapes}): a tied embedding costs its size again in the .pte and in memory"

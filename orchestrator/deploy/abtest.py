@@ -29,7 +29,6 @@ import posixpath
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -37,6 +36,7 @@ from orchestrator import strictjson
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import BoardDataError, BoardError
+from orchestrator.records import Count, Duration
 from orchestrator.results.stats import DEFAULT_MIN_EFFECT, compare_samples
 from orchestrator.results.store import new_run_id
 from orchestrator.results.validity import number_list
@@ -98,21 +98,41 @@ class Interleaved:
         a, b = self.median_a_ms, self.median_b_ms
         return b / a if a and b is not None else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rounds": self.rounds,
-            "iterations_per_run": self.iterations_per_run,
-            "seconds": round(self.seconds, 3),
-            "budget_seconds": self.budget_seconds,
-            "median_a_ms": self.median_a_ms,
-            "median_b_ms": self.median_b_ms,
-            "ratio": self.ratio,
-            "round_ratios": self.round_ratios,
-            "change": self.change,
-            "confirmed": self.confirmed,
-            "reason": self.reason,
-            "error": self.error,
-        }
+    @property
+    def outcome(self) -> Retest:
+        """What a report keeps of the re-test (`to_data` writes it): its figures, not its samples."""
+        return Retest(
+            rounds=self.rounds,
+            iterations_per_run=self.iterations_per_run,
+            seconds=round(self.seconds, 3),
+            budget_seconds=self.budget_seconds,
+            median_a_ms=self.median_a_ms,
+            median_b_ms=self.median_b_ms,
+            ratio=self.ratio,
+            round_ratios=tuple(self.round_ratios),
+            change=self.change,
+            confirmed=self.confirmed,
+            reason=self.reason,
+            error=self.error,
+        )
+
+
+@dataclass(frozen=True)
+class Retest:
+    """An interleaved re-test's outcome as reports and the history keep it (a verdict's `retest`, trial.json)."""
+
+    rounds: Count
+    iterations_per_run: Count
+    seconds: Duration
+    budget_seconds: Duration | None
+    median_a_ms: Duration | None
+    median_b_ms: Duration | None
+    ratio: Duration | None
+    round_ratios: tuple[Duration, ...]
+    change: str  # slower | faster | no change | insufficient data
+    confirmed: bool
+    reason: str
+    error: str | None
 
 
 def decide(

@@ -35,9 +35,6 @@ class BoardStatus:
     counters: str | None = None  # its PMU, paranoid level and the counters that open
     checked_at: float = 0.0  # time.time() of the look
 
-    def to_dict(self) -> dict[str, Any]:
-        return {field: getattr(self, field) for field in self.__dataclass_fields__}
-
 
 def place_text(place: labgrid.PlaceStatus | None) -> str | None:
     """A labgrid place, its name and who locked or reserved it."""

@@ -54,7 +54,15 @@ from orchestrator.lab.history_url import (
     problem,
     unreachable,
 )
-from orchestrator.lab.run_record import OP_KEY_SIZE, OP_NAME_SIZE, STORED_FIELDS, TEXT_SIZES, RunRecord, versions_key
+from orchestrator.lab.run_record import (
+    OP_KEY_SIZE,
+    OP_NAME_SIZE,
+    STORED_FIELDS,
+    TEXT_SIZES,
+    RunRecord,
+    read_run_record,
+    versions_key,
+)
 from orchestrator.records import to_data
 
 DEFAULT_BUSY_SECONDS = 30.0  # how long a write waits for another writer's lock before it fails
@@ -426,7 +434,7 @@ class History:
         """A row read back through the one record reader (an older row's new columns are NULL: their defaults)."""
         stored = {name: getattr(row, name) for name in STORED_FIELDS}
         stored.update(generation=row.generation, created_at=row.created_at, **details)
-        return RunRecord.from_dict(stored, f"the history {self.where}: run {row.run_id}")
+        return read_run_record(stored, f"the history {self.where}: run {row.run_id}")
 
 
 def _newest_first(query: Any, night: str | None, cell: tuple[str, str, str] | None, limit: int | None) -> Any:

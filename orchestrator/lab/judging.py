@@ -16,6 +16,7 @@ from orchestrator.deploy.abtest import Interleaved
 from orchestrator.lab.matrix import MIN_BASELINE_NIGHTS
 from orchestrator.lab.night_report import CellVerdict
 from orchestrator.lab.run_record import RunRecord
+from orchestrator.records import to_data
 from orchestrator.results.stats import compare_samples
 from orchestrator.results.verdicts import Kind
 
@@ -173,9 +174,9 @@ def confirm(verdict: CellVerdict, result: Interleaved | None, *, why_not: str | 
     if result is None or result.error:
         reason = why_not or (result.reason if result else "no re-test")
         verdict.detail += f"; not confirmed: {reason}"
-        verdict.retest = result.to_dict() if result else None
+        verdict.retest = to_data(result.outcome) if result else None
         return verdict
-    verdict.retest = result.to_dict()
+    verdict.retest = to_data(result.outcome)
     figures = (
         f"interleaved re-test: baseline program {result.median_a_ms:.3f} ms, tonight's {result.median_b_ms:.3f} ms "
         f"({(result.ratio or 1) - 1:+.1%}, {result.timing})"

@@ -40,7 +40,7 @@ class CellVerdict:
     suspect: str | None = None  # "slower"/"faster": a changed program that needs the interleaved re-test
     reference: RunRecord | None = None  # the baseline night whose program is the A side of a re-test
     drift: float | None = None  # unchanged program: tonight's median / the baseline's, the board's doing
-    retest: dict[str, Any] | None = None  # abtest.Interleaved.to_dict()
+    retest: dict[str, Any] | None = None  # to_data(abtest.Interleaved.outcome)
     remeasured: dict[str, Any] | None = None  # the degraded first run that was re-measured
     memory: dict[str, Any] | None = None  # peak RSS vs the baseline nights' (judging.judge_memory)
 

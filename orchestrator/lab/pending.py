@@ -2,10 +2,10 @@
 and `fab nightly --record-pending` (or the next nightly) records it.
 
     <reports>/nightly-<night>/pending/<board>--<model>--<backend>.json
-        {"schema": 1, "history": <the history's holder id>, "record": RunRecord.to_dict()}
+        {"schema": 1, "history": <the history's holder id>, "record": to_data(RunRecord)}
 
 The file names the history it belongs to (a hash of its URL), so another history never records it. A file is read
-back through the history's own record reader (RunRecord.from_dict): a damaged or edited one is reported with its
+back through the history's own record reader (read_run_record): a damaged or edited one is reported with its
 file and field, kept (nothing is lost, it can be mended) and skipped; it never stops the other files nor a nightly.
 """
 
@@ -24,9 +24,10 @@ from orchestrator.fsutil import atomic_write_json, read_json
 from orchestrator.lab import nightlock
 from orchestrator.lab.history import History
 from orchestrator.lab.history_url import problem
-from orchestrator.lab.run_record import RunRecord
+from orchestrator.lab.run_record import RunRecord, read_run_record
 from orchestrator.lowering.programs import holder_id
 from orchestrator.names import is_night
+from orchestrator.records import to_data
 from orchestrator.strictjson import JsonDataError
 
 SCHEMA = 1
@@ -66,7 +67,7 @@ def write(reports_dir: Path, history_url: str, record: RunRecord) -> Path:
     measured: recorded later, it keeps it."""
     stamped = dataclasses.replace(record, created_at=record.created_at or dt.datetime.now(dt.timezone.utc))
     path = path_of(reports_dir, record)
-    atomic_write_json(path, {"schema": SCHEMA, "history": holder_id(history_url), "record": stamped.to_dict()})
+    atomic_write_json(path, {"schema": SCHEMA, "history": holder_id(history_url), "record": to_data(stamped)})
     return path
 
 
@@ -86,7 +87,7 @@ def load(path: Path, history: str) -> RunRecord | None:
         raise JsonDataError(str(path), "expected the id of the history it belongs to", "history")
     if document["history"] != history:
         return None
-    record = RunRecord.from_dict(document.get("record"), str(path), "record")
+    record = read_run_record(document.get("record"), str(path), "record")
     night = path.parent.parent.name.removeprefix("nightly-")
     if is_night(night) and record.night != night:  # its night's lock is the one held while it is recorded
         raise JsonDataError(str(path), f"{record.night} is not the night of its folder, {night}", "record.night")

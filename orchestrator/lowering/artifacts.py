@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator import paths
 from orchestrator.errors import ArtifactError
 from orchestrator.fsutil import read_json, sha256_file
-from orchestrator.lowering.sidecar import SIDECAR_SCHEMA, FileRecord, Sidecar
+from orchestrator.lowering.sidecar import SIDECAR_SCHEMA, FileRecord, Sidecar, sidecar_from_data
 from orchestrator.lowering.variants import BACKENDS, QUANTIZED_BACKENDS, VARIANTS, Variant
 
 # the backend names, from variants.py; the schema, from sidecar.py
@@ -107,10 +107,11 @@ def valid_sidecar(artifact_paths: ArtifactPaths, variant: Variant) -> tuple[Side
         data = read_json(sidecar_path)
     except (OSError, ValueError):
         return None, f"{sidecar_path.name} is unreadable"
-    if not isinstance(data, dict) or data.get("schema") != SIDECAR_SCHEMA:
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if not isinstance(schema, int) or schema < SIDECAR_SCHEMA:  # a newer one is refused by name when read
         return None, f"{sidecar_path.name} has an old schema"
     try:
-        sidecar = Sidecar.from_dict(data, sidecar_path.name)
+        sidecar = sidecar_from_data(data, sidecar_path.name)
     except ArtifactError as exc:
         return None, str(exc)
     for role, record in sidecar.files.items():

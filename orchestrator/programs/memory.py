@@ -209,7 +209,7 @@ def _live_bytes(pg: Any, plan: Any) -> dict[tuple[int, int], int]:
 def program_memory_from_sidecar(sidecar: dict[str, Any] | None) -> ProgramMemory | None:
     """The lowering's record of the plan (the sidecar's `memory`), when no .pte is at hand."""
     memory = (sidecar or {}).get("memory") if isinstance(sidecar, dict) else None
-    if not isinstance(memory, dict) or not isinstance(memory.get("planned_arenas"), list):
+    if not isinstance(memory, dict) or not isinstance(memory.get("planned_arenas"), list | tuple):
         return None
     method = str(memory.get("method") or "forward")
     live: dict[tuple[int, int], int] = {}

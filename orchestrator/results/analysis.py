@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import sha256_file
 from orchestrator.lowering.quantize.schemes import FP32
-from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.lowering.sidecar import Sidecar, sidecar_data
 from orchestrator.programs.memory import ProgramMemory, program_memory_from_sidecar, read_program_memory
 from orchestrator.programs.plan import ProgramPlan, read_program_plan
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha, read_bundle
@@ -75,7 +75,7 @@ def _verify_program(bundle: BundleFiles, pte: Path, sidecar: Sidecar | None) -> 
 def _program_memory(bundle: BundleFiles, pte: Path | None, sidecar: Sidecar | None) -> ProgramMemory | None:
     """The plan's memory: the lowering read this very .pte into its sidecar, so a warm run need not re-read it."""
     # programs/ sits below lowering/ and reads the sidecar's JSON layout, not the Sidecar type.
-    recorded = program_memory_from_sidecar(sidecar.to_dict() if sidecar is not None else None)
+    recorded = program_memory_from_sidecar(sidecar_data(sidecar) if sidecar is not None else None)
     if pte is None:
         return recorded
     same_program = sidecar is not None and sidecar.sha256 == bundle_model_sha(bundle.run, bundle.manifest)

@@ -31,7 +31,7 @@ from typing import Any
 from orchestrator.errors import AnalysisError, UsageError
 from orchestrator.fsutil import atomic_write_json, read_json, unreadable
 from orchestrator.lowering.variants import UnknownVariant, Variant
-from orchestrator.records import Document, write_document
+from orchestrator.records import Document, to_data, write_document
 from orchestrator.results.documents import ANALYSIS_DIR, NotAnalysed, load_summary
 from orchestrator.results.ops_record import InstructionTiming, OpsRecord, load_ops
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
@@ -285,7 +285,7 @@ def run_verdict(a: _Run, b: _Run, total: Verdict) -> tuple[Kind, str]:
 
 def interleaved_verdict(comparison: Comparison, result: Any) -> None:
     """Settle the comparison with an interleaved A/B re-test (abtest.Interleaved): the only way to a regression."""
-    comparison.retest = result.to_dict()
+    comparison.retest = to_data(result.outcome)
     if result.error:
         comparison.verdict = Kind.INCONCLUSIVE
         comparison.verdict_detail = f"the interleaved re-test stopped: {result.error}"

@@ -10,7 +10,7 @@ from typing import Any
 
 from orchestrator.advice.findings import RunFacts
 from orchestrator.lowering.lowered import spec_from_record
-from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.lowering.sidecar import sidecar_from_data
 from orchestrator.results.ops_record import read_ops
 from orchestrator.results.summary import read_summary
 
@@ -22,7 +22,7 @@ def recorded(model: str) -> dict[str, Any]:
 
 
 def facts_of(raw: dict[str, Any], **changes: Any) -> RunFacts:
-    sidecar = Sidecar.from_dict(raw["sidecar"])
+    sidecar = sidecar_from_data(raw["sidecar"])
     facts = RunFacts(
         read_ops(raw["ops"]),
         read_summary(raw["summary"]),

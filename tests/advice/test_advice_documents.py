@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from orchestrator.advice.advisor import advise
 from orchestrator.advice.documents import ADVICE_OVERLAY, FINDING_COLOURS, SAVING_OVERLAY, load_advice, write_advice
 from orchestrator.errors import AnalysisError
+from orchestrator.records import to_data
 from orchestrator.results.ops_record import load_ops, read_ops
 from orchestrator.results.overlays import overlay_path
 from tests.advice.advice_helpers import facts_of, recorded
@@ -35,7 +36,7 @@ def test_the_advice_overlays_paint_each_findings_real_nodes(model: str, tmp_path
     raw = recorded(model)
     advice = advise(facts_of(raw))
     written = write_advice(tmp_path, advice)
-    assert json.loads((tmp_path / "analysis" / "advice.json").read_text()) == json.loads(json.dumps(advice.to_dict()))
+    assert json.loads((tmp_path / "analysis" / "advice.json").read_text()) == json.loads(json.dumps(to_data(advice)))
     numbers = json.loads(overlay_path(tmp_path, ADVICE_OVERLAY).read_text())
     savings = json.loads(overlay_path(tmp_path, SAVING_OVERLAY).read_text())
     assert len(written) == 3

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.advice.facts import run_facts
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.quantize.schemes import FP32, QUANTIZED, SCHEMES
-from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.lowering.sidecar import sidecar_from_data
 from orchestrator.lowering.variants import QUANTIZED_ON, Variant
 from orchestrator.results.store import find_run
 from tests.advice.advice_helpers import DATA, recorded
@@ -35,7 +35,7 @@ def _facts_of_the_fp32_run(tmp_path: Path, *peers: Variant) -> tuple[Variant | N
         _recorded_run(results, peer.name, f"20261201T00000{number}Z-000abc")
     fp32 = Variant(QUANTIZED_ON)
     artifact = Artifact(ArtifactPaths.for_model(MODEL, tmp_path / "artifacts"), fp32,
-                        Sidecar.from_dict(recorded(MODEL)["sidecar"]))  # fmt: skip
+                        sidecar_from_data(recorded(MODEL)["sidecar"]))  # fmt: skip
     facts, _ = run_facts(find_run("20261201T000000Z", root=results), artifact, results_root=results)
     assert facts.sidecar is not None  # the artifact is the program the run ran: its peers are looked for
     return facts.quantized_peer_variant, facts.quantized_peer is not None

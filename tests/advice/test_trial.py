@@ -5,18 +5,30 @@ on the local board, and a variant whose outputs differ refused. No timing is ass
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from orchestrator.advice.trial import TrialRefused, _logits_rows, check_outputs, try_rewrites, variant_sets
+from orchestrator.advice.trial import (
+    OutputsCheck,
+    TrialRefused,
+    TrialReport,
+    VariantTrial,
+    _logits_rows,
+    check_outputs,
+    try_rewrites,
+    variant_sets,
+)
 from orchestrator.boards.inventory import Board
+from orchestrator.deploy.abtest import Interleaved
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode
 from orchestrator.lowering.artifacts import ArtifactPaths
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.variants import VARIANTS
+from orchestrator.records import to_data
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.plugins.artifacts import ARTIFACT_CACHE
 
@@ -84,3 +96,26 @@ def test_try_rewrites_on_the_local_board(local_board: Board, tmp_path: Path) -> 
         try_rewrites(spec, xnnpack, ALL_THREE, local_board, RunParams(warmup=1), weights="random",
                      root=ARTIFACT_CACHE, jobs=1, reference=wrong, **quick)  # fmt: skip
     assert refused.value.exit_code == ExitCode.DATA == 65
+
+
+def test_the_trial_file_keeps_its_layout() -> None:
+    """advice_trial.json as `to_data` writes a TrialReport's outcome: the keys and figures the report had before."""
+    retest = Interleaved(rounds=5, iterations_per_run=10, seconds=12.34567, a_ms=[10.0, 12.0], b_ms=[8.0, 9.0],
+                         round_ratios=[0.8, 0.75], change="faster", confirmed=True, reason="5 of 5 rounds")  # fmt: skip
+    trial = VariantTrial("distilbert-tiny.eager-attention", ("eager-attention",), 1.5,
+                         OutputsCheck(60.0, 1e-4, 1e-3), retest, profiled_ms=20.0)  # fmt: skip
+    report = TrialReport("distilbert-tiny", "local", VARIANTS["xnnpack"], 11.0, [trial])
+    data = json.loads(json.dumps(to_data(report.outcome)))
+    assert list(data) == ["model", "board", "backend", "original_ms", "variants"] and data["backend"] == "xnnpack"
+    (written,) = data["variants"]
+    assert list(written) == [
+        "name", "rewrites", "predicted_ms", "profiled_ms", "predicted_share", "predicted_at_retest_ms", "measured_ms",
+        "measured_percent", "prediction_error", "ratio", "confirmed", "why", "outputs", "retest",
+    ]  # fmt: skip
+    assert written["rewrites"] == ["eager-attention"] and written["measured_ms"] == pytest.approx(2.5)
+    assert written["outputs"] == {"sqnr_db": 60.0, "max_abs_error": 1e-4, "max_rel_error": 1e-3}
+    assert written["retest"] == {
+        "rounds": 5, "iterations_per_run": 10, "seconds": 12.346, "budget_seconds": None, "median_a_ms": 11.0,
+        "median_b_ms": 8.5, "ratio": pytest.approx(8.5 / 11), "round_ratios": [0.8, 0.75], "change": "faster",
+        "confirmed": True, "reason": "5 of 5 rounds", "error": None,
+    }  # fmt: skip

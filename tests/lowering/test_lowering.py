@@ -23,6 +23,7 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import cache
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweringResult
+from orchestrator.lowering.sidecar import sidecar_data
 from orchestrator.lowering.spec import ModelSpec, load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -62,8 +63,8 @@ def test_sidecars_describe_the_programs(tiny_artifacts: dict[str, LoweringResult
     for variant, sidecar in ((VARIANTS["portable"], portable), (VARIANTS["xnnpack"], xnnpack)):
         pte = result.paths.pte(variant)
         for key in ("model", "model_id", "backend", "exported_program", "pte", "pte_size_mb", "seq_len", "weights"):
-            assert key in sidecar.to_dict(), key  # the layout on disk
-        assert sidecar.variant == variant and sidecar.to_dict()["backend"] == variant.name
+            assert key in sidecar_data(sidecar), key  # the layout on disk
+        assert sidecar.variant == variant and sidecar_data(sidecar)["backend"] == variant.name
         assert sidecar.sha256 == sha256_file(pte)
         assert sidecar.pte_size_mb == pytest.approx(pte.stat().st_size / 1e6, abs=1e-3)
         assert set(sidecar.versions) == {"torch", "executorch", "transformers"}
@@ -72,8 +73,8 @@ def test_sidecars_describe_the_programs(tiny_artifacts: dict[str, LoweringResult
             {"name": "input_ids", "shape": [1, 128], "dtype": "int64"},
             {"name": "attention_mask", "shape": [1, 128], "dtype": "int64"},
         ]
-        assert [output.to_dict() for output in sidecar.outputs] == [
-            {"name": "output_0", "kind": "logits", "shape": [1, 128, 1000], "dtype": "float32"}  # every position
+        assert [(o.name, o.kind, o.shape, o.dtype) for o in sidecar.outputs] == [
+            ("output_0", "logits", (1, 128, 1000), "float32")  # every position
         ]
         counts = execution_plan_counts(pte)
         instructions = sidecar.delegation.instructions

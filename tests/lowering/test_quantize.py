@@ -228,15 +228,15 @@ def test_quantized_node_counts_are_what_the_sidecar_claims(
     for scheme in (s.name for s in TINY_SCHEMES):
         item = result.variants[VARIANTS[f"xnnpack-{scheme}"]]
         assert item.sidecar.quantization is not None
-        quantization = item.sidecar.quantization.to_dict()
+        quantization = item.sidecar.quantization
         in_program = dict(fully_connected_types(item.pte))  # read from the serialized XNNPACK graphs
         assert in_program == {SCHEMES[scheme].fully_connected: linears}, (scheme, in_program)
-        assert quantization["nodes"]["fully_connected"] == in_program
-        assert quantization["nodes"]["quantized_fully_connected"] == linears
-        assert quantization["quantized_linears"] == quantization["linear_layers"] == linears
-        assert quantization["float_linears"] == []
-        assert quantization["scheme"] == scheme and quantization["method"]
-        assert quantization["conv1d_swapped_to_linear"] == (8 if name == "gpt2-tiny" else 0)
+        assert quantization.fully_connected == in_program
+        assert quantization.nodes is not None and quantization.nodes.quantized_fully_connected == linears
+        assert quantization.quantized_linears == quantization.linear_layers == linears
+        assert quantization.float_linears == ()
+        assert quantization.scheme == scheme and quantization.method
+        assert quantization.conv1d_swapped_to_linear == (8 if name == "gpt2-tiny" else 0)
         assert item.sidecar.pte_size_mb < fp32.sidecar.pte_size_mb
         assert item.pte.name == f"{name}_xnnpack-{scheme}.pte"
         assert "exported_program" not in item.sidecar.files  # lowered from the eager model

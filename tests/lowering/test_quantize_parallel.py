@@ -4,6 +4,7 @@ keeps every variant within the memory budget, and it writes what the sequential 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from typing import Any
 from orchestrator.fsutil import read_json
 from orchestrator.lowering.artifacts import ArtifactPaths, sidecar_problem
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.lowering.sidecar import Sidecar, sidecar_data
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.processes import reaped
@@ -98,7 +99,7 @@ def test_the_parallel_schedule_keeps_every_variant_within_the_memory_budget(tmp_
 
 def _comparable(sidecar: Sidecar | dict[str, Any]) -> dict[str, Any]:
     """A sidecar without what differs between two lowerings of the same thing: when, how long, how much memory."""
-    sidecar = sidecar.to_dict() if isinstance(sidecar, Sidecar) else sidecar
+    sidecar = json.loads(json.dumps(sidecar_data(sidecar))) if isinstance(sidecar, Sidecar) else sidecar  # lists
     kept = {k: v for k, v in sidecar.items() if k not in ("lowering", "created")}
     kept["files"] = {role: {k: v for k, v in r.items() if k != "mtime_ns"} for role, r in sidecar["files"].items()}
     return kept

@@ -232,6 +232,7 @@ def test_an_exported_program_is_lowered_with_its_example_inputs(programs: dict[s
     assert np.allclose(outputs[0].array, expected[0].detach().numpy()) and outputs[1].array.tolist() == [2, 2, 2]
     sidecar = result.variants[Variant("xnnpack")].sidecar
     assert sidecar.spec["model_source"] == "exported-program" and sidecar.parameters == 8 * 4 + 4
+    assert list(sidecar.spec) == ["name", "model_source", "source", "sha256", "inputs"]  # to_data(ExportedSpec)
     assert lower_exported_program(programs["pt2"], "small", variants=variants, root=tmp_path).cached
 
     with pytest.raises(UserProgramError, match="calibrated scheme needs calibration samples"):

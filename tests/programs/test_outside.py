@@ -12,6 +12,7 @@ import pytest
 from orchestrator.errors import AnalysisError
 from orchestrator.lowering.export.delegation import BOOKKEEPING, bookkeeping_counts
 from orchestrator.lowering.export.lower import LoweringResult
+from orchestrator.lowering.sidecar import StoredTensor
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.programs.outside import read_outside_delegates
 from orchestrator.programs.plan import read_program_plan
@@ -72,7 +73,7 @@ def test_the_sidecar_records_the_split_and_the_bytes_stored_twice(tiny_artifacts
     assert recorded.kernel_calls == read.kernel_calls
     assert recorded.bookkeeping == bookkeeping_counts(lowered.sidecar.delegation.fallback_histogram)
     assert recorded.stored_twice_bytes == read.duplicated_bytes > 0
-    assert recorded.stored_twice[0] == {"shape": [TINY_VOCAB, TINY_HIDDEN], "bytes": TINY_VOCAB * TINY_HIDDEN * 4}
+    assert recorded.stored_twice.tensors[0] == StoredTensor((TINY_VOCAB, TINY_HIDDEN), TINY_VOCAB * TINY_HIDDEN * 4)
 
 
 def test_a_file_that_is_no_program_is_refused(tmp_path: Path) -> None:

@@ -186,7 +186,7 @@ def test_live_bytes_follow_the_memory_plan(tiny_artifacts: dict) -> None:
     for model in ("distilbert-tiny", "gpt2-tiny"):
         for variant in (VARIANTS["portable"], VARIANTS["xnnpack"]):
             artifact = load_artifact(model, variant, ARTIFACT_CACHE)
-            reported = artifact.sidecar.memory.to_dict()
+            reported = to_data(artifact.sidecar.memory)
             plan = read_program_plan(artifact.pte)
             live = reported["live_bytes"]
             # One figure per instruction of the plan, never more than the arenas hold.

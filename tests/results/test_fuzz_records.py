@@ -24,6 +24,7 @@ from orchestrator.advice.advisor import advise
 from orchestrator.advice.documents import load_advice, write_advice
 from orchestrator.advice.findings import RunFacts
 from orchestrator.errors import AnalysisError, EtlabError
+from orchestrator.records import to_data
 from orchestrator.results.compare import compare_runs
 from orchestrator.results.documents import load_summary
 from orchestrator.results.ops_record import load_ops
@@ -56,7 +57,7 @@ def seeds() -> dict[str, Any]:
     )  # fmt: skip
     advice = advise(facts_of(raw))
     assert advice.findings, "findings to damage"
-    return {"summary.json": summary_data(summary), "ops.json": raw["ops"], "advice.json": advice.to_dict()}
+    return {"summary.json": summary_data(summary), "ops.json": raw["ops"], "advice.json": to_data(advice)}
 
 
 SEEDS = seeds()

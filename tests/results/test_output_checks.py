@@ -15,7 +15,7 @@ import pytest
 from orchestrator.commands.render import render_outputs
 from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.outputs import LOGITS, VALUES, kind_from_shape, output_kind, output_records
-from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.lowering.sidecar import OutputRecord, Sidecar
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.records import from_data, to_data
 from orchestrator.results.summary import RunSummary, Validity
@@ -177,7 +177,8 @@ def test_output_kinds_come_from_the_task() -> None:
 def test_output_kinds_of_old_sidecars_are_said_to_be_guessed(tiny_artifacts: dict[str, LoweringResult]) -> None:
     sidecar = tiny_artifacts["gpt2-tiny"].variants[VARIANTS["xnnpack"]].sidecar
     assert output_kinds(sidecar) == ([LOGITS], None)
-    old_outputs = tuple(dataclasses.replace(o, kind=VALUES, kind_recorded=False) for o in sidecar.outputs)
+    old_outputs = tuple(OutputRecord(name=o.name, shape=o.shape, dtype=o.dtype) for o in sidecar.outputs)  # no kind
+    assert [(o.kind, o.kind_recorded) for o in old_outputs] == [(VALUES, False)]  # guessed: [1, 128, 1000]
     old = dataclasses.replace(sidecar, outputs=old_outputs)
     assert output_kinds(old) == ([LOGITS], "the sidecar records no output kinds: logits from its task")
     unknown_task = dataclasses.replace(old, task="something-new")

@@ -101,3 +101,10 @@ def test_a_record_read_without_its_defaults_writes_them_once_completed() -> None
     assert read == Verdict("valid", (Reason("invalid", "r"),))
     assert to_data(complete(read)) == to_data(Verdict("valid", (Reason("invalid", "r"),)))
     assert to_data(complete(read))["runs"] is None
+
+
+def test_a_lone_surrogate_is_a_record_error_not_a_crash() -> None:
+    """JSON can spell "\\ud800"; msgspec raises UnicodeEncodeError on it where it wanted an object."""
+    with pytest.raises(RecordError, match=r"s\.json: validity: holds a lone surrogate") as caught:
+        from_data("a\ud800", Reason, where="s.json", field="validity")
+    assert caught.value.exit_code == ExitCode.DATA

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from orchestrator import console
 from orchestrator.fsutil import atomic_path, sha256_bytes
@@ -33,33 +33,26 @@ from orchestrator.lowering.variants import Variant
 from orchestrator.versions import toolchain_versions
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExportedSpec:
-    """What the lowering and its sidecar need to know of a user's ExportedProgram (a ModelSpec's fields)."""
+    """What the lowering and its sidecar need to know of a user's ExportedProgram (a ModelSpec's fields); the
+    sidecar's `spec` is `to_data` of it (the field order is the file's key order)."""
 
     name: str
+    model_source: str = EXPORTED_PROGRAM
     source: str  # the .pt2 as given
     sha256: str
-    model_id: str | None = None
-    task: str = EXPORTED_PROGRAM
-    seq_len: int | None = None
-    image_size: int | None = None
-    model_source: str = EXPORTED_PROGRAM
     inputs: list[dict[str, Any]] = field(default_factory=list)
+    # A ModelSpec's other fields, the same for every exported program (not written: the sidecar says them).
+    model_id: ClassVar[str | None] = None
+    task: ClassVar[str] = EXPORTED_PROGRAM
+    seq_len: ClassVar[int | None] = None
+    image_size: ClassVar[int | None] = None
 
     @property
     def generates(self) -> bool:
         """A user's ExportedProgram runs once per run: etlab lowers no KV cache into it (ModelSpec.generates)."""
         return False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "model_source": self.model_source,
-            "source": self.source,
-            "sha256": self.sha256,
-            "inputs": list(self.inputs),
-        }
 
 
 def _load(data: bytes, where: Path) -> Any:

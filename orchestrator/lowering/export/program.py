@@ -20,9 +20,11 @@ from orchestrator.lowering.export.delegation import delegation_report, outside_d
 from orchestrator.lowering.export.export_errors import EXPORT, TO_EDGE, TO_EXECUTORCH, lowering_stage
 from orchestrator.lowering.export.parallel import VariantTask
 from orchestrator.lowering.quantize.xnn_types import node_report
-from orchestrator.lowering.sidecar import Sidecar, write_sidecar
+from orchestrator.lowering.sidecar import Sidecar, sidecar_from_data, write_sidecar
+from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.programs.memory import read_program_memory
+from orchestrator.records import to_data
 from orchestrator.versions import toolchain_versions
 
 
@@ -160,7 +162,7 @@ def lower_program(
         "outside_delegates": outside_delegates(pte_path, delegation["fallback_histogram"]),
         "quantization": quantization,
         "lowering": {"seconds": round(time.perf_counter() - started, 2), "peak_rss_bytes": peak_rss_bytes()},
-        "spec": spec.to_dict(),
+        "spec": spec.to_dict() if isinstance(spec, ModelSpec) else to_data(spec),  # exported.ExportedSpec
         "rewrites": list(task.rewrites),
         "generation": task.generation,
         "cache_key": task.key,
@@ -168,7 +170,7 @@ def lower_program(
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     # Checked before it is written: a sidecar this lowering cannot read back must not become a valid artifact.
-    sidecar = Sidecar.from_dict(data, artifact_paths.sidecar(variant).name)
+    sidecar = sidecar_from_data(data, artifact_paths.sidecar(variant).name)
     for note in sidecar.quantization.float_notes() if sidecar.quantization else ():
         console.warn(f"{spec.name}: {variant}: {note}")
     # The sidecar is the commit point: it is written last.

@@ -23,7 +23,7 @@ from orchestrator import console
 from orchestrator.errors import AnalysisError, ArtifactError
 from orchestrator.fsutil import atomic_path, read_json, sha256_file
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, Artifact, ArtifactPaths, file_record, valid_sidecar
-from orchestrator.lowering.sidecar import Sidecar, write_sidecar
+from orchestrator.lowering.sidecar import sidecar_from_data, write_sidecar
 from orchestrator.lowering.variants import Variant
 from orchestrator.names import is_valid_name
 from orchestrator.programs.memory import read_program_memory
@@ -283,7 +283,7 @@ def import_program(
         "files": files,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    sidecar = Sidecar.from_dict(data, artifact_paths.sidecar(variant).name)
+    sidecar = sidecar_from_data(data, artifact_paths.sidecar(variant).name)
     write_sidecar(artifact_paths.sidecar(variant), sidecar)  # the commit point: written last
     shown = ", ".join(f"{t.name} {t.dtype} {t.shape}" for t in inputs) or "none"
     console.info(console.escape(f"{name}: your program {pte.name} ({variant}) in {artifact_paths.folder}"))

@@ -48,7 +48,15 @@ class RecordError(EtlabError, ValueError):
 
 def to_data(record: Any) -> Any:
     """A record (or a list or mapping of them) as JSON-ready builtins: dicts, lists, str, int, float, bool, None."""
-    return _lists(msgspec.to_builtins(record))
+    return _lists(msgspec.to_builtins(record, enc_hook=_scalar))
+
+
+def _scalar(value: Any) -> Any:
+    """A numpy scalar (a float64 from a statistic) as the Python number it holds; anything else stays an error."""
+    item = getattr(value, "item", None)
+    if callable(item) and type(value).__module__ == "numpy":
+        return item()
+    raise TypeError(f"{type(value).__name__} is not a record field type")
 
 
 def complete(record: RecordT) -> RecordT:

@@ -108,3 +108,12 @@ def test_a_lone_surrogate_is_a_record_error_not_a_crash() -> None:
     with pytest.raises(RecordError, match=r"s\.json: validity: holds a lone surrogate") as caught:
         from_data("a\ud800", Reason, where="s.json", field="validity")
     assert caught.value.exit_code == ExitCode.DATA
+
+
+def test_a_numpy_number_in_a_record_is_written_as_the_python_number() -> None:
+    import numpy as np
+
+    data = to_data(Verdict("valid", runs=np.int64(3), agreement=np.float64(0.25)))  # type: ignore[arg-type]
+    assert data["runs"] == 3 and type(data["runs"]) is int and type(data["agreement"]) is float
+    with pytest.raises(TypeError):
+        to_data(Verdict("valid", runs=object()))  # type: ignore[arg-type]

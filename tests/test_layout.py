@@ -80,3 +80,18 @@ def test_no_module_is_over_600_lines() -> None:
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
     }
     assert not long, f"split these along their seams, one concept per module (docs/DESIGN.md's map): {long}"
+
+
+def test_records_are_written_and_read_by_records_py_only() -> None:
+    """One serialization mechanism (issue 35): a record is a typed dataclass that orchestrator/records.py writes and
+    reads back, never a hand-written to_dict/from_dict pair. The one to_dict left is a ModelSpec's recorded form
+    (its identity: the cache key and the sidecar's `spec`), read back by lowered.spec_from_record."""
+    import re
+
+    allowed = {("orchestrator/lowering/spec.py", "to_dict")}
+    found = {
+        (str(path.relative_to(PROJECT_ROOT)), match[1])
+        for path in (PROJECT_ROOT / "orchestrator").rglob("*.py")
+        for match in re.finditer(r"^\s+def (to_dict|from_dict)\(", path.read_text(), re.M)
+    }
+    assert found <= allowed, f"write these as records (orchestrator/records.py): {sorted(found - allowed)}"

@@ -21,7 +21,7 @@ from orchestrator.lowering.artifacts import ArtifactPaths, valid_sidecar
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
 from orchestrator.lowering.sidecar import Sidecar
-from orchestrator.lowering.spec import ModelSpec, load_spec_file
+from orchestrator.lowering.spec import DEFAULT_SOURCE, SOURCES, ModelSpec, load_spec_file, recorded_options
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.names import is_valid_name
 
@@ -95,9 +95,13 @@ def _identity(data: dict[str, Any]) -> dict[str, Any]:
 
 def spec_from_record(record: dict[str, Any], where: str) -> ModelSpec:
     """The spec as a sidecar recorded it (ModelSpec.to_dict), back as a ModelSpec; no permission to run code."""
-    known = {f.name for f in fields(ModelSpec)} - {"lines", *_COMMAND_LINE_ONLY}
-    given = {key: value for key, value in record.items() if key in known}
+    known = {f.name for f in fields(ModelSpec)} - {"lines", "options", *_COMMAND_LINE_ONLY}
+    given: dict[str, Any] = {key: value for key, value in record.items() if key in known}
+    named = record.get("model_source", DEFAULT_SOURCE)
+    source = SOURCES.get(named) if isinstance(named, str) else None
     try:
+        if source is not None:  # a source not registered in this process: its options are unknown here
+            given["options"] = recorded_options(source, record, where)
         spec = ModelSpec(**given)
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{where}: the recorded spec cannot be read back ({exc})") from None
@@ -125,7 +129,7 @@ def spec_of_lowered(model: LoweredModel, *, trust_remote_code: bool = False, tru
     where = f"{model.name}'s sidecar ({model.sidecar.variant})"
 
     def allowed(spec: ModelSpec) -> ModelSpec:
-        return replace(spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
+        return spec.allowed(trust_remote_code=trust_remote_code, trust_code=trust_code)
 
     spec_file = model.spec_file
     if spec_file is None:  # a built-in model's rewritten program: the spec it was lowered from, as recorded

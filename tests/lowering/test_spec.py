@@ -36,7 +36,7 @@ def test_builtin_specs_cover_required_models() -> None:
             ("attention_mask", "int64", (1, 128)),
         ]
     assert BUILTIN_SPECS["distilbert"].task == "fill-mask"
-    assert BUILTIN_SPECS["distilbert"].model_id == "distilbert-base-uncased"
+    assert BUILTIN_SPECS["distilbert"].options.model_id == "distilbert-base-uncased"
     assert BUILTIN_SPECS["gpt2"].task == "causal-lm"
 
 
@@ -60,7 +60,7 @@ def test_model_and_spec_are_exclusive(tmp_path: Path) -> None:
 def test_valid_user_spec(tmp_path: Path) -> None:
     spec = resolve_spec(None, write_spec(tmp_path, VALID))
     assert spec.name == "my-bert"
-    assert spec.config == {"n_layers": 1}
+    assert spec.options.config == {"n_layers": 1}
     assert spec.source.endswith("model_spec.json")
 
 
@@ -181,3 +181,46 @@ def models_builder_of(spec: ModelSpec) -> object:
     from orchestrator.lowering.sources.build.models import builder
 
     return builder(spec.model_source)
+
+
+# What every ModelSpec.to_dict wrote before the sources' own fields moved to their options records: the sidecar's
+# recorded spec and the cache key keep these keys, so older sidecars read back and compare alike.
+RECORDED_KEYS = ["name", "model_type", "task", "seq_len", "model_id", "config", "mask_token_id", "description",
+                 "batch_size", "declared_inputs", "kwargs", "image_size", "factory", "source", "model_source",
+                 "trust_remote_code", "trust_code", "context", "new_tokens", "prompt", "output", "inputs"]  # fmt: skip
+
+
+def test_a_sources_own_fields_are_its_options_record(tmp_path: Path) -> None:
+    from orchestrator.lowering.lowered import spec_from_record
+    from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
+    from orchestrator.lowering.sources.torchvision import TorchvisionOptions
+    from orchestrator.lowering.spec import IMAGE_TASK
+
+    distilbert, mobilenet = BUILTIN_SPECS["distilbert"], BUILTIN_SPECS["mobilenet-v2-tiny"]
+    assert distilbert.options == HuggingFaceOptions(model_id="distilbert-base-uncased", mask_token_id=103)
+    assert mobilenet.options == TorchvisionOptions(image_size=32, kwargs={"width_mult": 0.25, "num_classes": 10})
+    assert not hasattr(mobilenet.options, "model_id") and not hasattr(distilbert, "model_id")
+    assert resolve_spec(None, write_spec(tmp_path, VALID)).options == HuggingFaceOptions(
+        config={"n_layers": 1}, mask_token_id=103
+    )
+    assert list(distilbert.to_dict()) == list(mobilenet.to_dict()) == RECORDED_KEYS
+    assert mobilenet.to_dict()["model_id"] is None and distilbert.to_dict()["kwargs"] == {}
+    # An option decides the program (the identity); the command line's --trust-remote-code is one, never a record's.
+    assert distilbert.with_options(mask_token_id=4).identity() != distilbert.identity()
+    trusted = resolve_spec("distilbert", trust_remote_code=True)
+    assert trusted.options == HuggingFaceOptions(
+        model_id="distilbert-base-uncased", mask_token_id=103, trust_remote_code=True
+    )
+    assert trusted.identity()["trust_remote_code"] and trusted.identity() != distilbert.identity()
+    assert spec_from_record(trusted.to_dict(), "sidecar").options == distilbert.options
+    assert resolve_spec("mobilenet-v2-tiny", trust_remote_code=True) == mobilenet  # no folder's code to run
+    for spec in (distilbert, mobilenet):  # a recorded spec reads back as the spec
+        assert spec_from_record(spec.to_dict(), "sidecar").to_dict() == spec.to_dict()
+    recorded = json.loads((Path(__file__).parents[1] / "data/advice/distilbert-tiny/sidecar.json").read_text())["spec"]
+    assert spec_from_record(recorded, "an older sidecar").options == BUILTIN_SPECS["distilbert-tiny"].options
+    with pytest.raises(SpecError, match=r"sidecar.*spec\.mask_token_id"):
+        spec_from_record({**distilbert.to_dict(), "mask_token_id": "103"}, "sidecar")
+    with pytest.raises(ValueError, match="TorchvisionOptions"):
+        ModelSpec("x", "resnet18", IMAGE_TASK, model_source="torchvision", options=HuggingFaceOptions())
+    with pytest.raises(TypeError, match="HuggingFaceOptions"):
+        mobilenet.options_of(HuggingFaceOptions)

@@ -21,6 +21,7 @@ from orchestrator.lowering.export.export_errors import EXPORT, TO_EDGE, TO_EXECU
 from orchestrator.lowering.export.parallel import VariantTask
 from orchestrator.lowering.quantize.xnn_types import node_report
 from orchestrator.lowering.sidecar import Sidecar, write_sidecar
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.variants import Variant
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.versions import toolchain_versions
@@ -136,7 +137,7 @@ def lower_program(
     data = {
         "schema": SIDECAR_SCHEMA,
         "model": spec.name,
-        "model_id": spec.model_id,
+        "model_id": spec.options.model_id if isinstance(spec.options, HuggingFaceOptions) else None,
         "task": spec.task,
         "backend": variant.name,
         "method": "forward",

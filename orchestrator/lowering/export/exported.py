@@ -29,6 +29,7 @@ from orchestrator.lowering.export.lower import LoweredVariant, LoweringResult
 from orchestrator.lowering.export.parallel import VariantTask
 from orchestrator.lowering.export.program import lower_program
 from orchestrator.lowering.export.user_programs import EXPORTED_PROGRAM, UserProgramError, check_folder
+from orchestrator.lowering.spec import SourceOptions
 from orchestrator.lowering.variants import Variant
 from orchestrator.versions import toolchain_versions
 
@@ -40,10 +41,9 @@ class ExportedSpec:
     name: str
     source: str  # the .pt2 as given
     sha256: str
-    model_id: str | None = None
     task: str = EXPORTED_PROGRAM
     seq_len: int | None = None
-    image_size: int | None = None
+    options: SourceOptions = field(default_factory=SourceOptions)  # no source's own fields: the program is the user's
     model_source: str = EXPORTED_PROGRAM
     inputs: list[dict[str, Any]] = field(default_factory=list)
 

@@ -339,9 +339,7 @@ def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.Monke
     from orchestrator.lowering.sources.build.models import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    spec = BUILTIN_SPECS["distilbert"].__class__(
-        **{**BUILTIN_SPECS["distilbert-tiny"].__dict__, "model_id": "nobody/none"}
-    )
+    spec = BUILTIN_SPECS["distilbert-tiny"].with_options(model_id="nobody/none")
     loaded = load_model(spec, "auto")
     assert loaded.weights == "random"
     assert "HF_HUB_OFFLINE" in loaded.weights_note
@@ -353,9 +351,7 @@ def test_pretrained_unavailable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
     from orchestrator.lowering.weights import PretrainedUnavailable
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    spec = BUILTIN_SPECS["distilbert"].__class__(
-        **{**BUILTIN_SPECS["distilbert-tiny"].__dict__, "model_id": "nobody/none"}
-    )
+    spec = BUILTIN_SPECS["distilbert-tiny"].with_options(model_id="nobody/none")
     with pytest.raises(PretrainedUnavailable, match="cannot load pretrained weights for 'nobody/none'") as excinfo:
         load_model(spec, "pretrained")
     assert "--" not in str(excinfo.value)  # the library names no option; the command layer adds it:

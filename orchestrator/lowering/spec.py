@@ -46,7 +46,7 @@ from orchestrator.config import (
 )
 from orchestrator.errors import SpecError
 from orchestrator.names import is_valid_name
-from orchestrator.records import from_data, to_data
+from orchestrator.records import to_data
 
 # fill-mask and causal-lm give the logits the spec's `output` names (below); the others the head's first output as
 # the user would export it (logits, or the last hidden state for feature-extraction and speech-encoder).
@@ -263,8 +263,10 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as the sidecar records it: its fields, its source's options among them at the top level where
-        ModelSpec had them once (_FLAT_OPTIONS), the others under "source_options"."""
+        ModelSpec had them once (_FLAT_OPTIONS), the others under "source_options"; a user's own program by its file."""
         options = to_data(self.options)
+        if is_user_program(self.model_source):
+            return {"name": self.name, "model_source": self.model_source, "source": self.source, **options}
         own = {key: value for key, value in options.items() if key not in _FLAT_OPTIONS}
         flat = _FLAT_OPTIONS | {key: value for key, value in options.items() if key in _FLAT_OPTIONS}
         data: dict[str, Any] = {}
@@ -294,15 +296,6 @@ class ModelSpec:
         if source is not None and source.identity is not None:  # what the fields do not say (a factory's file)
             data |= source.identity(self)
         return data
-
-
-def recorded_options(source: ModelSource, record: Mapping[str, Any], where: str) -> SourceOptions:
-    """The options of `source` from a spec as ModelSpec.to_dict recorded it (at the top level, or under
-    "source_options"); RecordError (exit 65) names `where` and the field. The command line's own
-    (`trust_remote_code`) are never read back: a record cannot grant them."""
-    own = {**record, **(record.get("source_options") or {})}
-    names = [f.name for f in fields(source.options) if f.name != "trust_remote_code"]
-    return from_data({name: own[name] for name in names if name in own}, source.options, where=where, field="spec")
 
 
 class UnknownModel(SpecError):
@@ -409,6 +402,8 @@ class ModelSource:
     options: type[SourceOptions] = SourceOptions
     # What else decides the program beyond the spec's fields (a factory's file): `(spec) -> dict`.
     identity: Callable[[ModelSpec], dict[str, Any]] | None = None
+    # A user's own program's option (`--pte FILE.pte`), never a spec file's `source`; `builder` makes its artifacts.
+    given_by: str | None = None
 
 
 _SOURCES_PACKAGE = "orchestrator.lowering.sources"
@@ -459,6 +454,11 @@ SOURCES = SourceRegistry()
 def register_source(source: ModelSource) -> ModelSource:
     """Add a model source (its module calls this when it is imported); returns it."""
     return SOURCES.register(source)
+
+
+def is_user_program(source_name: object) -> bool:
+    """Whether a spec's (or a sidecar's recorded) `model_source` is a program the user made (ModelSource.given_by)."""
+    return isinstance(source_name, str) and getattr(SOURCES.get(source_name), "given_by", None) is not None
 
 
 def _config_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str, str]]:
@@ -538,11 +538,13 @@ def load_spec_file(path: Path) -> ModelSpec:
         raise fail("\n".join(checker.errors))
     source_name = data.get("source", DEFAULT_SOURCE)
     source = SOURCES.get(source_name) if isinstance(source_name, str) else None
-    if source is None:
-        source_node = value_node(root, "source") or root
-        sources = ", ".join(SOURCES)
-        close = did_you_mean(source_name, SOURCES) if isinstance(source_name, str) else ""
-        checker.error(source_node, "source", f"{source_name!r} is not a model source; known: {sources}{close}")
+    if source is None or source.given_by is not None:  # a program of one's own comes in by its option
+        choices = [name for name, each in SOURCES.items() if each.given_by is None]
+        close = did_you_mean(source_name, choices) if isinstance(source_name, str) else ""
+        message = f"{source_name!r} is not a model source; known: {', '.join(choices)}{close}"
+        if source is not None:
+            message = f"{source_name!r} is a program of your own, given by {source.given_by}, not a spec file's source"
+        checker.error(value_node(root, "source") or root, "source", message)
         raise fail("\n".join(checker.errors))
     found = checker.fields(root, "", _COMMON_FIELDS | source.fields)
     for key in ("name", *source.required):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
-from orchestrator.lowering.spec import SOURCES, ModelSpec, load_spec_file
+from orchestrator.lowering.spec import SOURCES, ModelSource, ModelSpec, load_spec_file
 
 
 def write_spec(tmp_path: Path, data: object, raw: str | None = None) -> Path:
@@ -136,6 +137,20 @@ def test_a_spec_without_source_is_huggingface_and_a_wrong_source_is_named(tmp_pa
     assert all(spec.model_source in SOURCES for spec in BUILTIN_SPECS.values())
 
 
+@pytest.mark.parametrize(
+    ("named", "option"), [("user-program", "--pte FILE.pte"), ("exported-program", "fab lower --exported FILE.pt2")]
+)
+def test_a_spec_file_cannot_name_a_users_own_program_as_its_source(tmp_path: Path, named: str, option: str) -> None:
+    """A .pte or .pt2 comes in by its option, which checks the file; a spec file naming its source is refused
+    (exit 64), and the sources a spec file may name do not list it."""
+    assert SOURCES[named].given_by == option
+    with pytest.raises(SpecError, match=rf"field 'source': '{named}' is a program of your own, given by {option}, "):
+        load_spec_file(write_spec(tmp_path, {**VALID, "source": named}))
+    with pytest.raises(SpecError, match=r"'pte' is not a model source; known: huggingface, factory, timm\b") as info:
+        load_spec_file(write_spec(tmp_path, {**VALID, "source": "pte"}))
+    assert "program" not in str(info.value) and info.value.exit_code == 64
+
+
 def test_every_model_source_has_a_builder() -> None:
     """spec.py SOURCES is the one registry of model sources, every module of lowering/sources/ in it: each names its
     spec fields and a builder that checks a spec, builds the model, its example inputs and calibration samples
@@ -147,11 +162,15 @@ def test_every_model_source_has_a_builder() -> None:
     from orchestrator.paths import PROJECT_ROOT
 
     modules = {path.stem for path in (PROJECT_ROOT / "orchestrator" / "lowering" / "sources").glob("*.py")}
-    assert modules - {"__init__"} <= set(SOURCES)  # a module there is a source, found without a list to edit
+    for module in modules - {"__init__"}:  # a module there is a source, found without a list to edit
+        found = vars(importlib.import_module(f"orchestrator.lowering.sources.{module}")).values()
+        assert any(isinstance(v, ModelSource) and SOURCES[v.name] is v for v in found), module
     for name, source in SOURCES.items():
         assert source.name == name
         assert not set(source.fields) & {"name", "source", "description"}, name
         assert set(source.required) <= set(source.fields), name
+        if source.given_by is not None:  # a user's own program: made by its option's code, not by a builder
+            continue
         builder = models.builder(name)
         for method, parameters in (
             ("check", ["spec", "choice", "available"]),

@@ -16,7 +16,6 @@ import io
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,38 +27,10 @@ from orchestrator.lowering.export.exported_archive import checked_archive
 from orchestrator.lowering.export.lower import LoweredVariant, LoweringResult
 from orchestrator.lowering.export.parallel import VariantTask
 from orchestrator.lowering.export.program import lower_program
-from orchestrator.lowering.export.user_programs import EXPORTED_PROGRAM, UserProgramError, check_folder
-from orchestrator.lowering.spec import SourceOptions
+from orchestrator.lowering.export.user_programs import UserProgramError, check_folder
+from orchestrator.lowering.sources.exported import exported_spec
 from orchestrator.lowering.variants import Variant
 from orchestrator.versions import toolchain_versions
-
-
-@dataclass(frozen=True)
-class ExportedSpec:
-    """What the lowering and its sidecar need to know of a user's ExportedProgram (a ModelSpec's fields)."""
-
-    name: str
-    source: str  # the .pt2 as given
-    sha256: str
-    task: str = EXPORTED_PROGRAM
-    seq_len: int | None = None
-    options: SourceOptions = field(default_factory=SourceOptions)  # no source's own fields: the program is the user's
-    model_source: str = EXPORTED_PROGRAM
-    inputs: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def generates(self) -> bool:
-        """A user's ExportedProgram runs once per run: etlab lowers no KV cache into it (ModelSpec.generates)."""
-        return False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "model_source": self.model_source,
-            "source": self.source,
-            "sha256": self.sha256,
-            "inputs": list(self.inputs),
-        }
 
 
 def _load(data: bytes, where: Path) -> Any:
@@ -154,8 +125,8 @@ def lower_exported_program(
     data = Path(path).read_bytes()
     sha = sha256_bytes(data)
     artifact_paths = ArtifactPaths.for_model(name, root)
-    spec = ExportedSpec(name=name, source=str(Path(path).resolve()), sha256=sha)
-    result = LoweringResult(spec, artifact_paths)  # type: ignore[arg-type]  # a ModelSpec's fields, duck-typed
+    spec = exported_spec(name, Path(path), sha)
+    result = LoweringResult(spec, artifact_paths)
     variants = tuple(dict.fromkeys(variants))
     keys = {variant: _key(sha, variant, etrecord) for variant in variants}
     if artifact_paths.folder.is_dir():
@@ -194,8 +165,7 @@ def lower_exported_program(
     write_tensors(artifact_paths.reference_outputs, outputs)
     with atomic_path(artifact_paths.exported_program, keep_identical=True) as tmp:
         tmp.write_bytes(checked)  # what was checked: Model Explorer loads this copy with torch.export.load
-    spec = ExportedSpec(name=name, source=spec.source, sha256=sha, inputs=describe(inputs))
-    result.spec = spec  # type: ignore[assignment]
+    spec = result.spec = exported_spec(name, Path(path), sha, describe(inputs))
     files = {
         "reference_inputs": file_record(artifact_paths.reference_inputs),
         "reference_outputs": file_record(artifact_paths.reference_outputs),
@@ -205,7 +175,7 @@ def lower_exported_program(
     for variant in missing:
         started = time.perf_counter()
         task = VariantTask(
-            spec=spec,  # type: ignore[arg-type]
+            spec=spec,
             variant=variant,
             weights="as exported",
             weights_note=f"the weights in {Path(path).name}",

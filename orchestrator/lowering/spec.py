@@ -291,7 +291,7 @@ class ModelSpec:
         """What decides the lowered program (the cache key); excludes descriptive fields."""
         data = self.to_dict()
         for key in ("description", "source", "trust_code"):
-            data.pop(key)
+            data.pop(key, None)  # a user's own program records no description
         source = SOURCES.get(self.model_source)
         if source is not None and source.identity is not None:  # what the fields do not say (a factory's file)
             data |= source.identity(self)

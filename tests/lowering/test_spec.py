@@ -243,3 +243,15 @@ def test_a_sources_own_fields_are_its_options_record(tmp_path: Path) -> None:
         ModelSpec("x", "resnet18", IMAGE_TASK, model_source="torchvision", options=HuggingFaceOptions())
     with pytest.raises(TypeError, match="HuggingFaceOptions"):
         mobilenet.options_of(HuggingFaceOptions)
+
+
+def test_a_users_own_program_is_a_spec_identified_by_its_file(tmp_path: Path) -> None:
+    """A .pte's spec (sources/pte.py) is recorded by its file and what came with it, and has an identity."""
+    from orchestrator.lowering.sources.pte import PteOptions, pte_spec
+
+    spec = pte_spec("mine", tmp_path / "mine.pte", "0" * 64, reference=tmp_path / "out.etlt")
+    assert spec.options_of(PteOptions).sha256 == "0" * 64 and not spec.generates
+    recorded = {"name": "mine", "model_source": "user-program", "source": str(tmp_path / "mine.pte")}
+    recorded |= {"sha256": "0" * 64, "reference_outputs": str(tmp_path / "out.etlt")}
+    assert spec.to_dict() == recorded
+    assert spec.identity() == {key: value for key, value in recorded.items() if key != "source"}

@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from orchestrator.strictjson import MAX_MAGNITUDE
+
 
 class Invalid(Exception):
     """One value is wrong; raised by a check, recorded by the Checker against the value's line and field."""
@@ -295,3 +297,53 @@ class Checker:
             self.error(node, field_name, f"expected a non-empty list, got {describe(node)}")
             return []
         return list(node.value)
+
+
+_LONG_INTEGER = re.compile(r"-?\d{19,}")  # may pass int64; shorter ones cannot
+
+
+def leaves(value: Any) -> list[Any]:
+    """The scalars inside nested lists and mappings (iterative: JSON may nest deeper than Python recurses)."""
+    leaves, pending = [], [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        else:
+            leaves.append(item)
+    return leaves
+
+
+def field_node(root: Node, key: str) -> Node | None:
+    """The node of `name`, `inputs[1]` or `inputs[1].dtype` under `root` (its line is the field's), or None."""
+    found = re.fullmatch(r"(\w+)(?:\[(\d+)\])?(?:\.(\w+))?", key)
+    if found is None:
+        return None
+    node = value_node(root, found[1])
+    if found[2] is not None and isinstance(node, SequenceNode) and int(found[2]) < len(node.value):
+        node = node.value[int(found[2])]
+        if found[3] is not None:
+            node = value_node(node, found[3]) or node
+    return node
+
+
+def huge_integers(root: Node) -> list[tuple[Node, str]]:
+    """Every integer under `root` beyond ±(2**63-1) (a 400-digit vocab_size), with its field path, in line
+    order: JSON reads it, but no size or id can be one."""
+    found: list[tuple[Node, str]] = []
+    pending: list[tuple[Node, str]] = [(root, "")]
+    while pending:
+        node, name = pending.pop()
+        if isinstance(node, MappingNode):
+            pending += [(value, f"{name}.{key.value}" if name else str(key.value)) for key, value in node.value]
+        elif isinstance(node, SequenceNode):
+            pending += [(item, f"{name}[{index}]") for index, item in enumerate(node.value)]
+        elif (
+            isinstance(node, ScalarNode)
+            and _LONG_INTEGER.fullmatch(node.value)
+            and abs(int(node.value)) > MAX_MAGNITUDE
+        ):
+            found.append((node, name))
+    return sorted(found, key=lambda item: line_of(item[0]))

@@ -9,9 +9,8 @@ from pathlib import Path
 from orchestrator.advice.findings import RunFacts
 from orchestrator.errors import AnalysisError, SpecError
 from orchestrator.lowering.artifacts import Artifact
-from orchestrator.lowering.export.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
 from orchestrator.lowering.lowered import spec_from_record
-from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.spec import ModelSpec, is_user_program
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.documents import load_summary
 from orchestrator.results.ops_record import OpsRecord, load_ops
@@ -20,7 +19,7 @@ from orchestrator.results.store import LocalRun, list_runs
 
 def _spec_of(artifact: Artifact) -> ModelSpec | None:
     record = artifact.sidecar.spec
-    if record.get("model_source") in (USER_PROGRAM, EXPORTED_PROGRAM):
+    if is_user_program(record.get("model_source")):
         return None  # a program the user lowered: no spec, no rewrite to offer
     try:
         return spec_from_record(record, f"{artifact.model}'s sidecar")

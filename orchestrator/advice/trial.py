@@ -25,6 +25,7 @@ from orchestrator.errors import EtlabError, ExitCode
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweredVariant
 from orchestrator.lowering.rewrites.registry import RewriteRequest
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.validity import MIN_SQNR_DB, OUTPUT_RTOL, compare_output
@@ -196,9 +197,11 @@ def _logits_rows(original: np.ndarray, inputs: Sequence[NamedTensor], spec: Mode
     """
     by_name = {tensor.name: tensor.array for tensor in inputs}
     if spec.task == "fill-mask":
-        if spec.mask_token_id is None or "input_ids" not in by_name:
+        options = spec.options
+        mask_token_id = options.mask_token_id if isinstance(options, HuggingFaceOptions) else None
+        if mask_token_id is None or "input_ids" not in by_name:
             raise TrialRefused(f"{spec.name}: fill-mask without mask_token_id or input_ids: no position to compare")
-        positions = np.argmax(by_name["input_ids"] == spec.mask_token_id, axis=1)
+        positions = np.argmax(by_name["input_ids"] == mask_token_id, axis=1)
     elif spec.task == "causal-lm":
         if "attention_mask" not in by_name:
             raise TrialRefused(f"{spec.name}: causal-lm inputs without attention_mask: no position to compare")

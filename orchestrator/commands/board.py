@@ -34,8 +34,8 @@ from orchestrator.deploy.runs import RunParams, profile, push_artifact
 from orchestrator.errors import BundleError, EtlabError, ExitCode, UsageError
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact
-from orchestrator.lowering.export.user_programs import USER_PROGRAM
 from orchestrator.lowering.lowered import find_lowered
+from orchestrator.lowering.sources.pte import USER_PROGRAM
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.store import new_run_id, pull_destination
 from orchestrator.transport import connect

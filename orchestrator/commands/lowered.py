@@ -18,15 +18,17 @@ def lowered_model_spec(model: str, *, trust_remote_code: bool = False, trust_cod
     # here, not at the top: fab imports the command modules at start-up
     from orchestrator import console
     from orchestrator.lowering.lowered import find_lowered, spec_of_lowered
+    from orchestrator.lowering.spec import SOURCES
 
     found = find_lowered(model)
     if found is None:
         return None
     if found.user_file:
         origin = found.sidecar.spec.get("source")
+        source = SOURCES[found.sidecar.spec["model_source"]]  # a user's own program's: its option brings the file
         raise UsageError(
             f"model {model!r} is a program you made yourself ({origin}): etlab has no spec to lower it from",
-            hint=f"profile it with: fab run --model {model} (or fab deploy-and-profile --pte {origin})",
+            hint=f"profile it with: fab run --model {model}; a new version of its file comes in by {source.given_by}",
         )
     lowered = spec_of_lowered(found, trust_remote_code=trust_remote_code, trust_code=trust_code)
     rewritten = f" with the rewrites {', '.join(found.rewrites)}" if found.rewrites else ""

@@ -6,11 +6,13 @@ the name) are what the tests and quick demos lower. `resolve_spec` gives a built
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.config import did_you_mean
 from orchestrator.errors import SpecError
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
+from orchestrator.lowering.sources.timm import TimmOptions
+from orchestrator.lowering.sources.torchvision import TorchvisionOptions
 from orchestrator.lowering.spec import (
     GENERATION_TASK,
     IMAGE_TASK,
@@ -56,8 +58,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="distilbert",
             model_type="distilbert",
             task="fill-mask",
-            model_id="distilbert-base-uncased",
-            mask_token_id=103,
+            options=HuggingFaceOptions(model_id="distilbert-base-uncased", mask_token_id=103),
             output="mask",  # the course's program: the [MASK] position's logits, [1, 30522]
             description="DistilBERT base (uncased), masked-LM logits at the [MASK] position",
         ),
@@ -65,7 +66,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="gpt2",
             model_type="gpt2",
             task="causal-lm",
-            model_id="openai-community/gpt2",
+            options=HuggingFaceOptions(model_id="openai-community/gpt2"),
             output="last",  # the course's program: the final position's logits, [1, 50257]
             description="GPT-2 small, next-token logits at the last position",
         ),
@@ -73,99 +74,95 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="distilbert-tiny",
             model_type="distilbert",
             task="fill-mask",
-            config=_DISTILBERT_TINY,
-            mask_token_id=103,
+            options=HuggingFaceOptions(config=_DISTILBERT_TINY, mask_token_id=103),
             description="2-layer, 64-dim DistilBERT with random weights, for tests and quick demos",
         ),
         ModelSpec(
             name="gpt2-tiny",
             model_type="gpt2",
             task="causal-lm",
-            config=_GPT2_TINY,
+            options=HuggingFaceOptions(config=_GPT2_TINY),
             description="2-layer, 64-dim GPT-2 with random weights, for tests and quick demos",
         ),
         ModelSpec(
             name="bert-base",
             model_type="bert",
             task="fill-mask",
-            model_id="bert-base-uncased",
-            mask_token_id=103,
+            options=HuggingFaceOptions(model_id="bert-base-uncased", mask_token_id=103),
             description="BERT base (uncased), masked-LM logits at every position",
         ),
         ModelSpec(
             name="bert-base-tiny",
             model_type="bert",
             task="fill-mask",
-            config=_BERT_TINY,
-            mask_token_id=103,
+            options=HuggingFaceOptions(config=_BERT_TINY, mask_token_id=103),
             description="2-layer, 64-dim BERT with random weights, for tests and quick demos",
         ),
         ModelSpec(
             name="vit",
             model_type="vit",
             task=IMAGE_TASK,
-            model_id="google/vit-base-patch16-224",
-            config={"num_labels": 1000},  # ImageNet's classes, also for random weights (the default config has 2)
-            image_size=224,
+            options=HuggingFaceOptions(
+                model_id="google/vit-base-patch16-224",
+                config={"num_labels": 1000},  # ImageNet's classes, also for random weights (the default config has 2)
+                image_size=224,
+            ),
             description="ViT-B/16 (ImageNet, 1000 classes), 224x224 image",
         ),
         ModelSpec(
             name="vit-tiny",
             model_type="vit",
             task=IMAGE_TASK,
-            config=_VIT_TINY,
-            image_size=32,
+            options=HuggingFaceOptions(config=_VIT_TINY, image_size=32),
             description="2-layer, 64-dim ViT, 8x8 patches of a 32x32 image, 10 classes, random weights: for tests",
         ),
         ModelSpec(
             name="whisper-tiny-encoder",
             model_type="whisper",
             task="speech-encoder",
-            model_id="openai/whisper-tiny",
+            options=HuggingFaceOptions(model_id="openai/whisper-tiny"),
             description="Whisper tiny's encoder: 30 s of log-mel features [1, 80, 3000] to hidden states",
         ),
         ModelSpec(
             name="whisper-tiny-encoder-tiny",
             model_type="whisper",
             task="speech-encoder",
-            config=_WHISPER_TINY,
+            options=HuggingFaceOptions(config=_WHISPER_TINY),
             description="2-layer, 64-dim Whisper encoder on 1 s of log-mel features [1, 80, 100], random weights",
         ),
         ModelSpec(
             name="wav2vec2",
             model_type="wav2vec2",
             task="speech-encoder",
-            model_id="facebook/wav2vec2-base",
+            options=HuggingFaceOptions(model_id="facebook/wav2vec2-base"),
             description="wav2vec 2.0 base: 1 s of 16 kHz audio [1, 16000] to hidden states",
         ),
         ModelSpec(
             name="wav2vec2-tiny",
             model_type="wav2vec2",
             task="speech-encoder",
-            config=_WAV2VEC2_TINY,
+            options=HuggingFaceOptions(config=_WAV2VEC2_TINY),
             description="2-layer, 64-dim wav2vec 2.0 on 1 s of 16 kHz audio, random weights: for tests",
         ),
         ModelSpec(
             name="smollm2-135m",
             model_type="llama",
             task="causal-lm",
-            model_id="HuggingFaceTB/SmolLM2-135M",
-            config=_SMOLLM2_135M,
+            options=HuggingFaceOptions(model_id="HuggingFaceTB/SmolLM2-135M", config=_SMOLLM2_135M),
             description="SmolLM2-135M (Llama family, 30 layers, grouped-query attention), all positions' logits",
         ),
         ModelSpec(
             name="smollm2-tiny",
             model_type="llama",
             task="causal-lm",
-            config=_SMOLLM2_TINY,
+            options=HuggingFaceOptions(config=_SMOLLM2_TINY),
             description="SmolLM2's architecture at 2 layers, 64 dims, random weights: for tests and quick demos",
         ),
         ModelSpec(
             name="smollm2-135m-gen",
             model_type="llama",
             task=GENERATION_TASK,
-            model_id="HuggingFaceTB/SmolLM2-135M",
-            config=_SMOLLM2_135M,
+            options=HuggingFaceOptions(model_id="HuggingFaceTB/SmolLM2-135M", config=_SMOLLM2_135M),
             seq_len=64,
             new_tokens=64,
             context=256,
@@ -175,7 +172,9 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="smollm2-gen-tiny",
             model_type="llama",
             task=GENERATION_TASK,
-            config={**_SMOLLM2_TINY, "initializer_range": 0.2},  # as _GPT2_GEN_TINY: ids that vary
+            options=HuggingFaceOptions(
+                config={**_SMOLLM2_TINY, "initializer_range": 0.2},  # as _GPT2_GEN_TINY: ids that vary
+            ),
             seq_len=8,
             new_tokens=8,
             context=64,
@@ -185,7 +184,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="gpt2-gen",
             model_type="gpt2",
             task=GENERATION_TASK,
-            model_id="openai-community/gpt2",
+            options=HuggingFaceOptions(model_id="openai-community/gpt2"),
             seq_len=64,
             new_tokens=64,
             context=256,
@@ -195,7 +194,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="gpt2-gen-tiny",
             model_type="gpt2",
             task=GENERATION_TASK,
-            config=_GPT2_GEN_TINY,
+            options=HuggingFaceOptions(config=_GPT2_GEN_TINY),
             seq_len=8,
             new_tokens=8,
             context=64,
@@ -205,7 +204,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="mobilenet-v2",
             model_type="mobilenet_v2",
             task=IMAGE_TASK,
-            image_size=224,
+            options=TorchvisionOptions(image_size=224),
             model_source="torchvision",
             description="torchvision MobileNetV2 (ImageNet, 1000 classes), 224x224 image",
         ),
@@ -213,7 +212,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="resnet-18",
             model_type="resnet18",
             task=IMAGE_TASK,
-            image_size=224,
+            options=TorchvisionOptions(image_size=224),
             model_source="torchvision",
             description="torchvision ResNet-18 (ImageNet, 1000 classes), 224x224 image",
         ),
@@ -221,8 +220,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="mobilenet-v2-tiny",
             model_type="mobilenet_v2",
             task=IMAGE_TASK,
-            kwargs=_MOBILENET_V2_TINY,
-            image_size=32,
+            options=TorchvisionOptions(kwargs=_MOBILENET_V2_TINY, image_size=32),
             model_source="torchvision",
             description="MobileNetV2 at width 0.25, 10 classes, 32x32 image, random weights: for tests and quick demos",
         ),
@@ -230,8 +228,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="resnet-18-tiny",
             model_type="resnet18",
             task=IMAGE_TASK,
-            kwargs=_RESNET_18_TINY,
-            image_size=32,
+            options=TorchvisionOptions(kwargs=_RESNET_18_TINY, image_size=32),
             model_source="torchvision",
             description="ResNet-18 with 10 classes, 32x32 image, random weights: for tests and quick demos",
         ),
@@ -239,7 +236,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="efficientnet-b0",
             model_type="efficientnet_b0",
             task=IMAGE_TASK,
-            image_size=224,
+            options=TimmOptions(image_size=224),
             model_source="timm",
             description="timm EfficientNet-B0 (ImageNet, 1000 classes), 224x224 image",
         ),
@@ -247,8 +244,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="efficientnet-b0-tiny",
             model_type="test_efficientnet",
             task=IMAGE_TASK,
-            kwargs=_TEST_EFFICIENTNET_TINY,
-            image_size=32,
+            options=TimmOptions(kwargs=_TEST_EFFICIENTNET_TINY, image_size=32),
             model_source="timm",
             description="timm's test_efficientnet (a 0.1M-parameter EfficientNet), 10 classes, 32x32 image, random "
             "weights: for tests and quick demos",
@@ -281,7 +277,7 @@ def resolve_spec(
 
             module, _, name = defaults.partition(":")
             spec = getattr(importlib.import_module(module), name)(spec)
-        return replace(spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
+        return spec.allowed(trust_remote_code=trust_remote_code, trust_code=trust_code)
     assert model is not None  # a spec file is never unknown
     raise UnknownModel(
         f"unknown model {model!r}{did_you_mean(model, BUILTIN_SPECS)}; known models: {', '.join(BUILTIN_SPECS)}"

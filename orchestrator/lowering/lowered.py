@@ -11,6 +11,7 @@ a spec file, is found the same way, with the rewrites its sidecar records: lower
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,19 @@ from orchestrator import paths
 from orchestrator.errors import SpecError
 from orchestrator.lowering.artifacts import ArtifactPaths, valid_sidecar
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.export.user_programs import EXPORTED_PROGRAM, USER_PROGRAM
 from orchestrator.lowering.sidecar import Sidecar
-from orchestrator.lowering.spec import ModelSpec, load_spec_file
+from orchestrator.lowering.spec import (
+    DEFAULT_SOURCE,
+    SOURCES,
+    ModelSource,
+    ModelSpec,
+    SourceOptions,
+    is_user_program,
+    load_spec_file,
+)
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.names import is_valid_name
+from orchestrator.records import from_data
 
 # Spec fields that do not decide the program: where it was read, its description, and what only the command line
 # switches on.
@@ -43,7 +52,7 @@ class LoweredModel:
     @property
     def user_file(self) -> bool:
         """A program the user lowered (.pte) or exported (.pt2) themselves: no spec to lower again."""
-        return self.sidecar.spec.get("model_source") in (USER_PROGRAM, EXPORTED_PROGRAM)
+        return is_user_program(self.sidecar.spec.get("model_source"))
 
     @property
     def rewrites(self) -> tuple[str, ...]:
@@ -93,11 +102,24 @@ def _identity(data: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in data.items() if key not in _NOT_IDENTITY}
 
 
+def recorded_options(source: ModelSource, record: Mapping[str, Any], where: str) -> SourceOptions:
+    """The options of `source` from a spec as ModelSpec.to_dict recorded it (at the top level, or under
+    "source_options"); RecordError (exit 65) names `where` and the field. The command line's own
+    (`trust_remote_code`) are never read back: a record cannot grant them."""
+    own = {**record, **(record.get("source_options") or {})}
+    names = [f.name for f in fields(source.options) if f.name != "trust_remote_code"]
+    return from_data({name: own[name] for name in names if name in own}, source.options, where=where, field="spec")
+
+
 def spec_from_record(record: dict[str, Any], where: str) -> ModelSpec:
     """The spec as a sidecar recorded it (ModelSpec.to_dict), back as a ModelSpec; no permission to run code."""
-    known = {f.name for f in fields(ModelSpec)} - {"lines", *_COMMAND_LINE_ONLY}
-    given = {key: value for key, value in record.items() if key in known}
+    known = {f.name for f in fields(ModelSpec)} - {"lines", "options", *_COMMAND_LINE_ONLY}
+    given: dict[str, Any] = {key: value for key, value in record.items() if key in known}
+    named = record.get("model_source", DEFAULT_SOURCE)
+    source = SOURCES.get(named) if isinstance(named, str) else None
     try:
+        if source is not None:  # a source not registered in this process: its options are unknown here
+            given["options"] = recorded_options(source, record, where)
         spec = ModelSpec(**given)
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{where}: the recorded spec cannot be read back ({exc})") from None
@@ -125,7 +147,7 @@ def spec_of_lowered(model: LoweredModel, *, trust_remote_code: bool = False, tru
     where = f"{model.name}'s sidecar ({model.sidecar.variant})"
 
     def allowed(spec: ModelSpec) -> ModelSpec:
-        return replace(spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
+        return spec.allowed(trust_remote_code=trust_remote_code, trust_code=trust_code)
 
     spec_file = model.spec_file
     if spec_file is None:  # a built-in model's rewritten program: the spec it was lowered from, as recorded

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -35,7 +35,10 @@ from orchestrator.config import (
     Invalid,
     describe,
     did_you_mean,
+    field_node,
     field_path,
+    huge_integers,
+    leaves,
     line_of,
     string,
     text,
@@ -43,7 +46,7 @@ from orchestrator.config import (
 )
 from orchestrator.errors import SpecError
 from orchestrator.names import is_valid_name
-from orchestrator.strictjson import MAX_MAGNITUDE
+from orchestrator.records import to_data
 
 # fill-mask and causal-lm give the logits the spec's `output` names (below); the others the head's first output as
 # the user would export it (logits, or the last hidden state for feature-extraction and speech-encoder).
@@ -65,7 +68,6 @@ DEFAULT_CONTEXT = 256  # a text-generation program's KV cache capacity when the 
 MAX_CONTEXT = 32768  # the largest KV cache a spec or `--context` may ask for
 DEFAULT_NEW_TOKENS = 32
 IMAGE_INPUT = "pixel_values"
-_LONG_INTEGER = re.compile(r"-?\d{19,}")  # may pass int64; shorter ones cannot
 INPUT_NAMES = ("input_ids", "attention_mask")  # the text inputs every text model takes (token_type_ids: some)
 TEXT_INPUTS = (*INPUT_NAMES, "token_type_ids")
 # Every input a spec may declare: its dtype and ranks ([B, seq], [B, 3, H, W], input_values a waveform [B, samples]
@@ -125,30 +127,55 @@ class InputSpec:
 
 
 @dataclass(frozen=True)
+class SourceOptions:
+    """A source's own spec fields, the ones no other source has: each source declares a frozen subclass in its
+    module and names it in its ModelSource (`options`); `ModelSpec.options` holds one. This base is the options of a
+    source with none. The build side narrows it with `ModelSpec.options_of(ItsOptions)`."""
+
+
+@dataclass(frozen=True)
+class ImageOptions(SourceOptions):
+    """The options of a source whose models take one square image: its side (None: the source's default)."""
+
+    image_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ClassifierOptions(ImageOptions):
+    """An image classifier built by a library's constructor (torchvision, timm): its keyword arguments (JSON
+    scalars, checked against its signature by the builder); `model_type` is the library's model name."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+OptionsT = TypeVar("OptionsT", bound=SourceOptions)
+# The source-only fields every ModelSpec had before they moved to the sources' options, with the value a spec of
+# another source had: ModelSpec.to_dict writes them all at the top level, so that sidecars and cache keys of older
+# etlab read and compare alike. A source's other options are written under "source_options".
+_FLAT_OPTIONS: dict[str, Any] = {
+    "model_id": None, "config": {}, "mask_token_id": None, "kwargs": {}, "image_size": None, "factory": None,
+    "trust_remote_code": False,
+}  # fmt: skip
+# Where to_dict wrote them: after which ModelSpec field.
+_OPTIONS_AFTER = {"seq_len": ("model_id", "config", "mask_token_id"), "declared_inputs": ("kwargs", "image_size",
+                  "factory"), "model_source": ("trust_remote_code",)}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     model_type: str
     task: str
     seq_len: int = 128
-    model_id: str | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-    mask_token_id: int | None = None
     description: str = ""
     batch_size: int = 1
     # The spec file's `inputs`, checked against the task (names, dtypes, ranks, batch); empty: the task's defaults.
     declared_inputs: tuple[InputSpec, ...] = ()
-    # `torchvision`: the constructor's keyword arguments (JSON scalars, checked against its signature by the builder)
-    # and the side of the square input image; `model_type` is then the torchvision model name.
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    image_size: int | None = None
-    # `factory`: "module:function" or "/absolute/file.py:function" (a relative file is resolved against the spec
-    # file's folder when it is read); the function returns the module and its example inputs.
-    factory: str | None = None
+    # The fields of the spec's source of its own (model_id and config for huggingface, a factory's function, ...):
+    # the record its ModelSource declares (`SourceOptions` given here: that record's defaults).
+    options: SourceOptions = SourceOptions()
     source: str = "built-in"  # where the spec was read: a file, or built-in
     model_source: str = "huggingface"  # the spec file's `source`: a name in SOURCES, where the model comes from
-    # Only the command line sets this (`--trust-remote-code`), never a spec file: with it, `from_pretrained` runs
-    # the Python files of the model folder. It is part of the identity: such a program is another program.
-    trust_remote_code: bool = False
     # Only the command line sets this (`--trust-code`), never a spec file: a factory spec runs the user's own code.
     # Not part of the identity: without it nothing runs, so there is no other program.
     trust_code: bool = False
@@ -159,8 +186,6 @@ class ModelSpec:
     # `text-generation`: a text prompt, tokenized on the workstation when the model's tokenizer is cached (never
     # downloaded); without one, deterministic ids of seq_len tokens.
     prompt: str | None = None
-    # The fields of a source's own that are no field here (a source added in one module), checked by its record.
-    source_options: dict[str, Any] = field(default_factory=dict)
     # fill-mask and causal-lm: which logits the program returns (OUTPUTS); part of the identity.
     output: str = ALL_POSITIONS
     # Where each field was written in the spec file: "seq_len", "config", "config.<key>" -> line.
@@ -169,6 +194,24 @@ class ModelSpec:
     def __post_init__(self) -> None:  # a recorded spec (a sidecar) is read back through here too
         if self.output not in OUTPUTS:
             raise ValueError(f"output {self.output!r} is not one of {', '.join(OUTPUTS)}")
+        source = SOURCES.get(self.model_source)
+        if source is None or isinstance(self.options, source.options):
+            return
+        if type(self.options) is not SourceOptions:
+            raise ValueError(f"a {source.name} spec's options are {source.options.__name__}, got {self.options!r}")
+        object.__setattr__(self, "options", source.options())  # the source's defaults (a required one: TypeError)
+
+    def options_of(self, kind: type[OptionsT]) -> OptionsT:
+        """This spec's options as the record `kind` (its source's, or a base of it); a spec of another source is
+        a bug of the caller."""
+        if not isinstance(self.options, kind):
+            raise TypeError(f"spec {self.name!r} ({self.model_source}) has no {kind.__name__}: {self.options!r}")
+        return self.options
+
+    @property
+    def image_side(self) -> int | None:
+        """The side of the square image the model takes, if its source's options say one (ImageOptions)."""
+        return self.options.image_size if isinstance(self.options, ImageOptions) else None
 
     @property
     def inputs(self) -> tuple[InputSpec, ...]:
@@ -178,10 +221,9 @@ class ModelSpec:
         if self.declared_inputs:
             return self.declared_inputs
         batch = self.batch_size
-        if self.image_size is not None:  # an image model: one normalised RGB image
-            return (InputSpec(IMAGE_INPUT, "float32", (batch, 3, self.image_size, self.image_size)),)
-        if self.factory is not None:  # the factory's example inputs decide them, known once it ran
-            return ()
+        side = self.image_side
+        if side is not None:  # an image model: one normalised RGB image
+            return (InputSpec(IMAGE_INPUT, "float32", (batch, 3, side, side)),)
         if self.task in TEXT_TASKS:
             return tuple(InputSpec(name, "int64", (batch, self.seq_len)) for name in INPUT_NAMES)
         if self.task == GENERATION_TASK:  # the prompt's ids and their positions; the length is dynamic
@@ -207,11 +249,34 @@ class ModelSpec:
             return self
         return replace(self, context=context, name=f"{self.name}.ctx{context}")
 
+    def with_options(self, **changes: Any) -> ModelSpec:
+        """The same spec with some of its options changed."""
+        return replace(self, options=replace(self.options, **changes))
+
+    def allowed(self, *, trust_remote_code: bool, trust_code: bool) -> ModelSpec:
+        """The spec with the command line's permissions to run code: a factory's (`trust_code`, any source) and
+        the model folder's (`trust_remote_code`, where the source's options have it)."""
+        spec = replace(self, trust_code=trust_code)
+        if hasattr(self.options, "trust_remote_code"):
+            spec = spec.with_options(trust_remote_code=trust_remote_code)
+        return spec
+
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """The spec as the sidecar records it: its fields, its source's options among them at the top level where
+        ModelSpec had them once (_FLAT_OPTIONS), the others under "source_options"; a user's own program by its file."""
+        options = to_data(self.options)
+        if is_user_program(self.model_source):
+            return {"name": self.name, "model_source": self.model_source, "source": self.source, **options}
+        own = {key: value for key, value in options.items() if key not in _FLAT_OPTIONS}
+        flat = _FLAT_OPTIONS | {key: value for key, value in options.items() if key in _FLAT_OPTIONS}
+        data: dict[str, Any] = {}
+        for item in fields(self):
+            if item.name != "options":
+                data[item.name] = getattr(self, item.name)
+            data |= {key: flat[key] for key in _OPTIONS_AFTER.get(item.name, ())}
+        if own:  # the built-in sources' options are all flat: their records read as before
+            data["source_options"] = own
         data.pop("lines")
-        if not self.source_options:  # the built-in sources have none: their records read as before
-            data.pop("source_options")
         data["declared_inputs"] = [asdict(spec) | {"shape": list(spec.shape)} for spec in self.declared_inputs]
         data["inputs"] = [asdict(spec) | {"shape": list(spec.shape)} for spec in self.inputs]
         return data
@@ -226,7 +291,7 @@ class ModelSpec:
         """What decides the lowered program (the cache key); excludes descriptive fields."""
         data = self.to_dict()
         for key in ("description", "source", "trust_code"):
-            data.pop(key)
+            data.pop(key, None)  # a user's own program records no description
         source = SOURCES.get(self.model_source)
         if source is not None and source.identity is not None:  # what the fields do not say (a factory's file)
             data |= source.identity(self)
@@ -331,10 +396,14 @@ class ModelSource:
     defaults: str | None = None
     # The ModelSpec keywords made whole: `(given, data, spec file's folder) -> given` (declared inputs, a path).
     complete: Callable[[dict[str, Any], dict[str, Any], Path], dict[str, Any]] | None = None
-    # Its fields that are no field of ModelSpec: kept in `ModelSpec.source_options` (part of the identity).
-    options: frozenset[str] = frozenset()
+    # The record of its own fields (those that are no field of ModelSpec), kept in `ModelSpec.options`: a frozen
+    # SourceOptions subclass declared in the source's module, its fields named as the spec file's (part of the
+    # identity). Every field has a default but those the spec file must give.
+    options: type[SourceOptions] = SourceOptions
     # What else decides the program beyond the spec's fields (a factory's file): `(spec) -> dict`.
     identity: Callable[[ModelSpec], dict[str, Any]] | None = None
+    # A user's own program's option (`--pte FILE.pte`), never a spec file's `source`; `builder` makes its artifacts.
+    given_by: str | None = None
 
 
 _SOURCES_PACKAGE = "orchestrator.lowering.sources"
@@ -387,6 +456,11 @@ def register_source(source: ModelSource) -> ModelSource:
     return SOURCES.register(source)
 
 
+def is_user_program(source_name: object) -> bool:
+    """Whether a spec's (or a sidecar's recorded) `model_source` is a program the user made (ModelSource.given_by)."""
+    return isinstance(source_name, str) and getattr(SOURCES.get(source_name), "given_by", None) is not None
+
+
 def _config_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str, str]]:
     """(key node, field, message) for `config` keys a spec may never set, whatever the model's config class."""
     problems = []
@@ -400,7 +474,7 @@ def _config_problems(node: Node, values: dict[str, Any]) -> list[tuple[Node, str
             message = "is an option of from_pretrained, not a field of the model's config: a spec cannot set it"
         elif key.startswith("_") and key not in CHECKPOINT_RECORDS:
             message = "is internal to transformers, not a field of the model's config: a spec cannot set it"
-        elif any(isinstance(v, float) and not math.isfinite(v) for v in _leaves(value)):
+        elif any(isinstance(v, float) and not math.isfinite(v) for v in leaves(value)):
             message = f"expected a finite number, got {value!r}"
         else:
             continue
@@ -432,52 +506,6 @@ def _kwargs_problems(node: Node, values: dict[str, Any], source: ModelSource) ->
     return problems
 
 
-def _leaves(value: Any) -> list[Any]:
-    """The scalars inside nested lists and mappings (iterative: JSON may nest deeper than Python recurses)."""
-    leaves, pending = [], [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, dict):
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-        else:
-            leaves.append(item)
-    return leaves
-
-
-def _field_node(root: Node, key: str) -> Node | None:
-    """The node of `name`, `inputs[1]` or `inputs[1].dtype` in the spec file (its line is the field's)."""
-    found = re.fullmatch(r"(\w+)(?:\[(\d+)\])?(?:\.(\w+))?", key)
-    if found is None:
-        return None
-    node = value_node(root, found[1])
-    if found[2] is not None and isinstance(node, SequenceNode) and int(found[2]) < len(node.value):
-        node = node.value[int(found[2])]
-        if found[3] is not None:
-            node = value_node(node, found[3]) or node
-    return node
-
-
-def _huge_numbers(root: Node) -> list[tuple[Node, str]]:
-    """Every integer of the spec beyond ±(2**63-1) (a 400-digit vocab_size), with its field path."""
-    found: list[tuple[Node, str]] = []
-    pending: list[tuple[Node, str]] = [(root, "")]
-    while pending:
-        node, name = pending.pop()
-        if isinstance(node, MappingNode):
-            pending += [(value, f"{name}.{key.value}" if name else str(key.value)) for key, value in node.value]
-        elif isinstance(node, SequenceNode):
-            pending += [(item, f"{name}[{index}]") for index, item in enumerate(node.value)]
-        elif (
-            isinstance(node, ScalarNode)
-            and _LONG_INTEGER.fullmatch(node.value)
-            and abs(int(node.value)) > MAX_MAGNITUDE
-        ):
-            found.append((node, name))
-    return sorted(found, key=lambda item: line_of(item[0]))
-
-
 def load_spec_file(path: Path) -> ModelSpec:
     """Parse and validate a user spec; every error names the file, the line and the field."""
 
@@ -504,17 +532,19 @@ def load_spec_file(path: Path) -> ModelSpec:
         raise fail(f"{path}: lists or objects nested too deeply") from exc
     assert isinstance(root, MappingNode)  # a JSON object, checked above
     checker = _SpecChecker(path)
-    for node, name in _huge_numbers(root):
+    for node, name in huge_integers(root):
         checker.error(node, name, f"a number of {len(str(node.value).lstrip('-'))} digits, beyond any size or id")
     if checker.problems:  # nothing downstream has to guard its arithmetic against them
         raise fail("\n".join(checker.errors))
     source_name = data.get("source", DEFAULT_SOURCE)
     source = SOURCES.get(source_name) if isinstance(source_name, str) else None
-    if source is None:
-        source_node = value_node(root, "source") or root
-        sources = ", ".join(SOURCES)
-        close = did_you_mean(source_name, SOURCES) if isinstance(source_name, str) else ""
-        checker.error(source_node, "source", f"{source_name!r} is not a model source; known: {sources}{close}")
+    if source is None or source.given_by is not None:  # a program of one's own comes in by its option
+        choices = [name for name, each in SOURCES.items() if each.given_by is None]
+        close = did_you_mean(source_name, choices) if isinstance(source_name, str) else ""
+        message = f"{source_name!r} is not a model source; known: {', '.join(choices)}{close}"
+        if source is not None:
+            message = f"{source_name!r} is a program of your own, given by {source.given_by}, not a spec file's source"
+        checker.error(value_node(root, "source") or root, "source", message)
         raise fail("\n".join(checker.errors))
     found = checker.fields(root, "", _COMMON_FIELDS | source.fields)
     for key in ("name", *source.required):
@@ -550,22 +580,21 @@ def load_spec_file(path: Path) -> ModelSpec:
             spec_lines[real] = spec_lines[spec_field]
 
     def problem(key: str, message: str) -> SpecError:
-        checker.error(_field_node(root, key) or root, key, message)
+        checker.error(field_node(root, key) or root, key, message)
         return fail("\n".join(checker.errors))
 
     across = source.problem(found, data)
     if across is not None:
         raise problem(*across)
-    not_in_files = {"source", "model_source", "lines", "trust_remote_code", "trust_code", "source_options"}
-    known = {f.name for f in fields(ModelSpec)} - not_in_files
+    not_in_files = {"source", "model_source", "lines", "trust_code", "options"}
+    option_names = {f.name for f in fields(source.options)} - {"trust_remote_code"}  # the command line's only
+    known = ({f.name for f in fields(ModelSpec)} - not_in_files) | option_names
     found = {source.renames.get(key, key): value for key, value in found.items()}
     given = {key: value for key, value in found.items() if key in known} | source.fixed
-    options = {key: value for key, value in found.items() if key in source.options}
-    if options:  # a source's own fields, which are no field of ModelSpec
-        given["source_options"] = options
     for key in ("config", "kwargs"):
         if key in given:
             given[key] = dict(given[key])
     if source.complete is not None:
         given = source.complete(given, data, path.parent)
-    return ModelSpec(**given, source=str(path), model_source=source.name, lines=spec_lines)
+    options = source.options(**{key: given.pop(key) for key in option_names if key in given})
+    return ModelSpec(**given, options=options, source=str(path), model_source=source.name, lines=spec_lines)

@@ -89,13 +89,12 @@ def hub_offline() -> bool:
     return value.strip().upper() in _TRUE_VALUES
 
 
-def pretrained_available(spec: ModelSpec) -> tuple[bool, str]:
-    """Whether pretrained weights can be had without a long network timeout, and why not."""
-    if not spec.model_id:
-        return False, "the spec has no model_id"
-    if os.path.isdir(spec.model_id):
-        return True, f"local folder {spec.model_id}"
-    if cached_config(spec.model_id) is not None:
+def pretrained_available(model_id: str) -> tuple[bool, str]:
+    """Whether the pretrained weights of a HuggingFace checkpoint (an id or a folder) can be had without a long
+    network timeout, and why not."""
+    if os.path.isdir(model_id):
+        return True, f"local folder {model_id}"
+    if cached_config(model_id) is not None:
         return True, "found in the HuggingFace cache"
     if hub_offline():
         return False, "not in the HuggingFace cache and HF_HUB_OFFLINE is set"

@@ -41,7 +41,7 @@ def test_head_at_position_rows() -> None:
     mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=np.int64)
     inputs = [NamedTensor("input_ids", ids), NamedTensor("attention_mask", mask)]
     fill_mask, causal = BUILTIN_SPECS["distilbert-tiny"], BUILTIN_SPECS["gpt2-tiny"]
-    assert fill_mask.mask_token_id == 103
+    assert fill_mask.options.mask_token_id == 103
     # fill-mask: each row's first [MASK] (positions 1 and 0); causal-lm: the last real token (positions 2 and 3).
     np.testing.assert_array_equal(_logits_rows(logits, inputs, fill_mask), logits[[0, 1], [1, 0]])
     np.testing.assert_array_equal(_logits_rows(logits, inputs, causal), logits[[0, 1], [2, 3]])

@@ -86,6 +86,17 @@ def test_files_that_are_no_programs_are_data_errors(tmp_path: Path) -> None:
     refused(fab("lower", "--exported", str(fake_pt2), artifacts=artifacts), 65, "fake.pt2", "not a .pt2 archive")
 
 
+def test_a_spec_file_naming_a_users_own_program_as_source_is_a_usage_error(tmp_path: Path) -> None:
+    """`user-program` and `exported-program` are model sources of their options (--pte, --exported), not of spec
+    files: exit 64, naming the file's field and the option."""
+    artifacts = tmp_path / "artifacts"
+    spec = tmp_path / "mine.json"
+    spec.write_text(json.dumps({"name": "mine", "source": "user-program"}))
+    said = "field 'source': 'user-program' is a program of your own, given by --pte FILE.pte"
+    refused(fab("lower", "--spec", str(spec), artifacts=artifacts), 64, "mine.json:1", said)
+    assert not artifacts.exists()
+
+
 @pytest.mark.slow
 def test_a_reference_that_does_not_fit_the_program_is_refused(pte: Path, tmp_path: Path) -> None:
     artifacts = tmp_path / "artifacts"

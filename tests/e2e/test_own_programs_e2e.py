@@ -101,6 +101,9 @@ def test_lower_your_own_exported_program_and_run_it(local_board: Board, tmp_path
     assert sidecar["spec"]["model_source"] == "exported-program"
     assert sidecar["delegation"]["delegate_backends"] == {"XnnpackBackend": 1}
     assert [o["shape"] for o in sidecar["outputs"]] == [[2, 4], [3]]
+    again = _fab(["lower", "--model", "exported-mine"], env)  # no spec to lower: the hint names its own option
+    said = again.stdout + again.stderr
+    assert again.returncode == 64 and "no spec to lower it from" in said and "--exported FILE.pt2" in said, said
 
     run = ["run", "--model", "exported-mine", "--board", "local", "--iterations", "2", "--warmup", "0"]
     proc = _fab([*run, "--inventory", str(inventory)], env)

@@ -25,10 +25,8 @@ from orchestrator.lowering.variants import VARIANTS
 
 # DistilBertConfig's structure (6 layers, 12 heads) at a width of 48 (4 per head) and a 500-word vocabulary.
 NARROW_DISTILBERT = dataclasses.replace(
-    BUILTIN_SPECS["distilbert"],
+    BUILTIN_SPECS["distilbert"].with_options(model_id=None, config={"dim": 48, "hidden_dim": 96, "vocab_size": 500}),
     name="distilbert-narrow",
-    model_id=None,
-    config={"dim": 48, "hidden_dim": 96, "vocab_size": 500},
 )
 
 

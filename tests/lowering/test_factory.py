@@ -65,7 +65,7 @@ def fab_lower(spec: Path, tmp_path: Path, *options: str) -> subprocess.Completed
 
 def test_a_factory_spec_reads_its_file_relative_to_the_spec(tmp_path: Path) -> None:
     spec = load_spec_file(write_factory(tmp_path, kwargs={"width": 4}))
-    assert spec.factory == f"{tmp_path.resolve()}/models/small.py:build" and spec.kwargs == {"width": 4}
+    assert spec.options.factory == f"{tmp_path.resolve()}/models/small.py:build" and spec.options.kwargs == {"width": 4}
     assert (spec.model_source, spec.task, spec.trust_code) == ("factory", "custom", False)
     assert spec.identity()["factory_sha256"] != "missing" and "trust_code" not in spec.identity()
     with pytest.raises(SpecError, match=r"small\.json:4: field 'factory': 'build' is not 'path/to/file\.py:function'"):

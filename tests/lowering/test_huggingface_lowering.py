@@ -16,6 +16,7 @@ import pytest
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweringResult
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import VARIANTS, Variant
 from orchestrator.tensorfile import read_tensors
@@ -29,15 +30,17 @@ USER_SPECS = {
     spec.name: spec
     for spec in (
         ModelSpec(name="hf-roberta-cls-b2", model_type="roberta", task="text-classification", seq_len=16,
-                  batch_size=2, config={**_TEXT, "num_labels": 3, "pad_token_id": 1}),
+                  batch_size=2, options=HuggingFaceOptions(config={**_TEXT, "num_labels": 3, "pad_token_id": 1})),
         ModelSpec(name="hf-bert-tokens", model_type="bert", task="token-classification", seq_len=16,
-                  config={**_TEXT, "num_labels": 5}),
+                  options=HuggingFaceOptions(config={**_TEXT, "num_labels": 5})),
         ModelSpec(name="hf-t5-encoder", model_type="t5", task="feature-extraction", seq_len=16,
-                  config={"vocab_size": 1000, "d_model": 64, "num_layers": 2, "num_heads": 2, "d_kv": 32, "d_ff": 128}),
+                  options=HuggingFaceOptions(config={"vocab_size": 1000, "d_model": 64, "num_layers": 2, "num_heads": 2,
+                                                     "d_kv": 32, "d_ff": 128})),
         # Audio Spectrogram Transformer: input_values are a filter bank [batch, max_length frames, num_mel_bins]
         ModelSpec(name="hf-ast-tiny", model_type="audio-spectrogram-transformer", task="audio-classification",
-                  config={"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-                          "intermediate_size": 128, "max_length": 100, "num_mel_bins": 16, "num_labels": 4}),
+                  options=HuggingFaceOptions(config={"hidden_size": 64, "num_hidden_layers": 2,
+                                                     "num_attention_heads": 2, "intermediate_size": 128,
+                                                     "max_length": 100, "num_mel_bins": 16, "num_labels": 4})),
     )
 }  # fmt: skip
 # name -> (input name, dtype, shape), output shape
@@ -85,7 +88,7 @@ def test_the_program_matches_eager_on_valid_reference_inputs(lowered: LoweringRe
     np.testing.assert_allclose(output.numpy(), reference.array, rtol=1e-3, atol=1e-3 * scale)
     arrays = {t.name: t.array for t in tensors}
     if "input_ids" in arrays:  # ids in the vocabulary, each row padded after its real tokens
-        assert arrays["input_ids"].min() >= 0 and arrays["input_ids"].max() < spec_of(name).config["vocab_size"]
+        assert arrays["input_ids"].min() >= 0 and arrays["input_ids"].max() < spec_of(name).options.config["vocab_size"]
         mask = arrays["attention_mask"]
         assert all(row[: int(row.sum())].all() and not row[int(row.sum()) :].any() for row in mask)
     if "token_type_ids" in arrays:  # two segments, zero on padding

@@ -27,16 +27,18 @@ from orchestrator.lowering.rewrites.layers import (
 )
 from orchestrator.lowering.rewrites.registry import LLAMA_RMS_NORM_FAMILIES, REWRITES, WEIGHT_NORM_FAMILIES
 from orchestrator.lowering.sources.build.models import example_inputs, load_model
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 
 _WAV2VEC2_TINY = BUILTIN_SPECS["wav2vec2-tiny"]
-HUBERT_TINY = ModelSpec(name="hubert-tiny", model_type="hubert", task="speech-encoder", config=_WAV2VEC2_TINY.config)
+HUBERT_TINY = ModelSpec(name="hubert-tiny", model_type="hubert", task="speech-encoder", options=_WAV2VEC2_TINY.options)
 QWEN2_TINY = ModelSpec(
     name="qwen2-tiny",
     model_type="qwen2",
     task="causal-lm",
-    config={"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 128},
+    options=HuggingFaceOptions(config={"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2,
+                                       "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                                       "max_position_embeddings": 128}),
 )  # fmt: skip
 SPECS = {
     name: BUILTIN_SPECS.get(name)

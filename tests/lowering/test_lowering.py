@@ -24,6 +24,7 @@ from orchestrator.lowering.export import cache
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.sidecar import sidecar_data
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec, load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -116,22 +117,24 @@ def test_reference_inputs_are_padded_and_masked(tiny_artifacts: dict[str, Loweri
     ids, mask = read_tensors(tiny_artifacts["distilbert-tiny"].paths.reference_inputs)
     assert ids.array.dtype == np.int64 and ids.shape == [1, 128]
     assert int(mask.array.sum()) == 96 and mask.array[0, 95] == 1 and mask.array[0, 96] == 0
-    assert (ids.array[0] == BUILTIN_SPECS["distilbert-tiny"].mask_token_id).sum() == 1
+    assert (ids.array[0] == BUILTIN_SPECS["distilbert-tiny"].options.mask_token_id).sum() == 1
 
 
 _TINY_BERT = ModelSpec(
     name="bert-tiny",
     model_type="bert",
     task="fill-mask",
-    config={
-        "vocab_size": 1000,
-        "hidden_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "intermediate_size": 128,
-        "max_position_embeddings": 256,
-    },
-    mask_token_id=103,
+    options=HuggingFaceOptions(
+        config={
+            "vocab_size": 1000,
+            "hidden_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "max_position_embeddings": 256,
+        },
+        mask_token_id=103,
+    ),
 )
 
 
@@ -147,7 +150,7 @@ def test_head_at_position_selects_the_position_before_the_head(spec: ModelSpec) 
     wrapped = head_at_position(load_model(spec, "random").module, spec)
     inputs = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, 1000))
     if spec.task == "fill-mask":
-        position = int((inputs[0][0] == spec.mask_token_id).nonzero()[0])
+        position = int((inputs[0][0] == spec.options.mask_token_id).nonzero()[0])
     else:
         position = int(inputs[1].sum()) - 1
     assert position == 95 or spec.task == "fill-mask"
@@ -337,9 +340,7 @@ def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.Monke
     from orchestrator.lowering.sources.build.models import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    spec = BUILTIN_SPECS["distilbert"].__class__(
-        **{**BUILTIN_SPECS["distilbert-tiny"].__dict__, "model_id": "nobody/none"}
-    )
+    spec = BUILTIN_SPECS["distilbert-tiny"].with_options(model_id="nobody/none")
     loaded = load_model(spec, "auto")
     assert loaded.weights == "random"
     assert "HF_HUB_OFFLINE" in loaded.weights_note
@@ -351,9 +352,7 @@ def test_pretrained_unavailable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
     from orchestrator.lowering.weights import PretrainedUnavailable
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    spec = BUILTIN_SPECS["distilbert"].__class__(
-        **{**BUILTIN_SPECS["distilbert-tiny"].__dict__, "model_id": "nobody/none"}
-    )
+    spec = BUILTIN_SPECS["distilbert-tiny"].with_options(model_id="nobody/none")
     with pytest.raises(PretrainedUnavailable, match="cannot load pretrained weights for 'nobody/none'") as excinfo:
         load_model(spec, "pretrained")
     assert "--" not in str(excinfo.value)  # the library names no option; the command layer adds it:

@@ -112,7 +112,7 @@ def test_the_selected_logits_are_the_eager_models_at_that_position(name: str, ro
         selected = loaded.module(ids, mask)
         full = build_random(spec)(input_ids=ids, attention_mask=mask).logits
     if output == "mask":
-        positions = [int(row.tolist().index(spec.mask_token_id)) for row in ids]
+        positions = [int(row.tolist().index(spec.options.mask_token_id)) for row in ids]
         assert len(set(positions)) == rows  # each row's own position
     else:
         positions = [15] * rows
@@ -140,7 +140,7 @@ def test_a_mask_program_lowers_to_the_mask_logits_and_another_output_relowers(tm
 
     with torch.no_grad():  # the reference is the eager model's logits at the [MASK]
         full = build_random(MASKED_TINY)(input_ids=inputs[0], attention_mask=inputs[1]).logits
-    position = int(inputs[0][0].tolist().index(MASKED_TINY.mask_token_id))
+    position = int(inputs[0][0].tolist().index(MASKED_TINY.options.mask_token_id))
     np.testing.assert_allclose(reference.array, full[:, position].numpy(), atol=1e-5, rtol=1e-5)
 
     every = BUILTIN_SPECS["distilbert-tiny"]  # the same name, every position: lowered again, not the cached one

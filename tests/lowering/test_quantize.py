@@ -31,6 +31,7 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.quantize.schemes import SCHEMES
 from orchestrator.lowering.quantize.xnn_types import fully_connected_types
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -200,8 +201,9 @@ def test_layers_8da4w_cannot_group_are_named_as_float() -> None:
     from orchestrator.lowering.sources.build.models import load_model, vocab_size_of
 
     spec = ModelSpec(
-        name="odd-bert", model_type="distilbert", task="fill-mask", mask_token_id=103, seq_len=16,
-        config={"vocab_size": 500, "dim": 48, "n_layers": 1, "n_heads": 2, "hidden_dim": 64},
+        name="odd-bert", model_type="distilbert", task="fill-mask", seq_len=16,
+        options=HuggingFaceOptions(config={"vocab_size": 500, "dim": 48, "n_layers": 1, "n_heads": 2, "hidden_dim": 64},
+                                   mask_token_id=103),
     )  # fmt: skip
     module = load_model(spec, "random").module
     args = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, vocab_size_of(module)))

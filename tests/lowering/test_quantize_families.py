@@ -288,8 +288,8 @@ def test_int8_static_calibrates_a_batch_of_token_ids_with_token_type_ids(tmp_pat
 
     from orchestrator.tensorfile import read_tensors
 
-    spec = dataclasses.replace(BUILTIN_SPECS["bert-base-tiny"], name="bert-classifier", task="text-classification",
-                               mask_token_id=None, seq_len=16, batch_size=2)  # fmt: skip
+    spec = dataclasses.replace(BUILTIN_SPECS["bert-base-tiny"].with_options(mask_token_id=None), name="bert-classifier",
+                               task="text-classification", seq_len=16, batch_size=2)  # fmt: skip
     path = None
     if calibrated_on == "file":
         path = tmp_path / "ids.json"

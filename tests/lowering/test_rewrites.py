@@ -7,7 +7,6 @@ The lowering with rewrites (shapes, sidecar, cache) is in test_rewrites_lowering
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import numpy as np
 import pytest
@@ -35,23 +34,31 @@ from orchestrator.lowering.rewrites.registry import (
 )
 from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
 from orchestrator.lowering.sources.build.models import example_inputs, load_model
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 
 _SMALL = {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
           "intermediate_size": 128}  # fmt: skip
-ROBERTA_TINY = ModelSpec(name="roberta-tiny", model_type="roberta", task="fill-mask", config=_SMALL, mask_token_id=4)
+ROBERTA_TINY = ModelSpec(
+    name="roberta-tiny",
+    model_type="roberta",
+    task="fill-mask",
+    options=HuggingFaceOptions(config=_SMALL, mask_token_id=4),
+)
 GPT_NEO_TINY = ModelSpec(
     name="gpt-neo-tiny",
     model_type="gpt_neo",
     task="causal-lm",
-    config={
-        "vocab_size": 1000,
-        "hidden_size": 64,
-        "num_layers": 2,
-        "num_heads": 2,
-        "attention_types": [[["global", "local"], 1]],
-        "max_position_embeddings": 128,
-    },
+    options=HuggingFaceOptions(
+        config={
+            "vocab_size": 1000,
+            "hidden_size": 64,
+            "num_layers": 2,
+            "num_heads": 2,
+            "attention_types": [[["global", "local"], 1]],
+            "max_position_embeddings": 128,
+        }
+    ),
 )
 SPECS = {
     "distilbert-tiny": BUILTIN_SPECS["distilbert-tiny"],
@@ -76,9 +83,10 @@ def _input_sets(spec: ModelSpec, module: torch.nn.Module) -> list[tuple[torch.Te
     other = reference_inputs(spec, vocab, seed=12345)
     generator = torch.Generator().manual_seed(7)
     ids = torch.randint(0, vocab, (1, spec.seq_len), generator=generator)
-    if spec.mask_token_id is not None:
-        ids[ids == spec.mask_token_id] = spec.mask_token_id + 1
-        ids[0, 40] = spec.mask_token_id
+    mask_token_id = spec.options.mask_token_id
+    if mask_token_id is not None:
+        ids[ids == mask_token_id] = mask_token_id + 1
+        ids[0, 40] = mask_token_id
     full = (ids, torch.ones_like(ids))
     return [tuple(torch.from_numpy(t.array) for t in made) for made in (reference, other)] + [full]
 
@@ -118,7 +126,7 @@ def test_which_rewrites_apply_by_spec() -> None:
     assert auto.resolve(BUILTIN_SPECS["smollm2-tiny"]) == ("eager-attention", "rms-norm", "head-at-position")
     assert auto.resolve(BUILTIN_SPECS["wav2vec2-tiny"]) == ("eager-attention", "fold-weight-norm")
     assert auto.resolve(BUILTIN_SPECS["mobilenet-v2-tiny"]) == ()  # torchvision: nothing etlab rewrites
-    asked = dataclasses.replace(BUILTIN_SPECS["bert-base-tiny"], config={"hidden_act": "gelu_new"})
+    asked = BUILTIN_SPECS["bert-base-tiny"].with_options(config={"hidden_act": "gelu_new"})
     assert REWRITES["tanh-gelu"].applies(asked)  # a family that does not use gelu_new, configured to
     assert NO_REWRITES.resolve(BUILTIN_SPECS["gpt2-tiny"]) == ()
     with pytest.raises(UnknownRewrite, match="tanh-gelu does not apply to distilbert-tiny"):
@@ -157,7 +165,7 @@ def test_patterns_are_found_in_the_modules(loaded: dict[str, torch.nn.Module]) -
 
 
 def test_auto_skips_a_missing_pattern_and_a_named_one_is_refused(loaded: dict[str, torch.nn.Module]) -> None:
-    spec = dataclasses.replace(BUILTIN_SPECS["distilbert-tiny"], config={"activation": "gelu_new"})
+    spec = BUILTIN_SPECS["distilbert-tiny"].with_options(config={"activation": "gelu_new"})
     module = copy.deepcopy(loaded["distilbert-tiny"])  # built with gelu: the spec says gelu_new, the module has none
     _, applied = apply_rewrites(module, spec, RewriteRequest(auto=True))
     assert applied == ("eager-attention", "head-at-position")
@@ -184,7 +192,7 @@ def test_head_at_position_is_the_logits_at_that_position(loaded: dict[str, torch
         everywhere = _outputs(original, inputs)
         assert everywhere.shape == (1, spec.seq_len, 1000)
         if spec.task == "fill-mask":
-            position = int((ids[0] == spec.mask_token_id).nonzero()[0])
+            position = int((ids[0] == spec.options.mask_token_id).nonzero()[0])
         else:
             position = int(mask[0].sum()) - 1
         at_position = _outputs(rewritten, inputs[:2])

@@ -1,12 +1,13 @@
 """A model source added in one module, this one: its spec-side record registered with `register_source` and its
 builder beside it, no other file touched. A spec file of it is read and checked like any other (its own fields kept
-in `source_options`, part of the identity), and lowers end to end: a .pte that ExecuTorch runs and that matches
-eager, cached by its key, calibrated (int8-static) on the samples the source makes."""
+in the options record it declares, typed, part of the identity), and lowers end to end: a .pte that ExecuTorch runs
+and that matches eager, cached by its key, calibrated (int8-static) on the samples the source makes."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +17,28 @@ import torch
 
 from orchestrator.config import integer
 from orchestrator.errors import SpecError
-from orchestrator.lowering.builtins import resolve_spec
+from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
 from orchestrator.lowering.export import cache
 from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.lowered import spec_from_record
 from orchestrator.lowering.sources.build.models import OWN, LoadedModel, SourceBuilder, SpecCheck
-from orchestrator.lowering.spec import SOURCES, ModelSource, ModelSpec, load_spec_file, register_source
+from orchestrator.lowering.spec import SOURCES, ModelSource, ModelSpec, SourceOptions, load_spec_file, register_source
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.lowering.weights import WeightsChoice
 from orchestrator.tensorfile import NamedTensor, read_tensors
 
 
+@dataclass(frozen=True)
+class TinyMlpOptions(SourceOptions):
+    """The source's own fields, declared here: its hidden width (required) and its input features."""
+
+    width: int
+    features: int = 4
+
+
 def _mlp(spec: ModelSpec) -> torch.nn.Module:
-    width, features = spec.source_options["width"], spec.source_options.get("features", 4)
+    options = spec.options_of(TinyMlpOptions)  # typed: a spec of another source is refused here
+    width, features = options.width, options.features
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(features, width), torch.nn.ReLU(), torch.nn.Linear(width, 3)).eval()
 
@@ -43,7 +54,7 @@ class TinyMlp(SourceBuilder):
         return LoadedModel(module, "own", "seeded", sum(p.numel() for p in module.parameters()))
 
     def example_inputs(self, spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]:
-        features = spec.source_options.get("features", 4)
+        features = spec.options_of(TinyMlpOptions).features
         return [NamedTensor("x", np.linspace(-1, 1, 2 * features, dtype=np.float32).reshape(2, features))]
 
     def input_kind(self, spec: ModelSpec, names: Sequence[str]) -> str:
@@ -65,7 +76,7 @@ SOURCE = register_source(
         {"width": integer(1, 64), "features": integer(1, 16)},
         ("width",),
         fixed={"task": "custom", "model_type": "tiny-mlp"},
-        options=frozenset({"width", "features"}),
+        options=TinyMlpOptions,
     )
 )
 
@@ -82,8 +93,18 @@ def test_the_registered_source_is_read_and_checked_like_any_other(tmp_path: Path
     assert Path(__file__).resolve() in cache.code_files("tiny-mlp")
     assert cache.code_files("huggingface") == cache.code_files()
     spec = load_spec_file(write_spec(tmp_path, width=8))
-    assert (spec.model_source, spec.task, spec.source_options) == ("tiny-mlp", "custom", {"width": 8})
-    assert spec.identity()["source_options"] == {"width": 8}
+    assert (spec.model_source, spec.task, spec.options) == ("tiny-mlp", "custom", TinyMlpOptions(width=8))
+    assert type(spec.options_of(TinyMlpOptions).width) is int
+    assert load_spec_file(write_spec(tmp_path, width=8, features=2)).options == TinyMlpOptions(8, 2)
+    # Recorded in the sidecar under "source_options" (the built-in sources' at the top level, as before), and read
+    # back as the record: a sidecar's spec is the spec.
+    assert spec.to_dict()["source_options"] == {"width": 8, "features": 4}
+    assert spec.identity()["source_options"] == {"width": 8, "features": 4}
+    assert spec_from_record(spec.to_dict(), "sidecar").options == spec.options
+    with pytest.raises(SpecError, match=r"sidecar: .*spec\.width"):
+        spec_from_record({**spec.to_dict(), "source_options": {"width": "8"}}, "sidecar")
+    with pytest.raises(TypeError, match="TinyMlpOptions"):
+        BUILTIN_SPECS["distilbert-tiny"].options_of(TinyMlpOptions)
     with pytest.raises(SpecError, match=r"tiny_mlp\.json:4: field 'width': .*64"):
         load_spec_file(write_spec(tmp_path, width=100))
     with pytest.raises(SpecError, match="field 'width': is required"):

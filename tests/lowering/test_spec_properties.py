@@ -117,9 +117,9 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "roberta": {**BERT_TINY, "pad_token_id": 1},
     "llama": {"vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
               "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64},
-    "vit": BUILTIN_SPECS["vit-tiny"].config,
-    "wav2vec2": BUILTIN_SPECS["wav2vec2-tiny"].config,
-    "whisper": BUILTIN_SPECS["whisper-tiny-encoder-tiny"].config,
+    "vit": BUILTIN_SPECS["vit-tiny"].options.config,
+    "wav2vec2": BUILTIN_SPECS["wav2vec2-tiny"].options.config,
+    "whisper": BUILTIN_SPECS["whisper-tiny-encoder-tiny"].options.config,
 }  # fmt: skip
 FAMILY_TASKS = {
     "bert": ("fill-mask", "text-classification", "token-classification", "feature-extraction"),

@@ -58,7 +58,7 @@ def tiny() -> LoweringResult:
 def test_a_torchvision_spec_file_reads_and_checks(tmp_path: Path) -> None:
     spec = load_spec_file(write_spec(tmp_path))
     assert (spec.model_source, spec.model_type, spec.task) == ("torchvision", "mobilenet_v2", "image-classification")
-    assert spec.kwargs == {"width_mult": 0.25, "num_classes": 10}
+    assert spec.options.kwargs == {"width_mult": 0.25, "num_classes": 10}
     assert [(i.name, i.dtype, i.shape) for i in spec.inputs] == [("pixel_values", "float32", (1, 3, 32, 32))]
     assert checked(write_spec(tmp_path)).parameters == 250922
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.fsutil import atomic_write_json
+from orchestrator.fsutil import atomic_write_json, sha256_file
 from orchestrator.lowering.artifacts import ArtifactPaths, load_artifact
 from orchestrator.lowering.export.exported import lower_exported_program
 from orchestrator.lowering.export.exported_archive import checked_archive
@@ -35,7 +35,8 @@ from orchestrator.lowering.export.user_programs import (
     reference_outputs_of,
 )
 from orchestrator.lowering.lowered import find_lowered, spec_of_lowered
-from orchestrator.lowering.spec import load_spec_file
+from orchestrator.lowering.sources.exported import ExportedOptions
+from orchestrator.lowering.spec import ModelSpec, load_spec_file
 from orchestrator.lowering.variants import Variant
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.programs.signature import MethodSignature, TensorSlot, read_signature
@@ -82,7 +83,9 @@ def test_the_signature_is_read_from_the_program_without_torch(programs: dict[str
 def test_a_pte_gets_an_artifacts_folder_with_generated_inputs(programs: dict[str, Path], tmp_path: Path) -> None:
     artifact = import_program(programs["xnnpack"], "mine", root=tmp_path)
     assert artifact.variant == Variant("xnnpack")
-    assert artifact.sidecar.spec["model_source"] == "user-program"
+    source = str(programs["xnnpack"].resolve())
+    recorded = {"name": "mine", "model_source": "user-program", "source": source, "sha256": artifact.sha256}
+    assert artifact.sidecar.spec == recorded | {"reference_outputs": None}  # the file, as etlab always recorded it
     assert artifact.sidecar.delegation.delegate_backends == {"XnnpackBackend": 1}
     assert reference_outputs_of(artifact) is None  # nothing to compare with: correctness is not checked
     inputs = read_tensors(artifact.paths.reference_inputs)
@@ -232,7 +235,13 @@ def test_an_exported_program_is_lowered_with_its_example_inputs(programs: dict[s
     assert np.allclose(outputs[0].array, expected[0].detach().numpy()) and outputs[1].array.tolist() == [2, 2, 2]
     sidecar = result.variants[Variant("xnnpack")].sidecar
     assert sidecar.spec["model_source"] == "exported-program" and sidecar.parameters == 8 * 4 + 4
-    assert list(sidecar.spec) == ["name", "model_source", "source", "sha256", "inputs"]  # to_data(ExportedSpec)
+    # a ModelSpec of the exported-program source, its options the file's; recorded as etlab always did
+    sha256 = result.spec.options_of(ExportedOptions).sha256
+    assert isinstance(result.spec, ModelSpec) and sha256 == sha256_file(programs["pt2"])
+    inputs = [{"name": "x", "shape": [2, 8], "dtype": "float32"}, {"name": "ids", "shape": [3], "dtype": "int64"}]
+    source = str(programs["pt2"].resolve())
+    assert sidecar.spec == {"name": "small", "model_source": "exported-program", "source": source, "sha256": sha256,
+                            "inputs": inputs}  # fmt: skip
     assert lower_exported_program(programs["pt2"], "small", variants=variants, root=tmp_path).cached
 
     with pytest.raises(UserProgramError, match="calibrated scheme needs calibration samples"):

@@ -16,9 +16,8 @@ import io
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from orchestrator import console
 from orchestrator.fsutil import atomic_path, sha256_bytes
@@ -28,31 +27,10 @@ from orchestrator.lowering.export.exported_archive import checked_archive
 from orchestrator.lowering.export.lower import LoweredVariant, LoweringResult
 from orchestrator.lowering.export.parallel import VariantTask
 from orchestrator.lowering.export.program import lower_program
-from orchestrator.lowering.export.user_programs import EXPORTED_PROGRAM, UserProgramError, check_folder
+from orchestrator.lowering.export.user_programs import UserProgramError, check_folder
+from orchestrator.lowering.sources.exported import exported_spec
 from orchestrator.lowering.variants import Variant
 from orchestrator.versions import toolchain_versions
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExportedSpec:
-    """What the lowering and its sidecar need to know of a user's ExportedProgram (a ModelSpec's fields); the
-    sidecar's `spec` is `to_data` of it (the field order is the file's key order)."""
-
-    name: str
-    model_source: str = EXPORTED_PROGRAM
-    source: str  # the .pt2 as given
-    sha256: str
-    inputs: list[dict[str, Any]] = field(default_factory=list)
-    # A ModelSpec's other fields, the same for every exported program (not written: the sidecar says them).
-    model_id: ClassVar[str | None] = None
-    task: ClassVar[str] = EXPORTED_PROGRAM
-    seq_len: ClassVar[int | None] = None
-    image_size: ClassVar[int | None] = None
-
-    @property
-    def generates(self) -> bool:
-        """A user's ExportedProgram runs once per run: etlab lowers no KV cache into it (ModelSpec.generates)."""
-        return False
 
 
 def _load(data: bytes, where: Path) -> Any:
@@ -147,8 +125,8 @@ def lower_exported_program(
     data = Path(path).read_bytes()
     sha = sha256_bytes(data)
     artifact_paths = ArtifactPaths.for_model(name, root)
-    spec = ExportedSpec(name=name, source=str(Path(path).resolve()), sha256=sha)
-    result = LoweringResult(spec, artifact_paths)  # type: ignore[arg-type]  # a ModelSpec's fields, duck-typed
+    spec = exported_spec(name, Path(path), sha)
+    result = LoweringResult(spec, artifact_paths)
     variants = tuple(dict.fromkeys(variants))
     keys = {variant: _key(sha, variant, etrecord) for variant in variants}
     if artifact_paths.folder.is_dir():
@@ -187,8 +165,7 @@ def lower_exported_program(
     write_tensors(artifact_paths.reference_outputs, outputs)
     with atomic_path(artifact_paths.exported_program, keep_identical=True) as tmp:
         tmp.write_bytes(checked)  # what was checked: Model Explorer loads this copy with torch.export.load
-    spec = ExportedSpec(name=name, source=spec.source, sha256=sha, inputs=describe(inputs))
-    result.spec = spec  # type: ignore[assignment]
+    spec = result.spec = exported_spec(name, Path(path), sha, describe(inputs))
     files = {
         "reference_inputs": file_record(artifact_paths.reference_inputs),
         "reference_outputs": file_record(artifact_paths.reference_outputs),
@@ -198,7 +175,7 @@ def lower_exported_program(
     for variant in missing:
         started = time.perf_counter()
         task = VariantTask(
-            spec=spec,  # type: ignore[arg-type]
+            spec=spec,
             variant=variant,
             weights="as exported",
             weights_note=f"the weights in {Path(path).name}",

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from orchestrator.lowering.quantize.schemes import Scheme
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.spec_errors import spec_failure
 from orchestrator.lowering.weights import RANDOM_SEED
@@ -63,13 +64,14 @@ def prompt_ids(length: int, vocab_size: int, seed: int = RANDOM_SEED) -> np.ndar
 def cached_tokenizer(spec: ModelSpec) -> Any:
     """The model's tokenizer when it is on this machine (the HF cache, or a model_id folder): never downloaded, never
     its folder's code (`trust_remote_code` only from the command line). None otherwise."""
-    if not spec.model_id:
+    options = spec.options_of(HuggingFaceOptions)
+    if not options.model_id:
         return None
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(
-            spec.model_id, local_files_only=True, trust_remote_code=spec.trust_remote_code
+            options.model_id, local_files_only=True, trust_remote_code=options.trust_remote_code
         )
     except Exception:  # not cached, or not a tokenizer transformers can read: deterministic ids instead
         return None
@@ -93,11 +95,12 @@ class Prompt:
 def prompt_for(spec: ModelSpec, vocab_size: int) -> Prompt:
     """The spec's text through the cached tokenizer, else deterministic ids of seq_len tokens (saying why)."""
     tokenizer = cached_tokenizer(spec)
+    model_id = spec.options_of(HuggingFaceOptions).model_id
     if tokenizer is not None and spec.prompt:
         ids = np.asarray([tokenizer(spec.prompt)["input_ids"]], dtype=np.int64)
         if ids.size and int(ids.max()) < vocab_size:
-            return Prompt(ids, f"the spec's prompt, tokenized by {spec.model_id}'s tokenizer", tokenizer)
-    why = "no prompt in the spec" if not spec.prompt else f"{spec.model_id or 'the model'}'s tokenizer is not cached"
+            return Prompt(ids, f"the spec's prompt, tokenized by {model_id}'s tokenizer", tokenizer)
+    why = "no prompt in the spec" if not spec.prompt else f"{model_id or 'the model'}'s tokenizer is not cached"
     return Prompt(prompt_ids(spec.seq_len, vocab_size), f"deterministic ids ({why})", tokenizer)
 
 

@@ -35,6 +35,7 @@ from orchestrator.lowering.outputs import eager_outputs, output_records
 from orchestrator.lowering.quantize.calibration import calibration_from_file, calibration_samples
 from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest, apply_rewrites
 from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.lowering.weights import WeightsChoice, resolve_weights
@@ -199,9 +200,10 @@ def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | No
     # here, not at the top: it imports torch (seconds), which a cache hit never needs
     from orchestrator.lowering.sources.build.models import OWN, TOKENS, builder, check_spec
 
-    if spec.trust_remote_code:
+    options = spec.options
+    if isinstance(options, HuggingFaceOptions) and options.trust_remote_code:
         console.loud_warning(
-            f"--trust-remote-code: the Python files of {spec.model_id} will run, with your privileges.\n"
+            f"--trust-remote-code: the Python files of {options.model_id} will run, with your privileges.\n"
             "Only do this for a model whose code you have read."
             if choice.mode == "pretrained"
             else f"--trust-remote-code has no effect: {spec.name} gets random weights from transformers' own classes."

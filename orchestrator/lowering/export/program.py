@@ -21,10 +21,9 @@ from orchestrator.lowering.export.export_errors import EXPORT, TO_EDGE, TO_EXECU
 from orchestrator.lowering.export.parallel import VariantTask
 from orchestrator.lowering.quantize.xnn_types import node_report
 from orchestrator.lowering.sidecar import Sidecar, sidecar_from_data, write_sidecar
-from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.variants import Variant
 from orchestrator.programs.memory import read_program_memory
-from orchestrator.records import to_data
 from orchestrator.versions import toolchain_versions
 
 
@@ -138,7 +137,7 @@ def lower_program(
     data = {
         "schema": SIDECAR_SCHEMA,
         "model": spec.name,
-        "model_id": spec.model_id,
+        "model_id": spec.options.model_id if isinstance(spec.options, HuggingFaceOptions) else None,
         "task": spec.task,
         "backend": variant.name,
         "method": "forward",
@@ -162,7 +161,7 @@ def lower_program(
         "outside_delegates": outside_delegates(pte_path, delegation["fallback_histogram"]),
         "quantization": quantization,
         "lowering": {"seconds": round(time.perf_counter() - started, 2), "peak_rss_bytes": peak_rss_bytes()},
-        "spec": spec.to_dict() if isinstance(spec, ModelSpec) else to_data(spec),  # exported.ExportedSpec
+        "spec": spec.to_dict(),
         "rewrites": list(task.rewrites),
         "generation": task.generation,
         "cache_key": task.key,

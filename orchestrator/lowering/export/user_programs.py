@@ -24,6 +24,8 @@ from orchestrator.errors import AnalysisError, ArtifactError
 from orchestrator.fsutil import atomic_path, read_json, sha256_file
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, Artifact, ArtifactPaths, file_record, valid_sidecar
 from orchestrator.lowering.sidecar import sidecar_from_data, write_sidecar
+from orchestrator.lowering.sources.pte import pte_spec
+from orchestrator.lowering.spec import is_user_program
 from orchestrator.lowering.variants import Variant
 from orchestrator.names import is_valid_name
 from orchestrator.programs.memory import read_program_memory
@@ -33,8 +35,6 @@ from orchestrator.programs.signature import MethodSignature, read_signature
 if TYPE_CHECKING:  # tensorfile imports numpy: a warm deploy's start finds a model's artifacts without it
     from orchestrator.tensorfile import NamedTensor
 
-USER_PROGRAM = "user-program"  # the sidecar's spec.model_source for a .pte the user lowered
-EXPORTED_PROGRAM = "exported-program"  # the same for a .pt2 the user exported (lowering/exported.py)
 XNNPACK_BACKEND = "XnnpackBackend"  # the delegate id XNNPACK's partitioner writes
 INPUTS_NOTE = "generated: standard normal floats (seed 0), zeros for integer inputs, true for booleans"
 # The inputs etlab makes for a user's .pte, each and all together: a program's declared shapes are the file's word,
@@ -191,7 +191,7 @@ def check_folder(artifact_paths: ArtifactPaths, source: Path) -> None:
             origin = spec.get("model_source") if isinstance(spec, dict) else None
         except (OSError, ValueError, AttributeError):
             continue  # unreadable: no artifact, and nothing of value to protect
-        if origin not in (USER_PROGRAM, EXPORTED_PROGRAM):
+        if not is_user_program(origin):
             folder = artifact_paths.folder
             raise NameTaken(f"{folder} holds the lowering of model {artifact_paths.name!r}, not of {source}")
 
@@ -244,11 +244,12 @@ def import_program(
     if files["pte"]["sha256"] != pte_sha:
         raise UserProgramError(f"{pte}: changed while it was copied; try again")
 
+    spec = pte_spec(name, pte, pte_sha, reference)
     data = {
         "schema": SIDECAR_SCHEMA,
         "model": name,
         "model_id": None,
-        "task": USER_PROGRAM,
+        "task": spec.task,
         "backend": variant.name,
         "method": method,
         "exported_program": artifact_paths.exported_program.name,
@@ -272,13 +273,7 @@ def import_program(
         "memory": read_program_memory(target, method).to_sidecar(),
         "quantization": None,
         "lowering": {"seconds": 0, "peak_rss_bytes": 0},
-        "spec": {
-            "name": name,
-            "model_source": USER_PROGRAM,
-            "source": str(pte.resolve()),
-            "sha256": pte_sha,
-            "reference_outputs": str(Path(reference).resolve()) if reference is not None else None,
-        },
+        "spec": spec.to_dict(),
         "cache_key": key,
         "files": files,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

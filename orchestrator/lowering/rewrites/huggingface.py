@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -74,8 +75,9 @@ def head_at_position(module: torch.nn.Module, spec: ModelSpec) -> torch.nn.Modul
     """The logits of one position per row: the [MASK] (fill-mask) or the last real token (causal-lm)."""
     model = _model(module)
     if spec.task == "fill-mask":
-        assert spec.mask_token_id is not None  # the spec check requires it
-        return FillMaskLogits(model, spec.mask_token_id).eval()
+        mask_token_id = spec.options_of(HuggingFaceOptions).mask_token_id
+        assert mask_token_id is not None  # the spec check requires it
+        return FillMaskLogits(model, mask_token_id).eval()
     return LastTokenLogits(model).eval()
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from orchestrator.config import did_you_mean
 from orchestrator.errors import UsageError
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ALL_POSITIONS, OUTPUT_WORDS, WRAPPED_TASKS, ModelSpec
 from orchestrator.names import is_valid_name
 
@@ -62,7 +63,8 @@ class Rewrite:
             return False
         if self.families is None or spec.model_type in self.families:
             return True
-        return self.config_value is not None and self.config_value in spec.config.values()
+        config = spec.options.config if isinstance(spec.options, HuggingFaceOptions) else {}
+        return self.config_value is not None and self.config_value in config.values()
 
 
 REWRITES: dict[str, Rewrite] = {

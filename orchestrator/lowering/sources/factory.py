@@ -10,16 +10,26 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from yaml.nodes import Node
 
 from orchestrator.config import Check, Invalid, string
-from orchestrator.lowering.spec import FACTORY_TASK, ModelSource, ModelSpec, mapping, register_source
+from orchestrator.lowering.spec import FACTORY_TASK, ModelSource, ModelSpec, SourceOptions, mapping, register_source
 
 # `pkg.mod:build` or `path/to/file.py:build`: where a factory is, and the function in it.
 _FACTORY = re.compile(r"^(?P<where>[^:]+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<object>[A-Za-z_]\w*)$")
+
+
+@dataclass(frozen=True)
+class FactoryOptions(SourceOptions):
+    """A factory spec's own fields: where its function is ("module:function", or "/absolute/file.py:function": a
+    relative file is resolved against the spec file's folder when it is read) and its keyword arguments."""
+
+    factory: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def _factory_reference(node: Node, _field: str) -> str:
@@ -82,7 +92,7 @@ def _complete(given: dict[str, Any], data: dict[str, Any], folder: Path) -> dict
 
 def _identity(spec: ModelSpec) -> dict[str, Any]:
     """An edited factory is another program."""
-    return {"factory_sha256": factory_digest(spec.factory)} if spec.factory is not None else {}
+    return {"factory_sha256": factory_digest(spec.options_of(FactoryOptions).factory)}
 
 
 FACTORY = register_source(
@@ -94,5 +104,6 @@ FACTORY = register_source(
         fixed={"task": FACTORY_TASK, "model_type": "factory"},
         complete=_complete,
         identity=_identity,
+        options=FactoryOptions,
     )
 )

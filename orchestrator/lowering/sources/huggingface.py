@@ -7,6 +7,7 @@ pretrained weights can be had now. The build side is `build/huggingface.py`'s `H
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from orchestrator.lowering.spec import (
     TEXT_INPUTS,
     TEXT_TASKS,
     WRAPPED_TASKS,
+    ImageOptions,
     InputSpec,
     ModelSource,
     ModelSpec,
@@ -36,6 +38,21 @@ from orchestrator.lowering.spec import (
     sequence,
 )
 from orchestrator.lowering.weights import Availability, pretrained_available
+
+
+@dataclass(frozen=True)
+class HuggingFaceOptions(ImageOptions):
+    """A huggingface spec's own fields: the checkpoint (`model_id`: a HuggingFace id or a local folder; None: random
+    weights from `config`), the config's fields over the family's defaults, the [MASK] token id of fill-mask, and
+    image-classification's image side (ImageOptions)."""
+
+    model_id: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    mask_token_id: int | None = None
+    # Only the command line sets this (`--trust-remote-code`), never a spec file: with it, `from_pretrained` runs
+    # the Python files of the model folder. It is part of the identity: such a program is another program.
+    trust_remote_code: bool = False
+
 
 _HUGGINGFACE_FIELDS: dict[str, Check] = {
     "model_type": family_name,
@@ -179,9 +196,10 @@ def _complete(given: dict[str, Any], data: dict[str, Any], folder: Path) -> dict
 
 def huggingface_pretrained(spec: ModelSpec) -> Availability:
     """No model_id (the tiny models) is random with nothing to warn about."""
-    if not spec.model_id:
+    model_id = spec.options_of(HuggingFaceOptions).model_id
+    if not model_id:
         return Availability(False, "the spec has no model_id", expected=False)
-    return Availability(*pretrained_available(spec))
+    return Availability(*pretrained_available(model_id))
 
 
 HUGGINGFACE = register_source(
@@ -193,5 +211,6 @@ HUGGINGFACE = register_source(
         _huggingface_problem,
         pretrained=huggingface_pretrained,
         complete=_complete,
+        options=HuggingFaceOptions,
     )
 )

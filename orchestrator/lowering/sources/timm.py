@@ -6,9 +6,25 @@ The build side is `build/timm.py`'s `TIMM`; pretrained weights only from timm's 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from orchestrator.config import Check, integer, text
-from orchestrator.lowering.spec import IMAGE_TASK, ModelSource, ModelSpec, mapping, register_source
+from orchestrator.lowering.spec import (
+    IMAGE_TASK,
+    ClassifierOptions,
+    ModelSource,
+    ModelSpec,
+    mapping,
+    register_source,
+)
 from orchestrator.lowering.weights import Availability, cached_timm_weights, hf_hub_cache
+
+
+@dataclass(frozen=True)
+class TimmOptions(ClassifierOptions):
+    """A timm spec's own fields: `timm.create_model`'s keyword arguments and the side of the square input image
+    (None in the file: the model's pretrained_cfg input_size, filled in by the build side's defaults)."""
+
 
 # timm.create_model keywords a spec never sets: they fetch or read weights and configs from files or the hub.
 TIMM_REFUSED = frozenset(
@@ -27,8 +43,9 @@ _TIMM_FIELDS: dict[str, Check] = {
 
 def timm_pretrained(spec: ModelSpec) -> Availability:
     """Whether a timm spec can have its pretrained weights without the network, and why not."""
-    if spec.kwargs:
-        reason = f"the spec's kwargs ({', '.join(spec.kwargs)}) change the model timm's weights fit"
+    kwargs = spec.options_of(TimmOptions).kwargs
+    if kwargs:
+        reason = f"the spec's kwargs ({', '.join(kwargs)}) change the model timm's weights fit"
         return Availability(False, reason, expected=False)
     if cached_timm_weights(spec.model_type) is None:
         return Availability(
@@ -46,6 +63,7 @@ TIMM = register_source(
         renames={"model": "model_type"},
         fixed={"task": IMAGE_TASK},
         pretrained=timm_pretrained,
+        options=TimmOptions,
         refused_kwargs=TIMM_REFUSED,
         defaults="orchestrator.lowering.sources.build.timm:with_defaults",
     )

@@ -6,9 +6,25 @@ The build side is `build/torchvision.py`'s `TORCHVISION`; pretrained weights onl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from orchestrator.config import Check, integer, text
-from orchestrator.lowering.spec import IMAGE_TASK, ModelSource, ModelSpec, mapping, register_source
+from orchestrator.lowering.spec import (
+    IMAGE_TASK,
+    ClassifierOptions,
+    ModelSource,
+    ModelSpec,
+    mapping,
+    register_source,
+)
 from orchestrator.lowering.weights import Availability, cached_torchvision_checkpoint, torch_hub_checkpoints
+
+
+@dataclass(frozen=True)
+class TorchvisionOptions(ClassifierOptions):
+    """A torchvision spec's own fields: the constructor's keyword arguments and the side of the square input image
+    (both required of the spec file: torchvision has no default size)."""
+
 
 # torchvision constructor keywords a spec never sets: the weights come from `--weights` (pretrained only from the
 # local torch hub cache), and the others decide how they are fetched.
@@ -23,8 +39,9 @@ _TORCHVISION_FIELDS: dict[str, Check] = {
 
 def torchvision_pretrained(spec: ModelSpec) -> Availability:
     """Whether a torchvision spec can have its pretrained weights without the network, and why not."""
-    if spec.kwargs:  # the tiny ones: random is all there is
-        reason = f"the spec's kwargs ({', '.join(spec.kwargs)}) change the model torchvision's checkpoint fits"
+    kwargs = spec.options_of(TorchvisionOptions).kwargs
+    if kwargs:  # the tiny ones: random is all there is
+        reason = f"the spec's kwargs ({', '.join(kwargs)}) change the model torchvision's checkpoint fits"
         return Availability(False, reason, expected=False)
     if cached_torchvision_checkpoint(spec.model_type) is None:
         return Availability(
@@ -42,6 +59,7 @@ TORCHVISION = register_source(
         renames={"model": "model_type"},
         fixed={"task": IMAGE_TASK},
         pretrained=torchvision_pretrained,
+        options=TorchvisionOptions,
         refused_kwargs=TORCHVISION_REFUSED,
     )
 )

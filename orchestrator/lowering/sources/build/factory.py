@@ -30,7 +30,7 @@ from orchestrator import console
 from orchestrator.errors import EtlabError, ExitCode, SpecError
 from orchestrator.lowering.outputs import NotTensorOutputs, eager_outputs
 from orchestrator.lowering.sources.build.models import OWN, LoadedModel, SourceBuilder, SpecCheck
-from orchestrator.lowering.sources.factory import factory_file
+from orchestrator.lowering.sources.factory import FactoryOptions, factory_file
 from orchestrator.lowering.spec import SPEC_HINT, ModelSpec, UntrustedFactory
 from orchestrator.lowering.spec_errors import brief, spec_failure, too_large
 from orchestrator.lowering.weights import OWN_WEIGHTS, WeightsChoice
@@ -59,9 +59,9 @@ def _where(exc: BaseException, path: Path | None) -> str:
 
 def _function(spec: ModelSpec) -> Callable[..., Any]:
     """Import the factory's module (running the user's code) and return the function."""
-    assert spec.factory is not None
-    where, _, name = spec.factory.rpartition(":")
-    path = factory_file(spec.factory)
+    factory = spec.options_of(FactoryOptions).factory
+    where, _, name = factory.rpartition(":")
+    path = factory_file(factory)
     if path is None or not path.is_file():
         raise spec_failure([("factory", f"{where} is not a file or an importable module")], spec)
     try:
@@ -117,7 +117,8 @@ def _bad(spec: ModelSpec, message: str) -> FactoryError:
 def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> SpecCheck:
     if not spec.trust_code:
         message = (
-            f"{spec.factory} is your own Python code: etlab runs it only when the command line allows it, never "
+            f"{spec.options_of(FactoryOptions).factory} is your own Python code: etlab runs it only when the command "
+            "line allows it, never "
             "because a spec file asks"
         )
         raise UntrustedFactory(spec.problem("factory", message), hint=SPEC_HINT)
@@ -130,19 +131,21 @@ def _check(spec: ModelSpec, choice: WeightsChoice, available: int | None) -> Spe
 
 def _run_key(spec: ModelSpec) -> str:
     """One factory run: its file's content, its function and its keyword arguments."""
-    return json.dumps([spec.factory, spec.identity().get("factory_sha256"), spec.kwargs], sort_keys=True)
+    options = spec.options_of(FactoryOptions)
+    return json.dumps([options.factory, spec.identity().get("factory_sha256"), options.kwargs], sort_keys=True)
 
 
 def _load(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
     if not spec.trust_code:  # a worker gets the same spec: never reached without the permission
         raise UntrustedFactory(spec.problem("factory", "running it was not allowed"), hint=SPEC_HINT)
     function = _function(spec)
-    name = (spec.factory or "").rpartition(":")[2]
-    console.info(console.escape(f"running factory {name} from {factory_file(spec.factory or '')} (--trust-code)"))
+    options = spec.options_of(FactoryOptions)
+    name = options.factory.rpartition(":")[2]
+    console.info(console.escape(f"running factory {name} from {factory_file(options.factory)} (--trust-code)"))
     try:
-        returned = function(**spec.kwargs)
+        returned = function(**options.kwargs)
     except Exception as exc:
-        message = f"the factory raised{_where(exc, factory_file(spec.factory or ''))}: {brief(exc)}"
+        message = f"the factory raised{_where(exc, factory_file(options.factory))}: {brief(exc)}"
         raise _bad(spec, message) from exc
     if not (isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[0], torch.nn.Module)):
         raise _bad(spec, f"returned a {type(returned).__name__}; expected (torch.nn.Module, example inputs)")
@@ -160,7 +163,7 @@ def _load(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
         raise _bad(spec, f"the module {exc}") from None
     _EXAMPLES[module] = inputs
     parameters = sum(p.numel() for p in module.parameters())
-    return LoadedModel(module, OWN_WEIGHTS, f"the factory's own ({spec.factory})", parameters)
+    return LoadedModel(module, OWN_WEIGHTS, f"the factory's own ({options.factory})", parameters)
 
 
 def _load_once(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:

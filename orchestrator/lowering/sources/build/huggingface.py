@@ -43,6 +43,7 @@ from orchestrator.lowering.sources.build.huggingface_heads import (
 from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
 from orchestrator.lowering.sources.build.models import AUDIO, LoadedModel, SourceBuilder, SpecCheck
 from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops, generated_images
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import (
     ALL_POSITIONS,
     AUDIO_SAMPLES,
@@ -70,19 +71,20 @@ def _base_config(spec: ModelSpec, pretrained: bool) -> tuple[Any, str]:
     """The config before the spec's overrides (the defaults, or the model folder's), and the field it comes from."""
     from transformers import CONFIG_MAPPING, AutoConfig
 
+    options = spec.options_of(HuggingFaceOptions)
     if not pretrained:  # the family's defaults: blamed on `config` if the spec has one, else on the family
-        return CONFIG_MAPPING[spec.model_type](), "config" if spec.config or "config" in spec.lines else "model_type"
-    if not spec.model_id:
+        return CONFIG_MAPPING[spec.model_type](), "config" if options.config or "config" in spec.lines else "model_type"
+    if not options.model_id:
         raise PretrainedUnavailable(f"model {spec.name!r} has no model_id, so it has no pretrained weights")
     try:
-        config = AutoConfig.from_pretrained(spec.model_id, trust_remote_code=spec.trust_remote_code)
+        config = AutoConfig.from_pretrained(options.model_id, trust_remote_code=options.trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
         raise PretrainedUnavailable(
-            spec.problem("model_id", f"cannot load pretrained weights for {spec.model_id!r}: {brief(exc)}")
+            spec.problem("model_id", f"cannot load pretrained weights for {options.model_id!r}: {brief(exc)}")
         ) from exc
     if config.model_type != spec.model_type:
         raise spec_failure(
-            [("model_type", f"is {spec.model_type!r}, but {spec.model_id} is a {config.model_type!r} model")], spec
+            [("model_type", f"is {spec.model_type!r}, but {options.model_id} is a {config.model_type!r} model")], spec
         )
     return config, "model_id"
 
@@ -158,7 +160,7 @@ def model_inputs(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> tuple[
             names.append("token_type_ids")  # segment embeddings: BERT's kind; zeros are its default
         return tuple(InputSpec(name, "int64", (batch, spec.seq_len)) for name in names)
     if main == IMAGE_INPUT:
-        side = spec.image_size or _image_side(config)
+        side = spec.options_of(HuggingFaceOptions).image_size or _image_side(config)
         return (InputSpec(IMAGE_INPUT, "float32", (batch, getattr(config, "num_channels", 3), side, side)),)
     if main == "input_values" and spectrogram(config):
         return (InputSpec("input_values", "float32", (batch, config.max_length, config.num_mel_bins)),)
@@ -221,7 +223,8 @@ def _run_on_meta(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> None:
     except Exception as exc:
         if "meta" in str(exc) or isinstance(exc, NotImplementedError):  # the meta device, not the spec
             return
-        where = "inputs" if spec.declared_inputs else "image_size" if spec.image_size is not None else "task"
+        sized = spec.options_of(HuggingFaceOptions).image_size is not None
+        where = "inputs" if spec.declared_inputs else "image_size" if sized else "task"
         shapes = ", ".join(f"{item.name} {list(item.shape)}" for item in inputs)
         raise spec_failure([(where, f"the model cannot run on {shapes}: {brief(exc)}")], spec) from exc
 
@@ -265,8 +268,9 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
         problems.append((where, f"a KV cache of {spec.cache_capacity} positions is beyond the model's {positions} "
                                 "position embeddings"))  # fmt: skip
     vocab = getattr(config, "vocab_size", None) or 1
-    if spec.task == "fill-mask" and spec.mask_token_id is not None and spec.mask_token_id >= vocab:
-        problems.append(("mask_token_id", f"{spec.mask_token_id} is outside the vocabulary (0..{vocab - 1})"))
+    mask_token_id = spec.options_of(HuggingFaceOptions).mask_token_id
+    if spec.task == "fill-mask" and mask_token_id is not None and mask_token_id >= vocab:
+        problems.append(("mask_token_id", f"{mask_token_id} is outside the vocabulary (0..{vocab - 1})"))
     for real, name in given.items():
         value = getattr(config, real)
         if real.endswith("_token_id") and isinstance(value, int) and not 0 <= value < vocab:
@@ -345,7 +349,8 @@ def _from_config(spec: ModelSpec, config: Any, head: tuple[Any, bool]) -> torch.
     """The task's module with fresh weights: the Auto class's, a T5EncoderModel, or a speech model's encoder."""
     cls, encoder_only = head
     if spec.task in AUTO_BUILT:
-        model = _auto_class(spec).from_config(config, trust_remote_code=spec.trust_remote_code)
+        remote_code = spec.options_of(HuggingFaceOptions).trust_remote_code
+        model = _auto_class(spec).from_config(config, trust_remote_code=remote_code)
     else:
         model = cls._from_config(config)
     return model.get_encoder() if encoder_only else model
@@ -367,12 +372,14 @@ def build_pretrained(spec: ModelSpec) -> torch.nn.Module:
     cls, encoder_only = check_family(spec)
     config, _ = _with_overrides(spec, _base_config(spec, pretrained=True)[0], defaults=False)
     loader = _auto_class(spec) if spec.task in AUTO_BUILT or not cls.__name__.endswith("EncoderModel") else cls
-    model = loader.from_pretrained(spec.model_id, config=config, trust_remote_code=spec.trust_remote_code)
+    options = spec.options_of(HuggingFaceOptions)
+    model = loader.from_pretrained(options.model_id, config=config, trust_remote_code=options.trust_remote_code)
     return (model.get_encoder() if encoder_only else model).eval()
 
 
 def _load_huggingface(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
     """The wrapped module with the weights `choice` resolved to."""
+    model_id = spec.options_of(HuggingFaceOptions).model_id
     if choice.mode == "pretrained":
         try:
             module = build_pretrained(spec)
@@ -380,12 +387,12 @@ def _load_huggingface(spec: ModelSpec, choice: WeightsChoice) -> LoadedModel:
             raise
         except Exception as exc:  # transformers raises OSError, ValueError, HTTP errors...
             raise PretrainedUnavailable(
-                f"cannot load pretrained weights for {spec.model_id!r}: {exc.__class__.__name__}: {str(exc)[:300]}"
+                f"cannot load pretrained weights for {model_id!r}: {exc.__class__.__name__}: {str(exc)[:300]}"
             ) from exc
-        return _wrap(spec, module, "pretrained", f"from_pretrained({spec.model_id!r})")
+        return _wrap(spec, module, "pretrained", f"from_pretrained({model_id!r})")
     if choice.fallback:
         console.loud_warning(
-            f"pretrained weights for {spec.model_id!r} are unavailable ({choice.reason}).\n"
+            f"pretrained weights for {model_id!r} are unavailable ({choice.reason}).\n"
             f"Falling back to RANDOM weights (seed {RANDOM_SEED}): timings are representative, outputs are not."
         )
     note = f"random (seed {RANDOM_SEED})"
@@ -447,7 +454,7 @@ def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> L
         return LoadedModel(GenerationModule(model, spec.cache_capacity).eval(), weights, note, parameters)
     names = tuple(item.name for item in model_inputs(spec, model.config, head))
     if spec.task in WRAPPED_TASKS and spec.output != ALL_POSITIONS:
-        mask = spec.mask_token_id if spec.output == "mask" else None
+        mask = spec.options_of(HuggingFaceOptions).mask_token_id if spec.output == "mask" else None
         return LoadedModel(PositionLogits(model, names, mask).eval(), weights, note, parameters)
     return LoadedModel(FirstOutput(model, names).eval(), weights, note, parameters)
 
@@ -483,8 +490,9 @@ class HuggingFace(SourceBuilder):
     def calibration(
         self, spec: ModelSpec, module: torch.nn.Module, example_args: tuple[torch.Tensor, ...], kind: str, samples: int
     ) -> tuple[list[tuple[torch.Tensor, ...]], str]:
-        if spec.image_size is not None:
-            generated = shaped_like(generated_images(spec.image_size, samples), example_args)
+        side = spec.options_of(HuggingFaceOptions).image_size
+        if side is not None:
+            generated = shaped_like(generated_images(side, samples), example_args)
             return generated, "generated: deterministic random images, ImageNet-normalised (not real photos)"
         made = calibration_inputs(spec, module, samples)  # audio, or images the family's config sizes
         if kind == AUDIO:

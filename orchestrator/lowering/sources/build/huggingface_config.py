@@ -32,6 +32,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from orchestrator.config import did_you_mean, field_path
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import CHECKPOINT_RECORDS, LOADING_OPTIONS, ModelSpec
 
 CLASSIFICATION_TASKS = ("text-classification", "token-classification", "image-classification", "audio-classification")
@@ -122,7 +123,7 @@ def read_overrides(spec: ModelSpec, config_class: type, rebuilt: bool) -> tuple[
     def warn(name: str, message: str) -> None:
         found.warnings.append(spec.problem(name, message))
 
-    for key, value in spec.config.items():
+    for key, value in spec.options_of(HuggingFaceOptions).config.items():
         name = field_path("config", key)
         if key in CHECKPOINT_RECORDS:
             if key == "model_type" and value != spec.model_type:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import IMAGE_INPUT, TEXT_INPUTS, InputSpec, ModelSpec
 from orchestrator.lowering.weights import RANDOM_SEED
 from orchestrator.tensorfile import NamedTensor
@@ -62,8 +63,9 @@ def _token_inputs(
         real = max(1, (seq_len * (3 if row % 2 == 0 else 2)) // 4)
         input_ids[row, :real] = rng.integers(low, vocab_size, size=real)
         if spec.task == "fill-mask":
-            assert spec.mask_token_id is not None
-            input_ids[row, min(real - 1, max(1, real // 3))] = spec.mask_token_id
+            mask_token_id = spec.options_of(HuggingFaceOptions).mask_token_id
+            assert mask_token_id is not None  # the spec check requires it
+            input_ids[row, min(real - 1, max(1, real // 3))] = mask_token_id
         attention_mask[row, :real] = 1
         if segments >= 2:
             token_types[row, real // 2 : real] = 1

@@ -18,7 +18,7 @@ from orchestrator import console
 from orchestrator.config import did_you_mean, field_path
 from orchestrator.errors import SpecError
 from orchestrator.lowering.sources.build.models import LoadedModel, SourceBuilder, SpecCheck
-from orchestrator.lowering.spec import IMAGE_INPUT, SPEC_HINT, ModelSpec
+from orchestrator.lowering.spec import IMAGE_INPUT, SPEC_HINT, ClassifierOptions, ModelSpec
 from orchestrator.lowering.spec_errors import FLOAT_BYTES, brief, kwarg_problem, spec_failure, too_large
 from orchestrator.lowering.weights import RANDOM_SEED, Availability, PretrainedUnavailable, WeightsChoice
 from orchestrator.tensorfile import NamedTensor
@@ -82,11 +82,13 @@ class ImageClassifierSource(SourceBuilder):
         """The name, the image size, each keyword against the constructor, the weights asked for, and the model
         built and run on the meta device (no memory), before anything loads."""
         self.known(spec)
-        if spec.image_size is None:
+        options = spec.options_of(ClassifierOptions)
+        side = options.image_size
+        if side is None:
             raise spec_failure([("image_size", "is required")], spec)
         allowed = self.parameters(spec)
         problems = []
-        for key, value in spec.kwargs.items():
+        for key, value in options.kwargs.items():
             message = kwarg_problem(key, value, allowed, f"{self.library}'s {spec.model_type}")
             if message is not None:
                 problems.append((field_path("kwargs", key), message))
@@ -100,9 +102,9 @@ class ImageClassifierSource(SourceBuilder):
             with torch.device("meta"):
                 model = self.build(spec).eval()
                 parameters = _count(model)
-                model(torch.empty(1, 3, spec.image_size, spec.image_size))
+                model(torch.empty(1, 3, side, side))
         except Exception as exc:  # the constructor's own checks, or an image the network does not take
-            origin = "kwargs" if spec.kwargs else "image_size"
+            origin = "kwargs" if options.kwargs else "image_size"
             raise spec_failure([(origin, f"the model cannot be built and run this way: {brief(exc)}")], spec) from exc
         if available is not None and FLOAT_BYTES * parameters > available:
             raise spec_failure([("model", too_large(parameters, available, ""))], spec)
@@ -139,9 +141,10 @@ class ImageClassifierSource(SourceBuilder):
 
     def example_inputs(self, spec: ModelSpec, module: torch.nn.Module) -> list[NamedTensor]:
         """The deterministic reference image, normalised as the library's transforms would."""
-        assert spec.image_size is not None
+        side = spec.options_of(ClassifierOptions).image_size
+        assert side is not None  # checked by `check`
         mean, std = self.mean_std(spec)
-        image = normalised_image(np.random.default_rng(RANDOM_SEED), spec.image_size, mean, std)
+        image = normalised_image(np.random.default_rng(RANDOM_SEED), side, mean, std)
         return [NamedTensor(IMAGE_INPUT, image)]
 
 

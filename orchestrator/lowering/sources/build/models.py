@@ -70,7 +70,7 @@ class SourceBuilder:
 
     def input_kind(self, spec: ModelSpec, names: Sequence[str]) -> str:
         """What the model takes (TOKENS, IMAGES, AUDIO or OWN), from its inputs' names."""
-        if spec.image_size is not None or IMAGE_INPUT in names:
+        if spec.image_side is not None or IMAGE_INPUT in names:
             return IMAGES
         if {"input_values", "input_features"} & set(names):
             return AUDIO

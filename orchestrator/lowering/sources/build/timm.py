@@ -15,14 +15,13 @@ torchvision.declare_torchvision_ops (timm imports torchvision).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from orchestrator.lowering.sources.build.image_classifiers import ImageClassifierSource, scalar_parameters
 from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops, image_calibration
-from orchestrator.lowering.sources.timm import TIMM_REFUSED, timm_pretrained
+from orchestrator.lowering.sources.timm import TIMM_REFUSED, TimmOptions, timm_pretrained
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.spec_errors import brief
 from orchestrator.lowering.weights import (
@@ -48,11 +47,11 @@ def pretrained_cfg(name: str) -> dict[str, Any]:
 
 def with_defaults(spec: ModelSpec) -> ModelSpec:
     """`image_size` from the model's pretrained_cfg when the spec leaves it out (spec.SOURCES `defaults`)."""
-    if spec.image_size is not None:
+    if spec.options_of(TimmOptions).image_size is not None:
         return spec
     TIMM.known(spec)
     size = pretrained_cfg(spec.model_type).get("input_size") or (3, 224, 224)
-    return replace(spec, image_size=int(size[-1]))
+    return spec.with_options(image_size=int(size[-1]))
 
 
 def constructor_parameters(spec: ModelSpec) -> dict[str, Any]:
@@ -75,7 +74,7 @@ class Timm(ImageClassifierSource):
         return constructor_parameters(spec)
 
     def build(self, spec: ModelSpec) -> torch.nn.Module:
-        return _timm().create_model(spec.model_type, pretrained=False, **spec.kwargs)
+        return _timm().create_model(spec.model_type, pretrained=False, **spec.options_of(TimmOptions).kwargs)
 
     def pretrained_found(self, spec: ModelSpec) -> Availability:
         return timm_pretrained(spec)

@@ -31,8 +31,8 @@ from orchestrator.lowering.sources.build.image_classifiers import (
     normalised_image,
     scalar_parameters,
 )
-from orchestrator.lowering.sources.torchvision import TORCHVISION_REFUSED, torchvision_pretrained
-from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.sources.torchvision import TORCHVISION_REFUSED, TorchvisionOptions, torchvision_pretrained
+from orchestrator.lowering.spec import ClassifierOptions, ModelSpec
 from orchestrator.lowering.spec_errors import brief
 from orchestrator.lowering.weights import (
     RANDOM_SEED,
@@ -126,8 +126,9 @@ def image_calibration(
     spec: ModelSpec, example_args: tuple[torch.Tensor, ...], samples: int
 ) -> tuple[list[tuple[torch.Tensor, ...]], str]:
     """An image classifier's calibration without a file (torchvision's and timm's alike)."""
-    assert spec.image_size is not None  # both sources require or default it
-    generated = shaped_like(generated_images(spec.image_size, samples), example_args)
+    side = spec.options_of(ClassifierOptions).image_size
+    assert side is not None  # both sources require or default it
+    generated = shaped_like(generated_images(side, samples), example_args)
     return generated, "generated: deterministic random images, ImageNet-normalised (not real photos)"
 
 
@@ -144,7 +145,7 @@ class Torchvision(ImageClassifierSource):
         return constructor_parameters(spec.model_type)
 
     def build(self, spec: ModelSpec) -> torch.nn.Module:
-        return _torchvision().get_model(spec.model_type, weights=None, **spec.kwargs)
+        return _torchvision().get_model(spec.model_type, weights=None, **spec.options_of(TorchvisionOptions).kwargs)
 
     def pretrained_found(self, spec: ModelSpec) -> Availability:
         return torchvision_pretrained(spec)

@@ -146,12 +146,22 @@ def no_lost_interrupts() -> Iterator[None]:
 
 
 def stay_quiet() -> None:
-    """The process is ending on an interrupt (exit 130): a further SIGINT or SIGTERM, or one `no_lost_interrupts`
-    delivers again late, is ignored until it is gone. Restored handlers would let one land while the exit unwinds,
-    and Python then ends by the signal itself (status -2, no exit code) instead of 130."""
+    """The process is ending on an interrupt (exit 130): a further SIGINT or SIGTERM (a second Ctrl+C, one that
+    `no_lost_interrupts` delivers again late) is ignored while the boards are stopped; `deaf_until_exit` then keeps
+    it so to the end."""
     if threading.current_thread() is threading.main_thread():
         for number in (signal.SIGINT, signal.SIGTERM):
             signal.signal(number, _ignore)
+
+
+def deaf_until_exit() -> None:
+    """The last step of an interrupted task: SIGINT and SIGTERM ignored by the kernel until the process is gone.
+    The interpreter's finalization puts a Python-level handler back to the default, and a signal landing then ended
+    the process by the signal itself (status -2, seen under load) instead of 130; SIG_IGN it leaves alone. Set only
+    now: a child started while the boards were being stopped would inherit SIG_IGN."""
+    if threading.current_thread() is threading.main_thread():
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, signal.SIG_IGN)
 
 
 def _ignore(signum: int, frame: Any) -> None:

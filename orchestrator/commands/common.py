@@ -50,6 +50,7 @@ def _interrupted() -> NoReturn:
             break
         except KeyboardInterrupt:
             continue  # one came before the signals were quieted
+    interrupts.deaf_until_exit()
     raise Exit(code=ExitCode.INTERRUPTED) from None
 
 

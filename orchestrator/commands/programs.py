@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UsageError
+from orchestrator.lowering.sources import exported as exported_source
+from orchestrator.lowering.sources import pte as pte_source
 from orchestrator.names import is_valid_name
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ def user_program(pte: str, reference: str | None = None, name: str | None = None
     # here, not at the top: fab imports the command modules at start-up
     from orchestrator.lowering.export.user_programs import NameTaken, ReferenceMismatch, import_program
 
-    path = _existing("--pte", pte, ".pte")
+    path = _existing("--pte", pte, pte_source.FILE_SUFFIX)
     reference_path = _existing("--reference", reference, ".etlt") if reference is not None else None
     try:
         return import_program(path, artifacts_name(path, name), reference=reference_path)
@@ -119,7 +121,7 @@ def lower_exported_task(
     unused = [option for option, value in others.items() if value is not None]
     if unused:
         raise UsageError(f"{', '.join(unused)}: not for --exported (the program is lowered as you exported it)")
-    path = _existing("--exported", exported, ".pt2")
+    path = _existing("--exported", exported, exported_source.FILE_SUFFIX)
     chosen = variants(backend, quantize)
     result = lower_exported_program(path, artifacts_name(path, name), variants=chosen, etrecord=etrecord, force=force)
     print_lowering(result)

@@ -15,6 +15,7 @@ from orchestrator.lowering.spec import ModelSource, ModelSpec, SourceOptions, re
 from orchestrator.records import Sha256
 
 EXPORTED_PROGRAM = "exported-program"  # its source's name, the recorded spec's model_source and its task
+FILE_SUFFIX = ".pt2"  # what `--exported` takes (torch.export.save's archive)
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ EXPORTED = register_source(
         {},
         (),
         options=ExportedOptions,
-        given_by="fab lower --exported FILE.pt2",
+        given_by=f"fab lower --exported FILE{FILE_SUFFIX}",
     )
 )
 

@@ -15,6 +15,7 @@ from orchestrator.lowering.spec import ModelSource, ModelSpec, SourceOptions, re
 from orchestrator.records import Sha256
 
 USER_PROGRAM = "user-program"  # its source's name, the recorded spec's model_source and its task
+FILE_SUFFIX = ".pte"  # what `--pte` takes
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ PTE = register_source(
         {},
         (),
         options=PteOptions,
-        given_by="--pte FILE.pte",
+        given_by=f"--pte FILE{FILE_SUFFIX}",
     )
 )
 

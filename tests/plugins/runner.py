@@ -30,6 +30,7 @@ from orchestrator.versions import installed
 
 RUNNER_SOURCE_DIR = BOARD_SOURCE_DIR / "runner"
 RUNNER_BINARY_NAME = "etlab_runner"
+KERNEL_CHECK_NAME = "etlab_kernel_check"  # installed beside the runner (board/runner/CMakeLists.txt)
 SEQUENCE_LENGTH = 128
 
 

@@ -171,7 +171,7 @@ def test_heads_run_on_more_than_one_thread(kernel_check: Path, tmp_path: Path) -
     enough that the caller cannot finish all the work before the other thread wakes)."""
     rng = np.random.default_rng(7)
     cases: dict[str, AttendCase | UpdateCase] = {}
-    for n in range(3):
+    for n in range(4):
         query = rng.standard_normal((1, 8, 128, 64)).astype(np.float32)
         key_cache, value_cache = rng.standard_normal((2, 1, 2, 1024, 64)).astype(np.float32)
         cases[f"attend.{n}"] = AttendCase(query, key_cache, value_cache, np.arange(896, 1024), 0.125)

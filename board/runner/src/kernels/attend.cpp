@@ -44,6 +44,9 @@ static inline void axpy(float* y, float a, const float* x, int64_t n) {
 static inline void scale(float* y, float a, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= a;
 }
+static inline void exp_all(float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(y[i]);
+}
 #include "attend_row.inc"
 #undef ETLAB_TARGET
 }  // namespace portable
@@ -84,6 +87,36 @@ static inline ETLAB_TARGET void scale(float* y, float a, int64_t n) {
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(factor, _mm256_loadu_ps(y + i)));
   for (; i < n; ++i) y[i] *= a;
 }
+// exp(x) = 2^k * exp(r), k = round(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2] (ln 2 split in two for precision),
+// exp(r) = 1 + r + r^2 P(r) with Cephes' degree-5 P. Inputs below -87.3 (where float's exp underflows) give 0.
+static inline ETLAB_TARGET __m256 exp8(__m256 x) {
+  const __m256 lowest = _mm256_set1_ps(-87.33654f);
+  const __m256 underflow = _mm256_cmp_ps(x, lowest, _CMP_LT_OQ);
+  x = _mm256_max_ps(lowest, x);  // the second operand on NaN: a NaN stays NaN
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(exponent)));
+}
+static inline ETLAB_TARGET void exp_all(float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(y + i)));
+  if (i < n) {  // the tail through the same formula, so every weight is computed alike
+    float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(tail, y + i, sizeof(float) * static_cast<size_t>(n - i));
+    _mm256_storeu_ps(tail, exp8(_mm256_loadu_ps(tail)));
+    std::memcpy(y + i, tail, sizeof(float) * static_cast<size_t>(n - i));
+  }
+}
 #include "attend_row.inc"
 #undef ETLAB_TARGET
 }  // namespace avx2
@@ -117,6 +150,34 @@ static inline void scale(float* y, float a, int64_t n) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vmulq_n_f32(vld1q_f32(y + i), a));
   for (; i < n; ++i) y[i] *= a;
+}
+// The same exponential as AVX2's exp8 (see there), four lanes at a time.
+static inline float32x4_t exp4(float32x4_t x) {
+  const float32x4_t lowest = vdupq_n_f32(-87.33654f);
+  const uint32x4_t underflow = vcltq_f32(x, lowest);
+  x = vmaxq_f32(x, lowest);  // NaN in, NaN out
+  const float32x4_t k = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+  float32x4_t r = vfmsq_f32(x, k, vdupq_n_f32(0.693359375f));
+  r = vfmsq_f32(r, k, vdupq_n_f32(-2.12194440e-4f));
+  float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+  const float32x4_t y = vaddq_f32(vfmaq_f32(r, p, vmulq_f32(r, r)), vdupq_n_f32(1.0f));
+  const int32x4_t exponent = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(k), vdupq_n_s32(127)), 23);
+  return vbslq_f32(underflow, vdupq_n_f32(0.0f), vmulq_f32(y, vreinterpretq_f32_s32(exponent)));
+}
+static inline void exp_all(float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, exp4(vld1q_f32(y + i)));
+  if (i < n) {
+    float tail[4] = {0, 0, 0, 0};
+    std::memcpy(tail, y + i, sizeof(float) * static_cast<size_t>(n - i));
+    vst1q_f32(tail, exp4(vld1q_f32(tail)));
+    std::memcpy(y + i, tail, sizeof(float) * static_cast<size_t>(n - i));
+  }
 }
 #include "attend_row.inc"
 #undef ETLAB_TARGET

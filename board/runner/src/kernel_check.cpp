@@ -1,16 +1,18 @@
 // etlab_kernel_check: runs etlab's operators (src/kernels/) on tensors from an ETLT file, through ExecuTorch's
 // kernel registry as a program would, and writes what they produced. Tests compare it with the PyTorch reference.
 //
-//   etlab_kernel_check [--threads N] [--isa avx2|neon|portable] INPUTS.etlt OUTPUTS.etlt
+//   etlab_kernel_check [--threads N] [--isa avx2|neon|portable] [--repeat N] INPUTS.etlt OUTPUTS.etlt
 //
 // Inputs are named "<op>.<case>.<arg>", cases in any number:
 //   attend.<case>.{query, key_cache, value_cache, positions, scale}   (scale: a float64 scalar)
 //   update_cache.<case>.{value, cache, positions}
 // Outputs per case: "<op>.<case>.status" (int64 scalar: 0, or the ExecuTorch error the kernel failed with),
 // attend's "out", update_cache's "cache" (as the kernel left it) and "out". Stdout gets one JSON line: the
-// instruction set, the pool's threads and how many distinct threads ran attend's tasks.
+// instruction set, the pool's threads, how many distinct threads ran attend's tasks and, per case, the median
+// microseconds of its calls (--repeat N calls each case N more times after the first; for bench/bench_kernels.py).
 // Exit: 0 done, 2 usage, 3 unreadable or malformed inputs, 4 an operator is not registered.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -89,14 +91,29 @@ NamedTensor status_tensor(const std::string& name, int64_t status) {
   return tensor;
 }
 
-// Calls the registered operator with `arguments` (the out tensor last) and returns the kernel's failure state.
-int64_t call(const char* op, std::vector<EValue>& arguments) {
+int repeats = 0;
+std::string timings_json;  // "\"<case>\": <median us>, ..."
+
+// Calls the registered operator with `arguments` (the out tensor last), 1 + `repeats` times; returns the first
+// call's failure state.
+int64_t call(const std::string& name, const char* op, std::vector<EValue>& arguments) {
   auto function = ::executorch::runtime::get_op_function_from_registry(op);
   if (!function.ok()) fail(4, std::string(op) + " is not registered");
   std::vector<EValue*> stack;
   for (auto& value : arguments) stack.push_back(&value);
   KernelRuntimeContext context;
   (*function.get())(context, Span<EValue*>(stack.data(), stack.size()));
+  std::vector<double> microseconds;
+  for (int i = 0; i < repeats; ++i) {
+    KernelRuntimeContext again;
+    const auto start = std::chrono::steady_clock::now();
+    (*function.get())(again, Span<EValue*>(stack.data(), stack.size()));
+    microseconds.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+  }
+  if (!microseconds.empty()) {
+    std::sort(microseconds.begin(), microseconds.end());
+    timings_json += (timings_json.empty() ? "\"" : ", \"") + name + "\": " + std::to_string(microseconds[microseconds.size() / 2]);
+  }
   return static_cast<int64_t>(context.failure_state());
 }
 
@@ -107,10 +124,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if ((arg == "--threads" || arg == "--isa") && i + 1 < argc) {
+    if ((arg == "--threads" || arg == "--isa" || arg == "--repeat") && i + 1 < argc) {
       const std::string value = argv[++i];
       if (arg == "--threads") {
         threads = std::strtoul(value.c_str(), nullptr, 10);
+      } else if (arg == "--repeat") {
+        repeats = std::atoi(value.c_str());
       } else if (!etlab::kernels::force_attend_isa(value.c_str())) {
         fail(2, "instruction set " + value + " is not available here");
       }
@@ -120,7 +139,7 @@ int main(int argc, char** argv) {
       files.push_back(arg);
     }
   }
-  if (files.size() != 2) fail(2, "usage: etlab_kernel_check [--threads N] [--isa NAME] INPUTS OUTPUTS");
+  if (files.size() != 2) fail(2, "usage: etlab_kernel_check [--threads N] [--isa NAME] [--repeat N] INPUTS OUTPUTS");
   ::executorch::runtime::runtime_init();
   const size_t pool_threads = etlab::set_thread_count(threads);
 
@@ -154,7 +173,7 @@ int main(int argc, char** argv) {
           p(argument(tensors, prefix + ".positions")), o(out);
       std::vector<EValue> arguments{EValue(q.tensor()), EValue(k.tensor()), EValue(v.tensor()),
                                     EValue(p.tensor()), EValue(scale_value), EValue(o.tensor())};
-      const int64_t status = call("etlab::attend.out", arguments);
+      const int64_t status = call(prefix, "etlab::attend.out", arguments);
       results.push_back(status_tensor(prefix + ".status", status));
       results.push_back(std::move(out));
     } else if (prefix.rfind("update_cache.", 0) == 0) {
@@ -163,7 +182,7 @@ int main(int argc, char** argv) {
       NamedTensor out = blank_like(prefix + ".out", value.dtype, {1});
       BoundTensor v(value), c(cache), p(argument(tensors, prefix + ".positions")), o(out);
       std::vector<EValue> arguments{EValue(v.tensor()), EValue(c.tensor()), EValue(p.tensor()), EValue(o.tensor())};
-      const int64_t status = call("etlab::update_cache.out", arguments);
+      const int64_t status = call(prefix, "etlab::update_cache.out", arguments);
       results.push_back(status_tensor(prefix + ".status", status));
       NamedTensor written = cache;
       written.name = prefix + ".cache";
@@ -178,7 +197,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& error) {
     fail(3, error.what());
   }
-  std::printf("{\"isa\": \"%s\", \"pool_threads\": %zu, \"attend_threads\": %zu}\n", etlab::kernels::attend_isa(),
-              pool_threads, etlab::kernels::attend_thread_count());
+  std::printf("{\"isa\": \"%s\", \"pool_threads\": %zu, \"attend_threads\": %zu, \"microseconds\": {%s}}\n",
+              etlab::kernels::attend_isa(), pool_threads, etlab::kernels::attend_thread_count(), timings_json.c_str());
   return 0;
 }

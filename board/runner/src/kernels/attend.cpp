@@ -38,8 +38,10 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
-static inline void axpy(float* y, float a, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+static inline void weigh(float* y, const float* w, const float* x, int64_t count, int64_t n) {
+  for (int64_t j = 0; j < count; ++j) {
+    for (int64_t i = 0; i < n; ++i) y[i] += w[j] * x[j * n + i];
+  }
 }
 static inline void scale(float* y, float a, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] *= a;
@@ -75,11 +77,36 @@ static inline ETLAB_TARGET float dot(const float* a, const float* b, int64_t n) 
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
-static inline ETLAB_TARGET void axpy(float* y, float a, const float* x, int64_t n) {
-  const __m256 factor = _mm256_set1_ps(a);
+// Column slices of 32 (then 8) floats stay in registers across all `count` rows: y is loaded and stored once per
+// block of rows, not once per row.
+static inline ETLAB_TARGET void weigh(float* y, const float* w, const float* x, int64_t count, int64_t n) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(factor, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
+  for (; i + 32 <= n; i += 32) {
+    __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
+    __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
+    for (int64_t j = 0; j < count; ++j) {
+      const __m256 weight = _mm256_set1_ps(w[j]);
+      const float* row = x + j * n + i;
+      y0 = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row), y0);
+      y1 = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8), y1);
+      y2 = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 16), y2);
+      y3 = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 24), y3);
+    }
+    _mm256_storeu_ps(y + i, y0);
+    _mm256_storeu_ps(y + i + 8, y1);
+    _mm256_storeu_ps(y + i + 16, y2);
+    _mm256_storeu_ps(y + i + 24, y3);
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 y0 = _mm256_loadu_ps(y + i);
+    for (int64_t j = 0; j < count; ++j) y0 = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(x + j * n + i), y0);
+    _mm256_storeu_ps(y + i, y0);
+  }
+  for (; i < n; ++i) {
+    float sum = y[i];
+    for (int64_t j = 0; j < count; ++j) sum += w[j] * x[j * n + i];
+    y[i] = sum;
+  }
 }
 static inline ETLAB_TARGET void scale(float* y, float a, int64_t n) {
   const __m256 factor = _mm256_set1_ps(a);
@@ -140,11 +167,33 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
-static inline void axpy(float* y, float a, const float* x, int64_t n) {
-  const float32x4_t factor = vdupq_n_f32(a);
+// As AVX2's weigh: column slices of 16 (then 4) floats in registers across the rows.
+static inline void weigh(float* y, const float* w, const float* x, int64_t count, int64_t n) {
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), factor, vld1q_f32(x + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
+  for (; i + 16 <= n; i += 16) {
+    float32x4_t y0 = vld1q_f32(y + i), y1 = vld1q_f32(y + i + 4), y2 = vld1q_f32(y + i + 8), y3 = vld1q_f32(y + i + 12);
+    for (int64_t j = 0; j < count; ++j) {
+      const float* row = x + j * n + i;
+      y0 = vfmaq_n_f32(y0, vld1q_f32(row), w[j]);
+      y1 = vfmaq_n_f32(y1, vld1q_f32(row + 4), w[j]);
+      y2 = vfmaq_n_f32(y2, vld1q_f32(row + 8), w[j]);
+      y3 = vfmaq_n_f32(y3, vld1q_f32(row + 12), w[j]);
+    }
+    vst1q_f32(y + i, y0);
+    vst1q_f32(y + i + 4, y1);
+    vst1q_f32(y + i + 8, y2);
+    vst1q_f32(y + i + 12, y3);
+  }
+  for (; i + 4 <= n; i += 4) {
+    float32x4_t y0 = vld1q_f32(y + i);
+    for (int64_t j = 0; j < count; ++j) y0 = vfmaq_n_f32(y0, vld1q_f32(x + j * n + i), w[j]);
+    vst1q_f32(y + i, y0);
+  }
+  for (; i < n; ++i) {
+    float sum = y[i];
+    for (int64_t j = 0; j < count; ++j) sum += w[j] * x[j * n + i];
+    y[i] = sum;
+  }
 }
 static inline void scale(float* y, float a, int64_t n) {
   int64_t i = 0;

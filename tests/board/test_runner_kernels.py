@@ -15,7 +15,7 @@ import torch
 from orchestrator.lowering.attention import ops
 from orchestrator.programs.plan import read_program_plan
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
-from tests.board.test_runner import run_runner
+from tests.board.test_runner import error_line, run_runner
 
 pytestmark = pytest.mark.slow
 
@@ -127,3 +127,19 @@ def test_a_greedy_generation_equals_eager(runner_binary: Path, cached_lm_pte: Pa
     expected = eager_greedy(prompt, new_tokens)
     assert len(set(expected)) > 3  # the ids depend on the context, not one token repeated
     assert run["token_ids"] == expected
+
+
+def test_a_position_past_the_cache_fails_the_execution(
+    runner_binary: Path, cached_lm_pte: Path, tmp_path: Path
+) -> None:
+    """update_cache refuses it before writing anything (InvalidArgument), so the runner's execute fails: exit 7."""
+    rows = CONTEXT - 1
+    positions = np.arange(rows, dtype=np.int64)
+    positions[-1] = CONTEXT  # one past the last slot
+    inputs = tmp_path / "inputs.etlt"
+    ids = np.zeros((1, rows), dtype=np.int64)
+    write_tensors(inputs, [NamedTensor("input_ids", ids), NamedTensor("cache_position", positions)])
+    done = run_runner(runner_binary, "--model", cached_lm_pte, "--inputs", inputs, "--warmup", "0", "--iterations", "1")
+    assert done.returncode == 7, done.stderr
+    assert f"position {CONTEXT} is outside the cache's {CONTEXT} rows" in done.stderr
+    assert error_line(done).startswith("etlab_runner: error: ")

@@ -69,7 +69,7 @@ def test_the_aarch64_kernels_equal_the_reference_under_qemu(tmp_path: Path, monk
         for argv in (
             ["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
              f"-DCMAKE_TOOLCHAIN_FILE={build / 'toolchain.cmake'}", f"-DEXECUTORCH_ROOT={sdk}",
-             f"-DCMAKE_INSTALL_PREFIX={tmp_path / 'out'}"],
+             f"-DCMAKE_INSTALL_PREFIX={tmp_path / 'out'}", "-DETLAB_BUILD_KERNEL_CHECK=ON"],
             ["cmake", "--build", str(build), "--parallel", "2", "--target", KERNEL_CHECK_NAME],
         ):  # fmt: skip
             done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=900)

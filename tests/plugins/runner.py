@@ -30,6 +30,7 @@ from orchestrator.versions import installed
 
 RUNNER_SOURCE_DIR = BOARD_SOURCE_DIR / "runner"
 RUNNER_BINARY_NAME = "etlab_runner"
+KERNEL_CHECK_NAME = "etlab_kernel_check"  # built and installed beside the runner here (ETLAB_BUILD_KERNEL_CHECK)
 SEQUENCE_LENGTH = 128
 
 
@@ -81,7 +82,15 @@ def build_runner(cache_root: Path | None = None, sdk_dir: Path | None = None) ->
         tools = str(Path(sys.executable).parent)  # the venv's cmake and ninja
         env = {**os.environ, "PATH": tools + os.pathsep + os.environ.get("PATH", "")}
         completed = subprocess.run(
-            ["sh", str(RUNNER_SOURCE_DIR / "build.sh"), str(sdk_dir), str(build_dir), str(staging)],
+            # etlab_kernel_check too, beside the runner (tests/board/test_kernels.py)
+            [
+                "sh",
+                str(RUNNER_SOURCE_DIR / "build.sh"),
+                str(sdk_dir),
+                str(build_dir),
+                str(staging),
+                "-DETLAB_BUILD_KERNEL_CHECK=ON",
+            ],
             env=env,
             capture_output=True,
             text=True,

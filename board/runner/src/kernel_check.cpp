@@ -1,0 +1,203 @@
+// etlab_kernel_check: runs etlab's operators (src/kernels/) on tensors from an ETLT file, through ExecuTorch's
+// kernel registry as a program would, and writes what they produced. Tests compare it with the PyTorch reference.
+//
+//   etlab_kernel_check [--threads N] [--isa avx2|neon|portable] [--repeat N] INPUTS.etlt OUTPUTS.etlt
+//
+// Inputs are named "<op>.<case>.<arg>", cases in any number:
+//   attend.<case>.{query, key_cache, value_cache, positions, scale}   (scale: a float64 scalar)
+//   update_cache.<case>.{value, cache, positions}
+// Outputs per case: "<op>.<case>.status" (int64 scalar: 0, or the ExecuTorch error the kernel failed with),
+// attend's "out", update_cache's "cache" (as the kernel left it) and "out". Stdout gets one JSON line: the
+// instruction set, the pool's threads, how many distinct threads ran attend's tasks and, per case, the median
+// microseconds of its calls (--repeat N calls each case N more times after the first; for bench/bench_kernels.py).
+// Exit: 0 done, 2 usage, 3 unreadable or malformed inputs, 4 an operator is not registered.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/exec_aten/exec_aten.h>
+#include <executorch/runtime/kernel/operator_registry.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include "kernels/etlab_ops.h"
+#include "tensor_file.h"
+#include "threadpool_control.h"
+
+namespace {
+
+using ::executorch::aten::ScalarType;
+using ::executorch::aten::Tensor;
+using ::executorch::aten::TensorImpl;
+using ::executorch::runtime::EValue;
+using ::executorch::runtime::KernelRuntimeContext;
+using ::executorch::runtime::Span;
+using etlab::NamedTensor;
+
+[[noreturn]] void fail(int code, const std::string& message) {
+  std::fprintf(stderr, "etlab_kernel_check: error: %s\n", message.c_str());
+  std::exit(code);
+}
+
+// An ExecuTorch tensor over a NamedTensor's bytes (contiguous, default dim order).
+struct BoundTensor {
+  std::vector<TensorImpl::SizesType> sizes;
+  std::vector<TensorImpl::DimOrderType> dim_order;
+  std::vector<TensorImpl::StridesType> strides;
+  std::unique_ptr<TensorImpl> impl;
+
+  explicit BoundTensor(NamedTensor& tensor) {
+    const size_t rank = tensor.dims.size();
+    sizes.resize(rank);
+    dim_order.resize(rank);
+    strides.resize(rank);
+    TensorImpl::StridesType stride = 1;
+    for (size_t d = rank; d-- > 0;) {
+      sizes[d] = static_cast<TensorImpl::SizesType>(tensor.dims[d]);
+      dim_order[d] = static_cast<TensorImpl::DimOrderType>(d);
+      strides[d] = stride;
+      stride *= sizes[d];
+    }
+    impl = std::make_unique<TensorImpl>(static_cast<ScalarType>(tensor.dtype), static_cast<ssize_t>(rank),
+                                        sizes.data(), tensor.data.data(), dim_order.data(), strides.data());
+  }
+  Tensor tensor() const { return Tensor(impl.get()); }
+};
+
+NamedTensor& argument(std::map<std::string, NamedTensor>& tensors, const std::string& name) {
+  auto found = tensors.find(name);
+  if (found == tensors.end()) fail(3, "inputs lack " + name);
+  return found->second;
+}
+
+NamedTensor blank_like(const std::string& name, uint8_t dtype, const std::vector<int64_t>& dims) {
+  NamedTensor tensor;
+  tensor.name = name;
+  tensor.dtype = dtype;
+  tensor.dims = dims;
+  tensor.data.assign(static_cast<size_t>(tensor.numel()) * etlab::dtype_element_size(dtype), 0);
+  return tensor;
+}
+
+NamedTensor status_tensor(const std::string& name, int64_t status) {
+  NamedTensor tensor = blank_like(name, static_cast<uint8_t>(ScalarType::Long), {});
+  std::memcpy(tensor.data.data(), &status, sizeof status);
+  return tensor;
+}
+
+int repeats = 0;
+std::string timings_json;  // "\"<case>\": <median us>, ..."
+
+// Calls the registered operator with `arguments` (the out tensor last), 1 + `repeats` times; returns the first
+// call's failure state.
+int64_t call(const std::string& name, const char* op, std::vector<EValue>& arguments) {
+  auto function = ::executorch::runtime::get_op_function_from_registry(op);
+  if (!function.ok()) fail(4, std::string(op) + " is not registered");
+  std::vector<EValue*> stack;
+  for (auto& value : arguments) stack.push_back(&value);
+  KernelRuntimeContext context;
+  (*function.get())(context, Span<EValue*>(stack.data(), stack.size()));
+  std::vector<double> microseconds;
+  for (int i = 0; i < repeats; ++i) {
+    KernelRuntimeContext again;
+    const auto start = std::chrono::steady_clock::now();
+    (*function.get())(again, Span<EValue*>(stack.data(), stack.size()));
+    microseconds.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+  }
+  if (!microseconds.empty()) {
+    std::sort(microseconds.begin(), microseconds.end());
+    timings_json += (timings_json.empty() ? "\"" : ", \"") + name + "\": " + std::to_string(microseconds[microseconds.size() / 2]);
+  }
+  return static_cast<int64_t>(context.failure_state());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t threads = 0;
+  std::vector<std::string> files;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if ((arg == "--threads" || arg == "--isa" || arg == "--repeat") && i + 1 < argc) {
+      const std::string value = argv[++i];
+      if (arg == "--threads") {
+        threads = std::strtoul(value.c_str(), nullptr, 10);
+      } else if (arg == "--repeat") {
+        repeats = std::atoi(value.c_str());
+      } else if (!etlab::kernels::force_attend_isa(value.c_str())) {
+        fail(2, "instruction set " + value + " is not available here");
+      }
+    } else if (arg.rfind("--", 0) == 0) {
+      fail(2, "unknown option " + arg);
+    } else {
+      files.push_back(arg);
+    }
+  }
+  if (files.size() != 2) fail(2, "usage: etlab_kernel_check [--threads N] [--isa NAME] [--repeat N] INPUTS OUTPUTS");
+  ::executorch::runtime::runtime_init();
+  const size_t pool_threads = etlab::set_thread_count(threads);
+
+  std::map<std::string, NamedTensor> tensors;
+  std::vector<std::string> cases;  // "<op>.<case>", in file order
+  try {
+    for (auto& tensor : etlab::read_tensor_file(files[0])) {
+      const auto dot = tensor.name.rfind('.');
+      if (dot == std::string::npos) fail(3, "tensor name " + tensor.name + " is not <op>.<case>.<arg>");
+      const std::string prefix = tensor.name.substr(0, dot);
+      if (std::find(cases.begin(), cases.end(), prefix) == cases.end()) cases.push_back(prefix);
+      tensors.emplace(tensor.name, std::move(tensor));
+    }
+  } catch (const etlab::TensorFileError& error) {
+    fail(3, error.what());
+  }
+
+  etlab::kernels::record_attend_threads(true);
+  std::vector<NamedTensor> results;
+  for (const auto& prefix : cases) {
+    if (prefix.rfind("attend.", 0) == 0) {
+      NamedTensor& query = argument(tensors, prefix + ".query");
+      const NamedTensor& scale = argument(tensors, prefix + ".scale");
+      if (scale.dtype != static_cast<uint8_t>(ScalarType::Double) || scale.numel() != 1) {
+        fail(3, prefix + ".scale must be one float64");
+      }
+      double scale_value;
+      std::memcpy(&scale_value, scale.data.data(), sizeof scale_value);
+      NamedTensor out = blank_like(prefix + ".out", query.dtype, query.dims);
+      BoundTensor q(query), k(argument(tensors, prefix + ".key_cache")), v(argument(tensors, prefix + ".value_cache")),
+          p(argument(tensors, prefix + ".positions")), o(out);
+      std::vector<EValue> arguments{EValue(q.tensor()), EValue(k.tensor()), EValue(v.tensor()),
+                                    EValue(p.tensor()), EValue(scale_value), EValue(o.tensor())};
+      const int64_t status = call(prefix, "etlab::attend.out", arguments);
+      results.push_back(status_tensor(prefix + ".status", status));
+      results.push_back(std::move(out));
+    } else if (prefix.rfind("update_cache.", 0) == 0) {
+      NamedTensor& value = argument(tensors, prefix + ".value");
+      NamedTensor& cache = argument(tensors, prefix + ".cache");
+      NamedTensor out = blank_like(prefix + ".out", value.dtype, {1});
+      BoundTensor v(value), c(cache), p(argument(tensors, prefix + ".positions")), o(out);
+      std::vector<EValue> arguments{EValue(v.tensor()), EValue(c.tensor()), EValue(p.tensor()), EValue(o.tensor())};
+      const int64_t status = call(prefix, "etlab::update_cache.out", arguments);
+      results.push_back(status_tensor(prefix + ".status", status));
+      NamedTensor written = cache;
+      written.name = prefix + ".cache";
+      results.push_back(std::move(written));
+      results.push_back(std::move(out));
+    } else {
+      fail(3, "unknown operator in " + prefix);
+    }
+  }
+  try {
+    etlab::write_tensor_file(files[1], results);
+  } catch (const std::exception& error) {
+    fail(3, error.what());
+  }
+  std::printf("{\"isa\": \"%s\", \"pool_threads\": %zu, \"attend_threads\": %zu, \"microseconds\": {%s}}\n",
+              etlab::kernels::attend_isa(), pool_threads, etlab::kernels::attend_thread_count(), timings_json.c_str());
+  return 0;
+}

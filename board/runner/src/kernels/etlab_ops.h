@@ -1,0 +1,37 @@
+// etlab's attention and KV-cache operators, the runner's side (the export side, schemas and the PyTorch reference
+// that defines them: orchestrator/lowering/attention/ops.py). register.cpp registers both as out variants:
+//   etlab::update_cache.out(Tensor value, Tensor(a!) cache, Tensor positions, *, Tensor(b!) out) -> Tensor(b!)
+//   etlab::attend.out(Tensor query, Tensor key_cache, Tensor value_cache, Tensor positions, float scale, *,
+//                     Tensor(a!) out) -> Tensor(a!)
+// A bad shape, dtype, layout or position fails the kernel (InvalidArgument) before anything is written.
+#pragma once
+
+#include <cstddef>
+
+#include <executorch/runtime/core/exec_aten/exec_aten.h>
+#include <executorch/runtime/kernel/kernel_runtime_context.h>
+
+namespace etlab::kernels {
+
+using ::executorch::aten::Tensor;
+using ::executorch::runtime::KernelRuntimeContext;
+
+// cache[b, h, positions[i], :] = value[b, h, i, :]: only the S new rows are written, in place; out = [0].
+Tensor& update_cache_out(KernelRuntimeContext& context, const Tensor& value, Tensor& cache, const Tensor& positions,
+                         Tensor& out);
+
+// Query row i of head h attends to rows 0..positions[i] of KV head h / (Hq / Hkv), softmax(q . k * scale) . v.
+Tensor& attend_out(KernelRuntimeContext& context, const Tensor& query, const Tensor& key_cache,
+                   const Tensor& value_cache, const Tensor& positions, double scale, Tensor& out);
+
+// The instruction set attend's inner loops use here: "avx2" (x86-64 with AVX2 and FMA), "neon" (aarch64) or
+// "portable". force_attend_isa picks one for the kernel check (false when this CPU or build lacks it).
+const char* attend_isa();
+bool force_attend_isa(const char* name);
+
+// For the kernel check: while recording, attend notes which threads ran its tasks; the count of distinct ones
+// since recording started (proof that the heads ran in parallel, not serially).
+void record_attend_threads(bool on);
+size_t attend_thread_count();
+
+}  // namespace etlab::kernels

@@ -1,0 +1,145 @@
+"""etlab's attention and KV-cache operators, the export side: schemas, PyTorch reference kernels and fake kernels.
+
+The native runner registers the same operators (board/runner/src/kernels/: `etlab::update_cache.out`,
+`etlab::attend.out`), so a program that calls them runs there; this module is what torch.export traces and what
+tests check the runner's kernels against.
+
+    update_cache(value [B, H, S, D], cache(a!) [B, H, C, D], positions int64 [S]) -> Tensor [1]
+        cache[:, :, positions[i], :] = value[:, :, i, :], in place: only the new rows are written. The result is a
+        token (one zero), so the functional form aliases nothing; a position outside [0, C) is an error.
+    attend(query [B, Hq, S, D], key_cache [B, Hkv, C, D], value_cache [B, Hkv, C, D], positions int64 [S],
+           scale float) -> [B, Hq, S, D]
+        Causal attention by position: query row i attends to cache rows 0..positions[i] (the filled ones), never
+        past them, so no mask tensor exists. Query head h reads KV head h // (Hq // Hkv): heads are shared by
+        index, never copied.
+
+Causality comes from `positions`, so a prompt of P tokens at positions 0..P-1 and one token at position P are the
+same call. Both are registered once, at import; importing this module is what makes `torch.ops.etlab.*` exist.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAMESPACE = "etlab"
+
+_LIBRARY = torch.library.Library(NAMESPACE, "DEF")
+_LIBRARY.define("update_cache(Tensor value, Tensor(a!) cache, Tensor positions) -> Tensor")
+_LIBRARY.define(
+    "update_cache.out(Tensor value, Tensor(a!) cache, Tensor positions, *, Tensor(b!) out) -> Tensor(b!)"
+)
+_LIBRARY.define("attend(Tensor query, Tensor key_cache, Tensor value_cache, Tensor positions, float scale) -> Tensor")
+_LIBRARY.define(
+    "attend.out(Tensor query, Tensor key_cache, Tensor value_cache, Tensor positions, float scale, *, "
+    "Tensor(a!) out) -> Tensor(a!)"
+)
+
+
+def _check_update(value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> None:
+    torch._check(value.dim() == 4 and cache.dim() == 4, lambda: "update_cache: value and cache must be 4-D")
+    torch._check(positions.dim() == 1, lambda: "update_cache: positions must be 1-D")
+    torch._check(value.size(2) == positions.size(0), lambda: "update_cache: one position per new row")
+    torch._check(value.size(0) == cache.size(0), lambda: "update_cache: batch sizes differ")
+    torch._check(value.size(1) == cache.size(1), lambda: "update_cache: head counts differ")
+    torch._check(value.size(3) == cache.size(3), lambda: "update_cache: head dims differ")
+    torch._check(value.dtype == cache.dtype, lambda: "update_cache: value and cache dtypes differ")
+
+
+def _check_attend(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, positions: torch.Tensor):
+    torch._check(query.dim() == 4 and key_cache.dim() == 4, lambda: "attend: query and caches must be 4-D")
+    torch._check(key_cache.shape == value_cache.shape, lambda: "attend: key and value caches differ in shape")
+    torch._check(query.size(0) == key_cache.size(0), lambda: "attend: batch sizes differ")
+    torch._check(query.size(1) % key_cache.size(1) == 0, lambda: "attend: query heads must be a multiple of KV heads")
+    torch._check(query.size(3) == key_cache.size(3), lambda: "attend: head dims differ")
+    torch._check(positions.dim() == 1 and positions.size(0) == query.size(2), lambda: "attend: one position per row")
+
+
+def update_cache_reference(value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    _check_update(value, cache, positions)
+    if positions.numel():
+        torch._check(
+            bool((positions >= 0).all()) and bool((positions < cache.size(2)).all()),
+            lambda: f"update_cache: a position is outside the cache's {cache.size(2)} rows",
+        )
+    cache.index_copy_(2, positions, value)
+    return value.new_zeros(1)
+
+
+def attend_reference(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, positions: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Eager attention in float64 accumulations' place: repeat the KV heads, mask by position, softmax."""
+    _check_attend(query, key_cache, value_cache, positions)
+    group = query.size(1) // key_cache.size(1)
+    keys = key_cache.repeat_interleave(group, dim=1)
+    values = value_cache.repeat_interleave(group, dim=1)
+    scores = torch.matmul(query, keys.transpose(2, 3)) * scale
+    rows = torch.arange(key_cache.size(2), device=query.device)
+    allowed = rows[None, :] <= positions[:, None]  # [S, C]
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), values).to(query.dtype)
+
+
+def _update_cache_fake(value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    _check_update(value, cache, positions)
+    return value.new_empty(1)
+
+
+def _attend_fake(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, positions: torch.Tensor, scale: float
+) -> torch.Tensor:
+    _check_attend(query, key_cache, value_cache, positions)
+    return torch.empty_like(query)
+
+
+def _update_cache_out(
+    value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, *, out: torch.Tensor
+) -> torch.Tensor:
+    out.copy_(update_cache_reference(value, cache, positions))
+    return out
+
+
+def _attend_out(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    out.copy_(attend_reference(query, key_cache, value_cache, positions, scale))
+    return out
+
+
+def _update_cache_out_fake(
+    value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor, *, out: torch.Tensor
+) -> torch.Tensor:
+    _check_update(value, cache, positions)
+    return out
+
+
+def _attend_out_fake(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    _check_attend(query, key_cache, value_cache, positions)
+    return out
+
+
+_LIBRARY.impl("update_cache", update_cache_reference, "CompositeExplicitAutograd")
+_LIBRARY.impl("update_cache", _update_cache_fake, "Meta")
+_LIBRARY.impl("update_cache.out", _update_cache_out, "CompositeExplicitAutograd")
+_LIBRARY.impl("update_cache.out", _update_cache_out_fake, "Meta")
+_LIBRARY.impl("attend", attend_reference, "CompositeExplicitAutograd")
+_LIBRARY.impl("attend", _attend_fake, "Meta")
+_LIBRARY.impl("attend.out", _attend_out, "CompositeExplicitAutograd")
+_LIBRARY.impl("attend.out", _attend_out_fake, "Meta")
+
+update_cache = torch.ops.etlab.update_cache.default
+attend = torch.ops.etlab.attend.default

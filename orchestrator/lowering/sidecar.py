@@ -227,6 +227,8 @@ class Generation:
     prompt_source: str | None = None  # tokenized text, or deterministic ids (and why)
     prompt_text: str | None = None  # with a cached tokenizer: the prompt and eager greedy generation, decoded
     reference_text: str | None = None
+    # how the program attends (attention/choice.py): etlab or sdpa; None: lowered before the choice (sdpa)
+    attention: str | None = None
 
     def __post_init__(self) -> None:
         if self.context < 2:

@@ -233,6 +233,14 @@ class Generation:
     def __post_init__(self) -> None:
         if self.context < 2:
             raise ValueError(f"context: expected an integer >= 2, got {self.context}")
+        # the runner is told these: a program whose own defaults do not fit its cache would write past it
+        if self.max_prompt_len >= self.context:
+            raise ValueError(f"max_prompt_len: {self.max_prompt_len} leaves no room in a cache of {self.context}")
+        if self.prompt_len + self.new_tokens > self.context:
+            raise ValueError(
+                f"new_tokens: a prompt of {self.prompt_len} tokens and {self.new_tokens} new ones need "
+                f"{self.prompt_len + self.new_tokens} positions; the KV cache holds {self.context}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

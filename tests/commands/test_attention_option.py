@@ -46,14 +46,15 @@ def test_a_bad_attention_is_refused_before_anything_is_lowered(tmp_path: Path, a
 def test_sdpa_is_another_program_beside_etlab_s_and_the_table_names_each(tmp_path: Path) -> None:
     artifacts = tmp_path / "artifacts"
     lowered = {}
-    for option in ([], ["--attention", "sdpa"]):
-        proc = fab(artifacts, "lower", "--model", "smollm2-gen-tiny", "--backend", "portable", "--weights", "random",
-                   *option)  # fmt: skip
+    # the default's two backends at once: one lowered in a spawned worker, which reads the .pt2 of etlab's operators
+    for option in (["--backend", "portable,xnnpack", "--jobs", "2"], ["--backend", "portable", "--attention", "sdpa"]):
+        proc = fab(artifacts, "lower", "--model", "smollm2-gen-tiny", "--weights", "random", *option)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        lowered[option[-1] if option else "default"] = " ".join(proc.stdout.split())
+        lowered[option[-1] if "--attention" in option else "default"] = " ".join(proc.stdout.split())
     assert "attention: etlab (etlab's operators, over the filled cache only)" in lowered["default"]
     assert "attention: sdpa (transformers' static cache)" in lowered["sdpa"]
     assert "smollm2-gen-tiny.sdpa" in lowered["sdpa"]
+    assert " xnnpack " in lowered["default"] and "lowered" in lowered["default"]
     for name, attention, ops in (("smollm2-gen-tiny", "etlab", "etlab.attend.out"),
                                  ("smollm2-gen-tiny.sdpa", "sdpa", "aten.index_put.out")):  # fmt: skip
         sidecar = json.loads((artifacts / name / f"{name}_portable.json").read_text())

@@ -6,16 +6,18 @@ whose own defaults would write past its KV cache is refused before anything runs
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from orchestrator.boards.inventory import Board
+from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.export import lower as lowerer
+from orchestrator.lowering.variants import Variant
 from orchestrator.tensorfile import read_tensors
 from tests.e2e.test_generation_e2e import fab
 from tests.plugins.artifacts import ARTIFACT_CACHE
-
-SIDECARS = Path(__file__).parents[1] / "data" / "sidecars"
 
 
 @pytest.mark.xfail(
@@ -48,12 +50,14 @@ def test_a_program_whose_defaults_overflow_its_cache_is_refused_before_anything_
 ) -> None:
     """A sidecar is data from a file: one asking the runner for a prompt and new tokens beyond the program's cache
     (edited, or from a broken etlab) would have the runner write past it. Refused, exit 65, nothing pushed."""
+    lowered = lowerer.lower(BUILTIN_SPECS["gpt2-gen-tiny"], variants=[Variant("xnnpack")], weights="random",
+                            root=ARTIFACT_CACHE, jobs=1)  # fmt: skip
     artifacts = tmp_path / "artifacts"
-    folder = artifacts / "gpt2-gen-tiny"
-    folder.mkdir(parents=True)
-    data = json.loads((SIDECARS / "gpt2-gen-tiny_xnnpack.json").read_text())
+    shutil.copytree(lowered.paths.folder, artifacts / "gpt2-gen-tiny")
+    sidecar = artifacts / "gpt2-gen-tiny" / "gpt2-gen-tiny_xnnpack.json"
+    data = json.loads(sidecar.read_text())
     data["generation"]["new_tokens"] = 60  # 8 + 60 > 64
-    (folder / "gpt2-gen-tiny_xnnpack.json").write_text(json.dumps(data))
+    sidecar.write_text(json.dumps(data))
     proc = fab(tmp_path, local_board, artifacts, "run", "--model", "gpt2-gen-tiny", "--backend", "xnnpack")
     said = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode == 65, said

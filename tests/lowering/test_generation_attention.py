@@ -19,6 +19,7 @@ from orchestrator.errors import SpecError
 from orchestrator.lowering.attention.choice import ETLAB, SDPA, attention_of, with_attention
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import generation
+from orchestrator.lowering.rewrites.huggingface import has_sdpa_attention
 from orchestrator.lowering.sources.build.models import load_model
 from orchestrator.lowering.spec import GENERATION_TASK, load_spec_file
 from tests.lowering.test_huggingface_specs import write
@@ -110,6 +111,7 @@ def test_the_cache_buffers_are_the_program_s_mutable_state_once(tmp_path: Path) 
     """The key and value buffers are the module's, written in place: the program mutates exactly them."""
     spec = family_spec(tmp_path, "llama")
     module = load_model(spec, "random").module
+    assert not has_sdpa_attention(module)  # the eager-attention rewrite leaves etlab's attention alone
     names = {name for name, _ in module.named_buffers() if "_cache_" in name}
     assert names == {f"{kind}_cache_{i}" for kind in ("key", "value") for i in range(2)}
     assert generation.kv_cache_bytes(module) == 2 * 2 * (1 * 2 * CONTEXT * 16) * 4  # 2 layers, K and V, fp32
@@ -126,6 +128,7 @@ def test_sdpa_keeps_transformers_static_cache_program(tmp_path: Path) -> None:
     assert attention_of(spec) == SDPA and spec.name == "llama-gen"  # the spec's own choice keeps its name
     module = load_model(spec, "random").module
     assert module.attention == SDPA and module.model.config._attn_implementation != ETLAB
+    assert has_sdpa_attention(module)  # the eager-attention rewrite still applies to it
     program = generation.export(module, (torch.zeros(1, 3, dtype=torch.long), torch.arange(3)), CONTEXT)
     targets = lowered_targets(program)
     assert not [t for t in targets if t.startswith("etlab.")]

@@ -189,3 +189,21 @@ def test_eager_generation_keeps_the_model_s_own_attention(tmp_path: Path) -> Non
         interface.register()
     assert seen == []
     assert module.model.config._attn_implementation == ETLAB  # the program attends with etlab's again
+
+
+def test_a_sliding_window_shorter_than_the_cache_is_refused_for_etlab_s_attention(tmp_path: Path) -> None:
+    """etlab's attention reads every filled row: a window of 8 positions over a cache of 32 would attend to more than
+    the model does. Refused before anything loads (exit 64), naming the way out; sdpa's program is lowered."""
+    from tests.lowering.spec_helpers import checked
+
+    config = {**FAMILIES["qwen2"], "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0}
+    data = {"name": "windowed", "model_type": "qwen2", "task": GENERATION_TASK, "config": config, "seq_len": 8,
+            "new_tokens": 8, "context": CONTEXT, "attention": ETLAB}  # fmt: skip
+    path = write(tmp_path, data)
+    with pytest.raises(SpecError) as refused:
+        checked(path)
+    assert refused.value.exit_code == 64
+    assert "no sliding window, and the model's 8 positions are fewer than the KV cache's 32" in str(refused.value)
+    assert "give attention: sdpa" in str(refused.value) and "field 'attention'" in str(refused.value)
+    assert checked(write(tmp_path, {**data, "attention": SDPA})).parameters > 0
+    assert checked(write(tmp_path, {**data, "context": 8, "seq_len": 4, "new_tokens": 4})).parameters > 0

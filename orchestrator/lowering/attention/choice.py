@@ -13,6 +13,7 @@ and `fab deploy` lowers the other one beside it, under its own name (`smollm2-ge
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from orchestrator.lowering.spec import ModelSpec
 
@@ -35,3 +36,18 @@ def with_attention(spec: ModelSpec, attention: str) -> ModelSpec:
     if attention == attention_of(spec):
         return spec
     return replace(spec.with_options(attention=attention), name=f"{spec.name}.{attention}")
+
+
+def sliding_window_problem(config: Any, capacity: int) -> str | None:
+    """Why etlab's attention cannot compute this model over a cache of `capacity` positions, or None: it attends to
+    every filled row, so a sliding window shorter than the cache (Mistral's, Qwen2's with use_sliding_window, a
+    Phi-3 config's) would change what the model attends to."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or ()
+    sliding = window is not None and (not layer_types or "sliding_attention" in layer_types)
+    if not sliding or not isinstance(window, int) or window >= capacity:
+        return None
+    return (
+        f"etlab's attention has no sliding window, and the model's {window} positions are fewer than the KV cache's "
+        f"{capacity}: give attention: sdpa, or a context of at most {window}"
+    )

@@ -29,7 +29,7 @@ import torch
 
 from orchestrator import console
 from orchestrator.errors import SpecError
-from orchestrator.lowering.attention.choice import SDPA, attention_of
+from orchestrator.lowering.attention.choice import ETLAB, SDPA, attention_of, sliding_window_problem
 from orchestrator.lowering.quantize.calibration import shaped_like
 from orchestrator.lowering.sources.build.huggingface_config import Overrides, check_derived, read_overrides
 from orchestrator.lowering.sources.build.huggingface_heads import (
@@ -268,6 +268,9 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
         where = "context" if "context" in spec.lines or spec.context else "task"
         problems.append((where, f"a KV cache of {spec.cache_capacity} positions is beyond the model's {positions} "
                                 "position embeddings"))  # fmt: skip
+    window = sliding_window_problem(config, spec.cache_capacity) if attention_of(spec) == ETLAB else None
+    if window is not None:
+        problems.append(("attention" if "attention" in spec.lines else "task", window))
     vocab = getattr(config, "vocab_size", None) or 1
     mask_token_id = spec.options_of(HuggingFaceOptions).mask_token_id
     if spec.task == "fill-mask" and mask_token_id is not None and mask_token_id >= vocab:

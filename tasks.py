@@ -47,6 +47,10 @@ TRUST_CODE_HELP = (
     'run the Python factory a spec names ("factory": "file.py:build") with your privileges; only for code '
     "you have read. A spec file cannot ask for this"
 )
+ATTENTION_HELP = (
+    "text-generation models: how the program attends, etlab (default: etlab's operators, over the filled cache "
+    "only) or sdpa (transformers' static cache with standard operators); the other one is its own program"
+)
 CONTEXT_HELP = (
     "text-generation models: KV cache sizes, one program each (e.g. 128,512,1024: prefill time, decode speed and "
     "memory against the context, in one table and one plot); default: the model's"
@@ -79,19 +83,20 @@ RUN_HELP = {
         "name": "with --exported: the folder under artifacts/ (default: the file's stem)",
         "rewrites": REWRITES_HELP,
         "context": CONTEXT_HELP,
+        "attention": ATTENTION_HELP,
     }
 )
 @handle_errors
 def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False,
           quantize="none", calibration=None, jobs=None, trust_remote_code=False, trust_code=False, exported=None,
-          name=None, rewrites="none", context=None):  # fmt: skip
+          name=None, rewrites="none", context=None, attention=None):  # fmt: skip
     """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
     from orchestrator.commands.lower import lower as lower_model
 
     return lower_model(
         model, spec, backend, weights, etrecord=etrecord, force=force, quantize=quantize, calibration=calibration,
         jobs=jobs, trust_remote_code=trust_remote_code, trust_code=trust_code, exported=exported, name=name,
-        rewrites=rewrites, context=context,
+        rewrites=rewrites, context=context, attention=attention,
     )  # fmt: skip
 
 
@@ -240,7 +245,7 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
             "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
             "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP, "rewrites": REWRITES_HELP,
-            "context": CONTEXT_HELP},
+            "context": CONTEXT_HELP, "attention": ATTENTION_HELP},
       optional=["counters"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
@@ -248,7 +253,7 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
                        no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
                        trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None,
-                       rewrites="none", new_tokens=None, context=None):  # fmt: skip
+                       rewrites="none", new_tokens=None, context=None, attention=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     from orchestrator.commands.deploy import deploy_task
 
@@ -258,7 +263,7 @@ def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, 
         no_explore=no_explore, no_browser=no_browser, port=port, counters=counters, quantize=quantize,
         calibration=calibration, min_sqnr=min_sqnr, min_top1=min_top1, min_top5=min_top5, jobs=jobs,
         trust_remote_code=trust_remote_code, trust_code=trust_code, pte=pte, reference=reference, name=name,
-        rewrites=rewrites, new_tokens=new_tokens, context=context,
+        rewrites=rewrites, new_tokens=new_tokens, context=context, attention=attention,
     )  # fmt: skip
 
 

@@ -364,6 +364,28 @@ def context_specs(
     return [target.with_context(context) for context in dict.fromkeys(contexts)]
 
 
+@overload
+def attention_spec(value: Any, target: ModelSpec) -> ModelSpec: ...
+@overload
+def attention_spec(value: Any, target: ModelSpec | Artifact) -> ModelSpec | Artifact: ...
+def attention_spec(value: Any, target: ModelSpec | Artifact) -> ModelSpec | Artifact:
+    """`--attention etlab|sdpa` for a text-generation spec: the program attending that way, under its own name when it
+    is not the spec's own choice (exit 64 for another value or a model that does not generate). None: as it is."""
+    if value is None:
+        return target
+    # here, not at the top: fab imports this module at start-up
+    from orchestrator.lowering.attention.choice import ATTENTIONS, with_attention
+    from orchestrator.lowering.spec import ModelSpec
+
+    if value not in ATTENTIONS:
+        raise UsageError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {value!r}")
+    if not isinstance(target, ModelSpec):
+        raise UsageError(f"--attention: {target.model} is a program of your own, lowered as you exported it")
+    if not target.generates or not hasattr(target.options, "attention"):
+        raise UsageError(f"--attention: {target.name} is not a text-generation model (it has no KV cache)")
+    return with_attention(target, str(value))
+
+
 def check_generation(artifacts: Iterable[Artifact], params: RunParams) -> None:
     """`--new-tokens` against each text-generation program's KV cache, before anything is pushed or run (exit 64).
 

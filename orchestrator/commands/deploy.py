@@ -14,6 +14,7 @@ from orchestrator.boards.inventory import Board
 from orchestrator.commands import options
 from orchestrator.commands.common import (
     LoweringOptions,
+    attention_spec,
     check_generation,
     context_specs,
     find_artifact,
@@ -47,6 +48,7 @@ def deploy_task(
     weights: Any, no_explore: bool, no_browser: bool, port: Any, counters: Any, quantize: str, calibration: Any,
     min_sqnr: Any, min_top1: Any, min_top5: Any, jobs: Any, trust_remote_code: bool, trust_code: bool,
     pte: str | None, reference: str | None, name: str | None, rewrites: Any, new_tokens: Any, context: Any,
+    attention: Any = None,
 ) -> int:  # fmt: skip
     """`fab deploy-and-profile`: every option is checked before the chain lowers, connects or starts anything."""
     params = run_params(iterations, warmup, threads, max_seconds, None, counters, new_tokens)
@@ -55,6 +57,7 @@ def deploy_task(
     chosen = variants(backend, quantize, default="xnnpack")
     accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
     target = profiled(model, spec, pte, reference, name, trust_remote_code=trust_remote_code, trust_code=trust_code)
+    target = attention_spec(attention, target)
     return deploy_and_profile(
         target,
         contexts=context_specs(context, target, params.new_tokens) if context is not None else (),

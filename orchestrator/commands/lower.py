@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.commands.common import (
+    attention_spec,
     context_specs,
     lowering_options,
     model_spec,
@@ -33,18 +34,22 @@ def lower(
     name: str | None = None,
     rewrites: str = "none",
     context: str | None = None,
+    attention: str | None = None,
 ) -> int:
     if exported is not None or name is not None:  # the user's own ExportedProgram
         return lower_exported_task(
             exported, name, model, spec, backend, quantize, etrecord=etrecord, force=force,
             others={"--calibration": calibration, "--trust-remote-code": trust_remote_code or None,
                     "--trust-code": trust_code or None, "--weights": None if weights == "auto" else weights,
-                    "--jobs": jobs, "--rewrites": None if rewrites == "none" else rewrites, "--context": context},
+                    "--jobs": jobs, "--rewrites": None if rewrites == "none" else rewrites, "--context": context,
+                    "--attention": attention},
         )  # fmt: skip
     # Every option before the cache is looked at: a bad value must not invalidate it.
     checked = lowering_options(weights, jobs, calibration)
     chosen = variants(backend, quantize)
-    target = model_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
+    target = attention_spec(
+        attention, model_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
+    )
     request = rewrite_request(rewrites, target)
     for each in context_specs(context, target):  # one program per KV cache size (`--context`)
         with naming_calibration(), naming_rewrites(rewrites):

@@ -66,6 +66,18 @@ def _rewrites_note(result: LoweringResult) -> str:
     return f"rewrites applied: {', '.join(applied)}" if applied else "the model as exported (no rewrites)"
 
 
+_ATTENTION_WORDS = {"etlab": "etlab's operators, over the filled cache only", "sdpa": "transformers' static cache"}
+
+
+def _attention_note(result: LoweringResult) -> str:
+    """A text-generation program's attention (`--attention`; a program lowered before the choice was sdpa's)."""
+    generation = next(iter(result.variants.values())).sidecar.generation
+    if generation is None:
+        return ""
+    attention = generation.attention or "sdpa"
+    return f"attention: {attention} ({_ATTENTION_WORDS.get(attention, attention)}); "
+
+
 def print_lowering(result: LoweringResult) -> None:
     rows = []
     quantized = any(item.sidecar.quantization for item in result.variants.values())
@@ -90,6 +102,7 @@ def print_lowering(result: LoweringResult) -> None:
         [*columns, *(["quantized"] if quantized else []), "source"],
         rows,
         caption=f"weights: {next(iter(result.variants.values())).sidecar.weights}; {_rewrites_note(result)}; "
+        f"{_attention_note(result)}"
         "fallback ops: the graph's nodes outside the delegates (the course's count): kernels, which run, and "
         "bookkeeping nodes (memory planning, tuple access, views), which run none; stored twice: constants held "
         "both outside and inside an XNNPACK delegate (a tied embedding)",

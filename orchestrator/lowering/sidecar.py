@@ -227,10 +227,20 @@ class Generation:
     prompt_source: str | None = None  # tokenized text, or deterministic ids (and why)
     prompt_text: str | None = None  # with a cached tokenizer: the prompt and eager greedy generation, decoded
     reference_text: str | None = None
+    # how the program attends (attention/choice.py): etlab or sdpa; None: lowered before the choice (sdpa)
+    attention: str | None = None
 
     def __post_init__(self) -> None:
         if self.context < 2:
             raise ValueError(f"context: expected an integer >= 2, got {self.context}")
+        # the runner is told these: a program whose own defaults do not fit its cache would write past it
+        if self.max_prompt_len >= self.context:
+            raise ValueError(f"max_prompt_len: {self.max_prompt_len} leaves no room in a cache of {self.context}")
+        if self.prompt_len + self.new_tokens > self.context:
+            raise ValueError(
+                f"new_tokens: a prompt of {self.prompt_len} tokens and {self.new_tokens} new ones need "
+                f"{self.prompt_len + self.new_tokens} positions; the KV cache holds {self.context}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

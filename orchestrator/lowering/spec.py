@@ -267,7 +267,7 @@ class ModelSpec:
         options = to_data(self.options)
         if is_user_program(self.model_source):
             return {"name": self.name, "model_source": self.model_source, "source": self.source, **options}
-        own = {key: value for key, value in options.items() if key not in _FLAT_OPTIONS}
+        own = {key: value for key, value in options.items() if key not in _FLAT_OPTIONS and value is not None}
         flat = _FLAT_OPTIONS | {key: value for key, value in options.items() if key in _FLAT_OPTIONS}
         data: dict[str, Any] = {}
         for item in fields(self):

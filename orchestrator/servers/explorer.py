@@ -335,6 +335,9 @@ def _serve(config_path: Path, parent: int | None = None) -> None:
 
     config = json.loads(Path(config_path).read_text())
     guard_server(config["port"], config["host"], ServedFiles.from_config(config))
+    if any(str(model["url"]).endswith(".pt2") for model in config["models"]):
+        # a text-generation .pt2 calls etlab's operators: torch.export.load knows them only once imported
+        import orchestrator.lowering.attention.ops  # noqa: F401
     explorer_config = model_explorer.config()
     for model in config["models"]:
         explorer_config.add_model_from_path(model["url"], adapterId=model.get("adapterId", ""))

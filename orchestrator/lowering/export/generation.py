@@ -1,26 +1,34 @@
-"""A decoder LM as it is used (`task: text-generation`): one program for prefill and decode, a static KV cache inside.
+"""A decoder LM as it is used (`task: text-generation`): one program for prefill and decode, the KV cache inside.
 
 The program takes `input_ids` [1, S] and `cache_position` [S] (S dynamic: a prompt of P tokens, then one token at
 position P, P+1, ...) and returns the logits [1, S, vocab]; the KV cache is mutable state of the program, written at
-`cache_position` on every call. That is transformers' own ExecuTorch recipe (`TorchExportableModuleWithStaticCache`),
-chosen over ExecuTorch's LLM export because it takes any family transformers knows (the LLM export builds its own
-Llama from a checkpoint) and uses only standard operators, which the native runner's kernels have (ExecuTorch's
-custom SDPA and cache-update operators would need their kernel library on the board). Measured with transformers
-5.24 and ExecuTorch 1.5.1: `strict=False` export fails later in to_edge ("expected compiled_fn to be GraphModule"),
-`strict=True` lowers, and the runner's greedy ids equal `model.generate`'s for Llama and GPT-2 configs.
+`cache_position` on every call. How it attends is a lowering choice (attention/choice.py):
 
-The reference a run is checked against is eager HuggingFace greedy generation from the same prompt (fp32), so the
-generated ids must be equal, not close.
+- `etlab` (the default): etlab's cache (attention/kv_cache.py) writes the new rows in place through
+  `etlab::update_cache`, and transformers calls etlab's attention (attention/interface.py), `etlab::attend`, which
+  reads only the filled rows by position and shares KV heads by index: no copy of the cache, no mask tensor. The
+  native runner has both operators' kernels.
+- `sdpa`: transformers' own ExecuTorch recipe (`TorchExportableModuleWithStaticCache`), standard operators only
+  (repeat_kv's copy of the whole cache, index_put, a causal mask over all of it). Measured with transformers 5.24
+  and ExecuTorch 1.5.1: `strict=False` export fails later in to_edge ("expected compiled_fn to be GraphModule"),
+  `strict=True` lowers, and the runner's greedy ids equal `model.generate`'s for Llama and GPT-2 configs.
+
+Both take any family transformers knows whose attention goes through its attention interface (ExecuTorch's LLM
+export builds its own Llama from a checkpoint). The reference a run is checked against is eager HuggingFace greedy
+generation from the same prompt (fp32, the model's own attention), so the generated ids must be equal, not close.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from orchestrator.lowering.attention.choice import ETLAB, SDPA
 from orchestrator.lowering.quantize.schemes import Scheme
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
@@ -36,23 +44,67 @@ POSITION_INPUT = "cache_position"
 
 
 class GenerationModule(torch.nn.Module):
-    """`model` with a static KV cache of `context` positions: forward(input_ids [1, S], cache_position [S]) ->
-    logits [1, S, vocab]. `model` stays the HuggingFace model (eager generation, vocab_size_of, rewrites' checks)."""
+    """`model` with a KV cache of `context` positions: forward(input_ids [1, S], cache_position [S]) -> logits
+    [1, S, vocab]. `model` stays the HuggingFace model (eager generation, vocab_size_of, rewrites' checks).
 
-    def __init__(self, model: PreTrainedModel, context: int) -> None:
+    `attention` is how the program attends (attention/choice.py): "sdpa" is transformers' static-cache recipe with
+    standard operators; "etlab" writes the new rows through `etlab::update_cache` and attends by position through
+    `etlab::attend` (attention/kv_cache.py, attention/interface.py): no copy of the cache, no mask over it."""
+
+    def __init__(self, model: PreTrainedModel, context: int, attention: str = SDPA) -> None:
+        super().__init__()
+        self.model = model
+        self.context = context
+        self.attention = attention
+        # what eager generation attends with: the model's own implementation, never etlab's
+        self.eager_attention = str(model.config._attn_implementation)
+        if attention == ETLAB:
+            self._etlab_cache(model, context)
+        else:
+            self._static_cache(model, context)
+
+    def _static_cache(self, model: PreTrainedModel, context: int) -> None:
         from transformers import GenerationConfig
         from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
-        super().__init__()
         model.generation_config = GenerationConfig(
             use_cache=True, cache_implementation="static", cache_config={"batch_size": 1, "max_cache_len": context}
         )
-        self.model = model
-        self.context = context
         self.cached = TorchExportableModuleWithStaticCache(model, 1, context)
 
+    def _etlab_cache(self, model: PreTrainedModel, context: int) -> None:
+        from orchestrator.lowering.attention import interface
+        from orchestrator.lowering.attention.kv_cache import EtlabCache
+
+        model.set_attn_implementation(interface.register())
+        self.kv_cache = EtlabCache(model.config, context, model.dtype)
+        for name, buffer in self.kv_cache.buffers():  # the program's mutable state, held once
+            self.register_buffer(name, buffer, persistent=False)
+
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        return self.cached(input_ids=input_ids, cache_position=cache_position)
+        if self.attention != ETLAB:
+            return self.cached(input_ids=input_ids, cache_position=cache_position)
+        self.kv_cache.positions = cache_position  # where this call's rows go, and what each one attends to
+        out = self.model(
+            input_ids=input_ids, position_ids=cache_position.unsqueeze(0), cache=self.kv_cache, use_cache=True
+        )
+        return out.logits
+
+
+@contextmanager
+def eager_attention(module: GenerationModule) -> Iterator[None]:
+    """The HuggingFace model attending with its own implementation for eager generation (etlab's reads the program's
+    cache by position; eager generation keeps a cache of its own). An sdpa program's model is left as it is."""
+    if module.attention != ETLAB:
+        yield
+        return
+    config = module.model.config
+    program_attention = config._attn_implementation
+    config._attn_implementation = module.eager_attention
+    try:
+        yield
+    finally:
+        config._attn_implementation = program_attention
 
 
 def prompt_ids(length: int, vocab_size: int, seed: int = RANDOM_SEED) -> np.ndarray:
@@ -122,7 +174,7 @@ def greedy_ids(module: GenerationModule, prompt: np.ndarray, new_tokens: int) ->
     config = GenerationConfig(
         do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0
     )
-    with torch.no_grad():
+    with torch.no_grad(), eager_attention(module):
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
     return out[:, prompt.shape[1] :].contiguous().numpy().astype(np.int64)
 
@@ -198,8 +250,8 @@ def kv_cache_bytes(module: GenerationModule) -> int:
     """The KV cache's bytes: every layer's key and value buffers, as the program holds them."""
     return sum(
         buffer.numel() * buffer.element_size()
-        for name, buffer in module.cached.named_buffers()
-        if name.startswith(("key_cache_", "value_cache_"))
+        for name, buffer in module.named_buffers()
+        if name.rpartition(".")[2].startswith(("key_cache_", "value_cache_"))
     )
 
 
@@ -218,6 +270,7 @@ def _record(module: GenerationModule, spec: ModelSpec, prompt: Prompt, generated
         "prompt_len": int(prompt.ids.shape[1]),
         "new_tokens": spec.new_tokens,
         "kv_cache_bytes": kv_cache_bytes(module),
+        "attention": module.attention,
         "prompt_source": prompt.source,
         **texts,
     }

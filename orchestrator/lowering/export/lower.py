@@ -416,6 +416,9 @@ def _lower_variant(task: VariantTask, shared: _Exported | None = None, *, thread
         else:
             import torch
 
+            # a text-generation program calls etlab's operators: a spawned worker knows them only once imported
+            import orchestrator.lowering.attention.ops  # noqa: F401
+
             program = torch.export.load(str(artifact_paths.exported_program))
     return lower_program(program, task, artifact_paths, timer, quantization, started, quiet=shared is None)
 

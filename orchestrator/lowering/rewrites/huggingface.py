@@ -49,9 +49,10 @@ def tanh_gelu(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
 
 
 def has_sdpa_attention(module: torch.nn.Module) -> bool:
-    """The model attends through an implementation other than eager (SDPA, transformers' default where supported)."""
+    """The model attends through an implementation other than eager (SDPA, transformers' default where supported);
+    etlab's attention (a text-generation program's, attention/interface.py) is no SDPA to replace."""
     config = getattr(_model(module), "config", None)
-    return getattr(config, "_attn_implementation", "eager") not in (None, "eager")
+    return getattr(config, "_attn_implementation", "eager") not in (None, "eager", "etlab")
 
 
 def eager_attention(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:

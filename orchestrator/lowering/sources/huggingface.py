@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import Check, did_you_mean, integer, text
+from orchestrator.lowering.attention.choice import ATTENTIONS
 from orchestrator.lowering.spec import (
     DEFAULT_CONTEXT,
     DEFAULT_NEW_TOKENS,
@@ -52,6 +53,8 @@ class HuggingFaceOptions(ImageOptions):
     # Only the command line sets this (`--trust-remote-code`), never a spec file: with it, `from_pretrained` runs
     # the Python files of the model folder. It is part of the identity: such a program is another program.
     trust_remote_code: bool = False
+    # text-generation: how the program attends (attention/choice.py); None: the default, etlab's operators
+    attention: str | None = None
 
 
 _HUGGINGFACE_FIELDS: dict[str, Check] = {
@@ -68,6 +71,7 @@ _HUGGINGFACE_FIELDS: dict[str, Check] = {
     "new_tokens": integer(1, 4096),  # text-generation: tokens a run generates by default
     "prompt": text,  # text-generation: the prompt, tokenized when the model's tokenizer is cached
     "output": one_of(tuple(OUTPUTS)),  # fill-mask and causal-lm: which logits the program returns
+    "attention": one_of(ATTENTIONS),  # text-generation: etlab's operators or transformers' sdpa (attention/choice.py)
 }
 
 
@@ -106,7 +110,7 @@ def _fallback_prompt_len(context: int, new_tokens: int) -> int:
 
 def _generation_problem(found: dict[str, Any], task: str) -> tuple[str, str] | None:
     """A text-generation spec's own rules: one sequence, a prompt and its new tokens within the KV cache."""
-    for key in ("context", "new_tokens", "prompt"):
+    for key in ("context", "new_tokens", "prompt", "attention"):
         if key in found and task != GENERATION_TASK:
             return key, f"is for task {GENERATION_TASK!r} only (task {task!r} has no KV cache)"
     if task != GENERATION_TASK:

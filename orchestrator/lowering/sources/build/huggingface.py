@@ -29,6 +29,7 @@ import torch
 
 from orchestrator import console
 from orchestrator.errors import SpecError
+from orchestrator.lowering.attention.choice import ETLAB, SDPA, attention_of, sliding_window_problem
 from orchestrator.lowering.quantize.calibration import shaped_like
 from orchestrator.lowering.sources.build.huggingface_config import Overrides, check_derived, read_overrides
 from orchestrator.lowering.sources.build.huggingface_heads import (
@@ -267,6 +268,9 @@ def _check_huggingface(spec: ModelSpec, choice: WeightsChoice, available: int | 
         where = "context" if "context" in spec.lines or spec.context else "task"
         problems.append((where, f"a KV cache of {spec.cache_capacity} positions is beyond the model's {positions} "
                                 "position embeddings"))  # fmt: skip
+    window = sliding_window_problem(config, spec.cache_capacity) if attention_of(spec) == ETLAB else None
+    if window is not None:
+        problems.append(("attention" if "attention" in spec.lines else "task", window))
     vocab = getattr(config, "vocab_size", None) or 1
     mask_token_id = spec.options_of(HuggingFaceOptions).mask_token_id
     if spec.task == "fill-mask" and mask_token_id is not None and mask_token_id >= vocab:
@@ -445,13 +449,14 @@ def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> L
     `output` names (etlab's rewrites, rewrites/, apply only when asked)."""
     head = check_family(spec)
     parameters = sum(p.numel() for p in model.parameters())
-    if spec.generates:  # prefill and decode with a static KV cache (generation.py)
+    if spec.generates:  # prefill and decode with a KV cache inside (generation.py)
         from transformers import PreTrainedModel
 
         from orchestrator.lowering.export.generation import GenerationModule
 
         assert isinstance(model, PreTrainedModel)  # a causal LM, never an encoder taken out of one
-        return LoadedModel(GenerationModule(model, spec.cache_capacity).eval(), weights, note, parameters)
+        module = GenerationModule(model, spec.cache_capacity, attention_of(spec) or SDPA)
+        return LoadedModel(module.eval(), weights, note, parameters)
     names = tuple(item.name for item in model_inputs(spec, model.config, head))
     if spec.task in WRAPPED_TASKS and spec.output != ALL_POSITIONS:
         mask = spec.options_of(HuggingFaceOptions).mask_token_id if spec.output == "mask" else None

@@ -9,8 +9,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
 from orchestrator.boards.inventory import Board
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import lower as lowerer
@@ -20,11 +18,6 @@ from tests.e2e.test_generation_e2e import fab
 from tests.plugins.artifacts import ARTIFACT_CACHE
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the native runner's etlab::update_cache.out and etlab::attend.out kernels (branch h/kern, issue "
-    "36 item 1): without them the runner cannot load an etlab-attention program (its operators are missing)",
-)
 def test_an_etlab_attention_program_generates_what_eager_greedy_does_on_the_board(
     local_board: Board, tmp_path: Path
 ) -> None:

@@ -25,9 +25,7 @@ NAMESPACE = "etlab"
 
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 _LIBRARY.define("update_cache(Tensor value, Tensor(a!) cache, Tensor positions) -> Tensor")
-_LIBRARY.define(
-    "update_cache.out(Tensor value, Tensor(a!) cache, Tensor positions, *, Tensor(b!) out) -> Tensor(b!)"
-)
+_LIBRARY.define("update_cache.out(Tensor value, Tensor(a!) cache, Tensor positions, *, Tensor(b!) out) -> Tensor(b!)")
 _LIBRARY.define("attend(Tensor query, Tensor key_cache, Tensor value_cache, Tensor positions, float scale) -> Tensor")
 _LIBRARY.define(
     "attend.out(Tensor query, Tensor key_cache, Tensor value_cache, Tensor positions, float scale, *, "

@@ -6,7 +6,7 @@
 # protection fault in the first llama_decode of a q8_0/Q4_0 model); under GGML_NATIVE the compiler turns it on by
 # itself (-march=native defines __AMX_INT8__), so -mno-amx-* take it away; GGML_AMX_* only act without native.
 #
-#     sh bench/build_llama_cpp.sh [PREFIX]        # default /work/peers/llama-cpp-0.3.36; ~10 min on 2 cores
+#     sh bench/build_llama_cpp.sh [PREFIX]        # default /work/peers/llama-cpp-0.3.36
 #     .venv/bin/python bench/bench_llm.py --llama-python PREFIX/bin/python ...
 #
 # The build flags are written to PREFIX/etlab-build.txt; bench_llm.py records them in its output.
@@ -17,7 +17,9 @@ python=${PYTHON:-python3.11}
 [ -x "$prefix/bin/python" ] || "$python" -m venv "$prefix"
 no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # CMake takes CFLAGS/CXXFLAGS as its initial flags
 cmake_args="-DGGML_NATIVE=ON -DGGML_CPU_REPACK=ON -DGGML_OPENMP=ON -DGGML_LLAMAFILE=ON -DGGML_AMX_TILE=OFF \
--DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DCMAKE_BUILD_TYPE=Release"
+-DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DCMAKE_BUILD_TYPE=Release -DLLAVA_BUILD=OFF"
+# LLAVA_BUILD=OFF skips the multimodal library (mtmd, imported only by a multimodal chat handler): most of the build's
+# time, none of the CPU backend
 CFLAGS="$no_amx" CXXFLAGS="$no_amx" CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-2} nice -n 15 \
   "$prefix/bin/python" -m pip install --no-binary llama-cpp-python --no-cache-dir --force-reinstall \
   "llama-cpp-python==$release"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from orchestrator.commands.render_lowering import _quantized_cell
 from orchestrator.lowering.export import lower as lowerer
 from orchestrator.lowering.quantize.methods import pad_linears, padded_layers, quantize_embeddings
 from orchestrator.lowering.quantize.schemes import SCHEMES, recipe_8da4w
@@ -62,6 +63,7 @@ def test_8da4w_pads_linears_its_group_does_not_divide_and_4_bit_embeddings_run(
         assert quantization.quantized_linears == quantization.linear_layers == 8
         assert quantization.fully_connected == {"qdint8 x qbint4": 8}
         assert len(quantization.padded_linears) == 7
+        assert "; 7 linears padded to the group" in (_quantized_cell(lowered.sidecar) or "")  # `fab lower`'s table
         assert not any("down_proj" in name for name in quantization.padded_linears)  # 96 = 3 groups of 32
         assert (quantization.embeddings, quantization.quantized_embeddings) == (1, 1)
         kernels = read_outside_delegates(lowered.pte).kernels

@@ -4,10 +4,13 @@ Same weights (the spec's seeded random ones), same prompt ids, same thread count
 round by round (etlab, llama.cpp, then llama.cpp, etlab, ...):
 - etlab: the spec lowered by `lower()` (XNNPACK fp32; int8-dynamic and 8da4w where they lower), run by the
   native runner in `--generate` mode; its timings.json gives each generation's prefill and decode steps.
-- llama.cpp: llama-cpp-python (the `bench` extra), the same weights saved as a HuggingFace folder and converted by
-  llama.cpp's own `convert_hf_to_gguf.py` (f32, f16), then `llama_model_quantize` (Q4_0). Only `llama_decode`
-  is timed: the prompt in one batch (prefill), then one token per step; the argmax is outside the timing, as in
-  the runner.
+- llama.cpp: llama-cpp-python, either the one this interpreter imports (the `bench` extra) or a peer built apart
+  (`--llama-python PEER/bin/python`: bench/build_llama_cpp.sh builds llama.cpp at its best here, repacked weights on
+  and the AMX buffer type off, in a venv of its own; its build is printed and recorded). The same weights saved as a
+  HuggingFace folder and converted by llama.cpp's own `convert_hf_to_gguf.py` (f32, f16, q8_0), then
+  `llama_model_quantize` (Q4_0). Each scheme runs with flash attention off and on (`--flash-attn`), as two engines.
+  Only `llama_decode` is timed: the prompt in one batch (prefill), then one token per step; the argmax is outside
+  the timing, as in the runner.
 - No hub here: the HuggingFace folder gets a small SentencePiece tokenizer trained offline; the converter pads the
   vocabulary to the config's `vocab_size` with unused tokens. The tokenizer is never used: both engines take ids.
 
@@ -17,8 +20,8 @@ per-operator profile of a decode step (ETDump), and, with `--contexts`, etlab's 
 
     .venv/bin/python bench/bench_llm.py [--model smollm2-135m-gen] [--prompt-len 64] [--new-tokens 64]
         [--threads 2] [--rounds 5] [--generations 3] [--schemes fp32,fp16,8bit,4bit] [--etlab-schemes fp32]
-        [--contexts 128,512,1024]
-        [--runner PATH] [--work /tmp/llmbench]
+        [--contexts 128,512,1024] [--llama-python PEER/bin/python] [--flash-attn off,on] [--repack all|float]
+        [--attention etlab|sdpa] [--runner PATH] [--work /tmp/llmbench]
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ from orchestrator.lowering.spec import ModelSpec  # noqa: E402
 from orchestrator.lowering.variants import Variant  # noqa: E402
 from orchestrator.results.generation import GenerationTimings  # noqa: E402
 
-ENGINES = ("etlab", "llama.cpp")
+ETLAB = "etlab"
+FLASH_ATTN = {"off": "llama.cpp", "on": "llama.cpp FA"}  # --flash-attn choice -> the engine's name in the tables
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,9 @@ def gguf_files(module: Any, name: str, types: set[str], work: Path) -> dict[str,
 class LlamaCpp:
     """One GGUF loaded once in llama-cpp-python; each generation clears the KV cache and times llama_decode only."""
 
-    def __init__(self, gguf: Path, threads: int, context: int, kv_type: int, repack: bool = True) -> None:
+    def __init__(
+        self, gguf: Path, threads: int, context: int, kv_type: int, repack: bool = True, flash_attn: bool = False
+    ) -> None:
         import llama_cpp
         import llama_cpp.llama as high_level
 
@@ -191,7 +197,7 @@ class LlamaCpp:
         try:
             self.model = llama_cpp.Llama(
                 str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context, n_batch=context,
-                type_k=kv_type, type_v=kv_type, verbose=False,
+                type_k=kv_type, type_v=kv_type, flash_attn=flash_attn, verbose=False,
             )  # fmt: skip
         finally:
             high_level.llama_cpp.llama_model_default_params = defaults
@@ -225,15 +231,51 @@ class LlamaCpp:
         return result
 
 
+def use_peer(python: Path) -> None:
+    """Import llama_cpp from a peer's venv (bench/build_llama_cpp.sh): its site-packages go after this interpreter's
+    own (same Python version), so llama_cpp and what only it needs come from the peer, the rest from etlab's .venv."""
+    asked = "import sysconfig; paths = sysconfig.get_paths(); print(paths['purelib']); print(paths['platlib'])"
+    done = subprocess.run([str(python), "-c", asked], capture_output=True, text=True, check=True)
+    version = subprocess.run([str(python), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+    if version != str(sys.version_info[:2]):
+        raise SystemExit(f"--llama-python is Python {version}, this interpreter {sys.version_info[:2]}: same needed")
+    for path in dict.fromkeys(done.stdout.split()):
+        if path not in sys.path:
+            sys.path.append(path)
+
+
+def llama_build(python: Path | None) -> str:
+    """How the llama.cpp in use was built: the peer's build record (build_llama_cpp.sh) and llama.cpp's own CPU
+    feature line (`AVX512 = 1 | ... | REPACK = 1 | AMX_INT8 = 0 | OPENMP = 1 ...`)."""
+    import llama_cpp
+
+    record = "llama-cpp-python as this interpreter imports it (the `bench` extra; pip's default build)"
+    if python is not None:
+        built = Path(python).parent.parent / "etlab-build.txt"
+        record = built.read_text().strip() if built.is_file() else f"a peer at {python} (no etlab-build.txt)"
+    system = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    return f"{record}\nllama_cpp {llama_cpp.__version__} from {Path(llama_cpp.__file__).parent}\n{system}"
+
+
 # --- etlab ------------------------------------------------------------------------------------------------------
 
 
-def lowered(spec: ModelSpec, variant: str) -> tuple[Path, int, int]:
+def lowered(spec: ModelSpec, variant: str, attention: str | None = None) -> tuple[Path, int, int]:
     """The spec lowered (cached in artifacts/): the .pte, its KV cache's bytes and context."""
+    import inspect
+
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.export import lower as lowering
 
-    lowering.lower(spec, variants=[Variant.parse(variant)], weights="random", jobs=1)
+    options: dict[str, Any] = {}
+    # HOOK (issue 36 item 2): `--attention etlab|sdpa` is a lowering choice another part adds to lower(); until
+    # lower() takes it, only the default program is built, and asking for one by name is refused, not ignored.
+    if attention is not None:
+        if "attention" not in inspect.signature(lowering.lower).parameters:
+            raise SystemExit(f"--attention {attention}: this etlab's lower() has no attention choice yet")
+        options["attention"] = attention
+    lowering.lower(spec, variants=[Variant.parse(variant)], weights="random", jobs=1, **options)
     artifact = load_artifact(spec.name, Variant.parse(variant))
     generation = artifact.sidecar.generation
     assert generation is not None, "a text-generation program's sidecar records its KV cache"
@@ -346,6 +388,8 @@ def llama_cpp_memory(gguf: Path, context: int, args: argparse.Namespace) -> dict
     command = [sys.executable, __file__, "--llama-memory", str(gguf), "--llama-context", str(context),
                "--threads", str(args.threads), "--prompt-len", str(args.prompt_len),
                "--new-tokens", str(args.new_tokens)]  # fmt: skip
+    if args.llama_python:
+        command += ["--llama-python", str(args.llama_python)]
     completed = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
@@ -354,6 +398,8 @@ def llama_memory_child(args: argparse.Namespace) -> int:
     """The child of llama_cpp_memory: the interpreter's own peak first, then the peak after a generation."""
     import re
 
+    if args.llama_python:
+        use_peer(args.llama_python)
     import llama_cpp  # before the baseline: its library is part of any llama.cpp process
 
     baseline = peak_rss_bytes()
@@ -378,7 +424,7 @@ def memory_per_context(
     rows = []
     for context in args.contexts:
         sized = dataclasses.replace(spec, name=f"{spec.name}-ctx{context}", context=context)
-        pte, kv_bytes, _ = lowered(sized, "xnnpack")
+        pte, kv_bytes, _ = lowered(sized, "xnnpack", args.attention)
         result, timings = run_etlab(runner, pte, prompt_file, args, work)
         phases = {phase["phase"]: phase for phase in timings["memory"]["phases"]}
         peak = max(phase["peak_rss_bytes"] for phase in phases.values())
@@ -417,15 +463,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=12, help="operators shown per phase profile")
     parser.add_argument("--runner", type=Path, help="an etlab_runner with --generate (default: the local board's)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/llmbench"), help="GGUF files and scratch")
+    parser.add_argument(
+        "--llama-python", type=Path, help="the Python of a llama-cpp-python peer built apart (bench/build_llama_cpp.sh)"
+    )
+    parser.add_argument("--flash-attn", default="off,on", help="llama.cpp's flash attention: off, on or both")
+    parser.add_argument(
+        "--repack",
+        choices=("all", "float"),
+        default="all",
+        help="llama.cpp's repacked weights (extra buffer types) for every type, or for f32/f16 only "
+        "(pip's default build crashed repacking q8_0/Q4_0 for AMX on an Intel VM)",
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("etlab", "sdpa"),
+        help="etlab's attention lowering (issue 36 item 2; default: the lowering's own)",
+    )
     parser.add_argument("--llama-memory", help=argparse.SUPPRESS)  # the child of llama_cpp_memory
     parser.add_argument("--llama-context", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.llama_python:
+        use_peer(args.llama_python)
     if args.llama_memory:
         return llama_memory_child(args)
     args.contexts = [int(c) for c in args.contexts.split(",") if c]
     schemes = [SCHEMES[name] for name in args.schemes.split(",")]
+    peers = [FLASH_ATTN[choice] for choice in args.flash_attn.split(",")]
+    engine_names = (ETLAB, *peers)
 
     console.quiet_third_party()
+    build = llama_build(args.llama_python)
+    console.info(f"llama.cpp's build:\n{build}")
     timer = console.StageTimer()
     spec = BUILTIN_SPECS[args.model]
     if args.prompt_len + args.new_tokens > spec.cache_capacity:  # the prompt length alone needs no new program
@@ -448,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         if scheme.variant and scheme.name in args.etlab_schemes.split(","):
             try:
                 with timer.stage(f"etlab: lower {scheme.variant} (cached in artifacts/)"):
-                    programs[scheme.name] = lowered(spec, scheme.variant)
+                    programs[scheme.name] = lowered(spec, scheme.variant, args.attention)
             except Exception as exc:  # a scheme etlab cannot lower yet: llama.cpp's figures alone
                 console.warn(f"etlab cannot lower {scheme.variant}: {str(exc).splitlines()[0]}")
     context = spec.cache_capacity
@@ -458,25 +526,29 @@ def main(argv: list[str] | None = None) -> int:
         reference = hf_greedy(module, prompt, args.new_tokens, spec)
     del module
 
-    # Quantized weights repacked for this CPU's extra buffer types (AMX int8 here) crash in libggml-cpu on this VM
-    # (general protection fault in the first decode): they run unrepacked, llama.cpp's slower path for them.
+    # `--repack float`: quantized weights repacked for the CPU's extra buffer types crashed in pip's default build on
+    # an Intel VM (AMX int8; general protection fault in the first decode), so they ran unrepacked, llama.cpp's
+    # slower path for them. build_llama_cpp.sh's peer has no AMX buffer type and repacks everything (`all`).
     engines = {
-        s.name: LlamaCpp(ggufs[s.gguf_type], args.threads, context, s.kv_type, repack=s.gguf_type in ("f32", "f16"))
-        for s in schemes
-    }
-    results = {(s.name, engine): Generations() for s in schemes for engine in ENGINES}
+        (s.name, name): LlamaCpp(
+            ggufs[s.gguf_type], args.threads, context, s.kv_type,
+            repack=args.repack == "all" or s.gguf_type in ("f32", "f16"), flash_attn=name == FLASH_ATTN["on"],
+        )
+        for s in schemes for name in peers
+    }  # fmt: skip
+    results = {(s.name, engine): Generations() for s in schemes for engine in engine_names}
     per_round: dict[tuple[str, str], list[tuple[float, float]]] = {key: [] for key in results}
     for round_index in range(args.rounds):
         for scheme in schemes:
-            order = ENGINES if round_index % 2 == 0 else ENGINES[::-1]
+            order = engine_names if round_index % 2 == 0 else engine_names[::-1]
             for engine in order:
-                if engine == "etlab" and scheme.name not in programs:
+                if engine == ETLAB and scheme.name not in programs:
                     continue
                 with timer.stage(f"round {round_index + 1} {scheme.name} {engine}", quiet=True):
-                    if engine == "etlab":
+                    if engine == ETLAB:
                         got, _ = run_etlab(runner, programs[scheme.name][0], prompt_file, args, args.work)
                     else:
-                        got = engines[scheme.name].run(
+                        got = engines[(scheme.name, engine)].run(
                             prompt[0].tolist(), args.new_tokens, args.warmup, args.generations
                         )
                 results[(scheme.name, engine)].add(got)
@@ -496,26 +568,28 @@ def main(argv: list[str] | None = None) -> int:
         ])  # fmt: skip
     console.table(
         f"{args.model}: P={args.prompt_len} prompt tokens, N={args.new_tokens} new, {args.threads} threads, "
-        f"context {context}, {args.rounds} rounds x {args.generations} generations (+{args.warmup} warmup)",
+        f"context {context}, {args.rounds} rounds x {args.generations} generations (+{args.warmup} warmup); "
+        f"etlab attention: {args.attention or 'the lowering default'}; llama.cpp FA: flash attention on",
         ["scheme", "engine", "gens", "TTFT ms", "prefill tok/s", "decode tok/s", "step ms", "ids = HF eager",
          "distinct id runs"],
         rows,
+        caption=f"llama.cpp's build: {build}",
     )  # fmt: skip
     ratio_rows = []
-    for scheme in schemes:
-        ours, theirs = results[(scheme.name, "etlab")], results[(scheme.name, "llama.cpp")]
+    for scheme, peer in ((scheme, peer) for scheme in schemes for peer in peers):
+        ours, theirs = results[(scheme.name, ETLAB)], results[(scheme.name, peer)]
         if not ours.prefill_ms:
             continue
-        paired = list(zip(per_round[(scheme.name, "etlab")], per_round[(scheme.name, "llama.cpp")], strict=True))
+        paired = list(zip(per_round[(scheme.name, ETLAB)], per_round[(scheme.name, peer)], strict=True))
         ratio_rows.append([
-            scheme.name,
+            scheme.name, peer,
             theirs.ttft_ms() / ours.ttft_ms(), statistics.median(b[0] / a[0] for a, b in paired),
             ours.decode_tokens_per_s() / theirs.decode_tokens_per_s(),
             statistics.median(a[1] / b[1] for a, b in paired),
         ])  # fmt: skip
     console.table(
         "etlab / llama.cpp speed (prefill: llama.cpp TTFT / etlab TTFT; above 1: etlab faster)",
-        ["scheme", "prefill, of medians", "prefill, per-round", "decode, of medians", "decode, per-round"],
+        ["scheme", "against", "prefill, of medians", "prefill, per-round", "decode, of medians", "decode, per-round"],
         ratio_rows,
     )
 

@@ -55,6 +55,8 @@ def _quantized_cell(sidecar: Sidecar) -> str | None:
     text += f"; FC {kinds or 'none'}"
     if quantization.convolution:
         text += "; Conv " + ", ".join(f"{kind} ×{n}" for kind, n in quantization.convolution.items())
+    if quantization.padded_linears:  # the LLM recipe's 4-bit linears whose widths its group did not divide
+        text += f"; {len(quantization.padded_linears)} linears padded to the group"
     floating = [*quantization.float_linears, *quantization.float_convolutions]
     if floating:
         text += f"; FLOAT: {', '.join(floating[:4])}{' …' if len(floating) > 4 else ''}"

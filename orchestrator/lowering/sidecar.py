@@ -168,6 +168,8 @@ class Quantization:
     embeddings: Count = 0
     quantized_embeddings: Count = 0
     float_embeddings: tuple[str, ...] = ()
+    # Linears whose input features the 4-bit group did not divide, quantized padded with zero columns (the LLM recipe)
+    padded_linears: tuple[str, ...] = ()
     nodes: QuantizedNodes | None = None
     pte_bytes: Count | None = None
 

@@ -15,6 +15,7 @@ Torch is imported inside each function: schemes.py names these without it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 GROUP_SIZE = 32  # 8da4w weight group along the input features
@@ -208,15 +209,87 @@ def apply_8da4w(model: Any, group: int = GROUP_SIZE) -> None:
     quantize_(model, config, filter_fn=groupable)
 
 
-def llm_8da4w(model: Any, group: int) -> None:
-    """8-bit per-row embeddings, then int4 grouped linears (`-qmode 8da4w -E 8,0`)."""
+EMBEDDING_BITS = (8, 4)  # the embedding tables the runner's kernels_quantized gathers from (embedding_byte, _4bit)
+
+
+def llm_8da4w(model: Any, group: int, embedding_bits: int = 8) -> None:
+    """8-bit per-row (or 4-bit grouped) embeddings, then int4 grouped linears (`-qmode 8da4w -E 8,0` / `-E 4,32`);
+    a linear whose input features the group does not divide is padded to a multiple of it (pad_linears), as
+    ExecuTorch's LLM quantizer pads them."""
+    quantize_embeddings(model, embedding_bits, GROUP_SIZE)
+    pad_linears(model, group)
+    apply_8da4w(model, group)
+
+
+def quantize_embeddings(model: Any, bits: int, group: int) -> None:
+    """Every nn.Embedding's table in `bits` weights: 8 bits one scale per row; 4 bits one per `group` of a row
+    (per row where the group does not divide it), which ExecuTorch's quant fusion turns into
+    quantized_decomposed::embedding_byte / embedding_4bit, kernels the runner links."""
     import torch
     from torchao.quantization import IntxWeightOnlyConfig, quantize_
-    from torchao.quantization.granularity import PerAxis
+    from torchao.quantization.granularity import PerAxis, PerGroup
 
-    embeddings = IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
-    quantize_(model, embeddings, filter_fn=lambda child, _: isinstance(child, torch.nn.Embedding))
-    apply_8da4w(model, group)
+    if bits not in EMBEDDING_BITS:
+        raise ValueError(f"embedding tables of {bits} bits: the runner gathers from {EMBEDDING_BITS} only")
+    for name, child in list(model.named_modules()):
+        if not isinstance(child, torch.nn.Embedding):
+            continue
+        grouped = bits == 4 and child.embedding_dim % group == 0
+        dtype = torch.int8 if bits == 8 else torch.int4  # type: ignore[attr-defined]  # sub-byte dtypes: see above
+        config = IntxWeightOnlyConfig(weight_dtype=dtype, granularity=PerGroup(group) if grouped else PerAxis(0))
+        quantize_(model, config, filter_fn=lambda module, fqn, name=name: fqn == name)
+
+
+def pad_linears(model: Any, group: int) -> list[str]:
+    """Replace every nn.Linear whose input features `group` does not divide by a PaddedLinear, in place; returns the
+    padded names. Without it 4-bit grouped weights skip such a linear: SmolLM2's 576 features and groups of 128 left
+    181 of its 211 linears in float (bench/README.md)."""
+    import torch
+
+    padded = []
+    for name, child in list(model.named_modules()):
+        if type(child) is not torch.nn.Linear or child.in_features % group == 0:
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, padded_linear(child, group))
+        padded.append(name)
+    return padded
+
+
+def padded_linear(linear: Any, group: int) -> Any:
+    """An nn.Linear whose weight has zero columns appended up to a multiple of `group`, and which pads its input
+    with as many zeros: the same products, and features the group divides. Its `padded_from` is the original width."""
+    import torch
+
+    width = -(-linear.in_features // group) * group
+    padded = _padded_linear_class()(width, linear.out_features, bias=linear.bias is not None)
+    padded.padded_from = linear.in_features
+    with torch.no_grad():
+        padded.weight.zero_()
+        padded.weight[:, : linear.in_features].copy_(linear.weight.detach())
+        if linear.bias is not None:
+            padded.bias.copy_(linear.bias.detach())
+    return padded
+
+
+@functools.cache
+def _padded_linear_class() -> type:
+    import torch
+
+    class PaddedLinear(torch.nn.Linear):
+        padded_from: int
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.nn.functional.pad(x, (0, self.in_features - self.padded_from))
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+
+    return PaddedLinear
+
+
+def padded_layers(model: Any) -> list[str]:
+    """The names of the linears pad_linears padded (what a report lists beside what stayed float)."""
+    return sorted(name for name, child in model.named_modules() if hasattr(child, "padded_from"))
 
 
 def llm_8da8w(model: Any) -> None:

@@ -8,7 +8,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.lowering.quantize.methods import swap_conv1d, weighted_layers
+from orchestrator.lowering.quantize.methods import padded_layers, swap_conv1d, weighted_layers
 from orchestrator.lowering.quantize.schemes import Apply, Scheme
 
 
@@ -62,6 +62,9 @@ def quantize(
         report["embeddings"] = len(embeddings)
         report["quantized_embeddings"] = sum(quantized for _, quantized in embeddings)
         report["float_embeddings"] = sorted(name for name, quantized in embeddings if not quantized)
+    padded = padded_layers(model)
+    if padded:  # 4-bit groups that did not divide a linear's input features: padded to a multiple of the group
+        report["padded_linears"] = padded
     return Quantized(program, report)
 
 

@@ -39,6 +39,18 @@ class LlmRecipe:
     apply: Callable[[Any], None]  # (model) -> None; module-level (or a partial of one): workers unpickle it
 
 
+def recipe_8da4w(group: int, embedding_bits: int = 8) -> LlmRecipe:
+    """ExecuTorch's LLM recipe for 4-bit linears: embeddings in `embedding_bits` (8: one scale a row; 4: one a group
+    of 32), then the linears in int4 groups of `group`, each linear the group does not divide padded with zero
+    columns to a multiple of it (the sidecar's `padded_linears`)."""
+    tables = "int8, PerAxis(0)" if embedding_bits == 8 else f"int4, PerGroup({GROUP_SIZE})"
+    return LlmRecipe(
+        f"torchao quantize_ (ExecuTorch's LLM recipe): IntxWeightOnlyConfig({tables}) embeddings, then "
+        f"Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({group})) linears, padded to the group",
+        functools.partial(llm_8da4w, group=group, embedding_bits=embedding_bits),
+    )
+
+
 @dataclass(frozen=True)
 class Scheme:
     """One `--quantize` choice. `none` is fp32: no `apply`, and its programs keep their plain backend names.
@@ -105,11 +117,7 @@ _QUANTIZED_SCHEMES = (
             relative_cost=1.9,
             apply=functools.partial(quantize_8da4w, group=group),  # a module-level function: workers unpickle it
             group_size=group,
-            llm=LlmRecipe(
-                "torchao quantize_ (ExecuTorch's LLM recipe): IntxWeightOnlyConfig(int8, PerAxis(0)) embeddings, "
-                f"then Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({group})) linears",
-                functools.partial(llm_8da4w, group=group),
-            ),
+            llm=recipe_8da4w(group),
         )
         for name, group in (("8da4w", GROUP_SIZE), ("8da4w-g128", LLM_GROUP_SIZE))
     ),

@@ -263,19 +263,13 @@ def llama_build(python: Path | None) -> str:
 
 def lowered(spec: ModelSpec, variant: str, attention: str | None = None) -> tuple[Path, int, int]:
     """The spec lowered (cached in artifacts/): the .pte, its KV cache's bytes and context."""
-    import inspect
-
     from orchestrator.lowering.artifacts import load_artifact
+    from orchestrator.lowering.attention.choice import with_attention
     from orchestrator.lowering.export import lower as lowering
 
-    options: dict[str, Any] = {}
-    # HOOK (issue 36 item 2): `--attention etlab|sdpa` is a lowering choice another part adds to lower(); until
-    # lower() takes it, only the default program is built, and asking for one by name is refused, not ignored.
-    if attention is not None:
-        if "attention" not in inspect.signature(lowering.lower).parameters:
-            raise SystemExit(f"--attention {attention}: this etlab's lower() has no attention choice yet")
-        options["attention"] = attention
-    lowering.lower(spec, variants=[Variant.parse(variant)], weights="random", jobs=1, **options)
+    if attention is not None:  # `--attention etlab|sdpa`: the other program is lowered under its own name
+        spec = with_attention(spec, attention)
+    lowering.lower(spec, variants=[Variant.parse(variant)], weights="random", jobs=1)
     artifact = load_artifact(spec.name, Variant.parse(variant))
     generation = artifact.sidecar.generation
     assert generation is not None, "a text-generation program's sidecar records its KV cache"
@@ -477,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--attention",
         choices=("etlab", "sdpa"),
-        help="etlab's attention lowering (issue 36 item 2; default: the lowering's own)",
+        help="etlab's attention lowering: etlab (its own operators, the default) or sdpa (standard operators)",
     )
     parser.add_argument("--llama-memory", help=argparse.SUPPRESS)  # the child of llama_cpp_memory
     parser.add_argument("--llama-context", type=int, help=argparse.SUPPRESS)

@@ -3,6 +3,9 @@ sidecar and returns findings. Savings are predicted from the measured per-operat
 
 - a rewrite's saving is the time of the portable kernels it removes (rewrites/registry.py names them; the work
   it moves into XNNPACK then costs what it costs there, which the bench compares with the measured gain);
+- the attention switch's saving is the time of the static cache's bookkeeping operators (repeat_kv's expand_copy
+  of the cache, index_put and copy_ writes, the causal mask over the whole cache) that etlab's attend and
+  update_cache replace (they then cost what they cost, which the trial measures);
 - the head's saving is (1 - 1/S) of the head's measured FullyConnected time: it then runs on 1 row of S;
 - more threads save on the delegated time only (Amdahl: portable kernels run on one thread);
 - quantization's saving is measured: the same model's int8 run on the same board, FullyConnected against
@@ -18,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.advice.findings import Finding, RunFacts
+from orchestrator.lowering.attention.choice import ETLAB, SDPA
 from orchestrator.lowering.rewrites.registry import REWRITES
 from orchestrator.results.ops_record import InstructionTiming
 
@@ -28,6 +32,12 @@ GEMM_TYPES = ("XNNFullyConnected", "XNNConvolution2d", "XNNDepthwiseConvolution2
 # The per-layer boolean-mask operations transformers' SDPA path leaves in portable kernels (measured on GPT-2,
 # DistilBERT, BERT): eager attention builds one float mask instead, keeping one `where` to do it.
 SDPA_MASK_OPERATORS = ("aten::eq", "aten::full_like", "aten::logical_not", "aten::any", "aten::where")
+# What transformers' static-cache attention (`attention: sdpa`) runs outside the delegates and etlab's attention does
+# not (measured on smollm2-gen-tiny with XNNPACK: none of these is left in the etlab program): repeat_kv's copy of
+# the cache, the cache writes and their write-back, and the causal mask built over the whole cache.
+STATIC_CACHE_OPERATORS = ("aten::expand_copy", "aten::index_put", "aten::copy_")
+STATIC_CACHE_MASK_OPERATORS = ("aten::eq", "aten::full_like", "aten::logical_not", "aten::any", "aten::where",
+                               "aten::le", "aten::arange")  # fmt: skip
 # What a portable operator's finding suggests, where this ExecuTorch's XNNPACK partitioner is known to leave it out.
 PORTABLE_HINTS = {
     "aten::native_layer_norm": "this ExecuTorch's XNNPACK partitioner leaves layer_norm out",
@@ -101,6 +111,41 @@ def find_rewritable_operators(facts: RunFacts, explained: frozenset[str]) -> lis
                 "the measured time of the portable kernels it takes out (what replaces them runs inside XNNPACK)",
             ))  # fmt: skip
     return findings
+
+
+def find_static_cache_attention(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
+    """A text-generation program lowered with `attention: sdpa` (an old sidecar's None is sdpa): etlab's attention
+    takes out the static cache's bookkeeping, predicted at its measured time."""
+    generation = facts.sidecar.generation if facts.sidecar is not None else None
+    spec = facts.spec
+    if generation is None or (generation.attention or SDPA) != SDPA:
+        return []
+    if spec is None or not spec.generates or not hasattr(spec.options, "attention"):
+        return []  # no spec to lower again with another attention
+    calls = _operator_calls(facts, STATIC_CACHE_OPERATORS + STATIC_CACHE_MASK_OPERATORS, explained)
+    if not calls:
+        return []
+    measured = sum(call.mean_ms for call in calls)
+    return [
+        Finding(
+            kind="attention",
+            title="the static cache's bookkeeping in portable kernels",
+            operators=tuple(sorted({call.operator for call in calls})),
+            nodes=_top_nodes(facts, calls),
+            calls=len(calls),
+            measured_ms=measured,
+            share=_share(facts, measured),
+            cause=f"the program attends with transformers' static-cache recipe (attention: sdpa): repeat_kv's copy "
+            f"of the cache, index_put and copy_ writes and a causal mask over the whole cache, {len(calls)} "
+            "portable kernel calls between the delegates per step",
+            saving_ms=measured,
+            fix_kind="option",
+            fix=f"--attention {ETLAB}",
+            attention=ETLAB,
+            saving_note="the measured time of the static cache's bookkeeping operators (etlab's attend and "
+            "update_cache, which replace them, cost what they cost: --try measures it)",
+        )
+    ]
 
 
 def find_sdpa_masks(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
@@ -324,6 +369,11 @@ DETECTORS: dict[str, Detector] = {
             "rewrites",
             "portable operators a rewrite takes out (rewrites/registry.py: tanh-gelu, fold-weight-norm, rms-norm)",
             find_rewritable_operators,
+        ),
+        Detector(
+            "attention",
+            "a generation program's static-cache attention (--attention etlab)",
+            find_static_cache_attention,
         ),
         Detector("eager-attention", "SDPA's per-layer mask operators in portable kernels", find_sdpa_masks),
         Detector("head-at-position", "an LM head computed at every position", find_all_positions_head),

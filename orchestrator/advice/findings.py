@@ -2,7 +2,8 @@
 
 A finding names the operators it is about (and their nodes, for Model Explorer), their measured time per run and
 share of the method, the cause in one sentence, the saving predicted from those measured times, and the fix: a
-rewrite etlab can apply (`--rewrites NAME`), a change in the user's code, an option, or a board condition.
+rewrite etlab can apply (`--rewrites NAME`), a lowering option (`--attention etlab`), a change in the user's code,
+an option, or a board condition.
 Detectors (detectors.py, DETECTORS) find them; advisor.py runs them.
 """
 
@@ -41,6 +42,7 @@ class Finding:
     fix_kind: str  # FIX_KINDS
     fix: str  # what to do
     rewrite: str | None = None  # the REWRITES name etlab can apply
+    attention: str | None = None  # the attention a text-generation program is lowered again with (`--attention`)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,11 @@ class Advice:
     def rewrites(self) -> tuple[str, ...]:
         """The rewrites the findings propose, in the findings' order."""
         return tuple(dict.fromkeys(f.rewrite for f in self.findings if f.rewrite))
+
+    @property
+    def attention(self) -> str | None:
+        """The attention the findings propose lowering the program with (`--attention`), if any."""
+        return next((f.attention for f in self.findings if f.attention), None)
 
     def predicted_for(self, rewrite: str) -> float:
         return sum(f.saving_ms or 0.0 for f in self.findings if f.rewrite == rewrite)

@@ -1,5 +1,7 @@
-"""The trial behind `fab advise --try`: lower the model with the proposed rewrites, check it computes what the model
-as exported computes, and measure the gain on a board with the interleaved A/B re-test (deploy/abtest.py).
+"""The trial behind `fab advise --try`: lower the model with the proposed rewrites (or, for a text-generation program
+the advisor proposes etlab's attention for, attending so: `--attention`), check it computes what the model as
+exported computes, and measure the gain on a board with the interleaved A/B re-test (deploy/abtest.py); a
+text-generation program's runs are its generate loop on the reference prompt, as a profile's are.
 
 Each variant lives under its own name (rewrites/registry.py `program_name`), beside the model as exported: both stay
 cached. The outputs check compares the variant's eager reference outputs with the original's (the rewrite changes
@@ -10,7 +12,7 @@ the model, not the lowering: the lowering is checked on the board by every run);
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +21,15 @@ from orchestrator import console
 from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
 from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, Interleaved, Program, Retest, interleave
+from orchestrator.deploy.agent_client import GenerateArgs
 from orchestrator.deploy.provision import quick_check, setup_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode
+from orchestrator.lowering.attention.choice import DEFAULT_ATTENTION, attention_of, with_attention
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweredVariant
 from orchestrator.lowering.rewrites.registry import RewriteRequest
+from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
@@ -33,6 +38,7 @@ from orchestrator.tensorfile import NamedTensor, read_tensors
 from orchestrator.transport import connect
 
 HEAD_AT_POSITION = "head-at-position"
+ATTENTION = "attention"  # the key of the attention switch's prediction in `try_rewrites`' `predicted_ms`
 
 
 class TrialRefused(EtlabError):
@@ -65,6 +71,12 @@ class VariantTrial:
     outputs: OutputsCheck
     retest: Interleaved = field(default_factory=Interleaved)
     profiled_ms: float | None = None  # the profiled run's method time the prediction is a part of
+    attention: str | None = None  # the attention the variant was lowered with instead of the original's
+
+    @property
+    def change(self) -> str:
+        """What the variant changes, as the command line says it."""
+        return ", ".join(self.rewrites) or (f"--attention {self.attention}" if self.attention else "—")
 
     @property
     def predicted_share(self) -> float | None:
@@ -145,6 +157,7 @@ class TrialReport:
                     trial.why,
                     OutputFigures(trial.outputs.sqnr_db, trial.outputs.max_abs_error, trial.outputs.max_rel_error),
                     trial.retest.outcome,
+                    trial.attention,
                 )
                 for trial in self.variants
             ),
@@ -176,6 +189,7 @@ class VariantOutcome:
     why: str
     outputs: OutputFigures
     retest: Retest
+    attention: str | None = None  # the attention the variant was lowered with (no rewrites then)
 
 
 @dataclass(frozen=True)
@@ -260,6 +274,24 @@ def _lower(
     return result.variants[variant], result.paths.reference_inputs, result.paths.reference_outputs
 
 
+def attention_twin(spec: ModelSpec, attention: str) -> ModelSpec:
+    """The same model attending with `attention`. A program `--attention` named after its choice
+    (`smollm2-gen-tiny.sdpa`) has its twin under the base name, with the default left implicit, as the built-in
+    spec is lowered (the same cached program); any other spec gets `with_attention`'s own name."""
+    base, dot, suffix = spec.name.rpartition(".")
+    if dot and suffix == attention_of(spec) and attention != suffix:
+        return replace(spec.with_options(attention=None if attention == DEFAULT_ATTENTION else attention), name=base)
+    return with_attention(spec, attention)
+
+
+def _generate(sidecar: Sidecar, params: RunParams) -> GenerateArgs | None:
+    """A text-generation program runs its generate loop in each A/B run, as in a profile (deploy/runs.py)."""
+    generation = sidecar.generation
+    if generation is None:
+        return None
+    return GenerateArgs(generation.prompt_len, params.new_tokens or generation.new_tokens, generation.context)
+
+
 def variant_sets(rewrites: Sequence[str], each: bool) -> list[tuple[str, ...]]:
     """All rewrites together, then (with `each`, when there are several) one per rewrite."""
     together = tuple(dict.fromkeys(rewrites))
@@ -284,6 +316,7 @@ def try_rewrites(
     budget_seconds: float = DEFAULT_RETEST_SECONDS,
     iterations_per_run: int | None = None,
     reference: Path | None = None,
+    attention: str | None = None,
 ) -> TrialReport:
     """Lower `spec` as exported and with `rewrites` (all together; with `each` also one variant per rewrite), refuse
     a variant whose outputs differ from the original's (TrialRefused, exit 65), then A/B each variant against the
@@ -292,7 +325,8 @@ def try_rewrites(
     `rewrites` are names of rewrites.REWRITES that apply to the spec (the caller checked them); `predicted_ms` the
     advisor's predicted saving per rewrite (missing: 0), a part of `profiled_ms`, the profiled run's time (the error is
     then judged on shares, at the re-test's pace). `reference`: the original's outputs file to check against,
-    instead of its own (a test feeds a wrong one).
+    instead of its own (a test feeds a wrong one). `attention`: instead of rewrites, one variant, the program lowered
+    attending so (`attention_twin`), its prediction `predicted_ms[ATTENTION]`.
     """
     predicted = dict(predicted_ms or {})
     original, original_inputs, original_outputs = _lower(spec, variant, RewriteRequest(), weights, root, jobs)
@@ -300,29 +334,29 @@ def try_rewrites(
     expected = read_tensors(reference or original_outputs)
     report = TrialReport(spec.name, board.name, variant)
     lowered = []
-    for names in variant_sets(rewrites, each):
-        request = RewriteRequest(names=names)
-        program, _, outputs_file = _lower(spec, variant, request, weights, root, jobs)
+    candidates = (
+        [(attention_twin(spec, attention), RewriteRequest())] if attention is not None
+        else [(spec, RewriteRequest(names=names)) for names in variant_sets(rewrites, each)]
+    )  # fmt: skip
+    for program_spec, request in candidates:
+        name = request.program_name(program_spec)
+        program, _, outputs_file = _lower(program_spec, variant, request, weights, root, jobs)
         applied = program.sidecar.applied_rewrites
         if program.sidecar.reference_inputs_sha256 != original.sidecar.reference_inputs_sha256:
-            raise TrialRefused(f"{request.program_name(spec)}: its reference inputs are not the original's")
+            raise TrialRefused(f"{name}: its reference inputs are not the original's")
         check = check_outputs(spec, applied, inputs, expected, read_tensors(outputs_file))
         if not check.ok:
-            raise TrialRefused(
-                f"{request.program_name(spec)} does not compute what {spec.name} computes: {'; '.join(check.problems)}"
-            )
-        trial = VariantTrial(
-            request.program_name(spec), applied, sum(predicted.get(n, 0.0) for n in applied), check,
-            profiled_ms=profiled_ms,
-        )  # fmt: skip
+            raise TrialRefused(f"{name} does not compute what {spec.name} computes: {'; '.join(check.problems)}")
+        saving = predicted.get(ATTENTION, 0.0) if attention else sum(predicted.get(n, 0.0) for n in applied)
+        trial = VariantTrial(name, applied, saving, check, profiled_ms=profiled_ms, attention=attention)
         lowered.append((trial, program))
-    a = Program(spec.name, original.pte, original.sidecar.sha256)
+    a = Program(spec.name, original.pte, original.sidecar.sha256, _generate(original.sidecar, params))
     with labgrid.job(board) as target, connect(target) as conn:
         if quick_check(conn) is None:  # not set up, or out of date
             setup_board(conn)
         for trial, program in lowered:
             console.info(console.escape(f"[{board.name}] {spec.name} against {trial.name}: interleaved A/B"))
-            b = Program(trial.name, program.pte, program.sidecar.sha256)
+            b = Program(trial.name, program.pte, program.sidecar.sha256, _generate(program.sidecar, params))
             trial.retest = interleave(
                 conn, a, b, (original_inputs, original.sidecar.reference_inputs_sha256), params, expect="faster",
                 rounds=rounds, budget_seconds=budget_seconds, iterations_per_run=iterations_per_run,

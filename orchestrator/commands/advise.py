@@ -1,5 +1,6 @@
 """`fab advise`: a run's findings (advice/), their predicted savings and fixes; `--try` measures the proposed
-rewrites on the board. Every analysis also prints the top findings in one line each (`advise_quietly`)."""
+rewrites (or a text-generation program's attention switch) on the board. Every analysis also prints the top
+findings in one line each (`advise_quietly`)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def advise_on(
     render_advice(advice, notes)
     if trial is None:
         return 0
-    if not advice.rewrites:
+    if not advice.rewrites and advice.attention is None:
         console.info(console.escape(f"run {run.run_id}: no rewrite proposed: nothing to try"))
         return 0
     if artifact is None or facts.spec is None or facts.sidecar is None:
@@ -94,22 +95,27 @@ def advise_on(
             hint=f"profile the model as exported (fab deploy-and-profile --model {base}), then advise on that run",
         )
     (target,) = select_boards(trial.inventory, run.board if board is None else board, None, None)
+    # here, not at the top: the trial brings the lowering and the A/B re-test, which every analysis's advice
+    # (advise_quietly, on a warm deploy's path) needs none of
+    from orchestrator.advice.trial import ATTENTION, try_rewrites
+    from orchestrator.deploy.runs import RunParams
+
     predicted = {name: advice.predicted_for(name) for name in advice.rewrites}
+    # The attention switch is tried alone: it changes the program the proposed rewrites would act on (advise again
+    # on a run of the program it lowers for those).
+    trying = ", ".join(advice.rewrites) if advice.attention is None else f"--attention {advice.attention}"
+    if advice.attention is not None:
+        predicted = {ATTENTION: sum(f.saving_ms or 0.0 for f in advice.findings if f.attention)}
     console.info(
         console.escape(
-            f"trying {', '.join(advice.rewrites)} on {target.name}: lowering, checking outputs, then interleaved A/B "
+            f"trying {trying} on {target.name}: lowering, checking outputs, then interleaved A/B "
             f"({trial.rounds} rounds, at most {trial.retest_seconds:g} s per variant)"
         )
     )
-    # here, not at the top: the trial brings the lowering and the A/B re-test, which every analysis's advice
-    # (advise_quietly, on a warm deploy's path) needs none of
-    from orchestrator.advice.trial import try_rewrites
-    from orchestrator.deploy.runs import RunParams
-
     report = try_rewrites(
         facts.spec, facts.sidecar.variant, advice.rewrites, target, RunParams(), each=trial.each,
         predicted_ms=predicted, profiled_ms=advice.method_ms, weights=facts.sidecar.weights, rounds=trial.rounds,
-        budget_seconds=trial.retest_seconds,
+        budget_seconds=trial.retest_seconds, attention=advice.attention,
     )  # fmt: skip
     atomic_write_json(run.path / ANALYSIS_DIR / TRIAL_FILE, to_data(report.outcome))
     render_trial(report)

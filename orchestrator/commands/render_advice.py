@@ -71,7 +71,7 @@ def render_trial(report: TrialReport) -> None:
         share = f" ({trial.measured_percent:.0f}%)" if trial.measured_percent is not None else ""
         error = f"{trial.prediction_error:+.0%}" if trial.prediction_error is not None else "—"
         rows.append([
-            trial.name, ", ".join(trial.rewrites), trial.predicted_at_retest_ms,
+            trial.name, trial.change, trial.predicted_at_retest_ms,
             f"{measured:.3g} ms{share}" if measured is not None else "—", error,
             f"{trial.ratio:.3f}" if trial.ratio is not None else "—",
             "yes" if trial.confirmed else "no", f"{trial.outputs.sqnr_db:.0f} dB",
@@ -79,7 +79,7 @@ def render_trial(report: TrialReport) -> None:
     original = f"{report.original_ms:.3g} ms" if report.original_ms is not None else "—"
     console.table(
         f"Advice tried on {report.board}: {report.model} ({report.variant.name}) as exported, {original}",
-        ["variant", "rewrites", "predicted ms", "measured saving", "prediction error", "ratio", "confirmed",
+        ["variant", "change", "predicted ms", "measured saving", "prediction error", "ratio", "confirmed",
          "outputs SQNR"],
         rows,
         caption="predicted: the advisor's share of the profiled run, at the A/B's pace; measured: interleaved A/B, "

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator import strictjson
-from orchestrator.deploy.agent_client import BoardAgent
+from orchestrator.deploy.agent_client import BoardAgent, GenerateArgs
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import BoardDataError, BoardError
 from orchestrator.records import Count, Duration
@@ -61,6 +61,7 @@ class Program:
     label: str
     pte: Path
     sha256: str
+    generate: GenerateArgs | None = None  # a text-generation program: each run is its generate loop (runs.py)
 
 
 @dataclass
@@ -268,6 +269,7 @@ def _one_run(
             timeout=params.runner_timeout(),
             lock_timeout=params.lock_timeout,
             etdump=False,
+            generate=side.generate,
         )
         if document.get("status") != "ok":
             status, error = document.get("status"), document.get("error")

@@ -195,3 +195,35 @@ def test_rewrites_named_by_their_portable_operators(model: str, rewrite: str, op
     assert all(
         f.kind != "portable-operator" or not set(f.operators) & operators for f in advise(facts_of(raw)).findings
     )
+
+
+# The static-cache attention's bookkeeping outside the delegates (a recorded run of smollm2-gen-tiny.sdpa, XNNPACK):
+# repeat_kv's copy of the cache, the cache writes and their write-back, the causal mask over the whole cache.
+STATIC_CACHE = ("aten::expand_copy", "aten::index_put", "aten::copy_", "aten::eq", "aten::full_like",
+                "aten::logical_not", "aten::any", "aten::where", "aten::le", "aten::arange")  # fmt: skip
+
+
+def test_a_static_cache_generation_run_is_advised_etlab_s_attention() -> None:
+    raw = recorded("smollm2-gen-tiny.sdpa")
+    advice = advise(facts_of(raw))
+    found = by_kind(advice)
+    bookkeeping = [row for op in STATIC_CACHE for row in kernel_rows(raw, op)]
+    attention = found["attention"]
+    assert attention.fix == "--attention etlab" and attention.fix_kind == "option" and advice.attention == "etlab"
+    assert set(attention.nodes["forward"]) == {row["node_id"] for row in bookkeeping}
+    assert attention.saving_ms == pytest.approx(sum(row["mean_ms"] for row in bookkeeping))
+    assert attention.calls == len(bookkeeping) and not attention.saving_is_bound
+    assert "eager-attention" not in found  # its mask operators are the static cache's, explained already
+    # a sidecar from before the choice (no attention recorded) was lowered with sdpa
+    facts = facts_of(raw)
+    old = dataclasses.replace(facts.sidecar, generation=dataclasses.replace(facts.sidecar.generation, attention=None))
+    assert advise(dataclasses.replace(facts, sidecar=old)).attention == "etlab"
+
+
+def test_no_attention_switch_for_etlab_s_attention_or_a_model_that_does_not_generate() -> None:
+    facts = facts_of(recorded("smollm2-gen-tiny.sdpa"))
+    generation = dataclasses.replace(facts.sidecar.generation, attention="etlab")
+    etlab = dataclasses.replace(facts, sidecar=dataclasses.replace(facts.sidecar, generation=generation))
+    assert "attention" not in by_kind(advise(etlab)) and advise(etlab).attention is None
+    for model in ("gpt2-tiny", "smollm2-tiny"):  # all positions' logits, no KV cache
+        assert advise(facts_of(recorded(model))).attention is None

@@ -110,9 +110,10 @@ def test_the_trial_file_keeps_its_layout() -> None:
     (written,) = data["variants"]
     assert list(written) == [
         "name", "rewrites", "predicted_ms", "profiled_ms", "predicted_share", "predicted_at_retest_ms", "measured_ms",
-        "measured_percent", "prediction_error", "ratio", "confirmed", "why", "outputs", "retest",
+        "measured_percent", "prediction_error", "ratio", "confirmed", "why", "outputs", "retest", "attention",
     ]  # fmt: skip
     assert written["rewrites"] == ["eager-attention"] and written["measured_ms"] == pytest.approx(2.5)
+    assert written["attention"] is None  # a rewrite, not the attention switch
     assert written["outputs"] == {"sqnr_db": 60.0, "max_abs_error": 1e-4, "max_rel_error": 1e-3}
     assert written["retest"] == {
         "rounds": 5, "iterations_per_run": 10, "seconds": 12.346, "budget_seconds": None, "median_a_ms": 11.0,

@@ -104,6 +104,36 @@ def test_try_measures_each_proposed_rewrite_on_the_local_board(local_board: Boar
     assert refused.returncode == 64 and "has rewrites applied already" in refused.stderr, refused.stderr
 
 
+@pytest.mark.slow
+def test_try_measures_etlab_s_attention_on_a_static_cache_generation_run(local_board: Board, tmp_path: Path) -> None:
+    """`fab advise --try` on a run of smollm2-gen-tiny lowered with `--attention sdpa`: the advisor proposes
+    `--attention etlab`; the trial lowers the etlab program (the built-in's, under its own name), checks its
+    generated ids against the original's and A/B-tests the two generate loops on the board."""
+    results = tmp_path / "results"
+    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board])
+    env = {"ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results), "ETLAB_INVENTORY": str(inventory)}
+    ran = run_fab("deploy-and-profile", "--model", "smollm2-gen-tiny", "--attention", "sdpa", "--backend", "xnnpack",
+                  "--weights", "random", "--board", "local", "--iterations", "3", "--warmup", "1", "--no-explore",
+                  env=env)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    (run,) = (results / "local" / "smollm2-gen-tiny.sdpa" / "xnnpack").iterdir()
+    tried = run_fab("advise", "--run", run.name, "--try", "--rounds", "5", "--retest-seconds", "1", env=env)
+    assert tried.returncode == 0, tried.stdout + tried.stderr
+    advice = json.loads((run / "analysis" / "advice.json").read_text())
+    (switch,) = [f for f in advice["findings"] if f["attention"]]
+    assert switch["kind"] == "attention" and switch["fix"] == "--attention etlab" and switch["saving_ms"] > 0
+    trial = json.loads((run / "analysis" / "advice_trial.json").read_text())
+    (variant,) = trial["variants"]
+    assert variant["name"] == "smollm2-gen-tiny" and variant["attention"] == "etlab" and variant["rewrites"] == []
+    assert variant["predicted_ms"] == pytest.approx(switch["saving_ms"])
+    sidecar = json.loads((ARTIFACT_CACHE / "smollm2-gen-tiny" / "smollm2-gen-tiny_xnnpack.json").read_text())
+    assert sidecar["generation"]["attention"] == "etlab"
+    retest = variant["retest"]
+    assert retest["rounds"] >= 5 and retest["median_a_ms"] > 0 and retest["median_b_ms"] > 0
+    assert variant["measured_ms"] == pytest.approx(retest["median_a_ms"] - retest["median_b_ms"])
+    assert "--attention etlab" in " ".join(tried.stdout.split())
+
+
 def run_fab(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "fabric", *args], cwd=PROJECT_ROOT, env={**os.environ, **env},
                           capture_output=True, text=True, timeout=900)  # fmt: skip

@@ -207,3 +207,23 @@ def test_a_sliding_window_shorter_than_the_cache_is_refused_for_etlab_s_attentio
     assert "give attention: sdpa" in str(refused.value) and "field 'attention'" in str(refused.value)
     assert checked(write(tmp_path, {**data, "attention": SDPA})).parameters > 0
     assert checked(write(tmp_path, {**data, "context": 8, "seq_len": 4, "new_tokens": 4})).parameters > 0
+
+
+def test_module_ids_in_the_saved_program_become_module_paths_whatever_transformers_writes() -> None:
+    """transformers 5.25 keys a module called again `<id>@<call>` (5.24: `<id>`); left alone, every export of the
+    same model saved a different .pt2, and lowering one more variant invalidated the variants lowered before it
+    (a fresh clone's CI, which installed 5.25: four end-to-end generation tests failed)."""
+    from types import SimpleNamespace
+
+    from orchestrator.lowering.export.generation import _deterministic_metadata
+
+    attention = ("model.layers.1.self_attn", "LlamaAttention")
+    stack = {"L__self__": ("", "GenerationModule"), "139942304689744": attention, "139942304689744@1": attention}
+    node = SimpleNamespace(meta={"nn_module_stack": dict(stack), "from_node": ["graph 140001"]})
+    _deterministic_metadata(SimpleNamespace(graph=SimpleNamespace(nodes=[node])))
+    assert list(node.meta["nn_module_stack"]) == [
+        "L__self__",
+        "module:model.layers.1.self_attn",
+        "module:model.layers.1.self_attn@1",
+    ]
+    assert "from_node" not in node.meta

@@ -20,6 +20,7 @@ generation from the same prompt (fp32, the model's own attention), so the genera
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 PROMPT_INPUT = "input_ids"
+_ID_KEY = re.compile(r"\d+(?:@(\d+))?")  # an nn_module_stack key made of the module's id()
 POSITION_INPUT = "cache_position"
 
 
@@ -226,9 +228,15 @@ def _deterministic_metadata(program: Any) -> None:
         node.meta.pop("from_node", None)
         stack = node.meta.get("nn_module_stack")
         if stack:
-            node.meta["nn_module_stack"] = {
-                (f"module:{entry[0]}" if str(key).isdigit() else key): entry for key, entry in stack.items()
-            }
+            node.meta["nn_module_stack"] = {_stable_key(key, entry): entry for key, entry in stack.items()}
+
+
+def _stable_key(key: Any, entry: Any) -> Any:
+    """`<id>` (transformers 5.24) or `<id>@<call>` (5.25: a module called again) keyed by the module's path."""
+    found = _ID_KEY.fullmatch(str(key))
+    if found is None:
+        return key
+    return f"module:{entry[0]}" + (f"@{found.group(1)}" if found.group(1) else "")
 
 
 def quantizer(scheme: Scheme, context: int) -> Any:

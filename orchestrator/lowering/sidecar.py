@@ -26,6 +26,7 @@ from orchestrator.records import Count, Document, Duration, RecordError, Sha256,
 # A number kept as written (an integer stays one), so that a sidecar writes back the JSON it was read from.
 Amount = Count | Duration
 OutputKind = Literal["logits", "values"]  # outputs.py OUTPUT_KINDS
+Attention = Literal["etlab", "sdpa"]  # attention/choice.py ATTENTIONS
 Dimension = Annotated[int, msgspec.Meta(ge=0, description="a dimension (an integer >= 0)")]
 
 
@@ -230,7 +231,7 @@ class Generation:
     prompt_text: str | None = None  # with a cached tokenizer: the prompt and eager greedy generation, decoded
     reference_text: str | None = None
     # how the program attends (attention/choice.py): etlab or sdpa; None: lowered before the choice (sdpa)
-    attention: str | None = None
+    attention: Attention | None = None
 
     def __post_init__(self) -> None:
         if self.context < 2:

@@ -227,3 +227,12 @@ def test_module_ids_in_the_saved_program_become_module_paths_whatever_transforme
         "module:model.layers.1.self_attn@1",
     ]
     assert "from_node" not in node.meta
+
+
+def test_the_sidecar_reads_back_only_the_attentions_etlab_lowers() -> None:
+    from typing import get_args
+
+    from orchestrator.lowering.attention.choice import ATTENTIONS
+    from orchestrator.lowering.sidecar import Attention
+
+    assert get_args(Attention) == ATTENTIONS

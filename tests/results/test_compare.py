@@ -416,7 +416,7 @@ def compare_report(lab: dict[str, Any], a: str, b: str) -> dict[str, Any]:
 
 
 def test_fab_compare_interleave_confirms_a_really_slower_program(small_lab: dict[str, Any]) -> None:
-    result = fab_compare(small_lab, "a", "slow", "--interleave", "5", "--board", "local")
+    result = fab_compare(small_lab, "a", "slow", "--interleave", "8", "--board", "local")
     assert result.returncode == 1, result.stdout + result.stderr
     output = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
     assert "overall: regression: confirmed slower" in output

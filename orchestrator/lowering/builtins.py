@@ -50,6 +50,12 @@ _SMOLLM2_135M = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_hea
 _SMOLLM2_TINY = {**_SMOLLM2_135M, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                  "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000,
                  "max_position_embeddings": 128}  # fmt: skip
+# Qwen2.5-0.5B's published config.json (biased q/k/v projections are Qwen2's own, not a config field)
+_QWEN25_05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+               "intermediate_size": 4864, "vocab_size": 151936, "max_position_embeddings": 32768,
+               "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "bos_token_id": 151643, "eos_token_id": 151643,
+               "use_sliding_window": False,
+               "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}  # fmt: skip
 
 BUILTIN_SPECS: dict[str, ModelSpec] = {
     spec.name: spec
@@ -179,6 +185,17 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             new_tokens=8,
             context=64,
             description="SmolLM2's architecture at 2 layers, generating 8 tokens after 8, random weights: for tests",
+        ),
+        ModelSpec(
+            name="qwen2.5-0.5b-gen",
+            model_type="qwen2",
+            task=GENERATION_TASK,
+            options=HuggingFaceOptions(model_id="Qwen/Qwen2.5-0.5B", config=_QWEN25_05B),
+            seq_len=64,
+            new_tokens=64,
+            context=256,
+            description="Qwen2.5-0.5B generating (494M parameters, 24 layers, 14 query heads on 2 KV heads): "
+            "a 64-token prompt, then 64 tokens, KV cache of 256",
         ),
         ModelSpec(
             name="gpt2-gen",

@@ -84,8 +84,10 @@ def test_the_aarch64_kernels_equal_the_reference_under_qemu(tmp_path: Path, monk
         attend = AttendCase(query, key_cache, value_cache, positions, 17**-0.5)
         update = UpdateCase(value, key_cache, positions)
         monkeypatch.setenv("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu")  # binfmt's qemu-aarch64 finds the loader
-        outputs, line = run_check(check, tmp_path, {"attend.0": attend, "update_cache.0": update}, "--threads", "2")
-    assert line["isa"] == "neon"
-    assert outputs["attend.0.status"] == 0 and outputs["update_cache.0.status"] == 0
-    assert_attention_close(outputs["attend.0.out"], attend)
-    np.testing.assert_array_equal(outputs["update_cache.0.cache"], update.reference())
+        for core in ("cortex-a72", "cortex-a76"):  # a Pi 4's core (no dot product: SIGILL if used) and a Pi 5's
+            monkeypatch.setenv("QEMU_CPU", core)
+            outputs, line = run_check(check, tmp_path, {"attend.0": attend, "update_cache.0": update}, "--threads", "2")
+            assert line["isa"] == "neon", core
+            assert outputs["attend.0.status"] == 0 and outputs["update_cache.0.status"] == 0, core
+            assert_attention_close(outputs["attend.0.out"], attend)
+            np.testing.assert_array_equal(outputs["update_cache.0.cache"], update.reference())

@@ -116,6 +116,11 @@ def test_every_task_is_listed_and_the_builtins_check() -> None:
     assert (whisper.d_model, whisper.encoder_layers, whisper.max_source_positions) == (384, 4, 1500)
     # SmolLM2-135M: 134.5M parameters, tied embeddings.
     assert check_spec(BUILTIN_SPECS["smollm2-135m"], "random").parameters == 134_515_008
+    # Qwen2.5-0.5B (bench_llm.py's larger model): 494,032,768 parameters as Qwen publishes it, tied embeddings, and
+    # widths that 8da4w's groups of 32 divide (no padded linear).
+    qwen = check_spec(BUILTIN_SPECS["qwen2.5-0.5b-gen"], "random")
+    assert qwen.parameters == 494_032_768 and qwen.config.tie_word_embeddings
+    assert qwen.config.hidden_size % 32 == 0 and qwen.config.intermediate_size % 32 == 0
 
 
 def test_default_inputs_follow_the_task_and_the_family(tmp_path: Path) -> None:

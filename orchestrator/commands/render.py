@@ -83,7 +83,7 @@ def render_modules(run: RunSummary, depth: int | None, limit: int = 15) -> None:
     """The time by module of the model (`--by module[:DEPTH]`): the slowest modules, and the share traced to one."""
     tree = run.modules
     if tree is None:
-        console.warn("no module to show: the program has no source map")
+        console.warn("--by module: no time by module to show")
         return
     rows = rolled_up(tree, depth)
     level = "each module's own rows" if depth is None else f"modules at depth {depth}"

@@ -184,7 +184,7 @@ def _attribute_sources(pte: Path | None, sidecar: Sidecar | None, profiles: list
     if recorded is not None and record is not None and recorded.is_file() and sha256_file(recorded) != record.sha256:
         raise AnalysisError(
             f"{recorded}: the source map changed since the program was lowered (not the sidecar's sha256)",
-            hint="lower the model again (fab lower --force) to write its map afresh",
+            hint="lower the model again to write its map afresh",
         )
     source_map, path = load_source_map(pte, recorded)
     if source_map is None or path is None:

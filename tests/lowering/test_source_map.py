@@ -44,7 +44,8 @@ def test_distilbert_xnnpack_map_names_its_modules_and_lines(tiny_artifacts: dict
     assert sum(traced(row, sources, names) for row in kernels) >= 0.9 * len(kernels)
     # the query projection of each layer: a delegated fully connected node, at its line in the model's code
     q_lin = [sources[i] for node in nodes for i in node["sources"] if sources[i]["module"].endswith("attention.q_lin")]
-    assert {source["module"] for source in q_lin} == {f"distilbert.transformer.layer.{n}.attention.q_lin" for n in (0, 1)}
+    layers = {f"distilbert.transformer.layer.{n}.attention.q_lin" for n in (0, 1)}
+    assert {source["module"] for source in q_lin} == layers
     assert all(source["module_type"] == "torch.nn.modules.linear.Linear" for source in q_lin)
     assert all(source["file"] == "modeling_distilbert.py" and source["function"] == "forward" for source in q_lin)
     assert all(source["path"].endswith("transformers/models/distilbert/modeling_distilbert.py") for source in q_lin)

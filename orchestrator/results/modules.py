@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from orchestrator.records import Duration, Share
+from orchestrator.records import Count, Duration, Share
 from orchestrator.results.profile import Profile
 
 
@@ -21,7 +21,7 @@ class ModuleRow:
     """One module of the tree."""
 
     module: str  # "distilbert.transformer.layer.0.attention"
-    depth: int  # its number of components
+    depth: Count  # its number of components
     module_type: str | None
     total_ms: Duration  # per execution, its descendants included
     self_ms: Duration

@@ -47,7 +47,7 @@ def test_the_larger_module_ranks_first(local_board: Board, tmp_path: Path) -> No
     assert {"tiny", "large"} <= {source["module"] for source in sources["sources"]}
     assert all(s["file"] == "small.py" for s in sources["sources"] if s["module"] in ("tiny", "large"))
     env = {**os.environ, "ETLAB_ARTIFACTS": str(artifacts), "ETLAB_RESULTS": str(tmp_path / "results"),
-           "COLUMNS": "160"}  # fmt: skip
+           "ETLAB_WIDTH": "200"}  # fmt: skip
     ran = subprocess.run(
         [sys.executable, "-m", "fabric", "analyze", "--bundle", str(run), "--by", "module:1"],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,

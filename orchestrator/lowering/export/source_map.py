@@ -26,6 +26,7 @@ The file is deterministic (sorted keys, sources in order of first use), as the a
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from collections.abc import Iterable, Iterator
@@ -67,12 +68,17 @@ def _frames(stack_trace: str) -> list[tuple[str, int, str]]:
     return frames
 
 
+@functools.cache
+def _resolved(path: str) -> str:
+    return str(Path(path).resolve())
+
+
 def _location(stack_trace: str | None, library: tuple[str, ...]) -> dict[str, Any]:
     """The innermost frame in the user's code (else the innermost frame): file basename, line, function, path."""
     frames = _frames(stack_trace or "")
     if not frames:
         return {}
-    own = [frame for frame in frames if not str(Path(frame[0]).resolve()).startswith(library)]
+    own = [frame for frame in frames if not _resolved(frame[0]).startswith(library)]
     path, line, function = (own or frames)[-1]
     return {"file": Path(path).name, "line": line, "function": function, "path": path}
 

@@ -40,6 +40,8 @@ from orchestrator.programs.xnn import XNNPACK_BACKEND, read_xnn_nodes
 SOURCE_MAP_SCHEMA = 1
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\s*$')
 _WRAPPER_ROOT = "model"
+_EMPTY_STACK = "_empty_nn_module_stack_from_metadata_hook"  # torch/_export/passes/_node_metadata_hook.py
+_MODULE_PATH = re.compile(r"(\w+(\.\w+)*)?")  # attribute names and indices: "model.layers.0.self_attn", "" the root
 
 
 def source_map_path(pte: Path) -> Path:
@@ -84,13 +86,15 @@ def _location(stack_trace: str | None, library: tuple[str, ...]) -> dict[str, An
 
 
 def _module(node: Any) -> tuple[str, str] | None:
-    """The innermost module of a node: (path as exported, class)."""
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return None
-    path, kind = list(stack.values())[-1]
-    kind_name = kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"
-    return str(path), kind_name
+    """The innermost module of a node: (path as exported, class). Entries that name no module are passed over: the
+    placeholder torch's metadata hook gives a node without a stack, and functions a model's code calls through a
+    global (`G['__import_transformers_..._llama'].apply_rotary_pos_emb`)."""
+    for path, kind in reversed(list((node.meta.get("nn_module_stack") or {}).values())):
+        if path == _EMPTY_STACK or not _MODULE_PATH.fullmatch(str(path)):
+            continue
+        kind_name = kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"
+        return str(path), kind_name
+    return None
 
 
 class _Sources:
@@ -128,10 +132,10 @@ def _operator_nodes(graph: Any) -> Iterator[Any]:
 
 def _strip_wrapper(rows: list[dict[str, Any]]) -> None:
     """Paths as the user's model names them: etlab's wrappers hold it as `model`."""
-    paths = [row["module"] for row in rows if row["module"] is not None]
+    paths = [row["module"] for row in rows if row["module"]]
     if paths and all(path == _WRAPPER_ROOT or path.startswith(_WRAPPER_ROOT + ".") for path in paths):
         for row in rows:
-            if row["module"] is not None:
+            if row["module"]:
                 row["module"] = row["module"][len(_WRAPPER_ROOT) + 1 :]
 
 

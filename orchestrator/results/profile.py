@@ -87,6 +87,7 @@ class DelegateProfile:
     fused_nodes: list[str] = field(default_factory=list)
     node_types: dict[str, str] = field(default_factory=dict)
     source: Attribution = NO_SOURCE
+    node_sources: dict[str, Attribution] = field(default_factory=dict)  # every node's, fused ones included
 
     def event_mean_ms(self) -> float:
         return float(self.event_samples_ms.sum(axis=1).mean()) if self.event_samples_ms.size else 0.0
@@ -111,7 +112,10 @@ class DelegateProfile:
                 NodeReport(n.node, n.type, tuple(n.events), **dist_ms(n.dist), pct=n.pct, **_source(n.source))
                 for n in self.nodes
             ),
-            fused_nodes=tuple(FusedNode(node, self.node_types.get(node)) for node in self.fused_nodes),
+            fused_nodes=tuple(
+                FusedNode(node, self.node_types.get(node), **_source(self.node_sources.get(node, NO_SOURCE)))
+                for node in self.fused_nodes
+            ),
             unplaced_events=tuple(self.unplaced_events),
             events=tuple(
                 EventReport(name, **dist_ms(distribution(self.event_samples_ms[:, k])))
@@ -140,8 +144,13 @@ class NodeReport:
 
 @dataclass(frozen=True)
 class FusedNode:
+    """A node that emitted no event of its own (fused into its neighbour by XNNPACK), and what it came from."""
+
     node: str
     type: str | None
+    module: str | None = None
+    module_type: str | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True)

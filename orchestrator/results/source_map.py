@@ -165,8 +165,11 @@ def attribute(profile: Profile, source_map: SourceMap, where: str) -> None:
                 )
             found = records(node.sources)
             everything += found
+            traced = attribution(found)
+            if profile_delegate is not None:
+                profile_delegate.node_sources[str(node.node)] = traced
             if str(node.node) in nodes:
-                nodes[str(node.node)].source = attribution(found)
+                nodes[str(node.node)].source = traced
         instruction.source = attribution(everything)
         if profile_delegate is not None:
             profile_delegate.source = instruction.source

@@ -47,6 +47,9 @@ def test_every_timed_row_of_a_real_run_gets_its_module(xnnpack_run: BundleCase) 
     assert any(row["module"] == "distilbert.embeddings.LayerNorm" and "normalization" in row["module_type"]
                for row in rows)  # fmt: skip
     assert any(row["source"].startswith("modeling_distilbert.py:") for row in rows)
+    written = json.loads((xnnpack_run.path / "analysis" / "ops.json").read_text())
+    fused = [node for delegate in written["delegates"] for node in delegate["fused_nodes"]]
+    assert all(node["module"] is not None for node in fused), fused  # nodes that timed nothing are traced too
     tree = json.loads((xnnpack_run.path / "analysis" / "summary.json").read_text())["modules"]
     assert tree["attributed_share"] >= 0.95, tree["attributed_share"]
     by_name = {row["module"]: row for row in tree["modules"]}
@@ -98,6 +101,7 @@ def test_a_damaged_map_is_refused_by_name(runner_bundles: dict[str, BundleCase],
         (lambda data: data["instructions"][0].update(sources=[10**6]), "source 1000000 does not exist"),
         (lambda data: data.update(sources=[{"module": 3}]), r"sources\[0\]\.module: expected"),
         (lambda data: data.update(schema=99), "newer etlab"),
+        (lambda data: data["sources"][0].update(module="x" * 5000), r"sources\[0\]\.module: expected `str` of length"),
         (lambda data: data.update(method="prefill"), "the map is of method"),
     ],
 )

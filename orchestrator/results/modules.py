@@ -97,7 +97,7 @@ def module_tree(profile: Profile) -> ModuleTree | None:
         ModuleRow(
             module=module,
             depth=module.count(".") + 1,
-            module_type=types.get(module),
+            module_type=types.get(module) or profile.module_types.get(module),
             total_ms=total[module],
             self_ms=own.get(module, 0.0),
             delegated_ms=delegated.get(module, 0.0),

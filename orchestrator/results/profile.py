@@ -195,6 +195,7 @@ class Profile:
     delegates: list[DelegateProfile]
     operator_types: list[dict[str, Any]]
     timing_agreement: float | None = None  # ETDump method time / timings.json time, after unit inference
+    module_types: dict[str, str] = field(default_factory=dict)  # the model's modules' classes (its source map)
 
     def coverage(self) -> dict[str, Any]:
         """How much delegate time the XNN-node overlays account for."""

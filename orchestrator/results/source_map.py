@@ -9,7 +9,7 @@ anything else is a SourceMapError, exit 65, naming the file.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -75,6 +75,7 @@ class SourceMap(Document):
     instructions: Annotated[tuple[InstructionSources, ...], msgspec.Meta(max_length=MAX_ROWS)] = ()
     delegates: Annotated[tuple[DelegateSources, ...], msgspec.Meta(max_length=MAX_ROWS)] = ()
     pte: Text | None = None
+    modules: Annotated[dict[Text, Text], msgspec.Meta(max_length=MAX_ROWS)] = field(default_factory=dict)
 
 
 def source_map_path(pte: Path) -> Path:
@@ -99,10 +100,10 @@ def read_source_map(path: Path) -> SourceMap:
         for k, delegate in enumerate(found.delegates)
         for n, node in enumerate(delegate.nodes)
     ]
-    for field, indices in rows:
+    for row_name, indices in rows:
         bad = next((index for index in indices if index >= count), None)
         if bad is not None:
-            raise SourceMapError(str(path), f"{field}.sources", f"source {bad} does not exist (the map has {count})")
+            raise SourceMapError(str(path), f"{row_name}.sources", f"source {bad} does not exist (the map has {count})")
     return found
 
 
@@ -133,6 +134,7 @@ def attribute(profile: Profile, source_map: SourceMap, where: str) -> None:
     if source_map.method != profile.method:
         problem = f"the map is of method {source_map.method!r}, the run of {profile.method!r}"
         raise SourceMapError(where, "method", problem)
+    profile.module_types = dict(source_map.modules)
     instructions = {i.index: i for i in profile.instructions if i.chain == 0}
     delegates = {d.node_id: d for d in profile.delegates}
 

@@ -50,6 +50,9 @@ def test_distilbert_xnnpack_map_names_its_modules_and_lines(tiny_artifacts: dict
     assert all(source["file"] == "modeling_distilbert.py" and source["function"] == "forward" for source in q_lin)
     assert all(source["path"].endswith("transformers/models/distilbert/modeling_distilbert.py") for source in q_lin)
     assert sum(source["file"] == "modeling_distilbert.py" for source in sources) >= 0.8 * len(sources)
+    # every module a source sits in, its ancestors too, by class: a feed-forward block holds only its children's rows
+    assert data["modules"]["distilbert.transformer.layer.0.ffn"].endswith("modeling_distilbert.FFN")
+    assert {source["module"] for source in sources} - {""} <= set(data["modules"]) <= set(names)
     # instruction ids are the program's: delegates and kernel calls never share one
     assert not {row["instruction"] for row in kernels} & {delegate["instruction"] for delegate in data["delegates"]}
 

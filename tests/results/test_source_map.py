@@ -55,6 +55,7 @@ def test_every_timed_row_of_a_real_run_gets_its_module(xnnpack_run: BundleCase) 
     by_name = {row["module"]: row for row in tree["modules"]}
     layers = [by_name[f"distilbert.transformer.layer.{n}"] for n in (0, 1)]
     assert all(layer["delegated_ms"] > 0 and layer["total_ms"] >= layer["self_ms"] for layer in layers)
+    assert by_name["distilbert.transformer.layer.0.ffn"]["module_type"].endswith(".FFN")  # no rows of its own
     # a parent holds its children's time
     assert by_name["distilbert.transformer"]["total_ms"] >= sum(layer["total_ms"] for layer in layers) * 0.999
     assert summary.notes == []

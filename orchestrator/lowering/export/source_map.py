@@ -85,16 +85,16 @@ def _location(stack_trace: str | None, library: tuple[str, ...]) -> dict[str, An
     return {"file": Path(path).name, "line": line, "function": function, "path": path}
 
 
-def _module(node: Any) -> tuple[str, str] | None:
-    """The innermost module of a node: (path as exported, class). Entries that name no module are passed over: the
-    placeholder torch's metadata hook gives a node without a stack, and functions a model's code calls through a
+def _modules(node: Any) -> list[tuple[str, str]]:
+    """A node's modules, outermost first: (path as exported, class). Entries that name no module are passed over:
+    the placeholder torch's metadata hook gives a node without a stack, and functions a model's code calls through a
     global (`G['__import_transformers_..._llama'].apply_rotary_pos_emb`)."""
-    for path, kind in reversed(list((node.meta.get("nn_module_stack") or {}).values())):
+    found = []
+    for path, kind in (node.meta.get("nn_module_stack") or {}).values():
         if path == _EMPTY_STACK or not _MODULE_PATH.fullmatch(str(path)):
             continue
-        kind_name = kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"
-        return str(path), kind_name
-    return None
+        found.append((str(path), kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"))
+    return found
 
 
 class _Sources:
@@ -104,11 +104,14 @@ class _Sources:
         self.library = _library_roots()
         self.rows: list[dict[str, Any]] = []
         self.index: dict[tuple[Any, ...], int] = {}
+        self.modules: dict[str, str] = {}  # every module any source sits in, its ancestors too: path -> class
 
     def of(self, nodes: Iterable[Any]) -> list[int]:
         found: list[int] = []
         for node in nodes:
-            module = _module(node)
+            stack = _modules(node)
+            self.modules.update(stack)
+            module = stack[-1] if stack else None
             location = _location(node.meta.get("stack_trace"), self.library)
             if module is None and not location:
                 continue
@@ -130,13 +133,15 @@ def _operator_nodes(graph: Any) -> Iterator[Any]:
             yield node
 
 
-def _strip_wrapper(rows: list[dict[str, Any]]) -> None:
-    """Paths as the user's model names them: etlab's wrappers hold it as `model`."""
-    paths = [row["module"] for row in rows if row["module"]]
-    if paths and all(path == _WRAPPER_ROOT or path.startswith(_WRAPPER_ROOT + ".") for path in paths):
-        for row in rows:
-            if row["module"]:
-                row["module"] = row["module"][len(_WRAPPER_ROOT) + 1 :]
+def _strip_wrapper(rows: list[dict[str, Any]], modules: dict[str, str]) -> dict[str, str]:
+    """Paths as the user's model names them: etlab's wrappers hold it as `model`. The module classes by path."""
+    paths = [path for path in modules if path]
+    if not paths or not all(path == _WRAPPER_ROOT or path.startswith(_WRAPPER_ROOT + ".") for path in paths):
+        return dict(sorted(modules.items()))
+    for row in rows:
+        if row["module"]:
+            row["module"] = row["module"][len(_WRAPPER_ROOT) + 1 :]
+    return dict(sorted((path[len(_WRAPPER_ROOT) + 1 :], kind) for path, kind in modules.items() if path))
 
 
 def build_source_map(program: Any, pte: Path, method: str = "forward") -> dict[str, Any]:
@@ -176,11 +181,12 @@ def build_source_map(program: Any, pte: Path, method: str = "forward") -> dict[s
             found = sources.of(by_handle.get(xnode.debug_handle, []))
             nodes.append({"node": xnode.index, "handle": xnode.debug_handle, "sources": found})
         delegates.append({"instruction": planned.index, "nodes": nodes})
-    _strip_wrapper(sources.rows)
+    modules = _strip_wrapper(sources.rows, sources.modules)
     return {
         "schema": SOURCE_MAP_SCHEMA,
         "method": method,
         "pte": pte.name,
+        "modules": modules,
         "sources": sources.rows,
         "instructions": sorted(instructions, key=lambda row: row["instruction"]),
         "delegates": delegates,

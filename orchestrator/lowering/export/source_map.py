@@ -38,6 +38,7 @@ from orchestrator.programs.plan import read_program_plan
 from orchestrator.programs.xnn import XNNPACK_BACKEND, read_xnn_nodes
 
 SOURCE_MAP_SCHEMA = 1
+SOURCE_MAP_SUFFIX = ".sources.json"  # beside the sidecars (`<name>_<variant>.json`): never read as one
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\s*$')
 _WRAPPER_ROOT = "model"
 _EMPTY_STACK = "_empty_nn_module_stack_from_metadata_hook"  # torch/_export/passes/_node_metadata_hook.py
@@ -46,7 +47,7 @@ _MODULE_PATH = re.compile(r"(\w+(\.\w+)*)?")  # attribute names and indices: "mo
 
 def source_map_path(pte: Path) -> Path:
     """`<name>_<variant>.sources.json` beside `<name>_<variant>.pte`."""
-    return pte.with_name(f"{pte.stem}.sources.json")
+    return pte.with_name(f"{pte.stem}{SOURCE_MAP_SUFFIX}")
 
 
 def _library_roots() -> tuple[str, ...]:

@@ -138,11 +138,11 @@ def _inputs_cell(inputs: Sequence[tuple[Any, Any, Any]]) -> str:
 
 def print_models(builtins: Sequence[ModelSpec], lowered: Sequence[LoweredModel]) -> None:
     """`fab models`: every name `--model` takes, and what each built-in program returns."""
-    from orchestrator.lowering.spec import OUTPUT_WORDS, WRAPPED_TASKS  # `fab models` only
+    from orchestrator.lowering.spec import OUTPUT_TASKS, OUTPUT_WORDS  # `fab models` only
 
     rows = [
         [spec.name, spec.model_source, spec.task, _inputs_cell([(i.name, i.dtype, i.shape) for i in spec.inputs]),
-         f"{spec.output}: {OUTPUT_WORDS[spec.output]}" if spec.task in WRAPPED_TASKS else None, spec.description]
+         f"{spec.output}: {OUTPUT_WORDS[spec.output]}" if spec.task in OUTPUT_TASKS else None, spec.description]
         for spec in builtins
     ]  # fmt: skip
     columns = ["name", "source", "task", "inputs", "output", "description"]

@@ -14,6 +14,7 @@ from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.sources.timm import TimmOptions
 from orchestrator.lowering.sources.torchvision import TorchvisionOptions
 from orchestrator.lowering.spec import (
+    GENERATION_OUTPUT,
     GENERATION_TASK,
     IMAGE_TASK,
     SOURCES,
@@ -168,6 +169,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="smollm2-135m-gen",
             model_type="llama",
             task=GENERATION_TASK,
+            output=GENERATION_OUTPUT,
             options=HuggingFaceOptions(model_id="HuggingFaceTB/SmolLM2-135M", config=_SMOLLM2_135M),
             seq_len=64,
             new_tokens=64,
@@ -178,6 +180,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="smollm2-gen-tiny",
             model_type="llama",
             task=GENERATION_TASK,
+            output=GENERATION_OUTPUT,
             options=HuggingFaceOptions(
                 config={**_SMOLLM2_TINY, "initializer_range": 0.2},  # as _GPT2_GEN_TINY: ids that vary
             ),
@@ -190,6 +193,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="qwen2.5-0.5b-gen",
             model_type="qwen2",
             task=GENERATION_TASK,
+            output=GENERATION_OUTPUT,
             options=HuggingFaceOptions(model_id="Qwen/Qwen2.5-0.5B", config=_QWEN25_05B),
             seq_len=64,
             new_tokens=64,
@@ -201,6 +205,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="gpt2-gen",
             model_type="gpt2",
             task=GENERATION_TASK,
+            output=GENERATION_OUTPUT,
             options=HuggingFaceOptions(model_id="openai-community/gpt2"),
             seq_len=64,
             new_tokens=64,
@@ -211,6 +216,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
             name="gpt2-gen-tiny",
             model_type="gpt2",
             task=GENERATION_TASK,
+            output=GENERATION_OUTPUT,
             options=HuggingFaceOptions(config=_GPT2_GEN_TINY),
             seq_len=8,
             new_tokens=8,

@@ -51,22 +51,35 @@ from orchestrator.records import to_data
 # fill-mask and causal-lm give the logits the spec's `output` names (below); the others the head's first output as
 # the user would export it (logits, or the last hidden state for feature-extraction and speech-encoder).
 WRAPPED_TASKS = ("fill-mask", "causal-lm")
-# What a fill-mask or causal-lm program returns: the logits at every position [B, seq_len, vocab] ("all", the
-# default), the final position's [B, vocab] ("last", causal-lm), or the [MASK] position's [B, vocab], found in the
-# graph from input_ids ("mask", fill-mask). Each output -> the tasks it fits.
-OUTPUTS: dict[str, tuple[str, ...]] = {"all": WRAPPED_TASKS, "last": ("causal-lm",), "mask": ("fill-mask",)}
+# A decoder LM as it is used: one program for prefill (a prompt) and decode (a token at a position), with a static
+# KV cache as mutable state inside it (generation.py).
+GENERATION_TASK = "text-generation"
+# What a fill-mask, causal-lm or text-generation program returns: the logits at every position [B, seq_len, vocab]
+# ("all", the default), the final position's ("last": [B, vocab] for causal-lm, [1, 1, vocab] for text-generation,
+# whose head then runs on that position only), or the [MASK] position's [B, vocab], found in the graph from
+# input_ids ("mask", fill-mask). Each output -> the tasks it fits.
+OUTPUTS: dict[str, tuple[str, ...]] = {
+    "all": (*WRAPPED_TASKS, GENERATION_TASK),
+    "last": ("causal-lm", GENERATION_TASK),
+    "mask": ("fill-mask",),
+}
+OUTPUT_TASKS = (*WRAPPED_TASKS, GENERATION_TASK)  # the tasks whose spec chooses its output
 ALL_POSITIONS = "all"
+# A text-generation program returns the last position's logits unless its spec says otherwise: what ExecuTorch's
+# LLM export does, and what the generate loop reads. Every position's logits would be planned at the prompt
+# capacity (context - 1 rows of vocab floats: 192 MiB at 1024 positions for SmolLM2's 49152-token vocabulary).
+GENERATION_OUTPUT = "last"
 OUTPUT_WORDS = {"all": "every position's logits", "last": "the last position's logits",
                 "mask": "the [MASK] position's logits"}  # fmt: skip
 TEXT_TASKS = (*WRAPPED_TASKS, "text-classification", "token-classification")
 IMAGE_TASK = "image-classification"  # also the task of every torchvision spec: the classifier's logits
-# A decoder LM as it is used: one program for prefill (a prompt) and decode (a token at a position), with a static
-# KV cache as mutable state inside it (generation.py).
-GENERATION_TASK = "text-generation"
 TASKS = (*TEXT_TASKS, GENERATION_TASK, "feature-extraction", IMAGE_TASK, "audio-classification", "speech-encoder")
 DEFAULT_CONTEXT = 256  # a text-generation program's KV cache capacity when the spec does not say
 MAX_CONTEXT = 32768  # the largest KV cache a spec or `--context` may ask for
 DEFAULT_NEW_TOKENS = 32
+# A text-generation program's prompt capacity when the spec does not say: ExecuTorch's LLM export's default
+# max_seq_length. Every activation is planned at this many rows, whatever the context, so it is apart from it.
+DEFAULT_PROMPT_CAPACITY = 128
 IMAGE_INPUT = "pixel_values"
 INPUT_NAMES = ("input_ids", "attention_mask")  # the text inputs every text model takes (token_type_ids: some)
 TEXT_INPUTS = (*INPUT_NAMES, "token_type_ids")
@@ -183,10 +196,13 @@ class ModelSpec:
     # generates by default after a prompt of `seq_len` tokens (seq_len + new_tokens <= context).
     context: int | None = None
     new_tokens: int = DEFAULT_NEW_TOKENS
+    # `text-generation`: the most tokens one call of the program takes (its prompt capacity, seq_len <= it <
+    # context); None: DEFAULT_PROMPT_CAPACITY, or seq_len when longer, within the context (prompt_capacity).
+    max_prompt_len: int | None = None
     # `text-generation`: a text prompt, tokenized on the workstation when the model's tokenizer is cached (never
     # downloaded); without one, deterministic ids of seq_len tokens.
     prompt: str | None = None
-    # fill-mask and causal-lm: which logits the program returns (OUTPUTS); part of the identity.
+    # fill-mask, causal-lm and text-generation: which logits the program returns (OUTPUTS); part of the identity.
     output: str = ALL_POSITIONS
     # Where each field was written in the spec file: "seq_len", "config", "config.<key>" -> line.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
@@ -242,6 +258,12 @@ class ModelSpec:
         """The KV cache's positions: what a prompt and the tokens generated after it share."""
         return self.context or DEFAULT_CONTEXT
 
+    @property
+    def prompt_capacity(self) -> int:
+        """The most tokens one call of a text-generation program takes: what its activations are planned for."""
+        wanted = self.max_prompt_len or max(self.seq_len, DEFAULT_PROMPT_CAPACITY)
+        return min(self.cache_capacity - 1, wanted)  # a --context below the spec's capacity bounds it
+
     def with_context(self, context: int) -> ModelSpec:
         """The same model with a KV cache of `context` positions: another program, under its own name
         (`smollm2-135m-gen.ctx1024`) unless it is the spec's own context."""
@@ -277,6 +299,10 @@ class ModelSpec:
         if own:  # the built-in sources' options are all flat: their records read as before
             data["source_options"] = own
         data.pop("lines")
+        if self.generates:  # resolved, so that a new default is another program
+            data["max_prompt_len"] = self.prompt_capacity
+        else:  # absent, as before the field existed: other programs' cache keys stay
+            data.pop("max_prompt_len")
         data["declared_inputs"] = [asdict(spec) | {"shape": list(spec.shape)} for spec in self.declared_inputs]
         data["inputs"] = [asdict(spec) | {"shape": list(spec.shape)} for spec in self.inputs]
         return data

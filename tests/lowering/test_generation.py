@@ -22,7 +22,7 @@ from orchestrator.lowering.export import lower as lowerer
 from orchestrator.lowering.quantize.schemes import LLM_SCHEMES, SCHEMES, LlmRecipe
 from orchestrator.lowering.spec import GENERATION_TASK, load_spec_file
 from orchestrator.lowering.variants import QUANTIZED_ON, Variant
-from orchestrator.tensorfile import read_tensors
+from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.lowering.spec_helpers import GPT2_TINY, checked
 from tests.lowering.test_huggingface_specs import write
 from tests.plugins.artifacts import ARTIFACT_CACHE
@@ -45,6 +45,8 @@ def generation_spec(**changes: Any) -> dict[str, Any]:
         ({"inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, 8]}]}, "inputs", "give seq_len instead"),
         ({"context": 128}, "context", "beyond the model's 64 position embeddings"),
         ({"context": 1}, "context", "expected an integer 2-32768, got 1"),
+        ({"max_prompt_len": 4}, "max_prompt_len", "4 must take the prompt (seq_len 8)"),
+        ({"max_prompt_len": 32}, "max_prompt_len", "leave room in the KV cache's context 32"),
     ],
 )
 def test_a_generation_spec_beyond_its_cache_is_refused_naming_the_line(
@@ -117,6 +119,41 @@ def test_the_program_generates_what_eager_greedy_generation_does(
     assert [item["name"] for item in lowered.sidecar.inputs] == ["input_ids", "cache_position"]
 
 
+def test_the_prompt_capacity_is_apart_from_the_context_and_bounds_what_one_call_plans(
+    runner_binary: Path, tmp_path: Path
+) -> None:
+    """Activations are planned at max_prompt_len rows (default: 128, or seq_len, within the context), not at the
+    context: a program of 12 rows plans less than one of 31 over the same cache, still generates eager's ids, and
+    its input_ids take 12 ids at most (the runner refuses 13 before running)."""
+    for folder in ("default", "12", "31"):
+        (tmp_path / folder).mkdir()
+    default = load_spec_file(write(tmp_path / "default", generation_spec()))
+    assert default.prompt_capacity == 31 and default.to_dict()["max_prompt_len"] == 31  # within the context 32
+    assert dataclasses.replace(default, context=1024).prompt_capacity == 128
+    planned, programs = {}, {}
+    for rows in (12, 31):
+        spec = load_spec_file(
+            write(tmp_path / str(rows), generation_spec(name=f"chat-rows{rows}", max_prompt_len=rows))
+        )
+        result = lowerer.lower(spec, variants=[Variant("xnnpack")], weights="random", root=tmp_path / "art", jobs=1)
+        lowered = result.variants[Variant("xnnpack")]
+        assert lowered.sidecar.generation is not None and lowered.sidecar.generation.max_prompt_len == rows
+        planned[rows], programs[rows] = lowered.sidecar.memory.planned_bytes, lowered.pte
+        (reference,) = read_tensors(result.paths.reference_outputs)
+        generated = _generated_by_the_runner(runner_binary, lowered.pte, result.paths.reference_inputs, 8, 32, tmp_path)
+        assert generated == reference.array.reshape(-1).tolist()
+    assert planned[12] < planned[31]
+
+    too_long = tmp_path / "prompt13.etlt"
+    write_tensors(too_long, [NamedTensor("input_ids", np.arange(13, dtype=np.int64).reshape(1, 13))])
+    done = subprocess.run(
+        [str(runner_binary), "--model", str(programs[12]), "--generate", "--inputs", str(too_long),
+         "--new-tokens", "2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 6 and "more than the method's input_ids allow (12)" in done.stderr, done.stderr[-500:]
+
+
 def test_quantized_language_models_follow_the_llm_recipe_and_still_generate(
     runner_binary: Path, tmp_path: Path
 ) -> None:
@@ -168,7 +205,7 @@ def test_a_scheme_s_own_recipe_is_what_a_language_model_gets(monkeypatch: pytest
     """generation.quantizer applies the scheme's row and nothing else: a scheme's LLM recipe is one row."""
     calls: list[str] = []
     scheme = dataclasses.replace(SCHEMES["int8-dynamic"], name="int8-new", llm=LlmRecipe("a recipe", calls.append))
-    monkeypatch.setattr(generation, "export", lambda module, args, context: ("exported", module.model, context))
+    monkeypatch.setattr(generation, "export", lambda module, args, rows: ("exported", module.model, rows))
 
     class Wrapped:
         model = "the model"

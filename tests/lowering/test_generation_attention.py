@@ -94,7 +94,10 @@ def test_each_family_attends_through_etlab_and_generates_what_eager_does(tmp_pat
     eager_ids, eager_logits = eager_greedy(module, prompt)
     assert len(set(eager_ids)) > 1  # a model repeating one id proves little
 
-    program = generation.export(module, (prompt, torch.arange(PROMPT)), CONTEXT)
+    program = generation.export(module, (prompt, torch.arange(PROMPT)), CONTEXT - 1)
+    vocab = int(module.model.config.vocab_size)
+    with torch.no_grad():  # the spec's default output: the head on the last position only, after a whole prompt
+        assert tuple(program.module()(prompt, torch.arange(PROMPT)).shape) == (1, 1, vocab)
     ids, logits = program_greedy(program, prompt)
     assert ids == eager_ids
     worst = min(sqnr_db(eager, ours) for eager, ours in zip(eager_logits, logits, strict=True))
@@ -115,7 +118,7 @@ def test_the_cache_buffers_are_the_program_s_mutable_state_once(tmp_path: Path) 
     names = {name for name, _ in module.named_buffers() if "_cache_" in name}
     assert names == {f"{kind}_cache_{i}" for kind in ("key", "value") for i in range(2)}
     assert generation.kv_cache_bytes(module) == 2 * 2 * (1 * 2 * CONTEXT * 16) * 4  # 2 layers, K and V, fp32
-    program = generation.export(module, (torch.zeros(1, 3, dtype=torch.long), torch.arange(3)), CONTEXT)
+    program = generation.export(module, (torch.zeros(1, 3, dtype=torch.long), torch.arange(3)), CONTEXT - 1)
     from executorch.exir import EdgeCompileConfig, to_edge
 
     edge = to_edge(program, compile_config=EdgeCompileConfig(_check_ir_validity=False))
@@ -129,7 +132,7 @@ def test_sdpa_keeps_transformers_static_cache_program(tmp_path: Path) -> None:
     module = load_model(spec, "random").module
     assert module.attention == SDPA and module.model.config._attn_implementation != ETLAB
     assert has_sdpa_attention(module)  # the eager-attention rewrite still applies to it
-    program = generation.export(module, (torch.zeros(1, 3, dtype=torch.long), torch.arange(3)), CONTEXT)
+    program = generation.export(module, (torch.zeros(1, 3, dtype=torch.long), torch.arange(3)), CONTEXT - 1)
     targets = lowered_targets(program)
     assert not [t for t in targets if t.startswith("etlab.")]
     assert any("index_put" in t for t in targets)  # today's program, unchanged

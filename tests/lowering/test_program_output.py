@@ -53,6 +53,17 @@ def test_a_spec_file_declares_its_output(tmp_path: Path, data: dict, output: str
     assert spec.to_dict()["output"] == spec.output  # what the sidecar records
 
 
+@pytest.mark.parametrize(("output", "expected"), [(None, "last"), ("last", "last"), ("all", "all")])
+def test_a_generation_program_returns_the_last_position_unless_its_spec_says_all(
+    tmp_path: Path, output: str | None, expected: str
+) -> None:
+    data = {**CAUSAL, "task": "text-generation", **({"output": output} if output else {})}
+    spec = load_spec_file(spec_file(tmp_path, data))
+    assert spec.output == expected
+    assert spec.to_dict()["output"] == expected  # in the sidecar and the cache key
+    assert all(spec.output == "last" for spec in BUILTIN_SPECS.values() if spec.generates)
+
+
 @pytest.mark.parametrize(
     ("data", "output", "message"),
     [
@@ -60,8 +71,16 @@ def test_a_spec_file_declares_its_output(tmp_path: Path, data: dict, output: str
         (FILL_MASK, 1, "expected a string"),
         (FILL_MASK, "last", "'last' is not an output of task 'fill-mask'; its outputs: 'all', 'mask'"),
         (CAUSAL, "mask", "'mask' is not an output of task 'causal-lm'; its outputs: 'all', 'last'"),
-        ({**CAUSAL, "task": "text-classification"}, "last", "only tasks fill-mask, causal-lm choose their output"),
-        ({**CAUSAL, "task": "text-generation"}, "all", "only tasks fill-mask, causal-lm choose their output"),
+        (
+            {**CAUSAL, "task": "text-classification"},
+            "last",
+            "only tasks fill-mask, causal-lm, text-generation choose their output",
+        ),
+        (
+            {**CAUSAL, "task": "text-generation"},
+            "mask",
+            "'mask' is not an output of task 'text-generation'; its outputs: 'all', 'last'",
+        ),
     ],
 )
 def test_a_bad_output_names_its_file_line_and_field(tmp_path: Path, data: dict, output: object, message: str) -> None:

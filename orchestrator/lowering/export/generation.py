@@ -1,8 +1,11 @@
 """A decoder LM as it is used (`task: text-generation`): one program for prefill and decode, the KV cache inside.
 
-The program takes `input_ids` [1, S] and `cache_position` [S] (S dynamic: a prompt of P tokens, then one token at
-position P, P+1, ...) and returns the logits [1, S, vocab]; the KV cache is mutable state of the program, written at
-`cache_position` on every call. How it attends is a lowering choice (attention/choice.py):
+The program takes `input_ids` [1, S] and `cache_position` [S] (S dynamic up to the spec's max_prompt_len: a prompt
+of P tokens, then one token at position P, P+1, ...) and returns the logits the spec's `output` names: the last
+position's [1, 1, vocab] (the default, as ExecuTorch's LLM export: the head runs on one row) or every position's
+[1, S, vocab]. The KV cache is mutable state of the program, written at `cache_position` on every call. Activations
+are planned at max_prompt_len rows and the cache at the context, so a longer context grows the cache alone.
+How it attends is a lowering choice (attention/choice.py):
 
 - `etlab` (the default): etlab's cache (attention/kv_cache.py) writes the new rows in place through
   `etlab::update_cache`, and transformers calls etlab's attention (attention/interface.py), `etlab::attend`, which
@@ -47,17 +50,19 @@ POSITION_INPUT = "cache_position"
 
 class GenerationModule(torch.nn.Module):
     """`model` with a KV cache of `context` positions: forward(input_ids [1, S], cache_position [S]) -> logits
-    [1, S, vocab]. `model` stays the HuggingFace model (eager generation, vocab_size_of, rewrites' checks).
+    [1, 1, vocab] (`last_only`) or [1, S, vocab]. `model` stays the HuggingFace model (eager generation,
+    vocab_size_of, rewrites' checks).
 
     `attention` is how the program attends (attention/choice.py): "sdpa" is transformers' static-cache recipe with
     standard operators; "etlab" writes the new rows through `etlab::update_cache` and attends by position through
     `etlab::attend` (attention/kv_cache.py, attention/interface.py): no copy of the cache, no mask over it."""
 
-    def __init__(self, model: PreTrainedModel, context: int, attention: str = SDPA) -> None:
+    def __init__(self, model: PreTrainedModel, context: int, attention: str = SDPA, last_only: bool = False) -> None:
         super().__init__()
         self.model = model
         self.context = context
         self.attention = attention
+        self.last_only = last_only
         # what eager generation attends with: the model's own implementation, never etlab's
         self.eager_attention = str(model.config._attn_implementation)
         if attention == ETLAB:
@@ -84,11 +89,16 @@ class GenerationModule(torch.nn.Module):
             self.register_buffer(name, buffer, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        if self.attention != ETLAB:
-            return self.cached(input_ids=input_ids, cache_position=cache_position)
+        if self.attention != ETLAB:  # transformers' recipe computes every position's logits: the last one kept
+            logits = self.cached(input_ids=input_ids, cache_position=cache_position)
+            return logits[:, -1:] if self.last_only else logits
         self.kv_cache.positions = cache_position  # where this call's rows go, and what each one attends to
         out = self.model(
-            input_ids=input_ids, position_ids=cache_position.unsqueeze(0), cache=self.kv_cache, use_cache=True
+            input_ids=input_ids,
+            position_ids=cache_position.unsqueeze(0),
+            cache=self.kv_cache,
+            use_cache=True,
+            logits_to_keep=1 if self.last_only else 0,  # the head on the last row only
         )
         return out.logits
 
@@ -198,6 +208,13 @@ def reference(module: GenerationModule, spec: ModelSpec) -> Reference:
     A tokenized prompt and its new tokens must fit the cache: a SpecError naming `prompt` otherwise."""
     prompt = prompt_for(spec, int(module.model.config.vocab_size))
     needed = prompt.ids.shape[1] + spec.new_tokens
+    if prompt.ids.shape[1] > spec.prompt_capacity:
+        where = "prompt" if spec.prompt else "seq_len"
+        problem = (
+            f"the prompt's {prompt.ids.shape[1]} tokens are more than one call of the program takes "
+            f"(max_prompt_len {spec.prompt_capacity})"
+        )
+        raise spec_failure([(where, problem)], spec)
     if needed > spec.cache_capacity:
         where = "prompt" if spec.prompt else "seq_len"
         problem = (
@@ -210,9 +227,11 @@ def reference(module: GenerationModule, spec: ModelSpec) -> Reference:
     return Reference(inputs, inputs[:1], [NamedTensor("output_0", generated)], _record(module, spec, prompt, generated))
 
 
-def export(module: torch.nn.Module, example_args: tuple, context: int) -> Any:
-    """The program with a dynamic sequence length 1..context-1 (a prompt, then one token at a time)."""
-    seq = torch.export.Dim("seq", min=1, max=context - 1)
+def export(module: torch.nn.Module, example_args: tuple, prompt_rows: int) -> Any:
+    """The program with a dynamic sequence length 1..prompt_rows (a prompt, then one token at a time). Every
+    activation is planned at `prompt_rows` rows, so it is the spec's prompt capacity, not the context: a longer
+    context grows the cache alone."""
+    seq = torch.export.Dim("seq", min=1, max=prompt_rows)
     with torch.no_grad():
         program = torch.export.export(module, example_args, dynamic_shapes=({1: seq}, {0: seq}), strict=True)
     _deterministic_metadata(program)
@@ -239,7 +258,7 @@ def _stable_key(key: Any, entry: Any) -> Any:
     return f"module:{entry[0]}" + (f"@{found.group(1)}" if found.group(1) else "")
 
 
-def quantizer(scheme: Scheme, context: int) -> Any:
+def quantizer(scheme: Scheme, prompt_rows: int) -> Any:
     """How a text-generation program is quantized: the scheme's own LLM recipe (quantize.LlmRecipe) on the
     HuggingFace model, then the export above. The eager module is quantized once (the wrapper holds the model twice:
     through the cache too). A scheme without a recipe never gets here: the lowering refuses it first (exit 64)."""
@@ -249,7 +268,7 @@ def quantizer(scheme: Scheme, context: int) -> Any:
 
     def apply(module: GenerationModule, example_args: tuple, _calibration: Any, _quantizer: Any) -> Any:
         recipe.apply(module.model)
-        return export(module, example_args, context)
+        return export(module, example_args, prompt_rows)
 
     return apply
 
@@ -274,7 +293,7 @@ def _record(module: GenerationModule, spec: ModelSpec, prompt: Prompt, generated
         }
     return {
         "context": spec.cache_capacity,
-        "max_prompt_len": spec.cache_capacity - 1,
+        "max_prompt_len": spec.prompt_capacity,
         "prompt_len": int(prompt.ids.shape[1]),
         "new_tokens": spec.new_tokens,
         "kv_cache_bytes": kv_cache_bytes(module),

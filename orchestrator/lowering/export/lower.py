@@ -315,7 +315,7 @@ class _Exported:
     module: Any  # the eager module, for quantized variants lowered in this process
     rewrites: tuple[str, ...] = ()  # the rewrites applied to it
     program: Any = None  # the exported program, once `_export` ran
-    context: int | None = None  # text-generation: the KV cache's positions (a dynamic sequence length up to it)
+    prompt_rows: int | None = None  # text-generation: the most positions one call takes (a dynamic length up to it)
     generation: dict[str, Any] | None = None  # text-generation: the sidecar's `generation` record
 
 
@@ -370,7 +370,7 @@ def _load(
         example_args,
         module,
         applied,
-        context=spec.cache_capacity if spec.generates else None,
+        prompt_rows=spec.prompt_capacity if spec.generates else None,
         generation=generation_record,
     )
 
@@ -380,11 +380,11 @@ def _export(shared: _Exported, artifact_paths: ArtifactPaths, timer: console.Sta
     import torch
 
     with timer.stage("export"):
-        if shared.context is not None:
+        if shared.prompt_rows is not None:
             from orchestrator.lowering.export import generation
 
             with lowering_stage(EXPORT, artifact_paths.name):
-                shared.program = generation.export(shared.module, shared.example_args, shared.context)
+                shared.program = generation.export(shared.module, shared.example_args, shared.prompt_rows)
         else:
             shared.program = export_module(shared.module, shared.example_args, model=artifact_paths.name)
 

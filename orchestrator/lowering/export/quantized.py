@@ -70,7 +70,7 @@ def quantized_program(
     if task.spec.generates:  # as ExecuTorch's LLM recipe: 8-bit embeddings too, exported with the KV cache
         from orchestrator.lowering.export import generation
 
-        apply = generation.quantizer(scheme, task.spec.cache_capacity)
+        apply = generation.quantizer(scheme, task.spec.prompt_capacity)
     with lowering_stage(f"{EXPORT} (quantizing to {scheme.name})", task.spec.name):
         quantized = quantize(
             module, example_args, scheme, calibration=calibration, calibration_source=source, apply=apply

@@ -16,12 +16,14 @@ from orchestrator.lowering.attention.choice import ATTENTIONS
 from orchestrator.lowering.spec import (
     DEFAULT_CONTEXT,
     DEFAULT_NEW_TOKENS,
+    GENERATION_OUTPUT,
     GENERATION_TASK,
     IMAGE_INPUT,
     IMAGE_TASK,
     INPUT_KINDS,
     INPUT_NAMES,
     MAX_CONTEXT,
+    OUTPUT_TASKS,
     OUTPUTS,
     TASK_INPUTS,
     TASKS,
@@ -69,8 +71,9 @@ _HUGGINGFACE_FIELDS: dict[str, Check] = {
     "image_size": integer(16, 1024),  # image-classification: the side of the square image (the config's image_size)
     "context": integer(2, MAX_CONTEXT),  # text-generation: the KV cache capacity
     "new_tokens": integer(1, 4096),  # text-generation: tokens a run generates by default
+    "max_prompt_len": integer(1, MAX_CONTEXT),  # text-generation: the most tokens one call takes
     "prompt": text,  # text-generation: the prompt, tokenized when the model's tokenizer is cached
-    "output": one_of(tuple(OUTPUTS)),  # fill-mask and causal-lm: which logits the program returns
+    "output": one_of(tuple(OUTPUTS)),  # fill-mask, causal-lm, text-generation: which logits the program returns
     "attention": one_of(ATTENTIONS),  # text-generation: etlab's operators or transformers' sdpa (attention/choice.py)
 }
 
@@ -83,7 +86,7 @@ def _huggingface_problem(found: dict[str, Any], data: dict[str, Any]) -> tuple[s
     if "output" in found and task not in OUTPUTS[found["output"]]:
         fits = ", ".join(repr(name) for name, tasks in OUTPUTS.items() if task in tasks)
         return "output", f"{found['output']!r} is not an output of task {task!r}; " + (
-            f"its outputs: {fits}" if fits else f"only tasks {', '.join(WRAPPED_TASKS)} choose their output"
+            f"its outputs: {fits}" if fits else f"only tasks {', '.join(OUTPUT_TASKS)} choose their output"
         )
     if "image_size" in found and task != IMAGE_TASK:
         return "image_size", f"is for task {IMAGE_TASK!r} only (task {task!r} takes no image)"
@@ -110,7 +113,7 @@ def _fallback_prompt_len(context: int, new_tokens: int) -> int:
 
 def _generation_problem(found: dict[str, Any], task: str) -> tuple[str, str] | None:
     """A text-generation spec's own rules: one sequence, a prompt and its new tokens within the KV cache."""
-    for key in ("context", "new_tokens", "prompt", "attention"):
+    for key in ("context", "new_tokens", "prompt", "attention", "max_prompt_len"):
         if key in found and task != GENERATION_TASK:
             return key, f"is for task {GENERATION_TASK!r} only (task {task!r} has no KV cache)"
     if task != GENERATION_TASK:
@@ -127,6 +130,11 @@ def _generation_problem(found: dict[str, Any], task: str) -> tuple[str, str] | N
         return where, (
             f"a prompt of seq_len {prompt} and {new_tokens} new tokens need {prompt + new_tokens} positions, more "
             f"than the KV cache's context {context}"
+        )
+    capacity = found.get("max_prompt_len")
+    if capacity is not None and not prompt <= capacity < context:
+        return "max_prompt_len", (
+            f"{capacity} must take the prompt (seq_len {prompt}) and leave room in the KV cache's context {context}"
         )
     return None
 
@@ -192,6 +200,8 @@ def _complete(given: dict[str, Any], data: dict[str, Any], folder: Path) -> dict
             given.setdefault("seq_len", inputs[0].shape[1])
         if inputs[0].name == IMAGE_INPUT:
             given.setdefault("image_size", inputs[0].shape[2])
+    if given.get("task") == GENERATION_TASK:
+        given.setdefault("output", GENERATION_OUTPUT)
     if given.get("task") == GENERATION_TASK and "prompt" in given:  # seq_len: the stand-in without a tokenizer
         context = given.get("context") or DEFAULT_CONTEXT
         given.setdefault("seq_len", _fallback_prompt_len(context, given.get("new_tokens", DEFAULT_NEW_TOKENS)))

@@ -455,7 +455,8 @@ def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> L
         from orchestrator.lowering.export.generation import GenerationModule
 
         assert isinstance(model, PreTrainedModel)  # a causal LM, never an encoder taken out of one
-        module = GenerationModule(model, spec.cache_capacity, attention_of(spec) or SDPA)
+        last_only = spec.output != ALL_POSITIONS
+        module = GenerationModule(model, spec.cache_capacity, attention_of(spec) or SDPA, last_only)
         return LoadedModel(module.eval(), weights, note, parameters)
     names = tuple(item.name for item in model_inputs(spec, model.config, head))
     if spec.task in WRAPPED_TASKS and spec.output != ALL_POSITIONS:

@@ -31,6 +31,9 @@ class InstructionTiming:
     median_ms: Duration = 0.0
     samples: Count = 0  # timed executions; 0: not timed
     samples_ms: tuple[Duration, ...] = ()  # each timed execution's time (compare tests them)
+    module: str | None = None  # the model's module it came from (the program's source map); None: unknown
+    module_type: str | None = None
+    source: str | None = None  # "modeling_distilbert.py:182 in forward"
 
     @property
     def index(self) -> int:
@@ -53,6 +56,9 @@ class DelegateNodeTiming:
     type: str  # "XNNFullyConnected", ...
     mean_ms: Duration = 0.0
     median_ms: Duration | None = None  # None: not timed
+    module: str | None = None
+    module_type: str | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True)

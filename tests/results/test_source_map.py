@@ -142,3 +142,24 @@ def test_by_takes_module_or_module_and_a_depth(tmp_path: Path) -> None:
     for wrong in ("modules", "module:0", "module:x", "module:", "op"):
         ran = fab_analyze(tmp_path / "a/b/c/d", tmp_path, "--by", wrong)
         assert ran.returncode == 64 and "--by" in ran.stderr, (wrong, ran.stderr)
+
+
+def test_the_advisor_says_where_in_the_model(runner_bundles: dict[str, BundleCase], tmp_path: Path) -> None:
+    """Each finding about operators names their source lines and modules; a portable operator's names its
+    file:line in the model's code, and a fix of kind "code" points at that line."""
+    run, artifacts = placed_run(runner_bundles, tmp_path)
+    done = fab_analyze(run, artifacts)
+    assert done.returncode == 0, done.stdout + done.stderr
+    findings = json.loads((run / "analysis" / "advice.json").read_text())["findings"]
+    about_operators = [f for f in findings if f["nodes"]]
+    assert about_operators and all(f["where"] for f in about_operators), findings
+    ops = load_ops(run)
+    portable = {row.node_id: row for row in ops.kernel_calls()}
+    on_portable = [f for f in about_operators if set(f["nodes"].get(ops.method, ())) & set(portable)]
+    assert on_portable, findings
+    for finding in on_portable:
+        assert any(" at modeling_distilbert.py:" in line for line in finding["where"]), finding["where"]
+    said = " ".join((done.stdout + done.stderr).split())
+    for finding in (f for f in findings[:3] if f["fix_kind"] == "code" and f["where"]):  # the lines it prints
+        line = said.split(f"advice: {finding['id']} ", 1)[1].split("advice:", 1)[0]
+        assert " at modeling_distilbert.py:" in line, line

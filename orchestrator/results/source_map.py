@@ -53,6 +53,7 @@ class InstructionSources:
     instruction: Count
     sources: Indices = ()
     handles: Annotated[tuple[int, ...], msgspec.Meta(max_length=MAX_ROWS)] = ()
+    op: Text | None = None  # the kernel the node calls, as the plan names it ("aten::mm.out")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class SourceMap(Document):
     delegates: Annotated[tuple[DelegateSources, ...], msgspec.Meta(max_length=MAX_ROWS)] = ()
     pte: Text | None = None
     modules: Annotated[dict[Text, Text], msgspec.Meta(max_length=MAX_ROWS)] = field(default_factory=dict)
+    unmatched: Count = 0  # operator nodes lowering left out: their instruction was not the plan's next one
 
 
 def source_map_path(pte: Path) -> Path:
@@ -147,6 +149,9 @@ def attribute(profile: Profile, source_map: SourceMap, where: str) -> None:
             raise SourceMapError(
                 where, f"instructions[{k}].instruction", f"the program has no kernel call {row.instruction}"
             )
+        if row.op is not None and row.op != instruction.op:
+            problem = f"instruction {row.instruction} calls {instruction.op}, not {row.op}"
+            raise SourceMapError(where, f"instructions[{k}].op", problem)
         instruction.source = attribution(records(row.sources))
     for k, delegated in enumerate(source_map.delegates):
         instruction = instructions.get(delegated.instruction)

@@ -72,3 +72,60 @@ def test_lowering_again_writes_the_same_map(tiny_artifacts: dict[str, Any], tmp_
     again = tmp_path / "distilbert-tiny" / "distilbert-tiny_xnnpack.sources.json"
     first = ARTIFACT_CACHE / "distilbert-tiny" / "distilbert-tiny_xnnpack.sources.json"
     assert again.read_bytes() == first.read_bytes()
+
+
+def plan_agrees(pte: Path) -> tuple[dict[str, Any], list[str]]:
+    """The map beside `pte` and every way it disagrees with the program's own plan: a kernel-call row naming an
+    instruction that is not a kernel call of its operator, a delegate row naming one that is not a delegate call."""
+    from orchestrator.programs.plan import read_program_plan
+
+    data = json.loads(source_map_path(pte).read_text())
+    plan = {i.index: i for i in read_program_plan(pte).instructions if i.chain == 0}
+    wrong = []
+    for row in data["instructions"]:
+        planned = plan.get(row["instruction"])
+        if planned is None or planned.kind != "KernelCall" or planned.op != row.get("op"):
+            wrong.append(f"{row['instruction']}: {row.get('op')} is {planned}")
+    for delegate in data["delegates"]:
+        planned = plan.get(delegate["instruction"])
+        if planned is None or planned.kind != "DelegateCall":
+            wrong.append(f"delegate {delegate['instruction']} is {planned}")
+    return data, wrong
+
+
+def operator_instructions(pte: Path) -> set[int]:
+    from orchestrator.programs.plan import read_program_plan
+
+    plan = read_program_plan(pte).instructions
+    return {i.index for i in plan if i.chain == 0 and i.kind in ("KernelCall", "DelegateCall")}
+
+
+@pytest.mark.parametrize(
+    ("name", "variant"),
+    [
+        ("smollm2-gen-tiny", "xnnpack"),
+        ("smollm2-gen-tiny", "portable"),
+        ("distilbert-tiny", "portable"),
+        ("distilbert-tiny", "xnnpack"),
+    ],
+)
+def test_map_names_only_instructions_the_plan_agrees_with(
+    name: str, variant: str, tiny_artifacts: dict[str, Any]
+) -> None:
+    """The emitted graph's operator nodes are the plan's instructions in order (issue 37: a node the emitter did not
+    emit kept a handle equal to a delegate call's id, and the map named that delegate call as a kernel call): every
+    row names a kernel call of its own operator or a delegate call, and every kernel and delegate call has its row,
+    etlab::update_cache, etlab::attend and et_view included."""
+    result = lowering.lower(BUILTIN_SPECS[name], variants=[VARIANTS[variant]], weights="random", root=ARTIFACT_CACHE)
+    pte = result.variants[VARIANTS[variant]].pte
+    data, wrong = plan_agrees(pte)
+    assert wrong == []
+    assert data["unmatched"] == 0
+    mapped = {row["instruction"] for row in data["instructions"]} | {d["instruction"] for d in data["delegates"]}
+    assert mapped == operator_instructions(pte)
+    ops = {row["op"] for row in data["instructions"]}
+    if name.startswith("smollm2"):
+        assert {"etlab::update_cache", "etlab::attend"} <= {op.split(".")[0] for op in ops}
+        attend = [row for row in data["instructions"] if row["op"].startswith("etlab::attend")]
+        assert all(data["sources"][i]["module"].endswith("self_attn") for row in attend for i in row["sources"])
+        assert all(row["sources"] for row in attend)

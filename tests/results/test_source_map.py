@@ -97,6 +97,10 @@ def test_a_damaged_map_is_refused_by_name(runner_bundles: dict[str, BundleCase],
     [
         (lambda data: data["instructions"][0].update(sources=["zero"]), r"instructions\[0\]\.sources\[0\]: expected"),
         (lambda data: data["instructions"][0].update(instruction=100000), "the program has no kernel call 100000"),
+        (
+            lambda data: data["instructions"][0].update(op="aten::mm.out"),
+            r"instructions\[0\]\.op: instruction \d+ calls",
+        ),
         (lambda data: data["delegates"][0].update(instruction=data["instructions"][0]["instruction"]), "no delegate"),
         (lambda data: data["delegates"][0]["nodes"][0].update(node=999), "has no node 999"),
         (lambda data: data["instructions"][0].update(sources=[10**6]), "source 1000000 does not exist"),

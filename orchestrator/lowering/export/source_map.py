@@ -40,6 +40,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator import console
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.programs.plan import read_program_plan
 from orchestrator.programs.xnn import XNNPACK_BACKEND, read_xnn_nodes
@@ -294,8 +295,6 @@ def write_source_map(program: Any, pte: Path, method: str = "forward") -> Path:
     path = source_map_path(pte)
     data = build_source_map(program, pte, method)
     if data["unmatched"]:
-        from orchestrator import console
-
         console.warn(f"{pte.name}: {data['unmatched']} instruction(s) left out of the source map (not the plan's)")
     atomic_write_json(path, data, durable=False, indent=None)
     return path

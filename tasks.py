@@ -152,14 +152,16 @@ def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=
 
 
 @task(help={"run": "run id (or unique prefix) under results/", "latest": "the latest pulled run (default)",
-            "bundle": "analyse this bundle folder instead", **ACCURACY_HELP})  # fmt: skip
+            "bundle": "analyse this bundle folder instead",
+            "by": "module: the time by module of the model; module:DEPTH rolled up to DEPTH levels",
+            **ACCURACY_HELP})  # fmt: skip
 @handle_errors
-def analyze(c, run=None, latest=False, bundle=None, min_sqnr=None, min_top1=None, min_top5=None):
+def analyze(c, run=None, latest=False, bundle=None, min_sqnr=None, min_top1=None, min_top5=None, by=None):
     """Per-operator statistics, summary.json, validity and Model Explorer overlays for a pulled run."""
     from orchestrator.commands.results import analyze_task
 
     return analyze_task(
-        run, latest=latest, bundle=bundle, min_sqnr=min_sqnr, min_top1=min_top1, min_top5=min_top5
+        run, latest=latest, bundle=bundle, min_sqnr=min_sqnr, min_top1=min_top1, min_top5=min_top5, by=by
     )  # fmt: skip
 
 

@@ -18,7 +18,9 @@ def advise(facts: RunFacts) -> Advice:
             explained.update(node for nodes in finding.nodes.values() for node in nodes)
             drafts.append(finding)
     ordered = sorted(drafts, key=_rank)
-    numbered = tuple(_with_id(finding, f"F{k}") for k, finding in enumerate(ordered, 1))
+    numbered = tuple(
+        replace(finding, id=f"F{k}", where=facts.ops.where(finding.nodes)) for k, finding in enumerate(ordered, 1)
+    )
     model = facts.summary.model
     return Advice(facts.ops.run_id, model.name, model.backend, facts.summary.board, facts.ops.method_mean_ms, numbered)
 
@@ -28,7 +30,3 @@ def _rank(finding: Finding) -> tuple[int, float]:
     if finding.saving_ms is None:
         return (2, -(finding.saving_mb or 0.0))
     return (1 if finding.saving_is_bound else 0, -finding.saving_ms)
-
-
-def _with_id(finding: Finding, finding_id: str) -> Finding:
-    return replace(finding, id=finding_id)

@@ -43,6 +43,7 @@ class Finding:
     fix: str  # what to do
     rewrite: str | None = None  # the REWRITES name etlab can apply
     attention: str | None = None  # the attention a text-generation program is lowered again with (`--attention`)
+    where: tuple[str, ...] = ()  # the model's source lines and modules of its operators (the run's source map)
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,18 @@ def output_folder(value: Any, option: str) -> Path:
     return folder
 
 
+MODULE_GROUPING = "module"
+
+
+def grouping(value: Any, option: str = "--by") -> int | None:
+    """`module` (each module's own time) or `module:DEPTH` (rolled up to DEPTH >= 1 components): the depth."""
+    text = str(value).strip()
+    kind, _, depth = text.partition(":")
+    if kind != MODULE_GROUPING or (_ and not depth):
+        raise UsageError(f"{option} must be module or module:DEPTH (DEPTH a whole number from 1), got {value!r}")
+    return count(option, depth, minimum=1, maximum=64) if depth else None
+
+
 def night(value: Any) -> str:
     """`--night`: a date spelled YYYY-MM-DD, the one spelling (the history, the reports and the night's lock are
     named by it: 20310101 and 2031-W01-3 would make one date several nights)."""

@@ -14,6 +14,7 @@ from orchestrator.fsutil import read_json
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.context_scaling import context_rows, write_plot
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
+from orchestrator.results.modules import rolled_up, shown_ms
 from orchestrator.results.summary import Counters, RunSummary
 
 
@@ -76,6 +77,32 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
         (console.warn if accuracy.verdict == "fail" else console.info)(console.escape(line))
         for said in accuracy.reasons:
             console.warn(f"accuracy: {said}")
+
+
+def render_modules(run: RunSummary, depth: int | None, limit: int = 15) -> None:
+    """The time by module of the model (`--by module[:DEPTH]`): the slowest modules, and the share traced to one."""
+    tree = run.modules
+    if tree is None:
+        console.warn("--by module: no time by module to show")
+        return
+    rows = rolled_up(tree, depth)
+    level = "each module's own rows" if depth is None else f"modules at depth {depth}"
+    share = f"{tree.attributed_share * 100:.1f}%" if tree.attributed_share is not None else "none"
+    console.table(
+        "Time by module",
+        ["module", "type", "ms", "% of run", "delegated ms"],
+        [
+            [
+                row.module,
+                (row.module_type or "").rsplit(".", 1)[-1] or None,
+                shown_ms(row, depth),
+                shown_ms(row, depth) / tree.measured_ms * 100 if tree.measured_ms else None,
+                row.delegated_ms if depth is not None and row.depth == depth else None,
+            ]
+            for row in rows[:limit]
+        ],
+        caption=f"{level}; {share} of the measured time traced to a module of the model",
+    )
 
 
 def _figure(value: float | None, style: str) -> str | None:

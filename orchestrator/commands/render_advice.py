@@ -37,7 +37,7 @@ def render_advice(advice: Advice, notes: list[str]) -> None:
         return
     rows = [
         [f.id, f.title, f"{f.calls} × {', '.join(f.operators)}" if f.operators else "—", f.measured_ms or None,
-         f"{f.share:.0%}" if f.share else "—", _saving(f, advice.method_ms), f.fix_kind, f.fix]
+         f"{f.share:.0%}" if f.share else "—", _saving(f, advice.method_ms), f.fix_kind, f.fix + _at_line(f)]
         for f in advice.findings
     ]  # fmt: skip
     console.table(
@@ -46,15 +46,31 @@ def render_advice(advice: Advice, notes: list[str]) -> None:
         rows,
         caption=f"{_total(advice)} from the predicted findings (≤: at most, not counted); causes below",
     )
-    console.details("Causes", [(f.id, f.kind, f"{f.cause}\nsaving: {f.saving_note}") for f in advice.findings])
+    console.details(
+        "Causes", [(f.id, f.kind, f"{f.cause}\nsaving: {f.saving_note}{_where(f)}") for f in advice.findings]
+    )
+
+
+def _where(finding: Finding) -> str:
+    return "".join(f"\nwhere: {line}" for line in finding.where)
 
 
 def advice_lines(advice: Advice, limit: int = ONE_LINE_FINDINGS) -> list[str]:
     """One line per top finding and the predicted total, as every analysis prints them."""
-    lines = [f"{f.id} {_saving(f, advice.method_ms)}: {f.title} → {f.fix}" for f in advice.findings[:limit]]
+    lines = [
+        f"{f.id} {_saving(f, advice.method_ms)}: {f.title} → {f.fix}{_at_line(f)}" for f in advice.findings[:limit]
+    ]
     more = len(advice.findings) - limit
     tail = f"; {more} more: fab advise --run {advice.run_id}" if more > 0 else ""
     return [*lines, f"{_total(advice)}{tail}"] if lines else []
+
+
+def _at_line(finding: Finding) -> str:
+    """A fix in the user's code points at its line: the source of the finding's costliest operator."""
+    if finding.fix_kind != "code" or not finding.where:
+        return ""
+    at = finding.where[0].split(" at ", 1)[1].split(" (", 1)[0]
+    return f" at {at}" if at != "?" else ""
 
 
 def print_advice_lines(advice: Advice, who: str = "") -> None:

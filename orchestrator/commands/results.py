@@ -11,7 +11,7 @@ from orchestrator import console
 from orchestrator.commands import options
 from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import find_artifact, naming_port, select_boards, split_list
-from orchestrator.commands.render import render_top_ops
+from orchestrator.commands.render import render_modules, render_top_ops
 from orchestrator.commands.render_compare import render_comparison
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.lowering import programs
@@ -38,7 +38,10 @@ def analyze(
     latest: bool = False,
     bundle: Path | None = None,
     accuracy: dict[str, float] | None = None,
+    by_module: bool = False,
+    depth: int | None = None,
 ) -> int:
+    """`fab analyze`; `by_module`: also the time by module of the model, rolled up to `depth` components."""
     if bundle is not None:
         path = Path(bundle)
         if not path.is_dir():
@@ -58,6 +61,10 @@ def analyze(
     except AnalysisError as exc:
         raise AnalysisError(f"{exc} (the raw bundle is kept at {run.path})", hint=exc.hint) from None
     render_top_ops(summary)
+    for note in summary.notes:
+        console.info(console.escape(note))
+    if by_module:
+        render_modules(summary.run, depth)
     if summary.profile is not None:
         advise_quietly(run)
     names = ", ".join(str(path.relative_to(run.path)) for path in summary.written)
@@ -186,11 +193,22 @@ def compare(
 
 
 def analyze_task(
-    run_id: str | None, *, latest: bool, bundle: str | None, min_sqnr: Any, min_top1: Any, min_top5: Any
+    run_id: str | None,
+    *,
+    latest: bool,
+    bundle: str | None,
+    min_sqnr: Any,
+    min_top1: Any,
+    min_top5: Any,
+    by: Any = None,
 ) -> int:
-    """`fab analyze`."""
+    """`fab analyze [--by module[:DEPTH]]`."""
     accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
-    return analyze(run_id, latest=latest, bundle=None if bundle is None else Path(bundle), accuracy=accuracy)
+    depth = options.grouping(by) if by is not None else None
+    return analyze(
+        run_id, latest=latest, bundle=None if bundle is None else Path(bundle), accuracy=accuracy,
+        by_module=by is not None, depth=depth,
+    )  # fmt: skip
 
 
 def explore_task(run_id: str | None, *, model: str | None, host: str, port: Any, no_browser: bool) -> int:

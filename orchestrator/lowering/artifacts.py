@@ -20,6 +20,10 @@ from orchestrator.lowering.variants import BACKENDS, QUANTIZED_BACKENDS, VARIANT
 # the backend names, from variants.py; the schema, from sidecar.py
 __all__ = ["BACKENDS", "QUANTIZED_BACKENDS", "SIDECAR_SCHEMA", "VARIANTS"]
 
+# The source map's role in a sidecar's files. Its absence makes the artifact incomplete (lowered again), but a
+# changed map does not: the analysis checks it against this record when it reads it, and refuses it by name.
+SOURCES_ROLE = "sources"
+
 
 @dataclass(frozen=True)
 class ArtifactPaths:
@@ -115,6 +119,8 @@ def valid_sidecar(artifact_paths: ArtifactPaths, variant: Variant) -> tuple[Side
     except ArtifactError as exc:
         return None, str(exc)
     for role, record in sidecar.files.items():
+        if role == SOURCES_ROLE and (artifact_paths.folder / record.file).is_file():
+            continue
         if not record_still_matches(artifact_paths.folder, record):
             return None, f"{record.file} ({role}) changed or is missing since it was lowered"
     return sidecar, None

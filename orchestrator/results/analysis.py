@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import sha256_file
+from orchestrator.lowering.artifacts import SOURCES_ROLE
 from orchestrator.lowering.quantize.schemes import FP32
 from orchestrator.lowering.sidecar import Sidecar, sidecar_data
 from orchestrator.programs.memory import ProgramMemory, program_memory_from_sidecar, read_program_memory
@@ -32,7 +33,9 @@ from orchestrator.results.generation import (
     token_check,
 )
 from orchestrator.results.memory import memory_summary
+from orchestrator.results.modules import module_tree
 from orchestrator.results.profile import Profile
+from orchestrator.results.source_map import attribute, load_source_map
 from orchestrator.results.summary import TokenCheck
 from orchestrator.results.summary_checks import hashing_times
 from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS, Correctness
@@ -119,6 +122,8 @@ def analyze_bundle(
     elif bundle.ran_ok:
         bundle.notes.append(("degraded", "run without ETDump: no per-operator profile"))
 
+    source_notes = _attribute_sources(pte, sidecar, [p for p in (profile, *phases.values()) if p is not None])
+
     correctness = Correctness()
     kinds, kind_note = output_kinds(sidecar)
     outputs_path = bundle.path / "outputs.etlt"
@@ -162,9 +167,31 @@ def analyze_bundle(
             reference = Path(reference_outputs) if reference_outputs is not None else None
             accuracy = judge_accuracy(ran, reference, scheme.name, thresholds, weights, kinds)
         run = dataclasses.replace(run, accuracy=accuracy)
-    summary = Summary(bundle_dir=bundle.path, run=run, profile=profile)
+    if profile is not None:
+        run = dataclasses.replace(run, modules=module_tree(profile))
+    summary = Summary(bundle_dir=bundle.path, run=run, profile=profile, notes=source_notes)
     summary.written = write_outputs(bundle.path, run, profile, program=program, counters=counter_profile, phases=phases)
     return summary
+
+
+def _attribute_sources(pte: Path | None, sidecar: Sidecar | None, profiles: list[Profile]) -> list[str]:
+    """Each profile's rows given their module and source line from the program's source map; a damaged map is an
+    AnalysisError naming it (exit 65), a program without one analysed without them (and said once)."""
+    if not profiles:
+        return []
+    record = sidecar.files.get(SOURCES_ROLE) if sidecar is not None else None
+    recorded = pte.parent / record.file if pte is not None and record is not None else None
+    if recorded is not None and record is not None and recorded.is_file() and sha256_file(recorded) != record.sha256:
+        raise AnalysisError(
+            f"{recorded}: the source map changed since the program was lowered (not the sidecar's sha256)",
+            hint="lower the model again to write its map afresh",
+        )
+    source_map, path = load_source_map(pte, recorded)
+    if source_map is None or path is None:
+        return ["no source map for this program: operators are not traced to the model's modules"]
+    for profile in profiles:
+        attribute(profile, source_map, str(path))
+    return []
 
 
 def _profile_phases(

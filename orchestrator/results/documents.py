@@ -37,7 +37,7 @@ ANALYSIS_DIR = "analysis"
 TOP_LAYERS = 10
 OPS_CSV_COLUMNS = (
     "node_id", "chain", "instruction", "kind", "op", "samples",
-    "median_ms", "p10_ms", "p90_ms", "mean_ms", "min_ms", "max_ms", "pct",
+    "median_ms", "p10_ms", "p90_ms", "mean_ms", "min_ms", "max_ms", "pct", "module", "module_type", "source",
 )  # fmt: skip
 
 
@@ -49,6 +49,7 @@ class Summary:
     run: RunSummary
     profile: Profile | None
     written: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the analysis could not do, for the command to say once
 
     @property
     def data(self) -> dict[str, Any]:

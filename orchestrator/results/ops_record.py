@@ -6,7 +6,7 @@ the field types are the checks, the field named when wrong), since a results fol
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,9 @@ class InstructionTiming:
     median_ms: Duration = 0.0
     samples: Count = 0  # timed executions; 0: not timed
     samples_ms: tuple[Duration, ...] = ()  # each timed execution's time (compare tests them)
+    module: str | None = None  # the model's module it came from (the program's source map); None: unknown
+    module_type: str | None = None
+    source: str | None = None  # "modeling_distilbert.py:182 in forward"
 
     @property
     def index(self) -> int:
@@ -53,6 +56,9 @@ class DelegateNodeTiming:
     type: str  # "XNNFullyConnected", ...
     mean_ms: Duration = 0.0
     median_ms: Duration | None = None  # None: not timed
+    module: str | None = None
+    module_type: str | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,32 @@ class OpsRecord:
     @property
     def delegated_ms(self) -> float:
         return sum(i.mean_ms for i in self.delegate_calls())
+
+    def where(self, nodes: Mapping[str, Sequence[str]], limit: int = 4) -> tuple[str, ...]:
+        """Where in the model the given nodes (graph id -> node ids, as a finding names them) came from, one line
+        per operator and source line, the most time first: "aten::where ×2 at modeling_x.py:182 in forward
+        (encoder.layer.0.attention)". Empty when the run has no source map."""
+        found: dict[tuple[str, str], list[Any]] = {}  # (operator, source) -> [calls, ms, modules]
+        rows: list[tuple[str, str | None, str | None, float]] = []
+        for node_id in nodes.get(self.method, ()):
+            rows += [(i.operator, i.source, i.module, i.mean_ms) for i in self.instructions if i.node_id == node_id]
+        for delegate in self.delegates:
+            wanted = set(nodes.get(delegate.graph_id, ()))
+            rows += [(n.type, n.source, n.module, n.mean_ms) for n in delegate.nodes if n.node in wanted]
+        for operator, source, module, ms in rows:
+            if source is None and module is None:
+                continue
+            entry = found.setdefault((operator, source or "?"), [0, 0.0, []])
+            entry[0], entry[1] = entry[0] + 1, entry[1] + ms
+            if module and module not in entry[2]:
+                entry[2].append(module)
+        ranked = sorted(found.items(), key=lambda item: -item[1][1])
+        lines = []
+        for (operator, source), (calls, _, modules) in ranked[:limit]:
+            more = f" +{len(modules) - 1} more" if len(modules) > 1 else ""
+            inside = f" ({modules[0]}{more})" if modules else ""
+            lines.append(f"{operator} ×{calls} at {source}{inside}")
+        return tuple(lines)
 
 
 def read_ops(data: Any, where: str = OPS_FILE) -> OpsRecord:

@@ -13,6 +13,19 @@ from orchestrator.results.stats import Distribution, distribution
 # Profile: what the ETDump says, independent of the rest of the bundle
 
 
+@dataclass(frozen=True)
+class Attribution:
+    """What a row came from (results/source_map.py): its module (its sources' deepest common module, "" for the
+    model itself), that module's class and the source line(s), `file:line in function`."""
+
+    module: str | None
+    module_type: str | None
+    source: str | None
+
+
+NO_SOURCE = Attribution(None, None, None)
+
+
 @dataclass
 class InstructionProfile:
     node_id: str
@@ -24,6 +37,7 @@ class InstructionProfile:
     samples_ms: np.ndarray
     dist: Distribution | None = None
     pct: float | None = None
+    source: Attribution = NO_SOURCE
 
     def row(self) -> dict[str, Any]:
         d = self.dist
@@ -41,6 +55,9 @@ class InstructionProfile:
             "min_ms": d.min if d else None,
             "max_ms": d.max if d else None,
             "pct": self.pct,
+            "module": self.source.module,
+            "module_type": self.source.module_type,
+            "source": self.source.source,
         }
 
 
@@ -52,6 +69,7 @@ class XnnNodeProfile:
     samples_ms: np.ndarray
     dist: Distribution | None
     pct: float | None
+    source: Attribution = NO_SOURCE
 
 
 @dataclass
@@ -68,6 +86,8 @@ class DelegateProfile:
     unplaced_events: list[str] = field(default_factory=list)
     fused_nodes: list[str] = field(default_factory=list)
     node_types: dict[str, str] = field(default_factory=dict)
+    source: Attribution = NO_SOURCE
+    node_sources: dict[str, Attribution] = field(default_factory=dict)  # every node's, fused ones included
 
     def event_mean_ms(self) -> float:
         return float(self.event_samples_ms.sum(axis=1).mean()) if self.event_samples_ms.size else 0.0
@@ -88,8 +108,14 @@ class DelegateProfile:
             events_mean_ms=self.event_mean_ms(),
             placed_mean_ms=self.placed_mean_ms(),
             coverage=(self.placed_mean_ms() / call_mean) if call_mean else None,
-            nodes=tuple(NodeReport(n.node, n.type, tuple(n.events), **dist_ms(n.dist), pct=n.pct) for n in self.nodes),
-            fused_nodes=tuple(FusedNode(node, self.node_types.get(node)) for node in self.fused_nodes),
+            nodes=tuple(
+                NodeReport(n.node, n.type, tuple(n.events), **dist_ms(n.dist), pct=n.pct, **_source(n.source))
+                for n in self.nodes
+            ),
+            fused_nodes=tuple(
+                FusedNode(node, self.node_types.get(node), **_source(self.node_sources.get(node, NO_SOURCE)))
+                for node in self.fused_nodes
+            ),
             unplaced_events=tuple(self.unplaced_events),
             events=tuple(
                 EventReport(name, **dist_ms(distribution(self.event_samples_ms[:, k])))
@@ -111,12 +137,20 @@ class NodeReport:
     p90_ms: float | None
     mean_ms: float | None
     pct: float | None
+    module: str | None = None
+    module_type: str | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True)
 class FusedNode:
+    """A node that emitted no event of its own (fused into its neighbour by XNNPACK), and what it came from."""
+
     node: str
     type: str | None
+    module: str | None = None
+    module_type: str | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +195,7 @@ class Profile:
     delegates: list[DelegateProfile]
     operator_types: list[dict[str, Any]]
     timing_agreement: float | None = None  # ETDump method time / timings.json time, after unit inference
+    module_types: dict[str, str] = field(default_factory=dict)  # the model's modules' classes (its source map)
 
     def coverage(self) -> dict[str, Any]:
         """How much delegate time the XNN-node overlays account for."""
@@ -177,6 +212,10 @@ class Profile:
             "delegates_placed": sum(1 for d in self.delegates if d.status == "placed"),
             "left_out": [{"node_id": d.node_id, "reason": d.reason} for d in self.delegates if d.status != "placed"],
         }
+
+
+def _source(source: Attribution) -> dict[str, Any]:
+    return {"module": source.module, "module_type": source.module_type, "source": source.source}
 
 
 def dist_ms(dist: Distribution | None) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from orchestrator.records import (
     read_document,
     write_document,
 )
+from orchestrator.results.modules import ModuleTree
 from orchestrator.results.summary_outputs import Accuracy, Correctness
 
 SUMMARY_SCHEMA = 1
@@ -228,6 +229,7 @@ class RunSummary(Document):
     counters: Counters | None = None
     accuracy: Accuracy | None = None  # quantized programs only
     generation: Generation | None = None  # text-generation programs only
+    modules: ModuleTree | None = None  # the time by module of the model: programs with a source map only
     validity: Validity
 
     def __post_init__(self) -> None:

@@ -15,10 +15,11 @@ from typing import Any
 
 from orchestrator import console
 from orchestrator.fsutil import atomic_path
-from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, ArtifactPaths, file_record
+from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, SOURCES_ROLE, ArtifactPaths, file_record
 from orchestrator.lowering.export.delegation import delegation_report, outside_delegates
 from orchestrator.lowering.export.export_errors import EXPORT, TO_EDGE, TO_EXECUTORCH, lowering_stage
 from orchestrator.lowering.export.parallel import VariantTask
+from orchestrator.lowering.export.source_map import write_source_map
 from orchestrator.lowering.quantize.xnn_types import node_report
 from orchestrator.lowering.sidecar import Sidecar, sidecar_from_data, write_sidecar
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
@@ -119,6 +120,11 @@ def lower_program(
             program.write_to_file(handle)
         files = dict(task.files)
         files["pte"] = file_record(pte_path)
+        # Which module and line of the model each instruction and delegated node came from (analysis reads it).
+        try:
+            files[SOURCES_ROLE] = file_record(write_source_map(program, pte_path))
+        except Exception as exc:  # a map that cannot be built costs the map, never the program
+            console.warn(f"{spec.name}: {variant}: no source map ({type(exc).__name__}: {exc})")
         if etrecord:
             etrecord_path = artifact_paths.etrecord(variant)
             with atomic_path(etrecord_path) as tmp:

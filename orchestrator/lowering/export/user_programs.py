@@ -23,6 +23,7 @@ from orchestrator import console
 from orchestrator.errors import AnalysisError, ArtifactError
 from orchestrator.fsutil import atomic_path, read_json, sha256_file
 from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, Artifact, ArtifactPaths, file_record, valid_sidecar
+from orchestrator.lowering.export.source_map import SOURCE_MAP_SUFFIX
 from orchestrator.lowering.sidecar import sidecar_from_data, write_sidecar
 from orchestrator.lowering.sources.pte import pte_spec
 from orchestrator.lowering.spec import is_user_program
@@ -186,6 +187,8 @@ def _delegation(pte: Path, method: str) -> tuple[dict[str, Any], Counter[str]]:
 def check_folder(artifact_paths: ArtifactPaths, source: Path) -> None:
     """artifacts/<name>/ is new, or holds earlier lowerings of user files: never another model's lowering."""
     for sidecar_path in sorted(artifact_paths.folder.glob(f"{artifact_paths.name}_*.json")):
+        if sidecar_path.name.endswith(SOURCE_MAP_SUFFIX):
+            continue
         try:
             spec = read_json(sidecar_path).get("spec", {})
             origin = spec.get("model_source") if isinstance(spec, dict) else None

@@ -31,21 +31,17 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from orchestrator.config import (
     Check,
-    Checker,
-    Invalid,
-    describe,
     did_you_mean,
     field_node,
     field_path,
     huge_integers,
     leaves,
     line_of,
-    string,
     text,
     value_node,
 )
 from orchestrator.errors import SpecError
-from orchestrator.names import is_valid_name
+from orchestrator.lowering.spec_fields import SpecChecker, spec_name
 from orchestrator.records import to_data
 
 # fill-mask and causal-lm give the logits the spec's `output` names (below); the others the head's first output as
@@ -338,55 +334,8 @@ class RemoteCodeInSpec(SpecError):
     layer names the option."""
 
 
-class _SpecChecker(Checker):
-    """Names fields as `field 'seq_len'`: a spec is flat JSON."""
-
-    def error(self, node: Node, field_name: str, message: str) -> None:
-        self.problems.append((line_of(node), f"field {field_name!r}: {message}" if field_name else message))
-
-
-def one_of(options: tuple[str, ...]) -> Check:
-    def check(node: Node, _field: str) -> str:
-        value = string(node)
-        if value not in options:
-            raise Invalid(f"{value!r} is not supported; supported: {', '.join(options)}{did_you_mean(value, options)}")
-        return value
-
-    return check
-
-
-def family_name(node: Node, _field: str) -> str:
-    """Only the spelling here: whether transformers knows the family (with a did-you-mean) is checked with it, in
-    `models.check_spec`."""
-    value = string(node)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", value):
-        raise Invalid(f"{value!r} is not a model family name (like 'bert', 'llama' or 'vit')")
-    return value
-
-
-def _name(node: Node, _field: str) -> str:
-    value = string(node)
-    if not is_valid_name(value):
-        raise Invalid("must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
-    return value
-
-
-def mapping(node: Node, _field: str) -> dict[str, Any]:
-    """Only the shape: the values are taken from the JSON (YAML reads `1e-5` as a string)."""
-    if not isinstance(node, MappingNode):
-        raise Invalid(f"expected a mapping (JSON object), got {describe(node)}")
-    return {}
-
-
-def sequence(node: Node, _field: str) -> list[Any]:
-    """Only the shape: the items are taken from the JSON."""
-    if not isinstance(node, SequenceNode):
-        raise Invalid(f"expected a list, got {describe(node)}")
-    return []
-
-
 # The fields of every spec file, whatever its source.
-_COMMON_FIELDS: dict[str, Check] = {"name": _name, "source": text, "description": text}
+_COMMON_FIELDS: dict[str, Check] = {"name": spec_name, "source": text, "description": text}
 DEFAULT_SOURCE = "huggingface"
 
 
@@ -557,7 +506,7 @@ def load_spec_file(path: Path) -> ModelSpec:
     except (RecursionError, yaml.YAMLError) as exc:  # PyYAML recurses once per level of nesting
         raise fail(f"{path}: lists or objects nested too deeply") from exc
     assert isinstance(root, MappingNode)  # a JSON object, checked above
-    checker = _SpecChecker(path)
+    checker = SpecChecker(path)
     for node, name in huge_integers(root):
         checker.error(node, name, f"a number of {len(str(node.value).lstrip('-'))} digits, beyond any size or id")
     if checker.problems:  # nothing downstream has to guard its arithmetic against them

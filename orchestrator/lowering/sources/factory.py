@@ -17,7 +17,8 @@ from typing import Any
 from yaml.nodes import Node
 
 from orchestrator.config import Check, Invalid, string
-from orchestrator.lowering.spec import FACTORY_TASK, ModelSource, ModelSpec, SourceOptions, mapping, register_source
+from orchestrator.lowering.spec import FACTORY_TASK, ModelSource, ModelSpec, SourceOptions, register_source
+from orchestrator.lowering.spec_fields import mapping
 
 # `pkg.mod:build` or `path/to/file.py:build`: where a factory is, and the function in it.
 _FACTORY = re.compile(r"^(?P<where>[^:]+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<object>[A-Za-z_]\w*)$")

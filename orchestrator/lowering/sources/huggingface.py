@@ -34,12 +34,9 @@ from orchestrator.lowering.spec import (
     InputSpec,
     ModelSource,
     ModelSpec,
-    family_name,
-    mapping,
-    one_of,
     register_source,
-    sequence,
 )
+from orchestrator.lowering.spec_fields import family_name, mapping, one_of, sequence
 from orchestrator.lowering.weights import Availability, pretrained_available
 
 

@@ -14,9 +14,9 @@ from orchestrator.lowering.spec import (
     ClassifierOptions,
     ModelSource,
     ModelSpec,
-    mapping,
     register_source,
 )
+from orchestrator.lowering.spec_fields import mapping
 from orchestrator.lowering.weights import Availability, cached_timm_weights, hf_hub_cache
 
 

@@ -1,5 +1,6 @@
 // Generate mode: greedy decoding with a program that keeps its KV cache inside (mutable buffers).
-// The method is forward(input_ids int64 [1, S], cache_position int64 [S]) -> float logits [1, S, vocab], S dynamic.
+// The method is forward(input_ids int64 [1, S], cache_position int64 [S]) -> float logits [1, S, vocab] or
+// [1, 1, vocab] (the last position's, etlab's default), S dynamic; the last row is read either way.
 // Contract: docs/DESIGN.md ("Native runner"); details: ../README.md ("Generate mode").
 #pragma once
 

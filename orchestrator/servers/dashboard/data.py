@@ -38,6 +38,7 @@ from orchestrator.servers.dashboard.records import (
     Column,
     ComparePage,
     CountersView,
+    DelegateGroup,
     GenerationView,
     Grid,
     GridCell,
@@ -57,8 +58,8 @@ from orchestrator.servers.dashboard.records import (
     TrendPoint,
     ValidityView,
 )
+from orchestrator.servers.dashboard.where import NO_MODULES, TOP_OPERATORS, module_deltas, module_times, operator_rows
 
-TOP_OPERATORS = 12
 # The grid's colours, by verdict: one legend for the overview, the trends and the compare page.
 VERDICT_ORDER = (
     "regression", "failed", "infra", "unconfirmed", "drift", "inconclusive", "not compared", "improvement", "new", "ok",
@@ -323,7 +324,7 @@ def run_page(lab: Lab, run_id: str) -> RunPage:
     if summary is None:
         return page
     latency = summary.latency
-    operators, operators_problem, split = _operators(run.path)
+    operators, groups, operators_problem, split = _operators(run.path)
     return dataclasses.replace(
         page,
         status=summary.status,
@@ -354,22 +355,20 @@ def run_page(lab: Lab, run_id: str) -> RunPage:
         operators=operators,
         operators_problem=operators_problem,
         split=split,
+        delegate_groups=groups,
+        modules=module_times(summary.modules) if summary.modules is not None else [],
+        modules_note=None if summary.modules is not None else NO_MODULES,
     )
 
 
-def _operators(run_dir: Path) -> tuple[list[OperatorRow], str | None, Split | None]:
-    """Top operators with their share of the method, and the delegated / non-delegated split (or why none)."""
+def _operators(run_dir: Path) -> tuple[list[OperatorRow], list[DelegateGroup], str | None, Split | None]:
+    """Top operators (the XNNPACK nodes inside delegates among them, where.py) with their share of the method, the
+    delegate calls they run in, and the delegated / non-delegated split (or why none)."""
     try:
         ops = load_ops(run_dir)
     except AnalysisError as exc:
-        return [], str(exc), None
-    total = ops.method_mean_ms or 1.0
-    timed = sorted((i for i in ops.instructions if i.mean_ms > 0), key=lambda i: -i.mean_ms)
-    operators = [
-        OperatorRow(node_id=i.node_id, kind=i.kind, op=i.op or i.kind, mean_ms=i.mean_ms,
-                    median_ms=i.median_ms, share=i.mean_ms / total * 100)
-        for i in timed[:TOP_OPERATORS]
-    ]  # fmt: skip
+        return [], [], str(exc), None
+    operators, groups = operator_rows(ops, TOP_OPERATORS)
     delegated = ops.delegated_ms
     kernels = sum(i.mean_ms for i in ops.kernel_calls())
     split = Split(
@@ -377,7 +376,7 @@ def _operators(run_dir: Path) -> tuple[list[OperatorRow], str | None, Split | No
         non_delegated_ms=kernels,
         other_ms=max(0.0, ops.method_mean_ms - delegated - kernels),
     )
-    return operators, None, split
+    return operators, groups, None, split
 
 
 def _generation(summary: RunSummary) -> GenerationView | None:
@@ -445,10 +444,16 @@ def compare_page(lab: Lab, run_a: str, run_b: str) -> ComparePage:
     """Two runs: the per-operator deltas and the verdict with its rules (nothing written into the runs)."""
     a, b = lab.find(run_a), lab.find(run_b)
     try:
+        modules, modules_note = module_deltas(load_summary(a.path), load_summary(b.path))
+    except AnalysisError as exc:
+        modules, modules_note = [], f"No modules compared: {exc}"
+    try:
         comparison = compare_runs(a.path, b.path, allow_rebuilt=True, write=False)
     except (CompareError, AnalysisError) as exc:
-        return ComparePage(a=_run_row(a), b=_run_row(b), problem=str(exc))
+        return ComparePage(a=_run_row(a), b=_run_row(b), problem=str(exc), modules=modules, modules_note=modules_note)
     return ComparePage(
+        modules=modules,
+        modules_note=modules_note,
         a=_run_row(a),
         b=_run_row(b),
         verdict=comparison.verdict.value,

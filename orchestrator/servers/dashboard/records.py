@@ -174,6 +174,45 @@ class OperatorRow:
     mean_ms: float
     median_ms: float | None
     share: float  # % of the method's mean
+    module: str | None = None  # the model's module it came from (the program's source map); None: unknown
+    source: str | None = None  # "modeling_distilbert.py:182 in forward"
+    inside: str | None = None  # an XNNPACK node's: the delegate call it runs in
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelegateGroup:
+    """A delegate call whose time is shown by its XNNPACK nodes: the call's total, and how much of it was placed."""
+
+    node_id: str
+    op: str
+    mean_ms: float
+    placed_ms: float  # of mean_ms, on its nodes (the rest: the delegate's own overhead)
+    nodes: int  # timed nodes
+    share: float  # % of the method's mean
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleTime:
+    """One module of the model for the run page's chart and table (summary.json's `modules`)."""
+
+    module: str
+    parent: str  # "" for a top-level module
+    name: str  # its last path component
+    module_type: str | None
+    total_ms: float  # its descendants included
+    self_ms: float
+    share: float  # % of the measured time
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleDelta:
+    """One module of both compared runs: its time (descendants included) on each side."""
+
+    module: str
+    a_ms: float
+    b_ms: float
+    delta_ms: float  # B - A
+    ratio: float | None  # B / A; None when A took no time
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,6 +307,9 @@ class RunPage:
     operators: list[OperatorRow] = field(default_factory=list)
     operators_problem: str | None = None
     split: Split | None = None
+    delegate_groups: list[DelegateGroup] = field(default_factory=list)
+    modules: list[ModuleTime] = field(default_factory=list)
+    modules_note: str | None = None  # why there is no time by module (an analysis from before source maps)
 
 
 # ---------------------------------------------------------------- compare
@@ -290,6 +332,8 @@ class ComparePage:
     memory: Any = None
     generation: Any = None
     per_operator: Any = None
+    modules: list[ModuleDelta] = field(default_factory=list)  # common modules, largest absolute change first
+    modules_note: str | None = None  # why there are none
 
 
 def plain(record: Any) -> Any:

@@ -65,6 +65,17 @@ function run(data) {
       text: ops.map((o) => o.op), hovertemplate: "%{y} %{text}: %{x:.1f} %<extra></extra>"}],
       {title: {text: "share of the method (%)"}, margin: {l: 160, t: 30}});
   }
+  if (data.modules && data.modules.length) {
+    // A treemap of the module tree: each module's own time, its submodules' added by Plotly (exact: no rounding
+    // can make children outweigh their parent).
+    const mods = data.modules;
+    plot("run-modules", [{type: "treemap", branchvalues: "remainder", ids: mods.map((m) => m.module),
+      parents: mods.map((m) => m.parent), labels: mods.map((m) => m.name), values: mods.map((m) => m.self_ms),
+      customdata: mods.map((m) => [m.module, m.total_ms, m.share]), maxdepth: 5,
+      texttemplate: "%{label}<br>%{customdata[1]:.3f} ms (%{customdata[2]:.1f} %)",
+      hovertemplate: "%{customdata[0]}<br>%{customdata[1]:.3f} ms, %{customdata[2]:.1f} % of the measured time<extra></extra>"}],
+      {title: {text: "time by module"}, margin: {l: 10, r: 10, t: 30, b: 10}, height: 520});
+  }
   if (data.memory && data.memory.phases.length) {
     const phases = data.memory.phases;
     const traces = [{name: "peak RSS", type: "bar", x: phases.map((p) => p.phase),

@@ -1,0 +1,86 @@
+"""Where in the model a run's time goes, for the dashboard's pages: the top operators with the XNNPACK nodes inside
+the delegates (ops.json's rows, each with its module and source line), the module tree of summary.json's `modules`
+for the run page's chart, and two runs' modules joined by path for the compare page.
+"""
+
+from __future__ import annotations
+
+from orchestrator.results.modules import ModuleTree
+from orchestrator.results.ops_record import DELEGATE_CALL, OpsRecord
+from orchestrator.results.summary import RunSummary
+from orchestrator.servers.dashboard.records import DelegateGroup, ModuleDelta, ModuleTime, OperatorRow
+
+TOP_OPERATORS = 12
+NO_MODULES = (
+    "No time by module: this run was analysed without a source map (a program lowered before maps, or brought "
+    "along without one); lowering it again and `fab analyze` gives one."
+)
+
+
+def operator_rows(ops: OpsRecord, limit: int = TOP_OPERATORS) -> tuple[list[OperatorRow], list[DelegateGroup]]:
+    """The slowest rows, kernel calls and the XNNPACK nodes inside delegate calls ranked together by time; a delegate
+    call whose events were placed on nodes is a group (its total) rather than a row, one without stays a row."""
+    total = ops.method_mean_ms or 1.0
+    rows: list[OperatorRow] = []
+    groups: list[DelegateGroup] = []
+    delegates = {delegate.node_id: delegate for delegate in ops.delegates}
+    for i in ops.instructions:
+        delegate = delegates.get(i.node_id) if i.kind == DELEGATE_CALL else None
+        nodes = [node for node in delegate.nodes if node.mean_ms > 0] if delegate is not None else []
+        if nodes:
+            placed = sum(node.mean_ms for node in nodes)
+            groups.append(DelegateGroup(node_id=i.node_id, op=i.op or i.kind, mean_ms=i.mean_ms, placed_ms=placed,
+                                        nodes=len(nodes), share=i.mean_ms / total * 100))  # fmt: skip
+            rows += [
+                OperatorRow(node_id=f"{i.node_id}/{node.node}", kind="XNNPACK node", op=node.type,
+                            mean_ms=node.mean_ms, median_ms=node.median_ms, share=node.mean_ms / total * 100,
+                            module=node.module, source=node.source, inside=i.node_id)
+                for node in nodes
+            ]  # fmt: skip
+        elif i.mean_ms > 0:
+            rows.append(
+                OperatorRow(node_id=i.node_id, kind=i.kind, op=i.op or i.kind, mean_ms=i.mean_ms,
+                            median_ms=i.median_ms, share=i.mean_ms / total * 100, module=i.module, source=i.source)
+            )  # fmt: skip
+    rows.sort(key=lambda row: -row.mean_ms)
+    groups.sort(key=lambda group: -group.mean_ms)
+    return rows[:limit], groups
+
+
+def module_times(tree: ModuleTree) -> list[ModuleTime]:
+    """Every module of the tree, slowest (descendants included) first: the chart's elements and the table's rows."""
+    known = {row.module for row in tree.modules}
+    times = []
+    for row in tree.modules:
+        parent = row.module.rsplit(".", 1)[0] if "." in row.module else ""
+        times.append(
+            ModuleTime(
+                module=row.module,
+                parent=parent if parent in known else "",
+                name=row.module.rsplit(".", 1)[-1],
+                module_type=row.module_type,
+                total_ms=row.total_ms,
+                self_ms=row.self_ms,
+                share=row.share * 100,
+            )
+        )
+    return sorted(times, key=lambda time: (-time.total_ms, time.module))
+
+
+def module_deltas(a: RunSummary, b: RunSummary) -> tuple[list[ModuleDelta], str | None]:
+    """The modules both runs have, joined by path (time A, time B, delta, ratio), largest absolute change first; or
+    why there are none."""
+    if a.modules is None or b.modules is None:
+        side = "A" if a.modules is None else "B"
+        return [], f"No modules compared: run {side} was analysed without a source map (no time by module)."
+    times_b = {row.module: row.total_ms for row in b.modules.modules}
+    deltas = [
+        ModuleDelta(module=row.module, a_ms=row.total_ms, b_ms=times_b[row.module],
+                    delta_ms=times_b[row.module] - row.total_ms,
+                    ratio=times_b[row.module] / row.total_ms if row.total_ms > 0 else None)
+        for row in a.modules.modules
+        if row.module in times_b
+    ]  # fmt: skip
+    if not deltas:
+        return [], "No modules compared: the two runs have no module in common."
+    return sorted(deltas, key=lambda delta: (-abs(delta.delta_ms), delta.module)), None

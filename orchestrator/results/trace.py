@@ -180,7 +180,7 @@ def trace_document(steps: Sequence[Step], *, run_id: str, model: str | None) -> 
     steps = [step for step in steps if len(step.block)]
     if not steps or not all(has_timestamps(step.block) for step in steps):
         return None
-    origin = min(int(step.block.start.min()) for step in steps)
+    origin = min(_runtime_start(step.block) for step in steps)
     events: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": PID, "tid": TID,
          "args": {"name": f"etlab run {run_id}" + (f" ({model})" if model else "")}},
@@ -195,6 +195,12 @@ def trace_document(steps: Sequence[Step], *, run_id: str, model: str | None) -> 
         "otherData": {"run_id": run_id, "model": model, "steps": [step.name for step in steps],
                       "clock": "ETDump ticks from the first event, in microseconds"},
     }  # fmt: skip
+
+
+def _runtime_start(block: RunBlock) -> int:
+    """The earliest start among the runtime's own events (a backend's may carry durations only)."""
+    own = [int(start) for start, delegate in zip(block.start, block.delegate_names, strict=True) if delegate is None]
+    return min(own) if own else int(block.start.min())
 
 
 def iteration_steps(execute: list[RunBlock], profile: Profile) -> list[Step]:

@@ -8,6 +8,7 @@ starts is an AnalysisError (exit 65), no traceback."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -181,3 +182,29 @@ def test_an_event_ending_before_it_starts_is_an_analysis_error(xnnpack_run: Bund
     rewrite_etdump(xnnpack_run.path, backwards)
     with pytest.raises(AnalysisError, match="ends before it starts"):
         analyze(xnnpack_run)
+
+
+def test_xnnpack_events_with_durations_only_are_laid_out_inside_their_call(xnnpack_run: BundleCase) -> None:
+    def durations_only(etdump: Any) -> None:  # a backend that says how long, not when
+        for run in etdump.run_data:
+            for event in run.events or []:
+                profile = event.profile_event
+                if profile is not None and profile.delegate_debug_id_str:
+                    profile.start_time, profile.end_time = 0, profile.end_time - profile.start_time
+
+    rewrite_etdump(xnnpack_run.path, durations_only)
+    analyze(xnnpack_run)
+    complete = slices(json.loads((xnnpack_run.path / "analysis" / "trace.json").read_text()))
+    ops = json.loads((xnnpack_run.path / "analysis" / "ops.json").read_text())
+    parents = nesting(complete)
+    delegates = {d["node_id"]: d for d in ops["delegates"]}
+    calls = [(i, e) for i, e in enumerate(complete) if e["cat"] == "DelegateCall"]
+    assert calls
+    for index, call in calls:
+        children = [complete[i] for i, p in parents.items() if p == index]
+        events = delegates[call["args"]["node_id"]]["events"]
+        assert [c["args"]["event"] for c in children] == [e["name"] for e in events]
+        assert all("duration only" in c["args"]["layout"] for c in children)
+        assert [c["ts"] for c in children] == sorted(c["ts"] for c in children)
+        assert children[0]["ts"] == call["ts"]  # from the call's start, on the clock of the rest
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 0.002 for a, b in itertools.pairwise(children))

@@ -19,8 +19,10 @@ from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.export.user_programs import reference_outputs_of
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.compare import RebuiltProgram, compare_runs, interleaved_verdict, write_report
+from orchestrator.results.documents import ANALYSIS_DIR
 from orchestrator.results.overlays import write_program_overlays
 from orchestrator.results.store import LocalRun, find_run
+from orchestrator.results.trace import TRACE_FILE
 from orchestrator.results.verdicts import Kind
 
 
@@ -69,6 +71,9 @@ def analyze(
         advise_quietly(run)
     names = ", ".join(str(path.relative_to(run.path)) for path in summary.written)
     console.info(console.escape(f"wrote {names}\n  in {run.path}"))
+    timeline = run.path / ANALYSIS_DIR / TRACE_FILE
+    if timeline in summary.written:
+        console.info(console.escape(f"timeline: {timeline} (open it in https://ui.perfetto.dev or chrome://tracing)"))
     return 0
 
 

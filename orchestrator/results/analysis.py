@@ -39,6 +39,7 @@ from orchestrator.results.source_map import attribute, load_source_map
 from orchestrator.results.summary import TokenCheck
 from orchestrator.results.summary_checks import hashing_times
 from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS, Correctness
+from orchestrator.results.trace import NO_TIMESTAMPS, Step, generation_steps, iteration_steps, trace_document
 from orchestrator.results.validity import (
     TIMING_AGREEMENT,
     board_conditions,
@@ -106,6 +107,7 @@ def analyze_bundle(
 
     profile = None
     phases: dict[str, Profile] = {}
+    steps: list[Step] = []
     generated = GenerationTimings.from_timings(bundle.timings)
     etdump_path = bundle.path / "etdump.etdp"
     if bundle.ran_ok and bundle.etdump_requested and not etdump_path.is_file():
@@ -116,9 +118,11 @@ def analyze_bundle(
         if generated is not None:
             phases = _profile_phases(etdump, plan, bundle.method, generated, bundle.notes)
             profile = phases.get(DECODE) or next(iter(phases.values()), None)
+            steps = generation_steps(generated.phase_blocks(etdump.execute_blocks), phases)
         else:
             profile, profile_notes = _profile_bundle(etdump, plan, bundle.method, bundle.timings)
             bundle.notes.extend(profile_notes)
+            steps = iteration_steps(etdump.execute_blocks, profile)
     elif bundle.ran_ok:
         bundle.notes.append(("degraded", "run without ETDump: no per-operator profile"))
 
@@ -169,8 +173,13 @@ def analyze_bundle(
         run = dataclasses.replace(run, accuracy=accuracy)
     if profile is not None:
         run = dataclasses.replace(run, modules=module_tree(profile))
+    trace = trace_document(steps, run_id=run.run_id, model=run.model.name) if steps else None
+    if steps and trace is None:
+        source_notes.append(NO_TIMESTAMPS)
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile, notes=source_notes)
-    summary.written = write_outputs(bundle.path, run, profile, program=program, counters=counter_profile, phases=phases)
+    summary.written = write_outputs(
+        bundle.path, run, profile, program=program, counters=counter_profile, phases=phases, trace=trace
+    )
     return summary
 
 

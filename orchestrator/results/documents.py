@@ -73,16 +73,24 @@ def write_outputs(
     program: ProgramMemory | None = None,
     counters: CounterProfile | None = None,
     phases: Mapping[str, Profile] | None = None,
+    trace: dict[str, Any] | None = None,
 ) -> list[Path]:
     """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point, the one file
     fsynced: the others are derived again from the raw bundle by `fab analyze` (fsutil.atomic_write_bytes).
 
-    `phases` (a text-generation run: prefill, decode) get their own ops_<phase>.json and overlays.
+    `phases` (a text-generation run: prefill, decode) get their own ops_<phase>.json and overlays; `trace` (results/
+    trace.py) is analysis/trace.json, the timeline.
     """
     out = bundle_dir / ANALYSIS_DIR
     written = []
     # Outputs of an earlier analysis (and comparisons made from it) must not outlive it.
-    stale = [out / "ops.json", out / "ops.csv", *out.glob("ops_*.json"), *out.glob("compare_vs_*.json")]
+    stale = [
+        out / "ops.json",
+        out / "ops.csv",
+        out / "trace.json",
+        *out.glob("ops_*.json"),
+        *out.glob("compare_vs_*.json"),
+    ]
     stale += (bundle_dir / overlays.OVERLAY_DIR).glob("me_overlay_*.json")
     for path in stale:
         path.unlink(missing_ok=True)
@@ -105,6 +113,9 @@ def write_outputs(
             out / f"ops_{phase}.json", ops_document(phase_profile, run.run_id, None), durable=False, indent=None
         )
         written.append(out / f"ops_{phase}.json")
+    if trace is not None:
+        atomic_write_json(out / "trace.json", trace, durable=False, indent=None)
+        written.append(out / "trace.json")
     atomic_write_json(out / "summary.json", summary_data(run))
     written.append(out / "summary.json")
     return written

@@ -238,7 +238,7 @@ def _operator_types(delegates: list[DelegateProfile], total_mean: float, executi
 def inferred_ns_per_tick(etdump_ticks: np.ndarray, timings_ms: list[float]) -> tuple[float, float | None]:
     """The tick length (ns) that makes ETDump's Method::execute agree with timings.json, and the remaining ratio."""
     ticks = etdump_ticks[np.isfinite(etdump_ticks)]
-    if ticks.size == 0 or not timings_ms or float(np.median(timings_ms)) <= 0:
+    if ticks.size == 0 or float(np.median(ticks)) <= 0 or not timings_ms or float(np.median(timings_ms)) <= 0:
         return 1.0, None
     measured_ns = float(np.median(timings_ms)) * 1e6
     best = min(NS_PER_TICK_CANDIDATES, key=lambda ns: abs(math.log(float(np.median(ticks)) * ns / measured_ns)))

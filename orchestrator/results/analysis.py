@@ -21,7 +21,7 @@ from orchestrator.programs.plan import ProgramPlan, read_program_plan
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha, read_bundle
 from orchestrator.results.counters_profile import CounterProfile, counters_summary, read_counter_profile
 from orchestrator.results.documents import Summary, summary_document, write_outputs
-from orchestrator.results.etdump import Etdump, read_etdump
+from orchestrator.results.etdump import Etdump, RunBlock, read_etdump
 from orchestrator.results.etdump_profile import _method_totals, inferred_ns_per_tick, profile_etdump
 from orchestrator.results.generation import (
     DECODE,
@@ -116,9 +116,10 @@ def analyze_bundle(
         plan = read_program_plan(pte, bundle.method) if pte is not None else None
         etdump = read_etdump(etdump_path)
         if generated is not None:
-            phases = _profile_phases(etdump, plan, bundle.method, generated, bundle.notes)
+            blocks = generated.phase_blocks(etdump.execute_blocks)
+            phases = _profile_phases(etdump, blocks, plan, bundle.method, generated, bundle.notes)
             profile = phases.get(DECODE) or next(iter(phases.values()), None)
-            steps = generation_steps(generated.phase_blocks(etdump.execute_blocks), phases)
+            steps = generation_steps(blocks, phases)
         else:
             profile, profile_notes = _profile_bundle(etdump, plan, bundle.method, bundle.timings)
             bundle.notes.extend(profile_notes)
@@ -204,10 +205,15 @@ def _attribute_sources(pte: Path | None, sidecar: Sidecar | None, profiles: list
 
 
 def _profile_phases(
-    etdump: Etdump, plan: ProgramPlan | None, method: str, generated: GenerationTimings, notes: list[tuple[str, str]]
+    etdump: Etdump,
+    blocks: dict[str, list[RunBlock]],
+    plan: ProgramPlan | None,
+    method: str,
+    generated: GenerationTimings,
+    notes: list[tuple[str, str]],
 ) -> dict[str, Profile]:
-    """The timed generations' prefill and decode steps, each profiled on its own blocks."""
-    blocks = generated.phase_blocks(etdump.execute_blocks)
+    """The timed generations' prefill and decode steps (`blocks`: each phase's Execute blocks), each profiled on its
+    own blocks."""
     if not any(blocks.values()):
         notes.append((
             "degraded",

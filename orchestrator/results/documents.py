@@ -27,6 +27,7 @@ from orchestrator.results.summary import (
     summary_data,
 )
 from orchestrator.results.summary_outputs import Correctness
+from orchestrator.results.trace import TRACE_FILE
 
 if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
     from orchestrator.results.counters_profile import CounterProfile
@@ -87,7 +88,7 @@ def write_outputs(
     stale = [
         out / "ops.json",
         out / "ops.csv",
-        out / "trace.json",
+        out / TRACE_FILE,
         *out.glob("ops_*.json"),
         *out.glob("compare_vs_*.json"),
     ]
@@ -114,8 +115,8 @@ def write_outputs(
         )
         written.append(out / f"ops_{phase}.json")
     if trace is not None:
-        atomic_write_json(out / "trace.json", trace, durable=False, indent=None)
-        written.append(out / "trace.json")
+        atomic_write_json(out / TRACE_FILE, trace, durable=False, indent=None)
+        written.append(out / TRACE_FILE)
     atomic_write_json(out / "summary.json", summary_data(run))
     written.append(out / "summary.json")
     return written

@@ -21,6 +21,7 @@ from typing import Any
 
 from orchestrator.errors import AnalysisError
 from orchestrator.results.etdump import RunBlock
+from orchestrator.results.generation import DECODE, PREFILL
 from orchestrator.results.profile import NO_SOURCE, Attribution, DelegateProfile, InstructionProfile, Profile
 
 TRACE_FILE = "trace.json"
@@ -213,8 +214,8 @@ def iteration_steps(execute: list[RunBlock], profile: Profile) -> list[Step]:
 def generation_steps(blocks: dict[str, list[RunBlock]], phases: dict[str, Profile]) -> list[Step]:
     """The first timed generation's prefill and its first decode step."""
     steps = []
-    if blocks.get("prefill") and "prefill" in phases:
-        steps.append(Step("prefill", blocks["prefill"][0], phases["prefill"]))
-    if blocks.get("decode") and "decode" in phases:
-        steps.append(Step("decode step 1", blocks["decode"][0], phases["decode"]))
+    if blocks.get(PREFILL) and PREFILL in phases:
+        steps.append(Step(PREFILL, blocks[PREFILL][0], phases[PREFILL]))
+    if blocks.get(DECODE) and DECODE in phases:
+        steps.append(Step(f"{DECODE} step 1", blocks[DECODE][0], phases[DECODE]))
     return steps

@@ -24,6 +24,7 @@ class XnnNode:
     type: str  # XNNFullyConnected, ...
     debug_handle: int
     output_clamp: bool  # output_min_max set to something narrower than (-inf, inf)
+    shape: tuple[int, ...] | None = None  # its output tensor's dims as serialized (upper bounds where dynamic)
 
 
 @functools.cache
@@ -67,13 +68,42 @@ def read_xnn_nodes(delegate: DelegateData, pte: Path) -> list[XnnNode]:
     names = xnode_type_names()
     try:
         graph = xg.XNNGraph.GetRootAs(buffer, 0)
+        shapes = _value_shapes(graph)
         nodes = []
         for index in range(graph.XnodesLength()):
             xnode = graph.Xnodes(index)
             bounds = xnode.OutputMinMax()
             clamp = bounds is not None and (math.isfinite(bounds.OutputMin()) or math.isfinite(bounds.OutputMax()))
             code = xnode.XnodeUnionType()
-            nodes.append(XnnNode(index, names.get(code, f"XNode{code}"), xnode.DebugHandle(), bool(clamp)))
+            # The node's own table (its fields differ by type); every operator XNNPACK takes has one output_id.
+            fields = xg.XnodeUnionCreator(code, xnode.XnodeUnion())
+            output = getattr(fields, "outputId", None)
+            shape = shapes.get(output) if isinstance(output, int) else None
+            nodes.append(XnnNode(index, names.get(code, f"XNode{code}"), xnode.DebugHandle(), bool(clamp), shape))
     except Exception as exc:  # the generated reader raises struct/index errors on garbage
         raise AnalysisError(f"{pte.name}: unreadable XNNPACK graph ({exc})") from None
     return nodes
+
+
+def _value_shapes(graph: object) -> dict[int, tuple[int, ...]]:
+    """Value id -> dims, for the graph's tensor values (a quantized value's tensor too)."""
+    from pte_adapter_model_explorer.executorch_flatbuffer import xnnpack_generated as xg
+
+    shapes = {}
+    for k in range(graph.XvaluesLength()):  # type: ignore[attr-defined]
+        value = graph.Xvalues(k)  # type: ignore[attr-defined]
+        table = value.XvalueUnion()
+        if table is None:
+            continue
+        tensor = xg.XNNTensorValue()
+        if value.XvalueUnionType() == xg.XValueUnion.XNNQuantizedTensorValue:
+            quantized = xg.XNNQuantizedTensorValue()
+            quantized.Init(table.Bytes, table.Pos)
+            inner = quantized.TensorValue()
+            if inner is None:
+                continue
+            tensor = inner
+        else:
+            tensor.Init(table.Bytes, table.Pos)
+        shapes[tensor.IdOut()] = tuple(int(tensor.Dims(j)) for j in range(tensor.DimsLength()))
+    return shapes

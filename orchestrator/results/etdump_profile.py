@@ -204,13 +204,15 @@ def _place_on_nodes(profile: DelegateProfile, nodes: list[XnnNode], total_mean: 
         return
     profile.status = "placed"
     types = {node.index: node.type for node in nodes}
+    shapes = {node.index: node.shape for node in nodes}
     for index in sorted(placement.node_events):
         positions = placement.node_events[index]
         samples = profile.event_samples_ms[:, positions].sum(axis=1)
         dist = distribution(samples)
         pct = dist.mean / total_mean * 100.0 if dist and total_mean else None
         events = [profile.event_names[p] for p in positions]
-        profile.nodes.append(XnnNodeProfile(str(index), types[index], events, samples, dist, pct))
+        node = XnnNodeProfile(str(index), types[index], events, samples, dist, pct, shape=shapes[index])
+        profile.nodes.append(node)
     profile.unplaced_events = [profile.event_names[p] for p in placement.unplaced_events]
     profile.fused_nodes = [str(index) for index in placement.fused_nodes]
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from orchestrator.errors import AnalysisError
 from orchestrator.records import Count, Duration, RecordError, from_data
@@ -59,6 +61,7 @@ class DelegateNodeTiming:
     module: str | None = None
     module_type: str | None = None
     source: str | None = None
+    shape: Annotated[tuple[Count, ...], msgspec.Meta(max_length=16)] | None = None  # its output's dims
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ One file per metric, `model_explorer/me_overlay_<metric>.json`, in Model Explore
 top-level graph (graph id = method name, node ids `<method>_<chain>_<instruction>`) and one graph per XNNPACK
 delegate whose events could be placed on its nodes (graph id `<pte file>::<method>_<chain>_<instruction>`,
 node ids = XNN node index). `model_explorer/overlays.json` says which .pte the overlays belong to, so `explore`
-can target the right model when several are loaded. Overlays are derived from the raw bundle again by
+can target the right model when several are loaded. A program lowered from the exported `.pt2` (its source map names
+the `.pt2`'s nodes) also gets `me_overlay_exported_<metric>.json` on the `.pt2`'s graph, with
+`me_overlay_exported_lowering.json` saying which nodes lowering split or fused (results/exported_overlays.py); the
+index names that `.pt2` (`exported_program`). Overlays are derived from the raw bundle again by
 `fab analyze`, so they are written without fsyncs (fsutil.atomic_write_bytes).
 """
 
@@ -17,6 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.programs.memory import ProgramMemory, read_program_memory
+from orchestrator.results.exported_overlays import (
+    EXPORTED_GRAPH,
+    EXPORTED_PREFIX,
+    LOWERING,
+    exported_groups,
+    exported_values,
+    lowering_notes,
+)
 from orchestrator.results.summary import Counters
 
 if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
@@ -136,6 +147,7 @@ def write_overlays(
     timed = [(metric, profile, metric, f"{metric} ({run_id})") for metric in METRICS]
     for phase, phase_profile in (phases or {}).items():
         timed += [(f"{phase}_{metric}", phase_profile, metric, f"{phase}: {metric} ({run_id})") for metric in METRICS]
+    exported: dict[str, str] = {}  # overlay name -> file, on the .pt2's graph
     for overlay, metric_profile, metric, label in timed:
         document = {
             graph_id: graph_node_data(label, values, GREEN_YELLOW_RED)
@@ -146,6 +158,23 @@ def write_overlays(
         written.append(path)
         if overlay not in METRICS:
             extra[overlay] = path.name
+        if profile.exported_program is not None:
+            values = exported_values(exported_groups(metric_profile), metric)
+            path = overlay_path(bundle_dir, EXPORTED_PREFIX + overlay)
+            document = {
+                EXPORTED_GRAPH: graph_node_data(f"{label} on {profile.exported_program}", values, GREEN_YELLOW_RED)
+            }
+            atomic_write_json(path, document, durable=False, indent=None)
+            written.append(path)
+            exported[overlay] = path.name
+    if profile.exported_program is not None:
+        path = overlay_path(bundle_dir, EXPORTED_PREFIX + LOWERING)
+        notes = lowering_notes(profile, exported_groups(profile))
+        name = f"lowering: split or fused nodes ({run_id})"
+        document = {EXPORTED_GRAPH: {"name": name, "results": {node: {"value": note} for node, note in notes.items()}}}
+        atomic_write_json(path, document, durable=False, indent=None)
+        written.append(path)
+        exported[LOWERING] = path.name
     if program is not None and program.live_bytes:
         written.append(write_live_bytes(bundle_dir, program, f"live bytes ({profile.pte_name or run_id})"))
         extra[LIVE_BYTES] = overlay_path(bundle_dir, LIVE_BYTES).name
@@ -163,6 +192,18 @@ def write_overlays(
         "live_bytes": {"file": extra[LIVE_BYTES], "measures": LIVE_BYTES_MEANS} if LIVE_BYTES in extra else None,
         "counters": _counters_index(counters, counters_summary),
         "delegate_graphs": [d.graph_id for d in profile.delegates if d.status == "placed"],
+        "exported_program": (
+            {
+                "file": profile.exported_program,
+                "graph": EXPORTED_GRAPH,
+                "overlays": exported,
+                # of the method's time, the share on .pt2 nodes (each group once): a delegate call's own time, beyond
+                # its nodes' events, lands on none
+                "painted_pct": sum(group.total("pct") or 0.0 for group in exported_groups(profile)),
+            }
+            if profile.exported_program is not None
+            else None
+        ),
         "left_out": coverage["left_out"],
         "placed_share": coverage["placed_share"],
     }

@@ -16,11 +16,13 @@ from orchestrator.results.stats import Distribution, distribution
 @dataclass(frozen=True)
 class Attribution:
     """What a row came from (results/source_map.py): its module (its sources' deepest common module, "" for the
-    model itself), that module's class and the source line(s), `file:line in function`."""
+    model itself), that module's class, the source line(s), `file:line in function`, and the exported `.pt2`'s nodes
+    it was lowered from (their names: Model Explorer's node ids)."""
 
     module: str | None
     module_type: str | None
     source: str | None
+    exported: tuple[str, ...] = ()
 
 
 NO_SOURCE = Attribution(None, None, None)
@@ -70,6 +72,7 @@ class XnnNodeProfile:
     dist: Distribution | None
     pct: float | None
     source: Attribution = NO_SOURCE
+    shape: tuple[int, ...] | None = None  # its output's dims, as serialized in the delegate
 
 
 @dataclass
@@ -109,7 +112,9 @@ class DelegateProfile:
             placed_mean_ms=self.placed_mean_ms(),
             coverage=(self.placed_mean_ms() / call_mean) if call_mean else None,
             nodes=tuple(
-                NodeReport(n.node, n.type, tuple(n.events), **dist_ms(n.dist), pct=n.pct, **_source(n.source))
+                NodeReport(
+                    n.node, n.type, tuple(n.events), **dist_ms(n.dist), pct=n.pct, **_source(n.source), shape=n.shape
+                )
                 for n in self.nodes
             ),
             fused_nodes=tuple(
@@ -140,6 +145,7 @@ class NodeReport:
     module: str | None = None
     module_type: str | None = None
     source: str | None = None
+    shape: tuple[int, ...] | None = None  # the node's output dims
 
 
 @dataclass(frozen=True)
@@ -196,6 +202,7 @@ class Profile:
     operator_types: list[dict[str, Any]]
     timing_agreement: float | None = None  # ETDump method time / timings.json time, after unit inference
     module_types: dict[str, str] = field(default_factory=dict)  # the model's modules' classes (its source map)
+    exported_program: str | None = None  # the .pt2 file the rows' `exported` nodes are of (its source map)
 
     def coverage(self) -> dict[str, Any]:
         """How much delegate time the XNN-node overlays account for."""

@@ -24,6 +24,10 @@ MAX_ROWS = 1_000_000  # far above any program's instructions or nodes; a longer 
 MAX_TEXT = 4096
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
 Indices = Annotated[tuple[Count, ...], msgspec.Meta(max_length=MAX_ROWS)]
+# The exported program's node names (an FX node's name is an identifier): Model Explorer's node ids of the .pt2.
+NodeName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
+NodeNames = Annotated[tuple[NodeName, ...], msgspec.Meta(max_length=MAX_ROWS)]
+ExportedFile = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}\.pt2$")]
 
 
 class SourceMapError(RecordError, AnalysisError):
@@ -54,6 +58,7 @@ class InstructionSources:
     sources: Indices = ()
     handles: Annotated[tuple[int, ...], msgspec.Meta(max_length=MAX_ROWS)] = ()
     op: Text | None = None  # the kernel the node calls, as the plan names it ("aten::mm.out")
+    exported: NodeNames = ()  # the .pt2 nodes it was lowered from
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class NodeSources:
     node: Count
     sources: Indices = ()
     handle: int | None = None
+    exported: NodeNames = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class SourceMap(Document):
     pte: Text | None = None
     modules: Annotated[dict[Text, Text], msgspec.Meta(max_length=MAX_ROWS)] = field(default_factory=dict)
     unmatched: Count = 0  # operator nodes lowering left out: their instruction was not the plan's next one
+    exported_program: ExportedFile | None = None  # the .pt2 the rows' `exported` names are nodes of, beside the map
 
 
 def source_map_path(pte: Path) -> Path:
@@ -122,12 +129,13 @@ def _common_module(modules: list[str]) -> str | None:
     return ".".join(common)
 
 
-def attribution(records: list[SourceRecord]) -> Attribution:
+def attribution(records: list[SourceRecord], exported: tuple[str, ...] = ()) -> Attribution:
     modules = [record.module for record in records if record.module is not None]
     module = _common_module(modules)
     types = {record.module_type for record in records if record.module == module}
     locations = list(dict.fromkeys(loc for loc in (record.location for record in records) if loc is not None))
-    return Attribution(module, types.pop() if len(types) == 1 else None, "; ".join(locations) or None)
+    kind = types.pop() if len(types) == 1 else None
+    return Attribution(module, kind, "; ".join(locations) or None, tuple(sorted(set(exported))))
 
 
 def attribute(profile: Profile, source_map: SourceMap, where: str) -> None:
@@ -137,6 +145,7 @@ def attribute(profile: Profile, source_map: SourceMap, where: str) -> None:
         problem = f"the map is of method {source_map.method!r}, the run of {profile.method!r}"
         raise SourceMapError(where, "method", problem)
     profile.module_types = dict(source_map.modules)
+    profile.exported_program = source_map.exported_program
     instructions = {i.index: i for i in profile.instructions if i.chain == 0}
     delegates = {d.node_id: d for d in profile.delegates}
 
@@ -152,7 +161,7 @@ def attribute(profile: Profile, source_map: SourceMap, where: str) -> None:
         if row.op is not None and row.op != instruction.op:
             problem = f"instruction {row.instruction} calls {instruction.op}, not {row.op}"
             raise SourceMapError(where, f"instructions[{k}].op", problem)
-        instruction.source = attribution(records(row.sources))
+        instruction.source = attribution(records(row.sources), row.exported)
     for k, delegated in enumerate(source_map.delegates):
         instruction = instructions.get(delegated.instruction)
         if instruction is None or instruction.kind != "DelegateCall":
@@ -163,6 +172,7 @@ def attribute(profile: Profile, source_map: SourceMap, where: str) -> None:
         known = profile_delegate.node_types if profile_delegate is not None else {}
         nodes = {node.node: node for node in profile_delegate.nodes} if profile_delegate is not None else {}
         everything: list[SourceRecord] = []
+        exported: list[str] = []
         for n, node in enumerate(delegated.nodes):
             if known and str(node.node) not in known:
                 raise SourceMapError(
@@ -172,12 +182,13 @@ def attribute(profile: Profile, source_map: SourceMap, where: str) -> None:
                 )
             found = records(node.sources)
             everything += found
-            traced = attribution(found)
+            exported += node.exported
+            traced = attribution(found, node.exported)
             if profile_delegate is not None:
                 profile_delegate.node_sources[str(node.node)] = traced
             if str(node.node) in nodes:
                 nodes[str(node.node)].source = traced
-        instruction.source = attribution(everything)
+        instruction.source = attribution(everything, tuple(exported))
         if profile_delegate is not None:
             profile_delegate.source = instruction.source
 

@@ -36,6 +36,7 @@ from orchestrator.fsutil import read_json
 from orchestrator.lowering.artifacts import VARIANTS, ArtifactPaths
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.documents import refuse_board_supplied
+from orchestrator.results.exported_overlays import EXPORTED_GRAPH, EXPORTED_PREFIX
 from orchestrator.results.overlays import INDEX_NAME, OVERLAY_DIR
 from orchestrator.servers.guard import DEFAULT_HOST, ServedFiles, guard_answers, guard_server, is_loopback
 
@@ -67,9 +68,23 @@ class ExplorerHandle:
     focus: str | None = None  # the .pte whose graphs the overlays paint
     _workdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
-    def url_for(self, graph: str) -> str:
-        """A URL opening another graph of the focus program, e.g. a delegate ("<pte>::forward_0_28")."""
-        return explorer_url(self.host, self.port, self.config, self.focus, graph=graph)
+    def url_for(self, graph: str, model: str | None = None) -> str:
+        """A URL opening another graph of the focus program, e.g. a delegate ("<pte>::forward_0_28"), or a graph of
+        another loaded `model` (file name; the .pt2's one graph is "graph")."""
+        return explorer_url(self.host, self.port, self.config, model or self.focus, graph=graph)
+
+    @property
+    def exported_model(self) -> str | None:
+        """The exported .pt2 (file name) the overlays also paint, when it is loaded."""
+        loaded = {Path(str(model["url"])).name for model in self.config.get("models", ())}
+        painted = {entry["model_name"] for entry in self.config.get("node_data", ())}
+        return next((name for name in sorted(loaded) if name.endswith(".pt2") and name in painted), None)
+
+    @property
+    def exported_url(self) -> str | None:
+        """The URL opening that .pt2's graph."""
+        exported = self.exported_model
+        return self.url_for(EXPORTED_GRAPH, exported) if exported else None
 
     @property
     def running(self) -> bool:
@@ -160,21 +175,33 @@ def artifact_models(artifact_dir: Path) -> list[Path]:
     return found
 
 
+def _model_file(name: object, suffix: str) -> str | None:
+    # A file name, nothing else: it only selects which loaded model an overlay paints.
+    return name if isinstance(name, str) and name.endswith(suffix) and Path(name).name == name else None
+
+
 def overlay_target(overlay: Path) -> str | None:
-    """The .pte file name an overlay was made for, from the overlays.json index next to it (None if unknown)."""
+    """The model file name an overlay was made for, from the overlays.json index next to it (None if unknown): the
+    run's .pte, or for `me_overlay_exported_*` the .pt2 it was lowered from."""
     index = Path(overlay).parent / INDEX_NAME
     if not index.is_file():
         return None
     with contextlib.suppress(OSError, ValueError, RecursionError):
         document = read_json(index)
-        pte = document.get("pte") if isinstance(document, dict) else None
-        # A file name, nothing else: it only selects which loaded model an overlay paints.
-        return pte if isinstance(pte, str) and pte.endswith(".pte") and Path(pte).name == pte else None
+        if not isinstance(document, dict):
+            return None
+        if Path(overlay).name.startswith(f"me_overlay_{EXPORTED_PREFIX}"):
+            exported = document.get("exported_program")
+            return _model_file(exported.get("file"), ".pt2") if isinstance(exported, dict) else None
+        return _model_file(document.get("pte"), ".pte")
     return None
 
 
 def _collection_labels(model_file: str) -> list[str]:
-    """The UI's labels for the collections the PTE adapter makes from one file: the program and its delegates."""
+    """The UI's labels for the collections the adapters make from one file: a .pte's program and its delegates (the
+    PTE adapter), a .pt2's one graph (the PyTorch adapter)."""
+    if model_file.endswith(".pt2"):
+        return [model_file]
     return [f"{model_file} ({model_file})", f"{model_file} (delegates)"]
 
 
@@ -205,14 +232,15 @@ def explorer_url(
         "nodeDataTargets": [entry["model_name"] for entry in config["node_data"]],
     }
     if focus is not None:
+        labels = _collection_labels(focus)
         data["uiState"] = {
             "paneStates": [
                 {
-                    # The adapter puts XNN nodes in a "forward" layer too, so expanding it suits every graph.
-                    "deepestExpandedGroupNodeIds": [f"{method}___group___"],
+                    # The PTE adapter puts XNN nodes in a "forward" layer too, so expanding it suits every graph.
+                    "deepestExpandedGroupNodeIds": [f"{method}___group___"] if len(labels) > 1 else [],
                     "selectedNodeId": "",
                     "selectedGraphId": graph,
-                    "selectedCollectionLabel": _collection_labels(focus)[0 if graph == method else 1],
+                    "selectedCollectionLabel": labels[0 if graph == method or len(labels) == 1 else 1],
                     "widthFraction": 1,
                 }
             ]
@@ -267,7 +295,7 @@ def launch_explorer(
     ensure_port_free(host, port)
 
     targets = [overlay_target(o) for o in overlays]
-    focus = next((t for t in targets if t and t in {m.name for m in models}), None)
+    focus = next((t for t in targets if t and t.endswith(".pte") and t in {m.name for m in models}), None)
     if focus is None:
         focus = next((m.name for m in models if m.suffix == ".pte"), None)
     # The UI renames a repeated graph id ("forward" -> "forward (2)") in load order, so the program the overlays
@@ -282,6 +310,9 @@ def launch_explorer(
         try:
             _wait_healthy(handle, health_timeout)
             _announce(url, host, port)
+            exported = handle.exported_model
+            if exported is not None:
+                console.info(f"the run is painted on {exported} too, layers as the model's modules: pick it at the top")
             if open_browser:
                 webbrowser.open_new_tab(url)
             if block:

@@ -236,6 +236,9 @@ def test_analyze_bundle_writes_summary_ops_and_overlays(bundle_copy: BundleCopy,
     assert {p.name for p in (case.path / "model_explorer").iterdir()} == {
         "me_overlay_median_ms.json", "me_overlay_mean_ms.json", "me_overlay_pct.json", "overlays.json",
         "me_overlay_live_bytes.json",  # from the program's memory plan; no counters pass, so no counter overlays
+        # the same run on the exported .pt2 the program was lowered from (its source map names the .pt2's nodes)
+        "me_overlay_exported_median_ms.json", "me_overlay_exported_mean_ms.json", "me_overlay_exported_pct.json",
+        "me_overlay_exported_lowering.json",
     }  # fmt: skip
 
 

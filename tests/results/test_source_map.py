@@ -43,6 +43,8 @@ def test_every_timed_row_of_a_real_run_gets_its_module(xnnpack_run: BundleCase) 
     assert {"distilbert.transformer.layer.0.attention.q_lin", "vocab_projector"} <= {node.module for node in nodes}
     fc = next(node for node in nodes if node.module == "vocab_projector")
     assert fc.type == "XNNFullyConnected" and fc.module_type == "torch.nn.modules.linear.Linear"
+    vocab = xnnpack_run.model.sidecar.outputs[0].shape[-1]
+    assert fc.shape == (1, 128, vocab), fc.shape  # the head's output dims, read from the delegate's graph
     rows = list(csv.DictReader((xnnpack_run.path / "analysis" / "ops.csv").open()))
     assert any(row["module"] == "distilbert.embeddings.LayerNorm" and "normalization" in row["module_type"]
                for row in rows)  # fmt: skip
@@ -108,6 +110,8 @@ def test_a_damaged_map_is_refused_by_name(runner_bundles: dict[str, BundleCase],
         (lambda data: data.update(schema=99), "newer etlab"),
         (lambda data: data["sources"][0].update(module="x" * 5000), r"sources\[0\]\.module: expected `str` of length"),
         (lambda data: data.update(method="prefill"), "the map is of method"),
+        (lambda data: data["instructions"][0].update(exported=["../x"]), r"instructions\[0\]\.exported\[0\]"),
+        (lambda data: data.update(exported_program="../model.pt2"), "exported_program: expected `str` matching"),
     ],
 )
 def test_an_inconsistent_map_is_refused_with_the_field(

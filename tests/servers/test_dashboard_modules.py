@@ -16,6 +16,7 @@ import pytest
 
 from orchestrator.results.documents import load_summary
 from orchestrator.results.modules import rolled_up
+from orchestrator.results.ops_record import load_ops
 from orchestrator.servers.dashboard.app import DashboardServer, Sources, start_dashboard
 from tests.plugins.analysis import BundleCase
 from tests.plugins.artifacts import ARTIFACT_CACHE
@@ -77,6 +78,11 @@ def test_the_run_page_shows_the_xnnpack_nodes_and_the_module_tree(modules_lab: M
     known = {row.module for row in tree.modules}
     assert modules & known and modules <= known | {"–"}, modules
     assert any(text.startswith("XNN") for text in rows.locator("td:nth-child(3)").all_inner_texts())
+    # each node with the dims of its output, as the delegate's graph has them: the ops record's, drawn as 1×128×64
+    ops = load_ops(modules_lab.runs[XNNPACK])
+    shapes = {"×".join(map(str, n.shape)) for d in ops.delegates for n in d.nodes if n.shape and n.mean_ms > 0}
+    shown = set(rows.locator("td:nth-child(3) .shape").all_inner_texts())
+    assert shown and shown <= shapes, (shown, shapes)
     assert page.locator("#delegate-groups tbody tr").count() >= 1  # the delegate call: a group, not a row
     # The chart: Plotly's treemap of the module tree; its largest top-level element is the analysis's first.
     page.wait_for_function("document.getElementById('run-modules') && document.getElementById('run-modules').data")

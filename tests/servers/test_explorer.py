@@ -68,11 +68,16 @@ def test_url_preloads_the_program_overlays_and_expanded_layer(server: ExplorerHa
     assert Path(data["models"][0]["url"]).name == explored.model.pte.name, "the run's program comes first"
     assert {m.get("adapterId") for m in data["models"] if m["url"].endswith(".pte")} == {PTE_ADAPTER}
     label = f"{explored.model.pte.name} ({explored.model.pte.name})"
-    assert set(data["nodeDataTargets"]) == {label, f"{explored.model.pte.name} (delegates)"}
-    assert {Path(p).name for p in data["nodeData"]} == {
-        "me_overlay_median_ms.json", "me_overlay_mean_ms.json", "me_overlay_pct.json", "me_overlay_live_bytes.json",
-        "me_overlay_advice.json", "me_overlay_advice_saving_ms.json",
-    }  # fmt: skip
+    # The run's program and its delegates, and the exported .pt2 it was lowered from (its one graph).
+    exported = explored.model.exported.name
+    assert set(data["nodeDataTargets"]) == {label, f"{explored.model.pte.name} (delegates)", exported}
+    targets = dict(zip((Path(p).name for p in data["nodeData"]), data["nodeDataTargets"], strict=True))
+    timings = ("median_ms", "mean_ms", "pct")
+    assert set(targets) == {
+        *(f"me_overlay_{metric}.json" for metric in (*timings, "live_bytes", "advice", "advice_saving_ms")),
+        *(f"me_overlay_exported_{metric}.json" for metric in (*timings, "lowering")),
+    }
+    assert all((target == exported) == name.startswith("me_overlay_exported_") for name, target in targets.items())
     (pane,) = data["uiState"]["paneStates"]
     assert pane["deepestExpandedGroupNodeIds"] == ["forward___group___"]
     assert (pane["selectedGraphId"], pane["selectedCollectionLabel"]) == ("forward", label)
@@ -92,21 +97,27 @@ def test_page_renders_the_graph_with_its_overlays(
         name: set(json.loads((overlays / f"me_overlay_{metric}.json").read_text()))
         for name, metric in (("advice", "advice"), ("predicted saving ms", "advice_saving_ms"))
     }
+    exported = explored.model.exported.name
+    exported_url = server.exported_url
+    assert exported_url is not None and exported_url == server.url_for("graph", exported)
     for url, name, expected in (
+        # the .pt2 as the model's modules nest, painted with the same run and told what lowering split
+        (exported_url, "explore_exported", f"lowering: split or fused nodes ({run_id})"),
         (server.url, "explore_forward", "aten::"),
-        (delegate_url, "explore_delegate", "XNN"),
+        (delegate_url, "explore_delegate", "XNN"),  # last: its page's text is checked below
     ):
         page.goto(url)
         page.wait_for_selector("canvas", timeout=90_000)
         page.wait_for_function("text => document.body.innerText.includes(text)", arg=f"pct ({run_id})", timeout=60_000)
         text = page.inner_text("body")
         # The UI lists the node data that covers the graph shown; the advice covers the graphs of its findings.
-        graph = delegate if url == delegate_url else "forward"
+        graph = {delegate_url: delegate, exported_url: "graph"}.get(url, "forward")
         advice = [name for name, graphs in advised.items() if graph in graphs]
         assert graph != "forward" or len(advice) == 2, "the SDPA finding paints the top level"
         for metric in ("median_ms", "mean_ms", "pct", *advice):
             assert f"{metric} ({run_id})" in text, f"{metric} overlay is listed"
         assert expected in text
+        assert (graph == "graph") == (f"pct ({run_id}) on {exported}" in text), "the .pt2's own overlays, there only"
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
         assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000
     assert f"{explored.model.pte.name} (delegates)" in text and delegate in text
@@ -198,8 +209,9 @@ def test_a_killed_launcher_takes_its_server_with_it(explored: BundleCase) -> Non
 
 def test_run_and_artifact_inputs_are_found(explored: BundleCase, tmp_path: Path) -> None:
     assert [p.name for p in run_overlays(explored.path)] == [
-        "me_overlay_advice.json", "me_overlay_advice_saving_ms.json", "me_overlay_live_bytes.json",
-        "me_overlay_mean_ms.json", "me_overlay_median_ms.json", "me_overlay_pct.json",
+        "me_overlay_advice.json", "me_overlay_advice_saving_ms.json", "me_overlay_exported_lowering.json",
+        "me_overlay_exported_mean_ms.json", "me_overlay_exported_median_ms.json", "me_overlay_exported_pct.json",
+        "me_overlay_live_bytes.json", "me_overlay_mean_ms.json", "me_overlay_median_ms.json", "me_overlay_pct.json",
     ]  # fmt: skip
     models = artifact_models(explored.model.pte.parent)
     assert explored.model.pte in models and explored.model.exported in models

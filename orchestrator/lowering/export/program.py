@@ -122,7 +122,10 @@ def lower_program(
         files["pte"] = file_record(pte_path)
         # Which module and line of the model each instruction and delegated node came from (analysis reads it).
         try:
-            files[SOURCES_ROLE] = file_record(write_source_map(program, pte_path))
+            # Lowered from the saved .pt2 itself (fp32: a quantized program is exported again): rows name its nodes.
+            from_pt2 = "exported_program" in task.files and not variant.quantized
+            source = (artifact_paths.exported_program.name, exported) if from_pt2 else None
+            files[SOURCES_ROLE] = file_record(write_source_map(program, pte_path, exported=source))
         except Exception as exc:  # a map that cannot be built costs the map, never the program
             console.warn(f"{spec.name}: {variant}: no source map ({type(exc).__name__}: {exc})")
         if etrecord:

@@ -25,6 +25,10 @@ found on distilbert-tiny (xnnpack and portable):
 - nn_module_stack keys are `<id>@<call>` under transformers 5.25; the values (path, class) are used. Paths are as
   the exported module names them; etlab's wrappers hold the user's model as `model`, so when every path starts with
   `model.`, that component is dropped and the paths are the model's own (`distilbert.transformer.layer.0.attention`).
+- Each node's `from_node` provenance ends at the node of the graph lowering started from (torch.fx.traceback.NodeSource:
+  its root's `name`). When that graph is the saved `.pt2` (the fp32 variants; a quantized one is exported again), the
+  roots are the `.pt2`'s node names, the ids Model Explorer's PyTorch adapter gives its nodes: each row lists them
+  (`exported`), so a run's cost can be painted on the `.pt2` too. Roots that are not `.pt2` nodes are left out.
 - A stack trace's innermost frame is usually torch's (nn.Linear's forward): the source is the innermost frame
   outside torch, ExecuTorch, torchao and etlab itself, the user's own code (`modeling_distilbert.py:182 in forward`).
 
@@ -134,6 +138,23 @@ class _Sources:
         return found
 
 
+def _roots(node: Any) -> Iterator[str]:
+    """The names at the ends of a node's `from_node` chains: the nodes of the graph lowering started from."""
+    pending = list(node.meta.get("from_node") or ())
+    while pending:
+        source = pending.pop()
+        parents = getattr(source, "from_node", None)
+        if parents:
+            pending.extend(parents)
+        elif isinstance(getattr(source, "name", None), str):
+            yield source.name
+
+
+def _exported_nodes(nodes: Iterable[Any], known: frozenset[str]) -> list[str]:
+    """The `.pt2` nodes `nodes` came from, sorted; none when the program was not lowered from the `.pt2`."""
+    return sorted({name for node in nodes for name in _roots(node) if name in known})
+
+
 def _operator_nodes(graph: Any) -> Iterator[Any]:
     from executorch.exir.memory import alloc
 
@@ -229,9 +250,14 @@ def _aligned(graph: Any, plan: Any) -> tuple[list[tuple[Any, Any]], int]:
     return pairs, unmatched
 
 
-def build_source_map(program: Any, pte: Path, method: str = "forward") -> dict[str, Any]:
-    """The source map of `program` (an ExecutorchProgramManager) written as `pte`: see the module docstring."""
+def build_source_map(
+    program: Any, pte: Path, method: str = "forward", exported: tuple[str, Any] | None = None
+) -> dict[str, Any]:
+    """The source map of `program` (an ExecutorchProgramManager) written as `pte`: see the module docstring.
+    `exported` is (file name, ExportedProgram) of the `.pt2` the program was lowered from, when it was."""
     from executorch.exir.delegate import executorch_call_delegate
+
+    known = frozenset(node.name for node in (exported[1].graph.nodes if exported else ()) if node.op == "call_function")
 
     handles: dict[int, Any] = program.debug_handle_map.get(method, {}) if method else {}
     graph_module = program.exported_program(method).graph_module
@@ -265,6 +291,8 @@ def build_source_map(program: Any, pte: Path, method: str = "forward") -> dict[s
         original = handles.get(instruction)
         found = [original] if isinstance(original, int) else list(original or [])
         row = {"instruction": instruction, "op": _operator_of(node), "handles": found}
+        if known:
+            row["exported"] = _exported_nodes([node], known)
         instructions.append({**row, "sources": sources.of([node])})
 
     delegates = []
@@ -274,14 +302,18 @@ def build_source_map(program: Any, pte: Path, method: str = "forward") -> dict[s
         by_handle = delegated[planned.index]
         nodes = []
         for xnode in read_xnn_nodes(planned.delegate, pte):
-            found = sources.of(by_handle.get(xnode.debug_handle, []))
-            nodes.append({"node": xnode.index, "handle": xnode.debug_handle, "sources": found})
+            inner = by_handle.get(xnode.debug_handle, [])
+            row = {"node": xnode.index, "handle": xnode.debug_handle, "sources": sources.of(inner)}
+            if known:
+                row["exported"] = _exported_nodes(inner, known)
+            nodes.append(row)
         delegates.append({"instruction": planned.index, "nodes": nodes})
     modules = _strip_wrapper(sources.rows, sources.modules)
     return {
         "schema": SOURCE_MAP_SCHEMA,
         "method": method,
         "pte": pte.name,
+        **({"exported_program": exported[0]} if exported else {}),
         "modules": modules,
         "sources": sources.rows,
         "instructions": sorted(instructions, key=lambda row: row["instruction"]),
@@ -290,10 +322,10 @@ def build_source_map(program: Any, pte: Path, method: str = "forward") -> dict[s
     }
 
 
-def write_source_map(program: Any, pte: Path, method: str = "forward") -> Path:
-    """The source map written beside `pte` (same program, same bytes)."""
+def write_source_map(program: Any, pte: Path, method: str = "forward", exported: tuple[str, Any] | None = None) -> Path:
+    """The source map written beside `pte` (same program, same bytes); `exported` as build_source_map's."""
     path = source_map_path(pte)
-    data = build_source_map(program, pte, method)
+    data = build_source_map(program, pte, method, exported)
     if data["unmatched"]:
         console.warn(f"{pte.name}: {data['unmatched']} instruction(s) left out of the source map (not the plan's)")
     atomic_write_json(path, data, durable=False, indent=None)

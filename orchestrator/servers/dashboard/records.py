@@ -177,6 +177,7 @@ class OperatorRow:
     module: str | None = None  # the model's module it came from (the program's source map); None: unknown
     source: str | None = None  # "modeling_distilbert.py:182 in forward"
     inside: str | None = None  # an XNNPACK node's: the delegate call it runs in
+    shape: str | None = None  # an XNNPACK node's output dims: "1×128×768"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,7 +34,8 @@ def operator_rows(ops: OpsRecord, limit: int = TOP_OPERATORS) -> tuple[list[Oper
             rows += [
                 OperatorRow(node_id=f"{i.node_id}/{node.node}", kind="XNNPACK node", op=node.type,
                             mean_ms=node.mean_ms, median_ms=node.median_ms, share=node.mean_ms / total * 100,
-                            module=node.module, source=node.source, inside=i.node_id)
+                            module=node.module, source=node.source, inside=i.node_id,
+                            shape="×".join(map(str, node.shape)) if node.shape else None)
                 for node in nodes
             ]  # fmt: skip
         elif i.mean_ms > 0:

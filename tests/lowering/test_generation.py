@@ -189,6 +189,16 @@ def test_int8_static_is_refused_for_a_language_model_before_it_loads(tmp_path: P
     assert not list(tmp_path.rglob("*.pte"))
 
 
+def test_a_scheme_for_language_models_only_is_refused_for_any_other(tmp_path: Path) -> None:
+    """`8da4w-e4` (4-bit embedding tables) is a recipe for text generation: on a fill-mask model it is exit 64 before
+    anything loads, naming the schemes that model takes (it would be 8da4w under another name)."""
+    with pytest.raises(SpecError, match="8da4w-e4 is a recipe for text-generation programs only") as refused:
+        lowerer.lower(BUILTIN_SPECS["distilbert-tiny"], variants=[Variant.parse("xnnpack-8da4w-e4")],
+                      weights="random", root=tmp_path)  # fmt: skip
+    assert refused.value.exit_code == 64 and "quantize it with int8-dynamic or 8da4w" in str(refused.value)
+    assert not list(tmp_path.rglob("*.pte"))
+
+
 def test_a_scheme_without_an_llm_recipe_is_refused_not_given_another(tmp_path: Path) -> None:
     """A new scheme whose row names no LLM recipe: exit 64 for a text-generation model, before it loads (it used to
     get int8-dynamic's 8da8w recipe silently)."""

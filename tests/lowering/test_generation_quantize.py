@@ -6,7 +6,6 @@ test_generation.py, beside the text-generation program it quantizes.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,8 @@ import torch
 from orchestrator.commands.render_lowering import _quantized_cell
 from orchestrator.lowering.export import lower as lowerer
 from orchestrator.lowering.quantize.methods import pad_linears, padded_layers, quantize_embeddings
-from orchestrator.lowering.quantize.schemes import SCHEMES, recipe_8da4w
 from orchestrator.lowering.spec import load_spec_file
-from orchestrator.lowering.variants import QUANTIZED_ON, VARIANTS, Variant
+from orchestrator.lowering.variants import Variant
 from orchestrator.programs.outside import read_outside_delegates
 from tests.lowering.test_generation import LLAMA_TINY, _generated_by_the_runner, generation_spec
 from tests.lowering.test_huggingface_specs import write
@@ -46,15 +44,14 @@ def test_embedding_tables_take_only_what_the_runner_gathers_from() -> None:
 
 
 def test_8da4w_pads_linears_its_group_does_not_divide_and_4_bit_embeddings_run(
-    runner_binary: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runner_binary: Path, tmp_path: Path
 ) -> None:
     """8da4w (groups of 32) on widths 48 and 96: all 8 linears 4-bit (7 of them padded to 64 features, listed), none
     left in float as before; and the same recipe with 4-bit embedding tables (one scale per 32 of a row, or per row
-    where 32 does not divide it), gathered by the runner's quantized_decomposed::embedding_4bit: both generate."""
+    where 32 does not divide it: `--quantize 8da4w-e4`), gathered by the runner's quantized_decomposed::embedding_4bit:
+    both generate."""
     spec = load_spec_file(write(tmp_path, generation_spec(config=LLAMA_48)))
-    four_bit_tables = dataclasses.replace(SCHEMES["8da4w"], name="8da4w-e4", llm=recipe_8da4w(32, embedding_bits=4))
-    variants = [Variant.parse("xnnpack-8da4w"), Variant(QUANTIZED_ON, four_bit_tables)]
-    monkeypatch.setitem(VARIANTS, variants[1].name, variants[1])  # a row of the registry, as a sidecar reads it
+    variants = [Variant.parse("xnnpack-8da4w"), Variant.parse("xnnpack-8da4w-e4")]  # the registry's rows
     result = lowerer.lower(spec, variants=variants, weights="random", root=tmp_path / "artifacts", jobs=1)
     for variant, gather in zip(variants, ("embedding_byte", "embedding_4bit"), strict=True):
         lowered = result.variants[variant]
@@ -68,5 +65,7 @@ def test_8da4w_pads_linears_its_group_does_not_divide_and_4_bit_embeddings_run(
         assert (quantization.embeddings, quantization.quantized_embeddings) == (1, 1)
         kernels = read_outside_delegates(lowered.pte).kernels
         assert f"quantized_decomposed::{gather}.out" in kernels, kernels
+        tables = "int4, PerGroup(32)" if gather == "embedding_4bit" else "int8, PerAxis(0)"
+        assert f"IntxWeightOnlyConfig({tables}) embeddings" in (quantization.method or ""), quantization.method
         ids = _generated_by_the_runner(runner_binary, lowered.pte, result.paths.reference_inputs, 8, 32, tmp_path)
         assert all(0 <= i < 256 for i in ids)

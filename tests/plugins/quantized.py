@@ -2,7 +2,8 @@
 
 Every scheme that fits both tiny models: `xnnpack-int8-dynamic`, `xnnpack-int8-static` (calibrated on generated
 samples) and `xnnpack-8da4w` (`TINY_SCHEMES`; `8da4w-g128`'s groups of 128 do not divide their 64 features, so it is
-tested on a language model of 128 features, tests/lowering/test_generation.py). Cached across sessions like the fp32
+tested on a language model of 128 features, tests/lowering/test_generation.py; `8da4w-e4` is for language models only,
+tests/lowering/test_generation_quantize.py). Cached across sessions like the fp32
 ones (tests/plugins/artifacts.py).
 """
 
@@ -21,7 +22,9 @@ from orchestrator.lowering.quantize.schemes import QUANTIZED
 from tests.plugins.artifacts import ARTIFACT_CACHE, TINY_MODELS
 
 TINY_WIDTH = 64  # the tiny models' hidden size: the input features of most of their linears
-TINY_SCHEMES = tuple(scheme for scheme in QUANTIZED if (scheme.group_size or 1) <= TINY_WIDTH)
+TINY_SCHEMES = tuple(
+    scheme for scheme in QUANTIZED if (scheme.group_size or 1) <= TINY_WIDTH and not scheme.text_generation_only
+)
 
 
 def lower_quantized(name: str, root: Path = ARTIFACT_CACHE) -> LoweringResult:

@@ -81,8 +81,15 @@ def quantized_program(
 
 
 def check_llm_recipes(spec: ModelSpec, variants: Sequence[Variant]) -> None:
-    """A text-generation program takes only the schemes that carry an LLM recipe: any other is refused (exit 64),
-    never given another scheme's recipe."""
+    """A text-generation program takes only the schemes that carry an LLM recipe, and a scheme for language models
+    only takes nothing else: either is refused (exit 64), never given another scheme's recipe."""
+    only = [variant.scheme.name for variant in variants if variant.scheme.text_generation_only]
+    if only and not spec.generates:
+        others = " or ".join(s.name for s in LLM_SCHEMES if not s.text_generation_only)
+        raise SpecError(
+            f"{spec.name}: {', '.join(only)} is a recipe for text-generation programs only (its embedding tables "
+            f"in 4 bits); {spec.name} is a {spec.task} model: quantize it with {others}, or int8-static"
+        )
     refused = [variant.scheme.name for variant in variants if variant.quantized and variant.scheme.llm is None]
     if spec.generates and refused:
         raise SpecError(

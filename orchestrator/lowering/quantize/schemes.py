@@ -69,6 +69,7 @@ class Scheme:
     group_size: int | None = None  # grouped int4 weights: the group along the input features
     llm: LlmRecipe | None = None  # its recipe for a text-generation program; None: refused for one
     peers: tuple[str, ...] = ()  # names of schemes in SCHEMES
+    text_generation_only: bool = False  # a recipe for language models alone: refused for any other program
 
     @property
     def quantized(self) -> bool:
@@ -121,8 +122,24 @@ _QUANTIZED_SCHEMES = (
         )
         for name, group in (("8da4w", GROUP_SIZE), ("8da4w-g128", LLM_GROUP_SIZE))
     ),
+    # ExecuTorch's recipe with 4-bit embedding tables (export_llama's `--embedding-quantize 4,32`): a language
+    # model's table is its largest tensor after the head. For language models only: the rows above quantize no
+    # other program's embeddings either, so this one would be 8da4w under another name.
+    Scheme(
+        "8da4w-e4",
+        f"torchao quantize_: Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({GROUP_SIZE})), "
+        "text generation only",
+        fully_connected="qdint8 x qbint4",
+        convolution="fp32 x fp32",
+        relative_cost=1.9,
+        apply=functools.partial(quantize_8da4w, group=GROUP_SIZE),
+        group_size=GROUP_SIZE,
+        llm=recipe_8da4w(GROUP_SIZE, embedding_bits=4),
+        text_generation_only=True,
+    ),
 )
-# fp32's peers: every quantized scheme, int8-dynamic first (the registry's order).
+# fp32's peers: every quantized scheme, int8-dynamic first (the registry's order); a peer counts only where its run
+# exists, so a scheme for language models only is looked for on theirs alone.
 FP32 = Scheme(
     "none", "none (fp32)", fully_connected="fp32 x fp32", convolution="fp32 x fp32", relative_cost=1.0,
     peers=tuple(scheme.name for scheme in _QUANTIZED_SCHEMES),

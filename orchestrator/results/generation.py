@@ -2,13 +2,16 @@
 
 The runner's `--generate` mode (board/runner/README.md, "Generate mode") records, in timings.json's `generation`,
 one entry per `execute()` (`executions`: "prefill" or "decode", warmup included) and per generation its prefill
-time, its decode steps' times and the ids it produced. ETDump opens one "Execute" block per `execute()`, so those
-entries split the blocks into the prefill's and the decode steps' (timed generations only), each profiled on its
-own. Everything in timings.json came from a board: it is checked here before anything is counted from it.
+time (with each chunk's, `prefill_chunk_ms`, when a prompt longer than one call takes is prefilled in chunks: one
+"prefill" execution each), its decode steps' times and the ids it produced. ETDump opens one "Execute" block per
+`execute()`, so those entries split the blocks into the prefill's and the decode steps' (timed generations only),
+each profiled on its own. Everything in timings.json came from a board: it is checked here before anything is
+counted from it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,12 +35,21 @@ _MAX_TOKEN_ID = 2**31
 
 @dataclass(frozen=True)
 class GenerationRun:
-    """One generation: a prefill, then N-1 decode steps, N ids."""
+    """One generation: a prefill (one execute per chunk of the prompt), then N-1 decode steps, N ids."""
 
     warmup: bool
     prefill_ms: float
     decode_ms: tuple[float, ...]
     token_ids: tuple[int, ...]
+    prefill_chunk_ms: tuple[float, ...] = ()  # one per prefill execute; () from a runner before chunks: one
+
+    @property
+    def prefill_chunks(self) -> tuple[float, ...]:
+        return self.prefill_chunk_ms or (self.prefill_ms,)
+
+    @property
+    def executions(self) -> list[str]:
+        return [PREFILL] * len(self.prefill_chunks) + [DECODE] * len(self.decode_ms)
 
 
 def judge_tokens(tokens: TokenCheck | None, scheme: str, thresholds: dict[str, float], weights: str | None) -> Accuracy:
@@ -90,7 +102,7 @@ class GenerationTimings:
         if not isinstance(runs, list) or len(runs) > _MAX_EXECUTIONS:
             raise _bad("generation.runs", "a list")
         parsed = tuple(_run(item, f"generation.runs[{index}]", new_tokens) for index, item in enumerate(runs))
-        expected = [phase for run in parsed for phase in (PREFILL, *[DECODE] * len(run.decode_ms))]
+        expected = [phase for run in parsed for phase in run.executions]
         if executions != expected:
             raise AnalysisError(
                 f"timings.json: generation.executions ({len(executions)}) does not follow its runs "
@@ -110,14 +122,14 @@ class GenerationTimings:
 
     def execution_indices(self, phase: str) -> list[int]:
         """The timed generations' executions of `phase`, by their index among every execute() call."""
-        warmup = [run.warmup for run in self.runs for _ in range(1 + len(run.decode_ms))]
+        warmup = [run.warmup for run in self.runs for _ in run.executions]
         return [i for i, (which, early) in enumerate(zip(self.executions, warmup, strict=True))
                 if which == phase and not early]  # fmt: skip
 
     def phase_times(self, phase: str) -> list[float]:
         """The timed executions' times of `phase`, in the order of its blocks."""
         if phase == PREFILL:
-            return [run.prefill_ms for run in self.timed]
+            return [ms for run in self.timed for ms in run.prefill_chunks]
         return [ms for run in self.timed for ms in run.decode_ms]
 
     def last_tokens(self) -> tuple[int, ...]:
@@ -203,7 +215,17 @@ def _run(data: Any, where: str, new_tokens: int) -> GenerationRun:
         raise AnalysisError(
             f"timings.json: {where}: {len(ids)} token ids for {len(decode)} decode steps (new_tokens {new_tokens})"
         )
-    return GenerationRun(data.get("warmup") is True, float(prefill), tuple(float(v) for v in decode), tuple(ids))
+    chunks = data.get("prefill_chunk_ms", [])
+    if not isinstance(chunks, list) or len(chunks) > _MAX_EXECUTIONS:
+        raise _bad(f"{where}.prefill_chunk_ms", "a list of numbers >= 0")
+    if any(as_float(v) is None or v < 0 for v in chunks):
+        raise _bad(f"{where}.prefill_chunk_ms", "a list of numbers >= 0")
+    if chunks and not math.isclose(sum(chunks), prefill, rel_tol=1e-6, abs_tol=1e-3):
+        raise AnalysisError(f"timings.json: {where}: prefill_ms {prefill} is not the sum of its prefill_chunk_ms")
+    return GenerationRun(
+        data.get("warmup") is True, float(prefill), tuple(float(v) for v in decode), tuple(ids),
+        tuple(float(v) for v in chunks),
+    )  # fmt: skip
 
 
 def _count(data: dict[str, Any], key: str, minimum: int) -> int:

@@ -160,6 +160,8 @@ USAGE_ERRORS = {
     "context below 2": (["--generate", "--context", "1"], "--context needs an integer >= 2, got '1'"),
     "zero new tokens": (["--generate", "--new-tokens", "0"], "--new-tokens needs an integer >= 1, got '0'"),
     "generate with a value": (["--generate=yes"], "--generate takes no value"),
+    "zero prefill chunk": (["--generate", "--prefill-chunk", "0"], "--prefill-chunk needs an integer >= 1, got '0'"),
+    "prefill chunk without generate": (["--prefill-chunk", "4"], "--prefill-chunk needs --generate"),
 }
 
 
@@ -222,14 +224,27 @@ def test_two_tensors_in_the_prompt_file_exit_6(
     assert "must hold one int64 tensor, it holds 2" in error_line(completed)
 
 
-def test_a_prompt_beyond_the_upper_bound_exits_6(runner_binary: Path, generate_models: GenerateModels) -> None:
+@pytest.mark.parametrize("backend", ["portable", "xnnpack"])
+def test_a_prompt_in_chunks_generates_what_one_prefill_does(
+    runner_binary: Path, generate_models: GenerateModels, tmp_path: Path, backend: str
+) -> None:
+    """`--prefill-chunk 7`: a 20-id prompt prefilled as 7 + 7 + 6 ids at their positions, each an execute (and an
+    ETDump block) of the prefill; the ids are eager greedy generation's from the whole prompt."""
+    outputs, timings_path, etdump = tmp_path / "outputs.etlt", tmp_path / "timings.json", tmp_path / "etdump.etdp"
     completed = run_runner(
-        runner_binary, "--model", generate_models.pte("xnnpack"), "--generate", "--prompt-len", str(MAX_PROMPT_LEN + 1)
-    )
-    assert completed.returncode == 6, completed.stderr
-    assert f"the prompt has {MAX_PROMPT_LEN + 1} ids, more than the method's input_ids allow ({MAX_PROMPT_LEN})" in (
-        error_line(completed)
-    )
+        runner_binary, "--model", generate_models.pte(backend), "--generate", "--prompt-len", "20",
+        "--new-tokens", "4", "--prefill-chunk", "7", "--warmup", "0", "--iterations", "1",
+        "--outputs", outputs, "--timings", timings_path, "--etdump", etdump,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    expected = generate_models.greedy(generated_prompt(20), 4)
+    assert read_tensors(outputs)[0].array[0].tolist() == expected
+    generation = json.loads(timings_path.read_text())["generation"]
+    (run,) = generation["runs"]
+    assert len(run["prefill_chunk_ms"]) == 3 and run["prefill_ms"] == pytest.approx(sum(run["prefill_chunk_ms"]))
+    assert generation["executions"] == ["prefill"] * 3 + ["decode"] * 3
+    blocks, _ = profile_names(etdump)
+    assert blocks == ["Default"] + ["Execute"] * 6
 
 
 def test_decoding_past_the_cache_exits_7_naming_the_position(

@@ -7,6 +7,7 @@ LLM recipe does (8da4w with 8-bit embeddings, int8-dynamic), the sidecar naming 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -14,15 +15,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from orchestrator.errors import SpecError
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import generation
 from orchestrator.lowering.export import lower as lowerer
+from orchestrator.lowering.export.program import lower_exported
 from orchestrator.lowering.quantize.schemes import LLM_SCHEMES, SCHEMES, LlmRecipe
 from orchestrator.lowering.spec import GENERATION_TASK, load_spec_file
 from orchestrator.lowering.variants import QUANTIZED_ON, Variant
-from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
+from orchestrator.tensorfile import read_tensors
 from tests.lowering.spec_helpers import GPT2_TINY, checked
 from tests.lowering.test_huggingface_specs import write
 from tests.plugins.artifacts import ARTIFACT_CACHE
@@ -45,8 +48,8 @@ def generation_spec(**changes: Any) -> dict[str, Any]:
         ({"inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, 8]}]}, "inputs", "give seq_len instead"),
         ({"context": 128}, "context", "beyond the model's 64 position embeddings"),
         ({"context": 1}, "context", "expected an integer 2-32768, got 1"),
-        ({"max_prompt_len": 4}, "max_prompt_len", "4 must take the prompt (seq_len 8)"),
-        ({"max_prompt_len": 32}, "max_prompt_len", "leave room in the KV cache's context 32"),
+        ({"max_prompt_len": 32}, "max_prompt_len", "32 must leave room in the KV cache's context 32"),
+        ({"max_prompt_len": 0}, "max_prompt_len", "expected an integer"),
     ],
 )
 def test_a_generation_spec_beyond_its_cache_is_refused_naming_the_line(
@@ -124,7 +127,7 @@ def test_the_prompt_capacity_is_apart_from_the_context_and_bounds_what_one_call_
 ) -> None:
     """Activations are planned at max_prompt_len rows (default: 128, or seq_len, within the context), not at the
     context: a program of 12 rows plans less than one of 31 over the same cache, still generates eager's ids, and
-    its input_ids take 12 ids at most (the runner refuses 13 before running)."""
+    its input_ids take 12 ids at most: a longer prompt is prefilled in chunks (below)."""
     for folder in ("default", "12", "31"):
         (tmp_path / folder).mkdir()
     default = load_spec_file(write(tmp_path / "default", generation_spec()))
@@ -144,14 +147,43 @@ def test_the_prompt_capacity_is_apart_from_the_context_and_bounds_what_one_call_
         assert generated == reference.array.reshape(-1).tolist()
     assert planned[12] < planned[31]
 
-    too_long = tmp_path / "prompt13.etlt"
-    write_tensors(too_long, [NamedTensor("input_ids", np.arange(13, dtype=np.int64).reshape(1, 13))])
-    done = subprocess.run(
-        [str(runner_binary), "--model", str(programs[12]), "--generate", "--inputs", str(too_long),
-         "--new-tokens", "2"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 6 and "more than the method's input_ids allow (12)" in done.stderr, done.stderr[-500:]
+
+def test_a_prompt_longer_than_one_call_is_prefilled_in_chunks_and_generates_eager_s_ids(
+    runner_binary: Path, tmp_path: Path
+) -> None:
+    """A 20-token prompt to a program that takes 6 ids a call: the runner prefills it in chunks at their positions
+    (6, 6, 6, 2; or 5 at a time with --prefill-chunk 5, or 1: every prompt token its own call), each an execution of
+    the prefill, and generates the ids eager greedy generation does from the whole prompt."""
+    spec = load_spec_file(write(tmp_path, generation_spec(name="chat-chunks", seq_len=20, max_prompt_len=6)))
+    result = lowerer.lower(spec, variants=[Variant("xnnpack")], weights="random", root=tmp_path / "art", jobs=1)
+    lowered = result.variants[Variant("xnnpack")]
+    generation = lowered.sidecar.generation
+    assert generation is not None and (generation.prompt_len, generation.max_prompt_len) == (20, 6)
+    (prompt,) = read_tensors(result.paths.reference_inputs)
+    (reference,) = read_tensors(result.paths.reference_outputs)
+    assert prompt.array.shape == (1, 20)  # the board gets the whole prompt; the program's example was 6 of it
+    # A worker lowers the other variants from the saved .pt2: its example must be a program of its own (a view of
+    # the whole prompt was exported with the prompt's stride as a shape symbol, and to_executorch failed on it).
+    lower_exported(torch.export.load(str(result.paths.exported_program)), Variant("portable"), model=spec.name)
+    for chunk, chunks in ((None, 4), (5, 4), (1, 20)):
+        timings = tmp_path / f"timings-{chunk}.json"
+        out = tmp_path / f"ids-{chunk}.etlt"
+        done = subprocess.run(
+            [str(runner_binary), "--model", str(lowered.pte), "--generate",
+             "--inputs", str(result.paths.reference_inputs),
+             "--new-tokens", "8", "--context", "32", "--warmup", "0", "--iterations", "1", "--outputs", str(out),
+             "--timings", str(timings), *(["--prefill-chunk", str(chunk)] if chunk else [])],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        (ids,) = read_tensors(out)
+        assert ids.array.reshape(-1).tolist() == reference.array.reshape(-1).tolist(), chunk
+        recorded = json.loads(timings.read_text())["generation"]
+        (run,) = recorded["runs"]
+        assert len(run["prefill_chunk_ms"]) == chunks and recorded["executions"][: chunks + 1] == [
+            "prefill"
+        ] * chunks + ["decode"]
+        assert run["prefill_ms"] == pytest.approx(sum(run["prefill_chunk_ms"]))
 
 
 def test_quantized_language_models_follow_the_llm_recipe_and_still_generate(

@@ -92,6 +92,33 @@ def test_a_malformed_run_is_refused(field: str, value: Any, words: str) -> None:
         GenerationTimings.from_timings(broken)
 
 
+def test_a_prompt_prefilled_in_chunks_is_one_prefill_of_several_executions() -> None:
+    """A prompt longer than one call takes: each chunk an execution (and an ETDump block) of the prefill phase, the
+    time to first token their sum."""
+    timings = record(RUNS)
+    for run, chunks in zip(timings["generation"]["runs"], ([4.0, 5.0], [3.0, 5.0], [6.0]), strict=True):
+        run["prefill_chunk_ms"] = chunks
+    timings["generation"]["executions"] = [
+        phase for run in timings["generation"]["runs"]
+        for phase in [PREFILL] * len(run["prefill_chunk_ms"]) + [DECODE] * len(run["decode_ms"])
+    ]  # fmt: skip
+    parsed = GenerationTimings.from_timings(timings)
+    assert parsed is not None and parsed.phase_times(PREFILL) == [3.0, 5.0, 6.0]  # the timed chunks, in order
+    blocks = [RunBlock(name="Execute", **_empty_block()) for _ in parsed.executions]
+    split = parsed.phase_blocks(blocks)
+    assert split[PREFILL] == [blocks[4], blocks[5], blocks[8]] and len(split[DECODE]) == 4
+    assert generation_summary(parsed, timings, recorded=None, tokens=None).ttft_ms == 7.0  # 8 and 6: the sums
+    for chunks, words in (([3.0, 4.0], "not the sum of its prefill_chunk_ms"), ([8.0, -1.0], "numbers >= 0")):
+        broken = copy.deepcopy(timings)
+        broken["generation"]["runs"][1]["prefill_chunk_ms"] = chunks
+        with pytest.raises(AnalysisError, match=words):
+            GenerationTimings.from_timings(broken)
+    unlisted = copy.deepcopy(timings)
+    unlisted["generation"]["executions"] = record(RUNS)["generation"]["executions"]  # one prefill each
+    with pytest.raises(AnalysisError, match="does not follow its runs"):
+        GenerationTimings.from_timings(unlisted)
+
+
 def test_a_run_without_generation_has_no_record() -> None:
     assert GenerationTimings.from_timings({"iterations_ms": [1.0]}) is None
 

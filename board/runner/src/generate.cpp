@@ -1,5 +1,7 @@
 #include "generate.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <numeric>
 
@@ -88,10 +90,7 @@ GenerateShape check_generate_method(const et::MethodMeta& meta, const std::vecto
     mismatch("--generate needs output 0 to be float logits [..., vocab]; not a text-generation program");
   }
   shape.vocab_size = output->sizes()[output->sizes().size() - 1];
-  if (static_cast<int64_t>(prompt.size()) > shape.max_prompt_len) {
-    mismatch("the prompt has " + std::to_string(prompt.size()) + " ids, more than the method's input_ids allow (" +
-             std::to_string(shape.max_prompt_len) + ")");
-  }
+  if (shape.max_prompt_len < 1) mismatch("the method's input_ids take no ids (dim 1's upper bound is 0)");
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= shape.vocab_size) {
       mismatch("prompt id " + std::to_string(prompt[i]) + " at position " + std::to_string(i) +
@@ -105,11 +104,13 @@ double GenerationRun::total_ms() const {
   return std::accumulate(decode_ms.begin(), decode_ms.end(), prefill_ms);
 }
 
-Generator::Generator(et::Method& method, std::vector<int64_t> prompt, size_t new_tokens, int64_t vocab_size)
+Generator::Generator(et::Method& method, std::vector<int64_t> prompt, size_t new_tokens, int64_t vocab_size,
+                     size_t chunk)
     : method_(method),
       prompt_(std::move(prompt)),
       new_tokens_(new_tokens),
       vocab_size_(vocab_size),
+      chunk_(std::max<size_t>(1, chunk)),
       ids_(prompt_.size()),
       positions_(prompt_.size()) {}
 
@@ -159,10 +160,23 @@ int64_t Generator::argmax_last_position(const std::string& which) const {
 GenerationRun Generator::run(bool warmup, const std::string& label, const Execute& execute) {
   GenerationRun result;
   result.warmup = warmup;
-  std::copy(prompt_.begin(), prompt_.end(), ids_.begin());
-  std::iota(positions_.begin(), positions_.end(), 0);
-  const std::string prefill = "the prefill of " + label;
-  result.prefill_ms = execute(prefill, [this] { bind(prompt_.size()); });
+  // The prompt in chunks of at most chunk_ ids, each at its own positions: the cache holds the earlier chunks' keys,
+  // and the last chunk's last position gives the first token.
+  const size_t chunks = (prompt_.size() + chunk_ - 1) / chunk_;
+  std::string prefill;
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t start = c * chunk_;
+    const size_t length = std::min(chunk_, prompt_.size() - start);
+    std::copy(prompt_.begin() + static_cast<std::ptrdiff_t>(start),
+              prompt_.begin() + static_cast<std::ptrdiff_t>(start + length), ids_.begin());
+    std::iota(positions_.begin(), positions_.begin() + static_cast<std::ptrdiff_t>(length), static_cast<int64_t>(start));
+    prefill = chunks == 1 ? "the prefill of " + label
+                          : "prefill chunk " + std::to_string(c + 1) + " of " + std::to_string(chunks) + " (positions " +
+                                std::to_string(start) + ".." + std::to_string(start + length - 1) + ") of " + label;
+    const double ms = execute(prefill, [this, length] { bind(length); });
+    result.prefill_chunk_ms.push_back(ms);
+    result.prefill_ms += ms;
+  }
   result.token_ids.push_back(argmax_last_position(prefill));
   for (size_t k = 0; k + 1 < new_tokens_; ++k) {
     // The position is in the message: past the program's cache, the failure is the program's bounds check.
@@ -193,12 +207,13 @@ std::string generation_json(size_t prompt_len, size_t new_tokens, std::optional<
   std::string runs_json;
   for (size_t r = 0; r < runs.size(); ++r) {
     const GenerationRun& run = runs[r];
-    executions += std::string(r ? ", " : "") + "\"prefill\"";
+    for (size_t c = 0; c < run.prefill_chunk_ms.size(); ++c) executions += std::string(r || c ? ", " : "") + "\"prefill\"";
     for (size_t k = 0; k < run.decode_ms.size(); ++k) executions += ", \"decode\"";
     std::string ids;
     for (size_t i = 0; i < run.token_ids.size(); ++i) ids += (i ? ", " : "") + std::to_string(run.token_ids[i]);
     runs_json += std::string(r ? ",\n" : "\n") + "    {\"warmup\": " + (run.warmup ? "true" : "false") +
                  ", \"prefill_ms\": " + json_number(run.prefill_ms) +
+                 ", \"prefill_chunk_ms\": " + json_number_list(run.prefill_chunk_ms) +
                  ", \"decode_ms\": " + json_number_list(run.decode_ms) + ", \"token_ids\": [" + ids + "]}";
   }
   return "{\"prompt_len\": " + std::to_string(prompt_len) + ", \"new_tokens\": " + std::to_string(new_tokens) +

@@ -32,27 +32,31 @@ struct GenerateShape {
   int64_t vocab_size = 0;      // output 0's last dim
 };
 
-// Checks the method is a generation program the prompt fits; throws RunnerError(kExitInputMismatch) naming what
-// does not fit (inputs, dtypes, ranks, the prompt's length or ids, the output).
+// Checks the method is a generation program for the prompt; throws RunnerError(kExitInputMismatch) naming what
+// does not fit (inputs, dtypes, ranks, the prompt's ids, the output). A prompt longer than input_ids' upper bound is
+// prefilled in chunks.
 GenerateShape check_generate_method(const executorch::runtime::MethodMeta& meta, const std::vector<int64_t>& prompt);
 
 struct GenerationRun {
   bool warmup = false;
-  double prefill_ms = 0;
+  double prefill_ms = 0;  // the prefill's executes together
+  std::vector<double> prefill_chunk_ms;  // one per prefill execute: the prompt in chunks of at most the chunk size
   std::vector<double> decode_ms;  // new_tokens - 1 entries
   std::vector<int64_t> token_ids;  // new_tokens entries
 
   double total_ms() const;
 };
 
-// One prefill and new_tokens - 1 decode steps per run, each step starting from position 0 again.
+// One prefill (one execute per chunk of the prompt) and new_tokens - 1 decode steps per run, each run starting from
+// position 0 again.
 class Generator {
  public:
   // Binds the inputs through set_inputs, runs execute() once and returns its time (ms); which names the step.
   using Execute = std::function<double(const std::string& which, const std::function<void()>& set_inputs)>;
 
-  Generator(executorch::runtime::Method& method, std::vector<int64_t> prompt, size_t new_tokens,
-            int64_t vocab_size);
+  // chunk: the most prompt ids one prefill execute takes (>= 1, at most input_ids' upper bound).
+  Generator(executorch::runtime::Method& method, std::vector<int64_t> prompt, size_t new_tokens, int64_t vocab_size,
+            size_t chunk);
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
   ~Generator();
@@ -67,6 +71,7 @@ class Generator {
   std::vector<int64_t> prompt_;
   size_t new_tokens_;
   int64_t vocab_size_;
+  size_t chunk_;
   // Input storage outlives every execute(): a non-planned input shares this memory rather than copying it.
   std::vector<int64_t> ids_;
   std::vector<int64_t> positions_;

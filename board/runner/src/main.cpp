@@ -416,7 +416,9 @@ int run(const Options& options) {
   std::unique_ptr<Generator> generator;
   std::vector<GenerationRun> generations;
   if (options.generate) {
-    generator = std::make_unique<Generator>(method.get(), prompt, options.new_tokens, generate_shape.vocab_size);
+    const auto bound = static_cast<size_t>(generate_shape.max_prompt_len);
+    const size_t chunk = std::min(options.prefill_chunk.value_or(bound), bound);
+    generator = std::make_unique<Generator>(method.get(), prompt, options.new_tokens, generate_shape.vocab_size, chunk);
   }
   auto run_once = [&](bool warmup, const std::string& which) -> double {
     if (!generator) return execute_once(which, set_bound_inputs);

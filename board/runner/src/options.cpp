@@ -48,7 +48,7 @@ const char* usage_text() {
          "                    [--max-seconds S] [--threads N] [--etdump PATH] [--outputs PATH]\n"
          "                    [--timings PATH] [--expect-executorch-version V]\n"
          "                    [--counters LIST --counters-out PATH] [--start-fd N]\n"
-         "                    [--generate [--prompt-len P] [--new-tokens N] [--context C]]\n"
+         "                    [--generate [--prompt-len P] [--new-tokens N] [--context C] [--prefill-chunk K]]\n"
          "       etlab_runner --version | --probe-counters | --probe-program --model PATH\n"
          "\n"
          "Runs an ExecuTorch program (.pte) and records per-iteration latency.\n"
@@ -73,6 +73,7 @@ const char* usage_text() {
          "                     --inputs, if given, holds the prompt ids (one int64 tensor [1, P] or [P])\n"
          "  --prompt-len P     prompt length without --inputs (default: 16); with --inputs it must match\n"
          "  --new-tokens N     tokens generated per run (default: 16)\n"
+         "  --prefill-chunk K  prefill at most K prompt ids per execute (default: the most the program takes)\n"
          "  --context C        the program's KV cache capacity: P + N > C is refused before loading (exit 2)\n"
          "  --probe-counters   print which counters this machine can open, as JSON\n"
          "  --probe-program    print what the runner reads from --model without ExecuTorch, as JSON:\n"
@@ -140,6 +141,9 @@ Options parse_options(const std::vector<std::string>& args) {
       generate_only.push_back(name);
     } else if (name == "--new-tokens") {
       options.new_tokens = parse_count(name, value(), 1);
+      generate_only.push_back(name);
+    } else if (name == "--prefill-chunk") {
+      options.prefill_chunk = parse_count(name, value(), 1);
       generate_only.push_back(name);
     } else if (name == "--context") {
       options.context = parse_count(name, value(), 2);

@@ -32,6 +32,7 @@ struct Options {
   std::optional<size_t> prompt_len;  // default: the --inputs prompt's length, else kDefaultPromptLen
   size_t new_tokens = 16;
   std::optional<size_t> context;  // the KV cache capacity: prompt_len + new_tokens must not exceed it
+  std::optional<size_t> prefill_chunk;  // most prompt ids per prefill execute (default: input_ids' upper bound)
 };
 
 constexpr size_t kDefaultPromptLen = 16;

@@ -23,7 +23,6 @@ generation from the same prompt (fp32, the model's own attention), so the genera
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from orchestrator.lowering.attention.choice import ETLAB, SDPA
+from orchestrator.lowering.export.program import deterministic_metadata
 from orchestrator.lowering.quantize.schemes import Scheme
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 PROMPT_INPUT = "input_ids"
-_ID_KEY = re.compile(r"\d+(?:@(\d+))?")  # an nn_module_stack key made of the module's id()
 POSITION_INPUT = "cache_position"
 
 
@@ -205,16 +204,11 @@ class Reference:
 def reference(module: GenerationModule, spec: ModelSpec) -> Reference:
     """The prompt resolved once (its tokenizer read once), eager greedy generation from it, and the record.
 
-    A tokenized prompt and its new tokens must fit the cache: a SpecError naming `prompt` otherwise."""
+    A tokenized prompt and its new tokens must fit the cache: a SpecError naming `prompt` otherwise. A prompt longer
+    than one call takes (max_prompt_len) is fine: the runner prefills it in chunks; the program's example is its
+    first chunk."""
     prompt = prompt_for(spec, int(module.model.config.vocab_size))
     needed = prompt.ids.shape[1] + spec.new_tokens
-    if prompt.ids.shape[1] > spec.prompt_capacity:
-        where = "prompt" if spec.prompt else "seq_len"
-        problem = (
-            f"the prompt's {prompt.ids.shape[1]} tokens are more than one call of the program takes "
-            f"(max_prompt_len {spec.prompt_capacity})"
-        )
-        raise spec_failure([(where, problem)], spec)
     if needed > spec.cache_capacity:
         where = "prompt" if spec.prompt else "seq_len"
         problem = (
@@ -223,8 +217,11 @@ def reference(module: GenerationModule, spec: ModelSpec) -> Reference:
         )
         raise spec_failure([(where, problem)], spec)
     generated = greedy_ids(module, prompt.ids, spec.new_tokens)
-    inputs = prompt.inputs
-    return Reference(inputs, inputs[:1], [NamedTensor("output_0", generated)], _record(module, spec, prompt, generated))
+    rows = min(int(prompt.ids.shape[1]), spec.prompt_capacity)
+    # contiguous: a view's stride (the whole prompt's) would be exported as a shape symbol of its own
+    example = [NamedTensor(tensor.name, tensor.array[..., :rows].copy()) for tensor in prompt.inputs]
+    board = prompt.inputs[:1]  # the whole prompt: the runner binds its positions itself
+    return Reference(example, board, [NamedTensor("output_0", generated)], _record(module, spec, prompt, generated))
 
 
 def export(module: torch.nn.Module, example_args: tuple, prompt_rows: int) -> Any:
@@ -234,28 +231,8 @@ def export(module: torch.nn.Module, example_args: tuple, prompt_rows: int) -> An
     seq = torch.export.Dim("seq", min=1, max=prompt_rows)
     with torch.no_grad():
         program = torch.export.export(module, example_args, dynamic_shapes=({1: seq}, {0: seq}), strict=True)
-    _deterministic_metadata(program)
+    deterministic_metadata(program)
     return program
-
-
-def _deterministic_metadata(program: Any) -> None:
-    """Key each node's module stack by the module's path, not by its `id()`, and drop the trace's provenance records
-    (`from_node`, which name graphs by their `id()`): with them every strict export of the same model would save a
-    different .pt2, and lowering one more variant later would invalidate the variants the earlier .pt2 vouches for
-    (the cache keeps an identical file, never a different one)."""
-    for node in program.graph.nodes:
-        node.meta.pop("from_node", None)
-        stack = node.meta.get("nn_module_stack")
-        if stack:
-            node.meta["nn_module_stack"] = {_stable_key(key, entry): entry for key, entry in stack.items()}
-
-
-def _stable_key(key: Any, entry: Any) -> Any:
-    """`<id>` (transformers 5.24) or `<id>@<call>` (5.25: a module called again) keyed by the module's path."""
-    found = _ID_KEY.fullmatch(str(key))
-    if found is None:
-        return key
-    return f"module:{entry[0]}" + (f"@{found.group(1)}" if found.group(1) else "")
 
 
 def quantizer(scheme: Scheme, prompt_rows: int) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import re
 import resource
 import time
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ from orchestrator.lowering.variants import Variant
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.versions import toolchain_versions
 
+_ID_KEY = re.compile(r"\d+(?:@(\d+))?")  # an nn_module_stack key made of the module's id()
+
 
 def export_module(module: Any, example_args: tuple, *, model: str) -> Any:
     """`module` exported with `example_args` as etlab exports every model (strict=False, the inputs' fixed shapes).
@@ -37,7 +40,29 @@ def export_module(module: Any, example_args: tuple, *, model: str) -> Any:
     import torch
 
     with lowering_stage(EXPORT, model):
-        return torch.export.export(module, example_args, strict=False)
+        program = torch.export.export(module, example_args, strict=False)
+    deterministic_metadata(program)
+    return program
+
+
+def deterministic_metadata(program: Any) -> None:
+    """Key each node's module stack by the module's path, not by its `id()`, and drop the trace's provenance records
+    (`from_node`, which name graphs by their `id()`): with them every export of the same model would save a
+    different .pt2, and lowering one more variant later would invalidate the variants the earlier .pt2 vouches for
+    (the cache keeps an identical file, never a different one)."""
+    for node in program.graph.nodes:
+        node.meta.pop("from_node", None)
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            node.meta["nn_module_stack"] = {_stable_key(key, entry): entry for key, entry in stack.items()}
+
+
+def _stable_key(key: Any, entry: Any) -> Any:
+    """`<id>` (transformers 5.24) or `<id>@<call>` (5.25: a module called again) keyed by the module's path."""
+    found = _ID_KEY.fullmatch(str(key))
+    if found is None:
+        return key
+    return f"module:{entry[0]}" + (f"@{found.group(1)}" if found.group(1) else "")
 
 
 def lower_exported(

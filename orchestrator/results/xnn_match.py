@@ -10,6 +10,8 @@ XNNPACK keeps that order but does not map nodes one to one. Measured with ExecuT
 - XNNConcatenate reports only its first copy ("Copy (NC, X32)"); reshapes report "Static Reshape (NC)";
 - DistilBERT and GPT-2 (tiny and full size) are one event per node: FC, BMM, Add, Mul, TanH, GELU, Softmax,
   Transpose, Static Reshape, Copy;
+- an XNNConv2d with a 1x1 kernel (MobileNetV2's pointwise convolutions, full size) reports "Fully Connected": XNNPACK
+  runs it as one; its XNNGlobalAvgPooling2d reports "Mean (ND) Reduce2";
 - quantized programs add XNNConvert nodes (to qdint8 / qint8 and back): a dynamic one before an FC emits nothing
   (fused into the FC); a static one emits "Convert (NC)", except around a unary op, where convert → GELU → convert
   becomes one lookup-table operator reported as "Invalid Unary Op" (the unary node's, its converts fused).
@@ -48,7 +50,7 @@ RUNTIME_NAMES: dict[str, tuple[str, ...]] = {
     "XNNPReLU": ("PReLU", *_BINARY),
     "XNNFullyConnected": ("Fully Connected", "Dynamic Fully Connected"),
     "XNNBatchMatrixMultiply": ("Batch Matrix Multiply",),
-    "XNNConv2d": ("Convolution",),
+    "XNNConv2d": ("Convolution", "Fully Connected"),  # a 1x1 convolution runs as a fully-connected operator
     "XNNDepthwiseConv2d": ("Convolution",),
     "XNNConvTranspose2d": ("Deconvolution",),
     "XNNSoftmax": ("Softmax",),
@@ -97,7 +99,8 @@ OUTPUT_CLAMP = "Clamp"
 INSERTED_OPERATORS = frozenset({"Pack LH"})
 
 MAX_ALIGNMENT_CELLS = 4_000_000
-_EVENT_NAME = re.compile(r"^(?P<base>.*?)(?: \((?P<types>[^)]*)\))?(?: (?P<kernel>[A-Za-z]+))?(?: #(?P<n>\d+))?$")
+# "<base> (<types>) <kernel> #<n>", the kernel (GEMM, IGEMM, DWConv, Reduce2) only after the types.
+_EVENT_NAME = re.compile(r"^(?P<base>.*?)(?: \((?P<types>[^)]*)\)(?: (?P<kernel>[A-Za-z0-9]+))?)?(?: #(?P<n>\d+))?$")
 
 
 def operator_base(event_name: str) -> str:

@@ -285,6 +285,16 @@ def test_matcher_leaves_inserted_operators_unplaced() -> None:
     assert placement.node_events == {0: [1], 1: [2]} and placement.unplaced_events == [0]
 
 
+def test_matcher_places_a_pointwise_convolution_run_as_a_fully_connected() -> None:
+    # MobileNetV2 (full size, XNNPACK fp32): XNNPACK runs a 1x1 convolution as a fully-connected operator, so the
+    # delegate's events read Convolution, DWConv, then Fully Connected for the block's 1x1 XNNConv2d nodes.
+    nodes = nodes_of("XNNStaticTranspose", "XNNConv2d", "XNNDepthwiseConv2d", "XNNConv2d", "XNNConv2d", "XNNAdd")
+    events = ["Transpose (ND, X32) #1", "Convolution (NHWC, F32) IGEMM #1", "Convolution (NHWC, F32) DWConv #1",
+              "Fully Connected (NC, F32) GEMM #1", "Fully Connected (NC, F32) GEMM #2", "Add (ND) #1"]  # fmt: skip
+    placement = match_events(nodes, events)
+    assert placement.node_events == {i: [i] for i in range(6)} and not placement.unplaced_events
+
+
 def test_matcher_explains_failures() -> None:
     with pytest.raises(MatchError, match="2 runtime events for 3 nodes"):
         match_events(nodes_of("XNNAdd", "XNNSoftmax", "XNNAdd"), ["Add (ND) #1", "Add (ND) #2"])
@@ -298,6 +308,7 @@ def test_operator_names_parse() -> None:
     assert operator_base("Fully Connected (NC, F32) GEMM #12") == "Fully Connected"
     assert operator_base("Static Reshape (NC) #1") == "Static Reshape"
     assert operator_base("Scaled Dot-Product Attention (NHTC, F32) #1") == "Scaled Dot-Product Attention"
+    assert operator_base("Mean (ND) Reduce2 #1") == "Mean"  # a kernel name with a digit (MobileNetV2's pooling)
 
 
 def test_diverging_colors_are_white_at_zero_and_saturate() -> None:

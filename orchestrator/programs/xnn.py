@@ -25,6 +25,8 @@ class XnnNode:
     debug_handle: int
     output_clamp: bool  # output_min_max set to something narrower than (-inf, inf)
     shape: tuple[int, ...] | None = None  # its output tensor's dims as serialized (upper bounds where dynamic)
+    inputs: tuple[int, ...] = ()  # the value ids it reads (data, weights, bias), as serialized
+    output: int | None = None  # the value id it writes
 
 
 @functools.cache
@@ -78,11 +80,20 @@ def read_xnn_nodes(delegate: DelegateData, pte: Path) -> list[XnnNode]:
             # The node's own table (its fields differ by type); every operator XNNPACK takes has one output_id.
             fields = xg.XnodeUnionCreator(code, xnode.XnodeUnion())
             output = getattr(fields, "outputId", None)
-            shape = shapes.get(output) if isinstance(output, int) else None
-            nodes.append(XnnNode(index, names.get(code, f"XNode{code}"), xnode.DebugHandle(), bool(clamp), shape))
+            output = output if isinstance(output, int) else None
+            shape = shapes.get(output) if output is not None else None
+            reads = _input_ids(fields)
+            kind = names.get(code, f"XNode{code}")
+            nodes.append(XnnNode(index, kind, xnode.DebugHandle(), bool(clamp), shape, reads, output))
     except Exception as exc:  # the generated reader raises struct/index errors on garbage
         raise AnalysisError(f"{pte.name}: unreadable XNNPACK graph ({exc})") from None
     return nodes
+
+
+def _input_ids(fields: object) -> tuple[int, ...]:
+    """The value ids a node's table reads: its `*Id` fields but the output (inputId, input1Id, filterId, biasId...)."""
+    found = vars(fields).items() if fields is not None and hasattr(fields, "__dict__") else ()
+    return tuple(v for k, v in found if k.endswith("Id") and k != "outputId" and isinstance(v, int))
 
 
 def _value_shapes(graph: object) -> dict[int, tuple[int, ...]]:

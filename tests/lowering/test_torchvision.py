@@ -187,3 +187,24 @@ def test_a_token_calibration_file_is_refused_for_an_image_model(tmp_path: Path) 
     with pytest.raises(CalibrationError, match=r"samples\.jsonl: .*pixel_values float32 \[N, 1, 3, 32, 32\]"):
         lowering.lower(BUILTIN_SPECS[TINY], variants=[static], root=tmp_path / "artifacts", calibration=samples)
     assert not (tmp_path / "artifacts").exists()
+
+
+def test_a_layout_conversion_xnnpack_inserts_takes_the_module_of_its_reader(tiny: LoweringResult) -> None:
+    """The input's NCHW -> NHWC transpose XNNPACK's lowering adds carries no handle of the graph: it is there for the
+    first convolution, so the source map gives it that convolution's module (full-size MobileNetV2: 3% of a run
+    was on no module before, bench_attribution.py)."""
+    from orchestrator.lowering.export.source_map import source_map_path
+    from orchestrator.programs.plan import read_program_plan
+    from orchestrator.programs.xnn import read_xnn_nodes
+
+    pte = tiny.variants[VARIANTS["xnnpack"]].pte
+    data = json.loads(source_map_path(pte).read_text())
+    (delegate,) = [d for d in read_program_plan(pte, "forward").delegates() if d.delegate is not None][:1]
+    xnodes = read_xnn_nodes(delegate.delegate, pte)
+    inserted = [node for node in xnodes if node.debug_handle == 65535]
+    assert inserted and inserted[0].type == "XNNStaticTranspose"  # the input's layout conversion
+    reader = next(node for node in xnodes if inserted[0].output in node.inputs)
+    rows = {row["node"]: row for row in data["delegates"][0]["nodes"]}
+    assert rows[inserted[0].index]["sources"] == rows[reader.index]["sources"] != []
+    modules = {data["sources"][i]["module"] for i in rows[reader.index]["sources"]}
+    assert modules == {"features.0.0"}, modules  # the stem's convolution

@@ -21,7 +21,10 @@ found on distilbert-tiny (xnnpack and portable):
   Each row says its operator (`op`), which the analysis checks against the plan.
 - A delegate's nodes come from `lowered_module.original_module`, whose nodes keep their original handles; the
   serialized XNN nodes carry those same handles (`XNode.debug_handle`), so an XNN node's sources are the subgraph's
-  nodes with its handle (a fused node lists each distinct source). `delegate_map` is empty for XNNPACK.
+  nodes with its handle (a fused node lists each distinct source). `delegate_map` is empty for XNNPACK. A node
+  XNNPACK's lowering inserted itself (a layout conversion: MobileNetV2's NCHW -> NHWC input transpose, Whisper's
+  around its convolutions) carries no handle of the graph (65535): it is there for the node that reads its output,
+  so it takes that node's sources (the first reader's; walked from the last node back, so chains resolve).
 - nn_module_stack keys are `<id>@<call>` under transformers 5.25; the values (path, class) are used. Paths are as
   the exported module names them; etlab's wrappers hold the user's model as `model`, so when every path starts with
   `model.`, that component is dropped and the paths are the model's own (`distilbert.transformer.layer.0.attention`).
@@ -250,6 +253,21 @@ def _aligned(graph: Any, plan: Any) -> tuple[list[tuple[Any, Any]], int]:
     return pairs, unmatched
 
 
+def _inserted_nodes_take_their_readers(rows: list[dict[str, Any]], xnodes: list[Any], handles: set[int]) -> None:
+    """A node whose handle is none of the delegated graph's takes the sources of the first node reading its output."""
+    readers: dict[int, int] = {}
+    for xnode in xnodes:
+        for value in xnode.inputs:
+            readers.setdefault(value, xnode.index)
+    for row, xnode in zip(reversed(rows), reversed(xnodes), strict=True):
+        reader = readers.get(xnode.output) if xnode.output is not None else None
+        if xnode.debug_handle in handles or reader is None or reader <= xnode.index:
+            continue
+        row["sources"] = list(rows[reader]["sources"])
+        if "exported" in rows[reader]:
+            row["exported"] = list(rows[reader]["exported"])
+
+
 def build_source_map(
     program: Any, pte: Path, method: str = "forward", exported: tuple[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -301,12 +319,14 @@ def build_source_map(
             continue
         by_handle = delegated[planned.index]
         nodes = []
-        for xnode in read_xnn_nodes(planned.delegate, pte):
+        xnodes = read_xnn_nodes(planned.delegate, pte)
+        for xnode in xnodes:
             inner = by_handle.get(xnode.debug_handle, [])
             row = {"node": xnode.index, "handle": xnode.debug_handle, "sources": sources.of(inner)}
             if known:
                 row["exported"] = _exported_nodes(inner, known)
             nodes.append(row)
+        _inserted_nodes_take_their_readers(nodes, xnodes, set(by_handle))
         delegates.append({"instruction": planned.index, "nodes": nodes})
     modules = _strip_wrapper(sources.rows, sources.modules)
     return {

@@ -30,15 +30,51 @@ MAX_AB_ROUNDS = 1000
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]+")  # as the board agent names bundle folders
 
 
+# The short flags, one meaning in every task. Invoke would give each option the first letter of its name no other
+# option of that task took: `-b` was --board in five tasks and --backend in four, `-h` --history, --host or --threads,
+# and a digit too (`--min-top1` got `-1`, and `--new-tokens -1` then read as that flag). Every other option is long.
+SHORT_FLAGS = {
+    "board": "b", "model": "m", "group": "g", "tag": "t", "inventory": "i", "run": "r", "quantize": "q",
+    "spec": "s", "jobs": "j", "port": "p", "force": "f",
+}  # fmt: skip
+
+
 class Task(fabric.Task):
-    """Fabric's task whose short flags are letters only. Invoke gives an option the first character of its name no
-    other option took, a digit too (`--min-top1` got `-1`), and then reads a value such as `--new-tokens -1` or
-    `--new-tokens=-1` as that flag ("needed value", exit 1): every negative number reaches its check here."""
+    """Fabric's task whose short flags are SHORT_FLAGS' alone: the same letter means the same option everywhere, and
+    `-h` is only ever help."""
 
     def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
         opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
-        opts["names"] = [flag for flag in opts["names"] if len(flag) > 1 or flag.isalpha()]
+        long_names = [flag for flag in opts["names"] if len(flag) > 1]
+        short = SHORT_FLAGS.get(name)
+        opts["names"] = long_names + ([short] if short is not None else [])
         return opts
+
+
+def _help_for_tasks_with_positionals() -> None:
+    """`fab compare --help` prints compare's help. Invoke's parser hands a task's missing positional argument any
+    token, `--help` included, before it looks for core flags (invoke/parser/parser.py, `ParseMachine.handle`), so the
+    help of a task with positional arguments failed ("did not receive required positional arguments")."""
+    from invoke.parser.parser import ParseMachine
+
+    original = ParseMachine.see_positional_arg
+    if getattr(original, "etlab", False):
+        return
+
+    def see_positional_arg(self: Any, value: str) -> None:
+        flag = self.initial.flags.get(value) if self.initial is not None else None
+        if flag is not None and flag.name == "help" and self.context is not None:
+            flag.value = self.context.name  # as ParseMachine.handle does for --help after a task without positionals
+            for missing in self.context.missing_positional_args:  # never run: the help is printed instead
+                missing.value = ""
+            return
+        original(self, value)
+
+    see_positional_arg.etlab = True  # type: ignore[attr-defined]
+    ParseMachine.see_positional_arg = see_positional_arg  # type: ignore[method-assign]
+
+
+_help_for_tasks_with_positionals()
 
 
 def task(*args: Any, **kwargs: Any) -> Any:

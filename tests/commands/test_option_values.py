@@ -110,3 +110,28 @@ def test_no_task_has_a_short_flag_a_value_could_be_mistaken_for(monkeypatch: pyt
     }
     assert not flags, flags
     assert collection["run"].get_arguments()[0].names == ("model", "m")  # letters are kept
+    # One meaning per letter in every task (`-b` was --board in five tasks and --backend in four), `-h` only help.
+    meanings: dict[str, set[str]] = {}
+    for name in collection.task_names:
+        for argument in collection[name].get_arguments():
+            for flag in argument.names:
+                if len(flag) == 1:
+                    meanings.setdefault(flag, set()).add(argument.name)
+    assert all(len(names) == 1 for names in meanings.values()), meanings
+    assert meanings["b"] == {"board"} and "h" not in meanings and meanings["m"] == {"model"}
+
+
+def test_every_task_prints_its_help(tmp_path: Path) -> None:
+    """`fab TASK --help` for every task, compare's positional run ids included (Invoke handed `--help` to its first
+    positional argument: "did not receive required positional arguments")."""
+    from invoke import Collection
+
+    import tasks
+
+    for name in Collection.from_module(tasks).task_names:
+        shown = fab(name, "--help", tmp_path=tmp_path)
+        assert shown.returncode == 0, (name, shown.stdout + shown.stderr)
+        assert f"[--core-opts] {name} " in shown.stdout.splitlines()[0] and "Traceback" not in shown.stderr, name
+    assert fab("compare", "--help", tmp_path=tmp_path).stdout.count("baseline run id") == 1
+    missing = fab("compare", tmp_path=tmp_path)  # without --help the run ids are still required
+    assert missing.returncode != 0 and "did not receive required positional arguments" in missing.stderr

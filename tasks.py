@@ -290,8 +290,9 @@ def dashboard(c, port=None, no_browser=False, static=None, inventory=None, histo
             "record_pending": "only record the results earlier nightlies measured but could not record"})  # fmt: skip
 @handle_errors
 def nightly(c, inventory=None, night=None, history=None, reports=None, wait=False, record_pending=False):
-    """Run the nightly matrix, record it, flag real regressions, write reports. Exit 0 ok, 1 regression, 2 infra,
-    75 another nightly holds the night."""
+    """Run the nightly matrix, record it, flag real regressions and write reports (exit codes below).
+
+    Exit 0 ok, 1 regression, 2 infra, 75 another nightly holds the night."""
     from orchestrator.commands.common import nightly_task
 
     return nightly_task(

@@ -15,6 +15,7 @@ from invoke.exceptions import Exit
 
 from orchestrator import console, exiting, interrupts
 from orchestrator.commands import options
+from orchestrator.config import did_you_mean
 from orchestrator.errors import EtlabError, ExitCode, UsageError
 
 if TYPE_CHECKING:
@@ -178,8 +179,9 @@ def variants(backend: str | None, quantize: Any = "none", default: str = "portab
     names = split_list(backend or default) or []
     unknown = [name for name in names if name not in BACKENDS]
     if unknown or not names:
+        meant = did_you_mean(unknown[0], BACKENDS) if unknown else ""
         raise UsageError(
-            f"--backend: unknown backend {', '.join(unknown) or '(none)'}; choose from: {', '.join(BACKENDS)}"
+            f"--backend: unknown backend {', '.join(unknown) or '(none)'}{meant}; choose from: {', '.join(BACKENDS)}"
         )
     if isinstance(quantize, bool):  # `--quantize` without a value
         raise UsageError(f"--quantize: give a scheme; choose from: {', '.join(SCHEMES)}")
@@ -378,7 +380,8 @@ def attention_spec(value: Any, target: ModelSpec | Artifact) -> ModelSpec | Arti
     from orchestrator.lowering.spec import ModelSpec
 
     if value not in ATTENTIONS:
-        raise UsageError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {value!r}")
+        meant = did_you_mean(str(value), ATTENTIONS)
+        raise UsageError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {value!r}{meant}")
     if not isinstance(target, ModelSpec):
         raise UsageError(f"--attention: {target.model} is a program of your own, lowered as you exported it")
     if not target.generates or not hasattr(target.options, "attention"):

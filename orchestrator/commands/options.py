@@ -17,6 +17,7 @@ from typing import Any
 
 import fabric
 
+from orchestrator.config import did_you_mean
 from orchestrator.counters import parse_counters
 from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.errors import UsageError
@@ -125,7 +126,8 @@ def port(value: Any, option: str = "--port") -> int:
 def weights(value: Any) -> str:
     """`--weights`: auto, pretrained or random."""
     if value not in WEIGHT_MODES:
-        raise UsageError(f"--weights must be one of {', '.join(WEIGHT_MODES)}, got {value!r}")
+        meant = did_you_mean(str(value), WEIGHT_MODES)
+        raise UsageError(f"--weights must be one of {', '.join(WEIGHT_MODES)}, got {value!r}{meant}")
     return str(value)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from orchestrator.config import did_you_mean
 from orchestrator.lowering.quantize.schemes import FP32, SCHEMES, Scheme
 
 # Lowering seconds of a backend's fp32 program relative to fp32 XNNPACK (bench/README.md).
@@ -82,7 +83,8 @@ def parse_schemes(names: Iterable[str]) -> tuple[Scheme, ...]:
     names = list(dict.fromkeys(names))
     unknown = [name for name in names if name not in SCHEMES]
     if unknown:
-        raise UnknownVariant(f"unknown scheme {', '.join(unknown)}; choose from: {', '.join(SCHEMES)}")
+        meant = did_you_mean(unknown[0], SCHEMES)
+        raise UnknownVariant(f"unknown scheme {', '.join(unknown)}{meant}; choose from: {', '.join(SCHEMES)}")
     return tuple(SCHEMES[name] for name in names) or (FP32,)
 
 

@@ -135,3 +135,16 @@ def test_every_task_prints_its_help(tmp_path: Path) -> None:
     assert fab("compare", "--help", tmp_path=tmp_path).stdout.count("baseline run id") == 1
     missing = fab("compare", tmp_path=tmp_path)  # without --help the run ids are still required
     assert missing.returncode != 0 and "did not receive required positional arguments" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "meant"),
+    [("--weights", "randm", "random"), ("--backend", "xnnpak", "xnnpack"), ("--quantize", "8da4", "8da4w"),
+     ("--attention", "etlb", "etlab")],
+)  # fmt: skip
+def test_a_mistyped_option_value_gets_a_did_you_mean(option: str, value: str, meant: str, tmp_path: Path) -> None:
+    """As a mistyped model name does: the closest choice, before anything is lowered (exit 64)."""
+    result = fab("lower", "--model", "smollm2-gen-tiny", option, value, tmp_path=tmp_path)
+    assert result.returncode == ExitCode.USAGE, result.stdout + result.stderr
+    assert f"(did you mean '{meant}'?)" in result.stderr and option in result.stderr, result.stderr
+    assert not (tmp_path / "artifacts").exists() or not list((tmp_path / "artifacts").rglob("*.pte"))

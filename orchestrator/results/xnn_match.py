@@ -36,7 +36,7 @@ from orchestrator.programs.xnn import XnnNode
 
 _BINARY = ("Binary Elementwise",)
 # A quantized unary (convert → op → convert, fused into one lookup-table operator) reports "Invalid Unary Op".
-_UNARY = ("Unary Elementwise", "Invalid Unary")
+_UNARY = ("Unary Elementwise", "Invalid Unary Op")  # the whole name: a kernel name comes only after "(types)"
 
 # Serialized XNN node type -> base names of the runtime operators it can emit (the operator name before its
 # "(layout, types)" part). Names taken from XNNPACK's operator strings in the installed ExecuTorch wheel.

@@ -285,6 +285,15 @@ def test_matcher_leaves_inserted_operators_unplaced() -> None:
     assert placement.node_events == {0: [1], 1: [2]} and placement.unplaced_events == [0]
 
 
+def test_matcher_places_a_quantized_unary_on_its_node() -> None:
+    # int8-static: convert -> GELU -> convert becomes one lookup-table operator, "Invalid Unary Op" (no "(types)"
+    # part, so nothing after the base is a kernel name: reading "Op" as one once left these delegates out).
+    nodes = nodes_of("XNNFullyConnected", "XNNConvert", "XNNGelu", "XNNConvert", "XNNFullyConnected")
+    events = ["Fully Connected (NC, QS8) GEMM #1", "Invalid Unary Op #1", "Fully Connected (NC, QS8) GEMM #2"]
+    placement = match_events(nodes, events)
+    assert placement.node_events == {0: [0], 2: [1], 4: [2]}
+
+
 def test_matcher_places_a_pointwise_convolution_run_as_a_fully_connected() -> None:
     # MobileNetV2 (full size, XNNPACK fp32): XNNPACK runs a 1x1 convolution as a fully-connected operator, so the
     # delegate's events read Convolution, DWConv, then Fully Connected for the block's 1x1 XNNConv2d nodes.
@@ -309,6 +318,7 @@ def test_operator_names_parse() -> None:
     assert operator_base("Static Reshape (NC) #1") == "Static Reshape"
     assert operator_base("Scaled Dot-Product Attention (NHTC, F32) #1") == "Scaled Dot-Product Attention"
     assert operator_base("Mean (ND) Reduce2 #1") == "Mean"  # a kernel name with a digit (MobileNetV2's pooling)
+    assert operator_base("Invalid Unary Op #2") == "Invalid Unary Op"  # no "(types)": no kernel name to strip
 
 
 def test_diverging_colors_are_white_at_zero_and_saturate() -> None:

@@ -218,12 +218,12 @@ def test_module_ids_in_the_saved_program_become_module_paths_whatever_transforme
     (a fresh clone's CI, which installed 5.25: four end-to-end generation tests failed)."""
     from types import SimpleNamespace
 
-    from orchestrator.lowering.export.generation import _deterministic_metadata
+    from orchestrator.lowering.export.program import deterministic_metadata
 
     attention = ("model.layers.1.self_attn", "LlamaAttention")
     stack = {"L__self__": ("", "GenerationModule"), "139942304689744": attention, "139942304689744@1": attention}
     node = SimpleNamespace(meta={"nn_module_stack": dict(stack), "from_node": ["graph 140001"]})
-    _deterministic_metadata(SimpleNamespace(graph=SimpleNamespace(nodes=[node])))
+    deterministic_metadata(SimpleNamespace(graph=SimpleNamespace(nodes=[node])))
     assert list(node.meta["nn_module_stack"]) == [
         "L__self__",
         "module:model.layers.1.self_attn",

@@ -155,6 +155,7 @@ def _accuracy_cell(cell: CellOutcome) -> str | None:
     return " ".join(figures) + ("" if accuracy.meaningful else " †")
 
 
+SPEEDUP_KEY = "speedup: XNNPACK fp32 over portable, a quantized program over XNNPACK fp32 (medians, one board)"
 ACCURACY_KEY = (
     "accuracy vs fp32 eager: SQNR, top-1 agreement (t1; ~ a flip within the noise), top-5 overlap (t5); "
     "† random weights: the figures say little"
@@ -268,7 +269,8 @@ def _counters_by_cause(cells: Sequence[CellOutcome]) -> None:
 
 
 def print_cells(cells: Sequence[CellOutcome]) -> None:
-    """board × backend: median, speedup (XNNPACK over portable, quantized over fp32 XNNPACK), validity, bundle.
+    """board × backend: median, speedup (XNNPACK over portable, quantized over fp32 XNNPACK), validity, the run id
+    (what compare, advise and explore take; the model and backend are never cut), then the next commands.
 
     With quantized variants in the table, the size of each program and the accuracy gate's verdict are shown too.
     """
@@ -284,22 +286,23 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
         reference = medians.get((cell.board, cell.model, base)) if base else None
         speedup = None
         if reference and cell.median_ms and base is not None:
-            speedup = f"{reference / cell.median_ms:.2f}× vs {'fp32' if variant.quantized else 'portable'}"
+            speedup = f"{reference / cell.median_ms:.2f}×"
         status = "ok" if cell.ok else f"FAILED at {cell.stage}"
         row = [cell.board, cell.model, variant.name, status, cell.median_ms, speedup]
         row.append(megabytes(cell.summary.memory.peak_rss_bytes) if cell.summary and cell.summary.memory else None)
         if quantized:
             size = cell.summary.model.size_bytes if cell.summary else None
             row += [round(size / 1e6, 3) if size else None, _accuracy_cell(cell)]
-        rows.append([*row, cell.validity, short_path(cell.bundle) if cell.bundle else None])
+        rows.append([*row, cell.validity, _run_id(cell)])
     extra = ["size MB", "accuracy"] if quantized else []
     console.table(
         "Results",
-        ["board", "model", "backend", "status", "median ms", "speedup", "peak MB", *extra, "validity", "bundle"],
+        ["board", "model", "backend", "status", "median ms", "speedup", "peak MB", *extra, "validity", "run id"],
         rows,
-        caption=ACCURACY_KEY if quantized else None,
-        whole=["accuracy"],
+        caption=f"{SPEEDUP_KEY}; {ACCURACY_KEY}" if quantized else SPEEDUP_KEY,
+        whole=["model", "backend", "run id", "accuracy"],  # never cut: the other columns narrow for them
     )
+    _next_commands(cells)
     unchecked: dict[tuple[str, str], list[str]] = {}  # (board, why) -> runs: one line per board and cause
     for cell in cells:
         if cell.error:
@@ -318,6 +321,27 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
         console.warn(f"{board}: {', '.join(runs)}: correctness not checked ({why})")
     _counters_by_cause(cells)
     print_generation([(cell.board, cell.model, cell.variant.name, cell.summary) for cell in cells if cell.summary])
+
+
+def _run_id(cell: CellOutcome) -> str | None:
+    """The run's id: its bundle's folder name (results/<board>/<model>/<backend>/<run id>)."""
+    return cell.run_id or (cell.bundle.name if cell.bundle is not None else None)
+
+
+def _next_commands(cells: Sequence[CellOutcome]) -> None:
+    """Where the bundles are, and the commands that take these runs: explore and advise the first run, and compare
+    it with a run of the same program on another board (compare refuses two different programs)."""
+    runs = [cell for cell in cells if cell.ok and _run_id(cell)]
+    if not runs:
+        return
+    first = runs[0]
+    if first.bundle is not None and len(first.bundle.parents) > 3:
+        console.info(f"bundles: {short_path(first.bundle.parents[3])}/<board>/<model>/<backend>/<run id>")
+    commands = [f"fab explore --run {_run_id(first)}", f"fab advise --run {_run_id(first)}"]
+    twin = next((cell for cell in runs[1:] if (cell.model, cell.variant) == (first.model, first.variant)), None)
+    if twin is not None:
+        commands.append(f"fab compare {_run_id(first)} {_run_id(twin)}")
+    console.info("next: " + " · ".join(commands))
 
 
 def print_context_scaling(cells: Sequence[CellOutcome], results_root: Path | None = None) -> None:

@@ -34,7 +34,8 @@ def cell(board: str, backend: str, *, accuracy: Accuracy | None = None) -> CellO
         counters=counters,
         accuracy=accuracy,
     )
-    return CellOutcome(board, "distilbert-tiny", Variant.parse(backend), ok=True, summary=summary)
+    run_id = f"20261204T060000Z-{board[-1]}{len(backend):02d}"
+    return CellOutcome(board, "distilbert-tiny", Variant.parse(backend), ok=True, summary=summary, run_id=run_id)
 
 
 def test_a_board_without_a_pmu_says_once_which_counters_it_cannot_give(capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,3 +75,18 @@ def test_several_causes_are_one_line_each(capsys: pytest.CaptureFixture[str]) ->
     lines = [line for line in (text.out + text.err).splitlines() if "not captured" in line]
     assert len(lines) == 3, lines  # pi-locked: EACCES (cycles), ENOENT (the rest); pi-nopmu: ENOENT
     assert any("pi-locked" in line and "counter cycles not captured: EACCES" in line for line in lines)
+
+
+def test_each_row_shows_its_run_id_whole_and_the_next_commands_use_them(capsys: pytest.CaptureFixture[str]) -> None:
+    """The ids compare, advise and explore take, in the table; model, backend and id never cut (once `distilbe…`,
+    `xnnpack-…` and a cut bundle path, and no run id), the other columns narrowing for them."""
+    cells = [cell("pi4-a", "xnnpack-int8-dynamic"), cell("pi5-b", "xnnpack-int8-dynamic"), cell("pi4-a", "xnnpack")]
+    print_cells(cells)
+    out = "".join(capsys.readouterr())
+    rows = [line for line in out.splitlines() if line.startswith("│ pi")]
+    assert [row.split("│")[-2].strip() for row in rows] == [c.run_id for c in cells], out
+    assert all("│ distilbert-tiny │" in row for row in rows) and "│ xnnpack-int8-dynamic │" in rows[0], out
+    (next_line,) = [line for line in out.splitlines() if line.startswith("next: ")]
+    a, b = cells[0].run_id, cells[1].run_id
+    assert f"fab explore --run {a}" in next_line and f"fab advise --run {a}" in next_line
+    assert f"fab compare {a} {b}" in next_line  # the same program on two boards: the pair compare takes

@@ -60,8 +60,17 @@ def overlay_path(bundle_dir: Path, metric: str) -> Path:
     return Path(bundle_dir) / OVERLAY_DIR / f"me_overlay_{metric}.json"
 
 
+SIGNIFICANT_DIGITS = 4  # what Model Explorer shows of a value: 0.08934, not 0.08933781538461538
+
+
+def shown(value: float) -> float:
+    """A value as the node shows it: a float to SIGNIFICANT_DIGITS, a whole number (bytes, a finding) exact."""
+    return value if isinstance(value, int) else float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
 def graph_node_data(name: str, values: Mapping[str, float], gradient: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"name": name, "results": {node: {"value": value} for node, value in values.items()}, "gradient": gradient}
+    results = {node: {"value": shown(value)} for node, value in values.items()}
+    return {"name": name, "results": results, "gradient": gradient}
 
 
 def _metric_value(dist: Any, pct: float | None, metric: str) -> float | None:

@@ -52,7 +52,7 @@ def test_a_run_is_painted_on_the_exported_program_it_was_lowered_from(
     # nothing is painted twice: with no fused groups, the .pt2's shares add up to at most the measured whole
     assert not any(note["value"].startswith("fused with") for note in notes.values())
     assert 80.0 < sum(value["value"] for value in pct.values()) <= 100.0 + 1e-6
-    assert index["painted_pct"] == pytest.approx(sum(value["value"] for value in pct.values()))
+    assert index["painted_pct"] == pytest.approx(sum(value["value"] for value in pct.values()), rel=5e-4)
 
 
 def test_a_quantized_program_names_no_exported_nodes(quantized_artifacts: dict[str, object]) -> None:

@@ -74,8 +74,10 @@ def test_top_level_values_add_up_to_the_measured_totals(analysed: dict[str, Bund
     method = [int(b.durations[b.event_names.index("Method::execute")]) for b in blocks]
     mean_ms = overlay(case, "mean_ms")["forward"]["results"]
     pct = overlay(case, "pct")["forward"]["results"]
-    assert sum(v["value"] for v in mean_ms.values()) == pytest.approx(np.mean(per_block) / 1e6, rel=1e-9)
-    assert sum(v["value"] for v in pct.values()) == pytest.approx(np.mean(per_block) / np.mean(method) * 100, rel=1e-9)
+    # values as Model Explorer shows them: 4 significant digits (0.08934, not 0.08933781538461538)
+    assert sum(v["value"] for v in mean_ms.values()) == pytest.approx(np.mean(per_block) / 1e6, rel=5e-4)
+    assert sum(v["value"] for v in pct.values()) == pytest.approx(np.mean(per_block) / np.mean(method) * 100, rel=5e-4)
+    assert all(len(f"{v['value']:g}".replace(".", "").replace("-", "").lstrip("0")) <= 4 for v in pct.values())
     plan = read_program_plan(case.model.pte)
     timed = {i.node_id("forward") for i in plan.instructions if i.kind in ("KernelCall", "DelegateCall")}
     assert set(mean_ms) == timed
@@ -85,7 +87,7 @@ def test_top_level_values_add_up_to_the_measured_totals(analysed: dict[str, Bund
         samples = [sum(int(b.durations[k]) for k, n in enumerate(b.event_names)
                        if n in ("OPERATOR_CALL", "DELEGATE_CALL") and b.chain[k] == chain and b.instruction[k] == index)
                    for b in blocks]  # fmt: skip
-        assert value["value"] == pytest.approx(np.median(samples) / 1e6, rel=1e-9)
+        assert value["value"] == pytest.approx(np.median(samples) / 1e6, rel=5e-4)
 
 
 @pytest.mark.parametrize("key", ["distilbert_xnnpack", "gpt2_xnnpack", "runner_distilbert_xnnpack"])
@@ -107,9 +109,11 @@ def test_delegate_node_values_add_up_to_the_matched_events(analysed: dict[str, B
             for b in blocks
         ]
         assert delegate["status"] == "placed" and not delegate["unplaced_events"]
-        assert sum(v["value"] for v in mean_ms[graph_id]["results"].values()) == pytest.approx(np.mean(events) / 1e6)
+        assert sum(v["value"] for v in mean_ms[graph_id]["results"].values()) == pytest.approx(
+            np.mean(events) / 1e6, rel=5e-4
+        )
         assert sum(v["value"] for v in pct[graph_id]["results"].values()) == pytest.approx(
-            np.mean(events) / method_mean * 100
+            np.mean(events) / method_mean * 100, rel=5e-4
         )
         for node in delegate["nodes"]:
             assert len(node["events"]) == 1

@@ -240,7 +240,8 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
 
 
 @task(help={**MODEL_HELP, **PTE_HELP, **SELECT_HELP, **RUN_HELP,
-            "backend": "xnnpack (default), portable, or portable,xnnpack for the comparison",
+            "backend": "xnnpack (default; the portable program is lowered too, for Model Explorer), portable, or "
+                       "portable,xnnpack for the comparison: only those are lowered",
             "weights": "auto (default), pretrained or random", "no_explore": "do not launch Model Explorer",
             "no_browser": "launch Model Explorer without opening a browser",
             "port": "Model Explorer port (8081)", "quantize": QUANTIZE_HELP, **ACCURACY_HELP,
@@ -250,7 +251,7 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "context": CONTEXT_HELP, "attention": ATTENTION_HELP},
       optional=["counters"])  # fmt: skip
 @handle_errors
-def deploy_and_profile(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None,
+def deploy_and_profile(c, model=None, spec=None, backend=None, board=None, group=None, tag=None, inventory=None,
                        lg_wait=None, iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
                        no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,

@@ -43,7 +43,7 @@ from orchestrator.results.store import LocalRun
 
 
 def deploy_task(
-    model: str | None, spec: str | None, *, backend: str, board: str | None, group: str | None, tag: str | None,
+    model: str | None, spec: str | None, *, backend: str | None, board: str | None, group: str | None, tag: str | None,
     inventory: str | None, lg_wait: str | None, iterations: Any, warmup: Any, threads: Any, max_seconds: Any,
     weights: Any, no_explore: bool, no_browser: bool, port: Any, counters: Any, quantize: str, calibration: Any,
     min_sqnr: Any, min_top1: Any, min_top5: Any, jobs: Any, trust_remote_code: bool, trust_code: bool,
@@ -70,6 +70,8 @@ def deploy_task(
         explore=not no_explore,
         port=listen,
         open_browser=not no_browser,
+        # Model Explorer shows both fp32 programs: the portable one is lowered for it when no --backend was asked
+        lower_both=backend is None and not no_explore,
     )
 
 
@@ -89,15 +91,18 @@ def deploy_and_profile(
     accuracy: dict[str, float] | None = None,
     rewrites: RewriteRequest = NO_REWRITES,
     contexts: Sequence[ModelSpec] = (),
+    lower_both: bool = True,
 ) -> int:
     """`contexts`: a text-generation model's programs, one per KV cache size (`--context`), profiled side by side
-    and compared in one table and one plot; empty: `spec` alone."""
+    and compared in one table and one plot; empty: `spec` alone. `lower_both`: lower both fp32 programs too (for
+    Model Explorer), not only `variants`."""
     if isinstance(spec, Artifact):  # `--pte`: the user's own program, profiled as it is
         return deploy_program(spec, boards=boards, params=params, accuracy=accuracy, explore=explore, host=host,
                               port=port, open_browser=open_browser, results_root=results_root)  # fmt: skip
-    # Both fp32 backends are lowered too (cached after the first time) so Model Explorer shows every program,
-    # the quantized ones next to the fp32 ones.
-    wanted = list(dict.fromkeys([Variant("portable"), Variant("xnnpack"), *variants]))
+    # For Model Explorer both fp32 backends are lowered too (cached after the first time), so it shows every program,
+    # the quantized ones next to the fp32 ones; otherwise only what was asked.
+    both = [Variant("portable"), Variant("xnnpack")] if lower_both else []
+    wanted = list(dict.fromkeys([*both, *variants]))
     checked = lowering or LoweringOptions("auto", None, None)
     jobs, paths = [], []
     for each in contexts or [spec]:

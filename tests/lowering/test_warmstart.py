@@ -261,3 +261,19 @@ def test_warm_deploy_imports_only_what_it_needs(
     assert not modules & NOT_FOR_A_WARM_DEPLOY, sorted(modules & NOT_FOR_A_WARM_DEPLOY)
     assert not [name for name in modules if name.startswith(BUILD_SIDE)], sorted(modules)
     assert not {name.split(".")[0] for name in modules} & HEAVY, sorted(modules)
+
+
+def test_deploy_lowers_only_the_backend_asked_for(local_board: Board, tmp_path: Path) -> None:
+    """`--backend xnnpack` lowers the XNNPACK program alone (the portable one was lowered too, for a Model Explorer
+    that `--no-explore` never opens); without `--backend`, Model Explorer's view gets both fp32 programs."""
+    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board])
+    env = {"ETLAB_ARTIFACTS": str(tmp_path / "artifacts"), "ETLAB_RESULTS": str(tmp_path / "results"),
+           "ETLAB_INVENTORY": str(inventory)}  # fmt: skip
+    args = ["--model", "distilbert-tiny", "--board", "local", "--iterations", "2", "--warmup", "0", "--no-explore"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fabric", "deploy-and-profile", "--backend", "xnnpack", *args],
+        cwd=PROJECT_ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    lowered = sorted(path.name for path in (tmp_path / "artifacts" / "distilbert-tiny").glob("*.pte"))
+    assert lowered == ["distilbert-tiny_xnnpack.pte"], lowered

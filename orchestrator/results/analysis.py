@@ -119,7 +119,8 @@ def analyze_bundle(
             blocks = generated.phase_blocks(etdump.execute_blocks)
             phases = _profile_phases(etdump, blocks, plan, bundle.method, generated, bundle.notes)
             profile = phases.get(DECODE) or next(iter(phases.values()), None)
-            steps = generation_steps(blocks, phases)
+            timed = generated.timed
+            steps = generation_steps(blocks, phases, len(timed[0].prefill_chunks) if timed else 1)
         else:
             profile, profile_notes = _profile_bundle(etdump, plan, bundle.method, bundle.timings)
             bundle.notes.extend(profile_notes)

@@ -211,11 +211,17 @@ def iteration_steps(execute: list[RunBlock], profile: Profile) -> list[Step]:
     return [Step("iteration 1", execute[len(execute) - profile.executions], profile)]
 
 
-def generation_steps(blocks: dict[str, list[RunBlock]], phases: dict[str, Profile]) -> list[Step]:
-    """The first timed generation's prefill and its first decode step."""
+def generation_steps(
+    blocks: dict[str, list[RunBlock]], phases: dict[str, Profile], prefill_chunks: int = 1
+) -> list[Step]:
+    """The first timed generation's prefill (each of its `prefill_chunks` executions, "prefill chunk 2/3", when a long
+    prompt went in chunks) and its first decode step."""
     steps = []
     if blocks.get(PREFILL) and PREFILL in phases:
-        steps.append(Step(PREFILL, blocks[PREFILL][0], phases[PREFILL]))
+        chunks = blocks[PREFILL][: max(1, prefill_chunks)]
+        for number, block in enumerate(chunks, 1):
+            name = PREFILL if len(chunks) == 1 else f"{PREFILL} chunk {number}/{len(chunks)}"
+            steps.append(Step(name, block, phases[PREFILL]))
     if blocks.get(DECODE) and DECODE in phases:
         steps.append(Step(f"{DECODE} step 1", blocks[DECODE][0], phases[DECODE]))
     return steps

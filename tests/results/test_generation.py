@@ -20,6 +20,7 @@ from orchestrator.results.generation import (
     token_check,
 )
 from orchestrator.results.summary import Generation
+from orchestrator.results.trace import generation_steps
 
 
 def record(generations: list[tuple[bool, float, list[float], list[int]]], **changes: Any) -> dict[str, Any]:
@@ -108,6 +109,11 @@ def test_a_prompt_prefilled_in_chunks_is_one_prefill_of_several_executions() -> 
     split = parsed.phase_blocks(blocks)
     assert split[PREFILL] == [blocks[4], blocks[5], blocks[8]] and len(split[DECODE]) == 4
     assert generation_summary(parsed, timings, recorded=None, tokens=None).ttft_ms == 7.0  # 8 and 6: the sums
+    # the timeline draws the first timed generation's every chunk, then its first decode step
+    profile: Any = object()  # a step only carries its phase's profile
+    steps = generation_steps(split, {PREFILL: profile, DECODE: profile}, len(parsed.timed[0].prefill_chunks))
+    assert [step.name for step in steps] == ["prefill chunk 1/2", "prefill chunk 2/2", "decode step 1"]
+    assert [steps[0].block, steps[1].block, steps[2].block] == [blocks[4], blocks[5], blocks[6]]
     for chunks, words in (([3.0, 4.0], "not the sum of its prefill_chunk_ms"), ([8.0, -1.0], "numbers >= 0")):
         broken = copy.deepcopy(timings)
         broken["generation"]["runs"][1]["prefill_chunk_ms"] = chunks

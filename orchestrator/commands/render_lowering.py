@@ -57,6 +57,8 @@ def _quantized_cell(sidecar: Sidecar) -> str | None:
         text += "; Conv " + ", ".join(f"{kind} ×{n}" for kind, n in quantization.convolution.items())
     if quantization.padded_linears:  # the LLM recipe's 4-bit linears whose widths its group did not divide
         text += f"; {len(quantization.padded_linears)} linears padded to the group"
+    if quantization.shared_heads:  # a tied head reading the embedding's quantized table: stored once
+        text += "; tied head reads the embedding's table (stored once)"
     floating = [*quantization.float_linears, *quantization.float_convolutions]
     if floating:
         text += f"; FLOAT: {', '.join(floating[:4])}{' …' if len(floating) > 4 else ''}"

@@ -171,6 +171,8 @@ class Quantization:
     float_embeddings: tuple[str, ...] = ()
     # Linears whose input features the 4-bit group did not divide, quantized padded with zero columns (the LLM recipe)
     padded_linears: tuple[str, ...] = ()
+    # A tied head reading its embedding's quantized table, stored once: "lm_head shares model.embed_tokens' 4-bit table"
+    shared_heads: tuple[str, ...] = ()
     nodes: QuantizedNodes | None = None
     pte_bytes: Count | None = None
 

@@ -19,6 +19,7 @@ from orchestrator.deploy.payload import fetch_wheel, tree_sha256
 from orchestrator.paths import BOARD_SOURCE_DIR
 from orchestrator.versions import executorch_version
 from tests.board.test_kernels import AttendCase, UpdateCase, assert_attention_close, run_check
+from tests.board.test_shared_head_kernel import assert_head_close, head_case
 from tests.deploy.test_crossbuild import PI_FACTS, aarch64_compiler, elf_machine
 from tests.plugins.runner import KERNEL_CHECK_NAME
 
@@ -49,9 +50,12 @@ def test_the_aarch64_runner_has_neon_kernels_and_no_dot_product_instructions() -
     binary = crossbuild.cross_build_runner(compiler, wheel, source, tree_sha256(source), executorch_version())
     assert elf_machine(binary) == "aarch64"
     assert b"etlab::attend.out" in binary.read_bytes() and b"etlab::update_cache.out" in binary.read_bytes()
+    assert b"etlab::shared_head.out" in binary.read_bytes()
     text = disassembly(binary)
     attention = function_bodies(text, "neon::attend_row")
     assert re.search(r"\sfmla\s+v\d+\.4s", attention), "attend's NEON loops use fused multiply-add on 4 floats"
+    head = function_bodies(text, "neon::head_row")
+    assert re.search(r"\ssmull2?\s+v\d+\.8h", head) or re.search(r"\ssmlal2?\s+v\d+\.8h", head), "int8 products"
     assert not DOT_PRODUCT.findall(text), DOT_PRODUCT.findall(text)[:5]
 
 
@@ -83,11 +87,21 @@ def test_the_aarch64_kernels_equal_the_reference_under_qemu(tmp_path: Path, monk
         value = rng.standard_normal((1, 2, 9, 17)).astype(np.float32)
         attend = AttendCase(query, key_cache, value_cache, positions, 17**-0.5)
         update = UpdateCase(value, key_cache, positions)
+        # the tied head: 4-bit groups of 32 (the NEON loops), 8-bit rows, and groups of 34 (the plain loops)
+        heads = {
+            "shared_head.4bit": head_case(rng, (1, 2), 301, 96, 3, 4),
+            "shared_head.8bit": head_case(rng, (1, 1), 77, 64, 1, 8),
+            "shared_head.odd": head_case(rng, (3,), 9, 68, 2, 4),
+        }
         monkeypatch.setenv("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu")  # binfmt's qemu-aarch64 finds the loader
         for core in ("cortex-a72", "cortex-a76"):  # a Pi 4's core (no dot product: SIGILL if used) and a Pi 5's
             monkeypatch.setenv("QEMU_CPU", core)
-            outputs, line = run_check(check, tmp_path, {"attend.0": attend, "update_cache.0": update}, "--threads", "2")
-            assert line["isa"] == "neon", core
+            cases = {"attend.0": attend, "update_cache.0": update, **heads}
+            outputs, line = run_check(check, tmp_path, cases, "--threads", "2")  # type: ignore[arg-type]
+            assert line["isa"] == line["shared_head_isa"] == "neon", core
+            for name, case in heads.items():
+                assert outputs[f"{name}.status"] == 0, (core, name)
+                assert_head_close(outputs[f"{name}.out"], case)
             assert outputs["attend.0.status"] == 0 and outputs["update_cache.0.status"] == 0, core
             assert_attention_close(outputs["attend.0.out"], attend)
             np.testing.assert_array_equal(outputs["update_cache.0.cache"], update.reference())

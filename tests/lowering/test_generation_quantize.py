@@ -63,6 +63,7 @@ def test_8da4w_pads_linears_its_group_does_not_divide_and_4_bit_embeddings_run(
         assert "; 7 linears padded to the group" in (_quantized_cell(lowered.sidecar) or "")  # `fab lower`'s table
         assert not any("down_proj" in name for name in quantization.padded_linears)  # 96 = 3 groups of 32
         assert (quantization.embeddings, quantization.quantized_embeddings) == (1, 1)
+        assert quantization.shared_heads == ()  # an untied head (LLAMA_TINY): its own 4-bit linear, as before
         kernels = read_outside_delegates(lowered.pte).kernels
         assert f"quantized_decomposed::{gather}.out" in kernels, kernels
         tables = "int4, PerGroup(32)" if gather == "embedding_4bit" else "int8, PerAxis(0)"

@@ -6,8 +6,9 @@
 // Inputs are named "<op>.<case>.<arg>", cases in any number:
 //   attend.<case>.{query, key_cache, value_cache, positions, scale}   (scale: a float64 scalar)
 //   update_cache.<case>.{value, cache, positions}
+//   shared_head.<case>.{input, table, scales, bits}                    (bits: an int64 scalar, 8 or 4)
 // Outputs per case: "<op>.<case>.status" (int64 scalar: 0, or the ExecuTorch error the kernel failed with),
-// attend's "out", update_cache's "cache" (as the kernel left it) and "out". Stdout gets one JSON line: the
+// attend's and shared_head's "out", update_cache's "cache" (as the kernel left it) and "out". Stdout gets one JSON line: the
 // instruction set, the pool's threads, how many distinct threads ran attend's tasks and, per case, the median
 // microseconds of its calls (--repeat N calls each case N more times after the first; for bench/bench_kernels.py).
 // Exit: 0 done, 2 usage, 3 unreadable or malformed inputs, 4 an operator is not registered.
@@ -130,7 +131,8 @@ int main(int argc, char** argv) {
         threads = std::strtoul(value.c_str(), nullptr, 10);
       } else if (arg == "--repeat") {
         repeats = std::atoi(value.c_str());
-      } else if (!etlab::kernels::force_attend_isa(value.c_str())) {
+      } else if (!etlab::kernels::force_attend_isa(value.c_str()) ||
+                 !etlab::kernels::force_shared_head_isa(value.c_str())) {
         fail(2, "instruction set " + value + " is not available here");
       }
     } else if (arg.rfind("--", 0) == 0) {
@@ -188,6 +190,24 @@ int main(int argc, char** argv) {
       written.name = prefix + ".cache";
       results.push_back(std::move(written));
       results.push_back(std::move(out));
+    } else if (prefix.rfind("shared_head.", 0) == 0) {
+      NamedTensor& input = argument(tensors, prefix + ".input");
+      NamedTensor& table = argument(tensors, prefix + ".table");
+      const NamedTensor& bits = argument(tensors, prefix + ".bits");
+      if (bits.dtype != static_cast<uint8_t>(ScalarType::Long) || bits.numel() != 1) {
+        fail(3, prefix + ".bits must be one int64");
+      }
+      int64_t bits_value;
+      std::memcpy(&bits_value, bits.data.data(), sizeof bits_value);
+      std::vector<int64_t> dims = input.dims;
+      if (!dims.empty() && !table.dims.empty()) dims.back() = table.dims[0];
+      NamedTensor out = blank_like(prefix + ".out", static_cast<uint8_t>(ScalarType::Float), dims);
+      BoundTensor i(input), t(table), s(argument(tensors, prefix + ".scales")), o(out);
+      std::vector<EValue> arguments{EValue(i.tensor()), EValue(t.tensor()), EValue(s.tensor()), EValue(bits_value),
+                                    EValue(o.tensor())};
+      const int64_t status = call(prefix, "etlab::shared_head.out", arguments);
+      results.push_back(status_tensor(prefix + ".status", status));
+      results.push_back(std::move(out));
     } else {
       fail(3, "unknown operator in " + prefix);
     }
@@ -197,7 +217,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& error) {
     fail(3, error.what());
   }
-  std::printf("{\"isa\": \"%s\", \"pool_threads\": %zu, \"attend_threads\": %zu, \"microseconds\": {%s}}\n",
-              etlab::kernels::attend_isa(), pool_threads, etlab::kernels::attend_thread_count(), timings_json.c_str());
+  std::printf("{\"isa\": \"%s\", \"shared_head_isa\": \"%s\", \"pool_threads\": %zu, \"attend_threads\": %zu, "
+              "\"microseconds\": {%s}}\n",
+              etlab::kernels::attend_isa(), etlab::kernels::shared_head_isa(), pool_threads,
+              etlab::kernels::attend_thread_count(), timings_json.c_str());
   return 0;
 }

@@ -212,11 +212,23 @@ def apply_8da4w(model: Any, group: int = GROUP_SIZE) -> None:
 EMBEDDING_BITS = (8, 4)  # the embedding tables the runner's kernels_quantized gathers from (embedding_byte, _4bit)
 
 
-def llm_8da4w(model: Any, group: int, embedding_bits: int = 8) -> None:
+def llm_8da4w(model: Any, group: int, embedding_bits: int = 8, share_head: bool = False) -> None:
     """8-bit per-row (or 4-bit grouped) embeddings, then int4 grouped linears (`-qmode 8da4w -E 8,0` / `-E 4,32`);
     a linear whose input features the group does not divide is padded to a multiple of it (pad_linears), as
-    ExecuTorch's LLM quantizer pads them."""
+    ExecuTorch's LLM quantizer pads them. `share_head`: a tied head (tie_word_embeddings) reads the embedding's
+    quantized table through `etlab::shared_head` (shared_head.py) instead of a 4-bit copy of its own; an untied
+    model is unchanged."""
+    tied = False
+    if share_head:
+        from orchestrator.lowering.quantize import shared_head  # torch and the operator's registration: on use
+
+        # embedding_4bit packs two values a byte: an odd width cannot share its 4-bit table
+        tied = shared_head.is_tied(model) and (
+            embedding_bits == 8 or model.get_input_embeddings().embedding_dim % 2 == 0
+        )
     quantize_embeddings(model, embedding_bits, GROUP_SIZE)
+    if tied:
+        shared_head.share_tied_head(model, embedding_bits)
     pad_linears(model, group)
     apply_8da4w(model, group)
 

@@ -65,7 +65,23 @@ def quantize(
     padded = padded_layers(model)
     if padded:  # 4-bit groups that did not divide a linear's input features: padded to a multiple of the group
         report["padded_linears"] = padded
+    shared = shared_head_lines(model)
+    if shared:  # a tied head reading the embedding's quantized table (quantize/shared_head.py): stored once
+        report["shared_heads"] = sorted(shared)
     return Quantized(program, report)
+
+
+def shared_head_lines(module: Any) -> list[str]:
+    """Lines like "lm_head shares model.embed_tokens' 4-bit table": each head (shared_head.SharedHead) and the
+    embedding whose table it reads, named from `module`."""
+    tables = [(name, child) for name, child in module.named_modules() if hasattr(child, "quantized_table_bits")]
+    return sorted(
+        f"{name} shares {table_name}' {child.bits}-bit table"
+        for name, child in module.named_modules()
+        if hasattr(child, "shares")
+        for table_name, table in tables
+        if table.table is child.table
+    )
 
 
 def embedding_layers(module: Any) -> list[tuple[str, bool]]:
@@ -76,7 +92,7 @@ def embedding_layers(module: Any) -> list[tuple[str, bool]]:
         (name, type(child.weight) is not torch.nn.Parameter and type(child.weight) is not torch.Tensor)
         for name, child in module.named_modules()
         if isinstance(child, torch.nn.Embedding)
-    ]
+    ] + [(name, True) for name, child in module.named_modules() if hasattr(child, "quantized_table_bits")]
 
 
 _DEQUANTIZE = ("dequantize_per_channel", "dequantize_per_tensor", "dequantize_affine", "dequantize")

@@ -39,15 +39,22 @@ class LlmRecipe:
     apply: Callable[[Any], None]  # (model) -> None; module-level (or a partial of one): workers unpickle it
 
 
-def recipe_8da4w(group: int, embedding_bits: int = 8) -> LlmRecipe:
+def recipe_8da4w(group: int, embedding_bits: int = 8, share_head: bool = False) -> LlmRecipe:
     """ExecuTorch's LLM recipe for 4-bit linears: embeddings in `embedding_bits` (8: one scale a row; 4: one a group
     of 32), then the linears in int4 groups of `group`, each linear the group does not divide padded with zero
-    columns to a multiple of it (the sidecar's `padded_linears`)."""
+    columns to a multiple of it (the sidecar's `padded_linears`). `share_head`: a tied head reads the embedding's
+    table (etlab::shared_head, the sidecar's `shared_heads`) instead of being quantized a second time."""
     tables = "int8, PerAxis(0)" if embedding_bits == 8 else f"int4, PerGroup({GROUP_SIZE})"
+    shared = (
+        f"; a tied lm_head stored once: etlab::shared_head reads the embedding's own {embedding_bits}-bit table "
+        "(int8 dynamic activations per row), no second copy"
+        if share_head
+        else ""
+    )
     return LlmRecipe(
         f"torchao quantize_ (ExecuTorch's LLM recipe): IntxWeightOnlyConfig({tables}) embeddings, then "
-        f"Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({group})) linears, padded to the group",
-        functools.partial(llm_8da4w, group=group, embedding_bits=embedding_bits),
+        f"Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({group})) linears, padded to the group{shared}",
+        functools.partial(llm_8da4w, group=group, embedding_bits=embedding_bits, share_head=share_head),
     )
 
 
@@ -134,7 +141,7 @@ _QUANTIZED_SCHEMES = (
         relative_cost=1.9,
         apply=functools.partial(quantize_8da4w, group=GROUP_SIZE),
         group_size=GROUP_SIZE,
-        llm=recipe_8da4w(GROUP_SIZE, embedding_bits=4),
+        llm=recipe_8da4w(GROUP_SIZE, embedding_bits=4, share_head=True),
         text_generation_only=True,
     ),
 )

@@ -7,3 +7,4 @@
 
 EXECUTORCH_LIBRARY(etlab, "update_cache.out", etlab::kernels::update_cache_out);
 EXECUTORCH_LIBRARY(etlab, "attend.out", etlab::kernels::attend_out);
+EXECUTORCH_LIBRARY(etlab, "shared_head.out", etlab::kernels::shared_head_out);

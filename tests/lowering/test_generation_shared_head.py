@@ -1,0 +1,99 @@
+"""The tied head stored once (issue 36 item 3): a tied language model lowered in `8da4w-e4` has its head read the
+embedding's own 4-bit table through `etlab::shared_head` (lowering/quantize/shared_head.py), so the program holds
+the table once; the runner generates with it. The runner's kernel against the reference:
+tests/board/test_shared_head_kernel.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from orchestrator.commands.render_lowering import _quantized_cell
+from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.export import lower as lowerer
+from orchestrator.lowering.quantize import shared_head
+from orchestrator.lowering.quantize.methods import quantize_embeddings
+from orchestrator.lowering.quantize.schemes import SCHEMES, recipe_8da4w
+from orchestrator.lowering.variants import QUANTIZED_ON, Variant
+from orchestrator.programs.outside import read_outside_delegates
+from tests.lowering.test_generation import _generated_by_the_runner
+
+SHARED = Variant.parse("xnnpack-8da4w-e4")  # the registry's row: sharing is its recipe
+# The same scheme as it was before sharing: the tied head quantized a second time, by XNNPACK's 4-bit linears.
+UNSHARED = Variant(QUANTIZED_ON, dataclasses.replace(SCHEMES["8da4w-e4"], llm=recipe_8da4w(32, embedding_bits=4)))
+
+
+def test_the_shared_modules_compute_what_the_embedding_and_the_reference_head_do() -> None:
+    """After share_tied_head the gather returns torchao's dequantized rows, and the head the reference operator's
+    product with the same table: one buffer, held by both modules."""
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(50, 64)
+    head = torch.nn.Linear(64, 50, bias=False)
+    head.weight = embedding.weight
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.head = embedding, head
+
+        def get_input_embeddings(self) -> torch.nn.Module:
+            return self.embed
+
+        def get_output_embeddings(self) -> torch.nn.Module:
+            return self.head
+
+        def set_input_embeddings(self, module: torch.nn.Module) -> None:
+            self.embed = module
+
+        def set_output_embeddings(self, module: torch.nn.Module) -> None:
+            self.head = module
+
+    model = Tied()
+    assert shared_head.is_tied(model)
+    quantize_embeddings(model, 4, 32)
+    ids = torch.tensor([[3, 7, 49]])
+    gathered = model.embed(ids)
+    table = model.embed.weight.dequantize()
+    shared_head.share_tied_head(model, 4)
+    torch.testing.assert_close(model.embed(ids), gathered, rtol=0, atol=0)
+    assert model.head.table is model.embed.table and model.head.scales is model.embed.scales
+    x = torch.randn(1, 2, 64)
+    expected = shared_head.shared_head_reference(x, model.embed.table, model.embed.scales, 4)
+    torch.testing.assert_close(model.head(x), expected, rtol=0, atol=0)
+    # and the reference is the float product up to the activations' int8 rounding: better than 30 dB
+    exact = x @ table.t()
+    assert float((expected - exact).norm() / exact.norm()) < 10 ** (-30 / 20)
+
+
+def test_a_tied_model_in_8da4w_e4_holds_its_table_once_and_generates(runner_binary: Path, tmp_path: Path) -> None:
+    spec = BUILTIN_SPECS["smollm2-gen-tiny"]  # tie_word_embeddings: 1000 x 64
+    assert spec.options.config["tie_word_embeddings"] is True
+    shared = lowerer.lower(spec, variants=[SHARED], weights="random", root=tmp_path / "shared", jobs=1)
+    unshared = lowerer.lower(spec, variants=[UNSHARED], weights="random", root=tmp_path / "unshared", jobs=1)
+    program, before = shared.variants[SHARED], unshared.variants[UNSHARED]
+    quantization, old = program.sidecar.quantization, before.sidecar.quantization
+    assert quantization is not None and old is not None
+    assert quantization.shared_heads == ("model.lm_head shares model.model.embed_tokens' 4-bit table",)
+    assert "etlab::shared_head reads the embedding's own 4-bit table" in (quantization.method or "")
+    assert old.shared_heads == ()
+    assert "; tied head reads the embedding's table (stored once)" in (_quantized_cell(program.sidecar) or "")
+    # The head is no XNNPACK Fully Connected any more: 2 layers x 7 linears, not 15.
+    assert quantization.fully_connected == {"qdint8 x qbint4": 14}
+    assert old.fully_connected == {"qdint8 x qbint4": 15}
+    kernels = read_outside_delegates(program.pte).kernels
+    assert kernels.get("etlab::shared_head.out") == 1 and kernels.get("quantized_decomposed::embedding_4bit.out") == 1
+    # Smaller by about the head's 4-bit copy: 1000 x 64 values at half a byte (XNNPACK adds its scales and packing).
+    saved = before.pte.stat().st_size - program.pte.stat().st_size
+    head_bytes = 1000 * 64 // 2
+    assert head_bytes <= saved <= 1.5 * head_bytes, (saved, head_bytes)
+    # Both generate on the runner; 4 bits on random weights: agreement is reported, not required.
+    ids = {}
+    for name, result, lowered in (("shared", shared, program), ("unshared", unshared, before)):
+        prompt = result.paths.reference_inputs
+        ids[name] = _generated_by_the_runner(runner_binary, lowered.pte, prompt, 8, 64, tmp_path)
+        assert all(0 <= i < 1000 for i in ids[name])
+    agreement = sum(a == b for a, b in zip(ids["shared"], ids["unshared"], strict=True))
+    print(f"shared vs unshared head: {agreement}/8 ids agree; saved {saved} bytes")

@@ -98,7 +98,8 @@ def test_the_head_equals_the_reference(
 
 def test_a_smollm2_sized_head_split_over_threads_and_the_portable_loops_agree(kernel_check: Path, tmp_path: Path):
     """SmolLM2-135M's head (49152 x 576, groups of 32 and 8-bit rows) on 2 threads, one decode row and a few
-    prompt rows; and the plain C++ loops (CPUs without AVX2, builds for neither x86-64 nor aarch64) forced."""
+    prompt rows; and the AVX2 and plain C++ loops (CPUs without AVX-512 VNNI or AVX2, builds for neither x86-64 nor
+    aarch64) forced."""
     rng = np.random.default_rng(3)
     cases = {
         "shared_head.4bit": head_case(rng, (1, 1), 49152, 576, 18, 4),
@@ -110,11 +111,19 @@ def test_a_smollm2_sized_head_split_over_threads_and_the_portable_loops_agree(ke
     for name, case in cases.items():
         assert outputs[f"{name}.status"] == 0, name
         assert_head_close(outputs[f"{name}.out"], case)
-    small = {"shared_head.0": head_case(rng, (1, 2), 33, 96, 3, 4), "shared_head.1": head_case(rng, (3,), 7, 68, 2, 8)}
-    outputs, line = run_check(kernel_check, tmp_path, small, "--isa", "portable")  # type: ignore[arg-type]
-    assert line["shared_head_isa"] == "portable"
-    for name, case in small.items():
-        assert_head_close(outputs[f"{name}.out"], case)
+    small = {
+        "shared_head.0": head_case(rng, (1, 2), 33, 96, 3, 4),
+        "shared_head.1": head_case(rng, (3,), 7, 68, 2, 8),
+        "shared_head.2": head_case(rng, (1, 1), 65, 128, 2, 4),  # groups of 64: AVX-512's other loop
+        "shared_head.3": head_case(rng, (1, 1), 65, 128, 1, 8),
+    }
+    for isa in ("portable", "avx2"):  # the best one (AVX-512 VNNI where the CPU has it) ran above
+        if isa == "avx2" and line["shared_head_isa"] not in ("avx2", "avx512vnni"):
+            continue
+        outputs, forced = run_check(kernel_check, tmp_path, small, "--isa", isa)  # type: ignore[arg-type]
+        assert forced["shared_head_isa"] == isa
+        for name, case in small.items():
+            assert_head_close(outputs[f"{name}.out"], case)
 
 
 def test_mismatched_tables_fail() -> None:

@@ -1,7 +1,8 @@
 // etlab_kernel_check: runs etlab's operators (src/kernels/) on tensors from an ETLT file, through ExecuTorch's
 // kernel registry as a program would, and writes what they produced. Tests compare it with the PyTorch reference.
 //
-//   etlab_kernel_check [--threads N] [--isa avx2|neon|portable] [--repeat N] INPUTS.etlt OUTPUTS.etlt
+//   etlab_kernel_check [--threads N] [--isa avx2|avx512vnni|neon|portable] [--repeat N] INPUTS.etlt OUTPUTS.etlt
+// (--isa forces each operator that has the instruction set; shared_head alone has avx512vnni)
 //
 // Inputs are named "<op>.<case>.<arg>", cases in any number:
 //   attend.<case>.{query, key_cache, value_cache, positions, scale}   (scale: a float64 scalar)
@@ -131,8 +132,8 @@ int main(int argc, char** argv) {
         threads = std::strtoul(value.c_str(), nullptr, 10);
       } else if (arg == "--repeat") {
         repeats = std::atoi(value.c_str());
-      } else if (!etlab::kernels::force_attend_isa(value.c_str()) ||
-                 !etlab::kernels::force_shared_head_isa(value.c_str())) {
+      } else if (!etlab::kernels::force_attend_isa(value.c_str()) &
+                 !etlab::kernels::force_shared_head_isa(value.c_str())) {  // both tried: avx512vnni is the head's
         fail(2, "instruction set " + value + " is not available here");
       }
     } else if (arg.rfind("--", 0) == 0) {

@@ -7,7 +7,7 @@
 // (two values a byte, the even one in the high nibble, each + 8). In decode it is a memory-bound matrix-vector
 // product (49152 x 576 on SmolLM2), so each table row is read once: rows are split over ExecuTorch's thread pool,
 // one contiguous block per task, and a row meets every input row while it is in cache. The row loops are compiled
-// for AVX2 (picked at run time: u8 x s8 multiply-adds), NEON (aarch64's baseline: widening multiplies and pairwise
+// for AVX-512 VNNI and AVX2 (picked at run time: u8 x s8 multiply-adds), NEON (aarch64's baseline: widening multiplies and pairwise
 // adds, no dot-product extension, so a Pi 4's Cortex-A72 runs it) and plain C++ (any group size; the vector loops
 // take groups of a multiple of 32 values).
 #include <algorithm>
@@ -38,7 +38,7 @@ struct Quantized {
   int64_t count = 0, features = 0, groups = 0;
   std::vector<int8_t> values;     // [count, features], in order
   std::vector<int8_t> permuted;   // the same, each block of 32 as its 16 even values then its 16 odd ones (4 bits)
-  std::vector<float> offsets;     // [count, groups]: 8 times each group's sum of values (the 4-bit offset)
+  std::vector<float> sums;        // [count, groups]: each group's sum of values (for tables stored with an offset)
   std::vector<float> scales;      // [count]
 };
 
@@ -76,6 +76,17 @@ inline ETLAB_TARGET float horizontal_sum(__m256 v) {
   sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
   return _mm_cvtss_f32(sum);
 }
+// sum over groups of scale[g] * (the group's sum of input m's values): what a table stored with an offset
+// (4 bits: + 8) adds to each group, times the offset.
+inline ETLAB_TARGET float scaled_sum(const Quantized& x, int64_t m, const float* scales) {
+  const float* sums = x.sums.data() + m * x.groups;
+  __m256 total = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= x.groups; g += 8) total = _mm256_fmadd_ps(_mm256_loadu_ps(scales + g), _mm256_loadu_ps(sums + g), total);
+  float rest = horizontal_sum(total);
+  for (; g < x.groups; ++g) rest += scales[g] * sums[g];
+  return rest;
+}
 ETLAB_TARGET void head_row(const Quantized& x, const uint8_t* row, const float* scales, int64_t bits, float* out,
                            int64_t stride) {
   const int64_t group = x.features / x.groups;
@@ -103,21 +114,62 @@ ETLAB_TARGET void head_row(const Quantized& x, const uint8_t* row, const float* 
       }
       total = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_broadcast_ss(scales + g), total);
     }
-    if (bits == 4) {  // the stored values are 0..15, the table's -8..7: take 8 * (the group's x sum) off each group
-      const float* offsets = x.offsets.data() + m * x.groups;
-      int64_t g = 0;
-      for (; g + 8 <= x.groups; g += 8) {
-        total = _mm256_fnmadd_ps(_mm256_loadu_ps(scales + g), _mm256_loadu_ps(offsets + g), total);
-      }
-      float rest = 0.0f;
-      for (; g < x.groups; ++g) rest += scales[g] * offsets[g];
-      total = _mm256_sub_ps(total, _mm256_set_ps(0, 0, 0, 0, 0, 0, 0, rest));
-    }
+    if (bits == 4) total = _mm256_sub_ps(total, _mm256_set_ps(0, 0, 0, 0, 0, 0, 0, 8.0f * scaled_sum(x, m, scales)));
     out[m * stride] = x.scales[m] * horizontal_sum(total);
   }
 }
 #undef ETLAB_TARGET
 }  // namespace avx2
+
+// Where the CPU has AVX-512 VNNI: 64 u8 x s8 products a multiply-add (vpdpbusd), two groups of 32 a register.
+// Groups of 32 (in pairs) or of a multiple of 64; anything else takes the AVX2 loops.
+namespace avx512 {
+#define ETLAB_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma")))
+// 64 stored values 0..15 from 32 packed bytes, in the permuted input's order: each 16 bytes' high nibbles (the
+// even values), then their low ones.
+inline ETLAB_TARGET __m512i unpack64(const uint8_t* bytes) {
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes));
+  __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(packed), _mm256_srli_epi16(packed, 4), 1);
+  both = _mm512_and_si512(both, _mm512_set1_epi8(15));  // lanes: low(0..15), low(16..31), high(0..15), high(16..31)
+  return _mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(1, 3, 0, 2));
+}
+// 64 table values stored as unsigned: 4 bits as stored (0..15), 8 bits + 128 (w ^ 0x80).
+inline ETLAB_TARGET __m512i stored64(const uint8_t* row, int64_t k, int64_t bits) {
+  if (bits == 4) return unpack64(row + k / 2);
+  return _mm512_xor_si512(_mm512_loadu_si512(row + k), _mm512_set1_epi8(static_cast<char>(0x80)));
+}
+ETLAB_TARGET void head_row(const Quantized& x, const uint8_t* row, const float* scales, int64_t bits, float* out,
+                           int64_t stride) {
+  const int64_t group = x.features / x.groups;
+  const bool pairs = group == 32 && x.groups % 2 == 0;
+  if (!pairs && group % 64 != 0) return avx2::head_row(x, row, scales, bits, out, stride);
+  const float offset = bits == 4 ? 8.0f : 128.0f;
+  for (int64_t m = 0; m < x.count; ++m) {
+    const int8_t* values = (bits == 4 ? x.permuted.data() : x.values.data()) + m * x.features;
+    __m512 total = _mm512_setzero_ps();
+    if (pairs) {
+      for (int64_t g = 0; g < x.groups; g += 2) {
+        const __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), stored64(row, g * 32, bits),
+                                                _mm512_loadu_si512(values + g * 32));
+        const __m512 both = _mm512_castpd_ps(_mm512_insertf64x4(
+            _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(scales[g]))),
+            _mm256_castps_pd(_mm256_set1_ps(scales[g + 1])), 1));
+        total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), both, total);
+      }
+    } else {
+      for (int64_t g = 0; g < x.groups; ++g) {
+        __m512i acc = _mm512_setzero_si512();
+        for (int64_t k = g * group; k < (g + 1) * group; k += 64) {
+          acc = _mm512_dpbusd_epi32(acc, stored64(row, k, bits), _mm512_loadu_si512(values + k));
+        }
+        total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(scales[g]), total);
+      }
+    }
+    out[m * stride] = x.scales[m] * (_mm512_reduce_add_ps(total) - offset * avx2::scaled_sum(x, m, scales));
+  }
+}
+#undef ETLAB_TARGET
+}  // namespace avx512
 #endif
 
 #if defined(__aarch64__)
@@ -162,7 +214,7 @@ void quantize_rows(const float* input, int64_t count, int64_t features, int64_t 
   x.groups = groups;
   x.values.resize(static_cast<size_t>(count * features));
   x.permuted.resize(x.values.size());
-  x.offsets.assign(static_cast<size_t>(count * groups), 0.0f);
+  x.sums.assign(static_cast<size_t>(count * groups), 0.0f);
   x.scales.resize(static_cast<size_t>(count));
   const int64_t group = features / groups;
   for (int64_t m = 0; m < count; ++m) {
@@ -175,7 +227,7 @@ void quantize_rows(const float* input, int64_t count, int64_t features, int64_t 
     for (int64_t k = 0; k < features; ++k) {
       const float scaled = std::nearbyint(row[k] * inverse);
       values[k] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, scaled)));
-      x.offsets[m * groups + k / group] += 8.0f * values[k];  // exact: at most 8 * 127 * features
+      x.sums[m * groups + k / group] += values[k];  // exact: at most 127 * features
     }
     int8_t* permuted = x.permuted.data() + m * features;
     for (int64_t block = 0; block + 32 <= features; block += 32) {
@@ -192,8 +244,16 @@ struct Isa {
   RowFunction row;
 };
 
+#if defined(ETLAB_HAVE_AVX2)
+bool has_avx512_vnni() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
 Isa best_isa() {
 #if defined(ETLAB_HAVE_AVX2)
+  if (has_avx512_vnni()) return {"avx512vnni", avx512::head_row};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {"avx2", avx2::head_row};
 #endif
 #if defined(__aarch64__)
@@ -224,6 +284,10 @@ bool force_shared_head_isa(const char* name) {
 #if defined(ETLAB_HAVE_AVX2)
   if (wanted == "avx2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     current_isa() = {"avx2", avx2::head_row};
+    return true;
+  }
+  if (wanted == "avx512vnni" && has_avx512_vnni()) {
+    current_isa() = {"avx512vnni", avx512::head_row};
     return true;
   }
 #endif

@@ -38,6 +38,10 @@ struct Quantized {
   int64_t count = 0, features = 0, groups = 0;
   std::vector<int8_t> values;     // [count, features], in order
   std::vector<int8_t> permuted;   // the same, each block of 32 as its 16 even values then its 16 odd ones (4 bits)
+  std::vector<int8_t> permuted64; // each block of 64 as the odd values of its halves, then their even ones (AVX-512)
+  // AVX-512: minus the table's storage offset (8 at 4 bits, 128 at 8) times each 4 consecutive values' sum, in the
+  // order its loops read them: the starting value of a multiply-add's accumulator, which then holds x . q exactly.
+  std::vector<int32_t> lane_offsets;
   std::vector<float> sums;        // [count, groups]: each group's sum of values (for tables stored with an offset)
   std::vector<float> scales;      // [count]
 };
@@ -125,13 +129,12 @@ ETLAB_TARGET void head_row(const Quantized& x, const uint8_t* row, const float* 
 // Groups of 32 (in pairs) or of a multiple of 64; anything else takes the AVX2 loops.
 namespace avx512 {
 #define ETLAB_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma")))
-// 64 stored values 0..15 from 32 packed bytes, in the permuted input's order: each 16 bytes' high nibbles (the
-// even values), then their low ones.
+// 64 stored values 0..15 from 32 packed bytes: the low nibbles (the odd values), then the high ones (the even
+// values), the order of the input's permuted64.
 inline ETLAB_TARGET __m512i unpack64(const uint8_t* bytes) {
   const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes));
-  __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(packed), _mm256_srli_epi16(packed, 4), 1);
-  both = _mm512_and_si512(both, _mm512_set1_epi8(15));  // lanes: low(0..15), low(16..31), high(0..15), high(16..31)
-  return _mm512_shuffle_i64x2(both, both, _MM_SHUFFLE(1, 3, 0, 2));
+  const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(packed), _mm256_srli_epi16(packed, 4), 1);
+  return _mm512_and_si512(both, _mm512_set1_epi8(15));
 }
 // 64 table values stored as unsigned: 4 bits as stored (0..15), 8 bits + 128 (w ^ 0x80).
 inline ETLAB_TARGET __m512i stored64(const uint8_t* row, int64_t k, int64_t bits) {
@@ -143,29 +146,33 @@ ETLAB_TARGET void head_row(const Quantized& x, const uint8_t* row, const float* 
   const int64_t group = x.features / x.groups;
   const bool pairs = group == 32 && x.groups % 2 == 0;
   if (!pairs && group % 64 != 0) return avx2::head_row(x, row, scales, bits, out, stride);
-  const float offset = bits == 4 ? 8.0f : 128.0f;
   for (int64_t m = 0; m < x.count; ++m) {
-    const int8_t* values = (bits == 4 ? x.permuted.data() : x.values.data()) + m * x.features;
+    const int8_t* values = (bits == 4 ? x.permuted64.data() : x.values.data()) + m * x.features;
+    const int32_t* offsets = x.lane_offsets.data() + m * x.features / 4;
     __m512 total = _mm512_setzero_ps();
     if (pairs) {
+      // The 128-bit lanes of a 64-value block hold groups g, g + 1, g, g + 1 at 4 bits (permuted64), g, g, g + 1,
+      // g + 1 at 8 (in order): each lane's 4 sums take its group's scale, the pair's two scales loaded (masked:
+      // never past the row) and spread.
+      const __m512i spread = bits == 4 ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
+                                       : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
       for (int64_t g = 0; g < x.groups; g += 2) {
-        const __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), stored64(row, g * 32, bits),
+        const __m512i acc = _mm512_dpbusd_epi32(_mm512_loadu_si512(offsets + g * 8), stored64(row, g * 32, bits),
                                                 _mm512_loadu_si512(values + g * 32));
-        const __m512 both = _mm512_castpd_ps(_mm512_insertf64x4(
-            _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(scales[g]))),
-            _mm256_castps_pd(_mm256_set1_ps(scales[g + 1])), 1));
+        const __m512 both = _mm512_permutexvar_ps(spread, _mm512_maskz_loadu_ps(0x3, scales + g));
         total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), both, total);
       }
     } else {
       for (int64_t g = 0; g < x.groups; ++g) {
         __m512i acc = _mm512_setzero_si512();
         for (int64_t k = g * group; k < (g + 1) * group; k += 64) {
+          acc = _mm512_add_epi32(acc, _mm512_loadu_si512(offsets + k / 4));
           acc = _mm512_dpbusd_epi32(acc, stored64(row, k, bits), _mm512_loadu_si512(values + k));
         }
         total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(scales[g]), total);
       }
     }
-    out[m * stride] = x.scales[m] * (_mm512_reduce_add_ps(total) - offset * avx2::scaled_sum(x, m, scales));
+    out[m * stride] = x.scales[m] * _mm512_reduce_add_ps(total);
   }
 }
 #undef ETLAB_TARGET
@@ -208,12 +215,13 @@ void head_row(const Quantized& x, const uint8_t* row, const float* scales, int64
 #endif
 
 // Each row: scale = max|x| / 127 (0 for a zero row), values round(x * 127 / max|x|), nearest even, in -127..127.
-void quantize_rows(const float* input, int64_t count, int64_t features, int64_t groups, Quantized& x) {
+void quantize_rows(const float* input, int64_t count, int64_t features, int64_t groups, int64_t bits, Quantized& x) {
   x.count = count;
   x.features = features;
   x.groups = groups;
   x.values.resize(static_cast<size_t>(count * features));
   x.permuted.resize(x.values.size());
+  x.permuted64.resize(x.values.size());
   x.sums.assign(static_cast<size_t>(count * groups), 0.0f);
   x.scales.resize(static_cast<size_t>(count));
   const int64_t group = features / groups;
@@ -236,6 +244,19 @@ void quantize_rows(const float* input, int64_t count, int64_t features, int64_t 
         permuted[block + 16 + i] = values[block + 2 * i + 1];
       }
     }
+    int8_t* permuted64 = x.permuted64.data() + m * features;
+    for (int64_t block = 0; block + 64 <= features; block += 64) {
+      for (int64_t i = 0; i < 32; ++i) {  // byte i of the block's 32: values 2i (high nibble) and 2i + 1 (low)
+        permuted64[block + i] = values[block + 2 * i + 1];
+        permuted64[block + 32 + i] = values[block + 2 * i];
+      }
+    }
+  }
+  x.lane_offsets.assign(static_cast<size_t>(count * features / 4), 0);
+  const int8_t* order = bits == 4 ? x.permuted64.data() : x.values.data();
+  const int32_t offset = bits == 4 ? 8 : 128;
+  for (int64_t i = 0; i + 4 <= count * features; i += 4) {
+    x.lane_offsets[i / 4] = -offset * (order[i] + order[i + 1] + order[i + 2] + order[i + 3]);
   }
 }
 
@@ -349,7 +370,7 @@ Tensor& shared_head_out(KernelRuntimeContext& context, const Tensor& input, cons
     return out;
   }
   Quantized x;
-  quantize_rows(input.const_data_ptr<float>(), count, features, groups, x);
+  quantize_rows(input.const_data_ptr<float>(), count, features, groups, bits, x);
   const RowFunction row_function = current_isa().row;
   auto run_rows = [&](int64_t first, int64_t end) {
     for (int64_t n = first; n < end; ++n) row_function(x, bytes + n * row_bytes, scale + n * groups, bits, y + n, rows);

@@ -1,12 +1,11 @@
-"""The tied head stored once (issue 36 item 3): a tied language model lowered in `8da4w-e4` has its head read the
-embedding's own 4-bit table through `etlab::shared_head` (lowering/quantize/shared_head.py), so the program holds
+"""The tied head stored once (issue 36 item 3): a tied language model lowered in `8da4w-e4-shared` has its head read
+the embedding's own 4-bit table through `etlab::shared_head` (lowering/quantize/shared_head.py), so the program holds
 the table once; the runner generates with it. The runner's kernel against the reference:
 tests/board/test_shared_head_kernel.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -16,14 +15,12 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import lower as lowerer
 from orchestrator.lowering.quantize import shared_head
 from orchestrator.lowering.quantize.methods import quantize_embeddings
-from orchestrator.lowering.quantize.schemes import SCHEMES, recipe_8da4w
-from orchestrator.lowering.variants import QUANTIZED_ON, Variant
+from orchestrator.lowering.variants import Variant
 from orchestrator.programs.outside import read_outside_delegates
 from tests.lowering.test_generation import _generated_by_the_runner
 
-SHARED = Variant.parse("xnnpack-8da4w-e4")  # the registry's row: sharing is its recipe
-# The same scheme as it was before sharing: the tied head quantized a second time, by XNNPACK's 4-bit linears.
-UNSHARED = Variant(QUANTIZED_ON, dataclasses.replace(SCHEMES["8da4w-e4"], llm=recipe_8da4w(32, embedding_bits=4)))
+SHARED = Variant.parse("xnnpack-8da4w-e4-shared")  # the registry's row that shares the head
+UNSHARED = Variant.parse("xnnpack-8da4w-e4")  # the same tables, the tied head quantized again by XNNPACK (as before)
 
 
 def test_the_shared_modules_compute_what_the_embedding_and_the_reference_head_do() -> None:
@@ -68,12 +65,13 @@ def test_the_shared_modules_compute_what_the_embedding_and_the_reference_head_do
     assert float((expected - exact).norm() / exact.norm()) < 10 ** (-30 / 20)
 
 
-def test_a_tied_model_in_8da4w_e4_holds_its_table_once_and_generates(runner_binary: Path, tmp_path: Path) -> None:
+def test_a_tied_model_in_8da4w_e4_shared_holds_its_table_once_and_generates(
+    runner_binary: Path, tmp_path: Path
+) -> None:
     spec = BUILTIN_SPECS["smollm2-gen-tiny"]  # tie_word_embeddings: 1000 x 64
     assert spec.options.config["tie_word_embeddings"] is True
-    shared = lowerer.lower(spec, variants=[SHARED], weights="random", root=tmp_path / "shared", jobs=1)
-    unshared = lowerer.lower(spec, variants=[UNSHARED], weights="random", root=tmp_path / "unshared", jobs=1)
-    program, before = shared.variants[SHARED], unshared.variants[UNSHARED]
+    result = lowerer.lower(spec, variants=[SHARED, UNSHARED], weights="random", root=tmp_path / "artifacts", jobs=1)
+    program, before = result.variants[SHARED], result.variants[UNSHARED]
     quantization, old = program.sidecar.quantization, before.sidecar.quantization
     assert quantization is not None and old is not None
     assert quantization.shared_heads == ("model.lm_head shares model.model.embed_tokens' 4-bit table",)
@@ -91,7 +89,7 @@ def test_a_tied_model_in_8da4w_e4_holds_its_table_once_and_generates(runner_bina
     assert head_bytes <= saved <= 1.5 * head_bytes, (saved, head_bytes)
     # Both generate on the runner; 4 bits on random weights: agreement is reported, not required.
     ids = {}
-    for name, result, lowered in (("shared", shared, program), ("unshared", unshared, before)):
+    for name, lowered in (("shared", program), ("unshared", before)):
         prompt = result.paths.reference_inputs
         ids[name] = _generated_by_the_runner(runner_binary, lowered.pte, prompt, 8, 64, tmp_path)
         assert all(0 <= i < 1000 for i in ids[name])

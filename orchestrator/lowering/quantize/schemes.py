@@ -141,6 +141,21 @@ _QUANTIZED_SCHEMES = (
         relative_cost=1.9,
         apply=functools.partial(quantize_8da4w, group=GROUP_SIZE),
         group_size=GROUP_SIZE,
+        llm=recipe_8da4w(GROUP_SIZE, embedding_bits=4),
+        text_generation_only=True,
+    ),
+    # The tied head stored once (issue 36 item 3): 8da4w-e4 whose tied head reads the embedding's 4-bit table through
+    # etlab::shared_head instead of a 4-bit copy in XNNPACK. A row of its own, not 8da4w-e4's default: it decoded
+    # 11% slower on SmolLM2-135M (bench/README.md), for a program 17% smaller. (An 8-bit table shared lost 20%.)
+    Scheme(
+        "8da4w-e4-shared",
+        f"torchao quantize_: Int8DynamicActivationIntxWeightConfig(int4 weights, PerGroup({GROUP_SIZE})), "
+        "the tied head on the 4-bit embedding table (etlab::shared_head), text generation only",
+        fully_connected="qdint8 x qbint4",
+        convolution="fp32 x fp32",
+        relative_cost=1.9,
+        apply=functools.partial(quantize_8da4w, group=GROUP_SIZE),
+        group_size=GROUP_SIZE,
         llm=recipe_8da4w(GROUP_SIZE, embedding_bits=4, share_head=True),
         text_generation_only=True,
     ),

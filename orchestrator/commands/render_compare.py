@@ -15,11 +15,15 @@ if TYPE_CHECKING:  # the types only: rendering a table must not import what prod
     from orchestrator.results.stats import Verdict
 
 OP_TYPES_SHOWN = 10
+MATERIAL = 0.005  # a change under this share of A's run median is real but too small to list (a 50 ns copy)
 
 
 def _figure(value: float | None, *, sign: bool = False) -> str | None:
-    """Four significant digits: a 0.2 µs operator reads 0.0002, not 0.000."""
-    return None if value is None else f"{value:+.4g}" if sign else f"{value:.4g}"
+    """Milliseconds to the tenth of a microsecond below 1 ms (0.0565, not 0.057), four digits above."""
+    if value is None:
+        return None
+    shown = f"{value:.4f}" if abs(value) < 1 else f"{value:.4g}"
+    return f"+{shown}" if sign and value >= 0 else shown
 
 
 def _ms(value: float | None) -> str:
@@ -64,6 +68,9 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
         console.warn(note)
     every = [op for op in [*comparison.ops, *comparison.delegate_ops] if op.delta_ms is not None]
     changed = sorted((op for op in every if op.verdict and op.verdict.is_change), key=lambda op: -abs(op.delta_ms or 0))
+    floor = MATERIAL * (comparison.share_base_a_ms or 0.0)
+    small = [op for op in changed if abs(op.delta_ms or 0.0) < floor]
+    changed = [op for op in changed if op not in small]
     if changed:
         console.table(
             f"Operators that changed: {comparison.run_id_b} vs {comparison.run_id_a}",
@@ -83,7 +90,7 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
             caption=f"per operator, over {comparison.per_operator_scope}; `#N`: XNNPACK node N inside that "
             "delegate call; each row tested on its own samples (alpha shared out over every operator tested)",
         )
-    console.plain(_folded(every, changed, limit), stderr=False)
+    console.plain(_folded(every, changed, small, limit), stderr=False)
     _render_op_types(comparison)
     if comparison.generation:
         console.table(
@@ -112,10 +119,10 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
         )
 
 
-def _folded(every: list[OpDelta], changed: list[OpDelta], limit: int) -> str:
-    """One line for the rows below the noise (and those past the table's limit)."""
+def _folded(every: list[OpDelta], changed: list[OpDelta], small: list[OpDelta], limit: int) -> str:
+    """One line for the rows below the noise, those changed by too little to matter, and those past the limit."""
     quiet = [op for op in every if op.verdict is not None and not op.verdict.is_change]
-    untested = len(every) - len(quiet) - len(changed)
+    untested = len(every) - len(quiet) - len(changed) - len(small)
     parts = []
     if quiet:
         largest = max(quiet, key=lambda op: abs(op.delta_ms or 0.0))
@@ -123,6 +130,8 @@ def _folded(every: list[OpDelta], changed: list[OpDelta], limit: int) -> str:
             f"{len(quiet)} operators within noise by their own tests (the largest: {largest.where} {largest.op} "
             f"{_percent(largest) or ''}{_ci(largest.verdict) if largest.verdict else ''})"
         )
+    if small:
+        parts.append(f"{len(small)} changed by less than {MATERIAL:.1%} of A's median each (not listed)")
     if len(changed) > limit:
         parts.append(f"{len(changed) - limit} more changed, smaller")
     if untested:

@@ -141,6 +141,7 @@ class Comparison:
     generation: list[GenerationRatio] = field(default_factory=list)  # generation_ratios(): language models only
     delegate_ops: list[OpDelta] = field(default_factory=list)  # the XNNPACK nodes inside delegates, both sides
     op_types: list[OpTypeDelta] = field(default_factory=list)  # op_type_deltas(): by operator type
+    share_base_a_ms: float | None = None  # A's run median as ops.json's shares take it (OpsRecord.method_median_ms)
 
     @property
     def per_operator_scope(self) -> str:
@@ -537,6 +538,7 @@ def compare_runs(
         _node_delta(graph, x, y, min_effect=min_effect, alpha=per_op_alpha) for graph, x, y in nodes
     ]
     comparison.op_types = op_type_deltas(a.ops, b.ops, paired, nodes)
+    comparison.share_base_a_ms = a.ops.method_median_ms
     comparison.sha_a, comparison.sha_b = a.summary.model.sha256, b.summary.model.sha256
     comparison.memory = memory_deltas(a.summary.memory, b.summary.memory)
     comparison.generation = generation_ratios(a.summary.generation, b.summary.generation)

@@ -70,6 +70,14 @@ def test_the_verdict_comes_first_and_every_row_agrees_with_its_numbers(
                 if op.delta_ms is not None and op.verdict and not op.verdict.is_change)  # fmt: skip
     assert f"{quiet} operators within noise by their own tests (the largest: " in flat
 
+    # a change too small to matter beside the run (here: against a run 1000x as long) is folded, said as such
+    comparison.share_base_a_ms = (comparison.share_base_a_ms or 0.0) * 1000
+    render_comparison(comparison)
+    small, _ = _out(capsys)
+    assert "Operators that changed" not in small
+    assert "1 changed by less than 0.5% of A's median each (not listed)" in " ".join(small.split())
+    comparison.share_base_a_ms = (comparison.share_base_a_ms or 0.0) / 1000
+
     # memory in words; the op-type roll-up leads with the slowed operator's type
     assert ".pte file" in flat and "constants (weights)" in flat and "_bytes" not in out
     assert compare.memory_label("peak_rss_bytes.method_init") == "peak RSS at method init"  # a native runner's phases

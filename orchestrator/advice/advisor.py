@@ -22,7 +22,8 @@ def advise(facts: RunFacts) -> Advice:
         replace(finding, id=f"F{k}", where=facts.ops.where(finding.nodes)) for k, finding in enumerate(ordered, 1)
     )
     model = facts.summary.model
-    return Advice(facts.ops.run_id, model.name, model.backend, facts.summary.board, facts.ops.method_mean_ms, numbered)
+    board, median = facts.summary.board, facts.ops.method_median_ms
+    return Advice(facts.ops.run_id, model.name, model.backend, board, median, numbered)
 
 
 def _rank(finding: Finding) -> tuple[int, float]:

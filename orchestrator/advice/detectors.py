@@ -1,5 +1,7 @@
 """The advisor's detectors (DETECTORS, run in this order): each reads a run's measured profile and its program's
-sidecar and returns findings. Savings are predicted from the measured per-operator times only:
+sidecar and returns findings. Savings are predicted from the measured per-operator times only (their medians: one
+slow iteration moves a mean, not a median), and shares are of the run's median (OpsRecord.share, the baseline of
+ops.json's `pct`):
 
 - a rewrite's saving is the time of the portable kernels it removes (rewrites/registry.py names them; the work
   it moves into XNNPACK then costs what it costs there, which the bench compares with the measured gain);
@@ -9,7 +11,9 @@ sidecar and returns findings. Savings are predicted from the measured per-operat
 - the head's saving is (1 - 1/S) of the head's measured FullyConnected time: it then runs on 1 row of S;
 - more threads save on the delegated time only (Amdahl: portable kernels run on one thread);
 - quantization's saving is measured: the same model's int8 run on the same board, FullyConnected against
-  FullyConnected; without one it is not predicted.
+  FullyConnected; without one it is not predicted;
+- a program with no delegate at all (`--backend portable`) gets one finding, `--backend xnnpack`, its kernels'
+  time a bound: what XNNPACK makes of them is measured by running it.
 
 Add a detector: a `Detector` in DETECTORS (`tests/advice/` ties each to a recorded profile).
 """
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from orchestrator.advice.findings import Finding, RunFacts
 from orchestrator.lowering.attention.choice import ETLAB, SDPA
 from orchestrator.lowering.rewrites.registry import REWRITES
+from orchestrator.lowering.variants import UnknownVariant, Variant
 from orchestrator.results.ops_record import InstructionTiming
 
 PORTABLE_MIN_SHARE = 0.02  # an operator type under 2% of the run is not worth a finding of its own
@@ -38,14 +43,32 @@ SDPA_MASK_OPERATORS = ("aten::eq", "aten::full_like", "aten::logical_not", "aten
 STATIC_CACHE_OPERATORS = ("aten::expand_copy", "aten::index_put", "aten::copy_")
 STATIC_CACHE_MASK_OPERATORS = ("aten::eq", "aten::full_like", "aten::logical_not", "aten::any", "aten::where",
                                "aten::le", "aten::arange")  # fmt: skip
-# What a portable operator's finding suggests, where this ExecuTorch's XNNPACK partitioner is known to leave it out.
+# What a portable operator's finding says: its cause, and the fix with its kind. Where the model's code can avoid the
+# operator, the fix is there ("code"); where it is ExecuTorch's XNNPACK partitioner that leaves the operator out,
+# nothing in the model is to blame ("lowering").
 PORTABLE_HINTS = {
-    "aten::native_layer_norm": "this ExecuTorch's XNNPACK partitioner leaves layer_norm out",
-    "aten::expand_copy": "a broadcast copy between delegates: broadcast inside the computation instead of "
-    "materialising it (expand + copy)",
-    "aten::pow": "XNNPACK takes mul and square, not pow with a scalar exponent: write x * x * x",
-    "aten::where": "a masked select XNNPACK does not take: add a float mask instead",
+    "aten::native_layer_norm": (
+        "this ExecuTorch's XNNPACK partitioner leaves layer_norm out",
+        "lowering",
+        "nothing to change in the model: ExecuTorch's XNNPACK partitioner does not take layer_norm (a later "
+        "ExecuTorch may)",
+    ),
+    "aten::expand_copy": (
+        "a broadcast copy between delegates",
+        "code",
+        "in the model's code: broadcast inside the computation instead of materialising it (expand + copy)",
+    ),
+    "aten::pow": (
+        "XNNPACK takes mul and square, not pow with a scalar exponent",
+        "code",
+        "in the model's code: write x * x * x",
+    ),
+    "aten::where": ("a masked select XNNPACK does not take", "code", "in the model's code: add a float mask instead"),
 }
+OTHER_PORTABLE = ("an operator XNNPACK did not take", "code", "in the model's code: operators XNNPACK takes")
+# A "stored twice" finding below both is not worth saying (a 256-byte bias is not a size problem).
+STORED_TWICE_MIN_MB = 0.1
+STORED_TWICE_MIN_SHARE = 0.01  # of the .pte
 
 
 @dataclass(frozen=True)
@@ -56,7 +79,12 @@ class Detector:
 
 
 def _share(facts: RunFacts, ms: float) -> float:
-    return ms / facts.ops.method_mean_ms if facts.ops.method_mean_ms else 0.0
+    return facts.ops.share(ms)
+
+
+def _ms(calls: Iterable[InstructionTiming]) -> float:
+    """The calls' measured time per run: the sum of their medians."""
+    return sum(call.median_ms for call in calls)
 
 
 def _top_nodes(facts: RunFacts, calls: Iterable[InstructionTiming]) -> dict[str, tuple[str, ...]]:
@@ -76,7 +104,7 @@ def _operator_calls(facts: RunFacts, operators: Sequence[str], explained: frozen
 def _rewrite_finding(
     facts: RunFacts, rewrite: str, calls: list[InstructionTiming], title: str, cause: str, note: str
 ) -> Finding:
-    measured = sum(call.mean_ms for call in calls)
+    measured = _ms(calls)
     return Finding(
         kind=rewrite,
         title=title,
@@ -92,6 +120,47 @@ def _rewrite_finding(
         rewrite=rewrite,
         saving_note=note,
     )
+
+
+def _backend(facts: RunFacts) -> str | None:
+    """The run's backend (portable, xnnpack), from its program's sidecar, else the summary's name for it."""
+    if facts.sidecar is not None:
+        return facts.sidecar.variant.backend
+    try:
+        return Variant.parse(facts.summary.model.backend or "").backend
+    except UnknownVariant:
+        return None
+
+
+def find_undelegated_program(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
+    """A portable program (no delegate call at all): every kernel is a portable one, and the fix is the backend, not
+    any one operator. One finding, explaining every kernel call so no later detector speaks of them one by one."""
+    if any(True for _ in facts.ops.delegate_calls()) or _backend(facts) not in ("portable", None):
+        return []
+    calls = [call for call in facts.ops.kernel_calls() if call.node_id not in explained]
+    if not calls:
+        return []
+    measured = _ms(calls)
+    model = facts.spec.name if facts.spec is not None else facts.summary.model.name
+    command = f"fab deploy-and-profile --model {model} --backend xnnpack" if model else "--backend xnnpack"
+    return [
+        Finding(
+            kind="backend",
+            title="the whole program in portable kernels",
+            operators=tuple(sorted({call.operator for call in calls})),
+            nodes=_top_nodes(facts, calls),
+            calls=len(calls),
+            measured_ms=measured,
+            share=_share(facts, measured),
+            cause=f"the program was lowered without a delegate (portable): its {len(calls)} kernel calls run "
+            "single-threaded, unvectorised reference kernels",
+            saving_ms=measured,
+            saving_is_bound=True,
+            saving_note="at most the portable kernels' time: what XNNPACK makes of them is measured by running it",
+            fix_kind="option",
+            fix=f"--backend xnnpack ({command})" if model else "--backend xnnpack",
+        )
+    ]
 
 
 def find_rewritable_operators(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
@@ -125,7 +194,7 @@ def find_static_cache_attention(facts: RunFacts, explained: frozenset[str]) -> l
     calls = _operator_calls(facts, STATIC_CACHE_OPERATORS + STATIC_CACHE_MASK_OPERATORS, explained)
     if not calls:
         return []
-    measured = sum(call.mean_ms for call in calls)
+    measured = _ms(calls)
     return [
         Finding(
             kind="attention",
@@ -178,7 +247,7 @@ def find_all_positions_head(facts: RunFacts, explained: frozenset[str]) -> list[
     if delegate is None or not heads or last_call is None or last_call.node_id in explained:
         return []
     head = heads[-1]
-    saving = head.mean_ms * (1 - 1 / positions)
+    saving = head.ms * (1 - 1 / positions)
     return [
         Finding(
             kind="head-at-position",
@@ -186,8 +255,8 @@ def find_all_positions_head(facts: RunFacts, explained: frozenset[str]) -> list[
             operators=("XNNFullyConnected",),
             nodes={facts.ops.method: (last_call.node_id,), delegate.graph_id: (head.node,)},
             calls=1,
-            measured_ms=head.mean_ms,
-            share=_share(facts, head.mean_ms),
+            measured_ms=head.ms,
+            share=_share(facts, head.ms),
             cause=f"the head (hidden x {shape[2]}, the largest matmul) runs on all {positions} positions, while a "
             f"{facts.spec.task if facts.spec else 'LM'} prediction reads one",
             saving_ms=saving,
@@ -206,10 +275,10 @@ def find_portable_operators(facts: RunFacts, explained: frozenset[str]) -> list[
             by_operator[call.operator].append(call)
     findings = []
     for operator, calls in by_operator.items():
-        measured = sum(call.mean_ms for call in calls)
+        measured = _ms(calls)
         if _share(facts, measured) < PORTABLE_MIN_SHARE:
             continue
-        hint = PORTABLE_HINTS.get(operator, "an operator XNNPACK did not take")
+        hint, fix_kind, fix = PORTABLE_HINTS.get(operator, OTHER_PORTABLE)
         findings.append(
             Finding(
                 kind="portable-operator",
@@ -222,8 +291,8 @@ def find_portable_operators(facts: RunFacts, explained: frozenset[str]) -> list[
                 cause=f"{len(calls)} call(s) of {operator} run in single-threaded portable kernels, outside "
                 f"XNNPACK: {hint}",
                 saving_ms=measured,
-                fix_kind="code",
-                fix="in the model's code: operators XNNPACK takes",
+                fix_kind=fix_kind,
+                fix=fix,
                 saving_is_bound=True,
                 saving_note="at most the operator's measured time",
             )
@@ -235,7 +304,9 @@ def find_idle_cores(facts: RunFacts, _explained: frozenset[str]) -> list[Finding
     threads, cores = facts.summary.latency.threads, facts.summary.board_conditions.get("cores_online")
     if not isinstance(threads, int) or not isinstance(cores, int) or isinstance(cores, bool) or threads >= cores:
         return []
-    delegated = facts.ops.delegated_ms
+    delegated = facts.ops.delegated_median_ms
+    if not delegated:
+        return []  # nothing runs on more than one thread: more threads save nothing
     saving = delegated * (1 - threads / cores)
     return [
         Finding(
@@ -263,7 +334,7 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
     if facts.sidecar is None or not facts.sidecar.variant.peers:  # a quantized program: nothing to quantize
         return []
     gemms = [(d.graph_id, node) for d in facts.ops.delegates for node in d.nodes if node.type in GEMM_TYPES]
-    measured = sum(node.mean_ms for _, node in gemms)
+    measured = sum(node.ms for _, node in gemms)
     if _share(facts, measured) < GEMM_MIN_SHARE:
         return []
     nodes: dict[str, list[str]] = defaultdict(list)
@@ -271,7 +342,7 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
         nodes[graph].append(node.node)
     saving, note = None, "not predicted: no int8 run of this model on this board yet (measure one, then advise again)"
     if facts.quantized_peer is not None:
-        quantized = _gemm_ms((n.type, n.mean_ms) for d in facts.quantized_peer.delegates for n in d.nodes)
+        quantized = _gemm_ms((n.type, n.ms) for d in facts.quantized_peer.delegates for n in d.nodes)
         saving = max(0.0, measured - quantized)
         note = f"measured: the same layers in run {facts.quantized_peer.run_id} ({facts.quantized_peer_variant})"
     # The measured peer's scheme, else the first the program's scheme names.
@@ -339,9 +410,12 @@ def find_board_conditions(facts: RunFacts, _explained: frozenset[str]) -> list[F
 
 def find_constants_twice(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
     outside = facts.sidecar.outside_delegates if facts.sidecar is not None else None
-    if outside is None or outside.stored_twice_bytes <= 0:
+    if outside is None or facts.sidecar is None:
         return []
     megabytes = outside.stored_twice_bytes / 1e6
+    program_mb = facts.sidecar.memory.pte_bytes / 1e6
+    if megabytes < STORED_TWICE_MIN_MB or (program_mb and megabytes < STORED_TWICE_MIN_SHARE * program_mb):
+        return []
     return [
         Finding(
             kind="stored-twice",
@@ -365,6 +439,7 @@ def find_constants_twice(facts: RunFacts, _explained: frozenset[str]) -> list[Fi
 DETECTORS: dict[str, Detector] = {
     detector.name: detector
     for detector in (
+        Detector("backend", "a program with no delegate: lower it for XNNPACK", find_undelegated_program),
         Detector(
             "rewrites",
             "portable operators a rewrite takes out (rewrites/registry.py: tanh-gelu, fold-weight-norm, rms-norm)",

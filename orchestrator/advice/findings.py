@@ -2,8 +2,8 @@
 
 A finding names the operators it is about (and their nodes, for Model Explorer), their measured time per run and
 share of the method, the cause in one sentence, the saving predicted from those measured times, and the fix: a
-rewrite etlab can apply (`--rewrites NAME`), a lowering option (`--attention etlab`), a change in the user's code,
-an option, or a board condition.
+rewrite etlab can apply (`--rewrites NAME`), a lowering option (`--attention etlab`, `--backend xnnpack`), a change in
+the user's code, a limit of ExecuTorch's lowering (nothing to change in the model), or a board condition.
 Detectors (detectors.py, DETECTORS) find them; advisor.py runs them.
 """
 
@@ -19,7 +19,7 @@ from orchestrator.results.ops_record import OpsRecord
 from orchestrator.results.summary import RunSummary
 
 ADVICE_FILE = "advice.json"
-FIX_KINDS = ("rewrite", "code", "option", "board")
+FIX_KINDS = ("rewrite", "code", "option", "lowering", "board")
 
 
 @dataclass(frozen=True, kw_only=True)  # built by keyword: sixteen fields, several of one type
@@ -32,8 +32,8 @@ class Finding:
     operators: tuple[str, ...]  # the operators it is about: "aten::pow.Tensor_Scalar_out", "XNNFullyConnected"
     nodes: dict[str, tuple[str, ...]]  # Model Explorer graph id → node ids
     calls: Count  # operator calls per run
-    measured_ms: Duration  # their measured time per run (mean)
-    share: Duration  # of the method's time, 0-1
+    measured_ms: Duration  # their measured time per run (the sum of their medians)
+    share: Duration  # of the run's median time (OpsRecord.share), 0-1
     cause: str  # one sentence
     saving_ms: Duration | None  # predicted from the measured times; None: not predicted (see `saving_note`)
     saving_is_bound: bool = False  # `saving_ms` is an upper bound (what the operators take), not a prediction
@@ -72,7 +72,7 @@ class Advice:
     model: str | None
     backend: str | None
     board: str | None
-    method_ms: Duration
+    method_ms: Duration  # the run's median time, what every share is of (OpsRecord.method_median_ms)
     # Derived from the findings (written for the reports that read the file): point predictions only, bounds and
     # unpredicted findings excluded.
     predicted_ms: float = field(default=0.0, kw_only=True)

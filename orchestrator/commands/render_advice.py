@@ -24,7 +24,12 @@ def _saving(finding: Finding, method_ms: float) -> str:
 
 
 def _total(advice: Advice) -> str:
-    share = f" ({advice.predicted_ms / advice.method_ms:.0%} of {advice.method_ms:.3g} ms)" if advice.method_ms else ""
+    """The predicted total as a share of the run's median: the baseline of every share the advice gives."""
+    share = (
+        f" ({advice.predicted_ms / advice.method_ms:.0%} of the run's median {advice.method_ms:.3g} ms)"
+        if advice.method_ms
+        else ""
+    )
     return f"predicted total {advice.predicted_ms:.3g} ms{share}"
 
 
@@ -92,14 +97,46 @@ def render_trial(report: TrialReport) -> None:
             f"{trial.ratio:.3f}" if trial.ratio is not None else "—",
             "yes" if trial.confirmed else "no", f"{trial.outputs.sqnr_db:.0f} dB",
         ])  # fmt: skip
-    original = f"{report.original_ms:.3g} ms" if report.original_ms is not None else "—"
     console.table(
-        f"Advice tried on {report.board}: {report.model} ({report.variant.name}) as exported, {original}",
+        f"Advice tried on {report.board}: {report.model} ({report.variant.name}) as exported{_baselines(report)}",
         ["variant", "change", "predicted ms", "measured saving", "prediction error", "ratio", "confirmed",
          "outputs SQNR"],
         rows,
-        caption="predicted: the advisor's share of the profiled run, at the A/B's pace; measured: interleaved A/B, "
-        "median of the model as exported minus the variant's; confirmed: the re-test's rules (deploy/abtest.py); "
-        "outputs: the variant's against the model as exported",
+        caption="predicted: the advisor's share of the profiled run's median, at the A/B's pace; measured: "
+        "interleaved A/B, median of the model as exported minus the variant's; confirmed: the interleaved "
+        "re-test's rules (as the nightly's); outputs: the variant's against the model as exported",
     )  # fmt: skip
     console.details("Re-tests", [(trial.name, None, trial.why) for trial in report.variants])
+    for line in adopt_lines(report):
+        console.plain(line, stderr=False)
+
+
+def _baselines(report: TrialReport) -> str:
+    """Both medians the table's figures come from, each named: the A/B's (what `measured` is of) and the profiled
+    run's (what the advice's shares are of); the board's pace drifts between them."""
+    a_b = f"{report.original_ms:.3g} ms median in this A/B" if report.original_ms is not None else None
+    profiled = next((trial.profiled_ms for trial in report.variants if trial.profiled_ms), None)
+    run = f"{profiled:.3g} ms median in the profiled run" if profiled else None
+    said = "; ".join(part for part in (a_b, run) if part)
+    return f": {said}" if said else ""
+
+
+def adopt_lines(report: TrialReport) -> list[str]:
+    """How to adopt what the trial confirmed (the confirmed variant with the largest measured saving): the command
+    that lowers and runs it, and the nightly matrix's keys that track it beside the model as exported."""
+    confirmed = [trial for trial in report.variants if trial.confirmed]
+    if not confirmed:
+        return ["nothing confirmed: no change to adopt (the re-tests above say why)"]
+    best = max(confirmed, key=lambda trial: trial.measured_ms or 0.0)
+    variant = report.variant
+    backend = f"--backend {variant.backend}" + (f" --quantize {variant.scheme.name}" if variant.quantized else "")
+    if best.attention is not None:  # the program attending so has a name of its own (trial.attention_twin)
+        return [f"adopt it: fab deploy-and-profile --model {best.name} {backend} (the model lowered with "
+                f"--attention {best.attention}; fab lower takes the same options)"]  # fmt: skip
+    rewrites = ",".join(best.rewrites)
+    return [
+        f"adopt it: fab deploy-and-profile --model {report.model} {backend} --rewrites {rewrites} "
+        "(fab lower takes the same options)",
+        f"track it nightly: `advised: true` and `rewrites: [{', '.join(best.rewrites)}]` in the matrix entry of "
+        f"{report.model} (the model as exported and its rewritten program, side by side)",
+    ]

@@ -1,4 +1,6 @@
-"""`fab compare`'s tables: the biggest per-operator changes, generation and memory side by side, one verdict."""
+"""`fab compare`'s output: the verdict first (both medians, the ratio and its CI, the verdict word), then the
+operators whose own test found a change (top-level and inside the delegates), the rest folded into one line, the
+time by operator type, generation and memory side by side."""
 
 from __future__ import annotations
 
@@ -9,32 +11,87 @@ from orchestrator.commands.render import megabytes
 from orchestrator.results.verdicts import Kind
 
 if TYPE_CHECKING:  # the types only: rendering a table must not import what produced it
-    from orchestrator.results.compare import Comparison
+    from orchestrator.results.compare import Comparison, OpDelta
+    from orchestrator.results.stats import Verdict
+
+OP_TYPES_SHOWN = 10
+MATERIAL = 0.005  # a change under this share of A's run median is real but too small to list (a 50 ns copy)
+
+
+def _figure(value: float | None, *, sign: bool = False) -> str | None:
+    """Milliseconds to the tenth of a microsecond below 1 ms (0.0565, not 0.057), four digits above."""
+    if value is None:
+        return None
+    shown = f"{value:.4f}" if abs(value) < 1 else f"{value:.4g}"
+    return f"+{shown}" if sign and value >= 0 else shown
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.4g} ms" if value is not None else "—"
+
+
+def _ci(verdict: Verdict) -> str:
+    if verdict.ci_low is None or verdict.ci_high is None:
+        return ""
+    p = f", p={verdict.p_value:.2g}" if verdict.p_value is not None else ""
+    return f" (95% CI ×{verdict.ci_low:.3f}–×{verdict.ci_high:.3f}{p})"
+
+
+def verdict_lines(comparison: Comparison) -> list[str]:
+    """The answer, first: both runs' medians, B / A with its confidence interval, and the verdict with its reason."""
+    total = comparison.total
+    ratio = f"B / A ×{total.ratio:.3f}{_ci(total)}" if total.ratio is not None else total.reason
+    return [
+        f"A {comparison.run_id_a}: median {_ms(comparison.median_a_ms)}   B {comparison.run_id_b}: median "
+        f"{_ms(comparison.median_b_ms)}   {ratio}",
+        f"overall: {comparison.verdict.value}: {comparison.verdict_detail}",
+    ]
+
+
+def _change(op: OpDelta) -> str:
+    """The row's own test, in words that agree with its numbers: its direction and its CI."""
+    verdict = op.verdict
+    return f"{verdict.change}{_ci(verdict)}" if verdict is not None else "not tested"
+
+
+def _percent(op: OpDelta) -> str | None:
+    return f"{(op.median_b_ms or 0) / op.median_a_ms * 100 - 100:+.1f}%" if op.median_a_ms else None
 
 
 def render_comparison(comparison: Comparison, limit: int = 15) -> None:
-    """The biggest per-operator changes and the overall verdict, through the console."""
-    changed = [op for op in comparison.ops if op.delta_ms is not None]
-    changed.sort(key=lambda op: -abs(op.delta_ms or 0.0))
-    rows = [
-        [
-            op.node_id,
-            op.op,
-            op.median_a_ms,
-            op.median_b_ms,
-            op.delta_ms,
-            f"{((op.median_b_ms or 0) / op.median_a_ms - 1) * 100:+.1f}%" if op.median_a_ms else None,
-            op.verdict.change if op.verdict else None,
-        ]
-        for op in changed[:limit]
-    ]
-    console.table(
-        f"{comparison.run_id_b} vs {comparison.run_id_a}",
-        ["node", "op", "A median ms", "B median ms", "Δ ms", "Δ %", "change"],
-        rows,
-        caption=f"per operator, over {comparison.per_operator_scope}: the measured change of each instruction; "
-        "the overall verdict follows",
-    )
+    """Through the console: the verdict on stdout first, then the tables; a confirmed regression also on stderr."""
+    for line in verdict_lines(comparison):
+        console.plain(line, stderr=False)
+    if comparison.verdict == Kind.REGRESSION:
+        console.error(verdict_lines(comparison)[1])
+    for note in comparison.notes:
+        console.warn(note)
+    every = [op for op in [*comparison.ops, *comparison.delegate_ops] if op.delta_ms is not None]
+    changed = sorted((op for op in every if op.verdict and op.verdict.is_change), key=lambda op: -abs(op.delta_ms or 0))
+    floor = MATERIAL * (comparison.share_base_a_ms or 0.0)
+    small = [op for op in changed if abs(op.delta_ms or 0.0) < floor]
+    changed = [op for op in changed if op not in small]
+    if changed:
+        console.table(
+            f"Operators that changed: {comparison.run_id_b} vs {comparison.run_id_a}",
+            ["node", "op", "A median ms", "B median ms", "Δ ms", "Δ %", "change (its own test)"],
+            [
+                [
+                    op.where,
+                    op.op,
+                    _figure(op.median_a_ms),
+                    _figure(op.median_b_ms),
+                    _figure(op.delta_ms, sign=True),
+                    _percent(op),
+                    _change(op),
+                ]
+                for op in changed[:limit]
+            ],
+            caption=f"per operator, over {comparison.per_operator_scope}; `#N`: XNNPACK node N inside that "
+            "delegate call; each row tested on its own samples (alpha shared out over every operator tested)",
+        )
+    console.plain(_folded(every, changed, small, limit), stderr=False)
+    _render_op_types(comparison)
     if comparison.generation:
         console.table(
             "Generation",
@@ -48,10 +105,10 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
     if comparison.memory:
         console.table(
             "Memory",
-            ["figure", "A MB", "B MB", "Δ MB", "Δ %"],
+            ["", "A MB", "B MB", "Δ MB", "Δ %"],
             [
                 [
-                    row.figure,
+                    row.label or row.figure,
                     megabytes(row.a),
                     megabytes(row.b),
                     megabytes(row.delta),
@@ -60,13 +117,42 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
                 for row in comparison.memory
             ],
         )
-    for note in comparison.notes:
-        console.warn(note)
-    # One verdict, said once: the measured figure is its detail, never a claim of its own.
-    line = f"overall: {comparison.verdict.value}: {comparison.verdict_detail}"
-    if comparison.verdict == Kind.REGRESSION:
-        console.error(line)
-    elif comparison.verdict.is_warning:
-        console.warn(line)
-    else:
-        console.info(console.escape(line))
+
+
+def _folded(every: list[OpDelta], changed: list[OpDelta], small: list[OpDelta], limit: int) -> str:
+    """One line for the rows below the noise, those changed by too little to matter, and those past the limit."""
+    quiet = [op for op in every if op.verdict is not None and not op.verdict.is_change]
+    untested = len(every) - len(quiet) - len(changed) - len(small)
+    parts = []
+    if quiet:
+        largest = max(quiet, key=lambda op: abs(op.delta_ms or 0.0))
+        parts.append(
+            f"{len(quiet)} operators within noise by their own tests (the largest: {largest.where} {largest.op} "
+            f"{_percent(largest) or ''}{_ci(largest.verdict) if largest.verdict else ''})"
+        )
+    if small:
+        parts.append(f"{len(small)} changed by less than {MATERIAL:.1%} of A's median each (not listed)")
+    if len(changed) > limit:
+        parts.append(f"{len(changed) - limit} more changed, smaller")
+    if untested:
+        parts.append(f"{untested} not tested (too few samples)")
+    return "; ".join(parts) if parts else "no operator to compare"
+
+
+def _render_op_types(comparison: Comparison) -> None:
+    if not comparison.op_types:
+        return
+    rows = [
+        [row.op_type, row.count, _figure(row.a_ms), _figure(row.b_ms), _figure(row.delta_ms, sign=True),
+         f"{row.share_a:.0%}" if row.share_a is not None else None,
+         f"{row.share_b:.0%}" if row.share_b is not None else None]
+        for row in comparison.op_types[:OP_TYPES_SHOWN]
+    ]  # fmt: skip
+    more = len(comparison.op_types) - OP_TYPES_SHOWN
+    console.table(
+        "By operator type",
+        ["operator type", "×", "A ms", "B ms", "Δ ms", "% of A", "% of B"],
+        rows,
+        caption="sums of medians; %: of each run's median; largest change first"
+        + (f"; {more} more types" if more > 0 else ""),
+    )

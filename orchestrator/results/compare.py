@@ -7,7 +7,9 @@ allowed only on request, since their kernels or weights may differ.
 The overall verdict uses the runs' per-iteration latencies (timings.json); per-operator verdicts use the
 per-execution ETDump samples in analysis/ops.json. Both use `stats.compare_samples` (Mann-Whitney U, bootstrap
 CI of the median ratio, 5% minimum effect). Per-operator tests are many at once, so their alpha is divided by
-the number of operators tested (Bonferroni), which keeps a clean run from showing spurious per-op changes.
+the number of operators tested (Bonferroni), which keeps a clean run from showing spurious per-op changes. The XNNPACK
+nodes inside the delegates are tested the same way (`delegate_ops`, from ops.json's per-node samples; an older
+ops.json has none: their medians are shown, untested), and `op_types` rolls both up by operator type.
 A diverging overlay (blue faster, white unchanged, red slower) of the median change in ms is written into run
 B's model_explorer/ folder, next to its own overlays.
 
@@ -33,7 +35,7 @@ from orchestrator.fsutil import atomic_write_json, read_json, unreadable
 from orchestrator.lowering.variants import UnknownVariant, Variant
 from orchestrator.records import Document, to_data, write_document
 from orchestrator.results.documents import ANALYSIS_DIR, NotAnalysed, load_summary
-from orchestrator.results.ops_record import InstructionTiming, OpsRecord, load_ops
+from orchestrator.results.ops_record import DelegateNodeTiming, InstructionTiming, OpsRecord, load_ops
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
 from orchestrator.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, Verdict, compare_samples
 from orchestrator.results.summary import Generation, Memory, RunSummary
@@ -52,7 +54,8 @@ class RebuiltProgram(CompareError):
 
 @dataclass(frozen=True)
 class OpDelta:
-    """One instruction on both sides: its medians, B - A, and the per-operator verdict (None: not tested)."""
+    """One instruction (or, with `graph`, one XNNPACK node inside a delegate: `node_id` its node, `op` its type) on
+    both sides: its medians, B - A, and its own verdict (None: not tested)."""
 
     node_id: str
     op: str | None
@@ -60,12 +63,33 @@ class OpDelta:
     median_b_ms: float | None
     delta_ms: float | None
     verdict: Verdict | None
+    graph: str | None = None  # the delegate's graph id (Model Explorer's); None: a top-level instruction
+
+    @property
+    def where(self) -> str:
+        """The node as a user finds it: `forward_0_3`, or `forward_0_5 #12` (XNN node 12 in that delegate call)."""
+        return f"{self.graph.rsplit('::', 1)[-1]} #{self.node_id}" if self.graph else self.node_id
 
     @classmethod
     def of(cls, row_a: InstructionTiming, row_b: InstructionTiming, verdict: Verdict | None) -> OpDelta:
         median_a, median_b = row_a.timed_median_ms, row_b.timed_median_ms
         delta = median_b - median_a if median_a is not None and median_b is not None else None
         return cls(row_a.node_id, row_a.op, median_a, median_b, delta, verdict)
+
+
+@dataclass(frozen=True)
+class OpTypeDelta:
+    """One operator type on both sides (`aten::where`, `XNNFullyConnected`): its calls and the sums of their medians,
+    each as a share of its run's median (ops.json's baseline). A delegate's time beyond its placed nodes counts
+    under the delegate's own name."""
+
+    op_type: str
+    count: int
+    a_ms: float
+    b_ms: float
+    delta_ms: float
+    share_a: float | None  # 0-1
+    share_b: float | None
 
 
 @dataclass(frozen=True)
@@ -91,6 +115,8 @@ class ComparisonReport(Document):
     notes: tuple[str, ...]
     ops: tuple[OpDelta, ...]
     overlay: str | None
+    delegate_ops: tuple[OpDelta, ...] = ()  # added later: an older report has none (read as none)
+    op_types: tuple[OpTypeDelta, ...] = ()
 
 
 @dataclass
@@ -113,6 +139,9 @@ class Comparison:
     retest: dict[str, Any] | None = None
     memory: list[MemoryDelta] = field(default_factory=list)  # memory_deltas(): one row per figure
     generation: list[GenerationRatio] = field(default_factory=list)  # generation_ratios(): language models only
+    delegate_ops: list[OpDelta] = field(default_factory=list)  # the XNNPACK nodes inside delegates, both sides
+    op_types: list[OpTypeDelta] = field(default_factory=list)  # op_type_deltas(): by operator type
+    share_base_a_ms: float | None = None  # A's run median as ops.json's shares take it (OpsRecord.method_median_ms)
 
     @property
     def per_operator_scope(self) -> str:
@@ -136,6 +165,8 @@ class Comparison:
             notes=tuple(self.notes),
             ops=tuple(self.ops),
             overlay=str(self.overlay) if self.overlay else None,
+            delegate_ops=tuple(self.delegate_ops),
+            op_types=tuple(self.op_types),
         )
 
 
@@ -311,17 +342,41 @@ def _delegate_medians(run: _Run) -> dict[str, dict[str, float]]:
 
 
 MEMORY_FIGURES = ("peak_rss_bytes", "planned_bytes", "constants_bytes", "other_bytes", "pte_bytes")
+# What each figure is, in words (summary.Memory), and each phase a peak is of.
+MEMORY_LABELS = {
+    "peak_rss_bytes": "peak RSS",
+    "planned_bytes": "planned activation arenas",
+    "constants_bytes": "constants (weights)",
+    "other_bytes": "delegates and runtime (the rest of the peak)",
+    "pte_bytes": ".pte file",
+}
+PHASE_LABELS = {
+    "start": "at start",
+    "load": "at program load",
+    "method_init": "at method init",
+    "first_execution": "at the first execution",
+    "decode": "during decode",
+    "end": "at the end",
+}
+
+
+def memory_label(figure: str) -> str:
+    """`peak_rss_bytes.method_init` → "peak RSS at method init"."""
+    name, _, phase = figure.partition(".")
+    label = MEMORY_LABELS.get(name, name)
+    return f"{label} {PHASE_LABELS.get(phase, phase.replace('_', ' '))}" if phase else label
 
 
 @dataclass(frozen=True)
 class MemoryDelta:
-    """One memory figure (bytes) on both sides, B - A and B / A - 1."""
+    """One memory figure (bytes) on both sides, B - A and B / A - 1; `label` says it in words."""
 
     figure: str
     a: int | None
     b: int | None
     delta: int | None
     ratio: float | None
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -351,7 +406,7 @@ def memory_deltas(a: Memory | None, b: Memory | None) -> list[MemoryDelta]:
             continue
         delta = value_b - value_a if value_a is not None and value_b is not None else None
         ratio = value_b / value_a - 1 if delta is not None and value_a else None
-        rows.append(MemoryDelta(name, value_a, value_b, delta, ratio))
+        rows.append(MemoryDelta(name, value_a, value_b, delta, ratio, memory_label(name)))
     return rows
 
 
@@ -378,6 +433,71 @@ def generation_ratios(a: Generation | None, b: Generation | None) -> list[Genera
     return rows
 
 
+def _paired_nodes(a: _Run, b: _Run) -> list[tuple[str, DelegateNodeTiming, DelegateNodeTiming]]:
+    """The XNNPACK nodes placed in both runs' delegates, by graph id (named after the .pte file, so different
+    schemes never pair) and node id, of the same type."""
+    delegates_b = {d.graph_id: d for d in b.ops.delegates if d.placed}
+    pairs = []
+    for delegate in (d for d in a.ops.delegates if d.placed and d.graph_id in delegates_b):
+        nodes_b = {node.node: node for node in delegates_b[delegate.graph_id].nodes}
+        for node in delegate.nodes:
+            other = nodes_b.get(node.node)
+            if other is not None and other.type == node.type:
+                pairs.append((delegate.graph_id, node, other))
+    return pairs
+
+
+def _node_delta(
+    graph: str, a: DelegateNodeTiming, b: DelegateNodeTiming, *, min_effect: float, alpha: float
+) -> OpDelta:
+    verdict = None
+    if a.samples_ms and b.samples_ms:
+        verdict = compare_samples(list(a.samples_ms), list(b.samples_ms), min_effect=min_effect, alpha=alpha)
+    delta = b.median_ms - a.median_ms if a.median_ms is not None and b.median_ms is not None else None
+    return OpDelta(a.node, a.type, a.median_ms, b.median_ms, delta, verdict, graph=graph)
+
+
+def op_type_deltas(
+    a: OpsRecord,
+    b: OpsRecord,
+    paired: list[InstructionTiming],
+    nodes: list[tuple[str, DelegateNodeTiming, DelegateNodeTiming]],
+) -> list[OpTypeDelta]:
+    """Both runs' time by operator type (TensorBoard's op-type view, side by side): the top-level kernels by
+    operator, the placed XNNPACK nodes by type, and each delegate call's time beyond its placed nodes under the
+    call's own name; the paired instructions and nodes only, largest change first."""
+    rows_b = {row.node_id: row for row in b.instructions}
+    placed = {graph for graph, _, _ in nodes}
+    inside: dict[str, tuple[float, float]] = {}  # delegate call node id -> its placed nodes' medians, A and B
+    sums: dict[str, list[float]] = {}  # type -> [count, A ms, B ms]
+
+    def add(kind: str, ms_a: float, ms_b: float) -> None:
+        entry = sums.setdefault(kind, [0, 0.0, 0.0])
+        entry[0], entry[1], entry[2] = entry[0] + 1, entry[1] + ms_a, entry[2] + ms_b
+
+    for graph, x, y in nodes:
+        add(x.type, x.ms, y.ms)
+        call = graph.rsplit("::", 1)[-1]
+        before = inside.get(call, (0.0, 0.0))
+        inside[call] = (before[0] + x.ms, before[1] + y.ms)
+    graph_of = {d.node_id: d.graph_id for d in a.delegates}
+    for row in paired:
+        other = rows_b[row.node_id]
+        if row.kind == "DelegateCall" and graph_of.get(row.node_id) in placed:
+            in_a, in_b = inside.get(row.node_id, (0.0, 0.0))
+            add(f"{row.operator} (outside its nodes)", max(0.0, row.median_ms - in_a), max(0.0, other.median_ms - in_b))
+        else:
+            add(row.operator, row.median_ms, other.median_ms)
+    base_a, base_b = a.method_median_ms, b.method_median_ms
+    rows = [
+        OpTypeDelta(kind, int(count), ms_a, ms_b, ms_b - ms_a, ms_a / base_a if base_a else None,
+                    ms_b / base_b if base_b else None)
+        for kind, (count, ms_a, ms_b) in sums.items()
+    ]  # fmt: skip
+    rows.sort(key=lambda row: (-abs(row.delta_ms), -row.b_ms))
+    return rows
+
+
 def compare_runs(
     run_a: Path,
     run_b: Path,
@@ -399,7 +519,9 @@ def compare_runs(
         if row.node_id in rows_b and (rows_b[row.node_id].kind, rows_b[row.node_id].op) == (row.kind, row.op)
     ]
     testable = [r for r in paired if r.samples and rows_b[r.node_id].samples]
-    per_op_alpha = alpha / max(1, len(testable))
+    nodes = _paired_nodes(a, b)
+    testable_nodes = [(x, y) for _, x, y in nodes if x.samples_ms and y.samples_ms]
+    per_op_alpha = alpha / max(1, len(testable) + len(testable_nodes))
     ops = []
     for row_a in paired:
         row_b = rows_b[row_a.node_id]
@@ -412,6 +534,11 @@ def compare_runs(
     comparison = Comparison(
         a.path, b.path, a.run_id, b.run_id, total, a.summary.latency.median_ms, b.summary.latency.median_ms, ops, notes
     )
+    comparison.delegate_ops = [
+        _node_delta(graph, x, y, min_effect=min_effect, alpha=per_op_alpha) for graph, x, y in nodes
+    ]
+    comparison.op_types = op_type_deltas(a.ops, b.ops, paired, nodes)
+    comparison.share_base_a_ms = a.ops.method_median_ms
     comparison.sha_a, comparison.sha_b = a.summary.model.sha256, b.summary.model.sha256
     comparison.memory = memory_deltas(a.summary.memory, b.summary.memory)
     comparison.generation = generation_ratios(a.summary.generation, b.summary.generation)

@@ -165,10 +165,12 @@ def summary_document(
 
 
 def profile_summary(profile: Profile) -> dict[str, Any]:
-    timed = sorted(((i, i.dist) for i in profile.instructions if i.dist), key=lambda timing: -timing[1].mean)
-    delegated = sum(dist.mean for i, dist in timed if i.kind == "DelegateCall")
-    kernels = sum(dist.mean for i, dist in timed if i.kind != "DelegateCall")
-    total = profile.total.mean if profile.total else 0.0
+    """summary.json's `profile`: the top instructions and the delegated split, by median (the shares' baseline,
+    etdump_profile.share_base_ms)."""
+    timed = sorted(((i, i.dist) for i in profile.instructions if i.dist), key=lambda timing: -timing[1].median)
+    delegated = sum(dist.median for i, dist in timed if i.kind == "DelegateCall")
+    kernels = sum(dist.median for i, dist in timed if i.kind != "DelegateCall")
+    total = max(profile.total.median if profile.total else 0.0, delegated + kernels)
     return {
         "method": profile.method,
         "executions": profile.executions,

@@ -3,13 +3,18 @@
 Statistics cover the measured executions only: the runner writes one "Execute" block per execution, warmup
 first, and timings.json says how many warmups there were. Each kernel instruction is timed by its
 OPERATOR_CALL event (its `native_call_<op>` twin, nested inside, is not counted again); each delegate call by
-its DELEGATE_CALL event. Shares (`pct`) are of the mean whole-method time ("Method::execute").
+its DELEGATE_CALL event. Shares (`pct`) are of medians: an instruction's (or XNN node's, or operator type's)
+median over `share_base_ms`, the median whole-method time ("Method::execute"), or the sum of the instructions' medians
+when that is larger (medians do not add up exactly), so the top-level shares never sum past 100%. The Results
+table, the advisor and Model Explorer's `pct` overlay all read this one baseline: one slow iteration moves a mean,
+never a median.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -19,7 +24,7 @@ from orchestrator.programs.plan import ProgramPlan
 from orchestrator.programs.xnn import XNNPACK_BACKEND, XnnNode, read_xnn_nodes
 from orchestrator.results.etdump import Etdump, RunBlock
 from orchestrator.results.profile import DelegateProfile, InstructionProfile, Profile, XnnNodeProfile, dist_ms
-from orchestrator.results.stats import distribution
+from orchestrator.results.stats import Distribution, distribution
 from orchestrator.results.xnn_match import MatchError, match_events, operator_type
 
 NS_PER_TICK_CANDIDATES = (1.0, 1e3, 1e-3)  # ns, us and ps ticks; Linux runtimes tick in ns
@@ -77,15 +82,15 @@ def profile_etdump(
     if np.isnan(totals).any():  # no Method::execute event: fall back to the instructions' sum
         totals = np.where(np.isnan(totals), times.sum(axis=1), totals)
     total = distribution(totals)
-    total_mean = total.mean if total else 0.0
     for c, instruction in enumerate(instructions):
         instruction.samples_ms = times[fired[:, c] > 0, c]
         instruction.dist = distribution(instruction.samples_ms)
-        if instruction.dist and total_mean:
-            instruction.pct = instruction.dist.mean / total_mean * 100.0
+    base = share_base_ms(total.median if total else None, (i.dist.median for i in instructions if i.dist))
+    for instruction in instructions:
+        instruction.pct = _pct(instruction.dist, base)
 
     pte_name = plan.pte.name if plan else None
-    delegates = _delegate_profiles(blocks, plan, instructions, fired, method, ticks_per_ms, total_mean, pte_name)
+    delegates = _delegate_profiles(blocks, plan, instructions, fired, method, ticks_per_ms, base, pte_name)
     return Profile(
         method=method,
         pte_name=pte_name,
@@ -94,8 +99,19 @@ def profile_etdump(
         total=total,
         instructions=instructions,
         delegates=delegates,
-        operator_types=_operator_types(delegates, total_mean, len(blocks)),
+        operator_types=_operator_types(delegates, base, len(blocks)),
     )
+
+
+def share_base_ms(method_median: float | None, instruction_medians: Iterable[float]) -> float:
+    """What a share (`pct`) is of: the method's median time, or the sum of its instructions' medians when that is
+    larger (per-instruction medians need not add up to the method's), so shares sum to at most 100%."""
+    return max(method_median or 0.0, sum(instruction_medians))
+
+
+def _pct(dist: Distribution | None, base: float) -> float | None:
+    """A median's share of `base`, in percent; None when not timed."""
+    return dist.median / base * 100.0 if dist is not None and base else None
 
 
 def _instruction_table(blocks: list[RunBlock], plan: ProgramPlan | None, method: str) -> list[InstructionProfile]:
@@ -134,7 +150,7 @@ def _delegate_profiles(
     fired: np.ndarray,
     method: str,
     ticks_per_ms: float,
-    total_mean: float,
+    base: float,
     pte_name: str | None,
 ) -> list[DelegateProfile]:
     by_key = plan.by_key() if plan else {}
@@ -191,11 +207,11 @@ def _delegate_profiles(
         except AnalysisError as exc:  # one unreadable payload costs that delegate's overlay, not the analysis
             profile.status, profile.reason = "left out", str(exc)
             continue
-        _place_on_nodes(profile, nodes, total_mean)
+        _place_on_nodes(profile, nodes, base)
     return profiles
 
 
-def _place_on_nodes(profile: DelegateProfile, nodes: list[XnnNode], total_mean: float) -> None:
+def _place_on_nodes(profile: DelegateProfile, nodes: list[XnnNode], base: float) -> None:
     profile.node_types = {str(node.index): node.type for node in nodes}
     try:
         placement = match_events(nodes, profile.event_names)
@@ -209,7 +225,7 @@ def _place_on_nodes(profile: DelegateProfile, nodes: list[XnnNode], total_mean: 
         positions = placement.node_events[index]
         samples = profile.event_samples_ms[:, positions].sum(axis=1)
         dist = distribution(samples)
-        pct = dist.mean / total_mean * 100.0 if dist and total_mean else None
+        pct = _pct(dist, base)
         events = [profile.event_names[p] for p in positions]
         node = XnnNodeProfile(str(index), types[index], events, samples, dist, pct, shape=shapes[index])
         profile.nodes.append(node)
@@ -217,7 +233,7 @@ def _place_on_nodes(profile: DelegateProfile, nodes: list[XnnNode], total_mean: 
     profile.fused_nodes = [str(index) for index in placement.fused_nodes]
 
 
-def _operator_types(delegates: list[DelegateProfile], total_mean: float, executions: int) -> list[dict[str, Any]]:
+def _operator_types(delegates: list[DelegateProfile], base: float, executions: int) -> list[dict[str, Any]]:
     """Delegate-internal time per XNNPACK operator type, summed per execution over every delegate call site."""
     per_type: dict[str, np.ndarray] = {}
     counts: dict[str, int] = defaultdict(int)
@@ -231,9 +247,8 @@ def _operator_types(delegates: list[DelegateProfile], total_mean: float, executi
     rows = []
     for kind, samples in per_type.items():
         dist = distribution(samples)
-        pct = dist.mean / total_mean * 100.0 if dist and total_mean else None
-        rows.append({"type": kind, "count": counts[kind], **dist_ms(dist), "pct": pct})
-    rows.sort(key=lambda row: -(row["mean_ms"] or 0.0))
+        rows.append({"type": kind, "count": counts[kind], **dist_ms(dist), "pct": _pct(dist, base)})
+    rows.sort(key=lambda row: -(row["median_ms"] or 0.0))
     return rows
 
 

@@ -62,6 +62,12 @@ class DelegateNodeTiming:
     module_type: str | None = None
     source: str | None = None
     shape: Annotated[tuple[Count, ...], msgspec.Meta(max_length=16)] | None = None  # its output's dims
+    samples_ms: tuple[Duration, ...] = ()  # each timed execution's time (compare tests them); older files: none
+
+    @property
+    def ms(self) -> float:
+        """Its median, 0 when it was not timed: what shares and savings add up."""
+        return self.median_ms or 0.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class DelegateTiming:
 @dataclass(frozen=True)
 class MethodTime:
     mean: Duration | None = None  # the whole method, per execution
+    median: Duration | None = None
 
 
 class OpsError(RecordError, AnalysisError):
@@ -106,8 +113,26 @@ class OpsRecord:
         return mean or sum(i.mean_ms for i in self.instructions)
 
     @property
+    def method_median_ms(self) -> float:
+        """What every share of this run is of (etdump_profile.share_base_ms): the method's median time, or the sum
+        of its instructions' medians when that is larger; so a `pct` in ops.json is 100 * median / this."""
+        median = self.method_ms.median if self.method_ms is not None else None
+        return max(median or 0.0, sum(i.median_ms for i in self.instructions))
+
+    def share(self, ms: float) -> float:
+        """`ms` (a sum of medians) as a share of the run's median, 0-1."""
+        base = self.method_median_ms
+        return ms / base if base else 0.0
+
+    @property
     def delegated_ms(self) -> float:
+        """The delegate calls' means, summed."""
         return sum(i.mean_ms for i in self.delegate_calls())
+
+    @property
+    def delegated_median_ms(self) -> float:
+        """The delegate calls' medians, summed (a part of `method_median_ms`)."""
+        return sum(i.median_ms for i in self.delegate_calls())
 
     def where(self, nodes: Mapping[str, Sequence[str]], limit: int = 4) -> tuple[str, ...]:
         """Where in the model the given nodes (graph id -> node ids, as a finding names them) came from, one line
@@ -116,10 +141,10 @@ class OpsRecord:
         found: dict[tuple[str, str], list[Any]] = {}  # (operator, source) -> [calls, ms, modules]
         rows: list[tuple[str, str | None, str | None, float]] = []
         for node_id in nodes.get(self.method, ()):
-            rows += [(i.operator, i.source, i.module, i.mean_ms) for i in self.instructions if i.node_id == node_id]
+            rows += [(i.operator, i.source, i.module, i.median_ms) for i in self.instructions if i.node_id == node_id]
         for delegate in self.delegates:
             wanted = set(nodes.get(delegate.graph_id, ()))
-            rows += [(n.type, n.source, n.module, n.mean_ms) for n in delegate.nodes if n.node in wanted]
+            rows += [(n.type, n.source, n.module, n.ms) for n in delegate.nodes if n.node in wanted]
         for operator, source, module, ms in rows:
             if source is None and module is None:
                 continue

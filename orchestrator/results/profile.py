@@ -113,7 +113,14 @@ class DelegateProfile:
             coverage=(self.placed_mean_ms() / call_mean) if call_mean else None,
             nodes=tuple(
                 NodeReport(
-                    n.node, n.type, tuple(n.events), **dist_ms(n.dist), pct=n.pct, **_source(n.source), shape=n.shape
+                    n.node,
+                    n.type,
+                    tuple(n.events),
+                    **dist_ms(n.dist),
+                    pct=n.pct,
+                    **_source(n.source),
+                    shape=n.shape,
+                    samples_ms=tuple(round(float(v), 6) for v in n.samples_ms),
                 )
                 for n in self.nodes
             ),
@@ -146,6 +153,7 @@ class NodeReport:
     module_type: str | None = None
     source: str | None = None
     shape: tuple[int, ...] | None = None  # the node's output dims
+    samples_ms: tuple[float, ...] = ()  # per measured execution, as an instruction's (compare tests them)
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,8 @@ def test_render_comparison(baseline: BundleCase, tmp_path: Any, capsys: pytest.C
     render_comparison(compare_runs(baseline.path, same.path, write=False), limit=5)
     captured = capsys.readouterr()
     out = captured.out + captured.err
-    assert "overall: ok: no program change; within noise" in out and "A median ms" in out
+    assert "overall: ok: no program change; within noise" in out and "A run-a: median " in out
+    assert "operators within noise by their own tests" in out and "Operators that changed" not in out  # folded
 
 
 def test_different_models_are_refused(analysis_bundles: dict[str, BundleCase], tmp_path: Any) -> None:

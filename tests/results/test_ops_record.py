@@ -30,6 +30,8 @@ def test_the_recorded_profiles_of_earlier_runs_read_back(model: str) -> None:
     assert [i.index for i in ops.instructions] == [row["instruction"] for row in raw["instructions"]]
     assert [d.placed for d in ops.delegates] == [row["status"] == "placed" for row in raw["delegates"]]
     assert ops.method_mean_ms == raw["method_ms"]["mean"]
+    medians = sum(row["median_ms"] or 0.0 for row in raw["instructions"])
+    assert ops.method_median_ms == max(raw["method_ms"]["median"], medians)  # the baseline of every share
 
 
 def test_an_untimed_instruction_reads_as_zero_and_the_method_falls_back_to_their_sum() -> None:
@@ -39,6 +41,7 @@ def test_an_untimed_instruction_reads_as_zero_and_the_method_falls_back_to_their
     ops = read_ops(raw)
     assert ops.instructions[0].mean_ms == 0.0 and ops.instructions[0].timed_median_ms is None
     assert ops.method_mean_ms == pytest.approx(sum(row["mean_ms"] or 0.0 for row in raw["instructions"]))
+    assert ops.method_median_ms == pytest.approx(sum(row["median_ms"] or 0.0 for row in raw["instructions"]))
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,7 @@ from orchestrator.servers.dashboard.records import (
     MissingCounter,
     NightSpan,
     OperatorRow,
+    OperatorType,
     OverviewPage,
     PhaseTime,
     Reason,
@@ -59,6 +60,7 @@ from orchestrator.servers.dashboard.records import (
     ValidityView,
 )
 from orchestrator.servers.dashboard.where import NO_MODULES, TOP_OPERATORS, module_deltas, module_times, operator_rows
+from orchestrator.servers.dashboard.words import conditions_in_words
 
 # The grid's colours, by verdict: one legend for the overview, the trends and the compare page.
 VERDICT_ORDER = (
@@ -324,7 +326,7 @@ def run_page(lab: Lab, run_id: str) -> RunPage:
     if summary is None:
         return page
     latency = summary.latency
-    operators, groups, operators_problem, split = _operators(run.path)
+    operators, groups, types, operators_problem, split = _operators(run.path)
     return dataclasses.replace(
         page,
         status=summary.status,
@@ -346,6 +348,7 @@ def run_page(lab: Lab, run_id: str) -> RunPage:
             reasons=[Reason(level=r.level, reason=r.reason) for r in summary.validity.reasons],
         ),
         conditions=summary.board_conditions,
+        conditions_said=conditions_in_words(summary.board_conditions),
         correctness=to_data(summary.correctness),
         accuracy=to_data(summary.accuracy),
         generation=_generation(summary),
@@ -356,19 +359,22 @@ def run_page(lab: Lab, run_id: str) -> RunPage:
         operators_problem=operators_problem,
         split=split,
         delegate_groups=groups,
+        operator_types=types,
         modules=module_times(summary.modules) if summary.modules is not None else [],
         modules_note=None if summary.modules is not None else NO_MODULES,
     )
 
 
-def _operators(run_dir: Path) -> tuple[list[OperatorRow], list[DelegateGroup], str | None, Split | None]:
+def _operators(
+    run_dir: Path,
+) -> tuple[list[OperatorRow], list[DelegateGroup], list[OperatorType], str | None, Split | None]:
     """Top operators (the XNNPACK nodes inside delegates among them, where.py) with their share of the method, the
     delegate calls they run in, and the delegated / non-delegated split (or why none)."""
     try:
         ops = load_ops(run_dir)
     except AnalysisError as exc:
-        return [], [], str(exc), None
-    operators, groups = operator_rows(ops, TOP_OPERATORS)
+        return [], [], [], str(exc), None
+    operators, groups, types = operator_rows(ops, TOP_OPERATORS)
     delegated = ops.delegated_ms
     kernels = sum(i.mean_ms for i in ops.kernel_calls())
     split = Split(
@@ -376,7 +382,7 @@ def _operators(run_dir: Path) -> tuple[list[OperatorRow], list[DelegateGroup], s
         non_delegated_ms=kernels,
         other_ms=max(0.0, ops.method_mean_ms - delegated - kernels),
     )
-    return operators, groups, None, split
+    return operators, groups, types, None, split
 
 
 def _generation(summary: RunSummary) -> GenerationView | None:

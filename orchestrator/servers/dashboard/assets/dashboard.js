@@ -55,10 +55,23 @@ function trend(data) {
 }
 
 function run(data) {
+  // Every iteration in order, one bar each, the warm-up first and marked; the y-range is the timed iterations' (a
+  // slow warm-up is cut at the top, its value written on it), so no one iteration squashes the others.
+  const warm = data.warmup_ms || [];
+  const timed = data.iterations_ms || [];
+  const top = timed.length ? Math.max(...timed) * 1.15 : undefined;
   plot("run-latency", [
-    {name: "timed iterations", x: data.iterations_ms, type: "histogram", opacity: 0.75},
-    {name: "warm-up", x: data.warmup_ms, type: "histogram", opacity: 0.75},
-  ], {title: {text: "every iteration"}, barmode: "overlay", xaxis: {title: {text: "ms"}}, yaxis: {title: {text: "runs"}}});
+    {name: "timed iterations", type: "bar", x: timed.map((_, i) => warm.length + i + 1), y: timed,
+      marker: {color: "#1565c0"}, hovertemplate: "iteration %{x}: %{y:.4f} ms<extra></extra>"},
+    {name: "warm-up (not timed)", type: "bar", x: warm.map((_, i) => i + 1), y: warm, marker: {color: "#ef6c00"},
+      text: warm.map((v) => (top !== undefined && v > top ? v.toFixed(3) + " ms" : "")), textposition: "inside",
+      hovertemplate: "warm-up %{x}: %{y:.4f} ms<extra></extra>"},
+  ], {title: {text: "every iteration, in order"}, bargap: 0.05, xaxis: {title: {text: "iteration"}},
+    yaxis: {title: {text: "ms"}, range: top !== undefined ? [0, top] : undefined, rangemode: "tozero"},
+    legend: {orientation: "h", y: -0.25}});
+  plot("run-distribution", [{name: "timed iterations", type: "histogram", x: timed, marker: {color: "#1565c0"}}],
+    {title: {text: "timed iterations: distribution"}, xaxis: {title: {text: "ms"}},
+      yaxis: {title: {text: "iterations"}}, bargap: 0.05});
   if (data.operators && data.operators.length) {
     const ops = data.operators.slice().reverse();
     plot("run-operators", [{type: "bar", orientation: "h", x: ops.map((o) => o.share), y: ops.map((o) => o.node_id),

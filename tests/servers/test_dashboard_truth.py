@@ -15,10 +15,11 @@ import pytest
 
 from orchestrator.results.bundle_reader import read_bundle
 from orchestrator.results.ops_record import load_ops
+from orchestrator.servers.dashboard import data
 from orchestrator.servers.dashboard.app import DashboardServer, Sources, start_dashboard
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.browser import screenshot
-from tests.plugins.dashboard import LAB_BOARD, RUN_IDS, DashboardLab
+from tests.plugins.dashboard import EVIL, LAB_BOARD, NIGHTS, RUN_IDS, DashboardLab, write_history
 from tests.plugins.explorer import free_port
 from tests.servers.test_dashboard_browser import Watched, graph
 
@@ -76,3 +77,89 @@ def test_run_page_plots_every_iteration_in_order_says_conditions_in_words_and_su
     assert f"×{len(fully_connected)}" in row.inner_text()
     watched.check()
     screenshot(page, tmp_path, "dashboard-run")
+
+
+@pytest.fixture(scope="module")
+def advised_server(dashboard_lab: DashboardLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DashboardServer]:
+    """The lab's runs with a history of two cells: a model as exported and its advised program (its rewrites'
+    name), the exported cell's latest night the pulled run that has the advisor's findings."""
+    root = tmp_path_factory.mktemp("advised-lab")
+    exported = (LAB_BOARD, "distilbert-tiny", "xnnpack")
+    advised = (LAB_BOARD, "distilbert-tiny.fold-weight-norm", "xnnpack")
+    named = {(exported, NIGHTS - 1): RUN_IDS["distilbert_a"]}
+    write_history(root / "history.sqlite", [exported, advised], NIGHTS, run_ids=named).close()
+    sources = Sources(dashboard_lab.results, f"sqlite:///{root / 'history.sqlite'}", ARTIFACT_CACHE, (LAB_BOARD,))
+    handle = start_dashboard(sources, port=free_port(), explorer_port=free_port())
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+def test_overview_lists_pulled_runs_with_what_tells_them_apart_and_filters_them(
+    server: DashboardServer, dashboard_lab: DashboardLab, watched: Watched, tmp_path: Path
+) -> None:
+    page = watched.page
+    watched.open(server.url)
+    rows = page.locator("#runs-table tr.pulled-run")
+    assert rows.count() == len(RUN_IDS)
+    header = page.locator("#runs-table thead").inner_text()
+    for column in ("date", "night", "model", "backend", "median", "validity"):
+        assert column in header
+    newest = rows.first.inner_text()  # newest first: the gpt2 run of night 2026-11-10
+    assert RUN_IDS["gpt2"] in newest and "2026-11-10" in newest and "gpt2-tiny" in newest
+    median = data.pulled_runs(data.Lab(dashboard_lab.results))[0].median_ms
+    assert median is not None and f"{median:.3f} ms" in newest
+    # Filters: by model, then by night.
+    page.select_option("#runs-filters select[data-field='model']", "distilbert-tiny")
+    shown = [row for row in rows.all() if row.is_visible()]
+    assert len(shown) == 2 and all("distilbert-tiny" in row.inner_text() for row in shown)
+    page.select_option("#runs-filters select[data-field='night']", "2026-11-09")
+    shown = [row for row in rows.all() if row.is_visible()]
+    assert len(shown) == 1 and RUN_IDS["distilbert_a"] in shown[0].inner_text()
+    watched.check()
+    screenshot(page, tmp_path, "dashboard-overview")
+
+
+def test_overview_shows_an_advised_program_s_ratio_and_a_cell_s_findings(
+    advised_server: DashboardServer, watched: Watched, tmp_path: Path
+) -> None:
+    page = watched.page
+    watched.open(advised_server.url)
+    # The latest night: as exported 10 + 0.5 × 9 ms, advised 11 + 0.5 × 9 ms.
+    ratio = page.locator("#night-grid .advised-ratio")
+    assert ratio.count() == 1 and ratio.inner_text() == f"{15.5 / 14.5:.3f}× as exported"
+    findings = page.locator("#night-grid details.findings")
+    assert findings.count() == 1 and "1 finding" in findings.inner_text()
+    findings.locator("summary").click()
+    assert f"use 4 threads {EVIL}" in findings.locator("li").inner_text()
+    watched.check()
+    screenshot(page, tmp_path, "dashboard-overview-advised")
+
+
+def test_compare_picker_filters_and_never_defaults_both_sides_to_one_run(
+    server: DashboardServer, watched: Watched, tmp_path: Path
+) -> None:
+    page = watched.page
+    watched.open(server.url + "compare")
+    a, b = page.locator("#pick-a").input_value(), page.locator("#pick-b").input_value()
+    # The newest run, against the run before it of its own cell (or else the next newest).
+    assert a != b and b == RUN_IDS["gpt2"] and a == RUN_IDS["distilbert_b"]
+    page.select_option("#pick-filters select[data-field='model']", "distilbert-tiny")
+    a, b = page.locator("#pick-a").input_value(), page.locator("#pick-b").input_value()
+    assert {a, b} == {RUN_IDS["distilbert_a"], RUN_IDS["distilbert_b"]}
+    visible = page.evaluate("Array.from(document.querySelectorAll('#pick-b option')).filter(o => !o.hidden).length")
+    assert visible == 2
+    page.fill("#pick-filters input[data-op='from']", "2026-11-10")
+    visible = page.evaluate(
+        "Array.from(document.querySelectorAll('#pick-a option')).filter(o => !o.hidden).map(o => o.value)"
+    )
+    assert visible == [RUN_IDS["distilbert_b"]]
+    page.fill("#pick-filters input[data-op='from']", "")
+    page.select_option("#pick-a", RUN_IDS["distilbert_a"])
+    page.select_option("#pick-b", RUN_IDS["distilbert_b"])
+    page.locator("#pick button[type=submit]").click()
+    page.wait_for_url("**/compare?*")
+    assert page.locator("#verdict").count() == 1
+    watched.check()
+    screenshot(page, tmp_path, "dashboard-compare")

@@ -50,6 +50,7 @@ from orchestrator.servers.dashboard.records import (
     OperatorType,
     OverviewPage,
     PhaseTime,
+    PulledRun,
     Reason,
     RunPage,
     RunRow,
@@ -121,8 +122,11 @@ def overview(
     night = lab.history.latest_night() if lab.history else None
     records = lab.history.records(night=night) if lab.history and night else []
     local = {run.run_id for run in lab.runs()}
+    medians = {r.cell: r.median_ms for r in records}
     cells = [
         GridCell(
+            **_advised(r, medians),
+            findings=_findings(lab, r.run_id) if r.run_id in local else [],
             board=r.board,
             model=r.model,
             backend=r.backend,
@@ -151,12 +155,55 @@ def overview(
         counts={
             v: sum(1 for c in cells if c.verdict == v) for v in VERDICT_ORDER if any(c.verdict == v for c in cells)
         },
-        runs=[_run_row(run) for run in reversed(lab.runs()[-50:])],
+        runs=pulled_runs(lab, 50),
     )
+
+
+def _advised(record: RunRecord, medians: Mapping[Cell, float | None]) -> dict[str, Any]:
+    """An advised program's cell (its model is the exported one's name and its rewrites, dot-joined): the model as
+    exported on the same board and backend that night, and the ratio of their medians."""
+    for (board, model, backend), exported in medians.items():
+        if (board, backend) == (record.board, record.backend) and record.model.startswith(f"{model}."):
+            ratio = record.median_ms / exported if record.median_ms and exported else None
+            return {"advised_of": model, "ratio": ratio}
+    return {}
+
+
+def _findings(lab: Lab, run_id: str | None) -> list[str]:
+    """The advisor's findings for a pulled run, one line each (none when it has no advice.json or a damaged one)."""
+    if run_id is None or not lab.has_run(run_id):
+        return []
+    rows, _ = _advice(lab.find(run_id).path)
+    return [f"{row.id} {row.title}" + (f" (saves ~{row.saving_ms:.3f} ms)" if row.saving_ms else "") for row in rows]
 
 
 def _run_row(run: LocalRun) -> RunRow:
     return RunRow(run_id=run.run_id, board=run.board, model=run.model, backend=run.backend)
+
+
+def pulled_runs(lab: Lab, limit: int | None = None) -> list[PulledRun]:
+    """The pulled runs, newest first, with their date, median, validity and night (the last `limit` of them)."""
+    nights = {r.run_id: r.night for r in lab.history.records()} if lab.history else {}
+    chosen = lab.runs()[-limit:] if limit else lab.runs()
+    rows = []
+    for run in reversed(chosen):
+        try:
+            summary: RunSummary | None = load_summary(run.path)
+        except AnalysisError:
+            summary = None
+        warm = summary.latency.warm if summary else None
+        stamp = run.run_id.split("-", 1)[0]
+        date = f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}" if len(stamp) >= 8 and stamp[:8].isdigit() else ""
+        rows.append(
+            PulledRun(
+                **vars(_run_row(run)),
+                date=date,
+                median_ms=warm.median_ms if warm else None,
+                validity=summary.validity.status if summary else None,
+                night=nights.get(run.run_id),
+            )
+        )
+    return rows
 
 
 def board_rows(

@@ -23,6 +23,16 @@ class RunRow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PulledRun(RunRow):
+    """A pulled run as the overview lists it and the compare picker offers it: what tells it apart from the others."""
+
+    date: str  # from its run id (run ids start with their UTC time: 20261110T020000Z-...)
+    median_ms: float | None
+    validity: str | None  # None: not analysed (or unreadable)
+    night: str | None  # the nightly night that recorded it, if any
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProblemPage:
     """A page that could not be made from its data: the file and the field named."""
 
@@ -44,6 +54,9 @@ class GridCell:
     run_id: str | None
     has_run: bool
     detail: str
+    advised_of: str | None = None  # an advised program's model as exported, run on the same board and night
+    ratio: float | None = None  # its median / the one as exported (below 1: the rewrites save time)
+    findings: list[str] = field(default_factory=list)  # the advisor's findings for the run, when it is pulled
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +103,7 @@ class OverviewPage:
     looked: bool
     grid: Grid
     counts: dict[str, int]
-    runs: list[RunRow]
+    runs: list[PulledRun]
 
 
 # ---------------------------------------------------------------- trends

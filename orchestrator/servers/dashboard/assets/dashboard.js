@@ -114,9 +114,46 @@ function compare(data) {
   }
 }
 
+// Filters: each `.filters` block's selects and date inputs hide the elements its `data-targets` selector names whose
+// data-<field> does not match (a select's empty value: any; a date input: from or to that day).
+function applyFilters(block) {
+  const filters = Array.from(block.querySelectorAll(".filter"));
+  const targets = Array.from(document.querySelectorAll(block.dataset.targets));
+  for (const target of targets) {
+    target.hidden = !filters.every((f) => {
+      const value = target.dataset[f.dataset.field] || "";
+      if (!f.value) return true;
+      if (f.dataset.op === "from") return value >= f.value;
+      if (f.dataset.op === "to") return value <= f.value;
+      return value === f.value;
+    });
+  }
+  // A picker whose chosen run is hidden picks the first shown one, the two sides kept apart when they can be.
+  const selects = Array.from(new Set(targets.map((t) => t.parentElement).filter((p) => p.tagName === "SELECT")));
+  for (const select of selects) {
+    const chosen = select.selectedOptions[0];
+    if (chosen && chosen.hidden) {
+      const taken = selects.filter((other) => other !== select).map((other) => other.value);
+      const shown = Array.from(select.options).filter((o) => !o.hidden);
+      const pick = shown.find((o) => !taken.includes(o.value)) || shown[0];
+      if (pick) select.value = pick.value;
+    }
+  }
+}
+
+function filters() {
+  for (const block of document.querySelectorAll(".filters")) {
+    for (const f of block.querySelectorAll(".filter")) {
+      f.addEventListener("change", () => applyFilters(block));
+      f.addEventListener("input", () => applyFilters(block));
+    }
+  }
+}
+
 const DRAW = {trend: trend, run: run, compare: compare};
 
 document.addEventListener("DOMContentLoaded", () => {
+  filters();
   const draw = DRAW[document.body.dataset.page];
   if (draw) {
     draw(pageData());

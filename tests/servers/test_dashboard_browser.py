@@ -94,12 +94,14 @@ def test_plotted_points_are_the_history_values(
     cell = dashboard_lab.cells[0]
     stored = list(reversed(lab_history.records(cell=cell)))
     watched.open(server.url + f"trend/{data.cell_key(cell)}")
-    median, p90, marked = graph(watched.page, "trend-latency")
+    median, p90, *marked = graph(watched.page, "trend-latency")
     assert median["x"] == [r.night for r in stored]
     assert median["y"] == [r.median_ms for r in stored]
     assert p90["y"] == [r.p90_ms for r in stored]
     flagged = [r for r in stored if r.verdict in ("regression", "improvement", "drift", "unconfirmed", "inconclusive")]
-    assert marked["x"] == [r.night for r in flagged] and marked["text"] == [r.verdict for r in flagged]
+    # one trace per verdict, named by it (the legend names every marker)
+    by_verdict = {trace["name"]: trace["x"] for trace in marked if trace["name"] in {r.verdict for r in flagged}}
+    assert by_verdict == {v: [r.night for r in flagged if r.verdict == v] for v in {r.verdict for r in flagged}}
     (memory,) = graph(watched.page, "trend-memory")
     assert memory["y"] == [r.peak_rss_bytes / 1e6 for r in stored]  # type: ignore[operator]
     layout = watched.page.evaluate("document.getElementById('trend-latency').layout")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.lab.history import History
 from orchestrator.results.bundle_reader import read_bundle
 from orchestrator.results.ops_record import load_ops
 from orchestrator.servers.dashboard import data
@@ -163,3 +164,31 @@ def test_compare_picker_filters_and_never_defaults_both_sides_to_one_run(
     assert page.locator("#verdict").count() == 1
     watched.check()
     screenshot(page, tmp_path, "dashboard-compare")
+
+
+def test_trend_axes_start_at_zero_and_the_legend_names_every_marker(
+    server: DashboardServer, dashboard_lab: DashboardLab, lab_history: History, watched: Watched, tmp_path: Path
+) -> None:
+    page = watched.page
+    cell = dashboard_lab.cells[0]
+    stored = lab_history.records(cell=cell)
+    watched.open(server.url + f"trend/{data.cell_key(cell)}")
+    for plot in ("trend-latency", "trend-memory"):
+        graph(page, plot)
+        low, high = page.evaluate(f"document.getElementById('{plot}')._fullLayout.yaxis.range")
+        assert low == 0 and high > 0, plot
+    # The memory axis spans its values from zero: 100–109 MB nights are not drawn as a cliff.
+    peaks = [r.peak_rss_bytes / 1e6 for r in stored if r.peak_rss_bytes]
+    assert page.evaluate("document.getElementById('trend-memory')._fullLayout.yaxis.range")[1] >= max(peaks)
+    # Every marker drawn is named in the legend: each verdict that marks a night, the program lines, the baseline.
+    legend = set(
+        page.evaluate("Array.from(document.querySelectorAll('#trend-latency .legendtext')).map(t => t.textContent)")
+    )
+    marked = {r.verdict for r in stored} & {"regression", "improvement", "drift", "unconfirmed", "inconclusive"}
+    assert marked and marked | {"median", "p90", "new program (.pte)", "baseline window"} <= legend, legend
+    # A short verdict; its detail a click away; the medians with the digits that explain a change.
+    assert page.locator("#latest-detail").count() == 1 and not page.locator("#latest-detail p").is_visible()
+    latest = max(stored, key=lambda r: r.night)
+    assert f"{latest.median_ms:.4f} ms" in page.locator("#latest-verdict").inner_text()
+    watched.check()
+    screenshot(page, tmp_path, "dashboard-trend")

@@ -34,19 +34,43 @@ function trend(data) {
     annotations.push({x: p.night, y: 1, xref: "x", yref: "paper", text: "new .pte " + (p.pte_sha256 || "").slice(0, 8),
       showarrow: false, yanchor: "bottom", font: {size: 10}});
   }
-  const marked = data.points.filter((p) => MARKED.includes(p.verdict));
+  // One trace per verdict that marks a night, so the legend names every marker; the dotted program lines and the
+  // shaded baseline window get legend entries too (drawn as shapes, named by empty traces).
+  const verdictTraces = MARKED.filter((v) => data.points.some((p) => p.verdict === v)).map((v) => {
+    const marked = data.points.filter((p) => p.verdict === v);
+    return {name: v, x: marked.map((p) => p.night), y: marked.map((p) => p.median_ms), mode: "markers", type: "scatter",
+      text: marked.map((p) => p.verdict), hovertemplate: "%{x}: %{text}, %{y:.3f} ms<extra></extra>",
+      marker: {size: 14, symbol: "diamond-open", line: {width: 3}, color: COLOURS[v]}};
+  });
+  const keys = [];
+  if (data.points.some((p) => p.new_program)) {
+    keys.push({name: "new program (.pte)", x: [null], y: [null], mode: "lines", type: "scatter",
+      line: {dash: "dot", color: "#455a64"}, hoverinfo: "skip"});
+  }
+  if (data.baseline) {
+    keys.push({name: "baseline window", x: [null], y: [null], mode: "markers", type: "scatter", hoverinfo: "skip",
+      marker: {symbol: "square", size: 14, color: "rgba(21, 101, 192, 0.15)"}});
+  }
+  const medians = data.points.map((p) => p.median_ms);
   const traces = [
-    {name: "median", x: nights, y: data.points.map((p) => p.median_ms), mode: "lines+markers", type: "scatter"},
+    {name: "median", x: nights, y: medians, mode: "lines+markers", type: "scatter",
+      hovertemplate: "%{x}: %{y:.4f} ms<extra></extra>"},
     {name: "p90", x: nights, y: data.points.map((p) => p.p90_ms), mode: "lines", type: "scatter",
       line: {dash: "dash"}},
-    {name: "verdicts", x: marked.map((p) => p.night), y: marked.map((p) => p.median_ms), mode: "markers",
-      type: "scatter", text: marked.map((p) => p.verdict), hovertemplate: "%{x}: %{text}, %{y:.3f} ms<extra></extra>",
-      marker: {size: 14, symbol: "diamond-open", line: {width: 3}, color: marked.map((p) => COLOURS[p.verdict])}},
+    ...verdictTraces, ...keys,
   ];
-  plot("trend-latency", traces, {title: {text: "latency per night"}, yaxis: {title: {text: "ms"}, rangemode: "tozero"},
+  const topOf = (values) => {
+    const known = values.filter((v) => typeof v === "number");
+    return known.length ? Math.max(...known) * 1.15 : 1;
+  };
+  // Honest axes: both from zero (a 0.04 MB change of 22.7 MB is 0.2 %, and looks it).
+  plot("trend-latency", traces, {title: {text: "latency per night"}, showlegend: true,
+    yaxis: {title: {text: "ms"}, range: [0, topOf(data.points.map((p) => p.p90_ms).concat(medians))]},
     xaxis: {type: "category"}, shapes: shapes, annotations: annotations});
-  plot("trend-memory", [{name: "peak RSS", x: nights, y: data.points.map((p) => p.peak_mb), type: "scatter",
-    mode: "lines+markers"}], {title: {text: "peak memory per night"}, yaxis: {title: {text: "MB"}, rangemode: "tozero"},
+  const peaks = data.points.map((p) => p.peak_mb);
+  plot("trend-memory", [{name: "peak RSS", x: nights, y: peaks, type: "scatter", mode: "lines+markers",
+    hovertemplate: "%{x}: %{y:.3f} MB<extra></extra>"}], {title: {text: "peak memory per night"}, showlegend: true,
+    yaxis: {title: {text: "MB"}, range: [0, topOf(peaks)]},
     xaxis: {type: "category"}, shapes: shapes.filter((s) => s.type === "rect")});
   // A language model's cell: its decode speed, the figure its median (one whole generation) stands in for.
   plot("trend-decode", [{name: "decode tokens/s", x: nights, y: data.points.map((p) => p.decode_tokens_per_s),

@@ -162,11 +162,15 @@ def overview(
 def _advised(record: RunRecord, medians: Mapping[Cell, float | None]) -> dict[str, Any]:
     """An advised program's cell (its model is the exported one's name and its rewrites, dot-joined): the model as
     exported on the same board and backend that night, and the ratio of their medians."""
-    for (board, model, backend), exported in medians.items():
-        if (board, backend) == (record.board, record.backend) and record.model.startswith(f"{model}."):
-            ratio = record.median_ms / exported if record.median_ms and exported else None
-            return {"advised_of": model, "ratio": ratio}
-    return {}
+    exported = [
+        (model, median)
+        for (board, model, backend), median in medians.items()
+        if (board, backend) == (record.board, record.backend) and record.model.startswith(f"{model}.")
+    ]
+    if not exported:
+        return {}
+    model, median = max(exported, key=lambda pair: len(pair[0]))  # the longest name: the program it rewrites
+    return {"advised_of": model, "ratio": record.median_ms / median if record.median_ms and median else None}
 
 
 def _findings(lab: Lab, run_id: str | None) -> list[str]:

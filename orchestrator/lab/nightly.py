@@ -49,6 +49,7 @@ from orchestrator.lab.history import History
 from orchestrator.lab.history_url import default_url, describe_url, problem, reach
 from orchestrator.lab.judging import confirm, judge, judge_memory
 from orchestrator.lab.matrix import NightlyConfig, load_config
+from orchestrator.lab.night_advice import advise_cell
 from orchestrator.lab.night_report import CellVerdict, NightReport, PlaceWait
 from orchestrator.lab.nightlock import night_lock
 from orchestrator.lab.report import write_reports
@@ -396,6 +397,7 @@ def _run_night(
                     programs.keep(artifact.pte, artifact.sha256, programs.holder_id(history.url))
                 except (EtlabError, OSError) as exc:
                     console.warn(f"{board.name}: {cell.model}/{cell.variant}: program not kept: {exc}")
+                advise_cell(cell, artifact, results_root)  # its findings in its bundle: the reports and pages show them
             if recorder.record(run):
                 runs[run.cell] = run
 

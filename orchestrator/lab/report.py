@@ -13,8 +13,10 @@ import io
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from orchestrator.fsutil import atomic_write_text
+from orchestrator.lab.night_advice import finding_lines
 from orchestrator.lab.night_report import NightReport, label
 from orchestrator.lab.report_rows import (
     ADVISED_KEYS,
@@ -33,16 +35,22 @@ from orchestrator.lab.run_record import RunRecord
 from orchestrator.results.verdicts import Kind
 
 
-def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: str) -> bytes:
-    """Median latency per night with the p10-p90 band; invalid and failed nights marked."""
+def trend_figure(cell: tuple[str, str, str], records: Sequence[RunRecord], night: str) -> Any:
+    """Median latency per night with the p10-p90 band, and below it, on its own axis from zero, peak memory per
+    night (a second axis beside the latency spanned only its own few kilobytes and made them look dramatic). Every
+    marker is in a legend: tonight's ring, a degraded or invalid night's cross, a failed night's dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, ax = plt.subplots(figsize=(7.5, 2.8), dpi=110)
     ok = [r for r in records if r.status == "ok" and r.latencies_ms]
+    with_memory = [(r.night, r.peak_rss_bytes) for r in ok if r.peak_rss_bytes]
+    rows = 2 if with_memory else 1
+    fig, axes = plt.subplots(rows, 1, figsize=(7.5, 2.8 + 1.6 * (rows - 1)), dpi=110, sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": [2, 1][:rows]})  # fmt: skip
+    ax = axes[0][0]
     if ok:
         xs = [r.night for r in ok]
         medians = [float(np.median(r.latencies_ms)) for r in ok]
@@ -50,29 +58,42 @@ def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: s
         high = [float(np.percentile(r.latencies_ms, 90)) for r in ok]
         ax.fill_between(xs, low, high, color="#9ecae1", alpha=0.5, label="p10–p90")
         ax.plot(xs, medians, marker="o", color="#08519c", label="median")
-        for record, x, y in zip(ok, xs, medians, strict=True):
-            if record.validity != "valid":
-                ax.plot([x], [y], marker="x", color="#e6550d", markersize=10)
-            if record.night == night:
-                ax.plot([x], [y], marker="o", color="#de2d26", markersize=9, fillstyle="none")
-    for record in records:
-        if record.status != "ok":
-            # matplotlib's stub takes only a float, but on this categorical axis a night's label is its x
-            ax.axvline(record.night, color="#de2d26", alpha=0.3, linestyle="--")  # type: ignore[arg-type]
-    with_memory = [(r.night, r.peak_rss_bytes) for r in ok if r.peak_rss_bytes]
-    if with_memory:  # peak memory per night on its own axis: a growth shows next to the latency
-        memory_ax = ax.twinx()
-        memory_ax.plot([when for when, _ in with_memory], [peak / 1e6 for _, peak in with_memory],
-                       marker="s", color="#756bb1", linestyle=":", label="peak memory")  # fmt: skip
-        memory_ax.set_ylabel("peak memory (MB)", color="#756bb1")
-        memory_ax.legend(fontsize=8, loc="upper right")
+        flagged = [(x, y) for record, x, y in zip(ok, xs, medians, strict=True) if record.validity != "valid"]
+        if flagged:
+            ax.plot(*zip(*flagged, strict=True), linestyle="none", marker="x", color="#e6550d", markersize=10,
+                    label="degraded or invalid night")  # fmt: skip
+        tonight = [(x, y) for record, x, y in zip(ok, xs, medians, strict=True) if record.night == night]
+        if tonight:
+            ax.plot(*zip(*tonight, strict=True), linestyle="none", marker="o", color="#de2d26", markersize=9,
+                    fillstyle="none", label="tonight")  # fmt: skip
+    failed = [record for record in records if record.status != "ok"]
+    for k, record in enumerate(failed):
+        # on this categorical axis a night's label is its x
+        ax.axvline(record.night, color="#de2d26", alpha=0.3, linestyle="--", label="failed night" if k == 0 else None)
     ax.set_title(label(cell), fontsize=10)
     ax.set_ylabel("latency (ms)")
+    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-    if ok:
-        ax.legend(fontsize=8, loc="upper left")
+    if ok or failed:
+        ax.legend(fontsize=7, loc="lower left", ncol=3)
+    if with_memory:
+        memory_ax = axes[1][0]
+        memory_ax.plot([when for when, _ in with_memory], [peak / 1e6 for _, peak in with_memory],
+                       marker="s", color="#756bb1", label="peak memory")  # fmt: skip
+        memory_ax.set_ylim(bottom=0, top=max(peak for _, peak in with_memory) / 1e6 * 1.15)
+        memory_ax.set_ylabel("peak MB")
+        memory_ax.grid(alpha=0.3)
+        memory_ax.legend(fontsize=7, loc="lower left")
+    axes[-1][0].tick_params(axis="x", labelrotation=30, labelsize=8)
     fig.tight_layout()
+    return fig
+
+
+def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: str) -> bytes:
+    """The trend figure as a PNG (embedded in the report as a data URI)."""
+    import matplotlib.pyplot as plt
+
+    fig = trend_figure(cell, records, night)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)
@@ -96,8 +117,31 @@ def _count(number: int, noun: str, css: str) -> str:
     return f"<span class='{css}'>{number} {noun}</span>" if number else f"{number} {noun}"
 
 
-def _reasons_html(reasons: Sequence[str]) -> str:
-    return ": " + html.escape(", ".join(reasons)) if reasons else ""
+def _details(short: str, detail: str) -> str:
+    """A short word, its detail a click away."""
+    if not detail:
+        return html.escape(short)
+    return f"<details><summary>{html.escape(short)}</summary><small>{html.escape(detail)}</small></details>"
+
+
+def _bundle_link(bundle: str | None) -> str:
+    """A recorded run's bundle: a link to its folder (file://) when the path is absolute, else the text."""
+    if not bundle:
+        return "—"
+    path = Path(bundle)
+    name = html.escape(path.name or bundle)
+    if not path.is_absolute():
+        return f"<code>{html.escape(bundle)}</code>"
+    return f"<a class='bundle' href='{html.escape(path.as_uri())}' title='{html.escape(bundle)}'>{name}</a>"
+
+
+def _findings_html(bundle: str | None) -> str:
+    """The advisor's findings for tonight's run of a cell: how many, each a click away."""
+    lines = finding_lines(bundle)
+    if not lines:
+        return "—"
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return f"<details><summary>{len(lines)} finding{'s' * (len(lines) != 1)}</summary><ul>{items}</ul></details>"
 
 
 def _html_section(title: str, table_id: str, headers: Sequence[str], rows: list[str]) -> list[str]:
@@ -123,20 +167,22 @@ def render_html(report: NightReport) -> str:
         if report.left_behind_note
         else "",
         "<h2>Tonight</h2><table id='tonight'><tr><th>board</th><th>model</th><th>backend</th><th>median ms</th>"
-        "<th>baseline ms</th><th>change</th><th>peak MB</th><th>verdict</th><th>validity</th><th>bundle</th></tr>",
+        "<th>baseline ms</th><th>change</th><th>peak MB</th><th>verdict</th><th>validity</th><th>findings</th>"
+        "<th>bundle</th></tr>",
     ]
     for item in report.verdicts:
         record = item.record
         change = item.change or "—"
         parts.append(
             f"<tr><td>{html.escape(record.board)}</td><td>{html.escape(record.model)}</td>"
-            f"<td>{html.escape(record.backend)}</td><td class='num'>{figure(record.median_ms)}</td>"
-            f"<td class='num'>{figure(item.baseline_median_ms)}</td><td class='num'>{change}</td>"
-            f"<td class='num'>{figure(peak_mb(record))}</td>"
-            f"<td class='{html.escape(item.verdict.replace(' ', '-'))}'>{html.escape(item.verdict)}"
-            f"{'<br><small>' + html.escape(item.detail) + '</small>' if item.detail else ''}</td>"
-            f"<td>{html.escape(record.validity)}{_reasons_html(record.reasons)}</td>"
-            f"<td><code>{html.escape(record.bundle_path or '—')}</code></td></tr>"
+            f"<td>{html.escape(record.backend)}</td><td class='num'>{figure(record.median_ms, digits=3)}</td>"
+            f"<td class='num'>{figure(item.baseline_median_ms, digits=3)}</td><td class='num'>{change}</td>"
+            f"<td class='num'>{figure(peak_mb(record), digits=3)}</td>"
+            f"<td class='verdict {html.escape(item.verdict.replace(' ', '-'))}'>"
+            f"{_details(item.verdict, item.detail)}</td>"
+            f"<td>{_details(record.validity, ', '.join(record.reasons))}</td>"
+            f"<td class='findings'>{_findings_html(record.bundle_path)}</td>"
+            f"<td>{_bundle_link(record.bundle_path)}</td></tr>"
         )
     parts.append("</table>")
 
@@ -243,8 +289,9 @@ def render_markdown(report: NightReport) -> str:
         r = item.record
         change = item.change or "—"
         lines.append(
-            f"| {r.board} | {r.model} | {r.backend} | {figure(r.median_ms)} | {figure(item.baseline_median_ms)} | "
-            f"{change} | {figure(peak_mb(r))} | {item.verdict} | {r.validity} |"
+            f"| {r.board} | {r.model} | {r.backend} | {figure(r.median_ms, digits=3)} | "
+            f"{figure(item.baseline_median_ms, digits=3)} | {change} | {figure(peak_mb(r), digits=3)} | "
+            f"{item.verdict} | {r.validity} |"
         )
     generation = generation_rows(report)
     if generation:

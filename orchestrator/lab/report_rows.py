@@ -12,9 +12,10 @@ def peak_mb(record: RunRecord) -> float | None:
     return record.peak_rss_bytes / 1e6 if record.peak_rss_bytes else None
 
 
-def figure(value: float | None, unit: str = "") -> str:
-    """A number for a report's cell: two decimals, thousands separated; a dash when unknown."""
-    return "—" if value is None else f"{value:,.2f}{unit}"
+def figure(value: float | None, unit: str = "", digits: int = 2) -> str:
+    """A number for a report's cell: `digits` decimals (medians: 3, enough to explain a change of a few tenths of a
+    percent), thousands separated; a dash when unknown."""
+    return "—" if value is None else f"{value:,.{digits}f}{unit}"
 
 
 def retest_text(item: CellVerdict) -> str:

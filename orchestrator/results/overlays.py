@@ -14,7 +14,8 @@ index names that `.pt2` (`exported_program`). Overlays are derived from the raw 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ from orchestrator.results.summary import Counters
 
 if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
     from orchestrator.results.counters_profile import CounterProfile
-    from orchestrator.results.profile import Profile
+    from orchestrator.results.profile import DelegateProfile, Profile
 
 
 OVERLAY_DIR = "model_explorer"
@@ -68,9 +69,43 @@ def shown(value: float) -> float:
     return value if isinstance(value, int) else float(f"{value:.{SIGNIFICANT_DIGITS}g}")
 
 
-def graph_node_data(name: str, values: Mapping[str, float], gradient: list[dict[str, Any]]) -> dict[str, Any]:
-    results = {node: {"value": shown(value)} for node, value in values.items()}
+def graph_node_data(
+    name: str,
+    values: Mapping[str, float],
+    gradient: list[dict[str, Any]],
+    scale: tuple[float, float] | None = None,
+) -> dict[str, Any]:
+    """One graph's node data. Model Explorer colours a node by where its value sits between the graph's smallest and
+    largest: a graph whose values are all one (a one-node delegate: the LM head's Fully Connected) has no range and
+    stays unpainted, so its nodes get their colour here, on `scale` (the run's range over every graph)."""
+    results: dict[str, dict[str, Any]] = {node: {"value": shown(value)} for node, value in values.items()}
+    numbers = {value for value in values.values() if isinstance(value, int | float)}
+    if len(numbers) == 1:
+        low, high = scale if scale is not None else (0.0, max(numbers))
+        for result in results.values():
+            result["bgColor"] = gradient_color(result["value"], low, high, gradient)
     return {"name": name, "results": results, "gradient": gradient}
+
+
+def gradient_color(value: float, low: float, high: float, gradient: list[dict[str, Any]]) -> str:
+    """The colour Model Explorer's gradient gives `value` on the range low..high (the first stop when there is none)."""
+    where = 0.0 if high <= low else max(0.0, min(1.0, (value - low) / (high - low)))
+    stops = sorted(gradient, key=lambda stop: float(stop["stop"]))
+    for left, right in itertools.pairwise(stops):
+        if where <= float(right["stop"]):
+            span = float(right["stop"]) - float(left["stop"])
+            t = 0.0 if span <= 0 else (where - float(left["stop"])) / span
+            ends = [str(stop["bgColor"]) for stop in (left, right)]
+            a, b = ([int(end[i : i + 2], 16) for i in (1, 3, 5)] for end in ends)
+            return "#{:02x}{:02x}{:02x}".format(*(round(x + (y - x) * t) for x, y in zip(a, b, strict=True)))
+    return str(stops[-1]["bgColor"])
+
+
+def timing_document(name: str, graphs: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
+    """A timing overlay: every graph on the green-yellow-red gradient, a graph of one value on the run's range."""
+    numbers = [value for values in graphs.values() for value in values.values()]
+    scale = (min(numbers), max(numbers)) if numbers else None
+    return {graph_id: graph_node_data(name, values, GREEN_YELLOW_RED, scale) for graph_id, values in graphs.items()}
 
 
 def _metric_value(dist: Any, pct: float | None, metric: str) -> float | None:
@@ -157,18 +192,18 @@ def write_overlays(
     for phase, phase_profile in (phases or {}).items():
         timed += [(f"{phase}_{metric}", phase_profile, metric, f"{phase}: {metric} ({run_id})") for metric in METRICS]
     exported: dict[str, str] = {}  # overlay name -> file, on the .pt2's graph
+    # Each profile's .pt2 groups, made once (they are the same for every metric, the notes and painted_pct).
+    profiles = (profile, *(phases or {}).values()) if profile.exported_program is not None else ()
+    groups = {id(p): exported_groups(p) for p in profiles}
     for overlay, metric_profile, metric, label in timed:
-        document = {
-            graph_id: graph_node_data(label, values, GREEN_YELLOW_RED)
-            for graph_id, values in overlay_values(metric_profile, metric).items()
-        }
+        document = timing_document(label, overlay_values(metric_profile, metric))
         path = overlay_path(bundle_dir, overlay)
         atomic_write_json(path, document, durable=False, indent=None)
         written.append(path)
         if overlay not in METRICS:
             extra[overlay] = path.name
         if profile.exported_program is not None:
-            values = exported_values(exported_groups(metric_profile), metric)
+            values = exported_values(groups[id(metric_profile)], metric)
             path = overlay_path(bundle_dir, EXPORTED_PREFIX + overlay)
             document = {
                 EXPORTED_GRAPH: graph_node_data(f"{label} on {profile.exported_program}", values, GREEN_YELLOW_RED)
@@ -178,7 +213,7 @@ def write_overlays(
             exported[overlay] = path.name
     if profile.exported_program is not None:
         path = overlay_path(bundle_dir, EXPORTED_PREFIX + LOWERING)
-        notes = lowering_notes(profile, exported_groups(profile))
+        notes = lowering_notes(profile, groups[id(profile)])
         name = f"lowering: split or fused nodes ({run_id})"
         document = {EXPORTED_GRAPH: {"name": name, "results": {node: {"value": note} for node, note in notes.items()}}}
         atomic_write_json(path, document, durable=False, indent=None)
@@ -200,7 +235,9 @@ def write_overlays(
         "metrics": {metric: overlay_path(bundle_dir, metric).name for metric in METRICS} | extra,
         "live_bytes": {"file": extra[LIVE_BYTES], "measures": LIVE_BYTES_MEANS} if LIVE_BYTES in extra else None,
         "counters": _counters_index(counters, counters_summary),
-        "delegate_graphs": [d.graph_id for d in profile.delegates if d.status == "placed"],
+        # by cost, the costliest first (Model Explorer's own list is in program order, with node counts)
+        "delegate_graphs": [d.graph_id for d in by_cost(profile.delegates) if d.status == "placed"],
+        "delegates": [_delegate_entry(d) for d in by_cost(profile.delegates)],
         "exported_program": (
             {
                 "file": profile.exported_program,
@@ -208,7 +245,7 @@ def write_overlays(
                 "overlays": exported,
                 # of the method's time, the share on .pt2 nodes (each group once): a delegate call's own time, beyond
                 # its nodes' events, lands on none
-                "painted_pct": sum(group.total("pct") or 0.0 for group in exported_groups(profile)),
+                "painted_pct": sum(group.total("pct") or 0.0 for group in groups[id(profile)]),
             }
             if profile.exported_program is not None
             else None
@@ -220,6 +257,18 @@ def write_overlays(
     atomic_write_json(index_path, index, durable=False)
     written.append(index_path)
     return written
+
+
+def by_cost(delegates: Sequence[DelegateProfile]) -> list[DelegateProfile]:
+    """Delegate calls by their median time, the costliest first (program order among equals)."""
+    return sorted(delegates, key=lambda d: -(d.call.median if d.call else 0.0))
+
+
+def _delegate_entry(delegate: DelegateProfile) -> dict[str, Any]:
+    call = delegate.call
+    nodes = len(delegate.node_types) or len(delegate.nodes)
+    return {"graph": delegate.graph_id, "node_id": delegate.node_id, "median_ms": call.median if call else None,
+            "nodes": nodes, "placed": delegate.status == "placed"}  # fmt: skip
 
 
 def _counters_index(counters: CounterProfile | None, summary: Counters | None) -> dict[str, Any] | None:

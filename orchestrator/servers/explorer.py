@@ -25,6 +25,7 @@ import time
 import urllib.error
 import urllib.request
 import webbrowser
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,8 @@ class ExplorerHandle:
     log_path: Path
     config: dict[str, Any] = field(default_factory=dict, repr=False)
     focus: str | None = None  # the .pte whose graphs the overlays paint
+    short_url: str | None = None  # http://127.0.0.1:8081/run/<run-id>: redirects to `url` (printed instead of it)
+    delegates: list[ShortLink] = field(default_factory=list)  # the run's delegate graphs, the costliest first
     _workdir: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     def url_for(self, graph: str, model: str | None = None) -> str:
@@ -114,6 +117,21 @@ class ExplorerHandle:
                 return 130
             finally:
                 self.stop()
+
+
+@dataclass(frozen=True)
+class ShortLink:
+    """A delegate graph of the run, its cost, and the short URL that opens it."""
+
+    graph: str
+    median_ms: float | None
+    nodes: int
+    url: str
+
+    @property
+    def line(self) -> str:
+        cost = "–" if self.median_ms is None else f"{self.median_ms:.4g} ms"
+        return f"{self.graph.rpartition('::')[2]}  {cost}  ({self.nodes} node{'s' * (self.nodes != 1)})  {self.url}"
 
 
 def _signal_group(pid: int, signum: int) -> None:
@@ -195,6 +213,48 @@ def overlay_target(overlay: Path) -> str | None:
             return _model_file(exported.get("file"), ".pt2") if isinstance(exported, dict) else None
         return _model_file(document.get("pte"), ".pte")
     return None
+
+
+def overlay_index(overlays: list[Path], pte: str | None) -> dict[str, Any]:
+    """The overlays.json index of the run whose overlays paint `pte` ({} when none is readable)."""
+    for folder in dict.fromkeys(Path(overlay).parent for overlay in overlays):
+        with contextlib.suppress(OSError, ValueError, RecursionError):
+            document = read_json(folder / INDEX_NAME)
+            if isinstance(document, dict) and pte is not None and document.get("pte") == pte:
+                return document
+    return {}
+
+
+SHORT_ROUTE = "run"  # http://127.0.0.1:<port>/run/<run-id>[/delegate/<node id>]
+
+
+def short_routes(
+    host: str, port: int, config: dict[str, Any], focus: str | None, index: dict[str, Any], url: str
+) -> tuple[dict[str, str], str | None, list[ShortLink]]:
+    """The short local URLs of a run's Model Explorer (route -> the page's own path and query, which the guard
+    redirects to): the run's, and one per delegate graph by cost; the run's short URL and the delegates' links."""
+    run_id = index.get("run_id")
+    if not isinstance(run_id, str) or not run_id or "/" in run_id:
+        return {}, None, []
+    shown_host = f"[{host}]" if ":" in host else host
+    base = f"/{SHORT_ROUTE}/{quote(run_id, safe='')}"
+    routes = {base: url.partition(f":{port}")[2]}
+    links = []
+    for entry in index.get("delegates") or []:
+        if not isinstance(entry, dict) or not entry.get("placed") or not isinstance(entry.get("graph"), str):
+            continue
+        route = f"{base}/delegate/{quote(str(entry.get('node_id')), safe='')}"
+        routes[route] = explorer_url(host, port, config, focus, graph=entry["graph"]).partition(f":{port}")[2]
+        cost, nodes = entry.get("median_ms"), entry.get("nodes")
+        links.append(
+            ShortLink(
+                entry["graph"],
+                cost if isinstance(cost, int | float) else None,
+                nodes if isinstance(nodes, int) else 0,
+                f"http://{shown_host}:{port}{route}",
+            )
+        )
+    return routes, f"http://{shown_host}:{port}{base}", links
 
 
 def _collection_labels(model_file: str) -> list[str]:
@@ -303,13 +363,15 @@ def launch_explorer(
     models = sorted(models, key=lambda m: (m.name != focus, m.suffix != ".pte"))
     config = build_config(models, overlays)
     url = explorer_url(host, port, config, focus)
+    redirects, short_url, delegates = short_routes(host, port, config, focus, overlay_index(overlays, focus), url)
 
     guard = interrupts.sigterm_interrupts() if block else contextlib.nullcontext()
     with guard:
-        handle = _spawn(host, port, config, url, focus)
+        handle = _spawn(host, port, {**config, "redirects": redirects}, url, focus)
+        handle.short_url, handle.delegates = short_url, delegates
         try:
             _wait_healthy(handle, health_timeout)
-            _announce(url, host, port)
+            _announce(short_url or url, host, port, delegates)
             exported = handle.exported_model
             if exported is not None:
                 console.info(f"the run is painted on {exported} too, layers as the model's modules: pick it at the top")
@@ -348,9 +410,13 @@ def _spawn(host: str, port: int, config: dict[str, Any], url: str, focus: str | 
     return ExplorerHandle(url, host, port, process, log_path, config, focus, _workdir=workdir)
 
 
-def _announce(url: str, host: str, port: int) -> None:
+def _announce(url: str, host: str, port: int, delegates: Sequence[ShortLink] = ()) -> None:
     console.info("Model Explorer is ready:")
     console.plain(url)  # one unbroken line, for copy and paste
+    if delegates:
+        console.info("the run's delegates, the costliest first (median per call):")
+        for link in delegates[:8]:
+            console.plain(f"  {link.line}")
     ssh = os.environ.get("SSH_CONNECTION", "").split()
     if ssh and is_loopback(host):
         user = os.environ.get("USER") or "user"
@@ -365,7 +431,7 @@ def _serve(config_path: Path, parent: int | None = None) -> None:
     import model_explorer
 
     config = json.loads(Path(config_path).read_text())
-    guard_server(config["port"], config["host"], ServedFiles.from_config(config))
+    guard_server(config["port"], config["host"], ServedFiles.from_config(config), config.get("redirects") or {})
     if any(str(model["url"]).endswith(".pt2") for model in config["models"]):
         # a text-generation .pt2 calls etlab's operators: torch.export.load knows them only once imported
         import orchestrator.lowering.attention.ops  # noqa: F401

@@ -179,18 +179,29 @@ class LocalOnly:
     anything but this server's own page asking for the files it was started with (see the module's docstring)."""
 
     def __init__(
-        self, app: WsgiApp, port: int, bind_host: str = DEFAULT_HOST, files: ServedFiles | None = None
+        self,
+        app: WsgiApp,
+        port: int,
+        bind_host: str = DEFAULT_HOST,
+        files: ServedFiles | None = None,
+        redirects: dict[str, str] | None = None,
     ) -> None:
         self.app = app
         self.port = port
         self.bind_host = bind_host
         self.files = files or ServedFiles()
+        self.redirects = dict(redirects or {})  # short route -> the page's path and query (etlab's, never a request's)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         reason = self.refusal(environ)
-        if reason is None:
-            return self.app(environ, start_response)
-        return refuse(environ, start_response, reason, FORBIDDEN)
+        if reason is not None:
+            return refuse(environ, start_response, reason, FORBIDDEN)
+        target = self.redirects.get(str(environ.get("PATH_INFO", "")).rstrip("/"))
+        if target is not None and environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+            # A short URL (/run/<run-id>): the page's own long one, on this server (a relative Location).
+            start_response("302 Found", [("Location", target), ("Content-Length", "0"), ("Cache-Control", "no-store")])
+            return [b""]
+        return self.app(environ, start_response)
 
     def refusal(self, environ: dict[str, Any]) -> str | None:
         """Why a request is refused, or None to serve it. A served API request is rewritten to carry exactly what
@@ -266,7 +277,7 @@ def _request_body(environ: dict[str, Any]) -> bytes | None:
     return body if len(body) <= MAX_COMMAND_BYTES else None
 
 
-def guard_server(port: int, bind_host: str, files: ServedFiles) -> None:
+def guard_server(port: int, bind_host: str, files: ServedFiles, redirects: dict[str, str] | None = None) -> None:
     """Child process: every app werkzeug serves here (Flask's `app.run` calls `run_simple`) goes behind
     LocalOnly. Upstream builds its app inside `server.start`, so this is the one place to wrap it."""
     import werkzeug.serving
@@ -274,7 +285,7 @@ def guard_server(port: int, bind_host: str, files: ServedFiles) -> None:
     serve = werkzeug.serving.run_simple
 
     def guarded(hostname: str, port_: int, application: WsgiApp, *args: Any, **kwargs: Any) -> None:
-        serve(hostname, port_, LocalOnly(application, port, bind_host, files), *args, **kwargs)
+        serve(hostname, port_, LocalOnly(application, port, bind_host, files, redirects), *args, **kwargs)
 
     werkzeug.serving.run_simple = guarded  # type: ignore[assignment]
 

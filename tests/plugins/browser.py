@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,3 +47,15 @@ def browser_page(chromium: Any) -> Iterator[Any]:
         yield page
     finally:
         page.close()
+
+
+def screenshot(page: Any, folder: Path, name: str, *, full_page: bool = True) -> Path:
+    """A screenshot of `page` as `<name>.png` in `folder` (the test's tmp dir), copied into $ETLAB_SCREENSHOTS when
+    it names a folder, so whoever reviews a change can look at the pages the tests drew."""
+    path = Path(folder) / f"{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    shots = os.environ.get("ETLAB_SCREENSHOTS")
+    if shots:
+        Path(shots).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, Path(shots) / path.name)
+    return path

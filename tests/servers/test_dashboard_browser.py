@@ -94,12 +94,14 @@ def test_plotted_points_are_the_history_values(
     cell = dashboard_lab.cells[0]
     stored = list(reversed(lab_history.records(cell=cell)))
     watched.open(server.url + f"trend/{data.cell_key(cell)}")
-    median, p90, marked = graph(watched.page, "trend-latency")
+    median, p90, *marked = graph(watched.page, "trend-latency")
     assert median["x"] == [r.night for r in stored]
     assert median["y"] == [r.median_ms for r in stored]
     assert p90["y"] == [r.p90_ms for r in stored]
     flagged = [r for r in stored if r.verdict in ("regression", "improvement", "drift", "unconfirmed", "inconclusive")]
-    assert marked["x"] == [r.night for r in flagged] and marked["text"] == [r.verdict for r in flagged]
+    # one trace per verdict, named by it (the legend names every marker)
+    by_verdict = {trace["name"]: trace["x"] for trace in marked if trace["name"] in {r.verdict for r in flagged}}
+    assert by_verdict == {v: [r.night for r in flagged if r.verdict == v] for v in {r.verdict for r in flagged}}
     (memory,) = graph(watched.page, "trend-memory")
     assert memory["y"] == [r.peak_rss_bytes / 1e6 for r in stored]  # type: ignore[operator]
     layout = watched.page.evaluate("document.getElementById('trend-latency').layout")
@@ -125,10 +127,10 @@ def test_links_from_the_overview_to_a_run_a_compare_and_model_explorer(
     page.locator("#trend-table a.run-link", has_text="2026-11-10").click()
     page.wait_for_url(f"**/run/{RUN_IDS['distilbert_b']}")
     watched.check()
-    # The histogram holds every iteration the board timed, warm-up apart.
+    # Every iteration the board ran, in order: the warm-up first, then the timed ones.
     timings = read_bundle(dashboard_lab.runs["distilbert_b"]).timings
     timed, warmup = graph(page, "run-latency")
-    assert timed["x"] == timings["iterations_ms"] and warmup["x"] == timings["warmup_ms"]
+    assert timed["y"] == timings["iterations_ms"] and warmup["y"] == timings["warmup_ms"]
     assert page.locator("#operators table tbody tr").count() > 0
     page.screenshot(path=str(SCREENSHOTS / "dashboard-run.png"), full_page=True)
     page.locator("#compare-previous").click()

@@ -146,4 +146,4 @@ def test_the_page_of_a_run_not_analysed_loads_in_chromium(server: DashboardServe
     assert response.status == 200 and not problems, problems
     assert browser_page.locator("#not-analysed code").inner_text() == f"fab analyze --run {NOT_ANALYSED}"
     # The board's iterations are plotted from the page's JSON block.
-    assert browser_page.evaluate("document.getElementById('run-latency').data[0].x.length") > 0
+    assert browser_page.evaluate("document.getElementById('run-latency').data[0].y.length") > 0

@@ -32,7 +32,7 @@ from orchestrator.servers.explorer import (
 )
 from orchestrator.servers.guard import is_loopback
 from tests.plugins.analysis import BundleCase, adapter_graphs
-from tests.plugins.browser import SCREENSHOTS
+from tests.plugins.browser import SCREENSHOTS, screenshot
 from tests.plugins.explorer import REFUSED, free_port, get, guard_log, models_and_overlays, post_json, url_data
 from tests.plugins.processes import reaped
 
@@ -84,7 +84,7 @@ def test_url_preloads_the_program_overlays_and_expanded_layer(server: ExplorerHa
 
 
 def test_page_renders_the_graph_with_its_overlays(
-    server: ExplorerHandle, explored: BundleCase, browser_page: Any
+    server: ExplorerHandle, explored: BundleCase, browser_page: Any, tmp_path: Path
 ) -> None:
     run_id = json.loads((explored.path / "analysis" / "summary.json").read_text())["run_id"]
     graphs = adapter_graphs(explored.model.pte)
@@ -120,6 +120,7 @@ def test_page_renders_the_graph_with_its_overlays(
         assert (graph == "graph") == (f"pct ({run_id}) on {exported}" in text), "the .pt2's own overlays, there only"
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
         assert (ARTIFACTS / f"{name}.png").stat().st_size > 10_000
+        screenshot(page, tmp_path, name, full_page=False)
     assert f"{explored.model.pte.name} (delegates)" in text and delegate in text
     assert REFUSED not in guard_log(server, start), "the UI's own requests (same-origin) are all served"
 
@@ -283,3 +284,40 @@ def test_ssh_sessions_get_a_tunnel_hint(
 def test_overlay_index_from_a_bundle_is_untrusted(tmp_path: Path, index: str, expected: str | None) -> None:
     (tmp_path / "overlays.json").write_text(index)
     assert overlay_target(tmp_path / "me_overlay_median_ms.json") == expected
+
+
+def test_short_url_opens_the_run_and_its_delegates_by_cost_and_a_one_node_delegate_is_painted(
+    server: ExplorerHandle, explored: BundleCase, browser_page: Any, tmp_path: Path
+) -> None:
+    index = json.loads((explored.path / "model_explorer" / "overlays.json").read_text())
+    run_id = index["run_id"]
+    # The short local URL is the one printed; it redirects to Model Explorer's long one.
+    assert server.short_url == f"http://127.0.0.1:{server.port}/run/{run_id}"
+    assert len(server.short_url) < 80 < 1000 < len(server.url)
+    page = browser_page
+    response = page.goto(server.short_url)
+    assert response.url == server.url and response.request.redirected_from.url == server.short_url
+    # The delegates by cost (their calls' medians), the costliest first, each with its own short URL.
+    costs = [d.median_ms for d in server.delegates]
+    assert len(costs) > 2 and costs == sorted(costs, reverse=True)
+    assert [d["median_ms"] for d in index["delegates"] if d["placed"]] == costs
+    assert index["delegate_graphs"] == [d.graph for d in server.delegates]
+    one = next(d for d in server.delegates if d.nodes == 1)
+    assert page.goto(one.url).url == server.url_for(one.graph)
+    page.wait_for_selector("canvas", timeout=90_000)
+    shown = "text => document.body.innerText.includes(text)"
+    page.wait_for_function(shown, arg=f"median_ms ({run_id})", timeout=60_000)
+    # Model Explorer's node-data table: the one node's row, a cell per overlay, each with the colour it is painted
+    # (a graph of one value has no range for the gradient: unpainted until etlab gives it its colour).
+    # The last table holding values is "Node data" (above it: the aggregated and the root-level stats).
+    cells = (
+        "() => Array.from(document.querySelectorAll('table')).filter(t => t.querySelector('td.value-col'))"
+        ".slice(-1).flatMap(t => Array.from(t.querySelectorAll('tr')))"
+        ".filter(tr => tr.innerText.includes('XNNFullyConnected'))"
+        ".flatMap(tr => Array.from(tr.querySelectorAll('td.value-col')))"
+        ".map(td => getComputedStyle(td).backgroundColor)"
+    )
+    page.wait_for_function(f"({cells})().length >= 3", timeout=60_000)
+    colours = page.evaluate(cells)
+    assert colours and all(colour not in ("rgba(0, 0, 0, 0)", "transparent") for colour in colours), colours
+    screenshot(page, tmp_path, "explore-one-node-delegate")

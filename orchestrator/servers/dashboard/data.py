@@ -47,8 +47,10 @@ from orchestrator.servers.dashboard.records import (
     MissingCounter,
     NightSpan,
     OperatorRow,
+    OperatorType,
     OverviewPage,
     PhaseTime,
+    PulledRun,
     Reason,
     RunPage,
     RunRow,
@@ -59,6 +61,7 @@ from orchestrator.servers.dashboard.records import (
     ValidityView,
 )
 from orchestrator.servers.dashboard.where import NO_MODULES, TOP_OPERATORS, module_deltas, module_times, operator_rows
+from orchestrator.servers.dashboard.words import conditions_in_words
 
 # The grid's colours, by verdict: one legend for the overview, the trends and the compare page.
 VERDICT_ORDER = (
@@ -119,8 +122,11 @@ def overview(
     night = lab.history.latest_night() if lab.history else None
     records = lab.history.records(night=night) if lab.history and night else []
     local = {run.run_id for run in lab.runs()}
+    medians = {r.cell: r.median_ms for r in records}
     cells = [
         GridCell(
+            **_advised(r, medians),
+            findings=_findings(lab, r.run_id) if r.run_id in local else [],
             board=r.board,
             model=r.model,
             backend=r.backend,
@@ -149,12 +155,59 @@ def overview(
         counts={
             v: sum(1 for c in cells if c.verdict == v) for v in VERDICT_ORDER if any(c.verdict == v for c in cells)
         },
-        runs=[_run_row(run) for run in reversed(lab.runs()[-50:])],
+        runs=pulled_runs(lab, 50),
     )
+
+
+def _advised(record: RunRecord, medians: Mapping[Cell, float | None]) -> dict[str, Any]:
+    """An advised program's cell (its model is the exported one's name and its rewrites, dot-joined): the model as
+    exported on the same board and backend that night, and the ratio of their medians."""
+    exported = [
+        (model, median)
+        for (board, model, backend), median in medians.items()
+        if (board, backend) == (record.board, record.backend) and record.model.startswith(f"{model}.")
+    ]
+    if not exported:
+        return {}
+    model, median = max(exported, key=lambda pair: len(pair[0]))  # the longest name: the program it rewrites
+    return {"advised_of": model, "ratio": record.median_ms / median if record.median_ms and median else None}
+
+
+def _findings(lab: Lab, run_id: str | None) -> list[str]:
+    """The advisor's findings for a pulled run, one line each (none when it has no advice.json or a damaged one)."""
+    if run_id is None or not lab.has_run(run_id):
+        return []
+    rows, _ = _advice(lab.find(run_id).path)
+    return [f"{row.id} {row.title}" + (f" (saves ~{row.saving_ms:.3f} ms)" if row.saving_ms else "") for row in rows]
 
 
 def _run_row(run: LocalRun) -> RunRow:
     return RunRow(run_id=run.run_id, board=run.board, model=run.model, backend=run.backend)
+
+
+def pulled_runs(lab: Lab, limit: int | None = None) -> list[PulledRun]:
+    """The pulled runs, newest first, with their date, median, validity and night (the last `limit` of them)."""
+    nights = {r.run_id: r.night for r in lab.history.records()} if lab.history else {}
+    chosen = lab.runs()[-limit:] if limit else lab.runs()
+    rows = []
+    for run in reversed(chosen):
+        try:
+            summary: RunSummary | None = load_summary(run.path)
+        except AnalysisError:
+            summary = None
+        warm = summary.latency.warm if summary else None
+        stamp = run.run_id.split("-", 1)[0]
+        date = f"{stamp[:4]}-{stamp[4:6]}-{stamp[6:8]}" if len(stamp) >= 8 and stamp[:8].isdigit() else ""
+        rows.append(
+            PulledRun(
+                **vars(_run_row(run)),
+                date=date,
+                median_ms=warm.median_ms if warm else None,
+                validity=summary.validity.status if summary else None,
+                night=nights.get(run.run_id),
+            )
+        )
+    return rows
 
 
 def board_rows(
@@ -324,7 +377,7 @@ def run_page(lab: Lab, run_id: str) -> RunPage:
     if summary is None:
         return page
     latency = summary.latency
-    operators, groups, operators_problem, split = _operators(run.path)
+    operators, groups, types, operators_problem, split = _operators(run.path)
     return dataclasses.replace(
         page,
         status=summary.status,
@@ -346,6 +399,7 @@ def run_page(lab: Lab, run_id: str) -> RunPage:
             reasons=[Reason(level=r.level, reason=r.reason) for r in summary.validity.reasons],
         ),
         conditions=summary.board_conditions,
+        conditions_said=conditions_in_words(summary.board_conditions),
         correctness=to_data(summary.correctness),
         accuracy=to_data(summary.accuracy),
         generation=_generation(summary),
@@ -356,19 +410,22 @@ def run_page(lab: Lab, run_id: str) -> RunPage:
         operators_problem=operators_problem,
         split=split,
         delegate_groups=groups,
+        operator_types=types,
         modules=module_times(summary.modules) if summary.modules is not None else [],
         modules_note=None if summary.modules is not None else NO_MODULES,
     )
 
 
-def _operators(run_dir: Path) -> tuple[list[OperatorRow], list[DelegateGroup], str | None, Split | None]:
+def _operators(
+    run_dir: Path,
+) -> tuple[list[OperatorRow], list[DelegateGroup], list[OperatorType], str | None, Split | None]:
     """Top operators (the XNNPACK nodes inside delegates among them, where.py) with their share of the method, the
     delegate calls they run in, and the delegated / non-delegated split (or why none)."""
     try:
         ops = load_ops(run_dir)
     except AnalysisError as exc:
-        return [], [], str(exc), None
-    operators, groups = operator_rows(ops, TOP_OPERATORS)
+        return [], [], [], str(exc), None
+    operators, groups, types = operator_rows(ops, TOP_OPERATORS)
     delegated = ops.delegated_ms
     kernels = sum(i.mean_ms for i in ops.kernel_calls())
     split = Split(
@@ -376,7 +433,7 @@ def _operators(run_dir: Path) -> tuple[list[OperatorRow], list[DelegateGroup], s
         non_delegated_ms=kernels,
         other_ms=max(0.0, ops.method_mean_ms - delegated - kernels),
     )
-    return operators, groups, None, split
+    return operators, groups, types, None, split
 
 
 def _generation(summary: RunSummary) -> GenerationView | None:

@@ -126,6 +126,11 @@ class Site:
         """The history's cells by key (read once: a static export makes a trend page per cell)."""
         return {data.cell_key(cell): cell for cell in data.cells(self.lab)}
 
+    @functools.cached_property
+    def picker(self) -> dict[str, Any]:
+        """The compare form's runs and default pair (made once: a static export renders many comparisons)."""
+        return _picker(self)
+
 
 @dataclass(frozen=True)
 class Page:
@@ -179,6 +184,27 @@ def _compare(site: Site, run_a: str | None = None, run_b: str | None = None) -> 
     return data.compare_page(site.lab, run_a, run_b)
 
 
+PICKER_RUNS = 500  # the newest pulled runs the compare picker offers
+
+
+def _picker(site: Site) -> dict[str, Any]:
+    """The compare form's runs (newest first, each with what its filters select by) and the pair it shows when none
+    is asked for: the newest run, and the run before it of its own cell (else the next newest): never one run twice."""
+    runs = data.pulled_runs(site.lab, PICKER_RUNS)
+    newest = runs[0] if runs else None
+    same = [
+        r for r in runs[1:] if newest and (r.board, r.model, r.backend) == (newest.board, newest.model, newest.backend)
+    ]
+    before = same[0] if same else (runs[1] if len(runs) > 1 else None)
+    facets = {field: sorted({getattr(r, field) for r in runs}) for field in ("board", "model", "backend")}
+    return {
+        "runs": runs,
+        "facets": facets,
+        "default_a": before.run_id if before else None,
+        "default_b": newest.run_id if newest else None,
+    }
+
+
 def _compare_title(found: ComparePage) -> str:
     if found.a is None or found.b is None:
         return "compare two runs"
@@ -206,7 +232,7 @@ PAGES: dict[str, Page] = {
     ),
     "compare": Page(
         "compare", ("a", "b"), _compare, "compare.html", _compare_title, exported=_exported_pairs, query=True,
-        context=lambda site: {"run_ids": [run.run_id for run in reversed(site.lab.runs())]},
+        context=lambda site: site.picker,
     ),
 }  # fmt: skip
 

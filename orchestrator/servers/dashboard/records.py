@@ -23,6 +23,16 @@ class RunRow:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PulledRun(RunRow):
+    """A pulled run as the overview lists it and the compare picker offers it: what tells it apart from the others."""
+
+    date: str  # from its run id (run ids start with their UTC time: 20261110T020000Z-...)
+    median_ms: float | None
+    validity: str | None  # None: not analysed (or unreadable)
+    night: str | None  # the nightly night that recorded it, if any
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProblemPage:
     """A page that could not be made from its data: the file and the field named."""
 
@@ -44,6 +54,9 @@ class GridCell:
     run_id: str | None
     has_run: bool
     detail: str
+    advised_of: str | None = None  # an advised program's model as exported, run on the same board and night
+    ratio: float | None = None  # its median / the one as exported (below 1: the rewrites save time)
+    findings: list[str] = field(default_factory=list)  # the advisor's findings for the run, when it is pulled
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +103,7 @@ class OverviewPage:
     looked: bool
     grid: Grid
     counts: dict[str, int]
-    runs: list[RunRow]
+    runs: list[PulledRun]
 
 
 # ---------------------------------------------------------------- trends
@@ -178,6 +191,18 @@ class OperatorRow:
     source: str | None = None  # "modeling_distilbert.py:182 in forward"
     inside: str | None = None  # an XNNPACK node's: the delegate call it runs in
     shape: str | None = None  # an XNNPACK node's output dims: "1×128×768"
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorType:
+    """Every row of one operator summed: "aten::where ×4 = 49 %"."""
+
+    op: str
+    kind: str
+    count: int
+    mean_ms: float
+    median_ms: float  # the sum of its rows' medians
+    share: float  # % of the method's mean
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,6 +324,7 @@ class RunPage:
     threads: int | None = None
     validity: ValidityView | None = None
     conditions: dict[str, Any] = field(default_factory=dict)
+    conditions_said: list[str] = field(default_factory=list)  # the board's conditions in words
     correctness: dict[str, Any] | None = None
     accuracy: dict[str, Any] | None = None
     generation: GenerationView | None = None
@@ -309,6 +335,7 @@ class RunPage:
     operators_problem: str | None = None
     split: Split | None = None
     delegate_groups: list[DelegateGroup] = field(default_factory=list)
+    operator_types: list[OperatorType] = field(default_factory=list)
     modules: list[ModuleTime] = field(default_factory=list)
     modules_note: str | None = None  # why there is no time by module (an analysis from before source maps)
 

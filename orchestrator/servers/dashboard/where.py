@@ -8,7 +8,7 @@ from __future__ import annotations
 from orchestrator.results.modules import ModuleTree
 from orchestrator.results.ops_record import DELEGATE_CALL, OpsRecord
 from orchestrator.results.summary import RunSummary
-from orchestrator.servers.dashboard.records import DelegateGroup, ModuleDelta, ModuleTime, OperatorRow
+from orchestrator.servers.dashboard.records import DelegateGroup, ModuleDelta, ModuleTime, OperatorRow, OperatorType
 
 TOP_OPERATORS = 12
 NO_MODULES = (
@@ -17,9 +17,12 @@ NO_MODULES = (
 )
 
 
-def operator_rows(ops: OpsRecord, limit: int = TOP_OPERATORS) -> tuple[list[OperatorRow], list[DelegateGroup]]:
+def operator_rows(
+    ops: OpsRecord, limit: int = TOP_OPERATORS
+) -> tuple[list[OperatorRow], list[DelegateGroup], list[OperatorType]]:
     """The slowest rows, kernel calls and the XNNPACK nodes inside delegate calls ranked together by time; a delegate
-    call whose events were placed on nodes is a group (its total) rather than a row, one without stays a row."""
+    call whose events were placed on nodes is a group (its total) rather than a row, one without stays a row. And
+    every row summed by operator type (TensorBoard's op-type view: "aten::where ×4 = 49 %")."""
     total = ops.method_mean_ms or 1.0
     rows: list[OperatorRow] = []
     groups: list[DelegateGroup] = []
@@ -45,7 +48,21 @@ def operator_rows(ops: OpsRecord, limit: int = TOP_OPERATORS) -> tuple[list[Oper
             )  # fmt: skip
     rows.sort(key=lambda row: -row.mean_ms)
     groups.sort(key=lambda group: -group.mean_ms)
-    return rows[:limit], groups
+    return rows[:limit], groups, operator_types(rows, total)[:limit]
+
+
+def operator_types(rows: list[OperatorRow], total: float) -> list[OperatorType]:
+    """Rows summed by operator (a kernel's `aten::addmm`, an XNNPACK node's `XNNFullyConnected`), costliest first."""
+    by_type: dict[tuple[str, str], list[OperatorRow]] = {}
+    for row in rows:
+        by_type.setdefault((row.op, "XNNPACK node" if row.inside else row.kind), []).append(row)
+    types = [
+        OperatorType(op=op, kind=kind, count=len(members), mean_ms=sum(r.mean_ms for r in members),
+                     median_ms=sum(r.median_ms or 0.0 for r in members),
+                     share=sum(r.mean_ms for r in members) / total * 100)
+        for (op, kind), members in by_type.items()
+    ]  # fmt: skip
+    return sorted(types, key=lambda t: -t.mean_ms)
 
 
 def module_times(tree: ModuleTree) -> list[ModuleTime]:

@@ -34,19 +34,43 @@ function trend(data) {
     annotations.push({x: p.night, y: 1, xref: "x", yref: "paper", text: "new .pte " + (p.pte_sha256 || "").slice(0, 8),
       showarrow: false, yanchor: "bottom", font: {size: 10}});
   }
-  const marked = data.points.filter((p) => MARKED.includes(p.verdict));
+  // One trace per verdict that marks a night, so the legend names every marker; the dotted program lines and the
+  // shaded baseline window get legend entries too (drawn as shapes, named by empty traces).
+  const verdictTraces = MARKED.filter((v) => data.points.some((p) => p.verdict === v)).map((v) => {
+    const marked = data.points.filter((p) => p.verdict === v);
+    return {name: v, x: marked.map((p) => p.night), y: marked.map((p) => p.median_ms), mode: "markers", type: "scatter",
+      text: marked.map((p) => p.verdict), hovertemplate: "%{x}: %{text}, %{y:.3f} ms<extra></extra>",
+      marker: {size: 14, symbol: "diamond-open", line: {width: 3}, color: COLOURS[v]}};
+  });
+  const keys = [];
+  if (data.points.some((p) => p.new_program)) {
+    keys.push({name: "new program (.pte)", x: [null], y: [null], mode: "lines", type: "scatter",
+      line: {dash: "dot", color: "#455a64"}, hoverinfo: "skip"});
+  }
+  if (data.baseline) {
+    keys.push({name: "baseline window", x: [null], y: [null], mode: "markers", type: "scatter", hoverinfo: "skip",
+      marker: {symbol: "square", size: 14, color: "rgba(21, 101, 192, 0.15)"}});
+  }
+  const medians = data.points.map((p) => p.median_ms);
   const traces = [
-    {name: "median", x: nights, y: data.points.map((p) => p.median_ms), mode: "lines+markers", type: "scatter"},
+    {name: "median", x: nights, y: medians, mode: "lines+markers", type: "scatter",
+      hovertemplate: "%{x}: %{y:.4f} ms<extra></extra>"},
     {name: "p90", x: nights, y: data.points.map((p) => p.p90_ms), mode: "lines", type: "scatter",
       line: {dash: "dash"}},
-    {name: "verdicts", x: marked.map((p) => p.night), y: marked.map((p) => p.median_ms), mode: "markers",
-      type: "scatter", text: marked.map((p) => p.verdict), hovertemplate: "%{x}: %{text}, %{y:.3f} ms<extra></extra>",
-      marker: {size: 14, symbol: "diamond-open", line: {width: 3}, color: marked.map((p) => COLOURS[p.verdict])}},
+    ...verdictTraces, ...keys,
   ];
-  plot("trend-latency", traces, {title: {text: "latency per night"}, yaxis: {title: {text: "ms"}, rangemode: "tozero"},
+  const topOf = (values) => {
+    const known = values.filter((v) => typeof v === "number");
+    return known.length ? Math.max(...known) * 1.15 : 1;
+  };
+  // Honest axes: both from zero (a 0.04 MB change of 22.7 MB is 0.2 %, and looks it).
+  plot("trend-latency", traces, {title: {text: "latency per night"}, showlegend: true,
+    yaxis: {title: {text: "ms"}, range: [0, topOf(data.points.map((p) => p.p90_ms).concat(medians))]},
     xaxis: {type: "category"}, shapes: shapes, annotations: annotations});
-  plot("trend-memory", [{name: "peak RSS", x: nights, y: data.points.map((p) => p.peak_mb), type: "scatter",
-    mode: "lines+markers"}], {title: {text: "peak memory per night"}, yaxis: {title: {text: "MB"}, rangemode: "tozero"},
+  const peaks = data.points.map((p) => p.peak_mb);
+  plot("trend-memory", [{name: "peak RSS", x: nights, y: peaks, type: "scatter", mode: "lines+markers",
+    hovertemplate: "%{x}: %{y:.3f} MB<extra></extra>"}], {title: {text: "peak memory per night"}, showlegend: true,
+    yaxis: {title: {text: "MB"}, range: [0, topOf(peaks)]},
     xaxis: {type: "category"}, shapes: shapes.filter((s) => s.type === "rect")});
   // A language model's cell: its decode speed, the figure its median (one whole generation) stands in for.
   plot("trend-decode", [{name: "decode tokens/s", x: nights, y: data.points.map((p) => p.decode_tokens_per_s),
@@ -55,10 +79,23 @@ function trend(data) {
 }
 
 function run(data) {
+  // Every iteration in order, one bar each, the warm-up first and marked; the y-range is the timed iterations' (a
+  // slow warm-up is cut at the top, its value written on it), so no one iteration squashes the others.
+  const warm = data.warmup_ms || [];
+  const timed = data.iterations_ms || [];
+  const top = timed.length ? Math.max(...timed) * 1.15 : undefined;
   plot("run-latency", [
-    {name: "timed iterations", x: data.iterations_ms, type: "histogram", opacity: 0.75},
-    {name: "warm-up", x: data.warmup_ms, type: "histogram", opacity: 0.75},
-  ], {title: {text: "every iteration"}, barmode: "overlay", xaxis: {title: {text: "ms"}}, yaxis: {title: {text: "runs"}}});
+    {name: "timed iterations", type: "bar", x: timed.map((_, i) => warm.length + i + 1), y: timed,
+      marker: {color: "#1565c0"}, hovertemplate: "iteration %{x}: %{y:.4f} ms<extra></extra>"},
+    {name: "warm-up (not timed)", type: "bar", x: warm.map((_, i) => i + 1), y: warm, marker: {color: "#ef6c00"},
+      text: warm.map((v) => (top !== undefined && v > top ? v.toFixed(3) + " ms" : "")), textposition: "inside",
+      hovertemplate: "warm-up %{x}: %{y:.4f} ms<extra></extra>"},
+  ], {title: {text: "every iteration, in order"}, bargap: 0.05, xaxis: {title: {text: "iteration"}},
+    yaxis: {title: {text: "ms"}, range: top !== undefined ? [0, top] : undefined, rangemode: "tozero"},
+    legend: {orientation: "h", y: -0.25}});
+  plot("run-distribution", [{name: "timed iterations", type: "histogram", x: timed, marker: {color: "#1565c0"}}],
+    {title: {text: "timed iterations: distribution"}, xaxis: {title: {text: "ms"}},
+      yaxis: {title: {text: "iterations"}}, bargap: 0.05});
   if (data.operators && data.operators.length) {
     const ops = data.operators.slice().reverse();
     plot("run-operators", [{type: "bar", orientation: "h", x: ops.map((o) => o.share), y: ops.map((o) => o.node_id),
@@ -101,9 +138,46 @@ function compare(data) {
   }
 }
 
+// Filters: each `.filters` block's selects and date inputs hide the elements its `data-targets` selector names whose
+// data-<field> does not match (a select's empty value: any; a date input: from or to that day).
+function applyFilters(block) {
+  const filters = Array.from(block.querySelectorAll(".filter"));
+  const targets = Array.from(document.querySelectorAll(block.dataset.targets));
+  for (const target of targets) {
+    target.hidden = !filters.every((f) => {
+      const value = target.dataset[f.dataset.field] || "";
+      if (!f.value) return true;
+      if (f.dataset.op === "from") return value >= f.value;
+      if (f.dataset.op === "to") return value <= f.value;
+      return value === f.value;
+    });
+  }
+  // A picker whose chosen run is hidden picks the first shown one, the two sides kept apart when they can be.
+  const selects = Array.from(new Set(targets.map((t) => t.parentElement).filter((p) => p.tagName === "SELECT")));
+  for (const select of selects) {
+    const chosen = select.selectedOptions[0];
+    if (chosen && chosen.hidden) {
+      const taken = selects.filter((other) => other !== select).map((other) => other.value);
+      const shown = Array.from(select.options).filter((o) => !o.hidden);
+      const pick = shown.find((o) => !taken.includes(o.value)) || shown[0];
+      if (pick) select.value = pick.value;
+    }
+  }
+}
+
+function filters() {
+  for (const block of document.querySelectorAll(".filters")) {
+    for (const f of block.querySelectorAll(".filter")) {
+      f.addEventListener("change", () => applyFilters(block));
+      f.addEventListener("input", () => applyFilters(block));
+    }
+  }
+}
+
 const DRAW = {trend: trend, run: run, compare: compare};
 
 document.addEventListener("DOMContentLoaded", () => {
+  filters();
   const draw = DRAW[document.body.dataset.page];
   if (draw) {
     draw(pageData());

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator import console
-from orchestrator.advice.findings import Advice, Finding
-from orchestrator.commands.render_advice import _at_line
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.results.validity import CV_LIMIT
+
+if TYPE_CHECKING:  # the advisor's records (ops_record: 0.14 s) are imported by the advice, after the boards' work
+    from orchestrator.advice.findings import Advice, Finding
 
 MODEL_FINDINGS = 3  # findings shown per model; `fab advise --run ID` shows a run's all
 GOVERNOR_FIX = "echo performance | sudo tee /sys/devices/system/cpu/cpufreq/policy*/scaling_governor"
@@ -99,6 +101,9 @@ class _Seen:
 def model_advice_lines(model: str, advices: Sequence[tuple[CellOutcome, Advice]]) -> list[str]:
     """The advice once for a model: its runs' findings joined by what they say (title and fix), the largest saving
     first, each with the range of its predicted saving and share over the runs that found it."""
+    # here, not at the top: print_cells (render.py) imports this module, and a deploy starts before the advisor loads
+    from orchestrator.commands.render_advice import _at_line
+
     seen: dict[tuple[str, str], _Seen] = {}
     for cell, advice in advices:
         for finding in advice.findings:

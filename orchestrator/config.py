@@ -347,3 +347,34 @@ def huge_integers(root: Node) -> list[tuple[Node, str]]:
         ):
             found.append((node, name))
     return sorted(found, key=lambda item: line_of(item[0]))
+
+
+def yaml_syntax(exc: yaml.YAMLError, path: Path) -> str:
+    """A YAML syntax error in plain words with its file and line (`inventory.yaml:7: a tab is not allowed for
+    indentation`), never PyYAML's own terms (`expected <block end>, but found '<block mapping start>'`)."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return f"{path}: not valid YAML: {exc}"
+    problem, context = str(exc.problem or ""), str(exc.context or "")
+    at = exc.problem_mark or exc.context_mark
+    line = at.line + 1 if at is not None else 1
+    opened = exc.context_mark.line + 1 if exc.context_mark is not None else None
+    if "'\\t'" in problem:
+        said = "a tab is not allowed for indentation (or to start a value): indent with spaces"
+    elif "quoted scalar" in context:
+        line = opened or line
+        said = "unclosed quote: the quoted value that starts on this line never ends"
+    elif "flow mapping" in context or "flow sequence" in context:
+        bracket, close = ("{", "}") if "mapping" in context else ("[", "]")
+        said = f"unclosed '{bracket}' (opened on line {opened}): a ',' or '{close}' is missing before here"
+    elif "simple key" in context:
+        line = opened or line
+        said = "a key without ':' (each key is followed by ': ' and its value)"
+    elif "block" in context or "mapping values are not allowed" in problem:
+        where = f" (the block begins on line {opened})" if opened else ""
+        said = (
+            "the indentation does not match the lines above it: the keys of one mapping, and the '- ' items of one "
+            f"list, start in the same column, and a value holding ': ' needs quotes{where}"
+        )
+    else:
+        said = f"not valid YAML: {problem or exc}"
+    return f"{path}:{line}: {said}"

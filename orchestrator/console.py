@@ -11,20 +11,23 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from rich.console import Console, OverflowMethod
+from rich.console import Console, OverflowMethod, RenderableType
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
     TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 # Progress and chatter go to stderr, tables and results to stdout, so output can be piped.
 out = Console(highlight=False, soft_wrap=False)
@@ -33,6 +36,45 @@ if not out.is_terminal:
     out.width = int(os.environ.get("ETLAB_WIDTH", "140"))
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 _lock = threading.Lock()
+
+# `-v`/`--verbose` (every task, parsed once by commands/options.py's Task): every step's start and end line. Without
+# it a step is silent unless it runs longer than LONG_STEP_S: then its start is said when that time has passed, and
+# its end with its time, so a long step still shows that it goes on and what it cost.
+_verbose = False
+LONG_STEP_S = 3.0
+# The warnings said so far in this task (None: outside a task, every warning is said): each is said once.
+_warned: set[str] | None = None
+
+
+def set_verbose(on: bool) -> None:
+    global _verbose
+    _verbose = bool(on)
+
+
+def verbose() -> bool:
+    return _verbose
+
+
+@contextlib.contextmanager
+def warnings_once() -> Iterator[None]:
+    """Within it (a task: commands/common.py's handle_errors), a warning already said is not said again."""
+    global _warned
+    outer, _warned = _warned, set()
+    try:
+        yield
+    finally:
+        _warned = outer
+
+
+def _first_time(message: str) -> bool:
+    with _lock:
+        if _warned is None:
+            return True
+        if message in _warned:
+            return False
+        _warned.add(message)
+        return True
+
 
 # Terminal control characters (ESC starts ANSI sequences; C1 has a one-byte CSI) and the bidi overrides that
 # reorder what is shown. Text from a board may carry them; none has a place in etlab's output.
@@ -57,13 +99,24 @@ def plain(message: str, *, stderr: bool = True) -> None:
         (err if stderr else out).print(inert(message), soft_wrap=True, markup=False, highlight=False)
 
 
+def detail(message: str) -> None:
+    """A progress line said only under `-v` (a board already provisioned, a step that went as expected)."""
+    if _verbose:
+        info(message)
+
+
 def warn(message: str) -> None:
+    """A warning, said once per task (see warnings_once)."""
+    if not _first_time(message):
+        return
     with _lock:
         err.print(f"[bold yellow]WARNING[/]: {escape(inert(message))}")
 
 
 def loud_warning(message: str) -> None:
     """A warning users must not miss (e.g. random weights used instead of pretrained)."""
+    if not _first_time(message):
+        return
     with _lock:
         err.rule("[bold red]WARNING[/]")
         err.print(f"[bold red]{escape(inert(message))}[/]")
@@ -84,17 +137,36 @@ def format_seconds(seconds: float) -> str:
 
 
 class StageTimer:
-    """Records how long each named stage took, for progress lines and benchmarks."""
+    """Records how long each named stage took, for progress lines and benchmarks.
 
-    def __init__(self, prefix: str = "") -> None:
+    Under `-v` every stage says its start and end; otherwise only a stage longer than LONG_STEP_S does (its start
+    once that time has passed, then its end and time), and a failed one. `shown=False`: a live display shows the
+    stages (deploy's per-cell progress), so only `-v` and failures print."""
+
+    def __init__(self, prefix: str = "", *, shown: bool = True) -> None:
         self.prefix = prefix
+        self.shown = shown
         self.durations: dict[str, float] = {}
 
     @contextlib.contextmanager
     def stage(self, name: str, *, quiet: bool = False) -> Iterator[None]:
         label = escape(f"{self.prefix}{name}")
-        if not quiet:
+        said = threading.Event()  # the start line was printed: the end line follows
+
+        def say_start() -> None:
+            with _lock:
+                if said.is_set():
+                    return
+                said.set()
             info(f"[cyan]▸[/] {label} …")
+
+        late: threading.Timer | None = None
+        if not quiet and _verbose:
+            say_start()
+        elif not quiet and self.shown:
+            late = threading.Timer(LONG_STEP_S, say_start)
+            late.daemon = True
+            late.start()
         started = time.perf_counter()
         try:
             yield
@@ -103,10 +175,20 @@ class StageTimer:
             self.durations[name] = elapsed
             info(f"[red]✗[/] {label} failed after {format_seconds(elapsed)}")
             raise
+        finally:
+            if late is not None:
+                late.cancel()
         elapsed = time.perf_counter() - started
         self.durations[name] = elapsed
-        if not quiet:
+        with _lock:
+            ended = said.is_set()
+            said.set()  # a start that fires now is not said
+        if ended:
             info(f"[green]✓[/] {label} [dim]{format_seconds(elapsed)}[/]")
+
+
+def _progress_disabled() -> bool:
+    return not err.is_terminal and os.environ.get("ETLAB_PROGRESS") != "1"
 
 
 def transfer_progress() -> Progress:
@@ -119,7 +201,43 @@ def transfer_progress() -> Progress:
         TimeElapsedColumn(),
         console=err,
         transient=False,
-        disable=not err.is_terminal and os.environ.get("ETLAB_PROGRESS") != "1",
+        disable=_progress_disabled(),
+    )
+
+
+class _StepOrTransfer(ProgressColumn):
+    """A step row (its `step` field: what it is doing now) or a transfer row (bar, bytes, speed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transfer = (BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn())
+
+    def render(self, task: Task) -> Any:
+        if "step" in task.fields:
+            return Text(str(task.fields["step"]), style="dim")
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(*(column(task) for column in self.transfer))
+        return grid
+
+
+class _StepsProgress(Progress):
+    """A transfer row goes once its transfer is done: the step rows stay, each ending with its cell's outcome."""
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table([task for task in self.tasks if "step" in task.fields or not task.finished])
+
+
+def steps_progress() -> Progress:
+    """deploy-and-profile's live display: a row per board × variant saying its current step (push, run, pull,
+    analyze) and its time, and a row per transfer while it runs. Disabled when stderr is not a terminal (then each
+    finished board × variant is one line, see deploy/cells.py)."""
+    return _StepsProgress(
+        TextColumn("{task.description}"),
+        _StepOrTransfer(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+        disable=_progress_disabled(),
     )
 
 

@@ -40,6 +40,7 @@ from orchestrator.config import (
     text,
     value_node,
     words,
+    yaml_syntax,
 )
 from orchestrator.errors import InventoryError, UsageError
 from orchestrator.names import is_valid_name
@@ -198,12 +199,8 @@ def parse_inventory(text: str, path: Path) -> Inventory:
     checker = _Checker(path)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 1
-        raise InventoryError(f"{path}:{line}: invalid YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
-        raise InventoryError(f"{path}: invalid YAML: {exc}") from None
+        raise InventoryError(yaml_syntax(exc, path)) from None
     if root is None or (isinstance(root, ScalarNode) and root.tag.endswith(":null")):
         raise InventoryError(f"{path}:1: (file): the inventory is empty; it needs at least a 'boards' mapping")
     inventory = checker.inventory(root)

@@ -65,7 +65,7 @@ def handle_errors(func: F) -> F:
         interrupts.reset()
         try:
             # SIGTERM (a cancelled CI job, `kill`) stops like Ctrl+C: boards are stopped, locks and places released.
-            with interrupts.sigterm_interrupts(), interrupts.no_lost_interrupts():
+            with interrupts.sigterm_interrupts(), interrupts.no_lost_interrupts(), console.warnings_once():
                 code = func(*args, **kwargs)
         except EtlabError as exc:
             console.error(str(_naming_options(exc)))

@@ -32,7 +32,7 @@ from orchestrator.commands.render import print_cells, print_context_scaling
 from orchestrator.commands.render_lowering import print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
-from orchestrator.errors import ExitCode, combined_exit_code, failure_code
+from orchestrator.errors import AnalysisError, ExitCode, combined_exit_code, failure_code
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.export import lower as lowerer
 from orchestrator.lowering.export.user_programs import reference_outputs_of
@@ -165,7 +165,7 @@ def _profile(
 
     `scaling`: the jobs are one model at several KV cache sizes: a table and a plot against the context too."""
     prefetch.in_background(_ADVISOR)  # while the boards work: the advice comes after them
-    with console.transfer_progress() as progress:
+    with console.steps_progress() as progress:
         outcomes = fan_out(
             boards, lambda board: run_cells_on_board(board, jobs, progress=progress, results_root=results_root)
         )
@@ -188,18 +188,34 @@ def _profile(
     print_cells(cells)
     if scaling:
         print_context_scaling(cells, results_root)
-    # here, not at the top: prefetched while the boards worked (an import of it now waits for that one)
-    from orchestrator.commands.advise import advise_quietly
-
-    for cell in cells:  # before Model Explorer starts: the advice overlays go with the others
-        if cell.bundle is not None and cell.summary is not None and cell.summary.profile is not None:
-            run = LocalRun(cell.bundle, cell.board, cell.model, cell.variant.name, cell.bundle.name)
-            advise_quietly(run, f"[{cell.board}] {cell.model}/{cell.variant} ", results_root)
+    _advise(cells, {(job.artifact.model, job.artifact.variant): job.artifact for job in jobs}, results_root)
     code = combined_exit_code(cell.exit_class for cell in cells if not cell.ok)
 
     if explore:
         explore_cells(cells, artifact_paths, host=host, port=port, open_browser=open_browser)
     return code
+
+
+def _advise(
+    cells: Sequence[CellOutcome], artifacts: dict[tuple[str, Variant], Artifact], results_root: Path | None
+) -> None:
+    """Every analysed run advised (advice.json and its overlays, before Model Explorer starts: they go with the
+    others), the advice said once per model. Advice never fails the runs it follows."""
+    # here, not at the top: prefetched while the boards worked (an import of it now waits for that one)
+    from orchestrator.commands.advise import advise_run
+    from orchestrator.commands.render_deploy import print_model_advice
+
+    advices = []
+    for cell in cells:
+        if cell.bundle is not None and cell.summary is not None and cell.summary.profile is not None:
+            run = LocalRun(cell.bundle, cell.board, cell.model, cell.variant.name, cell.bundle.name)
+            try:
+                _, advice, _ = advise_run(run, artifacts.get((cell.model, cell.variant)), results_root)
+            except AnalysisError as exc:
+                console.warn(f"[{cell.board}] {cell.model}/{cell.variant}: no advice: {exc}")
+                continue
+            advices.append((cell, advice))
+    print_model_advice(advices)
 
 
 def explore_cells(

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import fabric
+from invoke.parser import Argument
 
+from orchestrator import console
 from orchestrator.config import did_you_mean
 from orchestrator.counters import parse_counters
 from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
@@ -36,8 +38,9 @@ _RUN_ID = re.compile(r"[A-Za-z0-9._-]+")  # as the board agent names bundle fold
 # and a digit too (`--min-top1` got `-1`, and `--new-tokens -1` then read as that flag). Every other option is long.
 SHORT_FLAGS = {
     "board": "b", "model": "m", "group": "g", "tag": "t", "inventory": "i", "run": "r", "quantize": "q",
-    "spec": "s", "jobs": "j", "port": "p", "force": "f",
+    "spec": "s", "jobs": "j", "port": "p", "force": "f", "verbose": "v",
 }  # fmt: skip
+VERBOSE_HELP = "every step's start and end (prepare, push, save, ...): by default only long steps and a summary"
 
 
 class Task(fabric.Task):
@@ -50,6 +53,17 @@ class Task(fabric.Task):
         short = SHORT_FLAGS.get(name)
         opts["names"] = long_names + ([short] if short is not None else [])
         return opts
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        """The body's options and `-v`/`--verbose`, which every task takes (the console's, set before the body)."""
+        arguments: list[Argument] = super().get_arguments(ignore_unknown_help)
+        if not any(argument.name == "verbose" for argument in arguments):
+            arguments.append(Argument(names=("verbose", "v"), kind=bool, default=False, help=VERBOSE_HELP))
+        return arguments
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        console.set_verbose(bool(kwargs.pop("verbose", False)))
+        return super().__call__(*args, **kwargs)
 
 
 def _help_for_tasks_with_positionals() -> None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator import console, paths
+from orchestrator.commands.render_deploy import print_degraded
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
 from orchestrator.lowering.variants import Variant
@@ -309,7 +310,8 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
             failure = cell.detail or cell.error  # every line: a host key's fingerprints, a bundle's bad files
             console.error(f"{cell.board}: {cell.model}/{cell.variant} failed at {cell.stage}: {failure}")
         for reason in cell.summary.validity.reasons if cell.summary else ():
-            console.warn(f"{cell.board}: {cell.model}/{cell.variant}: {reason.reason}")
+            if reason.level != "degraded":  # the degraded ones are said once for all runs, with what to change
+                console.warn(f"{cell.board}: {cell.model}/{cell.variant}: {reason.reason}")
         if cell.summary is not None and not cell.summary.correctness.checked:
             unchecked.setdefault((cell.board, cell.summary.correctness.reason or "no reference outputs"), []).append(
                 f"{cell.model}/{cell.variant}"
@@ -317,6 +319,7 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
         counters = cell.summary.counters if cell.summary else None
         if counters is not None:
             _counters_lines(counters, f"{cell.board}: {cell.model}/{cell.variant}: ", per_run=False)
+    print_degraded(cells)
     for (board, why), runs in unchecked.items():
         console.warn(f"{board}: {', '.join(runs)}: correctness not checked ({why})")
     _counters_by_cause(cells)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # the types only: rendering a table must not import what prod
     from orchestrator.lowering.export.lower import LoweringResult
     from orchestrator.lowering.lowered import LoweredModel
     from orchestrator.lowering.sidecar import Sidecar
-    from orchestrator.lowering.spec import ModelSpec
+    from orchestrator.lowering.spec import InputSpec, ModelSpec
 
 
 # Graph nodes outside the delegates that run no kernel (lowering/delegation.py BOOKKEEPING), by short name.
@@ -120,10 +120,10 @@ def print_lowering(result: LoweringResult) -> None:
                 f"the XNNPACK delegates ({shapes}): a tied embedding costs its size again in the .pte and in memory"
             )
         quantization = item.sidecar.quantization
-        if quantization is None:
+        if quantization is None or not item.cached:  # a program lowered now: its lowering said these
             continue
         for note in quantization.float_notes():
-            console.warn(f"{variant}: {note}")
+            console.warn(f"{result.spec.name}: {variant}: {note}")
         if (quantization.calibration_source or "").startswith("generated"):
             console.warn(
                 f"{variant}: calibrated on {quantization.calibration_samples} generated samples, not real inputs"
@@ -138,17 +138,21 @@ def _inputs_cell(inputs: Sequence[tuple[Any, Any, Any]]) -> str:
     return "; ".join(f"{', '.join(names)} {dtype} {shape}" for (dtype, shape), names in groups.items())
 
 
-def print_models(builtins: Sequence[ModelSpec], lowered: Sequence[LoweredModel]) -> None:
-    """`fab models`: every name `--model` takes, and what each built-in program returns."""
+def print_models(
+    builtins: Sequence[ModelSpec], lowered: Sequence[LoweredModel], family: Mapping[str, Sequence[InputSpec]] = {}
+) -> None:
+    """`fab models`: every name `--model` takes, and what each built-in program returns. `family`: the inputs of the
+    specs that leave them to their family (speech encoders), by name."""
     from orchestrator.lowering.spec import OUTPUT_TASKS, OUTPUT_WORDS  # `fab models` only
 
     rows = [
-        [spec.name, spec.model_source, spec.task, _inputs_cell([(i.name, i.dtype, i.shape) for i in spec.inputs]),
+        [spec.name, spec.model_source, spec.task,
+         _inputs_cell([(i.name, i.dtype, i.shape) for i in spec.inputs or family.get(spec.name, ())]),
          f"{spec.output}: {OUTPUT_WORDS[spec.output]}" if spec.task in OUTPUT_TASKS else None, spec.description]
         for spec in builtins
     ]  # fmt: skip
     columns = ["name", "source", "task", "inputs", "output", "description"]
-    console.table("Built-in models (--model NAME)", columns, rows)
+    console.table("Built-in models (--model NAME)", columns, rows, whole=["name"])
     if not lowered:
         console.info("no models lowered from a spec file or your own program yet (fab lower --spec FILE)")
         return

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.markup import escape
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from orchestrator import console, prefetch
 from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
+from orchestrator.console import format_seconds
 from orchestrator.deploy.provision import quick_check, setup_board
 from orchestrator.deploy.runs import RemoteRun, RunParams, profile, pull, push_artifact
 from orchestrator.errors import (
@@ -82,9 +83,50 @@ def exit_class(exc: BaseException) -> int:
     return ExitCode.UNAVAILABLE if is_link_trouble(exc) else failure_code(exc)
 
 
+class CellRows:
+    """A board's cells in a live display (console.steps_progress): a row each, saying its step and time. Without a
+    live display (stderr not a terminal), each finished cell is one line with its steps' times."""
+
+    def __init__(self, board: str, cells: Sequence[CellOutcome], progress: Progress | None) -> None:
+        self.progress = progress
+        self.live = progress is not None and not progress.disable
+        self.lines = progress is not None and progress.disable  # deploy's display, degraded to a line per cell
+        self.rows = [
+            progress.add_task(escape(f"[{board}] {cell.model}/{cell.variant}"), total=None, start=False, step="waiting")
+            for cell in cells
+        ] if progress is not None else []  # fmt: skip
+        self.started: set[TaskID] = set()
+
+    def step(self, index: int | None, name: str) -> None:
+        """`index`'s row (every row: None) is at step `name`."""
+        if self.progress is None:
+            return
+        for row in self.rows if index is None else [self.rows[index]]:
+            if name != "waiting" and row not in self.started:
+                self.started.add(row)
+                self.progress.start_task(row)
+            self.progress.update(row, step=name)
+
+    def done(self, index: int, cell: CellOutcome) -> None:
+        if self.progress is None:
+            return
+        row = self.rows[index]
+        self.progress.stop_task(row)
+        total = format_seconds(sum(cell.seconds.values()))
+        steps = " · ".join(f"{name} {format_seconds(seconds)}" for name, seconds in cell.seconds.items())
+        said = f"✓ {total} ({steps})" if cell.ok else f"✗ failed at {cell.stage}"
+        self.progress.update(row, step=said)
+        if self.lines:
+            mark = "[green]✓[/]" if cell.ok else "[red]✗[/]"
+            what = escape(f"[{cell.board}] {cell.model}/{cell.variant}")
+            tail = f"{total} [dim]({escape(steps)})[/]" if cell.ok else escape(f"failed at {cell.stage}")
+            console.info(f"{mark} {what} {tail}")
+
+
 @contextlib.contextmanager
-def _stage(cell: CellOutcome, name: str, timer: console.StageTimer) -> Iterator[None]:
+def _stage(cell: CellOutcome, name: str, timer: console.StageTimer, rows: CellRows, index: int) -> Iterator[None]:
     cell.stage = name
+    rows.step(index, name)
     label = f"{cell.model}/{cell.variant} {name}"
     with timer.stage(label):
         yield
@@ -150,7 +192,8 @@ def run_cells_on_board(
     cells = [CellOutcome(board.name, job.artifact.model, job.artifact.variant) for job in jobs]
     if analyze:
         prefetch_analysis()
-    timer = console.StageTimer(prefix=f"[{board.name}] ")
+    rows = CellRows(board.name, cells, progress)
+    timer = console.StageTimer(prefix=f"[{board.name}] ", shown=not rows.live)
     board_stage: str | None = "connect"
     started: set[int] = set()
     reported: set[int] = set()
@@ -158,22 +201,27 @@ def run_cells_on_board(
 
     def report(index: int) -> None:
         reported.add(index)
+        rows.done(index, cells[index])
         if on_cell:
             on_cell(cells[index])
 
     try:
+        rows.step(None, "connect")
         with connect(board) as conn:
             if setup:
                 board_stage = "setup"
+                rows.step(None, "setup")
                 _setup_if_needed(conn, timer)
             board_stage = None
+            rows.step(None, "waiting")
             for index, (cell, job) in enumerate(zip(cells, jobs, strict=True)):
                 labgrid.check_held(board)  # a lost labgrid coordinator fails the board now, not after every cell
                 if skip is not None and skip(job):
                     skipped.add(index)
+                    rows.step(index, "skipped")
                     continue
                 started.add(index)
-                _run_cell(conn, cell, job, timer, analyze, progress, results_root)
+                _run_cell(conn, cell, job, timer, analyze, progress, results_root, rows, index)
                 report(index)
     except Exception as exc:
         # Board trouble (unreachable, setup failed, link lost): every unfinished cell fails with it.
@@ -198,7 +246,7 @@ def _setup_if_needed(conn: BoardConnection, timer: console.StageTimer) -> None:
     with timer.stage("setup"):
         report = quick_check(conn) or setup_board(conn)
     if report.up_to_date:
-        console.info(
+        console.detail(
             escape(f"  [{conn.board.name}] board already provisioned (executorch {report.executorch_version})")
         )
 
@@ -211,19 +259,21 @@ def _run_cell(
     analyze: bool,
     progress: Progress | None,
     results_root: Path | None,
+    rows: CellRows,
+    index: int,
 ) -> None:
     artifact, params = job.artifact, job.params
     try:
-        with _stage(cell, "push", timer):
+        with _stage(cell, "push", timer, rows, index):
             pushed = push_artifact(conn, artifact, progress)
         cell.run_id = new_run_id()
-        with _stage(cell, "run", timer):
+        with _stage(cell, "run", timer, rows, index):
             remote: RemoteRun = profile(conn, artifact, pushed, params, cell.run_id)
         cell.status = remote.status
-        with _stage(cell, "pull", timer):
+        with _stage(cell, "pull", timer, rows, index):
             cell.bundle = pull(conn, remote, artifact, results_root)
         if analyze:
-            with _stage(cell, "analyze", timer):
+            with _stage(cell, "analyze", timer, rows, index):
                 analyze_cell(cell, artifact, job.accuracy)
         if remote.status != "ok":
             cell.stage, cell.error = "run", f"runner {remote.status}: {remote.error or 'see runner.log'}"

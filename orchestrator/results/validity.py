@@ -115,6 +115,7 @@ def board_conditions(before: dict[str, Any] | None, after: dict[str, Any] | None
         "board_model": get(after, "model") or get(before, "model"),
         "arch": get(after, "arch") or get(before, "arch"),
         "cores_online": get(after, "cores_online") or get(before, "cores_online"),
+        "load_1m_before": number(get(before, "load_1m")),
         "governor_before": get(before, "governor"),
         "governor_after": get(after, "governor"),
         "temperature_c_before": number(get(before, "temperature_c")),

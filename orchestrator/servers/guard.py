@@ -15,11 +15,13 @@ server. `foreign_request` holds the Host, Sec-Fetch-Site and Origin rules both s
 
 from __future__ import annotations
 
+import hmac
 import http.client
 import io
 import ipaddress
 import json
 import os
+import secrets
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -45,6 +47,10 @@ API_PREFIX = "/api"  # /api/v1/..., /apipost/v1/..., /apistream/...
 FORBIDDEN = b"forbidden: this Model Explorer serves only its own page, on its loopback address, its own files\n"
 GUARD_LOG = "etlab-guard: refused"  # the server log's line for each refused request
 _PROBE_HOST = "etlab-guard-check.invalid"
+# guard_answers' own probes carry this process's secret: refused like any foreign request, but not logged (a server
+# in this process, the dashboard, would print its own start-up check as refusals). Any other value is logged.
+PROBE_HEADER = "X-Etlab-Guard-Probe"
+_PROBE_TOKEN = secrets.token_hex(16)
 
 # Sec-Fetch-Site values of the page's own requests and of the user's own navigation (typed URL, bookmark).
 # cross-site and same-site (another port on this host) are other pages; a value we do not know is refused too.
@@ -131,13 +137,15 @@ def foreign_request(
 
 
 def refuse(environ: dict[str, Any], start_response: StartResponse, reason: str, message: bytes) -> Iterable[bytes]:
-    """Answer 403 with `message`, and say why in one line of the server's log."""
-    # Only the method and path: a query can hold anything, and the log is read in a terminal.
-    print(
-        f"{GUARD_LOG} {environ.get('REQUEST_METHOD')} {str(environ.get('PATH_INFO'))!a}: {reason}",
-        file=sys.stderr,
-        flush=True,
-    )
+    """Answer 403 with `message`, and say why in one line of the server's log (not for guard_answers' own probes)."""
+    probe = str(environ.get("HTTP_" + PROBE_HEADER.upper().replace("-", "_"), ""))
+    if not hmac.compare_digest(probe.encode(), _PROBE_TOKEN.encode()):
+        # Only the method and path: a query can hold anything, and the log is read in a terminal.
+        print(
+            f"{GUARD_LOG} {environ.get('REQUEST_METHOD')} {str(environ.get('PATH_INFO'))!a}: {reason}",
+            file=sys.stderr,
+            flush=True,
+        )
     start_response(
         "403 Forbidden",
         [
@@ -295,8 +303,8 @@ def guard_answers(host: str, port: int) -> bool:
     site: the guard is in place, and it is this version of it."""
     shown_host = f"[{host}]" if ":" in host else host
     probes = (
-        {"Host": f"{_PROBE_HOST}:{port}"},
-        {"Host": f"{shown_host}:{port}", "Sec-Fetch-Site": "cross-site"},
+        {"Host": f"{_PROBE_HOST}:{port}", PROBE_HEADER: _PROBE_TOKEN},
+        {"Host": f"{shown_host}:{port}", "Sec-Fetch-Site": "cross-site", PROBE_HEADER: _PROBE_TOKEN},
     )
     for headers in probes:
         connection = http.client.HTTPConnection(host, port, timeout=10)

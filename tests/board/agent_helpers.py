@@ -17,6 +17,7 @@ INFO_TYPES: dict[str, tuple[type, ...]] = {
     "cores_online": (int, type(None)),
     "cpufreq": (list,),
     "governor": (str, type(None)),
+    "load_1m": (float, type(None)),
     "temperature_c": (float, type(None)),
     "temperature_zone": (str, type(None)),
     "thermal_zones": (list,),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -306,7 +308,7 @@ MALFORMED = {
           a: {host: h
           b: [  # <-
         """,
-        "invalid YAML",
+        "unclosed",
         "",
     ),
 }
@@ -323,7 +325,7 @@ def test_malformed_inventory_names_file_line_and_field(tmp_path: Path, case: str
         # The parser reports where it noticed the problem, which is at or after the broken line.
         assert message.startswith(f"{path}:")
         reported = int(message.split(":")[1])
-        assert reported >= line_of(text) - 1 and "invalid YAML" in message
+        assert reported >= line_of(text) - 1 and "unclosed '{' (opened on line 2)" in message, message
         return
     assert f"{path}:{line_of(text)}: {field}: " in message, message
     assert reason in message
@@ -437,3 +439,44 @@ def test_nightly_matrix_uses_the_inventory_checker(tmp_path: Path) -> None:
     assert "did you mean 'distilbert-tiny'" in lines[2]
     assert lines[3] == f"{path}:8: nightly.matrix[0].backends: unknown backend 'vulkan'"
     assert lines[4].startswith(f"{path}:9: nightly.matrix[0].threds: unknown key 'threds' (did you mean 'threads'?)")
+
+
+SYNTAX_ERRORS = {
+    "tab": ("boards:\n  local: {transport: local}\n\tpi: {host: a}\n", 3, "a tab is not allowed for indentation"),
+    "unclosed double quote": ('boards:\n  local: {transport: local}\n  pi: {host: "a}\n  pj: {host: b}\n', 3,
+                              "unclosed quote"),
+    "unclosed single quote": ("boards:\n  pi: {host: 'a}\n", 2, "unclosed quote"),
+    "unclosed bracket": ("boards:\n  local: {transport: local}\ngroups:\n  g: [local\n", 5,
+                         "unclosed '[' (opened on line 4)"),
+    "key without colon": ("boards:\n  local: {transport: local}\n  pi\n", 3, "a key without ':'"),
+    "indented too far": ("boards:\n  local: {transport: local}\n    pi: {host: b}\n", 3,
+                         "the indentation does not match the lines above it"),
+    "list and keys mixed": ("boards:\n  - a\n  b: c\n", 3, "the indentation does not match"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(SYNTAX_ERRORS), ids=list(SYNTAX_ERRORS))
+def test_a_yaml_syntax_error_is_said_in_plain_words_with_its_line(tmp_path: Path, case: str) -> None:
+    """Issue 38 item 13: PyYAML's own terms (`expected <block end>, but found '<block mapping start>'`, `found
+    character '\\t' that cannot start any token`) became words, at the line to fix."""
+    text, line, words = SYNTAX_ERRORS[case]
+    path = tmp_path / "inventory.yaml"
+    path.write_text(text)
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}:{line}: {words}"), message
+    assert not any(term in message for term in ("<block", "scalar", "stream", "token", "invalid YAML")), message
+    assert caught.value.exit_code == 64  # as every malformed inventory
+
+
+def test_fab_says_a_yaml_syntax_error_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text(SYNTAX_ERRORS["tab"][0])
+    command = [sys.executable, "-m", "fabric", "boards", "--inventory", str(path)]
+    result = subprocess.run(command, cwd=paths.PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 64, result.stderr
+    assert (
+        result.stderr.strip() == f"error: {path}:3: a tab is not allowed for indentation (or to start a value): "
+        "indent with spaces"
+    ), result.stderr

@@ -10,7 +10,15 @@ import pytest
 from orchestrator.commands.render import print_cells
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.lowering.variants import Variant
-from orchestrator.results.summary import Counters, Latency, ProgramInfo, RunSummary, Validity, WarmLatency
+from orchestrator.results.summary import (
+    Counters,
+    Latency,
+    ProgramInfo,
+    Reason,
+    RunSummary,
+    Validity,
+    WarmLatency,
+)
 from orchestrator.results.summary_outputs import Accuracy
 
 NO_PMU = "no hardware PMU exposes this event (no PMU node, or the event is not implemented)"
@@ -90,3 +98,52 @@ def test_each_row_shows_its_run_id_whole_and_the_next_commands_use_them(capsys: 
     a, b = cells[0].run_id, cells[1].run_id
     assert f"fab explore --run {a}" in next_line and f"fab advise --run {a}" in next_line
     assert f"fab compare {a} {b}" in next_line  # the same program on two boards: the pair compare takes
+
+
+def degraded(board: str, backend: str, cv: float, **conditions: Any) -> CellOutcome:
+    """A run the board measured unsteadily: its CV over the limit (and what the board said around it)."""
+    reasons = [Reason("degraded", f"unstable timings: CV {cv * 100:.1f}% > 5%")]
+    if conditions.get("governor_before"):
+        reasons.insert(0, Reason("degraded", f"cpufreq governor {conditions['governor_before']!r} before the run"))
+    summary = RunSummary(
+        run_id=f"run-{board}-{backend}",
+        model=ProgramInfo(name="distilbert-tiny", backend=backend),
+        latency=Latency(iterations=6, threads=4, warm=WarmLatency(1.0, 1.2, 1.3, 1.9, 2.4, cv)),
+        validity=Validity("degraded", tuple(reasons)),
+        board_conditions={"cores_online": 4, **conditions},
+    )
+    return CellOutcome(board, "distilbert-tiny", Variant.parse(backend), ok=True, summary=summary,
+                       run_id=f"20261204T060000Z-{board[-1]}{len(backend):02d}")  # fmt: skip
+
+
+def test_degraded_runs_say_once_what_to_change_with_the_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 38 item 4: every run on a busy machine was "degraded", with no way out. Now one note after the table:
+    the CVs and the iterations, then more iterations (the option), fewer threads (the option, the threads run on
+    the cores), a quieter board (the load seen before the runs) and the governor of the board that reported one."""
+    cells = [
+        degraded("pi-a", "portable", 0.19, load_1m_before=3.5),
+        degraded("pi-a", "xnnpack", 0.8, load_1m_before=3.5),
+        degraded("pi-b", "xnnpack", 0.07, governor_before="ondemand", load_1m_before=0.1),
+        cell("pi-b", "portable"),
+    ]
+    print_cells(cells)
+    output = capsys.readouterr()
+    text = output.out + output.err
+    assert "unstable timings" not in text, "the per-run warnings are folded into the one note"
+    notes = [line for line in output.err.splitlines() if line.startswith("degraded:")]
+    assert notes == [
+        "degraded: 3 of 4 runs (pi-a, pi-b): timings varied: CV 7–80% (limit 5%) over 6 iterations; "
+        "CPU governor 'ondemand' on pi-b"
+    ], output.err
+    fixes = output.err.split(notes[0], 1)[1].strip()
+    assert fixes.startswith("to steady them: more iterations (--iterations 50; these ran 6)"), fixes
+    assert "fewer threads (--threads 2" in fixes and "pi-a: 4 on 4 cores" in fixes
+    assert "a quieter board (before the runs, pi-a: load 3.5 on 4 cores" in fixes and "pi-b: load" not in fixes
+    assert "the CPU governor 'performance' (echo performance | sudo tee" in fixes
+    assert output.err.count("to steady them") == 1
+
+
+def test_steady_runs_say_nothing_about_steadiness(capsys: pytest.CaptureFixture[str]) -> None:
+    print_cells([cell("pi-a", "portable"), cell("pi-a", "xnnpack")])
+    output = capsys.readouterr()
+    assert "degraded" not in output.err and "to steady them" not in output.err

@@ -181,11 +181,12 @@ def test_cache_hit_then_force(tiny_artifacts: dict[str, LoweringResult], tmp_pat
     assert "using cached artifacts" in hit.stderr
     assert pte.stat().st_mtime_ns == before
 
-    forced = run_fab("lower", "--model", "gpt2-tiny", "--weights", "random", "--backend", "xnnpack", "--force", env=env)
+    forced = run_fab("lower", "--model", "gpt2-tiny", "--weights", "random", "--backend", "xnnpack", "--force", "-v",
+                     env=env)  # fmt: skip
     assert forced.returncode == 0, forced.stderr
     assert "using cached artifacts" not in forced.stderr
     for stage in ("load", "export", "xnnpack: to_edge/partition", "xnnpack: to_executorch", "xnnpack: save"):
-        assert f"✓ gpt2-tiny: {stage}" in forced.stderr
+        assert f"✓ gpt2-tiny: {stage}" in forced.stderr  # every step under -v
     assert pte.stat().st_mtime_ns != before
     assert load_artifact("gpt2-tiny", VARIANTS["xnnpack"], root).sha256 == sha256_file(pte)
 

@@ -197,3 +197,15 @@ def test_fab_models_says_what_each_program_returns() -> None:
     assert "mask: the [MASK] position's logits" in rows["distilbert"]
     assert "last: the last position's logits" in rows["gpt2"]
     assert "all: every position's logits" in rows["gpt2-tiny"]
+
+
+def test_fab_models_shows_the_speech_models_inputs() -> None:
+    """The speech encoders leave their inputs to their family: their input column was empty, and a long name cut."""
+    result = run_fab("models")  # the default width of piped output: the name column never cut
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 3}
+    assert "input_features float32" in rows["whisper-tiny-encoder"] and "1×80×3000" in result.stdout
+    assert "input_features float32" in rows["whisper-tiny-encoder-tiny"] and "1×80×100" in result.stdout
+    for name in ("wav2vec2", "wav2vec2-tiny"):
+        assert "input_values float32" in rows[name], rows[name]
+    assert "1×16000" in result.stdout

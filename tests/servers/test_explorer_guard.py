@@ -338,3 +338,28 @@ def test_host_rule_for_loopback_and_explicit_binds() -> None:
     # Bound to a LAN address on purpose: IP literals only (rebinding needs a host name).
     assert host_allowed("192.168.1.20:8081", 8081, "0.0.0.0") and host_allowed("[fe80::1]:8081", 8081, "::")
     assert not host_allowed("evil.example:8081", 8081, "0.0.0.0") and not host_allowed("192.168.1.20", 8081, "0.0.0.0")
+
+
+def test_a_servers_own_start_up_check_is_not_logged_as_a_refusal(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The dashboard serves in this process: its start-up check of the guard (guard_answers' two foreign probes)
+    printed "etlab-guard: refused GET '/check_health'" twice. Its probes are still refused, and any other foreign
+    request, the probe's header with another value included, is refused and logged."""
+    from orchestrator.servers.dashboard.app import Sources, start_dashboard
+    from orchestrator.servers.guard import PROBE_HEADER, guard_answers
+    from tests.plugins.explorer import free_port
+
+    server = start_dashboard(Sources(tmp_path / "results", None), port=free_port())
+    try:
+        assert REFUSED not in capfd.readouterr().err
+        assert guard_answers("127.0.0.1", server.port), "the probes are refused (403) as before"
+        assert REFUSED not in capfd.readouterr().err
+        for headers in ({"Host": f"evil.example:{server.port}"}, {"Host": "evil.example", PROBE_HEADER: "guess"}):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            connection.request("GET", "/check_health", headers=headers)
+            assert connection.getresponse().status == 403
+            connection.close()
+        assert capfd.readouterr().err.count(f"{REFUSED} GET '/check_health'") == 2
+    finally:
+        server.stop()

@@ -117,6 +117,15 @@ def cores_online() -> int | None:
     return None if os.environ.get("ETLAB_AGENT_SYSROOT") else os.cpu_count()
 
 
+def load_1m() -> float | None:
+    """The 1-minute load average (/proc/loadavg's first field): how busy the board was."""
+    text = read_text("/proc/loadavg")
+    try:
+        return float(text.split()[0]) if text else None
+    except ValueError:
+        return None
+
+
 def _policy_index(path: Path) -> int:
     digits = re.sub(r"\D", "", path.name)
     return int(digits) if digits else 0
@@ -437,6 +446,7 @@ def collect_info(workdir: Workdir, runner: Path | None = None) -> dict[str, Any]
         "arch": arch,
         "cpu": cpu_facts(arch),
         "cores_online": cores_online(),
+        "load_1m": load_1m(),
         "cpufreq": policies,
         "governor": governors[0] if len(governors) == 1 else ("mixed" if governors else None),
         "temperature_c": soc_zone["temp_c"] if soc_zone else None,

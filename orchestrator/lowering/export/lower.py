@@ -406,7 +406,8 @@ def _lower_variant(task: VariantTask, shared: _Exported | None = None, *, thread
         _share_cores(task, threads)
     reset_peak_rss()
     artifact_paths = ArtifactPaths.for_model(task.spec.name, task.root)
-    timer = console.StageTimer(prefix=f"{task.spec.name}: ")
+    # lowered beside workers (`threads`): its "done" line says it, its steps only under -v
+    timer = console.StageTimer(prefix=f"{task.spec.name}: ", shown=threads is None)
     quantization = None
     with timer.stage(f"{task.variant}: prepare", quiet=shared is None):
         if not task.needs_program:

@@ -240,7 +240,7 @@ class ParallelLowering:
     def _announce(self, task: VariantTask, where: str) -> float:
         started = time.perf_counter()
         self._started[task.variant] = started
-        console.info(
+        console.detail(
             f"  [cyan]▸[/] {console.escape(task.spec.name)}: {task.variant} started in {where} "
             f"[dim](expects {task.peak_bytes / 1e9:.1f} GB)[/]"
         )

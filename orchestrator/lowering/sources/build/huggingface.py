@@ -20,8 +20,11 @@ Reference inputs are deterministic and valid for the model (huggingface_inputs.p
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import logging
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -99,6 +102,36 @@ def _with_overrides(spec: ModelSpec, base: Any, defaults: bool) -> tuple[Any, Ov
     Nothing from the spec ever becomes a keyword of `from_pretrained`.
     """
     overrides, problems = read_overrides(spec, type(base), rebuilt=defaults)
+    with _vocabulary_shrunk(overrides):
+        return _overridden(spec, base, overrides, problems, defaults)
+
+
+class _TokenIdsOutsideVocabulary(logging.Filter):
+    """transformers' "bos_token_id must be `None` or an integer within the vocabulary": said of a spec's own smaller
+    vocabulary (a tiny config keeps its family's special token ids), never of anything the user's code does."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "integer within the vocabulary" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _vocabulary_shrunk(overrides: Overrides) -> Iterator[None]:
+    """While a config whose vocabulary the spec sets is built: transformers' logger of configs without the warning
+    that the family's special token ids are outside it (only there, only then: the user's own code keeps it)."""
+    if "vocab_size" not in overrides.fields and "vocab_size" not in overrides.applied:
+        yield
+        return
+    logger, quiet = logging.getLogger("transformers.configuration_utils"), _TokenIdsOutsideVocabulary()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def _overridden(
+    spec: ModelSpec, base: Any, overrides: Overrides, problems: list[tuple[str, str]], defaults: bool
+) -> tuple[Any, Overrides]:
     config = copy.deepcopy(base)
     for real, value in overrides.fields.items():
         try:

@@ -19,6 +19,7 @@ from orchestrator.lowering.variants import VARIANTS
 from orchestrator.results.documents import load_summary
 from orchestrator.results.ops_record import load_ops
 from orchestrator.results.overlays import overlay_path, shown
+from orchestrator.servers.dashboard.where import operator_rows
 from tests.plugins.analysis import BundleCase, analyze, rewrite_etdump, steady_copy
 
 pytestmark = pytest.mark.slow  # a real lowered model's run, analysed twice
@@ -73,6 +74,11 @@ def test_every_share_is_of_medians(outlier_run: dict[str, Any], capsys: pytest.C
         assert row["pct"] == pytest.approx(100 * timing.median_ms / base)
     shares = [i.median_ms / base for i in ops.instructions]
     assert sum(shares) <= 1.0 + 1e-9, "the shares of one run sum to at most 100%"
+    # the dashboard's run page: its operator rows and op-type roll-up share the same medians
+    rows, _, types = operator_rows(ops, limit=10_000)
+    (row,) = [r for r in rows if r.node_id == node]
+    assert row.share == pytest.approx(100 * median_share)
+    assert sum(t.share for t in types) <= 100.0 + 1e-6
 
     # the advice: each finding's time is its operators' medians, its share of the same run median
     sidecar = case.model.sidecar

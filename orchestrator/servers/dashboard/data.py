@@ -426,12 +426,12 @@ def _operators(
     except AnalysisError as exc:
         return [], [], [], str(exc), None
     operators, groups, types = operator_rows(ops, TOP_OPERATORS)
-    delegated = ops.delegated_ms
-    kernels = sum(i.mean_ms for i in ops.kernel_calls())
+    delegated = ops.delegated_median_ms  # medians, as the shares beside it
+    kernels = sum(i.median_ms for i in ops.kernel_calls())
     split = Split(
         delegated_ms=delegated,
         non_delegated_ms=kernels,
-        other_ms=max(0.0, ops.method_mean_ms - delegated - kernels),
+        other_ms=max(0.0, ops.method_median_ms - delegated - kernels),
     )
     return operators, groups, types, None, split
 

@@ -211,10 +211,10 @@ class DelegateGroup:
 
     node_id: str
     op: str
-    mean_ms: float
-    placed_ms: float  # of mean_ms, on its nodes (the rest: the delegate's own overhead)
+    median_ms: float
+    placed_ms: float  # of median_ms, its nodes' medians (the rest: the delegate's own overhead)
     nodes: int  # timed nodes
-    share: float  # % of the method's mean
+    share: float  # % of the method's median
 
 
 @dataclass(frozen=True, kw_only=True)

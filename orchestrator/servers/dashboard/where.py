@@ -22,32 +22,33 @@ def operator_rows(
 ) -> tuple[list[OperatorRow], list[DelegateGroup], list[OperatorType]]:
     """The slowest rows, kernel calls and the XNNPACK nodes inside delegate calls ranked together by time; a delegate
     call whose events were placed on nodes is a group (its total) rather than a row, one without stays a row. And
-    every row summed by operator type (TensorBoard's op-type view: "aten::where ×4 = 49 %")."""
-    total = ops.method_mean_ms or 1.0
+    every row summed by operator type (TensorBoard's op-type view: "aten::where ×4 = 49 %"). Ranked and shared by
+    medians, of the run's median (ops.json's `pct`), as every other view of the run is."""
+    total = ops.method_median_ms or 1.0
     rows: list[OperatorRow] = []
     groups: list[DelegateGroup] = []
     delegates = {delegate.node_id: delegate for delegate in ops.delegates}
     for i in ops.instructions:
         delegate = delegates.get(i.node_id) if i.kind == DELEGATE_CALL else None
-        nodes = [node for node in delegate.nodes if node.mean_ms > 0] if delegate is not None else []
+        nodes = [node for node in delegate.nodes if node.ms > 0] if delegate is not None else []
         if nodes:
-            placed = sum(node.mean_ms for node in nodes)
-            groups.append(DelegateGroup(node_id=i.node_id, op=i.op or i.kind, mean_ms=i.mean_ms, placed_ms=placed,
-                                        nodes=len(nodes), share=i.mean_ms / total * 100))  # fmt: skip
+            placed = sum(node.ms for node in nodes)
+            groups.append(DelegateGroup(node_id=i.node_id, op=i.op or i.kind, median_ms=i.median_ms, placed_ms=placed,
+                                        nodes=len(nodes), share=i.median_ms / total * 100))  # fmt: skip
             rows += [
                 OperatorRow(node_id=f"{i.node_id}/{node.node}", kind="XNNPACK node", op=node.type,
-                            mean_ms=node.mean_ms, median_ms=node.median_ms, share=node.mean_ms / total * 100,
+                            mean_ms=node.mean_ms, median_ms=node.median_ms, share=node.ms / total * 100,
                             module=node.module, source=node.source, inside=i.node_id,
                             shape="×".join(map(str, node.shape)) if node.shape else None)
                 for node in nodes
             ]  # fmt: skip
-        elif i.mean_ms > 0:
+        elif i.median_ms > 0:
             rows.append(
                 OperatorRow(node_id=i.node_id, kind=i.kind, op=i.op or i.kind, mean_ms=i.mean_ms,
-                            median_ms=i.median_ms, share=i.mean_ms / total * 100, module=i.module, source=i.source)
+                            median_ms=i.median_ms, share=i.median_ms / total * 100, module=i.module, source=i.source)
             )  # fmt: skip
-    rows.sort(key=lambda row: -row.mean_ms)
-    groups.sort(key=lambda group: -group.mean_ms)
+    rows.sort(key=lambda row: -(row.median_ms or 0.0))
+    groups.sort(key=lambda group: -group.share)
     return rows[:limit], groups, operator_types(rows, total)[:limit]
 
 
@@ -59,10 +60,10 @@ def operator_types(rows: list[OperatorRow], total: float) -> list[OperatorType]:
     types = [
         OperatorType(op=op, kind=kind, count=len(members), mean_ms=sum(r.mean_ms for r in members),
                      median_ms=sum(r.median_ms or 0.0 for r in members),
-                     share=sum(r.mean_ms for r in members) / total * 100)
+                     share=sum(r.median_ms or 0.0 for r in members) / total * 100)
         for (op, kind), members in by_type.items()
     ]  # fmt: skip
-    return sorted(types, key=lambda t: -t.mean_ms)
+    return sorted(types, key=lambda t: -t.share)
 
 
 def module_times(tree: ModuleTree) -> list[ModuleTime]:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -152,11 +153,22 @@ def fetch_wheel(name: str, requirement: str, probe_facts: dict[str, Any], *, any
 # ---------------------------------------------------------------- the verification model
 
 
+# torch.export keeps module-level state while it traces: boards set up in parallel threads lower one at a time
+_VERIFY_LOCK = threading.Lock()
+
+
 def verify_model() -> Path:
     """A tiny XNNPACK-delegated program, lowered once per executorch version, to prove the board runs ours."""
     target = paths.state_dir() / "cache" / f"verify-executorch-{executorch_version()}.pte"
     if target.is_file():
         return target
+    with _VERIFY_LOCK:
+        if target.is_file():  # another board's thread lowered it while this one waited
+            return target
+        return _lower_verify_model(target)
+
+
+def _lower_verify_model(target: Path) -> Path:
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower

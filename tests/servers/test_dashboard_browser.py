@@ -85,6 +85,16 @@ def test_every_page_loads_clean_and_board_strings_are_inert(
     watched.open(server.url + "compare")
     watched.open(server.url + f"compare?a={RUN_IDS['distilbert_a']}&b={RUN_IDS['distilbert_b']}")
     assert graph(watched.page, "compare-ops")
+    # the table lists only operators whose own test found a change; the rest fold into one line a click away,
+    # and the op-type roll-up adds every call up
+    listed = watched.page.locator("#ops-table tr.op-row td:last-child").all_inner_texts()
+    assert set(listed) <= {"slower", "faster"}
+    folded = watched.page.locator("#ops-quiet tr.op-row td:last-child").all_text_contents()  # folded: hidden
+    assert folded and set(folded) <= {"no change", "not tested", "insufficient data"}
+    summary = watched.page.locator("#ops-quiet summary").inner_text()
+    assert summary.startswith(f"{len(folded)} operators within noise")
+    types = watched.page.locator("#op-types tr.op-type").all_inner_texts()
+    assert types and all("×" in row for row in types)
     watched.page.screenshot(path=str(SCREENSHOTS / "dashboard-compare.png"), full_page=True)
 
 
@@ -137,7 +147,7 @@ def test_links_from_the_overview_to_a_run_a_compare_and_model_explorer(
     page.wait_for_url("**/compare?*")
     watched.check()
     assert page.locator("#verdict").inner_text() in {"ok", "drift", "inconclusive", "unconfirmed"}
-    assert page.locator("#ops-table tbody tr").count() > 0
+    assert page.locator("#ops-table tbody tr, #ops-quiet tbody tr").count() > 0  # changed, or folded within noise
     # Model Explorer opens in a new tab, started by the dashboard, on this run's programs and overlays.
     page.goto(server.url + f"run/{RUN_IDS['distilbert_b']}")
     with page.context.expect_page(timeout=180_000) as opened:

@@ -522,7 +522,11 @@ def compare_page(lab: Lab, run_a: str, run_b: str) -> ComparePage:
         memory=comparison.memory,
         generation=comparison.generation,
         per_operator=comparison.per_operator_scope,
-        ops=sorted(to_data(comparison.ops), key=lambda op: -abs(op["delta_ms"] or 0.0)),
+        ops=sorted(
+            ({**to_data(op), "where": op.where} for op in [*comparison.ops, *comparison.delegate_ops]),
+            key=lambda op: -abs(op["delta_ms"] or 0.0),
+        ),
+        op_types=to_data(list(comparison.op_types)),
     )
 
 

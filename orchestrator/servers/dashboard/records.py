@@ -352,6 +352,7 @@ class ComparePage:
     problem: str | None = None
     notes: list[str] = field(default_factory=list)
     ops: list[dict[str, Any]] = field(default_factory=list)  # the comparison's operator records, largest change first
+    op_types: list[dict[str, Any]] = field(default_factory=list)  # the same rolled up by operator type
     verdict: str | None = None
     verdict_detail: str | None = None
     median_a_ms: float | None = None

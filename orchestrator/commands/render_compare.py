@@ -90,7 +90,9 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
             caption=f"per operator, over {comparison.per_operator_scope}; `#N`: XNNPACK node N inside that "
             "delegate call; each row tested on its own samples (alpha shared out over every operator tested)",
         )
-    console.plain(_folded(every, changed, small, limit), stderr=False)
+    console.plain(
+        f"per operator, over {comparison.per_operator_scope}: {_folded(every, changed, small, limit)}", stderr=False
+    )
     _render_op_types(comparison)
     if comparison.generation:
         console.table(

@@ -213,7 +213,7 @@ def test_a_cell_the_history_fails_to_record_is_kept_then_recorded(local_board: B
     History(f"sqlite:///{database}").close()
     log = tmp_path / "nightly.log"
     with locker(database) as other_writer:
-        nightly = fab_background(inventory, tmp_path, log)
+        nightly = fab_background(inventory, tmp_path, log, "--verbose")  # the board's step lines
         with reaped(nightly):
             # The board's first line comes after the history's check, seconds before the cell can be recorded.
             wait_for(lambda: "[local]" in output(log) or nightly.poll() is not None, "the board's first step")

@@ -181,6 +181,7 @@ PARSED_AT_THE_EDGES = {
     "orchestrator/lab/matrix.py",  # the nightly matrix's backends and quantize
     "orchestrator/lowering/sidecar.py",  # a sidecar's backend
     "orchestrator/results/compare.py",  # a run's summary, to name its scheme
+    "orchestrator/advice/detectors.py",  # a run read back: whether its program is portable
 }
 
 

@@ -269,7 +269,7 @@ def test_counters_pass_end_to_end_on_local_and_sshd_boards(
     assert "counters cycles, l2_refills not captured: ENOENT" in analyze.stderr
     compare = fab("compare", *runs, lab=None, results=results)
     assert compare.returncode == 0, compare.stdout + compare.stderr
-    assert "Memory" in compare.stdout and "peak_rss_bytes.first_execution" in compare.stdout
+    assert "Memory" in compare.stdout and "peak RSS at the first execution" in compare.stdout  # in words
     boards = fab("boards", lab=counters_lab, results=results)
     assert boards.returncode == 0, boards.stdout + boards.stderr
     assert boards.stdout.count("no PMU") == 2 and "task_clock" in boards.stdout

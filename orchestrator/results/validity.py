@@ -97,6 +97,11 @@ def _throttle(info: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"raw": throttled.get("raw"), "active": [str(flag) for flag in active]}
 
 
+def _cores(value: Any) -> int | None:
+    """A board's count of online cores, if it is one (readers multiply by it)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 4096 else None
+
+
 def board_conditions(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
     """Governor, temperature and throttling around the run, read defensively (any field may be missing)."""
 
@@ -114,7 +119,7 @@ def board_conditions(before: dict[str, Any] | None, after: dict[str, Any] | None
         "hostname": get(after, "hostname") or get(before, "hostname"),
         "board_model": get(after, "model") or get(before, "model"),
         "arch": get(after, "arch") or get(before, "arch"),
-        "cores_online": get(after, "cores_online") or get(before, "cores_online"),
+        "cores_online": _cores(get(after, "cores_online")) or _cores(get(before, "cores_online")),
         "load_1m_before": number(get(before, "load_1m")),
         "governor_before": get(before, "governor"),
         "governor_after": get(after, "governor"),

@@ -299,3 +299,47 @@ def nightly(c, inventory=None, night=None, history=None, reports=None, wait=Fals
     return nightly_task(
         inventory=inventory, night=night, history=history, reports=reports, wait=wait, record_pending=record_pending
     )
+
+
+LAB_HELP = {
+    "inventory": "inventory file with a `lab:` section (default: inventory.yaml)",
+    "scheduler": "the lab's scheduler address, tls://HOST:PORT (default: the inventory's lab.scheduler)",
+}
+
+
+@task(help={**LAB_HELP, "name": "this worker's name in the lab and in the history (default: the host's name)",
+            "boards": "comma-separated boards to offer (default: every board of the inventory that answers)",
+            "no_lowering": "take no lowering work (a small host that only reaches boards)"})  # fmt: skip
+@handle_errors
+def worker(c, inventory=None, scheduler=None, name=None, boards=None, no_lowering=False):
+    """Join the lab: run its nights' lowerings and the cells of the boards this host reaches, until stopped."""
+    from orchestrator.commands.lab import worker_task
+
+    return worker_task(inventory=inventory, scheduler=scheduler, name=name, boards=boards, no_lowering=no_lowering)
+
+
+@task(name="lab-scheduler", help=LAB_HELP)
+@handle_errors
+def lab_scheduler(c, inventory=None, scheduler=None):
+    """Run the lab's scheduler (mutual TLS with the lab's certificates), until stopped."""
+    from orchestrator.commands.lab import scheduler_task
+
+    return scheduler_task(inventory=inventory, scheduler=scheduler)
+
+
+@task(name="lab-certs", help={"folder": "an empty folder for the lab's CA, certificate and key"})
+@handle_errors
+def lab_certs(c, folder):
+    """Make the lab's certificates: copy the folder to every host of the lab."""
+    from orchestrator.commands.lab import certs_task
+
+    return certs_task(folder=folder)
+
+
+@task(help=LAB_HELP)
+@handle_errors
+def lab(c, inventory=None, scheduler=None):
+    """The lab's workers, what each runs now, and the queue."""
+    from orchestrator.commands.lab import lab_task
+
+    return lab_task(inventory=inventory, scheduler=scheduler)

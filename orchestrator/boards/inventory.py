@@ -136,6 +136,8 @@ class Inventory:
     nightly: dict[Hashable, Any] | None = None  # as YAML reads it: any key (the matrix checker names a bad one)
     # The `nightly:` section as read, so the matrix checker (lab/matrix.py) reports its lines and fields.
     nightly_node: Node | None = field(default=None, compare=False, repr=False)
+    # The `lab:` section as read (several workstations share a night: lab/lab_settings.py checks it).
+    lab_node: Node | None = field(default=None, compare=False, repr=False)
 
     def default_selection(self) -> list[Board]:
         if DEFAULT_GROUP in self.groups:
@@ -264,7 +266,7 @@ _DEFAULT_FIELDS: dict[str, Check] = {
 }
 # What a labgrid place provides itself (from its NetworkService resource), so a labgrid board must not set it.
 _FROM_THE_PLACE = ("host", "port", "user")
-_TOP_LEVEL = ("defaults", "boards", "groups", "nightly")
+_TOP_LEVEL = ("defaults", "boards", "groups", "nightly", "lab")
 
 
 def _local_user() -> str | None:
@@ -316,7 +318,10 @@ class _Checker(Checker):
             else:
                 self.error(node, "nightly", f"expected a mapping, got {describe(node)}")
         nightly_node = sections["nightly"][1] if nightly is not None else None
-        return Inventory(path=self.path, boards=boards, groups=groups, nightly=nightly, nightly_node=nightly_node)
+        lab_node = sections["lab"][1] if "lab" in sections and not is_null(sections["lab"][1]) else None
+        return Inventory(
+            path=self.path, boards=boards, groups=groups, nightly=nightly, nightly_node=nightly_node, lab_node=lab_node
+        )
 
     def resolve_defaults(self, defaults: dict[str, Any]) -> dict[str, Any]:
         base: dict[str, Any] = {"user": _local_user(), "known_hosts": paths.state_dir() / "known_hosts"}

@@ -442,13 +442,17 @@ def nightly_job(
             history_url=history,
             reports_dir=Path(reports) if reports else None,
         )
+    from orchestrator.lab.lab_settings import load_lab_settings  # with the nightly's own, late: see above
+
+    loaded = load_inventory(Path(inventory) if inventory else None)
     try:
         report = run_nightly(
-            load_inventory(Path(inventory) if inventory else None),
+            loaded,
             night=night,
             history_url=history,
             reports_dir=Path(reports) if reports else None,
             wait=wait,
+            lab=load_lab_settings(loaded),
         )
     except NightBusy as exc:
         exc.hint = "`fab nightly --wait` waits for it, then runs only the cells it did not"

@@ -106,6 +106,8 @@ runs = Table(
     Column("planned_bytes", Integer),  # the program's planned arenas
     # Added with language models (issue 26): summary.json's `generation` figures (records.to_data).
     Column("generation", JSON),
+    # Added with lab nights (issue 39): the workstation or worker that ran the cell.
+    Column("host", String(TEXT_SIZES["host"])),
     UniqueConstraint("night", "board", "model", "backend", name="one_cell_per_night"),
 )
 # A cell's nights (trends, baselines) and a board's latest run (the dashboard), without scanning every run.

@@ -31,7 +31,7 @@ from orchestrator.lab.report_rows import (
     place_rows,
     retest_text,
 )
-from orchestrator.lab.run_record import RunRecord
+from orchestrator.lab.run_record import RunRecord, host_name
 from orchestrator.results.verdicts import Kind
 
 
@@ -124,12 +124,15 @@ def _details(short: str, detail: str) -> str:
     return f"<details><summary>{html.escape(short)}</summary><small>{html.escape(detail)}</small></details>"
 
 
-def _bundle_link(bundle: str | None) -> str:
-    """A recorded run's bundle: a link to its folder (file://) when the path is absolute, else the text."""
+def _bundle_link(bundle: str | None, host: str | None = None) -> str:
+    """A recorded run's bundle: a link to its folder (file://) when the path is absolute and on this host, else the
+    text, with the lab host that holds it."""
     if not bundle:
         return "—"
     path = Path(bundle)
     name = html.escape(path.name or bundle)
+    if host and host != host_name():
+        return f"<code title='{html.escape(bundle)}'>{name}</code> on {html.escape(host)}"
     if not path.is_absolute():
         return f"<code>{html.escape(bundle)}</code>"
     return f"<a class='bundle' href='{html.escape(path.as_uri())}' title='{html.escape(bundle)}'>{name}</a>"
@@ -182,7 +185,7 @@ def render_html(report: NightReport) -> str:
             f"{_details(item.verdict, item.detail)}</td>"
             f"<td>{_details(record.validity, ', '.join(record.reasons))}</td>"
             f"<td class='findings'>{_findings_html(record.bundle_path)}</td>"
-            f"<td>{_bundle_link(record.bundle_path)}</td></tr>"
+            f"<td>{_bundle_link(record.bundle_path, record.host)}</td></tr>"
         )
     parts.append("</table>")
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import socket
 import sys
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -27,7 +29,7 @@ from orchestrator.strictjson import MAX_MAGNITUDE, JsonDataError
 # The `runs` columns' lengths (history.py's table declares them from here): a record's text is checked against them.
 TEXT_SIZES = {
     "run_id": 96, "night": 10, "board": 128, "model": 128, "backend": 32, "status": 16, "validity": 16,
-    "stage": 32, "versions_key": 200, "pte_sha256": 64, "verdict": 24,
+    "stage": 32, "versions_key": 200, "pte_sha256": 64, "verdict": 24, "host": 128,
 }  # fmt: skip
 OP_KEY_SIZE, OP_NAME_SIZE = 64, 200  # op_medians' columns: a record's operator keys and names
 
@@ -47,6 +49,7 @@ Board = Annotated[str, _text(TEXT_SIZES["board"], 1)]
 Model = Annotated[str, _text(TEXT_SIZES["model"], 1)]
 Backend = Annotated[str, _text(TEXT_SIZES["backend"], 1)]
 Stage = Annotated[str, _text(TEXT_SIZES["stage"])]
+Host = Annotated[str, _text(TEXT_SIZES["host"])]
 BundlePath = Annotated[str, _text(4096)]
 OpKey = Annotated[str, _text(OP_KEY_SIZE, 1)]
 OpName = Annotated[str, _text(OP_NAME_SIZE)]
@@ -98,6 +101,7 @@ class RunRecord:
     peak_rss_bytes: Bytes | None = None
     planned_bytes: Bytes | None = None
     generation: Generation | None = None  # text-generation programs: TTFT, decode tok/s, token agreement, ...
+    host: Host | None = None  # the workstation or lab worker that ran the cell
 
     def __post_init__(self) -> None:
         if not is_night(self.night):
@@ -142,7 +146,7 @@ class VerdictFigures:
 STORED_FIELDS = (
     "run_id", "night", "board", "model", "backend", "status", "validity", "reasons", "error", "stage", "versions",
     "pte_sha256", "threads", "median_ms", "p90_ms", "mean_ms", "cv", "conditions", "bundle_path", "environment",
-    "verdict", "verdict_info", "peak_rss_bytes", "planned_bytes",
+    "verdict", "verdict_info", "peak_rss_bytes", "planned_bytes", "host",
 )  # fmt: skip
 
 
@@ -171,3 +175,8 @@ def _join(within: str, name: str) -> str:
 
 def versions_key(versions: dict[str, str]) -> str:
     return json.dumps(versions, sort_keys=True)
+
+
+def host_name() -> str:
+    """The name a host's records carry: ETLAB_HOST, else the machine's name."""
+    return (os.environ.get("ETLAB_HOST") or socket.gethostname() or "?")[:128]

@@ -1,63 +1,23 @@
-"""A private PostgreSQL server for the history tests: the shared-lab path, for real.
-
-initdb refuses to run as root, so the cluster belongs to the `postgres` user that Debian's package creates.
-"""
+"""A private PostgreSQL server for the history tests (orchestrator/testing/postgres.py): the shared-lab path."""
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-
-def _pg_bin() -> Path:
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
-    if not candidates:
-        pytest.fail("PostgreSQL is not installed: run ./bootstrap.sh --test (apt-get install postgresql)")
-    return Path(candidates[0]).parent
-
-
-def _as_postgres(argv: list[str]) -> list[str]:
-    return argv if os.geteuid() != 0 else ["runuser", "-u", "postgres", "--", *argv]
 
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """`postgresql+psycopg://postgres@127.0.0.1:<port>/postgres`, trust auth, loopback only."""
-    binaries = _pg_bin()
-    # Not under pytest's tmp folders: those are private to root, and the server runs as `postgres`.
-    root = Path(tempfile.mkdtemp(prefix="etlab-postgres-"))
-    data = root / "data"
-    data.mkdir()
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres")
-        shutil.chown(data, "postgres")
-    subprocess.run(
-        _as_postgres([str(binaries / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres", "-E", "UTF8"]),
-        check=True,
-        capture_output=True,
-    )
-    from tests.plugins.sshd import free_port  # imported late: pytest rewrites plugin modules as it loads them
+    from orchestrator.testing.postgres import private_postgres
 
-    port = free_port("127.0.0.1")
-    options = f"-h 127.0.0.1 -p {port} -k {data}"
-    subprocess.run(
-        _as_postgres(
-            [str(binaries / "pg_ctl"), "-D", str(data), "-o", options, "-w", "-l", str(data / "log"), "start"]
-        ),
-        check=True,
-        capture_output=True,
-    )
     try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+        server = private_postgres()
+        url = server.__enter__()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield url
     finally:
-        subprocess.run(
-            _as_postgres([str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]), capture_output=True
-        )
-        shutil.rmtree(root, ignore_errors=True)
+        server.__exit__(None, None, None)

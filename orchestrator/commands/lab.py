@@ -1,0 +1,83 @@
+"""`fab lab`, `fab worker`, `fab lab-scheduler`, `fab lab-certs`: a night shared by several hosts (lab/cluster.py)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from orchestrator import console
+from orchestrator.boards.inventory import Inventory, load_inventory
+from orchestrator.commands.common import split_list
+from orchestrator.config import Invalid
+from orchestrator.errors import ExitCode, UsageError
+from orchestrator.lab import cluster  # Dask itself is imported only when a lab is reached
+from orchestrator.lab.lab_settings import LabSettings, check_address, load_lab_settings
+
+
+def _settings(inventory: str | None, scheduler: str | None) -> tuple[Inventory, LabSettings]:
+    address = None
+    if scheduler is not None:
+        try:
+            address = check_address(str(scheduler))
+        except Invalid as exc:
+            raise UsageError(f"--scheduler: {exc}") from None
+    loaded = load_inventory(Path(inventory) if inventory else None)
+    settings = load_lab_settings(loaded, scheduler=address)
+    if settings is None:
+        raise UsageError(
+            f"{loaded.path}: no `lab:` section: a lab needs its scheduler, certificates and store",
+            hint="see README.md (A lab of several hosts)",
+        )
+    return loaded, settings
+
+
+def worker_task(*, inventory: str | None, scheduler: str | None, name: str | None, boards: str | None,
+                no_lowering: bool) -> int:  # fmt: skip
+    loaded, settings = _settings(inventory, scheduler)
+    worker_name = name or socket.gethostname()
+    if not worker_name or len(worker_name) > 128 or any(c in worker_name for c in "/\0 "):
+        raise UsageError(f"--name: {worker_name!r} is not a worker name (1-128 characters, no '/', space or NUL)")
+    chosen = [] if boards == "none" else split_list(boards)  # `--boards none`: a host that only lowers
+    offer = cluster.offer(loaded, worker_name, boards=chosen, lowering=not no_lowering)
+    for board in offer.unreachable:
+        console.warn(f"board {board} does not answer from here: not offered to the lab")
+    lowering = f"lowering with {offer.memory_gb:g} GB free" if offer.lowering else "no lowering"
+    console.info(f"worker {worker_name}: boards {', '.join(offer.boards) or 'none'}; {lowering}")
+    return cluster.run_worker(settings, loaded, offer)
+
+
+def scheduler_task(*, inventory: str | None, scheduler: str | None) -> int:
+    _, settings = _settings(inventory, scheduler)
+    return cluster.run_scheduler(settings)
+
+
+def certs_task(*, folder: str) -> int:
+    target = Path(folder).expanduser()
+    if target.exists() and any(target.iterdir()):
+        raise UsageError(f"{target} is not empty: the lab's certificates go into a folder of their own")
+    written = cluster.make_certificates(target)
+    console.info(f"the lab's certificates: {', '.join(str(path) for path in written)}")
+    console.info("copy the folder to every host of the lab (keep lab-key.pem private); in the inventory: "
+                 f"`lab: {{certificates: {target}}}`")  # fmt: skip
+    return ExitCode.OK
+
+
+def lab_task(*, inventory: str | None, scheduler: str | None) -> int:
+    _, settings = _settings(inventory, scheduler)
+    state = cluster.lab_state(settings)
+    rows = []
+    for worker in state.workers:
+        memory = f"{worker.memory_gb:g} GB" if worker.memory_gb is not None else "no lowering"
+        etlab = "yes" if worker.same_etlab else "another etlab: takes none of this workstation's work"
+        rows.append([worker.name, worker.address, ", ".join(worker.boards) or "none", memory, etlab,
+                     "\n".join(worker.running) or "idle"])  # fmt: skip
+    queue = f"queue: {len(state.waiting)} task(s) no worker can take now" if state.waiting else "queue: empty"
+    console.table(
+        f"lab {state.scheduler}: {len(state.workers)} worker(s)",
+        ["worker", "address", "boards", "lowers", "same etlab", "running now"],
+        rows,
+        caption=queue,
+    )
+    if state.waiting:
+        console.table(None, ["waiting task", "needs a worker with"], [list(pair) for pair in state.waiting])
+    return ExitCode.OK

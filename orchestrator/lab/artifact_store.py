@@ -1,0 +1,268 @@
+"""The lab's shared programs: lowered once, fetched by every host that runs them (README "A lab of several hosts").
+
+An entry is one lowered variant under its lowering cache key (Sidecar.cache_key):
+`<store>/<key[:2]>/<key>/` holds the variant's files (every FileRecord of its sidecar, and the sidecar) and
+`manifest.json`, written last: an entry without a manifest is incomplete (a put that was interrupted) and absent.
+Kept programs (tonight's, tomorrow's baseline) are shared too, by their sha256: `<store>/programs/<sha>.pte`.
+
+The store is any fsspec URL (a folder every host mounts, s3://, ...). What it holds was written by another host, so
+it is read as untrusted data: the key and file names checked before they name a path, the manifest and sidecar
+parsed strictly, every byte hashed while it is copied into a temporary file, renamed into place only when its
+sha256 matches both the manifest and the sidecar; the sidecar last, so a half-fetched artifact never loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+from pathlib import Path
+
+import msgspec
+
+from orchestrator.errors import BoardError, ExitCode
+from orchestrator.fsutil import TMP_PREFIX, atomic_path, sha256_file
+from orchestrator.lowering.artifacts import Artifact, ArtifactPaths, valid_sidecar
+from orchestrator.lowering.sidecar import sidecar_from_data
+from orchestrator.lowering.variants import Variant
+from orchestrator.strictjson import JsonDataError, loads
+
+CHUNK = 1 << 20
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_FILE_BYTES = 64 << 30  # a 1B-parameter fp32 program and its exported program stay far below
+MANIFEST = "manifest.json"
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}$")
+
+
+class StoreError(BoardError):
+    """The store refused an entry (tampered, malformed) or cannot be reached. A bad entry is data (65), an unreachable
+    store infrastructure (69)."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.exit_code = ExitCode.UNAVAILABLE if unreachable else ExitCode.DATA
+
+
+class Manifest(msgspec.Struct, forbid_unknown_fields=True):
+    key: str
+    model: str
+    backend: str
+    files: dict[str, str]  # file name -> sha256 (the sidecar included)
+    sidecar: str  # the sidecar's file name
+
+
+def _checked_key(key: str) -> str:
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise StoreError(f"not a lowering cache key: {str(key)[:80]!r}")
+    return key
+
+
+def _plain(name: str, where: str) -> str:
+    if not _PLAIN_NAME.fullmatch(name) or ".." in name:
+        raise StoreError(f"{where}: {name[:80]!r} is not a plain file name")
+    return name
+
+
+def shown(url: str) -> str:
+    """The store's URL without credentials (user:password@ or a query's secrets)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    rest = rest.split("?", 1)[0]
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host.rsplit('@', 1)[-1]}{slash}{path}"
+
+
+class ArtifactStore:
+    def __init__(self, url: str) -> None:
+        import fsspec  # type: ignore[import-untyped]
+
+        self.url = url
+        try:
+            self.fs, root = fsspec.core.url_to_fs(url)
+        except (ImportError, ValueError, OSError) as exc:
+            raise StoreError(f"the lab's store {shown(url)} cannot be opened: {exc}", unreachable=True) from None
+        self.root = str(root).rstrip("/")
+
+    def _unreachable(self, what: str, exc: OSError) -> StoreError:
+        return StoreError(f"{what} the lab's store {shown(self.url)}: {exc}", unreachable=True)
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({shown(self.url)!r})"
+
+    def _entry(self, key: str) -> str:
+        return f"{self.root}/{key[:2]}/{key}"
+
+    def has(self, key: str) -> bool:
+        """Whether a complete entry (its manifest) is there."""
+        try:
+            return bool(self.fs.exists(f"{self._entry(_checked_key(key))}/{MANIFEST}"))
+        except OSError as exc:
+            raise StoreError(f"the lab's store {shown(self.url)} cannot be read: {exc}", unreachable=True) from None
+
+    # ------------------------------------------------------------ in
+
+    def put(self, artifact: Artifact) -> str:
+        """Publish the variant under its cache key (already there: nothing to do). Returns the key."""
+        key = _checked_key(artifact.sidecar.cache_key)
+        if self.has(key):
+            return key
+        folder = artifact.paths.folder
+        sidecar_path = artifact.paths.sidecar(artifact.variant)
+        files = {record.file: record.sha256 for record in artifact.sidecar.files.values()}
+        files[sidecar_path.name] = sha256_file(sidecar_path)
+        entry = self._entry(key)
+        try:
+            self.fs.makedirs(entry, exist_ok=True)
+            for name, sha in files.items():
+                _plain(name, "a lowered file")
+                if sha256_file(folder / name) != sha:
+                    raise StoreError(f"{folder / name} changed since it was lowered: not published")
+                self._upload(folder / name, f"{entry}/{name}")
+            manifest = Manifest(key, artifact.model, artifact.variant.name, files, sidecar_path.name)
+            self._write(f"{entry}/{MANIFEST}", msgspec.json.encode(manifest))  # last: the entry is complete
+        except OSError as exc:
+            raise StoreError(
+                f"could not publish to the lab's store {shown(self.url)}: {exc}", unreachable=True
+            ) from None
+        return key
+
+    def _upload(self, source: Path, target: str) -> None:
+        temporary = f"{target}.{TMP_PREFIX}{secrets.token_hex(6)}"
+        self.fs.put_file(str(source), temporary)
+        self.fs.mv(temporary, target)
+
+    def _write(self, target: str, data: bytes) -> None:
+        temporary = f"{target}.{TMP_PREFIX}{secrets.token_hex(6)}"
+        self.fs.pipe_file(temporary, data)
+        self.fs.mv(temporary, target)
+
+    # ------------------------------------------------------------ out
+
+    def get(self, key: str, model: str, variant: Variant, root: Path) -> Artifact:
+        """The entry as a local artifact under `root/<model>/`, every file verified; one already there (same key,
+        intact) is used as it is."""
+        key = _checked_key(key)
+        paths = ArtifactPaths.for_model(_plain(model, "a model name"), root)
+        local, _ = valid_sidecar(paths, variant)
+        if local is not None and local.cache_key == key:
+            return Artifact(paths, variant, local)
+        entry = self._entry(key)
+        where = f"the lab's store {shown(self.url)}, entry {key[:12]}"
+        manifest = self._manifest(entry, key, where)
+        if manifest.model != model or manifest.backend != variant.name:
+            raise StoreError(f"{where}: holds {manifest.model}/{manifest.backend}, not {model}/{variant}")
+        sidecar_sha = manifest.files.get(manifest.sidecar)
+        if sidecar_sha is None or manifest.sidecar != paths.sidecar(variant).name:
+            raise StoreError(f"{where}: its manifest does not list the sidecar {paths.sidecar(variant).name}")
+        sidecar_bytes = self._read_verified(f"{entry}/{manifest.sidecar}", sidecar_sha, where, MAX_MANIFEST_BYTES * 16)
+        try:
+            sidecar = sidecar_from_data(loads(sidecar_bytes, where=f"{where}: {manifest.sidecar}"), where)
+        except JsonDataError as exc:
+            raise StoreError(str(exc)) from None
+        if sidecar.cache_key != key or sidecar.backend != variant.name:
+            raise StoreError(f"{where}: its sidecar is for another program (cache key or backend differ)")
+        records = {record.file: record for record in sidecar.files.values()}
+        for name, record in records.items():
+            if manifest.files.get(name) != record.sha256:
+                raise StoreError(f"{where}: {name[:80]!r}: the manifest and the sidecar disagree")
+        paths.folder.mkdir(parents=True, exist_ok=True)
+        for name, record in records.items():
+            target = paths.folder / _plain(name, where)
+            self._fetch(f"{entry}/{name}", target, record.sha256, record.size, where)
+            with contextlib.suppress(OSError):
+                os.utime(target, ns=(record.mtime_ns, record.mtime_ns))  # valid_sidecar need not hash it again
+        with atomic_path(paths.sidecar(variant)) as temporary:
+            temporary.write_bytes(sidecar_bytes)
+        checked, problem = valid_sidecar(paths, variant)
+        if checked is None:
+            raise StoreError(f"{where}: fetched, but not a valid artifact: {problem}")
+        return Artifact(paths, variant, checked)
+
+    def _manifest(self, entry: str, key: str, where: str) -> Manifest:
+        try:
+            data = self._read_capped(f"{entry}/{MANIFEST}", MAX_MANIFEST_BYTES)
+        except FileNotFoundError:
+            raise StoreError(f"{where}: no such entry (never published, or its publishing was interrupted)") from None
+        try:
+            manifest = msgspec.convert(loads(data, where=f"{where}: {MANIFEST}"), Manifest)
+        except (JsonDataError, msgspec.ValidationError) as exc:
+            raise StoreError(f"{where}: {MANIFEST} is malformed: {exc}") from None
+        if manifest.key != key:
+            raise StoreError(f"{where}: its manifest names another key")
+        for name, sha in manifest.files.items():
+            _plain(name, f"{where}: {MANIFEST}")
+            _checked_key(sha)
+        return manifest
+
+    def _read_capped(self, path: str, cap: int) -> bytes:
+        try:
+            with self.fs.open(path, "rb") as handle:
+                data: bytes = handle.read(cap + 1)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"the lab's store {shown(self.url)} cannot be read: {exc}", unreachable=True) from None
+        if len(data) > cap:
+            raise StoreError(f"{path.rsplit('/', 1)[-1]} in the lab's store is larger than {cap} bytes")
+        return data
+
+    def _read_verified(self, path: str, sha: str, where: str, cap: int) -> bytes:
+        try:
+            data = self._read_capped(path, cap)
+        except FileNotFoundError:
+            raise StoreError(f"{where}: {path.rsplit('/', 1)[-1]} is missing") from None
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise StoreError(f"{where}: {path.rsplit('/', 1)[-1]} does not match its sha256 (changed in the store)")
+        return data
+
+    def _fetch(self, source: str, target: Path, sha: str, size: int, where: str) -> None:
+        """Copy, hashing as it goes, into a temporary beside `target`; renamed into place only when it matches."""
+        if size > MAX_FILE_BYTES:
+            raise StoreError(f"{where}: {target.name} is said to be {size} bytes: too large")
+        if target.is_file() and target.stat().st_size == size and sha256_file(target) == sha:
+            return  # shared with another variant of the model (its inputs), already here
+        digest, copied = hashlib.sha256(), 0
+        try:
+            with atomic_path(target) as temporary, self.fs.open(source, "rb") as handle, open(temporary, "wb") as out:
+                while chunk := handle.read(CHUNK):
+                    copied += len(chunk)
+                    if copied > size:
+                        raise StoreError(f"{where}: {target.name} is larger than its record says")
+                    digest.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                if copied != size or digest.hexdigest() != sha:
+                    raise StoreError(f"{where}: {target.name} does not match its sha256 (changed in the store)")
+        except FileNotFoundError:
+            raise StoreError(f"{where}: {target.name} is missing") from None
+        except OSError as exc:
+            raise StoreError(f"{where}: {target.name} could not be fetched: {exc}", unreachable=True) from None
+
+    # ------------------------------------------------------------ kept programs (baselines)
+
+    def put_program(self, pte: Path, sha: str) -> None:
+        target = f"{self.root}/programs/{_checked_key(sha)}.pte"
+        try:
+            if not self.fs.exists(target):
+                self.fs.makedirs(f"{self.root}/programs", exist_ok=True)
+                self._upload(pte, target)
+        except OSError as exc:
+            raise StoreError(
+                f"could not publish to the lab's store {shown(self.url)}: {exc}", unreachable=True
+            ) from None
+
+    def get_program(self, sha: str, target: Path) -> Path | None:
+        """The kept program `sha` fetched to `target` (verified), None when the store does not hold it."""
+        source = f"{self.root}/programs/{_checked_key(sha)}.pte"
+        try:
+            size = int(self.fs.size(source))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"the lab's store {shown(self.url)} cannot be read: {exc}", unreachable=True) from None
+        self._fetch(source, target, sha, size, f"the lab's store {shown(self.url)}, program {sha[:12]}")
+        return target

@@ -1,0 +1,128 @@
+"""The inventory's `lab:` section: where a lab's scheduler listens, its certificates, its shared artifact store.
+
+Without it (the default) a night runs in `fab nightly`'s own process, as it always has. With it, `fab nightly`
+hands the night to the lab's workers (lab/lab_night.py) and `fab worker` joins the lab (lab/cluster.py).
+
+```yaml
+lab:
+  scheduler: tls://lab-host.example:8786   # tls:// (mutual TLS with the lab's certificates), or tcp:// on loopback
+  certificates: lab-certs/                  # from `fab lab-certs`: ca.pem, lab.pem (the lab's key and certificate)
+  store: /srv/etlab-store                   # a shared folder, or an fsspec URL (s3://bucket/etlab, ...)
+  wait_seconds: 600                         # how long a board's cells wait for a worker that reaches the board
+  lowering_gb: 4                            # memory a lowering needs: it runs only where that much is free
+```
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from yaml.nodes import Node
+
+from orchestrator.boards.inventory import Inventory
+from orchestrator.config import Checker, Invalid, number, string
+from orchestrator.errors import InventoryError
+
+DEFAULT_WAIT_SECONDS = 600.0
+DEFAULT_LOWERING_GB = 2.0
+CA_FILE, KEY_AND_CERT_FILE = "ca.pem", "lab.pem"
+
+
+@dataclass(frozen=True)
+class LabSettings:
+    scheduler: str  # tls://host:port or tcp://<loopback>:port
+    store: str  # a folder (absolute) or an fsspec URL
+    certificates: Path | None = None  # the folder holding ca.pem and lab.pem; required for tls://
+    wait_seconds: float = DEFAULT_WAIT_SECONDS
+    lowering_gb: float = DEFAULT_LOWERING_GB
+
+    @property
+    def secure(self) -> bool:
+        return self.scheduler.startswith("tls://")
+
+
+def check_address(address: str) -> str:
+    """A scheduler address etlab will listen on or dial: tls:// anywhere, tcp:// only on a loopback address (an open
+    port without TLS would let anyone on the network run work on the lab's hosts)."""
+    parsed = urllib.parse.urlsplit(address)
+    if parsed.scheme not in ("tls", "tcp") or not parsed.hostname or parsed.path not in ("", "/"):
+        raise Invalid(f"expected tls://HOST:PORT (or tcp://127.0.0.1:PORT on one host), got {address!r}")
+    try:
+        port = parsed.port
+    except ValueError:
+        port = None
+    if port is None or not 1 <= port <= 65535:
+        raise Invalid(f"{address!r} has no port (1-65535)")
+    if parsed.scheme == "tcp" and not _loopback(parsed.hostname):
+        raise Invalid(f"{address!r} would be an open port without TLS: use tls:// with `fab lab-certs`' certificates")
+    return f"{parsed.scheme}://{parsed.hostname if ':' not in parsed.hostname else f'[{parsed.hostname}]'}:{port}"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _address(node: Node, _field: str) -> str:
+    return check_address(string(node, "a scheduler address"))
+
+
+def load_lab_settings(inventory: Inventory, *, scheduler: str | None = None) -> LabSettings | None:
+    """The `lab:` section, checked (`file:line: lab.scheduler: ...`, exit 64); None when there is none and no
+    `scheduler` is given. `scheduler` (an option, already checked) overrides the file's."""
+    node = inventory.lab_node
+    checker = Checker(inventory.path)
+    section = {} if node is None else checker.fields(node, "lab", _FIELDS)
+    if checker.problems:
+        raise InventoryError("\n".join(checker.errors))
+    address = scheduler or section.get("scheduler")
+    if address is None:
+        if node is not None:
+            checker.error(node, "lab.scheduler", "is required: the lab's scheduler address (tls://HOST:PORT)")
+            raise InventoryError("\n".join(checker.errors))
+        return None
+    if "store" not in section:
+        at = node if node is not None else None
+        where = f"{inventory.path}:{at.start_mark.line + 1}: " if at is not None else f"{inventory.path}: "
+        raise InventoryError(f"{where}lab.store: is required: the folder or URL every host shares for programs")
+    certificates = _folder(inventory, section["certificates"]) if "certificates" in section else None
+    if address.startswith("tls://") and certificates is None:
+        raise InventoryError(
+            f"{inventory.path}: lab.certificates: is required for a tls:// scheduler: the folder `fab lab-certs` wrote"
+        )
+    store = section["store"]
+    return LabSettings(
+        scheduler=address,
+        store=store if "://" in store else str(_folder(inventory, store)),
+        certificates=certificates,
+        wait_seconds=section.get("wait_seconds", DEFAULT_WAIT_SECONDS),
+        lowering_gb=section.get("lowering_gb", DEFAULT_LOWERING_GB),
+    )
+
+
+def _folder(inventory: Inventory, text: str) -> Path:
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else (inventory.path.parent / path).resolve()
+
+
+def _text(node: Node, _field: str) -> str:
+    value = string(node, "a path or URL")
+    if not value or "\0" in value:
+        raise Invalid("expected a non-empty path or URL")
+    return value
+
+
+_FIELDS = {
+    "scheduler": _address,
+    "certificates": _text,
+    "store": _text,
+    "wait_seconds": number(0, above=True, high=7 * 86400, unit="a number of seconds"),
+    "lowering_gb": number(0, above=True, high=1 << 20, unit="a number of GB"),
+}

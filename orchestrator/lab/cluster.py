@@ -228,6 +228,7 @@ def run_worker(settings: LabSettings, inventory: Inventory, what: WorkerOffer) -
     async def serve() -> None:
         # Threads: a cell per board at once, plus a lowering; the resources keep each to what it may run.
         threads = max(2, len(what.boards) + 1)
+        console.info(f"worker {what.name}: joining the lab at {settings.scheduler} (waits for its scheduler to answer)")
         async with Worker(
             settings.scheduler,
             security=security(settings),

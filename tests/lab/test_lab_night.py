@@ -3,6 +3,7 @@ artifacts folders, three sshd boards on 127.0.0.x, one PostgreSQL history; a wor
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,12 +16,14 @@ from typing import Any
 import pytest
 import sqlalchemy
 
+from orchestrator.lab.cluster import lab_state
 from orchestrator.lab.history import History
 from orchestrator.lab.run_record import RunRecord
 from orchestrator.lowering.artifacts import ArtifactPaths
 from orchestrator.lowering.variants import Variant
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.testing.lab import LocalLab
+from orchestrator.testing.pi import PiBoard
 from orchestrator.testing.postgres import fresh_database
 from orchestrator.testing.sshd import SshdBoard
 from tests.plugins.artifacts import ARTIFACT_CACHE
@@ -46,7 +49,7 @@ def records(url: str, night: str = NIGHT) -> list[RunRecord]:
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[LocalLab]:
-    started = LocalLab(tmp_path / "lab", wait_seconds=8)
+    started = LocalLab(tmp_path / "lab", wait_seconds=45)
     try:
         yield started
     finally:
@@ -111,6 +114,15 @@ def test_a_night_on_two_workers_survives_one_killed(
             pytest.fail(f"no worker recorded a cell:\n{output}\n{lab.log('wa')[-3000:]}\n{lab.log('wb')[-3000:]}")
         victim = killed_with[0].host
         survivor = "wb" if victim == "wa" else "wa"
+        # `fab lab` mid-night: the survivor alone, running a board's share; the board nobody reaches queued.
+        while {w.name for w in lab_state(lab.settings).workers} != {survivor}:
+            time.sleep(0.2)
+        during = fab("lab", "--inventory", str(workstation))
+        assert during.returncode == 0, during.stdout + during.stderr
+        workers_table, _, queue_table = during.stdout.partition("queue:")
+        assert survivor in workers_table and f"{victim} " not in workers_table, during.stdout
+        assert "board lab-b" in workers_table, "the survivor's row names the board share it runs"
+        assert "board lab-nowhere" in queue_table and "board:lab-nowhere" in queue_table, during.stdout
         output, _ = night.communicate(timeout=900)
     finally:
         if night.poll() is None:
@@ -156,3 +168,44 @@ def _quietly(read: Callable[[str], list[RunRecord]], url: str) -> list[RunRecord
         return read(url)
     except sqlalchemy.exc.SQLAlchemyError:  # the schema is being created by the first writer
         return []
+
+
+def test_a_cell_runs_on_the_worker_that_reaches_its_board_an_emulated_pi(
+    lab: LocalLab,
+    sshd_boards: Callable[..., list[SshdBoard]],
+    pi_boards: Callable[..., PiBoard],
+    postgres_url: str,
+    tiny_artifacts: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """Two hosts, each with a board only it reaches: an x86 sshd board on wx, an emulated Raspberry Pi 4 on wpi.
+    Each cell lands on the host that reaches its board; the Pi runs the very program wx published."""
+    (x86,) = sshd_boards(1, names=["lab-x86"])
+    pi = pi_boards("lab-pi4", flavour="pi4", compiler=False)  # its runner cross-built here, before the night
+    for board in (x86.board, pi.board):
+        provision_board(board)
+    url = fresh_database(postgres_url)
+    matrix = [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["lab-x86", "lab-pi4"]}]
+    nightly = {"history": url, "reports": str(tmp_path / "reports"), "iterations": 3, "warmup": 1,
+               "cooldown_seconds": 0, "matrix": matrix}  # fmt: skip
+    workstation = lab.with_lab(write_inventory(tmp_path / "inventory.yaml", [x86.board, pi.board], nightly=nightly))
+    lab.with_lab(write_inventory(tmp_path / "wx.yaml", [x86.board]))
+    lab.with_lab(write_inventory(tmp_path / "wpi.yaml", [pi.board]))
+    lab.start_scheduler(workstation)
+    lab.start_worker("wx", tmp_path / "wx.yaml", artifacts=ARTIFACT_CACHE)
+    lab.start_worker("wpi", tmp_path / "wpi.yaml", lowering=False)
+    lab.wait_workers({"wx", "wpi"})
+
+    env = {**os.environ, "ETLAB_RESULTS": str(tmp_path / "results"), "ETLAB_STATE": str(tmp_path / "ws-state")}
+    done = fab("nightly", "--inventory", str(workstation), "--night", NIGHT, env=env, timeout=1500)
+    assert done.returncode == 0, done.stdout + done.stderr + lab.log("wpi")[-4000:]
+    hosts = {r.board: r for r in records(url)}
+    assert hosts["lab-x86"].host == "wx" and hosts["lab-pi4"].host == "wpi", hosts
+    assert all(r.status == "ok" for r in hosts.values())
+    bundle = Path(hosts["lab-pi4"].bundle_path or "")
+    assert bundle.is_relative_to(lab.root / "wpi" / "results"), "the bundle stays on the host that ran the cell"
+    facts = json.loads((bundle / "board_info_before.json").read_text())
+    assert facts["arch"] == "aarch64" and facts["cpu"]["core"] == "Cortex-A72"
+    fetched = ArtifactPaths.for_model("distilbert-tiny", lab.root / "wpi" / "artifacts").pte(Variant.parse("xnnpack"))
+    assert fetched.read_bytes() == tiny_artifacts["distilbert-tiny"].paths.pte(Variant.parse("xnnpack")).read_bytes()
+    assert "on wpi" in (tmp_path / "reports" / f"nightly-{NIGHT}.html").read_text()

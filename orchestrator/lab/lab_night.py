@@ -48,6 +48,7 @@ class LoweringReply(msgspec.Struct, forbid_unknown_fields=False):
     versions: dict[str, str] = {}
     lowered: list[str] = []
     seconds: float = 0.0
+    infrastructure: bool = False
 
 
 class BoardReply(msgspec.Struct, forbid_unknown_fields=False):
@@ -101,10 +102,23 @@ def run_on_lab(
         for cells in plan.values():
             for model, variant, _ in cells:
                 wanted.setdefault(model, {})[variant] = None
-        keys, lowering_errors = _lower(client, settings, config, night, wanted, specs, rewrites_of, outcome)
-        failed = _boards(client, settings, config, night, history_url, plan, keys, lowering_errors, outcome, recorder)
+        keys, lowering_errors, unplaced = _lower(client, settings, config, night, wanted, specs, rewrites_of, outcome)
+        # A program the lab could not lower (no worker with the memory, the store unreachable): its cells are the
+        # lab's failure, not the model's; recorded here, and no board waits for them.
+        runnable: dict[Board, list[PlannedCell]] = {}
+        for board, cells in plan.items():
+            for model, why in unplaced.items():
+                unrun = [cell for cell in cells if cell[0] == model]
+                _record_unrun(recorder, night, board, unrun, outcome.versions, f"not lowered: {why}", True, None)
+            if left := [cell for cell in cells if cell[0] not in unplaced]:
+                runnable[board] = left
+        if unplaced:
+            outcome.infrastructure_ok = False
+        failed = _boards(
+            client, settings, config, night, history_url, runnable, keys, lowering_errors, outcome, recorder
+        )
         for board, (error, infrastructure, host) in failed.items():
-            _record_unrun(recorder, night, board, plan[board], outcome.versions, error, infrastructure, host)
+            _record_unrun(recorder, night, board, runnable[board], outcome.versions, error, infrastructure, host)
             outcome.infrastructure_ok = False
     finally:
         client.close()
@@ -140,8 +154,9 @@ def _lower(
     specs: dict[str, ModelSpec],
     rewrites_of: dict[str, RewriteRequest],
     outcome: LabOutcome,
-) -> tuple[dict[tuple[str, str], str], dict[str, str]]:
-    """Each program lowered once for the lab; its variants' store keys, and the models that failed (why)."""
+) -> tuple[dict[tuple[str, str], str], dict[str, str], dict[str, str]]:
+    """Each program lowered once for the lab: its variants' store keys; the models whose lowering failed (why); and
+    those the lab could not lower (no worker could take it, lost, the store unreachable: why)."""
     needs = {cluster.revision_resource(): 1, cluster.LOWERING: 1, cluster.MEMORY: settings.lowering_gb}
     tasks = []
     for model, variants in wanted.items():
@@ -153,16 +168,19 @@ def _lower(
         tasks.append(_Task(model, future, needs))
     keys: dict[tuple[str, str], str] = {}
     errors: dict[str, str] = {}
+    unplaced: dict[str, str] = {}
 
     def done(model: str, reply: Any, problem: str | None) -> None:
+        lab_trouble = problem is not None
         if problem is None:
             try:
                 checked = msgspec.convert(reply, LoweringReply)
                 problem = checked.error or _bad_keys(checked, wanted[model])
+                lab_trouble = checked.infrastructure
             except msgspec.ValidationError as exc:
                 problem = f"the worker's reply is malformed: {exc}"
         if problem is not None:
-            errors[model] = problem
+            (unplaced if lab_trouble else errors)[model] = problem
             console.warn(console.escape(f"{model}: not lowered for the lab: {problem}"))
             return
         outcome.versions[model] = checked.versions
@@ -171,7 +189,7 @@ def _lower(
         console.info(console.escape(f"{model}: {how} on {checked.host} ({checked.seconds:.1f} s)"))
 
     _gather(client, tasks, settings.wait_seconds, done)
-    return keys, errors
+    return keys, errors, unplaced
 
 
 def _bad_keys(reply: LoweringReply, variants: dict[Variant, None]) -> str | None:

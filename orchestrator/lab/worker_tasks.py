@@ -60,8 +60,8 @@ def lower_program(
         lowered = [v.name for v, r in result.variants.items() if not r.cached and v.name not in fetched]
         seconds = round(time.monotonic() - started, 3)
         return {"host": host, "keys": keys, "versions": versions, "lowered": lowered, "error": None, "seconds": seconds}
-    except EtlabError as exc:
-        return {"host": host, "error": first_line(exc)}
+    except EtlabError as exc:  # the model's own failure, or the lab's (its store unreachable: 69)
+        return {"host": host, "error": first_line(exc), "infrastructure": exc.exit_code == ExitCode.UNAVAILABLE}
     except Exception as exc:  # a bug: said, with where, rather than raised into the client's msgpack-only reader
         return {"host": host, "error": f"internal error on {host}: {exc!r}", "detail": traceback.format_exc(limit=-4)}
 

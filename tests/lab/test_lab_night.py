@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy
+import yaml
 
 from orchestrator.lab.cluster import lab_state
 from orchestrator.lab.history import History
@@ -209,3 +210,31 @@ def test_a_cell_runs_on_the_worker_that_reaches_its_board_an_emulated_pi(
     fetched = ArtifactPaths.for_model("distilbert-tiny", lab.root / "wpi" / "artifacts").pte(Variant.parse("xnnpack"))
     assert fetched.read_bytes() == tiny_artifacts["distilbert-tiny"].paths.pte(Variant.parse("xnnpack")).read_bytes()
     assert "on wpi" in (tmp_path / "reports" / f"nightly-{NIGHT}.html").read_text()
+
+
+def test_a_lowering_no_worker_has_the_memory_for_is_the_lab_s_failure(
+    tmp_path: Path, sshd_boards: Callable[..., list[SshdBoard]], postgres_url: str
+) -> None:
+    """A program needs more memory than any worker has free: it is never lowered (no worker takes it), its cells are
+    infrastructure failures naming what they needed, and the night says so (exit 2)."""
+    lab = LocalLab(tmp_path / "lab", wait_seconds=3)
+    try:
+        (fake,) = sshd_boards(1, names=["lab-small"])
+        url = fresh_database(postgres_url)
+        matrix = [{"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["lab-small"]}]
+        nightly = {"history": url, "reports": str(tmp_path / "reports"), "matrix": matrix}
+        workstation = lab.with_lab(write_inventory(tmp_path / "inventory.yaml", [fake.board], nightly=nightly))
+        document = yaml.safe_load(workstation.read_text())
+        document["lab"]["lowering_gb"] = 1 << 19  # half a petabyte
+        workstation.write_text(yaml.safe_dump(document))
+        lab.start_scheduler(workstation)
+        lab.start_worker("w1", lab.with_lab(write_inventory(tmp_path / "w1.yaml", [fake.board])))
+        lab.wait_workers({"w1"})
+        done = fab("nightly", "--inventory", str(workstation), "--night", NIGHT,
+                   env={**os.environ, "ETLAB_RESULTS": str(tmp_path / "results")})  # fmt: skip
+        assert done.returncode == 2, done.stdout + done.stderr
+        (record,) = records(url)
+        assert record.status == "infra" and "memory-gb" in (record.error or ""), record
+        assert not (lab.root / "w1" / "artifacts" / "distilbert-tiny").exists(), "nothing was lowered"
+    finally:
+        lab.close()

@@ -1,8 +1,10 @@
-"""The name rule for whatever becomes a file or folder name: spec names, every name a board sends, and nights."""
+"""The name rule for whatever becomes a file or folder name: spec names, every name a board sends, and nights; and
+which host names are this machine's loopback (a server etlab binds, a lab's plain-TCP scheduler)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import re
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -25,3 +27,13 @@ def is_night(text: object) -> bool:
     except ValueError:  # 2031-02-30
         return False
     return True
+
+
+def is_loopback(host: str) -> bool:
+    """`localhost`, or an address on the loopback interface (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -15,7 +15,6 @@ lab:
 
 from __future__ import annotations
 
-import ipaddress
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from yaml.nodes import Node
 from orchestrator.boards.inventory import Inventory
 from orchestrator.config import Checker, Invalid, number, string
 from orchestrator.errors import InventoryError
+from orchestrator.names import is_loopback
 
 DEFAULT_WAIT_SECONDS = 600.0
 DEFAULT_LOWERING_GB = 2.0
@@ -56,18 +56,9 @@ def check_address(address: str) -> str:
         port = None
     if port is None or not 1 <= port <= 65535:
         raise Invalid(f"{address!r} has no port (1-65535)")
-    if parsed.scheme == "tcp" and not _loopback(parsed.hostname):
+    if parsed.scheme == "tcp" and not is_loopback(parsed.hostname):
         raise Invalid(f"{address!r} would be an open port without TLS: use tls:// with `fab lab-certs`' certificates")
     return f"{parsed.scheme}://{parsed.hostname if ':' not in parsed.hostname else f'[{parsed.hostname}]'}:{port}"
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _address(node: Node, _field: str) -> str:

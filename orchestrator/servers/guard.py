@@ -29,17 +29,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from orchestrator import strictjson
+from orchestrator.names import is_loopback
 
 DEFAULT_HOST = "127.0.0.1"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")

@@ -38,6 +38,7 @@ REVISION_SLOTS = 1_000_000  # a resource every task takes one of: never the limi
 CONNECT_SECONDS = 20.0
 # Dask's own HTTP server (health and metrics; no dashboard): loopback only, the lab's port is its TLS one.
 HEALTH_ADDRESS = "127.0.0.1:0"
+WORKER_TTL = "60s"
 
 
 class LabUnreachable(BoardError):
@@ -259,9 +260,12 @@ def run_scheduler(settings: LabSettings) -> int:
     """`fab lab-scheduler`: the lab's scheduler on the address of `lab.scheduler`, without Dask's web dashboard."""
     import urllib.parse
 
+    import dask
     from distributed import Scheduler
 
     parsed = urllib.parse.urlsplit(settings.scheduler)
+    # A worker silent for a minute (a cut network, a frozen host) is given up: its share goes to another worker.
+    dask.config.set({"distributed.scheduler.worker-ttl": WORKER_TTL})
 
     async def serve() -> None:
         async with Scheduler(

@@ -19,10 +19,11 @@ import os
 import re
 import secrets
 from pathlib import Path
+from urllib.parse import unquote
 
 import msgspec
 
-from orchestrator.errors import BoardError, ExitCode
+from orchestrator.errors import ArtifactError, BoardError, EtlabError, ExitCode
 from orchestrator.fsutil import TMP_PREFIX, atomic_path, sha256_file
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths, valid_sidecar
 from orchestrator.lowering.sidecar import sidecar_from_data
@@ -33,17 +34,21 @@ CHUNK = 1 << 20
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_FILE_BYTES = 64 << 30  # a 1B-parameter fp32 program and its exported program stay far below
 MANIFEST = "manifest.json"
-_KEY = re.compile(r"^[0-9a-f]{64}$")
+_KEY = re.compile(r"^[0-9a-f]{64}$")  # a lowering cache key, and a sha256
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}$")
 
 
-class StoreError(BoardError):
-    """The store refused an entry (tampered, malformed) or cannot be reached. A bad entry is data (65), an unreachable
-    store infrastructure (69)."""
+class StoreError(EtlabError):
+    """The store holds an entry etlab refuses (tampered, malformed, for another program): bad data, like a bundle."""
 
-    def __init__(self, message: str, *, unreachable: bool = False) -> None:
-        super().__init__(message)
-        self.exit_code = ExitCode.UNAVAILABLE if unreachable else ExitCode.DATA
+    exit_code = ExitCode.DATA
+
+
+class StoreUnreachable(StoreError, BoardError):
+    """The store cannot be opened, read or written: infrastructure (69), like a lost link to a board (a BoardError,
+    so deploy/cells.py's is_link_trouble counts it, and a lab night reruns the share elsewhere)."""
+
+    exit_code = ExitCode.UNAVAILABLE
 
 
 class Manifest(msgspec.Struct, forbid_unknown_fields=True):
@@ -61,9 +66,15 @@ def _checked_key(key: str) -> str:
 
 
 def _plain(name: str, where: str) -> str:
-    if not _PLAIN_NAME.fullmatch(name) or ".." in name:
-        raise StoreError(f"{where}: {name[:80]!r} is not a plain file name")
+    if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name) or ".." in name:
+        raise StoreError(f"{where}: {str(name)[:80]!r} is not a plain file name")
     return name
+
+
+def _sha(value: str, where: str) -> str:
+    if not isinstance(value, str) or not _KEY.fullmatch(value):
+        raise StoreError(f"{where}: {str(value)[:80]!r} is not a sha256")
+    return value
 
 
 def shown(url: str) -> str:
@@ -76,6 +87,18 @@ def shown(url: str) -> str:
     return f"{scheme}://{host.rsplit('@', 1)[-1]}{slash}{path}"
 
 
+def _secrets(url: str) -> list[str]:
+    """What of `url` a message must not show: its user:password@ and query (an fsspec error may quote its path)."""
+    _, sep, rest = url.partition("://")
+    if not sep:
+        return []
+    rest, _, query = rest.partition("?")
+    userinfo = rest.partition("/")[0].rpartition("@")[0]
+    found = [userinfo, userinfo.partition(":")[2], query, *(pair.partition("=")[2] for pair in query.split("&"))]
+    found += [unquote(part) for part in found]
+    return sorted({part for part in found if len(part) >= 3}, key=len, reverse=True)
+
+
 class ArtifactStore:
     def __init__(self, url: str) -> None:
         import fsspec  # type: ignore[import-untyped]
@@ -84,11 +107,16 @@ class ArtifactStore:
         try:
             self.fs, root = fsspec.core.url_to_fs(url)
         except (ImportError, ValueError, OSError) as exc:
-            raise StoreError(f"the lab's store {shown(url)} cannot be opened: {exc}", unreachable=True) from None
+            raise self._unreachable("cannot open", exc) from None
         self.root = str(root).rstrip("/")
 
-    def _unreachable(self, what: str, exc: OSError) -> StoreError:
-        return StoreError(f"{what} the lab's store {shown(self.url)}: {exc}", unreachable=True)
+    def _unreachable(self, what: str, exc: BaseException) -> StoreUnreachable:
+        """`what` (cannot read, ...) the store, saying why without the URL's credentials, even where `exc` quotes
+        them."""
+        reason = str(exc)
+        for secret in _secrets(self.url):
+            reason = reason.replace(secret, "***")
+        return StoreUnreachable(f"{what} the lab's store {shown(self.url)}: {reason}")
 
     def __repr__(self) -> str:
         return f"ArtifactStore({shown(self.url)!r})"
@@ -98,10 +126,11 @@ class ArtifactStore:
 
     def has(self, key: str) -> bool:
         """Whether a complete entry (its manifest) is there."""
+        manifest = f"{self._entry(_checked_key(key))}/{MANIFEST}"
         try:
-            return bool(self.fs.exists(f"{self._entry(_checked_key(key))}/{MANIFEST}"))
+            return bool(self.fs.exists(manifest))
         except OSError as exc:
-            raise StoreError(f"the lab's store {shown(self.url)} cannot be read: {exc}", unreachable=True) from None
+            raise self._unreachable("cannot read", exc) from None
 
     # ------------------------------------------------------------ in
 
@@ -125,9 +154,7 @@ class ArtifactStore:
             manifest = Manifest(key, artifact.model, artifact.variant.name, files, sidecar_path.name)
             self._write(f"{entry}/{MANIFEST}", msgspec.json.encode(manifest))  # last: the entry is complete
         except OSError as exc:
-            raise StoreError(
-                f"could not publish to the lab's store {shown(self.url)}: {exc}", unreachable=True
-            ) from None
+            raise self._unreachable("could not publish to", exc) from None
         return key
 
     def _upload(self, source: Path, target: str) -> None:
@@ -151,20 +178,23 @@ class ArtifactStore:
         if local is not None and local.cache_key == key:
             return Artifact(paths, variant, local)
         entry = self._entry(key)
-        where = f"the lab's store {shown(self.url)}, entry {key[:12]}"
+        where = f"the lab's store {shown(self.url)}, entry {key}"
         manifest = self._manifest(entry, key, where)
         if manifest.model != model or manifest.backend != variant.name:
-            raise StoreError(f"{where}: holds {manifest.model}/{manifest.backend}, not {model}/{variant}")
+            raise StoreError(f"{where}: holds {manifest.model[:80]}/{manifest.backend[:80]}, not {model}/{variant}")
         sidecar_sha = manifest.files.get(manifest.sidecar)
         if sidecar_sha is None or manifest.sidecar != paths.sidecar(variant).name:
             raise StoreError(f"{where}: its manifest does not list the sidecar {paths.sidecar(variant).name}")
         sidecar_bytes = self._read_verified(f"{entry}/{manifest.sidecar}", sidecar_sha, where, MAX_MANIFEST_BYTES * 16)
         try:
             sidecar = sidecar_from_data(loads(sidecar_bytes, where=f"{where}: {manifest.sidecar}"), where)
-        except JsonDataError as exc:
+        except (JsonDataError, ArtifactError) as exc:
             raise StoreError(str(exc)) from None
-        if sidecar.cache_key != key or sidecar.backend != variant.name:
-            raise StoreError(f"{where}: its sidecar is for another program (cache key or backend differ)")
+        if sidecar.cache_key != key or sidecar.model != model or sidecar.backend != variant.name:
+            raise StoreError(
+                f"{where}: its sidecar is for another program ({sidecar.model[:80]!r}/{sidecar.backend[:80]!r}, "
+                f"cache key {sidecar.cache_key[:80]!r})"
+            )
         records = {record.file: record for record in sidecar.files.values()}
         for name, record in records.items():
             if manifest.files.get(name) != record.sha256:
@@ -195,7 +225,7 @@ class ArtifactStore:
             raise StoreError(f"{where}: its manifest names another key")
         for name, sha in manifest.files.items():
             _plain(name, f"{where}: {MANIFEST}")
-            _checked_key(sha)
+            _sha(sha, f"{where}: {MANIFEST}: {name}")
         return manifest
 
     def _read_capped(self, path: str, cap: int) -> bytes:
@@ -205,9 +235,9 @@ class ArtifactStore:
         except FileNotFoundError:
             raise
         except OSError as exc:
-            raise StoreError(f"the lab's store {shown(self.url)} cannot be read: {exc}", unreachable=True) from None
+            raise self._unreachable("cannot read", exc) from None
         if len(data) > cap:
-            raise StoreError(f"{path.rsplit('/', 1)[-1]} in the lab's store is larger than {cap} bytes")
+            raise StoreError(f"{path.rsplit('/', 1)[-1]} in the lab's store {shown(self.url)} is over {cap} bytes")
         return data
 
     def _read_verified(self, path: str, sha: str, where: str, cap: int) -> bytes:
@@ -240,7 +270,7 @@ class ArtifactStore:
         except FileNotFoundError:
             raise StoreError(f"{where}: {target.name} is missing") from None
         except OSError as exc:
-            raise StoreError(f"{where}: {target.name} could not be fetched: {exc}", unreachable=True) from None
+            raise self._unreachable(f"{target.name} could not be fetched from", exc) from None
 
     # ------------------------------------------------------------ kept programs (baselines)
 
@@ -251,9 +281,7 @@ class ArtifactStore:
                 self.fs.makedirs(f"{self.root}/programs", exist_ok=True)
                 self._upload(pte, target)
         except OSError as exc:
-            raise StoreError(
-                f"could not publish to the lab's store {shown(self.url)}: {exc}", unreachable=True
-            ) from None
+            raise self._unreachable("could not publish to", exc) from None
 
     def get_program(self, sha: str, target: Path) -> Path | None:
         """The kept program `sha` fetched to `target` (verified), None when the store does not hold it."""
@@ -263,6 +291,6 @@ class ArtifactStore:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise StoreError(f"the lab's store {shown(self.url)} cannot be read: {exc}", unreachable=True) from None
+            raise self._unreachable("cannot read", exc) from None
         self._fetch(source, target, sha, size, f"the lab's store {shown(self.url)}, program {sha[:12]}")
         return target

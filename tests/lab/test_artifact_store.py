@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import secrets
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import fsspec  # type: ignore[import-untyped]
 import pytest
+from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
-from orchestrator.lab.artifact_store import MANIFEST, ArtifactStore, StoreError
-from orchestrator.lowering.artifacts import Artifact, load_artifact
+from orchestrator.deploy.cells import is_link_trouble
+from orchestrator.errors import BoardError
+from orchestrator.fsutil import TMP_PREFIX
+from orchestrator.lab.artifact_store import MANIFEST, ArtifactStore, StoreError, StoreUnreachable
+from orchestrator.lowering.artifacts import Artifact, MissingArtifact, load_artifact
 from orchestrator.lowering.variants import Variant
 from tests.plugins.artifacts import ARTIFACT_CACHE
 
@@ -27,6 +36,18 @@ def entry_of(store_root: Path, key: str) -> Path:
     return store_root / key[:2] / key
 
 
+def rewrite_sidecar(entry: Path, sidecar: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Change the stored sidecar as a hostile host would: the manifest's sha256 for it follows, so only the sidecar's
+    own content can give it away."""
+    document = json.loads((entry / sidecar).read_text())
+    change(document)
+    data = json.dumps(document).encode()
+    (entry / sidecar).write_bytes(data)
+    manifest = json.loads((entry / MANIFEST).read_text())
+    manifest["files"][sidecar] = hashlib.sha256(data).hexdigest()
+    (entry / MANIFEST).write_text(json.dumps(manifest))
+
+
 def test_a_program_goes_round_the_lab_byte_for_byte(tiny: Artifact, tmp_path: Path) -> None:
     store = ArtifactStore(str(tmp_path / "store"))
     key = store.put(tiny)
@@ -36,6 +57,11 @@ def test_a_program_goes_round_the_lab_byte_for_byte(tiny: Artifact, tmp_path: Pa
     assert fetched.pte.read_bytes() == tiny.pte.read_bytes()
     again = load_artifact("distilbert-tiny", XNNPACK, tmp_path / "host-b")  # as the runner's side loads it
     assert again.sidecar.cache_key == key
+    for record in fetched.sidecar.files.values():
+        local = fetched.paths.folder / record.file
+        assert local.read_bytes() == (tiny.paths.folder / record.file).read_bytes()
+        # its recorded mtime: loading it trusts size and mtime instead of hashing every file again
+        assert local.stat().st_mtime_ns == record.mtime_ns, record.file
     # Published again (another host lowered it too): nothing changes; fetched again: the local copy is used.
     before = sorted(p.stat().st_mtime_ns for p in entry_of(tmp_path / "store", key).iterdir())
     assert store.put(tiny) == key
@@ -43,6 +69,31 @@ def test_a_program_goes_round_the_lab_byte_for_byte(tiny: Artifact, tmp_path: Pa
     mtime = fetched.pte.stat().st_mtime_ns
     store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
     assert fetched.pte.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("form", ["folder", "file", "memory"])
+def test_any_fsspec_url_is_a_store(tiny: Artifact, tmp_path: Path, form: str) -> None:
+    url = {
+        "folder": str(tmp_path / "store"),
+        "file": f"file://{tmp_path / 'store'}",
+        "memory": f"memory://etlab-{secrets.token_hex(4)}/store",
+    }[form]
+    store = ArtifactStore(url)
+    key = store.put(tiny)
+    assert ArtifactStore(url).has(key)
+    fetched = ArtifactStore(url).get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
+    assert fetched.pte.read_bytes() == tiny.pte.read_bytes()
+    if form == "memory":
+        fsspec.filesystem("memory").rm(url.removeprefix("memory://").split("/")[0], recursive=True)
+
+
+def test_a_valid_local_copy_is_used_without_the_store(tiny: Artifact, tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path / "store"))
+    key = store.put(tiny)
+    store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
+    shutil.rmtree(tmp_path / "store")  # nothing left to copy from: the copy here is the one returned
+    again = store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
+    assert again.sidecar.cache_key == key
 
 
 def test_a_tampered_program_is_refused_and_nothing_loads(tiny: Artifact, tmp_path: Path) -> None:
@@ -54,13 +105,17 @@ def test_a_tampered_program_is_refused_and_nothing_loads(tiny: Artifact, tmp_pat
     stored.write_bytes(bytes(data))
     with pytest.raises(StoreError, match="does not match its sha256") as caught:
         store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
-    assert caught.value.exit_code == 65
-    with pytest.raises(Exception, match="no valid xnnpack artifact"):
+    assert key in str(caught.value) and tiny.pte.name in str(caught.value)
+    assert caught.value.exit_code == 65 and not isinstance(caught.value, BoardError), "bad data, not a lost link"
+    with pytest.raises(MissingArtifact, match="no valid xnnpack artifact"):
         load_artifact("distilbert-tiny", XNNPACK, tmp_path / "host-b")
-    assert not (tmp_path / "host-b" / "distilbert-tiny" / tiny.pte.name).exists(), "no file that looks complete"
+    folder = tmp_path / "host-b" / "distilbert-tiny"
+    assert not (folder / tiny.pte.name).exists(), "no file that looks complete"
+    assert tiny.paths.sidecar(XNNPACK).name not in os.listdir(folder), "the sidecar comes last"
+    assert not [name for name in os.listdir(folder) if name.startswith(TMP_PREFIX)], "no temporaries left"
 
 
-@pytest.mark.parametrize("name", ["../escape.pte", "/etc/passwd", ".hidden", "a/b", "x\x00y"])
+@pytest.mark.parametrize("name", ["../escape.pte", "/etc/passwd", ".hidden", "..", "a/b", "a\\b", "x\x00y", ""])
 def test_a_manifest_naming_a_path_is_refused(tiny: Artifact, tmp_path: Path, name: str) -> None:
     store = ArtifactStore(str(tmp_path / "store"))
     key = store.put(tiny)
@@ -73,14 +128,81 @@ def test_a_manifest_naming_a_path_is_refused(tiny: Artifact, tmp_path: Path, nam
     assert not (tmp_path / "escape.pte").exists() and not (tmp_path / "host-b" / "escape.pte").exists()
 
 
-def test_an_interrupted_publish_is_no_entry(tiny: Artifact, tmp_path: Path) -> None:
+def test_a_manifest_over_its_cap_is_refused(tiny: Artifact, tmp_path: Path) -> None:
     store = ArtifactStore(str(tmp_path / "store"))
     key = store.put(tiny)
-    (entry_of(tmp_path / "store", key) / MANIFEST).unlink()  # as if the host died before its last write
-    assert not store.has(key)
+    manifest = entry_of(tmp_path / "store", key) / MANIFEST
+    manifest.write_text(manifest.read_text() + " " * (2 << 20))  # still JSON, but no manifest is 2 MB
+    with pytest.raises(StoreError, match=f"{MANIFEST} .* is over"):
+        store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
+
+
+def test_a_file_said_to_be_huge_is_refused_before_copying(tiny: Artifact, tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path / "store"))
+    key = store.put(tiny)
+
+    def huge(document: dict[str, Any]) -> None:
+        for record in document["files"].values():
+            record["size"] = 1 << 50
+
+    rewrite_sidecar(entry_of(tmp_path / "store", key), tiny.paths.sidecar(XNNPACK).name, huge)
+    with pytest.raises(StoreError, match="too large"):
+        store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
+
+
+def test_an_interrupted_publish_is_no_entry(tiny: Artifact, tmp_path: Path) -> None:
+    # A real interruption: a file that changed since it was lowered stops the publishing part-way.
+    local = tmp_path / "host-a"
+    shutil.copytree(tiny.paths.folder, local / "distilbert-tiny")
+    copy = load_artifact("distilbert-tiny", XNNPACK, local)
+    last = list(copy.sidecar.files.values())[-1]
+    with open(local / "distilbert-tiny" / last.file, "r+b") as handle:
+        handle.write(b"\0")
+    os.utime(local / "distilbert-tiny" / last.file, ns=(last.mtime_ns, last.mtime_ns))
+    store = ArtifactStore(str(tmp_path / "store"))
+    key = copy.sidecar.cache_key
+    with pytest.raises(StoreError, match="changed since it was lowered"):
+        store.put(copy)
+    assert (entry_of(tmp_path / "store", key) / next(iter(copy.sidecar.files.values())).file).is_file()
+    assert not store.has(key), "files without their manifest are no entry"
     with pytest.raises(StoreError, match="no such entry"):
         store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
     assert store.put(tiny) == key and store.has(key), "published again, whole"
+    store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
+
+
+class WritesSeen(LocalFileSystem):  # type: ignore[misc]
+    """The local filesystem, noting each name it writes and each rename, in order (fsspec's own API, nothing faked)."""
+
+    protocol = "etlabseen"
+    log: ClassVar[list[tuple[str, str]]] = []
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> Any:
+        self.log.append(("write", self._strip_protocol(path2)))
+        return super().cp_file(path1, path2, **kwargs)
+
+    def _open(self, path: str, mode: str = "rb", *args: Any, **kwargs: Any) -> Any:
+        if set(mode) & set("wxa"):
+            self.log.append(("write", self._strip_protocol(path)))
+        return super()._open(path, mode, *args, **kwargs)
+
+    def mv(self, path1: str, path2: str, *args: Any, **kwargs: Any) -> Any:
+        self.log.append(("rename", self._strip_protocol(path2)))
+        return super().mv(path1, path2, *args, **kwargs)
+
+
+def test_a_publish_writes_temporaries_and_the_manifest_last(tiny: Artifact, tmp_path: Path) -> None:
+    fsspec.register_implementation(WritesSeen.protocol, WritesSeen, clobber=True)
+    WritesSeen.log.clear()
+    key = ArtifactStore(f"etlabseen://{tmp_path / 'store'}").put(tiny)
+    written = [path for op, path in WritesSeen.log if op == "write"]
+    renamed = [path for op, path in WritesSeen.log if op == "rename"]
+    assert written and all(TMP_PREFIX in Path(path).name for path in written), "a final name is never half-written"
+    entry = str(entry_of(tmp_path / "store", key))
+    assert renamed[-1] == f"{entry}/{MANIFEST}", "the manifest, whose presence says 'complete', comes last"
+    assert sorted(renamed[:-1]) == sorted(
+        f"{entry}/{name}" for name in [*(r.file for r in tiny.sidecar.files.values()), tiny.paths.sidecar(XNNPACK).name]
+    )
 
 
 def test_an_entry_for_another_program_is_refused(tiny: Artifact, tmp_path: Path) -> None:
@@ -92,10 +214,20 @@ def test_an_entry_for_another_program_is_refused(tiny: Artifact, tmp_path: Path)
     manifest.write_text(manifest.read_text().replace(key, other))
     with pytest.raises(StoreError, match="another program"):
         store.get(other, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
+    assert not (tmp_path / "host-b" / "distilbert-tiny" / tiny.paths.sidecar(XNNPACK).name).exists()
     with pytest.raises(StoreError, match="holds distilbert-tiny/xnnpack, not gpt2-tiny/xnnpack"):
         store.get(key, "gpt2-tiny", XNNPACK, tmp_path / "host-b")
     with pytest.raises(StoreError, match="not a lowering cache key"):
         store.get("../../etc", "distilbert-tiny", XNNPACK, tmp_path / "host-b")
+
+
+def test_a_sidecar_for_another_model_is_refused(tiny: Artifact, tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path / "store"))
+    key = store.put(tiny)
+    entry = entry_of(tmp_path / "store", key)
+    rewrite_sidecar(entry, tiny.paths.sidecar(XNNPACK).name, lambda document: document.update(model="gpt2-tiny"))
+    with pytest.raises(StoreError, match=r"another program \('gpt2-tiny'/'xnnpack'"):
+        store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
 
 
 def test_two_hosts_publishing_at_once_leave_one_whole_entry(tiny: Artifact, tmp_path: Path) -> None:
@@ -132,8 +264,24 @@ def test_kept_programs_travel_verified(tiny: Artifact, tmp_path: Path) -> None:
     assert not (tmp_path / "c.pte").exists()
 
 
-def test_the_store_url_is_shown_without_credentials() -> None:
+def test_the_store_url_is_shown_without_credentials(tiny: Artifact) -> None:
     from orchestrator.lab.artifact_store import shown
 
     assert shown("s3://key:secret@bucket/etlab?token=abc") == "s3://bucket/etlab"
     assert shown("/srv/etlab-store") == "/srv/etlab-store"
+    # fsspec's own error quotes the path, credentials and all: the message etlab shows does not
+    url = f"memory://etlab:hunter22@store-{secrets.token_hex(4)}/programs"
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(url.removeprefix("memory://"), b"a file where the store's folder should be")
+    with pytest.raises(StoreUnreachable) as caught:
+        ArtifactStore(url).put(tiny)
+    assert "hunter22" not in str(caught.value) and "store-" in str(caught.value)
+    assert "hunter22" not in repr(ArtifactStore(url))
+    fs.rm(url.removeprefix("memory://"))
+
+
+def test_an_unreachable_store_is_infrastructure(tiny: Artifact, tmp_path: Path) -> None:
+    (tmp_path / "store").write_text("not a folder: the share is not mounted as it should be")
+    with pytest.raises(StoreUnreachable) as caught:
+        ArtifactStore(str(tmp_path / "store")).put(tiny)
+    assert caught.value.exit_code == 69 and is_link_trouble(caught.value), "the night reruns it elsewhere"

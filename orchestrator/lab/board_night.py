@@ -137,7 +137,10 @@ def retest(
 ) -> CellVerdict:
     """The interleaved A/B re-test of a suspected cell on its board: baseline's program (A) vs tonight's (B)."""
     reference = verdict.reference
-    kept = find(reference.pte_sha256 if reference else None)
+    try:
+        kept = find(reference.pte_sha256 if reference else None)
+    except (EtlabError, OSError) as exc:  # the lab's store refused or lost it: this cell's re-test, not the board
+        return confirm(verdict, None, why_not=f"the baseline's program could not be fetched: {first_line(exc)}")
     if kept is None or reference is None or reference.pte_sha256 is None:
         return confirm(verdict, None, why_not="the baseline's program is not kept, so it cannot be re-run")
     artifact = job.artifact

@@ -220,10 +220,15 @@ def worker_inventory() -> Inventory:
 
 def run_worker(settings: LabSettings, inventory: Inventory, what: WorkerOffer) -> int:
     """`fab worker`: join the lab until stopped (Ctrl+C, SIGTERM); the scheduler reschedules what it held."""
+    import dask
     from distributed import Worker
 
     global _worker_inventory
     _worker_inventory = inventory
+    # Dask's sampling profiler (sys._current_frames() every 10 ms) can freeze a worker on CPython 3.11: a garbage
+    # collection inside it frees a threading.local while the interpreter lock is held (gh-106883; bench/README.md,
+    # "A lab night on several workers"). etlab times its cells itself: off.
+    dask.config.set({"distributed.worker.profile.enabled": False})
     os.environ["ETLAB_HOST"] = what.name  # the host its records name
 
     async def serve() -> None:

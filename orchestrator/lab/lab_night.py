@@ -161,7 +161,7 @@ def _lower(
     tasks = []
     for model, variants in wanted.items():
         future = client.submit(
-            worker_tasks.lower_program, specs[model], [v.name for v in variants], config.weights,
+            worker_tasks.lower_program, specs[model], list(variants), config.weights,
             rewrites_of.get(model, NO_REWRITES), settings.store,
             key=f"lower {model} {night} {secrets.token_hex(3)}", resources=needs, pure=False,
         )  # fmt: skip

@@ -36,7 +36,7 @@ from orchestrator.records import to_data
 
 
 def lower_program(
-    spec: ModelSpec, variants: list[str], weights: str, rewrites: RewriteRequest, store_url: str
+    spec: ModelSpec, variants: list[Variant], weights: str, rewrites: RewriteRequest, store_url: str
 ) -> dict[str, Any]:
     """Lower `spec` once for the lab: what the store holds already is fetched, the rest lowered here and published.
     Returns {"keys": {variant: cache key}, "versions": {...}, "lowered": [variant...], "error": None or why}."""
@@ -44,7 +44,7 @@ def lower_program(
     started = time.monotonic()
     try:
         store = ArtifactStore(store_url)
-        asked = [Variant.parse(name) for name in variants]
+        asked = list(variants)
         mode = resolve_weights(spec, weights).mode
         fetched = []
         for variant in asked:

@@ -82,7 +82,7 @@ class LocalLab:
         argv = ["worker", "--inventory", str(inventory), "--name", name] + ([] if lowering else ["--no-lowering"])
         return self._start(name, argv, self.env(name, **extra))
 
-    def wait_workers(self, names: set[str], timeout: float = 120.0) -> None:
+    def wait_workers(self, names: set[str], timeout: float = 300.0) -> None:
         """Until every named worker is in the lab (the scheduler up and each worker joined)."""
         deadline = time.monotonic() + timeout
         seen: set[str] = set()

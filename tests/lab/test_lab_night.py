@@ -17,7 +17,7 @@ import pytest
 import sqlalchemy
 import yaml
 
-from orchestrator.lab.cluster import lab_state
+from orchestrator.lab.cluster import connect, lab_state
 from orchestrator.lab.history import History
 from orchestrator.lab.run_record import RunRecord
 from orchestrator.lowering.artifacts import ArtifactPaths
@@ -85,6 +85,11 @@ def test_a_night_on_two_workers_survives_one_killed(
     lab.start_worker("wa", tmp_path / "wa.yaml", artifacts=ARTIFACT_CACHE)
     lab.start_worker("wb", tmp_path / "wb.yaml", lowering=False)
     lab.wait_workers({"wa", "wb"})
+    client = connect(lab.settings)
+    try:  # Dask's sampling profiler can freeze a worker on CPython 3.11 (cluster.run_worker): off in every worker
+        assert set(client.run(_profiler_on).values()) == {False}
+    finally:
+        client.close()
 
     shown = fab("lab", "--inventory", str(workstation))
     assert shown.returncode == 0, shown.stdout + shown.stderr
@@ -97,33 +102,42 @@ def test_a_night_on_two_workers_survives_one_killed(
         cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        # Kill the first worker that records a cell, at once: it holds the rest of that board's cells.
+        # `fab lab` once the boards' shares are out: the board nobody reaches waits in the queue, saying for what.
         deadline = time.monotonic() + 600
-        killed_with: list[RunRecord] = []
-        while time.monotonic() < deadline and night.poll() is None:
-            killed_with = [r for r in _quietly(records, url) if r.host in ("wa", "wb")]
-            if killed_with:
-                lab.kill(killed_with[0].host or "?")
+        while night.poll() is None and time.monotonic() < deadline:
+            if any("lab-nowhere" in task for task, _ in lab_state(lab.settings).waiting):
                 break
-            time.sleep(0.1)
-        if not killed_with:
-            output = (
-                night.communicate(timeout=600)[0]
-                if night.poll() is None
-                else (night.stdout.read() if night.stdout else "")
-            )
-            pytest.fail(f"no worker recorded a cell:\n{output}\n{lab.log('wa')[-3000:]}\n{lab.log('wb')[-3000:]}")
-        victim = killed_with[0].host
+            time.sleep(0.25)
+        queued = fab("lab", "--inventory", str(workstation))
+        assert queued.returncode == 0, queued.stdout + queued.stderr
+        queue_table = queued.stdout.partition("queue:")[2]
+        assert "board lab-nowhere" in queue_table and "board:lab-nowhere" in queue_table, queued.stdout
+
+        # Kill (-9) a worker that runs a board's share with cells recorded and cells still to run.
+        victim, killed_board = "", ""
+        while night.poll() is None and time.monotonic() < deadline and not victim:
+            recorded = Counter(r.board for r in _quietly(records, url))
+            for worker in lab_state(lab.settings).workers:
+                for task in worker.running:
+                    board = task.split()[1] if task.startswith("board ") else ""
+                    if board and 1 <= recorded[board] <= 2:  # two cells or more still to run
+                        victim, killed_board = worker.name, board
+            if victim:
+                lab.kill(victim)
+            time.sleep(0.25)
+        if not victim:
+            output = night.communicate(timeout=600)[0] if night.poll() is None else ""
+            pytest.fail(f"no share to kill mid-way:\n{output}\n{lab.log('wa')[-3000:]}\n{lab.log('wb')[-3000:]}")
         survivor = "wb" if victim == "wa" else "wa"
-        # `fab lab` mid-night: the survivor alone, running a board's share; the board nobody reaches queued.
-        while {w.name for w in lab_state(lab.settings).workers} != {survivor}:
+        # `fab lab` after: the survivor alone, running a board's share.
+        gone = time.monotonic() + 120
+        while {w.name for w in lab_state(lab.settings).workers} != {survivor} and time.monotonic() < gone:
             time.sleep(0.2)
         during = fab("lab", "--inventory", str(workstation))
         assert during.returncode == 0, during.stdout + during.stderr
-        workers_table, _, queue_table = during.stdout.partition("queue:")
+        workers_table = during.stdout.partition("queue:")[0]
         assert survivor in workers_table and f"{victim} " not in workers_table, during.stdout
         assert "board lab-b" in workers_table, "the survivor's row names the board share it runs"
-        assert "board lab-nowhere" in queue_table and "board:lab-nowhere" in queue_table, during.stdout
         output, _ = night.communicate(timeout=900)
     finally:
         if night.poll() is None:
@@ -140,7 +154,6 @@ def test_a_night_on_two_workers_survives_one_killed(
     ok = {r.cell: r for r in stored if r.board != "lab-nowhere"}
     assert all(r.status == "ok" and r.median_ms for r in ok.values()), [(r.cell, r.status, r.error) for r in stored]
     assert {r.host for r in ok.values()} <= {"wa", "wb"}
-    killed_board = killed_with[0].board
     assert any(r.host == survivor and r.board == killed_board for r in ok.values()), (
         "the killed worker's board was finished by the other worker",
         [(r.cell, r.host) for r in stored],
@@ -238,3 +251,32 @@ def test_a_lowering_no_worker_has_the_memory_for_is_the_lab_s_failure(
         assert not (lab.root / "w1" / "artifacts" / "distilbert-tiny").exists(), "nothing was lowered"
     finally:
         lab.close()
+
+
+def test_a_baseline_program_the_store_refuses_costs_one_re_test_not_the_board() -> None:
+    """A re-test whose baseline program cannot be fetched (tampered in the lab's store, the store gone) leaves that
+    cell unconfirmed, saying why; the board's other cells go on."""
+    from orchestrator.lab.artifact_store import StoreError
+    from orchestrator.lab.board_night import retest
+    from orchestrator.lab.matrix import NightlyConfig
+    from orchestrator.lab.night_report import CellVerdict
+    from orchestrator.results.verdicts import Kind
+
+    def refused(sha: str | None) -> Path | None:
+        raise StoreError(f"program {sha}: does not match its sha256 (changed in the store)")
+
+    tonight = RunRecord(run_id="r2", night="2026-12-02", board="b", model="m", backend="xnnpack", status="ok",
+                        pte_sha256="b" * 64)  # fmt: skip
+    baseline = RunRecord(run_id="r1", night="2026-12-01", board="b", model="m", backend="xnnpack", status="ok",
+                         pte_sha256="a" * 64)  # fmt: skip
+    suspected = CellVerdict(tonight, Kind.UNCONFIRMED, "looks slower", suspect="slower", reference=baseline)
+    settled = retest(None, suspected, None, NightlyConfig(entries=()), refused)  # type: ignore[arg-type]
+    assert settled.verdict == Kind.UNCONFIRMED
+    assert "the baseline's program could not be fetched" in settled.detail and "changed in the store" in settled.detail
+
+
+def _profiler_on() -> bool:
+    """Run on a worker: whether Dask's sampling profiler is on there."""
+    import dask
+
+    return bool(dask.config.get("distributed.worker.profile.enabled"))

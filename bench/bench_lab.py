@@ -62,10 +62,6 @@ MODELS = ("distilbert-tiny", "gpt2-tiny")
 BACKENDS = ("xnnpack", "portable")
 BOARDS = ("lab-b1", "lab-b2", "lab-b3", "lab-b4")
 CACHE = PROJECT_ROOT / ".etlab" / "bench-cache" / "lab-artifacts"
-# Dask's statistical profiler calls sys._current_frames() every 10 ms in each worker; on CPython 3.11 a garbage
-# collection inside it that frees a threading.local deadlocks the process (HEAD_LOCK taken twice; CPython
-# gh-106883): seen here, a `fab worker` frozen mid-night. The lab's workers need no profile: off for this bench.
-PROFILER_OFF = {"DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
 NETWORK = 200  # 127.200.x.y: apart from the test suites' boards (127.0.x.y, 127.<1+n>.x.y)
 SHARE_LINE = re.compile(r"^(\S+): (\d+) cell\(s\) on (\S+?)(?: in ([\d.]+) s)?(?::.*)?$")
 LOWERING_LINE = re.compile(r"^(\S+): (?:lowered .*|from the lab's store or cache) on (\S+) \(")
@@ -239,7 +235,6 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the figures here (for bench/simulate_lab.py)")
     args = parser.parse_args()
 
-    os.environ.update(PROFILER_OFF)  # the workers' environment (LocalLab.env copies this one)
     console.info(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {versions()}")
     lowering = lower_programs()
     console.info(f"fab lower of {', '.join(MODELS)} into {CACHE}: {lowering:.1f} s")

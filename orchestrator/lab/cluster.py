@@ -219,8 +219,13 @@ def worker_inventory() -> Inventory:
 
 def run_worker(settings: LabSettings, inventory: Inventory, what: WorkerOffer) -> int:
     """`fab worker`: join the lab until stopped (Ctrl+C, SIGTERM); the scheduler reschedules what it held."""
+    import dask
     from distributed import Worker
 
+    # Dask's statistical profiler samples every thread's stack each 10 ms (sys._current_frames()); on CPython 3.11 a
+    # garbage collection inside it that frees a threading.local deadlocks the process (gh-106883): a worker frozen
+    # mid-night, seen in bench/bench_lab.py. A lab worker has no dashboard to show a profile: off.
+    dask.config.set({"distributed.worker.profile.enabled": False})
     global _worker_inventory
     _worker_inventory = inventory
     os.environ["ETLAB_HOST"] = what.name  # the host its records name

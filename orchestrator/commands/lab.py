@@ -41,7 +41,7 @@ def worker_task(*, inventory: str | None, scheduler: str | None, name: str | Non
     offer = cluster.offer(loaded, worker_name, boards=chosen, lowering=not no_lowering)
     for board in offer.unreachable:
         console.warn(f"board {board} does not answer from here: not offered to the lab")
-    lowering = f"lowering with {offer.memory_gb:g} GB free" if offer.lowering else "no lowering"
+    lowering = f"lowering with {offer.memory_gb:g} GB free, {offer.cores} cores" if offer.lowering else "no lowering"
     console.info(f"worker {worker_name}: boards {', '.join(offer.boards) or 'none'}; {lowering}")
     return cluster.run_worker(settings, loaded, offer)
 
@@ -67,7 +67,8 @@ def lab_task(*, inventory: str | None, scheduler: str | None) -> int:
     state = cluster.lab_state(settings)
     rows = []
     for worker in state.workers:
-        memory = f"{worker.memory_gb:g} GB" if worker.memory_gb is not None else "no lowering"
+        memory = f"{worker.memory_gb:g} GB free" if worker.memory_gb is not None else "no lowering"
+        memory += f", {worker.cores} cores" if worker.cores else ""
         etlab = "yes" if worker.same_etlab else "another etlab: takes none of this workstation's work"
         rows.append([worker.name, worker.address, ", ".join(worker.boards) or "none", memory, etlab,
                      "\n".join(worker.running) or "idle"])  # fmt: skip

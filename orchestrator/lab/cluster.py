@@ -33,7 +33,7 @@ from orchestrator.lab.lab_settings import CA_FILE, KEY_AND_CERT_FILE, LabSetting
 from orchestrator.paths import PROJECT_ROOT
 
 KEY_FILE = "lab-key.pem"
-BOARD, LOWERING, MEMORY = "board:", "lowering", "memory-gb"
+BOARD, LOWERING, MEMORY, CORES = "board:", "lowering", "memory-gb", "cores"
 REVISION_SLOTS = 1_000_000  # a resource every task takes one of: never the limit
 CONNECT_SECONDS = 20.0
 # Dask's own HTTP server (health and metrics; no dashboard): loopback only, the lab's port is its TLS one.
@@ -181,6 +181,7 @@ class WorkerOffer:
     name: str
     boards: tuple[str, ...]
     memory_gb: float
+    cores: int = 1
     lowering: bool = True
     unreachable: tuple[str, ...] = field(default=())
 
@@ -188,7 +189,7 @@ class WorkerOffer:
         resources: dict[str, float] = {revision_resource(): REVISION_SLOTS}
         resources.update({board_resource(name): 1 for name in self.boards})
         if self.lowering:
-            resources.update({LOWERING: 1, MEMORY: self.memory_gb})
+            resources.update({LOWERING: 1, MEMORY: self.memory_gb, CORES: self.cores})  # cores: said, not asked
         return resources
 
 
@@ -203,6 +204,7 @@ def offer(inventory: Inventory, name: str, *, boards: Iterable[str] | None, lowe
         name=name,
         boards=tuple(board for board, ok in answering.items() if ok),
         memory_gb=free_memory_gb(),
+        cores=os.cpu_count() or 1,
         lowering=lowering,
         unreachable=tuple(board for board, ok in answering.items() if not ok),
     )
@@ -297,6 +299,7 @@ class WorkerState:
     address: str
     boards: tuple[str, ...]
     memory_gb: float | None
+    cores: int | None
     same_etlab: bool  # runs this etlab: it takes this workstation's work
     running: tuple[str, ...]  # task names
 
@@ -342,6 +345,7 @@ def lab_state(settings: LabSettings) -> LabState:
                 address=str(address),
                 boards=boards,
                 memory_gb=float(memory) if isinstance(memory, int | float) else None,
+                cores=int(resources[CORES]) if isinstance(resources.get(CORES), int | float) else None,
                 same_etlab=mine in resources,
                 running=tuple(str(key) for key in view.get("running", {}).get(address, [])),
             )

@@ -141,7 +141,8 @@ def _offer_text(resources: dict[str, float]) -> str:
     memory = resources.get(cluster.MEMORY)
     parts = [f"boards {', '.join(boards)}" if boards else "no boards"]
     if memory is not None:
-        parts.append(f"lowers, {memory:g} GB free")
+        cores = resources.get(cluster.CORES)
+        parts.append(f"lowers, {memory:g} GB free" + (f", {cores:g} cores" if cores else ""))
     return "; ".join(parts)
 
 

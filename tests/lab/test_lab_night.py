@@ -88,7 +88,7 @@ def test_a_night_on_two_workers_survives_one_killed(
 
     shown = fab("lab", "--inventory", str(workstation))
     assert shown.returncode == 0, shown.stdout + shown.stderr
-    for word in ("wa", "wb", "lab-b1", "lab-b3", "2 worker(s)", "queue: empty"):
+    for word in ("wa", "wb", "lab-b1", "lab-b3", "2 worker(s)", "queue: empty", f"GB free, {os.cpu_count()} cores"):
         assert word in shown.stdout, shown.stdout
 
     env = {**os.environ, "ETLAB_RESULTS": str(tmp_path / "results"), "ETLAB_STATE": str(tmp_path / "ws-state")}

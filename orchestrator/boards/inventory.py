@@ -276,6 +276,12 @@ def _local_user() -> str | None:
         return None
 
 
+def path_in_file(file: Path, text: str) -> Path:
+    """A workstation path written in `file`: `~` expanded, relative paths taken from the file's folder."""
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else (file.parent / path).resolve()
+
+
 class _Checker(Checker):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
@@ -331,9 +337,7 @@ class _Checker(Checker):
         return base
 
     def local_path(self, text: str) -> Path:
-        """A workstation path from the file: `~` expanded, relative paths taken from the file's folder."""
-        path = Path(text).expanduser()
-        return path if path.is_absolute() else (self.path.parent / path).resolve()
+        return path_in_file(self.path, text)
 
     def board(self, name: str, key_node: Node, node: Node, base: dict[str, Any]) -> Board | None:
         where = field_path("boards", name)

@@ -53,9 +53,12 @@ def scheduler_task(*, inventory: str | None, scheduler: str | None) -> int:
 
 def certs_task(*, folder: str) -> int:
     target = Path(folder).expanduser()
-    if target.exists() and any(target.iterdir()):
-        raise UsageError(f"{target} is not empty: the lab's certificates go into a folder of their own")
-    written = cluster.make_certificates(target)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UsageError(f"{target} is not an empty folder: the lab's certificates go into a folder of their own")
+    try:
+        written = cluster.make_certificates(target)
+    except OSError as exc:
+        raise UsageError(f"cannot write the lab's certificates into {target}: {exc.strerror or exc}") from None
     console.info(f"the lab's certificates: {', '.join(str(path) for path in written)}")
     console.info("copy the folder to every host of the lab (keep lab-key.pem private); in the inventory: "
                  f"`lab: {{certificates: {target}}}`")  # fmt: skip

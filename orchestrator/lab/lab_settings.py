@@ -21,7 +21,7 @@ from pathlib import Path
 
 from yaml.nodes import Node
 
-from orchestrator.boards.inventory import Inventory
+from orchestrator.boards.inventory import Inventory, path_in_file
 from orchestrator.config import Checker, Invalid, number, string
 from orchestrator.errors import InventoryError
 from orchestrator.names import is_loopback
@@ -79,28 +79,26 @@ def load_lab_settings(inventory: Inventory, *, scheduler: str | None = None) -> 
             checker.error(node, "lab.scheduler", "is required: the lab's scheduler address (tls://HOST:PORT)")
             raise InventoryError("\n".join(checker.errors))
         return None
+    missing = []
     if "store" not in section:
-        at = node if node is not None else None
-        where = f"{inventory.path}:{at.start_mark.line + 1}: " if at is not None else f"{inventory.path}: "
-        raise InventoryError(f"{where}lab.store: is required: the folder or URL every host shares for programs")
-    certificates = _folder(inventory, section["certificates"]) if "certificates" in section else None
-    if address.startswith("tls://") and certificates is None:
-        raise InventoryError(
-            f"{inventory.path}: lab.certificates: is required for a tls:// scheduler: the folder `fab lab-certs` wrote"
-        )
+        missing.append(("lab.store", "is required: the folder or URL every host shares for programs"))
+    if address.startswith("tls://") and "certificates" not in section:
+        missing.append(("lab.certificates", "is required for a tls:// scheduler: the folder `fab lab-certs` wrote"))
+    if missing:
+        if node is None:  # only --scheduler given: no section to point at
+            raise InventoryError("\n".join(f"{inventory.path}: {field_name}: {why}" for field_name, why in missing))
+        for field_name, why in missing:
+            checker.error(node, field_name, why)
+        raise InventoryError("\n".join(checker.errors))
+    certificates = path_in_file(inventory.path, section["certificates"]) if "certificates" in section else None
     store = section["store"]
     return LabSettings(
         scheduler=address,
-        store=store if "://" in store else str(_folder(inventory, store)),
+        store=store if "://" in store else str(path_in_file(inventory.path, store)),
         certificates=certificates,
         wait_seconds=section.get("wait_seconds", DEFAULT_WAIT_SECONDS),
         lowering_gb=section.get("lowering_gb", DEFAULT_LOWERING_GB),
     )
-
-
-def _folder(inventory: Inventory, text: str) -> Path:
-    path = Path(text).expanduser()
-    return path if path.is_absolute() else (inventory.path.parent / path).resolve()
 
 
 def _text(node: Node, _field: str) -> str:

@@ -6,7 +6,6 @@ only, so an exception would arrive as an unreadable error. Everything they retur
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 import traceback
@@ -135,8 +134,3 @@ def night_on_board(job: BoardJob) -> dict[str, Any]:
         reply["detail"] = traceback.format_exc(limit=-4)
     reply["seconds"] = round(time.monotonic() - started, 3)
     return reply
-
-
-def worker_pid() -> int:
-    """The worker's process id (the tests stop a worker mid-night by it)."""
-    return os.getpid()

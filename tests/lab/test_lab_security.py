@@ -117,3 +117,13 @@ def test_nothing_a_worker_returns_runs_code_on_the_workstation(tmp_path: Path) -
             assert client.submit(lambda: {"cells": [1, 2]}, pure=False).result(timeout=30) == {"cells": [1, 2]}
         finally:
             client.close()
+
+
+def test_lab_certs_wants_an_empty_folder(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    for target in (tmp_path / "a-file", tmp_path):  # a file, a folder that holds something
+        done = fab("lab-certs", str(target))
+        assert done.returncode == 64 and "is not an empty folder" in done.stderr, done.stdout + done.stderr
+    made = fab("lab-certs", str(tmp_path / "certs"))
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "certs" / "lab-key.pem").stat().st_mode & 0o077 == 0, "the lab's key is private"

@@ -8,6 +8,7 @@ import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -75,6 +76,16 @@ def server(explored: BundleCase, analysis_bundles: dict[str, BundleCase]) -> Ite
         yield handle
     finally:
         handle.stop()
+
+
+def wait_for_graph(page: Any, server: ExplorerHandle, timeout_ms: int = 90_000) -> None:
+    """Wait until the page draws a graph; when it does not, fail with what the page and the server's log said."""
+    try:
+        page.wait_for_selector("canvas", timeout=timeout_ms)
+    except Exception as error:  # playwright's TimeoutError: the page's state is the useful part
+        shown = page.inner_text("body")[:3000]
+        log = guard_log(server)[-3000:]
+        pytest.fail(f"no graph drawn at {page.url[:200]}: {error}\n--- page ---\n{shown}\n--- server log ---\n{log}")
 
 
 def guard_log(server: ExplorerHandle, since: int = 0) -> str:

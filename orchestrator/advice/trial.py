@@ -28,7 +28,7 @@ from orchestrator.errors import EtlabError, ExitCode
 from orchestrator.lowering.attention.choice import DEFAULT_ATTENTION, attention_of, with_attention
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweredVariant
-from orchestrator.lowering.rewrites.registry import RewriteRequest
+from orchestrator.lowering.rewrites.registry import REWRITES, RewriteRequest, without_superseded
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
@@ -293,10 +293,12 @@ def _generate(sidecar: Sidecar, params: RunParams) -> GenerateArgs | None:
 
 
 def variant_sets(rewrites: Sequence[str], each: bool) -> list[tuple[str, ...]]:
-    """All rewrites together, then (with `each`, when there are several) one per rewrite."""
-    together = tuple(dict.fromkeys(rewrites))
-    singles = [(name,) for name in together] if each and len(together) > 1 else []
-    return [together, *singles]
+    """All rewrites together (less those another of them supersedes), then (with `each`, when there are several)
+    one per rewrite."""
+    proposed = tuple(dict.fromkeys(rewrites))
+    together = without_superseded(proposed)
+    singles = [(name,) for name in proposed] if each and len(proposed) > 1 else []
+    return list(dict.fromkeys([together, *singles]))
 
 
 def try_rewrites(
@@ -347,7 +349,9 @@ def try_rewrites(
         check = check_outputs(spec, applied, inputs, expected, read_tensors(outputs_file))
         if not check.ok:
             raise TrialRefused(f"{name} does not compute what {spec.name} computes: {'; '.join(check.problems)}")
-        saving = predicted.get(ATTENTION, 0.0) if attention else sum(predicted.get(n, 0.0) for n in applied)
+        # a rewrite makes the change of those it supersedes too: their predicted savings are its
+        covered = {*applied, *(old for name in applied for old in REWRITES[name].supersedes)}
+        saving = predicted.get(ATTENTION, 0.0) if attention else sum(predicted.get(n, 0.0) for n in covered)
         trial = VariantTrial(name, applied, saving, check, profiled_ms=profiled_ms, attention=attention)
         lowered.append((trial, program))
     a = Program(spec.name, original.pte, original.sidecar.sha256, _generate(original.sidecar, params))

@@ -81,7 +81,9 @@ def test_distilbert_gets_only_the_rewrites_that_apply() -> None:
 def test_rewrites_already_applied_are_not_proposed_again() -> None:
     raw = recorded("gpt2-tiny")
     facts = facts_of(raw)
-    applied = dataclasses.replace(facts.sidecar, rewrites=("tanh-gelu", "eager-attention", "head-at-position"))
+    applied = dataclasses.replace(
+        facts.sidecar, rewrites=("tanh-gelu", "eager-attention", "bmm-attention", "head-at-position")
+    )
     advice = advise(dataclasses.replace(facts, sidecar=applied))
     assert not advice.rewrites
     # the pow kernels are still in this (recorded) profile: reported as a portable operator, with a bound only
@@ -183,6 +185,7 @@ def test_a_finding_is_built_by_keyword() -> None:
     [
         ("wav2vec2-tiny", "fold-weight-norm", {"aten::convolution", "aten::sum"}),  # the positional convolution
         ("smollm2-tiny", "rms-norm", {"aten::mean"}),  # RMSNorm's mean over the last dimension
+        ("gpt2-tiny", "bmm-attention", {"aten::expand_copy"}),  # attention's 4-D matmuls
     ],
 )
 def test_rewrites_named_by_their_portable_operators(model: str, rewrite: str, operators: set[str]) -> None:

@@ -63,6 +63,10 @@ def test_variant_sets() -> None:
     assert variant_sets(ALL_THREE, each=False) == [ALL_THREE]
     assert variant_sets(ALL_THREE, each=True) == [ALL_THREE, *[(name,) for name in ALL_THREE]]
     assert variant_sets(("tanh-gelu",), each=True) == [("tanh-gelu",)]
+    # together, a superseded rewrite is left out (bmm-attention makes eager-attention's change); alone, both run
+    both = ("eager-attention", "bmm-attention")
+    assert variant_sets(both, each=False) == [("bmm-attention",)]
+    assert variant_sets(both, each=True) == [("bmm-attention",), ("eager-attention",)]
 
 
 @pytest.mark.slow

@@ -23,8 +23,8 @@ from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
 
-REWRITTEN = "gpt2-tiny.tanh-gelu.eager-attention.head-at-position"
-ALL_THREE = ("tanh-gelu", "eager-attention", "head-at-position")
+REWRITTEN = "gpt2-tiny.tanh-gelu.bmm-attention.head-at-position"
+ALL_THREE = ("tanh-gelu", "bmm-attention", "head-at-position")  # what auto resolves to
 
 
 def fab(*args: str, results: Path) -> subprocess.CompletedProcess[str]:

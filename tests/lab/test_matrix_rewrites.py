@@ -15,7 +15,7 @@ from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest
 from tests.lab.test_nightly import fab_nightly, nightly_section, stored
 from tests.plugins.boards import write_inventory
 
-ADVISED = "gpt2-tiny.tanh-gelu.eager-attention.head-at-position"
+ADVISED = "gpt2-tiny.tanh-gelu.bmm-attention.head-at-position"
 
 
 def _config(tmp_path: Path, board: Board, matrix: list[dict]) -> object:
@@ -49,7 +49,7 @@ def test_matrix_advised(local_board: Board, tmp_path: Path) -> None:
     (entry,) = config.entries
     assert [(spec.name, str(request)) for spec, request in entry.programs()] == [
         ("gpt2-tiny", "none"), ("distilbert-tiny", "none"), (ADVISED, "auto"),
-        ("distilbert-tiny.eager-attention.head-at-position", "auto"),
+        ("distilbert-tiny.bmm-attention.head-at-position", "auto"),
     ]  # fmt: skip
     assert entry.advised_pairs()[0] == ("gpt2-tiny", ADVISED)
     named = _config(tmp_path, local_board, [{**cell, "models": ["gpt2-tiny"], "rewrites": ["tanh-gelu"]}])

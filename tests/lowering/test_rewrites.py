@@ -98,7 +98,9 @@ def _input_sets(spec: ModelSpec, module: torch.nn.Module) -> list[tuple[torch.Te
 def test_every_rewrite_is_described_and_its_functions_exist() -> None:
     import importlib
 
-    assert list(REWRITES) == ["tanh-gelu", "eager-attention", "fold-weight-norm", "rms-norm", "head-at-position"]
+    assert list(REWRITES) == [
+        "tanh-gelu", "eager-attention", "bmm-attention", "fold-weight-norm", "rms-norm", "head-at-position"
+    ]  # fmt: skip
     for rewrite in REWRITES.values():
         assert rewrite.description.strip() and "\n" not in rewrite.description
         for path in (rewrite.present, rewrite.apply):
@@ -120,11 +122,15 @@ def test_parse_rewrites() -> None:
 
 def test_which_rewrites_apply_by_spec() -> None:
     auto = RewriteRequest(auto=True)
-    assert auto.resolve(BUILTIN_SPECS["gpt2-tiny"]) == ("tanh-gelu", "eager-attention", "head-at-position")
-    assert auto.resolve(BUILTIN_SPECS["distilbert-tiny"]) == ("eager-attention", "head-at-position")
-    assert auto.resolve(BUILTIN_SPECS["vit-tiny"]) == ("eager-attention",)  # no single read position
-    assert auto.resolve(BUILTIN_SPECS["smollm2-tiny"]) == ("eager-attention", "rms-norm", "head-at-position")
-    assert auto.resolve(BUILTIN_SPECS["wav2vec2-tiny"]) == ("eager-attention", "fold-weight-norm")
+    attention = ("bmm-attention",)  # it supersedes eager-attention, which applies too
+    assert REWRITES["eager-attention"].applies(BUILTIN_SPECS["vit-tiny"])
+    assert auto.resolve(BUILTIN_SPECS["gpt2-tiny"]) == ("tanh-gelu", *attention, "head-at-position")
+    assert auto.resolve(BUILTIN_SPECS["distilbert-tiny"]) == (*attention, "head-at-position")
+    assert auto.resolve(BUILTIN_SPECS["vit-tiny"]) == attention  # no single read position
+    assert auto.resolve(BUILTIN_SPECS["smollm2-tiny"]) == (*attention, "rms-norm", "head-at-position")
+    assert auto.resolve(BUILTIN_SPECS["wav2vec2-tiny"]) == (*attention, "fold-weight-norm")
+    # a program that generates attends over its KV cache: etlab's attention is its option, not this rewrite
+    assert not REWRITES["bmm-attention"].applies(BUILTIN_SPECS["smollm2-gen-tiny"])
     assert auto.resolve(BUILTIN_SPECS["mobilenet-v2-tiny"]) == ()  # torchvision: nothing etlab rewrites
     asked = BUILTIN_SPECS["bert-base-tiny"].with_options(config={"hidden_act": "gelu_new"})
     assert REWRITES["tanh-gelu"].applies(asked)  # a family that does not use gelu_new, configured to
@@ -168,7 +174,7 @@ def test_auto_skips_a_missing_pattern_and_a_named_one_is_refused(loaded: dict[st
     spec = BUILTIN_SPECS["distilbert-tiny"].with_options(config={"activation": "gelu_new"})
     module = copy.deepcopy(loaded["distilbert-tiny"])  # built with gelu: the spec says gelu_new, the module has none
     _, applied = apply_rewrites(module, spec, RewriteRequest(auto=True))
-    assert applied == ("eager-attention", "head-at-position")
+    assert applied == ("bmm-attention", "head-at-position")
     with pytest.raises(RewriteNotFound, match="tanh-gelu: distilbert-tiny has nothing to rewrite") as caught:
         apply_rewrites(copy.deepcopy(loaded["distilbert-tiny"]), spec, parse_rewrites("tanh-gelu"))
     assert caught.value.exit_code == 64

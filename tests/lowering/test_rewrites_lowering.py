@@ -41,7 +41,7 @@ def test_auto_rewrites_are_applied_recorded_and_keyed(tmp_path: Path) -> None:
     auto = parse_rewrites("auto")
     result = lowering.lower(spec, variants=[xnnpack], weights="random", root=tmp_path, jobs=1, rewrites=auto)
     sidecar = result.variants[xnnpack].sidecar
-    assert sidecar.applied_rewrites == ("eager-attention", "head-at-position")
+    assert sidecar.applied_rewrites == ("bmm-attention", "head-at-position")
     assert [list(output.shape) for output in sidecar.outputs] == [[1, 1000]]
     inputs = [torch.from_numpy(t.array) for t in read_tensors(result.paths.reference_inputs)]
     (reference,) = read_tensors(result.paths.reference_outputs)
@@ -56,7 +56,7 @@ def test_auto_rewrites_are_applied_recorded_and_keyed(tmp_path: Path) -> None:
         assert key != sidecar.cache_key
         assert cache.cached_sidecar(result.paths, xnnpack, key, "random") is None
     assert cache.cache_key(spec, xnnpack, "random", False, rewrites=parse_rewrites(
-        "eager-attention,head-at-position")) == sidecar.cache_key  # fmt: skip
+        "bmm-attention,head-at-position")) == sidecar.cache_key  # fmt: skip
 
 
 def test_an_older_sidecar_had_no_rewrites(tiny_artifacts: dict[str, LoweringResult]) -> None:
@@ -81,8 +81,8 @@ def test_rewrites_option_is_checked_at_the_edge() -> None:
 def test_a_rewritten_program_has_its_own_name() -> None:
     gpt2, distilbert = BUILTIN_SPECS["gpt2-tiny"], BUILTIN_SPECS["distilbert-tiny"]
     auto = parse_rewrites("auto")
-    assert auto.program_name(gpt2) == "gpt2-tiny.tanh-gelu.eager-attention.head-at-position"
-    assert auto.program_name(distilbert) == "distilbert-tiny.eager-attention.head-at-position"
+    assert auto.program_name(gpt2) == "gpt2-tiny.tanh-gelu.bmm-attention.head-at-position"
+    assert auto.program_name(distilbert) == "distilbert-tiny.bmm-attention.head-at-position"
     # In REWRITES order whatever the order asked; none, or nothing that resolves, keeps the model's own name.
     assert parse_rewrites("head-at-position,tanh-gelu").program_name(gpt2) == "gpt2-tiny.tanh-gelu.head-at-position"
     assert NO_REWRITES.program_name(gpt2) == "gpt2-tiny" and NO_REWRITES.program_spec(gpt2) is gpt2

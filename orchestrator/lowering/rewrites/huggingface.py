@@ -52,11 +52,83 @@ def has_sdpa_attention(module: torch.nn.Module) -> bool:
     """The model attends through an implementation other than eager (SDPA, transformers' default where supported);
     etlab's attention (a text-generation program's, attention/interface.py) is no SDPA to replace."""
     config = getattr(_model(module), "config", None)
-    return getattr(config, "_attn_implementation", "eager") not in (None, "eager", "etlab")
+    return getattr(config, "_attn_implementation", "eager") not in (None, "eager", "etlab", BMM_ATTENTION)
 
 
 def eager_attention(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
     _model(module).set_attn_implementation("eager")
+    return module
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bmm-attention
+
+BMM_ATTENTION = "etlab-bmm"  # the attention implementation's name in transformers' interfaces
+_MATMUL_ATTENTION = ("eager", "sdpa")  # the implementations whose matmuls bmm-attention computes the same
+
+
+def has_matmul_attention(module: torch.nn.Module) -> bool:
+    """The model attends through transformers' attention interface with eager or SDPA attention (whose 4-D matmuls
+    export as expand_copy + bmm); GPT-2's reordered-and-upcast attention bypasses the interface."""
+    import sys
+
+    model = _model(module)
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) not in _MATMUL_ATTENTION:
+        return False
+    if getattr(config, "reorder_and_upcast_attn", False):
+        return False
+    modeling = {sys.modules.get(type(child).__module__) for child in model.modules()}
+    return any(hasattr(module_, "ALL_ATTENTION_FUNCTIONS") for module_ in modeling if module_ is not None)
+
+
+def bmm_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **_kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention, its two products written as 3-D batched matmuls over batch x heads.
+
+    `torch.matmul` of 4-D tensors exports as expand_copy (a full copy of each operand, the [B, H, T, T] scores among
+    them) + view + bmm, and XNNPACK takes no expand_copy: two portable copies per product and a delegate split at
+    each. Flattening batch and heads first leaves views and transposes, which XNNPACK takes. Takes query [B, Hq, T,
+    D], key and value [B, Hkv, S, D] (key-value heads shared by index, as `repeat_kv`), a float mask broadcastable
+    to [B, Hq, T, S] or none; returns [B, T, Hq, D] and the weights, as transformers' eager attention does."""
+    batch, heads, length, depth = query.shape
+    if key.size(1) != heads:
+        key = key.repeat_interleave(heads // key.size(1), dim=1)
+        value = value.repeat_interleave(heads // value.size(1), dim=1)
+    keys = key.size(2)
+    scale = depth**-0.5 if scaling is None else scaling
+    scores = torch.bmm(
+        query.reshape(batch * heads, length, depth), key.reshape(batch * heads, keys, depth).transpose(1, 2)
+    )
+    scores = scores.view(batch, heads, length, keys) * scale
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., :keys]
+    weights = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    out = torch.bmm(weights.view(batch * heads, length, keys), value.reshape(batch * heads, keys, depth))
+    return out.view(batch, heads, length, depth).transpose(1, 2).contiguous(), weights
+
+
+def register_bmm_attention() -> str:
+    """Make BMM_ATTENTION an attention implementation transformers accepts, with eager's float mask (idempotent)."""
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(BMM_ATTENTION, bmm_attention_forward)
+    AttentionMaskInterface.register(BMM_ATTENTION, eager_mask)
+    return BMM_ATTENTION
+
+
+def bmm_attention(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
+    _model(module).set_attn_implementation(register_bmm_attention())
     return module
 
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.config import did_you_mean
 from orchestrator.errors import UsageError
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
-from orchestrator.lowering.spec import ALL_POSITIONS, OUTPUT_WORDS, WRAPPED_TASKS, ModelSpec
+from orchestrator.lowering.spec import ALL_POSITIONS, GENERATION_TASK, OUTPUT_WORDS, TASKS, WRAPPED_TASKS, ModelSpec
 from orchestrator.names import is_valid_name
 
 _FUNCTIONS = "orchestrator.lowering.rewrites.huggingface"
@@ -54,6 +54,8 @@ class Rewrite:
     # program, and what that looks like in a profile. A rewrite without them has a detector of its own.
     portable_operators: tuple[str, ...] = ()
     finding: str = ""
+    # Rewrites whose change this one makes too: `auto` and the advisor's trial of all together leave them out.
+    supersedes: tuple[str, ...] = ()
 
     def applies(self, spec: ModelSpec) -> bool:
         """Whether the rewrite can apply to the spec's model, without loading it."""
@@ -92,6 +94,21 @@ REWRITES: dict[str, Rewrite] = {
             None,
             f"{_FUNCTIONS}:has_sdpa_attention",
             f"{_FUNCTIONS}:eager_attention",
+        ),
+        Rewrite(
+            "bmm-attention",
+            "attention's two products as batched matmuls over batch x heads: a 4-D torch.matmul exports as "
+            "expand_copy + bmm, and each expand_copy (a full copy of the scores, [B, H, T, T]) ran in portable "
+            "kernels and split the delegate twice per layer",
+            ("huggingface",),
+            # a text-generation program attends over its KV cache: etlab's attention (`--attention etlab`) is its fix
+            tuple(task for task in TASKS if task != GENERATION_TASK),
+            None,
+            f"{_FUNCTIONS}:has_matmul_attention",
+            f"{_FUNCTIONS}:bmm_attention",
+            portable_operators=("aten::expand_copy",),
+            finding="attention's 4-D matmuls broadcast (expand_copy) in portable kernels",
+            supersedes=("eager-attention",),  # it replaces SDPA as eager-attention does, with eager's mask
         ),
         Rewrite(
             "fold-weight-norm",
@@ -154,7 +171,7 @@ class RewriteRequest:
     def resolve(self, spec: ModelSpec) -> tuple[str, ...]:
         """The rewrites to try on the spec's model, in REWRITES order (the head last: it wraps the model)."""
         if self.auto:
-            return tuple(name for name, rewrite in REWRITES.items() if rewrite.applies(spec))
+            return without_superseded(name for name, rewrite in REWRITES.items() if rewrite.applies(spec))
         return tuple(name for name in REWRITES if name in self.names)
 
     def program_name(self, spec: ModelSpec) -> str:
@@ -182,6 +199,13 @@ class RewriteRequest:
 
 
 NO_REWRITES = RewriteRequest()
+
+
+def without_superseded(names: Iterable[str]) -> tuple[str, ...]:
+    """`names` less those another of them supersedes (bmm-attention makes eager-attention's change too)."""
+    kept = tuple(dict.fromkeys(names))
+    superseded = {old for name in kept for old in REWRITES[name].supersedes}
+    return tuple(name for name in kept if name not in superseded)
 
 
 class UnknownRewrite(UsageError):

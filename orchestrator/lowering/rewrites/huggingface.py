@@ -8,6 +8,7 @@ it in place.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -70,8 +71,6 @@ _MATMUL_ATTENTION = ("eager", "sdpa")  # the implementations whose matmuls bmm-a
 def has_matmul_attention(module: torch.nn.Module) -> bool:
     """The model attends through transformers' attention interface with eager or SDPA attention (whose 4-D matmuls
     export as expand_copy + bmm); GPT-2's reordered-and-upcast attention bypasses the interface."""
-    import sys
-
     model = _model(module)
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) not in _MATMUL_ATTENTION:

@@ -51,7 +51,10 @@ def test_a_run_is_painted_on_the_exported_program_it_was_lowered_from(
     assert pct[sdpa]["value"] > max(row["pct"] or 0 for row in sdpa_rows if "attention" in row["module"]) * 0.999
     # nothing is painted twice: with no fused groups, the .pt2's shares add up to at most the measured whole
     assert not any(note["value"].startswith("fused with") for note in notes.values())
-    assert 80.0 < sum(value["value"] for value in pct.values()) <= 100.0 + 1e-6
+    # and most of what the profile attributes to instructions (the run's share outside every instruction, the
+    # runner's own time between them, grows with the machine's load: the bound is on what is attributed)
+    attributed = sum(row["pct"] or 0.0 for row in ops["instructions"])
+    assert 0.8 * attributed < sum(value["value"] for value in pct.values()) <= 100.0 + 1e-6
     assert index["painted_pct"] == pytest.approx(sum(value["value"] for value in pct.values()), rel=5e-4)
 
 

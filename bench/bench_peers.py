@@ -13,9 +13,13 @@ For each family (a built-in name, full size, random weights; `--tiny` takes the 
   `onnxruntime.quantization` of the optimized fp32 graph, `quantize_dynamic` for the transformers (per-channel
   int8 weights, dynamic activations, as etlab's int8-dynamic), `quantize_static` (QDQ, calibrated on the reference
   input) for the convolution models (as etlab's int8-static, given the same input as its `--calibration`). Timed
-  in this process with `perf_counter` around `session.run`, the same warm-up and iterations per round.
+  by bench/peers_ort.py, a process per round, with `perf_counter` around `session.run`.
 - LiteRT, where its PyTorch converter installs (`--litert-python`: a venv of its own, bench/peers_litert.py runs
   there: it converts the lowering's `.pt2` and times LiteRT's interpreter, a process per round).
+- The same two peers without AMX (`ORT no-AMX`, `LiteRT no-AMX`): each round's process under bench/deny_amx.c, a
+  seccomp filter that refuses Linux's AMX permission request, so their XNNPACK and MLAS take the AVX-512 VNNI
+  kernels that etlab's XNNPACK build (ExecuTorch's wheel: GCC, which XNNPACK builds without AMX kernels) runs. A
+  Raspberry Pi has no AMX: this column is the like-for-like one. Its ratio is the second column.
 
 Rounds interleave the engines (A, B, C, A, B, C, ...); each figure is the median of every timed iteration. SQNR
 (dB) of each engine's outputs against eager PyTorch fp32 (the rewritten programs' against the eager outputs at the
@@ -24,7 +28,8 @@ at least as fast.
 
     .venv/bin/python bench/bench_peers.py [--families distilbert,mobilenet-v2,...] [--tiny] [--rounds 5]
         [--iterations 10] [--warmup 2] [--threads 2] [--work /work/peers/bench-peers]
-        [--litert-python /work/peers/litert-venv/bin/python] [--engines etlab,advised,ort,ort-nospin,litert]
+        [--litert-python /work/peers/litert-venv/bin/python]
+        [--engines etlab,advised,ort,ort-nospin,litert,ort-noamx,litert-noamx]
 """
 
 from __future__ import annotations
@@ -60,10 +65,14 @@ TINY = {"distilbert": "distilbert-tiny", "bert-base": "bert-base-tiny", "gpt2": 
         "mobilenet-v2": "mobilenet-v2-tiny", "resnet-18": "resnet-18-tiny",
         "efficientnet-b0": "efficientnet-b0-tiny"}  # fmt: skip
 CONV_SOURCES = ("torchvision", "timm")
-ENGINES = ("etlab", "advised", "ort", "ort-nospin", "litert")
+ENGINES = ("etlab", "advised", "ort", "ort-nospin", "litert", "ort-noamx", "litert-noamx")
 PEERS = ("ort", "ort-nospin", "litert")
+# The same peers denied AMX (bench/deny_amx.c): the instruction set etlab's XNNPACK build uses, and a Pi has no AMX.
+PEERS_WITHOUT_AMX = ("ort-noamx", "litert-noamx")
 LITERT_PYTHON = Path("/work/peers/litert-venv/bin/python")
-LITERT_SCRIPT = Path(__file__).resolve().parent / "peers_litert.py"
+BENCH = Path(__file__).resolve().parent
+LITERT_SCRIPT = BENCH / "peers_litert.py"
+ORT_SCRIPT = BENCH / "peers_ort.py"
 # Published Raspberry Pi 5 figures for the same architectures (bench/README.md gives the sources).
 PI5_PUBLISHED = {"mobilenet-v2": "Arm course, ExecuTorch XNNPACK: 10.89 ms fp32, 4.01 ms int8"}
 
@@ -187,30 +196,41 @@ class OneSample:
         return next(self.items, None)
 
 
-def ort_run(path: Path, inputs: dict[str, np.ndarray], args: argparse.Namespace, spinning: bool) -> Any:
-    import onnxruntime as ort
+def ort_run(
+    path: Path, inputs: dict[str, np.ndarray], args: argparse.Namespace, spinning: bool, prefix: list[str]
+) -> Any:
+    """peers_ort.py, one process per round (under `prefix`: the AMX denier or nothing)."""
+    feed = path.parent / "inputs.npz"
+    np.savez(feed, **inputs)
+    tag = ("spin" if spinning else "nospin") + ("-noamx" if prefix else "")
+    command = [*prefix, sys.executable, str(ORT_SCRIPT), str(path), str(feed), str(path.with_suffix(f".{tag}.npz")),
+               str(args.threads), str(args.warmup), str(args.iterations), "1" if spinning else "0"]  # fmt: skip
+    return timed_process(command, path.with_suffix(f".{tag}.npz"), "ONNX Runtime")
 
-    options = ort.SessionOptions()
-    # ORT's default: its pool's threads spin between operators. On cores shared with other work that spinning
-    # measured 2x slower (MobileNetV2, load 5 on 2 cores: 21.6 ms, 11.2 ms without), so both are timed.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    options.intra_op_num_threads = args.threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    feed = {node.name: inputs[node.name] for node in session.get_inputs()}
+
+def timed_process(command: list[str], outputs: Path, engine: str) -> Any:
+    """A peer's script that prints its times (a JSON list) last and writes its outputs (.npz)."""
 
     def run(first: bool) -> tuple[list[float], list[np.ndarray] | None]:
-        for _ in range(args.warmup):
-            session.run(None, feed)
-        times = []
-        for _ in range(args.iterations):
-            started = time.perf_counter()
-            outputs = session.run(None, feed)
-            times.append((time.perf_counter() - started) * 1000.0)
-        return times, [np.asarray(output) for output in outputs] if first else None
+        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        if completed.returncode != 0:
+            raise RuntimeError(f"{engine} run failed: {last_line(completed.stderr)}")
+        times = json.loads(completed.stdout.strip().splitlines()[-1])
+        return times, list(np.load(outputs).values()) if first else None
 
     return run
+
+
+def amx_denier(work: Path) -> list[str]:
+    """bench/deny_amx.c built once into the work folder: the prefix that runs a command without AMX."""
+    binary = work / "deny_amx"
+    source = BENCH / "deny_amx.c"
+    if not binary.is_file() or binary.stat().st_mtime < source.stat().st_mtime:
+        completed = subprocess.run([os.environ.get("CC", "cc"), "-O2", "-o", str(binary), str(source)],
+                                   capture_output=True, text=True, check=False)  # fmt: skip
+        if completed.returncode != 0:
+            raise RuntimeError(f"cannot build deny_amx: {last_line(completed.stderr)}")
+    return [str(binary)]
 
 
 # --- LiteRT (its own venv) --------------------------------------------------------------------------------------
@@ -218,7 +238,7 @@ def ort_run(path: Path, inputs: dict[str, np.ndarray], args: argparse.Namespace,
 
 def litert_run(
     python: Path, pt2: Path, arrays: dict[str, np.ndarray], precision: str, static: bool, args: argparse.Namespace,
-    work: Path,
+    work: Path, prefix: list[str],
 ) -> Any:  # fmt: skip
     """Convert once (peers_litert.py convert), then one process per round (peers_litert.py time)."""
     folder = work / "litert" / pt2.stem.removesuffix("_exported")
@@ -233,18 +253,10 @@ def litert_run(
         if completed.returncode != 0:
             raise RuntimeError(f"LiteRT conversion failed: {last_line(completed.stderr)}")
 
-    def run(first: bool) -> tuple[list[float], list[np.ndarray] | None]:
-        out = folder / f"outputs.{precision}.npz"
-        command = [str(python), str(LITERT_SCRIPT), "time", str(model), str(inputs), str(out), str(args.threads),
-                   str(args.warmup), str(args.iterations)]  # fmt: skip
-        completed = subprocess.run(command, capture_output=True, text=True, check=False)
-        if completed.returncode != 0:
-            raise RuntimeError(f"LiteRT run failed: {last_line(completed.stderr)}")
-        times = json.loads(completed.stdout.strip().splitlines()[-1])
-        outputs = list(np.load(out).values()) if first else None
-        return times, outputs
-
-    return run
+    out = folder / f"outputs.{precision}{'-noamx' if prefix else ''}.npz"
+    command = [*prefix, str(python), str(LITERT_SCRIPT), "time", str(model), str(inputs), str(out), str(args.threads),
+               str(args.warmup), str(args.iterations)]  # fmt: skip
+    return timed_process(command, out, "LiteRT")
 
 
 # --- one family -------------------------------------------------------------------------------------------------
@@ -316,8 +328,10 @@ def programs_of(name: str, args: argparse.Namespace, runner: Path) -> tuple[list
         try:
             files = onnx_files(module, inputs, name, conv, args.work)
             for precision in ("fp32", "int8"):
-                add("ort", precision, lambda p=precision: ort_run(files[p], inputs, args, True))
-                add("ort-nospin", precision, lambda p=precision: ort_run(files[p], inputs, args, False))
+                add("ort", precision, lambda p=precision: ort_run(files[p], inputs, args, True, []))
+                add("ort-nospin", precision, lambda p=precision: ort_run(files[p], inputs, args, False, []))
+                add("ort-noamx", precision, lambda p=precision: ort_run(files[p], inputs, args, False,
+                                                                          amx_denier(args.work)))  # fmt: skip
         except Exception as exc:  # an export that fails is a finding, not the end of the run
             console.warn(f"{name}: ONNX export failed: {exc}")
             programs += [Program("ort", p, None, note=f"export failed: {str(exc).splitlines()[0][:120]}")
@@ -326,9 +340,12 @@ def programs_of(name: str, args: argparse.Namespace, runner: Path) -> tuple[list
         pt2 = folder / f"{name}_exported.pt2"
         for precision in ("fp32", "int8"):
             add("litert", precision, lambda p=precision: litert_run(args.litert_python, pt2, inputs, p, conv, args,
-                                                                      args.work))  # fmt: skip
+                                                                      args.work, []))  # fmt: skip
+            add("litert-noamx", precision, lambda p=precision: litert_run(
+                args.litert_python, pt2, inputs, p, conv, args, args.work, amx_denier(args.work)))  # fmt: skip
     elif "litert" in args.engines:
-        programs += [Program("litert", p, None, note="no LiteRT venv (--litert-python)") for p in ("fp32", "int8")]
+        programs += [Program(engine, p, None, note="no LiteRT venv (--litert-python)")
+                     for engine in ("litert", "litert-noamx") for p in ("fp32", "int8")]  # fmt: skip
     return programs, references
 
 
@@ -363,19 +380,25 @@ def sqnr_cell(program: Program | None) -> str:
     return f"{program.sqnr:.0f}" if program is not None and program.sqnr is not None else "—"
 
 
+def ratio(found: dict[str, Program], peers: tuple[str, ...]) -> str:
+    """The fastest of `peers` over etlab's best program: 1.0 or more, etlab is at least as fast."""
+    ours = [m for e in ("etlab", "advised") if e in found and (m := found[e].median()) is not None]
+    theirs = [m for e in peers if e in found and (m := found[e].median()) is not None]
+    return f"{min(theirs) / min(ours):.2f}" if ours and theirs else "—"
+
+
 def table(rows: dict[str, list[Program]]) -> list[str]:
     lines = ["| family | precision | etlab ms | etlab advised ms | ORT ms | ORT no-spin ms | LiteRT ms "
-             "| fastest peer / etlab best | SQNR dB (etlab / advised / ORT / ORT no-spin / LiteRT) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+             "| ORT no-AMX ms | LiteRT no-AMX ms | fastest peer / etlab best | without AMX "
+             "| SQNR dB (etlab / advised / ORT / ORT no-spin / LiteRT / ORT no-AMX / LiteRT no-AMX) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for name, programs in rows.items():
         for precision in ("fp32", "int8"):
             found = {p.engine: p for p in programs if p.precision == precision}
-            ours = [m for e in ("etlab", "advised") if e in found and (m := found[e].median()) is not None]
-            peers = [m for e in PEERS if e in found and (m := found[e].median()) is not None]
-            ratio = f"{min(peers) / min(ours):.2f}" if ours and peers else "—"
             cells = " | ".join(median_cell(found.get(engine)) for engine in ENGINES)
             sqnrs = " / ".join(sqnr_cell(found.get(engine)) for engine in ENGINES)
-            lines.append(f"| {name} | {precision} | {cells} | {ratio} | {sqnrs} |")
+            lines.append(f"| {name} | {precision} | {cells} | {ratio(found, PEERS)} "
+                         f"| {ratio(found, PEERS_WITHOUT_AMX)} | {sqnrs} |")  # fmt: skip
     return lines
 
 

@@ -4,8 +4,9 @@ For each family (a built-in name, full size, random weights; `--tiny` takes the 
 
 - etlab: `fab lower` of fp32 XNNPACK and one int8 scheme (`int8-static` for convolution models, `int8-dynamic` for
   the rest, as bench_families.py), and the same with `--rewrites auto` where rewrites apply to the model (what
-  `fab advise --try` adopts); each program run by the local board's native runner (`setup-board`'s build), a
-  process per round: `--warmup` untimed runs, then `--iterations` timed ones (its timings.json).
+  `fab advise --try` adopts; the int8 program also with the trade-offs auto leaves out, `conv1d-as-2d`); each
+  program run by the local board's native runner (`setup-board`'s build), a process per round: `--warmup` untimed
+  runs, then `--iterations` timed ones (its timings.json).
 - ONNX Runtime (the `bench` extra: onnxruntime, onnx, onnxscript): `torch.onnx.export(dynamo=True, optimize=True)`
   of the same eager module (the spec's seeded random weights, checked against the lowering's reference outputs),
   CPU execution provider, graph optimizations ORT_ENABLE_ALL, `intra_op_num_threads`, its threads spinning between
@@ -54,7 +55,7 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from bench.bench_quantize import cpu_description, load_average, local_board_runner  # noqa: E402
 from orchestrator import console  # noqa: E402
 from orchestrator.lowering.builtins import BUILTIN_SPECS  # noqa: E402
-from orchestrator.lowering.rewrites.registry import parse_rewrites  # noqa: E402
+from orchestrator.lowering.rewrites.registry import REWRITES, RewriteRequest, parse_rewrites  # noqa: E402
 from orchestrator.lowering.variants import Variant  # noqa: E402
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors  # noqa: E402
 
@@ -311,19 +312,28 @@ def programs_of(name: str, args: argparse.Namespace, runner: Path) -> tuple[list
         pte = folder / f"{name}_{backend}.pte"
         out = args.work / "out" / f"{name}.{precision}.etlt"
         add("etlab", precision, lambda pte=pte, out=out: etlab_run(runner, pte, inputs_file, args, out))
-    request = parse_rewrites("auto")
-    advised = request.program_name(spec)
-    if advised != name and "advised" in args.engines:
-        try:
-            fab_lower(name, f"none,{scheme}", artifacts, rewrites="auto", calibration=calibration)
+    # fp32: `--rewrites auto`; int8 also the trade-offs auto leaves out that the advisor proposes for an int8 program
+    # and `fab advise --try` adopts there (conv1d-as-2d: faster int8, slower fp32)
+    requests = {"fp32": parse_rewrites("auto")}
+    auto_names = requests["fp32"].resolve(spec)
+    int8_only = tuple(n for n, rewrite in REWRITES.items() if not rewrite.in_auto and rewrite.applies(spec))
+    requests["int8"] = RewriteRequest(names=(*auto_names, *int8_only)) if int8_only else requests["fp32"]
+    if "advised" in args.engines:
+        for precision, backend in (("fp32", "xnnpack"), ("int8", int8)):
+            request = requests[precision]
+            advised = request.program_name(spec)
+            if advised == name:
+                continue
+            try:
+                fab_lower(name, f"none,{scheme}", artifacts, rewrites=str(request), calibration=calibration)
+            except RuntimeError as exc:
+                console.warn(f"{name}: --rewrites {request}: {exc}")
+                continue
             if "head-at-position" in request.resolve(spec):
                 references["advised"] = [at_kept_position(eager_list[0], inputs, spec)]
-            for precision, backend in (("fp32", "xnnpack"), ("int8", int8)):
-                pte = artifacts / advised / f"{advised}_{backend}.pte"
-                add("advised", precision, lambda pte=pte, p=precision: etlab_run(
-                    runner, pte, inputs_file, args, args.work / "out" / f"{advised}.{p}.etlt"))  # fmt: skip
-        except RuntimeError as exc:
-            console.warn(f"{name}: --rewrites auto: {exc}")
+            pte = artifacts / advised / f"{advised}_{backend}.pte"
+            add("advised", precision, lambda pte=pte, p=precision, a=advised: etlab_run(
+                runner, pte, inputs_file, args, args.work / "out" / f"{a}.{p}.etlt"))  # fmt: skip
     if "ort" in args.engines:
         try:
             files = onnx_files(module, inputs, name, conv, args.work)

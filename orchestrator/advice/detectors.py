@@ -10,6 +10,8 @@ ops.json's `pct`):
   update_cache replace (they then cost what they cost, which the trial measures);
 - the head's saving is (1 - 1/S) of the head's measured FullyConnected time: it then runs on 1 row of S;
 - more threads save on the delegated time only (Amdahl: portable kernels run on one thread);
+- conv1d-as-2d's saving is a measured share (CONV1D_INT8_SAVING) of the fp32 convolutions an int8-dynamic program
+  left: what their int8 form saved on wav2vec 2.0 base;
 - quantization's saving is measured: the same model's int8 run on the same board, FullyConnected against
   FullyConnected; without one it is not predicted;
 - a program with no delegate at all (`--backend portable`) gets one finding, `--backend xnnpack`, its kernels'
@@ -32,7 +34,12 @@ from orchestrator.results.ops_record import InstructionTiming
 
 PORTABLE_MIN_SHARE = 0.02  # an operator type under 2% of the run is not worth a finding of its own
 GEMM_MIN_SHARE = 0.3  # quantization is proposed when FullyConnected and convolutions take this much of the run
-GEMM_TYPES = ("XNNFullyConnected", "XNNConvolution2d", "XNNDepthwiseConvolution2d")
+CONVOLUTION_TYPES = ("XNNConv2d", "XNNDepthwiseConv2d")  # the XNNPACK flatbuffer's node types (1-D ones too)
+GEMM_TYPES = ("XNNFullyConnected", *CONVOLUTION_TYPES)
+# What conv1d-as-2d saves of the fp32 convolutions an int8-dynamic program left: the share measured on wav2vec 2.0
+# base (bench/README.md "AMX is the int8 edge"): 7 of its 8 convolutions quantized, the program 16 ms faster of
+# their 23.3 ms.
+CONV1D_INT8_SAVING = 0.6
 
 # The per-layer boolean-mask operations transformers' SDPA path leaves in portable kernels (measured on GPT-2,
 # DistilBERT, BERT): eager attention builds one float mask instead, keeping one `where` to do it.
@@ -180,6 +187,54 @@ def find_rewritable_operators(facts: RunFacts, explained: frozenset[str]) -> lis
                 "the measured time of the portable kernels it takes out (what replaces them runs inside XNNPACK)",
             ))  # fmt: skip
     return findings
+
+
+def find_float_convolutions(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
+    """An int8-dynamic program whose 1-D convolutions stayed fp32 (the quantizer takes 2-D ones only): conv1d-as-2d."""
+    quantization = facts.sidecar.quantization if facts.sidecar is not None else None
+    if quantization is None or quantization.scheme != "int8-dynamic" or not quantization.float_convolutions:
+        return []
+    if not _rewrite_offered(facts, "conv1d-as-2d"):
+        return []
+    all_float = quantization.quantized_convolutions == 0
+
+    def stayed_float(module: str | None) -> bool:  # the sidecar names modules from the wrapper ("model.…")
+        return all_float or (module is not None and any(
+            name == module or name.endswith(f".{module}") for name in quantization.float_convolutions))  # fmt: skip
+
+    convolutions = [
+        (delegate.graph_id, node)
+        for delegate in facts.ops.delegates
+        if delegate.node_id not in explained
+        for node in delegate.nodes
+        if node.type in CONVOLUTION_TYPES and stayed_float(node.module)
+    ]
+    measured = sum(node.ms for _, node in convolutions)
+    if not convolutions or _share(facts, measured) < PORTABLE_MIN_SHARE:
+        return []
+    nodes: dict[str, list[str]] = defaultdict(list)
+    for graph, node in convolutions:
+        nodes[graph].append(node.node)
+    count = len(quantization.float_convolutions)
+    return [
+        Finding(
+            kind="conv1d-as-2d",
+            title="1-D convolutions left fp32 in an int8-dynamic program",
+            operators=tuple(sorted({node.type for _, node in convolutions})),
+            nodes={graph: tuple(ids) for graph, ids in nodes.items()},
+            calls=len(convolutions),
+            measured_ms=measured,
+            share=_share(facts, measured),
+            cause=f"{count} of {quantization.convolutions} convolutions stayed fp32: ExecuTorch's XNNPACK quantizer "
+            "quantizes a convolution dynamically only in 2-D",
+            saving_ms=measured * CONV1D_INT8_SAVING,
+            fix_kind="rewrite",
+            fix="--rewrites conv1d-as-2d",
+            rewrite="conv1d-as-2d",
+            saving_note=f"{CONV1D_INT8_SAVING:.0%} of the fp32 convolutions' measured time (measured on wav2vec 2.0 "
+            "base); the same model's fp32 program gets slower with it (wav2vec 2.0 base: 10%)",
+        )
+    ]
 
 
 def find_static_cache_attention(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
@@ -445,6 +500,7 @@ DETECTORS: dict[str, Detector] = {
             "portable operators a rewrite takes out (rewrites/registry.py: tanh-gelu, fold-weight-norm, rms-norm)",
             find_rewritable_operators,
         ),
+        Detector("conv1d-as-2d", "1-D convolutions an int8-dynamic program left fp32", find_float_convolutions),
         Detector(
             "attention",
             "a generation program's static-cache attention (--attention etlab)",

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from orchestrator.advice.advisor import advise
-from orchestrator.advice.detectors import DETECTORS, SDPA_MASK_OPERATORS
+from orchestrator.advice.detectors import CONV1D_INT8_SAVING, DETECTORS, SDPA_MASK_OPERATORS
 from orchestrator.advice.findings import Advice, Finding
 from orchestrator.lowering.rewrites.registry import REWRITES
 from orchestrator.lowering.variants import Variant
@@ -232,3 +232,60 @@ def test_no_attention_switch_for_etlab_s_attention_or_a_model_that_does_not_gene
     assert "attention" not in by_kind(advise(etlab)) and advise(etlab).attention is None
     for model in ("gpt2-tiny", "smollm2-tiny"):  # all positions' logits, no KV cache
         assert advise(facts_of(recorded(model))).attention is None
+
+
+def _convolution_profile(raw: dict[str, Any], scale: float) -> dict[str, Any]:
+    """The recorded profile with every convolution node's time scaled."""
+    ops = json.loads(json.dumps(raw["ops"]))
+    for delegate in ops["delegates"]:
+        for node in delegate["nodes"]:
+            if node["type"] in ("XNNConv2d", "XNNDepthwiseConv2d"):
+                node["median_ms"] *= scale
+    return ops
+
+
+def test_an_int8_dynamic_audio_program_s_fp32_convolutions_are_conv1d_as_2d() -> None:
+    """wav2vec2-tiny int8-dynamic (recorded): its 1-D convolutions stayed fp32 (the sidecar: 0 of 8 quantized).
+    Scaled to a fifth of the run, they are a finding with a predicted saving; at their recorded 2%-or-less, none."""
+    raw = recorded("wav2vec2-tiny-int8-dynamic")
+    quantization = raw["sidecar"]["quantization"]
+    assert quantization["scheme"] == "int8-dynamic" and quantization["quantized_convolutions"] == 0
+    nodes = [(d["graph_id"], n) for d in raw["ops"]["delegates"] for n in d["nodes"] if "Conv2d" in n["type"]]
+    measured = sum(n["median_ms"] for _, n in nodes)
+    assert "conv1d-as-2d" not in by_kind(advise(facts_of(raw)))  # a small share: not worth a finding
+    scale = read_ops(raw["ops"]).method_median_ms * 0.2 / measured
+    raw["ops"] = _convolution_profile(raw, scale)
+    finding = by_kind(advise(facts_of(raw)))["conv1d-as-2d"]
+    assert finding.measured_ms == pytest.approx(measured * scale)
+    assert finding.saving_ms == pytest.approx(measured * scale * CONV1D_INT8_SAVING)
+    assert finding.fix == "--rewrites conv1d-as-2d" and finding.rewrite == "conv1d-as-2d"
+    assert {node for ids in finding.nodes.values() for node in ids} == {n["node"] for _, n in nodes}
+    assert set(finding.nodes) == {graph for graph, _ in nodes}
+    assert "fp32 program gets slower" in finding.saving_note  # the trade-off is said where it is proposed
+    # not where the rewrite is in the program already, nor for an fp32 program, nor for a family it does not apply to
+    applied = dict(raw, sidecar={**raw["sidecar"], "rewrites": ["conv1d-as-2d"]})
+    assert "conv1d-as-2d" not in by_kind(advise(facts_of(applied)))
+    fp32 = dict(raw, sidecar={**raw["sidecar"], "backend": "xnnpack", "quantization": None})
+    assert "conv1d-as-2d" not in by_kind(advise(facts_of(fp32)))
+    facts = facts_of(raw)
+    assert facts.spec is not None
+    other = dataclasses.replace(facts, spec=dataclasses.replace(facts.spec, model_type="distilbert"))
+    assert "conv1d-as-2d" not in by_kind(advise(other))
+
+
+def test_some_convolutions_quantized_only_those_left_fp32_are_counted() -> None:
+    raw = recorded("wav2vec2-tiny-int8-dynamic")
+    raw["ops"] = _convolution_profile(raw, read_ops(raw["ops"]).method_median_ms)  # every convolution is large
+    quantization = raw["sidecar"]["quantization"]
+    kept = [name for name in quantization["float_convolutions"] if name.endswith("conv_layers.0.conv")]
+    raw["sidecar"] = {**raw["sidecar"], "quantization": {**quantization, "quantized_convolutions": 7,
+                                                         "float_convolutions": kept}}  # fmt: skip
+    finding = by_kind(advise(facts_of(raw)))["conv1d-as-2d"]
+    first = [
+        n
+        for d in raw["ops"]["delegates"]
+        for n in d["nodes"]
+        if "Conv2d" in n["type"] and n.get("module") == "feature_extractor.conv_layers.0.conv"
+    ]
+    assert len(first) == 1 and finding.calls == 1
+    assert finding.measured_ms == pytest.approx(first[0]["median_ms"])

@@ -1,7 +1,8 @@
 """The rewrites of single layers (lowering/rewrites/layers.py, and bmm-attention's attention function in
-rewrites/huggingface.py): fold-weight-norm, rms-norm and bmm-attention each find their pattern in two families or more
-and not where it is not, compute the same function as the model they rewrite (on the reference
-inputs and on random ones), and leave no kernel of theirs outside the XNNPACK delegates.
+rewrites/huggingface.py): fold-weight-norm, conv1d-as-2d, rms-norm and bmm-attention each find their pattern in two
+families or more and not where it is not, compute the same function as the model they rewrite (on the reference
+inputs and on random ones), and leave no kernel of theirs outside the XNNPACK delegates (conv1d-as-2d: let
+int8-dynamic quantize the convolutions it left fp32).
 
 The registry and the other rewrites are in test_rewrites.py.
 """
@@ -21,13 +22,20 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.rewrites.huggingface import bmm_attention, has_matmul_attention
 from orchestrator.lowering.rewrites.layers import (
     averaging,
+    conv1d_as_2d,
     fold_weight_norm,
+    has_conv1d,
     has_llama_rms_norm,
     has_weight_norm,
     last_dim_mean,
     mean_rms_norm,
 )
-from orchestrator.lowering.rewrites.registry import LLAMA_RMS_NORM_FAMILIES, REWRITES, WEIGHT_NORM_FAMILIES
+from orchestrator.lowering.rewrites.registry import (
+    CONV1D_FAMILIES,
+    LLAMA_RMS_NORM_FAMILIES,
+    REWRITES,
+    WEIGHT_NORM_FAMILIES,
+)
 from orchestrator.lowering.sources.build.models import example_inputs, load_model
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
@@ -62,6 +70,9 @@ Rewrite = Callable[[torch.nn.Module, ModelSpec], torch.nn.Module]
 CASES: dict[str, tuple[Callable[[torch.nn.Module], bool], Rewrite, tuple[str, ...], str]] = {
     "fold-weight-norm": (has_weight_norm, fold_weight_norm, ("wav2vec2-tiny", "hubert-tiny"), "distilbert-tiny"),
     "rms-norm": (has_llama_rms_norm, mean_rms_norm, ("smollm2-tiny", "qwen2-tiny"), "gpt2-tiny"),
+    # GPT-2's transformers `Conv1D` is a linear layer, not a convolution
+    "conv1d-as-2d": (has_conv1d, conv1d_as_2d, ("wav2vec2-tiny", "whisper-tiny-encoder-tiny", "hubert-tiny"),
+                     "gpt2-tiny"),
     # an encoder with audio input, a text encoder, a vision encoder, a causal model with shared key-value heads
     "bmm-attention": (has_matmul_attention, bmm_attention,
                       ("whisper-tiny-encoder-tiny", "distilbert-tiny", "vit-tiny", "qwen2-tiny", "gpt2-tiny"),
@@ -111,6 +122,9 @@ def test_the_families_are_transformers_own() -> None:
     for family in WEIGHT_NORM_FAMILIES:
         source = importlib.import_module(CONFIG_MAPPING[family].__module__.replace("configuration_", "modeling_"))
         assert "weight_norm(self.conv" in Path(source.__file__).read_text(), family  # the positional convolution
+    for family in CONV1D_FAMILIES:
+        source = importlib.import_module(CONFIG_MAPPING[family].__module__.replace("configuration_", "modeling_"))
+        assert "nn.Conv1d(" in Path(source.__file__).read_text(), family
     llama = LlamaRMSNorm.forward.__code__
     for family in LLAMA_RMS_NORM_FAMILIES:
         source = importlib.import_module(CONFIG_MAPPING[family].__module__.replace("configuration_", "modeling_"))
@@ -180,3 +194,29 @@ def test_the_rewritten_layers_run_inside_the_delegates(
     assert reports["rewritten"]["fallback_histogram"].get(operator, 0) == kept
     # the norms split the delegates; gone, the graph runs in fewer delegate calls
     assert reports["rewritten"]["delegate_call_sites"] <= reports["original"]["delegate_call_sites"]
+
+
+@pytest.mark.slow
+def test_conv1d_as_2d_lets_int8_dynamic_quantize_the_convolutions(tmp_path: Path) -> None:
+    """As exported, int8-dynamic leaves wav2vec2's 1-D convolutions fp32; rewritten, the quantizer takes those it
+    takes in 2-D (not the first: one input channel, a depthwise shape to it); the serialized XNNPACK graph agrees."""
+    from orchestrator.lowering.export import lower as lowering
+    from orchestrator.lowering.rewrites.registry import RewriteRequest
+    from orchestrator.lowering.variants import VARIANTS
+
+    spec, variant = SPECS["wav2vec2-tiny"], VARIANTS["xnnpack-int8-dynamic"]
+    counts = {}
+    for names in (("fold-weight-norm",), ("fold-weight-norm", "conv1d-as-2d")):
+        request = RewriteRequest(names=names)
+        result = lowering.lower(request.program_spec(spec), variants=[variant], weights="random", root=tmp_path,
+                                rewrites=request)  # fmt: skip
+        sidecar = result.variants[variant].sidecar
+        assert sidecar.applied_rewrites == names
+        quantization = sidecar.quantization
+        assert quantization is not None and quantization.nodes is not None
+        float_nodes = sum(n for kind, n in quantization.nodes.convolution.items() if kind.startswith("fp32"))
+        assert float_nodes == quantization.convolutions - quantization.quantized_convolutions
+        counts[names[-1]] = (quantization.convolutions, quantization.quantized_convolutions)
+    assert counts["fold-weight-norm"] == (8, 0)
+    total, quantized = counts["conv1d-as-2d"]
+    assert total == 8 and quantized == 7

@@ -99,7 +99,8 @@ def test_every_rewrite_is_described_and_its_functions_exist() -> None:
     import importlib
 
     assert list(REWRITES) == [
-        "tanh-gelu", "eager-attention", "bmm-attention", "fold-weight-norm", "rms-norm", "head-at-position"
+        "tanh-gelu", "eager-attention", "bmm-attention", "fold-weight-norm", "conv1d-as-2d", "rms-norm",
+        "head-at-position",
     ]  # fmt: skip
     for rewrite in REWRITES.values():
         assert rewrite.description.strip() and "\n" not in rewrite.description
@@ -129,6 +130,9 @@ def test_which_rewrites_apply_by_spec() -> None:
     assert auto.resolve(BUILTIN_SPECS["vit-tiny"]) == attention  # no single read position
     assert auto.resolve(BUILTIN_SPECS["smollm2-tiny"]) == (*attention, "rms-norm", "head-at-position")
     assert auto.resolve(BUILTIN_SPECS["wav2vec2-tiny"]) == (*attention, "fold-weight-norm")
+    # a trade-off (the int8 program faster, the fp32 one slower) is never in auto, only asked for by name
+    assert REWRITES["conv1d-as-2d"].applies(BUILTIN_SPECS["wav2vec2-tiny"]) and not REWRITES["conv1d-as-2d"].in_auto
+    assert RewriteRequest(names=("conv1d-as-2d",)).resolve(BUILTIN_SPECS["wav2vec2-tiny"]) == ("conv1d-as-2d",)
     # a program that generates attends over its KV cache: etlab's attention is its option, not this rewrite
     assert not REWRITES["bmm-attention"].applies(BUILTIN_SPECS["smollm2-gen-tiny"])
     assert auto.resolve(BUILTIN_SPECS["mobilenet-v2-tiny"]) == ()  # torchvision: nothing etlab rewrites

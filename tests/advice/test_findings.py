@@ -141,14 +141,19 @@ def test_idle_cores_and_board_conditions() -> None:
     assert advice.findings[-1].saving_ms is None  # unpredicted findings come last
 
 
-def _gemm_profile(raw: dict[str, Any], scale: float) -> dict[str, Any]:
-    """The recorded profile with every FullyConnected node's time scaled (a stand-in for an int8 run)."""
+def _scaled_profile(raw: dict[str, Any], scale: float, types: tuple[str, ...]) -> dict[str, Any]:
+    """The recorded profile with the time of every delegate node of `types` scaled."""
     ops = json.loads(json.dumps(raw["ops"]))
     for delegate in ops["delegates"]:
         for node in delegate["nodes"]:
-            if node["type"] == "XNNFullyConnected":
+            if node["type"] in types:
                 node["median_ms"] *= scale
     return ops
+
+
+def _gemm_profile(raw: dict[str, Any], scale: float) -> dict[str, Any]:
+    """Every FullyConnected node's time scaled (a stand-in for an int8 run)."""
+    return _scaled_profile(raw, scale, ("XNNFullyConnected",))
 
 
 def test_quantization_saving_is_measured_or_not_predicted() -> None:
@@ -235,13 +240,7 @@ def test_no_attention_switch_for_etlab_s_attention_or_a_model_that_does_not_gene
 
 
 def _convolution_profile(raw: dict[str, Any], scale: float) -> dict[str, Any]:
-    """The recorded profile with every convolution node's time scaled."""
-    ops = json.loads(json.dumps(raw["ops"]))
-    for delegate in ops["delegates"]:
-        for node in delegate["nodes"]:
-            if node["type"] in ("XNNConv2d", "XNNDepthwiseConv2d"):
-                node["median_ms"] *= scale
-    return ops
+    return _scaled_profile(raw, scale, ("XNNConv2d", "XNNDepthwiseConv2d"))
 
 
 def test_an_int8_dynamic_audio_program_s_fp32_convolutions_are_conv1d_as_2d() -> None:

@@ -25,12 +25,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.advice.findings import Finding, RunFacts
 from orchestrator.lowering.attention.choice import ETLAB, SDPA
 from orchestrator.lowering.rewrites.registry import REWRITES
 from orchestrator.lowering.variants import UnknownVariant, Variant
-from orchestrator.results.ops_record import InstructionTiming
+from orchestrator.results.ops_record import DelegateNodeTiming, InstructionTiming
 
 PORTABLE_MIN_SHARE = 0.02  # an operator type under 2% of the run is not worth a finding of its own
 GEMM_MIN_SHARE = 0.3  # quantization is proposed when FullyConnected and convolutions take this much of the run
@@ -106,6 +107,21 @@ def _rewrite_offered(facts: RunFacts, name: str) -> bool:
 
 def _operator_calls(facts: RunFacts, operators: Sequence[str], explained: frozenset[str]) -> list[InstructionTiming]:
     return [c for c in facts.ops.kernel_calls() if c.operator in operators and c.node_id not in explained]
+
+
+def _delegate_nodes(facts: RunFacts, pairs: Sequence[tuple[str, DelegateNodeTiming]]) -> dict[str, Any]:
+    """A finding's fields for delegate nodes ((graph id, node) pairs): types, ids per graph, count, time, share."""
+    nodes: dict[str, list[str]] = defaultdict(list)
+    for graph, node in pairs:
+        nodes[graph].append(node.node)
+    measured = sum(node.ms for _, node in pairs)
+    return {
+        "operators": tuple(sorted({node.type for _, node in pairs})),
+        "nodes": {graph: tuple(ids) for graph, ids in nodes.items()},
+        "calls": len(pairs),
+        "measured_ms": measured,
+        "share": _share(facts, measured),
+    }
 
 
 def _rewrite_finding(
@@ -212,19 +228,12 @@ def find_float_convolutions(facts: RunFacts, explained: frozenset[str]) -> list[
     measured = sum(node.ms for _, node in convolutions)
     if not convolutions or _share(facts, measured) < PORTABLE_MIN_SHARE:
         return []
-    nodes: dict[str, list[str]] = defaultdict(list)
-    for graph, node in convolutions:
-        nodes[graph].append(node.node)
     count = len(quantization.float_convolutions)
     return [
         Finding(
             kind="conv1d-as-2d",
             title="1-D convolutions left fp32 in an int8-dynamic program",
-            operators=tuple(sorted({node.type for _, node in convolutions})),
-            nodes={graph: tuple(ids) for graph, ids in nodes.items()},
-            calls=len(convolutions),
-            measured_ms=measured,
-            share=_share(facts, measured),
+            **_delegate_nodes(facts, convolutions),
             cause=f"{count} of {quantization.convolutions} convolutions stayed fp32: ExecuTorch's XNNPACK quantizer "
             "quantizes a convolution dynamically only in 2-D",
             saving_ms=measured * CONV1D_INT8_SAVING,
@@ -392,9 +401,6 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
     measured = sum(node.ms for _, node in gemms)
     if _share(facts, measured) < GEMM_MIN_SHARE:
         return []
-    nodes: dict[str, list[str]] = defaultdict(list)
-    for graph, node in gemms:
-        nodes[graph].append(node.node)
     saving, note = None, "not predicted: no int8 run of this model on this board yet (measure one, then advise again)"
     if facts.quantized_peer is not None:
         quantized = _gemm_ms((n.type, n.ms) for d in facts.quantized_peer.delegates for n in d.nodes)
@@ -406,11 +412,7 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
         Finding(
             kind="quantize",
             title="fp32 matmuls and convolutions dominate",
-            operators=tuple(sorted({node.type for _, node in gemms})),
-            nodes={graph: tuple(ids) for graph, ids in nodes.items()},
-            calls=len(gemms),
-            measured_ms=measured,
-            share=_share(facts, measured),
+            **_delegate_nodes(facts, gemms),
             cause=f"{len(gemms)} fp32 FullyConnected/convolution nodes take {_share(facts, measured):.0%} of the run",
             saving_ms=saving,
             fix_kind="option",

@@ -49,7 +49,7 @@ def advise_quietly(run: LocalRun, who: str = "", results_root: Path | None = Non
     try:
         _, advice, _ = advise_run(run, _artifact(run), results_root)
     except AnalysisError as exc:
-        console.warn(console.escape(f"{who}no advice: {exc}"))
+        console.warn(f"{who}no advice: {exc}")
         return None
     print_advice_lines(advice, who)
     return advice

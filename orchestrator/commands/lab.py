@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import unicodedata
 from pathlib import Path
 
 from orchestrator import console
@@ -35,8 +36,15 @@ def worker_task(*, inventory: str | None, scheduler: str | None, name: str | Non
                 no_lowering: bool) -> int:  # fmt: skip
     loaded, settings = _settings(inventory, scheduler)
     worker_name = name or socket.gethostname()
-    if not worker_name or len(worker_name) > 128 or any(c in worker_name for c in "/\0 "):
-        raise UsageError(f"--name: {worker_name!r} is not a worker name (1-128 characters, no '/', space or NUL)")
+    if (
+        not worker_name
+        or len(worker_name) > 128
+        or any(c in worker_name for c in "/ ")
+        or any(unicodedata.category(c).startswith("C") for c in worker_name)
+    ):
+        raise UsageError(
+            f"--name: {worker_name!r} is not a worker name (1-128 characters, no '/', space or control character)"
+        )
     chosen = [] if boards == "none" else split_list(boards)  # `--boards none`: a host that only lowers
     offer = cluster.offer(loaded, worker_name, boards=chosen, lowering=not no_lowering)
     for board in offer.unreachable:

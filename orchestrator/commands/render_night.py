@@ -41,5 +41,7 @@ def print_night(report: NightReport) -> None:
     for item in report.failures:
         where = f"{' / '.join(item.cell)} at {item.record.stage}"
         console.error(f"{item.verdict.value.upper()} {where}: {item.record.error}")
+    if report.lost_note:
+        console.error(report.lost_note)
     for kind, path in report.outputs.items():
         console.info(console.escape(f"{kind}: {path}"))

@@ -6,9 +6,12 @@ An entry is one lowered variant under its lowering cache key (Sidecar.cache_key)
 Kept programs (tonight's, tomorrow's baseline) are shared too, by their sha256: `<store>/programs/<sha>.pte`.
 
 The store is any fsspec URL (a folder every host mounts, s3://, ...). What it holds was written by another host, so
-it is read as untrusted data: the key and file names checked before they name a path, the manifest and sidecar
-parsed strictly, every byte hashed while it is copied into a temporary file, renamed into place only when its
-sha256 matches both the manifest and the sidecar; the sidecar last, so a half-fetched artifact never loads.
+it is read as untrusted data: the key and file names checked before they name a path, only regular files read (a
+named pipe or a folder in a file's place is bad data, 65, never a read that blocks), every call bounded in time (a
+store that stops answering is unreachable, 69, not a night that never ends), the manifest and sidecar parsed
+strictly, every byte hashed while it is copied into a temporary file, renamed into place only when its sha256
+matches both the manifest and the sidecar; the sidecar last, so a half-fetched artifact never loads. A bad entry is
+replaced by the next host that publishes the program.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import hashlib
 import os
 import re
 import secrets
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import unquote
 
 import msgspec
@@ -36,6 +42,8 @@ MAX_FILE_BYTES = 64 << 30  # a 1B-parameter fp32 program and its exported progra
 MANIFEST = "manifest.json"
 _KEY = re.compile(r"^[0-9a-f]{64}$")  # a lowering cache key, and a sha256
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,254}$")
+CALL_SECONDS = 120.0  # one call to the store (open, a 1 MiB read, a listing): longer is a store that hangs
+T = TypeVar("T")
 
 
 class StoreError(EtlabError):
@@ -49,6 +57,10 @@ class StoreUnreachable(StoreError, BoardError):
     so deploy/cells.py's is_link_trouble counts it, and a lab night reruns the share elsewhere)."""
 
     exit_code = ExitCode.UNAVAILABLE
+
+
+class _Absent(StoreError):
+    """No such entry (its manifest missing): not an error for has(), one for get()."""
 
 
 class Manifest(msgspec.Struct, forbid_unknown_fields=True):
@@ -77,14 +89,20 @@ def _sha(value: str, where: str) -> str:
     return value
 
 
+def _userinfo(rest: str) -> tuple[str, str]:
+    """(user:password, the rest) of a URL's part after "scheme://" and before its query. A password may hold an
+    unencoded '/' (ftp://user:pa/ss@host/x): everything up to the last '@' may be a credential."""
+    userinfo, at, after = rest.rpartition("@")
+    return (userinfo, after) if at else ("", rest)
+
+
 def shown(url: str) -> str:
     """The store's URL without credentials (user:password@ or a query's secrets)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    rest = rest.split("?", 1)[0]
-    host, slash, path = rest.partition("/")
-    return f"{scheme}://{host.rsplit('@', 1)[-1]}{slash}{path}"
+    userinfo, rest = _userinfo(rest.split("?", 1)[0])
+    return f"{scheme}://{'***@' if userinfo else ''}{rest}"
 
 
 def _secrets(url: str) -> list[str]:
@@ -93,22 +111,61 @@ def _secrets(url: str) -> list[str]:
     if not sep:
         return []
     rest, _, query = rest.partition("?")
-    userinfo = rest.partition("/")[0].rpartition("@")[0]
+    userinfo = _userinfo(rest)[0]
     found = [userinfo, userinfo.partition(":")[2], query, *(pair.partition("=")[2] for pair in query.split("&"))]
     found += [unquote(part) for part in found]
     return sorted({part for part in found if len(part) >= 3}, key=len, reverse=True)
 
 
 class ArtifactStore:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, call_seconds: float = CALL_SECONDS) -> None:
         import fsspec  # type: ignore[import-untyped]
 
         self.url = url
+        self.call_seconds = call_seconds
         try:
             self.fs, root = fsspec.core.url_to_fs(url)
         except (ImportError, ValueError, OSError) as exc:
             raise self._unreachable("cannot open", exc) from None
         self.root = str(root).rstrip("/")
+
+    def _bounded(self, what: str, call: Callable[[], T]) -> T:
+        """`call()` in a thread of its own, given up after call_seconds (a hung mount, a pipe): StoreUnreachable.
+        A call given up keeps its (daemon) thread; the night goes on without it."""
+        box: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as exc:  # handed to the caller as it is
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, name="etlab-store-call", daemon=True)
+        thread.start()
+        thread.join(self.call_seconds)
+        if thread.is_alive():
+            raise StoreUnreachable(
+                f"the lab's store {shown(self.url)} did not answer in {self.call_seconds:g} s ({what})"
+            )
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["value"]  # type: ignore[return-value]
+
+    def _regular(self, path: str, where: str) -> int:
+        """The size of `path`, a regular file (FileNotFoundError when absent); anything else is bad data."""
+        try:
+            info = self._bounded(f"looking at {path.rsplit('/', 1)[-1]}", lambda: self.fs.info(path))
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise self._unreachable("cannot read", exc) from None
+        kind = info.get("type")
+        if kind != "file":
+            what = {"directory": "a folder", "other": "a special file (a named pipe, a device or a socket)"}
+            raise StoreError(
+                f"{where}: {path.rsplit('/', 1)[-1]} is not a regular file but {what.get(kind, repr(kind)[:40])}"
+            )
+        return int(info.get("size") or 0)
 
     def _unreachable(self, what: str, exc: BaseException) -> StoreUnreachable:
         """`what` (cannot read, ...) the store, saying why without the URL's credentials, even where `exc` quotes
@@ -125,25 +182,38 @@ class ArtifactStore:
         return f"{self.root}/{key[:2]}/{key}"
 
     def has(self, key: str) -> bool:
-        """Whether a complete entry (its manifest) is there."""
-        manifest = f"{self._entry(_checked_key(key))}/{MANIFEST}"
+        """Whether a complete entry is there: its manifest, and every file it lists, regular files. An entry with
+        anything else in their place is bad data (StoreError): refused, and replaced by the next put."""
+        entry = self._entry(_checked_key(key))
+        where = f"the lab's store {shown(self.url)}, entry {key}"
         try:
-            return bool(self.fs.exists(manifest))
-        except OSError as exc:
-            raise self._unreachable("cannot read", exc) from None
+            manifest = self._manifest(entry, key, where)
+        except _Absent:
+            return False
+        for name in manifest.files:
+            try:
+                self._regular(f"{entry}/{name}", where)
+            except FileNotFoundError:
+                raise StoreError(f"{where}: {name} is missing") from None
+        return True
 
     # ------------------------------------------------------------ in
 
     def put(self, artifact: Artifact) -> str:
         """Publish the variant under its cache key (already there: nothing to do). Returns the key."""
         key = _checked_key(artifact.sidecar.cache_key)
-        if self.has(key):
-            return key
+        entry = self._entry(key)
+        try:
+            if self.has(key):
+                return key
+        except StoreUnreachable:
+            raise
+        except StoreError:  # a bad entry (a pipe, a folder, a malformed manifest): replaced whole
+            self._bounded("removing a bad entry", lambda: self.fs.rm(entry, recursive=True))
         folder = artifact.paths.folder
         sidecar_path = artifact.paths.sidecar(artifact.variant)
         files = {record.file: record.sha256 for record in artifact.sidecar.files.values()}
         files[sidecar_path.name] = sha256_file(sidecar_path)
-        entry = self._entry(key)
         try:
             self.fs.makedirs(entry, exist_ok=True)
             for name, sha in files.items():
@@ -214,9 +284,9 @@ class ArtifactStore:
 
     def _manifest(self, entry: str, key: str, where: str) -> Manifest:
         try:
-            data = self._read_capped(f"{entry}/{MANIFEST}", MAX_MANIFEST_BYTES)
+            data = self._read_capped(f"{entry}/{MANIFEST}", MAX_MANIFEST_BYTES, where)
         except FileNotFoundError:
-            raise StoreError(f"{where}: no such entry (never published, or its publishing was interrupted)") from None
+            raise _Absent(f"{where}: no such entry (never published, or its publishing was interrupted)") from None
         try:
             manifest = msgspec.convert(loads(data, where=f"{where}: {MANIFEST}"), Manifest)
         except (JsonDataError, msgspec.ValidationError) as exc:
@@ -228,10 +298,14 @@ class ArtifactStore:
             _sha(sha, f"{where}: {MANIFEST}: {name}")
         return manifest
 
-    def _read_capped(self, path: str, cap: int) -> bytes:
-        try:
+    def _read_capped(self, path: str, cap: int, where: str) -> bytes:
+        def read() -> bytes:
             with self.fs.open(path, "rb") as handle:
-                data: bytes = handle.read(cap + 1)
+                return bytes(handle.read(cap + 1))
+
+        self._regular(path, where)
+        try:
+            data = self._bounded(f"reading {path.rsplit('/', 1)[-1]}", read)
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -242,7 +316,7 @@ class ArtifactStore:
 
     def _read_verified(self, path: str, sha: str, where: str, cap: int) -> bytes:
         try:
-            data = self._read_capped(path, cap)
+            data = self._read_capped(path, cap, where)
         except FileNotFoundError:
             raise StoreError(f"{where}: {path.rsplit('/', 1)[-1]} is missing") from None
         if hashlib.sha256(data).hexdigest() != sha:
@@ -257,8 +331,10 @@ class ArtifactStore:
             return  # shared with another variant of the model (its inputs), already here
         digest, copied = hashlib.sha256(), 0
         try:
-            with atomic_path(target) as temporary, self.fs.open(source, "rb") as handle, open(temporary, "wb") as out:
-                while chunk := handle.read(CHUNK):
+            self._regular(source, where)
+            handle = self._bounded(f"opening {target.name}", lambda: self.fs.open(source, "rb"))
+            with atomic_path(target) as temporary, handle, open(temporary, "wb") as out:
+                while chunk := self._bounded(f"reading {target.name}", lambda: handle.read(CHUNK)):
                     copied += len(chunk)
                     if copied > size:
                         raise StoreError(f"{where}: {target.name} is larger than its record says")
@@ -277,20 +353,27 @@ class ArtifactStore:
     def put_program(self, pte: Path, sha: str) -> None:
         target = f"{self.root}/programs/{_checked_key(sha)}.pte"
         try:
-            if not self.fs.exists(target):
-                self.fs.makedirs(f"{self.root}/programs", exist_ok=True)
-                self._upload(pte, target)
+            try:
+                self._regular(target, f"the lab's store {shown(self.url)}, program {sha[:12]}")
+                return  # there already (verified by sha256 when fetched)
+            except FileNotFoundError:
+                pass
+            except StoreUnreachable:
+                raise
+            except StoreError:  # something else in its place: replaced
+                self._bounded("removing a bad program", lambda: self.fs.rm(target, recursive=True))
+            self.fs.makedirs(f"{self.root}/programs", exist_ok=True)
+            self._upload(pte, target)
         except OSError as exc:
             raise self._unreachable("could not publish to", exc) from None
 
     def get_program(self, sha: str, target: Path) -> Path | None:
         """The kept program `sha` fetched to `target` (verified), None when the store does not hold it."""
         source = f"{self.root}/programs/{_checked_key(sha)}.pte"
+        where = f"the lab's store {shown(self.url)}, program {sha[:12]}"
         try:
-            size = int(self.fs.size(source))
+            size = self._regular(source, where)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            raise self._unreachable("cannot read", exc) from None
-        self._fetch(source, target, sha, size, f"the lab's store {shown(self.url)}, program {sha[:12]}")
+        self._fetch(source, target, sha, size, where)
         return target

@@ -16,10 +16,14 @@ what a worker returns: its client deserializes msgpack only, and tasks return pl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import hashlib
 import os
 import socket
+import ssl
+import time
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
@@ -36,15 +40,33 @@ KEY_FILE = "lab-key.pem"
 BOARD, LOWERING, MEMORY, CORES = "board:", "lowering", "memory-gb", "cores"
 REVISION_SLOTS = 1_000_000  # a resource every task takes one of: never the limit
 CONNECT_SECONDS = 20.0
-# Dask's own HTTP server (health and metrics; no dashboard): loopback only, the lab's port is its TLS one.
-HEALTH_ADDRESS = "127.0.0.1:0"
-WORKER_TTL = "60s"
+# Dask always starts an HTTP server beside its TLS port (identity, info pages with a "close worker" form, metrics).
+# Its routes are off (a 404 for everything, whatever the Host header), and it listens on loopback only.
+HTTP_ADDRESS = "127.0.0.1:0"
+HTTP_OFF: dict[str, list[str]] = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
+DEFAULT_WORKER_TTL_SECONDS = 60.0
+# Dask checks its worker-ttl only every worker-ttl; etlab checks it this often, so a silent host is given up after
+# worker-ttl plus at most this (60-65 s by default), not after up to twice worker-ttl.
+TTL_CHECK_SECONDS = 5.0
+# While the scheduler does not answer, a worker asks again after 1, 2, 4, ... seconds, then every 15 s: a few tries a
+# minute, not Dask's ten a second.
+REJOIN_FIRST_SECONDS, REJOIN_MAX_SECONDS = 1.0, 15.0
+PROBE_SECONDS = 5.0
+CERTIFICATE_HINT = "are this host's certificates the lab's? (`fab lab-certs` makes a new lab: copy its folder here)"
 
 
 class LabUnreachable(BoardError):
     """The lab's scheduler does not answer (or refuses our certificate): infrastructure, exit 69."""
 
     exit_code = ExitCode.UNAVAILABLE
+
+
+class LabLost(LabUnreachable):
+    """The lab's scheduler went away while the workstation waited on it: what it had been handed is gone with it."""
+
+
+class LabRefused(LabUnreachable):
+    """The scheduler answers but will not have this host: another lab's certificate, a worker name already taken."""
 
 
 _SOURCES = (".py", ".cpp", ".h", ".txt", ".cmake", ".sh")
@@ -147,10 +169,71 @@ def connect(settings: LabSettings, *, timeout: float = CONNECT_SECONDS) -> Any:
             set_as_default=False,
         )
     except (OSError, TimeoutError) as exc:
+        refused = probe(settings)  # why: our certificate refused, or nobody there
+        if refused is not None:
+            raise refused from None
         raise LabUnreachable(
             f"the lab's scheduler {settings.scheduler} does not answer: {exc}",
             hint="is `fab lab-scheduler` running there, and are this host's certificates the lab's?",
         ) from None
+
+
+def _scheduler_endpoint(settings: LabSettings) -> tuple[str, int]:
+    parsed = urllib.parse.urlsplit(settings.scheduler)
+    assert parsed.hostname is not None and parsed.port is not None  # lab_settings.check_address
+    return parsed.hostname, parsed.port
+
+
+def probe(settings: LabSettings, timeout: float = PROBE_SECONDS) -> LabRefused | None:
+    """Whether the scheduler's port refuses this host's certificate (a LabRefused saying so), None when it accepts
+    it or nobody answers there (`scheduler_answers` tells which). One TLS handshake, as Dask's own would be."""
+    if not settings.secure or settings.certificates is None:
+        return None
+    host, port = _scheduler_endpoint(settings)
+    try:
+        raw = socket.create_connection((host, port), timeout=timeout)
+    except OSError:
+        return None
+    folder = settings.certificates
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False  # Dask's lab certificate names no host; the lab's CA is what is checked
+    context.verify_mode = ssl.CERT_REQUIRED
+    try:
+        context.load_verify_locations(str(folder / CA_FILE))
+        context.load_cert_chain(str(folder / KEY_AND_CERT_FILE), str(folder / KEY_FILE))
+    except (OSError, ssl.SSLError) as exc:
+        raw.close()
+        return LabRefused(f"the lab's certificates in {folder} cannot be used: {exc}", hint=CERTIFICATE_HINT)
+    try:
+        with context.wrap_socket(raw, server_hostname=host) as tls:
+            # TLS 1.3: the scheduler checks our certificate after the handshake; a refusal arrives as an alert.
+            tls.settimeout(min(timeout, 2.0))
+            with contextlib.suppress(TimeoutError):  # accepted: Dask waits for our first message
+                tls.recv(1)
+    except ssl.SSLCertVerificationError as exc:
+        return LabRefused(
+            f"TLS certificate does not match: the lab's scheduler {settings.scheduler} presents a certificate this "
+            f"host's lab CA did not sign ({exc.verify_message})",
+            hint=CERTIFICATE_HINT,
+        )
+    except ssl.SSLError as exc:
+        return LabRefused(
+            f"TLS certificate does not match: the lab's scheduler {settings.scheduler} refuses this host's "
+            f"certificate ({exc.reason or exc})",
+            hint=CERTIFICATE_HINT,
+        )
+    except OSError:
+        return None  # reset while it starts or stops: not an answer
+    return None
+
+
+def scheduler_answers(settings: LabSettings, timeout: float = PROBE_SECONDS) -> bool:
+    """Whether anything listens on the scheduler's address."""
+    try:
+        with socket.create_connection(_scheduler_endpoint(settings), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------- what a worker offers
@@ -220,8 +303,20 @@ def worker_inventory() -> Inventory:
     return _worker_inventory
 
 
+_CLOSE_REASONS = {
+    "worker-handle-scheduler-connection-broken": "lost the lab's scheduler (it stopped, restarted, or the network "
+    "broke)",
+    "worker-heartbeat-missing": "the lab's scheduler had given this worker up (silent too long: a frozen host or a "
+    "cut network)",
+    "scheduler-remove-worker": "the lab's scheduler had given this worker up (silent too long: a frozen host or a "
+    "cut network; or removed on purpose)",
+}
+
+
 def run_worker(settings: LabSettings, inventory: Inventory, what: WorkerOffer) -> int:
-    """`fab worker`: join the lab until stopped (Ctrl+C, SIGTERM); the scheduler reschedules what it held."""
+    """`fab worker`: be a member of the lab until stopped (Ctrl+C, SIGTERM; the scheduler reschedules what it held).
+    Closed by Dask (its scheduler restarted, or it gave this host up while it was frozen), it joins again once the
+    scheduler answers; refused (another lab's certificate, its name taken), it exits 69 saying why."""
     import dask
     from distributed import Worker
 
@@ -230,49 +325,105 @@ def run_worker(settings: LabSettings, inventory: Inventory, what: WorkerOffer) -
     # Dask's sampling profiler (sys._current_frames() every 10 ms) can freeze a worker on CPython 3.11: a garbage
     # collection inside it frees a threading.local while the interpreter lock is held (gh-106883; bench/README.md,
     # "A lab night on several workers"). etlab times its cells itself: off.
-    dask.config.set({"distributed.worker.profile.enabled": False})
+    dask.config.set({"distributed.worker.profile.enabled": False, **HTTP_OFF})
     os.environ["ETLAB_HOST"] = what.name  # the host its records name
+    listen = listen_host(settings)
 
-    async def serve() -> None:
+    class Member(Worker):
+        """A Dask worker that remembers why it was closed."""
+
+        close_reason: str | None = None
+
+        async def close(self, *args: Any, **kwargs: Any) -> Any:
+            if self.close_reason is None:
+                self.close_reason = str(kwargs.get("reason", "worker-close"))
+            return await super().close(*args, **kwargs)
+
+    async def serve() -> str:
         # Threads: a cell per board at once, plus a lowering; the resources keep each to what it may run.
         threads = max(2, len(what.boards) + 1)
-        console.info(f"worker {what.name}: joining the lab at {settings.scheduler} (waits for its scheduler to answer)")
-        async with Worker(
+        async with Member(
             settings.scheduler,
             security=security(settings),
             name=what.name,
             nthreads=threads,
             resources=what.resources(),
             dashboard=False,
-            dashboard_address=HEALTH_ADDRESS,
-            host=_listen_host(settings),
+            dashboard_address=HTTP_ADDRESS,
+            host=listen,
             local_directory=str(paths.state_dir() / "dask"),
+            death_timeout=CONNECT_SECONDS * 3,  # gone again between our knock and Dask's: back to waiting
         ) as worker:
-            console.info(f"worker {what.name} joined the lab at {settings.scheduler} as {worker.address}")
+            joined = f"worker {what.name} joined the lab at {settings.scheduler} as {worker.address}"
+            console.info(console.escape(joined))
             await worker.finished()
+        reason = worker.close_reason or "closed"
+        return _CLOSE_REASONS.get(reason, f"closed by Dask ({reason})")
 
+    console.info(console.escape(f"worker {what.name}: joining the lab at {settings.scheduler}"))
+    while True:
+        wait_for_scheduler(settings, what.name)
+        try:
+            why = asyncio.run(serve())
+        except ValueError as exc:  # Dask's register-worker answered with an error: e.g. the name is taken
+            message = str(exc)
+            if "name taken" in message:
+                message = f"another worker of the lab is named {what.name!r}"
+            raise LabRefused(
+                f"the lab's scheduler {settings.scheduler} refuses worker {what.name}: {message[:300]}",
+                hint="give this host another --name",
+            ) from None
+        except (OSError, TimeoutError) as exc:  # the scheduler went before this worker registered
+            console.warn(f"worker {what.name}: could not join the lab at {settings.scheduler}: {exc}: trying again")
+            continue
+        console.warn(f"worker {what.name}: {why}: joining the lab again when it answers")
+
+
+def wait_for_scheduler(settings: LabSettings, name: str) -> None:
+    """Until the scheduler answers, asking a few times a minute; LabRefused when it refuses this host's certificate."""
+    delay, said = REJOIN_FIRST_SECONDS, False
+    while True:
+        refused = probe(settings)
+        if refused is not None:
+            raise refused
+        if scheduler_answers(settings):
+            return
+        if not said:
+            console.info(console.escape(f"worker {name}: the lab's scheduler {settings.scheduler} does not answer "
+                                        f"yet: asking again every {REJOIN_MAX_SECONDS:g} s at most"))  # fmt: skip
+            said = True
+        time.sleep(delay)
+        delay = min(delay * 2, REJOIN_MAX_SECONDS)
+
+
+def listen_host(settings: LabSettings) -> str:
+    """Where a worker listens for its peers: `lab.listen`, else the address of this host's interface that reaches the
+    scheduler (127.0.0.1 for a lab on loopback), never every interface."""
+    if settings.listen is not None:
+        return settings.listen
+    host, port = _scheduler_endpoint(settings)
     try:
-        asyncio.run(serve())
-    except (OSError, TimeoutError) as exc:
-        raise LabUnreachable(f"the lab's scheduler {settings.scheduler} does not answer: {exc}") from None
-    return ExitCode.OK
-
-
-def _listen_host(settings: LabSettings) -> str | None:
-    """Workers listen for their peers; on a loopback lab only on loopback."""
-    return None if settings.secure else "127.0.0.1"
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as probe_socket:
+            probe_socket.connect(address)  # UDP: chooses the route, sends nothing
+            return str(probe_socket.getsockname()[0])
+    except OSError as exc:
+        raise LabUnreachable(
+            f"no interface of this host reaches the lab's scheduler {settings.scheduler}: {exc}",
+            hint="set `lab.listen` to the address workers should listen on",
+        ) from None
 
 
 def run_scheduler(settings: LabSettings) -> int:
-    """`fab lab-scheduler`: the lab's scheduler on the address of `lab.scheduler`, without Dask's web dashboard."""
-    import urllib.parse
-
+    """`fab lab-scheduler`: the lab's scheduler on the address of `lab.scheduler`, without Dask's web endpoints."""
     import dask
     from distributed import Scheduler
+    from tornado.ioloop import PeriodicCallback
 
     parsed = urllib.parse.urlsplit(settings.scheduler)
-    # A worker silent for a minute (a cut network, a frozen host) is given up: its share goes to another worker.
-    dask.config.set({"distributed.scheduler.worker-ttl": WORKER_TTL})
+    # A worker silent for worker_ttl_seconds (a cut network, a frozen host) is given up: its share goes to another
+    # worker. Dask itself checks only every worker-ttl; the callback below checks every few seconds.
+    dask.config.set({"distributed.scheduler.worker-ttl": f"{settings.worker_ttl_seconds}s", **HTTP_OFF})
 
     async def serve() -> None:
         async with Scheduler(
@@ -281,8 +432,12 @@ def run_scheduler(settings: LabSettings) -> int:
             protocol=parsed.scheme,
             security=security(settings),
             dashboard=False,
-            dashboard_address=HEALTH_ADDRESS,
+            dashboard_address=HTTP_ADDRESS,
         ) as scheduler:
+            every = min(TTL_CHECK_SECONDS, settings.worker_ttl_seconds / 4)
+            ttl_check = PeriodicCallback(scheduler.check_worker_ttl, every * 1000)
+            scheduler.periodic_callbacks["etlab-worker-ttl"] = ttl_check  # stopped with the scheduler's own
+            ttl_check.start()
             console.info(f"the lab's scheduler listens at {scheduler.address}")
             await scheduler.finished()
 

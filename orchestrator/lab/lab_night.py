@@ -8,7 +8,9 @@ reports (lab/nightly.py). The workers do the work, as Dask tasks placed by their
    recorded in the one history as each finishes, with the host named.
 A worker that dies mid-night has its tasks rescheduled by Dask on another worker that can take them; a cell it had
 recorded is skipped there (checked just before each cell runs), so every cell is recorded once. A task no live worker
-can take for `wait_seconds` is given up, and its cells recorded as infrastructure failures.
+can take for `wait_seconds` is given up, and its cells recorded as infrastructure failures. A scheduler lost
+mid-night (killed, restarted) takes every task with it: the cells not recorded by then are recorded as
+infrastructure failures naming it (a resumed night runs them again), and the report says how to resume.
 
 What a worker returns is data this module checks as it checks a board's: msgpack (cluster.connect), then typed.
 """
@@ -46,6 +48,7 @@ class LoweringReply(msgspec.Struct, forbid_unknown_fields=False):
     keys: dict[str, Sha256] = {}  # variant -> the store's key for it
     versions: dict[str, str] = {}
     lowered: list[str] = []
+    repaired: list[str] = []  # store entries refused as bad data and published again: what was wrong
     seconds: float = 0.0
     infrastructure: bool = False
 
@@ -67,7 +70,9 @@ class BoardReply(msgspec.Struct, forbid_unknown_fields=False):
 class LabOutcome:
     infrastructure_ok: bool = True
     versions: dict[str, dict[str, str]] = field(default_factory=dict)
-    skipped: list[tuple[str, str, str]] = field(default_factory=list)
+    lost: str | None = None  # the scheduler was lost mid-night: why, as said to the user
+    # Store entries a worker refused as bad data and published again (what it said of each).
+    repaired: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -92,9 +97,12 @@ def run_on_lab(
     client = cluster.connect(settings)
     try:
         workers = _workers(client)
+        offered = ", ".join(f"{name} ({_offer_text(res)})" for name, res in sorted(workers.items())) or "none"
         console.info(
-            f"lab {settings.scheduler}: {len(workers)} worker(s) run this etlab ({cluster.revision()}): "
-            + (", ".join(f"{name} ({_offer_text(res)})" for name, res in sorted(workers.items())) or "none")
+            console.escape(
+                f"lab {settings.scheduler}: {len(workers)} worker(s) run this etlab ({cluster.revision()}): "
+            )
+            + console.escape(offered)
         )
         wanted: dict[str, dict[Variant, None]] = {}
         for cells in plan.values():
@@ -118,8 +126,14 @@ def run_on_lab(
         for board, (error, infrastructure, host) in failed.items():
             _record_unrun(recorder, night, board, runnable[board], outcome.versions, error, infrastructure, host)
             outcome.infrastructure_ok = False
+    except cluster.LabLost as exc:
+        outcome.lost = str(exc)
+        outcome.infrastructure_ok = False
+        console.error(outcome.lost)
+        for board, cells in plan.items():  # what the lost scheduler held: not run tonight, unless recorded
+            _record_unrun(recorder, night, board, cells, outcome.versions, outcome.lost, True, None)
     finally:
-        client.close()
+        client.close(timeout=5)
     return outcome
 
 
@@ -127,7 +141,11 @@ def _workers(client: Any) -> dict[str, dict[str, float]]:
     """The live workers that run this etlab: name -> resources."""
     mine = cluster.revision_resource()
     found = {}
-    for info in client.scheduler_info(n_workers=-1).get("workers", {}).values():
+    try:
+        workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    except (OSError, TimeoutError) as exc:
+        raise cluster.LabLost(f"the lab's scheduler was lost mid-night: {exc}") from None
+    for info in workers.values():
         resources = info.get("resources") or {}
         if mine in resources:
             found[str(info.get("name"))] = {str(k): float(v) for k, v in resources.items()}
@@ -180,9 +198,12 @@ def _lower(
                 problem = f"the worker's reply is malformed: {exc}"
         if problem is not None:
             (unplaced if lab_trouble else errors)[model] = problem
-            console.warn(console.escape(f"{model}: not lowered for the lab: {problem}"))
+            console.warn(f"{model}: not lowered for the lab: {problem}")
             return
         outcome.versions[model] = checked.versions
+        for said in checked.repaired:
+            outcome.repaired.append(said[:500])
+            console.warn(f"{model}: {said[:500]} (on {checked.host[:128]})")
         keys.update(((model, name), key) for name, key in checked.keys.items())
         how = f"lowered {', '.join(checked.lowered)}" if checked.lowered else "from the lab's store or cache"
         console.info(console.escape(f"{model}: {how} on {checked.host} ({checked.seconds:.1f} s)"))
@@ -235,12 +256,14 @@ def _boards(
             failed[board] = (f"the worker's reply is malformed: {exc}", True, None)
             return
         host = checked.host[:128]
-        outcome.skipped.extend(tuple(cell) for cell in checked.skipped if len(cell) == 3)  # type: ignore[misc]
+        if checked.skipped:  # recorded tonight by a worker that left mid-way: tonight's cells, counted as run
+            console.info(console.escape(f"{name}: {len(checked.skipped)} cell(s) recorded earlier tonight by a "
+                                        "worker that left: not run again"))  # fmt: skip
         for index, data in enumerate(checked.pending):  # what the worker measured but could not record: ours now
             try:
                 run = read_run_record(data, f"worker {host}", f"pending[{index}]")
             except JsonDataError as exc:
-                console.warn(console.escape(f"{name}: a result from {host} is refused: {exc}"))
+                console.warn(f"{name}: a result from {host} is refused: {exc}")
                 continue
             if run.night == night and run.board == name:
                 recorder.record(run)
@@ -262,8 +285,13 @@ def _gather(client: Any, tasks: list[_Task], wait_seconds: float, done: Callable
         time.sleep(POLL_SECONDS)
         now = time.monotonic()
         workers = _workers(client)
+        if client.status != "running":  # the scheduler went: every task it held is gone (a new one knows none)
+            raise cluster.LabLost(
+                f"the lab's scheduler {client.scheduler.address if client.scheduler else '?'} was lost mid-night "
+                f"(the workstation's connection to it closed: {client.status})"
+            )
         for name in sorted(present - set(workers)):
-            console.warn(console.escape(f"worker {name} left the lab: what it held goes to another worker"))
+            console.warn(f"worker {name} left the lab: what it held goes to another worker")
         for name in sorted(set(workers) - present):
             console.info(console.escape(f"worker {name} joined the lab"))
         present = set(workers)

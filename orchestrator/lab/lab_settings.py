@@ -10,11 +10,15 @@ lab:
   store: /srv/etlab-store                   # a shared folder, or an fsspec URL (s3://bucket/etlab, ...)
   wait_seconds: 600                         # how long a board's cells wait for a worker that reaches the board
   lowering_gb: 4                            # memory a lowering needs: it runs only where that much is free
+  worker_ttl_seconds: 60                    # a worker silent this long (frozen, cut off) is given up, its work moved
+  listen: 192.0.2.10                        # where workers listen for peers (default: the interface that reaches
+                                            # the scheduler)
 ```
 """
 
 from __future__ import annotations
 
+import ipaddress
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +32,7 @@ from orchestrator.names import is_loopback
 
 DEFAULT_WAIT_SECONDS = 600.0
 DEFAULT_LOWERING_GB = 2.0
+DEFAULT_WORKER_TTL_SECONDS = 60.0
 CA_FILE, KEY_AND_CERT_FILE = "ca.pem", "lab.pem"
 
 
@@ -38,6 +43,8 @@ class LabSettings:
     certificates: Path | None = None  # the folder holding ca.pem and lab.pem; required for tls://
     wait_seconds: float = DEFAULT_WAIT_SECONDS
     lowering_gb: float = DEFAULT_LOWERING_GB
+    worker_ttl_seconds: float = DEFAULT_WORKER_TTL_SECONDS
+    listen: str | None = None  # the host address workers listen on; None: the interface towards the scheduler
 
     @property
     def secure(self) -> bool:
@@ -98,6 +105,8 @@ def load_lab_settings(inventory: Inventory, *, scheduler: str | None = None) -> 
         certificates=certificates,
         wait_seconds=section.get("wait_seconds", DEFAULT_WAIT_SECONDS),
         lowering_gb=section.get("lowering_gb", DEFAULT_LOWERING_GB),
+        worker_ttl_seconds=section.get("worker_ttl_seconds", DEFAULT_WORKER_TTL_SECONDS),
+        listen=section.get("listen"),
     )
 
 
@@ -108,10 +117,21 @@ def _text(node: Node, _field: str) -> str:
     return value
 
 
+def _listen(node: Node, _field: str) -> str:
+    value = string(node, "an address of this host")
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise Invalid(f"expected an IP address of this host (workers listen there), got {value[:80]!r}") from None
+
+
 _FIELDS = {
     "scheduler": _address,
     "certificates": _text,
     "store": _text,
     "wait_seconds": number(0, above=True, high=7 * 86400, unit="a number of seconds"),
     "lowering_gb": number(0, above=True, high=1 << 20, unit="a number of GB"),
+    # Dask's heartbeats come every 0.5-5 s: below 5 s a busy worker would be taken for a frozen one.
+    "worker_ttl_seconds": number(5, high=86400, unit="a number of seconds"),
+    "listen": _listen,
 }

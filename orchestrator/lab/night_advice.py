@@ -27,7 +27,7 @@ def advise_cell(cell: CellOutcome, artifact: Artifact | None, results_root: Path
         advice = advise(facts)
         write_advice(run.path, advice)
     except AnalysisError as exc:
-        console.warn(console.escape(f"[{cell.board}] {cell.model}/{cell.variant}: no advice: {exc}"))
+        console.warn(f"[{cell.board}] {cell.model}/{cell.variant}: no advice: {exc}")
         return None
     return len(advice.findings)
 

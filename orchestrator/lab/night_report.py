@@ -103,6 +103,23 @@ class NightReport:
     advised: list[tuple[str, str]] = field(default_factory=list)
     # Earlier nights' pending results this nightly could not record (a malformed file, kept): why, one per result
     left_behind: list[str] = field(default_factory=list)
+    # A lab night whose scheduler was lost mid-way: why (its unrun cells are infrastructure failures saying so)
+    lost: str | None = None
+
+    @property
+    def lost_note(self) -> str | None:
+        """What a lost scheduler cost the night, and how to resume it."""
+        if self.lost is None:
+            return None
+        unrun = [v.cell for v in self.verdicts if v.verdict == Kind.INFRA and v.record.error == self.lost]
+        done = len(self.verdicts) - len(unrun)
+        cells = f": {', '.join(label(cell) for cell in unrun)}" if unrun else ""
+        return (
+            f"{self.lost}. {done} cell(s) were recorded before it; {len(unrun)} did not run and are recorded as "
+            f"infrastructure failures{cells}. To resume: start `fab lab-scheduler` again, wait until `fab lab` lists "
+            f"the workers (they join again by themselves), then run `fab nightly --night {self.night}`: the cells "
+            "recorded are skipped, the others run."
+        )
 
     @property
     def pending_note(self) -> str | None:

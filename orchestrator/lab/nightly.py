@@ -170,6 +170,7 @@ def _run_night(
     if skipped:
         console.info(f"{len(skipped)} cell(s) already recorded for {night}: skipped")
 
+    lost = None
     if lab is None:
         ran, places = _run_here(config, night, history, recorder, plan, specs, rewrites_of, skipped,
                                 artifacts_root=artifacts_root, results_root=results_root)  # fmt: skip
@@ -177,8 +178,7 @@ def _run_night(
         from orchestrator.lab.lab_night import run_on_lab  # Dask: imported only for a lab's night
 
         on_lab = run_on_lab(lab, config, night, history.url, recorder, plan, specs, rewrites_of)
-        ran, places = on_lab.infrastructure_ok, {}
-        skipped.extend(on_lab.skipped)
+        ran, places, lost = on_lab.infrastructure_ok, {}, on_lab.lost
 
     # Tonight's verdicts cover every cell recorded tonight, including those from an earlier, killed run.
     verdicts = []
@@ -214,7 +214,7 @@ def _run_night(
         code = ExitCode.TEMPFAIL  # tonight is good, but earlier results still wait to be recorded: say so
     report = NightReport(night, verdicts, trends, code, skipped, places=places,
                          pending=sorted(recorder.pending), pending_dir=pending.folder(reports, night),
-                         left_behind=carried.left_behind,
+                         left_behind=carried.left_behind, lost=lost,
                          advised=[pair for entry in config.entries for pair in entry.advised_pairs()])  # fmt: skip
     report.outputs = write_reports(report, reports)
     return report

@@ -165,6 +165,7 @@ def render_html(report: NightReport) -> str:
         f"{_count(len(report.regressions), 'regressions', 'regression')}, "
         f"{_count(len(report.warnings), 'warnings (drift, unconfirmed, inconclusive)', 'drift')}, "
         f"{_count(len(report.failures), 'failures', 'failed')}</p>",
+        f"<p id='lost' class='failed'>{html.escape(report.lost_note)}</p>" if report.lost_note else "",
         f"<p id='pending' class='failed'>{html.escape(report.pending_note)}</p>" if report.pending_note else "",
         f"<p id='left-behind' class='failed'>{html.escape(report.left_behind_note)}</p>"
         if report.left_behind_note
@@ -283,6 +284,7 @@ def render_markdown(report: NightReport) -> str:
         f"Exit code {report.exit_code}: {len(report.verdicts)} cells run, {len(report.regressions)} regressions, "
         f"{len(report.warnings)} warnings, {len(report.failures)} failures, {len(report.skipped)} already recorded.",
         "",
+        *([f"**Scheduler lost**: {report.lost_note}", ""] if report.lost_note else []),
         *([f"**Not recorded**: {report.pending_note}", ""] if report.pending_note else []),
         *([f"**Still pending**: {report.left_behind_note}", ""] if report.left_behind_note else []),
         "| board | model | backend | median ms | baseline ms | change | peak MB | verdict | validity |",

@@ -18,7 +18,7 @@ from orchestrator.boards.fanout import fan_out
 from orchestrator.deploy.cells import is_link_trouble
 from orchestrator.errors import EtlabError, ExitCode, first_line
 from orchestrator.lab import cluster
-from orchestrator.lab.artifact_store import ArtifactStore
+from orchestrator.lab.artifact_store import ArtifactStore, StoreError, StoreUnreachable
 from orchestrator.lab.board_night import NightContext, PlannedCell, Recorder, run_board
 from orchestrator.lab.history import History
 from orchestrator.lab.matrix import NightlyConfig
@@ -45,12 +45,17 @@ def lower_program(
         store = ArtifactStore(store_url)
         asked = list(variants)
         mode = resolve_weights(spec, weights).mode
-        fetched = []
+        fetched, repaired = [], []
         for variant in asked:
             key = cache_key(spec, variant, mode, False, None, rewrites)
-            if store.has(key):
-                store.get(key, spec.name, variant, paths.artifacts_dir())
-                fetched.append(variant.name)
+            try:
+                if store.has(key):
+                    store.get(key, spec.name, variant, paths.artifacts_dir())
+                    fetched.append(variant.name)
+            except StoreUnreachable:
+                raise
+            except StoreError as exc:  # bad data in the store: lowered here instead, and the entry published again
+                repaired.append(f"{variant}: refused the lab's store's entry ({exc}); lowered here and published again")
         result = lowering.lower(spec, variants=asked, weights=weights, root=paths.artifacts_dir(), rewrites=rewrites)
         keys = {}
         for variant in result.variants:
@@ -58,7 +63,8 @@ def lower_program(
         versions = dict(next(iter(result.variants.values())).sidecar.versions)
         lowered = [v.name for v, r in result.variants.items() if not r.cached and v.name not in fetched]
         seconds = round(time.monotonic() - started, 3)
-        return {"host": host, "keys": keys, "versions": versions, "lowered": lowered, "error": None, "seconds": seconds}
+        return {"host": host, "keys": keys, "versions": versions, "lowered": lowered, "repaired": repaired,
+                "error": None, "seconds": seconds}  # fmt: skip
     except EtlabError as exc:  # the model's own failure, or the lab's (its store unreachable: 69)
         return {"host": host, "error": first_line(exc), "infrastructure": exc.exit_code == ExitCode.UNAVAILABLE}
     except Exception as exc:  # a bug: said, with where, rather than raised into the client's msgpack-only reader

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from orchestrator.lab.cluster import lab_state, make_certificates
-from orchestrator.lab.lab_settings import LabSettings
+from orchestrator.lab.lab_settings import DEFAULT_WORKER_TTL_SECONDS, LabSettings
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.testing.sshd import free_port
 
@@ -22,7 +22,7 @@ from orchestrator.testing.sshd import free_port
 class LocalLab:
     """`root/certs`, `root/store`, `root/<worker>/{state,artifacts,results}`, logs in `root/*.log`."""
 
-    def __init__(self, root: Path, *, wait_seconds: float = 600.0) -> None:
+    def __init__(self, root: Path, *, wait_seconds: float = 600.0, worker_ttl_seconds: float | None = None) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.certificates = root / "certs"
@@ -33,6 +33,7 @@ class LocalLab:
             store=str(self.store),
             certificates=self.certificates,
             wait_seconds=wait_seconds,
+            worker_ttl_seconds=worker_ttl_seconds or DEFAULT_WORKER_TTL_SECONDS,
         )
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -43,6 +44,7 @@ class LocalLab:
             "certificates": str(self.certificates),
             "store": str(self.store),
             "wait_seconds": self.settings.wait_seconds,
+            "worker_ttl_seconds": self.settings.worker_ttl_seconds,
         }
 
     def with_lab(self, inventory: Path) -> Path:
@@ -75,12 +77,34 @@ class LocalLab:
     def start_scheduler(self, inventory: Path) -> None:
         self._start("scheduler", ["lab-scheduler", "--inventory", str(inventory)], self.env("scheduler"))
 
+    def stop_scheduler(self, how: signal.Signals = signal.SIGTERM) -> int:
+        """Stop the scheduler (SIGTERM: as a service manager does; SIGKILL: as a crash); its exit status."""
+        process = self.processes["scheduler"]
+        os.killpg(process.pid, how)
+        return process.wait(timeout=60)
+
+    def freeze(self, name: str) -> None:
+        """SIGSTOP the process: a host that hangs (a suspended VM, a cut network) and says nothing."""
+        os.killpg(self.processes[name].pid, signal.SIGSTOP)
+
+    def thaw(self, name: str) -> None:
+        os.killpg(self.processes[name].pid, signal.SIGCONT)
+
     def start_worker(
-        self, name: str, inventory: Path, *, lowering: bool = True, artifacts: Path | None = None
+        self,
+        name: str,
+        inventory: Path,
+        *,
+        lowering: bool = True,
+        artifacts: Path | None = None,
+        boards: str | None = None,
+        key: str | None = None,
     ) -> subprocess.Popen[bytes]:
+        """`fab worker --name NAME`; `key` names its process and log when the name is not a file name."""
         extra = {"ETLAB_ARTIFACTS": str(artifacts)} if artifacts is not None else {}
         argv = ["worker", "--inventory", str(inventory), "--name", name] + ([] if lowering else ["--no-lowering"])
-        return self._start(name, argv, self.env(name, **extra))
+        argv += ["--boards", boards] if boards is not None else []
+        return self._start(key or name, argv, self.env(key or name, **extra))
 
     def wait_workers(self, names: set[str], timeout: float = 300.0) -> None:
         """Until every named worker is in the lab (the scheduler up and each worker joined)."""
@@ -112,6 +136,7 @@ class LocalLab:
     def close(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
+                os.killpg(process.pid, signal.SIGCONT)  # a frozen one too
                 os.killpg(process.pid, signal.SIGTERM)
         for process in self.processes.values():
             try:

@@ -267,8 +267,11 @@ def test_kept_programs_travel_verified(tiny: Artifact, tmp_path: Path) -> None:
 def test_the_store_url_is_shown_without_credentials(tiny: Artifact) -> None:
     from orchestrator.lab.artifact_store import shown
 
-    assert shown("s3://key:secret@bucket/etlab?token=abc") == "s3://bucket/etlab"
+    assert shown("s3://key:secret@bucket/etlab?token=abc") == "s3://***@bucket/etlab"
     assert shown("/srv/etlab-store") == "/srv/etlab-store"
+    # A password with an unencoded '/' was printed whole (ftp://user:pa/ss@host/x): all up to the last '@' is hidden.
+    assert shown("ftp://user:pa/ss@host/x") == "ftp://***@host/x"
+    assert shown("s3://bucket/etlab") == "s3://bucket/etlab"
     # fsspec's own error quotes the path, credentials and all: the message etlab shows does not
     url = f"memory://etlab:hunter22@store-{secrets.token_hex(4)}/programs"
     fs = fsspec.filesystem("memory")
@@ -285,3 +288,68 @@ def test_an_unreachable_store_is_infrastructure(tiny: Artifact, tmp_path: Path) 
     with pytest.raises(StoreUnreachable) as caught:
         ArtifactStore(str(tmp_path / "store")).put(tiny)
     assert caught.value.exit_code == 69 and is_link_trouble(caught.value), "the night reruns it elsewhere"
+
+
+@pytest.mark.parametrize("what", ["pipe", "folder"])
+@pytest.mark.parametrize("where", ["manifest", "program"])
+def test_a_pipe_or_a_folder_in_a_files_place_is_bad_data_and_replaced(
+    tiny: Artifact, tmp_path: Path, what: str, where: str
+) -> None:
+    """A named pipe would block the read forever (a night that never ends, its lock held); a folder was taken for an
+    unreachable store (69). Both are bad data (65), refused at once, and the next publish replaces the entry."""
+    store = ArtifactStore(str(tmp_path / "store"))
+    key = store.put(tiny)
+    entry = entry_of(tmp_path / "store", key)
+    target = entry / (MANIFEST if where == "manifest" else tiny.paths.pte(XNNPACK).name)
+    target.unlink()
+    os.mkfifo(target) if what == "pipe" else target.mkdir()
+    for attempt in (lambda: store.has(key), lambda: store.get(key, tiny.model, XNNPACK, tmp_path / "elsewhere")):
+        with pytest.raises(StoreError) as caught:
+            attempt()
+        assert not isinstance(caught.value, StoreUnreachable) and caught.value.exit_code == 65
+        assert "is not a regular file" in str(caught.value), caught.value
+    assert not (tmp_path / "elsewhere" / tiny.model / tiny.paths.pte(XNNPACK).name).exists()
+    assert store.put(tiny) == key  # published again over the bad entry
+    assert target.is_file() and store.has(key)
+    fetched = store.get(key, tiny.model, XNNPACK, tmp_path / "elsewhere")
+    assert fetched.paths.pte(XNNPACK).read_bytes() == tiny.paths.pte(XNNPACK).read_bytes()
+
+
+def test_a_kept_program_that_is_a_pipe_is_refused_and_replaced(tiny: Artifact, tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path / "store"))
+    sha = tiny.sha256
+    (tmp_path / "store" / "programs").mkdir(parents=True)
+    os.mkfifo(tmp_path / "store" / "programs" / f"{sha}.pte")
+    with pytest.raises(StoreError, match="is not a regular file"):
+        store.get_program(sha, tmp_path / "fetched.pte")
+    store.put_program(tiny.pte, sha)
+    assert store.get_program(sha, tmp_path / "fetched.pte") is not None
+    assert (tmp_path / "fetched.pte").read_bytes() == tiny.pte.read_bytes()
+
+
+def test_a_store_call_that_never_returns_is_given_up(tiny: Artifact, tmp_path: Path, monkeypatch: Any) -> None:
+    """Every call to the store is bounded in time: here a pipe that a (lying, or racing) store calls a file, whose
+    open blocks forever. Given up as an unreachable store (69), never a night that hangs."""
+    store = ArtifactStore(str(tmp_path / "store"), call_seconds=0.5)
+    key = store.put(tiny)
+    manifest = entry_of(tmp_path / "store", key) / MANIFEST
+    manifest.unlink()
+    os.mkfifo(manifest)
+    real_info = store.fs.info
+    monkeypatch.setattr(store.fs, "info", lambda path, **kw: {**real_info(path, **kw), "type": "file"})
+    done = threading.Event()
+    problem: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            store.get(key, tiny.model, XNNPACK, tmp_path / "elsewhere")
+        except BaseException as exc:
+            problem.append(exc)
+        done.set()
+
+    threading.Thread(target=fetch, daemon=True).start()
+    assert done.wait(60), "the read of a pipe was not given up"
+    (caught,) = problem
+    assert isinstance(caught, StoreUnreachable) and "did not answer in 0.5 s" in str(caught), caught
+    with open(manifest, "wb"):  # release the blocked open, so its thread ends
+        pass

@@ -170,6 +170,8 @@ def test_a_night_on_two_workers_survives_one_killed(
     page = (tmp_path / "reports" / f"nightly-{NIGHT}.html").read_text()
     for board in boards:
         assert board.name in page
+    # The cells the killed worker recorded are tonight's, not "already recorded" by an earlier run.
+    assert f"{len(planned) + 1} cells run, 0 already recorded" in page, page[:2000]
 
 
 def _quietly(read: Callable[[str], list[RunRecord]], url: str) -> list[RunRecord]:

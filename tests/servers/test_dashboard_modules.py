@@ -25,6 +25,9 @@ from tests.plugins.dashboard import LAB_BOARD, pulled_run
 from tests.plugins.explorer import free_port
 
 XNNPACK, PORTABLE, OLD = "20261201T020000Z-00x111", "20261201T030000Z-00p222", "20261201T040000Z-00o333"
+MARKUP = "20261201T050000Z-00m444"
+# A module name with markup Plotly would render (bold, a link): a model's names are shown as text, never as HTML.
+MARKUP_NAME = "<b>emb</b><a href='/elsewhere'>link</a>"
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,12 @@ def modules_lab(
         XNNPACK: pulled_run(runner_bundles["runner_distilbert_xnnpack"], results, XNNPACK),
         PORTABLE: pulled_run(runner_bundles["runner_distilbert_portable"], results, PORTABLE),
         OLD: pulled_run(runner_bundles["runner_distilbert_xnnpack"], results, OLD),
+        MARKUP: pulled_run(runner_bundles["runner_distilbert_xnnpack"], results, MARKUP),
     }
+    marked = runs[MARKUP] / "analysis" / "summary.json"
+    text = marked.read_text()
+    assert ".embeddings" in text
+    marked.write_text(text.replace(".embeddings", "." + json.dumps(MARKUP_NAME)[1:-1]))
     # A results folder from before source maps: its summary has no `modules`.
     summary = runs[OLD] / "analysis" / "summary.json"
     document = json.loads(summary.read_text())
@@ -134,4 +142,21 @@ def test_a_run_from_before_source_maps_still_renders(modules_lab: ModulesLab, br
     opened(page, modules_lab.server.url + f"compare?a={OLD}&b={XNNPACK}")
     assert page.locator("#modules-missing").count() == 1 and page.locator("#modules-compare").count() == 0
     assert "run A" in page.locator("#modules-missing").inner_text()
+    assert not problems, problems
+
+
+def test_the_module_chart_shows_a_modules_markup_as_text(modules_lab: ModulesLab, browser_page: Any) -> None:
+    """Plotly renders <b> and <a href> in its text: a module named with them is drawn as the characters it has."""
+    page = browser_page
+    problems = opened(page, modules_lab.server.url + f"run/{MARKUP}")
+    page.wait_for_function("document.getElementById('run-modules') && document.getElementById('run-modules').data")
+    page.wait_for_selector("#run-modules g.slice")
+    drawn = page.locator("#run-modules g.slice").all_text_contents()
+    assert any(MARKUP_NAME in text for text in drawn), drawn
+    assert page.locator("#run-modules svg a").count() == 0, "a module's name became a link"
+    bold = page.evaluate(
+        "Array.from(document.querySelectorAll('#run-modules tspan'))"
+        ".filter((t) => (t.getAttribute('style') || '').includes('bold')).map((t) => t.textContent)"
+    )
+    assert "emb" not in bold, bold
     assert not problems, problems

@@ -40,12 +40,12 @@ def write_static(
         for params in page.exported(site) if page.exported is not None else ():
             name = page.file_name(params)
             if not all(is_valid_name(param) for param in params):  # a file named from data stays in the folder
-                console.warn(console.escape(f"{name[:80]!r}: not a file name, not exported"))
+                console.warn(f"{name[:80]!r}: not a file name, not exported")
                 continue
             try:
                 text = page.render(site, params, links)
             except EtlabError as exc:  # bad data behind it: a page saying why instead
-                console.warn(console.escape(f"{name}: {exc}"))
+                console.warn(f"{name}: {exc}")
                 text = pages.problem_page(name, str(exc), links)
             atomic_write_text(folder / name, text)
             written.append(folder / name)

@@ -13,6 +13,12 @@ function pageData() {
   return JSON.parse(document.getElementById("page-data").textContent);
 }
 
+// Plotly reads HTML in its text (<b>, <br>, <a href>): text from a model, a board or a history is given as text,
+// its markup characters as entities, which Plotly shows as they are.
+function plain(value) {
+  return String(value).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
 function plot(id, traces, layout) {
   const element = document.getElementById(id);
   if (element) {
@@ -98,8 +104,8 @@ function run(data) {
       yaxis: {title: {text: "iterations"}}, bargap: 0.05});
   if (data.operators && data.operators.length) {
     const ops = data.operators.slice().reverse();
-    plot("run-operators", [{type: "bar", orientation: "h", x: ops.map((o) => o.share), y: ops.map((o) => o.node_id),
-      text: ops.map((o) => o.op), hovertemplate: "%{y} %{text}: %{x:.1f} %<extra></extra>"}],
+    plot("run-operators", [{type: "bar", orientation: "h", x: ops.map((o) => o.share), y: ops.map((o) => plain(o.node_id)),
+      text: ops.map((o) => plain(o.op)), hovertemplate: "%{y} %{text}: %{x:.1f} %<extra></extra>"}],
       {title: {text: "share of the method (%)"}, margin: {l: 160, t: 30}});
   }
   if (data.modules && data.modules.length) {
@@ -107,8 +113,8 @@ function run(data) {
     // can make children outweigh their parent).
     const mods = data.modules;
     plot("run-modules", [{type: "treemap", branchvalues: "remainder", ids: mods.map((m) => m.module),
-      parents: mods.map((m) => m.parent), labels: mods.map((m) => m.name), values: mods.map((m) => m.self_ms),
-      customdata: mods.map((m) => [m.module, m.total_ms, m.share]), maxdepth: 5,
+      parents: mods.map((m) => m.parent), labels: mods.map((m) => plain(m.name)), values: mods.map((m) => m.self_ms),
+      customdata: mods.map((m) => [plain(m.module), m.total_ms, m.share]), maxdepth: 5,
       texttemplate: "%{label}<br>%{customdata[1]:.3f} ms (%{customdata[2]:.1f} %)",
       hovertemplate: "%{customdata[0]}<br>%{customdata[1]:.3f} ms, %{customdata[2]:.1f} % of the measured time<extra></extra>"}],
       {title: {text: "time by module"}, margin: {l: 10, r: 10, t: 30, b: 10}, height: 520});
@@ -131,8 +137,8 @@ function run(data) {
 function compare(data) {
   const ops = (data.ops || []).filter((o) => o.delta_ms !== null).slice(0, 30).reverse();
   if (ops.length) {
-    plot("compare-ops", [{type: "bar", orientation: "h", x: ops.map((o) => o.delta_ms), y: ops.map((o) => o.node_id),
-      text: ops.map((o) => o.op), marker: {color: ops.map((o) => (o.delta_ms > 0 ? "#c62828" : "#1565c0"))},
+    plot("compare-ops", [{type: "bar", orientation: "h", x: ops.map((o) => o.delta_ms), y: ops.map((o) => plain(o.node_id)),
+      text: ops.map((o) => plain(o.op)), marker: {color: ops.map((o) => (o.delta_ms > 0 ? "#c62828" : "#1565c0"))},
       hovertemplate: "%{y} %{text}: %{x:.4f} ms<extra></extra>"}],
       {title: {text: "Δ median per operator (B − A, ms)"}, margin: {l: 160, t: 30}});
   }

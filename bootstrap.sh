@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up etlab on a fresh Debian/Ubuntu workstation: the Python venv, and with --test the system
-# packages the test suite needs (OpenSSH server for fake boards, Chromium for the browser tests).
+# packages the test suite needs (OpenSSH server for fake boards, Chromium for the browser tests, Node for Perfetto's
+# trace processor).
 # Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -37,6 +38,8 @@ apt_install() {
 command -v g++ >/dev/null 2>&1 || apt_install g++
 if [ "$want_test" = 1 ]; then
   apt_install openssh-server openssh-client chromium iproute2 procps postgresql
+  # Perfetto's trace processor (wasm) reads the timelines in the tests: Node runs it.
+  command -v node >/dev/null 2>&1 || apt_install nodejs
   # Emulated Raspberry Pis (aarch64 under qemu-user) and the aarch64 cross compiler for the runner.
   apt_install qemu-user-static binfmt-support mmdebstrap arch-test zstd g++-aarch64-linux-gnu
 fi

@@ -9,8 +9,9 @@ it, and their args say so (`layout`). A text-generation run shows the first time
 first decode step, each a top-level slice ("prefill", "decode step 1") holding its operators.
 
 Every slice's args name the operator, its instruction, node id, module, module type and source line (the rows of
-ops.json, results/source_map.py). The ETDump is the board's: an event that ends before it starts is refused
-(AnalysisError, exit 65), never drawn.
+ops.json, results/source_map.py). The ETDump is the board's: an event that ends before it starts, or a timeline
+that breaks the format's rules (results/trace_rules.py: calls across each other), is refused (AnalysisError, exit
+65), never drawn.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from orchestrator.errors import AnalysisError
 from orchestrator.results.etdump import RunBlock
 from orchestrator.results.generation import DECODE, PREFILL
 from orchestrator.results.profile import NO_SOURCE, Attribution, DelegateProfile, InstructionProfile, Profile
+from orchestrator.results.trace_rules import timeline_problems
 
 TRACE_FILE = "trace.json"
 PID = 1
@@ -50,13 +52,16 @@ def _source_args(source: Attribution) -> dict[str, Any]:
     return {"module": source.module, "module_type": source.module_type, "source": source.source}
 
 
-def _slice(name: str, start_us: float, dur_us: float, args: dict[str, Any], category: str) -> dict[str, Any]:
+def _slice(name: str, start_us: float, end_us: float, args: dict[str, Any], category: str) -> dict[str, Any]:
+    # The start and the end rounded to the nanosecond, the duration their difference: a slice that ends where the
+    # next begins does so exactly, so no rounding makes two siblings overlap (trace_rules.py).
+    start, end = round(start_us, 3), round(max(end_us, start_us), 3)
     return {
         "name": name,
         "cat": category,
         "ph": "X",
-        "ts": round(start_us, 3),
-        "dur": round(max(dur_us, 0.0), 3),
+        "ts": start,
+        "dur": round(end - start, 3),
         "pid": PID,
         "tid": TID,
         "args": args,
@@ -121,11 +126,11 @@ def _step_events(step: Step, origin: int) -> list[dict[str, Any]]:
         return []
     top_start, top_end = min(starts), max(ends)
     events = [
-        _slice(step.name, us(top_start), us(top_end) - us(top_start),
+        _slice(step.name, us(top_start), us(top_end),
                {"method": profile.method, "calls": len(calls), "program": profile.pte_name}, "step"),
     ]  # fmt: skip
     for start, end, row in calls:
-        events.append(_slice(row.op or row.label, us(start), us(end) - us(start), _instruction_args(row), row.kind))
+        events.append(_slice(row.op or row.label, us(start), us(end), _instruction_args(row), row.kind))
         if row.kind == "DelegateCall":
             events += _delegate_events(block, inner.get((row.chain, row.index), []), (start, end),
                                        delegates.get(row.node_id), row, us)  # fmt: skip
@@ -170,7 +175,7 @@ def _delegate_events(
         }
         if not timed:
             args["layout"] = LAID_OUT
-        events.append(_slice(name, us(start), us(end) - us(start), args, "DelegateNode"))
+        events.append(_slice(name, us(start), us(end), args, "DelegateNode"))
     return events
 
 
@@ -190,12 +195,19 @@ def trace_document(steps: Sequence[Step], *, run_id: str, model: str | None) -> 
     ]  # fmt: skip
     for step in steps:
         events += _step_events(step, origin)
-    return {
+    document = {
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {"run_id": run_id, "model": model, "steps": [step.name for step in steps],
                       "clock": "ETDump ticks from the first event, in microseconds"},
     }  # fmt: skip
+    problems = timeline_problems(document)
+    if problems:  # the board's events overlap in a way no execution can (calls across each other): refused
+        raise AnalysisError(
+            f"ETDump: the timeline breaks {len(problems)} rule(s) of the trace format, first: {problems[0]}; "
+            "no timeline can be drawn"
+        )
+    return document
 
 
 def _runtime_start(block: RunBlock) -> int:

@@ -2,9 +2,9 @@
 real runs of the native runner on the local board: distilbert-tiny's XNNPACK program (delegate calls with their
 XNNPACK nodes nested inside) and smollm2-gen-tiny generating (a prefill and a decode step). The trace is checked by
 an independent reader here (the keys chrome://tracing needs, every slice inside its parent on its thread, names,
-args and durations equal to ops.json's rows); Perfetto's own trace processor downloads a binary at run time, which
-this machine cannot. An ETDump without timestamps writes no trace and says so once; one whose event ends before it
-starts is an AnalysisError (exit 65), no traceback."""
+args and durations equal to ops.json's rows); Perfetto's own trace processor reads it in test_trace_perfetto.py. An
+ETDump without timestamps writes no trace and says so once; one whose event ends before it starts, or whose calls
+run across each other, is an AnalysisError (exit 65), no traceback."""
 
 from __future__ import annotations
 
@@ -181,6 +181,25 @@ def test_an_event_ending_before_it_starts_is_an_analysis_error(xnnpack_run: Bund
 
     rewrite_etdump(xnnpack_run.path, backwards)
     with pytest.raises(AnalysisError, match="ends before it starts"):
+        analyze(xnnpack_run)
+
+
+def test_calls_that_run_across_each_other_are_an_analysis_error(xnnpack_run: BundleCase) -> None:
+    """A board's ETDump whose kernel call ends inside the next one: no execution runs so, and Perfetto would drop one
+    of them silently (results/trace_rules.py); refused as bad data, as an event ending before it starts is."""
+
+    def across(etdump: Any) -> None:
+        for run in (r for r in etdump.run_data if r.name == "Execute"):
+            calls = [
+                e.profile_event
+                for e in run.events or []
+                if e.profile_event is not None and e.profile_event.name in ("OPERATOR_CALL", "DELEGATE_CALL")
+            ]
+            first, second = next((a, b) for a, b in itertools.pairwise(calls) if b.end_time - b.start_time > 10)
+            first.end_time = second.start_time + (second.end_time - second.start_time) // 2
+
+    rewrite_etdump(xnnpack_run.path, across)
+    with pytest.raises(AnalysisError, match="slices must nest"):
         analyze(xnnpack_run)
 
 

@@ -4,7 +4,7 @@ that checks them and runs the task (see docs/DESIGN.md)."""
 from __future__ import annotations
 
 from orchestrator.commands import options
-from orchestrator.commands.common import handle_errors
+from orchestrator.commands.handling import handle_errors
 from orchestrator.lowering.quantize.schemes import QUANTIZED
 from orchestrator.lowering.rewrites.registry import REWRITES
 
@@ -294,7 +294,7 @@ def nightly(c, inventory=None, night=None, history=None, reports=None, wait=Fals
     """Run the nightly matrix, record it, flag real regressions and write reports (exit codes below).
 
     Exit 0 ok, 1 regression, 2 infra, 75 another nightly holds the night."""
-    from orchestrator.commands.common import nightly_task
+    from orchestrator.commands.lab import nightly_task
 
     return nightly_task(
         inventory=inventory, night=night, history=history, reports=reports, wait=wait, record_pending=record_pending

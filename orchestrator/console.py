@@ -57,7 +57,7 @@ def verbose() -> bool:
 
 @contextlib.contextmanager
 def warnings_once() -> Iterator[None]:
-    """Within it (a task: commands/common.py's handle_errors), a warning already said is not said again."""
+    """Within it (a task: commands/handling.py's handle_errors), a warning already said is not said again."""
     global _warned
     outer, _warned = _warned, set()
     try:

@@ -80,7 +80,7 @@ def fan_out(
     interrupted = False
     try:
         # SIGTERM (a cancelled CI job) stops like Ctrl+C when labgrid places are held, so they are released (every
-        # fab task does so anyway: commands/common.py; this is for other callers).
+        # fab task does so anyway: commands/handling.py; this is for other callers).
         with interrupts.sigterm_interrupts() if places else contextlib.nullcontext():
             futures = [pool.submit(_run_one, board, fn, hold) for board in boards]
             return [future.result() for future in futures]

@@ -13,7 +13,7 @@ from orchestrator.advice.documents import write_advice
 from orchestrator.advice.facts import run_facts
 from orchestrator.advice.findings import Advice, RunFacts
 from orchestrator.commands import options
-from orchestrator.commands.common import find_artifact, select_boards
+from orchestrator.commands.common import find_artifact, one_board
 from orchestrator.commands.options import TrialOptions
 from orchestrator.commands.render_advice import print_advice_lines, render_advice, render_trial
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
@@ -94,7 +94,8 @@ def advise_on(
             f"which has rewrites applied already ({', '.join(facts.applied_rewrites)})",
             hint=f"profile the model as exported (fab deploy-and-profile --model {base}), then advise on that run",
         )
-    (target,) = select_boards(trial.inventory, run.board if board is None else board, None, None)
+    target = one_board(trial.inventory, run.board if board is None else board, what="--try needs",
+                       example=f"fab advise --run {run.run_id} --try --board local")  # fmt: skip
     # here, not at the top: the trial brings the lowering and the A/B re-test, which every analysis's advice
     # (advise_quietly, on a warm deploy's path) needs none of
     from orchestrator.advice.trial import ATTENTION, try_rewrites

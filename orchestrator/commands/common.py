@@ -1,32 +1,37 @@
-"""Glue between Fabric tasks and the library: turn errors into messages and meaningful exit codes."""
+"""What the command layer shares: options parsed once into typed values (boards, models, variants, rewrites, run
+parameters, contexts, attention), each refused with the option named (exit 64), and library errors given the option
+that mends them. Task bodies import it; `fab` itself starts with commands/handling.py alone."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
-import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, overload
+from typing import Any, overload
 
-from invoke.exceptions import Exit
-
-from orchestrator import console, exiting, interrupts
+from orchestrator.boards import labgrid
+from orchestrator.boards.inventory import Board, Inventory, load_inventory
 from orchestrator.commands import options
+from orchestrator.commands.lowered import known_lowered_models, lowered_model_spec
 from orchestrator.config import did_you_mean
-from orchestrator.errors import EtlabError, ExitCode, UsageError
-
-if TYPE_CHECKING:
-    from orchestrator.boards.inventory import Board, Inventory
-    from orchestrator.deploy.runs import RunParams
-    from orchestrator.lowering.artifacts import Artifact
-    from orchestrator.lowering.rewrites.registry import RewriteRequest
-    from orchestrator.lowering.spec import ModelSpec
-    from orchestrator.lowering.variants import Variant
-
-F = TypeVar("F", bound=Callable[..., Any])
+from orchestrator.deploy.runs import RunParams
+from orchestrator.errors import ArtifactError, UsageError
+from orchestrator.lowering.artifacts import Artifact, MissingArtifact, load_artifact
+from orchestrator.lowering.attention.choice import ATTENTIONS, with_attention
+from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
+from orchestrator.lowering.lowered import recorded_rewrites
+from orchestrator.lowering.quantize.calibration import CalibrationError
+from orchestrator.lowering.rewrites.registry import (
+    RewriteNotFound,
+    RewriteRequest,
+    UnknownRewrite,
+    check_request,
+    parse_rewrites,
+)
+from orchestrator.lowering.spec import MAX_CONTEXT, ModelSpec, RemoteCodeInSpec, UnknownModel
+from orchestrator.lowering.variants import BACKENDS, SCHEMES, UnknownVariant, Variant, combine, parse_schemes
+from orchestrator.servers.errors import PortBusy
 
 
 def split_list(value: str | None) -> list[str] | None:
@@ -36,107 +41,33 @@ def split_list(value: str | None) -> list[str] | None:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def _interrupted() -> NoReturn:
-    said = False
-    while True:
-        try:
-            # From here until the process ends, a further Ctrl+C or SIGTERM (a second one, or one that
-            # no_lost_interrupts delivers again late) is ignored: exit 130 in one line, never a traceback, never
-            # the signal's own status (-2) because one landed while the exit unwound.
-            interrupts.stay_quiet()
-            interrupts.interrupt()  # whatever is still running on a board for us stops too
-            if not said:
-                said = True
-                console.error("interrupted")
-            break
-        except KeyboardInterrupt:
-            continue  # one came before the signals were quieted
-    interrupts.deaf_until_exit()
-    raise Exit(code=ExitCode.INTERRUPTED) from None
-
-
-def handle_errors(func: F) -> F:
-    """Run a task body: EtlabError → one clear message and its exit code; an int result is the exit code."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        exiting.task_started()
-        console.quiet_third_party()
-        interrupts.reset()
-        try:
-            # SIGTERM (a cancelled CI job, `kill`) stops like Ctrl+C: boards are stopped, locks and places released.
-            with interrupts.sigterm_interrupts(), interrupts.no_lost_interrupts(), console.warnings_once():
-                code = func(*args, **kwargs)
-        except EtlabError as exc:
-            console.error(str(_naming_options(exc)))
-            raise Exit(code=exc.exit_code) from None
-        except KeyboardInterrupt:
-            _interrupted()
-        except Exit:
-            raise
-        except Exception as exc:
-            if interrupts.caused_by_interrupt(exc):  # e.g. Python wraps one raised in __set_name__ in a RuntimeError
-                _interrupted()
-            if os.environ.get("ETLAB_DEBUG"):
-                raise
-            console.error("internal error (set ETLAB_DEBUG=1 for the full traceback):")
-            console.plain(traceback.format_exc(limit=-3).rstrip())  # inert: the message may quote a board
-            _log_internal_error(func.__name__, traceback.format_exc())
-            raise Exit(code=ExitCode.SOFTWARE) from None
-        if isinstance(code, int) and code != 0:
-            if code == ExitCode.SOFTWARE:
-                _log_internal_error(func.__name__, "a board's job ended in an internal error")
-            raise Exit(code=code)
-        return None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _naming_options(exc: EtlabError) -> EtlabError:
-    """A library error with the option that mends it, which the library does not name."""
-    # here, not at the top: fab imports this module at start-up, and only a failed task gets here
-    from orchestrator.lowering.spec import UntrustedFactory
-    from orchestrator.lowering.weights import PretrainedUnavailable
-
-    if isinstance(exc, PretrainedUnavailable):
-        exc.hint = "use --weights random to build the architecture from its config"
-    elif isinstance(exc, UntrustedFactory):
-        exc.hint = "pass --trust-code on the command line if you trust the factory's code"
-    return exc
-
-
-def _log_internal_error(task: str, detail: str) -> None:
-    """Exit 70 is etlab's own bug: the test suite collects every one (ETLAB_INTERNAL_ERROR_LOG) and fails on any."""
-    path = os.environ.get("ETLAB_INTERNAL_ERROR_LOG")
-    if path:
-        import json
-        import sys
-
-        with open(path, "a", encoding="utf-8") as log:
-            log.write(json.dumps({"task": task, "argv": sys.argv, "detail": detail[-4000:]}) + "\n")
-
-
 def select_boards(
     inventory: str | None, board: str | None, group: str | None, tag: str | None, lg_wait: Any = None
 ) -> list[Board]:
     """Boards chosen by --board/--group/--tag from --inventory (default inventory.yaml); labgrid tag selectors
     expanded to their places, which wait at most --lg-wait seconds for their place."""
-    from pathlib import Path
-
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.boards import labgrid
-    from orchestrator.boards.inventory import load_inventory
-
     wait = None if lg_wait is None else options.seconds("--lg-wait", lg_wait)
     selected = load_inventory(Path(inventory) if inventory else None).select(split_list(board), group, tag)
     return labgrid.with_wait(labgrid.expand(selected), wait)
 
 
+def one_board(inventory: str | None, board: str | None, *, what: str, example: str) -> Board:
+    """The one board `--board` names for work that runs on exactly one (`what`: "--interleave needs"): one name, and
+    one board once a labgrid tag selector is expanded to its places (exit 64 otherwise, the option named)."""
+    names = split_list(board) or []
+    if len(names) != 1:
+        raise UsageError(f"{what} exactly one --board, got {board or 'none'}", hint=f"e.g. {example}")
+    boards = select_boards(inventory, names[0], None, None)
+    if len(boards) != 1:
+        raise UsageError(
+            f"{what} exactly one board; --board {names[0]} is {len(boards)}: {', '.join(b.name for b in boards)}",
+            hint=f"name one of them, e.g. {example.replace('local', boards[0].name) if boards else example}",
+        )
+    return boards[0]
+
+
 def select_all(inventory: Inventory) -> list[Board]:
     """Every board of an inventory, labgrid tag selectors expanded to their places."""
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.boards import labgrid
-
     return labgrid.expand(list(inventory.boards.values()))
 
 
@@ -144,18 +75,11 @@ def model_spec(
     model: str | None, spec: str | None, *, trust_remote_code: bool = False, trust_code: bool = False
 ) -> ModelSpec:
     """`--model NAME` or `--spec FILE`, exactly one (exit 64, the options named)."""
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.builtins import resolve_spec
-    from orchestrator.lowering.spec import RemoteCodeInSpec, UnknownModel
-
     if (model is None) == (spec is None):
         raise UsageError("give exactly one of --model NAME or --spec FILE")
     try:
         return resolve_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
     except UnknownModel as exc:
-        # here, not at the top: fab imports this module at start-up
-        from orchestrator.commands.lowered import known_lowered_models, lowered_model_spec
-
         assert model is not None  # a spec file is never unknown
         found = lowered_model_spec(model, trust_remote_code=trust_remote_code, trust_code=trust_code)
         if found is not None:
@@ -173,9 +97,6 @@ def model_spec(
 def variants(backend: str | None, quantize: Any = "none", default: str = "portable,xnnpack") -> list[Variant]:
     """`--backend portable,xnnpack --quantize none,int8-dynamic` → the variants they ask for (variants.combine):
     order kept, no duplicates, every name checked against the registry (exit 64, the option named)."""
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.variants import BACKENDS, SCHEMES, UnknownVariant, Variant, combine, parse_schemes
-
     names = split_list(backend or default) or []
     unknown = [name for name in names if name not in BACKENDS]
     if unknown or not names:
@@ -200,11 +121,6 @@ def lower_options(variant: Variant) -> str:
 def find_artifact(model: str, variant: Variant | str, root: Path | None = None) -> Artifact:
     """The lowered artifact of `model`/`variant` (a Variant, or a variant name read from a run), or an
     ArtifactError naming the `fab lower` that makes it."""
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.errors import ArtifactError
-    from orchestrator.lowering.artifacts import MissingArtifact, load_artifact
-    from orchestrator.lowering.variants import UnknownVariant, Variant
-
     try:
         chosen = variant if isinstance(variant, Variant) else Variant.parse(variant)
     except UnknownVariant as exc:
@@ -241,12 +157,6 @@ def rewrite_request(value: Any, target: ModelSpec | Artifact) -> RewriteRequest:
     A rewritten program found by its artifacts (`--model gpt2-tiny.tanh-gelu`) gets the rewrites its sidecar
     records: it is lowered again only with them, under its own name (`RewriteRequest.program_spec`).
     """
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.builtins import BUILTIN_SPECS
-    from orchestrator.lowering.lowered import recorded_rewrites
-    from orchestrator.lowering.rewrites.registry import RewriteRequest, UnknownRewrite, check_request, parse_rewrites
-    from orchestrator.lowering.spec import ModelSpec
-
     try:
         request = parse_rewrites(str(value))
         if request != RewriteRequest() and not isinstance(target, ModelSpec):
@@ -271,9 +181,6 @@ def rewrite_request(value: Any, target: ModelSpec | Artifact) -> RewriteRequest:
 @contextlib.contextmanager
 def naming_rewrites(value: Any) -> Iterator[None]:
     """A rewrite asked for by name whose pattern the loaded model lacks, named with the option."""
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.rewrites.registry import RewriteNotFound
-
     try:
         yield
     except RewriteNotFound as exc:
@@ -283,9 +190,6 @@ def naming_rewrites(value: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def naming_calibration() -> Iterator[None]:
     """A calibration file's mistakes, found once the model's vocabulary is known, named with the option."""
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.quantize.calibration import CalibrationError
-
     try:
         yield
     except CalibrationError as exc:
@@ -295,9 +199,6 @@ def naming_calibration() -> Iterator[None]:
 @contextlib.contextmanager
 def naming_port() -> Iterator[None]:
     """A busy port for Model Explorer, with the option that picks another."""
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.servers.explorer import PortBusy
-
     try:
         yield
     except PortBusy as exc:
@@ -315,9 +216,6 @@ def run_params(
     new_tokens: Any = None,
 ) -> RunParams:
     """RunParams from task options, each checked (exit 64); unset options keep the library defaults."""
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.deploy.runs import RunParams
-
     default = RunParams()
     return RunParams(
         iterations=default.iterations if iterations is None else options.count("--iterations", iterations, minimum=1),
@@ -345,8 +243,6 @@ def context_specs(
     each checked to hold the prompt and the new tokens (exit 64, the option named). None: the spec as it is."""
     if value is None:
         return [target]
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.spec import MAX_CONTEXT, ModelSpec
 
     if not isinstance(target, ModelSpec) or not target.generates:
         name = getattr(target, "name", None) or getattr(target, "model", "this program")
@@ -375,9 +271,6 @@ def attention_spec(value: Any, target: ModelSpec | Artifact) -> ModelSpec | Arti
     is not the spec's own choice (exit 64 for another value or a model that does not generate). None: as it is."""
     if value is None:
         return target
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.lowering.attention.choice import ATTENTIONS, with_attention
-    from orchestrator.lowering.spec import ModelSpec
 
     if value not in ATTENTIONS:
         meant = did_you_mean(str(value), ATTENTIONS)
@@ -407,68 +300,3 @@ def check_generation(artifacts: Iterable[Artifact], params: RunParams) -> None:
                 hint=f"at most --new-tokens {generation.context - generation.prompt_len}, or lower it with a larger "
                 "context",
             )
-
-
-def nightly_task(
-    *, inventory: str | None, night: Any, history: Any, reports: str | None, wait: bool, record_pending: bool
-) -> int:
-    """`fab nightly`: `--night` and `--history` checked (exit 64), then the night."""
-    date = None if night is None else options.night(night)
-    url = None if history is None else options.history(history)
-    return nightly_job(inventory, date, url, reports, wait=wait, record_pending=record_pending)
-
-
-def nightly_job(
-    inventory: str | None,
-    night: str | None,
-    history: str | None,
-    reports: str | None,
-    *,
-    wait: bool = False,
-    record_pending: bool = False,
-) -> int:
-    from pathlib import Path
-
-    # here, not at the top: fab imports this module at start-up
-    from orchestrator.boards.inventory import load_inventory
-    from orchestrator.commands.render_night import print_night
-    from orchestrator.lab.nightlock import NightBusy
-    from orchestrator.lab.nightly import record_pending_results, run_nightly
-    from orchestrator.lab.reports_folder import ReportsFolderTaken
-
-    if record_pending:
-        return record_pending_results(
-            load_inventory(Path(inventory) if inventory else None),
-            history_url=history,
-            reports_dir=Path(reports) if reports else None,
-        )
-    from orchestrator.lab.lab_settings import load_lab_settings  # with the nightly's own, late: see above
-
-    loaded = load_inventory(Path(inventory) if inventory else None)
-    try:
-        report = run_nightly(
-            loaded,
-            night=night,
-            history_url=history,
-            reports_dir=Path(reports) if reports else None,
-            wait=wait,
-            lab=load_lab_settings(loaded),
-        )
-    except NightBusy as exc:
-        exc.hint = "`fab nightly --wait` waits for it, then runs only the cells it did not"
-        raise
-    except ReportsFolderTaken as exc:
-        exc.hint = (
-            "give each history its own reports folder: `reports:` in the inventory's nightly section, or --reports "
-            f"DIR (if the history itself moved, remove {exc.marker} and this one takes the folder over)"
-        )
-        raise
-    print_night(report)
-    if "html" in report.outputs:  # the static dashboard next to the night's reports
-        # here, not at the top: the dashboard's modules load Jinja2, which only this and `fab dashboard` need
-        from orchestrator.commands.dashboard import nightly_dashboard, sources
-
-        folder = report.outputs["html"].parent / f"dashboard-{report.night}"
-        if nightly_dashboard(sources(inventory, history), folder) is not None:
-            console.info(console.escape(f"dashboard: {folder / 'index.html'}"))
-    return report.exit_code

@@ -15,7 +15,7 @@ from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS, load_config, load_h
 from orchestrator.servers.dashboard.app import Sources, serve_dashboard
 from orchestrator.servers.dashboard.boardwatch import look
 from orchestrator.servers.dashboard.static import write_static
-from orchestrator.servers.explorer import PortBusy
+from orchestrator.servers.errors import PortBusy
 
 
 def sources(inventory: str | None, history: str | None, results: Path | None = None) -> Sources:

@@ -1,13 +1,16 @@
-"""`fab lab`, `fab worker`, `fab lab-scheduler`, `fab lab-certs`: a night shared by several hosts (lab/cluster.py)."""
+"""`fab nightly`, and the lab that can share its night: `fab lab`, `fab worker`, `fab lab-scheduler`, `fab lab-certs`
+(lab/cluster.py)."""
 
 from __future__ import annotations
 
 import socket
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 from orchestrator import console
 from orchestrator.boards.inventory import Inventory, load_inventory
+from orchestrator.commands import options
 from orchestrator.commands.common import split_list
 from orchestrator.config import Invalid
 from orchestrator.errors import ExitCode, UsageError
@@ -51,7 +54,11 @@ def worker_task(*, inventory: str | None, scheduler: str | None, name: str | Non
         console.warn(f"board {board} does not answer from here: not offered to the lab")
     lowering = f"lowering with {offer.memory_gb:g} GB free, {offer.cores} cores" if offer.lowering else "no lowering"
     console.info(f"worker {worker_name}: boards {', '.join(offer.boards) or 'none'}; {lowering}")
-    return cluster.run_worker(settings, loaded, offer)
+    try:
+        return cluster.run_worker(settings, loaded, offer)
+    except cluster.WorkerNameTaken as exc:
+        exc.hint = "give this host another --name"
+        raise
 
 
 def scheduler_task(*, inventory: str | None, scheduler: str | None) -> int:
@@ -93,3 +100,63 @@ def lab_task(*, inventory: str | None, scheduler: str | None) -> int:
     if state.waiting:
         console.table(None, ["waiting task", "needs a worker with"], [list(pair) for pair in state.waiting])
     return ExitCode.OK
+
+
+def nightly_task(
+    *, inventory: str | None, night: Any, history: Any, reports: str | None, wait: bool, record_pending: bool
+) -> int:
+    """`fab nightly`: `--night` and `--history` checked (exit 64), then the night."""
+    date = None if night is None else options.night(night)
+    url = None if history is None else options.history(history)
+    return nightly_job(inventory, date, url, reports, wait=wait, record_pending=record_pending)
+
+
+def nightly_job(
+    inventory: str | None,
+    night: str | None,
+    history: str | None,
+    reports: str | None,
+    *,
+    wait: bool = False,
+    record_pending: bool = False,
+) -> int:
+    # here, not at the top: the nightly's modules (SQLAlchemy, the history, the reports) are its alone
+    from orchestrator.commands.render_night import print_night
+    from orchestrator.lab.nightlock import NightBusy
+    from orchestrator.lab.nightly import record_pending_results, run_nightly
+    from orchestrator.lab.reports_folder import ReportsFolderTaken
+
+    if record_pending:
+        return record_pending_results(
+            load_inventory(Path(inventory) if inventory else None),
+            history_url=history,
+            reports_dir=Path(reports) if reports else None,
+        )
+    loaded = load_inventory(Path(inventory) if inventory else None)
+    try:
+        report = run_nightly(
+            loaded,
+            night=night,
+            history_url=history,
+            reports_dir=Path(reports) if reports else None,
+            wait=wait,
+            lab=load_lab_settings(loaded),
+        )
+    except NightBusy as exc:
+        exc.hint = "`fab nightly --wait` waits for it, then runs only the cells it did not"
+        raise
+    except ReportsFolderTaken as exc:
+        exc.hint = (
+            "give each history its own reports folder: `reports:` in the inventory's nightly section, or --reports "
+            f"DIR (if the history itself moved, remove {exc.marker} and this one takes the folder over)"
+        )
+        raise
+    print_night(report)
+    if "html" in report.outputs:  # the static dashboard next to the night's reports
+        # here, not at the top: the dashboard's modules load Jinja2, which only this and `fab dashboard` need
+        from orchestrator.commands.dashboard import nightly_dashboard, sources
+
+        folder = report.outputs["html"].parent / f"dashboard-{report.night}"
+        if nightly_dashboard(sources(inventory, history), folder) is not None:
+            console.info(console.escape(f"dashboard: {folder / 'index.html'}"))
+    return report.exit_code

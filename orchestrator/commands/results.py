@@ -10,7 +10,7 @@ from typing import Any
 from orchestrator import console
 from orchestrator.commands import options
 from orchestrator.commands.advise import advise_quietly
-from orchestrator.commands.common import find_artifact, naming_port, select_boards, split_list
+from orchestrator.commands.common import find_artifact, naming_port, one_board
 from orchestrator.commands.render import render_modules, render_top_ops
 from orchestrator.commands.render_compare import render_comparison
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
@@ -164,14 +164,10 @@ def compare(
         raise UsageError(
             f"{given} only applies to the interleaved re-test", hint=f"add --interleave N (N >= {MIN_ROUNDS})"
         )
-    boards = []
+    target = None
     if interleave:
-        if len(split_list(board) or []) != 1:
-            raise UsageError(
-                f"--interleave needs exactly one --board to re-run the programs on, got {board or 'none'}",
-                hint="e.g. --interleave 6 --board local",
-            )
-        boards = select_boards(inventory, board, None, None)
+        target = one_board(inventory, board, what="--interleave needs", example="--interleave 6 "
+                           "--board local")  # fmt: skip
     budget = DEFAULT_RETEST_SECONDS if retest_seconds is None else retest_seconds
     first, second = find_run(run_a), find_run(run_b)
     try:
@@ -179,17 +175,17 @@ def compare(
     except RebuiltProgram as exc:
         exc.hint = "pass --allow-rebuilt to compare a re-lowered program, or --interleave N --board B to re-run both"
         raise
-    if interleave:
+    if target is not None:
         artifact = find_artifact(second.model, second.backend)
         a = Program("A", _program_of(first, comparison.sha_a), str(comparison.sha_a))
         b = Program("B", _program_of(second, comparison.sha_b), str(comparison.sha_b))
         inputs = (artifact.paths.reference_inputs, artifact.sidecar.reference_inputs_sha256)
         console.info(
             console.escape(
-                f"re-running both programs interleaved on {boards[0].name}: {interleave} rounds, at most {budget:g} s"
+                f"re-running both programs interleaved on {target.name}: {interleave} rounds, at most {budget:g} s"
             )
         )
-        with labgrid.job(boards[0]) as target, connect(target) as conn:
+        with labgrid.job(target) as place, connect(place) as conn:
             result = run_interleaved(conn, a, b, inputs, RunParams(), rounds=interleave, budget_seconds=budget)
         interleaved_verdict(comparison, result)
         write_report(comparison)

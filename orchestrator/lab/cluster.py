@@ -69,6 +69,10 @@ class LabRefused(LabUnreachable):
     """The scheduler answers but will not have this host: another lab's certificate, a worker name already taken."""
 
 
+class WorkerNameTaken(LabRefused):
+    """Another worker of the lab has this worker's name."""
+
+
 _SOURCES = (".py", ".cpp", ".h", ".txt", ".cmake", ".sh")
 
 
@@ -365,16 +369,18 @@ def run_worker(settings: LabSettings, inventory: Inventory, what: WorkerOffer) -
         wait_for_scheduler(settings, what.name)
         try:
             why = asyncio.run(serve())
-        except ValueError as exc:  # Dask's register-worker answered with an error: e.g. the name is taken
-            message = str(exc)
-            if "name taken" in message:
-                message = f"another worker of the lab is named {what.name!r}"
-            raise LabRefused(
-                f"the lab's scheduler {settings.scheduler} refuses worker {what.name}: {message[:300]}",
-                hint="give this host another --name",
-            ) from None
-        except (OSError, TimeoutError) as exc:  # the scheduler went before this worker registered
-            console.warn(f"worker {what.name}: could not join the lab at {settings.scheduler}: {exc}: trying again")
+        except (ValueError, RuntimeError, OSError, TimeoutError) as exc:
+            # Dask wraps what stopped its start ("Member failed to start") around the cause.
+            cause = exc.__cause__ if isinstance(exc, RuntimeError) and exc.__cause__ is not None else exc
+            if isinstance(cause, ValueError):  # register-worker answered with an error: e.g. the name is taken
+                said = f"the lab's scheduler {settings.scheduler} refuses worker {what.name}"
+                if "name taken" in str(cause):
+                    raise WorkerNameTaken(f"{said}: another worker of the lab is named {what.name!r}") from None
+                raise LabRefused(f"{said}: {str(cause)[:300]}") from None
+            if not isinstance(cause, OSError | TimeoutError):
+                raise
+            # the scheduler went before this worker registered: wait for it again
+            console.warn(f"worker {what.name}: could not join the lab at {settings.scheduler}: {cause}: trying again")
             continue
         console.warn(f"worker {what.name}: {why}: joining the lab again when it answers")
 

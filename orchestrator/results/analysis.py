@@ -39,7 +39,15 @@ from orchestrator.results.source_map import attribute, load_source_map
 from orchestrator.results.summary import TokenCheck
 from orchestrator.results.summary_checks import hashing_times
 from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS, Correctness
-from orchestrator.results.trace import NO_TIMESTAMPS, Step, generation_steps, iteration_steps, trace_document
+from orchestrator.results.trace import (
+    BROKEN_RULES,
+    NO_TIMESTAMPS,
+    Step,
+    generation_steps,
+    iteration_steps,
+    trace_document,
+)
+from orchestrator.results.trace_rules import timeline_problems
 from orchestrator.results.validity import (
     TIMING_AGREEMENT,
     board_conditions,
@@ -178,6 +186,10 @@ def analyze_bundle(
     trace = trace_document(steps, run_id=run.run_id, model=run.model.name) if steps else None
     if steps and trace is None:
         source_notes.append(NO_TIMESTAMPS)
+    broken = timeline_problems(trace) if trace is not None else []
+    if broken:  # calls across each other: Perfetto would drop or move slices without a word; said, not drawn
+        trace = None
+        source_notes.append(BROKEN_RULES.format(count=len(broken), first=broken[0]))
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile, notes=source_notes)
     summary.written = write_outputs(
         bundle.path, run, profile, program=program, counters=counter_profile, phases=phases, trace=trace

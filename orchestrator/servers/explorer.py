@@ -32,13 +32,14 @@ from typing import Any
 from urllib.parse import quote
 
 from orchestrator import console, interrupts
-from orchestrator.errors import EtlabError, UsageError
+from orchestrator.errors import UsageError
 from orchestrator.fsutil import read_json
 from orchestrator.lowering.artifacts import VARIANTS, ArtifactPaths
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.documents import refuse_board_supplied
 from orchestrator.results.exported_overlays import EXPORTED_GRAPH, EXPORTED_PREFIX
 from orchestrator.results.overlays import INDEX_NAME, OVERLAY_DIR
+from orchestrator.servers.errors import ExplorerError, PortBusy
 from orchestrator.servers.guard import DEFAULT_HOST, ServedFiles, guard_answers, guard_server, is_loopback
 
 DEFAULT_PORT = 8081
@@ -46,14 +47,6 @@ PTE_ADAPTER = "pte_adapter_model_explorer"
 MODEL_SUFFIXES = (".pt2", ".pte")
 HEALTH_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
-
-
-class ExplorerError(EtlabError):
-    """Model Explorer could not be started."""
-
-
-class PortBusy(ExplorerError):
-    """Something listens on the port already; the command layer names the option that picks another."""
 
 
 @dataclass

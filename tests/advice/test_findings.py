@@ -81,6 +81,7 @@ def test_distilbert_gets_only_the_rewrites_that_apply() -> None:
 def test_rewrites_already_applied_are_not_proposed_again() -> None:
     raw = recorded("gpt2-tiny")
     facts = facts_of(raw)
+    assert facts.sidecar is not None
     applied = dataclasses.replace(
         facts.sidecar, rewrites=("tanh-gelu", "eager-attention", "bmm-attention", "head-at-position")
     )
@@ -98,6 +99,7 @@ def test_no_head_finding_for_a_program_of_one_position(model: str, output: str) 
     of every position's program, where it speaks)."""
     facts = facts_of(recorded(model))
     assert "head-at-position" in by_kind(advise(facts))
+    assert facts.spec is not None
     one_position = dataclasses.replace(facts, spec=dataclasses.replace(facts.spec, output=output))
     advice = advise(one_position)
     assert "head-at-position" not in by_kind(advice) and "head-at-position" not in advice.rewrites
@@ -177,12 +179,12 @@ def test_every_detector_is_documented() -> None:
 
 def test_a_finding_is_built_by_keyword() -> None:
     """Fifteen fields, several of one type (three times, four texts): a positional call could swap two silently."""
-    fields = {"kind": "threads", "title": "2 of 4 cores used", "operators": (), "nodes": {}, "calls": 0,
+    fields: dict[str, Any] = {"kind": "threads", "title": "2 of 4 cores used", "operators": (), "nodes": {}, "calls": 0,
               "measured_ms": 2.0, "share": 0.5, "cause": "idle cores", "saving_ms": 1.0, "fix_kind": "option",
               "fix": "--threads 4"}  # fmt: skip
     assert Finding(**fields).id == ""  # the advisor numbers findings
     with pytest.raises(TypeError):
-        Finding("", *fields.values())
+        Finding("", *fields.values())  # type: ignore[call-arg]  # positionally on purpose: refused
 
 
 @pytest.mark.parametrize(
@@ -226,12 +228,14 @@ def test_a_static_cache_generation_run_is_advised_etlab_s_attention() -> None:
     assert "eager-attention" not in found  # its mask operators are the static cache's, explained already
     # a sidecar from before the choice (no attention recorded) was lowered with sdpa
     facts = facts_of(raw)
+    assert facts.sidecar is not None and facts.sidecar.generation is not None
     old = dataclasses.replace(facts.sidecar, generation=dataclasses.replace(facts.sidecar.generation, attention=None))
     assert advise(dataclasses.replace(facts, sidecar=old)).attention == "etlab"
 
 
 def test_no_attention_switch_for_etlab_s_attention_or_a_model_that_does_not_generate() -> None:
     facts = facts_of(recorded("smollm2-gen-tiny.sdpa"))
+    assert facts.sidecar is not None and facts.sidecar.generation is not None
     generation = dataclasses.replace(facts.sidecar.generation, attention="etlab")
     etlab = dataclasses.replace(facts, sidecar=dataclasses.replace(facts.sidecar, generation=generation))
     assert "attention" not in by_kind(advise(etlab)) and advise(etlab).attention is None

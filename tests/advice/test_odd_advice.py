@@ -51,6 +51,7 @@ def test_a_stored_twice_finding_under_one_percent_of_the_program_is_not_made() -
     raw = recorded("distilbert-tiny")
     facts = facts_of(raw)
     stored = raw["sidecar"]["outside_delegates"]["stored_twice"]["bytes"]
+    assert facts.sidecar is not None and facts.sidecar.memory is not None
     memory = dataclasses.replace(facts.sidecar.memory, pte_bytes=stored * 200)  # 0.5% of a large program
     big = dataclasses.replace(facts, sidecar=dataclasses.replace(facts.sidecar, memory=memory))
     assert not [f for f in advise(big).findings if f.kind == "stored-twice"]

@@ -69,6 +69,7 @@ def test_every_share_is_of_medians(outlier_run: dict[str, Any], capsys: pytest.C
     overlay = json.loads(overlay_path(case.path, "pct").read_text())
     assert overlay[ops.method]["results"][node]["value"] == shown(100 * median_share)
     summary = load_summary(case.path)
+    assert summary.profile is not None
     for row in summary.profile["top_layers"]:
         (timing,) = [i for i in ops.instructions if i.node_id == row["node_id"]]
         assert row["pct"] == pytest.approx(100 * timing.median_ms / base)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode
 from orchestrator.lowering.artifacts import ArtifactPaths
 from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.records import to_data
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
@@ -41,7 +43,7 @@ def test_head_at_position_rows() -> None:
     mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=np.int64)
     inputs = [NamedTensor("input_ids", ids), NamedTensor("attention_mask", mask)]
     fill_mask, causal = BUILTIN_SPECS["distilbert-tiny"], BUILTIN_SPECS["gpt2-tiny"]
-    assert fill_mask.options.mask_token_id == 103
+    assert fill_mask.options_of(HuggingFaceOptions).mask_token_id == 103
     # fill-mask: each row's first [MASK] (positions 1 and 0); causal-lm: the last real token (positions 2 and 3).
     np.testing.assert_array_equal(_logits_rows(logits, inputs, fill_mask), logits[[0, 1], [1, 0]])
     np.testing.assert_array_equal(_logits_rows(logits, inputs, causal), logits[[0, 1], [2, 3]])
@@ -73,7 +75,7 @@ def test_variant_sets() -> None:
 def test_try_rewrites_on_the_local_board(local_board: Board, tmp_path: Path) -> None:
     spec, xnnpack = BUILTIN_SPECS["gpt2-tiny"], VARIANTS["xnnpack"]
     predicted = {"tanh-gelu": 1.5, "eager-attention": 0.5, "head-at-position": 2.0}
-    quick = {"rounds": 5, "budget_seconds": 0.0, "iterations_per_run": 5}
+    quick: dict[str, Any] = {"rounds": 5, "budget_seconds": 0.0, "iterations_per_run": 5}
     report = try_rewrites(spec, xnnpack, ALL_THREE, local_board, RunParams(warmup=1), predicted_ms=predicted,
                           weights="random", root=ARTIFACT_CACHE, jobs=1, **quick)  # fmt: skip
     assert report.model == "gpt2-tiny" and report.board == "local" and len(report.variants) == 1
@@ -86,6 +88,7 @@ def test_try_rewrites_on_the_local_board(local_board: Board, tmp_path: Path) -> 
     assert trial.retest.rounds == 5 and len(trial.retest.round_ratios) == 5
     assert trial.outputs.ok and trial.outputs.sqnr_db > 40.0 and trial.outputs.max_abs_error < 1e-3
     assert trial.measured_ms is not None and trial.measured_percent is not None and trial.ratio is not None
+    assert trial.retest.median_a_ms is not None and trial.retest.median_b_ms is not None
     assert trial.measured_ms == pytest.approx(trial.retest.median_a_ms - trial.retest.median_b_ms)
     assert report.original_ms == trial.retest.median_a_ms and trial.why  # a decision, whichever way it went
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import pytest
@@ -50,8 +52,10 @@ class AttendCase:
         ]
 
     def reference(self) -> np.ndarray:
-        args = (torch.from_numpy(a) for a in (self.query, self.key_cache, self.value_cache, self.positions))
-        return ops.attend_reference(*args, self.scale).numpy()
+        query, key_cache, value_cache, positions = (
+            torch.from_numpy(a) for a in (self.query, self.key_cache, self.value_cache, self.positions)
+        )
+        return ops.attend_reference(query, key_cache, value_cache, positions, self.scale).numpy()
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,14 @@ class UpdateCase:
         return cache.numpy()
 
 
+class KernelCase(Protocol):
+    """A case the kernel check runs (AttendCase, UpdateCase, test_shared_head_kernel.py's HeadCase)."""
+
+    def tensors(self, prefix: str) -> list[NamedTensor]: ...
+
+
 def run_check(
-    binary: Path, folder: Path, cases: dict[str, AttendCase | UpdateCase], *options: str
+    binary: Path, folder: Path, cases: Mapping[str, KernelCase], *options: str
 ) -> tuple[dict[str, np.ndarray], dict]:
     """One launch over all `cases` (named "attend.<n>" / "update_cache.<n>"): its outputs and its JSON line."""
     inputs, outputs = folder / "kernel-inputs.etlt", folder / "kernel-outputs.etlt"
@@ -181,7 +191,9 @@ def test_heads_run_on_more_than_one_thread(kernel_check: Path, tmp_path: Path) -
     outputs, line = run_check(kernel_check, tmp_path, cases, "--threads", "2")
     assert line["pool_threads"] == 2
     assert line["attend_threads"] == 2, line
-    assert_attention_close(outputs["attend.0.out"], cases["attend.0"])  # still right when split
+    first = cases["attend.0"]
+    assert isinstance(first, AttendCase)
+    assert_attention_close(outputs["attend.0.out"], first)  # still right when split
 
 
 @pytest.mark.parametrize("bad_position", [-1, 16, 1 << 40], ids=["negative", "one-past-the-last-slot", "far-past"])

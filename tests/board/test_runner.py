@@ -47,7 +47,7 @@ TIMINGS_KEYS = {
 XNN_GEMM = re.compile(r"^Fully Connected \(NC, P?F32\) GEMM #\d+$")
 
 
-def run_runner(binary: Path, *args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_runner(binary: Path, *args: str | Path | int, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(binary), *map(str, args)], capture_output=True, text=True, errors="replace", timeout=timeout, check=False
     )
@@ -234,14 +234,14 @@ def test_errors_have_an_exit_code_and_one_line(
     if case == "missing model":
         args[1] = tmp_path / "absent.pte"
     elif case == "random bytes":
-        args[1] = tmp_path / "random.pte"
-        args[1].write_bytes(np.random.default_rng(0).bytes(4096))
+        args[1] = broken = tmp_path / "random.pte"
+        broken.write_bytes(np.random.default_rng(0).bytes(4096))
     elif case == "truncated model":
-        args[1] = tmp_path / "truncated.pte"
-        args[1].write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+        args[1] = broken = tmp_path / "truncated.pte"
+        broken.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
     elif case == "empty model":
-        args[1] = tmp_path / "empty.pte"
-        args[1].write_bytes(b"")
+        args[1] = broken = tmp_path / "empty.pte"
+        broken.write_bytes(b"")
     elif case == "unknown method":
         args += ["--method", "backward"]
     elif case.startswith("wrong "):

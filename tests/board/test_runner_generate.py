@@ -183,7 +183,7 @@ def test_a_prompt_file_beyond_the_context_is_refused_before_loading(runner_binar
     assert "prompt length 8 + new tokens 3 exceeds --context 10" in error_line(completed)
 
 
-PROMPT_ERRORS = {
+PROMPT_ERRORS: dict[str, tuple[np.ndarray, list[str], str]] = {  # the prompt, more options, the error
     "float prompt": (
         np.zeros((1, 8), dtype=np.float32),
         [],

@@ -44,11 +44,13 @@ class HeadCase:
         ]
 
     def reference(self) -> np.ndarray:
-        args = (torch.from_numpy(a) for a in (self.input, self.table, self.scales))
-        return shared_head.shared_head_reference(*args, self.bits).numpy()
+        x, table, scales = (torch.from_numpy(a) for a in (self.input, self.table, self.scales))
+        return shared_head.shared_head_reference(x, table, scales, self.bits).numpy()
 
 
-def head_case(rng: np.random.Generator, leading: tuple[int, ...], rows: int, features: int, groups: int, bits: int):
+def head_case(
+    rng: np.random.Generator, leading: tuple[int, ...], rows: int, features: int, groups: int, bits: int
+) -> HeadCase:
     """A table of `rows` x `features` values in the bits' range, `groups` scales a row (a 1-D scales for one)."""
     low, high = (-128, 128) if bits == 8 else (-8, 8)
     values = rng.integers(low, high, size=(rows, features), dtype=np.int64).astype(np.int8)
@@ -89,7 +91,7 @@ def test_the_head_equals_the_reference(
     kernel_check: Path, tmp_path_factory: pytest.TempPathFactory, cases: list[HeadCase]
 ) -> None:
     named = {f"shared_head.{n}": case for n, case in enumerate(cases)}
-    outputs, _ = run_check(kernel_check, tmp_path_factory.mktemp("head"), named)  # type: ignore[arg-type]
+    outputs, _ = run_check(kernel_check, tmp_path_factory.mktemp("head"), named)
     for name, case in named.items():
         assert outputs[f"{name}.status"] == 0, name
         assert outputs[f"{name}.out"].shape == case.reference().shape
@@ -106,7 +108,7 @@ def test_a_smollm2_sized_head_split_over_threads_and_the_portable_loops_agree(ke
         "shared_head.8bit": head_case(rng, (1, 1), 49152, 576, 1, 8),
         "shared_head.prompt": head_case(rng, (1, 3), 4097, 576, 18, 4),
     }
-    outputs, line = run_check(kernel_check, tmp_path, cases, "--threads", "2")  # type: ignore[arg-type]
+    outputs, line = run_check(kernel_check, tmp_path, cases, "--threads", "2")
     assert line["pool_threads"] == 2
     for name, case in cases.items():
         assert outputs[f"{name}.status"] == 0, name
@@ -120,7 +122,7 @@ def test_a_smollm2_sized_head_split_over_threads_and_the_portable_loops_agree(ke
     for isa in ("portable", "avx2"):  # the best one (AVX-512 VNNI where the CPU has it) ran above
         if isa == "avx2" and line["shared_head_isa"] not in ("avx2", "avx512vnni"):
             continue
-        outputs, forced = run_check(kernel_check, tmp_path, small, "--isa", isa)  # type: ignore[arg-type]
+        outputs, forced = run_check(kernel_check, tmp_path, small, "--isa", isa)
         assert forced["shared_head_isa"] == isa
         for name, case in small.items():
             assert_head_close(outputs[f"{name}.out"], case)
@@ -147,6 +149,6 @@ def test_mismatched_tables_fail_in_the_kernel_too(kernel_check: Path, tmp_path: 
         "shared_head.bits": HeadCase(x, np.zeros((3, 8), np.int8), np.ones(3, np.float32), 2),
         "shared_head.scales": HeadCase(x, np.zeros((3, 8), np.int8), np.ones(4, np.float32), 8),
     }
-    outputs, _ = run_check(kernel_check, tmp_path, cases)  # type: ignore[arg-type]
+    outputs, _ = run_check(kernel_check, tmp_path, cases)
     for name in cases:
         assert outputs[f"{name}.status"] == INVALID_ARGUMENT, name

@@ -106,7 +106,8 @@ def test_lg_wait_expires_naming_the_holder(lab: Lab, tiny_artifacts: dict[str, L
     try:
         done = fab("push", "--model", "distilbert-tiny", "--board", "lg-a,lg-b", "--lg-wait", "1", lab=lab,
                    results=tmp_path)  # fmt: skip
-        assert lab.labgrid.holder("lg-b").endswith(f"/{ALICE}")  # alice keeps her place
+        holder = lab.labgrid.holder("lg-b")
+        assert holder is not None and holder.endswith(f"/{ALICE}")  # alice keeps her place
     finally:
         lab.alice("release", "lg-b")
     text = done.stdout + done.stderr
@@ -203,7 +204,8 @@ def test_fab_boards_shows_places_with_their_holders(lab: Lab, tmp_path: Path) ->
     lab.alice("acquire", "lg-b")
     try:
         shown = fab("boards", "--board", "lg-a,lg-b", lab=lab, results=tmp_path)
-        assert lab.labgrid.holder("lg-b").endswith(f"/{ALICE}")  # fab boards only looks: it took nothing
+        holder = lab.labgrid.holder("lg-b")
+        assert holder is not None and holder.endswith(f"/{ALICE}")  # fab boards only looks: it took nothing
     finally:
         lab.alice("release", "lg-b")
     assert shown.returncode == 0, shown.stdout + shown.stderr

@@ -227,7 +227,7 @@ def test_an_internal_error_is_logged_for_the_suite(tmp_path: Path, monkeypatch: 
     """The suite-wide check that no `fab` exits 70 (tests/plugins/internal_errors.py) rests on this log."""
     from invoke.exceptions import Exit
 
-    from orchestrator.commands.common import handle_errors
+    from orchestrator.commands.handling import handle_errors
 
     log = tmp_path / "exit70.jsonl"
     monkeypatch.setenv("ETLAB_INTERNAL_ERROR_LOG", str(log))

@@ -18,7 +18,7 @@ from orchestrator.deploy import crossbuild
 from orchestrator.deploy.payload import fetch_wheel, tree_sha256
 from orchestrator.paths import BOARD_SOURCE_DIR
 from orchestrator.versions import executorch_version
-from tests.board.test_kernels import AttendCase, UpdateCase, assert_attention_close, run_check
+from tests.board.test_kernels import AttendCase, KernelCase, UpdateCase, assert_attention_close, run_check
 from tests.board.test_shared_head_kernel import assert_head_close, head_case
 from tests.deploy.test_crossbuild import PI_FACTS, aarch64_compiler, elf_machine
 from tests.plugins.runner import KERNEL_CHECK_NAME
@@ -96,8 +96,8 @@ def test_the_aarch64_kernels_equal_the_reference_under_qemu(tmp_path: Path, monk
         monkeypatch.setenv("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu")  # binfmt's qemu-aarch64 finds the loader
         for core in ("cortex-a72", "cortex-a76"):  # a Pi 4's core (no dot product: SIGILL if used) and a Pi 5's
             monkeypatch.setenv("QEMU_CPU", core)
-            cases = {"attend.0": attend, "update_cache.0": update, **heads}
-            outputs, line = run_check(check, tmp_path, cases, "--threads", "2")  # type: ignore[arg-type]
+            cases: dict[str, KernelCase] = {"attend.0": attend, "update_cache.0": update, **heads}
+            outputs, line = run_check(check, tmp_path, cases, "--threads", "2")
             assert line["isa"] == line["shared_head_isa"] == "neon", core
             for name, case in heads.items():
                 assert outputs[f"{name}.status"] == 0, (core, name)

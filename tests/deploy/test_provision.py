@@ -190,14 +190,15 @@ def test_probe_answers_are_checked_before_use(tmp_path: Path) -> None:
     ).stdout
     facts = checked_facts("local", real)
     assert facts["workdir"] == str(tmp_path) and facts["arch"]
-    for change, field in [
+    changes: list[tuple[dict[str, object], str]] = [
         ({"arch": "x86_64 --index-url http://evil"}, "arch"),
         ({"free_mb": "lots"}, "free_mb"),
         ({"workdir": "relative/path"}, "workdir"),
         ({"state": ["not", "a", "mapping"]}, "state"),
         ({"agent_present": "yes"}, "agent_present"),
         ({"glibc": "2.36; rm -rf /"}, "glibc"),
-    ]:
+    ]
+    for change, field in changes:
         with pytest.raises(BoardDataError, match=field):
             checked_facts("pi5-a", json.dumps({**json.loads(real), **change}))
     for garbage in ("", "[]", "{" * 50000, "null"):

@@ -167,3 +167,19 @@ def test_a_frozen_worker_joins_again_when_it_comes_back(lab: Lab) -> None:
     lab.local.wait_workers({"w1"}, timeout=120)
     assert lab.local.processes["w1"].poll() is None
     assert "given this worker up" in lab.local.log("w1"), lab.local.log("w1")[-3000:]
+
+
+def test_a_second_worker_with_a_taken_name_says_so_and_stops(lab: Lab) -> None:
+    lab.local.wait_workers({"w1"}, timeout=120)
+    twin = lab.local.start_worker("w1", lab.inventory, lowering=False, key="twin")
+    try:
+        code = twin.wait(timeout=120)
+    finally:
+        if twin.poll() is None:
+            twin.kill()
+        lab.local.processes.pop("twin")
+    said = lab.local.log("twin")
+    assert code == 69, said
+    assert "another worker of the lab is named 'w1'" in said and "another --name" in said, said
+    assert "Traceback" not in said
+    assert lab.local.processes["w1"].poll() is None, "the first w1 stays in the lab"

@@ -12,9 +12,10 @@ import numpy as np
 from orchestrator.lowering.spec import load_spec_file
 from orchestrator.tensorfile import NamedTensor, write_tensors
 
-DISTILBERT_TINY = {"vocab_size": 1000, "dim": 64, "n_layers": 2, "n_heads": 2, "hidden_dim": 128}
-GPT2_TINY = {"vocab_size": 1000, "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128}
-BERT_TINY = {"vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+# transformers configs' keyword arguments
+DISTILBERT_TINY: dict[str, Any] = {"vocab_size": 1000, "dim": 64, "n_layers": 2, "n_heads": 2, "hidden_dim": 128}
+GPT2_TINY: dict[str, Any] = {"vocab_size": 1000, "n_embd": 64, "n_layer": 2, "n_head": 2, "n_positions": 128}
+BERT_TINY: dict[str, Any] = {"vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
              "intermediate_size": 64, "max_position_embeddings": 64}  # fmt: skip
 BASE = {"distilbert": DISTILBERT_TINY, "gpt2": GPT2_TINY, "bert": BERT_TINY}
 GIB = 1 << 30

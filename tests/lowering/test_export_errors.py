@@ -16,7 +16,7 @@ import pytest
 import torch
 from invoke.exceptions import Exit
 
-from orchestrator.commands.common import handle_errors
+from orchestrator.commands.handling import handle_errors
 from orchestrator.errors import ExitCode
 from orchestrator.lowering.artifacts import ArtifactPaths
 from orchestrator.lowering.builtins import BUILTIN_SPECS

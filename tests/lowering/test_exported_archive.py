@@ -91,6 +91,11 @@ def duplicated_inputs(payload: bytes, *, hostile_first: bool) -> Callable[[Entri
     return change
 
 
+def with_entry(name: str, data: bytes) -> Callable[[Entries], Entries]:
+    """The entries and one more: `name` holding `data`."""
+    return lambda entries: [*entries, (name, data)]
+
+
 def upper_inputs(name: str) -> str:
     return name.replace("sample_inputs", "SAMPLE_INPUTS")
 
@@ -219,7 +224,7 @@ def test_what_torch_loads_is_only_what_was_checked(saved: Path, tmp_path: Path) 
     # torch's reader fails on an entry outside the first entry's folder, and torch.export.load then falls back to
     # the pre-2.8 format, which reads `version` and unpickles `serialized_*.pt` at the top
     for outside, why in (("version", "not a path inside"), ("other/version", "2 top folders")):
-        elsewhere = rewritten(saved, tmp_path / "outside.pt2", lambda e, name=outside: [*e, (name, b"3")])
+        elsewhere = rewritten(saved, tmp_path / "outside.pt2", with_entry(outside, b"3"))
         with pytest.raises(UserProgramError, match=why):
             checked_archive(elsewhere.read_bytes(), elsewhere)
 

@@ -18,6 +18,7 @@ import pytest
 from orchestrator.errors import ExitCode, SpecError
 from orchestrator.lowering.builtins import resolve_spec
 from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.sources.factory import FactoryOptions
 from orchestrator.lowering.spec import UntrustedFactory, load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -65,7 +66,8 @@ def fab_lower(spec: Path, tmp_path: Path, *options: str) -> subprocess.Completed
 
 def test_a_factory_spec_reads_its_file_relative_to_the_spec(tmp_path: Path) -> None:
     spec = load_spec_file(write_factory(tmp_path, kwargs={"width": 4}))
-    assert spec.options.factory == f"{tmp_path.resolve()}/models/small.py:build" and spec.options.kwargs == {"width": 4}
+    options = spec.options_of(FactoryOptions)
+    assert options.factory == f"{tmp_path.resolve()}/models/small.py:build" and options.kwargs == {"width": 4}
     assert (spec.model_source, spec.task, spec.trust_code) == ("factory", "custom", False)
     assert spec.identity()["factory_sha256"] != "missing" and "trust_code" not in spec.identity()
     with pytest.raises(SpecError, match=r"small\.json:4: field 'factory': 'build' is not 'path/to/file\.py:function'"):

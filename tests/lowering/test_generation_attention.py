@@ -56,8 +56,10 @@ def eager_greedy(module: generation.GenerationModule, prompt: torch.Tensor) -> t
 
     config = GenerationConfig(do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, eos_token_id=None,
                               pad_token_id=0, output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    # a causal LM: its generate() is transformers' GenerationMixin's, which PreTrainedModel does not declare
+    model: Any = module.model
     with torch.no_grad(), generation.eager_attention(module):
-        out = module.model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
     return out.sequences[0, prompt.shape[1] :].tolist(), [step[0] for step in out.logits]
 
 
@@ -114,6 +116,7 @@ def test_the_cache_buffers_are_the_program_s_mutable_state_once(tmp_path: Path) 
     """The key and value buffers are the module's, written in place: the program mutates exactly them."""
     spec = family_spec(tmp_path, "llama")
     module = load_model(spec, "random").module
+    assert isinstance(module, generation.GenerationModule)
     assert not has_sdpa_attention(module)  # the eager-attention rewrite leaves etlab's attention alone
     names = {name for name, _ in module.named_buffers() if "_cache_" in name}
     assert names == {f"{kind}_cache_{i}" for kind in ("key", "value") for i in range(2)}
@@ -130,6 +133,7 @@ def test_sdpa_keeps_transformers_static_cache_program(tmp_path: Path) -> None:
     spec = family_spec(tmp_path, "llama", attention="sdpa")
     assert attention_of(spec) == SDPA and spec.name == "llama-gen"  # the spec's own choice keeps its name
     module = load_model(spec, "random").module
+    assert isinstance(module, generation.GenerationModule)
     assert module.attention == SDPA and module.model.config._attn_implementation != ETLAB
     assert has_sdpa_attention(module)  # the eager-attention rewrite still applies to it
     program = generation.export(module, (torch.zeros(1, 3, dtype=torch.long), torch.arange(3)), CONTEXT - 1)
@@ -179,6 +183,7 @@ def test_eager_generation_keeps_the_model_s_own_attention(tmp_path: Path) -> Non
 
     spec = family_spec(tmp_path, "llama")
     module = load_model(spec, "random").module
+    assert isinstance(module, generation.GenerationModule)
     seen: list[str] = []
 
     def spy(*args: Any, **kwargs: Any) -> Any:

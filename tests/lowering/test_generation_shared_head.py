@@ -15,6 +15,7 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import lower as lowerer
 from orchestrator.lowering.quantize import shared_head
 from orchestrator.lowering.quantize.methods import quantize_embeddings
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.variants import Variant
 from orchestrator.programs.outside import read_outside_delegates
 from tests.lowering.test_generation import _generated_by_the_runner
@@ -34,7 +35,8 @@ def test_the_shared_modules_compute_what_the_embedding_and_the_reference_head_do
     class Tied(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.embed, self.head = embedding, head
+            self.embed: torch.nn.Module = embedding
+            self.head: torch.nn.Module = head
 
         def get_input_embeddings(self) -> torch.nn.Module:
             return self.embed
@@ -53,12 +55,16 @@ def test_the_shared_modules_compute_what_the_embedding_and_the_reference_head_do
     quantize_embeddings(model, 4, 32)
     ids = torch.tensor([[3, 7, 49]])
     gathered = model.embed(ids)
-    table = model.embed.weight.dequantize()
+    weight = model.embed.weight  # torchao's quantized tensor
+    assert isinstance(weight, torch.Tensor)
+    table = weight.dequantize()
     shared_head.share_tied_head(model, 4)
     torch.testing.assert_close(model.embed(ids), gathered, rtol=0, atol=0)
     assert model.head.table is model.embed.table and model.head.scales is model.embed.scales
     x = torch.randn(1, 2, 64)
-    expected = shared_head.shared_head_reference(x, model.embed.table, model.embed.scales, 4)
+    shared_table, scales = model.embed.table, model.embed.scales
+    assert isinstance(shared_table, torch.Tensor) and isinstance(scales, torch.Tensor)
+    expected = shared_head.shared_head_reference(x, shared_table, scales, 4)
     torch.testing.assert_close(model.head(x), expected, rtol=0, atol=0)
     # and the reference is the float product up to the activations' int8 rounding: better than 30 dB
     exact = x @ table.t()
@@ -69,7 +75,7 @@ def test_a_tied_model_in_8da4w_e4_shared_holds_its_table_once_and_generates(
     runner_binary: Path, tmp_path: Path
 ) -> None:
     spec = BUILTIN_SPECS["smollm2-gen-tiny"]  # tie_word_embeddings: 1000 x 64
-    assert spec.options.config["tie_word_embeddings"] is True
+    assert spec.options_of(HuggingFaceOptions).config["tie_word_embeddings"] is True
     result = lowerer.lower(spec, variants=[SHARED, UNSHARED], weights="random", root=tmp_path / "artifacts", jobs=1)
     program, before = result.variants[SHARED], result.variants[UNSHARED]
     quantization, old = program.sidecar.quantization, before.sidecar.quantization

@@ -97,8 +97,8 @@ def test_a_published_config_is_accepted_as_it_is(tmp_path: Path, name: str) -> N
     said = "\n".join(report.warnings)
     assert not [key for key in RECORDS if f"'config.{key}'" in said], said  # records: accepted without a word
     for warning in report.warnings:  # each names its line and field
-        key = re.search(r"field 'config\.(\w+)'", warning)
-        assert key and warning.startswith(f"{path}:{line_of(path, key[1])}: "), warning
+        found = re.search(r"field 'config\.(\w+)'", warning)
+        assert found and warning.startswith(f"{path}:{line_of(path, found[1])}: "), warning
 
 
 def test_what_a_published_config_says_is_what_gets_built(tmp_path: Path) -> None:

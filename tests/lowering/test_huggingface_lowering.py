@@ -88,7 +88,10 @@ def test_the_program_matches_eager_on_valid_reference_inputs(lowered: LoweringRe
     np.testing.assert_allclose(output.numpy(), reference.array, rtol=1e-3, atol=1e-3 * scale)
     arrays = {t.name: t.array for t in tensors}
     if "input_ids" in arrays:  # ids in the vocabulary, each row padded after its real tokens
-        assert arrays["input_ids"].min() >= 0 and arrays["input_ids"].max() < spec_of(name).options.config["vocab_size"]
+        assert (
+            arrays["input_ids"].min() >= 0
+            and arrays["input_ids"].max() < spec_of(name).options_of(HuggingFaceOptions).config["vocab_size"]
+        )
         mask = arrays["attention_mask"]
         assert all(row[: int(row.sum())].all() and not row[int(row.sum()) :].any() for row in mask)
     if "token_type_ids" in arrays:  # two segments, zero on padding

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import TASKS, InputSpec, load_spec_file
 from tests.lowering.spec_helpers import checked
 
@@ -104,9 +105,9 @@ def test_every_task_is_listed_and_the_builtins_check() -> None:
              "gpt2-gen": "gpt2-gen-tiny"}  # fmt: skip
     for full, tiny in pairs.items():
         assert (
-            BUILTIN_SPECS[full].options.model_id
-            and BUILTIN_SPECS[tiny].options.config
-            and not BUILTIN_SPECS[tiny].options.model_id
+            BUILTIN_SPECS[full].options_of(HuggingFaceOptions).model_id
+            and BUILTIN_SPECS[tiny].options_of(HuggingFaceOptions).config
+            and not BUILTIN_SPECS[tiny].options_of(HuggingFaceOptions).model_id
         )
         assert BUILTIN_SPECS[full].task == BUILTIN_SPECS[tiny].task
         assert check_spec(BUILTIN_SPECS[tiny], "random").parameters < 500_000, tiny
@@ -160,7 +161,7 @@ def test_declared_inputs_set_the_batch_and_the_sizes(tmp_path: Path) -> None:
     assert checked(tmp_path / "spec.json").parameters > 0
     image = load_spec_file(write(tmp_path, spec("vit", "image-classification", image_size=None, inputs=[
         {"name": "pixel_values", "dtype": "float32", "shape": [2, 3, 64, 64]}])))  # fmt: skip
-    assert (image.batch_size, image.options.image_size) == (2, 64)
+    assert (image.batch_size, image.options_of(HuggingFaceOptions).image_size) == (2, 64)
 
 
 def pixel(shape: list[int], dtype: str = "float32", name: str = "pixel_values") -> dict[str, Any]:
@@ -241,7 +242,12 @@ def test_fields_of_another_kind_of_input_are_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"field 'image_size': is for task 'image-classification' only"):
         load_spec_file(write(tmp_path, spec("bert", "text-classification", image_size=32)))
     # Run on the meta device before anything loads: an image of another size than ViT's position embeddings.
-    vit = spec("vit", "image-classification", image_size=64, config=BUILTIN_SPECS["vit-tiny"].options.config)
+    vit = spec(
+        "vit",
+        "image-classification",
+        image_size=64,
+        config=BUILTIN_SPECS["vit-tiny"].options_of(HuggingFaceOptions).config,
+    )
     cannot_run = r"the model cannot run on pixel_values \[1, 3, 64, 64\]: ValueError: Input image size \(64\*64\)"
     with pytest.raises(SpecError, match=rf"spec\.json:6: field 'image_size': {cannot_run} doesn't match"):
         checked(write(tmp_path, vit))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import importlib
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,7 @@ GPT2_REORDERED = ModelSpec(
     options=HuggingFaceOptions(config={**_GPT2_TINY.options.config, "reorder_and_upcast_attn": True}),
 )
 SPECS = {
-    name: BUILTIN_SPECS.get(name)
+    name: BUILTIN_SPECS[name]
     for name in ("distilbert-tiny", "gpt2-tiny", "wav2vec2-tiny", "smollm2-tiny", "whisper-tiny-encoder-tiny",
                  "vit-tiny")
 } | {"hubert-tiny": HUBERT_TINY, "qwen2-tiny": QWEN2_TINY, "gpt2-reordered-tiny": GPT2_REORDERED}  # fmt: skip
@@ -98,7 +99,8 @@ def _input_sets(spec: ModelSpec, module: torch.nn.Module) -> list[tuple[torch.Te
         elif tensor.max() <= 1:  # an attention mask
             drawn.append(torch.ones_like(tensor))
         else:
-            vocab = module.model.config.vocab_size
+            hf_model: Any = module.model  # a HuggingFace model: its config's fields differ per family
+            vocab = hf_model.config.vocab_size
             drawn.append(torch.randint(0, vocab, tensor.shape, generator=generator, dtype=tensor.dtype))
     return [reference, tuple(drawn)]
 
@@ -121,14 +123,20 @@ def test_the_families_are_transformers_own() -> None:
 
     for family in WEIGHT_NORM_FAMILIES:
         source = importlib.import_module(CONFIG_MAPPING[family].__module__.replace("configuration_", "modeling_"))
+        assert source.__file__ is not None
         assert "weight_norm(self.conv" in Path(source.__file__).read_text(), family  # the positional convolution
     for family in CONV1D_FAMILIES:
         source = importlib.import_module(CONFIG_MAPPING[family].__module__.replace("configuration_", "modeling_"))
+        assert source.__file__ is not None
         assert "nn.Conv1d(" in Path(source.__file__).read_text(), family
     llama = LlamaRMSNorm.forward.__code__
     for family in LLAMA_RMS_NORM_FAMILIES:
         source = importlib.import_module(CONFIG_MAPPING[family].__module__.replace("configuration_", "modeling_"))
-        norms = [value for name, value in vars(source).items() if name.endswith("RMSNorm") and isinstance(value, type)]
+        norms = [
+            value
+            for name, value in vars(source).items()
+            if name.endswith("RMSNorm") and isinstance(value, type) and issubclass(value, torch.nn.Module)
+        ]
         assert norms, family
         assert any(norm.forward.__code__.co_code == llama.co_code for norm in norms), family
 
@@ -214,6 +222,7 @@ def test_conv1d_as_2d_lets_int8_dynamic_quantize_the_convolutions(tmp_path: Path
         assert sidecar.applied_rewrites == names
         quantization = sidecar.quantization
         assert quantization is not None and quantization.nodes is not None
+        assert quantization.nodes.convolution is not None
         float_nodes = sum(n for kind, n in quantization.nodes.convolution.items() if kind.startswith("fp32"))
         assert float_nodes == quantization.convolutions - quantization.quantized_convolutions
         counts[names[-1]] = (quantization.convolutions, quantization.quantized_convolutions)

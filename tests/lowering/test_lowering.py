@@ -118,7 +118,7 @@ def test_reference_inputs_are_padded_and_masked(tiny_artifacts: dict[str, Loweri
     ids, mask = read_tensors(tiny_artifacts["distilbert-tiny"].paths.reference_inputs)
     assert ids.array.dtype == np.int64 and ids.shape == [1, 128]
     assert int(mask.array.sum()) == 96 and mask.array[0, 95] == 1 and mask.array[0, 96] == 0
-    assert (ids.array[0] == BUILTIN_SPECS["distilbert-tiny"].options.mask_token_id).sum() == 1
+    assert (ids.array[0] == BUILTIN_SPECS["distilbert-tiny"].options_of(HuggingFaceOptions).mask_token_id).sum() == 1
 
 
 _TINY_BERT = ModelSpec(
@@ -151,7 +151,9 @@ def test_head_at_position_selects_the_position_before_the_head(spec: ModelSpec) 
     wrapped = head_at_position(load_model(spec, "random").module, spec)
     inputs = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, 1000))
     if spec.task == "fill-mask":
-        position = int((inputs[0][0] == spec.options.mask_token_id).nonzero()[0])
+        mask_token_id = spec.options_of(HuggingFaceOptions).mask_token_id
+        assert mask_token_id is not None
+        position = int((inputs[0][0] == mask_token_id).nonzero()[0])
     else:
         position = int(inputs[1].sum()) - 1
     assert position == 95 or spec.task == "fill-mask"
@@ -350,7 +352,7 @@ def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_pretrained_unavailable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.commands.common import _naming_options
+    from orchestrator.commands.handling import _naming_options
     from orchestrator.lowering.sources.build.models import load_model
     from orchestrator.lowering.weights import PretrainedUnavailable
 

@@ -18,6 +18,7 @@ from orchestrator.lowering.export import cache
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.lowered import spec_from_record
 from orchestrator.lowering.rewrites.registry import UnknownRewrite, check_request, parse_rewrites
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import OUTPUTS, load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.tensorfile import read_tensors
@@ -131,7 +132,7 @@ def test_the_selected_logits_are_the_eager_models_at_that_position(name: str, ro
         selected = loaded.module(ids, mask)
         full = build_random(spec)(input_ids=ids, attention_mask=mask).logits
     if output == "mask":
-        positions = [int(row.tolist().index(spec.options.mask_token_id)) for row in ids]
+        positions = [int(row.tolist().index(spec.options_of(HuggingFaceOptions).mask_token_id)) for row in ids]
         assert len(set(positions)) == rows  # each row's own position
     else:
         positions = [15] * rows
@@ -159,7 +160,7 @@ def test_a_mask_program_lowers_to_the_mask_logits_and_another_output_relowers(tm
 
     with torch.no_grad():  # the reference is the eager model's logits at the [MASK]
         full = build_random(MASKED_TINY)(input_ids=inputs[0], attention_mask=inputs[1]).logits
-    position = int(inputs[0][0].tolist().index(MASKED_TINY.options.mask_token_id))
+    position = int(inputs[0][0].tolist().index(MASKED_TINY.options_of(HuggingFaceOptions).mask_token_id))
     np.testing.assert_allclose(reference.array, full[:, position].numpy(), atol=1e-5, rtol=1e-5)
 
     every = BUILTIN_SPECS["distilbert-tiny"]  # the same name, every position: lowered again, not the cached one

@@ -7,6 +7,7 @@ The lowering with rewrites (shapes, sidecar, cache) is in test_rewrites_lowering
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 import pytest
@@ -79,11 +80,12 @@ def _input_sets(spec: ModelSpec, module: torch.nn.Module) -> list[tuple[torch.Te
     """The reference inputs, the same kind drawn from another seed, and token ids drawn anywhere in the vocabulary
     (a [MASK] where fill-mask needs one) with a full mask."""
     reference = example_inputs(spec, module)
-    vocab = module.model.config.vocab_size
+    hf_model: Any = module.model  # a HuggingFace model: its config's fields differ per family
+    vocab = hf_model.config.vocab_size
     other = reference_inputs(spec, vocab, seed=12345)
     generator = torch.Generator().manual_seed(7)
     ids = torch.randint(0, vocab, (1, spec.seq_len), generator=generator)
-    mask_token_id = spec.options.mask_token_id
+    mask_token_id = spec.options_of(HuggingFaceOptions).mask_token_id
     if mask_token_id is not None:
         ids[ids == mask_token_id] = mask_token_id + 1
         ids[0, 40] = mask_token_id
@@ -202,7 +204,9 @@ def test_head_at_position_is_the_logits_at_that_position(loaded: dict[str, torch
         everywhere = _outputs(original, inputs)
         assert everywhere.shape == (1, spec.seq_len, 1000)
         if spec.task == "fill-mask":
-            position = int((ids[0] == spec.options.mask_token_id).nonzero()[0])
+            mask_token_id = spec.options_of(HuggingFaceOptions).mask_token_id
+            assert mask_token_id is not None
+            position = int((ids[0] == mask_token_id).nonzero()[0])
         else:
             position = int(mask[0].sum()) - 1
         at_position = _outputs(rewritten, inputs[:2])

@@ -94,6 +94,7 @@ def test_a_quantization_section_round_trips_and_is_typed(real: dict[str, Any]) -
     quantization = sidecar.quantization
     assert quantization is not None and quantization.scheme == "int8-static"
     assert quantization.fully_connected == {"qint8 x qcint8": 9} and quantization.float_linears == ()
+    assert quantization.calibration_source is not None
     assert quantization.calibration_samples == 8 and quantization.calibration_source.startswith("generated")
 
 

@@ -20,9 +20,12 @@ from tests.plugins.artifacts import ARTIFACT_CACHE
 
 def distilbert_modules() -> dict[str, Any]:
     """The model's own modules, by the names its attributes give them (etlab's wrapper left out)."""
+    import torch
+
     from orchestrator.lowering.sources.build.models import load_model
 
     wrapper = load_model(BUILTIN_SPECS["distilbert-tiny"], "random").module
+    assert isinstance(wrapper.model, torch.nn.Module)
     return dict(wrapper.model.named_modules())
 
 

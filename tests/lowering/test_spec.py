@@ -10,6 +10,7 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import SOURCES, ModelSource, ModelSpec, load_spec_file
 
 
@@ -37,7 +38,7 @@ def test_builtin_specs_cover_required_models() -> None:
             ("attention_mask", "int64", (1, 128)),
         ]
     assert BUILTIN_SPECS["distilbert"].task == "fill-mask"
-    assert BUILTIN_SPECS["distilbert"].options.model_id == "distilbert-base-uncased"
+    assert BUILTIN_SPECS["distilbert"].options_of(HuggingFaceOptions).model_id == "distilbert-base-uncased"
     assert BUILTIN_SPECS["gpt2"].task == "causal-lm"
 
 
@@ -61,7 +62,7 @@ def test_model_and_spec_are_exclusive(tmp_path: Path) -> None:
 def test_valid_user_spec(tmp_path: Path) -> None:
     spec = resolve_spec(None, write_spec(tmp_path, VALID))
     assert spec.name == "my-bert"
-    assert spec.options.config == {"n_layers": 1}
+    assert spec.options_of(HuggingFaceOptions).config == {"n_layers": 1}
     assert spec.source.endswith("model_spec.json")
 
 
@@ -211,7 +212,6 @@ RECORDED_KEYS = ["name", "model_type", "task", "seq_len", "model_id", "config", 
 
 def test_a_sources_own_fields_are_its_options_record(tmp_path: Path) -> None:
     from orchestrator.lowering.lowered import spec_from_record
-    from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
     from orchestrator.lowering.sources.torchvision import TorchvisionOptions
     from orchestrator.lowering.spec import IMAGE_TASK
 

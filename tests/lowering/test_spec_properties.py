@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import INPUT_KINDS, TASKS, load_spec_file
 from orchestrator.tensorfile import NamedTensor, write_tensors
 from tests.lowering.spec_helpers import (
@@ -117,9 +118,9 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "roberta": {**BERT_TINY, "pad_token_id": 1},
     "llama": {"vocab_size": 1000, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
               "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64},
-    "vit": BUILTIN_SPECS["vit-tiny"].options.config,
-    "wav2vec2": BUILTIN_SPECS["wav2vec2-tiny"].options.config,
-    "whisper": BUILTIN_SPECS["whisper-tiny-encoder-tiny"].options.config,
+    "vit": BUILTIN_SPECS["vit-tiny"].options_of(HuggingFaceOptions).config,
+    "wav2vec2": BUILTIN_SPECS["wav2vec2-tiny"].options_of(HuggingFaceOptions).config,
+    "whisper": BUILTIN_SPECS["whisper-tiny-encoder-tiny"].options_of(HuggingFaceOptions).config,
 }  # fmt: skip
 FAMILY_TASKS = {
     "bert": ("fill-mask", "text-classification", "token-classification", "feature-extraction"),
@@ -130,7 +131,7 @@ FAMILY_TASKS = {
     "whisper": ("speech-encoder",),
 }
 _IDS = ("input_ids", "attention_mask")
-FAMILY_INPUTS = {  # declared inputs of the right kind (the batch or the sizes perhaps not the spec's)
+FAMILY_INPUTS: dict[str, list[tuple[tuple[str, ...], list[int]]]] = {  # declared inputs of the right kind (the batch or the sizes perhaps not the spec's)
     "bert": [(_IDS, [2, 16]), ((*_IDS, "token_type_ids"), [1, 8])],
     "llama": [(_IDS, [2, 16])],
     "vit": [(("pixel_values",), [2, 3, 32, 32]), (("pixel_values",), [1, 3, 16, 16])],
@@ -232,7 +233,7 @@ def etlt_arrays(draw: st.DrawFn) -> dict[str, np.ndarray]:
     if draw(st.booleans()):
         samples, seq = draw(st.integers(1, 4)), draw(st.integers(1, 10))
         ids = np.array(draw(st.lists(st.integers(0, 199), min_size=samples * seq, max_size=samples * seq)))
-        arrays = {"input_ids": ids.reshape(samples, seq).astype(draw(st.sampled_from([np.int64, np.int32])))}
+        arrays: dict[str, np.ndarray] = {"input_ids": ids.reshape(samples, seq).astype(draw(st.sampled_from([np.int64, np.int32])))}
         if draw(st.booleans()):
             lengths = draw(st.lists(st.integers(1, seq), min_size=samples, max_size=samples))
             arrays["attention_mask"] = (np.arange(seq)[None, :] < np.array(lengths)[:, None]).astype(np.int64)

@@ -17,6 +17,7 @@ import pytest
 from orchestrator.errors import SpecError
 from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
 from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.sources.timm import TimmOptions
 from orchestrator.lowering.spec import load_spec_file
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.lowering.weights import resolve_weights
@@ -50,7 +51,7 @@ def test_a_timm_spec_file_reads_and_checks(tmp_path: Path) -> None:
 
 def test_the_image_size_defaults_to_the_models_pretrained_cfg(tmp_path: Path) -> None:
     spec = resolve_spec(spec_path=write_spec(tmp_path, model="efficientnet_b0", kwargs=None, image_size=None))
-    assert spec.options.image_size == 224 and spec.inputs[0].shape == (1, 3, 224, 224)
+    assert spec.options_of(TimmOptions).image_size == 224 and spec.inputs[0].shape == (1, 3, 224, 224)
 
 
 def test_an_unknown_model_gets_a_did_you_mean(tmp_path: Path) -> None:

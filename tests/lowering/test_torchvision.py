@@ -21,6 +21,7 @@ from orchestrator.errors import SpecError
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweringResult
+from orchestrator.lowering.sources.torchvision import TorchvisionOptions
 from orchestrator.lowering.spec import load_spec_file
 from orchestrator.lowering.variants import VARIANTS, Variant
 from orchestrator.lowering.weights import PretrainedUnavailable, resolve_weights
@@ -58,7 +59,7 @@ def tiny() -> LoweringResult:
 def test_a_torchvision_spec_file_reads_and_checks(tmp_path: Path) -> None:
     spec = load_spec_file(write_spec(tmp_path))
     assert (spec.model_source, spec.model_type, spec.task) == ("torchvision", "mobilenet_v2", "image-classification")
-    assert spec.options.kwargs == {"width_mult": 0.25, "num_classes": 10}
+    assert spec.options_of(TorchvisionOptions).kwargs == {"width_mult": 0.25, "num_classes": 10}
     assert [(i.name, i.dtype, i.shape) for i in spec.inputs] == [("pixel_values", "float32", (1, 3, 32, 32))]
     assert checked(write_spec(tmp_path)).parameters == 250922
 
@@ -200,6 +201,7 @@ def test_a_layout_conversion_xnnpack_inserts_takes_the_module_of_its_reader(tiny
     pte = tiny.variants[VARIANTS["xnnpack"]].pte
     data = json.loads(source_map_path(pte).read_text())
     (delegate,) = [d for d in read_program_plan(pte, "forward").delegates() if d.delegate is not None][:1]
+    assert delegate.delegate is not None
     xnodes = read_xnn_nodes(delegate.delegate, pte)
     inserted = [node for node in xnodes if node.debug_handle == 65535]
     assert inserted and inserted[0].type == "XNNStaticTranspose"  # the input's layout conversion

@@ -183,7 +183,7 @@ def test_generated_inputs_fit_the_limit_and_the_memory_available() -> None:
     assert caught.value.exit_code == 65
 
 
-def _rewritten(source: Path, target: Path, replace: dict[str, bytes]) -> Path:
+def _rewritten(source: Path, target: Path, replace: dict[str, bytes | str]) -> Path:
     """A copy of a .pt2 archive with some members' content replaced (by the end of their name)."""
     with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
         for info in old.infolist():
@@ -238,10 +238,10 @@ def test_an_exported_program_is_lowered_with_its_example_inputs(programs: dict[s
     # a ModelSpec of the exported-program source, its options the file's; recorded as etlab always did
     sha256 = result.spec.options_of(ExportedOptions).sha256
     assert isinstance(result.spec, ModelSpec) and sha256 == sha256_file(programs["pt2"])
-    inputs = [{"name": "x", "shape": [2, 8], "dtype": "float32"}, {"name": "ids", "shape": [3], "dtype": "int64"}]
+    declared = [{"name": "x", "shape": [2, 8], "dtype": "float32"}, {"name": "ids", "shape": [3], "dtype": "int64"}]
     source = str(programs["pt2"].resolve())
     assert sidecar.spec == {"name": "small", "model_source": "exported-program", "source": source, "sha256": sha256,
-                            "inputs": inputs}  # fmt: skip
+                            "inputs": declared}  # fmt: skip
     assert lower_exported_program(programs["pt2"], "small", variants=variants, root=tmp_path).cached
 
     with pytest.raises(UserProgramError, match="calibrated scheme needs calibration samples"):

@@ -76,7 +76,7 @@ def test_every_scheme_is_complete() -> None:
     assert [scheme.name for scheme in SCHEMES.values() if scheme.calibrated] == ["int8-static"]
     # Its LLM recipe (or none: refused for text-generation) and its peers, all in the row.
     assert [scheme.name for scheme in QUANTIZED if scheme.llm is None] == ["int8-static"]
-    assert all(scheme.llm.method for scheme in LLM_SCHEMES)
+    assert all(scheme.llm is not None and scheme.llm.method for scheme in LLM_SCHEMES)
     assert FP32.peers == tuple(scheme.name for scheme in QUANTIZED)  # any quantized run measures fp32's saving
     assert all(not scheme.peers for scheme in QUANTIZED)
 
@@ -105,6 +105,7 @@ def test_no_code_spells_a_quantized_backend_name() -> None:
     spelled = []
     for path in sorted((PROJECT_ROOT / "orchestrator").rglob("*.py")):
         for node in _string_literals(ast.parse(path.read_text(encoding="utf-8"))):
+            assert isinstance(node.value, str)  # as _string_literals keeps them
             if node.value == prefix or any(name in node.value for name in QUANTIZED_BACKENDS):
                 spelled.append(f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}: {node.value[:60]!r}")
     assert not spelled, "quantized backend names spelled out:\n" + "\n".join(spelled)

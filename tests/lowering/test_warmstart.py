@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ from tests.plugins.boards import write_inventory
 
 HEAVY = frozenset({"torch", "torchvision", "transformers", "executorch", "scipy", "matplotlib", "huggingface_hub"})
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
-TINY_CONFIG = {"vocab_size": 1000, "dim": 64, "n_layers": 2, "n_heads": 2, "hidden_dim": 128}
+TINY_CONFIG: dict[str, Any] = {"vocab_size": 1000, "dim": 64, "n_layers": 2, "n_heads": 2, "hidden_dim": 128}
 
 
 def fab(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], set[str]]:

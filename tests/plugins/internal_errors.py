@@ -1,6 +1,6 @@
 """`fab` never exits 70 ("internal error", etlab's own bug) on user or board input anywhere in the suite.
 
-Every `fab` the tests start inherits ETLAB_INTERNAL_ERROR_LOG; `commands.common.handle_errors` appends one line
+Every `fab` the tests start inherits ETLAB_INTERNAL_ERROR_LOG; `commands.handling.handle_errors` appends one line
 there for each exit 70. A session that collected any fails, and the report names the task, its arguments and the
 traceback, whichever test started it.
 

@@ -124,6 +124,7 @@ def test_per_op_figures_agree_with_inspector(all_bundles: dict[str, BundleCase],
             dist = profile_distribution(delegate.event_samples_ms[:, k])
         else:
             continue  # native_call_* twins: counted once, through OPERATOR_CALL
+        assert dist is not None
         assert dist.n == len(raw) == profile.executions
         for ours, theirs in ((dist.median, event.perf_data.p50), (dist.p10, event.perf_data.p10),
                              (dist.p90, event.perf_data.p90), (dist.mean, event.perf_data.avg)):  # fmt: skip
@@ -296,6 +297,7 @@ def test_profile_without_pte_learns_instructions_from_events(analysis_bundles: d
     for a, b in zip(without.instructions, with_plan.instructions, strict=True):
         assert a.dist == b.dist
         if a.kind == "KernelCall":
+            assert b.op is not None
             assert a.op == b.op.split("::")[-1], "native_call_<op> names the same operator as the program"
     assert all(d.status == "not inspectable" for d in without.delegates)
 

@@ -8,9 +8,8 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pytest
@@ -200,7 +199,11 @@ sys.exit(int((here / "exit.txt").read_text()))
 """
 
 
-def scripted_agent(fake: SshdBoard) -> Callable[[str, int], None]:
+class Answer(Protocol):
+    def __call__(self, text: str, exit_code: int = 0) -> None: ...
+
+
+def scripted_agent(fake: SshdBoard) -> Answer:
     """Install SCRIPTED_AGENT on the fake board; returns answer(text, exit_code) that sets what it says next."""
     package = fake.workdir_path / "board" / "agent" / "etlab_agent"
     package.mkdir(parents=True)

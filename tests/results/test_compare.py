@@ -139,6 +139,7 @@ def test_identical_runs_show_no_change(baseline: BundleCase, tmp_path: Any) -> N
     assert comparison.total.change == "no change"
     assert all(op.delta_ms == 0 for op in comparison.ops if op.delta_ms is not None)
     assert not any(op.verdict and op.verdict.is_change for op in comparison.ops)
+    assert comparison.overlay is not None
     overlay = json.loads(comparison.overlay.read_text())
     assert {r["bgColor"] for g in overlay.values() for r in g["results"].values()} == {"#ffffff"}
 
@@ -154,8 +155,10 @@ def test_a_slower_operator_is_found_and_painted_red(baseline: BundleCase, tmp_pa
     flagged = [op.node_id for op in comparison.ops if op.verdict and op.verdict.is_change]
     assert flagged == [biggest["node_id"]]
     changed = next(op for op in comparison.ops if op.node_id == biggest["node_id"])
+    assert changed.verdict is not None and changed.delta_ms is not None
     assert changed.verdict.change == "slower" and changed.delta_ms > 0
 
+    assert comparison.overlay is not None
     overlay = json.loads(comparison.overlay.read_text())
     results = overlay["forward"]["results"]
     assert results[biggest["node_id"]]["bgColor"] == "#b2182b", "the largest change saturates the red end"
@@ -164,6 +167,7 @@ def test_a_slower_operator_is_found_and_painted_red(baseline: BundleCase, tmp_pa
     for graph_id, data in overlay.items():
         assert set(data["results"]) <= graphs[graph_id]
     assert [s["bgColor"] for s in overlay["forward"]["gradient"]] == ["#2166ac", "#ffffff", "#b2182b"]
+    assert comparison.report is not None
     report = json.loads(comparison.report.read_text())
     assert report["total"]["change"] == "slower" and report["run_b"]["run_id"] == "run-b"
 
@@ -254,6 +258,7 @@ def test_same_program_is_drift_never_a_regression(baseline: BundleCase, tmp_path
         comparison.verdict_detail.startswith("no program change; the measured median +")
         and "run-to-run drift" in comparison.verdict_detail
     )
+    assert comparison.report is not None
     assert json.loads(comparison.report.read_text())["verdict"] == "drift"
 
 
@@ -327,10 +332,10 @@ def test_interleaved_retest_confirms_a_really_slower_program(local_board: Any, t
     specs = PROJECT_ROOT / "tests" / "data" / "specs"
     built = {}
     for name, root in (("distilbert-small", "artifacts"), ("distilbert-small-slow", "artifacts-slow")):
-        result = lowering.lower(
+        lowered = lowering.lower(
             resolve_spec(None, specs / f"{name}.json"), variants=[VARIANTS["xnnpack"]], root=TEST_CACHE / root
         )
-        built[name] = result
+        built[name] = lowered
     fast, slow = (
         built["distilbert-small"].variants[VARIANTS["xnnpack"]],
         built["distilbert-small-slow"].variants[VARIANTS["xnnpack"]],

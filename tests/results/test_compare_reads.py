@@ -63,7 +63,9 @@ def test_the_verdict_comes_first_and_every_row_agrees_with_its_numbers(
     table = [row for row in rows if "forward_0_" in row and "%" in row and "×" in row]
     assert len(table) == 1 and "no change" not in out
     (row,) = table
-    percent = float(re.search(r"([+-]\d+\.\d)%", row).group(1))
+    found = re.search(r"([+-]\d+\.\d)%", row)
+    assert found is not None
+    percent = float(found.group(1))
     assert "slower" in row and percent > 0
     flat = " ".join(out.split())
     quiet = sum(1 for op in [*comparison.ops, *comparison.delegate_ops]
@@ -138,6 +140,7 @@ def test_operators_inside_delegates_are_compared(
     flagged = [(op.graph, op.node_id) for op in comparison.delegate_ops if op.verdict and op.verdict.is_change]
     assert flagged == [(graph, node)]
     (changed,) = [op for op in comparison.delegate_ops if op.node_id == node and op.graph == graph]
+    assert changed.verdict is not None and changed.delta_ms is not None and changed.op is not None
     assert changed.verdict.change == "slower" and changed.delta_ms > 0 and changed.op.startswith("XNN")
     assert comparison.op_types[0].op_type == changed.op
     render_comparison(comparison)
@@ -145,6 +148,7 @@ def test_operators_inside_delegates_are_compared(
     assert f"{graph.rsplit('::', 1)[-1]} #{node}" in out  # the delegate call and its node, as Model Explorer has them
 
     # the report: the new parts written, and a report without them (an older etlab's) still read
+    assert comparison.report is not None
     report = json.loads(comparison.report.read_text())
     assert (
         report["delegate_ops"]

@@ -117,6 +117,7 @@ def test_derived_metrics_and_untrusted_rows(provisioned_agent: Any, tiny_artifac
     document["executions"][1] += [[first[0] + 1, *first[1:]], ["x", 0, 0, 1, 1, 1, 1]]  # wrong event, not a number
     path.write_text(json.dumps(document))
     profile = read_counter_profile(bundle)
+    assert profile is not None
     assert profile.captured == ["task_clock", "cycles", "instructions"]  # an unknown name is not a column
     assert profile.derived == ["ipc"] and profile.dropped_rows == 2
     assert profile.values["ipc"] and all(v == pytest.approx(2 / 3) for v in profile.values["ipc"].values())
@@ -172,11 +173,12 @@ def wide_program(tiny_artifacts: dict) -> Any:
 
 def test_a_bigger_arena_shows_a_bigger_planned_figure(provisioned_agent: Any, wide_program: Any) -> None:
     narrow = load_artifact("distilbert-tiny", VARIANTS["portable"], ARTIFACT_CACHE)
-    figures = {}
+    figures: dict[str, int] = {}
     for name, artifact in (("narrow", narrow), ("wide", wide_program)):
         bundle = _profile(provisioned_agent, artifact, f"arena-{name}")
         summary = analyze_bundle(bundle, pte=artifact.pte, sidecar=artifact.sidecar)
         runner_arenas = json.loads((bundle / "timings.json").read_text())["program_memory"]["planned_arenas"]
+        assert summary.run.memory is not None and summary.run.memory.planned_bytes is not None
         assert summary.run.memory.planned_bytes == sum(runner_arenas) == artifact.sidecar.memory.planned_bytes
         figures[name] = summary.run.memory.planned_bytes
     assert figures["wide"] > figures["narrow"] * 1.5
@@ -380,10 +382,12 @@ def test_memory_summary_notes_a_runner_that_planned_other_arenas(tiny_artifacts:
     ]
     timings = {"memory": {"peak_reset": True, "phases": phases}, "program_memory": {"planned_arenas": [64]}}
     memory, notes = memory_summary(timings, program)
+    assert memory is not None
     assert notes and "planned arenas of [64] bytes" in notes[0]
     assert memory.peak_rss_bytes == 9_500_000  # ru_maxrss is never below the peak of any phase
     assert memory.other_bytes == max(0, 9_500_000 - 5_000_000 - program.planned_bytes - program.constants_bytes)
     same, quiet = memory_summary({**timings, "program_memory": {"planned_arenas": program.planned_arenas}}, program)
+    assert same is not None
     assert quiet == [] and same.planned_bytes == program.planned_bytes
 
     # The constants the runner read from the .pte are checked the same way; board data is validated first.
@@ -391,6 +395,7 @@ def test_memory_summary_notes_a_runner_that_planned_other_arenas(tiny_artifacts:
     assert memory_summary({**timings, "program_memory": agreeing}, program)[1] == []
     other = {**agreeing, "constants_bytes": program.constants_bytes + 16}
     memory, notes = memory_summary({**timings, "program_memory": other}, program)
+    assert memory is not None
     assert notes == [
         f"the runner read {program.constants_bytes + 16} bytes of constant data, "
         f"the program says {program.constants_bytes}"
@@ -399,25 +404,28 @@ def test_memory_summary_notes_a_runner_that_planned_other_arenas(tiny_artifacts:
     for garbage in ("12", -1, True, 1.5, 2**64, [1]):
         memory, notes = memory_summary({**timings, "program_memory": {**agreeing, "constants_bytes": garbage}}, program)
         assert len(notes) == 1 and "constants_bytes is not a byte count" in notes[0], garbage
+        assert memory is not None
         assert memory.constants_bytes == program.constants_bytes
     # An older runner (no field) or an unreadable program (null) is unknown, not a mismatch.
     assert memory_summary({**timings, "program_memory": {**agreeing, "constants_bytes": None}}, program)[1] == []
 
     # The runner's arenas are validated the same way before they are compared or shown.
-    for garbage in ("[64]", [64, "x"], [True], [-1], [1] * 65, {"a": 1}):
-        memory, notes = memory_summary({**timings, "program_memory": {**agreeing, "planned_arenas": garbage}}, program)
-        assert len(notes) == 1 and "planned_arenas is not a list of byte counts" in notes[0], garbage
+    for arenas in ("[64]", [64, "x"], [True], [-1], [1] * 65, {"a": 1}):
+        memory, notes = memory_summary({**timings, "program_memory": {**agreeing, "planned_arenas": arenas}}, program)
+        assert len(notes) == 1 and "planned_arenas is not a list of byte counts" in notes[0], arenas
+        assert memory is not None
         assert memory.planned_bytes == program.planned_bytes
-        alone, _ = memory_summary({**timings, "program_memory": {"planned_arenas": garbage}}, None)
+        alone, _ = memory_summary({**timings, "program_memory": {"planned_arenas": arenas}}, None)
+        assert alone is not None
         assert alone.planned_bytes is None and alone.planned_arenas == ()
 
     # Without the program or its sidecar, the runner's figures are what there is.
     alone, _ = memory_summary({**timings, "program_memory": agreeing}, None)
+    assert alone is not None
     assert alone.constants_bytes == program.constants_bytes and alone.planned_bytes == program.planned_bytes
     assert alone.other_bytes == max(0, 9_500_000 - 5_000_000 - program.planned_bytes - program.constants_bytes)
-    assert (
-        memory_summary({**timings, "program_memory": {**agreeing, "constants_bytes": -5}}, None)[0].other_bytes is None
-    )
+    negative, _ = memory_summary({**timings, "program_memory": {**agreeing, "constants_bytes": -5}}, None)
+    assert negative is not None and negative.other_bytes is None
 
 
 def test_compare_reports_memory_deltas() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -16,10 +17,13 @@ from orchestrator.results.stats import distribution
 from tests.plugins.analysis import BundleCase, analyze, copy_bundle
 from tests.plugins.artifacts import ARTIFACT_CACHE
 
+if TYPE_CHECKING:
+    import torch.fx
+
 pytestmark = pytest.mark.slow  # a real run of a real lowered model (session fixtures)
 
 
-def _graph_nodes(pt2: Path) -> dict[str, object]:
+def _graph_nodes(pt2: Path) -> dict[str, torch.fx.Node]:
     import torch
 
     return {node.name: node for node in torch.export.load(str(pt2)).graph.nodes if node.op == "call_function"}

@@ -160,4 +160,6 @@ def test_the_seeds_read_back(results: Path) -> None:
     assert summary.generation is not None and summary.accuracy is not None and summary.counters is not None
     assert summary_data(summary) == SEEDS["summary.json"]
     assert load_advice(run) is not None and load_ops(run).instructions
-    write_advice(run, load_advice(run))  # what the advisor writes reads back
+    advice = load_advice(run)
+    assert advice is not None
+    write_advice(run, advice)  # what the advisor writes reads back

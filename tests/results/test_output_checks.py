@@ -177,7 +177,8 @@ def test_output_kinds_come_from_the_task() -> None:
 def test_output_kinds_of_old_sidecars_are_said_to_be_guessed(tiny_artifacts: dict[str, LoweringResult]) -> None:
     sidecar = tiny_artifacts["gpt2-tiny"].variants[VARIANTS["xnnpack"]].sidecar
     assert output_kinds(sidecar) == ([LOGITS], None)
-    old_outputs = tuple(OutputRecord(name=o.name, shape=o.shape, dtype=o.dtype) for o in sidecar.outputs)  # no kind
+    # no kind, as in a sidecar from before kinds were recorded
+    old_outputs = tuple(OutputRecord(name=o.name, shape=o.shape, dtype=o.dtype) for o in sidecar.outputs)  # type: ignore[call-arg]
     assert [(o.kind, o.kind_recorded) for o in old_outputs] == [(VALUES, False)]  # guessed: [1, 128, 1000]
     old = dataclasses.replace(sidecar, outputs=old_outputs)
     assert output_kinds(old) == ([LOGITS], "the sidecar records no output kinds: logits from its task")

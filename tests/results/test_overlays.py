@@ -278,7 +278,9 @@ def test_fused_and_inserted_clamps_are_placed_on_the_right_nodes(clamp_model: tu
     plan = read_program_plan(pte)
     profile = profile_etdump(read_etdump(etdump_path), plan)
     (delegate,) = profile.delegates
-    nodes = read_xnn_nodes(next(plan.delegates()).delegate, pte)
+    xnn = next(plan.delegates()).delegate
+    assert xnn is not None
+    nodes = read_xnn_nodes(xnn, pte)
     types = [n.type for n in nodes]
     clamp = types.index("XNNClamp")
     assert types[clamp - 1] == "XNNFullyConnected" and types[clamp + 1] == "XNNAdd"
@@ -289,7 +291,8 @@ def test_fused_and_inserted_clamps_are_placed_on_the_right_nodes(clamp_model: tu
     assert placed[str(clamp - 1)] == ["Fully Connected"]
     assert placed[str(clamp + 1)] == ["Add", "Clamp"], "the inserted clamp belongs to the add"
     assert placed[str(types.index("XNNConcatenate2"))] == ["Copy"]
-    assert sum(n.dist.mean for n in delegate.nodes) == pytest.approx(delegate.event_mean_ms())
+    assert all(n.dist is not None for n in delegate.nodes)
+    assert sum(n.dist.mean for n in delegate.nodes if n.dist is not None) == pytest.approx(delegate.event_mean_ms())
     graphs = adapter_graphs(pte)
     assert {n.node for n in delegate.nodes} <= graphs[delegate.graph_id]
 

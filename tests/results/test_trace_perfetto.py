@@ -49,7 +49,8 @@ def perfetto_depths(complete: list[dict[str, Any]]) -> list[int]:
     at its own start. So a node that took under the clock's 1 us (a zero-length slice) is drawn inside a sibling that
     starts in the same microsecond."""
     order = sorted(range(len(complete)), key=lambda i: (complete[i]["ts"], -complete[i]["dur"], i))
-    found, stack = [0] * len(complete), []
+    found = [0] * len(complete)
+    stack: list[tuple[int, int]] = []  # the open slices: (end, duration), ns
     for i in order:
         ts = round(complete[i]["ts"] * 1000)
         while stack and (

@@ -260,7 +260,7 @@ def test_ctrl_c_during_a_parallel_lowering_prints_one_line_and_no_traceback(tmp_
 LATE_SIGNALS = """
 import os, signal, subprocess, sys
 from invoke.exceptions import Exit
-from orchestrator.commands.common import handle_errors
+from orchestrator.commands.handling import handle_errors
 
 @handle_errors
 def task() -> int:

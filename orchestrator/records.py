@@ -25,6 +25,7 @@ import msgspec
 from orchestrator.errors import EtlabError, ExitCode
 
 Count = Annotated[int, msgspec.Meta(ge=0, description="an integer >= 0")]
+Dimension = Annotated[int, msgspec.Meta(ge=0, description="a dimension (an integer >= 0)")]
 Duration = Annotated[float, msgspec.Meta(ge=0, description="a number >= 0")]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1, description="a share between 0 and 1")]
 Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$", description="a sha256 in hex")]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import msgspec
 
@@ -21,13 +21,22 @@ from orchestrator.errors import ArtifactError
 from orchestrator.fsutil import atomic_write_json, read_json, unreadable
 from orchestrator.lowering.outputs import kind_from_shape
 from orchestrator.lowering.variants import UnknownVariant, Variant
-from orchestrator.records import Count, Document, Duration, RecordError, Sha256, read_document, write_document
+from orchestrator.programs.outside_record import OutsideDelegates
+from orchestrator.records import (
+    Count,
+    Dimension,
+    Document,
+    Duration,
+    RecordError,
+    Sha256,
+    read_document,
+    write_document,
+)
 
 # A number kept as written (an integer stays one), so that a sidecar writes back the JSON it was read from.
 Amount = Count | Duration
 OutputKind = Literal["logits", "values"]  # outputs.py OUTPUT_KINDS
 Attention = Literal["etlab", "sdpa"]  # attention/choice.py ATTENTIONS
-Dimension = Annotated[int, msgspec.Meta(ge=0, description="a dimension (an integer >= 0)")]
 
 
 @dataclass(frozen=True)
@@ -94,38 +103,6 @@ class Memory:
     pte_bytes: Count
     peak_live_bytes: Count
     live_bytes: dict[str, Count]  # per instruction node, e.g. forward_0_3
-
-
-@dataclass(frozen=True)
-class StoredTensor:
-    """A constant held both outside the XNNPACK delegates and inside one."""
-
-    shape: tuple[Dimension, ...]
-    bytes: Count
-
-
-@dataclass(frozen=True)
-class StoredTwice:
-    bytes: Count
-    tensors: tuple[StoredTensor, ...]  # largest first
-
-
-@dataclass(frozen=True)
-class OutsideDelegates:
-    """What stays outside the delegates (lowering/delegation.py `outside_delegates`); absent in older sidecars.
-
-    `kernels` are the plan's real kernel calls by operator; `bookkeeping` the graph's nodes that emit none (memory
-    planning, tuple access, views), which `delegation.fallback_ops` counts too; `stored_twice` the constants held
-    both outside the XNNPACK delegates and inside one (a tied embedding)."""
-
-    kernel_calls: Count
-    kernels: dict[str, Count]  # operator → kernel calls, most common first
-    bookkeeping: dict[str, Count]  # memory_planning, tuple_access, views
-    stored_twice: StoredTwice
-
-    @property
-    def stored_twice_bytes(self) -> int:
-        return self.stored_twice.bytes
 
 
 @dataclass(frozen=True)

@@ -16,41 +16,20 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import AnalysisError
 from orchestrator.programs.memory import ELEMENT_BYTES
+from orchestrator.programs.outside_record import OutsideDelegates, StoredTensor, StoredTwice
 from orchestrator.programs.plan import DelegateData, program_bytes, read_program_plan
 from orchestrator.programs.xnn import XNNPACK_BACKEND, xnn_graph_buffer
 
 _NO_OFFSET = 2**64 - 1  # ConstantDataOffset.offset when the constant lives in the program's named data
 
 
-@dataclass(frozen=True)
-class StoredTwice:
-    """One constant found outside the delegates and, byte for byte, inside one."""
-
-    shape: tuple[int, ...]
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class OutsideDelegates:
-    kernels: dict[str, int]  # operator ("aten::embedding.out") → KernelCall instructions, most common first
-    stored_twice: tuple[StoredTwice, ...]  # largest first
-
-    @property
-    def kernel_calls(self) -> int:
-        return sum(self.kernels.values())
-
-    @property
-    def duplicated_bytes(self) -> int:
-        return sum(item.nbytes for item in self.stored_twice)
-
-
 def read_outside_delegates(pte: Path, method: str = "forward") -> OutsideDelegates:
-    """The kernel calls of `method` by operator and the constants stored both outside and inside its delegates."""
+    """The kernel calls of `method` by operator and the constants stored both outside and inside its delegates (no
+    bookkeeping: the .pte holds none of those nodes)."""
     pte = Path(pte)
     plan = read_program_plan(pte, method)
     kernels = Counter(instruction.op or "?" for instruction in plan.instructions if instruction.kind == "KernelCall")
@@ -58,8 +37,16 @@ def read_outside_delegates(pte: Path, method: str = "forward") -> OutsideDelegat
     outside = _outside_constants(pte, method)
     sizes = {nbytes for _, nbytes, _ in outside}
     inside = _inside_constant_hashes(pte, payloads, sizes) if outside else set()
-    twice = [StoredTwice(shape, nbytes) for shape, nbytes, digest in outside if digest() in inside]
-    return OutsideDelegates(dict(kernels.most_common()), tuple(sorted(twice, key=lambda item: -item.nbytes)))
+    twice = sorted(
+        (StoredTensor(tuple(shape), nbytes) for shape, nbytes, digest in outside if digest() in inside),
+        key=lambda item: -item.bytes,
+    )
+    return OutsideDelegates(
+        kernel_calls=sum(kernels.values()),
+        kernels=dict(kernels.most_common()),
+        bookkeeping={},
+        stored_twice=StoredTwice(sum(item.bytes for item in twice), tuple(twice)),
+    )
 
 
 def _outside_constants(pte: Path, method: str) -> list[tuple[tuple[int, ...], int, Callable[[], str]]]:

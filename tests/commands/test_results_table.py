@@ -72,12 +72,13 @@ def test_a_board_without_a_pmu_says_once_which_counters_it_cannot_give(capsys: p
 
 def test_several_causes_are_one_line_each(capsys: pytest.CaptureFixture[str]) -> None:
     forbidden = cell("pi-locked", "xnnpack")
+    assert forbidden.summary is not None and forbidden.summary.counters is not None
     paranoid = "not permitted: perf_event_paranoid is 3 (user-space counting needs <= 2, or CAP_PERFMON)"
     changed: dict[str, Any] = {
         "missing": ({"name": "cycles", "error": "EACCES", "reason": paranoid}, *forbidden.summary.counters.missing[1:])
-    }  # type: ignore[union-attr]
-    counters = Counters(**{**vars(forbidden.summary.counters), **changed})  # type: ignore[union-attr, arg-type]
-    forbidden.summary = RunSummary(**{**vars(forbidden.summary), "counters": counters})  # type: ignore[arg-type]
+    }
+    counters = Counters(**{**vars(forbidden.summary.counters), **changed})
+    forbidden.summary = RunSummary(**{**vars(forbidden.summary), "counters": counters})
     print_cells([forbidden, cell("pi-nopmu", "xnnpack")])
     text = capsys.readouterr()
     lines = [line for line in (text.out + text.err).splitlines() if "not captured" in line]

@@ -171,7 +171,7 @@ def test_an_interrupted_publish_is_no_entry(tiny: Artifact, tmp_path: Path) -> N
     store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
 
 
-class WritesSeen(LocalFileSystem):  # type: ignore[misc]
+class WritesSeen(LocalFileSystem):
     """The local filesystem, noting each name it writes and each rename, in order (fsspec's own API, nothing faked)."""
 
     protocol = "etlabseen"

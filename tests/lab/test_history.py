@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tests.plugins.generation import GenerationNights
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def history(request: pytest.FixtureRequest, tmp_path: Path) -> History:
+def history(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[History]:
     if request.param == "sqlite":
         store = History(f"sqlite:///{tmp_path / 'history.sqlite'}")
     else:
@@ -131,7 +132,7 @@ def test_a_language_models_figures_round_trip_typed(history: History, generation
     history.record(record("vision", "2026-11-01", model="resnet"))
     by_id = {r.run_id: r for r in history.runs(night="2026-11-01")}
     assert by_id["lm"].generation == generation and by_id["vision"].generation is None
-    assert by_id["lm"].generation.token_agreement == 1.0  # type: ignore[union-attr]
+    assert by_id["lm"].generation.token_agreement == 1.0
     assert [r.generation for r in history.records(night="2026-11-01") if r.run_id == "lm"] == [generation]
 
 

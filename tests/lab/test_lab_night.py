@@ -114,9 +114,9 @@ def test_a_night_on_two_workers_survives_one_killed(
             recorded = Counter(r.board for r in _quietly(records, url))
             for worker in lab_state(lab.settings).workers:
                 for task in worker.running:
-                    board = task.split()[1] if task.startswith("board ") else ""
-                    if board and 1 <= recorded[board] <= 2:  # two cells or more still to run
-                        victim, killed_board = worker.name, board
+                    share = task.split()[1] if task.startswith("board ") else ""  # the board whose share it runs
+                    if share and 1 <= recorded[share] <= 2:  # two cells or more still to run
+                        victim, killed_board = worker.name, share
             if victim:
                 lab.kill(victim)
             time.sleep(0.25)

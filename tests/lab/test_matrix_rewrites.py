@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.errors import InventoryError
-from orchestrator.lab.matrix import load_config
+from orchestrator.lab.matrix import NightlyConfig, load_config
 from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest
 from tests.lab.test_nightly import fab_nightly, nightly_section, stored
 from tests.plugins.boards import write_inventory
@@ -18,7 +18,7 @@ from tests.plugins.boards import write_inventory
 ADVISED = "gpt2-tiny.tanh-gelu.bmm-attention.head-at-position"
 
 
-def _config(tmp_path: Path, board: Board, matrix: list[dict]) -> object:
+def _config(tmp_path: Path, board: Board, matrix: list[dict]) -> NightlyConfig:
     inventory = write_inventory(tmp_path / "inventory.yaml", [board], nightly=nightly_section(tmp_path, matrix))
     return load_config(load_inventory(inventory))
 
@@ -87,6 +87,7 @@ def test_a_night_runs_a_model_as_exported_and_advised(local_board: Board, tmp_pa
     report = (tmp_path / "reports" / "nightly-2026-11-01.md").read_text()
     assert "## Advised programs" in report
     exported, advised = records["gpt2-tiny"].median_ms, records[ADVISED].median_ms
+    assert exported is not None and advised is not None
     ratio = f"{advised / exported:.3f}"  # the medians as the report shows them (report._fmt)
     assert f"| local | gpt2-tiny | xnnpack | {exported:,.2f} | {ADVISED} | {advised:,.2f} | {ratio} |" in report, report
     assert "id='advised'" in (tmp_path / "reports" / "nightly-2026-11-01.html").read_text()

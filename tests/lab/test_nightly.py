@@ -123,6 +123,7 @@ def test_identical_nights_then_injected_slowdown(
     assert "| local | distilbert-small | xnnpack |" in report and "## Board health" in report
     if record.verdict != "ok":
         assert "no program change" in record.verdict_info["detail"]
+        assert record.verdict is not None
         assert f"{record.verdict.upper()} local / distilbert-small / xnnpack" in result.stderr
 
     # Night 4: the model got 4x wider feed-forward blocks: the same graph, much slower matmuls.
@@ -142,7 +143,8 @@ def test_identical_nights_then_injected_slowdown(
     junit = ET.parse(tmp_path / "reports" / "nightly-2026-11-04.junit.xml").getroot()
     failure = junit.find("testcase/failure")
     assert failure is not None and failure.get("type") == "regression"
-    assert junit.find("testcase/properties/property[@name='verdict']").get("value") == "regression"
+    verdict = junit.find("testcase/properties/property[@name='verdict']")
+    assert verdict is not None and verdict.get("value") == "regression"
     markdown = (tmp_path / "reports" / "nightly-2026-11-04.md").read_text()
     assert "## Regression: local / distilbert-small / xnnpack" in markdown
     assert "confirmed by the interleaved re-test" in markdown
@@ -415,7 +417,7 @@ def test_board_that_goes_away_is_exit_2(local_board: Board, sshd_board: Any, tmp
 
 
 def test_killed_nightly_resumes(local_board: Board, tmp_path: Path) -> None:
-    matrix = [
+    matrix: list[dict[str, Any]] = [
         {"models": ["distilbert-tiny"], "backends": ["xnnpack"], "boards": ["local"]},
         {"models": [str(SPECS / "distilbert-small.json")], "backends": ["portable"], "boards": ["local"],
          "iterations": 10, "max_seconds": 600},  # long enough to be killed in, short enough to run twice

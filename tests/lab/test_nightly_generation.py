@@ -17,7 +17,8 @@ class TableText(html.parser.HTMLParser):
 
     def __init__(self, table_id: str) -> None:
         super().__init__()
-        self.table_id, self.inside, self.rows = table_id, False, []  # type: list[list[str]]
+        self.table_id, self.inside = table_id, False
+        self.rows: list[list[str]] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "table":

@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ else:
     os.environ["ETLAB_INTERNAL_ERROR_LOG"] = str(_LOG)  # set at import, before any test or worker starts
 
 
-def internal_errors() -> list[dict[str, object]]:
+def internal_errors() -> list[dict[str, Any]]:
     if not _LOG.exists():
         return []
     return [json.loads(line) for line in _LOG.read_text(encoding="utf-8").splitlines() if line.strip()]

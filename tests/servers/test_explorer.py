@@ -177,6 +177,7 @@ def test_blocking_explore_stops_cleanly_on_signal(
         assert get(f"http://127.0.0.1:{port}/check_health") == "model_explorer_ok"
         launcher.send_signal(signum)
         assert launcher.wait(timeout=30) == 0
+        assert launcher.stderr is not None
         rest = launcher.stderr.read()
         assert "stopped Model Explorer" in rest and "Traceback" not in rest
         with pytest.raises(OSError):
@@ -308,7 +309,10 @@ def test_short_url_opens_the_run_and_its_delegates_by_cost_and_a_one_node_delega
     assert response.url == server.url and response.request.redirected_from.url == server.short_url
     wait_for_graph(page, server)  # as a user would: the run's page drawn (its conversions done) before the next
     # The delegates by cost (their calls' medians), the costliest first, each with its own short URL.
-    costs = [d.median_ms for d in server.delegates]
+    costs: list[float] = []
+    for delegate in server.delegates:
+        assert delegate.median_ms is not None
+        costs.append(delegate.median_ms)
     assert len(costs) > 2 and costs == sorted(costs, reverse=True)
     assert [d["median_ms"] for d in index["delegates"] if d["placed"]] == costs
     assert index["delegate_graphs"] == [d.graph for d in server.delegates]

@@ -254,6 +254,7 @@ def test_the_guard_passes_upstream_only_what_it_checked(tmp_path: Path) -> None:
         return statuses[0], request
 
     convert = json.dumps(convert_command(tmp_path / "link.pte")).encode()
+    chunked: dict[str, Any] = {"CONTENT_LENGTH": None, "wsgi.input_terminated": True}  # a body with no length
     refused = [
         call("/", HTTP_SEC_FETCH_SITE="cross-site"),
         call("/", HTTP_SEC_FETCH_SITE="no-such-value"),
@@ -267,8 +268,7 @@ def test_the_guard_passes_upstream_only_what_it_checked(tmp_path: Path) -> None:
         call(  # chunked (no length), longer than any command
             "/apipost/v1/send_command",
             body=b" " * MAX_COMMAND_BYTES + convert,
-            CONTENT_LENGTH=None,
-            **{"wsgi.input_terminated": True},
+            **chunked,
         ),
         call("/apipost/v1/send_command", body=convert, CONTENT_TYPE="text/plain"),
         call("/api/v1/load_graphs_json", "graph_index=0"),
@@ -278,7 +278,7 @@ def test_the_guard_passes_upstream_only_what_it_checked(tmp_path: Path) -> None:
 
     status, read = call("/api/v1/read_text_file", f"path={quote(str(tmp_path / '.' / overlay.name))}")
     assert status == "200 OK" and parse_qs(read["QUERY_STRING"]) == {"path": [str(overlay.resolve())]}
-    for environ in ({}, {"CONTENT_LENGTH": None, "wsgi.input_terminated": True}):  # chunked: no length
+    for environ in ({}, chunked):
         status, command = call("/apipost/v1/send_command", body=convert, **environ)
         assert status == "200 OK", environ
         assert json.loads(command["wsgi.input"].read()) == {**convert_command(model.resolve())}, "the real path"

@@ -113,7 +113,7 @@ def test_a_lone_surrogate_is_a_record_error_not_a_crash() -> None:
 def test_a_numpy_number_in_a_record_is_written_as_the_python_number() -> None:
     import numpy as np
 
-    data = to_data(Verdict("valid", runs=np.int64(3), agreement=np.float64(0.25)))  # type: ignore[arg-type]
+    data = to_data(Verdict("valid", runs=np.int64(3), agreement=np.float64(0.25)))
     assert data["runs"] == 3 and type(data["runs"]) is int and type(data["agreement"]) is float
     with pytest.raises(TypeError):
         to_data(Verdict("valid", runs=object()))  # type: ignore[arg-type]

@@ -50,7 +50,7 @@ def _entry(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
 
 def tar_seeds() -> list[bytes]:
     """Valid archives by Python's tarfile: folders, files, long names (GNU `L` and pax), a pax size and comment."""
-    members = [
+    members: list[tarfile.TarInfo | tuple[tarfile.TarInfo, bytes]] = [
         _entry("./", tarfile.DIRTYPE),
         _file("./result_manifest.json", b'{"schema": 1, "files": {}}\n'),
         _file("./timings.json", b"{}" * 300),

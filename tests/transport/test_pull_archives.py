@@ -35,7 +35,8 @@ def entry(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tarfi
     return info
 
 
-HOSTILE = {
+# each: the members (data None: no content) and what the refusal says
+HOSTILE: dict[str, tuple[list[tuple[tarfile.TarInfo, bytes | None]], str]] = {
     "dot-dot": ([(entry("../escaped.txt"), b"pwned")], "points outside the bundle"),
     "dot-dot inside": ([(entry("ok/../../escaped.txt"), b"pwned")], "points outside the bundle"),
     "absolute": ([(entry("{outside}/escaped.txt"), b"pwned")], "is an absolute path"),

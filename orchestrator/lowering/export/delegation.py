@@ -3,11 +3,12 @@ outside the delegates: real kernels apart from bookkeeping nodes, and constants 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from orchestrator.programs.outside import read_outside_delegates
+from orchestrator.programs.outside import OutsideDelegates, read_outside_delegates
 
 DELEGATE_TARGET = "executorch_call_delegate"
 
@@ -70,16 +71,7 @@ def bookkeeping_counts(fallback_histogram: dict[str, int]) -> dict[str, int]:
     return counts
 
 
-def outside_delegates(pte: Path, fallback_histogram: dict[str, int]) -> dict[str, Any]:
+def outside_delegates(pte: Path, fallback_histogram: dict[str, int]) -> OutsideDelegates:
     """The sidecar's `outside_delegates`: real kernel calls by operator (from the written .pte's plan), the
     bookkeeping nodes apart, and the constants stored both outside and inside the XNNPACK delegates."""
-    outside = read_outside_delegates(pte)
-    return {
-        "kernel_calls": outside.kernel_calls,
-        "kernels": dict(outside.kernels),
-        "bookkeeping": bookkeeping_counts(fallback_histogram),
-        "stored_twice": {
-            "bytes": outside.duplicated_bytes,
-            "tensors": [{"shape": list(item.shape), "bytes": item.nbytes} for item in outside.stored_twice],
-        },
-    }
+    return dataclasses.replace(read_outside_delegates(pte), bookkeeping=bookkeeping_counts(fallback_histogram))

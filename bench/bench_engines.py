@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
@@ -172,7 +173,10 @@ class Procs:
     """Processes this run started, each in a session of its own; stop() kills every tree."""
 
     def __init__(self, logdir: Path) -> None:
-        self.logdir, self.by_name, self.argvs, self.all = logdir, {}, {}, []
+        self.logdir = logdir
+        self.by_name: dict[str, subprocess.Popen] = {}
+        self.argvs: dict[str, tuple[list[str], dict[str, str] | None]] = {}  # to start it again
+        self.all: list[subprocess.Popen] = []
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         with open(self.logdir / f"{name}.log", "w") as log:
@@ -204,6 +208,12 @@ class Procs:
                 p.wait(timeout=10)
 
 
+def accepts(port: int) -> bool:
+    """A connection to 127.0.0.1:`port` opens (and is closed again); raises while nothing listens."""
+    socket.create_connection(("127.0.0.1", port), 1).close()
+    return True
+
+
 def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -215,19 +225,26 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 # ---------------------------------------------------------------- one engine = start, submit, result, stop
-class Engine:
+class Engine(ABC):
     name = ""
     needs = ""
 
     def __init__(self, work: Path) -> None:
         self.work, self.procs = work, Procs(work)
 
+    @abstractmethod
     def up(self) -> None: ...
+    @abstractmethod
     def down(self) -> None: ...
+    @abstractmethod
     def many(self, n: int) -> list[int]: ...
+    @abstractmethod
     def one(self) -> int: ...
+    @abstractmethod
     def placed(self, board: str | None) -> Callable[[float], str]: ...
+    @abstractmethod
     def slow(self, path: str) -> Callable[[float], str]: ...
+    @abstractmethod
     def workers(self) -> int: ...
 
 
@@ -249,7 +266,7 @@ class Dask(Engine):
             res = ["--resources", "board:a=1"] if w == "a" else []
             argv = f"worker {addr} --name {w} --nworkers 1 --nthreads 1 --host 127.0.0.1".split()
             self.procs.start(w, [str(BIN / "dask"), *argv, *http, *res], {"BENCH_ENGINES_WORKER": w})
-        wait_for(lambda: socket.create_connection(("127.0.0.1", port), 1).close() is None, 60, "dask scheduler")
+        wait_for(lambda: accepts(port), 60, "dask scheduler")
         self.client = Client(addr, timeout=60)
         self.client.wait_for_workers(2, timeout=60)
 
@@ -299,7 +316,7 @@ class Ray(Engine):
         self.procs.start(
             "head", [str(BIN / "ray"), *head, *common], {**fast, "RAY_health_check_failure_threshold": "5"}
         )
-        wait_for(lambda: socket.create_connection(("127.0.0.1", port), 1).close() is None, 90, "ray head")
+        wait_for(lambda: accepts(port), 90, "ray head")
         ray.init(address=f"127.0.0.1:{port}", log_to_driver=False, logging_level="ERROR")
         # One node after the other: two raylets starting at once on one host can pick the same free port
         # ("bind: Address already in use", seen in 1 of 3 runs); separate hosts do not share ports.
@@ -307,7 +324,11 @@ class Ray(Engine):
             res = ["--resources", json.dumps({"board:a": 1})] if w == "a" else []
             argv = ["start", "--address", f"127.0.0.1:{port}", "--num-cpus", "1", *res, *common]
             self.procs.start(w, [str(BIN / "ray"), *argv], {"BENCH_ENGINES_WORKER": w})
-            wait_for(lambda n=n: ray.cluster_resources().get("CPU", 0) >= n, 90, f"ray worker {w}")
+
+            def joined(n: int = n) -> bool:
+                return ray.cluster_resources().get("CPU", 0) >= n
+
+            wait_for(joined, 90, f"ray worker {w}")
         self.ray = ray
         self.r_noop, self.r_where, self.r_slow = (
             ray.remote(num_cpus=1)(f) for f in (noop, where, slow_with_side_effect)
@@ -361,7 +382,7 @@ class CeleryRedis(Engine):
                 "yes",
             ],
         )
-        wait_for(lambda: socket.create_connection(("127.0.0.1", port), 1).close() is None, 30, "redis")
+        wait_for(lambda: accepts(port), 30, "redis")
         env = {"BENCH_ENGINES_CELERY_PORT": str(port), "PYTHONPATH": str(HERE)}
         for w in "ab":
             queues = "board.a,celery" if w == "a" else "celery"
@@ -519,7 +540,7 @@ def norm(name: str) -> str:
 
 def dist_bytes(name: str) -> int:
     files = md.distribution(name).files or []
-    return sum(f.locate().stat().st_size for f in files if Path(f.locate()).is_file())
+    return sum(Path(f.locate()).stat().st_size for f in files if Path(f.locate()).is_file())
 
 
 def closure(roots: list[str]) -> set[str]:

@@ -31,10 +31,8 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
-sys.path.insert(0, str(PROJECT_ROOT / "bench"))
 
-from bench_transfer import fanout_job  # noqa: E402
-
+from bench.bench_transfer import fanout_job  # noqa: E402
 from orchestrator import console  # noqa: E402
 from orchestrator.boards import labgrid  # noqa: E402
 from orchestrator.boards.fanout import exit_code, fan_out  # noqa: E402
@@ -82,7 +80,9 @@ def main() -> None:
         first = time.perf_counter() - started
         run(plain[:1], fanout_job(work, "warm", 0))
 
-        hold, on_place, on_plain = [], [], []
+        hold: list[float] = []
+        on_place: list[float] = []
+        on_plain: list[float] = []
         for n in range(args.rounds):
             pair = [("place", places[:1], on_place), ("plain", plain[:1], on_plain)]
             for label, boards, sink in pair if n % 2 == 0 else reversed(pair):
@@ -91,7 +91,8 @@ def main() -> None:
 
         fan: dict[str, tuple[float, float]] = {}
         for label, boards in (("places", places), ("plain boards", plain)):
-            single, many = [], []
+            single: list[float] = []
+            many: list[float] = []
             tag = label.replace(" ", "-")  # the job puts it in a shell command unquoted
             for n in range(args.fanout_rounds):
                 single.append(run(boards[:1], fanout_job(work, f"f{n}-{tag}-1", 0.5)))
@@ -111,8 +112,8 @@ def main() -> None:
         ("board job on a place (s)", statistics.median(on_place), statistics.median(on_plain), overhead, "< 0.5 s"),
         ("first job of a process, session opened (s)", first, None, None, "—"),
     ]  # fmt: skip
-    for label, (many, single) in fan.items():
-        rows.append((f"fan-out, run busy 0.5 s, {args.boards} {label} vs 1 (s)", many, single, many / single, "—"))
+    for label, (on_all, on_one) in fan.items():
+        rows.append((f"fan-out, run busy 0.5 s, {args.boards} {label} vs 1 (s)", on_all, on_one, on_all / on_one, "—"))
     columns = ["measure", "labgrid", "plain SSH / one", "difference / ratio", "target"]
     console.table("labgrid reserve + lock + release (loopback coordinator and sshd)", columns, rows)
 

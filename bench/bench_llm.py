@@ -264,11 +264,11 @@ def llama_build(python: Path | None) -> str:
 def lowered(spec: ModelSpec, variant: str, attention: str | None = None) -> tuple[Path, int, int]:
     """The spec lowered (cached in artifacts/): the .pte, its KV cache's bytes and context."""
     from orchestrator.lowering.artifacts import load_artifact
-    from orchestrator.lowering.attention.choice import with_attention
     from orchestrator.lowering.export import lower as lowering
+    from orchestrator.lowering.program_name import with_
 
     if attention is not None:  # `--attention etlab|sdpa`: the other program is lowered under its own name
-        spec = with_attention(spec, attention)
+        spec = with_(spec, attention=attention)
     lowering.lower(spec, variants=[Variant.parse(variant)], weights="random", jobs=1)
     artifact = load_artifact(spec.name, Variant.parse(variant))
     generation = artifact.sidecar.generation

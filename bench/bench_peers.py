@@ -45,7 +45,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -55,6 +55,7 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from bench.bench_quantize import cpu_description, load_average, local_board_runner  # noqa: E402
 from orchestrator import console  # noqa: E402
 from orchestrator.lowering.builtins import BUILTIN_SPECS  # noqa: E402
+from orchestrator.lowering.program_name import program_name  # noqa: E402
 from orchestrator.lowering.rewrites.registry import REWRITES, RewriteRequest, parse_rewrites  # noqa: E402
 from orchestrator.lowering.variants import Variant  # noqa: E402
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors  # noqa: E402
@@ -202,7 +203,7 @@ def ort_run(
 ) -> Any:
     """peers_ort.py, one process per round (under `prefix`: the AMX denier or nothing)."""
     feed = path.parent / "inputs.npz"
-    np.savez(feed, **inputs)
+    np.savez(feed, **cast("dict[str, Any]", inputs))  # the cast: mypy would match the arrays against allow_pickle
     tag = ("spin" if spinning else "nospin") + ("-noamx" if prefix else "")
     command = [*prefix, sys.executable, str(ORT_SCRIPT), str(path), str(feed), str(path.with_suffix(f".{tag}.npz")),
                str(args.threads), str(args.warmup), str(args.iterations), "1" if spinning else "0"]  # fmt: skip
@@ -245,7 +246,8 @@ def litert_run(
     folder = work / "litert" / pt2.stem.removesuffix("_exported")
     folder.mkdir(parents=True, exist_ok=True)
     inputs = folder / "inputs.npz"
-    np.savez(inputs, **arrays)  # in the module's order: LiteRT's signature names them args_0, args_1, ...
+    # in the module's order: LiteRT's signature names them args_0, args_1, ... (the cast: as in ort_run)
+    np.savez(inputs, **cast("dict[str, Any]", arrays))
     model = folder / f"model.{precision}.tflite"
     how = "int8-static" if precision == "int8" and static else precision
     if not model.is_file():
@@ -321,7 +323,7 @@ def programs_of(name: str, args: argparse.Namespace, runner: Path) -> tuple[list
     if "advised" in args.engines:
         for precision, backend in (("fp32", "xnnpack"), ("int8", int8)):
             request = requests[precision]
-            advised = request.program_name(spec)
+            advised = program_name(spec, request)
             if advised == name:
                 continue
             try:

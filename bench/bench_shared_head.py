@@ -77,10 +77,10 @@ def main() -> int:
     for label, (pte, _) in built.items():
         per_round = ", ".join(f"{s:.1f}" for s in speeds[label])
         print(f"| {label} | {pte.stat().st_size / 1e6:.2f} | {statistics.median(speeds[label]):.1f} | {per_round} |")
-    for bits in {label.split("-")[0] for label in labels}:
-        shared, unshared = ids[f"{bits}-bit table, head shared"], ids[f"{bits}-bit table, head unshared"]
+    for width in {label.split("-")[0] for label in labels}:  # "4", "8": the labels' bits
+        shared, unshared = ids[f"{width}-bit table, head shared"], ids[f"{width}-bit table, head unshared"]
         same = sum(a == b for a, b in zip(shared, unshared, strict=True))
-        print(f"{bits}-bit: shared and unshared programs' ids agree at {same}/{len(shared)} positions")
+        print(f"{width}-bit: shared and unshared programs' ids agree at {same}/{len(shared)} positions")
     return 0
 
 

@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -108,12 +109,12 @@ def bench_bulk(lab: SshdLab, size_mib: int, rounds: int) -> list[tuple[str, floa
     for number in range(rounds):
         scp_target, scp_dest = fake.workdir_path / f"scp{number}.bin", pulled / "scp"
         transfers: dict[str, Callable[[], object]] = {
-            "push": lambda n=number: ours_push(f"round{n}", "auto"),
-            "push (paramiko only)": lambda n=number: ours_push(f"round{n}-paramiko", "paramiko"),
-            "scp push": lambda t=scp_target: scp(fake, str(payload), f"root@{fake.address}:{t}"),
-            "pull": lambda n=number: ours_pull(pulled / f"ours{n}", "auto"),
-            "pull (paramiko only)": lambda n=number: ours_pull(pulled / f"ours{n}-paramiko", "paramiko"),
-            "scp pull": lambda d=scp_dest: scp(fake, remote_file, str(d)),
+            "push": partial(ours_push, f"round{number}", "auto"),
+            "push (paramiko only)": partial(ours_push, f"round{number}-paramiko", "paramiko"),
+            "scp push": partial(scp, fake, str(payload), f"root@{fake.address}:{scp_target}"),
+            "pull": partial(ours_pull, pulled / f"ours{number}", "auto"),
+            "pull (paramiko only)": partial(ours_pull, pulled / f"ours{number}-paramiko", "paramiko"),
+            "scp pull": partial(scp, fake, remote_file, str(scp_dest)),
         }
         # The order rotates every round, and each transfer starts with no dirty pages left by the one before:
         # otherwise whoever goes second pays for the first one's disk writeback.
@@ -189,7 +190,8 @@ def bench_fanout(lab: SshdLab, count: int, rounds: int, remote_seconds: float) -
     fakes = [lab.board(f"fan{i}-{remote_seconds}") for i in range(count)]
     root = lab.root / f"fanout-{remote_seconds}"
     root.mkdir()
-    single, many = [], []
+    single: list[float] = []
+    many: list[float] = []
     client_cpu, jobs = 0.0, 0
     for round_number in range(rounds + 1):  # round 0 pins host keys and warms up; not counted
         for label, boards, sink in (("one", fakes[:1], single), ("all", fakes, many)):
@@ -233,7 +235,7 @@ def main() -> None:
         lab.close()
         shutil.rmtree(lab.root, ignore_errors=True)
 
-    rows = [
+    rows: list[tuple[str, float, float | None, float | None, str]] = [
         (f"{name} {args.size_mib} MiB (MiB/s, median of {args.rounds})", ours, theirs, ratio, ">= 0.95 x scp")
         for name, ours, theirs, ratio in bulk
     ]

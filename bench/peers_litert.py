@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,9 @@ def time_model(model: Path, inputs: Path, outputs: Path, threads: int, warmup: i
         times.append((time.perf_counter() - started) * 1000.0)
     out_details = runner.get_output_details()
     ordered = sorted(result, key=_index)
-    np.savez(outputs, **{f"output_{i}": from_output(result[key], out_details[key]) for i, key in enumerate(ordered)})
+    # Any: mypy would match the arrays against savez's allow_pickle too
+    named: dict[str, Any] = {f"output_{i}": from_output(result[key], out_details[key]) for i, key in enumerate(ordered)}
+    np.savez(outputs, **named)
     print(json.dumps(times))
 
 

@@ -3,7 +3,7 @@ the advisor proposes etlab's attention for, attending so: `--attention`), check 
 exported computes, and measure the gain on a board with the interleaved A/B re-test (deploy/abtest.py); a
 text-generation program's runs are its generate loop on the reference prompt, as a profile's are.
 
-Each variant lives under its own name (rewrites/registry.py `program_name`), beside the model as exported: both stay
+Each variant lives under its own name (lowering/program_name.py), beside the model as exported: both stay
 cached. The outputs check compares the variant's eager reference outputs with the original's (the rewrite changes
 the model, not the lowering: the lowering is checked on the board by every run); `head-at-position` turns
 [B, S, V] logits into [B, V], compared with the original's row at the position the rewrite keeps.
@@ -12,7 +12,7 @@ the model, not the lowering: the lowering is checked on the board by every run);
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +25,9 @@ from orchestrator.deploy.agent_client import GenerateArgs
 from orchestrator.deploy.provision import quick_check, setup_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode
-from orchestrator.lowering.attention.choice import DEFAULT_ATTENTION, attention_of, with_attention
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweredVariant
+from orchestrator.lowering.program_name import program_name, with_
 from orchestrator.lowering.rewrites.registry import REWRITES, RewriteRequest, without_superseded
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
@@ -269,19 +269,15 @@ def _lower(
     spec: ModelSpec, variant: Variant, request: RewriteRequest, weights: str, root: Path | None, jobs: int | None
 ) -> tuple[LoweredVariant, Path, Path]:
     """The program of `spec` with `request`'s rewrites (cached), and its reference inputs and outputs files."""
-    named = request.program_spec(spec)
+    named = with_(spec, rewrites=request)
     result = lowering.lower(named, variants=[variant], weights=weights, root=root, jobs=jobs, rewrites=request)
     return result.variants[variant], result.paths.reference_inputs, result.paths.reference_outputs
 
 
 def attention_twin(spec: ModelSpec, attention: str) -> ModelSpec:
-    """The same model attending with `attention`. A program `--attention` named after its choice
-    (`smollm2-gen-tiny.sdpa`) has its twin under the base name, with the default left implicit, as the built-in
-    spec is lowered (the same cached program); any other spec gets `with_attention`'s own name."""
-    base, dot, suffix = spec.name.rpartition(".")
-    if dot and suffix == attention_of(spec) and attention != suffix:
-        return replace(spec.with_options(attention=None if attention == DEFAULT_ATTENTION else attention), name=base)
-    return with_attention(spec, attention)
+    """The same model attending with `attention`, under the name program_name.py gives it (`x.sdpa`; a program named
+    after its attention has its twin with the default under the base name, as the built-in spec is lowered)."""
+    return with_(spec, attention=attention)
 
 
 def _generate(sidecar: Sidecar, params: RunParams) -> GenerateArgs | None:
@@ -341,7 +337,7 @@ def try_rewrites(
         else [(spec, RewriteRequest(names=names)) for names in variant_sets(rewrites, each)]
     )  # fmt: skip
     for program_spec, request in candidates:
-        name = request.program_name(program_spec)
+        name = program_name(program_spec, request)
         program, _, outputs_file = _lower(program_spec, variant, request, weights, root, jobs)
         applied = program.sidecar.applied_rewrites
         if program.sidecar.reference_inputs_sha256 != original.sidecar.reference_inputs_sha256:

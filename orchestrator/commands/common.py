@@ -18,9 +18,10 @@ from orchestrator.config import did_you_mean
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ArtifactError, UsageError
 from orchestrator.lowering.artifacts import Artifact, MissingArtifact, load_artifact
-from orchestrator.lowering.attention.choice import ATTENTIONS, with_attention
+from orchestrator.lowering.attention.choice import ATTENTIONS
 from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
 from orchestrator.lowering.lowered import recorded_rewrites
+from orchestrator.lowering.program_name import program_name, with_
 from orchestrator.lowering.quantize.calibration import CalibrationError
 from orchestrator.lowering.rewrites.registry import (
     RewriteNotFound,
@@ -155,7 +156,7 @@ def rewrite_request(value: Any, target: ModelSpec | Artifact) -> RewriteRequest:
     not lower): a RewriteRequest, or UsageError naming the option (an unknown name, one that does not apply).
 
     A rewritten program found by its artifacts (`--model gpt2-tiny.tanh-gelu`) gets the rewrites its sidecar
-    records: it is lowered again only with them, under its own name (`RewriteRequest.program_spec`).
+    records: it is lowered again only with them, under its own name (program_name.py).
     """
     try:
         request = parse_rewrites(str(value))
@@ -168,7 +169,7 @@ def rewrite_request(value: Any, target: ModelSpec | Artifact) -> RewriteRequest:
     if not isinstance(target, ModelSpec) or target.name in BUILTIN_SPECS:
         return request
     recorded = recorded_rewrites(target.name)
-    if recorded and RewriteRequest(names=recorded).program_name(target) == target.name:
+    if recorded and program_name(target, RewriteRequest(names=recorded)) == target.name:
         if request not in (RewriteRequest(), RewriteRequest(names=recorded)) and request.resolve(target) != recorded:
             raise UsageError(
                 f"--rewrites {value}: {target.name} is a rewritten program, lowered with {', '.join(recorded)}",
@@ -259,7 +260,7 @@ def context_specs(
                 f"--context {context}: {target.name}'s prompt of {target.seq_len} tokens and {tokens} new ones need "
                 f"{target.seq_len + tokens} positions"
             )
-    return [target.with_context(context) for context in dict.fromkeys(contexts)]
+    return [with_(target, context=context) for context in dict.fromkeys(contexts)]
 
 
 @overload
@@ -279,7 +280,7 @@ def attention_spec(value: Any, target: ModelSpec | Artifact) -> ModelSpec | Arti
         raise UsageError(f"--attention: {target.model} is a program of your own, lowered as you exported it")
     if not target.generates or not hasattr(target.options, "attention"):
         raise UsageError(f"--attention: {target.name} is not a text-generation model (it has no KV cache)")
-    return with_attention(target, str(value))
+    return with_(target, attention=str(value))
 
 
 def check_generation(artifacts: Iterable[Artifact], params: RunParams) -> None:

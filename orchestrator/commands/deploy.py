@@ -36,6 +36,7 @@ from orchestrator.errors import AnalysisError, ExitCode, combined_exit_code, fai
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.export import lower as lowerer
 from orchestrator.lowering.export.user_programs import reference_outputs_of
+from orchestrator.lowering.program_name import with_
 from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
@@ -106,7 +107,7 @@ def deploy_and_profile(
     checked = lowering or LoweringOptions("auto", None, None)
     jobs, paths = [], []
     for each in contexts or [spec]:
-        each = rewrites.program_spec(each)  # a rewritten program under its own name, beside the model as exported
+        each = with_(each, rewrites=rewrites)  # a rewritten program under its own name, beside the model as exported
         with naming_calibration(), naming_rewrites(rewrites):
             lowered = lowerer.lower(
                 each,

@@ -15,6 +15,7 @@ from orchestrator.commands.common import (
 from orchestrator.commands.programs import lower_exported_task
 from orchestrator.commands.render_lowering import print_lowering
 from orchestrator.lowering.export import lower as lowering
+from orchestrator.lowering.program_name import with_
 
 
 def lower(
@@ -54,7 +55,7 @@ def lower(
     for each in context_specs(context, target):  # one program per KV cache size (`--context`)
         with naming_calibration(), naming_rewrites(rewrites):
             result = lowering.lower(
-                request.program_spec(each),  # a rewritten program under its own name, beside the model as exported
+                with_(each, rewrites=request),  # a rewritten program under its own name, beside the model as exported
                 variants=chosen,
                 weights=checked.weights,
                 etrecord=etrecord,

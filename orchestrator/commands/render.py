@@ -5,6 +5,7 @@ render_advice.py (findings)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from orchestrator import console, paths
 from orchestrator.commands.render_deploy import print_degraded
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
+from orchestrator.lowering.program_name import ProgramName
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.context_scaling import context_rows, write_plot
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
@@ -382,7 +384,7 @@ def print_context_scaling(cells: Sequence[CellOutcome], results_root: Path | Non
         ],
         caption="each context is its own program (its KV cache is planned memory); same prompt and new tokens",
     )
-    base = rows[0].model.split(".ctx")[0]
+    base = str(dataclasses.replace(ProgramName.parse(rows[0].model), context=None))
     plot = write_plot(rows, results_root or paths.results_dir(), base)
     if plot is not None:
         console.info(f"plot: {short_path(plot)}")

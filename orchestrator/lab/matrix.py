@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from yaml.nodes import Node
+from yaml.nodes import Node, ScalarNode, SequenceNode
 
 from orchestrator import paths
 from orchestrator.boards.inventory import Board, Inventory
@@ -20,6 +20,7 @@ from orchestrator.config import (
     Invalid,
     boolean,
     choice,
+    describe,
     integer,
     is_null,
     names,
@@ -33,7 +34,9 @@ from orchestrator.deploy.limits import MAX_COUNT, MAX_SECONDS, MAX_THREADS
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, InventoryError, first_line
 from orchestrator.lab.history_url import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
+from orchestrator.lowering.attention.choice import ATTENTIONS
 from orchestrator.lowering.builtins import resolve_spec
+from orchestrator.lowering.program_name import program_name, with_
 from orchestrator.lowering.rewrites.registry import (
     NO_REWRITES,
     RewriteRequest,
@@ -41,7 +44,7 @@ from orchestrator.lowering.rewrites.registry import (
     not_applying,
     parse_rewrites,
 )
-from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.spec import MAX_CONTEXT, ModelSpec
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, Variant, combine, parse_schemes
 from orchestrator.lowering.weights import WEIGHT_MODES
 from orchestrator.results.stats import DEFAULT_MIN_EFFECT
@@ -63,6 +66,13 @@ class MatrixEntry:
     params: RunParams
     rewrites: RewriteRequest = NO_REWRITES  # for its models (rewrites/): none, the models as exported
     advised: bool = False  # each model as exported too, beside its rewritten program (`rewrites`, else auto)
+    attention: str | None = None  # text-generation models attending so (attention/choice.py), else their own
+    contexts: tuple[int, ...] = ()  # text-generation models with each of these KV cache sizes, else their own
+
+    def chosen(self, spec: ModelSpec) -> list[ModelSpec]:
+        """The model's programs before rewrites: with the entry's attention, at each of its contexts."""
+        base = with_(spec, attention=self.attention) if self.attention is not None else spec
+        return [with_(base, context=context) for context in self.contexts] or [base]
 
     @property
     def request(self) -> RewriteRequest:
@@ -70,14 +80,17 @@ class MatrixEntry:
         return self.rewrites if self.rewrites != NO_REWRITES or not self.advised else RewriteRequest(auto=True)
 
     def programs(self) -> list[tuple[ModelSpec, RewriteRequest]]:
-        """The programs the entry lowers and profiles, each under its own name (rewrites/registry.py `program_name`),
+        """The programs the entry lowers and profiles, each under its own name (lowering/program_name.py),
         with the rewrites it is lowered with: the models as exported (`advised`), then each with its rewrites."""
-        rewritten = [(self.request.program_spec(spec), self.request) for spec in self.models]
-        return [(spec, NO_REWRITES) for spec in self.models] + rewritten if self.advised else rewritten
+        models = [program for spec in self.models for program in self.chosen(spec)]
+        rewritten = [(with_(spec, rewrites=self.request), self.request) for spec in models]
+        return [(spec, NO_REWRITES) for spec in models] + rewritten if self.advised else rewritten
 
     def advised_pairs(self) -> list[tuple[str, str]]:
         """(as exported, advised) program names of an `advised` entry, for the report's side by side."""
-        return [(spec.name, self.request.program_name(spec)) for spec in self.models] if self.advised else []
+        if not self.advised:
+            return []
+        return [(p.name, program_name(p, self.request)) for spec in self.models for p in self.chosen(spec)]
 
 
 @dataclass(frozen=True)
@@ -155,8 +168,24 @@ _ENTRY_FIELDS: dict[str, Check] = {
     "tags": names,
     "rewrites": names,  # auto, none, or names of rewrites.REWRITES (as `--rewrites`)
     "advised": boolean,  # the models as exported and with their rewrites (`rewrites`, else auto)
+    "attention": choice(ATTENTIONS),  # text-generation models only (as `--attention`)
+    "context": lambda node, field: _contexts(node, field),  # KV cache sizes, text-generation models (`--context`)
     **_RUN_FIELDS,
 }
+
+
+def _contexts(node: Node, _field: str) -> tuple[int, ...]:
+    """A KV cache size, or a list of them (as `--context 128,1024`)."""
+    items = node.value if isinstance(node, SequenceNode) else [node]
+    if not items:
+        raise Invalid(f"expected a KV cache size or a list of them, got {describe(node)}")
+    check = integer(2, MAX_CONTEXT)
+    found = []
+    for item in items:
+        if not isinstance(item, ScalarNode):
+            raise Invalid(f"expected a KV cache size (an integer 2-{MAX_CONTEXT}), got {describe(item)}")
+        found.append(check(item, _field))
+    return tuple(dict.fromkeys(found))
 
 
 def load_config(inventory: Inventory) -> NightlyConfig:
@@ -234,6 +263,19 @@ def _entry(
         for problem in not_applying(rewrites, spec):
             checker.error(at, f"{where}.rewrites", problem)
     advised = found.get("advised", False) is True
+    attention, contexts = found.get("attention"), tuple(found.get("context", ()))
+    for key, given in (("attention", attention is not None), ("context", bool(contexts))):
+        for spec in models if given else ():
+            takes = spec.generates and (key == "context" or hasattr(spec.options, "attention"))
+            if not takes:
+                checker.error(_key_value(node, key) or node, f"{where}.{key}",
+                              f"{spec.name} is not a text-generation model (it has no KV cache)")  # fmt: skip
+    for spec in models if contexts else ():
+        for context in contexts:
+            if spec.generates and spec.seq_len + spec.new_tokens > context:
+                checker.error(_key_value(node, "context") or node, f"{where}.context",
+                              f"{context}: {spec.name}'s prompt of {spec.seq_len} tokens and {spec.new_tokens} new "
+                              f"ones need {spec.seq_len + spec.new_tokens} positions")  # fmt: skip
     if advised:
         asked = MatrixEntry((), (), (), RunParams(), rewrites, advised).request
         for spec in models:
@@ -273,7 +315,7 @@ def _entry(
     params = RunParams(**{**defaults, **{key: found[key] for key in _RUN_FIELDS if key in found}})
     # Quantized programs are XNNPACK programs: each scheme is a cell of its own, named as the CLI names it.
     variants = combine([Variant.parse(name) for name in found["backends"]], parse_schemes(found.get("quantize", ())))
-    return MatrixEntry(tuple(models), variants, tuple(selected), params, rewrites, advised)
+    return MatrixEntry(tuple(models), variants, tuple(selected), params, rewrites, advised, attention, contexts)
 
 
 def _one_program(

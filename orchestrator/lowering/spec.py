@@ -260,13 +260,6 @@ class ModelSpec:
         wanted = self.max_prompt_len or max(self.seq_len, DEFAULT_PROMPT_CAPACITY)
         return min(self.cache_capacity - 1, wanted)  # a --context below the spec's capacity bounds it
 
-    def with_context(self, context: int) -> ModelSpec:
-        """The same model with a KV cache of `context` positions: another program, under its own name
-        (`smollm2-135m-gen.ctx1024`) unless it is the spec's own context."""
-        if context == self.cache_capacity:
-            return self
-        return replace(self, context=context, name=f"{self.name}.ctx{context}")
-
     def with_options(self, **changes: Any) -> ModelSpec:
         """The same spec with some of its options changed."""
         return replace(self, options=replace(self.options, **changes))

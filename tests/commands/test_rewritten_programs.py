@@ -1,4 +1,4 @@
-"""A rewritten program under its own name (rewrites/registry.py `program_name`) at the
+"""A rewritten program under its own name (lowering/program_name.py) at the
 edges: `fab lower` with and without
 `--rewrites` leaves both programs side by side, and `fab deploy-and-profile --model <the rewritten program>` finds
 it by its artifacts and lowers it only with the rewrites its sidecar records (a cache hit, nothing lowered).
@@ -17,6 +17,7 @@ from orchestrator.boards.inventory import Board
 from orchestrator.commands.common import model_spec, rewrite_request
 from orchestrator.errors import UsageError
 from orchestrator.lowering.artifacts import load_artifact
+from orchestrator.lowering.program_name import with_
 from orchestrator.lowering.rewrites.registry import RewriteRequest
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -56,7 +57,7 @@ def test_rewritten_program_lives_beside_the_model_and_keeps_its_rewrites(
     target = model_spec(REWRITTEN, None)
     assert target.name == REWRITTEN and target.model_type == "gpt2"
     request = rewrite_request("none", target)
-    assert request == RewriteRequest(names=ALL_THREE) and request.program_spec(target) == target
+    assert request == RewriteRequest(names=ALL_THREE) and with_(target, rewrites=request) == target
     assert rewrite_request("auto", target) == request  # the same set, asked again
     with pytest.raises(UsageError, match=rf"--rewrites tanh-gelu: {REWRITTEN} is a rewritten program, lowered with"):
         rewrite_request("tanh-gelu", target)

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from orchestrator.errors import SpecError
-from orchestrator.lowering.attention.choice import ETLAB, SDPA, attention_of, with_attention
+from orchestrator.lowering.attention.choice import ETLAB, SDPA, attention_of
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import generation
+from orchestrator.lowering.program_name import with_
 from orchestrator.lowering.rewrites.huggingface import has_sdpa_attention
 from orchestrator.lowering.sources.build.models import load_model
 from orchestrator.lowering.spec import GENERATION_TASK, load_spec_file
@@ -145,10 +146,11 @@ def test_sdpa_keeps_transformers_static_cache_program(tmp_path: Path) -> None:
 def test_the_default_is_etlab_and_the_other_choice_is_another_program() -> None:
     spec = BUILTIN_SPECS["smollm2-gen-tiny"]
     assert attention_of(spec) == ETLAB
-    other = with_attention(spec, SDPA)
+    other = with_(spec, attention=SDPA)
     assert other.name == "smollm2-gen-tiny.sdpa" and attention_of(other) == SDPA
     assert other.identity() != spec.identity()
-    assert with_attention(spec, ETLAB) is spec
+    assert with_(spec, attention=ETLAB) is spec
+    assert with_(other, attention=ETLAB) == spec  # its twin with the default: the built-in program itself
     assert attention_of(BUILTIN_SPECS["smollm2-tiny"]) is None  # a causal LM without a cache: no choice
     # A spec without the field records as before: no source_options appear for it.
     assert "source_options" not in spec.to_dict() and other.to_dict()["source_options"] == {"attention": SDPA}

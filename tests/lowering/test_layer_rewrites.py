@@ -12,14 +12,15 @@ from __future__ import annotations
 import copy
 import importlib
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.program_name import with_
 from orchestrator.lowering.rewrites.huggingface import bmm_attention, has_matmul_attention
 from orchestrator.lowering.rewrites.layers import (
     averaging,
@@ -216,7 +217,7 @@ def test_conv1d_as_2d_lets_int8_dynamic_quantize_the_convolutions(tmp_path: Path
     counts = {}
     for names in (("fold-weight-norm",), ("fold-weight-norm", "conv1d-as-2d")):
         request = RewriteRequest(names=names)
-        result = lowering.lower(request.program_spec(spec), variants=[variant], weights="random", root=tmp_path,
+        result = lowering.lower(with_(spec, rewrites=request), variants=[variant], weights="random", root=tmp_path,
                                 rewrites=request)  # fmt: skip
         sidecar = result.variants[variant].sidecar
         assert sidecar.applied_rewrites == names

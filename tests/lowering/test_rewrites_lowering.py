@@ -17,6 +17,7 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import cache
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweringResult
+from orchestrator.lowering.program_name import program_name, with_
 from orchestrator.lowering.rewrites.registry import NO_REWRITES, parse_rewrites
 from orchestrator.lowering.sidecar import sidecar_data, sidecar_from_data
 from orchestrator.lowering.variants import VARIANTS
@@ -81,17 +82,17 @@ def test_rewrites_option_is_checked_at_the_edge() -> None:
 def test_a_rewritten_program_has_its_own_name() -> None:
     gpt2, distilbert = BUILTIN_SPECS["gpt2-tiny"], BUILTIN_SPECS["distilbert-tiny"]
     auto = parse_rewrites("auto")
-    assert auto.program_name(gpt2) == "gpt2-tiny.tanh-gelu.bmm-attention.head-at-position"
-    assert auto.program_name(distilbert) == "distilbert-tiny.bmm-attention.head-at-position"
+    assert program_name(gpt2, auto) == "gpt2-tiny.tanh-gelu.bmm-attention.head-at-position"
+    assert program_name(distilbert, auto) == "distilbert-tiny.bmm-attention.head-at-position"
     # In REWRITES order whatever the order asked; none, or nothing that resolves, keeps the model's own name.
-    assert parse_rewrites("head-at-position,tanh-gelu").program_name(gpt2) == "gpt2-tiny.tanh-gelu.head-at-position"
-    assert NO_REWRITES.program_name(gpt2) == "gpt2-tiny" and NO_REWRITES.program_spec(gpt2) is gpt2
-    assert auto.program_spec(gpt2) == dataclasses.replace(gpt2, name=auto.program_name(gpt2))
-    assert auto.program_spec(auto.program_spec(gpt2)) == auto.program_spec(gpt2)  # never renamed twice
+    assert program_name(gpt2, parse_rewrites("head-at-position,tanh-gelu")) == "gpt2-tiny.tanh-gelu.head-at-position"
+    assert program_name(gpt2, NO_REWRITES) == "gpt2-tiny" and with_(gpt2, rewrites=NO_REWRITES) is gpt2
+    assert with_(gpt2, rewrites=auto) == dataclasses.replace(gpt2, name=program_name(gpt2, auto))
+    assert with_(with_(gpt2, rewrites=auto), rewrites=auto) == with_(gpt2, rewrites=auto)  # never renamed twice
     # Past the name rule's 64 characters: a short form, stable, and distinct per set of rewrites.
     long = dataclasses.replace(gpt2, name="a-gpt2-whose-name-is-long-enough-to-go-past-the-rule")
-    short = auto.program_name(long)
-    assert is_valid_name(short) and short == auto.program_name(long)
+    short = program_name(long, auto)
+    assert is_valid_name(short) and short == program_name(long, auto)
     assert re.fullmatch(re.escape(long.name[:48]) + r"\.rw-[0-9a-f]{8}", short)
-    assert parse_rewrites("tanh-gelu,eager-attention").program_name(long) not in (short, long.name)
-    assert auto.program_name(auto.program_spec(long)) == short
+    assert program_name(long, parse_rewrites("tanh-gelu,eager-attention")) not in (short, long.name)
+    assert program_name(with_(long, rewrites=auto), auto) == short

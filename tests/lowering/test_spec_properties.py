@@ -131,7 +131,8 @@ FAMILY_TASKS = {
     "whisper": ("speech-encoder",),
 }
 _IDS = ("input_ids", "attention_mask")
-FAMILY_INPUTS: dict[str, list[tuple[tuple[str, ...], list[int]]]] = {  # declared inputs of the right kind (the batch or the sizes perhaps not the spec's)
+# declared inputs of the right kind (the batch or the sizes perhaps not the spec's): their names, the shape
+FAMILY_INPUTS: dict[str, list[tuple[tuple[str, ...], list[int]]]] = {
     "bert": [(_IDS, [2, 16]), ((*_IDS, "token_type_ids"), [1, 8])],
     "llama": [(_IDS, [2, 16])],
     "vit": [(("pixel_values",), [2, 3, 32, 32]), (("pixel_values",), [1, 3, 16, 16])],
@@ -233,7 +234,9 @@ def etlt_arrays(draw: st.DrawFn) -> dict[str, np.ndarray]:
     if draw(st.booleans()):
         samples, seq = draw(st.integers(1, 4)), draw(st.integers(1, 10))
         ids = np.array(draw(st.lists(st.integers(0, 199), min_size=samples * seq, max_size=samples * seq)))
-        arrays: dict[str, np.ndarray] = {"input_ids": ids.reshape(samples, seq).astype(draw(st.sampled_from([np.int64, np.int32])))}
+        arrays: dict[str, np.ndarray] = {
+            "input_ids": ids.reshape(samples, seq).astype(draw(st.sampled_from([np.int64, np.int32])))
+        }
         if draw(st.booleans()):
             lengths = draw(st.lists(st.integers(1, seq), min_size=samples, max_size=samples))
             arrays["attention_mask"] = (np.arange(seq)[None, :] < np.array(lengths)[:, None]).astype(np.int64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,6 +22,9 @@ from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.browser import SCREENSHOTS
 from tests.plugins.dashboard import EVIL, EVIL_BOARD, LAB_BOARD, RUN_IDS, DashboardLab
 from tests.plugins.explorer import free_port
+
+if TYPE_CHECKING:
+    from playwright.sync_api import ConsoleMessage, Dialog
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +43,17 @@ class Watched:
     def __init__(self, page: Any) -> None:
         self.page = page
         self.problems: list[str] = []
-        page.on("console", lambda message: message.type == "error" and self.problems.append(message.text))
+        page.on("console", self._console)
         page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
-        page.on("dialog", lambda dialog: (self.problems.append(f"dialog: {dialog.message}"), dialog.dismiss()))
+        page.on("dialog", self._dialog)
+
+    def _console(self, message: ConsoleMessage) -> None:
+        if message.type == "error":
+            self.problems.append(message.text)
+
+    def _dialog(self, dialog: Dialog) -> None:
+        self.problems.append(f"dialog: {dialog.message}")
+        dialog.dismiss()
 
     def open(self, url: str) -> Any:
         response = self.page.goto(url)

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -23,6 +23,9 @@ from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.browser import SCREENSHOTS
 from tests.plugins.dashboard import LAB_BOARD, pulled_run
 from tests.plugins.explorer import free_port
+
+if TYPE_CHECKING:
+    from playwright.sync_api import ConsoleMessage
 
 XNNPACK, PORTABLE, OLD = "20261201T020000Z-00x111", "20261201T030000Z-00p222", "20261201T040000Z-00o333"
 MARKUP = "20261201T050000Z-00m444"
@@ -66,7 +69,12 @@ def modules_lab(
 
 def opened(page: Any, url: str) -> list[str]:
     problems: list[str] = []
-    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            problems.append(message.text)
+
+    page.on("console", on_console)
     page.on("pageerror", lambda error: problems.append(f"uncaught: {error}"))
     page.goto(url)
     page.wait_for_load_state("load")

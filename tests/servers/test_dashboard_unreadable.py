@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -25,6 +25,9 @@ from orchestrator.servers.dashboard.app import DashboardServer, Sources, start_d
 from tests.plugins.analysis import HUGE_INTEGER, NESTING_BOMB, BundleCase, copy_bundle, plant_json
 from tests.plugins.dashboard import LAB_BOARD, pulled_run
 from tests.plugins.explorer import free_port
+
+if TYPE_CHECKING:
+    from playwright.sync_api import ConsoleMessage
 
 NOT_ANALYSED = "20261203T000000Z-000aaa"
 # run id -> (file under the run, field, raw JSON, what its page must say); each run analysed, then planted.
@@ -133,13 +136,18 @@ def test_the_static_export_completes_and_every_page_says_why(lab: Path, tmp_path
         page = (site / f"run-{run_id}.html").read_text()
         assert says(page, text), (run_id, text)
         strict_page_data(page)
-    for page in site.glob("*.html"):  # the overview and the comparisons too
-        strict_page_data(page.read_text())
+    for html_file in site.glob("*.html"):  # the overview and the comparisons too
+        strict_page_data(html_file.read_text())
 
 
 def test_the_page_of_a_run_not_analysed_loads_in_chromium(server: DashboardServer, browser_page: Any) -> None:
     problems: list[str] = []
-    browser_page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            problems.append(message.text)
+
+    browser_page.on("console", on_console)
     browser_page.on("pageerror", lambda error: problems.append(f"uncaught: {error}"))
     response = browser_page.goto(f"{server.url}run/{NOT_ANALYSED}")
     browser_page.wait_for_load_state("load")

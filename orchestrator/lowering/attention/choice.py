@@ -7,12 +7,11 @@ the cache key read it).
            index_put, a causal mask over it): the program etlab lowered before its own operators
 
 A spec says it in its `attention` field (huggingface source, text-generation only); `--attention` on `fab lower`
-and `fab deploy` lowers the other one beside it, under its own name (`smollm2-gen-tiny.sdpa`).
+and `fab deploy` lowers the other one beside it, under its own name (`smollm2-gen-tiny.sdpa`: program_name.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from orchestrator.lowering.spec import ModelSpec
@@ -28,14 +27,6 @@ def attention_of(spec: ModelSpec) -> str | None:
     if not spec.generates:
         return None
     return getattr(spec.options, "attention", None) or DEFAULT_ATTENTION
-
-
-def with_attention(spec: ModelSpec, attention: str) -> ModelSpec:
-    """The same model attending with `attention`: another program, under its own name (`<name>.sdpa`) unless it is
-    the spec's own attention (the caller checked that the spec generates and has the field)."""
-    if attention == attention_of(spec):
-        return spec
-    return replace(spec.with_options(attention=attention), name=f"{spec.name}.{attention}")
 
 
 def sliding_window_problem(config: Any, capacity: int) -> str | None:

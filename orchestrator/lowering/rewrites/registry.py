@@ -13,7 +13,6 @@ Add a rewrite: a `Rewrite` in REWRITES and its two functions (`tests/lowering/te
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -23,7 +22,6 @@ from orchestrator.config import did_you_mean
 from orchestrator.errors import UsageError
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ALL_POSITIONS, GENERATION_TASK, OUTPUT_WORDS, TASKS, WRAPPED_TASKS, ModelSpec
-from orchestrator.names import is_valid_name
 
 _FUNCTIONS = "orchestrator.lowering.rewrites.huggingface"
 _LAYERS = "orchestrator.lowering.rewrites.layers"
@@ -193,29 +191,6 @@ class RewriteRequest:
                 name for name, rewrite in REWRITES.items() if rewrite.in_auto and rewrite.applies(spec)
             )
         return tuple(name for name in REWRITES if name in self.names)
-
-    def program_name(self, spec: ModelSpec) -> str:
-        """The name the rewritten program lives under, beside the model as exported (artifacts/, results/).
-
-        `spec.name` when nothing resolves for the spec; else the name and the rewrites, dot-joined
-        (`gpt2-tiny.tanh-gelu.eager-attention.head-at-position`), or, past the name rule's 64 characters, a short
-        stable form (`<name[:48]>.rw-<8 hex of the names' sha256>`). A name that already ends so is kept: the spec
-        of a rewritten program found by its artifacts (lowering/lowered.py) is not renamed twice.
-        """
-        resolved = self.resolve(spec)
-        if not resolved:
-            return spec.name
-        suffix = f".{'.'.join(resolved)}"
-        short = f".rw-{hashlib.sha256(','.join(resolved).encode()).hexdigest()[:8]}"
-        if spec.name.endswith((suffix, short)):  # already the program's name (one found by its artifacts)
-            return spec.name
-        joined = f"{spec.name}{suffix}"
-        return joined if is_valid_name(joined) else f"{spec.name[:48]}{short}"
-
-    def program_spec(self, spec: ModelSpec) -> ModelSpec:
-        """The spec under its program's name (`program_name`): the same model, lowered into its own folder."""
-        name = self.program_name(spec)
-        return spec if name == spec.name else replace(spec, name=name)
 
 
 NO_REWRITES = RewriteRequest()

@@ -99,8 +99,8 @@ class Generations:
 
 def generation_module(spec: ModelSpec) -> Any:
     """The spec's GenerationModule with the seeded random weights the lowering uses."""
-    from orchestrator.lowering.sources.build.models import load_model
-    from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops
+    from orchestrator.lowering.sources.builders.models import load_model
+    from orchestrator.lowering.sources.builders.torchvision import declare_torchvision_ops
 
     declare_torchvision_ops()  # before transformers is imported
     return load_model(spec, "random").module

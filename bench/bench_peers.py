@@ -269,8 +269,8 @@ def programs_of(name: str, args: argparse.Namespace, runner: Path) -> tuple[list
     """Lower, export and convert what the family needs; each engine's failure is a note, not the end of the run."""
     import torch
 
-    from orchestrator.lowering.sources.build.models import load_model
-    from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops
+    from orchestrator.lowering.sources.builders.models import load_model
+    from orchestrator.lowering.sources.builders.torchvision import declare_torchvision_ops
 
     declare_torchvision_ops()
     spec = BUILTIN_SPECS[name]

@@ -155,7 +155,7 @@ def test_imports_inside_functions_say_why() -> None:
         for node in sorted(nested, key=lambda n: n.lineno):
             if isinstance(
                 node, ast.ImportFrom
-            ):  # `from orchestrator.lowering.sources.build import models` imports a module
+            ):  # `from orchestrator.lowering.sources.builders import models` imports a module
                 names = [f"{node.module}.{alias.name}" for alias in node.names]
                 targets = [name if name in modules else str(node.module) for name in names]
             else:

@@ -21,6 +21,6 @@ def family_inputs(spec: ModelSpec) -> tuple[InputSpec, ...]:
     """The inputs a spec leaves to its family (a speech encoder's input_values or input_features, their sizes from
     the config): what its builder would give the program, from the config alone (no weights, no download)."""
     # here, not at the top: the builders import torch and transformers, which only these few specs need
-    from orchestrator.lowering.sources.build.models import builder, check_spec
+    from orchestrator.lowering.sources.builders.models import builder, check_spec
 
     return builder(spec.model_source).known_inputs(spec, check_spec(spec, "random").config)

@@ -4,8 +4,8 @@ A spec names its source (`SOURCES`, the registry of `ModelSource` records: one m
 which holds its fields and their checks; `huggingface` when a spec does not say), and for a HuggingFace model the
 model type (any family transformers knows), the task (which decides the head and what the graph outputs), the batch
 size and the inputs (`TASK_INPUTS`: their names, dtypes and shapes, with defaults per task). It is plain data; the
-source's builder (`sources/build/huggingface.py` for `huggingface`) turns it into a torch module. The built-in specs are
-builtins.py's.
+source's builder (`sources/builders/huggingface.py` for `huggingface`) turns it into a torch module. The built-in
+specs are builtins.py's.
 
 Reading a spec imports nothing heavy (a cached lowering must stay fast), so the checks that need transformers (the
 family, whether it has a head for the task, its config's fields, the sizes) run in `models.check_spec`, before
@@ -342,8 +342,8 @@ class ModelSource:
     `builder` is the build side, "module:object", imported on a cache miss only (it imports torch): an object with
     `check(spec, weights_choice, available) -> SpecCheck`, `load(spec, weights_choice) -> LoadedModel`,
     `example_inputs(spec, module) -> list[NamedTensor]`, and what `models.SourceBuilder` gives defaults for (the
-    inputs known before loading, their kind, generated calibration samples). sources/build/models.py dispatches to it;
-    spec_errors.py says how it refuses a spec; tests/lowering/test_spec.py ties them.
+    inputs known before loading, their kind, generated calibration samples). sources/builders/models.py dispatches to
+    it; spec_errors.py says how it refuses a spec; tests/lowering/test_spec.py ties them.
     """
 
     name: str

@@ -1,6 +1,6 @@
 """How a model source's builder refuses a spec: every problem at once, each naming the spec file's line and field.
 
-Shared by the builders (sources/build/: huggingface.py, torchvision.py, ...); no torch here.
+Shared by the builders (sources/builders/: huggingface.py, torchvision.py, ...); no torch here.
 """
 
 from __future__ import annotations

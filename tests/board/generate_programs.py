@@ -51,7 +51,7 @@ class GenerateModels:
 
 def make_generate_models(folder: Path) -> GenerateModels:
     """Export the tiny Llama once (strict export: non-strict fails later in to_edge) and lower it twice."""
-    from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops
+    from orchestrator.lowering.sources.builders.torchvision import declare_torchvision_ops
 
     declare_torchvision_ops()  # before transformers: the CUDA torchvision wheel sits next to CPU torch
     import torch

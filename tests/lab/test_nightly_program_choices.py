@@ -17,6 +17,7 @@ from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.errors import InventoryError
 from orchestrator.lab.history import History
 from orchestrator.lab.matrix import load_config
+from orchestrator.lowering.attention.choice import attention_of
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import write_inventory
@@ -38,7 +39,7 @@ def test_an_entry_names_its_programs_by_attention_and_context(tmp_path: Path) ->
     (matrix,) = load_config(load_inventory(inventory_with(tmp_path, entry))).entries
     programs = [spec for spec, _ in matrix.programs()]
     assert [p.name for p in programs] == [f"{MODEL}.sdpa.ctx32", f"{MODEL}.sdpa.ctx128"]
-    assert [(p.cache_capacity, p.options.attention) for p in programs] == [(32, "sdpa"), (128, "sdpa")]
+    assert [(p.cache_capacity, attention_of(p)) for p in programs] == [(32, "sdpa"), (128, "sdpa")]
     advised = {"models": [MODEL], "context": 128, "advised": True, "rewrites": ["eager-attention"]}
     (matrix,) = load_config(load_inventory(inventory_with(tmp_path, advised))).entries
     assert matrix.advised_pairs() == [(f"{MODEL}.ctx128", f"{MODEL}.ctx128.eager-attention")]

@@ -38,7 +38,7 @@ def write_spec(path: Path, data: dict[str, Any]) -> Path:
 
 def checked(path: Path, *, available: int | None = 16 * GIB) -> Any:
     """The spec file loaded and checked as `fab lower` does before it loads anything."""
-    from orchestrator.lowering.sources.build.models import check_spec
+    from orchestrator.lowering.sources.builders.models import check_spec
 
     return check_spec(load_spec_file(path), "random", available=available)
 

@@ -144,7 +144,7 @@ def test_a_model_that_exports_is_not_touched() -> None:
 
 def test_the_spec_path_exports_through_the_same_entry_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A model source whose module cannot be exported: `lower()` ends in the ExportError naming the spec's model."""
-    from orchestrator.lowering.sources.build import models
+    from orchestrator.lowering.sources.builders import models
     from orchestrator.tensorfile import NamedTensor
 
     loaded = models.LoadedModel(BranchOnValue(), "random", "", 0)

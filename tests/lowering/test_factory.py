@@ -1,5 +1,5 @@
-"""The `factory` model source (orchestrator/lowering/sources/build/factory.py): a user's own module from a Python file,
-run only with the command line's permission (`--trust-code`), lowered against its eager outputs, lowered again when
+"""The `factory` model source (orchestrator/lowering/sources/builders/factory.py): a user's own module from a Python
+file, run only with the command line's permission (`--trust-code`), lowered against its eager outputs, lowered again when
 the file changes, and every way a factory can fail ending in a clear message and exit 64 or 65, never 70. The
 end-to-end run on the local board is tests/e2e/test_model_sources_e2e.py.
 """
@@ -126,7 +126,7 @@ def test_a_factory_lowers_matches_eager_and_an_edit_lowers_again(tmp_path: Path)
     ],
 )  # fmt: skip
 def test_a_failing_factory_is_a_clean_error(tmp_path: Path, body: str, code: int, message: str) -> None:
-    from orchestrator.lowering.sources.build.models import check_spec
+    from orchestrator.lowering.sources.builders.models import check_spec
 
     spec = resolve_spec(spec_path=write_factory(tmp_path, body), trust_code=True)
     with pytest.raises(Exception) as excinfo:
@@ -183,7 +183,7 @@ def test_every_output_is_kept_in_pytree_order_and_the_factory_runs_once(tmp_path
 
 
 def test_a_module_returning_no_tensor_is_refused(tmp_path: Path) -> None:
-    from orchestrator.lowering.sources.build.models import check_spec
+    from orchestrator.lowering.sources.builders.models import check_spec
 
     body = "import torch\ndef build():\n    return torch.nn.Identity(), (torch.ones(2),)\n"
     body = body.replace("torch.nn.Identity()", "type('M', (torch.nn.Module,), {'forward': lambda self, x: 'text'})()")

@@ -260,7 +260,7 @@ def test_a_scheme_s_own_recipe_is_what_a_language_model_gets(monkeypatch: pytest
 
 def _word_tokenizer(folder: Path, words: list[str]) -> Path:
     """A tokenizer saved as transformers saves one (tokenizer.json), made offline: one id per word."""
-    from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops
+    from orchestrator.lowering.sources.builders.torchvision import declare_torchvision_ops
 
     declare_torchvision_ops()
     from tokenizers import Tokenizer, models, pre_tokenizers

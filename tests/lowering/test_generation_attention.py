@@ -21,7 +21,7 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import generation
 from orchestrator.lowering.program_name import with_
 from orchestrator.lowering.rewrites.huggingface import has_sdpa_attention
-from orchestrator.lowering.sources.build.models import load_model
+from orchestrator.lowering.sources.builders.models import load_model
 from orchestrator.lowering.spec import GENERATION_TASK, load_spec_file
 from tests.lowering.test_huggingface_specs import write
 

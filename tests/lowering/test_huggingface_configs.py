@@ -1,5 +1,5 @@
-"""Published checkpoints' config.json files as a huggingface spec's `config` (sources/build/huggingface_config.py): each
-accepted by the spec check, with its records, labels and the keys its config class reads with getattr; per-stage
+"""Published checkpoints' config.json files as a huggingface spec's `config` (sources/builders/huggingface_config.py):
+each accepted by the spec check, with its records, labels and the keys its config class reads with getattr; per-stage
 sizes as lists; AST's spectrogram input; impossible values and loading switches still refused with file:line:field.
 
 The files in tests/data/hf_configs are the checkpoints' config.json as published, their label maps cut to their first
@@ -77,8 +77,8 @@ def as_json(value: Any) -> Any:
 def test_a_published_config_is_accepted_as_it_is(tmp_path: Path, name: str) -> None:
     config = published(name)
     path = spec_file(tmp_path, name, config)
-    from orchestrator.lowering.sources.build.huggingface import _config
-    from orchestrator.lowering.sources.build.huggingface_config import declared_fields
+    from orchestrator.lowering.sources.builders.huggingface import _config
+    from orchestrator.lowering.sources.builders.huggingface_config import declared_fields
 
     report = checked(path, available=None)
     assert report.parameters > 0 and report.config.model_type == config["model_type"]
@@ -104,8 +104,8 @@ def test_a_published_config_is_accepted_as_it_is(tmp_path: Path, name: str) -> N
 def test_what_a_published_config_says_is_what_gets_built(tmp_path: Path) -> None:
     """Per-stage sizes stay lists, Llama 3's legacy RoPE keys become its rope_parameters, AST takes a spectrogram,
     and the keys a class does not declare are kept where modelling code reads them, each named once."""
-    from orchestrator.lowering.sources.build.huggingface import model_inputs
-    from orchestrator.lowering.sources.build.huggingface_heads import check_family
+    from orchestrator.lowering.sources.builders.huggingface import model_inputs
+    from orchestrator.lowering.sources.builders.huggingface_heads import check_family
 
     def built(name: str) -> Any:
         return checked(spec_file(tmp_path, name, published(name)), available=None)

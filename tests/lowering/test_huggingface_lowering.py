@@ -112,7 +112,7 @@ def test_batch_rows_are_distinct_and_the_program_keeps_them_apart() -> None:
     """Batch 2: rows of different lengths, each row's logits its own (the row alone gives the same)."""
     import torch
 
-    from orchestrator.lowering.sources.build.models import example_inputs, load_model
+    from orchestrator.lowering.sources.builders.models import example_inputs, load_model
 
     spec = USER_SPECS["hf-roberta-cls-b2"]
     loaded = load_model(spec, "random")
@@ -133,8 +133,8 @@ def test_a_wrapped_task_at_batch_2_selects_each_rows_own_position() -> None:
     import torch
 
     from orchestrator.lowering.rewrites.huggingface import head_at_position
-    from orchestrator.lowering.sources.build.huggingface import build_random
-    from orchestrator.lowering.sources.build.models import example_inputs, load_model
+    from orchestrator.lowering.sources.builders.huggingface import build_random
+    from orchestrator.lowering.sources.builders.models import example_inputs, load_model
 
     spec = dataclasses.replace(BUILTIN_SPECS["smollm2-tiny"], batch_size=2, seq_len=16)
     loaded = load_model(spec, "random")

@@ -1,4 +1,4 @@
-"""The `huggingface` source's spec check (lowering/sources/build/huggingface.py, spec.py): any family transformers
+"""The `huggingface` source's spec check (lowering/sources/builders/huggingface.py, spec.py): any family transformers
 knows with any task it has a head for, mismatched pairs refused naming the family's tasks, and the `inputs` a spec
 declares (names, dtypes, shapes, batch size) checked with file:line:field errors, before anything loads.
 
@@ -93,7 +93,7 @@ def test_log_mel_features_of_another_layout_than_whispers_are_refused_not_a_cras
 
 
 def test_every_task_is_listed_and_the_builtins_check() -> None:
-    from orchestrator.lowering.sources.build.models import check_spec
+    from orchestrator.lowering.sources.builders.models import check_spec
 
     assert set(TASKS) == {
         "fill-mask", "causal-lm", "text-generation", "text-classification", "token-classification",
@@ -125,8 +125,8 @@ def test_every_task_is_listed_and_the_builtins_check() -> None:
 
 
 def test_default_inputs_follow_the_task_and_the_family(tmp_path: Path) -> None:
-    from orchestrator.lowering.sources.build.huggingface import model_inputs
-    from orchestrator.lowering.sources.build.huggingface_heads import check_family
+    from orchestrator.lowering.sources.builders.huggingface import model_inputs
+    from orchestrator.lowering.sources.builders.huggingface_heads import check_family
 
     def defaults(data: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
         model = load_spec_file(write(tmp_path, data))

@@ -38,7 +38,7 @@ from orchestrator.lowering.rewrites.registry import (
     REWRITES,
     WEIGHT_NORM_FAMILIES,
 )
-from orchestrator.lowering.sources.build.models import example_inputs, load_model
+from orchestrator.lowering.sources.builders.models import example_inputs, load_model
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 

@@ -144,9 +144,9 @@ _TINY_BERT = ModelSpec(
 )
 def test_head_at_position_selects_the_position_before_the_head(spec: ModelSpec) -> None:
     from orchestrator.lowering.rewrites.huggingface import head_at_position
-    from orchestrator.lowering.sources.build.huggingface import build_random
-    from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
-    from orchestrator.lowering.sources.build.models import load_model
+    from orchestrator.lowering.sources.builders.huggingface import build_random
+    from orchestrator.lowering.sources.builders.huggingface_inputs import reference_inputs
+    from orchestrator.lowering.sources.builders.models import load_model
 
     wrapped = head_at_position(load_model(spec, "random").module, spec)
     inputs = tuple(torch.from_numpy(t.array) for t in reference_inputs(spec, 1000))
@@ -342,7 +342,7 @@ def test_user_spec_with_local_pretrained_weights(tmp_path: Path) -> None:
 
 
 def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.lowering.sources.build.models import load_model
+    from orchestrator.lowering.sources.builders.models import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     spec = BUILTIN_SPECS["distilbert-tiny"].with_options(model_id="nobody/none")
@@ -353,7 +353,7 @@ def test_auto_weights_fall_back_loudly(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_pretrained_unavailable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.commands.handling import _naming_options
-    from orchestrator.lowering.sources.build.models import load_model
+    from orchestrator.lowering.sources.builders.models import load_model
     from orchestrator.lowering.weights import PretrainedUnavailable
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -121,8 +121,8 @@ def test_the_output_is_in_the_cache_key() -> None:
 def test_the_selected_logits_are_the_eager_models_at_that_position(name: str, rows: int) -> None:
     """The [MASK] row of each row (batch 2: the rows' masks at different places) or the final position, as the
     eager model's full logits have them; the program exported from it computes the same."""
-    from orchestrator.lowering.sources.build.huggingface import build_random
-    from orchestrator.lowering.sources.build.models import example_inputs, load_model
+    from orchestrator.lowering.sources.builders.huggingface import build_random
+    from orchestrator.lowering.sources.builders.models import example_inputs, load_model
 
     output = "mask" if name.startswith("distilbert") else "last"
     spec = dataclasses.replace(BUILTIN_SPECS[name], output=output, batch_size=rows, seq_len=16)
@@ -156,7 +156,7 @@ def test_a_mask_program_lowers_to_the_mask_logits_and_another_output_relowers(tm
     method = Runtime.get().load_program(result.paths.pte(xnnpack)).load_method("forward")
     (got,) = method.execute(inputs)
     np.testing.assert_allclose(got.numpy(), reference.array, atol=1e-4, rtol=1e-4)
-    from orchestrator.lowering.sources.build.huggingface import build_random
+    from orchestrator.lowering.sources.builders.huggingface import build_random
 
     with torch.no_grad():  # the reference is the eager model's logits at the [MASK]
         full = build_random(MASKED_TINY)(input_ids=inputs[0], attention_mask=inputs[1]).logits

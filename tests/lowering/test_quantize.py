@@ -55,7 +55,7 @@ def eager_linear_count(name: str) -> int:
     """How many linear layers the eager model has (nn.Linear and HF Conv1D), counted without our code."""
     import torch
 
-    from orchestrator.lowering.sources.build.huggingface import build_random
+    from orchestrator.lowering.sources.builders.huggingface import build_random
 
     model = build_random(BUILTIN_SPECS[name])
     return sum(isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D" for m in model.modules())
@@ -143,8 +143,8 @@ def test_the_shipped_quantizer_breaks_integer_index_arithmetic_and_ours_does_not
 
     from orchestrator.lowering.quantize.methods import shipped_quantizer, swap_conv1d
     from orchestrator.lowering.quantize.quantized import quantize as quantize_module
-    from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
-    from orchestrator.lowering.sources.build.models import load_model, vocab_size_of
+    from orchestrator.lowering.sources.builders.huggingface_inputs import reference_inputs
+    from orchestrator.lowering.sources.builders.models import load_model, vocab_size_of
 
     spec = BUILTIN_SPECS[name]
     module = load_model(spec, "random").module
@@ -174,8 +174,8 @@ def test_int8_static_keeps_the_attention_mask_add_in_float(monkeypatch: pytest.M
     from orchestrator.lowering.quantize import methods
     from orchestrator.lowering.quantize.quantized import quantize
     from orchestrator.lowering.rewrites.huggingface import eager_attention
-    from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
-    from orchestrator.lowering.sources.build.models import load_model, vocab_size_of
+    from orchestrator.lowering.sources.builders.huggingface_inputs import reference_inputs
+    from orchestrator.lowering.sources.builders.models import load_model, vocab_size_of
 
     spec = BUILTIN_SPECS["gpt2-tiny"]
     module = eager_attention(load_model(spec, "random").module, spec)
@@ -197,8 +197,8 @@ def test_layers_8da4w_cannot_group_are_named_as_float() -> None:
     import torch
 
     from orchestrator.lowering.quantize.quantized import quantize as quantize_module
-    from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
-    from orchestrator.lowering.sources.build.models import load_model, vocab_size_of
+    from orchestrator.lowering.sources.builders.huggingface_inputs import reference_inputs
+    from orchestrator.lowering.sources.builders.models import load_model, vocab_size_of
 
     spec = ModelSpec(
         name="odd-bert", model_type="distilbert", task="fill-mask", seq_len=16,
@@ -371,7 +371,7 @@ def test_a_broken_scale_program_fails_the_accuracy_gate(
     from executorch.exir import to_edge_transform_and_lower
 
     from orchestrator.lowering.quantize.quantized import quantize as quantize_module
-    from orchestrator.lowering.sources.build.models import load_model
+    from orchestrator.lowering.sources.builders.models import load_model
 
     # A copy of the artifacts whose int8-dynamic program has wrong weight scales, its sidecar vouching for it.
     artifacts = tmp_path / "artifacts"

@@ -43,7 +43,7 @@ def eager_layers(name: str) -> tuple[list[str], list[str]]:
     """The built-in model's own nn.Linear and nn.ConvNd module names: what the graph's counts must match."""
     import torch
 
-    from orchestrator.lowering.sources.build.models import load_model
+    from orchestrator.lowering.sources.builders.models import load_model
 
     module = load_model(BUILTIN_SPECS[name], "random").module
     linears = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -211,7 +211,7 @@ CONVOLUTIONS = {"int8-static": "all", "8da4w": "none"}
 def test_convolutions_are_counted_from_the_graph_for_every_scheme(name: str, dynamic: str, scheme: str) -> None:
     import torch
 
-    from orchestrator.lowering.sources.build.models import example_inputs, load_model
+    from orchestrator.lowering.sources.builders.models import example_inputs, load_model
 
     spec = BUILTIN_SPECS[name]
     module = load_model(spec, "random").module

@@ -33,8 +33,8 @@ from orchestrator.lowering.rewrites.registry import (
     check_request,
     parse_rewrites,
 )
-from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
-from orchestrator.lowering.sources.build.models import example_inputs, load_model
+from orchestrator.lowering.sources.builders.huggingface_inputs import reference_inputs
+from orchestrator.lowering.sources.builders.models import example_inputs, load_model
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 

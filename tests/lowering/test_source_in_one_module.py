@@ -21,7 +21,7 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
 from orchestrator.lowering.export import cache
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.lowered import spec_from_record
-from orchestrator.lowering.sources.build.models import OWN, LoadedModel, SourceBuilder, SpecCheck
+from orchestrator.lowering.sources.builders.models import OWN, LoadedModel, SourceBuilder, SpecCheck
 from orchestrator.lowering.spec import SOURCES, ModelSource, ModelSpec, SourceOptions, load_spec_file, register_source
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.lowering.weights import WeightsChoice

@@ -22,7 +22,7 @@ def distilbert_modules() -> dict[str, Any]:
     """The model's own modules, by the names its attributes give them (etlab's wrapper left out)."""
     import torch
 
-    from orchestrator.lowering.sources.build.models import load_model
+    from orchestrator.lowering.sources.builders.models import load_model
 
     wrapper = load_model(BUILTIN_SPECS["distilbert-tiny"], "random").module
     assert isinstance(wrapper.model, torch.nn.Module)

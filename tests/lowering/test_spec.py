@@ -159,7 +159,7 @@ def test_every_model_source_has_a_builder() -> None:
     are shared by every source."""
     import inspect
 
-    from orchestrator.lowering.sources.build import models
+    from orchestrator.lowering.sources.builders import models
     from orchestrator.paths import PROJECT_ROOT
 
     modules = {path.stem for path in (PROJECT_ROOT / "orchestrator" / "lowering" / "sources").glob("*.py")}
@@ -187,8 +187,8 @@ def test_every_model_source_has_a_builder() -> None:
 
 
 def test_a_huggingface_spec_builds_through_its_source() -> None:
-    from orchestrator.lowering.sources.build.huggingface import HUGGINGFACE
-    from orchestrator.lowering.sources.build.models import check_spec, example_inputs, load_model
+    from orchestrator.lowering.sources.builders.huggingface import HUGGINGFACE
+    from orchestrator.lowering.sources.builders.models import check_spec, example_inputs, load_model
 
     spec = BUILTIN_SPECS["gpt2-tiny"]
     assert models_builder_of(spec) is HUGGINGFACE
@@ -198,7 +198,7 @@ def test_a_huggingface_spec_builds_through_its_source() -> None:
 
 
 def models_builder_of(spec: ModelSpec) -> object:
-    from orchestrator.lowering.sources.build.models import builder
+    from orchestrator.lowering.sources.builders.models import builder
 
     return builder(spec.model_source)
 

@@ -78,8 +78,8 @@ def validates_or_refuses(path: Path) -> bool:
     """True when the spec validated and its model then built and ran; False when refused with a SpecError."""
     import torch
 
-    from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
-    from orchestrator.lowering.sources.build.models import load_model, vocab_size_of
+    from orchestrator.lowering.sources.builders.huggingface_inputs import reference_inputs
+    from orchestrator.lowering.sources.builders.models import load_model, vocab_size_of
 
     try:
         spec = load_spec_file(path)
@@ -184,7 +184,7 @@ def test_any_family_task_and_inputs_validate_and_run_or_are_refused(
     """Validated: the model builds, its reference inputs have the declared shapes and it runs at that batch size."""
     import torch
 
-    from orchestrator.lowering.sources.build.models import example_inputs, load_model
+    from orchestrator.lowering.sources.builders.models import example_inputs, load_model
 
     path = tmp_path_factory.mktemp("spec") / "spec.json"
     path.write_text(json.dumps(data, indent=2))

@@ -204,7 +204,7 @@ def test_pretrained_overrides_never_reach_from_pretrained_as_keywords(
     """Overrides are set on the config object, which is what `from_pretrained` gets."""
     import transformers
 
-    from orchestrator.lowering.sources.build.huggingface import build_pretrained
+    from orchestrator.lowering.sources.builders.huggingface import build_pretrained
 
     folder, _ = pickled_weights_folder(tmp_path)
     seen: dict[str, Any] = {}
@@ -280,7 +280,7 @@ def test_a_model_type_transformers_does_not_know_gets_a_did_you_mean(tmp_path: P
 
 def test_a_valid_spec_builds_what_it_says(tmp_path: Path) -> None:
     """An alias of the config class (hidden_size for DistilBERT's dim) is a field too."""
-    from orchestrator.lowering.sources.build.models import load_model
+    from orchestrator.lowering.sources.builders.models import load_model
 
     config = {**DISTILBERT_TINY, "n_layers": 1, "hidden_size": 32}
     del config["dim"]
@@ -322,7 +322,7 @@ def test_calibration_mistakes_are_usage_errors(tmp_path: Path, write: Any, fragm
 def test_calibration_is_checked_before_anything_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Against the vocabulary of the spec's config, in this process, before the model is built or a worker starts."""
     from orchestrator.lowering.export.lower import lower
-    from orchestrator.lowering.sources.build import models
+    from orchestrator.lowering.sources.builders import models
 
     def no_loading(*_args: Any, **_kwargs: Any) -> Any:
         raise AssertionError("the model was loaded before the calibration file was checked")

@@ -1,4 +1,4 @@
-"""The `timm` model source (orchestrator/lowering/sources/build/timm.py): spec files and their errors (unknown model,
+"""The `timm` model source (orchestrator/lowering/sources/builders/timm.py): spec files and their errors (unknown model,
 refused and unknown kwargs, by file, line and field), the default image size, the weights (pretrained only from the
 HuggingFace cache, else random), and the tiny model lowered to XNNPACK against its eager outputs. The end-to-end run
 on the local board is tests/e2e/test_model_sources_e2e.py.
@@ -37,7 +37,7 @@ def write_spec(tmp_path: Path, **changes: Any) -> Path:
 
 
 def checked(path: Path) -> Any:
-    from orchestrator.lowering.sources.build.models import check_spec
+    from orchestrator.lowering.sources.builders.models import check_spec
 
     return check_spec(load_spec_file(path), "random", available=16 << 30)
 

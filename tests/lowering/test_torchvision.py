@@ -1,5 +1,5 @@
-"""The `torchvision` model source (orchestrator/lowering/sources/build/torchvision.py): spec files and their errors, the
-weights (pretrained only from the torch hub cache, else random loudly), the tiny model lowered and run against its
+"""The `torchvision` model source (orchestrator/lowering/sources/builders/torchvision.py): spec files and their errors,
+the weights (pretrained only from the torch hub cache, else random loudly), the tiny model lowered and run against its
 eager outputs, quantized convolutions, and a warm `fab lower` that imports no torchvision. The end-to-end run on the
 local board is tests/e2e/test_model_sources_e2e.py.
 """
@@ -43,7 +43,7 @@ def write_spec(tmp_path: Path, **changes: Any) -> Path:
 
 
 def checked(path: Path) -> Any:
-    from orchestrator.lowering.sources.build.models import check_spec
+    from orchestrator.lowering.sources.builders.models import check_spec
 
     return check_spec(load_spec_file(path), "random", available=16 << 30)
 
@@ -106,7 +106,7 @@ def test_pretrained_comes_from_the_torch_hub_cache_only(tmp_path: Path, monkeypa
                                                         capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     import torch
 
-    from orchestrator.lowering.sources.build.models import load_model
+    from orchestrator.lowering.sources.builders.models import load_model
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     spec = BUILTIN_SPECS["mobilenet-v2"]

@@ -219,7 +219,7 @@ NOT_FOR_A_WARM_DEPLOY = frozenset(
 )
 # The lowering stack that builds models, every module of the sources' build side (torch, transformers, timm): a warm
 # deploy's cache check needs the spec side only (it finds the builder's file, which imports the empty package).
-BUILD_SIDE = "orchestrator.lowering.sources.build."
+BUILD_SIDE = "orchestrator.lowering.sources.builders."
 # Every module the process holds when it exits, whichever way it was imported (`-X importtime` misses what
 # importlib.import_module loads: the analysis prefetch, the `module:name` builders).
 MODULES_AT_EXIT = """

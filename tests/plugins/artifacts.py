@@ -29,7 +29,7 @@ def torchvision_importable() -> None:
     library does not load with this torch (torchvision.declare_torchvision_ops)."""
     if importlib.util.find_spec("torchvision") is not None:
         # imports torch: only with torchvision
-        from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops
+        from orchestrator.lowering.sources.builders.torchvision import declare_torchvision_ops
 
         declare_torchvision_ops()
 

@@ -132,7 +132,7 @@ def runner_models_from(result: LoweringResult) -> RunnerModels:
     import torch
 
     from orchestrator.lowering.builtins import BUILTIN_SPECS
-    from orchestrator.lowering.sources.build.models import load_model
+    from orchestrator.lowering.sources.builders.models import load_model
 
     paths = result.paths
     inputs = read_tensors(paths.reference_inputs)

@@ -198,7 +198,7 @@ def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | No
     """The spec's config built and checked (no weights), and the calibration file read against the model's inputs
     (token ids: against its vocabulary). Returns the kind of the model's inputs (`_GENERATED_CALIBRATION`)."""
     # here, not at the top: it imports torch (seconds), which a cache hit never needs
-    from orchestrator.lowering.sources.build.models import OWN, TOKENS, builder, check_spec
+    from orchestrator.lowering.sources.builders.models import OWN, TOKENS, builder, check_spec
 
     options = spec.options
     if isinstance(options, HuggingFaceOptions) and options.trust_remote_code:
@@ -221,7 +221,7 @@ def _check_inputs(spec: ModelSpec, choice: WeightsChoice, calibration: Path | No
     return kind
 
 
-# What int8-static is calibrated on without a calibration file, per kind of input (sources/build/models.py; as the
+# What int8-static is calibrated on without a calibration file, per kind of input (sources/builders/models.py; as the
 # warning says).
 _GENERATED_CALIBRATION = {
     "tokens": "generated token ids (not real text)",
@@ -331,7 +331,7 @@ def _load(
         import torch
 
         # here, not at the top: it imports torch (seconds), which a cache hit never needs; numpy with tensorfile
-        from orchestrator.lowering.sources.build.models import example_inputs, load_model
+        from orchestrator.lowering.sources.builders.models import example_inputs, load_model
         from orchestrator.tensorfile import NamedTensor, describe, write_tensors
 
         loaded = load_model(spec, weights)

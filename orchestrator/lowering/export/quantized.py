@@ -36,7 +36,7 @@ def quantized_program(
     import torch
 
     # here, not at the top: it imports torch (seconds), which a cache hit never needs; numpy with tensorfile
-    from orchestrator.lowering.sources.build.models import TOKENS, builder, load_model, vocab_size_of
+    from orchestrator.lowering.sources.builders.models import TOKENS, builder, load_model, vocab_size_of
     from orchestrator.tensorfile import read_tensors
 
     if module is None:

@@ -1,7 +1,7 @@
 """The rewrites of HuggingFace models (registry.py names them and decides when they apply): each `has_*` finds its
 pattern in the loaded module, each rewrite returns the module computing the same function.
 
-The loaded module is the huggingface builder's `FirstOutput` (sources/build/huggingface.py: the model as exported)
+The loaded module is the huggingface builder's `FirstOutput` (sources/builders/huggingface.py: the model as exported)
 around the transformers model (`.model`); the head rewrite replaces that wrapper, the others change the model inside
 it in place.
 """
@@ -138,7 +138,7 @@ def bmm_attention(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
 def has_all_positions_head(module: torch.nn.Module) -> bool:
     """The model's head runs on every position (a masked or causal LM exported as it is, `output: all`); a program
     of one position's logits (`PositionLogits`) has its position selected already."""
-    from orchestrator.lowering.sources.build.huggingface import FirstOutput
+    from orchestrator.lowering.sources.builders.huggingface import FirstOutput
 
     return isinstance(module, FirstOutput) and hasattr(module.model, "base_model")
 

@@ -99,7 +99,7 @@ def _identity(spec: ModelSpec) -> dict[str, Any]:
 FACTORY = register_source(
     ModelSource(
         "factory",
-        "orchestrator.lowering.sources.build.factory:FACTORY",
+        "orchestrator.lowering.sources.builders.factory:FACTORY",
         _FACTORY_FIELDS,
         ("factory",),
         fixed={"task": FACTORY_TASK, "model_type": "factory"},

@@ -214,7 +214,7 @@ def huggingface_pretrained(spec: ModelSpec) -> Availability:
 HUGGINGFACE = register_source(
     ModelSource(
         "huggingface",
-        "orchestrator.lowering.sources.build.huggingface:HUGGINGFACE",
+        "orchestrator.lowering.sources.builders.huggingface:HUGGINGFACE",
         _HUGGINGFACE_FIELDS,
         ("model_type", "task"),
         _huggingface_problem,

@@ -57,7 +57,7 @@ def timm_pretrained(spec: ModelSpec) -> Availability:
 TIMM = register_source(
     ModelSource(
         "timm",
-        "orchestrator.lowering.sources.build.timm:TIMM",
+        "orchestrator.lowering.sources.builders.timm:TIMM",
         _TIMM_FIELDS,
         ("model",),
         renames={"model": "model_type"},
@@ -65,6 +65,6 @@ TIMM = register_source(
         pretrained=timm_pretrained,
         options=TimmOptions,
         refused_kwargs=TIMM_REFUSED,
-        defaults="orchestrator.lowering.sources.build.timm:with_defaults",
+        defaults="orchestrator.lowering.sources.builders.timm:with_defaults",
     )
 )

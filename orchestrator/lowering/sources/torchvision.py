@@ -53,7 +53,7 @@ def torchvision_pretrained(spec: ModelSpec) -> Availability:
 TORCHVISION = register_source(
     ModelSource(
         "torchvision",
-        "orchestrator.lowering.sources.build.torchvision:TORCHVISION",
+        "orchestrator.lowering.sources.builders.torchvision:TORCHVISION",
         _TORCHVISION_FIELDS,
         ("model", "image_size"),
         renames={"model": "model_type"},

@@ -17,7 +17,7 @@ import torch
 from orchestrator import console
 from orchestrator.config import did_you_mean, field_path
 from orchestrator.errors import SpecError
-from orchestrator.lowering.sources.build.models import LoadedModel, SourceBuilder, SpecCheck
+from orchestrator.lowering.sources.builders.models import LoadedModel, SourceBuilder, SpecCheck
 from orchestrator.lowering.spec import IMAGE_INPUT, SPEC_HINT, ClassifierOptions, ModelSpec
 from orchestrator.lowering.spec_errors import FLOAT_BYTES, brief, kwarg_problem, spec_failure, too_large
 from orchestrator.lowering.weights import RANDOM_SEED, Availability, PretrainedUnavailable, WeightsChoice

@@ -26,7 +26,7 @@ import torch
 
 from orchestrator.errors import SpecError
 from orchestrator.lowering.quantize.calibration import shaped_like
-from orchestrator.lowering.sources.build.image_classifiers import (
+from orchestrator.lowering.sources.builders.image_classifiers import (
     ImageClassifierSource,
     normalised_image,
     scalar_parameters,

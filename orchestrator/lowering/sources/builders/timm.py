@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from orchestrator.lowering.sources.build.image_classifiers import ImageClassifierSource, scalar_parameters
-from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops, image_calibration
+from orchestrator.lowering.sources.builders.image_classifiers import ImageClassifierSource, scalar_parameters
+from orchestrator.lowering.sources.builders.torchvision import declare_torchvision_ops, image_calibration
 from orchestrator.lowering.sources.timm import TIMM_REFUSED, TimmOptions, timm_pretrained
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.spec_errors import brief

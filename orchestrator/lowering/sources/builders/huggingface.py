@@ -34,8 +34,8 @@ from orchestrator import console
 from orchestrator.errors import SpecError
 from orchestrator.lowering.attention.choice import ETLAB, SDPA, attention_of, sliding_window_problem
 from orchestrator.lowering.quantize.calibration import shaped_like
-from orchestrator.lowering.sources.build.huggingface_config import Overrides, check_derived, read_overrides
-from orchestrator.lowering.sources.build.huggingface_heads import (
+from orchestrator.lowering.sources.builders.huggingface_config import Overrides, check_derived, read_overrides
+from orchestrator.lowering.sources.builders.huggingface_heads import (
     AUTO_BUILT,
     MAIN_INPUTS,
     TASK_HEADS,
@@ -44,9 +44,9 @@ from orchestrator.lowering.sources.build.huggingface_heads import (
     main_input,
     spectrogram,
 )
-from orchestrator.lowering.sources.build.huggingface_inputs import reference_inputs
-from orchestrator.lowering.sources.build.models import AUDIO, LoadedModel, SourceBuilder, SpecCheck
-from orchestrator.lowering.sources.build.torchvision import declare_torchvision_ops, generated_images
+from orchestrator.lowering.sources.builders.huggingface_inputs import reference_inputs
+from orchestrator.lowering.sources.builders.models import AUDIO, LoadedModel, SourceBuilder, SpecCheck
+from orchestrator.lowering.sources.builders.torchvision import declare_torchvision_ops, generated_images
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import (
     ALL_POSITIONS,

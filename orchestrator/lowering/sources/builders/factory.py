@@ -29,7 +29,7 @@ import torch
 from orchestrator import console
 from orchestrator.errors import EtlabError, ExitCode, SpecError
 from orchestrator.lowering.outputs import NotTensorOutputs, eager_outputs
-from orchestrator.lowering.sources.build.models import OWN, LoadedModel, SourceBuilder, SpecCheck
+from orchestrator.lowering.sources.builders.models import OWN, LoadedModel, SourceBuilder, SpecCheck
 from orchestrator.lowering.sources.factory import FactoryOptions, factory_file
 from orchestrator.lowering.spec import SPEC_HINT, ModelSpec, UntrustedFactory
 from orchestrator.lowering.spec_errors import brief, spec_failure, too_large

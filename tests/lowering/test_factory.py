@@ -1,6 +1,6 @@
 """The `factory` model source (orchestrator/lowering/sources/builders/factory.py): a user's own module from a Python
-file, run only with the command line's permission (`--trust-code`), lowered against its eager outputs, lowered again when
-the file changes, and every way a factory can fail ending in a clear message and exit 64 or 65, never 70. The
+file, run only with the command line's permission (`--trust-code`), lowered against its eager outputs, lowered again
+when the file changes, and every way a factory can fail ending in a clear message and exit 64 or 65, never 70. The
 end-to-end run on the local board is tests/e2e/test_model_sources_e2e.py.
 """
 

@@ -2,7 +2,7 @@
 `package.module:function`) that returns a module and its example inputs, with keyword arguments.
 
 Nothing of it runs without the command line's `--trust-code`; its file is part of the identity (an edited factory is
-another program). The build side is `build/factory.py`'s `FACTORY`; it brings its own weights.
+another program). The build side is `builders/factory.py`'s `FACTORY`; it brings its own weights.
 """
 
 from __future__ import annotations

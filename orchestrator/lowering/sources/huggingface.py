@@ -2,7 +2,7 @@
 checkpoint (`model_id`: a HuggingFace id or a local folder).
 
 Its fields, the checks across them (the task's inputs, a text-generation program's KV cache), and where its
-pretrained weights can be had now. The build side is `build/huggingface.py`'s `HUGGINGFACE`.
+pretrained weights can be had now. The build side is `builders/huggingface.py`'s `HUGGINGFACE`.
 """
 
 from __future__ import annotations

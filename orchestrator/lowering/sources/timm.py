@@ -1,7 +1,7 @@
 """The `timm` model source, spec side (no torch): a timm model by name, its keyword arguments (JSON scalars) and
 optionally the side of its square input image (default: the model's pretrained_cfg, filled in by the build side).
 
-The build side is `build/timm.py`'s `TIMM`; pretrained weights only from timm's safetensors in the HuggingFace cache.
+The build side is `builders/timm.py`'s `TIMM`; pretrained weights only from timm's safetensors in the HuggingFace cache.
 """
 
 from __future__ import annotations

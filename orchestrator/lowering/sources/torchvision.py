@@ -1,7 +1,7 @@
 """The `torchvision` model source, spec side (no torch): a torchvision classification model by name, its
 constructor's keyword arguments (JSON scalars) and the side of its square input image.
 
-The build side is `build/torchvision.py`'s `TORCHVISION`; pretrained weights only from the local torch hub cache.
+The build side is `builders/torchvision.py`'s `TORCHVISION`; pretrained weights only from the local torch hub cache.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Turn a ModelSpec into an exportable torch module, its reference inputs, and its weights story.
 
 `check_spec`, `load_model` and `example_inputs` go to the builder of the spec's source (its record: sources/):
-`build/huggingface.py`'s `HUGGINGFACE` (transformers, any family and task), `build/torchvision.py`'s `TORCHVISION`, ...
+`builders/huggingface.py`'s `HUGGINGFACE` (transformers, any family and task), `builders/torchvision.py`'s
+`TORCHVISION`, ...
 How a builder refuses a spec is spec_errors.py; what a source decides beyond loading (its inputs before it loads,
 their kind, generated calibration samples) is its builder's too, with `SourceBuilder`'s defaults.
 """

@@ -31,7 +31,10 @@ def code_files(source: str | None = None) -> list[Path]:
     package = LOWERING_PACKAGE
     files = sorted(package.rglob("*.py"), key=lambda path: path.relative_to(package).as_posix())
     if source is not None and source in SOURCES:
-        found = importlib.util.find_spec(SOURCES[source].builder.partition(":")[0])
+        try:
+            found = importlib.util.find_spec(SOURCES[source].builder.partition(":")[0])
+        except (ImportError, ValueError):  # its package is gone: the lowering will say so, not the cache key
+            found = None
         if found is not None and found.origin:
             files.append(Path(found.origin).resolve())
     return list(dict.fromkeys(files))

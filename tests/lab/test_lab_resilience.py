@@ -38,6 +38,17 @@ class Lab:
     def workers(self) -> dict[str, str]:
         return {worker.name: worker.address for worker in lab_state(self.local.settings).workers}
 
+    def refused(self, name: str, inventory: Path, key: str) -> tuple[int, str]:
+        """A `fab worker` the lab should refuse: its exit status (it must end by itself) and what it said."""
+        worker = self.local.start_worker(name, inventory, lowering=False, key=key)
+        try:
+            code = worker.wait(timeout=120)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+            self.local.processes.pop(key)
+        return code, self.local.log(key)
+
     def wait_until(self, check: object, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -117,14 +128,7 @@ def test_a_worker_with_another_labs_certificate_says_why_and_stops(lab: Lab, tmp
     inventory = tmp_path / "stranger.yaml"
     inventory.write_text(yaml.safe_dump(document))
     before = lab.local.log("scheduler").count("\n")
-    worker = lab.local.start_worker("stranger", inventory, lowering=False)
-    try:
-        code = worker.wait(timeout=120)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-        lab.local.processes.pop("stranger")
-    said = lab.local.log("stranger")
+    code, said = lab.refused("stranger", inventory, "stranger")
     assert code == 69, said
     assert "TLS certificate does not match" in said and "are this host's certificates the lab's?" in said, said
     assert "Traceback" not in said
@@ -171,14 +175,7 @@ def test_a_frozen_worker_joins_again_when_it_comes_back(lab: Lab) -> None:
 
 def test_a_second_worker_with_a_taken_name_says_so_and_stops(lab: Lab) -> None:
     lab.local.wait_workers({"w1"}, timeout=120)
-    twin = lab.local.start_worker("w1", lab.inventory, lowering=False, key="twin")
-    try:
-        code = twin.wait(timeout=120)
-    finally:
-        if twin.poll() is None:
-            twin.kill()
-        lab.local.processes.pop("twin")
-    said = lab.local.log("twin")
+    code, said = lab.refused("w1", lab.inventory, "twin")
     assert code == 69, said
     assert "another worker of the lab is named 'w1'" in said and "another --name" in said, said
     assert "Traceback" not in said

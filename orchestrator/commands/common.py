@@ -255,10 +255,10 @@ def context_specs(
         raise UsageError("--context: give one or more KV cache sizes, e.g. --context 128,512,1024")
     tokens = new_tokens or target.new_tokens
     for context in contexts:
-        if target.seq_len + tokens > context:
+        if target.positions(new_tokens) > context:
             raise UsageError(
                 f"--context {context}: {target.name}'s prompt of {target.seq_len} tokens and {tokens} new ones need "
-                f"{target.seq_len + tokens} positions"
+                f"{target.positions(new_tokens)} positions"
             )
     return [with_(target, context=context) for context in dict.fromkeys(contexts)]
 

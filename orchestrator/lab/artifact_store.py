@@ -209,7 +209,10 @@ class ArtifactStore:
         except StoreUnreachable:
             raise
         except StoreError:  # a bad entry (a pipe, a folder, a malformed manifest): replaced whole
-            self._bounded("removing a bad entry", lambda: self.fs.rm(entry, recursive=True))
+            try:
+                self._bounded("removing a bad entry", lambda: self.fs.rm(entry, recursive=True))
+            except OSError as exc:
+                raise self._unreachable("could not replace a bad entry in", exc) from None
         folder = artifact.paths.folder
         sidecar_path = artifact.paths.sidecar(artifact.variant)
         files = {record.file: record.sha256 for record in artifact.sidecar.files.values()}
@@ -350,11 +353,14 @@ class ArtifactStore:
 
     # ------------------------------------------------------------ kept programs (baselines)
 
+    def _program_where(self, sha: str) -> str:
+        return f"the lab's store {shown(self.url)}, program {sha[:12]}"
+
     def put_program(self, pte: Path, sha: str) -> None:
         target = f"{self.root}/programs/{_checked_key(sha)}.pte"
         try:
             try:
-                self._regular(target, f"the lab's store {shown(self.url)}, program {sha[:12]}")
+                self._regular(target, self._program_where(sha))
                 return  # there already (verified by sha256 when fetched)
             except FileNotFoundError:
                 pass
@@ -370,7 +376,7 @@ class ArtifactStore:
     def get_program(self, sha: str, target: Path) -> Path | None:
         """The kept program `sha` fetched to `target` (verified), None when the store does not hold it."""
         source = f"{self.root}/programs/{_checked_key(sha)}.pte"
-        where = f"the lab's store {shown(self.url)}, program {sha[:12]}"
+        where = self._program_where(sha)
         try:
             size = self._regular(source, where)
         except FileNotFoundError:

@@ -44,7 +44,6 @@ CONNECT_SECONDS = 20.0
 # Its routes are off (a 404 for everything, whatever the Host header), and it listens on loopback only.
 HTTP_ADDRESS = "127.0.0.1:0"
 HTTP_OFF: dict[str, list[str]] = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
-DEFAULT_WORKER_TTL_SECONDS = 60.0
 # Dask checks its worker-ttl only every worker-ttl; etlab checks it this often, so a silent host is given up after
 # worker-ttl plus at most this (60-65 s by default), not after up to twice worker-ttl.
 TTL_CHECK_SECONDS = 5.0

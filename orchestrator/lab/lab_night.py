@@ -71,8 +71,6 @@ class LabOutcome:
     infrastructure_ok: bool = True
     versions: dict[str, dict[str, str]] = field(default_factory=dict)
     lost: str | None = None  # the scheduler was lost mid-night: why, as said to the user
-    # Store entries a worker refused as bad data and published again (what it said of each).
-    repaired: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -201,8 +199,7 @@ def _lower(
             console.warn(f"{model}: not lowered for the lab: {problem}")
             return
         outcome.versions[model] = checked.versions
-        for said in checked.repaired:
-            outcome.repaired.append(said[:500])
+        for said in checked.repaired:  # store entries refused as bad data, published again
             console.warn(f"{model}: {said[:500]} (on {checked.host[:128]})")
         keys.update(((model, name), key) for name, key in checked.keys.items())
         how = f"lowered {', '.join(checked.lowered)}" if checked.lowered else "from the lab's store or cache"

@@ -158,20 +158,6 @@ _SECTION_FIELDS: dict[str, Check] = {
     **_RUN_FIELDS,
     "matrix": lambda node, _field: node,  # checked entry by entry below
 }
-_ENTRY_FIELDS: dict[str, Check] = {
-    "models": names,
-    "backends": names,
-    "quantize": names,  # schemes of the registry (quantize.SCHEMES): none (fp32) keeps the backends, each other
-    # scheme adds its cell xnnpack-<scheme> (variants.combine, as `--quantize`)
-    "boards": names,
-    "groups": names,
-    "tags": names,
-    "rewrites": names,  # auto, none, or names of rewrites.REWRITES (as `--rewrites`)
-    "advised": boolean,  # the models as exported and with their rewrites (`rewrites`, else auto)
-    "attention": choice(ATTENTIONS),  # text-generation models only (as `--attention`)
-    "context": lambda node, field: _contexts(node, field),  # KV cache sizes, text-generation models (`--context`)
-    **_RUN_FIELDS,
-}
 
 
 def _contexts(node: Node, _field: str) -> tuple[int, ...]:
@@ -186,6 +172,22 @@ def _contexts(node: Node, _field: str) -> tuple[int, ...]:
             raise Invalid(f"expected a KV cache size (an integer 2-{MAX_CONTEXT}), got {describe(item)}")
         found.append(check(item, _field))
     return tuple(dict.fromkeys(found))
+
+
+_ENTRY_FIELDS: dict[str, Check] = {
+    "models": names,
+    "backends": names,
+    "quantize": names,  # schemes of the registry (quantize.SCHEMES): none (fp32) keeps the backends, each other
+    # scheme adds its cell xnnpack-<scheme> (variants.combine, as `--quantize`)
+    "boards": names,
+    "groups": names,
+    "tags": names,
+    "rewrites": names,  # auto, none, or names of rewrites.REWRITES (as `--rewrites`)
+    "advised": boolean,  # the models as exported and with their rewrites (`rewrites`, else auto)
+    "attention": choice(ATTENTIONS),  # text-generation models only (as `--attention`)
+    "context": _contexts,  # KV cache sizes, text-generation models (`--context`)
+    **_RUN_FIELDS,
+}
 
 
 def load_config(inventory: Inventory) -> NightlyConfig:
@@ -272,10 +274,10 @@ def _entry(
                               f"{spec.name} is not a text-generation model (it has no KV cache)")  # fmt: skip
     for spec in models if contexts else ():
         for context in contexts:
-            if spec.generates and spec.seq_len + spec.new_tokens > context:
+            if spec.generates and spec.positions() > context:
                 checker.error(_key_value(node, "context") or node, f"{where}.context",
                               f"{context}: {spec.name}'s prompt of {spec.seq_len} tokens and {spec.new_tokens} new "
-                              f"ones need {spec.seq_len + spec.new_tokens} positions")  # fmt: skip
+                              f"ones need {spec.positions()} positions")  # fmt: skip
     if advised:
         asked = MatrixEntry((), (), (), RunParams(), rewrites, advised).request
         for spec in models:

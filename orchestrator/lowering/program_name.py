@@ -34,7 +34,7 @@ _SHORT_REWRITES = re.compile(r"rw-([0-9a-f]{8})")
 SHORT_BASE = 48  # characters of the base kept in the short form
 
 
-def rewrites_digest(rewrites: tuple[str, ...]) -> str:
+def _digest(rewrites: tuple[str, ...]) -> str:
     return hashlib.sha256(",".join(rewrites).encode()).hexdigest()[:8]
 
 
@@ -56,7 +56,7 @@ class ProgramName:
         if not self.rewrites:
             return head
         joined = f"{head}.{'.'.join(self.rewrites)}"
-        return joined if is_valid_name(joined) else f"{head[:SHORT_BASE]}.rw-{rewrites_digest(self.rewrites)}"
+        return joined if is_valid_name(joined) else f"{head[:SHORT_BASE]}.rw-{_digest(self.rewrites)}"
 
     @property
     def as_exported(self) -> bool:

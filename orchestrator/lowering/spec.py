@@ -260,6 +260,10 @@ class ModelSpec:
         wanted = self.max_prompt_len or max(self.seq_len, DEFAULT_PROMPT_CAPACITY)
         return min(self.cache_capacity - 1, wanted)  # a --context below the spec's capacity bounds it
 
+    def positions(self, new_tokens: int | None = None) -> int:
+        """The KV cache positions a generation of its prompt and `new_tokens` (else its own) fills."""
+        return self.seq_len + (new_tokens or self.new_tokens)
+
     def with_options(self, **changes: Any) -> ModelSpec:
         """The same spec with some of its options changed."""
         return replace(self, options=replace(self.options, **changes))

@@ -55,6 +55,11 @@ CONTEXT_HELP = (
     "text-generation models: KV cache sizes, one program each (e.g. 128,512,1024: prefill time, decode speed and "
     "memory against the context, in one table and one plot); default: the model's"
 )
+CHOICE_HELP = {  # what makes a model's program another (lowering/program.py)
+    "rewrites": REWRITES_HELP,
+    "context": CONTEXT_HELP,
+    "attention": ATTENTION_HELP,
+}
 RUN_HELP = {
     "iterations": "timed iterations (default 20)",
     "warmup": "untimed warmup runs (default 3)",
@@ -81,9 +86,7 @@ RUN_HELP = {
         "trust_code": TRUST_CODE_HELP,
         "exported": "lower your own ExportedProgram (a torch.export.save'd .pt2) instead of --model/--spec",
         "name": "with --exported: the folder under artifacts/ (default: the file's stem)",
-        "rewrites": REWRITES_HELP,
-        "context": CONTEXT_HELP,
-        "attention": ATTENTION_HELP,
+        **CHOICE_HELP,
     }
 )
 @handle_errors
@@ -91,13 +94,10 @@ def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", 
           quantize="none", calibration=None, jobs=None, trust_remote_code=False, trust_code=False, exported=None,
           name=None, rewrites="none", context=None, attention=None):  # fmt: skip
     """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
+    given = options.given(locals())
     from orchestrator.commands.lower import lower as lower_model
 
-    return lower_model(
-        model, spec, backend, weights, etrecord=etrecord, force=force, quantize=quantize, calibration=calibration,
-        jobs=jobs, trust_remote_code=trust_remote_code, trust_code=trust_code, exported=exported, name=name,
-        rewrites=rewrites, context=context, attention=attention,
-    )  # fmt: skip
+    return lower_model(given)
 
 
 @task(help={**SELECT_HELP, "force": "re-provision even if the board is up to date"})
@@ -109,21 +109,20 @@ def setup_board(c, board=None, group=None, tag=None, inventory=None, lg_wait=Non
     return setup_board_task(board=board, group=group, tag=tag, inventory=inventory, lg_wait=lg_wait, force=force)
 
 
-@task(help={**SELECT_HELP, **MODEL_HELP, **PTE_HELP, "backend": "portable, xnnpack or both (default xnnpack)",
-            "quantize": QUANTIZE_HELP})  # fmt: skip
+@task(help={**SELECT_HELP, **MODEL_HELP, **PTE_HELP, **CHOICE_HELP,
+            "backend": "portable, xnnpack or both (default xnnpack)", "quantize": QUANTIZE_HELP})  # fmt: skip
 @handle_errors
 def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
-         quantize="none", pte=None, reference=None, name=None):  # fmt: skip
+         quantize="none", pte=None, reference=None, name=None, rewrites="none", context=None,
+         attention=None):  # fmt: skip
     """Push lowered .pte files (content-addressed, verified) and their reference inputs to boards."""
+    given = options.given(locals())
     from orchestrator.commands.board import push_task
 
-    return push_task(
-        model, spec, backend=backend, quantize=quantize, pte=pte, reference=reference, name=name, board=board,
-        group=group, tag=tag, inventory=inventory, lg_wait=lg_wait,
-    )  # fmt: skip
+    return push_task(given)
 
 
-@task(help={**SELECT_HELP, **MODEL_HELP, **PTE_HELP, **RUN_HELP,
+@task(help={**SELECT_HELP, **MODEL_HELP, **PTE_HELP, **RUN_HELP, **CHOICE_HELP,
             "backend": "portable, xnnpack or both (default xnnpack)",
             "timeout": "hard runner timeout in seconds (default: derived from the budget)",
             "quantize": QUANTIZE_HELP},
@@ -131,15 +130,13 @@ def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, ta
 @handle_errors
 def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
         iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None,
-        quantize="none", pte=None, reference=None, name=None, new_tokens=None):  # fmt: skip
+        quantize="none", pte=None, reference=None, name=None, new_tokens=None, rewrites="none", context=None,
+        attention=None):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
+    given = options.given(locals())
     from orchestrator.commands.board import run_task
 
-    return run_task(
-        model, spec, backend=backend, quantize=quantize, pte=pte, reference=reference, name=name, board=board,
-        group=group, tag=tag, inventory=inventory, lg_wait=lg_wait, iterations=iterations, warmup=warmup,
-        threads=threads, max_seconds=max_seconds, timeout=timeout, counters=counters, new_tokens=new_tokens,
-    )  # fmt: skip
+    return run_task(given)
 
 
 @task(help={**SELECT_HELP, "run": "pull this run id (or a unique prefix)", "latest": "only each board's latest run"})
@@ -247,8 +244,7 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "port": "Model Explorer port (8081)", "quantize": QUANTIZE_HELP, **ACCURACY_HELP,
             "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
             "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
-            "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP, "rewrites": REWRITES_HELP,
-            "context": CONTEXT_HELP, "attention": ATTENTION_HELP},
+            "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP, **CHOICE_HELP},
       optional=["counters"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend=None, board=None, group=None, tag=None, inventory=None,
@@ -258,16 +254,10 @@ def deploy_and_profile(c, model=None, spec=None, backend=None, board=None, group
                        trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None,
                        rewrites="none", new_tokens=None, context=None, attention=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
+    given = options.given(locals())
     from orchestrator.commands.deploy import deploy_task
 
-    return deploy_task(
-        model, spec, backend=backend, board=board, group=group, tag=tag, inventory=inventory, lg_wait=lg_wait,
-        iterations=iterations, warmup=warmup, threads=threads, max_seconds=max_seconds, weights=weights,
-        no_explore=no_explore, no_browser=no_browser, port=port, counters=counters, quantize=quantize,
-        calibration=calibration, min_sqnr=min_sqnr, min_top1=min_top1, min_top5=min_top5, jobs=jobs,
-        trust_remote_code=trust_remote_code, trust_code=trust_code, pte=pte, reference=reference, name=name,
-        rewrites=rewrites, new_tokens=new_tokens, context=context, attention=attention,
-    )  # fmt: skip
+    return deploy_task(given)
 
 
 @task(help={"port": "port on 127.0.0.1 (default 8080)", "no_browser": "do not open a browser (headless machines)",

@@ -265,7 +265,7 @@ def lowered(spec: ModelSpec, variant: str, attention: str | None = None) -> tupl
     """The spec lowered (cached in artifacts/): the .pte, its KV cache's bytes and context."""
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.export import lower as lowering
-    from orchestrator.lowering.program_name import with_
+    from orchestrator.lowering.program import with_
 
     if attention is not None:  # `--attention etlab|sdpa`: the other program is lowered under its own name
         spec = with_(spec, attention=attention)

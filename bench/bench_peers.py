@@ -55,7 +55,7 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from bench.bench_quantize import cpu_description, load_average, local_board_runner  # noqa: E402
 from orchestrator import console  # noqa: E402
 from orchestrator.lowering.builtins import BUILTIN_SPECS  # noqa: E402
-from orchestrator.lowering.program_name import program_name  # noqa: E402
+from orchestrator.lowering.program import program_name  # noqa: E402
 from orchestrator.lowering.rewrites.registry import REWRITES, RewriteRequest, parse_rewrites  # noqa: E402
 from orchestrator.lowering.variants import Variant  # noqa: E402
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors  # noqa: E402

@@ -38,7 +38,7 @@ sys.path.insert(0, str(PROJECT_ROOT))
 
 from orchestrator import paths  # noqa: E402
 from orchestrator.boards.inventory import Board, load_inventory  # noqa: E402
-from orchestrator.deploy.abtest import Program, interleave  # noqa: E402
+from orchestrator.deploy.abtest import ABProgram, interleave  # noqa: E402
 from orchestrator.deploy.provision import setup_board  # noqa: E402
 from orchestrator.deploy.runs import RunParams  # noqa: E402
 from orchestrator.lab.nightly import run_nightly  # noqa: E402
@@ -119,12 +119,12 @@ def false_alarms(work: Path, board: Board, args: argparse.Namespace, figures: Fi
 
 
 def sensitivity(work: Path, board: Board, args: argparse.Namespace, figures: Figures) -> None:
-    def build(hidden_dim: int) -> tuple[Program, tuple[Path, str]]:
+    def build(hidden_dim: int) -> tuple[ABProgram, tuple[Path, str]]:
         result = lowering.lower(resolve_spec(None, spec_file(work, hidden_dim)), variants=[Variant("xnnpack")],
                                 root=work / f"artifacts-{hidden_dim}")  # fmt: skip
         lowered = result.variants[Variant("xnnpack")]
         inputs = (result.paths.reference_inputs, lowered.sidecar.reference_inputs_sha256)
-        return Program(str(hidden_dim), lowered.pte, lowered.sidecar.sha256), inputs
+        return ABProgram(str(hidden_dim), lowered.pte, lowered.sidecar.sha256), inputs
 
     base, inputs = build(BASE_CONFIG["hidden_dim"])
     with connect(board) as conn:

@@ -3,7 +3,7 @@ the advisor proposes etlab's attention for, attending so: `--attention`), check 
 exported computes, and measure the gain on a board with the interleaved A/B re-test (deploy/abtest.py); a
 text-generation program's runs are its generate loop on the reference prompt, as a profile's are.
 
-Each variant lives under its own name (lowering/program_name.py), beside the model as exported: both stay
+Each variant lives under its own name (lowering/program.py), beside the model as exported: both stay
 cached. The outputs check compares the variant's eager reference outputs with the original's (the rewrite changes
 the model, not the lowering: the lowering is checked on the board by every run); `head-at-position` turns
 [B, S, V] logits into [B, V], compared with the original's row at the position the rewrite keeps.
@@ -20,14 +20,21 @@ import numpy as np
 from orchestrator import console
 from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
-from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, DEFAULT_ROUNDS, Interleaved, Program, Retest, interleave
+from orchestrator.deploy.abtest import (
+    DEFAULT_RETEST_SECONDS,
+    DEFAULT_ROUNDS,
+    ABProgram,
+    Interleaved,
+    Retest,
+    interleave,
+)
 from orchestrator.deploy.agent_client import GenerateArgs
 from orchestrator.deploy.provision import quick_check, setup_board
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweredVariant
-from orchestrator.lowering.program_name import program_name, with_
+from orchestrator.lowering.program import program_name, with_
 from orchestrator.lowering.rewrites.registry import REWRITES, RewriteRequest, without_superseded
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
@@ -275,7 +282,7 @@ def _lower(
 
 
 def attention_twin(spec: ModelSpec, attention: str) -> ModelSpec:
-    """The same model attending with `attention`, under the name program_name.py gives it (`x.sdpa`; a program named
+    """The same model attending with `attention`, under the name program.py gives it (`x.sdpa`; a program named
     after its attention has its twin with the default under the base name, as the built-in spec is lowered)."""
     return with_(spec, attention=attention)
 
@@ -350,13 +357,13 @@ def try_rewrites(
         saving = predicted.get(ATTENTION, 0.0) if attention else sum(predicted.get(n, 0.0) for n in covered)
         trial = VariantTrial(name, applied, saving, check, profiled_ms=profiled_ms, attention=attention)
         lowered.append((trial, program))
-    a = Program(spec.name, original.pte, original.sidecar.sha256, _generate(original.sidecar, params))
+    a = ABProgram(spec.name, original.pte, original.sidecar.sha256, _generate(original.sidecar, params))
     with labgrid.job(board) as target, connect(target) as conn:
         if quick_check(conn) is None:  # not set up, or out of date
             setup_board(conn)
         for trial, program in lowered:
             console.info(console.escape(f"[{board.name}] {spec.name} against {trial.name}: interleaved A/B"))
-            b = Program(trial.name, program.pte, program.sidecar.sha256, _generate(program.sidecar, params))
+            b = ABProgram(trial.name, program.pte, program.sidecar.sha256, _generate(program.sidecar, params))
             trial.retest = interleave(
                 conn, a, b, (original_inputs, original.sidecar.reference_inputs_sha256), params, expect="faster",
                 rounds=rounds, budget_seconds=budget_seconds, iterations_per_run=iterations_per_run,

@@ -19,7 +19,7 @@ from orchestrator.commands.render_advice import print_advice_lines, render_advic
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import Artifact
-from orchestrator.lowering.program_name import ProgramName
+from orchestrator.lowering.program import ProgramName
 from orchestrator.records import to_data
 from orchestrator.results.documents import ANALYSIS_DIR
 from orchestrator.results.store import LocalRun, find_run

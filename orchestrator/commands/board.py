@@ -17,14 +17,15 @@ from orchestrator.boards.inventory import Board, load_inventory
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.commands import options
 from orchestrator.commands.common import (
+    BoardOptions,
+    LoweringGroup,
+    RunOptions,
     check_generation,
     find_artifact,
-    model_spec,
-    run_params,
     select_all,
     select_boards,
-    variants,
 )
+from orchestrator.commands.program_options import ProgramOptions, no_choices_for_own_program, spec_programs
 from orchestrator.commands.programs import exclusive, reference_without_pte, user_program
 from orchestrator.commands.render_boards import print_details, print_gc, summarize
 from orchestrator.deploy.agent_client import BoardAgent, GcResult
@@ -242,26 +243,24 @@ def artifacts_for(model: str, variants: Sequence[Variant]) -> list[Artifact]:
     return [find_artifact(model, variant) for variant in variants]
 
 
-def chosen_artifacts(
-    model: str | None,
-    spec: str | None,
-    pte: str | None,
-    reference: str | None,
-    name: str | None,
-    chosen: Sequence[Variant],
-) -> list[Artifact]:
-    """push and run: the user's .pte (`--pte`), or the lowered variants of `--model`/`--spec`."""
-    exclusive(pte, model, spec)
-    reference_without_pte(pte, reference)
-    lowered = find_lowered(model) if model is not None else None
+def chosen_artifacts(given: ProgramOptions, chosen: Sequence[Variant], new_tokens: int | None = None) -> list[Artifact]:
+    """push and run: the user's .pte (`--pte`), or the lowered variants of the programs `--model`/`--spec` and the
+    choices name (program_options.py)."""
+    exclusive(given.pte, given.model, given.spec)
+    reference_without_pte(given.pte, given.reference)
+    lowered = find_lowered(given.model) if given.model is not None else None
     if lowered is not None and lowered.user_file:  # a program of the user's own: its artifacts are all there is
+        no_choices_for_own_program(given, lowered.name)
         own = [lowered.sidecar.variant] if lowered.sidecar.spec.get("model_source") == USER_PROGRAM else chosen
         return list(artifacts_for(lowered.name, own))
-    if pte is not None:
-        return [user_program(pte, reference, name)]
-    if name is not None:
+    if given.pte is not None:
+        no_choices_for_own_program(given, given.pte)
+        return [user_program(given.pte, given.reference, given.name)]
+    if given.name is not None:
         raise UsageError("--name names the artifacts of --pte FILE: give it with --pte")
-    return list(artifacts_for(model_spec(model, spec).name, chosen))
+    return [
+        artifact for program in spec_programs(given, new_tokens) for artifact in artifacts_for(program.name, chosen)
+    ]
 
 
 def setup_board_task(
@@ -271,29 +270,22 @@ def setup_board_task(
     return setup_boards(select_boards(inventory, board, group, tag, lg_wait), force=force)
 
 
-def push_task(
-    model: str | None, spec: str | None, *, backend: str, quantize: str, pte: str | None, reference: str | None,
-    name: str | None, board: str | None, group: str | None, tag: str | None, inventory: str | None,
-    lg_wait: str | None,
-) -> int:  # fmt: skip
+def push_task(given: dict[str, Any]) -> int:
     """`fab push`: the variants, then the programs, then the boards, each checked before anything is pushed."""
-    chosen = variants(backend, quantize)
-    artifacts = chosen_artifacts(model, spec, pte, reference, name, chosen)
-    return push(select_boards(inventory, board, group, tag, lg_wait), artifacts)
+    program, lowering, boards = ProgramOptions.take(given), LoweringGroup.take(given), BoardOptions.take(given)
+    options.all_taken(given)
+    artifacts = chosen_artifacts(program, lowering.variants(default="xnnpack"))
+    return push(boards.boards(), artifacts)
 
 
-def run_task(
-    model: str | None, spec: str | None, *, backend: str, quantize: str, pte: str | None, reference: str | None,
-    name: str | None, board: str | None, group: str | None, tag: str | None, inventory: str | None,
-    lg_wait: str | None, iterations: Any, warmup: Any, threads: Any, max_seconds: Any, timeout: Any, counters: Any,
-    new_tokens: Any,
-) -> int:  # fmt: skip
+def run_task(given: dict[str, Any]) -> int:
     """`fab run`: every option checked (and `--new-tokens` against each program) before a board is touched."""
-    params = run_params(iterations, warmup, threads, max_seconds, timeout, counters, new_tokens)
-    chosen = variants(backend, quantize)
-    artifacts = chosen_artifacts(model, spec, pte, reference, name, chosen)
+    program, lowering, boards = ProgramOptions.take(given), LoweringGroup.take(given), BoardOptions.take(given)
+    params = RunOptions.take(given).params()
+    options.all_taken(given)
+    artifacts = chosen_artifacts(program, lowering.variants(default="xnnpack"), params.new_tokens)
     check_generation(artifacts, params)
-    return run(select_boards(inventory, board, group, tag, lg_wait), artifacts, params)
+    return run(boards.boards(), artifacts, params)
 
 
 def pull_task(

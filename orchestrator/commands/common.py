@@ -8,29 +8,20 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board, Inventory, load_inventory
 from orchestrator.commands import options
-from orchestrator.commands.lowered import known_lowered_models, lowered_model_spec
 from orchestrator.config import did_you_mean
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ArtifactError, UsageError
 from orchestrator.lowering.artifacts import Artifact, MissingArtifact, load_artifact
-from orchestrator.lowering.attention.choice import ATTENTIONS
-from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
-from orchestrator.lowering.lowered import recorded_rewrites
-from orchestrator.lowering.program_name import program_name, with_
+from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.quantize.calibration import CalibrationError
 from orchestrator.lowering.rewrites.registry import (
     RewriteNotFound,
-    RewriteRequest,
-    UnknownRewrite,
-    check_request,
-    parse_rewrites,
 )
-from orchestrator.lowering.spec import MAX_CONTEXT, ModelSpec, RemoteCodeInSpec, UnknownModel
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, UnknownVariant, Variant, combine, parse_schemes
 from orchestrator.servers.errors import PortBusy
 
@@ -67,32 +58,23 @@ def one_board(inventory: str | None, board: str | None, *, what: str, example: s
     return boards[0]
 
 
+@dataclass(frozen=True)
+class BoardOptions(options.OptionGroup):
+    """`--board`, `--group`, `--tag`, `--inventory`, `--lg-wait`: the boards a task works on."""
+
+    board: str | None = None
+    group: str | None = None
+    tag: str | None = None
+    inventory: str | None = None
+    lg_wait: Any = None
+
+    def boards(self) -> list[Board]:
+        return select_boards(self.inventory, self.board, self.group, self.tag, self.lg_wait)
+
+
 def select_all(inventory: Inventory) -> list[Board]:
     """Every board of an inventory, labgrid tag selectors expanded to their places."""
     return labgrid.expand(list(inventory.boards.values()))
-
-
-def model_spec(
-    model: str | None, spec: str | None, *, trust_remote_code: bool = False, trust_code: bool = False
-) -> ModelSpec:
-    """`--model NAME` or `--spec FILE`, exactly one (exit 64, the options named)."""
-    if (model is None) == (spec is None):
-        raise UsageError("give exactly one of --model NAME or --spec FILE")
-    try:
-        return resolve_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
-    except UnknownModel as exc:
-        assert model is not None  # a spec file is never unknown
-        found = lowered_model_spec(model, trust_remote_code=trust_remote_code, trust_code=trust_code)
-        if found is not None:
-            return found
-        lowered = known_lowered_models()
-        if lowered:
-            exc.args = (f"{exc.args[0]}; lowered from spec files or your own programs: {', '.join(lowered)}",)
-        exc.hint = "or pass your own spec with --spec path/to/model_spec.json"
-        raise
-    except RemoteCodeInSpec as exc:
-        exc.hint = "pass --trust-remote-code on the command line if you trust the model folder's code"
-        raise
 
 
 def variants(backend: str | None, quantize: Any = "none", default: str = "portable,xnnpack") -> list[Variant]:
@@ -114,9 +96,18 @@ def variants(backend: str | None, quantize: Any = "none", default: str = "portab
     return list(combine([Variant.parse(name) for name in names], schemes))
 
 
-def lower_options(variant: Variant) -> str:
-    """The `fab lower` options that make `variant`: `--backend xnnpack` or `--quantize int8-dynamic`."""
-    return f"--quantize {variant.scheme.name}" if variant.quantized else f"--backend {variant.name}"
+def lower_options(model: str, variant: Variant) -> str:
+    """The `fab lower` options that make program `model`'s `variant`: `--model gpt2-tiny --rewrites tanh-gelu
+    --backend xnnpack`, `--model smollm2-gen-tiny --context 128 --quantize int8-dynamic` (a program in the short form
+    of its rewrites is known by its name alone)."""
+    named = ProgramName.parse(model)
+    words = [f"--model {named.base if named.rewrites_digest is None else model}"]
+    if named.rewrites_digest is None:
+        words += [f"--attention {named.attention}"] if named.attention else []
+        words += [f"--context {named.context}"] if named.context is not None else []
+        words += [f"--rewrites {','.join(named.rewrites)}"] if named.rewrites else []
+    words.append(f"--quantize {variant.scheme.name}" if variant.quantized else f"--backend {variant.name}")
+    return " ".join(words)
 
 
 def find_artifact(model: str, variant: Variant | str, root: Path | None = None) -> Artifact:
@@ -129,7 +120,7 @@ def find_artifact(model: str, variant: Variant | str, root: Path | None = None) 
     try:
         return load_artifact(model, chosen, root)
     except MissingArtifact as exc:
-        raise ArtifactError(str(exc), hint=f"run: fab lower --model {model} {lower_options(chosen)}") from None
+        raise ArtifactError(str(exc), hint=f"run: fab lower {lower_options(model, chosen)}") from None
 
 
 @dataclass(frozen=True)
@@ -149,34 +140,6 @@ def lowering_options(weights: Any = "auto", jobs: Any = None, calibration: Any =
     if path is not None and not path.is_file():
         raise UsageError(f"--calibration {calibration}: no such file")
     return LoweringOptions(mode, workers, path)
-
-
-def rewrite_request(value: Any, target: ModelSpec | Artifact) -> RewriteRequest:
-    """`--rewrites auto|none|a,b` for the model `target` (a ModelSpec, or an Artifact of `--pte`, which etlab does
-    not lower): a RewriteRequest, or UsageError naming the option (an unknown name, one that does not apply).
-
-    A rewritten program found by its artifacts (`--model gpt2-tiny.tanh-gelu`) gets the rewrites its sidecar
-    records: it is lowered again only with them, under its own name (program_name.py).
-    """
-    try:
-        request = parse_rewrites(str(value))
-        if request != RewriteRequest() and not isinstance(target, ModelSpec):
-            raise UnknownRewrite("not for --pte (your program is profiled as you lowered it)")
-        if isinstance(target, ModelSpec):
-            check_request(request, target)
-    except UnknownRewrite as exc:
-        raise UsageError(f"--rewrites {value}: {exc}", hint=exc.hint) from None
-    if not isinstance(target, ModelSpec) or target.name in BUILTIN_SPECS:
-        return request
-    recorded = recorded_rewrites(target.name)
-    if recorded and program_name(target, RewriteRequest(names=recorded)) == target.name:
-        if request not in (RewriteRequest(), RewriteRequest(names=recorded)) and request.resolve(target) != recorded:
-            raise UsageError(
-                f"--rewrites {value}: {target.name} is a rewritten program, lowered with {', '.join(recorded)}",
-                hint="lower the model as exported with the rewrites you want: each set gets its own name",
-            )
-        return RewriteRequest(names=recorded)
-    return request
 
 
 @contextlib.contextmanager
@@ -207,6 +170,53 @@ def naming_port() -> Iterator[None]:
         raise
 
 
+@dataclass(frozen=True)
+class RunOptions(options.OptionGroup):
+    """How a program runs on a board: `--iterations`, `--warmup`, `--threads`, `--max-seconds`, `--timeout`,
+    `--counters`, `--new-tokens`."""
+
+    iterations: Any = None
+    warmup: Any = None
+    threads: Any = None
+    max_seconds: Any = None
+    timeout: Any = None
+    counters: Any = None
+    new_tokens: Any = None
+
+    def params(self) -> RunParams:
+        return run_params(self.iterations, self.warmup, self.threads, self.max_seconds, self.timeout, self.counters,
+                          self.new_tokens)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AccuracyOptions(options.OptionGroup):
+    """The accuracy gate of quantized runs: `--min-sqnr`, `--min-top1`, `--min-top5`."""
+
+    min_sqnr: Any = None
+    min_top1: Any = None
+    min_top5: Any = None
+
+    def thresholds(self) -> dict[str, float]:
+        return options.accuracy_thresholds(self.min_sqnr, self.min_top1, self.min_top5)
+
+
+@dataclass(frozen=True)
+class LoweringGroup(options.OptionGroup):
+    """How etlab lowers: `--backend`, `--quantize` (the variants), `--weights`, `--jobs`, `--calibration`."""
+
+    backend: str | None = None
+    quantize: Any = "none"
+    weights: Any = "auto"
+    jobs: Any = None
+    calibration: Any = None
+
+    def variants(self, default: str = "portable,xnnpack") -> list[Variant]:
+        return variants(self.backend, self.quantize, default)
+
+    def options(self) -> LoweringOptions:
+        return lowering_options(self.weights, self.jobs, self.calibration)
+
+
 def run_params(
     iterations: Any,
     warmup: Any,
@@ -229,58 +239,6 @@ def run_params(
         counters=options.counters(counters),
         new_tokens=default.new_tokens if new_tokens is None else options.count("--new-tokens", new_tokens, minimum=1),
     )
-
-
-@overload
-def context_specs(value: Any, target: ModelSpec, new_tokens: int | None = None) -> list[ModelSpec]: ...
-@overload
-def context_specs(
-    value: Any, target: ModelSpec | Artifact, new_tokens: int | None = None
-) -> list[ModelSpec | Artifact]: ...
-def context_specs(
-    value: Any, target: ModelSpec | Artifact, new_tokens: int | None = None
-) -> list[ModelSpec] | list[ModelSpec | Artifact]:
-    """`--context 128,512,1024` for a text-generation spec: one spec per KV cache size (its own program and name),
-    each checked to hold the prompt and the new tokens (exit 64, the option named). None: the spec as it is."""
-    if value is None:
-        return [target]
-
-    if not isinstance(target, ModelSpec) or not target.generates:
-        name = getattr(target, "name", None) or getattr(target, "model", "this program")
-        raise UsageError(f"--context: {name} is not a text-generation model (it has no KV cache)")
-    contexts = []
-    for item in split_list(str(value)) or []:
-        contexts.append(options.count("--context", item, minimum=2, maximum=MAX_CONTEXT))
-    if not contexts:
-        raise UsageError("--context: give one or more KV cache sizes, e.g. --context 128,512,1024")
-    tokens = new_tokens or target.new_tokens
-    for context in contexts:
-        if target.positions(new_tokens) > context:
-            raise UsageError(
-                f"--context {context}: {target.name}'s prompt of {target.seq_len} tokens and {tokens} new ones need "
-                f"{target.positions(new_tokens)} positions"
-            )
-    return [with_(target, context=context) for context in dict.fromkeys(contexts)]
-
-
-@overload
-def attention_spec(value: Any, target: ModelSpec) -> ModelSpec: ...
-@overload
-def attention_spec(value: Any, target: ModelSpec | Artifact) -> ModelSpec | Artifact: ...
-def attention_spec(value: Any, target: ModelSpec | Artifact) -> ModelSpec | Artifact:
-    """`--attention etlab|sdpa` for a text-generation spec: the program attending that way, under its own name when it
-    is not the spec's own choice (exit 64 for another value or a model that does not generate). None: as it is."""
-    if value is None:
-        return target
-
-    if value not in ATTENTIONS:
-        meant = did_you_mean(str(value), ATTENTIONS)
-        raise UsageError(f"--attention must be one of {', '.join(ATTENTIONS)}, got {value!r}{meant}")
-    if not isinstance(target, ModelSpec):
-        raise UsageError(f"--attention: {target.model} is a program of your own, lowered as you exported it")
-    if not target.generates or not hasattr(target.options, "attention"):
-        raise UsageError(f"--attention: {target.name} is not a text-generation model (it has no KV cache)")
-    return with_(target, attention=str(value))
 
 
 def check_generation(artifacts: Iterable[Artifact], params: RunParams) -> None:

@@ -13,20 +13,18 @@ from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board
 from orchestrator.commands import options
 from orchestrator.commands.common import (
+    AccuracyOptions,
+    BoardOptions,
+    LoweringGroup,
     LoweringOptions,
-    attention_spec,
+    RunOptions,
     check_generation,
-    context_specs,
     find_artifact,
-    lowering_options,
     naming_calibration,
     naming_port,
     naming_rewrites,
-    rewrite_request,
-    run_params,
-    select_boards,
-    variants,
 )
+from orchestrator.commands.program_options import ProgramOptions
 from orchestrator.commands.programs import profiled
 from orchestrator.commands.render import print_cells, print_context_scaling
 from orchestrator.commands.render_lowering import print_lowering
@@ -36,48 +34,42 @@ from orchestrator.errors import AnalysisError, ExitCode, combined_exit_code, fai
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.export import lower as lowerer
 from orchestrator.lowering.export.user_programs import reference_outputs_of
-from orchestrator.lowering.program_name import with_
-from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest
-from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.program import Program
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.store import LocalRun
 
 
-def deploy_task(
-    model: str | None, spec: str | None, *, backend: str | None, board: str | None, group: str | None, tag: str | None,
-    inventory: str | None, lg_wait: str | None, iterations: Any, warmup: Any, threads: Any, max_seconds: Any,
-    weights: Any, no_explore: bool, no_browser: bool, port: Any, counters: Any, quantize: str, calibration: Any,
-    min_sqnr: Any, min_top1: Any, min_top5: Any, jobs: Any, trust_remote_code: bool, trust_code: bool,
-    pte: str | None, reference: str | None, name: str | None, rewrites: Any, new_tokens: Any, context: Any,
-    attention: Any = None,
-) -> int:  # fmt: skip
-    """`fab deploy-and-profile`: every option is checked before the chain lowers, connects or starts anything."""
-    params = run_params(iterations, warmup, threads, max_seconds, None, counters, new_tokens)
-    checked = lowering_options(weights, jobs, calibration)
+def deploy_task(given: dict[str, Any]) -> int:
+    """`fab deploy-and-profile`: every option is checked before the chain lowers, connects or starts anything.
+    `given`: the task's options by name, each taken by its group."""
+    program, run = ProgramOptions.take(given), RunOptions.take(given)
+    lowering, accuracy, boards = LoweringGroup.take(given), AccuracyOptions.take(given), BoardOptions.take(given)
+    no_explore, no_browser = bool(given.pop("no_explore", False)), bool(given.pop("no_browser", False))
+    port = given.pop("port", None)
+    options.all_taken(given)
+    params = run.params()
+    checked = lowering.options()
     listen = options.port(8081 if port is None else port)
-    chosen = variants(backend, quantize, default="xnnpack")
-    accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
-    target = profiled(model, spec, pte, reference, name, trust_remote_code=trust_remote_code, trust_code=trust_code)
-    target = attention_spec(attention, target)
+    chosen = lowering.variants(default="xnnpack")
+    thresholds = accuracy.thresholds()
+    target = profiled(program, params.new_tokens)
     return deploy_and_profile(
         target,
-        contexts=context_specs(context, target, params.new_tokens) if context is not None else (),
-        rewrites=rewrite_request(rewrites, target),
         variants=chosen,
         lowering=checked,
-        accuracy=accuracy,
-        boards=select_boards(inventory, board, group, tag, lg_wait),
+        accuracy=thresholds,
+        boards=boards.boards(),
         params=params,
         explore=not no_explore,
         port=listen,
         open_browser=not no_browser,
         # Model Explorer shows both fp32 programs: the portable one is lowered for it when no --backend was asked
-        lower_both=backend is None and not no_explore,
+        lower_both=lowering.backend is None and not no_explore,
     )
 
 
 def deploy_and_profile(
-    spec: ModelSpec | Artifact,
+    programs: Sequence[Program] | Artifact,
     *,
     variants: Sequence[Variant],
     boards: Sequence[Board],
@@ -90,15 +82,13 @@ def deploy_and_profile(
     results_root: Path | None = None,
     artifacts_root: Path | None = None,
     accuracy: dict[str, float] | None = None,
-    rewrites: RewriteRequest = NO_REWRITES,
-    contexts: Sequence[ModelSpec] = (),
     lower_both: bool = True,
 ) -> int:
-    """`contexts`: a text-generation model's programs, one per KV cache size (`--context`), profiled side by side
-    and compared in one table and one plot; empty: `spec` alone. `lower_both`: lower both fp32 programs too (for
-    Model Explorer), not only `variants`."""
-    if isinstance(spec, Artifact):  # `--pte`: the user's own program, profiled as it is
-        return deploy_program(spec, boards=boards, params=params, accuracy=accuracy, explore=explore, host=host,
+    """`programs`: a model's programs (several: one per KV cache size, `--context`, profiled side by side and
+    compared in one table and one plot), or the user's own (`--pte`, an Artifact: profiled as it is). `lower_both`:
+    lower both fp32 programs too (for Model Explorer), not only `variants`."""
+    if isinstance(programs, Artifact):  # `--pte`: the user's own program, profiled as it is
+        return deploy_program(programs, boards=boards, params=params, accuracy=accuracy, explore=explore, host=host,
                               port=port, open_browser=open_browser, results_root=results_root)  # fmt: skip
     # For Model Explorer both fp32 backends are lowered too (cached after the first time), so it shows every program,
     # the quantized ones next to the fp32 ones; otherwise only what was asked.
@@ -106,24 +96,25 @@ def deploy_and_profile(
     wanted = list(dict.fromkeys([*both, *variants]))
     checked = lowering or LoweringOptions("auto", None, None)
     jobs, paths = [], []
-    for each in contexts or [spec]:
-        each = with_(each, rewrites=rewrites)  # a rewritten program under its own name, beside the model as exported
-        with naming_calibration(), naming_rewrites(rewrites):
+    for program in programs:
+        with naming_calibration(), naming_rewrites(program.rewrites):
             lowered = lowerer.lower(
-                each,
+                program.spec,
                 variants=wanted,
                 weights=checked.weights,
                 root=artifacts_root,
                 calibration=checked.calibration,
                 jobs=checked.jobs,
-                rewrites=rewrites,
+                rewrites=program.rewrites,
             )
         print_lowering(lowered)
         paths.append(lowered.paths)
-        jobs += [CellJob(find_artifact(each.name, variant, artifacts_root), params, accuracy) for variant in variants]
+        jobs += [
+            CellJob(find_artifact(program.name, variant, artifacts_root), params, accuracy) for variant in variants
+        ]
     check_generation([job.artifact for job in jobs], params)
     return _profile(jobs, paths[0], boards, results_root, explore=explore, host=host, port=port,
-                    open_browser=open_browser, scaling=len(contexts) > 1)  # fmt: skip
+                    open_browser=open_browser, scaling=len(programs) > 1)  # fmt: skip
 
 
 def deploy_program(

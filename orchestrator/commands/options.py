@@ -11,9 +11,9 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import fabric
 from invoke.parser import Argument
@@ -95,6 +95,31 @@ _help_for_tasks_with_positionals()
 def task(*args: Any, **kwargs: Any) -> Any:
     """`fabric.task`, making a `Task` (short flags letters only)."""
     return fabric.task(*args, klass=Task, **kwargs)
+
+
+def given(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A task body's arguments (its `locals()` before anything else) as the options given: the context left out."""
+    return {name: value for name, value in arguments.items() if name != "c"}
+
+
+GroupT = TypeVar("GroupT", bound="OptionGroup")
+
+
+class OptionGroup:
+    """A few options that make one typed value (the boards, the run, the accuracy gate, ...): a dataclass whose
+    fields are the options' names, so a task with many options hands each group its own and forgets none."""
+
+    @classmethod
+    def take(cls: type[GroupT], arguments: dict[str, Any]) -> GroupT:
+        """The group's options out of `arguments` (a task's options by name), removed from it."""
+        names = [item.name for item in fields(cls)]  # type: ignore[arg-type]
+        return cls(**{name: arguments.pop(name) for name in names if name in arguments})
+
+
+def all_taken(arguments: dict[str, Any]) -> None:
+    """What no group took is an option a task declares and never reads: a bug, said as one."""
+    if arguments:
+        raise AssertionError(f"options no group takes: {', '.join(sorted(arguments))}")
 
 
 def count(option: str, value: Any, *, minimum: int = 0, maximum: int = MAX_COUNT) -> int:

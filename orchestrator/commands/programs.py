@@ -7,15 +7,18 @@ the errors that an option mends get it named here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from orchestrator.commands.program_options import ProgramOptions, no_choices_for_own_program, spec_programs
 from orchestrator.errors import UsageError
 from orchestrator.lowering.sources import exported as exported_source
 from orchestrator.lowering.sources import pte as pte_source
 from orchestrator.names import is_valid_name
 
 if TYPE_CHECKING:
+    from orchestrator.commands.common import LoweringGroup
     from orchestrator.lowering.artifacts import Artifact
+    from orchestrator.lowering.program import Program
 
 
 def _existing(option: str, value: str, suffix: str) -> Path:
@@ -63,28 +66,17 @@ def user_program(pte: str, reference: str | None = None, name: str | None = None
         raise
 
 
-def profiled(
-    model: str | None,
-    spec: str | None,
-    pte: str | None,
-    reference: str | None,
-    name: str | None,
-    *,
-    trust_remote_code: bool = False,
-    trust_code: bool = False,
-) -> Any:
-    """deploy-and-profile: what it profiles, the user's own program (`--pte`, an Artifact) or a model to lower (a
-    ModelSpec), with the options that go with each checked (exit 64)."""
-    # here, not at the top: fab imports the command modules at start-up
-    from orchestrator.commands.common import model_spec
-
-    exclusive(pte, model, spec)
-    reference_without_pte(pte, reference)
-    if pte is not None:
-        return user_program(pte, reference, name)
-    if name is not None:
+def profiled(given: ProgramOptions, new_tokens: int | None = None) -> list[Program] | Artifact:
+    """What lower and deploy-and-profile work on: the user's own program (`--pte`, an Artifact), or a model's
+    programs (program_options.spec_programs), with the options that go with each checked (exit 64)."""
+    exclusive(given.pte, given.model, given.spec)
+    reference_without_pte(given.pte, given.reference)
+    if given.pte is not None:
+        no_choices_for_own_program(given, given.pte)
+        return user_program(given.pte, given.reference, given.name)
+    if given.name is not None:
         raise UsageError("--name names the artifacts of --pte FILE: give it with --pte")
-    return model_spec(model, spec, trust_remote_code=trust_remote_code, trust_code=trust_code)
+    return spec_programs(given, new_tokens)
 
 
 def reference_without_pte(pte: str | None, reference: str | None) -> None:
@@ -96,33 +88,29 @@ def reference_without_pte(pte: str | None, reference: str | None) -> None:
 
 
 def lower_exported_task(
-    exported: str | None,
-    name: str | None,
-    model: str | None,
-    spec: str | None,
-    backend: str,
-    quantize: str,
-    *,
-    etrecord: bool,
-    force: bool,
-    others: dict[str, object],
+    exported: str | None, program: ProgramOptions, lowering: LoweringGroup, *, etrecord: bool, force: bool
 ) -> int:
     """`fab lower --exported model.pt2`: the user's ExportedProgram lowered like a model's."""
     # here, not at the top: fab imports the command modules at start-up
-    from orchestrator.commands.common import variants
     from orchestrator.commands.render_lowering import print_lowering
     from orchestrator.lowering.export.exported import lower_exported_program
 
     if exported is None:
         raise UsageError("--name names the artifacts of --exported FILE: give it with --exported")
-    given = [option for option, value in (("--model", model), ("--spec", spec)) if value is not None]
+    given = [option for option, value in (("--model", program.model), ("--spec", program.spec)) if value is not None]
     if given:
         raise UsageError(f"give --exported or {' / '.join(given)}, not both")
-    unused = [option for option, value in others.items() if value is not None]
+    unused = [option for option, value in (
+        ("--calibration", lowering.calibration), ("--trust-remote-code", program.trust_remote_code or None),
+        ("--trust-code", program.trust_code or None), ("--weights", None if lowering.weights == "auto" else 1),
+        ("--jobs", lowering.jobs), ("--rewrites", None if program.rewrites == "none" else 1),
+        ("--context", program.context), ("--attention", program.attention),
+    ) if value is not None]  # fmt: skip
     if unused:
         raise UsageError(f"{', '.join(unused)}: not for --exported (the program is lowered as you exported it)")
     path = _existing("--exported", exported, exported_source.FILE_SUFFIX)
-    chosen = variants(backend, quantize)
-    result = lower_exported_program(path, artifacts_name(path, name), variants=chosen, etrecord=etrecord, force=force)
+    chosen = lowering.variants()
+    artifacts = artifacts_name(path, program.name)
+    result = lower_exported_program(path, artifacts, variants=chosen, etrecord=etrecord, force=force)
     print_lowering(result)
     return 0

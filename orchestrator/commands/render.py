@@ -13,7 +13,7 @@ from orchestrator import console, paths
 from orchestrator.commands.render_deploy import print_degraded
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.fsutil import read_json
-from orchestrator.lowering.program_name import ProgramName
+from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.context_scaling import context_rows, write_plot
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary

@@ -152,7 +152,7 @@ def compare(
     """
     # here, not at the top: the interleaved re-test and the board connection are compare's alone
     from orchestrator.boards import labgrid
-    from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, Program
+    from orchestrator.deploy.abtest import DEFAULT_RETEST_SECONDS, MIN_ROUNDS, ABProgram
     from orchestrator.deploy.abtest import interleave as run_interleaved
     from orchestrator.deploy.runs import RunParams
     from orchestrator.transport import connect
@@ -177,8 +177,8 @@ def compare(
         raise
     if target is not None:
         artifact = find_artifact(second.model, second.backend)
-        a = Program("A", _program_of(first, comparison.sha_a), str(comparison.sha_a))
-        b = Program("B", _program_of(second, comparison.sha_b), str(comparison.sha_b))
+        a = ABProgram("A", _program_of(first, comparison.sha_a), str(comparison.sha_a))
+        b = ABProgram("B", _program_of(second, comparison.sha_b), str(comparison.sha_b))
         inputs = (artifact.paths.reference_inputs, artifact.sidecar.reference_inputs_sha256)
         console.info(
             console.escape(

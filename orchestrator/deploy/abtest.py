@@ -55,7 +55,7 @@ MAX_SAMPLES_PER_RUN = 1000  # a board's timings.json is untrusted: never take mo
 
 
 @dataclass(frozen=True)
-class Program:
+class ABProgram:
     """One side of the A/B: a .pte on the workstation, known by its sha256."""
 
     label: str
@@ -191,8 +191,8 @@ def _timings(conn: BoardConnection, bundle: str) -> list[float]:
 
 def interleave(
     conn: BoardConnection,
-    a: Program,
-    b: Program,
+    a: ABProgram,
+    b: ABProgram,
     inputs: tuple[Path, str],
     params: RunParams,
     *,
@@ -250,7 +250,7 @@ def _one_run(
     agent: BoardAgent,
     model: str,
     inputs: str,
-    side: Program,
+    side: ABProgram,
     params: RunParams,
     iterations: int,
 ) -> list[float]:

@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from orchestrator import console
 from orchestrator.boards.inventory import Board
-from orchestrator.deploy.abtest import Program, interleave
+from orchestrator.deploy.abtest import ABProgram, interleave
 from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
 from orchestrator.deploy.limits import MAX_THREADS
 from orchestrator.deploy.runs import RunParams
@@ -35,12 +35,24 @@ from orchestrator.lab.night_report import CellVerdict, PlaceWait
 from orchestrator.lab.run_record import RunRecord, host_name
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, load_artifact
+from orchestrator.lowering.program import Program
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.validity import number, number_list
 from orchestrator.results.verdicts import Kind
 from orchestrator.transport import connect
 
-PlannedCell = tuple[str, Variant, RunParams]  # model, variant, run settings
+
+class PlannedCell(NamedTuple):
+    """A cell of the night: a program, the variant it is lowered to, how it runs (on the board it is planned for)."""
+
+    program: Program
+    variant: Variant
+    params: RunParams
+
+    @property
+    def model(self) -> str:
+        """The program's name: the cell's model in the history."""
+        return self.program.name
 
 
 # ---------------------------------------------------------------- recording
@@ -144,8 +156,8 @@ def retest(
     if kept is None or reference is None or reference.pte_sha256 is None:
         return confirm(verdict, None, why_not="the baseline's program is not kept, so it cannot be re-run")
     artifact = job.artifact
-    a = Program("baseline", kept, reference.pte_sha256)
-    b = Program("tonight", artifact.pte, artifact.sha256)
+    a = ABProgram("baseline", kept, reference.pte_sha256)
+    b = ABProgram("tonight", artifact.pte, artifact.sha256)
     inputs = (artifact.paths.reference_inputs, artifact.sidecar.reference_inputs_sha256)
     console.info(
         console.escape(f"[{board.name}] {' / '.join(verdict.cell)} looks {verdict.suspect}: interleaved re-test")
@@ -260,6 +272,15 @@ class NightContext:
     find_program: Callable[[str | None], Path | None] = programs.find
 
 
+def wanted_programs(plan: dict[Board, list[PlannedCell]]) -> dict[str, tuple[Program, list[Variant]]]:
+    """Each program of the plan, once, with the variants its cells need: in matrix order."""
+    wanted: dict[str, tuple[Program, dict[Variant, None]]] = {}
+    for cells in plan.values():
+        for cell in cells:
+            wanted.setdefault(cell.model, (cell.program, {}))[1][cell.variant] = None
+    return {model: (program, list(variants)) for model, (program, variants) in wanted.items()}
+
+
 def local_artifacts(root: Path | None) -> Callable[[str, Variant], Artifact]:
     return lambda model, variant: load_artifact(model, variant, root)
 
@@ -273,7 +294,8 @@ def run_board(ctx: NightContext, board: Board, planned: list[PlannedCell]) -> li
         ctx.places[board.name] = PlaceWait(str(lg.place), lg.coordinator, lg.waited)
     jobs: dict[tuple[str, Variant], CellJob] = {}
     failed, threads = [], {}
-    for model, variant, params in planned:
+    for planned_cell in planned:
+        model, variant, params = planned_cell.model, planned_cell.variant, planned_cell.params
         threads[(model, variant)] = params.threads or board.threads
         if model in ctx.lowering_errors:
             failed.append(CellOutcome(board.name, model, variant, stage="lower", error=ctx.lowering_errors[model]))

@@ -29,12 +29,11 @@ from orchestrator import console
 from orchestrator.boards.inventory import Board
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.lab import cluster, worker_tasks
-from orchestrator.lab.board_night import PlannedCell, Recorder, record_from_cell
+from orchestrator.lab.board_night import PlannedCell, Recorder, record_from_cell, wanted_programs
 from orchestrator.lab.lab_settings import LabSettings
 from orchestrator.lab.matrix import NightlyConfig
 from orchestrator.lab.run_record import read_run_record
-from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest
-from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.program import Program
 from orchestrator.lowering.variants import Variant
 from orchestrator.records import Sha256
 from orchestrator.strictjson import JsonDataError
@@ -88,8 +87,6 @@ def run_on_lab(
     history_url: str,
     recorder: Recorder,
     plan: dict[Board, list[PlannedCell]],
-    specs: dict[str, ModelSpec],
-    rewrites_of: dict[str, RewriteRequest],
 ) -> LabOutcome:
     outcome = LabOutcome()
     client = cluster.connect(settings)
@@ -102,19 +99,15 @@ def run_on_lab(
             )
             + console.escape(offered)
         )
-        wanted: dict[str, dict[Variant, None]] = {}
-        for cells in plan.values():
-            for model, variant, _ in cells:
-                wanted.setdefault(model, {})[variant] = None
-        keys, lowering_errors, unplaced = _lower(client, settings, config, night, wanted, specs, rewrites_of, outcome)
+        keys, lowering_errors, unplaced = _lower(client, settings, config, night, wanted_programs(plan), outcome)
         # A program the lab could not lower (no worker with the memory, the store unreachable): its cells are the
         # lab's failure, not the model's; recorded here, and no board waits for them.
         runnable: dict[Board, list[PlannedCell]] = {}
         for board, cells in plan.items():
             for model, why in unplaced.items():
-                unrun = [cell for cell in cells if cell[0] == model]
+                unrun = [cell for cell in cells if cell.model == model]
                 _record_unrun(recorder, night, board, unrun, outcome.versions, f"not lowered: {why}", True, None)
-            if left := [cell for cell in cells if cell[0] not in unplaced]:
+            if left := [cell for cell in cells if cell.model not in unplaced]:
                 runnable[board] = left
         if unplaced:
             outcome.infrastructure_ok = False
@@ -165,19 +158,16 @@ def _lower(
     settings: LabSettings,
     config: NightlyConfig,
     night: str,
-    wanted: dict[str, dict[Variant, None]],
-    specs: dict[str, ModelSpec],
-    rewrites_of: dict[str, RewriteRequest],
+    wanted: dict[str, tuple[Program, list[Variant]]],
     outcome: LabOutcome,
 ) -> tuple[dict[tuple[str, str], str], dict[str, str], dict[str, str]]:
     """Each program lowered once for the lab: its variants' store keys; the models whose lowering failed (why); and
     those the lab could not lower (no worker could take it, lost, the store unreachable: why)."""
     needs = {cluster.revision_resource(): 1, cluster.LOWERING: 1, cluster.MEMORY: settings.lowering_gb}
     tasks = []
-    for model, variants in wanted.items():
+    for model, (program, variants) in wanted.items():
         future = client.submit(
-            worker_tasks.lower_program, specs[model], list(variants), config.weights,
-            rewrites_of.get(model, NO_REWRITES), settings.store,
+            worker_tasks.lower_program, program, variants, config.weights, settings.store,
             key=f"lower {model} {night} {secrets.token_hex(3)}", resources=needs, pure=False,
         )  # fmt: skip
         tasks.append(_Task(model, future, needs))
@@ -190,7 +180,7 @@ def _lower(
         if problem is None:
             try:
                 checked = msgspec.convert(reply, LoweringReply)
-                problem = checked.error or _bad_keys(checked, wanted[model])
+                problem = checked.error or _bad_keys(checked, wanted[model][1])
                 lab_trouble = checked.infrastructure
             except msgspec.ValidationError as exc:
                 problem = f"the worker's reply is malformed: {exc}"
@@ -209,7 +199,7 @@ def _lower(
     return keys, errors, unplaced
 
 
-def _bad_keys(reply: LoweringReply, variants: dict[Variant, None]) -> str | None:
+def _bad_keys(reply: LoweringReply, variants: list[Variant]) -> str | None:
     asked = {variant.name for variant in variants}
     if set(reply.keys) != asked:
         return f"the worker returned programs {sorted(reply.keys)} for {sorted(asked)}"
@@ -323,7 +313,8 @@ def _record_unrun(
     host: str | None,
 ) -> None:
     """The cells of a board whose share did not finish and are not in the history: recorded as failed."""
-    for model, variant, params in cells:
+    for planned in cells:
+        model, variant, params = planned.model, planned.variant, planned.params
         if recorder.recorded((board.name, model, variant.name)):
             continue
         cell = CellOutcome(board.name, model, variant, stage="lab", error=error, infrastructure=infrastructure)

@@ -6,7 +6,7 @@ Every error names the file, the line and the field (`inventory.yaml:31: nightly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +36,15 @@ from orchestrator.errors import EtlabError, InventoryError, first_line
 from orchestrator.lab.history_url import HISTORY_FORMS, BadHistoryUrl, check_url, shown_url
 from orchestrator.lowering.attention.choice import ATTENTIONS
 from orchestrator.lowering.builtins import resolve_spec
-from orchestrator.lowering.program_name import program_name, with_
-from orchestrator.lowering.rewrites.registry import (
-    NO_REWRITES,
-    RewriteRequest,
-    UnknownRewrite,
-    not_applying,
-    parse_rewrites,
+from orchestrator.lowering.program import (
+    AS_SPECIFIED,
+    Program,
+    ProgramChoice,
+    programs,
+    refusals,
 )
-from orchestrator.lowering.spec import MAX_CONTEXT, ModelSpec
+from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest, UnknownRewrite, parse_rewrites
+from orchestrator.lowering.spec import MAX_CONTEXT, MIN_CONTEXT, ModelSpec
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, Variant, combine, parse_schemes
 from orchestrator.lowering.weights import WEIGHT_MODES
 from orchestrator.results.stats import DEFAULT_MIN_EFFECT
@@ -64,33 +64,36 @@ class MatrixEntry:
     variants: tuple[Variant, ...]
     boards: tuple[Board, ...]  # as the inventory has them: a labgrid tag selector is expanded when the night runs
     params: RunParams
-    rewrites: RewriteRequest = NO_REWRITES  # for its models (rewrites/): none, the models as exported
+    # what makes its models other programs (`attention:`, `context:`, `rewrites:`), as the command line's options
+    choice: ProgramChoice = AS_SPECIFIED
     advised: bool = False  # each model as exported too, beside its rewritten program (`rewrites`, else auto)
-    attention: str | None = None  # text-generation models attending so (attention/choice.py), else their own
-    contexts: tuple[int, ...] = ()  # text-generation models with each of these KV cache sizes, else their own
-
-    def chosen(self, spec: ModelSpec) -> list[ModelSpec]:
-        """The model's programs before rewrites: with the entry's attention, at each of its contexts."""
-        base = with_(spec, attention=self.attention) if self.attention is not None else spec
-        return [with_(base, context=context) for context in self.contexts] or [base]
 
     @property
-    def request(self) -> RewriteRequest:
-        """The rewrites of its rewritten programs: `rewrites`, or auto for an `advised` entry that names none."""
-        return self.rewrites if self.rewrites != NO_REWRITES or not self.advised else RewriteRequest(auto=True)
+    def rewritten(self) -> ProgramChoice:
+        """The choice of its rewritten programs: `rewrites`, or auto for an `advised` entry that names none."""
+        if self.choice.rewrites != NO_REWRITES or not self.advised:
+            return self.choice
+        return replace(self.choice, rewrites=RewriteRequest(auto=True))
 
-    def programs(self) -> list[tuple[ModelSpec, RewriteRequest]]:
-        """The programs the entry lowers and profiles, each under its own name (lowering/program_name.py),
-        with the rewrites it is lowered with: the models as exported (`advised`), then each with its rewrites."""
-        models = [program for spec in self.models for program in self.chosen(spec)]
-        rewritten = [(with_(spec, rewrites=self.request), self.request) for spec in models]
-        return [(spec, NO_REWRITES) for spec in models] + rewritten if self.advised else rewritten
+    def programs(self) -> list[Program]:
+        """The programs the entry lowers and profiles, each under its own name (lowering/program.py): the models as
+        exported (`advised`), then each with its rewrites; at each of its contexts."""
+        exported = replace(self.choice, rewrites=NO_REWRITES)
+        rewritten = [program for spec in self.models for program in programs(spec, self.rewritten)]
+        if not self.advised:
+            return rewritten
+        return [program for spec in self.models for program in programs(spec, exported)] + rewritten
 
     def advised_pairs(self) -> list[tuple[str, str]]:
         """(as exported, advised) program names of an `advised` entry, for the report's side by side."""
         if not self.advised:
             return []
-        return [(p.name, program_name(p, self.request)) for spec in self.models for p in self.chosen(spec)]
+        exported = replace(self.choice, rewrites=NO_REWRITES)
+        return [
+            (plain.name, advised.name)
+            for spec in self.models
+            for plain, advised in zip(programs(spec, exported), programs(spec, self.rewritten), strict=True)
+        ]
 
 
 @dataclass(frozen=True)
@@ -165,11 +168,11 @@ def _contexts(node: Node, _field: str) -> tuple[int, ...]:
     items = node.value if isinstance(node, SequenceNode) else [node]
     if not items:
         raise Invalid(f"expected a KV cache size or a list of them, got {describe(node)}")
-    check = integer(2, MAX_CONTEXT)
+    check = integer(MIN_CONTEXT, MAX_CONTEXT)
     found = []
     for item in items:
         if not isinstance(item, ScalarNode):
-            raise Invalid(f"expected a KV cache size (an integer 2-{MAX_CONTEXT}), got {describe(item)}")
+            raise Invalid(f"expected a KV cache size (an integer {MIN_CONTEXT}-{MAX_CONTEXT}), got {describe(item)}")
         found.append(check(item, _field))
     return tuple(dict.fromkeys(found))
 
@@ -256,35 +259,20 @@ def _entry(
         except EtlabError as exc:
             checker.error(_key_value(node, "models") or node, f"{where}.models", first_line(exc))
     rewrites = NO_REWRITES
-    at = _key_value(node, "rewrites") or node
     try:
         rewrites = parse_rewrites(found.get("rewrites", ()))
     except UnknownRewrite as exc:
-        checker.error(at, f"{where}.rewrites", first_line(exc))
-    for spec in models:
-        for problem in not_applying(rewrites, spec):
-            checker.error(at, f"{where}.rewrites", problem)
+        checker.error(_key_value(node, "rewrites") or node, f"{where}.rewrites", first_line(exc))
     advised = found.get("advised", False) is True
-    attention, contexts = found.get("attention"), tuple(found.get("context", ()))
-    for key, given in (("attention", attention is not None), ("context", bool(contexts))):
-        for spec in models if given else ():
-            takes = spec.generates and (key == "context" or hasattr(spec.options, "attention"))
-            if not takes:
-                checker.error(_key_value(node, key) or node, f"{where}.{key}",
-                              f"{spec.name} is not a text-generation model (it has no KV cache)")  # fmt: skip
-    for spec in models if contexts else ():
-        for context in contexts:
-            if spec.generates and spec.positions() > context:
-                checker.error(_key_value(node, "context") or node, f"{where}.context",
-                              f"{context}: {spec.name}'s prompt of {spec.seq_len} tokens and {spec.new_tokens} new "
-                              f"ones need {spec.positions()} positions")  # fmt: skip
-    if advised:
-        asked = MatrixEntry((), (), (), RunParams(), rewrites, advised).request
-        for spec in models:
-            if not asked.resolve(spec):
-                checker.error(_key_value(node, "advised") or node, f"{where}.advised",
-                              f"no rewrite applies to {spec.name} ({spec.model_source} {spec.model_type}, "
-                              f"{spec.task}): there is no advised program to run beside it")  # fmt: skip
+    choice = ProgramChoice(found.get("attention"), tuple(found.get("context", ())), rewrites)
+    entry = MatrixEntry((), (), (), RunParams(), choice, advised)
+    for spec in models:  # the one check of a combination (program.py), named by its key
+        for refused in refusals(spec, choice):
+            checker.error(_key_value(node, refused.choice) or node, f"{where}.{refused.choice}", str(refused))
+        if advised and not entry.rewritten.rewrites.resolve(spec):
+            checker.error(_key_value(node, "advised") or node, f"{where}.advised",
+                          f"no rewrite applies to {spec.name} ({spec.model_source} {spec.model_type}, "
+                          f"{spec.task}): there is no advised program to run beside it")  # fmt: skip
     for backend in found.get("backends", ()):
         if backend not in BACKENDS:
             checker.error(_key_value(node, "backends") or node, f"{where}.backends", f"unknown backend {backend!r}")
@@ -317,7 +305,7 @@ def _entry(
     params = RunParams(**{**defaults, **{key: found[key] for key in _RUN_FIELDS if key in found}})
     # Quantized programs are XNNPACK programs: each scheme is a cell of its own, named as the CLI names it.
     variants = combine([Variant.parse(name) for name in found["backends"]], parse_schemes(found.get("quantize", ())))
-    return MatrixEntry(tuple(models), variants, tuple(selected), params, rewrites, advised, attention, contexts)
+    return MatrixEntry(tuple(models), variants, tuple(selected), params, choice, advised)
 
 
 def _one_program(
@@ -325,14 +313,14 @@ def _one_program(
 ) -> None:
     """A program is lowered once a night, into its own folder: one name, one set of rewrites (a rewritten program has
     its own name, so a model may run as exported and rewritten; this guards the names against colliding)."""
-    for spec, request in entry.programs():
-        resolved = request.resolve(spec)
-        earlier = rewritten.setdefault(spec.name, (resolved, index))
+    for program in entry.programs():
+        resolved = program.rewrites.resolve(program.spec)
+        earlier = rewritten.setdefault(program.name, (resolved, index))
         if earlier[0] != resolved:
             checker.error(
                 _key_value(node, "rewrites") or node,
                 f"nightly.matrix[{index}].rewrites",
-                f"{spec.name} is lowered with rewrites {', '.join(earlier[0]) or 'none'} in matrix[{earlier[1]}], "
+                f"{program.name} is lowered with rewrites {', '.join(earlier[0]) or 'none'} in matrix[{earlier[1]}], "
                 f"{', '.join(resolved) or 'none'} here: one name, one program a night",
             )
 
@@ -341,9 +329,9 @@ def _duplicate_cells(
     checker: Checker, entry: MatrixEntry, node: Node, index: int, seen: dict[tuple[str, str, str], int]
 ) -> bool:
     for board in entry.boards:
-        for spec, _ in entry.programs():
+        for program in entry.programs():
             for variant in entry.variants:
-                cell = (board.name, spec.name, variant.name)
+                cell = (board.name, program.name, variant.name)
                 if cell in seen:
                     checker.error(
                         node, f"nightly.matrix[{index}]", f"cell {' / '.join(cell)} is already in matrix[{seen[cell]}]"

@@ -34,7 +34,6 @@ from orchestrator.boards import labgrid
 from orchestrator.boards.fanout import fan_out
 from orchestrator.boards.inventory import Board, Inventory
 from orchestrator.deploy.cells import CellOutcome, is_link_trouble
-from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode, UsageError, failure_code, first_line
 from orchestrator.lab import pending
 from orchestrator.lab.board_night import (
@@ -45,6 +44,7 @@ from orchestrator.lab.board_night import (
     local_artifacts,
     record_from_cell,
     run_board,
+    wanted_programs,
 )
 from orchestrator.lab.history import History
 from orchestrator.lab.history_url import default_url, describe_url, reach
@@ -58,9 +58,6 @@ from orchestrator.lab.reports_folder import claim_folder
 from orchestrator.lab.run_record import RunRecord
 from orchestrator.lowering import programs
 from orchestrator.lowering.export import lower as lowering
-from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest
-from orchestrator.lowering.spec import ModelSpec
-from orchestrator.lowering.variants import Variant
 from orchestrator.results.verdicts import exit_code
 
 
@@ -152,32 +149,28 @@ def _run_night(
     history does not list their programs yet."""
     recorder = Recorder(history, reports, night)
     recorded = history.recorded_cells(night)
-    specs: dict[str, ModelSpec] = {}
-    # Per program (a rewritten one under its own name): its rewrites; the matrix's check refuses two for one name.
-    rewrites_of: dict[str, RewriteRequest] = {}
-    plan: dict[Board, list[tuple[str, Variant, RunParams]]] = {}
+    # A program is one value (its spec and rewrites): the matrix's check refuses two programs under one name.
+    plan: dict[Board, list[PlannedCell]] = {}
     skipped: list[tuple[str, str, str]] = []
     for entry in config.entries:
         for board in [place for selected in entry.boards for place in expanded[selected]]:
-            for spec, request in entry.programs():
-                specs[spec.name] = spec
-                rewrites_of[spec.name] = request
+            for program in entry.programs():
                 for variant in entry.variants:
-                    if (board.name, spec.name, variant.name) in recorded:
-                        skipped.append((board.name, spec.name, variant.name))
+                    if (board.name, program.name, variant.name) in recorded:
+                        skipped.append((board.name, program.name, variant.name))
                     else:
-                        plan.setdefault(board, []).append((spec.name, variant, entry.params))
+                        plan.setdefault(board, []).append(PlannedCell(program, variant, entry.params))
     if skipped:
         console.info(f"{len(skipped)} cell(s) already recorded for {night}: skipped")
 
     lost = None
     if lab is None:
-        ran, places = _run_here(config, night, history, recorder, plan, specs, rewrites_of, skipped,
+        ran, places = _run_here(config, night, history, recorder, plan, skipped,
                                 artifacts_root=artifacts_root, results_root=results_root)  # fmt: skip
     else:
         from orchestrator.lab.lab_night import run_on_lab  # Dask: imported only for a lab's night
 
-        on_lab = run_on_lab(lab, config, night, history.url, recorder, plan, specs, rewrites_of)
+        on_lab = run_on_lab(lab, config, night, history.url, recorder, plan)
         ran, places, lost = on_lab.infrastructure_ok, {}, on_lab.lost
 
     # Tonight's verdicts cover every cell recorded tonight, including those from an earlier, killed run.
@@ -233,8 +226,6 @@ def _run_here(
     history: History,
     recorder: Recorder,
     plan: dict[Board, list[PlannedCell]],
-    specs: dict[str, ModelSpec],
-    rewrites_of: dict[str, RewriteRequest],
     skipped: list[tuple[str, str, str]],
     *,
     artifacts_root: Path | None,
@@ -242,20 +233,12 @@ def _run_here(
 ) -> tuple[bool, dict[str, PlaceWait]]:
     """The night in this process: each model lowered here first, once (cached across nights when nothing changed),
     then every board in a thread of its own. Whether every board's share ran, and the labgrid places' waits."""
-    wanted: dict[str, dict[Variant, None]] = {}  # ordered sets, in matrix order
-    for cells in plan.values():
-        for model, variant, _ in cells:
-            wanted.setdefault(model, {})[variant] = None
     lowering_errors: dict[str, str] = {}
     versions: dict[str, dict[str, str]] = {}
-    for model, variants in wanted.items():
+    for model, (program, variants) in wanted_programs(plan).items():
         try:
             result = lowering.lower(
-                specs[model],
-                variants=list(variants),
-                weights=config.weights,
-                root=artifacts_root,
-                rewrites=rewrites_of.get(model, NO_REWRITES),
+                program.spec, variants=variants, weights=config.weights, root=artifacts_root, rewrites=program.rewrites
             )
             versions[model] = dict(next(iter(result.variants.values())).sidecar.versions)
         except EtlabError as exc:
@@ -278,7 +261,7 @@ def _run_here(
             # Never started (no labgrid place, e.g. --lg-wait ran out): its cells are recorded as failed.
             failure = outcome.exception
             exit_class = ExitCode.SOFTWARE if failure is None else failure_code(failure)
-            for model, variant, params in cells_of[outcome.board.name]:
+            for model, variant, params in ((c.model, c.variant, c.params) for c in cells_of[outcome.board.name]):
                 cell = CellOutcome(outcome.board.name, model, variant, stage=outcome.stage or "?",
                                    error=outcome.error, detail=outcome.detail,
                                    infrastructure=is_link_trouble(failure), exit_class=exit_class)  # fmt: skip

@@ -27,20 +27,18 @@ from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, MissingArtifact, load_artifact
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.cache import cache_key
-from orchestrator.lowering.rewrites.registry import RewriteRequest
-from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.program import Program
 from orchestrator.lowering.variants import Variant
 from orchestrator.lowering.weights import resolve_weights
 from orchestrator.records import to_data
 
 
-def lower_program(
-    spec: ModelSpec, variants: list[Variant], weights: str, rewrites: RewriteRequest, store_url: str
-) -> dict[str, Any]:
-    """Lower `spec` once for the lab: what the store holds already is fetched, the rest lowered here and published.
+def lower_program(program: Program, variants: list[Variant], weights: str, store_url: str) -> dict[str, Any]:
+    """Lower `program` once for the lab: what the store holds already is fetched, the rest lowered here and published.
     Returns {"keys": {variant: cache key}, "versions": {...}, "lowered": [variant...], "error": None or why}."""
     host = host_name()
     started = time.monotonic()
+    spec, rewrites = program.spec, program.rewrites
     try:
         store = ArtifactStore(store_url)
         asked = list(variants)

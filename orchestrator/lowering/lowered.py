@@ -4,7 +4,7 @@ A sidecar records the spec it was lowered from (`spec`, with `source`: the spec 
 but `artifacts/NAME/` holds a valid lowering, the spec comes from there: the spec file as it is now when it still
 says the same, else the spec as it was lowered (the artifacts are from it), with a warning naming the file.
 A program the user lowered or exported themselves has no spec to lower again: only its artifacts are used.
-A rewritten program (`artifacts/<model>.<rewrites>/`, lowering/program_name.py), of a built-in model or of
+A rewritten program (`artifacts/<model>.<rewrites>/`, lowering/program.py), of a built-in model or of
 a spec file, is found the same way, with the rewrites its sidecar records: lowered again, it gets them again.
 """
 

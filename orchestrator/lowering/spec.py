@@ -72,6 +72,7 @@ IMAGE_TASK = "image-classification"  # also the task of every torchvision spec: 
 TASKS = (*TEXT_TASKS, GENERATION_TASK, "feature-extraction", IMAGE_TASK, "audio-classification", "speech-encoder")
 DEFAULT_CONTEXT = 256  # a text-generation program's KV cache capacity when the spec does not say
 MAX_CONTEXT = 32768  # the largest KV cache a spec or `--context` may ask for
+MIN_CONTEXT = 2  # a prompt token and one generated after it
 DEFAULT_NEW_TOKENS = 32
 # A text-generation program's prompt capacity when the spec does not say: ExecuTorch's LLM export's default
 # max_seq_length. Every activation is planned at this many rows, whatever the context, so it is apart from it.

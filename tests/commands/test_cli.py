@@ -297,7 +297,7 @@ def test_the_interleave_minimum_is_the_sign_tests() -> None:
 
 def test_the_command_layer_names_the_options_the_library_does_not() -> None:
     from orchestrator.commands import options
-    from orchestrator.commands.common import model_spec
+    from orchestrator.commands.program_options import model_spec
     from orchestrator.counters import parse_counters
     from orchestrator.errors import SpecError, UsageError
     from orchestrator.lowering.builtins import resolve_spec

@@ -1,5 +1,4 @@
-"""A rewritten program under its own name (lowering/program_name.py) at the
-edges: `fab lower` with and without
+"""A rewritten program under its own name (lowering/program.py) at the edges: `fab lower` with and without
 `--rewrites` leaves both programs side by side, and `fab deploy-and-profile --model <the rewritten program>` finds
 it by its artifacts and lowers it only with the rewrites its sidecar records (a cache hit, nothing lowered).
 """
@@ -14,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.boards.inventory import Board
-from orchestrator.commands.common import model_spec, rewrite_request
+from orchestrator.commands.program_options import model_spec, rewrite_request
 from orchestrator.errors import UsageError
 from orchestrator.lowering.artifacts import load_artifact
-from orchestrator.lowering.program_name import with_
+from orchestrator.lowering.program import with_
 from orchestrator.lowering.rewrites.registry import RewriteRequest
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT

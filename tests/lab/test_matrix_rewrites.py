@@ -27,10 +27,13 @@ def test_matrix_rewrites(local_board: Board, tmp_path: Path) -> None:
     cell = {"backends": ["xnnpack"], "boards": ["local"]}
     config = _config(tmp_path, local_board, [{**cell, "models": ["gpt2-tiny"], "rewrites": ["auto"]},
                                              {**cell, "models": ["distilbert-tiny"]}])  # fmt: skip
-    assert [entry.rewrites for entry in config.entries] == [RewriteRequest(auto=True), NO_REWRITES]
-    assert [[spec.name for spec, _ in entry.programs()] for entry in config.entries] == [[ADVISED], ["distilbert-tiny"]]
+    assert [entry.rewritten.rewrites for entry in config.entries] == [RewriteRequest(auto=True), NO_REWRITES]
+    assert [[program.name for program in entry.programs()] for entry in config.entries] == [
+        [ADVISED],
+        ["distilbert-tiny"],
+    ]
     named = _config(tmp_path, local_board, [{**cell, "models": ["gpt2-tiny"], "rewrites": ["tanh-gelu"]}])
-    assert named.entries[0].rewrites.names == ("tanh-gelu",)
+    assert named.entries[0].choice.rewrites.names == ("tanh-gelu",)
 
     with pytest.raises(InventoryError, match=r"inventory.yaml:\d+: nightly.matrix\[0\].rewrites: unknown rewrite "
                                              r"'tanh-gleu' \(did you mean 'tanh-gelu'\?\)"):  # fmt: skip
@@ -40,20 +43,20 @@ def test_matrix_rewrites(local_board: Board, tmp_path: Path) -> None:
     # A model as exported and rewritten are two programs with two names: both run the same night.
     both = _config(tmp_path, local_board, [{**cell, "models": ["gpt2-tiny"], "rewrites": ["auto"]},
                                            {**cell, "models": ["gpt2-tiny"]}])  # fmt: skip
-    assert [[spec.name for spec, _ in entry.programs()] for entry in both.entries] == [[ADVISED], ["gpt2-tiny"]]
+    assert [[program.name for program in entry.programs()] for entry in both.entries] == [[ADVISED], ["gpt2-tiny"]]
 
 
 def test_matrix_advised(local_board: Board, tmp_path: Path) -> None:
     cell = {"backends": ["xnnpack"], "boards": ["local"], "advised": True}
     config = _config(tmp_path, local_board, [{**cell, "models": ["gpt2-tiny", "distilbert-tiny"]}])
     (entry,) = config.entries
-    assert [(spec.name, str(request)) for spec, request in entry.programs()] == [
+    assert [(program.name, str(program.rewrites)) for program in entry.programs()] == [
         ("gpt2-tiny", "none"), ("distilbert-tiny", "none"), (ADVISED, "auto"),
         ("distilbert-tiny.bmm-attention.head-at-position", "auto"),
     ]  # fmt: skip
     assert entry.advised_pairs()[0] == ("gpt2-tiny", ADVISED)
     named = _config(tmp_path, local_board, [{**cell, "models": ["gpt2-tiny"], "rewrites": ["tanh-gelu"]}])
-    assert [spec.name for spec, _ in named.entries[0].programs()] == ["gpt2-tiny", "gpt2-tiny.tanh-gelu"]
+    assert [program.name for program in named.entries[0].programs()] == ["gpt2-tiny", "gpt2-tiny.tanh-gelu"]
 
     with pytest.raises(InventoryError, match=r"inventory.yaml:\d+: nightly.matrix\[0\].advised: no rewrite applies "
                                              r"to mobilenet-v2-tiny \(torchvision"):  # fmt: skip

@@ -1,5 +1,5 @@
 """A nightly matrix entry says a program's attention and KV cache sizes (`attention:`, `context:`), as `--attention`
-and `--context` do (lowering/program_name.py names each program): checked with the file, line and field, and run
+and `--context` do (lowering/program.py names each program): checked with the file, line and field, and run
 for real on the local board two nights, each cell keeping its trend."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def inventory_with(tmp_path: Path, entry: dict[str, Any]) -> Path:
 def test_an_entry_names_its_programs_by_attention_and_context(tmp_path: Path) -> None:
     entry = {"models": [MODEL], "attention": "sdpa", "context": [32, 128]}
     (matrix,) = load_config(load_inventory(inventory_with(tmp_path, entry))).entries
-    programs = [spec for spec, _ in matrix.programs()]
+    programs = [program.spec for program in matrix.programs()]
     assert [p.name for p in programs] == [f"{MODEL}.sdpa.ctx32", f"{MODEL}.sdpa.ctx128"]
     assert [(p.cache_capacity, attention_of(p)) for p in programs] == [(32, "sdpa"), (128, "sdpa")]
     advised = {"models": [MODEL], "context": 128, "advised": True, "rewrites": ["eager-attention"]}

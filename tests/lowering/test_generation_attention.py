@@ -19,7 +19,7 @@ from orchestrator.errors import SpecError
 from orchestrator.lowering.attention.choice import ETLAB, SDPA, attention_of
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import generation
-from orchestrator.lowering.program_name import with_
+from orchestrator.lowering.program import with_
 from orchestrator.lowering.rewrites.huggingface import has_sdpa_attention
 from orchestrator.lowering.sources.builders.models import load_model
 from orchestrator.lowering.spec import GENERATION_TASK, load_spec_file

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.program_name import with_
+from orchestrator.lowering.program import with_
 from orchestrator.lowering.rewrites.huggingface import bmm_attention, has_matmul_attention
 from orchestrator.lowering.rewrites.layers import (
     averaging,

@@ -17,7 +17,7 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import cache
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweringResult
-from orchestrator.lowering.program_name import program_name, with_
+from orchestrator.lowering.program import program_name, with_
 from orchestrator.lowering.rewrites.registry import NO_REWRITES, parse_rewrites
 from orchestrator.lowering.sidecar import sidecar_data, sidecar_from_data
 from orchestrator.lowering.variants import VARIANTS

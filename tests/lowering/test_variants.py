@@ -147,8 +147,16 @@ def test_a_variant_cannot_be_built_wrong() -> None:
 
 
 def test_names_costs_and_fab_lower_options() -> None:
-    assert lower_options(VARIANTS["xnnpack-8da4w"]) == "--quantize 8da4w"
-    assert lower_options(VARIANTS["portable"]) == "--backend portable"
+    assert lower_options("gpt2", VARIANTS["xnnpack-8da4w"]) == "--model gpt2 --quantize 8da4w"
+    assert lower_options("gpt2", VARIANTS["portable"]) == "--model gpt2 --backend portable"
+    # a program made by choices: the options that make it again, not its name (which --model does not know)
+    assert (
+        lower_options("smollm2-gen-tiny.sdpa.ctx128", VARIANTS["xnnpack"])
+        == "--model smollm2-gen-tiny --attention sdpa --context 128 --backend xnnpack"
+    )
+    assert lower_options("gpt2-tiny.tanh-gelu", VARIANTS["portable"]) == (
+        "--model gpt2-tiny --rewrites tanh-gelu --backend portable"
+    )
     # The order of a parallel lowering (bench/README.md): portable cheapest, int8-static the longest.
     costs = {name: variant.relative_cost for name, variant in VARIANTS.items()}
     assert costs["portable"] < costs["xnnpack"] < costs["xnnpack-int8-dynamic"] < costs["xnnpack-int8-static"]

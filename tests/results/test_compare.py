@@ -321,7 +321,7 @@ def _force_valid(run: Any) -> None:
 
 def test_interleaved_retest_confirms_a_really_slower_program(local_board: Any, tmp_path: Any) -> None:
     """The A/B re-test on a real board: distilbert-small vs its 4x wider feed-forward twin (same name, same inputs)."""
-    from orchestrator.deploy.abtest import Program, interleave
+    from orchestrator.deploy.abtest import ABProgram, interleave
     from orchestrator.deploy.runs import RunParams
     from orchestrator.lowering.builtins import resolve_spec
     from orchestrator.lowering.export import lower as lowering
@@ -340,8 +340,8 @@ def test_interleaved_retest_confirms_a_really_slower_program(local_board: Any, t
         built["distilbert-small"].variants[VARIANTS["xnnpack"]],
         built["distilbert-small-slow"].variants[VARIANTS["xnnpack"]],
     )
-    a = Program("A", fast.pte, fast.sidecar.sha256)
-    b = Program("B", slow.pte, slow.sidecar.sha256)
+    a = ABProgram("A", fast.pte, fast.sidecar.sha256)
+    b = ABProgram("B", slow.pte, slow.sidecar.sha256)
     reference_inputs = built["distilbert-small"].paths.reference_inputs
     inputs = (reference_inputs, fast.sidecar.reference_inputs_sha256)
     with connect(local_board) as conn:

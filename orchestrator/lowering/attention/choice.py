@@ -7,7 +7,7 @@ the cache key read it).
            index_put, a causal mask over it): the program etlab lowered before its own operators
 
 A spec says it in its `attention` field (huggingface source, text-generation only); `--attention` on `fab lower`
-and `fab deploy` lowers the other one beside it, under its own name (`smollm2-gen-tiny.sdpa`: program_name.py).
+and `fab deploy` lowers the other one beside it, under its own name (`smollm2-gen-tiny.sdpa`: program.py).
 """
 
 from __future__ import annotations

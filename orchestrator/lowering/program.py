@@ -1,6 +1,11 @@
-"""A program's identity: which model, attending how, with which KV cache, with which rewrites; the one rule that
-names it and the one parse that reads a name back. Torch-free: the command line, the nightly matrix and the advisor
-read it.
+"""A program as one value: which model, attending how, with which KV cache, with which rewrites; the one place
+those choices are combined and refused, the one rule that names the result and the one parse that reads a name
+back. Torch-free: the command line, the nightly matrix and the advisor read it.
+
+`ProgramChoice` is what a user asks of a spec's model (`--attention`, `--context`, `--rewrites`, or the matrix
+entry's `attention:`, `context:`, `rewrites:`), one config value per choice as ExecuTorch's `ExportRecipe` has
+them; `programs(spec, choice)` combines it with the spec into `Program`s, or raises `ProgramRefused` naming the
+choice that cannot apply (the command line names its option, the matrix its file, line and key).
 
 A program is the model of a spec as exported, or that model changed by lowering choices, each another program
 under its own name, beside the model as exported (artifacts/, results/, the nightly history):
@@ -15,7 +20,7 @@ under its own name, beside the model as exported (artifacts/, results/, the nigh
 
 `with_` makes a spec's program (the name and the spec's fields together); `ProgramName.parse` reads a name back,
 peeling the suffixes it knows from the right, so a base name with dots of its own is kept whole. Nothing else in
-etlab builds or splits a program's name (tests/lowering/test_program_name.py scans for it).
+etlab builds or splits a program's name (tests/lowering/test_program.py scans for it).
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ import hashlib
 import re
 from dataclasses import dataclass, replace
 
+from orchestrator.errors import UsageError
 from orchestrator.lowering.attention.choice import ATTENTIONS, DEFAULT_ATTENTION, attention_of
-from orchestrator.lowering.rewrites.registry import NO_REWRITES, REWRITES, RewriteRequest
-from orchestrator.lowering.spec import ModelSpec
+from orchestrator.lowering.rewrites.registry import NO_REWRITES, REWRITES, RewriteRequest, not_applying
+from orchestrator.lowering.spec import MAX_CONTEXT, MIN_CONTEXT, ModelSpec
 from orchestrator.names import is_valid_name
 
 _CONTEXT = re.compile(r"ctx([1-9][0-9]*)")
@@ -116,3 +122,82 @@ def with_(
 def program_name(spec: ModelSpec, rewrites: RewriteRequest) -> str:
     """The name `spec`'s program with `rewrites` lives under (its own name when none resolves for it)."""
     return with_(spec, rewrites=rewrites).name
+
+
+@dataclass(frozen=True)
+class ProgramChoice:
+    """What a user asks of a spec's model, each choice one value: how it attends (None: its spec's), its KV cache
+    sizes (one program each; empty: its spec's) and the rewrites applied before export (none: as exported)."""
+
+    attention: str | None = None
+    contexts: tuple[int, ...] = ()
+    rewrites: RewriteRequest = NO_REWRITES
+
+
+AS_SPECIFIED = ProgramChoice()
+
+# A choice's name, as refusals name it: the command line adds `--`, the nightly matrix uses it as its key
+ATTENTION, CONTEXT, REWRITES_CHOICE = "attention", "context", "rewrites"
+
+
+class ProgramRefused(UsageError):
+    """A choice that cannot apply to a spec's model (exit 64): `choice` says which (ATTENTION, CONTEXT,
+    REWRITES_CHOICE) and `value` which of its values, if one, so the edge that parsed it names its option or key."""
+
+    def __init__(self, choice: str, reason: str, value: object = None) -> None:
+        super().__init__(reason if value is None else f"{value}: {reason}")
+        self.choice = choice
+        self.reason = reason
+        self.value = value
+
+
+@dataclass(frozen=True)
+class Program:
+    """A program etlab lowers and runs: `spec` under the program's own name (its attention and context in its fields,
+    every choice in its name) and the rewrites its lowering applies."""
+
+    spec: ModelSpec
+    rewrites: RewriteRequest = NO_REWRITES
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def parts(self) -> ProgramName:
+        return ProgramName.parse(self.spec.name)
+
+
+def refusals(spec: ModelSpec, choice: ProgramChoice, new_tokens: int | None = None) -> list[ProgramRefused]:
+    """Every choice of `choice` that cannot apply to `spec`'s model (a generation of `new_tokens`, else the spec's),
+    each refused with its reason: the one place a combination is checked."""
+    found = []
+    no_cache = f"{spec.name} is not a text-generation model (it has no KV cache)"
+    if choice.attention is not None:
+        if choice.attention not in ATTENTIONS:
+            found.append(ProgramRefused(ATTENTION, f"choose from {', '.join(ATTENTIONS)}", choice.attention))
+        elif not spec.generates or not hasattr(spec.options, "attention"):
+            found.append(ProgramRefused(ATTENTION, no_cache))
+    if choice.contexts and not spec.generates:
+        found.append(ProgramRefused(CONTEXT, no_cache))
+    for context in choice.contexts if spec.generates else ():
+        if not MIN_CONTEXT <= context <= MAX_CONTEXT:
+            found.append(ProgramRefused(CONTEXT, f"a KV cache holds {MIN_CONTEXT}-{MAX_CONTEXT} positions", context))
+        elif spec.positions(new_tokens) > context:
+            need = spec.positions(new_tokens)
+            found.append(ProgramRefused(CONTEXT, f"{spec.name}'s prompt of {spec.seq_len} tokens and "
+                                                 f"{new_tokens or spec.new_tokens} new ones need {need} positions",
+                                        context))  # fmt: skip
+    found += [ProgramRefused(REWRITES_CHOICE, problem) for problem in not_applying(choice.rewrites, spec)]
+    return found
+
+
+def programs(spec: ModelSpec, choice: ProgramChoice = AS_SPECIFIED, new_tokens: int | None = None) -> list[Program]:
+    """The programs `choice` makes of `spec`'s model, one per context, each under its own name; the first refusal
+    (`refusals`) raised when a choice cannot apply."""
+    problems = refusals(spec, choice, new_tokens)
+    if problems:
+        raise problems[0]
+    base = with_(spec, attention=choice.attention)
+    chosen = [with_(base, context=context) for context in dict.fromkeys(choice.contexts)] or [base]
+    return [Program(with_(each, rewrites=choice.rewrites), choice.rewrites) for each in chosen]

@@ -1,4 +1,4 @@
-"""A program's identity in one module (orchestrator/lowering/program_name.py): one rule names a program, one parse
+"""A program's identity in one module (orchestrator/lowering/program.py): one rule names a program, one parse
 reads a name back, and nothing else in etlab builds or splits a program's name. The names users already have
 (artifacts folders, histories, nightly files) are the names the rule makes."""
 
@@ -8,12 +8,22 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.lowering.attention.choice import ATTENTIONS, DEFAULT_ATTENTION, SDPA, attention_of
 from orchestrator.lowering.builtins import BUILTIN_SPECS
-from orchestrator.lowering.program_name import ProgramName, program_name, with_
+from orchestrator.lowering.program import (
+    Program,
+    ProgramChoice,
+    ProgramName,
+    ProgramRefused,
+    program_name,
+    programs,
+    refusals,
+    with_,
+)
 from orchestrator.lowering.rewrites.registry import REWRITES, parse_rewrites
 from orchestrator.names import NAME_PATTERN, is_valid_name
 from orchestrator.paths import PROJECT_ROOT
@@ -99,13 +109,13 @@ def test_nothing_else_builds_or_splits_a_programs_name() -> None:
     found = []
     for path in sorted((PROJECT_ROOT / "orchestrator").rglob("*.py")):
         relative = path.relative_to(PROJECT_ROOT).as_posix()
-        if relative == "orchestrator/lowering/program_name.py":
+        if relative == "orchestrator/lowering/program.py":
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             code = line.split("#", 1)[0]
             if SUFFIX_RULES.search(code) or (NAME_SPLIT.search(code) and relative not in ALLOWED_SPLITS):
                 found.append(f"{relative}:{number}: {line.strip()}")
-    assert not found, "a program's name built or split outside lowering/program_name.py:\n" + "\n".join(found)
+    assert not found, "a program's name built or split outside lowering/program.py:\n" + "\n".join(found)
 
 
 def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
@@ -113,3 +123,29 @@ def test_the_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
         code = line.split("#", 1)[0]
         assert SUFFIX_RULES.search(code) or NAME_SPLIT.search(code), line
     assert dataclasses.is_dataclass(ProgramName)
+
+
+def test_a_choice_is_combined_with_the_model_in_one_place() -> None:
+    gen, gpt2, bert = BUILTIN_SPECS["smollm2-gen-tiny"], BUILTIN_SPECS["gpt2-tiny"], BUILTIN_SPECS["distilbert-tiny"]
+    both = ProgramChoice(attention=SDPA, contexts=(128, 256, 128))
+    made = programs(gen, both)
+    assert [p.name for p in made] == ["smollm2-gen-tiny.sdpa.ctx128", "smollm2-gen-tiny.sdpa.ctx256"]
+    assert [(attention_of(p.spec), p.spec.cache_capacity) for p in made] == [(SDPA, 128), (SDPA, 256)]
+    assert [p.parts for p in made] == [ProgramName("smollm2-gen-tiny", SDPA, c) for c in (128, 256)]
+    assert programs(gen) == [Program(gen)]  # as its spec has it: the built-in program itself
+    rewritten = programs(gpt2, ProgramChoice(rewrites=parse_rewrites("auto")))
+    assert rewritten[0].name == program_name(gpt2, parse_rewrites("auto")) and rewritten[0].rewrites.auto
+
+    # Every choice that cannot apply, each with the choice it is and the value, if one
+    found = refusals(bert, ProgramChoice(attention=SDPA, contexts=(64,), rewrites=parse_rewrites("tanh-gelu")))
+    assert [(r.choice, r.value) for r in found] == [("attention", None), ("context", None), ("rewrites", None)]
+    assert "distilbert-tiny is not a text-generation model" in str(found[0])
+    assert "tanh-gelu does not apply to distilbert-tiny" in str(found[2])
+    short = gen.positions() - 1
+    (small,) = refusals(gen, ProgramChoice(contexts=(short, gen.positions())))
+    assert small.choice == "context" and small.value == short and str(small).startswith(f"{short}: ")
+    assert refusals(gen, ProgramChoice(contexts=(gen.positions(),)), new_tokens=gen.new_tokens + 1)
+    assert refusals(gen, ProgramChoice(attention="flash"))[0].value == "flash"
+    with pytest.raises(ProgramRefused, match="is not a text-generation model") as refused:
+        programs(gpt2, ProgramChoice(contexts=(128,)))
+    assert refused.value.exit_code == 64

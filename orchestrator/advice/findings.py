@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator.lowering.program import AS_SPECIFIED, ATTENTION, ProgramChoice
+from orchestrator.lowering.rewrites.registry import RewriteRequest
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
@@ -93,6 +95,22 @@ class Advice:
     def attention(self) -> str | None:
         """The attention the findings propose lowering the program with (`--attention`), if any."""
         return next((f.attention for f in self.findings if f.attention), None)
+
+    @property
+    def change(self) -> ProgramChoice:
+        """The one change the findings propose to the program: its attention and its rewrites, as `--attention` and
+        `--rewrites` (AS_SPECIFIED: none)."""
+        if not self.rewrites and self.attention is None:
+            return AS_SPECIFIED
+        return ProgramChoice(attention=self.attention, rewrites=RewriteRequest(names=self.rewrites))
+
+    @property
+    def predicted_parts(self) -> dict[str, float]:
+        """The predicted saving of each part of `change`: per rewrite by its name, the attention's as ATTENTION."""
+        parts = {name: self.predicted_for(name) for name in self.rewrites}
+        if self.attention is not None:
+            parts[ATTENTION] = sum(f.saving_ms or 0.0 for f in self.findings if f.attention)
+        return parts
 
     def predicted_for(self, rewrite: str) -> float:
         return sum(f.saving_ms or 0.0 for f in self.findings if f.rewrite == rewrite)

@@ -1,7 +1,7 @@
-"""The trial behind `fab advise --try`: lower the model with the proposed rewrites (or, for a text-generation program
-the advisor proposes etlab's attention for, attending so: `--attention`), check it computes what the model as
-exported computes, and measure the gain on a board with the interleaved A/B re-test (deploy/abtest.py); a
-text-generation program's runs are its generate loop on the reference prompt, as a profile's are.
+"""The trial behind `fab advise --try`: lower the model with the change the advice proposes (one ProgramChoice: its
+rewrites, and for a text-generation program etlab's attention), check it computes what the model as exported
+computes, and measure the gain on a board with the interleaved A/B re-test (deploy/abtest.py); a text-generation
+program's runs are its generate loop on the reference prompt, as a profile's are.
 
 Each variant lives under its own name (lowering/program.py), beside the model as exported: both stay
 cached. The outputs check compares the variant's eager reference outputs with the original's (the rewrite changes
@@ -34,7 +34,7 @@ from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweredVariant
-from orchestrator.lowering.program import program_name, with_
+from orchestrator.lowering.program import ATTENTION, Program, ProgramChoice, programs
 from orchestrator.lowering.rewrites.registry import REWRITES, RewriteRequest, without_superseded
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
@@ -45,7 +45,6 @@ from orchestrator.tensorfile import NamedTensor, read_tensors
 from orchestrator.transport import connect
 
 HEAD_AT_POSITION = "head-at-position"
-ATTENTION = "attention"  # the key of the attention switch's prediction in `try_rewrites`' `predicted_ms`
 
 
 class TrialRefused(EtlabError):
@@ -83,7 +82,8 @@ class VariantTrial:
     @property
     def change(self) -> str:
         """What the variant changes, as the command line says it."""
-        return ", ".join(self.rewrites) or (f"--attention {self.attention}" if self.attention else "—")
+        parts = [*self.rewrites, *([f"--attention {self.attention}"] if self.attention else [])]
+        return ", ".join(parts) or "—"
 
     @property
     def predicted_share(self) -> float | None:
@@ -273,18 +273,13 @@ def check_outputs(
 
 
 def _lower(
-    spec: ModelSpec, variant: Variant, request: RewriteRequest, weights: str, root: Path | None, jobs: int | None
+    program: Program, variant: Variant, weights: str, root: Path | None, jobs: int | None
 ) -> tuple[LoweredVariant, Path, Path]:
-    """The program of `spec` with `request`'s rewrites (cached), and its reference inputs and outputs files."""
-    named = with_(spec, rewrites=request)
-    result = lowering.lower(named, variants=[variant], weights=weights, root=root, jobs=jobs, rewrites=request)
+    """`program` lowered to `variant` (cached), and its reference inputs and outputs files."""
+    result = lowering.lower(
+        program.spec, variants=[variant], weights=weights, root=root, jobs=jobs, rewrites=program.rewrites
+    )
     return result.variants[variant], result.paths.reference_inputs, result.paths.reference_outputs
-
-
-def attention_twin(spec: ModelSpec, attention: str) -> ModelSpec:
-    """The same model attending with `attention`, under the name program.py gives it (`x.sdpa`; a program named
-    after its attention has its twin with the default under the base name, as the built-in spec is lowered)."""
-    return with_(spec, attention=attention)
 
 
 def _generate(sidecar: Sidecar, params: RunParams) -> GenerateArgs | None:
@@ -295,19 +290,20 @@ def _generate(sidecar: Sidecar, params: RunParams) -> GenerateArgs | None:
     return GenerateArgs(generation.prompt_len, params.new_tokens or generation.new_tokens, generation.context)
 
 
-def variant_sets(rewrites: Sequence[str], each: bool) -> list[tuple[str, ...]]:
-    """All rewrites together (less those another of them supersedes), then (with `each`, when there are several)
-    one per rewrite."""
-    proposed = tuple(dict.fromkeys(rewrites))
-    together = without_superseded(proposed)
-    singles = [(name,) for name in proposed] if each and len(proposed) > 1 else []
-    return list(dict.fromkeys([together, *singles]))
+def change_sets(change: ProgramChoice, each: bool) -> list[ProgramChoice]:
+    """The whole change (its rewrites less those another of them supersedes), then (with `each`, when it has several
+    parts) one per part: each rewrite alone, the attention alone."""
+    names = tuple(dict.fromkeys(change.rewrites.names))
+    together = ProgramChoice(attention=change.attention, rewrites=RewriteRequest(names=without_superseded(names)))
+    parts = [ProgramChoice(rewrites=RewriteRequest(names=(name,))) for name in names]
+    parts += [ProgramChoice(attention=change.attention)] if change.attention is not None else []
+    return list(dict.fromkeys([together, *(parts if each and len(parts) > 1 else [])]))
 
 
-def try_rewrites(
+def try_change(
     spec: ModelSpec,
     variant: Variant,
-    rewrites: Sequence[str],
+    change: ProgramChoice,
     board: Board,
     params: RunParams,
     *,
@@ -321,31 +317,26 @@ def try_rewrites(
     budget_seconds: float = DEFAULT_RETEST_SECONDS,
     iterations_per_run: int | None = None,
     reference: Path | None = None,
-    attention: str | None = None,
 ) -> TrialReport:
-    """Lower `spec` as exported and with `rewrites` (all together; with `each` also one variant per rewrite), refuse
-    a variant whose outputs differ from the original's (TrialRefused, exit 65), then A/B each variant against the
+    """Lower `spec` as exported and with `change` (all of it; with `each` also one variant per part), refuse a
+    variant whose outputs differ from the original's (TrialRefused, exit 65), then A/B each variant against the
     original on `board` (A the original, B the variant, expecting faster).
 
-    `rewrites` are names of rewrites.REWRITES that apply to the spec (the caller checked them); `predicted_ms` the
-    advisor's predicted saving per rewrite (missing: 0), a part of `profiled_ms`, the profiled run's time (the error is
-    then judged on shares, at the re-test's pace). `reference`: the original's outputs file to check against,
-    instead of its own (a test feeds a wrong one). `attention`: instead of rewrites, one variant, the program lowered
-    attending so (`attention_twin`), its prediction `predicted_ms[ATTENTION]`.
+    `change` applies to the spec (program.refusals: the caller checked it); `predicted_ms` the advisor's predicted
+    saving per part (Advice.predicted_parts: a rewrite's name, or ATTENTION; missing: 0), a part of `profiled_ms`,
+    the profiled run's time (the error is then judged on shares, at the re-test's pace). `reference`: the original's
+    outputs file to check against, instead of its own (a test feeds a wrong one).
     """
     predicted = dict(predicted_ms or {})
-    original, original_inputs, original_outputs = _lower(spec, variant, RewriteRequest(), weights, root, jobs)
+    original, original_inputs, original_outputs = _lower(Program(spec), variant, weights, root, jobs)
     inputs = read_tensors(original_inputs)
     expected = read_tensors(reference or original_outputs)
     report = TrialReport(spec.name, board.name, variant)
     lowered = []
-    candidates = (
-        [(attention_twin(spec, attention), RewriteRequest())] if attention is not None
-        else [(spec, RewriteRequest(names=names)) for names in variant_sets(rewrites, each)]
-    )  # fmt: skip
-    for program_spec, request in candidates:
-        name = program_name(program_spec, request)
-        program, _, outputs_file = _lower(program_spec, variant, request, weights, root, jobs)
+    for candidate in change_sets(change, each):
+        (chosen,) = programs(spec, candidate)
+        name = chosen.name
+        program, _, outputs_file = _lower(chosen, variant, weights, root, jobs)
         applied = program.sidecar.applied_rewrites
         if program.sidecar.reference_inputs_sha256 != original.sidecar.reference_inputs_sha256:
             raise TrialRefused(f"{name}: its reference inputs are not the original's")
@@ -354,8 +345,9 @@ def try_rewrites(
             raise TrialRefused(f"{name} does not compute what {spec.name} computes: {'; '.join(check.problems)}")
         # a rewrite makes the change of those it supersedes too: their predicted savings are its
         covered = {*applied, *(old for name in applied for old in REWRITES[name].supersedes)}
-        saving = predicted.get(ATTENTION, 0.0) if attention else sum(predicted.get(n, 0.0) for n in covered)
-        trial = VariantTrial(name, applied, saving, check, profiled_ms=profiled_ms, attention=attention)
+        covered |= {ATTENTION} if candidate.attention is not None else set()
+        saving = sum(predicted.get(part, 0.0) for part in covered)
+        trial = VariantTrial(name, applied, saving, check, profiled_ms=profiled_ms, attention=candidate.attention)
         lowered.append((trial, program))
     a = ABProgram(spec.name, original.pte, original.sidecar.sha256, _generate(original.sidecar, params))
     with labgrid.job(board) as target, connect(target) as conn:

@@ -1,5 +1,5 @@
 """`fab advise`: a run's findings (advice/), their predicted savings and fixes; `--try` measures the proposed
-rewrites (or a text-generation program's attention switch) on the board. Every analysis also prints the top
+change (its rewrites, a text-generation program's attention) on the board. Every analysis also prints the top
 findings in one line each (`advise_quietly`)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from orchestrator.commands.render_advice import print_advice_lines, render_advic
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import Artifact
-from orchestrator.lowering.program import ProgramName
+from orchestrator.lowering.program import AS_SPECIFIED, ProgramName
 from orchestrator.records import to_data
 from orchestrator.results.documents import ANALYSIS_DIR
 from orchestrator.results.store import LocalRun, find_run
@@ -79,8 +79,9 @@ def advise_on(
     render_advice(advice, notes)
     if trial is None:
         return 0
-    if not advice.rewrites and advice.attention is None:
-        console.info(console.escape(f"run {run.run_id}: no rewrite proposed: nothing to try"))
+    change = advice.change
+    if change == AS_SPECIFIED:
+        console.info(console.escape(f"run {run.run_id}: no change to the program proposed: nothing to try"))
         return 0
     if artifact is None or facts.spec is None or facts.sidecar is None:
         raise UsageError(
@@ -99,25 +100,20 @@ def advise_on(
                        example=f"fab advise --run {run.run_id} --try --board local")  # fmt: skip
     # here, not at the top: the trial brings the lowering and the A/B re-test, which every analysis's advice
     # (advise_quietly, on a warm deploy's path) needs none of
-    from orchestrator.advice.trial import ATTENTION, try_rewrites
+    from orchestrator.advice.trial import try_change
     from orchestrator.deploy.runs import RunParams
 
-    predicted = {name: advice.predicted_for(name) for name in advice.rewrites}
-    # The attention switch is tried alone: it changes the program the proposed rewrites would act on (advise again
-    # on a run of the program it lowers for those).
-    trying = ", ".join(advice.rewrites) if advice.attention is None else f"--attention {advice.attention}"
-    if advice.attention is not None:
-        predicted = {ATTENTION: sum(f.saving_ms or 0.0 for f in advice.findings if f.attention)}
+    trying = ", ".join([*change.rewrites.names, *([f"--attention {change.attention}"] if change.attention else [])])
     console.info(
         console.escape(
             f"trying {trying} on {target.name}: lowering, checking outputs, then interleaved A/B "
             f"({trial.rounds} rounds, at most {trial.retest_seconds:g} s per variant)"
         )
     )
-    report = try_rewrites(
-        facts.spec, facts.sidecar.variant, advice.rewrites, target, RunParams(), each=trial.each,
-        predicted_ms=predicted, profiled_ms=advice.method_ms, weights=facts.sidecar.weights, rounds=trial.rounds,
-        budget_seconds=trial.retest_seconds, attention=advice.attention,
+    report = try_change(
+        facts.spec, facts.sidecar.variant, change, target, RunParams(), each=trial.each,
+        predicted_ms=advice.predicted_parts, profiled_ms=advice.method_ms, weights=facts.sidecar.weights,
+        rounds=trial.rounds, budget_seconds=trial.retest_seconds,
     )  # fmt: skip
     atomic_write_json(run.path / ANALYSIS_DIR / TRIAL_FILE, to_data(report.outcome))
     render_trial(report)

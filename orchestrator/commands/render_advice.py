@@ -130,13 +130,15 @@ def adopt_lines(report: TrialReport) -> list[str]:
     best = max(confirmed, key=lambda trial: trial.measured_ms or 0.0)
     variant = report.variant
     backend = f"--backend {variant.backend}" + (f" --quantize {variant.scheme.name}" if variant.quantized else "")
-    if best.attention is not None:  # the program attending so has a name of its own (trial.attention_twin)
-        return [f"adopt it: fab deploy-and-profile --model {best.name} {backend} (the model lowered with "
-                f"--attention {best.attention}; fab lower takes the same options)"]  # fmt: skip
-    rewrites = ",".join(best.rewrites)
+    # the attention alone: the program it made, by its name (lowered by the trial); else the model and the options
+    model = best.name if best.attention is not None and not best.rewrites else report.model
+    options = [f"--attention {best.attention}"] if best.attention is not None and best.rewrites else []
+    options += [f"--rewrites {','.join(best.rewrites)}"] if best.rewrites else []
+    keys = [f"`attention: {best.attention}`"] if best.attention is not None else []
+    keys += [f"`advised: true` and `rewrites: [{', '.join(best.rewrites)}]`"] if best.rewrites else []
+    beside = " (the model as exported and its rewritten program, side by side)" if best.rewrites else ""
     return [
-        f"adopt it: fab deploy-and-profile --model {report.model} {backend} --rewrites {rewrites} "
+        f"adopt it: fab deploy-and-profile --model {' '.join([model, backend, *options])} "
         "(fab lower takes the same options)",
-        f"track it nightly: `advised: true` and `rewrites: [{', '.join(best.rewrites)}]` in the matrix entry of "
-        f"{report.model} (the model as exported and its rewritten program, side by side)",
+        f"track it nightly: {' and '.join(keys)} in the matrix entry of {report.model}{beside}",
     ]

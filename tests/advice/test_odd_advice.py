@@ -121,7 +121,7 @@ def test_try_ends_with_the_command_that_adopts_what_it_confirmed(capsys: pytest.
     switched = TrialReport("smollm2-gen-tiny.sdpa", "local", VARIANTS["xnnpack"], 11.0, [attention])
     out, _ = _rendered(switched, capsys)
     assert "adopt it: fab deploy-and-profile --model smollm2-gen-tiny --backend xnnpack" in out
-    assert "--attention etlab" in out and "advised: true" not in out  # the matrix has no attention key
+    assert "`attention: etlab`" in out and "advised: true" not in out  # tracked by the matrix's attention key
 
     out, _ = _rendered(TrialReport("distilbert-tiny", "local", VARIANTS["xnnpack"], 11.0, [_trial(False)]), capsys)
     assert "nothing confirmed: no change to adopt" in out and "adopt it:" not in out

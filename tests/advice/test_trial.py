@@ -18,9 +18,9 @@ from orchestrator.advice.trial import (
     TrialReport,
     VariantTrial,
     _logits_rows,
+    change_sets,
     check_outputs,
-    try_rewrites,
-    variant_sets,
+    try_change,
 )
 from orchestrator.boards.inventory import Board
 from orchestrator.deploy.abtest import Interleaved
@@ -28,6 +28,8 @@ from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ExitCode
 from orchestrator.lowering.artifacts import ArtifactPaths
 from orchestrator.lowering.builtins import BUILTIN_SPECS
+from orchestrator.lowering.program import ProgramChoice
+from orchestrator.lowering.rewrites.registry import RewriteRequest
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.records import to_data
@@ -61,14 +63,23 @@ def test_head_at_position_rows() -> None:
     assert shape.problems == ("output_0: shape [2, 3], expected [2, 4, 3]",)
 
 
-def test_variant_sets() -> None:
-    assert variant_sets(ALL_THREE, each=False) == [ALL_THREE]
-    assert variant_sets(ALL_THREE, each=True) == [ALL_THREE, *[(name,) for name in ALL_THREE]]
-    assert variant_sets(("tanh-gelu",), each=True) == [("tanh-gelu",)]
+def rewrites_of(*names: str) -> ProgramChoice:
+    return ProgramChoice(rewrites=RewriteRequest(names=names))
+
+
+def test_change_sets() -> None:
+    assert change_sets(rewrites_of(*ALL_THREE), each=False) == [rewrites_of(*ALL_THREE)]
+    assert change_sets(rewrites_of(*ALL_THREE), each=True) == [rewrites_of(*ALL_THREE),
+                                                               *[rewrites_of(name) for name in ALL_THREE]]  # fmt: skip
+    assert change_sets(rewrites_of("tanh-gelu"), each=True) == [rewrites_of("tanh-gelu")]
     # together, a superseded rewrite is left out (bmm-attention makes eager-attention's change); alone, both run
-    both = ("eager-attention", "bmm-attention")
-    assert variant_sets(both, each=False) == [("bmm-attention",)]
-    assert variant_sets(both, each=True) == [("bmm-attention",), ("eager-attention",)]
+    both = rewrites_of("eager-attention", "bmm-attention")
+    assert change_sets(both, each=False) == [rewrites_of("bmm-attention")]
+    assert change_sets(both, each=True) == [rewrites_of("bmm-attention"), rewrites_of("eager-attention")]
+    # one kind of change: an attention and a rewrite together, and with `each` each alone
+    mixed = ProgramChoice(attention="etlab", rewrites=RewriteRequest(names=("tanh-gelu",)))
+    assert change_sets(mixed, each=False) == [mixed]
+    assert change_sets(mixed, each=True) == [mixed, rewrites_of("tanh-gelu"), ProgramChoice(attention="etlab")]
 
 
 @pytest.mark.slow
@@ -76,8 +87,8 @@ def test_try_rewrites_on_the_local_board(local_board: Board, tmp_path: Path) -> 
     spec, xnnpack = BUILTIN_SPECS["gpt2-tiny"], VARIANTS["xnnpack"]
     predicted = {"tanh-gelu": 1.5, "eager-attention": 0.5, "head-at-position": 2.0}
     quick: dict[str, Any] = {"rounds": 5, "budget_seconds": 0.0, "iterations_per_run": 5}
-    report = try_rewrites(spec, xnnpack, ALL_THREE, local_board, RunParams(warmup=1), predicted_ms=predicted,
-                          weights="random", root=ARTIFACT_CACHE, jobs=1, **quick)  # fmt: skip
+    report = try_change(spec, xnnpack, rewrites_of(*ALL_THREE), local_board, RunParams(warmup=1),
+                        predicted_ms=predicted, weights="random", root=ARTIFACT_CACHE, jobs=1, **quick)  # fmt: skip
     assert report.model == "gpt2-tiny" and report.board == "local" and len(report.variants) == 1
     (trial,) = report.variants
     assert trial.name == "gpt2-tiny.tanh-gelu.eager-attention.head-at-position"
@@ -100,7 +111,7 @@ def test_try_rewrites_on_the_local_board(local_board: Board, tmp_path: Path) -> 
     write_tensors(wrong, [NamedTensor(original.name, np.ascontiguousarray(shuffled))])
     with pytest.raises(TrialRefused, match=rf"{trial.name} does not compute what gpt2-tiny computes: "
                                            r"output_0: SQNR") as refused:  # fmt: skip
-        try_rewrites(spec, xnnpack, ALL_THREE, local_board, RunParams(warmup=1), weights="random",
+        try_change(spec, xnnpack, rewrites_of(*ALL_THREE), local_board, RunParams(warmup=1), weights="random",
                      root=ARTIFACT_CACHE, jobs=1, reference=wrong, **quick)  # fmt: skip
     assert refused.value.exit_code == ExitCode.DATA == 65
 

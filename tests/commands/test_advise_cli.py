@@ -112,8 +112,9 @@ def test_try_measures_each_proposed_rewrite_on_the_local_board(local_board: Boar
 @pytest.mark.slow
 def test_try_measures_etlab_s_attention_on_a_static_cache_generation_run(local_board: Board, tmp_path: Path) -> None:
     """`fab advise --try` on a run of smollm2-gen-tiny lowered with `--attention sdpa`: the advisor proposes
-    `--attention etlab`; the trial lowers the etlab program (the built-in's, under its own name), checks its
-    generated ids against the original's and A/B-tests the two generate loops on the board."""
+    `--attention etlab` and the rewrites that apply, one change; the trial lowers that program (etlab's attention,
+    the rewrites, under its own name), checks its generated ids against the original's and A/B-tests the two
+    generate loops on the board."""
     results = tmp_path / "results"
     inventory = write_inventory(tmp_path / "inventory.yaml", [local_board])
     env = {"ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results), "ETLAB_INVENTORY": str(inventory)}
@@ -128,11 +129,13 @@ def test_try_measures_etlab_s_attention_on_a_static_cache_generation_run(local_b
     (switch,) = [f for f in advice["findings"] if f["attention"]]
     assert switch["kind"] == "attention" and switch["fix"] == "--attention etlab" and switch["saving_ms"] > 0
     trial = json.loads((run / "analysis" / "advice_trial.json").read_text())
-    (variant,) = trial["variants"]
-    assert variant["name"] == "smollm2-gen-tiny" and variant["attention"] == "etlab" and variant["rewrites"] == []
-    assert variant["predicted_ms"] == pytest.approx(switch["saving_ms"])
-    sidecar = json.loads((ARTIFACT_CACHE / "smollm2-gen-tiny" / "smollm2-gen-tiny_xnnpack.json").read_text())
-    assert sidecar["generation"]["attention"] == "etlab"
+    rewriting = [f for f in advice["findings"] if f["rewrite"]]
+    (variant,) = trial["variants"]  # one kind of change: the attention and the rewrites in one program
+    assert variant["attention"] == "etlab" and set(variant["rewrites"]) == {f["rewrite"] for f in rewriting}
+    assert variant["name"] == ".".join(["smollm2-gen-tiny", *variant["rewrites"]])
+    assert variant["predicted_ms"] == pytest.approx(switch["saving_ms"] + sum(f["saving_ms"] or 0 for f in rewriting))
+    sidecar = json.loads((ARTIFACT_CACHE / variant["name"] / f"{variant['name']}_xnnpack.json").read_text())
+    assert sidecar["generation"]["attention"] == "etlab" and sidecar["rewrites"] == variant["rewrites"]
     retest = variant["retest"]
     assert retest["rounds"] >= 5 and retest["median_a_ms"] > 0 and retest["median_b_ms"] > 0
     assert variant["measured_ms"] == pytest.approx(retest["median_a_ms"] - retest["median_b_ms"])

@@ -1,26 +1,19 @@
 """A nightly matrix entry says a program's attention and KV cache sizes (`attention:`, `context:`), as `--attention`
-and `--context` do (lowering/program.py names each program): checked with the file, line and field, and run
-for real on the local board two nights, each cell keeping its trend."""
+and `--context` do (lowering/program.py names each program), checked with the file, line and field (the same
+refusals as the command line's). Such an entry runs for real and keeps its trends in tests/lab/test_migration.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from orchestrator.boards.inventory import Board, load_inventory
+from orchestrator.boards.inventory import load_inventory
 from orchestrator.errors import InventoryError
-from orchestrator.lab.history import History
 from orchestrator.lab.matrix import load_config
 from orchestrator.lowering.attention.choice import attention_of
-from orchestrator.paths import PROJECT_ROOT
-from tests.plugins.artifacts import ARTIFACT_CACHE
-from tests.plugins.boards import write_inventory
 
 MODEL = "smollm2-gen-tiny"
 NIGHTS = ("2026-11-10", "2026-11-11")
@@ -62,30 +55,3 @@ def test_a_bad_choice_names_its_line_and_field(tmp_path: Path, entry: dict[str, 
     with pytest.raises(InventoryError) as caught:
         load_config(load_inventory(inventory_with(tmp_path, entry)))
     assert says in str(caught.value) and "inventory.yaml:" in str(caught.value), caught.value
-
-
-def test_two_nights_of_attention_and_contexts_keep_their_trends(local_board: Board, tmp_path: Path) -> None:
-    section = {"history": f"sqlite:///{tmp_path / 'history.sqlite'}", "reports": str(tmp_path / "reports"),
-               "iterations": 5, "warmup": 1, "cooldown_seconds": 1, "weights": "random",
-               "matrix": [{"models": [MODEL], "backends": ["xnnpack"], "boards": ["local"], "attention": "sdpa",
-                           "context": [32, 128]}]}  # fmt: skip
-    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board], nightly=section)
-    env = {**os.environ, "ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(tmp_path / "results")}
-    for night in NIGHTS:
-        done = subprocess.run(
-            [sys.executable, "-m", "fabric", "nightly", "--inventory", str(inventory), "--night", night],
-            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=1500,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-    history = History(f"sqlite:///{tmp_path / 'history.sqlite'}")
-    try:
-        for context in (32, 128):
-            cell = ("local", f"{MODEL}.sdpa.ctx{context}", "xnnpack")
-            runs = history.runs(cell=cell)
-            assert sorted(r.night for r in runs) == list(NIGHTS), runs
-            assert all(r.status == "ok" and r.generation and r.generation.context == context for r in runs), runs
-    finally:
-        history.close()
-    page = (tmp_path / "reports" / f"nightly-{NIGHTS[1]}.html").read_text()
-    for context in (32, 128):
-        assert f"latency trend local / {MODEL}.sdpa.ctx{context} / xnnpack" in page

@@ -1,0 +1,354 @@
+BEGIN TRANSACTION;
+CREATE TABLE op_medians (
+	run INTEGER NOT NULL, 
+	op_key VARCHAR(64) NOT NULL, 
+	op_name VARCHAR(200) NOT NULL, 
+	median_ms FLOAT NOT NULL, 
+	PRIMARY KEY (run, op_key), 
+	FOREIGN KEY(run) REFERENCES runs (id) ON DELETE CASCADE
+);
+INSERT INTO "op_medians" VALUES(1,'0:0','aten::arange.start_out',0.001212);
+INSERT INTO "op_medians" VALUES(1,'0:1','aten::arange.start_out',0.000301);
+INSERT INTO "op_medians" VALUES(1,'0:2','aten::arange.start_out',0.0004);
+INSERT INTO "op_medians" VALUES(1,'0:3','aten::arange.start_out',0.000401);
+INSERT INTO "op_medians" VALUES(1,'0:4','aten::full.out',0.000721);
+INSERT INTO "op_medians" VALUES(1,'0:5','aten::full.out',0.00044);
+INSERT INTO "op_medians" VALUES(1,'0:6','aten::scalar_tensor.out',0.000851);
+INSERT INTO "op_medians" VALUES(1,'0:7','aten::sum.IntList_out',0.001112);
+INSERT INTO "op_medians" VALUES(1,'0:8','aten::add.out',0.001342);
+INSERT INTO "op_medians" VALUES(1,'0:9','aten::unsqueeze_copy.out',0.000591);
+INSERT INTO "op_medians" VALUES(1,'0:10','aten::add.out',0.000371);
+INSERT INTO "op_medians" VALUES(1,'0:11','aten::add.out',0.000341);
+INSERT INTO "op_medians" VALUES(1,'0:12','aten::embedding.out',0.004336);
+INSERT INTO "op_medians" VALUES(1,'0:13','aten::sub.out',0.001132);
+INSERT INTO "op_medians" VALUES(1,'0:14','dim_order_ops::_to_dim_order_copy.out',0.001543);
+INSERT INTO "op_medians" VALUES(1,'0:15','aten::unsqueeze_copy.out',0.000511);
+INSERT INTO "op_medians" VALUES(1,'0:16','aten::unsqueeze_copy.out',0.00033);
+INSERT INTO "op_medians" VALUES(1,'0:17','aten::unsqueeze_copy.out',0.00027);
+INSERT INTO "op_medians" VALUES(1,'0:18','aten::unsqueeze_copy.out',0.000301);
+INSERT INTO "op_medians" VALUES(1,'0:19','aten::embedding.out',0.002975);
+INSERT INTO "op_medians" VALUES(1,'0:20','aten::unsqueeze_copy.out',0.000411);
+INSERT INTO "op_medians" VALUES(1,'0:21','aten::unsqueeze_copy.out',0.000441);
+INSERT INTO "op_medians" VALUES(1,'0:22','aten::unsqueeze_copy.out',0.00027);
+INSERT INTO "op_medians" VALUES(1,'0:23','XnnpackBackend',0.017025);
+INSERT INTO "op_medians" VALUES(1,'0:24','aten::unsqueeze_copy.out',0.00041);
+INSERT INTO "op_medians" VALUES(1,'0:25','aten::unsqueeze_copy.out',0.000321);
+INSERT INTO "op_medians" VALUES(1,'0:26','aten::le.Tensor_out',0.091175);
+INSERT INTO "op_medians" VALUES(1,'0:27','aten::index.Tensor_out',0.005789);
+INSERT INTO "op_medians" VALUES(1,'0:28','aten::native_layer_norm.out',0.015783);
+INSERT INTO "op_medians" VALUES(1,'0:29','aten::bitwise_and.Tensor_out',0.025308);
+INSERT INTO "op_medians" VALUES(1,'0:30','aten::bitwise_and.Tensor_out',0.024977);
+INSERT INTO "op_medians" VALUES(1,'0:31','XnnpackBackend',0.052448);
+INSERT INTO "op_medians" VALUES(1,'0:32','aten::expand_copy.out',0.006109);
+INSERT INTO "op_medians" VALUES(1,'0:33','aten::where.self_out',0.144284);
+INSERT INTO "op_medians" VALUES(1,'0:34','aten::split_with_sizes_copy.out',0.004987);
+INSERT INTO "op_medians" VALUES(1,'0:35','aten::alias_copy.out',0.001733);
+INSERT INTO "op_medians" VALUES(1,'0:36','aten::alias_copy.out',0.002223);
+INSERT INTO "op_medians" VALUES(1,'0:37','XnnpackBackend',0.022803);
+INSERT INTO "op_medians" VALUES(1,'0:38','aten::cat.out',0.001592);
+INSERT INTO "op_medians" VALUES(1,'0:39','aten::cat.out',0.001091);
+INSERT INTO "op_medians" VALUES(1,'0:40','XnnpackBackend',0.105046);
+INSERT INTO "op_medians" VALUES(1,'0:41','aten::native_layer_norm.out',0.018187);
+INSERT INTO "op_medians" VALUES(1,'0:42','XnnpackBackend',0.111405);
+INSERT INTO "op_medians" VALUES(1,'0:43','aten::native_layer_norm.out',0.018097);
+INSERT INTO "op_medians" VALUES(1,'0:44','XnnpackBackend',0.04028);
+INSERT INTO "op_medians" VALUES(1,'0:45','aten::split_with_sizes_copy.out',0.005078);
+INSERT INTO "op_medians" VALUES(1,'0:46','XnnpackBackend',0.00657);
+INSERT INTO "op_medians" VALUES(1,'0:47','aten::cat.out',0.001312);
+INSERT INTO "op_medians" VALUES(1,'0:48','aten::cat.out',0.000961);
+INSERT INTO "op_medians" VALUES(1,'0:49','XnnpackBackend',0.086588);
+INSERT INTO "op_medians" VALUES(1,'0:50','aten::native_layer_norm.out',0.018017);
+INSERT INTO "op_medians" VALUES(1,'0:51','XnnpackBackend',0.111095);
+INSERT INTO "op_medians" VALUES(1,'0:52','aten::native_layer_norm.out',0.018067);
+INSERT INTO "op_medians" VALUES(1,'0:53','XnnpackBackend',0.002254);
+INSERT INTO "op_medians" VALUES(1,'0:54','aten::index_select.out',0.000801);
+INSERT INTO "op_medians" VALUES(1,'0:55','aten::alias_copy.out',0.000471);
+INSERT INTO "op_medians" VALUES(1,'0:56','XnnpackBackend',0.007421);
+INSERT INTO "op_medians" VALUES(1,'0:57','aten::select_copy.int_out',0.000942);
+INSERT INTO "op_medians" VALUES(2,'0:0','aten::arange.start_out',0.000721);
+INSERT INTO "op_medians" VALUES(2,'0:1','aten::scalar_tensor.out',0.000451);
+INSERT INTO "op_medians" VALUES(2,'0:2','aten::scalar_tensor.out',0.00026);
+INSERT INTO "op_medians" VALUES(2,'0:3','aten::scalar_tensor.out',0.00025);
+INSERT INTO "op_medians" VALUES(2,'0:4','aten::scalar_tensor.out',0.00025);
+INSERT INTO "op_medians" VALUES(2,'0:5','aten::sym_size.int',7.0e-05);
+INSERT INTO "op_medians" VALUES(2,'0:6','aten::scalar_tensor.out',0.0003);
+INSERT INTO "op_medians" VALUES(2,'0:7','aten::scalar_tensor.out',0.000261);
+INSERT INTO "op_medians" VALUES(2,'0:8','aten::embedding.out',0.000721);
+INSERT INTO "op_medians" VALUES(2,'0:9','aten::select_copy.int_out',0.000521);
+INSERT INTO "op_medians" VALUES(2,'0:10','aten::select_copy.int_out',0.00029);
+INSERT INTO "op_medians" VALUES(2,'0:11','aten::add.out',0.000631);
+INSERT INTO "op_medians" VALUES(2,'0:12','aten::arange.start_out',0.000301);
+INSERT INTO "op_medians" VALUES(2,'0:13','aten::arange.start_out',0.000271);
+INSERT INTO "op_medians" VALUES(2,'0:14','aten::arange.start_out',0.00027);
+INSERT INTO "op_medians" VALUES(2,'0:15','aten::arange.start_out',0.000261);
+INSERT INTO "op_medians" VALUES(2,'0:16','dim_order_ops::_to_dim_order_copy.out',0.000621);
+INSERT INTO "op_medians" VALUES(2,'0:17','dim_order_ops::_to_dim_order_copy.out',0.000331);
+INSERT INTO "op_medians" VALUES(2,'0:18','XnnpackBackend',0.001202);
+INSERT INTO "op_medians" VALUES(2,'0:19','aten::copy.out',0.000381);
+INSERT INTO "op_medians" VALUES(2,'0:20','aten::copy.out',0.000271);
+INSERT INTO "op_medians" VALUES(2,'0:21','aten::unsqueeze_copy.out',0.00037);
+INSERT INTO "op_medians" VALUES(2,'0:22','aten::add.out',0.00035);
+INSERT INTO "op_medians" VALUES(2,'0:23','aten::add.out',0.000291);
+INSERT INTO "op_medians" VALUES(2,'0:24','aten::add.out',0.00031);
+INSERT INTO "op_medians" VALUES(2,'0:25','aten::add.out',0.00029);
+INSERT INTO "op_medians" VALUES(2,'0:26','aten::add.out',0.00029);
+INSERT INTO "op_medians" VALUES(2,'0:27','aten::add.out',0.00028);
+INSERT INTO "op_medians" VALUES(2,'0:28','aten::unsqueeze_copy.out',0.000311);
+INSERT INTO "op_medians" VALUES(2,'0:29','aten::mean.out',0.000471);
+INSERT INTO "op_medians" VALUES(2,'0:30','aten::unsqueeze_copy.out',0.00029);
+INSERT INTO "op_medians" VALUES(2,'0:31','aten::unsqueeze_copy.out',0.00028);
+INSERT INTO "op_medians" VALUES(2,'0:32','aten::unsqueeze_copy.out',0.000301);
+INSERT INTO "op_medians" VALUES(2,'0:33','aten::unsqueeze_copy.out',0.000301);
+INSERT INTO "op_medians" VALUES(2,'0:34','aten::unsqueeze_copy.out',0.00029);
+INSERT INTO "op_medians" VALUES(2,'0:35','dim_order_ops::_to_dim_order_copy.out',0.000621);
+INSERT INTO "op_medians" VALUES(2,'0:36','aten::unsqueeze_copy.out',0.000291);
+INSERT INTO "op_medians" VALUES(2,'0:37','XnnpackBackend',0.004507);
+INSERT INTO "op_medians" VALUES(2,'0:38','aten::le.Tensor_out',0.001843);
+INSERT INTO "op_medians" VALUES(2,'0:39','aten::expand_copy.out',0.000621);
+INSERT INTO "op_medians" VALUES(2,'0:40','aten::cat.out',0.000801);
+INSERT INTO "op_medians" VALUES(2,'0:41','executorch_prim::et_view.default',0.00013);
+INSERT INTO "op_medians" VALUES(2,'0:42','aten::where.self_out',0.000841);
+INSERT INTO "op_medians" VALUES(2,'0:43','aten::where.self_out',0.000601);
+INSERT INTO "op_medians" VALUES(2,'0:44','XnnpackBackend',0.017687);
+INSERT INTO "op_medians" VALUES(2,'0:45','executorch_prim::et_view.default',0.00015);
+INSERT INTO "op_medians" VALUES(2,'0:46','aten::slice_copy.Tensor_out',0.000651);
+INSERT INTO "op_medians" VALUES(2,'0:47','aten::slice_copy.Tensor_out',0.000391);
+INSERT INTO "op_medians" VALUES(2,'0:48','aten::unsqueeze_copy.out',0.000421);
+INSERT INTO "op_medians" VALUES(2,'0:49','aten::unsqueeze_copy.out',0.000371);
+INSERT INTO "op_medians" VALUES(2,'0:50','aten::unsqueeze_copy.out',0.000301);
+INSERT INTO "op_medians" VALUES(2,'0:51','aten::unsqueeze_copy.out',0.000291);
+INSERT INTO "op_medians" VALUES(2,'0:52','XnnpackBackend',0.004837);
+INSERT INTO "op_medians" VALUES(2,'0:53','aten::slice_copy.Tensor_out',0.000421);
+INSERT INTO "op_medians" VALUES(2,'0:54','aten::slice_copy.Tensor_out',0.000361);
+INSERT INTO "op_medians" VALUES(2,'0:55','aten::index_put.out',0.003224);
+INSERT INTO "op_medians" VALUES(2,'0:56','aten::unsqueeze_copy.out',0.000461);
+INSERT INTO "op_medians" VALUES(2,'0:57','aten::expand_copy.out',0.004216);
+INSERT INTO "op_medians" VALUES(2,'0:58','XnnpackBackend',0.018087);
+INSERT INTO "op_medians" VALUES(2,'0:59','executorch_prim::et_view.default',0.000211);
+INSERT INTO "op_medians" VALUES(2,'0:60','aten::mul.Scalar_out',0.000631);
+INSERT INTO "op_medians" VALUES(2,'0:61','aten::mul.Scalar_out',0.001272);
+INSERT INTO "op_medians" VALUES(2,'0:62','aten::expand_copy.out',0.000711);
+INSERT INTO "op_medians" VALUES(2,'0:63','aten::expand_copy.out',0.002794);
+INSERT INTO "op_medians" VALUES(2,'0:64','executorch_prim::et_view.default',0.000131);
+INSERT INTO "op_medians" VALUES(2,'0:65','XnnpackBackend',0.015403);
+INSERT INTO "op_medians" VALUES(2,'0:66','aten::index_put.out',0.002745);
+INSERT INTO "op_medians" VALUES(2,'0:67','executorch_prim::et_view.default',0.00014);
+INSERT INTO "op_medians" VALUES(2,'0:68','aten::unsqueeze_copy.out',0.000501);
+INSERT INTO "op_medians" VALUES(2,'0:69','aten::expand_copy.out',0.003795);
+INSERT INTO "op_medians" VALUES(2,'0:70','XnnpackBackend',0.015062);
+INSERT INTO "op_medians" VALUES(2,'0:71','aten::expand_copy.out',0.006008);
+INSERT INTO "op_medians" VALUES(2,'0:72','aten::eq.Scalar_out',0.001713);
+INSERT INTO "op_medians" VALUES(2,'0:73','aten::full_like.out',0.000511);
+INSERT INTO "op_medians" VALUES(2,'0:74','aten::logical_not.out',0.000811);
+INSERT INTO "op_medians" VALUES(2,'0:75','aten::any.out',0.001332);
+INSERT INTO "op_medians" VALUES(2,'0:76','aten::logical_not.out',0.00045);
+INSERT INTO "op_medians" VALUES(2,'0:77','aten::where.self_out',0.001993);
+INSERT INTO "op_medians" VALUES(2,'0:78','aten::expand_copy.out',0.000641);
+INSERT INTO "op_medians" VALUES(2,'0:79','executorch_prim::et_view.default',0.00013);
+INSERT INTO "op_medians" VALUES(2,'0:80','XnnpackBackend',0.016113);
+INSERT INTO "op_medians" VALUES(2,'0:81','executorch_prim::et_view.default',0.00013);
+INSERT INTO "op_medians" VALUES(2,'0:82','XnnpackBackend',0.002514);
+INSERT INTO "op_medians" VALUES(2,'0:83','executorch_prim::et_view.default',0.000111);
+INSERT INTO "op_medians" VALUES(2,'0:84','XnnpackBackend',0.001212);
+INSERT INTO "op_medians" VALUES(2,'0:85','executorch_prim::et_view.default',0.0001);
+INSERT INTO "op_medians" VALUES(2,'0:86','XnnpackBackend',0.012488);
+INSERT INTO "op_medians" VALUES(2,'0:87','aten::mean.out',0.001002);
+INSERT INTO "op_medians" VALUES(2,'0:88','XnnpackBackend',0.019649);
+INSERT INTO "op_medians" VALUES(2,'0:89','aten::mean.out',0.00056);
+INSERT INTO "op_medians" VALUES(2,'0:90','XnnpackBackend',0.003926);
+INSERT INTO "op_medians" VALUES(2,'0:91','executorch_prim::et_view.default',0.00014);
+INSERT INTO "op_medians" VALUES(2,'0:92','XnnpackBackend',0.01333);
+INSERT INTO "op_medians" VALUES(2,'0:93','executorch_prim::et_view.default',0.00012);
+INSERT INTO "op_medians" VALUES(2,'0:94','aten::slice_copy.Tensor_out',0.000591);
+INSERT INTO "op_medians" VALUES(2,'0:95','aten::slice_copy.Tensor_out',0.000361);
+INSERT INTO "op_medians" VALUES(2,'0:96','XnnpackBackend',0.005038);
+INSERT INTO "op_medians" VALUES(2,'0:97','aten::slice_copy.Tensor_out',0.000391);
+INSERT INTO "op_medians" VALUES(2,'0:98','aten::slice_copy.Tensor_out',0.000341);
+INSERT INTO "op_medians" VALUES(2,'0:99','aten::index_put.out',0.002775);
+INSERT INTO "op_medians" VALUES(2,'0:100','aten::unsqueeze_copy.out',0.000561);
+INSERT INTO "op_medians" VALUES(2,'0:101','aten::expand_copy.out',0.004316);
+INSERT INTO "op_medians" VALUES(2,'0:102','XnnpackBackend',0.018167);
+INSERT INTO "op_medians" VALUES(2,'0:103','executorch_prim::et_view.default',0.00014);
+INSERT INTO "op_medians" VALUES(2,'0:104','aten::mul.Scalar_out',0.00059);
+INSERT INTO "op_medians" VALUES(2,'0:105','aten::mul.Scalar_out',0.001131);
+INSERT INTO "op_medians" VALUES(2,'0:106','aten::expand_copy.out',0.000711);
+INSERT INTO "op_medians" VALUES(2,'0:107','aten::expand_copy.out',0.002824);
+INSERT INTO "op_medians" VALUES(2,'0:108','executorch_prim::et_view.default',0.00013);
+INSERT INTO "op_medians" VALUES(2,'0:109','XnnpackBackend',0.01363);
+INSERT INTO "op_medians" VALUES(2,'0:110','aten::index_put.out',0.002664);
+INSERT INTO "op_medians" VALUES(2,'0:111','executorch_prim::et_view.default',0.00014);
+INSERT INTO "op_medians" VALUES(2,'0:112','aten::unsqueeze_copy.out',0.00051);
+INSERT INTO "op_medians" VALUES(2,'0:113','aten::expand_copy.out',0.003805);
+INSERT INTO "op_medians" VALUES(2,'0:114','XnnpackBackend',0.011607);
+INSERT INTO "op_medians" VALUES(2,'0:115','aten::expand_copy.out',0.005749);
+INSERT INTO "op_medians" VALUES(2,'0:116','aten::eq.Scalar_out',0.001553);
+INSERT INTO "op_medians" VALUES(2,'0:117','aten::full_like.out',0.000401);
+INSERT INTO "op_medians" VALUES(2,'0:118','aten::logical_not.out',0.000661);
+INSERT INTO "op_medians" VALUES(2,'0:119','aten::any.out',0.001052);
+INSERT INTO "op_medians" VALUES(2,'0:120','aten::logical_not.out',0.00041);
+INSERT INTO "op_medians" VALUES(2,'0:121','aten::where.self_out',0.001913);
+INSERT INTO "op_medians" VALUES(2,'0:122','aten::expand_copy.out',0.000581);
+INSERT INTO "op_medians" VALUES(2,'0:123','executorch_prim::et_view.default',0.000111);
+INSERT INTO "op_medians" VALUES(2,'0:124','XnnpackBackend',0.015723);
+INSERT INTO "op_medians" VALUES(2,'0:125','executorch_prim::et_view.default',0.00012);
+INSERT INTO "op_medians" VALUES(2,'0:126','XnnpackBackend',0.002423);
+INSERT INTO "op_medians" VALUES(2,'0:127','executorch_prim::et_view.default',0.000111);
+INSERT INTO "op_medians" VALUES(2,'0:128','XnnpackBackend',0.001162);
+INSERT INTO "op_medians" VALUES(2,'0:129','executorch_prim::et_view.default',0.0001);
+INSERT INTO "op_medians" VALUES(2,'0:130','XnnpackBackend',0.005288);
+INSERT INTO "op_medians" VALUES(2,'0:131','aten::mean.out',0.000681);
+INSERT INTO "op_medians" VALUES(2,'0:132','XnnpackBackend',0.011066);
+INSERT INTO "op_medians" VALUES(2,'0:133','aten::mean.out',0.00046);
+INSERT INTO "op_medians" VALUES(2,'0:134','XnnpackBackend',0.002483);
+INSERT INTO "op_medians" VALUES(2,'0:135','aten::alias_copy.out',0.000381);
+INSERT INTO "op_medians" VALUES(2,'0:136','XnnpackBackend',0.005198);
+INSERT INTO "op_medians" VALUES(2,'0:137','aten::slice_copy.Tensor_out',0.000661);
+INSERT INTO "op_medians" VALUES(2,'0:138','aten::copy_',0.000591);
+INSERT INTO "op_medians" VALUES(2,'0:139','aten::copy_',0.00029);
+INSERT INTO "op_medians" VALUES(2,'0:140','aten::copy_',0.000501);
+INSERT INTO "op_medians" VALUES(2,'0:141','aten::copy_',0.000431);
+INSERT INTO "op_medians" VALUES(2,'0:142','aten::copy_',0.00041);
+INSERT INTO "op_medians" VALUES(2,'0:143','aten::copy_',0.0004);
+INSERT INTO "op_medians" VALUES(3,'0:0','aten::arange.start_out',0.001823);
+INSERT INTO "op_medians" VALUES(3,'0:1','aten::arange.start_out',0.000441);
+INSERT INTO "op_medians" VALUES(3,'0:2','aten::arange.start_out',0.000641);
+INSERT INTO "op_medians" VALUES(3,'0:3','aten::arange.start_out',0.000401);
+INSERT INTO "op_medians" VALUES(3,'0:4','aten::full.out',0.000862);
+INSERT INTO "op_medians" VALUES(3,'0:5','aten::scalar_tensor.out',0.000911);
+INSERT INTO "op_medians" VALUES(3,'0:6','aten::scalar_tensor.out',0.00022);
+INSERT INTO "op_medians" VALUES(3,'0:7','aten::scalar_tensor.out',0.00029);
+INSERT INTO "op_medians" VALUES(3,'0:8','aten::scalar_tensor.out',0.000301);
+INSERT INTO "op_medians" VALUES(3,'0:9','aten::add.out',0.001502);
+INSERT INTO "op_medians" VALUES(3,'0:10','aten::unsqueeze_copy.out',0.001122);
+INSERT INTO "op_medians" VALUES(3,'0:11','aten::add.out',0.000471);
+INSERT INTO "op_medians" VALUES(3,'0:12','aten::add.out',0.00043);
+INSERT INTO "op_medians" VALUES(3,'0:13','aten::embedding.out',0.004436);
+INSERT INTO "op_medians" VALUES(3,'0:14','dim_order_ops::_to_dim_order_copy.out',0.001783);
+INSERT INTO "op_medians" VALUES(3,'0:15','aten::unsqueeze_copy.out',0.00039);
+INSERT INTO "op_medians" VALUES(3,'0:16','aten::unsqueeze_copy.out',0.000451);
+INSERT INTO "op_medians" VALUES(3,'0:17','aten::unsqueeze_copy.out',0.00031);
+INSERT INTO "op_medians" VALUES(3,'0:18','aten::unsqueeze_copy.out',0.000181);
+INSERT INTO "op_medians" VALUES(3,'0:19','aten::embedding.out',0.002414);
+INSERT INTO "op_medians" VALUES(3,'0:20','aten::unsqueeze_copy.out',0.000271);
+INSERT INTO "op_medians" VALUES(3,'0:21','aten::unsqueeze_copy.out',0.000211);
+INSERT INTO "op_medians" VALUES(3,'0:22','aten::unsqueeze_copy.out',0.00029);
+INSERT INTO "op_medians" VALUES(3,'0:23','XnnpackBackend',0.004096);
+INSERT INTO "op_medians" VALUES(3,'0:24','aten::unsqueeze_copy.out',0.00036);
+INSERT INTO "op_medians" VALUES(3,'0:25','aten::unsqueeze_copy.out',0.000221);
+INSERT INTO "op_medians" VALUES(3,'0:26','aten::le.Tensor_out',0.083985);
+INSERT INTO "op_medians" VALUES(3,'0:27','aten::index.Tensor_out',0.006449);
+INSERT INTO "op_medians" VALUES(3,'0:28','aten::native_layer_norm.out',0.015813);
+INSERT INTO "op_medians" VALUES(3,'0:29','aten::bitwise_and.Tensor_out',0.025768);
+INSERT INTO "op_medians" VALUES(3,'0:30','aten::bitwise_and.Tensor_out',0.025878);
+INSERT INTO "op_medians" VALUES(3,'0:31','XnnpackBackend',0.038317);
+INSERT INTO "op_medians" VALUES(3,'0:32','aten::expand_copy.out',0.003956);
+INSERT INTO "op_medians" VALUES(3,'0:33','aten::where.self_out',0.142892);
+INSERT INTO "op_medians" VALUES(3,'0:34','aten::where.self_out',0.142682);
+INSERT INTO "op_medians" VALUES(3,'0:35','aten::split_with_sizes_copy.out',0.00696);
+INSERT INTO "op_medians" VALUES(3,'0:36','XnnpackBackend',0.065377);
+INSERT INTO "op_medians" VALUES(3,'0:37','aten::cat.out',0.001232);
+INSERT INTO "op_medians" VALUES(3,'0:38','XnnpackBackend',0.095452);
+INSERT INTO "op_medians" VALUES(3,'0:39','aten::mul.Scalar_out',0.003605);
+INSERT INTO "op_medians" VALUES(3,'0:40','aten::mul.Scalar_out',0.003315);
+INSERT INTO "op_medians" VALUES(3,'0:41','aten::expand_copy.out',0.007091);
+INSERT INTO "op_medians" VALUES(3,'0:42','aten::expand_copy.out',0.002344);
+INSERT INTO "op_medians" VALUES(3,'0:43','XnnpackBackend',0.286636);
+INSERT INTO "op_medians" VALUES(3,'0:44','aten::cat.out',0.001462);
+INSERT INTO "op_medians" VALUES(3,'0:45','aten::eq.Scalar_out',0.090134);
+INSERT INTO "op_medians" VALUES(3,'0:46','aten::full_like.out',0.003595);
+INSERT INTO "op_medians" VALUES(3,'0:47','aten::expand_copy.out',0.00689);
+INSERT INTO "op_medians" VALUES(3,'0:48','aten::logical_not.out',0.018718);
+INSERT INTO "op_medians" VALUES(3,'0:49','aten::any.out',0.018958);
+INSERT INTO "op_medians" VALUES(3,'0:50','aten::logical_not.out',0.000631);
+INSERT INTO "op_medians" VALUES(3,'0:51','aten::where.self_out',0.238594);
+INSERT INTO "op_medians" VALUES(3,'0:52','aten::expand_copy.out',0.009143);
+INSERT INTO "op_medians" VALUES(3,'0:53','XnnpackBackend',0.259846);
+INSERT INTO "op_medians" VALUES(3,'0:54','aten::native_layer_norm.out',0.015903);
+INSERT INTO "op_medians" VALUES(3,'0:55','XnnpackBackend',0.136042);
+INSERT INTO "op_medians" VALUES(3,'0:56','aten::pow.Tensor_Scalar_out',0.29573);
+INSERT INTO "op_medians" VALUES(3,'0:57','XnnpackBackend',0.334797);
+INSERT INTO "op_medians" VALUES(3,'0:58','aten::native_layer_norm.out',0.016024);
+INSERT INTO "op_medians" VALUES(3,'0:59','XnnpackBackend',0.124916);
+INSERT INTO "op_medians" VALUES(3,'0:60','aten::split_with_sizes_copy.out',0.007501);
+INSERT INTO "op_medians" VALUES(3,'0:61','XnnpackBackend',0.062714);
+INSERT INTO "op_medians" VALUES(3,'0:62','aten::cat.out',0.001512);
+INSERT INTO "op_medians" VALUES(3,'0:63','XnnpackBackend',0.093108);
+INSERT INTO "op_medians" VALUES(3,'0:64','aten::mul.Scalar_out',0.003706);
+INSERT INTO "op_medians" VALUES(3,'0:65','aten::mul.Scalar_out',0.003215);
+INSERT INTO "op_medians" VALUES(3,'0:66','aten::expand_copy.out',0.00668);
+INSERT INTO "op_medians" VALUES(3,'0:67','aten::expand_copy.out',0.002414);
+INSERT INTO "op_medians" VALUES(3,'0:68','XnnpackBackend',0.285785);
+INSERT INTO "op_medians" VALUES(3,'0:69','aten::cat.out',0.001833);
+INSERT INTO "op_medians" VALUES(3,'0:70','aten::eq.Scalar_out',0.090715);
+INSERT INTO "op_medians" VALUES(3,'0:71','aten::full_like.out',0.003284);
+INSERT INTO "op_medians" VALUES(3,'0:72','aten::expand_copy.out',0.00672);
+INSERT INTO "op_medians" VALUES(3,'0:73','aten::logical_not.out',0.018487);
+INSERT INTO "op_medians" VALUES(3,'0:74','aten::any.out',0.019128);
+INSERT INTO "op_medians" VALUES(3,'0:75','aten::logical_not.out',0.00051);
+INSERT INTO "op_medians" VALUES(3,'0:76','aten::where.self_out',0.227739);
+INSERT INTO "op_medians" VALUES(3,'0:77','aten::expand_copy.out',0.008052);
+INSERT INTO "op_medians" VALUES(3,'0:78','XnnpackBackend',0.256722);
+INSERT INTO "op_medians" VALUES(3,'0:79','aten::native_layer_norm.out',0.015783);
+INSERT INTO "op_medians" VALUES(3,'0:80','XnnpackBackend',0.10755);
+INSERT INTO "op_medians" VALUES(3,'0:81','aten::pow.Tensor_Scalar_out',0.294668);
+INSERT INTO "op_medians" VALUES(3,'0:82','XnnpackBackend',0.075983);
+INSERT INTO "op_medians" VALUES(3,'0:83','aten::native_layer_norm.out',0.015724);
+INSERT INTO "op_medians" VALUES(3,'0:84','XnnpackBackend',0.002994);
+INSERT INTO "op_medians" VALUES(3,'0:85','aten::alias_copy.out',0.001552);
+INSERT INTO "op_medians" VALUES(3,'0:86','XnnpackBackend',0.156382);
+CREATE TABLE runs (
+	id INTEGER NOT NULL, 
+	run_id VARCHAR(96) NOT NULL, 
+	night VARCHAR(10) NOT NULL, 
+	board VARCHAR(128) NOT NULL, 
+	model VARCHAR(128) NOT NULL, 
+	backend VARCHAR(32) NOT NULL, 
+	status VARCHAR(16) NOT NULL, 
+	validity VARCHAR(16) NOT NULL, 
+	reasons JSON NOT NULL, 
+	error TEXT, 
+	stage VARCHAR(32), 
+	versions JSON NOT NULL, 
+	versions_key VARCHAR(200) NOT NULL, 
+	pte_sha256 VARCHAR(64), 
+	threads INTEGER, 
+	median_ms FLOAT, 
+	p90_ms FLOAT, 
+	mean_ms FLOAT, 
+	cv FLOAT, 
+	conditions JSON NOT NULL, 
+	bundle_path TEXT, 
+	created_at DATETIME NOT NULL, 
+	environment JSON, 
+	verdict VARCHAR(24), 
+	verdict_info JSON, 
+	peak_rss_bytes INTEGER, 
+	planned_bytes INTEGER, 
+	generation JSON, 
+	host VARCHAR(128), 
+	PRIMARY KEY (id), 
+	CONSTRAINT one_cell_per_night UNIQUE (night, board, model, backend), 
+	UNIQUE (run_id)
+);
+INSERT INTO "runs" VALUES(1,'20261206T020554Z-3a6814','2026-11-20','local','gpt2-tiny.tanh-gelu.bmm-attention.head-at-position','xnnpack','ok','valid','[]',NULL,NULL,'{"torch": "2.13.0+cpu", "executorch": "1.5.1", "transformers": "5.25.0"}','{"executorch": "1.5.1", "torch": "2.13.0+cpu", "transformers": "5.25.0"}','236bfd0c7229be4cbf93a3eb92a0aad7c19cd89d6cf9df1505f4e7edd1517b30',2,1.020507,1.0705886,1.03849333333333349038e+00,3.74381013792379618854e-02,'{"hostname": "vm", "board_model": null, "arch": "x86_64", "cores_online": 2, "load_1m_before": 1.49, "governor_before": null, "governor_after": null, "temperature_c_before": null, "temperature_c_after": null, "throttled_before": null, "throttled_after": null, "throttling_during_run": []}','/tmp/mig/results/local/gpt2-tiny.tanh-gelu.bmm-attention.head-at-position/xnnpack/20261206T020554Z-3a6814','2026-12-06 02:05:55.102219','{"runtime": "1.5.1", "runner": "0.4.0", "board_image": "Debian GNU/Linux 12 (bookworm); kernel 6.18.44-fc-v1272"}','new','{"detail": "building a baseline: 0 valid night(s) so far, 2 needed", "baseline_median_ms": null, "ratio": null, "slower_ops": [], "drift": null, "retest": null, "remeasured": null, "memory": null}',22921216,393296,'null','vm');
+INSERT INTO "runs" VALUES(2,'20261206T020555Z-0708c4','2026-11-20','local','smollm2-gen-tiny.sdpa.ctx32','xnnpack','ok','valid','[]',NULL,NULL,'{"torch": "2.13.0+cpu", "executorch": "1.5.1", "transformers": "5.25.0"}','{"executorch": "1.5.1", "torch": "2.13.0+cpu", "transformers": "5.25.0"}','88d65ea9ca1d04255587e4599d878574d5fdcad732c9618ac52eb5dbc6fe5601',2,3.201608,3.254952,3.20863466666666674598e+00,1.75990251345352760603e-02,'{"hostname": "vm", "board_model": null, "arch": "x86_64", "cores_online": 2, "load_1m_before": 1.49, "governor_before": null, "governor_after": null, "temperature_c_before": null, "temperature_c_after": null, "throttled_before": null, "throttled_after": null, "throttling_during_run": []}','/tmp/mig/results/local/smollm2-gen-tiny.sdpa.ctx32/xnnpack/20261206T020555Z-0708c4','2026-12-06 02:05:55.409114','{"runtime": "1.5.1", "runner": "0.4.0", "board_image": "Debian GNU/Linux 12 (bookworm); kernel 6.18.44-fc-v1272"}','new','{"detail": "building a baseline: 0 valid night(s) so far, 2 needed", "baseline_median_ms": null, "ratio": null, "slower_ops": [], "drift": null, "retest": null, "remeasured": null, "memory": null}',22913024,208864,'{"prompt_len": 8, "new_tokens": 8, "context": 32, "generations": 3, "ttft_ms": 0.522086, "prefill_tokens_per_s": 15323.145995104254, "decode_tokens_per_s": 2606.434691496805, "token_ms": {"median": 0.3968, "p90": 0.445612, "max": 0.470659}, "load_ms": 1.881166, "kv_cache_bytes": 16384, "memory": {"prefill": 16773120, "decode": 16977920}, "tokens": {"compared": 8, "matching": 8, "agreement": 1.0, "first_divergence": null, "reference_tokens": 8}, "prompt_source": "deterministic ids (no prompt in the spec)", "text": null}','vm');
+INSERT INTO "runs" VALUES(3,'20261206T020556Z-19d218','2026-11-20','local','gpt2-tiny','xnnpack','ok','degraded','["unstable timings: CV 12.6% > 5%"]',NULL,NULL,'{"torch": "2.13.0+cpu", "executorch": "1.5.1", "transformers": "5.25.0"}','{"executorch": "1.5.1", "torch": "2.13.0+cpu", "transformers": "5.25.0"}','4234de8aacfa5c02669cc8316d3ab2dab627af43ec1253f5dc4dc7b52421caf7',2,4.467789,4.50840899999999944469e+00,4.18929866666666672614e+00,1.25783290487385179812e-01,'{"hostname": "vm", "board_model": null, "arch": "x86_64", "cores_online": 2, "load_1m_before": 1.49, "governor_before": null, "governor_after": null, "temperature_c_before": null, "temperature_c_after": null, "throttled_before": null, "throttled_after": null, "throttling_during_run": []}','/tmp/mig/results/local/gpt2-tiny/xnnpack/20261206T020556Z-19d218','2026-12-06 02:05:56.656131','{"runtime": "1.5.1", "runner": "0.4.0", "board_image": "Debian GNU/Linux 12 (bookworm); kernel 6.18.44-fc-v1272"}','new','{"detail": "building a baseline: 0 valid night(s) so far, 2 needed", "baseline_median_ms": null, "ratio": null, "slower_ops": [], "drift": null, "retest": null, "remeasured": {"first_run": "20261206T020554Z-2dfe79", "first_reasons": ["unstable timings: CV 27.9% > 5%"], "cooldown_seconds": 1.0, "second_run": "20261206T020556Z-19d218", "second_validity": "degraded"}, "memory": null}',22904832,741440,'null','vm');
+CREATE TABLE samples (
+	run INTEGER NOT NULL, 
+	iteration INTEGER NOT NULL, 
+	latency_ms FLOAT NOT NULL, 
+	PRIMARY KEY (run, iteration), 
+	FOREIGN KEY(run) REFERENCES runs (id) ON DELETE CASCADE
+);
+INSERT INTO "samples" VALUES(1,0,1.083109);
+INSERT INTO "samples" VALUES(1,1,1.020507);
+INSERT INTO "samples" VALUES(1,2,1.011864);
+INSERT INTO "samples" VALUES(2,0,3.201608);
+INSERT INTO "samples" VALUES(2,1,3.268288);
+INSERT INTO "samples" VALUES(2,2,3.156008);
+INSERT INTO "samples" VALUES(3,0,4.518564);
+INSERT INTO "samples" VALUES(3,1,3.581543);
+INSERT INTO "samples" VALUES(3,2,4.467789);
+CREATE INDEX runs_cell_night ON runs (board, model, backend, night);
+CREATE INDEX ix_runs_night ON runs (night);
+COMMIT;

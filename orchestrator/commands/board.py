@@ -251,7 +251,7 @@ def chosen_artifacts(given: ProgramOptions, chosen: Sequence[Variant], new_token
     lowered = find_lowered(given.model) if given.model is not None else None
     if lowered is not None and lowered.user_file:  # a program of the user's own: its artifacts are all there is
         no_choices_for_own_program(given, lowered.name)
-        own = [lowered.sidecar.variant] if lowered.sidecar.spec.get("model_source") == USER_PROGRAM else chosen
+        own = [lowered.sidecar.variant] if lowered.sidecar.origin.model_source == USER_PROGRAM else chosen
         return list(artifacts_for(lowered.name, own))
     if given.pte is not None:
         no_choices_for_own_program(given, given.pte)

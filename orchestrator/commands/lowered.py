@@ -24,10 +24,11 @@ def lowered_model_spec(model: str, *, trust_remote_code: bool = False, trust_cod
     if found is None:
         return None
     if found.user_file:
-        origin = found.sidecar.spec.get("source")
-        source = SOURCES[found.sidecar.spec["model_source"]]  # a user's own program's: its option brings the file
+        origin = found.sidecar.origin
+        assert origin.model_source is not None  # a user's own program says which (user_file)
+        source = SOURCES[origin.model_source]  # a user's own program's: its option brings the file
         raise UsageError(
-            f"model {model!r} is a program you made yourself ({origin}): etlab has no spec to lower it from",
+            f"model {model!r} is a program you made yourself ({origin.source}): etlab has no spec to lower it from",
             hint=f"profile it with: fab run --model {model}; a new version of its file comes in by {source.given_by}",
         )
     lowered = spec_of_lowered(found, trust_remote_code=trust_remote_code, trust_code=trust_code)

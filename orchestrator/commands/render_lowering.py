@@ -159,7 +159,7 @@ def print_models(
     rows = []
     for model in lowered:
         sidecar = model.sidecar
-        origin = short_path(Path(model.spec_file)) if model.spec_file else f"your {sidecar.spec.get('model_source')}"
+        origin = short_path(Path(model.spec_file)) if model.spec_file else f"your {sidecar.origin.model_source}"
         inputs = _inputs_cell([(i.get("name"), i.get("dtype"), i.get("shape")) for i in sidecar.inputs])
         rows.append([model.name, origin, inputs, sidecar.created.replace("T", " ")[:16]])
     columns = ["name", "from", "inputs", "lowered"]

@@ -52,7 +52,7 @@ class LoweredModel:
     @property
     def user_file(self) -> bool:
         """A program the user lowered (.pte) or exported (.pt2) themselves: no spec to lower again."""
-        return is_user_program(self.sidecar.spec.get("model_source"))
+        return is_user_program(self.sidecar.origin.model_source)
 
     @property
     def rewrites(self) -> tuple[str, ...]:
@@ -61,8 +61,8 @@ class LoweredModel:
 
     @property
     def spec_file(self) -> str | None:
-        source = self.sidecar.spec.get("source")
-        return None if self.user_file or not isinstance(source, str) or source == "built-in" else source
+        source = self.sidecar.origin.source
+        return None if self.user_file or source is None or source == "built-in" else source
 
 
 def find_lowered(name: str, root: Path | None = None) -> LoweredModel | None:

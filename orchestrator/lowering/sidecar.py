@@ -5,7 +5,9 @@ an older sidecar lacks (`outside_delegates`, `rewrites`, `generation`, an output
 written back, so sidecars already on disk (caches, boards) stay valid and read by the previous etlab (a field with a
 default that a section lacks is not set by msgspec, so it stays absent too: the round-trip tests hold it). The types
 carry the checks (orchestrator/records.py): a wrong shape is an ArtifactError (exit 65) naming the file and the field,
-instead of a KeyError or a silent `None` somewhere downstream. The spec stays a mapping (ModelSpec's own record).
+instead of a KeyError or a silent `None` somewhere downstream. The spec stays a mapping (ModelSpec's own record, the
+cache key's input); what readers take from it is typed (`Sidecar.origin`), and the program's identity is its name
+(`Sidecar.program`, lowering/program.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import msgspec
 from orchestrator.errors import ArtifactError
 from orchestrator.fsutil import atomic_write_json, read_json, unreadable
 from orchestrator.lowering.outputs import kind_from_shape
+from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.variants import UnknownVariant, Variant
 from orchestrator.programs.outside_record import OutsideDelegates
 from orchestrator.records import (
@@ -28,7 +31,9 @@ from orchestrator.records import (
     Document,
     Duration,
     RecordError,
+    RecordT,
     Sha256,
+    from_data,
     read_document,
     write_document,
 )
@@ -225,6 +230,20 @@ class Generation:
             )
 
 
+@dataclass(frozen=True)
+class SpecOrigin:
+    """Where the spec a sidecar records came from: its model source (spec.py SOURCES: huggingface, a user's `pte`,
+    ...) and its `source` (built-in, the spec file's path, or the user's own file)."""
+
+    model_source: str | None = None  # None: not recorded
+    source: str | None = None
+
+
+def section(kind: type[RecordT], data: Any, field: str) -> RecordT:
+    """One section of a sidecar being written, as its record (a wrong shape names the field: a bug in the lowering)."""
+    return from_data(data, kind, where="sidecar", field=field)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Sidecar(Document):
     """One lowered variant's sidecar; the field order is the file's key order, `schema` first."""
@@ -279,6 +298,19 @@ class Sidecar(Document):
     def variant(self) -> Variant:
         return Variant.parse(self.backend)  # checked when read
 
+    @cached_property
+    def origin(self) -> SpecOrigin:
+        """Where its spec came from, read through its record (a spec without a source is refused by name)."""
+        try:
+            return from_data(self.spec, SpecOrigin, where="sidecar", field="spec")
+        except RecordError as exc:
+            raise ArtifactError(str(exc)) from None
+
+    @property
+    def program(self) -> ProgramName:
+        """The program's identity: its name taken apart (its base, attention, context and rewrites)."""
+        return ProgramName.parse(self.model)
+
     @property
     def applied_rewrites(self) -> tuple[str, ...]:
         """The rewrites applied to the model before export; none for a sidecar older than them."""
@@ -324,5 +356,10 @@ def read_sidecar(path: Path) -> Sidecar:
     return sidecar_from_data(data, path)
 
 
-def write_sidecar(path: Path, sidecar: Sidecar) -> None:
-    atomic_write_json(path, sidecar_data(sidecar))
+def write_sidecar(path: Path, sidecar: Sidecar) -> Sidecar:
+    """Write `sidecar` (the artifact's commit point) once it reads back: a sidecar built with a value its types refuse
+    (a negative count) must not become a valid artifact. Returns it as read back."""
+    data = sidecar_data(sidecar)
+    checked = sidecar_from_data(data, path.name)
+    atomic_write_json(path, data)
+    return checked

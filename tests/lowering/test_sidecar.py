@@ -4,6 +4,7 @@ for byte, and a sidecar of the wrong shape is refused with an ArtifactError (exi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
@@ -288,3 +289,17 @@ def test_a_warm_analysis_reads_the_plans_memory_from_the_typed_sidecar() -> None
     sidecar = read_sidecar(WRITTEN_BEFORE[0])
     memory = program_memory_from_sidecar(sidecar_data(sidecar))
     assert memory is not None and memory.planned_arenas == list(sidecar.memory.planned_arenas)
+
+
+def test_what_readers_take_from_the_spec_is_typed_and_a_bad_sidecar_is_never_written(tmp_path: Path) -> None:
+    quantized, generating = (read_sidecar(path) for path in WRITTEN_BEFORE)
+    assert quantized.origin.model_source == "huggingface" and quantized.origin.source == "built-in"
+    assert generating.program.base == generating.model and generating.program.as_exported
+    odd = dataclasses.replace(generating, spec={**generating.spec, "model_source": 7})
+    with pytest.raises(ArtifactError, match=r"sidecar: spec.model_source: expected `str \| null`, got `int`"):
+        _ = odd.origin
+    # built with a value its types refuse (a lowering's bug): refused before it becomes an artifact
+    negative = dataclasses.replace(generating, parameters=-1)
+    with pytest.raises(ArtifactError, match=r"parameters: expected `int` >= 0"):
+        write_sidecar(tmp_path / "bad.json", negative)
+    assert not (tmp_path / "bad.json").exists()

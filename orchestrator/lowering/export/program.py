@@ -16,13 +16,24 @@ from typing import Any
 
 from orchestrator import console
 from orchestrator.fsutil import atomic_path
-from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, SOURCES_ROLE, ArtifactPaths, file_record
+from orchestrator.lowering.artifacts import SOURCES_ROLE, ArtifactPaths, file_record
 from orchestrator.lowering.export.delegation import delegation_report, outside_delegates
 from orchestrator.lowering.export.export_errors import EXPORT, TO_EDGE, TO_EXECUTORCH, lowering_stage
 from orchestrator.lowering.export.parallel import VariantTask
 from orchestrator.lowering.export.source_map import write_source_map
 from orchestrator.lowering.quantize.xnn_types import node_report
-from orchestrator.lowering.sidecar import Sidecar, sidecar_from_data, write_sidecar
+from orchestrator.lowering.sidecar import (
+    Delegation,
+    FileRecord,
+    Generation,
+    LoweringCost,
+    Memory,
+    OutputRecord,
+    Quantization,
+    Sidecar,
+    section,
+    write_sidecar,
+)
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.variants import Variant
 from orchestrator.programs.memory import read_program_memory
@@ -168,44 +179,40 @@ def lower_program(
         }
         quantization["pte_bytes"] = files["pte"]["size"]
 
-    data = {
-        "schema": SIDECAR_SCHEMA,
-        "model": spec.name,
-        "model_id": spec.options.model_id if isinstance(spec.options, HuggingFaceOptions) else None,
-        "task": spec.task,
-        "backend": variant.name,
-        "method": "forward",
-        "exported_program": artifact_paths.exported_program.name,
-        "pte": pte_path.name,
-        "pte_size_mb": round(files["pte"]["size"] / 1e6, 3),
-        "seq_len": seq_len(task.inputs),
-        "weights": task.weights,
-        "weights_note": task.weights_note,
-        "parameters": task.parameters,
-        "sha256": files["pte"]["sha256"],
-        "versions": toolchain_versions(),
-        "inputs": task.inputs,
-        "outputs": task.outputs,
-        "reference_inputs": artifact_paths.reference_inputs.name,
-        "reference_outputs": artifact_paths.reference_outputs.name,
-        "etrecord": artifact_paths.etrecord(variant).name if etrecord else None,
-        "delegation": delegation,
-        "memory": memory,
+    sidecar = Sidecar(
+        model=spec.name,
+        model_id=spec.options.model_id if isinstance(spec.options, HuggingFaceOptions) else None,
+        task=spec.task,
+        backend=variant.name,
+        method="forward",
+        exported_program=artifact_paths.exported_program.name,
+        pte=pte_path.name,
+        pte_size_mb=round(files["pte"]["size"] / 1e6, 3),
+        seq_len=seq_len(task.inputs),
+        weights=task.weights,
+        weights_note=task.weights_note,
+        parameters=task.parameters,
+        sha256=files["pte"]["sha256"],
+        versions=toolchain_versions(),
+        inputs=list(task.inputs),
+        outputs=section(tuple[OutputRecord, ...], task.outputs, "outputs"),
+        reference_inputs=artifact_paths.reference_inputs.name,
+        reference_outputs=artifact_paths.reference_outputs.name,
+        etrecord=artifact_paths.etrecord(variant).name if etrecord else None,
+        delegation=section(Delegation, delegation, "delegation"),
+        memory=section(Memory, memory, "memory"),
         # Real kernels apart from bookkeeping nodes, and constants stored twice: what `fallback_ops` does not say.
-        "outside_delegates": outside_delegates(pte_path, delegation["fallback_histogram"]),
-        "quantization": quantization,
-        "lowering": {"seconds": round(time.perf_counter() - started, 2), "peak_rss_bytes": peak_rss_bytes()},
-        "spec": spec.to_dict(),
-        "rewrites": list(task.rewrites),
-        "generation": task.generation,
-        "cache_key": task.key,
-        "files": files,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    # Checked before it is written: a sidecar this lowering cannot read back must not become a valid artifact.
-    sidecar = sidecar_from_data(data, artifact_paths.sidecar(variant).name)
+        outside_delegates=outside_delegates(pte_path, delegation["fallback_histogram"]),
+        quantization=section(Quantization, quantization, "quantization") if quantization is not None else None,
+        lowering=LoweringCost(round(time.perf_counter() - started, 2), peak_rss_bytes()),
+        spec=spec.to_dict(),
+        rewrites=tuple(task.rewrites),
+        generation=section(Generation, task.generation, "generation") if task.generation is not None else None,
+        cache_key=task.key,
+        files=section(dict[str, FileRecord], files, "files"),
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    )
     for note in sidecar.quantization.float_notes() if sidecar.quantization else ():
         console.warn(f"{spec.name}: {variant}: {note}")
-    # The sidecar is the commit point: it is written last.
-    write_sidecar(artifact_paths.sidecar(variant), sidecar)
-    return sidecar
+    # The sidecar is the commit point: it is written last, once it reads back.
+    return write_sidecar(artifact_paths.sidecar(variant), sidecar)

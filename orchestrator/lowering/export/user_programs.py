@@ -22,9 +22,18 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import console
 from orchestrator.errors import AnalysisError, ArtifactError
 from orchestrator.fsutil import atomic_path, read_json, sha256_file
-from orchestrator.lowering.artifacts import SIDECAR_SCHEMA, Artifact, ArtifactPaths, file_record, valid_sidecar
+from orchestrator.lowering.artifacts import Artifact, ArtifactPaths, file_record, valid_sidecar
 from orchestrator.lowering.export.source_map import SOURCE_MAP_SUFFIX
-from orchestrator.lowering.sidecar import sidecar_from_data, write_sidecar
+from orchestrator.lowering.sidecar import (
+    Delegation,
+    FileRecord,
+    LoweringCost,
+    Memory,
+    OutputRecord,
+    Sidecar,
+    section,
+    write_sidecar,
+)
 from orchestrator.lowering.sources.pte import pte_spec
 from orchestrator.lowering.spec import is_user_program
 from orchestrator.lowering.variants import Variant
@@ -248,41 +257,43 @@ def import_program(
         raise UserProgramError(f"{pte}: changed while it was copied; try again")
 
     spec = pte_spec(name, pte, pte_sha, reference)
-    data = {
-        "schema": SIDECAR_SCHEMA,
-        "model": name,
-        "model_id": None,
-        "task": spec.task,
-        "backend": variant.name,
-        "method": method,
-        "exported_program": artifact_paths.exported_program.name,
-        "pte": target.name,
-        "pte_size_mb": round(files["pte"]["size"] / 1e6, 3),
-        "seq_len": None,
-        "weights": "as lowered",
-        "weights_note": f"a program you lowered yourself ({pte.name})",
-        "parameters": 0,  # unknown: the program's constants are counted in bytes (memory.constants_bytes)
-        "sha256": pte_sha,
-        "versions": {},  # unknown: the user's toolchain made it
-        "inputs": [{"name": t.name, "shape": list(t.array.shape), "dtype": str(t.array.dtype)} for t in inputs],
-        "outputs": [
-            {"name": f"output_{slot.index}", "shape": list(slot.shape), "dtype": slot.dtype}
-            for slot in signature.outputs
-        ],
-        "reference_inputs": artifact_paths.reference_inputs.name,
-        "reference_outputs": artifact_paths.reference_outputs.name if references is not None else "",
-        "etrecord": None,
-        "delegation": delegation,
-        "memory": read_program_memory(target, method).to_sidecar(),
-        "quantization": None,
-        "lowering": {"seconds": 0, "peak_rss_bytes": 0},
-        "spec": spec.to_dict(),
-        "cache_key": key,
-        "files": files,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    sidecar = sidecar_from_data(data, artifact_paths.sidecar(variant).name)
-    write_sidecar(artifact_paths.sidecar(variant), sidecar)  # the commit point: written last
+    sidecar = Sidecar(
+        model=name,
+        model_id=None,
+        task=spec.task,
+        backend=variant.name,
+        method=method,
+        exported_program=artifact_paths.exported_program.name,
+        pte=target.name,
+        pte_size_mb=round(files["pte"]["size"] / 1e6, 3),
+        seq_len=None,
+        weights="as lowered",
+        weights_note=f"a program you lowered yourself ({pte.name})",
+        parameters=0,  # unknown: the program's constants are counted in bytes (memory.constants_bytes)
+        sha256=pte_sha,
+        versions={},  # unknown: the user's toolchain made it
+        inputs=[{"name": t.name, "shape": list(t.array.shape), "dtype": str(t.array.dtype)} for t in inputs],
+        outputs=section(  # their kinds unknown: guessed from the shape when read, as an older sidecar's
+            tuple[OutputRecord, ...],
+            [
+                {"name": f"output_{slot.index}", "shape": list(slot.shape), "dtype": slot.dtype}
+                for slot in signature.outputs
+            ],
+            "outputs",
+        ),
+        reference_inputs=artifact_paths.reference_inputs.name,
+        reference_outputs=artifact_paths.reference_outputs.name if references is not None else "",
+        etrecord=None,
+        delegation=section(Delegation, delegation, "delegation"),
+        memory=section(Memory, read_program_memory(target, method).to_sidecar(), "memory"),
+        quantization=None,
+        lowering=LoweringCost(0, 0),
+        spec=spec.to_dict(),
+        cache_key=key,
+        files=section(dict[str, FileRecord], files, "files"),
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+    sidecar = write_sidecar(artifact_paths.sidecar(variant), sidecar)  # the commit point: written last
     shown = ", ".join(f"{t.name} {t.dtype} {t.shape}" for t in inputs) or "none"
     console.info(console.escape(f"{name}: your program {pte.name} ({variant}) in {artifact_paths.folder}"))
     console.info(console.escape(f"  inputs, {INPUTS_NOTE}: {shown}"))

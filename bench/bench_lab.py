@@ -107,9 +107,9 @@ def lower_programs() -> float:
 def board_entry(board: Board) -> dict[str, Any]:
     """An inventory entry for an sshd board (as tests/plugins/boards.py writes them)."""
     return {
-        "transport": "ssh", "workdir": board.workdir, "host": board.host, "port": board.port, "user": board.user,
-        "key": str(board.key), "connect_timeout": board.connect_timeout, "keepalive": board.keepalive,
-        "tcp_user_timeout": board.tcp_user_timeout,
+        "transport": "ssh", "workdir": board.workdir, "host": board.ssh.host, "port": board.ssh.port,
+        "user": board.ssh.user, "key": str(board.ssh.key), "connect_timeout": board.ssh.connect_timeout,
+        "keepalive": board.ssh.keepalive, "tcp_user_timeout": board.ssh.tcp_user_timeout,
     }  # fmt: skip
 
 

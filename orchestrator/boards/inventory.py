@@ -19,13 +19,19 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from orchestrator import paths
-from orchestrator.boards.transports import DEFAULT_TRANSPORT, LABGRID_TRANSPORT, NETWORK_FIELDS, TRANSPORTS
+from orchestrator.boards.transports import (
+    DEFAULT_TRANSPORT,
+    LABGRID_TRANSPORT,
+    LINK_FIELDS,
+    TRANSPORTS,
+    SshOptions,
+    TransportOptions,
+)
 from orchestrator.config import (
     Check,
     Checker,
     Invalid,
     Section,
-    boolean,
     choice,
     describe,
     did_you_mean,
@@ -45,18 +51,10 @@ from orchestrator.config import (
 from orchestrator.errors import InventoryError, UsageError
 from orchestrator.names import is_valid_name
 
-# How large transfers travel: "auto" uses OpenSSH's `ssh` client for them when it is installed (its C crypto
-# costs far less CPU than paramiko's), "openssh" always does, "paramiko" never does.
-BULK_TRANSFERS = ("auto", "openssh", "paramiko")
 # Where the native runner is built: on the board, cross-built on the workstation, or "auto" (on the board when
 # it has g++, else cross-built when the workstation has the cross compiler).
 BUILDS = ("auto", "board", "workstation")
-# The cipher of OpenSSH bulk transfers: "auto" picks from the board's CPU (AES instructions or not).
-BULK_CIPHERS = ("auto", "aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com")
 DEFAULT_WORKDIR = "~/.etlab"
-DEFAULT_CONNECT_TIMEOUT = 10.0
-DEFAULT_KEEPALIVE = 5.0
-DEFAULT_TCP_USER_TIMEOUT = 20.0
 DEFAULT_GROUP = "default"
 DEFAULT_BOARD = "local"
 # labgrid's own rules (labgrid.remote.common.TAG_KEY) for tag names; values are kept to plain words, and place
@@ -87,27 +85,44 @@ class LabgridPlace:
 
 @dataclass(frozen=True)
 class Board:
-    """One board and how to reach it. `workdir` is a path on the board (`~` is expanded there)."""
+    """One board and how to reach it: its transport, and that transport's own fields (`link`: boards/transports.py,
+    SshOptions for an SSH board). `workdir` is a path on the board (`~` is expanded there). `Board.of` builds one from
+    flat settings, as an inventory entry has them."""
 
     name: str
     transport: str = DEFAULT_TRANSPORT  # a name in boards/transports.py TRANSPORTS
-    host: str | None = None
-    port: int = 22
-    user: str | None = None
-    key: Path | None = None
-    agent: bool = False
+    link: TransportOptions | None = None  # the transport's own fields; None: its defaults
     workdir: str = DEFAULT_WORKDIR
     tags: tuple[str, ...] = ()
     threads: int | None = None
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     command_timeout: float | None = None
-    keepalive: float = DEFAULT_KEEPALIVE
-    tcp_user_timeout: float = DEFAULT_TCP_USER_TIMEOUT
-    bulk_transfer: str = "auto"
-    bulk_cipher: str = "auto"
     build: str = "auto"
     known_hosts: Path = field(default_factory=lambda: paths.state_dir() / "known_hosts")
     labgrid: LabgridPlace | None = None
+
+    def __post_init__(self) -> None:
+        transport = TRANSPORTS.get(self.transport)
+        if self.link is None and transport is not None:  # an unknown transport is refused when it connects
+            object.__setattr__(self, "link", transport.options())
+
+    @classmethod
+    def of(cls, name: str, **settings: Any) -> Board:
+        """A board from flat settings (an inventory entry's keys): its transport's own fields into its `link`; another
+        transport's fields are ignored (the inventory refuses them by name)."""
+        transport = TRANSPORTS.get(settings.get("transport", DEFAULT_TRANSPORT))
+        own = {item.name for item in dataclasses.fields(cls)} - {"name", "link"}
+        unknown = set(settings) - own - set(LINK_FIELDS)
+        if unknown:
+            raise TypeError(f"Board.of: unknown settings {sorted(unknown)}")
+        link = transport.link(settings) if transport is not None else None
+        return cls(name=name, link=link, **{key: value for key, value in settings.items() if key in own})
+
+    @property
+    def ssh(self) -> SshOptions:
+        """Its SSH fields; a board of another transport has none (a bug in the caller: said as one)."""
+        if not isinstance(self.link, SshOptions):
+            raise TypeError(f"board {self.name!r} (transport {self.transport}) is not reached over SSH")
+        return self.link
 
     @property
     def is_local(self) -> bool:
@@ -120,12 +135,19 @@ class Board:
         """`user@host:port` for messages, or `local` for the workstation."""
         if self.is_local:
             return "local"
-        if self.host is None and self.labgrid is not None:
+        if isinstance(self.link, SshOptions) and self.link.host is None and self.labgrid is not None:
             return f"labgrid {self.labgrid.selector}"
-        return f"{self.user}@{self.host}:{self.port}" if self.user else f"{self.host}:{self.port}"
+        return self.link.address if self.link is not None else self.transport
 
     def replace(self, **changes: Any) -> Board:
-        return dataclasses.replace(self, **changes)
+        """The board with some fields changed, its own or its transport's (`host=`, `key=`, ...)."""
+        link_changes = {key: changes.pop(key) for key in list(changes) if key in LINK_FIELDS}
+        board = dataclasses.replace(self, **changes)
+        if link_changes:
+            if board.link is None:
+                raise TypeError(f"board {self.name!r}: transport {self.transport!r} has no {sorted(link_changes)}")
+            board = dataclasses.replace(board, link=dataclasses.replace(board.link, **link_changes))
+        return board
 
 
 @dataclass(frozen=True)
@@ -241,21 +263,12 @@ _LABGRID_BOARD_FIELDS: dict[str, Check] = {
 
 # The fields a board may set; `defaults` may set the same ones (minus host and transport) plus known_hosts.
 _BOARD_FIELDS: dict[str, Check] = {
-    "host": text,
-    "port": integer(1, 65535),
-    "user": text,
-    "key": text,
-    "agent": boolean,
+    **LINK_FIELDS,  # each transport's own (boards/transports.py), refused on a board of another transport
     "transport": choice(tuple(TRANSPORTS)),
     "workdir": text,
     "tags": words("tag"),
     "threads": integer(1, None),
-    "connect_timeout": seconds,
     "command_timeout": seconds,
-    "keepalive": seconds,
-    "tcp_user_timeout": seconds,
-    "bulk_transfer": choice(BULK_TRANSFERS),
-    "bulk_cipher": choice(BULK_CIPHERS),
     "build": choice(BUILDS),
     "labgrid": Section(_LABGRID_BOARD_FIELDS),
 }
@@ -358,7 +371,7 @@ class _Checker(Checker):
                 return None
             settings.update(host=None, port=22, transport=LABGRID_TRANSPORT)
         else:
-            misplaced = [key for key in NETWORK_FIELDS if key in own and key not in transport.uses]
+            misplaced = [key for key in LINK_FIELDS if key in own and key not in transport.uses]
             if misplaced:
                 at = next(k for k, _ in node.value if isinstance(k, ScalarNode) and k.value == misplaced[0])
                 message = f"not used by a board with transport {transport.name!r}"
@@ -372,9 +385,8 @@ class _Checker(Checker):
                 workdir = own.get("workdir")
                 local = self.local_path(workdir) if workdir else paths.state_dir() / "boards" / name
                 settings["workdir"] = str(local)
-                settings.update(host=None, port=22, key=None, agent=False)
-        known = {f.name for f in dataclasses.fields(Board)}
-        return Board(name=name, **{k: v for k, v in settings.items() if k in known})
+        known = {f.name for f in dataclasses.fields(Board)} | set(LINK_FIELDS)
+        return Board.of(name, **{k: v for k, v in settings.items() if k in known and k != "name"})
 
     def labgrid_place(self, where: str, node: Node, own: dict[str, Any]) -> LabgridPlace | None:
         """A board's `labgrid:` section: one place or a tag selector, on the board's or the default coordinator."""

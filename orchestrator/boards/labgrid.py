@@ -183,7 +183,7 @@ def resolved(board: Board, place: PlaceStatus, waited: float | None = None) -> B
     return board.replace(
         host=service.address,
         port=service.port,
-        user=service.username or board.user,
+        user=service.username or board.ssh.user,
         labgrid=replace(lg, waited=waited),
     )
 

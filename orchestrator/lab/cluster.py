@@ -32,6 +32,7 @@ from typing import Any
 
 from orchestrator import console, paths
 from orchestrator.boards.inventory import Board, Inventory
+from orchestrator.boards.transports import SshOptions
 from orchestrator.errors import BoardError, ExitCode, UsageError
 from orchestrator.lab.lab_settings import CA_FILE, KEY_AND_CERT_FILE, LabSettings
 from orchestrator.paths import PROJECT_ROOT
@@ -246,10 +247,11 @@ def reachable(board: Board, timeout: float = 3.0) -> bool:
     """Whether the board's SSH port answers from this host (a labgrid board: its place is found when a cell runs)."""
     if board.labgrid is not None:
         return True
-    if board.transport == "local":
-        return False  # every host's own machine: not a board another host can name
+    link = board.link
+    if not isinstance(link, SshOptions) or link.host is None:
+        return False  # the local board is every host's own machine: not a board another host can name
     try:
-        with socket.create_connection((board.host, board.port), timeout=timeout):
+        with socket.create_connection((link.host, link.port), timeout=timeout):
             return True
     except OSError:
         return False

@@ -136,7 +136,7 @@ class SshdBoard:
             "tcp_user_timeout": 10.0,
             **self.overrides,
         }
-        return Board(name=self.name, **settings)
+        return Board.of(self.name, **settings)
 
     def local_path(self, remote: str) -> Path:
         """Where a path on this board lives on this machine (the board shares the filesystem)."""

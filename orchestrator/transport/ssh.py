@@ -115,7 +115,8 @@ class SshConnection(BoardConnection):
 
     def __init__(self, board: Board, *, known_hosts: Path | None = None) -> None:
         super().__init__(board)
-        if not board.host:
+        self.link = board.ssh  # its SSH fields (boards/transports.py SshOptions)
+        if not self.link.host:
             raise UsageError(f"board {board.name!r} has no host")
         self.known_hosts = KnownHosts(known_hosts or board.known_hosts)
         self._fabric: fabric.Connection | None = None
@@ -139,7 +140,7 @@ class SshConnection(BoardConnection):
     def _connect(self) -> fabric.Connection:
         board = self.board
         sock = open_socket(board)
-        pinned = self.known_hosts.pinned(host_id(board.host or "", board.port))
+        pinned = self.known_hosts.pinned(host_id(self.link.host or "", self.link.port))
 
         def transport_factory(sock: socket.socket, disabled_algorithms: dict | None = None) -> paramiko.Transport:
             transport = paramiko.Transport(
@@ -161,22 +162,22 @@ class SshConnection(BoardConnection):
 
         connect_kwargs: dict[str, object] = {
             "sock": sock,
-            "timeout": board.connect_timeout,
-            "banner_timeout": board.connect_timeout,
-            "auth_timeout": board.connect_timeout,
-            "channel_timeout": board.connect_timeout,
-            "allow_agent": board.agent,
-            "look_for_keys": board.key is None and not board.agent,
+            "timeout": self.link.connect_timeout,
+            "banner_timeout": self.link.connect_timeout,
+            "auth_timeout": self.link.connect_timeout,
+            "channel_timeout": self.link.connect_timeout,
+            "allow_agent": self.link.agent,
+            "look_for_keys": self.link.key is None and not self.link.agent,
             "transport_factory": transport_factory,
         }
-        if board.key is not None:
-            if not board.key.is_file():
+        if self.link.key is not None:
+            if not self.link.key.is_file():
                 sock.close()
-                raise BoardError(f"{self.where}: key file {board.key} not found")
-            connect_kwargs["key_filename"] = str(board.key)
+                raise BoardError(f"{self.where}: key file {self.link.key} not found")
+            connect_kwargs["key_filename"] = str(self.link.key)
         config = fabric.Config(overrides={"load_ssh_configs": False})
         connection = fabric.Connection(
-            board.host or "", user=board.user, port=board.port, config=config, connect_kwargs=connect_kwargs
+            self.link.host or "", user=self.link.user, port=self.link.port, config=config, connect_kwargs=connect_kwargs
         )
         policy = TrustOnFirstUse(self.known_hosts, board.name)
         connection.client.set_missing_host_key_policy(policy)
@@ -188,18 +189,23 @@ class SshConnection(BoardConnection):
         except paramiko.PasswordRequiredException:
             connection.close()
             raise AuthError(
-                f"{self.where}: key file {board.key} is encrypted", hint="load it into ssh-agent and set `agent: true`"
+                f"{self.where}: key file {self.link.key} is encrypted",
+                hint="load it into ssh-agent and set `agent: true`",
             ) from None
         except paramiko.AuthenticationException as exc:
             connection.close()
-            keys = f"key {board.key}" if board.key else ("ssh-agent" if board.agent else "default keys in ~/.ssh")
-            raise AuthError(f"{self.where}: authentication failed as {board.user!r} with {keys}: {exc}") from None
+            keys = (
+                f"key {self.link.key}"
+                if self.link.key
+                else ("ssh-agent" if self.link.agent else "default keys in ~/.ssh")
+            )
+            raise AuthError(f"{self.where}: authentication failed as {self.link.user!r} with {keys}: {exc}") from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
             connection.close()
             raise LinkError(f"{self.where}: SSH handshake failed: {exc or type(exc).__name__}") from None
         transport = connection.client.get_transport()
         assert transport is not None
-        transport.set_keepalive(max(1, round(board.keepalive)))
+        transport.set_keepalive(max(1, round(self.link.keepalive)))
         if policy.pinned_now:
             key = transport.get_remote_server_key()
             console.info(
@@ -231,7 +237,7 @@ class SshConnection(BoardConnection):
         transport = self._fabric.client.get_transport() if self._fabric else None
         cause = transport.get_exception() if transport is not None else None
         reason = f" ({cause})" if cause else ""
-        timeout = f"; no answer within tcp_user_timeout={self.board.tcp_user_timeout:g} s" if cause is None else ""
+        timeout = f"; no answer within tcp_user_timeout={self.link.tcp_user_timeout:g} s" if cause is None else ""
         return LinkError(f"{self.where}: connection lost {what}{reason}{timeout}")
 
     def _link_alive(self) -> bool:
@@ -250,7 +256,7 @@ class SshConnection(BoardConnection):
         transport = self._transport()
         try:
             channel = transport.open_session(
-                window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET_SIZE, timeout=self.board.connect_timeout
+                window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET_SIZE, timeout=self.link.connect_timeout
             )
             channel.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -325,10 +331,10 @@ class SshConnection(BoardConnection):
             return
         argv = ["python3", "-c", _stopper_source(), token, f"{STOP_GRACE_SECONDS:g}"]
         with contextlib.suppress(*_CHANNEL_ERRORS):
-            channel = transport.open_session(timeout=self.board.connect_timeout)
+            channel = transport.open_session(timeout=self.link.connect_timeout)
             try:
                 channel.exec_command(shlex.join(argv))
-                channel.status_event.wait(STOP_GRACE_SECONDS + self.board.connect_timeout)
+                channel.status_event.wait(STOP_GRACE_SECONDS + self.link.connect_timeout)
             finally:
                 channel.close()
 
@@ -343,7 +349,7 @@ class SshConnection(BoardConnection):
     # -- streams
 
     def bulk_threshold(self) -> int | None:
-        mode = self.board.bulk_transfer
+        mode = self.link.bulk_transfer
         if mode == "paramiko":
             return None
         if openssh_client() is None:
@@ -383,16 +389,15 @@ class SshConnection(BoardConnection):
         return self._aes[0]
 
     def _learn_cpu(self) -> None:
-        if self.board.bulk_cipher == "auto":
+        if self.link.bulk_cipher == "auto":
             self.board_has_aes()
 
     def openssh_argv(self, argv: Sequence[str]) -> list[str]:
         """The `ssh` command line that runs argv on the board with this connection's settings and pinned host key."""
-        board = self.board
         client = openssh_client()
-        if client is None or not board.host:
+        if client is None or not self.link.host:
             raise UsageError(f"{self.where}: OpenSSH's `ssh` client is not installed")
-        keepalive = max(1, round(board.keepalive))
+        keepalive = max(1, round(self.link.keepalive))
         options = {
             "BatchMode": "yes",  # never prompt
             "StrictHostKeyChecking": "yes",  # the key paramiko verified or pinned, nothing else
@@ -400,13 +405,13 @@ class SshConnection(BoardConnection):
             "GlobalKnownHostsFile": "/dev/null",
             "UpdateHostKeys": "no",
             "CheckHostIP": "no",
-            "ConnectTimeout": str(max(1, math.ceil(board.connect_timeout))),
+            "ConnectTimeout": str(max(1, math.ceil(self.link.connect_timeout))),
             "ConnectionAttempts": "1",
             "ServerAliveInterval": str(keepalive),
-            "ServerAliveCountMax": str(max(1, math.ceil(board.tcp_user_timeout / keepalive))),
+            "ServerAliveCountMax": str(max(1, math.ceil(self.link.tcp_user_timeout / keepalive))),
             # Picked by the board's CPU once _learn_cpu() has asked it (before every bulk stream).
-            "Ciphers": bulk_ciphers(board.bulk_cipher, self._aes[0] if self._aes else None),
-            "IdentityAgent": "SSH_AUTH_SOCK" if board.agent else "none",
+            "Ciphers": bulk_ciphers(self.link.bulk_cipher, self._aes[0] if self._aes else None),
+            "IdentityAgent": "SSH_AUTH_SOCK" if self.link.agent else "none",
             "PasswordAuthentication": "no",
             "KbdInteractiveAuthentication": "no",
             "ForwardAgent": "no",
@@ -418,11 +423,11 @@ class SshConnection(BoardConnection):
             "ControlPath": "none",
             "LogLevel": "ERROR",
         }
-        if board.key is not None:
-            options.update(IdentityFile=openssh_path(board.key), IdentitiesOnly="yes")
+        if self.link.key is not None:
+            options.update(IdentityFile=openssh_path(self.link.key), IdentitiesOnly="yes")
         command = [client, "-F", "/dev/null", *(f"-o{name}={value}" for name, value in options.items())]
-        command += ["-p", str(board.port), *(["-l", board.user] if board.user else [])]
-        return [*command, "--", board.host, shlex.join(argv)]
+        command += ["-p", str(self.link.port), *(["-l", self.link.user] if self.link.user else [])]
+        return [*command, "--", self.link.host, shlex.join(argv)]
 
     def _openssh_judge(self, argv: Sequence[str]) -> Judge:
         def judge(result: CommandResult, check: bool) -> BoardError | None:
@@ -444,7 +449,7 @@ class SshConnection(BoardConnection):
                 hint="run `fab boards` to see what etlab's own check says about the key",
             )
         if "Permission denied" in text:
-            return AuthError(f"{self.where}: OpenSSH could not authenticate as {self.board.user!r}: {detail}")
+            return AuthError(f"{self.where}: OpenSSH could not authenticate as {self.link.user!r}: {detail}")
         return LinkError(f"{self.where}: the OpenSSH connection of a bulk transfer failed: {detail}")
 
     @contextlib.contextmanager
@@ -522,7 +527,7 @@ class SshConnection(BoardConnection):
 
     def _home_dir(self) -> str:
         # A user's home on a board does not move while etlab runs: ask once per process, not once per connection.
-        key = (self.board.host, self.board.port, self.board.user)
+        key = (self.link.host, self.link.port, self.link.user)
         with _homes_lock:
             if key in _homes:
                 return _homes[key]
@@ -530,7 +535,7 @@ class SshConnection(BoardConnection):
         if not home.startswith("/"):
             home = self.run(["sh", "-c", "cd && pwd"], timeout=60).stdout.strip()
         if not home.startswith("/"):
-            raise BoardError(f"{self.where}: cannot find the home directory of {self.board.user!r}")
+            raise BoardError(f"{self.where}: cannot find the home directory of {self.link.user!r}")
         with _homes_lock:
             _homes[key] = home
         return home

@@ -43,14 +43,15 @@ _TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
 def open_socket(board: Board) -> socket.socket:
     """A connected TCP socket whose writes fail after tcp_user_timeout without an acknowledgement."""
     where = f"board {board.name!r} ({board.address})"
+    link = board.ssh
     try:
-        addresses = socket.getaddrinfo(board.host, board.port, type=socket.SOCK_STREAM)
+        addresses = socket.getaddrinfo(link.host, link.port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise BoardError(f"{where}: cannot resolve host {board.host!r}: {exc.strerror}") from None
+        raise BoardError(f"{where}: cannot resolve host {link.host!r}: {exc.strerror}") from None
     last: OSError | None = None
     for family, kind, proto, _, address in addresses:
         sock = socket.socket(family, kind, proto)
-        sock.settimeout(board.connect_timeout)
+        sock.settimeout(link.connect_timeout)
         try:
             sock.connect(address)
         except OSError as exc:
@@ -59,10 +60,10 @@ def open_socket(board: Board) -> socket.socket:
             continue
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if hasattr(socket, "TCP_USER_TIMEOUT"):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(board.tcp_user_timeout * 1000))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(link.tcp_user_timeout * 1000))
         return QuickAckSocket(sock, _TCP_QUICKACK) if _TCP_QUICKACK is not None else sock  # type: ignore[return-value]
     if isinstance(last, TimeoutError | socket.timeout):
-        reason = f"no answer within {board.connect_timeout:g} s (connect_timeout)"
+        reason = f"no answer within {link.connect_timeout:g} s (connect_timeout)"
     elif isinstance(last, ConnectionRefusedError):
         reason = "connection refused (is sshd running on that port?)"
     else:

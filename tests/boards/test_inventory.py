@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator import paths
 from orchestrator.boards.inventory import Board, Inventory, load_inventory, parse_inventory
+from orchestrator.boards.transports import LocalOptions, SshOptions
 from orchestrator.errors import InventoryError, UsageError
 
 GOOD = """\
@@ -66,7 +67,7 @@ def test_shipped_inventory_has_the_local_board_and_it_is_the_default() -> None:
     inventory = load_inventory(paths.PROJECT_ROOT / "inventory.yaml")
     assert "local" in inventory.boards
     local = inventory.boards["local"]
-    assert local.is_local and local.host is None
+    assert local.is_local and local.link == LocalOptions()
     assert local.workdir == str(paths.state_dir() / "boards" / "local")
     assert inventory.select() == [local]
     # The commented Raspberry Pi examples stay comments: they are not boards.
@@ -80,8 +81,8 @@ def test_shipped_inventory_has_the_local_board_and_it_is_the_default() -> None:
 def test_a_full_inventory_applies_defaults_and_resolves_paths(tmp_path: Path) -> None:
     inventory = load_inventory(write(tmp_path, GOOD))
     pi5 = inventory.boards["pi5-a"]
-    assert pi5 == Board(
-        name="pi5-a",
+    assert pi5 == Board.of(
+        "pi5-a",
         transport="ssh",
         host="192.168.1.50",
         port=22,
@@ -98,9 +99,11 @@ def test_a_full_inventory_applies_defaults_and_resolves_paths(tmp_path: Path) ->
         known_hosts=tmp_path / "state" / "known_hosts",
     )
     odd = inventory.boards["pi 4; $(reboot) `x` 'q'"]
-    assert (odd.port, odd.user, odd.agent, odd.workdir) == (2222, "admin", True, "/srv/etlab")
-    assert (odd.bulk_transfer, pi5.bulk_transfer) == ("paramiko", "auto")
-    assert (odd.bulk_cipher, pi5.bulk_cipher) == ("chacha20-poly1305@openssh.com", "auto")
+    assert (odd.ssh.port, odd.ssh.user, odd.ssh.agent, odd.workdir) == (2222, "admin", True, "/srv/etlab")
+    assert (odd.ssh.bulk_transfer, pi5.ssh.bulk_transfer) == ("paramiko", "auto")
+    assert (odd.ssh.bulk_cipher, pi5.ssh.bulk_cipher) == ("chacha20-poly1305@openssh.com", "auto")
+    # the transport's own fields are its record, not the board's (boards/transports.py)
+    assert isinstance(pi5.link, SshOptions) and pi5.link.host == "192.168.1.50" and pi5.address == "pi@192.168.1.50:22"
     assert (odd.build, pi5.build) == ("workstation", "auto")
     assert inventory.groups == {"pis": ("pi5-a", "pi 4; $(reboot) `x` 'q'")}
     assert inventory.nightly == {"models": ["distilbert"], "backends": ["xnnpack"]}
@@ -111,7 +114,7 @@ def test_a_full_inventory_applies_defaults_and_resolves_paths(tmp_path: Path) ->
 def test_default_known_hosts_is_in_the_state_folder(tmp_path: Path) -> None:
     inventory = load_inventory(write(tmp_path, "boards:\n  a:\n    host: h\n"))
     assert inventory.boards["a"].known_hosts == paths.state_dir() / "known_hosts"
-    assert inventory.boards["a"].connect_timeout == 10.0
+    assert inventory.boards["a"].ssh.connect_timeout == 10.0
     assert inventory.boards["a"].workdir == "~/.etlab"
 
 

@@ -60,7 +60,7 @@ boards:
     good = "\n".join(text.splitlines()[:5]) + "\n"
     inventory = parse_inventory(good, tmp_path / "inventory.yaml")
     assert inventory.boards["good"].labgrid is not None and inventory.boards["good"].labgrid.place == "pi5-a"
-    assert inventory.boards["good"].labgrid.coordinator == "lab:20408" and inventory.boards["good"].host is None
+    assert inventory.boards["good"].labgrid.coordinator == "lab:20408" and inventory.boards["good"].ssh.host is None
     assert inventory.boards["selector"].labgrid is not None
     assert inventory.boards["selector"].labgrid.tags == (("board", "pi5"),)
 

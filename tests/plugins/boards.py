@@ -34,13 +34,13 @@ def local_board(tmp_path_factory: pytest.TempPathFactory) -> Board:
 def board_entry(board: Board) -> dict[str, Any]:
     entry: dict[str, Any] = {"transport": board.transport, "workdir": board.workdir}
     if board.transport == "ssh":
-        entry.update(host=board.host, port=board.port, user=board.user, key=str(board.key))
-        entry.update(connect_timeout=board.connect_timeout, keepalive=board.keepalive)
-        entry["tcp_user_timeout"] = board.tcp_user_timeout
+        entry.update(host=board.ssh.host, port=board.ssh.port, user=board.ssh.user, key=str(board.ssh.key))
+        entry.update(connect_timeout=board.ssh.connect_timeout, keepalive=board.ssh.keepalive)
+        entry["tcp_user_timeout"] = board.ssh.tcp_user_timeout
     if board.build != "auto":
         entry["build"] = board.build
-    if board.transport == "ssh" and board.bulk_cipher != "auto":
-        entry["bulk_cipher"] = board.bulk_cipher
+    if board.transport == "ssh" and board.ssh.bulk_cipher != "auto":
+        entry["bulk_cipher"] = board.ssh.bulk_cipher
     if board.tags:
         entry["tags"] = list(board.tags)
     if board.threads:

@@ -30,8 +30,8 @@ def boards(tmp_path: Path) -> Iterator[tuple[Board, Board]]:
     workdir = agent_workdir(tmp_path / "held")
     (workdir / "state.json").write_text(json.dumps({"executorch_version": "1.5.1"}))
     held = Board(name="held", transport="local", workdir=str(workdir))
-    dead = Board(name="dead", transport="ssh", host="127.0.0.1", port=free_port(), user="pi", connect_timeout=2,
-                 known_hosts=tmp_path / "known_hosts")  # fmt: skip
+    dead = Board.of("dead", transport="ssh", host="127.0.0.1", port=free_port(), user="pi", connect_timeout=2,
+                    known_hosts=tmp_path / "known_hosts")  # fmt: skip
     with holding_lock(workdir, HOLDER):
         yield held, dead
 

@@ -166,7 +166,7 @@ def test_rekeying_during_streams_never_stalls(sshd_boards, monkeypatch: pytest.M
 def test_first_connect_pins_the_host_key_and_reconnects_verify_it(sshd_board: SshdBoard) -> None:
     board = sshd_board.board
     known = KnownHosts(board.known_hosts)
-    name = host_id(board.host or "", board.port)
+    name = host_id(board.ssh.host or "", board.ssh.port)
     assert known.pinned(name) == {}
     with connect(board) as conn:
         conn.run(["true"])
@@ -190,7 +190,7 @@ def test_a_changed_host_key_is_refused_and_the_message_says_how_to_clear_it(sshd
     with pytest.raises(HostKeyError) as caught:
         connect(board)
     message = str(caught.value)
-    address = f"{board.host}:{board.port}"
+    address = f"{board.ssh.host}:{board.ssh.port}"
     assert repr(board.name) in message and address in message
     assert message.count("SHA256:") == 2
     assert not is_transient(caught.value)
@@ -202,9 +202,8 @@ def test_a_changed_host_key_is_refused_and_the_message_says_how_to_clear_it(sshd
     with connect(board) as conn:
         conn.run(["true"])
     served = sshd_board.host_key.with_name(sshd_board.host_key.name + ".pub").read_text().split()[1]
-    assert KnownHosts(board.known_hosts).pinned(host_id(board.host or "", board.port))["ssh-ed25519"].get_base64() == (
-        served
-    )
+    pinned = KnownHosts(board.known_hosts).pinned(host_id(board.ssh.host or "", board.ssh.port))
+    assert pinned["ssh-ed25519"].get_base64() == served
 
 
 def test_parallel_first_connects_pin_every_board_once(sshd_lab: SshdLab, sshd_boards, tmp_path: Path) -> None:
@@ -238,7 +237,7 @@ def test_refused_connection_names_the_board_and_is_transient(sshd_board: SshdBoa
 
 
 def test_unknown_host_name_is_not_retried() -> None:
-    board = Board(name="ghost", host="no-such-board.invalid", key=None)
+    board = Board.of("ghost", host="no-such-board.invalid", key=None)
     with pytest.raises(BoardError, match=r"board 'ghost'.*cannot resolve host 'no-such-board.invalid'") as caught:
         connect(board)
     assert not is_transient(caught.value)
@@ -271,7 +270,7 @@ def test_connection_reopens_after_the_server_restarts(sshd_board: SshdBoard) -> 
 @pytest.mark.timeout(120)
 def test_blackholed_link_during_a_long_command_is_reported(netns_board: NetnsBoard) -> None:
     board = netns_board.board
-    assert (board.keepalive, board.tcp_user_timeout) == (1.0, 3.0)
+    assert (board.ssh.keepalive, board.ssh.tcp_user_timeout) == (1.0, 3.0)
     with connect(board) as conn:
         assert conn.run(["echo", "up"]).stdout == "up\n"
         cut = threading.Timer(1.0, netns_board.blackhole)
@@ -341,7 +340,7 @@ def test_every_inventory_transport_has_an_opener_in_the_transport_package() -> N
     import typing
 
     from orchestrator.boards.inventory import _BOARD_FIELDS
-    from orchestrator.boards.transports import NETWORK_FIELDS, TRANSPORTS
+    from orchestrator.boards.transports import LINK_FIELDS, TRANSPORTS
     from orchestrator.transport import BoardConnection, opener
 
     assert TRANSPORTS, "no transport"
@@ -353,7 +352,8 @@ def test_every_inventory_transport_has_an_opener_in_the_transport_package() -> N
         returned = typing.get_type_hints(function)["return"]
         assert issubclass(returned, BoardConnection), (name, returned)
         assert set(inspect.signature(function).parameters) == {"board", "known_hosts"}, name
-        assert set(transport.uses) <= set(NETWORK_FIELDS) and set(transport.needs) <= set(_BOARD_FIELDS), name
+        assert set(transport.uses) <= set(LINK_FIELDS) and set(transport.needs) <= set(_BOARD_FIELDS), name
+        assert set(transport.uses) == set(transport.options.FIELDS), name  # each field of its record is checked
     assert opener("ssh") is open_ssh and opener("local") is open_local
     # The inventory's transport field offers exactly these names.
     inventory = Path("inventory.yaml")

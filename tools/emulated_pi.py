@@ -47,12 +47,12 @@ def main() -> int:
         return 69
     fake.set_throttled(args.throttled)
     board = fake.board
-    print(f"# {fake.flavour.model} ({fake.flavour.core}) listening on {board.host}:{board.port}; Ctrl+C stops it")
+    print(f"# {fake.flavour.model} ({fake.flavour.core}) listening on {board.ssh.host}:{board.ssh.port}; Ctrl+C stops it")
     print(f"# control: echo 0x50005 > {fake.control / 'throttled'}   (what vcgencmd get_throttled answers)")
     print("defaults:")
     print(f"  known_hosts: {board.known_hosts}")
     print("boards:")
-    print(f"  {board.name}: {{host: {board.host}, port: {board.port}, user: root, key: {board.key},")
+    print(f"  {board.name}: {{host: {board.ssh.host}, port: {board.ssh.port}, user: root, key: {board.ssh.key},")
     print(f"    tags: [{', '.join(board.tags)}], connect_timeout: 30, command_timeout: 3600}}")
     sys.stdout.flush()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -39,8 +39,8 @@ def main() -> int:
         print(f"sshd_board: {exc}", file=sys.stderr)
         return 69
     board = fake.board
-    entry = {"host": board.host, "port": board.port, "user": board.user, "key": str(board.key)}
-    print(f"# {board.name} listening on {board.host}:{board.port}; Ctrl+C stops it (its files: {lab.root})")
+    entry = {"host": board.ssh.host, "port": board.ssh.port, "user": board.ssh.user, "key": str(board.ssh.key)}
+    print(f"# {board.name} listening on {board.ssh.host}:{board.ssh.port}; Ctrl+C stops it (its files: {lab.root})")
     print(yaml.safe_dump({"defaults": {"known_hosts": str(board.known_hosts)}, "boards": {board.name: entry}},
                          sort_keys=False, default_flow_style=None), end="")  # fmt: skip
     if args.inventory is not None:

@@ -27,6 +27,7 @@ DATA = Path(__file__).parents[1] / "data" / "migration"
 OLD_NIGHT, TONIGHT = "2026-11-20", "2026-11-21"
 REWRITTEN = "gpt2-tiny.tanh-gelu.bmm-attention.head-at-position"
 CELLS = {("local", name, "xnnpack") for name in ("gpt2-tiny", REWRITTEN, "smollm2-gen-tiny.sdpa.ctx32")}
+BIGGER = ("local", "smollm2-gen-tiny.sdpa.ctx128", "xnnpack")  # tonight's new context
 
 
 def old_lab(tmp_path: Path, workdir: str) -> tuple[Path, str]:
@@ -72,6 +73,8 @@ def test_an_old_inventory_names_the_programs_its_history_and_sidecars_hold(tmp_p
 
 def test_tonight_on_an_old_history_continues_every_trend(local_board: Board, tmp_path: Path) -> None:
     inventory, url = old_lab(tmp_path, local_board.workdir)
+    # tonight the entry asks for one more KV cache size: a new program and cell beside the one that goes on
+    inventory.write_text(inventory.read_text().replace("context: [32]", "context: [32, 128]"))
     env = {**os.environ, "ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(tmp_path / "results")}
     done = subprocess.run(
         [sys.executable, "-m", "fabric", "nightly", "--inventory", str(inventory), "--night", TONIGHT],
@@ -80,17 +83,18 @@ def test_tonight_on_an_old_history_continues_every_trend(local_board: Board, tmp
     assert done.returncode == 0, done.stdout + done.stderr
     history = History(url)
     try:
-        assert history.recorded_cells(TONIGHT) == CELLS
+        assert history.recorded_cells(TONIGHT) == CELLS | {BIGGER}
+        assert [run.night for run in history.runs(cell=BIGGER)] == [TONIGHT]
         for cell in CELLS:
             runs = history.runs(cell=cell)
             assert sorted(run.night for run in runs) == [OLD_NIGHT, TONIGHT], (cell, runs)
             assert all(run.status == "ok" for run in runs), runs
-        generated = history.runs(cell=("local", "smollm2-gen-tiny.sdpa.ctx32", "xnnpack"))
-        assert {run.generation.context for run in generated if run.generation} == {32}
+        for cell, context in ((("local", "smollm2-gen-tiny.sdpa.ctx32", "xnnpack"), 32), (BIGGER, 128)):
+            assert {run.generation.context for run in history.runs(cell=cell) if run.generation} == {context}
     finally:
         history.close()
     page = (tmp_path / "reports" / f"nightly-{TONIGHT}.html").read_text()
-    for _, name, _ in sorted(CELLS):
+    for _, name, _ in sorted(CELLS | {BIGGER}):
         assert f"latency trend local / {name} / xnnpack" in page, name
     # the advised entry's side by side: the model as exported and its rewritten program
     assert "gpt2-tiny" in page and REWRITTEN in page

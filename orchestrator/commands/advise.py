@@ -19,7 +19,7 @@ from orchestrator.commands.render_advice import print_advice_lines, render_advic
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import Artifact
-from orchestrator.lowering.program import AS_SPECIFIED, ProgramName
+from orchestrator.lowering.program import AS_SPECIFIED
 from orchestrator.records import to_data
 from orchestrator.results.documents import ANALYSIS_DIR
 from orchestrator.results.store import LocalRun, find_run
@@ -90,7 +90,7 @@ def advise_on(
             hint=f"lower it again (fab lower --model {run.model}), run it, then advise",
         )
     if facts.applied_rewrites:
-        base = ProgramName.parse(facts.spec.name).base
+        base = facts.sidecar.identity.base
         raise UsageError(
             f"--try measures rewrites against the model as exported; run {run.run_id} profiled {run.model}, "
             f"which has rewrites applied already ({', '.join(facts.applied_rewrites)})",

@@ -6,8 +6,8 @@ written back, so sidecars already on disk (caches, boards) stay valid and read b
 default that a section lacks is not set by msgspec, so it stays absent too: the round-trip tests hold it). The types
 carry the checks (orchestrator/records.py): a wrong shape is an ArtifactError (exit 65) naming the file and the field,
 instead of a KeyError or a silent `None` somewhere downstream. The spec stays a mapping (ModelSpec's own record, the
-cache key's input); what readers take from it is typed (`Sidecar.origin`), and the program's identity is its name
-(`Sidecar.program`, lowering/program.py).
+cache key's input); what readers take from it is typed (`Sidecar.origin`), and the program's identity is recorded
+as its record (`program`: lowering/program.py's ProgramName; an older sidecar's is read from its name, `identity`).
 """
 
 from __future__ import annotations
@@ -278,6 +278,9 @@ class Sidecar(Document):
     # The rewrites applied before export (rewrites/); None: an older sidecar, which had none
     rewrites: tuple[str, ...] | None = None
     generation: Generation | None = None  # text-generation only
+    # What the program is (lowering/program.py): its base model, attention, context and rewrites; None: an older
+    # sidecar, whose name says it (`identity`)
+    program: ProgramName | None = None
     cache_key: str
     files: dict[str, FileRecord]  # role (pte, exported_program, reference_inputs, ...) → record
     created: str
@@ -293,6 +296,8 @@ class Sidecar(Document):
         recorded = self.quantization.scheme if self.quantization is not None else None
         if recorded != (variant.scheme.name if variant.quantized else None):
             raise ValueError(f"quantization ({recorded or 'none'}) does not match backend ({variant})")
+        if self.program is not None and str(self.program) != self.model:
+            raise ValueError(f"program: {self.program} is not the program {self.model!r}")
 
     @cached_property
     def variant(self) -> Variant:
@@ -307,9 +312,9 @@ class Sidecar(Document):
             raise ArtifactError(str(exc)) from None
 
     @property
-    def program(self) -> ProgramName:
-        """The program's identity: its name taken apart (its base, attention, context and rewrites)."""
-        return ProgramName.parse(self.model)
+    def identity(self) -> ProgramName:
+        """What the program is: as recorded, or (an older sidecar) its name taken apart."""
+        return self.program if self.program is not None else ProgramName.parse(self.model)
 
     @property
     def applied_rewrites(self) -> tuple[str, ...]:
@@ -323,7 +328,7 @@ class Sidecar(Document):
 
 
 SIDECAR_SCHEMA = Sidecar.SCHEMA
-ABSENT_WHEN_UNKNOWN = ("outside_delegates", "rewrites", "generation")  # sections older sidecars lack
+ABSENT_WHEN_UNKNOWN = ("outside_delegates", "rewrites", "generation", "program")  # sections older sidecars lack
 
 
 def sidecar_from_data(data: Any, where: str | Path = "sidecar") -> Sidecar:

@@ -16,7 +16,7 @@ from orchestrator.boards.inventory import Board
 from orchestrator.commands.program_options import model_spec, rewrite_request
 from orchestrator.errors import UsageError
 from orchestrator.lowering.artifacts import load_artifact
-from orchestrator.lowering.program import with_
+from orchestrator.lowering.program import ProgramName, with_
 from orchestrator.lowering.rewrites.registry import RewriteRequest
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -49,6 +49,7 @@ def test_rewritten_program_lives_beside_the_model_and_keeps_its_rewrites(
     rewritten = load_artifact(REWRITTEN, VARIANTS["xnnpack"], ARTIFACT_CACHE)
     assert plain.sidecar.applied_rewrites == () and rewritten.sidecar.applied_rewrites == ALL_THREE
     assert plain.sidecar.model == "gpt2-tiny" and rewritten.sidecar.model == REWRITTEN
+    assert rewritten.sidecar.program == ProgramName("gpt2-tiny", rewrites=ALL_THREE)  # recorded as what it is
     assert plain.sha256 != rewritten.sha256 and "rewrites applied: tanh-gelu" in " ".join(lowered["auto"].split())
 
     # `--model <the rewritten program>`: the spec and the rewrites come from its sidecar.

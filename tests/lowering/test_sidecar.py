@@ -19,6 +19,7 @@ from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import load_artifact
 from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.outputs import OUTPUT_KINDS
+from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.sidecar import (
     ABSENT_WHEN_UNKNOWN,
     SIDECAR_SCHEMA,
@@ -294,7 +295,16 @@ def test_a_warm_analysis_reads_the_plans_memory_from_the_typed_sidecar() -> None
 def test_what_readers_take_from_the_spec_is_typed_and_a_bad_sidecar_is_never_written(tmp_path: Path) -> None:
     quantized, generating = (read_sidecar(path) for path in WRITTEN_BEFORE)
     assert quantized.origin.model_source == "huggingface" and quantized.origin.source == "built-in"
-    assert generating.program.base == generating.model and generating.program.as_exported
+    # an older sidecar records no program: its name says what it is
+    assert generating.program is None and generating.identity == ProgramName(generating.model)
+    # a recorded program must be the one the sidecar names (a file that says otherwise is refused, naming it)
+    with pytest.raises(ValueError, match=r"program: smollm2-gen-tiny\.ctx64 is not the program 'gpt2-gen-tiny'"):
+        dataclasses.replace(generating, program=ProgramName("smollm2-gen-tiny", context=64))
+    data = {**sidecar_data(generating), "program": {"base": "gpt2-gen-tiny", "context": 64}}
+    with pytest.raises(ArtifactError, match=r"x.json: program: gpt2-gen-tiny\.ctx64 is not the program"):
+        sidecar_from_data(data, "x.json")
+    recorded = sidecar_from_data({**sidecar_data(generating), "program": {"base": "gpt2-gen-tiny"}})
+    assert recorded.program == ProgramName("gpt2-gen-tiny") == recorded.identity
     odd = dataclasses.replace(generating, spec={**generating.spec, "model_source": 7})
     with pytest.raises(ArtifactError, match=r"sidecar: spec.model_source: expected `str \| null`, got `int`"):
         _ = odd.origin

@@ -35,6 +35,7 @@ from orchestrator.lowering.export.user_programs import (
     reference_outputs_of,
 )
 from orchestrator.lowering.lowered import find_lowered, spec_of_lowered
+from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.sources.exported import ExportedOptions
 from orchestrator.lowering.spec import ModelSpec, load_spec_file
 from orchestrator.lowering.variants import Variant
@@ -97,6 +98,9 @@ def test_a_pte_gets_an_artifacts_folder_with_generated_inputs(programs: dict[str
 
     portable = import_program(programs["portable"], "mine-portable", root=tmp_path)
     assert portable.variant == Variant("portable") and portable.sidecar.delegation.delegate_call_sites == 0
+    # a name with dots etlab's own programs use is the user's, whole: the sidecar records it so
+    dotted = import_program(programs["xnnpack"], "mine.sdpa.ctx64", root=tmp_path)
+    assert dotted.sidecar.program == dotted.sidecar.identity == ProgramName("mine.sdpa.ctx64")
 
 
 def test_reference_outputs_must_match_the_programs_outputs(programs: dict[str, Path], tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import re
 import resource
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from orchestrator.lowering.export.delegation import delegation_report, outside_d
 from orchestrator.lowering.export.export_errors import EXPORT, TO_EDGE, TO_EXECUTORCH, lowering_stage
 from orchestrator.lowering.export.parallel import VariantTask
 from orchestrator.lowering.export.source_map import write_source_map
+from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.quantize.xnn_types import node_report
 from orchestrator.lowering.sidecar import (
     Delegation,
@@ -35,6 +37,7 @@ from orchestrator.lowering.sidecar import (
     write_sidecar,
 )
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
+from orchestrator.lowering.spec import is_user_program
 from orchestrator.lowering.variants import Variant
 from orchestrator.programs.memory import read_program_memory
 from orchestrator.versions import toolchain_versions
@@ -132,6 +135,15 @@ def seq_len(inputs: Sequence[dict[str, Any]]) -> int | None:
     return next((int(item["shape"][-1]) for item in inputs if item["name"] == "input_ids" and item["shape"]), None)
 
 
+def recorded_program(name: str, model_source: str, applied: tuple[str, ...]) -> ProgramName:
+    """What the sidecar records the program as: a user's own program is its name, whole (dots and all); etlab's
+    its name taken apart, with the rewrites applied named even where the name has their short form."""
+    if is_user_program(model_source):
+        return ProgramName(name)
+    named = ProgramName.parse(name)
+    return replace(named, rewrites=applied, rewrites_digest=None) if named.rewrites_digest is not None else named
+
+
 def lower_program(
     exported: Any,
     task: VariantTask,
@@ -208,6 +220,7 @@ def lower_program(
         spec=spec.to_dict(),
         rewrites=tuple(task.rewrites),
         generation=section(Generation, task.generation, "generation") if task.generation is not None else None,
+        program=recorded_program(spec.name, spec.model_source, tuple(task.rewrites)),
         cache_key=task.key,
         files=section(dict[str, FileRecord], files, "files"),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

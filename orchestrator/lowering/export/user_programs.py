@@ -24,6 +24,7 @@ from orchestrator.errors import AnalysisError, ArtifactError
 from orchestrator.fsutil import atomic_path, read_json, sha256_file
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths, file_record, valid_sidecar
 from orchestrator.lowering.export.source_map import SOURCE_MAP_SUFFIX
+from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.sidecar import (
     Delegation,
     FileRecord,
@@ -289,6 +290,7 @@ def import_program(
         quantization=None,
         lowering=LoweringCost(0, 0),
         spec=spec.to_dict(),
+        program=ProgramName(name),  # the user's name, whole: its dots are not etlab's choices
         cache_key=key,
         files=section(dict[str, FileRecord], files, "files"),
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

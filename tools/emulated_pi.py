@@ -47,7 +47,8 @@ def main() -> int:
         return 69
     fake.set_throttled(args.throttled)
     board = fake.board
-    print(f"# {fake.flavour.model} ({fake.flavour.core}) listening on {board.ssh.host}:{board.ssh.port}; Ctrl+C stops it")
+    where = f"{board.ssh.host}:{board.ssh.port}"
+    print(f"# {fake.flavour.model} ({fake.flavour.core}) listening on {where}; Ctrl+C stops it")
     print(f"# control: echo 0x50005 > {fake.control / 'throttled'}   (what vcgencmd get_throttled answers)")
     print("defaults:")
     print(f"  known_hosts: {board.known_hosts}")

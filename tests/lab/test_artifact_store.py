@@ -225,8 +225,15 @@ def test_a_sidecar_for_another_model_is_refused(tiny: Artifact, tmp_path: Path) 
     store = ArtifactStore(str(tmp_path / "store"))
     key = store.put(tiny)
     entry = entry_of(tmp_path / "store", key)
-    rewrite_sidecar(entry, tiny.paths.sidecar(XNNPACK).name, lambda document: document.update(model="gpt2-tiny"))
+    # a whole sidecar of another program (its name and its recorded program both say gpt2-tiny)
+    another = {"model": "gpt2-tiny", "program": {"base": "gpt2-tiny"}}
+    rewrite_sidecar(entry, tiny.paths.sidecar(XNNPACK).name, lambda document: document.update(another))
     with pytest.raises(StoreError, match=r"another program \('gpt2-tiny'/'xnnpack'"):
+        store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
+    # one that contradicts itself (named gpt2-tiny, recorded as distilbert-tiny) is refused when read
+    rewrite_sidecar(entry, tiny.paths.sidecar(XNNPACK).name, lambda document: document.update(model="gpt2-tiny",
+                    program={"base": "distilbert-tiny"}))  # fmt: skip
+    with pytest.raises(StoreError, match=r"program: distilbert-tiny is not the program 'gpt2-tiny'"):
         store.get(key, "distilbert-tiny", XNNPACK, tmp_path / "host-b")
 
 

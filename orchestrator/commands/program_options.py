@@ -10,13 +10,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.commands import options
+from orchestrator.commands.common import split_list
 from orchestrator.commands.lowered import known_lowered_models, lowered_model_spec
 from orchestrator.config import did_you_mean
 from orchestrator.errors import UsageError
 from orchestrator.lowering.attention.choice import ATTENTIONS
 from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
 from orchestrator.lowering.lowered import recorded_rewrites
-from orchestrator.lowering.program import REWRITES_CHOICE, Program, ProgramChoice, program_name, programs, refusals
+from orchestrator.lowering.program import (
+    REWRITES_CHOICE,
+    Program,
+    ProgramChoice,
+    ProgramRefused,
+    program_name,
+    programs,
+    refusals,
+)
 from orchestrator.lowering.rewrites.registry import RewriteRequest, UnknownRewrite, parse_rewrites
 from orchestrator.lowering.spec import MAX_CONTEXT, MIN_CONTEXT, ModelSpec, RemoteCodeInSpec, UnknownModel
 
@@ -36,11 +45,6 @@ class ProgramOptions(options.OptionGroup):
     attention: Any = None
     trust_remote_code: bool = False
     trust_code: bool = False
-
-    @property
-    def changes(self) -> bool:
-        """Whether an option asks for another program than the model as its spec has it."""
-        return any(value not in (None, "none") for value in (self.rewrites, self.context, self.attention))
 
 
 def model_spec(
@@ -85,7 +89,7 @@ def context_values(value: Any) -> tuple[int, ...]:
     """`--context 128,512,1024`: KV cache sizes, in order, once each; () when not given."""
     if value is None:
         return ()
-    items = [item.strip() for item in str(value).split(",") if item.strip()]
+    items = split_list(str(value)) or []
     contexts = [options.count("--context", item, minimum=MIN_CONTEXT, maximum=MAX_CONTEXT) for item in items]
     if not contexts:
         raise UsageError("--context: give one or more KV cache sizes, e.g. --context 128,512,1024")
@@ -127,14 +131,13 @@ def spec_programs(given: ProgramOptions, new_tokens: int | None = None) -> list[
     that cannot apply to the model refused with its option (exit 64)."""
     target = spec_of(given)
     choice = program_choice(given, target)
-    problems = refusals(target, choice, new_tokens)
-    if problems:
-        first = problems[0]
+    try:
+        return programs(target, choice, new_tokens)
+    except ProgramRefused as first:  # named with its option, with every reason of that choice and value
         raw = given.rewrites if first.choice == REWRITES_CHOICE else first.value
-        reasons = "; ".join(refused.reason for refused in problems if refused.choice == first.choice
-                            and refused.value == first.value)  # fmt: skip
-        raise UsageError(f"--{first.choice}{'' if raw is None else f' {raw}'}: {reasons}")
-    return programs(target, choice, new_tokens)
+        reasons = "; ".join(refused.reason for refused in refusals(target, choice, new_tokens)
+                            if refused.choice == first.choice and refused.value == first.value)  # fmt: skip
+        raise UsageError(f"--{first.choice}{'' if raw is None else f' {raw}'}: {reasons}") from None
 
 
 def no_choices_for_own_program(given: ProgramOptions, what: str) -> None:

@@ -100,12 +100,12 @@ def lower_exported_task(
     given = [option for option, value in (("--model", program.model), ("--spec", program.spec)) if value is not None]
     if given:
         raise UsageError(f"give --exported or {' / '.join(given)}, not both")
-    unused = [option for option, value in (
-        ("--calibration", lowering.calibration), ("--trust-remote-code", program.trust_remote_code or None),
-        ("--trust-code", program.trust_code or None), ("--weights", None if lowering.weights == "auto" else 1),
-        ("--jobs", lowering.jobs), ("--rewrites", None if program.rewrites == "none" else 1),
-        ("--context", program.context), ("--attention", program.attention),
-    ) if value is not None]  # fmt: skip
+    unused = [option for option, given_ in (
+        ("--calibration", lowering.calibration is not None), ("--trust-remote-code", program.trust_remote_code),
+        ("--trust-code", program.trust_code), ("--weights", lowering.weights != "auto"),
+        ("--jobs", lowering.jobs is not None), ("--rewrites", program.rewrites != "none"),
+        ("--context", program.context is not None), ("--attention", program.attention is not None),
+    ) if given_]  # fmt: skip
     if unused:
         raise UsageError(f"{', '.join(unused)}: not for --exported (the program is lowered as you exported it)")
     path = _existing("--exported", exported, exported_source.FILE_SUFFIX)

@@ -71,29 +71,37 @@ class MatrixEntry:
     @property
     def rewritten(self) -> ProgramChoice:
         """The choice of its rewritten programs: `rewrites`, or auto for an `advised` entry that names none."""
-        if self.choice.rewrites != NO_REWRITES or not self.advised:
-            return self.choice
-        return replace(self.choice, rewrites=RewriteRequest(auto=True))
+        return rewritten_choice(self.choice, self.advised)
+
+    @property
+    def exported(self) -> ProgramChoice:
+        """The choice of its models as exported, beside the rewritten ones of an `advised` entry."""
+        return replace(self.choice, rewrites=NO_REWRITES)
 
     def programs(self) -> list[Program]:
         """The programs the entry lowers and profiles, each under its own name (lowering/program.py): the models as
         exported (`advised`), then each with its rewrites; at each of its contexts."""
-        exported = replace(self.choice, rewrites=NO_REWRITES)
         rewritten = [program for spec in self.models for program in programs(spec, self.rewritten)]
         if not self.advised:
             return rewritten
-        return [program for spec in self.models for program in programs(spec, exported)] + rewritten
+        return [program for spec in self.models for program in programs(spec, self.exported)] + rewritten
 
     def advised_pairs(self) -> list[tuple[str, str]]:
         """(as exported, advised) program names of an `advised` entry, for the report's side by side."""
         if not self.advised:
             return []
-        exported = replace(self.choice, rewrites=NO_REWRITES)
         return [
             (plain.name, advised.name)
             for spec in self.models
-            for plain, advised in zip(programs(spec, exported), programs(spec, self.rewritten), strict=True)
+            for plain, advised in zip(programs(spec, self.exported), programs(spec, self.rewritten), strict=True)
         ]
+
+
+def rewritten_choice(choice: ProgramChoice, advised: bool) -> ProgramChoice:
+    """`choice` as an entry's rewritten programs have it: an `advised` entry that names no rewrites gets auto."""
+    if choice.rewrites != NO_REWRITES or not advised:
+        return choice
+    return replace(choice, rewrites=RewriteRequest(auto=True))
 
 
 @dataclass(frozen=True)
@@ -265,11 +273,10 @@ def _entry(
         checker.error(_key_value(node, "rewrites") or node, f"{where}.rewrites", first_line(exc))
     advised = found.get("advised", False) is True
     choice = ProgramChoice(found.get("attention"), tuple(found.get("context", ())), rewrites)
-    entry = MatrixEntry((), (), (), RunParams(), choice, advised)
     for spec in models:  # the one check of a combination (program.py), named by its key
         for refused in refusals(spec, choice):
             checker.error(_key_value(node, refused.choice) or node, f"{where}.{refused.choice}", str(refused))
-        if advised and not entry.rewritten.rewrites.resolve(spec):
+        if advised and not rewritten_choice(choice, advised).rewrites.resolve(spec):
             checker.error(_key_value(node, "advised") or node, f"{where}.advised",
                           f"no rewrite applies to {spec.name} ({spec.model_source} {spec.model_type}, "
                           f"{spec.task}): there is no advised program to run beside it")  # fmt: skip

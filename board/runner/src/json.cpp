@@ -34,6 +34,13 @@ std::string json_number(double value) {
   return text;
 }
 
+std::string json_number_exact(double value) {
+  if (!std::isfinite(value)) return "null";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", value);  // "1e-07", "-0", "3": all JSON numbers
+  return text;
+}
+
 std::string json_number_list(const std::vector<double>& values) {
   std::string out = "[";
   for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + json_number(values[i]);

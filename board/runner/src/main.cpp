@@ -35,6 +35,7 @@
 #include "json.h"
 #include "memory_probe.h"
 #include "method_io.h"
+#include "numerics.h"
 #include "options.h"
 #include "perf_counters.h"
 #include "program_constants.h"
@@ -89,7 +90,8 @@ void check_model_readable(const std::string& path) {
 }
 
 void check_outputs_writable(const Options& options) {
-  for (const auto* path : {&options.outputs, &options.etdump, &options.timings, &options.counters_out}) {
+  for (const auto* path :
+       {&options.outputs, &options.etdump, &options.timings, &options.counters_out, &options.numerics_out}) {
     if (!path->has_value()) continue;
     try {
       check_writable(**path);
@@ -353,6 +355,9 @@ int run(const Options& options) {
     timings.inputs_source = "generated";
   }
   BoundInputs bound_inputs(inputs);
+  // Checked now, so a bad reference costs no run.
+  std::optional<References> references;
+  if (options.reference) references = read_references(*options.reference, meta.get());
 
   set_phase("initialising the method", kExitCorruptProgram);
   PlannedMemory planned_memory(meta.get());
@@ -450,11 +455,31 @@ int run(const Options& options) {
   memory.mark("end");
   timings.memory_json = memory.json();
   set_phase("writing results", kExitUnwritableOutput);
+  std::vector<OutputSlot> slots;  // every output of the last execution, by index
+  if (!generator && (options.outputs || references)) slots = collect_output_slots(method.get());
+  // Before any file is written: a reference that does not fit its output (exit 6) leaves nothing behind.
+  std::vector<OutputStats> numerics;
+  if (references) {
+    set_phase("comparing the outputs with the reference", kExitInputMismatch);
+    numerics = output_stats(slots, *references);
+    set_phase("writing results", kExitUnwritableOutput);
+  }
+  std::vector<bool> kept;  // per output index: in the --outputs file; empty without --outputs
   if (options.outputs) {
     // Generate mode: the last timed generation's token ids, not the last step's logits.
-    const auto outputs = generator ? std::vector<NamedTensor>{token_ids_output(generations.back())}
-                                   : collect_outputs(method.get());
+    const size_t output_count = slots.size();
+    auto outputs = generator ? std::vector<NamedTensor>{token_ids_output(generations.back())}
+                             : storable_outputs(std::move(slots));
+    if (options.outputs_cap) outputs = outputs_within_cap(std::move(outputs), *options.outputs_cap);
+    kept.assign(output_count, false);
+    for (size_t i = 0; i < output_count; ++i) {
+      const std::string name = "output_" + std::to_string(i);
+      kept[i] = std::any_of(outputs.begin(), outputs.end(), [&](const NamedTensor& t) { return t.name == name; });
+    }
     write_output("outputs", [&] { write_tensor_file(*options.outputs, outputs); });
+  }
+  if (references && options.numerics_out) {
+    write_output("numerics", [&] { write_file_atomically(*options.numerics_out, numerics_json(numerics, kept)); });
   }
   if (etdump) {
     const auto result = etdump->get_etdump_data();

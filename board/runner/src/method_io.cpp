@@ -174,69 +174,102 @@ void BoundInputs::set_all(et::Method& method) {
   }
 }
 
-std::vector<NamedTensor> collect_outputs(et::Method& method) {
-  std::vector<NamedTensor> outputs;
-  for (size_t index = 0; index < method.outputs_size(); ++index) {
-    const et::EValue& value = method.get_output(index);
-    NamedTensor out;
-    out.name = "output_" + std::to_string(index);
-    if (value.isNone()) continue;
-    if (value.isInt() || value.isDouble() || value.isBool()) {
-      if (value.isInt()) {
-        const int64_t scalar = value.toInt();
-        out.dtype = static_cast<uint8_t>(ScalarType::Long);
-        out.data.resize(8);
-        std::memcpy(out.data.data(), &scalar, 8);
-      } else if (value.isDouble()) {
-        const double scalar = value.toDouble();
-        out.dtype = static_cast<uint8_t>(ScalarType::Double);
-        out.data.resize(8);
-        std::memcpy(out.data.data(), &scalar, 8);
-      } else {
-        out.dtype = static_cast<uint8_t>(ScalarType::Bool);
-        out.data.assign(1, value.toBool() ? 1 : 0);
-      }
-      outputs.push_back(std::move(out));
-      continue;
-    }
-    if (!value.isTensor()) {
-      throw RunnerError(kExitUnwritableOutput, "output " + std::to_string(index) + " is a " +
-                                                   et::tag_to_string(value.tag) + ", which ETLT cannot store");
-    }
-    const Tensor& tensor = value.toTensor();
-    out.dtype = static_cast<uint8_t>(tensor.scalar_type());
-    const size_t element = dtype_element_size(out.dtype);
-    if (element == 0) {
-      throw RunnerError(kExitUnwritableOutput, "output " + std::to_string(index) + " has " +
-                                                   dtype_name(out.dtype) + ", which ETLT cannot store");
-    }
-    for (const auto size : tensor.sizes()) out.dims.push_back(size);
-    const auto numel = static_cast<size_t>(tensor.numel());
-    out.data.resize(numel * element);
-    const auto* source = static_cast<const uint8_t*>(tensor.const_data_ptr());
-    const auto want = contiguous_strides(out.dims);
-    bool contiguous = true;
-    for (size_t d = 0; d < out.dims.size(); ++d) {
-      contiguous = contiguous && (out.dims[d] <= 1 || tensor.strides()[d] == want[d]);
-    }
-    if (contiguous || numel == 0) {
-      if (numel > 0) std::memcpy(out.data.data(), source, out.data.size());
+namespace {
+
+// The output as --outputs stores it, or the reason ETLT cannot hold it.
+void store_output(const et::EValue& value, size_t index, OutputSlot& slot) {
+  NamedTensor out;
+  out.name = "output_" + std::to_string(index);
+  if (value.isNone()) return;
+  if (value.isInt() || value.isDouble() || value.isBool()) {
+    if (value.isInt()) {
+      const int64_t scalar = value.toInt();
+      out.dtype = static_cast<uint8_t>(ScalarType::Long);
+      out.data.resize(8);
+      std::memcpy(out.data.data(), &scalar, 8);
+    } else if (value.isDouble()) {
+      const double scalar = value.toDouble();
+      out.dtype = static_cast<uint8_t>(ScalarType::Double);
+      out.data.resize(8);
+      std::memcpy(out.data.data(), &scalar, 8);
     } else {
-      // Walk the logical index in row-major order and gather from the strided source.
-      std::vector<int64_t> position(out.dims.size(), 0);
-      for (size_t flat = 0; flat < numel; ++flat) {
-        int64_t offset = 0;
-        for (size_t d = 0; d < position.size(); ++d) offset += position[d] * tensor.strides()[d];
-        std::memcpy(out.data.data() + flat * element, source + offset * static_cast<int64_t>(element), element);
-        for (size_t d = position.size(); d-- > 0;) {
-          if (++position[d] < out.dims[d]) break;
-          position[d] = 0;
-        }
+      out.dtype = static_cast<uint8_t>(ScalarType::Bool);
+      out.data.assign(1, value.toBool() ? 1 : 0);
+    }
+    slot.stored = std::move(out);
+    return;
+  }
+  if (!value.isTensor()) {
+    slot.unstorable = "output " + std::to_string(index) + " is a " + et::tag_to_string(value.tag) +
+                      ", which ETLT cannot store";
+    return;
+  }
+  const Tensor& tensor = value.toTensor();
+  out.dtype = static_cast<uint8_t>(tensor.scalar_type());
+  const size_t element = dtype_element_size(out.dtype);
+  if (element == 0) {
+    slot.unstorable = "output " + std::to_string(index) + " has " + dtype_name(out.dtype) + ", which ETLT cannot store";
+    return;
+  }
+  for (const auto size : tensor.sizes()) out.dims.push_back(size);
+  const auto numel = static_cast<size_t>(tensor.numel());
+  out.data.resize(numel * element);
+  const auto* source = static_cast<const uint8_t*>(tensor.const_data_ptr());
+  const auto want = contiguous_strides(out.dims);
+  bool contiguous = true;
+  for (size_t d = 0; d < out.dims.size(); ++d) {
+    contiguous = contiguous && (out.dims[d] <= 1 || tensor.strides()[d] == want[d]);
+  }
+  if (contiguous || numel == 0) {
+    if (numel > 0) std::memcpy(out.data.data(), source, out.data.size());
+  } else {
+    // Walk the logical index in row-major order and gather from the strided source.
+    std::vector<int64_t> position(out.dims.size(), 0);
+    for (size_t flat = 0; flat < numel; ++flat) {
+      int64_t offset = 0;
+      for (size_t d = 0; d < position.size(); ++d) offset += position[d] * tensor.strides()[d];
+      std::memcpy(out.data.data() + flat * element, source + offset * static_cast<int64_t>(element), element);
+      for (size_t d = position.size(); d-- > 0;) {
+        if (++position[d] < out.dims[d]) break;
+        position[d] = 0;
       }
     }
-    outputs.push_back(std::move(out));
+  }
+  slot.stored = std::move(out);
+}
+
+}  // namespace
+
+std::vector<OutputSlot> collect_output_slots(et::Method& method) {
+  std::vector<OutputSlot> slots(method.outputs_size());
+  for (size_t index = 0; index < slots.size(); ++index) {
+    const et::EValue& value = method.get_output(index);
+    slots[index].kind = et::tag_to_string(value.tag);
+    store_output(value, index, slots[index]);
+  }
+  return slots;
+}
+
+std::vector<NamedTensor> storable_outputs(std::vector<OutputSlot> slots) {
+  std::vector<NamedTensor> outputs;
+  for (OutputSlot& slot : slots) {
+    if (!slot.unstorable.empty()) throw RunnerError(kExitUnwritableOutput, slot.unstorable);
+    if (slot.stored) outputs.push_back(std::move(*slot.stored));
   }
   return outputs;
+}
+
+std::vector<NamedTensor> collect_outputs(et::Method& method) { return storable_outputs(collect_output_slots(method)); }
+
+std::vector<NamedTensor> outputs_within_cap(std::vector<NamedTensor> outputs, uint64_t cap) {
+  std::vector<NamedTensor> kept;
+  uint64_t bytes = 0;
+  for (NamedTensor& tensor : outputs) {
+    if (tensor.data.size() > cap - bytes) continue;  // bytes <= cap always, so no wrap-around
+    bytes += tensor.data.size();
+    kept.push_back(std::move(tensor));
+  }
+  return kept;
 }
 
 }  // namespace etlab

@@ -27,6 +27,16 @@ size_t parse_count(const std::string& option, const std::string& text, size_t mi
   return static_cast<size_t>(value);
 }
 
+uint64_t parse_bytes(const std::string& option, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || value < 0) {
+    usage_error(option + " needs a number of bytes >= 0, got '" + text + "'");
+  }
+  return static_cast<uint64_t>(value);
+}
+
 int parse_descriptor(const std::string& option, const std::string& text) {
   return static_cast<int>(parse_count(option, text, 0));
 }
@@ -49,6 +59,7 @@ const char* usage_text() {
          "                    [--timings PATH] [--expect-executorch-version V]\n"
          "                    [--counters LIST --counters-out PATH] [--start-fd N]\n"
          "                    [--generate [--prompt-len P] [--new-tokens N] [--context C] [--prefill-chunk K]]\n"
+         "                    [--outputs-cap BYTES] [--reference PATH --numerics-out PATH]\n"
          "       etlab_runner --version | --probe-counters | --probe-program --model PATH\n"
          "\n"
          "Runs an ExecuTorch program (.pte) and records per-iteration latency.\n"
@@ -61,6 +72,14 @@ const char* usage_text() {
          "  --threads N        thread pool size (default: number of online cores)\n"
          "  --etdump PATH      profile with ETDump and write it here\n"
          "  --outputs PATH     write the last run's outputs as ETLT (output_0, output_1, ...)\n"
+         "  --outputs-cap BYTES   with --outputs: keep outputs in index order while their data bytes total <= BYTES;\n"
+         "                     one that would exceed it is left out, a later smaller one may still fit\n"
+         "  --reference PATH   ETLT file of reference values: output_<i> (float32) for output i, and for an\n"
+         "                     int8/uint8 output output_<i>.qparams (float64 [scale, zero_point]): compared as\n"
+         "                     (q - zero_point) * scale; read and checked before anything runs (exit 6);\n"
+         "                     needs --numerics-out\n"
+         "  --numerics-out PATH   write statistics of every output of the last run, and of its difference from\n"
+         "                     the reference, as JSON (numerics.json); needs --reference\n"
          "  --timings PATH     write timings.json\n"
          "  --expect-executorch-version V   exit 8 unless the runner was built against ExecuTorch V\n"
          "  --counters LIST    read these counters (comma-separated, or 'default') around every kernel and\n"
@@ -78,8 +97,9 @@ const char* usage_text() {
          "  --probe-counters   print which counters this machine can open, as JSON\n"
          "  --probe-program    print what the runner reads from --model without ExecuTorch, as JSON:\n"
          "                     {\"constants_bytes\", \"pte_bytes\"} (null when unreadable); nothing is run\n"
-         "Exit codes: 0 ok, 2 usage, 3 model missing, 4 corrupt program, 5 unknown method, 6 input mismatch,\n"
-         "            7 execution failed, 8 version mismatch, 9 cannot write an output file,\n"
+         "Exit codes: 0 ok, 2 usage, 3 model missing, 4 corrupt program, 5 unknown method,\n"
+         "            6 input or reference mismatch, 7 execution failed, 8 version mismatch,\n"
+         "            9 cannot write an output file,\n"
          "            10 not started (--start-fd closed without 'g').\n";
 }
 
@@ -125,6 +145,12 @@ Options parse_options(const std::vector<std::string>& args) {
       options.etdump = value();
     } else if (name == "--outputs") {
       options.outputs = value();
+    } else if (name == "--outputs-cap") {
+      options.outputs_cap = parse_bytes(name, value());
+    } else if (name == "--reference") {
+      options.reference = value();
+    } else if (name == "--numerics-out") {
+      options.numerics_out = value();
     } else if (name == "--timings") {
       options.timings = value();
     } else if (name == "--counters") {
@@ -158,7 +184,8 @@ Options parse_options(const std::vector<std::string>& args) {
   if (!options.show_version && !options.show_help && !options.probe_counters && !options.probe_program) {
     if (options.model.empty()) usage_error("--model is required");
     if (options.method.empty()) usage_error("--method must not be empty");
-    for (const auto* path : {&options.inputs, &options.etdump, &options.outputs, &options.timings}) {
+    for (const auto* path : {&options.inputs, &options.etdump, &options.outputs, &options.timings,
+                             &options.reference, &options.numerics_out}) {
       if (path->has_value() && (*path)->empty()) usage_error("an output or input path must not be empty");
     }
     if (!options.counters.empty() && (!options.counters_out || !options.etdump)) {
@@ -166,6 +193,16 @@ Options parse_options(const std::vector<std::string>& args) {
     }
     if (options.counters_out && options.counters.empty()) usage_error("--counters-out needs --counters");
     if (!generate_only.empty() && !options.generate) usage_error(generate_only.front() + " needs --generate");
+    if (options.outputs_cap && !options.outputs) usage_error("--outputs-cap needs --outputs");
+    // A generation's outputs are token ids, not the method's outputs a reference would describe.
+    if (options.generate && (options.reference || options.numerics_out)) {
+      const char* option = options.reference ? "--reference" : "--numerics-out";
+      usage_error(std::string(option) + " cannot be used with --generate");
+    }
+    if (options.numerics_out && !options.reference) usage_error("--numerics-out needs --reference");
+    if (options.reference && !options.numerics_out) {
+      usage_error("--reference needs --numerics-out (the comparison is written there)");
+    }
   }
   return options;
 }

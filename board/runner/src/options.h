@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,10 @@ struct Options {
   size_t threads = 0;        // 0 = number of online cores
   std::optional<std::string> etdump;
   std::optional<std::string> outputs;
+  std::optional<uint64_t> outputs_cap;  // --outputs keeps, in index order, the outputs whose data bytes still fit
+  // Numerics mode (README.md, "Numerics"): statistics of the last execution's outputs against a reference.
+  std::optional<std::string> reference;
+  std::optional<std::string> numerics_out;
   std::optional<std::string> timings;
   std::optional<std::string> expect_executorch_version;
   std::vector<std::string> counters;        // empty: no counter pass

@@ -69,6 +69,8 @@ RUN_HELP = {
     "set, or --counters=cycles,instructions,task_clock,...",
     "new_tokens": "text-generation programs: tokens generated after the prompt (default: the model's, e.g. 32); "
     "the prompt and these must fit the KV cache",
+    "numerics": "after the timing pass, a numerics pass: every operator's values against fp32 eager (delegates "
+    "included): --numerics alone for statistics per tensor, --numerics=full for the tensors too",
 }
 
 
@@ -126,10 +128,10 @@ def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, ta
             "backend": "portable, xnnpack or both (default xnnpack)",
             "timeout": "hard runner timeout in seconds (default: derived from the budget)",
             "quantize": QUANTIZE_HELP},
-      optional=["counters"])  # fmt: skip
+      optional=["counters", "numerics"])  # fmt: skip
 @handle_errors
 def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
-        iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None,
+        iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None, numerics=None,
         quantize="none", pte=None, reference=None, name=None, new_tokens=None, rewrites="none", context=None,
         attention=None):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
@@ -245,14 +247,14 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
             "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
             "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP, **CHOICE_HELP},
-      optional=["counters"])  # fmt: skip
+      optional=["counters", "numerics"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend=None, board=None, group=None, tag=None, inventory=None,
                        lg_wait=None, iterations=None, warmup=None, threads=None, max_seconds=None, weights="auto",
                        no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
                        trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None,
-                       rewrites="none", new_tokens=None, context=None, attention=None):  # fmt: skip
+                       rewrites="none", new_tokens=None, context=None, attention=None, numerics=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     given = options.given(locals())
     from orchestrator.commands.deploy import deploy_task

@@ -7,7 +7,7 @@ the step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from orchestrator.commands.common import (
     RunOptions,
     check_generation,
     find_artifact,
+    numerics_programs,
     select_all,
     select_boards,
 )
@@ -31,10 +32,11 @@ from orchestrator.commands.render_boards import print_details, print_gc, summari
 from orchestrator.deploy.agent_client import BoardAgent, GcResult
 from orchestrator.deploy.board_status import board_statuses
 from orchestrator.deploy.provision import setup_board
-from orchestrator.deploy.runs import RunParams, profile, push_artifact
+from orchestrator.deploy.runs import RunParams, profile, push_artifact, push_numerics
 from orchestrator.errors import BundleError, EtlabError, ExitCode, UsageError
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.lowering.export.numerics import NumericsProgram
 from orchestrator.lowering.lowered import find_lowered
 from orchestrator.lowering.sources.pte import USER_PROGRAM
 from orchestrator.lowering.variants import Variant
@@ -94,8 +96,14 @@ def push(boards: Sequence[Board], artifacts: Sequence[Artifact]) -> int:
     return _summarize_failures(outcomes, "push")
 
 
-def run(boards: Sequence[Board], artifacts: Sequence[Artifact], params: RunParams) -> int:
-    """Profile the (pushed) models; bundles stay on the boards until `pull`."""
+def run(
+    boards: Sequence[Board],
+    artifacts: Sequence[Artifact],
+    params: RunParams,
+    numerics: Mapping[Path, NumericsProgram] | None = None,
+) -> int:
+    """Profile the (pushed) models; bundles stay on the boards until `pull`. `numerics`: each artifact's numerics
+    program by its .pte, for a numerics pass after the timing pass."""
 
     def one(board: Board) -> list[Any]:
         rows = []
@@ -103,8 +111,10 @@ def run(boards: Sequence[Board], artifacts: Sequence[Artifact], params: RunParam
             for artifact in artifacts:
                 with stage("push"):
                     pushed = push_artifact(conn, artifact)  # a no-op when the board holds it already
+                    tapped = (numerics or {}).get(artifact.pte)
+                    pushed_numerics = push_numerics(conn, tapped) if tapped is not None else None
                 with stage("run"):
-                    remote = profile(conn, artifact, pushed, params, new_run_id())
+                    remote = profile(conn, artifact, pushed, params, new_run_id(), pushed_numerics)
                 rows.append((artifact.variant.name, remote))
         if any(r.status != "ok" for _, r in rows):
             failed = next(r for _, r in rows if r.status != "ok")
@@ -285,7 +295,8 @@ def run_task(given: dict[str, Any]) -> int:
     options.all_taken(given)
     artifacts = chosen_artifacts(program, lowering.variants(default="xnnpack"), params.new_tokens)
     check_generation(artifacts, params)
-    return run(boards.boards(), artifacts, params)
+    numerics = numerics_programs(artifacts, params)
+    return run(boards.boards(), artifacts, params, numerics)
 
 
 def pull_task(

@@ -5,8 +5,8 @@ that mends them. Task bodies import it; `fab` itself starts with commands/handli
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +17,13 @@ from orchestrator.config import did_you_mean
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ArtifactError, UsageError
 from orchestrator.lowering.artifacts import Artifact, MissingArtifact, load_artifact
+from orchestrator.lowering.export.numerics import NumericsProgram
 from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.quantize.calibration import CalibrationError
 from orchestrator.lowering.rewrites.registry import (
     RewriteNotFound,
 )
+from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import BACKENDS, SCHEMES, UnknownVariant, Variant, combine, parse_schemes
 from orchestrator.servers.errors import PortBusy
 
@@ -173,7 +175,7 @@ def naming_port() -> Iterator[None]:
 @dataclass(frozen=True)
 class RunOptions(options.OptionGroup):
     """How a program runs on a board: `--iterations`, `--warmup`, `--threads`, `--max-seconds`, `--timeout`,
-    `--counters`, `--new-tokens`."""
+    `--counters`, `--new-tokens`, `--numerics`."""
 
     iterations: Any = None
     warmup: Any = None
@@ -182,10 +184,14 @@ class RunOptions(options.OptionGroup):
     timeout: Any = None
     counters: Any = None
     new_tokens: Any = None
+    numerics: Any = None
 
     def params(self) -> RunParams:
-        return run_params(self.iterations, self.warmup, self.threads, self.max_seconds, self.timeout, self.counters,
-                          self.new_tokens)  # fmt: skip
+        return replace(
+            run_params(self.iterations, self.warmup, self.threads, self.max_seconds, self.timeout, self.counters,
+                       self.new_tokens),
+            numerics=options.numerics(self.numerics),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -239,6 +245,27 @@ def run_params(
         counters=options.counters(counters),
         new_tokens=default.new_tokens if new_tokens is None else options.count("--new-tokens", new_tokens, minimum=1),
     )
+
+
+def numerics_programs(
+    artifacts: Iterable[Artifact],
+    params: RunParams,
+    calibration: Path | None = None,
+    specs: Mapping[str, ModelSpec] | None = None,
+) -> dict[Path, NumericsProgram]:
+    """`--numerics`: each artifact's numerics program by its .pte (cached, else made now); every program refused
+    (exit 64) before any is made. `specs`: the command line's by model (its permission to run a factory)."""
+    if params.numerics is None:
+        return {}
+    from orchestrator.lowering.export.numerics import check_measurable, make_numerics
+
+    chosen = list(artifacts)
+    for artifact in chosen:
+        check_measurable(artifact)
+    return {
+        artifact.pte: make_numerics(artifact, spec=(specs or {}).get(artifact.model), calibration=calibration)
+        for artifact in chosen
+    }
 
 
 def check_generation(artifacts: Iterable[Artifact], params: RunParams) -> None:

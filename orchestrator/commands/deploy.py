@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from orchestrator.commands.common import (
     naming_calibration,
     naming_port,
     naming_rewrites,
+    numerics_programs,
 )
 from orchestrator.commands.program_options import ProgramOptions
 from orchestrator.commands.programs import profiled
@@ -113,6 +115,9 @@ def deploy_and_profile(
             CellJob(find_artifact(program.name, variant, artifacts_root), params, accuracy) for variant in variants
         ]
     check_generation([job.artifact for job in jobs], params)
+    specs = {program.name: program.spec for program in programs}
+    numerics = numerics_programs([job.artifact for job in jobs], params, checked.calibration, specs)
+    jobs = [replace(job, numerics=numerics.get(job.artifact.pte)) for job in jobs]
     return _profile(jobs, paths[0], boards, results_root, explore=explore, host=host, port=port,
                     open_browser=open_browser, scaling=len(programs) > 1)  # fmt: skip
 
@@ -133,6 +138,7 @@ def deploy_program(
     if reference_outputs_of(artifact) is None:
         console.info(f"{artifact.model}: no --reference outputs given: correctness is not checked")
     check_generation([artifact], params)
+    numerics_programs([artifact], params)  # refuses a program it cannot measure (64)
     jobs = [CellJob(artifact, params, accuracy)]
     return _profile(jobs, artifact.paths, boards, results_root, explore=explore, host=host, port=port,
                     open_browser=open_browser)  # fmt: skip

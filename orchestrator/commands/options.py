@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import fabric
 from invoke.parser import Argument
@@ -204,6 +204,22 @@ def counters(value: Any) -> tuple[str, ...] | None:
         return parse_counters(None if value is True else str(value))
     except UsageError as exc:
         raise UsageError(f"--counters: {exc}") from None
+
+
+NUMERICS_MODES = ("stats", "full")
+
+
+def numerics(value: Any) -> Literal["stats", "full"] | None:
+    """`--numerics [stats|full]`: None when not asked for; the flag alone is statistics per tensor."""
+    if value is None or value is False:
+        return None
+    if value is True or value == "stats":
+        return "stats"
+    if value == "full":
+        return "full"
+    raise UsageError(
+        f"--numerics takes stats (the default: statistics per tensor) or full (the tensors too), got {value!r}"
+    )
 
 
 def fraction(option: str, value: Any) -> float:

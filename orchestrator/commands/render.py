@@ -58,6 +58,7 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
         )
     render_memory(run)
     render_counters(run, summary)
+    render_numerics(run)
     render_outputs(run)
     print_generation([(run.board or "?", run.model.name or "?", run.model.backend or "?", run)])
     for reason in run.validity.reasons:
@@ -187,6 +188,42 @@ def render_memory(run: RunSummary) -> None:
         f"peak live activations {megabytes(memory.peak_live_bytes)} MB, "
         f"delegates and everything else {megabytes(memory.other_bytes)} MB",
     )
+
+
+def render_numerics(run: RunSummary) -> None:
+    """Where accuracy goes: the operators that lose the most against fp32 eager, then what stands out."""
+    numerics = run.numerics
+    if numerics is None:
+        return
+    if numerics.status != "ok":
+        console.warn(f"numerics pass failed: {numerics.error}")
+        return
+
+    def figure(value: float | None, digits: int = 3) -> str:
+        return "—" if value is None else f"{value:.{digits}g}"
+
+    rows = [
+        [row.op, row.module or "—", row.source or "—", f"{row.sqnr_db:.1f}", f"{row.introduced_db:.1f}",
+         f"{row.introduced_share:.0%}", figure(row.max_abs_error), figure(row.cosine, 5), row.nan + row.inf]
+        for row in numerics.losing_most
+    ]  # fmt: skip
+    outputs = ", ".join(f"{value:.1f}" for value in numerics.output_sqnr_db) or "—"
+    console.table(
+        "Where accuracy goes (against fp32 eager)",
+        ["op", "module", "source", "SQNR dB", "added dB", "own share", "max abs err", "cosine", "NaN/Inf"],
+        rows,
+        caption=f"{numerics.taps} operators measured on the board, delegates included; added dB: the SQNR of the "
+        f"error the operator added itself (lower: worse); outputs' SQNR {outputs} dB; analysis/numerics.json: all",
+    )
+    if numerics.collapse is not None:
+        where = numerics.collapse.module or numerics.collapse.node
+        console.warn(
+            f"{numerics.collapse.op} in {where} ({numerics.collapse.source or 'no source line'}) outputs only zeros "
+            "where fp32 does not: the first layer that collapses (a calibration whose scales floored?)"
+        )
+    if numerics.nonfinite is not None:
+        row = numerics.nonfinite
+        console.warn(f"{row.op} in {row.module or row.node} ({row.source or '?'}): {row.nan} NaN, {row.inf} Inf")
 
 
 def render_counters(run: RunSummary, summary: Summary | Path) -> None:

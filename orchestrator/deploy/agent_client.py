@@ -42,6 +42,15 @@ GC_CATEGORIES = ("bundles", "temporaries", "models", "inputs")  # `gc`'s `remove
 
 
 @dataclass(frozen=True)
+class NumericsArgs:
+    """The agent's numerics pass: the numerics program and its reference on the board, the tensors' byte cap."""
+
+    model: str
+    reference: str
+    full_cap: int | None  # None: statistics only
+
+
+@dataclass(frozen=True)
 class GenerateArgs:
     """The runner's generate loop: a prompt of `prompt_len` ids, `new_tokens` after it, a KV cache of `context`."""
 
@@ -142,6 +151,7 @@ class BoardAgent:
         lock_timeout: float,
         etdump: bool = True,
         counters: str | None = None,
+        numerics: NumericsArgs | None = None,
         generate: GenerateArgs | None = None,
     ) -> tuple[dict[str, Any], int]:
         """Profile under the board lock; a failed run still returns its bundle (exit 1 is accepted).
@@ -171,12 +181,16 @@ class BoardAgent:
             args.append("--no-etdump")
         if counters:
             args += ["--counters", counters]
+        if numerics is not None:
+            args += ["--numerics-model", numerics.model, "--numerics-reference", numerics.reference]
+            if numerics.full_cap is not None:
+                args += ["--numerics-full-cap", str(numerics.full_cap)]
         if generate is not None:
             args += ["--generate", "--prompt-len", str(generate.prompt_len), "--new-tokens", str(generate.new_tokens)]
             args += ["--context", str(generate.context)]
         # The SSH command itself gets the runner timeout (twice with a counters pass) plus the lock wait plus slack
         # for info probes.
-        runs = 2 if counters else 1
+        runs = 1 + bool(counters) + (numerics is not None)
         document, code = self.call(*args, timeout=runs * timeout + lock_timeout + 120, accept=(AGENT_OK, AGENT_FAILED))
         if "bundle" in document:
             status, bundle = document.get("status"), document.get("bundle")

@@ -19,7 +19,7 @@ from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
 from orchestrator.console import format_seconds
 from orchestrator.deploy.provision import quick_check, setup_board
-from orchestrator.deploy.runs import RemoteRun, RunParams, profile, pull, push_artifact
+from orchestrator.deploy.runs import RemoteRun, RunParams, profile, pull, push_artifact, push_numerics
 from orchestrator.errors import (
     AnalysisError,
     BoardError,
@@ -29,6 +29,7 @@ from orchestrator.errors import (
     full_reason,
 )
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.lowering.export.numerics import NumericsProgram
 from orchestrator.lowering.export.user_programs import reference_outputs_of
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.store import new_run_id
@@ -174,6 +175,7 @@ class CellJob:
     artifact: Artifact
     params: RunParams
     accuracy: dict[str, float] | None = None
+    numerics: NumericsProgram | None = None  # the artifact's numerics program, for a numerics pass
 
 
 def run_cells_on_board(
@@ -266,9 +268,10 @@ def _run_cell(
     try:
         with _stage(cell, "push", timer, rows, index):
             pushed = push_artifact(conn, artifact, progress)
+            numerics = push_numerics(conn, job.numerics, progress) if job.numerics is not None else None
         cell.run_id = new_run_id()
         with _stage(cell, "run", timer, rows, index):
-            remote: RemoteRun = profile(conn, artifact, pushed, params, cell.run_id)
+            remote: RemoteRun = profile(conn, artifact, pushed, params, cell.run_id, numerics)
         cell.status = remote.status
         with _stage(cell, "pull", timer, rows, index):
             cell.bundle = pull(conn, remote, artifact, results_root)

@@ -9,13 +9,15 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from rich.progress import Progress
 
 from orchestrator import __version__
-from orchestrator.deploy.agent_client import BoardAgent, GenerateArgs
+from orchestrator.deploy.agent_client import BoardAgent, GenerateArgs, NumericsArgs
 from orchestrator.errors import BoardError
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.lowering.export.numerics import NumericsProgram
 from orchestrator.results.store import bundle_dest
 from orchestrator.transport import BoardConnection
 from orchestrator.transport.pull import pull_bundle
@@ -34,6 +36,7 @@ class RunParams:
     lock_timeout: float = 3600.0
     etdump: bool = True
     counters: tuple[str, ...] | None = None  # a single-threaded counters pass after the timing pass
+    numerics: Literal["stats", "full"] | None = None  # a numerics pass after it: statistics, or the tensors too
     new_tokens: int | None = None  # text-generation: tokens per generation; None: the program's default
 
     def runner_timeout(self) -> float:
@@ -43,10 +46,22 @@ class RunParams:
         return max(600.0, 4 * (self.max_seconds or 0) + 300.0)
 
 
+# `--numerics full` keeps the tapped tensors themselves up to this many bytes (the statistics cover every tap).
+NUMERICS_FULL_CAP_BYTES = 256 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class PushedArtifact:
     model: PushResult
     inputs: PushResult
+
+
+@dataclass(frozen=True)
+class PushedNumerics:
+    """A numerics program and its fp32 reference values on the board (content-addressed)."""
+
+    model: PushResult
+    reference: PushResult
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,22 @@ def push_artifact(conn: BoardConnection, artifact: Artifact, progress: Progress 
     return PushedArtifact(model, inputs)
 
 
+def push_numerics(conn: BoardConnection, numerics: NumericsProgram, progress: Progress | None = None) -> PushedNumerics:
+    """The numerics program and its reference values, content-addressed on the board beside the timed programs."""
+    model = push_file(
+        conn, numerics.pte, kind="models", suffix=".pte", sha256=numerics.record.sha256, progress=progress
+    )
+    reference = push_file(
+        conn,
+        numerics.reference,
+        kind="inputs",
+        suffix=".etlt",
+        sha256=numerics.record.reference_sha256,
+        progress=progress,
+    )
+    return PushedNumerics(model, reference)
+
+
 def run_labels(conn: BoardConnection, artifact: Artifact) -> dict[str, str]:
     """Recorded in the bundle's run.json, so a bundle says what it is without the workstation's state."""
     return {
@@ -90,9 +121,15 @@ def run_labels(conn: BoardConnection, artifact: Artifact) -> dict[str, str]:
 
 
 def profile(
-    conn: BoardConnection, artifact: Artifact, pushed: PushedArtifact, params: RunParams, run_id: str
+    conn: BoardConnection,
+    artifact: Artifact,
+    pushed: PushedArtifact,
+    params: RunParams,
+    run_id: str,
+    numerics: PushedNumerics | None = None,
 ) -> RemoteRun:
-    """One profiling run under the board lock. A failed run still leaves its bundle on the board."""
+    """One profiling run under the board lock, with `numerics` a numerics pass after it (`params.numerics` says
+    how much it keeps). A failed run still leaves its bundle on the board."""
     threads = params.threads or conn.board.threads
     document, _ = BoardAgent(conn, conn.workdir).profile(
         model=pushed.model.remote_path,
@@ -107,6 +144,15 @@ def profile(
         lock_timeout=params.lock_timeout,
         etdump=params.etdump,
         counters=",".join(params.counters) if params.counters else None,
+        numerics=(
+            NumericsArgs(
+                numerics.model.remote_path,
+                numerics.reference.remote_path,
+                NUMERICS_FULL_CAP_BYTES if params.numerics == "full" else None,
+            )
+            if numerics is not None
+            else None
+        ),
         generate=generate_args(artifact, params),
     )
     if "bundle" not in document:

@@ -34,6 +34,7 @@ from orchestrator.results.generation import (
 )
 from orchestrator.results.memory import memory_summary
 from orchestrator.results.modules import module_tree
+from orchestrator.results.numerics import numerics_document, run_numerics
 from orchestrator.results.profile import Profile
 from orchestrator.results.source_map import attribute, load_source_map
 from orchestrator.results.summary import TokenCheck
@@ -166,7 +167,8 @@ def analyze_bundle(
     run = summary_document(bundle, sidecar, pte, latency, board, correctness, profile, validity)
     top_layers = (run.profile or {}).get("top_layers") or []
     counters = counters_summary(counter_profile, bundle.run.get("counters_pass"), top_layers, latency.threads)
-    run = dataclasses.replace(run, memory=memory, counters=counters)
+    numerics_summary, numerics = run_numerics(bundle.path, bundle.run.get("numerics_pass"), pte, run.model.sha256)
+    run = dataclasses.replace(run, memory=memory, counters=counters, numerics=numerics_summary)
     if generated is not None:
         recorded = sidecar.generation if sidecar is not None else None
         figures = generation_summary(generated, bundle.timings, recorded=recorded, tokens=tokens, memory=memory)
@@ -192,8 +194,9 @@ def analyze_bundle(
         source_notes.append(BROKEN_RULES.format(count=len(broken), first=broken[0]))
     summary = Summary(bundle_dir=bundle.path, run=run, profile=profile, notes=source_notes)
     summary.written = write_outputs(
-        bundle.path, run, profile, program=program, counters=counter_profile, phases=phases, trace=trace
-    )
+        bundle.path, run, profile, program=program, counters=counter_profile, phases=phases, trace=trace,
+        numerics=numerics_document(numerics) if numerics is not None else None,
+    )  # fmt: skip
     return summary
 
 

@@ -37,6 +37,10 @@ BOARD_FILES = frozenset(
         "counters_etdump.etdp",
         "counters_timings.json",
         "counters_runner.log",
+        "numerics.json",
+        "numerics_tensors.etlt",
+        "numerics_timings.json",
+        "numerics_runner.log",
     }
 )
 # What analysis adds to a pulled bundle: not part of what the board wrote.

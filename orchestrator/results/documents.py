@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # the types only: reading and writing documents needs no nump
     from orchestrator.results.counters_profile import CounterProfile
     from orchestrator.results.profile import Profile
 
+NUMERICS_DOCUMENT = "numerics.json"  # analysis/numerics.json: every operator of the numerics pass
+
 
 ANALYSIS_DIR = "analysis"
 TOP_LAYERS = 10
@@ -75,6 +77,7 @@ def write_outputs(
     counters: CounterProfile | None = None,
     phases: Mapping[str, Profile] | None = None,
     trace: dict[str, Any] | None = None,
+    numerics: dict[str, Any] | None = None,
 ) -> list[Path]:
     """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point, the one file
     fsynced: the others are derived again from the raw bundle by `fab analyze` (fsutil.atomic_write_bytes).
@@ -89,12 +92,17 @@ def write_outputs(
         out / "ops.json",
         out / "ops.csv",
         out / TRACE_FILE,
+        out / NUMERICS_DOCUMENT,
         *out.glob("ops_*.json"),
         *out.glob("compare_vs_*.json"),
     ]
     stale += (bundle_dir / overlays.OVERLAY_DIR).glob("me_overlay_*.json")
     for path in stale:
         path.unlink(missing_ok=True)
+    if numerics is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / NUMERICS_DOCUMENT, numerics, durable=False)
+        written.append(out / NUMERICS_DOCUMENT)
     if profile is not None:
         atomic_write_json(out / "ops.json", ops_document(profile, run.run_id, counters), durable=False, indent=None)
         atomic_write_text(out / "ops.csv", ops_csv(profile, counters), durable=False)

@@ -153,6 +153,37 @@ class Counters:
 
 
 @dataclass(frozen=True)
+class NumericsRow:
+    """One operator of the numerics pass against fp32 eager (results/numerics.py)."""
+
+    node: str  # the exported program's node
+    op: str
+    module: str | None = None
+    source: str | None = None  # file:line of the user's code
+    sqnr_db: float = 0.0
+    introduced_db: float = 0.0  # the SQNR of the error this operator added itself (lower: worse)
+    introduced_share: float = 0.0  # that error's share of its output's
+    max_abs_error: float | None = None
+    cosine: float | None = None
+    nan: Count = 0
+    inf: Count = 0
+
+
+@dataclass(frozen=True)
+class NumericsSummary:
+    """The numerics pass: where accuracy goes, operator by operator (delegates included)."""
+
+    status: str  # ok, failed
+    error: str | None = None
+    mode: str | None = None  # stats, full
+    taps: Count = 0
+    output_sqnr_db: tuple[float, ...] = ()  # the numerics program's outputs against fp32 eager
+    losing_most: tuple[NumericsRow, ...] = ()  # by the error each added (lowest introduced SQNR first), at most 10
+    collapse: NumericsRow | None = None  # the first output all zeros where fp32's is not
+    nonfinite: NumericsRow | None = None  # the first with NaN or Inf
+
+
+@dataclass(frozen=True)
 class TokenCheck:
     """The board's generated ids against eager greedy generation from the same prompt (results/generation.py)."""
 
@@ -227,6 +258,7 @@ class RunSummary(Document):
     profile: dict[str, Any] | None = None  # top layers, delegation split, operator types, overlay coverage
     memory: Memory | None = None
     counters: Counters | None = None
+    numerics: NumericsSummary | None = None  # runs with a numerics pass only
     accuracy: Accuracy | None = None  # quantized programs only
     generation: Generation | None = None  # text-generation programs only
     modules: ModuleTree | None = None  # the time by module of the model: programs with a source map only

@@ -147,6 +147,11 @@ def info(workdir: Workdir, runner: str | None) -> tuple[dict[str, Any], int]:
 @click.option("--no-etdump", is_flag=True, help="Do not record an ETDump.")
 @click.option("--runner", help="Runner binary (default: the provisioned one from state.json).")
 @click.option("--counters", help="After the timing pass, a single-threaded counters pass: 'default' or a,b,c.")
+@click.option("--numerics-model", help="After the timing pass, a numerics pass of this program (its taps).")
+@click.option("--numerics-reference", help="The numerics pass's fp32 reference values (ETLT).")
+@click.option(
+    "--numerics-full-cap", type=click.IntRange(min=0), help="Keep the numerics pass's tensors too, up to these bytes."
+)
 @click.option("--generate", is_flag=True, help="Each run is one greedy generation (the runner's generate mode).")
 @click.option("--prompt-len", type=click.IntRange(min=1), help="Generated prompt length, or the --inputs prompt's.")
 @click.option("--new-tokens", type=click.IntRange(min=1), help="Tokens per generation (runner default: 16).")
@@ -170,6 +175,9 @@ def profile_command(
     no_etdump: bool,
     runner: str | None,
     counters: str | None,
+    numerics_model: str | None,
+    numerics_reference: str | None,
+    numerics_full_cap: int | None,
     generate: bool,
     prompt_len: int | None,
     new_tokens: int | None,
@@ -180,6 +188,10 @@ def profile_command(
     given = [flag for flag, value in generate_only.items() if value is not None]
     if given and not generate:
         raise BadInput(f"{given[0]} needs --generate")
+    if (numerics_model is None) != (numerics_reference is None):
+        raise BadInput("--numerics-model and --numerics-reference go together")
+    if numerics_full_cap is not None and numerics_model is None:
+        raise BadInput("--numerics-full-cap needs --numerics-model")
     request = ProfileRequest(
         model=Path(model),
         run_id=run_id,
@@ -196,6 +208,8 @@ def profile_command(
         runner=Path(runner) if runner else None,
         kill_grace=kill_grace,
         counters=counters,
+        numerics=(Path(numerics_model), Path(numerics_reference)) if numerics_model and numerics_reference else None,
+        numerics_full_cap=numerics_full_cap,
         generate=generate,
         prompt_len=prompt_len,
         new_tokens=new_tokens,

@@ -23,6 +23,7 @@ from .errors import AgentError, BadInput
 from .files import atomic_write_json, fsync_path, log, sha256_file, utc_now
 from .info import collect_info
 from .lock import BoardLock, describe_holder
+from .numerics import run_numerics_pass
 from .process import RunOutcome, StartGate, StopRequest, run_in_own_group
 from .state import read_state, runner_from_state
 from .workdir import Workdir, validate_run_id
@@ -55,6 +56,8 @@ class ProfileRequest:
         runner: Path | None = None,
         kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
         counters: str | None = None,
+        numerics: tuple[Path, Path] | None = None,
+        numerics_full_cap: int | None = None,
         generate: bool = False,
         prompt_len: int | None = None,
         new_tokens: int | None = None,
@@ -75,6 +78,8 @@ class ProfileRequest:
         self.runner = runner
         self.kill_grace = kill_grace
         self.counters = counters  # a counters pass after the timing pass: "default" or "a,b,c"
+        self.numerics = numerics  # a numerics pass after it: (numerics program, its reference values)
+        self.numerics_full_cap = numerics_full_cap  # its tensors kept too, up to these bytes
         # The runner's generate mode: each run is a prefill and new_tokens - 1 decode steps.
         self.generate = generate
         self.prompt_len = prompt_len
@@ -93,6 +98,8 @@ class ProfileRequest:
             "etdump": self.etdump,
             "kill_grace": self.kill_grace,
             "counters": self.counters,
+            "numerics": [str(path) for path in self.numerics] if self.numerics else None,
+            "numerics_full_cap": self.numerics_full_cap,
             "generate": self.generate,
             "prompt_len": self.prompt_len,
             "new_tokens": self.new_tokens,
@@ -222,6 +229,27 @@ def runner_error_line(log_path: Path) -> str | None:
     return lines[-1] if lines else None
 
 
+def _numerics_pass(
+    workdir: Workdir,
+    request: ProfileRequest,
+    files: tuple[Path, Path],
+    argv: list[str],
+    bundle: Path,
+    lock: BoardLock,
+    stop: StopRequest,
+) -> dict[str, Any]:
+    """The numerics pass, its files hashed against their names first (a mismatch fails the pass, not the run)."""
+    try:
+        verify_file(workdir, files[0], "numerics program")
+        verify_file(workdir, files[1], "numerics reference")
+    except CorruptContent as exc:
+        return {"status": "failed", "error": str(exc), "mode": None, "argv": None, "exit_code": None}
+    assert lock.fd is not None
+    return run_numerics_pass(
+        argv, bundle, files, request.numerics_full_cap, request.timeout, request.kill_grace, (lock.fd,), stop
+    )
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -311,6 +339,13 @@ def profile(workdir: Workdir, request: ProfileRequest) -> dict[str, Any]:
     request.model = _existing_file(request.model, "model")
     if request.inputs is not None:
         request.inputs = _existing_file(request.inputs, "inputs file")
+    if request.numerics is not None:
+        if request.generate:
+            raise BadInput("a numerics pass measures one forward call: not a generate run")
+        request.numerics = (
+            _existing_file(request.numerics[0], "numerics program"),
+            _existing_file(request.numerics[1], "numerics reference"),
+        )
     state = read_state(workdir)
     if request.runner is not None:
         runner = Path(request.runner).expanduser().absolute()
@@ -413,6 +448,9 @@ def _run_into(
         counters_pass = run_counters_pass(
             argv, tmp, request.counters, request.timeout, request.kill_grace, (lock.fd,), stop
         )
+    numerics_pass = None
+    if request.numerics is not None and status == "ok" and not stop.signal_name:
+        numerics_pass = _numerics_pass(workdir, request, request.numerics, argv, tmp, lock, stop)
     atomic_write_json(tmp / "board_info_after.json", collect_info(workdir, runner))
     run = {
         "schema": RUN_SCHEMA,
@@ -441,6 +479,7 @@ def _run_into(
         "interrupted_by": outcome.interrupted_by,
         "spawn_error": outcome.spawn_error,
         "counters_pass": counters_pass,
+        "numerics_pass": numerics_pass,
     }
     atomic_write_json(tmp / "run.json", run)
     write_manifest(

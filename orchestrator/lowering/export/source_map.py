@@ -113,6 +113,21 @@ def _modules(node: Any) -> list[tuple[str, str]]:
     return found
 
 
+def module_stack(node: Any) -> list[tuple[str, str]]:
+    """A node's modules, outermost first: (path as exported, class)."""
+    return _modules(node)
+
+
+def user_location(stack_trace: str | None) -> dict[str, Any]:
+    """The innermost frame of a stack trace in the user's code: file basename, line, function, path."""
+    return _location(stack_trace, _library_roots_once())
+
+
+@functools.cache
+def _library_roots_once() -> tuple[str, ...]:
+    return _library_roots()
+
+
 class _Sources:
     """Distinct sources, numbered in order of first use."""
 

@@ -1,0 +1,78 @@
+"""The optional numerics pass: after the timing pass, the runner runs the variant's numerics program (the same
+program with its operators' values made outputs) once, compares every output with the workstation's fp32 reference
+and writes statistics per tensor; with a byte cap (`--numerics full`) the tensors themselves too, up to the cap.
+
+It writes numerics.json, numerics_timings.json and numerics_runner.log (numerics_tensors.etlt with a cap) into the
+bundle. Both files are hashed against their content-addressed names first. A failed numerics pass never fails the
+bundle: run.json records why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .process import RunOutcome, StopRequest, run_in_own_group
+
+NUMERICS_FILE = "numerics.json"
+NUMERICS_TENSORS = "numerics_tensors.etlt"
+NUMERICS_TIMINGS = "numerics_timings.json"
+NUMERICS_LOG = "numerics_runner.log"
+
+
+def numerics_argv(
+    timing_argv: list[str], bundle: Path, model: Path, reference: Path, full_cap: int | None
+) -> list[str]:
+    """The timing pass's command line with the numerics program, one untimed run and the pass's own files; without
+    the timing pass's ETDump, outputs and `--start-fd` (the files were verified before)."""
+    replaced = {"--model", "--etdump", "--outputs", "--timings", "--start-fd", "--warmup", "--iterations"}
+    argv: list[str] = []
+    skip = False
+    for word in timing_argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if word in replaced:
+            skip = True
+            continue
+        argv.append(word)
+    argv = [timing_argv[0], "--model", str(model), *argv, "--warmup", "0", "--iterations", "1"]
+    argv += ["--reference", str(reference), "--numerics-out", str(bundle / NUMERICS_FILE)]
+    argv += ["--timings", str(bundle / NUMERICS_TIMINGS)]
+    if full_cap is not None:
+        argv += ["--outputs", str(bundle / NUMERICS_TENSORS), "--outputs-cap", str(full_cap)]
+    return argv
+
+
+def run_numerics_pass(
+    timing_argv: list[str],
+    bundle: Path,
+    files: tuple[Path, Path],
+    full_cap: int | None,
+    timeout: float,
+    grace: float,
+    pass_fds: tuple[int, ...],
+    stop: StopRequest,
+) -> dict[str, Any]:
+    """Run the numerics pass on (numerics program, reference), both verified by the caller; what run.json records."""
+    model, reference = files
+    argv = numerics_argv(timing_argv, bundle, model, reference, full_cap)
+    outcome: RunOutcome = run_in_own_group(argv, bundle / NUMERICS_LOG, timeout, grace, pass_fds=pass_fds, stop=stop)
+    wrote = (bundle / NUMERICS_FILE).is_file()
+    ok = outcome.exit_code == 0 and wrote and not outcome.timed_out
+    error = None
+    if not ok:
+        error = (
+            "timed out"
+            if outcome.timed_out
+            else outcome.spawn_error or f"runner exited with code {outcome.exit_code}; see {NUMERICS_LOG}"
+        )
+    return {
+        "mode": "full" if full_cap is not None else "stats",
+        "full_cap_bytes": full_cap,
+        "argv": argv,
+        "status": "ok" if ok else "failed",
+        "error": error,
+        "exit_code": outcome.exit_code,
+        "duration_s": round(outcome.duration_s, 6),
+    }

@@ -1,0 +1,457 @@
+"""The numerics program of a lowered variant: the same program with the values of its operators made outputs.
+
+A pass of its own (docs/DESIGN.md, "Numerics"): the timed `.pte` is never touched. ExecuTorch's intermediate-output
+tap (`devtools/intermediate_output_tap`) marks a value with a placeholder the partitioner does not take, so the
+delegate keeps its partitions and emits the value as one more output; the placeholder is stripped before
+`to_executorch`. Which values are tapped (`tap_points`) is what keeps the program the same:
+
+- a float operator's own output, except pure data movement (a view's error is its input's);
+- in a statically quantized graph the *quantize* node after an operator (the int8 values the next operator reads,
+  dequantized by the runner with the recorded scale and zero point): tapping the float value there, or its
+  dequantize, breaks XNNPACK's dq -> op -> q patterns (a convolution left in float, a dequantize without a kernel)
+  or its layout pass (a 4-D quantized partition output), as measured on ExecuTorch 1.5.1;
+- an operator fused with the activation after it (conv -> relu -> q) is measured at the activation.
+
+Each tap's reference is the fp32 program's value at the same node (the saved `.pt2` run in eager), so a quantized
+variant's error is against float, as the user's model computes it. The record (`<name>_<variant>.numerics.json`)
+names every tap's node, operator, module, source line, the taps it reads (for the error it introduced) and, for an
+int8 tap, its scale and zero point; it is written last and ties the numerics program to the timed one's sha256.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from orchestrator import console
+from orchestrator.errors import ArtifactError, UsageError
+from orchestrator.fsutil import atomic_path, read_json, sha256_file
+from orchestrator.lowering.artifacts import Artifact
+from orchestrator.records import Count, Dimension, RecordError, Sha256, from_data, to_data
+
+NUMERICS_SCHEMA = 1
+# Bumped whenever the tap rule or the record changes: a numerics program made by another rule is made again.
+TAP_RULE = "taps-1"
+
+# Operators whose output holds its input's values, moved: their error is their input's.
+_DATA_MOVEMENT = frozenset(
+    {
+        "aten.view", "aten.reshape", "aten._unsafe_view", "aten.permute", "aten.transpose", "aten.t", "aten.expand",
+        "aten.clone", "aten.contiguous", "aten.flatten", "aten.unsqueeze", "aten.squeeze", "aten.slice",
+        "aten.select", "aten.alias", "aten.detach", "aten._to_copy", "aten.to", "aten.unflatten", "aten.split",
+        "aten.split_with_sizes", "aten.chunk", "aten.cat", "aten.stack", "aten.index_select", "aten.narrow",
+        "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.lift_fresh_copy",
+    }
+)  # fmt: skip
+_QUANTIZATION = ("quantize_per", "dequantize_per", "choose_qparams", "quantize_affine", "dequantize_affine")
+_FUSED_ACTIVATIONS = ("aten.relu", "aten.relu_", "aten.hardtanh", "aten.hardtanh_", "aten.clamp")
+
+
+class NumericsRefused(UsageError):
+    """A program the numerics pass cannot measure (exit 64), with what it takes instead."""
+
+
+@dataclass(frozen=True)
+class Tap:
+    """One measured value: output `index` of the numerics program."""
+
+    index: Count
+    node: str  # the fp32 graph's node it measures (the .pt2's node name)
+    op: str  # "aten.linear"
+    shape: tuple[Dimension, ...]
+    dtype: Literal["float32", "int8"]  # as the board outputs it: int8 with `qparams`
+    module: str | None = None  # the innermost module of the user's model, as its own code names it
+    module_type: str | None = None
+    file: str | None = None
+    line: Count | None = None
+    function: str | None = None
+    reads: tuple[Count, ...] = ()  # the taps whose values this operator read (none: the program's inputs)
+    qparams: tuple[float, int] | None = None  # int8 taps: (scale, zero point)
+    fused: tuple[str, ...] = ()  # operators measured with it (conv before its relu)
+
+    @property
+    def source(self) -> str | None:
+        return f"{self.file}:{self.line}" if self.file and self.line else None
+
+
+@dataclass(frozen=True)
+class NumericsRecord:
+    """`<name>_<variant>.numerics.json`: the numerics program of one timed program, and what each output is."""
+
+    schema: int
+    tap_rule: str
+    pte: str
+    sha256: Sha256
+    reference: str
+    reference_sha256: Sha256
+    timing_sha256: Sha256  # the timed program it measures
+    outputs: Count  # the model's own outputs come first, then the taps
+    taps: tuple[Tap, ...]
+    unmatched: tuple[str, ...] = ()  # tapped nodes the fp32 program has no counterpart for
+
+
+@dataclass(frozen=True)
+class NumericsProgram:
+    """A variant's numerics program on disk."""
+
+    folder: Path
+    record: NumericsRecord
+
+    @property
+    def pte(self) -> Path:
+        return self.folder / self.record.pte
+
+    @property
+    def reference(self) -> Path:
+        return self.folder / self.record.reference
+
+
+def numerics_paths(artifact: Artifact) -> tuple[Path, Path, Path]:
+    """The numerics program, its reference values and its record, beside the timed `.pte`."""
+    stem = artifact.pte.with_suffix("")
+    return (
+        stem.with_name(f"{stem.name}.numerics.pte"),
+        stem.with_name(f"{stem.name}.numerics-reference.etlt"),
+        stem.with_name(f"{stem.name}.numerics.json"),
+    )
+
+
+def read_numerics_record(data: Any, where: str) -> NumericsRecord:
+    """A numerics record checked field by field (RecordError, 65, naming the field), its taps numbered in order."""
+    record = from_data(data, NumericsRecord, where=where)
+    if record.schema != NUMERICS_SCHEMA:
+        raise RecordError(where, "schema", f"expected {NUMERICS_SCHEMA}, got {record.schema}")
+    for position, tap in enumerate(record.taps):
+        if tap.index != record.outputs + position:
+            raise RecordError(where, f"taps[{position}].index", f"expected {record.outputs + position}")
+        if (tap.dtype == "int8") != (tap.qparams is not None):
+            raise RecordError(where, f"taps[{position}].qparams", "an int8 tap needs qparams, a float32 one has none")
+    return record
+
+
+def cached_numerics(artifact: Artifact) -> NumericsProgram | None:
+    """The variant's numerics program when its record is this rule's, for this timed program, and its files match."""
+    _, _, record_path = numerics_paths(artifact)
+    try:
+        record = read_numerics_record(read_json(record_path), str(record_path))
+    except (OSError, ValueError):
+        return None
+    program = NumericsProgram(record_path.parent, record)
+    if record.tap_rule != TAP_RULE or record.timing_sha256 != artifact.sha256:
+        return None
+    if not program.pte.is_file() or not program.reference.is_file():
+        return None
+    if sha256_file(program.pte) != record.sha256 or sha256_file(program.reference) != record.reference_sha256:
+        return None
+    return program
+
+
+def check_measurable(artifact: Artifact) -> None:
+    """Refuse (64) a program the numerics pass cannot take, saying which it takes."""
+    why = None
+    if artifact.sidecar.generation is not None:
+        why = "a text-generation program (its KV cache and generate loop) is not measured yet"
+    elif artifact.sidecar.spec.get("model_source") == "pte":
+        why = "a .pte brought as it is has no exported program to tap"
+    if why:
+        raise NumericsRefused(
+            f"--numerics: {artifact.model} ({artifact.variant}): {why}; it takes a model etlab lowered, fp32 or "
+            "quantized (int8-dynamic, int8-static, 8da4w), portable or XNNPACK"
+        )
+
+
+def make_numerics(artifact: Artifact, *, spec: Any = None, calibration: Path | None = None) -> NumericsProgram:
+    """The variant's numerics program: cached, or made now (imports torch; seconds to a minute). `spec`: the
+    command line's (with its permission to run a factory's code), else the sidecar's."""
+    from orchestrator.lowering.lowered import spec_from_record
+
+    check_measurable(artifact)
+    cached = cached_numerics(artifact)
+    if cached is not None:
+        return cached
+    spec = spec or spec_from_record(artifact.sidecar.spec, str(artifact.paths.sidecar(artifact.variant)))
+    timer = console.StageTimer(prefix=f"{artifact.model}: ")
+    with timer.stage(f"{artifact.variant}: numerics program"):
+        return _make(spec, artifact, calibration)
+
+
+def _make(spec: Any, artifact: Artifact, calibration: Path | None) -> NumericsProgram:
+    import copy
+
+    import torch
+
+    import orchestrator.lowering.attention.ops  # noqa: F401  # etlab's operators, for programs that call them
+    from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
+
+    paths = artifact.paths
+    fp32 = torch.export.load(str(paths.exported_program))
+    inputs = tuple(torch.from_numpy(t.array) for t in read_tensors(paths.reference_inputs))
+    program = _quantized(spec, artifact, calibration) if artifact.variant.quantized else copy.deepcopy(fp32)
+    points, skipped = tap_points(program)
+    values, outputs = _fp32_values(fp32, inputs, {point.label for point in points})
+    matched = [point for point in points if _matches(point, values)]
+    unmatched = tuple(point.label for point in points if point not in matched)
+    if not matched:
+        raise NumericsRefused(
+            f"--numerics: {artifact.model} ({artifact.variant}): no operator of the program has an fp32 counterpart "
+            "to compare with"
+        )
+    taps = _tap(program, matched, len(outputs))
+    pte_path, reference_path, record_path = numerics_paths(artifact)
+    _lower_tapped(program, artifact, pte_path)
+    reference = [NamedTensor(f"output_{i}", value.detach().float().numpy()) for i, value in enumerate(outputs)]
+    for tap, point in zip(taps, matched, strict=True):
+        reference.append(NamedTensor(f"output_{tap.index}", values[point.label][0].float().contiguous().numpy()))
+        if tap.qparams is not None:
+            import numpy as np
+
+            reference.append(
+                NamedTensor(f"output_{tap.index}.qparams", np.array([tap.qparams[0], tap.qparams[1]], dtype=np.float64))
+            )
+    write_tensors(reference_path, reference)
+    record = NumericsRecord(
+        schema=NUMERICS_SCHEMA,
+        tap_rule=TAP_RULE,
+        pte=pte_path.name,
+        sha256=sha256_file(pte_path),
+        reference=reference_path.name,
+        reference_sha256=sha256_file(reference_path),
+        timing_sha256=artifact.sha256,
+        outputs=len(outputs),
+        taps=tuple(taps),
+        unmatched=unmatched,
+    )
+    with atomic_path(record_path) as tmp:  # the commit point: written last
+        tmp.write_text(json.dumps(to_data(record), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    if skipped:
+        console.detail(f"  {artifact.model}: {skipped} operator(s) measured with the activation they are fused with")
+    return NumericsProgram(record_path.parent, record)
+
+
+@dataclass(frozen=True, eq=False)
+class _Point:
+    """A value chosen in the program: `value` is the node made an output, `label` the operator it measures."""
+
+    value: Any
+    operator: Any
+    label: str
+    qparams: tuple[float, int] | None
+    fused: tuple[str, ...]
+
+
+def _op_name(node: Any) -> str:
+    """aten.linear.default -> aten.linear"""
+    text = str(node.target)
+    for prefix in ("aten.", "quantized_decomposed."):
+        if prefix in text:
+            text = text[text.index(prefix) :]
+    return text.rsplit(".", 1)[0] if text.count(".") >= 2 else text
+
+
+def _is_quantization(node: Any) -> bool:
+    return any(part in str(node.target) for part in _QUANTIZATION)
+
+
+def _is_float_tensor(node: Any) -> bool:
+    value = node.meta.get("val")
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and dtype.is_floating_point
+
+
+def _reads_static_int8(node: Any, live: set[Any]) -> bool:
+    """Whether `node` reads an activation through a static dequantize (a scale fixed at calibration): the head of an
+    int8 dq -> op -> activation -> q pattern. A dynamic one (its scale a tensor) leaves the operator's output float."""
+    return any(
+        "dequantize_per_tensor" in str(arg.target) and len(arg.args) > 1 and isinstance(arg.args[1], float)
+        for arg in node.all_input_nodes
+        if arg in live
+    )
+
+
+def tap_points(program: Any) -> tuple[list[_Point], int]:
+    """The values to tap in an exported program (fp32 or quantized), in graph order; and how many operators were
+    folded into the activation after them."""
+    graph = program.graph
+    user_inputs = set(program.graph_signature.user_inputs)
+    live = {node for node in graph.nodes if node.op == "placeholder" and node.name in user_inputs}
+    points: list[_Point] = []
+    pending_fused: dict[Any, tuple[str, ...]] = {}
+    skipped = 0
+    for node in graph.nodes:
+        if node.op != "call_function" or not any(arg in live for arg in node.all_input_nodes):
+            continue
+        live.add(node)
+        if _is_quantization(node) or not _is_float_tensor(node) or _op_name(node) in _DATA_MOVEMENT:
+            continue
+        users = list(node.users)
+        if _reads_static_int8(node, live) and len(users) == 1 and _op_name(users[0]) in _FUSED_ACTIVATIONS:
+            pending_fused[users[0]] = (*pending_fused.get(node, ()), node.name)
+            skipped += 1
+            continue
+        quantize = next(
+            (
+                user
+                for user in users
+                if "quantize_per_tensor" in str(user.target)
+                and "dequantize" not in str(user.target)
+                and isinstance(user.args[1], float)
+            ),
+            None,
+        )
+        if quantize is not None:
+            qparams = (float(quantize.args[1]), int(quantize.args[2]))
+            points.append(_Point(quantize, node, node.name, qparams, pending_fused.get(node, ())))
+        else:
+            points.append(_Point(node, node, node.name, None, pending_fused.get(node, ())))
+    return points, skipped
+
+
+def _fp32_values(program: Any, inputs: tuple, labels: set[str]) -> tuple[dict[str, Any], list[Any]]:
+    """The fp32 program run in eager: the values of the nodes named `labels`, and its outputs."""
+    import torch
+
+    values: dict[str, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, node: Any) -> Any:
+            result = super().run_node(node)
+            if node.name in labels and isinstance(result, torch.Tensor):
+                values[node.name] = (result.detach().clone(), _op_name(node))
+            return result
+
+    module = program.module()
+    with torch.no_grad():
+        outputs = Recorder(module).run(*inputs)
+    flat = [value for value in torch.utils._pytree.tree_leaves(outputs) if isinstance(value, torch.Tensor)]
+    return values, flat
+
+
+def _matches(point: _Point, values: dict[str, Any]) -> bool:
+    """The fp32 node of the same name computes the same operator with the same shape."""
+    found = values.get(point.label)
+    if found is None:
+        return False
+    value, op = found
+    return op == _op_name(point.operator) and tuple(value.shape) == tuple(point.operator.meta["val"].shape)
+
+
+def _tap(program: Any, points: list[_Point], first: int) -> list[Tap]:
+    """Make each point's value an output of `program` (in place); the taps, numbered from `first`."""
+    from executorch.devtools.intermediate_output_tap import FULL_TENSOR, tap_intermediate_outputs_
+
+    from orchestrator.lowering.export.source_map import module_stack, user_location
+
+    chosen = {point.value: point for point in points}
+    labelled = {point.operator: position for position, point in enumerate(points)}
+    values = {point.value: position for position, point in enumerate(points)}
+    taps = []
+    by_name = {node.name: node for node in program.graph.nodes}
+    for position, point in enumerate(points):
+        # a fused pair is the operator's loss (conv, linear) more than its activation's: named by the operator
+        origin = by_name.get(point.fused[0], point.operator) if point.fused else point.operator
+        stack = module_stack(origin)
+        module = stack[-1] if stack else (None, None)
+        location = user_location(origin.meta.get("stack_trace"))
+        taps.append(
+            Tap(
+                index=first + position,
+                node=point.label,
+                op=_op_name(point.operator),
+                shape=tuple(int(d) for d in point.operator.meta["val"].shape),
+                dtype="int8" if point.qparams else "float32",
+                module=_model_path(module[0]),
+                module_type=module[1],
+                file=location.get("file"),
+                line=location.get("line"),
+                function=location.get("function"),
+                reads=tuple(first + i for i in _reads(point.operator, labelled, values)),
+                qparams=point.qparams,
+                fused=point.fused,
+            )
+        )
+    _, specs = tap_intermediate_outputs_(program, rules=[(lambda node: node in chosen, FULL_TENSOR)])
+    if [spec.node_name for spec in specs] != [point.value.name for point in points]:
+        raise ArtifactError("the tapped outputs are not in the order they were chosen")
+    for node in program.graph.nodes:  # the tap keeps no value record; XNNPACK's layout pass reads one
+        if "executorch_devtools.tap" in str(node.target) and "val" not in node.meta:
+            node.meta["val"] = node.args[0].meta["val"]
+    return taps
+
+
+def _reads(operator: Any, labelled: dict[Any, int], values: dict[Any, int]) -> list[int]:
+    """The taps nearest upstream of `operator`, walked through untapped nodes (views, quantize pairs)."""
+    found: list[int] = []
+    seen: set[Any] = set()
+    pending = list(operator.all_input_nodes)
+    while pending:
+        node = pending.pop()
+        if node in seen or node.op != "call_function":
+            continue
+        seen.add(node)
+        position = labelled.get(node, values.get(node))
+        if position is not None:
+            if position not in found:
+                found.append(position)
+            continue
+        pending.extend(node.all_input_nodes)
+    return sorted(found)
+
+
+def _model_path(path: str | None) -> str | None:
+    """etlab's wrappers hold the user's model as `model`: its paths as the model names them."""
+    if path is None:
+        return None
+    return path[len("model.") :] if path.startswith("model.") else path
+
+
+def _quantized(spec: Any, artifact: Artifact, calibration: Path | None) -> Any:
+    """The variant's quantized exported program, made again as its lowering made it (deterministic calibration)."""
+    from orchestrator.lowering.export.parallel import VariantTask
+    from orchestrator.lowering.export.quantized import quantized_program
+
+    sidecar = artifact.sidecar
+    recorded = sidecar.quantization.calibration if sidecar.quantization else None
+    source = recorded.source if recorded is not None else ""
+    if source.startswith("file ") and calibration is None:
+        raise NumericsRefused(
+            f"--numerics: {artifact.model} ({artifact.variant}) was calibrated on {source}: give the same file with "
+            "--calibration, so the numerics program has the same scales"
+        )
+    task = VariantTask(
+        spec=spec,
+        variant=artifact.variant,
+        weights=sidecar.weights,
+        weights_note=sidecar.weights_note,
+        parameters=sidecar.parameters,
+        files={},
+        inputs=list(sidecar.inputs),
+        outputs=[],
+        root=artifact.paths.folder.parent,
+        etrecord=False,
+        key="",
+        calibration=str(calibration) if calibration is not None else None,
+        peak_bytes=0,
+        expected_seconds=0.0,
+        rewrites=tuple(sidecar.rewrites or ()),
+    )
+    program, _ = quantized_program(task, artifact.paths, None)
+    return program
+
+
+def _lower_tapped(program: Any, artifact: Artifact, pte: Path) -> None:
+    """Lower the tapped program as the variant's was, strip the taps' placeholders, write it."""
+    from executorch.devtools.intermediate_output_tap import strip_taps_
+    from executorch.exir import to_edge, to_edge_transform_and_lower
+
+    if artifact.variant.backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    else:
+        edge = to_edge(program)
+    strip_taps_(edge)
+    lowered = edge.to_executorch()
+    with atomic_path(pte) as tmp, open(tmp, "wb") as handle:
+        lowered.write_to_file(handle)

@@ -1,0 +1,99 @@
+"""Where accuracy goes, end to end on the local board: `fab deploy-and-profile --numerics` on a hand-built model with
+one layer made to break int8 (its input holds one huge channel, which a dynamic int8 scale keeps while every other
+channel rounds to zero, and its weights read only those others). The numerics pass runs after the timing pass, the
+analysis names that layer and its source line as the one that introduced the loss, inside the XNNPACK delegate, and
+the fp32 program's operators stay near fp32's own rounding. The board files' checks are tests/results/
+test_numerics_records.py; the runner's statistics against numpy, tests/board/test_runner_numerics.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.boards.inventory import Board
+from orchestrator.paths import PROJECT_ROOT
+from tests.lowering.test_factory import write_factory
+from tests.plugins.boards import write_inventory
+
+FRAGILE = """
+import torch
+
+
+class Fragile(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.spread = torch.nn.Linear(32, 32)
+        self.register_buffer("spike", torch.cat([torch.full((1,), 1.0e4), torch.ones(31)]))
+        self.fragile = torch.nn.Linear(32, 32)
+        self.head = torch.nn.Linear(32, 8)
+        with torch.no_grad():
+            self.fragile.weight[:, 0] = 0.0  # it reads only the channels the spike's scale crushes
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        spread = torch.tanh(self.spread(features)) * self.spike
+        crushed = self.fragile(spread)
+        return self.head(torch.relu(crushed))
+
+
+def build():
+    torch.manual_seed(0)
+    return Fragile(), {"features": torch.randn(1, 32)}
+"""
+FRAGILE_LINE = next(number for number, line in enumerate(FRAGILE.splitlines(), 1) if "self.fragile(spread)" in line)
+
+
+def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0) -> tuple[dict, dict, str]:
+    """deploy-and-profile --numerics on the local board (exit `code`): summary.json, analysis/numerics.json and what
+    `fab analyze` of the run says."""
+    spec = write_factory(tmp_path, FRAGILE)
+    inventory = write_inventory(tmp_path / "inventory.yaml", [board])
+    results = tmp_path / "results"
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(tmp_path / "artifacts"), "ETLAB_RESULTS": str(results)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fabric", "deploy-and-profile", "--spec", str(spec), "--trust-code", "--board",
+         "local", "--backend", "xnnpack", "--iterations", "2", "--warmup", "1", "--no-explore", "--inventory",
+         str(inventory), "--numerics", *chosen],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == code, said
+    (run,) = [path.parent for path in results.glob("local/my-small/*/*/result_manifest.json")]
+    summary = json.loads((run / "analysis" / "summary.json").read_text())
+    numerics = json.loads((run / "analysis" / "numerics.json").read_text())
+    run_record = json.loads((run / "run.json").read_text())
+    assert run_record["numerics_pass"]["status"] == "ok", run_record["numerics_pass"]
+    # the timing pass ran the program it was given, the numerics pass its own
+    assert run_record["runner_argv"][2] != run_record["numerics_pass"]["argv"][2]
+    analyzed = subprocess.run(
+        [sys.executable, "-m", "fabric", "analyze", "--bundle", str(run)],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    return summary, numerics, analyzed.stdout + analyzed.stderr
+
+
+def test_the_layer_that_breaks_int8_is_named_with_its_source_line(local_board: Board, tmp_path: Path) -> None:
+    # the accuracy gate fails (exit 1), as it should for this model; the numerics say where
+    summary, numerics, said = deploy(local_board, tmp_path, "--quantize", "int8-dynamic", code=1)
+    result = summary["numerics"]
+    assert result["status"] == "ok" and result["taps"] == len(numerics["operators"]) >= 5
+    worst = result["losing_most"][0]
+    assert worst["op"] == "aten.linear" and worst["module"] == "fragile", result["losing_most"]
+    assert worst["source"] == f"small.py:{FRAGILE_LINE}"
+    assert worst["introduced_db"] < 10 and worst["introduced_share"] > 0.9, worst  # the crushed channels: gone
+    by_module = {row["module"]: row for row in numerics["operators"] if row["op"] == "aten.linear"}
+    # before the spike, the dynamic int8 linear keeps its accuracy; the loss starts at the layer that reads it
+    assert by_module["spread"]["sqnr_db"] > 25 > by_module["fragile"]["sqnr_db"], by_module
+    assert by_module["head"]["introduced_db"] > worst["introduced_db"]
+    assert "Where accuracy goes" in said and "fragile" in said
+
+
+def test_fp32_stays_at_fp32_rounding(local_board: Board, tmp_path: Path) -> None:
+    summary, numerics, _ = deploy(local_board, tmp_path)
+    assert summary["numerics"]["status"] == "ok"
+    assert min(row["sqnr_db"] for row in numerics["operators"]) > 80, numerics["operators"]
+    assert all(value > 80 for value in summary["numerics"]["output_sqnr_db"])
+    assert summary["numerics"]["collapse"] is None and summary["numerics"]["nonfinite"] is None

@@ -34,7 +34,7 @@ from orchestrator.results.generation import (
 )
 from orchestrator.results.memory import memory_summary
 from orchestrator.results.modules import module_tree
-from orchestrator.results.numerics import numerics_document, run_numerics
+from orchestrator.results.numerics import numerics_document, numerics_row, run_numerics
 from orchestrator.results.profile import Profile
 from orchestrator.results.source_map import attribute, load_source_map
 from orchestrator.results.summary import TokenCheck
@@ -196,6 +196,8 @@ def analyze_bundle(
     summary.written = write_outputs(
         bundle.path, run, profile, program=program, counters=counter_profile, phases=phases, trace=trace,
         numerics=numerics_document(numerics) if numerics is not None else None,
+        numerics_rows=[numerics_row(row) for row in numerics.operators] if numerics is not None else (),
+        exported_program=sidecar.exported_program if sidecar is not None else None,
     )  # fmt: skip
     return summary
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha
 from orchestrator.results.summary import (
     SUMMARY_SCHEMA,
     Latency,
+    NumericsRow,
     ProgramInfo,
     RunSummary,
     Validity,
@@ -78,6 +79,8 @@ def write_outputs(
     phases: Mapping[str, Profile] | None = None,
     trace: dict[str, Any] | None = None,
     numerics: dict[str, Any] | None = None,
+    numerics_rows: Sequence[NumericsRow] = (),
+    exported_program: str | None = None,
 ) -> list[Path]:
     """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point, the one file
     fsynced: the others are derived again from the raw bundle by `fab analyze` (fsutil.atomic_write_bytes).
@@ -116,6 +119,8 @@ def write_outputs(
             counters=counters,
             counters_summary=run.counters,
             phases=phases,
+            numerics=numerics_rows,
+            exported_program=exported_program,
         )
     for phase, phase_profile in (phases or {}).items():
         atomic_write_json(

@@ -135,9 +135,7 @@ def numerics_of(stats: NumericsFile, program: NumericsProgram, where: str) -> Nu
         tensor = stats.tensors[tap.index]
         field = f"tensors[{tap.index}]"
         if tuple(tensor.dims or ()) != tuple(tap.shape) or tensor.numel != math.prod(tap.shape):
-            raise AnalysisError(
-                f"{where}: {field}.dims: {tensor.dims}, the program's {tap.node} is {list(tap.shape)}"
-            )
+            raise AnalysisError(f"{where}: {field}.dims: {tensor.dims}, the program's {tap.node} is {list(tap.shape)}")
         if tensor.reference is None:
             raise AnalysisError(f"{where}: {field}.reference: missing (the pass compares every tap)")
         sqnr = _sqnr(tensor)

@@ -29,11 +29,11 @@ from orchestrator.results.exported_overlays import (
     exported_values,
     lowering_notes,
 )
-from orchestrator.results.summary import Counters
+from orchestrator.results.summary import Counters, NumericsRow
 
 if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
     from orchestrator.results.counters_profile import CounterProfile
-    from orchestrator.results.profile import DelegateProfile, Profile
+    from orchestrator.results.profile import Attribution, DelegateProfile, Profile
 
 
 OVERLAY_DIR = "model_explorer"
@@ -50,6 +50,12 @@ GREEN_YELLOW_RED = [
     {"stop": 0.5, "bgColor": "#ffeb3b"},
     {"stop": 1.0, "bgColor": "#f44336"},
 ]
+RED_YELLOW_GREEN = [  # a value where higher is better (an SQNR): the lowest red
+    {"stop": 0.0, "bgColor": "#f44336"},
+    {"stop": 0.5, "bgColor": "#ffeb3b"},
+    {"stop": 1.0, "bgColor": "#4caf50"},
+]
+NUMERICS_METRICS = ("sqnr", "introduced_db")  # the numerics pass's: me_overlay_sqnr.json, me_overlay_introduced_db.json
 BLUE_WHITE_RED = [
     {"stop": 0.0, "bgColor": "#2166ac"},
     {"stop": 0.5, "bgColor": "#ffffff"},
@@ -170,6 +176,66 @@ def write_counter_overlays(bundle_dir: Path, counters: CounterProfile, run_id: s
     return written
 
 
+def _numerics_value(row: NumericsRow, metric: str) -> float:
+    return row.sqnr_db if metric == "sqnr" else row.introduced_db
+
+
+def _matches(row: NumericsRow, source: Attribution) -> bool:
+    """A tapped operator is this node's when the node came from its .pt2 node, else from its module and line."""
+    if source.exported:
+        return row.node in source.exported
+    if row.source is None or source.source is None or row.module != source.module:
+        return False
+    return any(place.startswith(row.source) for place in source.source.split("; "))
+
+
+def numerics_overlay_values(profile: Profile, rows: Sequence[NumericsRow], metric: str) -> dict[str, dict[str, float]]:
+    """graph id -> node id -> the worst value (lowest SQNR) of the operators measured on that node: the top-level
+    kernels and every placed XNNPACK node."""
+
+    def worst(source: Attribution) -> float | None:
+        found = [_numerics_value(row, metric) for row in rows if _matches(row, source)]
+        return min(found) if found else None
+
+    top = {}
+    for instruction in profile.instructions:
+        value = worst(instruction.source) if instruction.kind == "KernelCall" else None
+        if value is not None:
+            top[instruction.node_id] = value
+    graphs = {profile.method: top}
+    for delegate in profile.delegates:
+        if delegate.status == "placed":
+            values = {node.node: value for node in delegate.nodes if (value := worst(node.source)) is not None}
+            graphs[delegate.graph_id] = values
+    return graphs
+
+
+def write_numerics_overlays(
+    bundle_dir: Path, profile: Profile, rows: Sequence[NumericsRow], run_id: str, exported_program: str | None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """me_overlay_sqnr.json and me_overlay_introduced_db.json on the .pte (its kernels and XNNPACK nodes), and
+    me_overlay_exported_<metric>.json on the .pt2's own nodes (a tap is named by its .pt2 node); red is worst.
+    Returns the overlay files by name: the .pte's, the .pt2's."""
+    on_pte, on_pt2 = {}, {}
+    for metric in NUMERICS_METRICS:
+        label = f"{metric} against fp32 eager, dB ({run_id})"
+        graphs = numerics_overlay_values(profile, rows, metric)
+        document = {graph: graph_node_data(label, values, RED_YELLOW_GREEN) for graph, values in graphs.items()}
+        path = overlay_path(bundle_dir, metric)
+        atomic_write_json(path, document, durable=False, indent=None)
+        on_pte[metric] = path.name
+        if exported_program is not None:
+            values: dict[str, float] = {}
+            for row in rows:
+                value = _numerics_value(row, metric)
+                values[row.node] = min(value, values.get(row.node, value))
+            path = overlay_path(bundle_dir, EXPORTED_PREFIX + metric)
+            document = {EXPORTED_GRAPH: graph_node_data(f"{label} on {exported_program}", values, RED_YELLOW_GREEN)}
+            atomic_write_json(path, document, durable=False, indent=None)
+            on_pt2[metric] = path.name
+    return on_pte, on_pt2
+
+
 def write_overlays(
     bundle_dir: Path,
     profile: Profile,
@@ -180,8 +246,12 @@ def write_overlays(
     counters: CounterProfile | None = None,
     counters_summary: Counters | None = None,
     phases: Mapping[str, Profile] | None = None,
+    numerics: Sequence[NumericsRow] | None = None,
+    exported_program: str | None = None,
 ) -> list[Path]:
-    """Write one overlay per metric (timing, live bytes, each captured counter) plus the index; return the paths.
+    """Write one overlay per metric (timing, live bytes, each captured counter, the numerics pass's SQNR and
+    introduced error) plus the index; return the paths. `exported_program`: the .pt2 a quantized program's numerics
+    paint when its profile names none (a tap is named by its .pt2 node).
 
     `phases` (prefill, decode of a text-generation run) add `me_overlay_<phase>_<metric>` for each timing metric.
     """
@@ -225,6 +295,13 @@ def write_overlays(
     if counters is not None:
         written += write_counter_overlays(bundle_dir, counters, run_id)
         extra.update({metric: overlay_path(bundle_dir, metric).name for metric in counters.metrics})
+    pt2 = profile.exported_program or exported_program
+    if numerics:
+        on_pte, on_pt2 = write_numerics_overlays(bundle_dir, profile, numerics, run_id, pt2)
+        extra.update(on_pte)
+        exported.update(on_pt2)
+        written += [overlay_path(bundle_dir, metric) for metric in on_pte]
+        written += [overlay_path(bundle_dir, EXPORTED_PREFIX + metric) for metric in on_pt2]
     coverage = profile.coverage()
     index = {
         "schema": 1,
@@ -240,14 +317,16 @@ def write_overlays(
         "delegates": [_delegate_entry(d) for d in by_cost(profile.delegates)],
         "exported_program": (
             {
-                "file": profile.exported_program,
+                "file": pt2,
                 "graph": EXPORTED_GRAPH,
                 "overlays": exported,
                 # of the method's time, the share on .pt2 nodes (each group once): a delegate call's own time, beyond
                 # its nodes' events, lands on none
-                "painted_pct": sum(group.total("pct") or 0.0 for group in groups[id(profile)]),
+                "painted_pct": sum(group.total("pct") or 0.0 for group in groups[id(profile)])
+                if profile.exported_program is not None
+                else None,
             }
-            if profile.exported_program is not None
+            if pt2 is not None and exported
             else None
         ),
         "left_out": coverage["left_out"],

@@ -2,7 +2,8 @@
 one layer made to break int8 (its input holds one huge channel, which a dynamic int8 scale keeps while every other
 channel rounds to zero, and its weights read only those others). The numerics pass runs after the timing pass, the
 analysis names that layer and its source line as the one that introduced the loss, inside the XNNPACK delegate, and
-the fp32 program's operators stay near fp32's own rounding. The board files' checks are tests/results/
+paints it in Model Explorer's overlays (the .pte's delegate node and the .pt2's node) and on the dashboard's run page
+(Chromium); the fp32 program's operators stay near fp32's own rounding. The board files' checks are tests/results/
 test_numerics_records.py; the runner's statistics against numpy, tests/board/test_runner_numerics.py.
 """
 
@@ -12,12 +13,19 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from orchestrator.boards.inventory import Board
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.servers.dashboard.app import Sources, start_dashboard
 from tests.lowering.test_factory import write_factory
 from tests.plugins.boards import write_inventory
+from tests.plugins.explorer import free_port
+from tests.servers.test_dashboard_browser import Watched
 
 FRAGILE = """
 import torch
@@ -46,9 +54,16 @@ def build():
 FRAGILE_LINE = next(number for number, line in enumerate(FRAGILE.splitlines(), 1) if "self.fragile(spread)" in line)
 
 
-def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0) -> tuple[dict, dict, str]:
-    """deploy-and-profile --numerics on the local board (exit `code`): summary.json, analysis/numerics.json and what
-    `fab analyze` of the run says."""
+@dataclass(frozen=True)
+class Deployed:
+    run: Path  # the pulled run's folder
+    summary: dict[str, Any]
+    numerics: dict[str, Any]  # analysis/numerics.json
+    said: str  # what `fab analyze` of the run said
+
+
+def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0) -> Deployed:
+    """deploy-and-profile --numerics on the local board (exit `code`), then `fab analyze` of its run."""
     spec = write_factory(tmp_path, FRAGILE)
     inventory = write_inventory(tmp_path / "inventory.yaml", [board])
     results = tmp_path / "results"
@@ -72,12 +87,15 @@ def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0) -> tuple[d
         [sys.executable, "-m", "fabric", "analyze", "--bundle", str(run)],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    return summary, numerics, analyzed.stdout + analyzed.stderr
+    return Deployed(run, summary, numerics, analyzed.stdout + analyzed.stderr)
 
 
-def test_the_layer_that_breaks_int8_is_named_with_its_source_line(local_board: Board, tmp_path: Path) -> None:
+def test_the_layer_that_breaks_int8_is_named_with_its_source_line(
+    local_board: Board, tmp_path: Path, browser_page: Any
+) -> None:
     # the accuracy gate fails (exit 1), as it should for this model; the numerics say where
-    summary, numerics, said = deploy(local_board, tmp_path, "--quantize", "int8-dynamic", code=1)
+    deployed = deploy(local_board, tmp_path, "--quantize", "int8-dynamic", code=1)
+    summary, numerics, said = deployed.summary, deployed.numerics, deployed.said
     result = summary["numerics"]
     assert result["status"] == "ok" and result["taps"] == len(numerics["operators"]) >= 5
     worst = result["losing_most"][0]
@@ -89,10 +107,32 @@ def test_the_layer_that_breaks_int8_is_named_with_its_source_line(local_board: B
     assert by_module["spread"]["sqnr_db"] > 25 > by_module["fragile"]["sqnr_db"], by_module
     assert by_module["head"]["introduced_db"] > worst["introduced_db"]
     assert "Where accuracy goes" in said and "fragile" in said
+    # Model Explorer: red where the error was added, on the delegate's XNNPACK node and on the .pt2's own node
+    overlays = deployed.run / "model_explorer"
+    index = json.loads((overlays / "overlays.json").read_text())
+    assert index["metrics"]["introduced_db"] == "me_overlay_introduced_db.json"
+    painted = json.loads((overlays / "me_overlay_introduced_db.json").read_text())
+    (delegate,) = [graph for graph in painted if "::" in graph]  # the one XNNPACK delegate
+    values = [result["value"] for result in painted[delegate]["results"].values()]
+    assert min(values) == pytest.approx(worst["introduced_db"], abs=0.01) and len(values) >= 3
+    on_pt2 = json.loads((overlays / index["exported_program"]["overlays"]["introduced_db"]).read_text())
+    assert on_pt2["graph"]["results"][worst["node"]]["value"] == pytest.approx(worst["introduced_db"], abs=0.01)
+    # the dashboard's run page, in Chromium
+    sources = Sources(deployed.run.parents[3], None, tmp_path / "artifacts", ("local",))
+    server = start_dashboard(sources, port=free_port(), explorer_port=free_port())
+    try:
+        watched = Watched(browser_page)
+        watched.open(server.url + f"run/{summary['run_id']}")
+        section = browser_page.locator("#numerics").inner_text()
+        assert "Where accuracy goes" in section and "fragile" in section and f"small.py:{FRAGILE_LINE}" in section
+        watched.check()
+    finally:
+        server.stop()
 
 
 def test_fp32_stays_at_fp32_rounding(local_board: Board, tmp_path: Path) -> None:
-    summary, numerics, _ = deploy(local_board, tmp_path)
+    deployed = deploy(local_board, tmp_path)
+    summary, numerics = deployed.summary, deployed.numerics
     assert summary["numerics"]["status"] == "ok"
     assert min(row["sqnr_db"] for row in numerics["operators"]) > 80, numerics["operators"]
     assert all(value > 80 for value in summary["numerics"]["output_sqnr_db"])

@@ -405,6 +405,7 @@ def run_page(lab: Lab, run_id: str) -> RunPage:
         generation=_generation(summary),
         memory=_memory(summary),
         counters=_counters(summary),
+        numerics=to_data(summary.numerics),
         versions=summary.versions,
         operators=operators,
         operators_problem=operators_problem,

@@ -330,6 +330,7 @@ class RunPage:
     generation: GenerationView | None = None
     memory: MemoryView | None = None
     counters: CountersView | None = None
+    numerics: dict[str, Any] | None = None  # summary.json's `numerics`: where accuracy goes
     versions: dict[str, Any] = field(default_factory=dict)
     operators: list[OperatorRow] = field(default_factory=list)
     operators_problem: str | None = None

@@ -51,6 +51,31 @@ def build():
     torch.manual_seed(0)
     return Fragile(), {"features": torch.randn(1, 32)}
 """
+# A layer whose outputs (about 1e-5) sit below the smallest scale int8-static's observers allow (2^-12): all zeros,
+# as every layer of a random-weight MobileNetV2 past a dozen blocks.
+FAINT = """
+import torch
+
+
+class Faint(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loud = torch.nn.Linear(16, 16)
+        self.faint = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 4)
+        with torch.no_grad():
+            self.faint.weight.mul_(1.0e-5)
+            self.faint.bias.zero_()
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        quiet = self.faint(torch.relu(self.loud(features)))
+        return self.head(quiet)
+
+
+def build():
+    torch.manual_seed(0)
+    return Faint(), {"features": torch.randn(1, 16)}
+"""
 FRAGILE_LINE = next(number for number, line in enumerate(FRAGILE.splitlines(), 1) if "self.fragile(spread)" in line)
 
 
@@ -62,9 +87,9 @@ class Deployed:
     said: str  # what `fab analyze` of the run said
 
 
-def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0) -> Deployed:
-    """deploy-and-profile --numerics on the local board (exit `code`), then `fab analyze` of its run."""
-    spec = write_factory(tmp_path, FRAGILE)
+def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str = FRAGILE) -> Deployed:
+    """deploy-and-profile --numerics of `model` (a factory) on the local board (exit `code`), then `fab analyze`."""
+    spec = write_factory(tmp_path, model)
     inventory = write_inventory(tmp_path / "inventory.yaml", [board])
     results = tmp_path / "results"
     env = {**os.environ, "ETLAB_ARTIFACTS": str(tmp_path / "artifacts"), "ETLAB_RESULTS": str(results)}
@@ -137,3 +162,15 @@ def test_fp32_stays_at_fp32_rounding(local_board: Board, tmp_path: Path) -> None
     assert min(row["sqnr_db"] for row in numerics["operators"]) > 80, numerics["operators"]
     assert all(value > 80 for value in summary["numerics"]["output_sqnr_db"])
     assert summary["numerics"]["collapse"] is None and summary["numerics"]["nonfinite"] is None
+
+
+def test_a_calibration_that_floors_names_the_first_layer_that_collapses(local_board: Board, tmp_path: Path) -> None:
+    # the head's bias carries the output through the accuracy gate (exit 0): only the numerics see the zeros
+    deployed = deploy(local_board, tmp_path, "--quantize", "int8-static", model=FAINT)
+    collapse = deployed.summary["numerics"]["collapse"]
+    line = next(number for number, text in enumerate(FAINT.splitlines(), 1) if "self.faint(" in text)
+    assert collapse is not None and collapse["module"] == "faint" and collapse["source"] == f"small.py:{line}"
+    by_module = {row["module"]: row for row in deployed.numerics["operators"]}
+    assert not by_module["loud"]["collapsed"] and by_module["faint"]["collapsed"]
+    assert by_module["loud"]["dtype"] == "int8"  # measured as the int8 values the next layer reads
+    assert "the first layer that collapses" in deployed.said and "faint" in deployed.said

@@ -179,15 +179,18 @@ def explore(c, run=None, model=None, host="127.0.0.1", port=None, no_browser=Fal
             "interleave": "re-run both programs alternately on --board for N rounds (>= 5) to confirm a change",
             "retest_seconds": "time budget of the --interleave re-test: no new round starts once spent (default 180)",
             "board": "the one board for --interleave", "inventory": "inventory file (default: inventory.yaml)",
-            "allow_rebuilt": "compare different builds of the same program (implied by --interleave)"})  # fmt: skip
+            "allow_rebuilt": "compare different builds of the same program (implied by --interleave)",
+            "numerics": "compare the runs' numerics passes instead: the first operator where they part ways (two "
+                        "boards, two ExecuTorch versions, fp32 against int8), with the error each adds"})  # fmt: skip
 @handle_errors
-def compare(c, run_a, run_b, interleave=None, retest_seconds=None, board=None, inventory=None, allow_rebuilt=False):
+def compare(c, run_a, run_b, interleave=None, retest_seconds=None, board=None, inventory=None, allow_rebuilt=False,
+            numerics=False):  # fmt: skip
     """Per-operator and total deltas between two runs, a noise-aware verdict, a diff overlay. Exit 1: a regression."""
     from orchestrator.commands.results import compare_task
 
     return compare_task(
         run_a, run_b, interleave=interleave, retest_seconds=retest_seconds, board=board, inventory=inventory,
-        allow_rebuilt=allow_rebuilt,
+        allow_rebuilt=allow_rebuilt, numerics=numerics,
     )  # fmt: skip
 
 

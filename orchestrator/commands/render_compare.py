@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from orchestrator import console
 from orchestrator.commands.render import megabytes
+from orchestrator.results.numerics import DIVERGENCE_DB, NumericsComparison, OperatorRecord
+from orchestrator.results.store import LocalRun
 from orchestrator.results.verdicts import Kind
 
 if TYPE_CHECKING:  # the types only: rendering a table must not import what produced it
@@ -157,4 +159,44 @@ def _render_op_types(comparison: Comparison) -> None:
         rows,
         caption="sums of medians; %: of each run's median; largest change first"
         + (f"; {more} more types" if more > 0 else ""),
+    )
+
+
+def print_numerics_comparison(first: LocalRun, second: LocalRun, comparison: NumericsComparison) -> None:
+    """Where two runs' values part ways: the first operator that diverges, then the largest differences."""
+
+    def place(row: OperatorRecord) -> str:
+        return f"{row.module or row.node} ({row.source or 'no source line'})"
+
+    rows = [
+        [pair.a.op, pair.a.module or pair.a.node, pair.a.source or "—", f"{pair.a.sqnr_db:.1f}",
+         f"{pair.b.sqnr_db:.1f}", f"{pair.delta_db:+.1f}", f"{pair.a.introduced_db:.1f}", f"{pair.b.introduced_db:.1f}"]
+        for pair in comparison.largest()
+    ]  # fmt: skip
+    unmatched = (
+        f"; measured in one run only: {comparison.only_a} (A), {comparison.only_b} (B)"
+        if comparison.only_a or comparison.only_b
+        else ""
+    )
+    console.table(
+        f"Numerics: {first.run_id} (A) against {second.run_id} (B), SQNR against fp32 eager",
+        ["op", "module", "source", "A dB", "B dB", "B - A", "A added dB", "B added dB"],
+        rows,
+        caption=f"{len(comparison.pairs)} operators in both, the largest differences first{unmatched}; added dB: the "
+        "SQNR of the error the operator added itself (lower: worse)",
+    )
+    outputs = " / ".join(
+        ", ".join(f"{value:.1f}" for value in values) or "—" for values in (comparison.outputs_a, comparison.outputs_b)
+    )
+    console.info(f"outputs' SQNR against fp32 eager, A / B: {outputs} dB")
+    diverged = comparison.first_divergence
+    if diverged is None:
+        console.info(f"[green]✓[/] no operator differs by {DIVERGENCE_DB:g} dB or more: the runs agree")
+        return
+    named = diverged.b if diverged.b.fused else diverged.a  # a fused pair is named by its operator's module
+    fused = f" (with {', '.join(named.fused)} before it)" if named.fused else ""
+    console.warn(
+        f"first divergence: {named.op}{fused} in {place(named)}: {diverged.a.sqnr_db:.1f} dB in A, "
+        f"{diverged.b.sqnr_db:.1f} dB in B; the error it adds itself: {diverged.a.introduced_db:.1f} dB in A, "
+        f"{diverged.b.introduced_db:.1f} dB in B"
     )

@@ -12,8 +12,8 @@ from orchestrator.commands import options
 from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import find_artifact, naming_port, one_board
 from orchestrator.commands.render import render_modules, render_top_ops
-from orchestrator.commands.render_compare import render_comparison
-from orchestrator.errors import AnalysisError, ArtifactError, UsageError
+from orchestrator.commands.render_compare import print_numerics_comparison, render_comparison
+from orchestrator.errors import AnalysisError, ArtifactError, ExitCode, UsageError
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.export.user_programs import reference_outputs_of
@@ -135,6 +135,20 @@ def _program_of(run: LocalRun, sha256: str | None) -> Path:
     )
 
 
+def compare_numerics_runs(run_a: str, run_b: str) -> int:
+    """`fab compare --numerics A B`: where two runs' values part ways, operator by operator."""
+    from orchestrator.results.numerics import compare_numerics, read_numerics_document
+
+    first, second = find_run(run_a), find_run(run_b)
+    comparison = compare_numerics(read_numerics_document(first.path), read_numerics_document(second.path))
+    if not comparison.pairs:
+        raise AnalysisError(
+            f"{first.run_id} and {second.run_id} measured no operator in common: not the same model's programs"
+        )
+    print_numerics_comparison(first, second, comparison)
+    return ExitCode.OK
+
+
 def compare(
     run_a: str,
     run_b: str,
@@ -220,9 +234,14 @@ def explore_task(run_id: str | None, *, model: str | None, host: str, port: Any,
 
 def compare_task(
     run_a: Any, run_b: Any, *, interleave: Any, retest_seconds: Any, board: str | None, inventory: str | None,
-    allow_rebuilt: bool,
+    allow_rebuilt: bool, numerics: bool = False,
 ) -> int:  # fmt: skip
-    """`fab compare RUN_A RUN_B [--interleave N --board B]`."""
+    """`fab compare RUN_A RUN_B [--interleave N --board B | --numerics]`."""
+    if numerics:
+        if interleave is not None or retest_seconds is not None or board or allow_rebuilt:
+            raise UsageError("--numerics compares the runs' numerics passes: it takes no --interleave, "
+                             "--retest-seconds, --board or --allow-rebuilt")  # fmt: skip
+        return compare_numerics_runs(options.run_id(run_a, "RUN_A"), options.run_id(run_b, "RUN_B"))
     rounds = options.ab_rounds(0 if interleave is None else interleave)
     budget = None if retest_seconds is None else options.seconds("--retest-seconds", retest_seconds)
     return compare(

@@ -258,14 +258,92 @@ def run_numerics(
     return numerics_summary(numerics, mode), numerics
 
 
-def numerics_document(numerics: Numerics) -> dict[str, object]:
+@dataclass(frozen=True)
+class OperatorRecord(NumericsRow):
+    """One operator of analysis/numerics.json: its summary row, and where it sits in the numerics program."""
+
+    index: Count = 0
+    shape: tuple[Dimension, ...] = ()
+    dtype: str = "float32"
+    reads: tuple[Count, ...] = ()
+    fused: tuple[str, ...] = ()
+    collapsed: bool = False
+
+
+@dataclass(frozen=True)
+class NumericsDocument:
     """analysis/numerics.json: every operator in program order."""
-    return {
-        "schema": 1,
-        "output_sqnr_db": list(numerics.output_sqnr_db),
-        "operators": [
-            {**to_data(numerics_row(row)), "index": row.tap.index, "shape": list(row.tap.shape), "dtype": row.tap.dtype,
-             "reads": list(row.tap.reads), "fused": list(row.tap.fused), "collapsed": row.collapsed}
-            for row in numerics.operators
-        ],
-    }  # fmt: skip
+
+    schema: int
+    output_sqnr_db: tuple[float, ...]
+    operators: tuple[OperatorRecord, ...]
+
+
+def numerics_document(numerics: Numerics) -> dict[str, object]:
+    """analysis/numerics.json's data."""
+    operators = tuple(
+        OperatorRecord(
+            **vars(numerics_row(row)), index=row.tap.index, shape=row.tap.shape, dtype=row.tap.dtype,
+            reads=row.tap.reads, fused=row.tap.fused, collapsed=row.collapsed,
+        )
+        for row in numerics.operators
+    )  # fmt: skip
+    return to_data(NumericsDocument(1, numerics.output_sqnr_db, operators))  # type: ignore[no-any-return]
+
+
+def read_numerics_document(run_dir: Path) -> NumericsDocument:
+    """A run's analysis/numerics.json; AnalysisError (65) when it is missing (no numerics pass) or malformed."""
+    path = Path(run_dir) / "analysis" / NUMERICS_FILE
+    if not path.is_file():
+        raise AnalysisError(f"{run_dir}: no analysis/numerics.json: run it with --numerics (then fab analyze)")
+    try:
+        return from_data(strictjson.read(path, max_bytes=MAX_NUMERICS_BYTES), NumericsDocument, where=str(path))
+    except (OSError, JsonDataError, RecordError) as exc:
+        raise AnalysisError(f"numerics of {run_dir} unusable: {exc}") from None
+
+
+DIVERGENCE_DB = 3.0  # an SQNR difference between two runs at one operator that is not rounding noise
+
+
+@dataclass(frozen=True)
+class NumericsPair:
+    """One operator in both runs: the baseline's and the new run's figures."""
+
+    a: OperatorRecord
+    b: OperatorRecord
+
+    @property
+    def delta_db(self) -> float:
+        return round(self.b.sqnr_db - self.a.sqnr_db, 2)
+
+    @property
+    def diverges(self) -> bool:
+        noisy = min(self.a.sqnr_db, self.b.sqnr_db) < ROUNDING_DB
+        return noisy and abs(self.delta_db) >= DIVERGENCE_DB
+
+
+@dataclass(frozen=True)
+class NumericsComparison:
+    """Two runs' numerics joined by the .pt2 node each operator measures (the same program on two boards, or two
+    variants of one model: a tap is named by its fp32 node in both)."""
+
+    pairs: tuple[NumericsPair, ...]  # in the baseline's program order
+    only_a: int
+    only_b: int
+    outputs_a: tuple[float, ...]
+    outputs_b: tuple[float, ...]
+
+    @property
+    def first_divergence(self) -> NumericsPair | None:
+        return next((pair for pair in self.pairs if pair.diverges), None)
+
+    def largest(self, count: int = 10) -> list[NumericsPair]:
+        return sorted(self.pairs, key=lambda pair: (-abs(pair.delta_db), pair.a.index))[:count]
+
+
+def compare_numerics(a: NumericsDocument, b: NumericsDocument) -> NumericsComparison:
+    by_node = {row.node: row for row in b.operators}
+    pairs = tuple(NumericsPair(row, by_node[row.node]) for row in a.operators if row.node in by_node)
+    return NumericsComparison(
+        pairs, len(a.operators) - len(pairs), len(b.operators) - len(pairs), a.output_sqnr_db, b.output_sqnr_db
+    )

@@ -85,6 +85,8 @@ class Deployed:
     summary: dict[str, Any]
     numerics: dict[str, Any]  # analysis/numerics.json
     said: str  # what `fab analyze` of the run said
+    runs: dict[str, Path]  # every variant's run folder
+    env: dict[str, str]
 
 
 def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str = FRAGILE) -> Deployed:
@@ -101,7 +103,8 @@ def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str
     )  # fmt: skip
     said = proc.stdout + proc.stderr
     assert proc.returncode == code, said
-    (run,) = [path.parent for path in results.glob("local/my-small/*/*/result_manifest.json")]
+    runs = {path.parent.parent.name: path.parent for path in results.glob("local/my-small/*/*/result_manifest.json")}
+    run = runs[f"xnnpack-{chosen[-1].split(',')[-1]}" if chosen else "xnnpack"]
     summary = json.loads((run / "analysis" / "summary.json").read_text())
     numerics = json.loads((run / "analysis" / "numerics.json").read_text())
     run_record = json.loads((run / "run.json").read_text())
@@ -112,7 +115,7 @@ def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str
         [sys.executable, "-m", "fabric", "analyze", "--bundle", str(run)],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    return Deployed(run, summary, numerics, analyzed.stdout + analyzed.stderr)
+    return Deployed(run, summary, numerics, analyzed.stdout + analyzed.stderr, runs, env)
 
 
 def test_the_layer_that_breaks_int8_is_named_with_its_source_line(
@@ -166,7 +169,7 @@ def test_fp32_stays_at_fp32_rounding(local_board: Board, tmp_path: Path) -> None
 
 def test_a_calibration_that_floors_names_the_first_layer_that_collapses(local_board: Board, tmp_path: Path) -> None:
     # the head's bias carries the output through the accuracy gate (exit 0): only the numerics see the zeros
-    deployed = deploy(local_board, tmp_path, "--quantize", "int8-static", model=FAINT)
+    deployed = deploy(local_board, tmp_path, "--quantize", "none,int8-static", model=FAINT)
     collapse = deployed.summary["numerics"]["collapse"]
     line = next(number for number, text in enumerate(FAINT.splitlines(), 1) if "self.faint(" in text)
     assert collapse is not None and collapse["module"] == "faint" and collapse["source"] == f"small.py:{line}"
@@ -174,3 +177,23 @@ def test_a_calibration_that_floors_names_the_first_layer_that_collapses(local_bo
     assert not by_module["loud"]["collapsed"] and by_module["faint"]["collapsed"]
     assert by_module["loud"]["dtype"] == "int8"  # measured as the int8 values the next layer reads
     assert "the first layer that collapses" in deployed.said and "faint" in deployed.said
+    # fp32 against int8-static: the first operator where they part ways is the first one int8 rounds
+    compared = subprocess.run(
+        [sys.executable, "-m", "fabric", "compare", deployed.runs["xnnpack"].name, deployed.run.name, "--numerics"],
+        cwd=PROJECT_ROOT, env=deployed.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    said = compared.stdout + compared.stderr
+    assert compared.returncode == 0, said
+    # int8 measures the linear with the relu it is fused with: named by the linear's module
+    assert "first divergence: aten.relu (with linear before it) in loud" in " ".join(said.split()), said
+    same = subprocess.run(
+        [sys.executable, "-m", "fabric", "compare", deployed.run.name, deployed.run.name, "--numerics"],
+        cwd=PROJECT_ROOT, env=deployed.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert same.returncode == 0 and "the runs agree" in same.stdout + same.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "fabric", "compare", deployed.run.name, deployed.run.name, "--numerics", "--interleave",
+         "6"],
+        cwd=PROJECT_ROOT, env=deployed.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert refused.returncode == 64 and "--numerics" in refused.stderr

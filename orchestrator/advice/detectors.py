@@ -13,7 +13,9 @@ ops.json's `pct`):
 - conv1d-as-2d's saving is a measured share (CONV1D_INT8_SAVING) of the fp32 convolutions an int8-dynamic program
   left: what their int8 form saved on wav2vec 2.0 base;
 - quantization's saving is measured: the same model's int8 run on the same board, FullyConnected against
-  FullyConnected; without one it is not predicted;
+  FullyConnected; without one, predicted from this board's int8/fp32 time ratio of each node type on the other
+  models it ran both ways (int8 is not faster on every board: an AVX2 machine without VNNI ran DistilBERT's
+  int8-dynamic slower than fp32); without those either, not predicted (and still shown, with its share);
 - a program with no delegate at all (`--backend portable`) gets one finding, `--backend xnnpack`, its kernels'
   time a bound: what XNNPACK makes of them is measured by running it.
 
@@ -27,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.advice.findings import Finding, RunFacts
+from orchestrator.advice.findings import CONVOLUTION_TYPES, GEMM_TYPES, BoardRatios, Finding, RunFacts
 from orchestrator.lowering.attention.choice import ETLAB, SDPA
 from orchestrator.lowering.rewrites.registry import REWRITES
 from orchestrator.lowering.variants import UnknownVariant, Variant
@@ -35,8 +37,6 @@ from orchestrator.results.ops_record import DelegateNodeTiming, InstructionTimin
 
 PORTABLE_MIN_SHARE = 0.02  # an operator type under 2% of the run is not worth a finding of its own
 GEMM_MIN_SHARE = 0.3  # quantization is proposed when FullyConnected and convolutions take this much of the run
-CONVOLUTION_TYPES = ("XNNConv2d", "XNNDepthwiseConv2d")  # the XNNPACK flatbuffer's node types (1-D ones too)
-GEMM_TYPES = ("XNNFullyConnected", *CONVOLUTION_TYPES)
 # What conv1d-as-2d saves of the fp32 convolutions an int8-dynamic program left: the share measured on wav2vec 2.0
 # base (bench/README.md "AMX is the int8 edge"): 7 of its 8 convolutions quantized, the program 16 ms faster of
 # their 23.3 ms.
@@ -394,6 +394,24 @@ def _gemm_ms(nodes_of: Iterable[tuple[str, float]]) -> float:
     return sum(ms for node_type, ms in nodes_of if node_type in GEMM_TYPES)
 
 
+def _saving_from_ratios(board: BoardRatios, nodes: Sequence[DelegateNodeTiming]) -> tuple[float | None, str]:
+    """This run's GEMM time at the board's int8/fp32 ratio of each node type (a type it has none for: the ratio of
+    every type it has, time-weighted). On a board where int8 runs slower the saving is 0 and the note says why."""
+    by_type: dict[str, float] = defaultdict(float)
+    for node in nodes:
+        by_type[node.type] += node.ms
+    ratios = board.ratios
+    overall = sum(ratios.values()) / len(ratios)
+    quantized = sum(ms * ratios.get(node_type, overall) for node_type, ms in by_type.items())
+    saving = max(0.0, sum(by_type.values()) - quantized)
+    said = ", ".join(f"{node_type.removeprefix('XNN')} ×{ratio:.2f}" for node_type, ratio in sorted(ratios.items()))
+    slower = "; int8 is not faster here: quantize for size or memory only" if saving == 0 else ""
+    return saving, (
+        f"predicted from this board's int8/fp32 time ratios ({board.scheme.scheme.name}: {said}), measured on "
+        f"{'; '.join(board.sources)}{slower}"
+    )
+
+
 def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
     if facts.sidecar is None or not facts.sidecar.variant.peers:  # a quantized program: nothing to quantize
         return []
@@ -401,13 +419,17 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
     measured = sum(node.ms for _, node in gemms)
     if _share(facts, measured) < GEMM_MIN_SHARE:
         return []
-    saving, note = None, "not predicted: no int8 run of this model on this board yet (measure one, then advise again)"
+    saving, note = None, "not predicted: no int8 run on this board yet (measure one, then advise again)"
+    peer_variant = facts.quantized_peer_variant
     if facts.quantized_peer is not None:
         quantized = _gemm_ms((n.type, n.ms) for d in facts.quantized_peer.delegates for n in d.nodes)
         saving = max(0.0, measured - quantized)
         note = f"measured: the same layers in run {facts.quantized_peer.run_id} ({facts.quantized_peer_variant})"
+    elif facts.board_ratios is not None:
+        saving, note = _saving_from_ratios(facts.board_ratios, [node for _, node in gemms])
+        peer_variant = facts.board_ratios.scheme
     # The measured peer's scheme, else the first the program's scheme names.
-    scheme = (facts.quantized_peer_variant or facts.sidecar.variant.peers[0]).scheme.name
+    scheme = (peer_variant or facts.sidecar.variant.peers[0]).scheme.name
     return [
         Finding(
             kind="quantize",

@@ -1,12 +1,13 @@
 """A run's facts for the advisor, read from the results folder and the artifacts: its profile (ops.json), summary,
 the sidecar of the program it ran (when it is still that build), the spec it was lowered from, and the same model's
-quantized run on the same board (for a measured quantization saving; which schemes count: quantize.Scheme.peers)."""
+quantized run on the same board (for a measured quantization saving; which schemes count: quantize.Scheme.peers),
+else this board's int8-against-fp32 ratios per GEMM node type from the other models it ran both ways."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.advice.findings import RunFacts
+from orchestrator.advice.findings import GEMM_TYPES, BoardRatios, RunFacts
 from orchestrator.errors import AnalysisError, SpecError
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.lowering.lowered import spec_from_record
@@ -39,6 +40,48 @@ def _quantized_peer(run: LocalRun, variant: Variant, root: Path | None) -> tuple
     return None, None
 
 
+def _gemm_ms_by_type(ops: OpsRecord) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for delegate in ops.delegates:
+        for node in delegate.nodes:
+            if node.type in GEMM_TYPES:
+                found[node.type] = found.get(node.type, 0.0) + node.ms
+    return found
+
+
+def _board_ratios(run: LocalRun, variant: Variant, root: Path | None) -> BoardRatios | None:
+    """This board's int8-against-fp32 time of each GEMM node type, from the other models it ran both ways: for each
+    model, its newest analysed fp32 run and its newest run of the first of `variant`'s peers it has (the same board,
+    the same backend), summed over the models. None when the board ran no model both ways."""
+    runs = [r for r in list_runs(root) if r.board == run.board and r.model != run.model]
+    fp32: dict[str, float] = {}
+    quantized: dict[str, float] = {}
+    sources: list[str] = []
+    scheme: Variant | None = None
+    for model in sorted({r.model for r in runs}):
+        mine = [r for r in runs if r.model == model]
+        base = [r for r in mine if r.backend == variant.name]
+        for peer_variant in variant.peers:
+            peers = [r for r in mine if r.backend == peer_variant.name]
+            if not base or not peers or (scheme is not None and peer_variant != scheme):
+                continue
+            try:
+                a, b = load_ops(base[-1].path), load_ops(peers[-1].path)
+            except AnalysisError:
+                continue
+            before, after = _gemm_ms_by_type(a), _gemm_ms_by_type(b)
+            for node_type in before.keys() & after.keys():
+                fp32[node_type] = fp32.get(node_type, 0.0) + before[node_type]
+                quantized[node_type] = quantized.get(node_type, 0.0) + after[node_type]
+            scheme = peer_variant
+            sources.append(f"{model} ({base[-1].run_id} against {peers[-1].run_id})")
+            break
+    ratios = {node_type: quantized[node_type] / ms for node_type, ms in fp32.items() if ms > 0}
+    if scheme is None or not ratios:
+        return None
+    return BoardRatios(scheme, ratios, tuple(sources))
+
+
 def run_facts(
     run: LocalRun, artifact: Artifact | None, *, results_root: Path | None = None
 ) -> tuple[RunFacts, list[str]]:
@@ -56,7 +99,9 @@ def run_facts(
                          "are not this run's, so the findings that need them are skipped")  # fmt: skip
     else:
         notes.append("no artifact for this run's program: findings from the profile alone")
-    peer, peer_variant = (None, None)
+    peer, peer_variant, ratios = None, None, None
     if sidecar is not None:
         peer, peer_variant = _quantized_peer(run, sidecar.variant, results_root)
-    return RunFacts(ops, summary, sidecar, spec, peer, peer_variant), notes
+        if peer is None and sidecar.variant.peers:
+            ratios = _board_ratios(run, sidecar.variant, results_root)
+    return RunFacts(ops, summary, sidecar, spec, peer, peer_variant, ratios), notes

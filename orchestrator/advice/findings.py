@@ -48,6 +48,20 @@ class Finding:
     where: tuple[str, ...] = ()  # the model's source lines and modules of its operators (the run's source map)
 
 
+CONVOLUTION_TYPES = ("XNNConv2d", "XNNDepthwiseConv2d")  # the XNNPACK flatbuffer's node types (1-D ones too)
+GEMM_TYPES = ("XNNFullyConnected", *CONVOLUTION_TYPES)
+
+
+@dataclass(frozen=True)
+class BoardRatios:
+    """A board's int8 time over fp32 time per GEMM node type (XNNFullyConnected, XNNConv2d, ...), measured on the
+    other models it ran both ways with `scheme`; `sources` names those runs."""
+
+    scheme: Variant
+    ratios: dict[str, float]
+    sources: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class RunFacts:
     """What the detectors read. `sidecar` and `spec` are None for a program etlab did not lower (`--pte`);
@@ -60,6 +74,7 @@ class RunFacts:
     spec: ModelSpec | None = None
     quantized_peer: OpsRecord | None = None
     quantized_peer_variant: Variant | None = None
+    board_ratios: BoardRatios | None = None  # without a quantized peer: the board's ratios from other models
 
     @property
     def applied_rewrites(self) -> tuple[str, ...]:

@@ -62,12 +62,21 @@ def _where(finding: Finding) -> str:
 
 def advice_lines(advice: Advice, limit: int = ONE_LINE_FINDINGS) -> list[str]:
     """One line per top finding and the predicted total, as every analysis prints them."""
-    lines = [
-        f"{f.id} {_saving(f, advice.method_ms)}: {f.title} → {f.fix}{_at_line(f)}" for f in advice.findings[:limit]
-    ]
-    more = len(advice.findings) - limit
+    # An unpredicted finding may still be the largest share of the run (fp32 matmuls on a board never measured in
+    # int8): it is shown with its share, never folded into "more".
+    shown = [*advice.findings[:limit], *(f for f in advice.findings[limit:] if _unpredicted(f) and f.share)]
+    lines = [f"{f.id} {_saving(f, advice.method_ms)}{_share_of(f)}: {f.title} → {f.fix}{_at_line(f)}" for f in shown]
+    more = len(advice.findings) - len(shown)
     tail = f"; {more} more: fab advise --run {advice.run_id}" if more > 0 else ""
     return [*lines, f"{_total(advice)}{tail}"] if lines else []
+
+
+def _unpredicted(finding: Finding) -> bool:
+    return finding.saving_ms is None and finding.saving_mb is None
+
+
+def _share_of(finding: Finding) -> str:
+    return f" ({finding.share:.0%} of the run)" if _unpredicted(finding) and finding.share else ""
 
 
 def _at_line(finding: Finding) -> str:

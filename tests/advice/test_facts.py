@@ -3,13 +3,17 @@ fp32 run's quantization saving. A run of any quantized scheme of the registry do
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from orchestrator.advice.advisor import advise
 from orchestrator.advice.facts import run_facts
+from orchestrator.commands.render_advice import advice_lines
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.quantize.schemes import FP32, QUANTIZED, SCHEMES
 from orchestrator.lowering.sidecar import sidecar_from_data
@@ -51,3 +55,66 @@ def test_the_peers_are_taken_in_the_order_fp32_names_them(tmp_path: Path) -> Non
     peers = [Variant(QUANTIZED_ON, SCHEMES[name]) for name in FP32.peers]
     assert {variant.scheme for variant in peers} == set(QUANTIZED)
     assert _facts_of_the_fp32_run(tmp_path, *reversed(peers)) == (peers[0], True)
+
+
+GEMM_SCALE = 5.0  # the advised run's FullyConnected made 75% of it, as on a full-size model (15% recorded)
+
+
+def _copy_run(results: Path, recorded_as: str, model: str, backend: str, run_id: str, scale: float = 1.0) -> Path:
+    run = results / "local" / model / backend / run_id
+    (run / "analysis").mkdir(parents=True)
+    (run / "result_manifest.json").write_text(json.dumps({"run_id": run_id}))
+    shutil.copy(DATA / recorded_as / "summary.json", run / "analysis" / "summary.json")
+    (run / "analysis" / "ops.json").write_text(json.dumps(_scaled_ops(recorded_as, scale)))
+    return run
+
+
+def _scaled_ops(recorded_as: str, scale: float) -> dict[str, Any]:
+    ops = recorded(recorded_as)["ops"]
+    for delegate in ops["delegates"]:
+        for node in delegate["nodes"]:
+            if node["type"] == "XNNFullyConnected":
+                node["median_ms"] *= scale
+                node["mean_ms"] *= scale
+    return ops
+
+
+def _gemm_sum(recorded_as: str, node_type: str, scale: float = 1.0) -> float:
+    ops = _scaled_ops(recorded_as, scale)
+    return sum(node["median_ms"] for d in ops["delegates"] for node in d["nodes"] if node["type"] == node_type)
+
+
+def _advice_without_a_peer(tmp_path: Path) -> tuple[Any, Any]:
+    """distilbert-tiny's fp32 run on a board that ran wav2vec2-tiny in fp32 and int8-dynamic, not distilbert-tiny."""
+    results = tmp_path / "results"
+    _copy_run(results, MODEL, MODEL, "xnnpack", "20261201T000000Z-000abc", scale=GEMM_SCALE)
+    _copy_run(results, "wav2vec2-tiny", "wav2vec2-tiny", "xnnpack", "20261201T000001Z-000abc")
+    _copy_run(results, "wav2vec2-tiny-int8-dynamic", "wav2vec2-tiny", "xnnpack-int8-dynamic", "20261201T000002Z-000abc")
+    artifact = Artifact(ArtifactPaths.for_model(MODEL, tmp_path / "artifacts"), Variant(QUANTIZED_ON),
+                        sidecar_from_data(recorded(MODEL)["sidecar"]))  # fmt: skip
+    facts, _ = run_facts(find_run("20261201T000000Z", root=results), artifact, results_root=results)
+    return facts, advise(facts)
+
+
+def test_without_its_own_int8_run_the_boards_ratios_predict_the_saving(tmp_path: Path) -> None:
+    facts, advice = _advice_without_a_peer(tmp_path)
+    assert facts.quantized_peer is None and facts.board_ratios is not None
+    assert facts.board_ratios.scheme == Variant(QUANTIZED_ON, SCHEMES["int8-dynamic"])
+    ratio = _gemm_sum("wav2vec2-tiny-int8-dynamic", "XNNFullyConnected") / _gemm_sum(
+        "wav2vec2-tiny", "XNNFullyConnected"
+    )
+    assert facts.board_ratios.ratios["XNNFullyConnected"] == pytest.approx(ratio)
+    (finding,) = [f for f in advice.findings if f.kind == "quantize"]
+    fully_connected = _gemm_sum(MODEL, "XNNFullyConnected", GEMM_SCALE)
+    assert finding.saving_ms == pytest.approx(max(0.0, fully_connected * (1 - ratio)), abs=1e-6)
+    assert "wav2vec2-tiny" in finding.saving_note and "--quantize int8-dynamic" in finding.fix
+
+
+def test_an_unpredicted_finding_keeps_its_share_in_the_one_line_advice(tmp_path: Path) -> None:
+    facts, _ = _advice_without_a_peer(tmp_path)
+    advice = advise(dataclasses.replace(facts, board_ratios=None))
+    (finding,) = [f for f in advice.findings if f.kind == "quantize"]
+    assert finding.saving_ms is None and finding.share > 0
+    padded = dataclasses.replace(advice, findings=(*[advice.findings[0]] * 3, finding))  # ranked last, below 3 others
+    line = next(line for line in advice_lines(padded) if "--quantize" in line)
+    assert f"not predicted ({finding.share:.0%} of the run)" in line

@@ -35,6 +35,7 @@ from orchestrator.lab.night_report import CellVerdict, PlaceWait
 from orchestrator.lab.run_record import RunRecord, host_name
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, load_artifact
+from orchestrator.lowering.export.numerics import make_numerics
 from orchestrator.lowering.program import Program
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.validity import number, number_list
@@ -301,8 +302,10 @@ def run_board(ctx: NightContext, board: Board, planned: list[PlannedCell]) -> li
             failed.append(CellOutcome(board.name, model, variant, stage="lower", error=ctx.lowering_errors[model]))
         else:
             try:
-                jobs[(model, variant)] = CellJob(ctx.artifact(model, variant), params, ctx.config.accuracy)
-            except EtlabError as exc:  # e.g. the lab's store refused it
+                artifact = ctx.artifact(model, variant)
+                numerics = make_numerics(artifact) if params.numerics else None  # `numerics:` in the matrix
+                jobs[(model, variant)] = CellJob(artifact, params, ctx.config.accuracy, numerics)
+            except EtlabError as exc:  # e.g. the lab's store refused it, or a program numerics cannot measure
                 failed.append(CellOutcome(board.name, model, variant, stage="lower", error=first_line(exc)))
     remeasured: dict[tuple[str, str, str], dict[str, Any]] = {}
     held: list[CellOutcome] = []

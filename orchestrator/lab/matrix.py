@@ -26,6 +26,7 @@ from orchestrator.config import (
     names,
     number,
     string,
+    tag,
     text,
     value_node,
 )
@@ -142,6 +143,13 @@ def load_history_url(inventory: Inventory) -> str | None:
     return url
 
 
+def numerics_mode(node: Node, field: str) -> str | None:
+    """`numerics:` true (statistics per tensor), stats, full (the tensors too) or false (no numerics pass)."""
+    if isinstance(node, ScalarNode) and tag(node) == "bool":
+        return "stats" if boolean(node, field) else None
+    return choice(("stats", "full"))(node, field)
+
+
 # Run settings a matrix entry may override; the section's own values are the defaults.
 # The same bounds as the command line's: RunParams checks nothing itself.
 _RUN_FIELDS: dict[str, Check] = {
@@ -150,6 +158,7 @@ _RUN_FIELDS: dict[str, Check] = {
     "threads": integer(1, MAX_THREADS),
     "max_seconds": number(0, above=True, high=MAX_SECONDS, unit="a number of seconds"),
     "timeout": number(0, above=True, high=MAX_SECONDS, unit="a number of seconds"),
+    "numerics": numerics_mode,
 }
 _SECTION_FIELDS: dict[str, Check] = {
     "history": history_url,

@@ -55,3 +55,17 @@ def test_a_bad_choice_names_its_line_and_field(tmp_path: Path, entry: dict[str, 
     with pytest.raises(InventoryError) as caught:
         load_config(load_inventory(inventory_with(tmp_path, entry)))
     assert says in str(caught.value) and "inventory.yaml:" in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize(("given", "mode"), [(True, "stats"), ("full", "full"), (False, None), ("stats", "stats")])
+def test_an_entry_asks_for_a_numerics_pass(tmp_path: Path, given: Any, mode: str | None) -> None:
+    entry = {"models": ["distilbert-tiny"], "numerics": given}
+    (matrix,) = load_config(load_inventory(inventory_with(tmp_path, entry))).entries
+    assert matrix.params.numerics == mode
+
+
+def test_a_bad_numerics_value_names_its_line(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError) as caught:
+        load_config(load_inventory(inventory_with(tmp_path, {"models": ["distilbert-tiny"], "numerics": "all"})))
+    said = str(caught.value)
+    assert "nightly.matrix[0].numerics: expected one of stats, full, got 'all'" in said and "inventory.yaml:" in said

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .process import RunOutcome, StopRequest, run_in_own_group
+from .process import RunOutcome, StopRequest, pass_verdict, run_in_own_group
 
 COUNTERS_FILE = "counters.json"
 COUNTERS_ETDUMP = "counters_etdump.etdp"
@@ -61,15 +61,7 @@ def run_counters_pass(
     """Run the counters pass; returns what run.json records about it."""
     argv = counters_argv(timing_argv, bundle, counters)
     outcome: RunOutcome = run_in_own_group(argv, bundle / COUNTERS_LOG, timeout, grace, pass_fds=pass_fds, stop=stop)
-    wrote = (bundle / COUNTERS_FILE).is_file()
-    ok = outcome.exit_code == 0 and wrote and not outcome.timed_out
-    error = None
-    if not ok:
-        error = (
-            "timed out"
-            if outcome.timed_out
-            else outcome.spawn_error or f"runner exited with code {outcome.exit_code}; see {COUNTERS_LOG}"
-        )
+    ok, error = pass_verdict(outcome, (bundle / COUNTERS_FILE).is_file(), COUNTERS_LOG)
     return {
         "requested": counters,
         "threads": COUNTERS_THREADS,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .process import RunOutcome, StopRequest, run_in_own_group
+from .process import RunOutcome, StopRequest, pass_verdict, run_in_own_group
 
 NUMERICS_FILE = "numerics.json"
 NUMERICS_TENSORS = "numerics_tensors.etlt"
@@ -58,15 +58,7 @@ def run_numerics_pass(
     model, reference = files
     argv = numerics_argv(timing_argv, bundle, model, reference, full_cap)
     outcome: RunOutcome = run_in_own_group(argv, bundle / NUMERICS_LOG, timeout, grace, pass_fds=pass_fds, stop=stop)
-    wrote = (bundle / NUMERICS_FILE).is_file()
-    ok = outcome.exit_code == 0 and wrote and not outcome.timed_out
-    error = None
-    if not ok:
-        error = (
-            "timed out"
-            if outcome.timed_out
-            else outcome.spawn_error or f"runner exited with code {outcome.exit_code}; see {NUMERICS_LOG}"
-        )
+    ok, error = pass_verdict(outcome, (bundle / NUMERICS_FILE).is_file(), NUMERICS_LOG)
     return {
         "mode": "full" if full_cap is not None else "stats",
         "full_cap_bytes": full_cap,

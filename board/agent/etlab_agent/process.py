@@ -307,3 +307,14 @@ def run_probe(argv: Sequence[str], timeout: float) -> tuple[int, bytes, bytes] |
             _signal_group(process.pid, signal.SIGKILL)
             process.wait()
     return process.returncode, stdout, stderr
+
+
+def pass_verdict(outcome: RunOutcome, wrote: bool, log_name: str) -> tuple[bool, str | None]:
+    """A runner pass after the timing pass (counters, numerics): ok when it exited 0 in time and wrote its file;
+    else why not, naming its log."""
+    ok = outcome.exit_code == 0 and wrote and not outcome.timed_out
+    if ok:
+        return True, None
+    if outcome.timed_out:
+        return False, "timed out"
+    return False, outcome.spawn_error or f"runner exited with code {outcome.exit_code}; see {log_name}"

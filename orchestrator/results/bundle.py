@@ -19,10 +19,13 @@ from orchestrator.fsutil import sha256_and_size
 from orchestrator.names import is_valid_name
 
 MANIFEST = "result_manifest.json"
+# The counters pass's files (board/agent/etlab_agent/counters.py), and the numerics pass's (numerics.py).
+COUNTERS_FILES = frozenset({"counters.json", "counters_etdump.etdp", "counters_timings.json", "counters_runner.log"})
+NUMERICS_FILES = frozenset({"numerics.json", "numerics_tensors.etlt", "numerics_timings.json", "numerics_runner.log"})
 # Every file a board writes into a bundle, and nothing else: the agent's (board/agent/etlab_agent/profile.py: run.json,
-# board_info_before/after.json, runner.log, the manifest; counters.py: the counters pass's four files) and the
-# runner's (--timings, --etdump, --outputs). A manifest listing any other name is refused whole (exit 65).
-# tests/results/test_board_files.py checks this list against what a real run with a counters pass leaves.
+# board_info_before/after.json, runner.log, the manifest; both passes' files) and the runner's (--timings, --etdump,
+# --outputs). A manifest listing any other name is refused whole (exit 65). tests/results/test_counters.py checks it
+# against what a real run with a counters pass leaves, tests/e2e/test_numerics_e2e.py with a numerics pass.
 BOARD_FILES = frozenset(
     {
         MANIFEST,
@@ -33,14 +36,8 @@ BOARD_FILES = frozenset(
         "runner.log",
         "board_info_before.json",
         "board_info_after.json",
-        "counters.json",
-        "counters_etdump.etdp",
-        "counters_timings.json",
-        "counters_runner.log",
-        "numerics.json",
-        "numerics_tensors.etlt",
-        "numerics_timings.json",
-        "numerics_runner.log",
+        *COUNTERS_FILES,
+        *NUMERICS_FILES,
     }
 )
 # What analysis adds to a pulled bundle: not part of what the board wrote.

@@ -21,7 +21,9 @@ import pytest
 
 from orchestrator.boards.inventory import Board
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.results.bundle import BOARD_FILES, COUNTERS_FILES
 from orchestrator.servers.dashboard.app import Sources, start_dashboard
+from orchestrator.tensorfile import read_tensors
 from tests.lowering.test_factory import write_factory
 from tests.plugins.boards import write_inventory
 from tests.plugins.explorer import free_port
@@ -89,7 +91,9 @@ class Deployed:
     env: dict[str, str]
 
 
-def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str = FRAGILE) -> Deployed:
+def deploy(
+    board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str = FRAGILE, numerics: str = "--numerics"
+) -> Deployed:
     """deploy-and-profile --numerics of `model` (a factory) on the local board (exit `code`), then `fab analyze`."""
     spec = write_factory(tmp_path, model)
     inventory = write_inventory(tmp_path / "inventory.yaml", [board])
@@ -98,7 +102,7 @@ def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str
     proc = subprocess.run(
         [sys.executable, "-m", "fabric", "deploy-and-profile", "--spec", str(spec), "--trust-code", "--board",
          "local", "--backend", "xnnpack", "--iterations", "2", "--warmup", "1", "--no-explore", "--inventory",
-         str(inventory), "--numerics", *chosen],
+         str(inventory), numerics, *chosen],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     said = proc.stdout + proc.stderr
@@ -159,8 +163,13 @@ def test_the_layer_that_breaks_int8_is_named_with_its_source_line(
 
 
 def test_fp32_stays_at_fp32_rounding(local_board: Board, tmp_path: Path) -> None:
-    deployed = deploy(local_board, tmp_path)
+    deployed = deploy(local_board, tmp_path, numerics="--numerics=full")
     summary, numerics = deployed.summary, deployed.numerics
+    # --numerics=full: the tensors too, every one (far under the cap), and every file is one a pull accepts
+    assert {path.name for path in deployed.run.iterdir() if path.is_file()} == BOARD_FILES - COUNTERS_FILES
+    kept = read_tensors(deployed.run / "numerics_tensors.etlt")
+    assert [tensor.name for tensor in kept] == [f"output_{i}" for i in range(1 + len(numerics["operators"]))]
+    assert summary["numerics"]["mode"] == "full"
     assert summary["numerics"]["status"] == "ok"
     assert min(row["sqnr_db"] for row in numerics["operators"]) > 80, numerics["operators"]
     assert all(value > 80 for value in summary["numerics"]["output_sqnr_db"])

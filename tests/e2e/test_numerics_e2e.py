@@ -91,9 +91,7 @@ class Deployed:
     env: dict[str, str]
 
 
-def deploy(
-    board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str = FRAGILE, numerics: str = "--numerics"
-) -> Deployed:
+def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str = FRAGILE) -> Deployed:
     """deploy-and-profile --numerics of `model` (a factory) on the local board (exit `code`), then `fab analyze`."""
     spec = write_factory(tmp_path, model)
     inventory = write_inventory(tmp_path / "inventory.yaml", [board])
@@ -102,7 +100,7 @@ def deploy(
     proc = subprocess.run(
         [sys.executable, "-m", "fabric", "deploy-and-profile", "--spec", str(spec), "--trust-code", "--board",
          "local", "--backend", "xnnpack", "--iterations", "2", "--warmup", "1", "--no-explore", "--inventory",
-         str(inventory), numerics, *chosen],
+         str(inventory), "--numerics", *chosen],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     said = proc.stdout + proc.stderr
@@ -162,18 +160,33 @@ def test_the_layer_that_breaks_int8_is_named_with_its_source_line(
         server.stop()
 
 
-def test_fp32_stays_at_fp32_rounding(local_board: Board, tmp_path: Path) -> None:
-    deployed = deploy(local_board, tmp_path, numerics="--numerics=full")
-    summary, numerics = deployed.summary, deployed.numerics
-    # --numerics=full: the tensors too, every one (far under the cap), and every file is one a pull accepts
-    assert {path.name for path in deployed.run.iterdir() if path.is_file()} == BOARD_FILES - COUNTERS_FILES
-    kept = read_tensors(deployed.run / "numerics_tensors.etlt")
-    assert [tensor.name for tensor in kept] == [f"output_{i}" for i in range(1 + len(numerics["operators"]))]
-    assert summary["numerics"]["mode"] == "full"
-    assert summary["numerics"]["status"] == "ok"
+def test_fp32_stays_at_fp32_rounding_through_lower_run_pull(local_board: Board, tmp_path: Path) -> None:
+    """The step by step path: `fab lower`, `fab run --numerics=full`, `fab pull`, `fab analyze`."""
+    spec = str(write_factory(tmp_path, FRAGILE))
+    inventory = str(write_inventory(tmp_path / "inventory.yaml", [local_board]))
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(tmp_path / "artifacts"), "ETLAB_RESULTS": str(tmp_path / "results")}
+    for step in (
+        ["lower", "--spec", spec, "--trust-code", "--backend", "xnnpack"],
+        ["run", "--spec", spec, "--board", "local", "--inventory", inventory, "--iterations", "2", "--numerics=full"],
+        ["pull", "--board", "local", "--inventory", inventory, "--latest"],
+        ["analyze", "--latest"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "fabric", *step], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, (step, proc.stdout + proc.stderr)
+    (run,) = [path.parent for path in (tmp_path / "results").glob("local/my-small/xnnpack/*/result_manifest.json")]
+    summary = json.loads((run / "analysis" / "summary.json").read_text())
+    numerics = json.loads((run / "analysis" / "numerics.json").read_text())
+    assert summary["numerics"]["status"] == "ok" and summary["numerics"]["mode"] == "full"
     assert min(row["sqnr_db"] for row in numerics["operators"]) > 80, numerics["operators"]
     assert all(value > 80 for value in summary["numerics"]["output_sqnr_db"])
     assert summary["numerics"]["collapse"] is None and summary["numerics"]["nonfinite"] is None
+    # --numerics=full: the tensors too, every one (far under the cap), and every file is one a pull accepts
+    assert {path.name for path in run.iterdir() if path.is_file()} == BOARD_FILES - COUNTERS_FILES
+    kept = read_tensors(run / "numerics_tensors.etlt")
+    assert [tensor.name for tensor in kept] == [f"output_{i}" for i in range(1 + len(numerics["operators"]))]
 
 
 def test_a_calibration_that_floors_names_the_first_layer_that_collapses(local_board: Board, tmp_path: Path) -> None:

@@ -1,0 +1,108 @@
+"""The numerics program (lowering/export/numerics.py): which values are tapped, and that tapping them does not change
+the program. A conv -> relu -> linear model, fp32 and int8-static, lowered to XNNPACK with and without its taps and
+run by ExecuTorch's runtime: the same delegates and bit-identical outputs; in the int8 program each operator's value
+is the int8 one after it (its scale and zero point recorded), the convolution measured with the relu it is fused
+with. Programs the pass cannot measure are refused (exit 64) saying what it takes. End to end on the board:
+tests/e2e/test_numerics_e2e.py."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from orchestrator.errors import ExitCode
+from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
+from orchestrator.lowering.export.numerics import NumericsRefused, _tap, check_measurable, tap_points
+from orchestrator.lowering.quantize.methods import int8_static
+from orchestrator.lowering.sidecar import sidecar_from_data
+from orchestrator.lowering.variants import Variant
+from tests.advice.advice_helpers import recorded
+
+
+class Small(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.drop = torch.nn.Dropout(0.1)
+        self.head = torch.nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        features = self.drop(torch.relu(self.conv(image))).flatten(1)
+        return self.head(features)
+
+
+def _lowered(program: Any, tapped: bool) -> tuple[list[torch.Tensor], int]:
+    """The program lowered to XNNPACK (taps stripped after partitioning, as numerics.py does), run once: its
+    outputs and its number of delegate calls."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.devtools.intermediate_output_tap import strip_taps_
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    if tapped:
+        strip_taps_(edge)
+    graph = edge.exported_program().graph
+    delegates = sum(1 for node in graph.nodes if "executorch_call_delegate" in str(node.target))
+    method = Runtime.get().load_program(edge.to_executorch().buffer).load_method("forward")
+    return list(method.execute([EXAMPLE])), delegates
+
+
+torch.manual_seed(0)
+EXAMPLE = torch.randn(1, 3, 8, 8)
+
+
+@pytest.mark.parametrize("scheme", ["fp32", "int8-static"])
+def test_taps_leave_the_program_as_it_was(scheme: str) -> None:
+    model = Small().eval()
+    if scheme == "fp32":
+        program = torch.export.export(model, (EXAMPLE,))
+    else:
+        program = int8_static(copy.deepcopy(model), (EXAMPLE,), None, None)
+    points, fused = tap_points(program)
+    labels = [point.label for point in points]
+    assert not any(label.startswith(("dropout", "flatten", "view")) for label in labels)  # values moved, not computed
+    untapped, delegates = _lowered(copy.deepcopy(program), tapped=False)
+    taps = _tap(program, points, first=1)
+    tapped, tapped_delegates = _lowered(program, tapped=True)
+    assert tapped_delegates == delegates
+    assert torch.equal(tapped[0], untapped[0])  # the model's own output, bit for bit
+    assert len(tapped) == 1 + len(taps) and [tap.index for tap in taps] == list(range(1, 1 + len(taps)))
+    by_module = {tap.module: tap for tap in taps}
+    assert by_module["head"].source is not None and by_module["head"].source.startswith("test_numerics_program.py:")
+    if scheme == "fp32":
+        assert labels == ["conv2d", "relu", "linear"] and fused == 0
+        assert all(tap.dtype == "float32" and tap.qparams is None for tap in taps)
+        by_node = {tap.node: tap for tap in taps}
+        assert by_node["linear"].reads == (by_node["relu"].index,)  # through dropout and flatten to the relu
+    else:
+        assert labels == ["relu", "linear"] and fused == 1  # conv2d measured with its relu, named by the conv
+        conv = next(tap for tap in taps if tap.fused == ("conv2d",))
+        assert conv.module == "conv" and conv.dtype == "int8" and tapped[conv.index].dtype == torch.int8
+        scale, zero_point = conv.qparams or (0.0, 0)
+        assert scale > 0 and -128 <= zero_point <= 127
+
+
+def _artifact(tmp_path: Path, model: str, **sidecar_changes: Any) -> Artifact:
+    sidecar = sidecar_from_data(recorded(model)["sidecar"])
+    if sidecar_changes:
+        sidecar = dataclasses.replace(sidecar, **sidecar_changes)
+    return Artifact(ArtifactPaths.for_model(sidecar.model, tmp_path), Variant.parse(sidecar.backend), sidecar)
+
+
+def test_programs_the_pass_cannot_measure_are_refused(tmp_path: Path) -> None:
+    generation = _artifact(tmp_path, "smollm2-gen-tiny.sdpa")
+    with pytest.raises(NumericsRefused) as caught:
+        check_measurable(generation)
+    assert caught.value.exit_code == ExitCode.USAGE
+    assert "text-generation program" in str(caught.value) and "it takes a model etlab lowered" in str(caught.value)
+    lowered = _artifact(tmp_path, "distilbert-tiny")
+    bare = _artifact(tmp_path, "distilbert-tiny", spec={**lowered.sidecar.spec, "model_source": "pte"})
+    with pytest.raises(NumericsRefused, match=r"a \.pte brought as it is"):
+        check_measurable(bare)
+    check_measurable(_artifact(tmp_path, "distilbert-tiny"))  # an etlab-lowered fp32 program: taken

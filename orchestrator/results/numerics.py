@@ -288,7 +288,7 @@ def numerics_document(numerics: Numerics) -> dict[str, object]:
         )
         for row in numerics.operators
     )  # fmt: skip
-    return to_data(NumericsDocument(1, numerics.output_sqnr_db, operators))  # type: ignore[no-any-return]
+    return to_data(NumericsDocument(1, numerics.output_sqnr_db, operators))
 
 
 def read_numerics_document(run_dir: Path) -> NumericsDocument:

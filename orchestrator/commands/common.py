@@ -17,7 +17,12 @@ from orchestrator.config import did_you_mean
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ArtifactError, UsageError
 from orchestrator.lowering.artifacts import Artifact, MissingArtifact, load_artifact
-from orchestrator.lowering.export.numerics import NumericsProgram
+from orchestrator.lowering.export.numerics import (
+    CalibrationNeeded,
+    NumericsProgram,
+    check_measurable,
+    make_numerics,
+)
 from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.quantize.calibration import CalibrationError
 from orchestrator.lowering.rewrites.registry import (
@@ -257,15 +262,17 @@ def numerics_programs(
     (exit 64) before any is made. `specs`: the command line's by model (its permission to run a factory)."""
     if params.numerics is None:
         return {}
-    from orchestrator.lowering.export.numerics import check_measurable, make_numerics
-
     chosen = list(artifacts)
     for artifact in chosen:
         check_measurable(artifact)
-    return {
-        artifact.pte: make_numerics(artifact, spec=(specs or {}).get(artifact.model), calibration=calibration)
-        for artifact in chosen
-    }
+    try:
+        return {
+            artifact.pte: make_numerics(artifact, spec=(specs or {}).get(artifact.model), calibration=calibration)
+            for artifact in chosen
+        }
+    except CalibrationNeeded as exc:
+        exc.hint = "give the same file: fab deploy-and-profile --numerics --calibration FILE"
+        raise
 
 
 def check_generation(artifacts: Iterable[Artifact], params: RunParams) -> None:

@@ -20,6 +20,7 @@ from orchestrator.lowering.export.user_programs import reference_outputs_of
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.compare import RebuiltProgram, compare_runs, interleaved_verdict, write_report
 from orchestrator.results.documents import ANALYSIS_DIR
+from orchestrator.results.numerics import NoNumerics, compare_numerics, read_numerics_document
 from orchestrator.results.overlays import write_program_overlays
 from orchestrator.results.store import LocalRun, find_run
 from orchestrator.results.trace import TRACE_FILE
@@ -137,10 +138,12 @@ def _program_of(run: LocalRun, sha256: str | None) -> Path:
 
 def compare_numerics_runs(run_a: str, run_b: str) -> int:
     """`fab compare --numerics A B`: where two runs' values part ways, operator by operator."""
-    from orchestrator.results.numerics import compare_numerics, read_numerics_document
-
     first, second = find_run(run_a), find_run(run_b)
-    comparison = compare_numerics(read_numerics_document(first.path), read_numerics_document(second.path))
+    try:
+        comparison = compare_numerics(read_numerics_document(first.path), read_numerics_document(second.path))
+    except NoNumerics as exc:
+        exc.hint = "run both with --numerics (fab run --numerics, or deploy-and-profile --numerics), then fab analyze"
+        raise
     if not comparison.pairs:
         raise AnalysisError(
             f"{first.run_id} and {second.run_id} measured no operator in common: not the same model's programs"

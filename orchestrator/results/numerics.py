@@ -97,6 +97,10 @@ class Numerics:
         return sorted(self.operators, key=lambda row: (row.introduced_db, row.tap.index))[:count]
 
 
+class NoNumerics(AnalysisError):
+    """A run without a numerics pass where one is needed (exit 65)."""
+
+
 def read_numerics_file(path: Path) -> NumericsFile:
     """The board's numerics.json, capped and typed; AnalysisError (65) names the field."""
     try:
@@ -248,10 +252,9 @@ def run_numerics(
         error = f"{record_path.name} describes another program than the one this run timed"
         return NumericsSummary(status="failed", error=error, mode=mode), None
     argv = pass_record.get("argv")
-    model = argv[argv.index("--model") + 1] if isinstance(argv, list) and "--model" in argv[:-1] else ""
-    if Path(str(model)).name.split(".", 1)[0] != program.record.sha256:
-        ran = Path(str(model)).name or "no program"
-        error = f"the pass ran {ran}, not the numerics program {record_path.name} names"
+    model = Path(str(argv[argv.index("--model") + 1] if isinstance(argv, list) and "--model" in argv[:-1] else ""))
+    if model.name != f"{program.record.sha256}.pte":  # pushed content-addressed: <sha256>.pte
+        error = f"the pass ran {model.name or 'no program'}, not the numerics program {record_path.name} names"
         return NumericsSummary(status="failed", error=error, mode=mode), None
     stats = read_numerics_file(bundle_dir / NUMERICS_FILE)
     numerics = numerics_of(stats, program, str(bundle_dir / NUMERICS_FILE))
@@ -295,7 +298,7 @@ def read_numerics_document(run_dir: Path) -> NumericsDocument:
     """A run's analysis/numerics.json; AnalysisError (65) when it is missing (no numerics pass) or malformed."""
     path = Path(run_dir) / "analysis" / NUMERICS_FILE
     if not path.is_file():
-        raise AnalysisError(f"{run_dir}: no analysis/numerics.json: run it with --numerics (then fab analyze)")
+        raise NoNumerics(f"{run_dir}: no analysis/numerics.json (the run had no numerics pass, or is not analysed)")
     try:
         return from_data(strictjson.read(path, max_bytes=MAX_NUMERICS_BYTES), NumericsDocument, where=str(path))
     except (OSError, JsonDataError, RecordError) as exc:

@@ -178,9 +178,11 @@ def program_models(paths: ArtifactPaths) -> tuple[list[Path], list[Path]]:
 
 
 def artifact_models(artifact_dir: Path) -> list[Path]:
-    """A model's lowered artifacts to show: its exported .pt2 and every .pte beside it."""
+    """A model's lowered artifacts to show: its exported .pt2 and every .pte beside it (not the numerics programs:
+    the same programs with their operators' values made outputs, which the numerics overlays paint on these)."""
     folder = Path(artifact_dir)
-    found = sorted(folder.glob("*.pt2")) + sorted(folder.glob("*.pte"))
+    programs = [path for path in sorted(folder.glob("*.pte")) if not path.name.endswith(".numerics.pte")]
+    found = sorted(folder.glob("*.pt2")) + programs
     if not found:
         raise ExplorerError(f"no .pt2 or .pte in {folder}", hint="lower the model first")
     return found

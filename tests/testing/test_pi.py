@@ -193,8 +193,8 @@ def test_mixed_architecture_lab_end_to_end(
     lab = _lab(tmp_path, [local_board, x86.board, pi.board])
     results = tmp_path / "results"
     done = fab("deploy-and-profile", "--model", "distilbert-tiny", "--backend", "portable,xnnpack", "--iterations",
-               "3", "--warmup", "1", "--no-explore", "--counters=task_clock,page_faults,cycles", lab=lab,
-               results=results, timeout=2300)  # fmt: skip
+               "3", "--warmup", "1", "--no-explore", "--counters=task_clock,page_faults,cycles", "--numerics",
+               lab=lab, results=results, timeout=2300)  # fmt: skip
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
 
@@ -245,6 +245,18 @@ def test_mixed_architecture_lab_end_to_end(
     x86_counters = json.loads((x86_xnn / "analysis" / "summary.json").read_text())["counters"]
     assert "task_clock" in x86_counters["captured"], x86_counters
     assert (x86_xnn / "model_explorer" / "me_overlay_task_clock.json").is_file()
+
+    # The numerics pass on Arm's kernels (issue 53): every operator measured on the emulated Pi as on x86, and where
+    # the two boards' values part ways, if they do, named.
+    (local_xnn,) = found[("local", "distilbert-tiny", "xnnpack")]
+    on_pi = json.loads((pi_xnn / "analysis" / "numerics.json").read_text())["operators"]
+    on_x86 = json.loads((local_xnn / "analysis" / "numerics.json").read_text())["operators"]
+    assert [row["node"] for row in on_pi] == [row["node"] for row in on_x86] and len(on_pi) > 20
+    assert min(row["sqnr_db"] for row in on_pi) > 60, on_pi  # fp32 on Arm: its own rounding, nothing lost
+    compared = fab("compare", local_xnn.name, pi_xnn.name, "--numerics", lab=lab, results=results)
+    said = compared.stdout + compared.stderr
+    assert compared.returncode == 0 and "operators in both" in said, said
+    assert ("the runs agree" in said) != ("first divergence" in said), said
 
     listing = fab("boards", lab=lab, results=results)
     assert listing.returncode == 0, listing.stdout + listing.stderr

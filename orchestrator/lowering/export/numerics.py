@@ -29,6 +29,10 @@ from orchestrator import console
 from orchestrator.errors import ArtifactError, UsageError
 from orchestrator.fsutil import atomic_path, read_json, sha256_file
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.lowering.export.parallel import VariantTask
+from orchestrator.lowering.export.quantized import quantized_program
+from orchestrator.lowering.export.source_map import module_stack, user_location
+from orchestrator.lowering.lowered import spec_from_record
 from orchestrator.records import Count, Dimension, RecordError, Sha256, from_data, to_data
 
 NUMERICS_SCHEMA = 1
@@ -51,6 +55,10 @@ _FUSED_ACTIVATIONS = ("aten.relu", "aten.relu_", "aten.hardtanh", "aten.hardtanh
 
 class NumericsRefused(UsageError):
     """A program the numerics pass cannot measure (exit 64), with what it takes instead."""
+
+
+class CalibrationNeeded(NumericsRefused):
+    """An int8-static program calibrated on a file: its numerics program needs the same file (exit 64)."""
 
 
 @dataclass(frozen=True)
@@ -157,7 +165,7 @@ def check_measurable(artifact: Artifact) -> None:
         why = "a .pte brought as it is has no exported program to tap"
     if why:
         raise NumericsRefused(
-            f"--numerics: {artifact.model} ({artifact.variant}): {why}; it takes a model etlab lowered, fp32 or "
+            f"the numerics pass: {artifact.model} ({artifact.variant}): {why}; it takes a model etlab lowered, fp32 or "
             "quantized (int8-dynamic, int8-static, 8da4w), portable or XNNPACK"
         )
 
@@ -165,8 +173,6 @@ def check_measurable(artifact: Artifact) -> None:
 def make_numerics(artifact: Artifact, *, spec: Any = None, calibration: Path | None = None) -> NumericsProgram:
     """The variant's numerics program: cached, or made now (imports torch; seconds to a minute). `spec`: the
     command line's (with its permission to run a factory's code), else the sidecar's."""
-    from orchestrator.lowering.lowered import spec_from_record
-
     check_measurable(artifact)
     cached = cached_numerics(artifact)
     if cached is not None:
@@ -195,8 +201,8 @@ def _make(spec: Any, artifact: Artifact, calibration: Path | None) -> NumericsPr
     unmatched = tuple(point.label for point in points if point not in matched)
     if not matched:
         raise NumericsRefused(
-            f"--numerics: {artifact.model} ({artifact.variant}): no operator of the program has an fp32 counterpart "
-            "to compare with"
+            f"the numerics pass: {artifact.model} ({artifact.variant}): no operator of the program has an fp32 "
+            "counterpart to compare with"
         )
     taps = _tap(program, matched, len(outputs))
     pte_path, reference_path, record_path = numerics_paths(artifact)
@@ -341,8 +347,6 @@ def _tap(program: Any, points: list[_Point], first: int) -> list[Tap]:
     """Make each point's value an output of `program` (in place); the taps, numbered from `first`."""
     from executorch.devtools.intermediate_output_tap import FULL_TENSOR, tap_intermediate_outputs_
 
-    from orchestrator.lowering.export.source_map import module_stack, user_location
-
     chosen = {point.value: point for point in points}
     labelled = {point.operator: position for position, point in enumerate(points)}
     values = {point.value: position for position, point in enumerate(points)}
@@ -408,16 +412,14 @@ def _model_path(path: str | None) -> str | None:
 
 def _quantized(spec: Any, artifact: Artifact, calibration: Path | None) -> Any:
     """The variant's quantized exported program, made again as its lowering made it (deterministic calibration)."""
-    from orchestrator.lowering.export.parallel import VariantTask
-    from orchestrator.lowering.export.quantized import quantized_program
 
     sidecar = artifact.sidecar
     recorded = sidecar.quantization.calibration if sidecar.quantization else None
     source = recorded.source if recorded is not None else ""
     if source.startswith("file ") and calibration is None:
-        raise NumericsRefused(
-            f"--numerics: {artifact.model} ({artifact.variant}) was calibrated on {source}: give the same file with "
-            "--calibration, so the numerics program has the same scales"
+        raise CalibrationNeeded(
+            f"the numerics pass: {artifact.model} ({artifact.variant}) was calibrated on {source}: the same file "
+            "is needed again, so the numerics program has the same scales"
         )
     task = VariantTask(
         spec=spec,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .process import RunOutcome, StopRequest, pass_verdict, run_in_own_group
+from .process import RunOutcome, StopRequest, pass_verdict, run_in_own_group, without_options
 
 COUNTERS_FILE = "counters.json"
 COUNTERS_ETDUMP = "counters_etdump.etdp"
@@ -23,17 +23,7 @@ COUNTERS_THREADS = 1  # counters are read by the thread that runs the operators
 def counters_argv(timing_argv: list[str], bundle: Path, counters: str) -> list[str]:
     """The timing pass's command line with one thread, the counter group and the pass's own output files; without
     the timing pass's `--start-fd` (the model was verified before the timing pass ran)."""
-    replaced = {"--threads", "--etdump", "--outputs", "--timings", "--start-fd"}
-    argv: list[str] = []
-    skip = False
-    for word in timing_argv:
-        if skip:
-            skip = False
-            continue
-        if word in replaced:
-            skip = True
-            continue
-        argv.append(word)
+    argv = without_options(timing_argv, {"--threads", "--etdump", "--outputs", "--timings", "--start-fd"})
     return [
         *argv,
         "--threads",

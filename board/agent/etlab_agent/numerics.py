@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .process import RunOutcome, StopRequest, pass_verdict, run_in_own_group
+from .process import RunOutcome, StopRequest, pass_verdict, run_in_own_group, without_options
 
 NUMERICS_FILE = "numerics.json"
 NUMERICS_TENSORS = "numerics_tensors.etlt"
@@ -26,16 +26,7 @@ def numerics_argv(
     """The timing pass's command line with the numerics program, one untimed run and the pass's own files; without
     the timing pass's ETDump, outputs and `--start-fd` (the files were verified before)."""
     replaced = {"--model", "--etdump", "--outputs", "--timings", "--start-fd", "--warmup", "--iterations"}
-    argv: list[str] = []
-    skip = False
-    for word in timing_argv[1:]:
-        if skip:
-            skip = False
-            continue
-        if word in replaced:
-            skip = True
-            continue
-        argv.append(word)
+    argv = without_options(timing_argv[1:], replaced)
     argv = [timing_argv[0], "--model", str(model), *argv, "--warmup", "0", "--iterations", "1"]
     argv += ["--reference", str(reference), "--numerics-out", str(bundle / NUMERICS_FILE)]
     argv += ["--timings", str(bundle / NUMERICS_TIMINGS)]

@@ -318,3 +318,17 @@ def pass_verdict(outcome: RunOutcome, wrote: bool, log_name: str) -> tuple[bool,
     if outcome.timed_out:
         return False, "timed out"
     return False, outcome.spawn_error or f"runner exited with code {outcome.exit_code}; see {log_name}"
+
+
+def without_options(argv: list[str], options: set[str]) -> list[str]:
+    """`argv` less each of `options` and the value after it (a later pass's command line from the timing pass's)."""
+    kept: list[str] = []
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in options:
+            skip = True
+        else:
+            kept.append(word)
+    return kept

@@ -55,8 +55,13 @@ CONTEXT_HELP = (
     "text-generation models: KV cache sizes, one program each (e.g. 128,512,1024: prefill time, decode speed and "
     "memory against the context, in one table and one plot); default: the model's"
 )
+KEEP_FLOAT_HELP = (
+    "with --quantize: layers (module paths, comma-separated) kept in float, a mixed-precision program of its own "
+    "(`fab advise` proposes them after a run with --numerics)"
+)
 CHOICE_HELP = {  # what makes a model's program another (lowering/program.py)
     "rewrites": REWRITES_HELP,
+    "keep_float": KEEP_FLOAT_HELP,
     "context": CONTEXT_HELP,
     "attention": ATTENTION_HELP,
 }
@@ -94,7 +99,7 @@ RUN_HELP = {
 @handle_errors
 def lower(c, model=None, spec=None, backend="portable,xnnpack", weights="auto", etrecord=False, force=False,
           quantize="none", calibration=None, jobs=None, trust_remote_code=False, trust_code=False, exported=None,
-          name=None, rewrites="none", context=None, attention=None):  # fmt: skip
+          name=None, rewrites="none", context=None, attention=None, keep_float=None):  # fmt: skip
     """Export a model and lower it to portable and/or XNNPACK .pte files (and quantized variants) under artifacts/."""
     given = options.given(locals())
     from orchestrator.commands.lower import lower as lower_model
@@ -116,7 +121,7 @@ def setup_board(c, board=None, group=None, tag=None, inventory=None, lg_wait=Non
 @handle_errors
 def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
          quantize="none", pte=None, reference=None, name=None, rewrites="none", context=None,
-         attention=None):  # fmt: skip
+         attention=None, keep_float=None):  # fmt: skip
     """Push lowered .pte files (content-addressed, verified) and their reference inputs to boards."""
     given = options.given(locals())
     from orchestrator.commands.board import push_task
@@ -133,7 +138,7 @@ def push(c, model=None, spec=None, backend="xnnpack", board=None, group=None, ta
 def run(c, model=None, spec=None, backend="xnnpack", board=None, group=None, tag=None, inventory=None, lg_wait=None,
         iterations=None, warmup=None, threads=None, max_seconds=None, timeout=None, counters=None, numerics=None,
         quantize="none", pte=None, reference=None, name=None, new_tokens=None, rewrites="none", context=None,
-        attention=None):  # fmt: skip
+        attention=None, keep_float=None):  # fmt: skip
     """Profile the pushed model on each board through its agent (under the board lock)."""
     given = options.given(locals())
     from orchestrator.commands.board import run_task
@@ -198,19 +203,22 @@ def compare(c, run_a, run_b, interleave=None, retest_seconds=None, board=None, i
             "model": "the latest run of this model",
             "board": "with --model: the latest run on this board; with --try: the board to measure on (default: "
                      "the run's)",
-            "try": "lower the proposed rewrites, check their outputs, measure the gain with an interleaved A/B",
+            "try": "lower the proposed change (rewrites, layers kept in float), check its outputs, measure speed "
+                   "with an interleaved A/B and accuracy on the board: the speed/accuracy front",
             "each": "with --try: one A/B per rewrite too", "rounds": "with --try: A/B rounds (>= 5, default 8)",
             "retest_seconds": "with --try: time budget per A/B (default 180)",
-            "inventory": "inventory file (default: inventory.yaml)"})  # fmt: skip
+            "inventory": "inventory file (default: inventory.yaml)",
+            "trust_remote_code": f"with --try: {TRUST_HELP}",
+            "trust_code": f"with --try: {TRUST_CODE_HELP}"})  # fmt: skip
 @handle_errors
 def advise(c, run=None, model=None, board=None, try_=False, each=False, rounds=None, retest_seconds=None,
-           inventory=None):  # fmt: skip
+           inventory=None, trust_remote_code=False, trust_code=False):  # fmt: skip
     """Where the time goes → what to change: findings, predicted savings (from the profile) and fixes."""
     from orchestrator.commands.advise import advise_task
 
     return advise_task(
         run, model=model, board=board, try_=try_, each=each, rounds=rounds, retest_seconds=retest_seconds,
-        inventory=inventory,
+        inventory=inventory, trust_remote_code=trust_remote_code, trust_code=trust_code,
     )  # fmt: skip
 
 
@@ -257,7 +265,8 @@ def deploy_and_profile(c, model=None, spec=None, backend=None, board=None, group
                        no_explore=False, no_browser=False, port=None, counters=None, quantize="none",
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
                        trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None,
-                       rewrites="none", new_tokens=None, context=None, attention=None, numerics=None):  # fmt: skip
+                       rewrites="none", new_tokens=None, context=None, attention=None, numerics=None,
+                       keep_float=None):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     given = options.given(locals())
     from orchestrator.commands.deploy import deploy_task

@@ -27,7 +27,10 @@ def advise(facts: RunFacts) -> Advice:
 
 
 def _rank(finding: Finding) -> tuple[int, float]:
-    """Predictions first, then bounds, then the rest (board conditions, sizes), each by saving."""
+    """A program failing its accuracy gate first (not shippable as it is), then predictions, then bounds, then the
+    rest (accuracy, board conditions, sizes), each by saving."""
+    if finding.gate_failed:
+        return (-1, 0.0)
     if finding.saving_ms is None:
         return (2, -(finding.saving_mb or 0.0))
     return (1 if finding.saving_is_bound else 0, -finding.saving_ms)

@@ -11,9 +11,11 @@ from orchestrator.advice.findings import GEMM_TYPES, BoardRatios, RunFacts
 from orchestrator.errors import AnalysisError, SpecError
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.lowering.lowered import spec_from_record
+from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.spec import ModelSpec, is_user_program
-from orchestrator.lowering.variants import Variant
+from orchestrator.lowering.variants import QUANTIZED_ON, Variant
 from orchestrator.results.documents import load_summary
+from orchestrator.results.numerics import NoNumerics, NumericsDocument, read_numerics_document
 from orchestrator.results.ops_record import OpsRecord, load_ops
 from orchestrator.results.store import LocalRun, list_runs
 
@@ -38,6 +40,29 @@ def _quantized_peer(run: LocalRun, variant: Variant, root: Path | None) -> tuple
             except AnalysisError:
                 continue
     return None, None
+
+
+def _float_peer(run: LocalRun, root: Path | None) -> OpsRecord | None:
+    """A quantized run's fp32 twin: the newest analysed XNNPACK run of the same model (the model itself for a
+    mixed-precision program) on the same board."""
+    named = ProgramName.parse(run.model or "")
+    model = str(ProgramName(named.base, named.attention, named.context, named.rewrites, named.rewrites_digest))
+    runs = [r for r in list_runs(root) if r.board == run.board and r.model == model and r.backend == QUANTIZED_ON]
+    for peer in reversed(runs):
+        try:
+            return load_ops(peer.path)
+        except AnalysisError:
+            continue
+    return None
+
+
+def _numerics(run: LocalRun) -> tuple[NumericsDocument | None, str | None]:
+    try:
+        return read_numerics_document(run.path), None
+    except NoNumerics:
+        return None, None
+    except AnalysisError as exc:
+        return None, f"its numerics are unusable ({exc}): the accuracy findings are skipped"
 
 
 def _gemm_ms_by_type(ops: OpsRecord) -> dict[str, float]:
@@ -99,9 +124,16 @@ def run_facts(
                          "are not this run's, so the findings that need them are skipped")  # fmt: skip
     else:
         notes.append("no artifact for this run's program: findings from the profile alone")
-    peer, peer_variant, ratios = None, None, None
+    peer, peer_variant, ratios, float_peer = None, None, None, None
     if sidecar is not None:
         peer, peer_variant = _quantized_peer(run, sidecar.variant, results_root)
         if peer is None and sidecar.variant.peers:
             ratios = _board_ratios(run, sidecar.variant, results_root)
-    return RunFacts(ops, summary, sidecar, spec, peer, peer_variant, ratios), notes
+        if sidecar.variant.quantized:
+            float_peer = _float_peer(run, results_root)
+            if float_peer is None:  # the kept layers' fp32 time from the board's ratios of this scheme, if any
+                found = _board_ratios(run, Variant(QUANTIZED_ON), results_root)
+                ratios = found if found is not None and found.scheme == sidecar.variant else None
+    numerics, problem = _numerics(run)
+    notes += [problem] if problem else []
+    return RunFacts(ops, summary, sidecar, spec, peer, peer_variant, ratios, numerics, float_peer), notes

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.lowering.program import AS_SPECIFIED, ATTENTION, ProgramChoice
+from orchestrator.lowering.program import AS_SPECIFIED, ATTENTION, KEEP_FLOAT, ProgramChoice
 from orchestrator.lowering.rewrites.registry import RewriteRequest
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.records import Count, Duration
+from orchestrator.results.numerics import NumericsDocument
 from orchestrator.results.ops_record import OpsRecord
 from orchestrator.results.summary import RunSummary
 
@@ -46,6 +47,14 @@ class Finding:
     rewrite: str | None = None  # the REWRITES name etlab can apply
     attention: str | None = None  # the attention a text-generation program is lowered again with (`--attention`)
     where: tuple[str, ...] = ()  # the model's source lines and modules of its operators (the run's source map)
+    # An accuracy finding (a quantized program's most sensitive layers): the layers its fix keeps in float, the
+    # output's SQNR now and predicted with the fix, what the fix is predicted to cost, and whether the accuracy gate
+    # failed (a program that fails it is not shippable: such a finding ranks first).
+    keep_float: tuple[str, ...] = ()
+    sqnr_db: float | None = None
+    predicted_sqnr_db: float | None = None
+    cost_ms: Duration | None = None
+    gate_failed: bool = False
 
 
 CONVOLUTION_TYPES = ("XNNConv2d", "XNNDepthwiseConv2d")  # the XNNPACK flatbuffer's node types (1-D ones too)
@@ -75,6 +84,8 @@ class RunFacts:
     quantized_peer: OpsRecord | None = None
     quantized_peer_variant: Variant | None = None
     board_ratios: BoardRatios | None = None  # without a quantized peer: the board's ratios from other models
+    numerics: NumericsDocument | None = None  # the run's numerics pass (analysis/numerics.json), if it had one
+    float_peer: OpsRecord | None = None  # a quantized run: the same model's fp32 run on the same board, if measured
 
     @property
     def applied_rewrites(self) -> tuple[str, ...]:
@@ -112,19 +123,29 @@ class Advice:
         return next((f.attention for f in self.findings if f.attention), None)
 
     @property
+    def keep_float(self) -> tuple[str, ...]:
+        """The layers the findings propose keeping in float (a quantized program's accuracy finding), if any."""
+        return next((f.keep_float for f in self.findings if f.keep_float), ())
+
+    @property
     def change(self) -> ProgramChoice:
-        """The one change the findings propose to the program: its attention and its rewrites, as `--attention` and
-        `--rewrites` (AS_SPECIFIED: none)."""
-        if not self.rewrites and self.attention is None:
+        """The one change the findings propose to the program: its attention, its rewrites and the layers it keeps
+        in float, as `--attention`, `--rewrites` and `--keep-float` (AS_SPECIFIED: none)."""
+        if not self.rewrites and self.attention is None and not self.keep_float:
             return AS_SPECIFIED
-        return ProgramChoice(attention=self.attention, rewrites=RewriteRequest(names=self.rewrites))
+        return ProgramChoice(
+            attention=self.attention, rewrites=RewriteRequest(names=self.rewrites), keep_float=self.keep_float
+        )
 
     @property
     def predicted_parts(self) -> dict[str, float]:
-        """The predicted saving of each part of `change`: per rewrite by its name, the attention's as ATTENTION."""
+        """The predicted saving of each part of `change`: per rewrite by its name, the attention's as ATTENTION,
+        the layers kept in float's as KEEP_FLOAT (a cost: negative)."""
         parts = {name: self.predicted_for(name) for name in self.rewrites}
         if self.attention is not None:
             parts[ATTENTION] = sum(f.saving_ms or 0.0 for f in self.findings if f.attention)
+        if self.keep_float:
+            parts[KEEP_FLOAT] = -sum(f.cost_ms or 0.0 for f in self.findings if f.keep_float)
         return parts
 
     def predicted_for(self, rewrite: str) -> float:

@@ -11,6 +11,7 @@ the model, not the lowering: the lowering is checked on the board by every run);
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +35,13 @@ from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import EtlabError, ExitCode
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweredVariant
-from orchestrator.lowering.program import ATTENTION, Program, ProgramChoice, programs
+from orchestrator.lowering.program import ATTENTION, KEEP_FLOAT, Program, ProgramChoice, programs
 from orchestrator.lowering.rewrites.registry import REWRITES, RewriteRequest, without_superseded
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
-from orchestrator.lowering.variants import Variant
-from orchestrator.results.validity import MIN_SQNR_DB, OUTPUT_RTOL, compare_output
+from orchestrator.lowering.variants import QUANTIZED_ON, Variant
+from orchestrator.results.validity import MIN_SQNR_DB, OUTPUT_RTOL, accuracy_figures, compare_output
 from orchestrator.tensorfile import NamedTensor, read_tensors
 from orchestrator.transport import connect
 
@@ -78,11 +79,16 @@ class VariantTrial:
     retest: Interleaved = field(default_factory=Interleaved)
     profiled_ms: float | None = None  # the profiled run's method time the prediction is a part of
     attention: str | None = None  # the attention the variant was lowered with instead of the original's
+    keep_float: tuple[str, ...] = ()  # the layers it keeps in float (a quantized program's mixed precision)
+    backend: str | None = None  # the variant it was lowered to where not the original's (the fp32 point)
+    sqnr_db: float | None = None  # its outputs on the board against fp32 eager (None: not measured)
 
     @property
     def change(self) -> str:
         """What the variant changes, as the command line says it."""
         parts = [*self.rewrites, *([f"--attention {self.attention}"] if self.attention else [])]
+        parts += [f"--keep-float {','.join(self.keep_float)}"] if self.keep_float else []
+        parts += [f"fp32 ({self.backend})"] if self.backend else []
         return ", ".join(parts) or "—"
 
     @property
@@ -138,6 +144,19 @@ class TrialReport:
     variant: Variant  # the backend and scheme both sides were lowered to
     original_ms: float | None = None  # the original's median over the first variant's re-test
     variants: list[VariantTrial] = field(default_factory=list)
+    original_sqnr_db: float | None = None  # the original's outputs on the board against fp32 eager
+
+    def points(self) -> list[ParetoPoint]:
+        """Speed against accuracy: the original and every variant measured, by their medians in the A/B (the
+        original's from the first) and their outputs' SQNR on the board."""
+        found = []
+        if self.original_ms is not None and self.original_sqnr_db is not None:
+            found.append(ParetoPoint(self.model, self.variant.name, self.original_ms, self.original_sqnr_db, None))
+        for trial in self.variants:
+            if trial.retest.median_b_ms is not None and trial.sqnr_db is not None:
+                backend = trial.backend or self.variant.name
+                found.append(ParetoPoint(trial.name, backend, trial.retest.median_b_ms, trial.sqnr_db, trial))
+        return found
 
     @property
     def outcome(self) -> TrialOutcome:
@@ -165,9 +184,14 @@ class TrialReport:
                     OutputFigures(trial.outputs.sqnr_db, trial.outputs.max_abs_error, trial.outputs.max_rel_error),
                     trial.retest.outcome,
                     trial.attention,
+                    trial.keep_float,
+                    trial.backend,
+                    trial.sqnr_db,
                 )
                 for trial in self.variants
             ),
+            self.original_sqnr_db,
+            tuple(PointOutcome(p.name, p.backend, p.median_ms, p.sqnr_db) for p in pareto_front(self.points())),
         )
 
 
@@ -197,6 +221,9 @@ class VariantOutcome:
     outputs: OutputFigures
     retest: Retest
     attention: str | None = None  # the attention the variant was lowered with (no rewrites then)
+    keep_float: tuple[str, ...] = ()
+    backend: str | None = None  # its own variant (the fp32 point of a quantized program's trial)
+    sqnr_db: float | None = None  # its outputs on the board against fp32 eager
 
 
 @dataclass(frozen=True)
@@ -208,6 +235,37 @@ class TrialOutcome:
     backend: str  # the variant both sides were lowered to
     original_ms: float | None
     variants: tuple[VariantOutcome, ...]
+    original_sqnr_db: float | None = None
+    pareto_front: tuple[PointOutcome, ...] = ()  # speed against accuracy: no point both slower and less accurate
+
+
+@dataclass(frozen=True)
+class PointOutcome:
+    name: str
+    backend: str
+    median_ms: float
+    sqnr_db: float
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    """One program measured in the trial: its median in the A/B and its outputs' SQNR on the board."""
+
+    name: str  # the program (artifacts/<name>/)
+    backend: str
+    median_ms: float
+    sqnr_db: float
+    trial: VariantTrial | None  # None: the original
+
+    def dominated_by(self, other: ParetoPoint) -> bool:
+        better = other.median_ms < self.median_ms or other.sqnr_db > self.sqnr_db
+        return better and other.median_ms <= self.median_ms and other.sqnr_db >= self.sqnr_db
+
+
+def pareto_front(points: Sequence[ParetoPoint]) -> list[ParetoPoint]:
+    """The points no other point beats on both speed and accuracy, fastest first."""
+    front = [point for point in points if not any(point.dominated_by(other) for other in points)]
+    return sorted(front, key=lambda point: (point.median_ms, -point.sqnr_db))
 
 
 def _logits_rows(original: np.ndarray, inputs: Sequence[NamedTensor], spec: ModelSpec) -> np.ndarray:
@@ -294,9 +352,11 @@ def change_sets(change: ProgramChoice, each: bool) -> list[ProgramChoice]:
     """The whole change (its rewrites less those another of them supersedes), then (with `each`, when it has several
     parts) one per part: each rewrite alone, the attention alone."""
     names = tuple(dict.fromkeys(change.rewrites.names))
-    together = ProgramChoice(attention=change.attention, rewrites=RewriteRequest(names=without_superseded(names)))
+    together = ProgramChoice(attention=change.attention, rewrites=RewriteRequest(names=without_superseded(names)),
+                             keep_float=change.keep_float)  # fmt: skip
     parts = [ProgramChoice(rewrites=RewriteRequest(names=(name,))) for name in names]
     parts += [ProgramChoice(attention=change.attention)] if change.attention is not None else []
+    parts += [ProgramChoice(keep_float=change.keep_float)] if change.keep_float else []
     return list(dict.fromkeys([together, *(parts if each and len(parts) > 1 else [])]))
 
 
@@ -320,19 +380,21 @@ def try_change(
 ) -> TrialReport:
     """Lower `spec` as exported and with `change` (all of it; with `each` also one variant per part), refuse a
     variant whose outputs differ from the original's (TrialRefused, exit 65), then A/B each variant against the
-    original on `board` (A the original, B the variant, expecting faster).
+    original on `board` (A the original, B the variant, expecting faster; a variant keeping layers in float costs
+    time, so no way is expected of it). A quantized original is also A/B'd against its fp32 program: the three
+    (or more) points of speed against accuracy. Every side's outputs on the board are compared with fp32 eager.
 
     `change` applies to the spec (program.refusals: the caller checked it); `predicted_ms` the advisor's predicted
-    saving per part (Advice.predicted_parts: a rewrite's name, or ATTENTION; missing: 0), a part of `profiled_ms`,
-    the profiled run's time (the error is then judged on shares, at the re-test's pace). `reference`: the original's
-    outputs file to check against, instead of its own (a test feeds a wrong one).
+    saving per part (Advice.predicted_parts: a rewrite's name, ATTENTION or KEEP_FLOAT; missing: 0), a part of
+    `profiled_ms`, the profiled run's time (the error is then judged on shares, at the re-test's pace).
+    `reference`: the original's outputs file to check against, instead of its own (a test feeds a wrong one).
     """
     predicted = dict(predicted_ms or {})
     original, original_inputs, original_outputs = _lower(Program(spec), variant, weights, root, jobs)
     inputs = read_tensors(original_inputs)
     expected = read_tensors(reference or original_outputs)
     report = TrialReport(spec.name, board.name, variant)
-    lowered = []
+    lowered: list[tuple[VariantTrial, LoweredVariant, Path]] = []
     for candidate in change_sets(change, each):
         (chosen,) = programs(spec, candidate)
         name = chosen.name
@@ -346,20 +408,51 @@ def try_change(
         # a rewrite makes the change of those it supersedes too: their predicted savings are its
         covered = {*applied, *(old for name in applied for old in REWRITES[name].supersedes)}
         covered |= {ATTENTION} if candidate.attention is not None else set()
+        covered |= {KEEP_FLOAT} if candidate.keep_float else set()
         saving = sum(predicted.get(part, 0.0) for part in covered)
-        trial = VariantTrial(name, applied, saving, check, profiled_ms=profiled_ms, attention=candidate.attention)
-        lowered.append((trial, program))
-    a = ABProgram(spec.name, original.pte, original.sidecar.sha256, _generate(original.sidecar, params))
-    with labgrid.job(board) as target, connect(target) as conn:
-        if quick_check(conn) is None:  # not set up, or out of date
-            setup_board(conn)
-        for trial, program in lowered:
-            console.info(console.escape(f"[{board.name}] {spec.name} against {trial.name}: interleaved A/B"))
-            b = ABProgram(trial.name, program.pte, program.sidecar.sha256, _generate(program.sidecar, params))
-            trial.retest = interleave(
-                conn, a, b, (original_inputs, original.sidecar.reference_inputs_sha256), params, expect="faster",
-                rounds=rounds, budget_seconds=budget_seconds, iterations_per_run=iterations_per_run,
-            )  # fmt: skip
-            report.variants.append(trial)
+        trial = VariantTrial(name, applied, saving, check, profiled_ms=profiled_ms, attention=candidate.attention,
+                             keep_float=chosen.spec.keep_float)  # fmt: skip
+        lowered.append((trial, program, outputs_file))
+    if variant.quantized:  # the fp32 point: what quantizing gains and loses, measured in the same minutes
+        fp32 = Variant(QUANTIZED_ON)
+        program, _, outputs_file = _lower(Program(spec), fp32, weights, root, jobs)
+        check = OutputsCheck(float("inf"), 0.0, 0.0)  # the model itself: nothing changed to check
+        trial = VariantTrial(spec.name, (), 0.0, check, profiled_ms=profiled_ms, backend=fp32.name)
+        lowered.append((trial, program, outputs_file))
+    with tempfile.TemporaryDirectory(prefix="etlab-trial-") as scratch:
+        pulled = Path(scratch)
+        a = ABProgram(spec.name, original.pte, original.sidecar.sha256, _generate(original.sidecar, params),
+                      outputs_to=pulled / "original")  # fmt: skip
+        with labgrid.job(board) as target, connect(target) as conn:
+            if quick_check(conn) is None:  # not set up, or out of date
+                setup_board(conn)
+            for index, (trial, program, _) in enumerate(lowered):
+                console.info(console.escape(f"[{board.name}] {spec.name} against {trial.name}: interleaved A/B"))
+                b = ABProgram(trial.name, program.pte, program.sidecar.sha256, _generate(program.sidecar, params),
+                              outputs_to=pulled / f"variant-{index}")  # fmt: skip
+                costs = bool(trial.keep_float) or trial.backend is not None  # no way expected of it
+                trial.retest = interleave(
+                    conn, a, b, (original_inputs, original.sidecar.reference_inputs_sha256), params,
+                    expect=None if costs else "faster", rounds=rounds, budget_seconds=budget_seconds,
+                    iterations_per_run=iterations_per_run,
+                )  # fmt: skip
+                report.variants.append(trial)
+        report.original_sqnr_db = board_sqnr(pulled / "original", original_outputs)
+        for index, (trial, _, outputs_file) in enumerate(lowered):
+            trial.sqnr_db = board_sqnr(pulled / f"variant-{index}", outputs_file)
     report.original_ms = report.variants[0].retest.median_a_ms if report.variants else None
     return report
+
+
+def board_sqnr(bundle: Path, reference: Path) -> float | None:
+    """The worst output's SQNR of a pulled bundle's outputs against its program's fp32 eager outputs; None when
+    none was pulled (the re-test stopped) or they cannot be compared."""
+    outputs = bundle / "outputs.etlt"
+    if not outputs.is_file():
+        return None
+    figures = accuracy_figures(outputs, reference)
+    if isinstance(figures, str):
+        console.warn(f"{bundle.name}: outputs not compared: {figures}")
+        return None
+    sqnr = figures.get("sqnr_db")
+    return round(float(sqnr), 2) if sqnr is not None else None

@@ -1,9 +1,11 @@
 """`fab advise`: a run's findings (advice/), their predicted savings and fixes; `--try` measures the proposed
-change (its rewrites, a text-generation program's attention) on the board. Every analysis also prints the top
+change (its rewrites, a text-generation program's attention, the layers a quantized program keeps in float) on the
+board, speed and accuracy. Every analysis also prints the top
 findings in one line each (`advise_quietly`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from orchestrator.commands.render_advice import print_advice_lines, render_advic
 from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import Artifact
-from orchestrator.lowering.program import AS_SPECIFIED
+from orchestrator.lowering.program import AS_SPECIFIED, ProgramName
 from orchestrator.records import to_data
 from orchestrator.results.documents import ANALYSIS_DIR
 from orchestrator.results.store import LocalRun, find_run
@@ -58,10 +60,14 @@ def advise_quietly(run: LocalRun, who: str = "", results_root: Path | None = Non
 
 def advise_task(
     run_id: Any, *, model: str | None, board: str | None, try_: bool, each: bool, rounds: Any, retest_seconds: Any,
-    inventory: str | None,
+    inventory: str | None, trust_remote_code: bool = False, trust_code: bool = False,
 ) -> int:  # fmt: skip
     """`fab advise`: its options checked (exit 64), then `advise_on`."""
     trial = options.advice_trial(try_, each, rounds, retest_seconds, inventory)
+    if (trust_code or trust_remote_code) and trial is None:
+        raise UsageError("--trust-code and --trust-remote-code are for --try (it lowers the model again)")
+    if trial is not None:
+        trial = replace(trial, trust_code=trust_code, trust_remote_code=trust_remote_code)
     return advise_on(None if run_id is None else options.run_id(run_id), model=model, board=board, trial=trial)
 
 
@@ -96,6 +102,14 @@ def advise_on(
             f"which has rewrites applied already ({', '.join(facts.applied_rewrites)})",
             hint=f"profile the model as exported (fab deploy-and-profile --model {base}), then advise on that run",
         )
+    if facts.spec.keep_float:
+        base = str(replace(ProgramName.parse(facts.spec.name), keep_float_digest=None))
+        raise UsageError(
+            f"--try measures keeping layers in float against the quantized model; run {run.run_id} profiled "
+            f"{run.model}, which keeps {', '.join(facts.spec.keep_float)} in float already",
+            hint=f"profile the quantized model (fab deploy-and-profile --model {base} --quantize "
+            f"{facts.sidecar.variant.scheme.name} --numerics), then advise on that run",
+        )
     target = one_board(trial.inventory, run.board if board is None else board, what="--try needs",
                        example=f"fab advise --run {run.run_id} --try --board local")  # fmt: skip
     # here, not at the top: the trial brings the lowering and the A/B re-test, which every analysis's advice
@@ -103,15 +117,17 @@ def advise_on(
     from orchestrator.advice.trial import try_change
     from orchestrator.deploy.runs import RunParams
 
-    trying = ", ".join([*change.rewrites.names, *([f"--attention {change.attention}"] if change.attention else [])])
+    trying = ", ".join([*change.rewrites.names, *([f"--attention {change.attention}"] if change.attention else []),
+                        *([f"--keep-float {','.join(change.keep_float)}"] if change.keep_float else [])])  # fmt: skip
     console.info(
         console.escape(
             f"trying {trying} on {target.name}: lowering, checking outputs, then interleaved A/B "
             f"({trial.rounds} rounds, at most {trial.retest_seconds:g} s per variant)"
         )
     )
+    spec = facts.spec.allowed(trust_remote_code=trial.trust_remote_code, trust_code=trial.trust_code)
     report = try_change(
-        facts.spec, facts.sidecar.variant, change, target, RunParams(), each=trial.each,
+        spec, facts.sidecar.variant, change, target, RunParams(), each=trial.each,
         predicted_ms=advice.predicted_parts, profiled_ms=advice.method_ms, weights=facts.sidecar.weights,
         rounds=trial.rounds, budget_seconds=trial.retest_seconds,
     )  # fmt: skip

@@ -106,10 +106,11 @@ def variants(backend: str | None, quantize: Any = "none", default: str = "portab
 def lower_options(model: str, variant: Variant) -> str:
     """The `fab lower` options that make program `model`'s `variant`: `--model gpt2-tiny --rewrites tanh-gelu
     --backend xnnpack`, `--model smollm2-gen-tiny --context 128 --quantize int8-dynamic` (a program in the short form
-    of its rewrites is known by its name alone)."""
+    of its rewrites, or one keeping layers in float, is known by its name alone)."""
     named = ProgramName.parse(model)
-    words = [f"--model {named.base if named.rewrites_digest is None else model}"]
-    if named.rewrites_digest is None:
+    by_name = named.rewrites_digest is not None or named.keep_float_digest is not None
+    words = [f"--model {model if by_name else named.base}"]
+    if not by_name:
         words += [f"--attention {named.attention}"] if named.attention else []
         words += [f"--context {named.context}"] if named.context is not None else []
         words += [f"--rewrites {','.join(named.rewrites)}"] if named.rewrites else []

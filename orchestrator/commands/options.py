@@ -268,6 +268,8 @@ class TrialOptions:
     retest_seconds: float
     each: bool = False  # one A/B per rewrite too
     inventory: str | None = None
+    trust_code: bool = False  # the command line's permissions to run code when the trial lowers the model again
+    trust_remote_code: bool = False
 
 
 def advice_trial(

@@ -18,6 +18,7 @@ from orchestrator.lowering.attention.choice import ATTENTIONS
 from orchestrator.lowering.builtins import BUILTIN_SPECS, resolve_spec
 from orchestrator.lowering.lowered import recorded_rewrites
 from orchestrator.lowering.program import (
+    KEEP_FLOAT,
     REWRITES_CHOICE,
     Program,
     ProgramChoice,
@@ -43,6 +44,7 @@ class ProgramOptions(options.OptionGroup):
     rewrites: Any = "none"
     context: Any = None
     attention: Any = None
+    keep_float: Any = None
     trust_remote_code: bool = False
     trust_code: bool = False
 
@@ -117,12 +119,27 @@ def rewrite_request(value: Any, target: ModelSpec) -> RewriteRequest:
     return request
 
 
+def keep_float_layers(value: Any, target: ModelSpec) -> tuple[str, ...]:
+    """`--keep-float a.b,c.d`: the layers a quantized program keeps in float, in order, once each; () when not
+    given. A mixed-precision program found by its artifacts keeps its own, and takes no other set (exit 64)."""
+    layers = tuple(dict.fromkeys(split_list(str(value)) or [])) if value is not None else ()
+    if value is not None and not layers:
+        raise UsageError("--keep-float: give one or more layers, e.g. --keep-float encoder.layer.0.ffn.lin2")
+    if target.keep_float and layers and tuple(sorted(layers)) != target.keep_float:
+        raise UsageError(
+            f"--keep-float {value}: {target.name} is a mixed-precision program keeping {', '.join(target.keep_float)}",
+            hint="lower the model itself with the layers you want: each set gets its own name",
+        )
+    return layers
+
+
 def program_choice(given: ProgramOptions, target: ModelSpec) -> ProgramChoice:
     """The choices the options make of `target`'s model, each value checked (exit 64, the option named)."""
     return ProgramChoice(
         attention=attention_value(given.attention),
         contexts=context_values(given.context),
         rewrites=rewrite_request(given.rewrites, target),
+        keep_float=keep_float_layers(given.keep_float, target),
     )
 
 
@@ -134,15 +151,16 @@ def spec_programs(given: ProgramOptions, new_tokens: int | None = None) -> list[
     try:
         return programs(target, choice, new_tokens)
     except ProgramRefused as first:  # named with its option, with every reason of that choice and value
-        raw = given.rewrites if first.choice == REWRITES_CHOICE else first.value
+        raw = {REWRITES_CHOICE: given.rewrites, KEEP_FLOAT: given.keep_float}.get(first.choice, first.value)
         reasons = "; ".join(refused.reason for refused in refusals(target, choice, new_tokens)
                             if refused.choice == first.choice and refused.value == first.value)  # fmt: skip
         raise UsageError(f"--{first.choice}{'' if raw is None else f' {raw}'}: {reasons}") from None
 
 
 def no_choices_for_own_program(given: ProgramOptions, what: str) -> None:
-    """The user's own program is profiled as they made it: no attention, context or rewrites (exit 64)."""
-    asked = [f"--{option}" for option in ("attention", "context", "rewrites")
+    """The user's own program is profiled as they made it: no attention, context, rewrites or layers kept in float
+    (exit 64)."""
+    asked = [f"--{option.replace('_', '-')}" for option in ("attention", "context", "rewrites", "keep_float")
              if getattr(given, option) not in (None, "none")]  # fmt: skip
     if asked:
         raise UsageError(f"{', '.join(asked)}: {what} is a program of your own, lowered as you exported it")

@@ -105,6 +105,7 @@ def lower_exported_task(
         ("--trust-code", program.trust_code), ("--weights", lowering.weights != "auto"),
         ("--jobs", lowering.jobs is not None), ("--rewrites", program.rewrites != "none"),
         ("--context", program.context is not None), ("--attention", program.attention is not None),
+        ("--keep-float", program.keep_float is not None),
     ) if given_]  # fmt: skip
     if unused:
         raise UsageError(f"{', '.join(unused)}: not for --exported (the program is lowered as you exported it)")

@@ -3,18 +3,25 @@ prints."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from orchestrator import console
 from orchestrator.advice.findings import Advice, Finding
+from orchestrator.lowering.program import ProgramName
+from orchestrator.lowering.variants import Variant
+from orchestrator.results.numerics import EXACT_DB
 
 if TYPE_CHECKING:  # the trial module brings the lowering: a warm deploy prints advice lines without it
-    from orchestrator.advice.trial import TrialReport
+    from orchestrator.advice.trial import ParetoPoint, TrialReport
 
 ONE_LINE_FINDINGS = 3  # what an analysis prints; `fab advise` shows them all
 
 
 def _saving(finding: Finding, method_ms: float) -> str:
+    if finding.predicted_sqnr_db is not None and finding.sqnr_db is not None:  # accuracy won back, at a cost
+        cost = f", {finding.cost_ms:+.3g} ms" if finding.cost_ms is not None else ", time cost not predicted"
+        return f"SQNR {finding.sqnr_db:.1f} → {finding.predicted_sqnr_db:.1f} dB{cost}"
     if finding.saving_mb is not None:
         return f"{finding.saving_mb:.1f} MB"
     if finding.saving_ms is None:
@@ -64,7 +71,9 @@ def advice_lines(advice: Advice, limit: int = ONE_LINE_FINDINGS) -> list[str]:
     """One line per top finding and the predicted total, as every analysis prints them."""
     # An unpredicted finding may still be the largest share of the run (fp32 matmuls on a board never measured in
     # int8): it is shown with its share, never folded into "more".
-    shown = [*advice.findings[:limit], *(f for f in advice.findings[limit:] if _unpredicted(f) and f.share)]
+    # An accuracy finding is about another axis than time: shown too.
+    shown = [*advice.findings[:limit],
+             *(f for f in advice.findings[limit:] if (_unpredicted(f) and f.share) or f.keep_float)]  # fmt: skip
     lines = [f"{f.id} {_saving(f, advice.method_ms)}{_share_of(f)}: {f.title} → {f.fix}{_at_line(f)}" for f in shown]
     more = len(advice.findings) - len(shown)
     tail = f"; {more} more: fab advise --run {advice.run_id}" if more > 0 else ""
@@ -72,7 +81,7 @@ def advice_lines(advice: Advice, limit: int = ONE_LINE_FINDINGS) -> list[str]:
 
 
 def _unpredicted(finding: Finding) -> bool:
-    return finding.saving_ms is None and finding.saving_mb is None
+    return finding.saving_ms is None and finding.saving_mb is None and finding.predicted_sqnr_db is None
 
 
 def _share_of(finding: Finding) -> str:
@@ -104,20 +113,64 @@ def render_trial(report: TrialReport) -> None:
             trial.name, trial.change, trial.predicted_at_retest_ms,
             f"{measured:.3g} ms{share}" if measured is not None else "—", error,
             f"{trial.ratio:.3f}" if trial.ratio is not None else "—",
-            "yes" if trial.confirmed else "no", f"{trial.outputs.sqnr_db:.0f} dB",
+            "yes" if trial.confirmed else "no", _db(trial.outputs.sqnr_db), _db(trial.sqnr_db),
         ])  # fmt: skip
     console.table(
         f"Advice tried on {report.board}: {report.model} ({report.variant.name}) as exported{_baselines(report)}",
         ["variant", "change", "predicted ms", "measured saving", "prediction error", "ratio", "confirmed",
-         "outputs SQNR"],
+         "eager outputs", "board SQNR"],
         rows,
         caption="predicted: the advisor's share of the profiled run's median, at the A/B's pace; measured: "
         "interleaved A/B, median of the model as exported minus the variant's; confirmed: the interleaved "
-        "re-test's rules (as the nightly's); outputs: the variant's against the model as exported",
+        "re-test's rules (as the nightly's); eager outputs: the variant's eager outputs against the model's; "
+        f"board SQNR: its outputs on the board against fp32 eager (the original's: {_db(report.original_sqnr_db)})",
     )  # fmt: skip
     console.details("Re-tests", [(trial.name, None, trial.why) for trial in report.variants])
+    render_pareto(report)
     for line in adopt_lines(report):
         console.plain(line, stderr=False)
+
+
+def _db(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return "exact" if value >= EXACT_DB else f"{value:.1f} dB"
+
+
+def _adopt(point: ParetoPoint) -> str:
+    """The command that profiles a point's program: a mixed-precision one by its layers, not its digest."""
+    from orchestrator.commands.common import lower_options  # here: it brings the transports, advice lines need none
+
+    variant = Variant.parse(point.backend)
+    if point.trial is not None and point.trial.keep_float:
+        base = str(replace(ProgramName.parse(point.name), keep_float_digest=None))
+        return (f"fab deploy-and-profile --model {base} --quantize {variant.scheme.name} "
+                f"--keep-float {','.join(point.trial.keep_float)}")  # fmt: skip
+    return f"fab deploy-and-profile {lower_options(point.name, variant)}"
+
+
+def render_pareto(report: TrialReport) -> None:
+    """Speed against accuracy: every program the trial measured, the ones on the front marked, each with the command
+    that adopts it."""
+    # here, not at the top: the trial module brings the lowering
+    from orchestrator.advice.trial import pareto_front
+
+    points = report.points()
+    if len(points) < 2:
+        return
+    front = {id(point) for point in pareto_front(points)}
+    rows = [
+        [point.name, point.backend, point.median_ms, _db(point.sqnr_db), "yes" if id(point) in front else "no",
+         _adopt(point)]
+        for point in sorted(points, key=lambda point: (point.median_ms, -point.sqnr_db))
+    ]  # fmt: skip
+    console.table(
+        f"Speed against accuracy on {report.board}",
+        ["program", "backend", "median ms", "board SQNR", "on the front", "adopt it"],
+        rows,
+        caption="median: the interleaved A/B's; board SQNR: its outputs on the board against fp32 eager; on the "
+        "front: no other program is both faster and more accurate",
+    )  # fmt: skip
 
 
 def _baselines(report: TrialReport) -> str:
@@ -133,7 +186,10 @@ def _baselines(report: TrialReport) -> str:
 def adopt_lines(report: TrialReport) -> list[str]:
     """How to adopt what the trial confirmed (the confirmed variant with the largest measured saving): the command
     that lowers and runs it, and the nightly matrix's keys that track it beside the model as exported."""
-    confirmed = [trial for trial in report.variants if trial.confirmed]
+    speedups = [trial for trial in report.variants if not trial.keep_float and trial.backend is None]
+    if not speedups:  # accuracy against time: the table of speed against accuracy says how to adopt each point
+        return []
+    confirmed = [trial for trial in speedups if trial.confirmed]
     if not confirmed:
         return ["nothing confirmed: no change to adopt (the re-tests above say why)"]
     best = max(confirmed, key=lambda trial: trial.measured_ms or 0.0)

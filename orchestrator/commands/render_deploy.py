@@ -102,7 +102,7 @@ def model_advice_lines(model: str, advices: Sequence[tuple[CellOutcome, Advice]]
     """The advice once for a model: its runs' findings joined by what they say (title and fix), the largest saving
     first, each with the range of its predicted saving and share over the runs that found it."""
     # here, not at the top: print_cells (render.py) imports this module, and a deploy starts before the advisor loads
-    from orchestrator.commands.render_advice import _at_line
+    from orchestrator.commands.render_advice import _at_line, _saving
 
     seen: dict[tuple[str, str], _Seen] = {}
     for cell, advice in advices:
@@ -117,15 +117,18 @@ def model_advice_lines(model: str, advices: Sequence[tuple[CellOutcome, Advice]]
                 entry.variants.append(cell.variant.name)
     if not seen:
         return []
-    # as the advisor numbers them: predicted savings, largest first; then the bounds (what the operators take);
-    # then the findings without a predicted saving
-    ranked = sorted(seen.values(), key=lambda e: (not e.savings, e.finding.saving_is_bound, -max(e.savings, default=0)))
+    # as the advisor numbers them: a failed accuracy gate's fix first; predicted savings, largest first; then the
+    # bounds (what the operators take); then the findings without a predicted saving
+    ranked = sorted(seen.values(), key=lambda e: (not e.finding.gate_failed, not e.savings, e.finding.saving_is_bound,
+                                                  -max(e.savings, default=0)))  # fmt: skip
     variants = list(dict.fromkeys(cell.variant.name for cell, _ in advices))
     lines = []
     for entry in ranked[:MODEL_FINDINGS]:
         finding = entry.finding
         saving = "not predicted"
-        if entry.savings:
+        if finding.keep_float:  # accuracy, not time: what the advisor predicts is an SQNR
+            saving = _saving(finding, 0.0)
+        elif entry.savings:
             bound = "≤ " if finding.saving_is_bound else ""
             share = f" ({_span([s * 100 for s in entry.shares], '%', '.0f')})" if entry.shares else ""
             saving = f"{bound}{_span(entry.savings, ' ms')}{share}"

@@ -59,7 +59,10 @@ def _quantized_cell(sidecar: Sidecar) -> str | None:
         text += f"; {len(quantization.padded_linears)} linears padded to the group"
     if quantization.shared_heads:  # a tied head reading the embedding's quantized table: stored once
         text += "; tied head reads the embedding's table (stored once)"
-    floating = [*quantization.float_linears, *quantization.float_convolutions]
+    kept = quantization.kept_float
+    if kept:  # mixed precision, as asked
+        text += f"; kept float: {', '.join(kept[:4])}{' …' if len(kept) > 4 else ''}"
+    floating = [name for name in (*quantization.float_linears, *quantization.float_convolutions) if name not in kept]
     if floating:
         text += f"; FLOAT: {', '.join(floating[:4])}{' …' if len(floating) > 4 else ''}"
     return text

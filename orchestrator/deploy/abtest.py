@@ -41,6 +41,7 @@ from orchestrator.results.stats import DEFAULT_MIN_EFFECT, compare_samples
 from orchestrator.results.store import new_run_id
 from orchestrator.results.validity import number_list
 from orchestrator.transport import BoardConnection
+from orchestrator.transport.pull import pull_bundle
 from orchestrator.transport.transfer import push_file
 
 MIN_ROUNDS = 5  # the fewest rounds whose unanimous agreement passes the sign test (1/32 < SIGN_ALPHA)
@@ -62,6 +63,7 @@ class ABProgram:
     pte: Path
     sha256: str
     generate: GenerateArgs | None = None  # a text-generation program: each run is its generate loop (runs.py)
+    outputs_to: Path | None = None  # pull its first run's bundle here (its outputs, for the accuracy of the side)
 
 
 @dataclass
@@ -275,6 +277,8 @@ def _one_run(
             status, error = document.get("status"), document.get("error")
             raise BoardError(f"{conn.board.name}: program {side.label} {status}: {error}")
         samples = _timings(conn, bundle)
+        if side.outputs_to is not None and not side.outputs_to.exists():  # the first run's: verified, capped
+            pull_bundle(conn, bundle, side.outputs_to)
     finally:
         # Re-test bundles are scratch: they must not push the nightly's own bundles out of `gc --keep`.
         conn.run(["rm", "-rf", "--", bundle], timeout=60, check=False)

@@ -60,6 +60,17 @@ class LoweredModel:
         return self.sidecar.applied_rewrites
 
     @property
+    def keep_float(self) -> tuple[str, ...]:
+        """The layers its quantized variants keep in float (a mixed-precision program's)."""
+        kept = self.sidecar.spec.get("keep_float")
+        return tuple(str(name) for name in kept) if isinstance(kept, list) else ()
+
+    @property
+    def chosen(self) -> bool:
+        """A program made of a model by lowering choices (rewrites, layers kept in float), not the model itself."""
+        return bool(self.rewrites or self.keep_float)
+
+    @property
     def spec_file(self) -> str | None:
         source = self.sidecar.origin.source
         return None if self.user_file or source is None or source == "built-in" else source
@@ -79,7 +90,7 @@ def find_lowered(name: str, root: Path | None = None) -> LoweredModel | None:
             found.append(sidecar)
     found.sort(key=lambda sidecar: sidecar.created, reverse=True)
     model = next((LoweredModel(name, sidecar) for sidecar in found), None)
-    if model is None or (model.spec_file is None and not model.user_file and not model.rewrites):
+    if model is None or (model.spec_file is None and not model.user_file and not model.chosen):
         return None
     return model
 
@@ -151,13 +162,13 @@ def spec_of_lowered(model: LoweredModel, *, trust_remote_code: bool = False, tru
 
     spec_file = model.spec_file
     if spec_file is None:  # a built-in model's rewritten program: the spec it was lowered from, as recorded
-        assert model.rewrites and not model.user_file, "user programs have no spec"
+        assert model.chosen and not model.user_file, "user programs have no spec"
         return LoweredSpec(allowed(spec_from_record(recorded, where)), "built-in", None)
     current = None
     with contextlib.suppress(SpecError):
         current = load_spec_file(Path(spec_file))
-    if current is not None and model.rewrites:  # the file names the model as exported, not its rewritten program
-        current = replace(current, name=model.name)
+    if current is not None and model.chosen:  # the file names the model as exported, not its chosen program
+        current = replace(current, name=model.name, keep_float=model.keep_float)
     if current is not None and _identity(current.to_dict()) == _identity(recorded):
         return LoweredSpec(allowed(current), spec_file, None)
     stale = "is gone" if not Path(spec_file).is_file() else ("changed since" if current else "is no longer valid")

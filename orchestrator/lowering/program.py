@@ -10,13 +10,15 @@ choice that cannot apply (the command line names its option, the matrix its file
 A program is the model of a spec as exported, or that model changed by lowering choices, each another program
 under its own name, beside the model as exported (artifacts/, results/, the nightly history):
 
-    <base>[.<attention>][.ctx<N>][.<rewrite>...| .rw-<8 hex>]
+    <base>[.<attention>][.ctx<N>][.<rewrite>...| .rw-<8 hex>][.kf-<8 hex>]
 
 - attention (attention/choice.py `ATTENTIONS`): a text-generation program attending otherwise than its spec says
   (`smollm2-gen-tiny.sdpa`);
 - `ctx<N>`: a text-generation program with a KV cache of N positions, not the spec's own (`smollm2-135m-gen.ctx1024`);
 - rewrites (rewrites/registry.py `REWRITES`), in the registry's order (`gpt2-tiny.tanh-gelu.head-at-position`), or
   past the name rule's 64 characters a short stable form (`<name[:48]>.rw-<8 hex of their sha256>`).
+- `kf-<8 hex>`: a quantized program that keeps some layers in float (mixed precision, `--keep-float`), the hex
+  the sha256 of their sorted names; the names themselves are the spec's `keep_float` (its sidecar records them).
 
 `with_` makes a spec's program (the name and the spec's fields together); `ProgramName.parse` reads a name back,
 peeling the suffixes it knows from the right, so a base name with dots of its own is kept whole. Nothing else in
@@ -37,11 +39,14 @@ from orchestrator.names import is_valid_name
 
 _CONTEXT = re.compile(r"ctx([1-9][0-9]*)")
 _SHORT_REWRITES = re.compile(r"rw-([0-9a-f]{8})")
+_KEEP_FLOAT = re.compile(r"kf-([0-9a-f]{8})")
+_LAYER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")  # a module path: `encoder.layer.0.ffn.lin2`
+MAX_KEPT_LAYERS = 512
 SHORT_BASE = 48  # characters of the base kept in the short form
 
 
-def _digest(rewrites: tuple[str, ...]) -> str:
-    return hashlib.sha256(",".join(rewrites).encode()).hexdigest()[:8]
+def _digest(names: tuple[str, ...]) -> str:
+    return hashlib.sha256(",".join(names).encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,16 @@ class ProgramName:
     context: int | None = None
     rewrites: tuple[str, ...] = ()
     rewrites_digest: str | None = None  # a name in the short form: the rewrites' digest, their names unknown
+    keep_float_digest: str | None = None  # a mixed-precision program: the digest of the layers it keeps in float
 
     def __str__(self) -> str:
+        head = self._choices()
+        if self.keep_float_digest is None:
+            return head
+        kept = f"{head}.kf-{self.keep_float_digest}"
+        return kept if is_valid_name(kept) else f"{head[:SHORT_BASE]}.kf-{self.keep_float_digest}"
+
+    def _choices(self) -> str:
         head = self.base + (f".{self.attention}" if self.attention else "")
         head += f".ctx{self.context}" if self.context is not None else ""
         if self.rewrites_digest is not None:
@@ -75,7 +88,10 @@ class ProgramName:
         a context; what is left is the base. A name with none of them is its own base."""
         parts = name.split(".")
         rewrites: list[str] = []
-        digest = None
+        digest = kept = None
+        if len(parts) > 1 and (float_kept := _KEEP_FLOAT.fullmatch(parts[-1])):
+            kept = float_kept.group(1)
+            parts.pop()
         if len(parts) > 1 and (short := _SHORT_REWRITES.fullmatch(parts[-1])):
             digest = short.group(1)
             parts.pop()
@@ -88,7 +104,7 @@ class ProgramName:
             parts.pop()
         if len(parts) > 1 and parts[-1] in ATTENTIONS:
             attention = parts.pop()
-        return cls(".".join(parts), attention, context, tuple(rewrites), digest)
+        return cls(".".join(parts), attention, context, tuple(rewrites), digest, kept)
 
 
 def with_(
@@ -97,10 +113,11 @@ def with_(
     attention: str | None = None,
     context: int | None = None,
     rewrites: RewriteRequest = NO_REWRITES,
+    keep_float: tuple[str, ...] = (),
 ) -> ModelSpec:
     """The program of `spec` with these choices, under its own name: each choice that is the spec's own (its
-    attention, its context, no rewrite that applies) leaves the spec as it is. The caller checked that the spec
-    generates where attention or context is given."""
+    attention, its context, no rewrite that applies, no layer kept in float) leaves the spec as it is. The caller
+    checked that the spec generates where attention or context is given, and that the layers exist."""
     named = ProgramName.parse(spec.name)
     if attention is not None and attention != attention_of(spec):
         if named.attention is not None and attention == DEFAULT_ATTENTION:
@@ -115,6 +132,10 @@ def with_(
     resolved = rewrites.resolve(spec)
     if resolved and named.as_exported:  # a rewritten program found by its artifacts is not renamed twice
         named = replace(named, rewrites=resolved)
+    kept = tuple(sorted(set(keep_float)))
+    if kept and named.keep_float_digest is None:  # a mixed-precision program found by its artifacts: named already
+        spec = replace(spec, keep_float=kept)
+        named = replace(named, keep_float_digest=_digest(kept))
     name = str(named)
     return spec if name == spec.name else replace(spec, name=name)
 
@@ -127,17 +148,19 @@ def program_name(spec: ModelSpec, rewrites: RewriteRequest) -> str:
 @dataclass(frozen=True)
 class ProgramChoice:
     """What a user asks of a spec's model, each choice one value: how it attends (None: its spec's), its KV cache
-    sizes (one program each; empty: its spec's) and the rewrites applied before export (none: as exported)."""
+    sizes (one program each; empty: its spec's), the rewrites applied before export (none: as exported) and the
+    layers its quantized variants keep in float (none: every layer the scheme takes)."""
 
     attention: str | None = None
     contexts: tuple[int, ...] = ()
     rewrites: RewriteRequest = NO_REWRITES
+    keep_float: tuple[str, ...] = ()
 
 
 AS_SPECIFIED = ProgramChoice()
 
 # A choice's name, as refusals name it: the command line adds `--`, the nightly matrix uses it as its key
-ATTENTION, CONTEXT, REWRITES_CHOICE = "attention", "context", "rewrites"
+ATTENTION, CONTEXT, REWRITES_CHOICE, KEEP_FLOAT = "attention", "context", "rewrites", "keep-float"
 
 
 class ProgramRefused(UsageError):
@@ -189,6 +212,15 @@ def refusals(spec: ModelSpec, choice: ProgramChoice, new_tokens: int | None = No
                                                  f"{new_tokens or spec.new_tokens} new ones need {need} positions",
                                         context))  # fmt: skip
     found += [ProgramRefused(REWRITES_CHOICE, problem) for problem in not_applying(choice.rewrites, spec)]
+    if choice.keep_float and spec.generates:
+        found.append(ProgramRefused(KEEP_FLOAT, f"{spec.name} is a text-generation model: its schemes quantize with "
+                                                "the LLM recipe, which keeps no layer in float"))  # fmt: skip
+    malformed = [name for name in choice.keep_float if not _LAYER_NAME.fullmatch(name)]
+    if malformed:
+        found.append(ProgramRefused(KEEP_FLOAT, "a layer is a module path such as encoder.layer.0.ffn.lin2",
+                                    ", ".join(malformed)))  # fmt: skip
+    if len(choice.keep_float) > MAX_KEPT_LAYERS:
+        found.append(ProgramRefused(KEEP_FLOAT, f"at most {MAX_KEPT_LAYERS} layers"))
     return found
 
 
@@ -200,4 +232,6 @@ def programs(spec: ModelSpec, choice: ProgramChoice = AS_SPECIFIED, new_tokens: 
         raise problems[0]
     base = with_(spec, attention=choice.attention)
     chosen = [with_(base, context=context) for context in dict.fromkeys(choice.contexts)] or [base]
-    return [Program(with_(each, rewrites=choice.rewrites), choice.rewrites) for each in chosen]
+    return [
+        Program(with_(each, rewrites=choice.rewrites, keep_float=choice.keep_float), choice.rewrites) for each in chosen
+    ]

@@ -155,6 +155,8 @@ class Quantization:
     padded_linears: tuple[str, ...] = ()
     # A tied head reading its embedding's quantized table, stored once: "lm_head shares model.embed_tokens' 4-bit table"
     shared_heads: tuple[str, ...] = ()
+    # Layers kept in float as asked (a mixed-precision program, `--keep-float`): not a warning, a choice
+    kept_float: tuple[str, ...] = ()
     nodes: QuantizedNodes | None = None
     pte_bytes: Count | None = None
 
@@ -177,16 +179,20 @@ class Quantization:
         return self.calibration.samples if self.calibration else None
 
     def float_notes(self) -> list[str]:
-        """`3 of 8 linears stay in float: a, b, c`, and the same for convolutions: what a report warns about."""
+        """`3 of 8 linears stay in float: a, b, c`, and the same for convolutions: what a report warns about. Layers
+        kept in float as asked are no warning: `kept in float as asked: d`."""
         notes = []
+        kept = set(self.kept_float)
         for names, total, kind in (
             (self.float_linears, self.linear_layers, "linears"),
             (self.float_convolutions, self.convolutions, "convolutions"),
             (self.float_embeddings, self.embeddings, "embeddings"),
         ):
-            if names:
-                shown = ", ".join(names[:8]) + (f" … ({len(names) - 8} more)" if len(names) > 8 else "")
-                notes.append(f"{total - self._quantized(kind)} of {total} {kind} stay in float: {shown}")
+            unasked = [name for name in names if name not in kept]
+            if unasked:
+                shown = ", ".join(unasked[:8]) + (f" … ({len(unasked) - 8} more)" if len(unasked) > 8 else "")
+                left = total - self._quantized(kind) - (len(names) - len(unasked))
+                notes.append(f"{left} of {total} {kind} stay in float: {shown}")
         return notes
 
     def _quantized(self, kind: str) -> int:

@@ -201,6 +201,9 @@ class ModelSpec:
     prompt: str | None = None
     # fill-mask, causal-lm and text-generation: which logits the program returns (OUTPUTS); part of the identity.
     output: str = ALL_POSITIONS
+    # Layers a quantized variant keeps in float (mixed precision, `--keep-float`): module paths of linears and
+    # convolutions. Only a program's own choice (its name says so, lowering/program.py), never a spec file's.
+    keep_float: tuple[str, ...] = ()
     # Where each field was written in the spec file: "seq_len", "config", "config.<key>" -> line.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -297,6 +300,10 @@ class ModelSpec:
             data["max_prompt_len"] = self.prompt_capacity
         else:  # absent, as before the field existed: other programs' cache keys stay
             data.pop("max_prompt_len")
+        if not self.keep_float:  # absent unless chosen: other programs' cache keys stay
+            data.pop("keep_float")
+        else:
+            data["keep_float"] = list(self.keep_float)
         data["declared_inputs"] = [asdict(spec) | {"shape": list(spec.shape)} for spec in self.declared_inputs]
         data["inputs"] = [asdict(spec) | {"shape": list(spec.shape)} for spec in self.inputs]
         return data

@@ -124,7 +124,7 @@ def test_the_layer_that_breaks_int8_is_named_with_its_source_line(
     local_board: Board, tmp_path: Path, browser_page: Any
 ) -> None:
     # the accuracy gate fails (exit 1), as it should for this model; the numerics say where
-    deployed = deploy(local_board, tmp_path, "--quantize", "int8-dynamic", code=1)
+    deployed = deploy(local_board, tmp_path, "--quantize", "none,int8-dynamic", code=1)
     summary, numerics, said = deployed.summary, deployed.numerics, deployed.said
     result = summary["numerics"]
     assert result["status"] == "ok" and result["taps"] == len(numerics["operators"]) >= 5
@@ -158,6 +158,36 @@ def test_the_layer_that_breaks_int8_is_named_with_its_source_line(
         watched.check()
     finally:
         server.stop()
+    keeping_the_fragile_layer_float_wins_the_accuracy_back(deployed, summary["run_id"], tmp_path)
+
+
+def keeping_the_fragile_layer_float_wins_the_accuracy_back(deployed: Deployed, run_id: str, tmp_path: Path) -> None:
+    """The advisor proposes keeping that layer in float with the SQNR it predicts; `--try` measures it on the board
+    beside the int8 and fp32 programs, and the speed/accuracy table says how to adopt each."""
+    inventory = str(tmp_path / "inventory.yaml")
+    advised = subprocess.run(
+        [sys.executable, "-m", "fabric", "advise", "--run", run_id, "--try", "--board", "local", "--inventory",
+         inventory, "--rounds", "5", "--retest-seconds", "5", "--trust-code"],
+        cwd=PROJECT_ROOT, env=deployed.env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    said = " ".join((advised.stdout + advised.stderr).split())
+    assert advised.returncode == 0, said
+    advice = json.loads((deployed.run / "analysis" / "advice.json").read_text())
+    (finding,) = [finding for finding in advice["findings"] if finding["kind"] == "keep-float"]
+    assert finding["keep_float"] == ["fragile"] and finding["gate_failed"] and finding["id"] == "F1"
+    assert finding["predicted_sqnr_db"] > finding["sqnr_db"] + 20, finding
+    assert "--quantize int8-dynamic --keep-float fragile" in finding["fix"]
+    trial = json.loads((deployed.run / "analysis" / "advice_trial.json").read_text())
+    by_change = {(tuple(v["keep_float"]), v["backend"]): v for v in trial["variants"]}
+    kept, fp32 = by_change[(("fragile",), None)], by_change[((), "xnnpack")]
+    # measured on the board: the layer kept float wins back about what was predicted; fp32 is fp32
+    assert kept["sqnr_db"] > trial["original_sqnr_db"] + 20 and kept["sqnr_db"] > 30, (kept, trial)
+    assert abs(kept["sqnr_db"] - finding["predicted_sqnr_db"]) < 10, (kept, finding)
+    assert fp32["sqnr_db"] > 100
+    # the most accurate program is always on the front; the int8 one at 5 dB is never the only point there
+    front = {(point["name"], point["backend"]) for point in trial["pareto_front"]}
+    assert ("my-small", "xnnpack") in front and len(trial["pareto_front"]) >= 1
+    assert "Speed against accuracy" in said and "--keep-float" in said.split("Speed against accuracy")[1], said
 
 
 def test_fp32_stays_at_fp32_rounding_through_lower_run_pull(local_board: Board, tmp_path: Path) -> None:

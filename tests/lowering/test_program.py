@@ -68,7 +68,9 @@ def test_every_choice_is_another_program_under_the_name_it_always_had() -> None:
 def plain_base(name: str) -> bool:
     """A base whose own dotted parts are none of the suffixes (else the parse, peeling from the right, takes them)."""
     parts = name.split(".")[1:]
-    return not any(p in REWRITES or p in ATTENTIONS or re.fullmatch(r"ctx\d+|rw-[0-9a-f]{8}", p) for p in parts)
+    return not any(
+        p in REWRITES or p in ATTENTIONS or re.fullmatch(r"ctx\d+|rw-[0-9a-f]{8}|kf-[0-9a-f]{8}", p) for p in parts
+    )
 
 
 names = st.from_regex(NAME_PATTERN, fullmatch=True).filter(plain_base)

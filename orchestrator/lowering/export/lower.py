@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
+from orchestrator.errors import UsageError
 from orchestrator.fsutil import atomic_path, file_lock, read_json, remove_stale_temporaries, sha256_file
 from orchestrator.lowering.artifacts import ArtifactPaths, file_record
 from orchestrator.lowering.export.cache import cache_key, cached_sidecar
@@ -92,6 +93,7 @@ def lower(
     choice = resolve_weights(spec, weights)
     variants = tuple(dict.fromkeys(variants))
     check_llm_recipes(spec, variants)
+    check_mixed_precision(spec, variants)
     keys = {variant: cache_key(spec, variant, choice.mode, etrecord, calibration_sha, rewrites) for variant in variants}
 
     missing = []
@@ -336,6 +338,7 @@ def _load(
 
         loaded = load_model(spec, weights)
         module, applied = apply_rewrites(loaded.module, spec, rewrites)
+        check_keep_float(spec, module)
         if spec.generates:  # the board gets the prompt; the reference is eager greedy generation from it
             from orchestrator.lowering.export import generation
 
@@ -373,6 +376,39 @@ def _load(
         prompt_rows=spec.prompt_capacity if spec.generates else None,
         generation=generation_record,
     )
+
+
+def check_mixed_precision(spec: ModelSpec, variants: Sequence[Variant]) -> None:
+    """A mixed-precision program is a quantized one: its fp32 variant would be the model's own (exit 64)."""
+    fp32 = [variant.name for variant in variants if not variant.quantized]
+    if spec.keep_float and fp32:
+        raise UsageError(
+            f"--keep-float: {spec.name} keeps layers in float of a quantized program; {', '.join(fp32)} is fp32 "
+            "throughout already",
+            hint="give --quantize with a scheme (e.g. --quantize int8-dynamic --keep-float LAYER); the fp32 program "
+            "is the model's own, lowered without --keep-float",
+        )
+
+
+def check_keep_float(spec: ModelSpec, module: Any) -> None:
+    """The layers a mixed-precision program keeps in float are linears or convolutions of its model (exit 64, with
+    the names it takes), checked before any variant is lowered."""
+    from orchestrator.lowering.quantize.methods import weighted_layers
+    from orchestrator.lowering.quantize.quantized import KeptLayerUnknown, kept_layer_paths
+
+    try:
+        kept_layer_paths(spec.keep_float, weighted_layers(module))
+    except KeptLayerUnknown as exc:
+        shown = ", ".join(exc.layers[:_LAYERS_SHOWN]) + (f" (and {len(exc.layers) - _LAYERS_SHOWN} more)"
+                                                        if len(exc.layers) > _LAYERS_SHOWN else "")  # fmt: skip
+        raise UsageError(
+            f"--keep-float {','.join(exc.unknown)}: {spec.name} has no linear or convolution of that name; it has "
+            f"{len(exc.layers)}: {shown or 'none'}",
+            hint="`fab analyze` of a run with --numerics names each layer's module; so does `fab advise`",
+        ) from None
+
+
+_LAYERS_SHOWN = 24
 
 
 def _export(shared: _Exported, artifact_paths: ArtifactPaths, timer: console.StageTimer) -> dict[str, Any]:

@@ -73,7 +73,13 @@ def quantized_program(
         apply = generation.quantizer(scheme, task.spec.prompt_capacity)
     with lowering_stage(f"{EXPORT} (quantizing to {scheme.name})", task.spec.name):
         quantized = quantize(
-            module, example_args, scheme, calibration=calibration, calibration_source=source, apply=apply
+            module,
+            example_args,
+            scheme,
+            calibration=calibration,
+            calibration_source=source,
+            apply=apply,
+            keep_float=task.spec.keep_float,
         )
     if task.spec.generates and scheme.llm is not None:  # the recipe that quantized it
         quantized.report["method"] = scheme.llm.method

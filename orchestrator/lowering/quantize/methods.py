@@ -176,33 +176,56 @@ def _pt2e(model: Any, example_args: tuple, samples: list[tuple], quantizer: Any)
         return torch.export.export(converted, example_args, strict=False)
 
 
-def int8_dynamic(model: Any, example_args: tuple, _calibration: list[tuple] | None, quantizer: Any) -> Any:
-    return _pt2e(model, example_args, [example_args], quantizer or integer_safe_quantizer(is_dynamic=True))
+def keeping_float(quantizer: Any, keep_float: tuple[str, ...]) -> Any:
+    """`quantizer` annotating nothing inside the layers `keep_float` names (module paths): they stay fp32."""
+    if keep_float:
+        from torchao.quantization.pt2e.quantizer.utils import get_module_name_filter
+
+        kept = [get_module_name_filter(name) for name in keep_float]
+        quantizer.set_filter_function(lambda node: not any(inside(node) for inside in kept))
+    return quantizer
 
 
-def int8_static(model: Any, example_args: tuple, calibration: list[tuple] | None, quantizer: Any) -> Any:
+def int8_dynamic(
+    model: Any, example_args: tuple, _calibration: list[tuple] | None, quantizer: Any, keep_float: tuple[str, ...] = ()
+) -> Any:
+    quantizer = quantizer or keeping_float(integer_safe_quantizer(is_dynamic=True), keep_float)
+    return _pt2e(model, example_args, [example_args], quantizer)
+
+
+def int8_static(
+    model: Any, example_args: tuple, calibration: list[tuple] | None, quantizer: Any, keep_float: tuple[str, ...] = ()
+) -> Any:
     samples = calibration or [example_args]
-    return _pt2e(model, example_args, samples, quantizer or integer_safe_quantizer(is_dynamic=False))
+    quantizer = quantizer or keeping_float(integer_safe_quantizer(is_dynamic=False), keep_float)
+    return _pt2e(model, example_args, samples, quantizer)
 
 
 def quantize_8da4w(
-    model: Any, example_args: tuple, _calibration: list[tuple] | None, _quantizer: Any, *, group: int = GROUP_SIZE
+    model: Any,
+    example_args: tuple,
+    _calibration: list[tuple] | None,
+    _quantizer: Any,
+    keep_float: tuple[str, ...] = (),
+    *,
+    group: int = GROUP_SIZE,
 ) -> Any:
     import torch
 
-    apply_8da4w(model, group)
+    apply_8da4w(model, group, keep_float)
     with torch.no_grad():
         return torch.export.export(model, example_args, strict=False)
 
 
-def apply_8da4w(model: Any, group: int = GROUP_SIZE) -> None:
-    """torchao `quantize_` on every linear whose input features divide into groups (the others stay float)."""
+def apply_8da4w(model: Any, group: int = GROUP_SIZE, keep_float: tuple[str, ...] = ()) -> None:
+    """torchao `quantize_` on every linear whose input features divide into groups (the others stay float), but
+    those `keep_float` names."""
     import torch
     from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
     from torchao.quantization.granularity import PerGroup
 
-    def groupable(child: Any, _fqn: str) -> bool:
-        return isinstance(child, torch.nn.Linear) and child.in_features % group == 0
+    def groupable(child: Any, fqn: str) -> bool:
+        return isinstance(child, torch.nn.Linear) and child.in_features % group == 0 and fqn not in keep_float
 
     int4 = torch.int4  # type: ignore[attr-defined]  # torch's stubs lack the sub-byte dtypes it has had since 2.5
     config = Int8DynamicActivationIntxWeightConfig(weight_dtype=int4, weight_granularity=PerGroup(group))

@@ -29,11 +29,13 @@ def quantize(
     calibration_source: str | None = None,
     quantizer: Any = None,
     apply: Apply | None = None,
+    keep_float: tuple[str, ...] = (),
 ) -> Quantized:
     """Quantize an eager module (a copy; the original is untouched) and export it.
 
     `calibration` is a list of argument tuples for a calibrated scheme; `quantizer` overrides the PT2E quantizer
-    (tests); `apply` the scheme's own way of quantizing and exporting (a text-generation program's, generation.py).
+    (tests); `apply` the scheme's own way of quantizing and exporting (a text-generation program's, generation.py);
+    `keep_float` the layers left fp32 (mixed precision; KeptLayerUnknown if one is no linear or convolution of it).
     The linears and convolutions are counted in the quantized program's graph, so a module without nn.Linear or
     nn.Conv layers (a user's .pt2, unlifted) is counted too.
     """
@@ -41,8 +43,13 @@ def quantize(
         raise ValueError(f"not a quantization scheme: {scheme.name!r}")
     model = copy.deepcopy(module).eval()
     swapped = swap_conv1d(model)
-    program = (apply or scheme.apply)(model, example_args, calibration, quantizer)
-    operations = graph_operations(program.graph, weighted_layers(model))
+    layers = weighted_layers(model)
+    kept_paths = kept_layer_paths(keep_float, layers)
+    if keep_float:
+        program = (apply or scheme.apply)(model, example_args, calibration, quantizer, kept_paths)
+    else:
+        program = (apply or scheme.apply)(model, example_args, calibration, quantizer)
+    operations = graph_operations(program.graph, layers)
     linears = [op for op in operations if op.kind == LINEAR]
     convolutions = [op for op in operations if op.kind == CONVOLUTION]
     report = {
@@ -62,6 +69,11 @@ def quantize(
         report["embeddings"] = len(embeddings)
         report["quantized_embeddings"] = sum(quantized for _, quantized in embeddings)
         report["float_embeddings"] = sorted(name for name, quantized in embeddings if not quantized)
+    if keep_float:  # mixed precision: what was asked, and checked in the graph (a quantized one is a bug)
+        still_quantized = sorted({op.layer for op in operations if op.quantized} & set(kept_paths))
+        if still_quantized:
+            raise RuntimeError(f"layers kept in float came out quantized: {', '.join(still_quantized)}")
+        report["kept_float"] = sorted(keep_float)
     padded = padded_layers(model)
     if padded:  # 4-bit groups that did not divide a linear's input features: padded to a multiple of the group
         report["padded_linears"] = padded
@@ -69,6 +81,29 @@ def quantize(
     if shared:  # a tied head reading the embedding's quantized table (quantize/shared_head.py): stored once
         report["shared_heads"] = sorted(shared)
     return Quantized(program, report)
+
+
+class KeptLayerUnknown(ValueError):
+    """`--keep-float` naming what is no linear or convolution of the model; `layers` are those it has."""
+
+    def __init__(self, unknown: list[str], layers: list[str]) -> None:
+        super().__init__(f"no linear or convolution named {', '.join(unknown)}")
+        self.unknown = unknown
+        self.layers = layers
+
+
+_WRAPPED = "model."  # etlab's wrappers hold the user's model as `model` (numerics and reports name it without)
+
+
+def kept_layer_paths(keep_float: tuple[str, ...], layers: list[str]) -> tuple[str, ...]:
+    """The module paths of the layers `keep_float` names, as the user's model names them (a wrapper's `model.`
+    prefix optional); KeptLayerUnknown with the names the model takes if one is no linear or convolution."""
+    known = set(layers)
+    paths = [name if name in known else f"{_WRAPPED}{name}" for name in keep_float]
+    unknown = [name for name, path in zip(keep_float, paths, strict=True) if path not in known]
+    if unknown:
+        raise KeptLayerUnknown(unknown, [layer.removeprefix(_WRAPPED) for layer in layers])
+    return tuple(paths)
 
 
 def shared_head_lines(module: Any) -> list[str]:

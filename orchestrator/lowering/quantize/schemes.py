@@ -26,8 +26,9 @@ from orchestrator.lowering.quantize.methods import (
 )
 
 # How a scheme turns a (deep-copied, Conv1D-swapped) eager model into an exported program: (model, example_args,
-# calibration samples, PT2E quantizer override) -> program. What it quantized is read from that program's graph.
-Apply = Callable[[Any, tuple, list[tuple] | None, Any], Any]
+# calibration samples, PT2E quantizer override[, layers kept in float]) -> program. What it quantized is read from
+# that program's graph.
+Apply = Callable[..., Any]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,100 @@
+"""Mixed precision: which layers of a quantized program to keep in float, read from its numerics pass, with the
+accuracy that wins back and the time it costs.
+
+Every operator's numerics row says how much error it introduced itself (results/numerics.py: `introduced_db`, the
+SQNR of what it added, relative to its own output). The proposal assumes each operator's added relative error
+reaches the output in proportion: the output's error power is shared among the operators by their added error
+powers, so keeping a set K of layers in float leaves `e_out * (1 - sum_K e_k / sum_all e_j)` of it, an SQNR gain of
+`-10 log10(1 - share_K)`. Only linears and convolutions can be kept (`--keep-float` names modules); the layers are
+taken in order of added error until they hold `TARGET_SHARE` of it, at most `MAX_KEPT` of them, and only when the
+first holds at least `MIN_LAYER_SHARE` (an error spread evenly is not a few layers' fault). bench/bench_numerics.py
+measures the prediction against the mixed-precision program's own numerics.
+
+The time it costs: the kept layers' int8 nodes in this run against the same layers in the model's fp32 run on this
+board (measured), else at this board's int8/fp32 ratio of their node types (other models' runs), else unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from orchestrator.results.numerics import EXACT_DB, OperatorRecord
+
+TARGET_SHARE = 0.5  # keep layers until they hold half the added error: at least 3 dB back
+MAX_KEPT = 8
+MIN_LAYER_SHARE = 0.15
+LOSSY_SQNR_DB = 40.0  # an output below this is a large loss for int8 (its usual 28-42 dB): worth a proposal
+WRAPPED = "model."  # etlab's wrappers hold the user's model as `model`; the user's own paths are without it
+_WEIGHTED_OPS = frozenset({"linear", "addmm", "conv1d", "conv2d", "conv3d", "convolution", "conv_transpose1d",
+                           "conv_transpose2d"})  # fmt: skip
+
+
+def user_path(module: str | None) -> str | None:
+    """A module's path as the user's model names it (an etlab wrapper's `model.` taken off)."""
+    return module.removeprefix(WRAPPED) if module else module
+
+
+def _short(op: str) -> str:
+    return op.removeprefix("aten.").split(".")[0]
+
+
+def is_weighted(row: OperatorRecord) -> bool:
+    """A linear or convolution (measured alone, or with the activation it is fused with)."""
+    return _short(row.op) in _WEIGHTED_OPS or any(_short(op) in _WEIGHTED_OPS for op in row.fused)
+
+
+def added_error(row: OperatorRecord) -> float:
+    """The relative error power the operator added (0 for one at fp32's rounding)."""
+    return 0.0 if row.introduced_db >= EXACT_DB else 10.0 ** (-row.introduced_db / 10.0)
+
+
+@dataclass(frozen=True)
+class KeptLayer:
+    module: str  # as the user's model names it
+    share: float  # of the program's added error
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The layers to keep in float, the output's SQNR now and predicted with them kept."""
+
+    layers: tuple[KeptLayer, ...]
+    sqnr_db: float
+    predicted_sqnr_db: float
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(layer.module for layer in self.layers)
+
+    @property
+    def share(self) -> float:
+        return sum(layer.share for layer in self.layers)
+
+
+def propose(operators: Iterable[OperatorRecord], output_sqnr_db: Iterable[float]) -> Proposal | None:
+    """The layers to keep in float (module paths), or None when no few layers hold the loss."""
+    rows = list(operators)
+    outputs = list(output_sqnr_db)
+    total = sum(added_error(row) for row in rows)
+    if not rows or not outputs or total <= 0:
+        return None
+    by_layer: dict[str, float] = defaultdict(float)
+    for row in rows:
+        module = user_path(row.module)
+        if module and is_weighted(row):
+            by_layer[module] += added_error(row)
+    ranked = sorted(by_layer.items(), key=lambda item: (-item[1], item[0]))
+    if not ranked or ranked[0][1] / total < MIN_LAYER_SHARE:
+        return None
+    kept: list[KeptLayer] = []
+    for module, error in ranked[:MAX_KEPT]:
+        kept.append(KeptLayer(module, round(error / total, 4)))
+        if sum(layer.share for layer in kept) >= TARGET_SHARE:
+            break
+    sqnr = min(outputs)
+    remaining = max(1.0 - sum(layer.share for layer in kept), 10.0 ** (-EXACT_DB / 10.0))
+    predicted = min(EXACT_DB, sqnr - 10.0 * math.log10(remaining))
+    return Proposal(tuple(kept), sqnr, round(predicted, 2))

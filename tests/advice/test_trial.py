@@ -14,12 +14,14 @@ import pytest
 
 from orchestrator.advice.trial import (
     OutputsCheck,
+    ParetoPoint,
     TrialRefused,
     TrialReport,
     VariantTrial,
     _logits_rows,
     change_sets,
     check_outputs,
+    pareto_front,
     try_change,
 )
 from orchestrator.boards.inventory import Board
@@ -124,11 +126,14 @@ def test_the_trial_file_keeps_its_layout() -> None:
                          OutputsCheck(60.0, 1e-4, 1e-3), retest, profiled_ms=20.0)  # fmt: skip
     report = TrialReport("distilbert-tiny", "local", VARIANTS["xnnpack"], 11.0, [trial])
     data = json.loads(json.dumps(to_data(report.outcome)))
-    assert list(data) == ["model", "board", "backend", "original_ms", "variants"] and data["backend"] == "xnnpack"
+    # the keys it had before, in their order; the accuracy figures after them
+    assert list(data) == ["model", "board", "backend", "original_ms", "variants", "original_sqnr_db", "pareto_front"]
+    assert data["backend"] == "xnnpack" and data["pareto_front"] == []  # no SQNR measured: no point to place
     (written,) = data["variants"]
     assert list(written) == [
         "name", "rewrites", "predicted_ms", "profiled_ms", "predicted_share", "predicted_at_retest_ms", "measured_ms",
         "measured_percent", "prediction_error", "ratio", "confirmed", "why", "outputs", "retest", "attention",
+        "keep_float", "backend", "sqnr_db",
     ]  # fmt: skip
     assert written["rewrites"] == ["eager-attention"] and written["measured_ms"] == pytest.approx(2.5)
     assert written["attention"] is None  # a rewrite, not the attention switch
@@ -138,3 +143,20 @@ def test_the_trial_file_keeps_its_layout() -> None:
         "median_b_ms": 8.5, "ratio": pytest.approx(8.5 / 11), "round_ratios": [0.8, 0.75], "change": "faster",
         "confirmed": True, "reason": "5 of 5 rounds", "error": None,
     }  # fmt: skip
+
+
+def test_the_front_keeps_the_points_no_other_beats_on_both_speed_and_accuracy() -> None:
+    def point(name: str, ms: float, db: float) -> ParetoPoint:
+        return ParetoPoint(name, "xnnpack", ms, db, None)
+
+    fp32, int8, kept, worse = (
+        point("fp32", 10.0, 120.0),
+        point("int8", 6.0, 5.0),
+        point("kept", 7.0, 40.0),
+        point("worse", 8.0, 30.0),
+    )
+    front = pareto_front([fp32, int8, kept, worse])
+    assert [p.name for p in front] == ["int8", "kept", "fp32"]  # fastest first; "worse" is slower and less accurate
+    assert worse.dominated_by(kept) and not kept.dominated_by(worse) and not fp32.dominated_by(int8)
+    twin = point("twin", 6.0, 5.0)
+    assert not twin.dominated_by(int8)  # equal on both: neither beats the other

@@ -13,9 +13,10 @@ ops.json's `pct`):
 - conv1d-as-2d's saving is a measured share (CONV1D_INT8_SAVING) of the fp32 convolutions an int8-dynamic program
   left: what their int8 form saved on wav2vec 2.0 base;
 - quantization's saving is measured: the same model's int8 run on the same board, FullyConnected against
-  FullyConnected; without one, predicted from this board's int8/fp32 time ratio of each node type on the other
-  models it ran both ways (int8 is not faster on every board: an AVX2 machine without VNNI ran DistilBERT's
-  int8-dynamic slower than fp32); without those either, not predicted (and still shown, with its share);
+  FullyConnected; without one, predicted from this board's int8/fp32 time ratio of each node type (of its output
+  size, where those runs had one that size) on the other models it ran both ways (int8 is not faster on every
+  board: an AVX2 machine without VNNI ran DistilBERT's int8-dynamic slower than fp32); without those either, not
+  predicted (and still shown, with its share);
 - a program with no delegate at all (`--backend portable`) gets one finding, `--backend xnnpack`, its kernels'
   time a bound: what XNNPACK makes of them is measured by running it.
 
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator.advice.findings import CONVOLUTION_TYPES, GEMM_TYPES, BoardRatios, Finding, RunFacts
+from orchestrator.advice.findings import CONVOLUTION_TYPES, GEMM_TYPES, BoardRatios, Finding, RunFacts, shape_key
 from orchestrator.advice.sensitivity import LOSSY_SQNR_DB, propose, user_path
 from orchestrator.lowering.attention.choice import ETLAB, SDPA
 from orchestrator.lowering.program import ProgramName
@@ -397,16 +398,14 @@ def _gemm_ms(nodes_of: Iterable[tuple[str, float]]) -> float:
 
 
 def _saving_from_ratios(board: BoardRatios, nodes: Sequence[DelegateNodeTiming]) -> tuple[float | None, str]:
-    """This run's GEMM time at the board's int8/fp32 ratio of each node type (a type it has none for: the ratio of
-    every type it has, time-weighted). On a board where int8 runs slower the saving is 0 and the note says why."""
-    by_type: dict[str, float] = defaultdict(float)
-    for node in nodes:
-        by_type[node.type] += node.ms
+    """This run's GEMM time at the board's int8/fp32 ratio of each node's type and output size (BoardRatios.ratio).
+    On a board where int8 runs slower the saving is 0 and the note says why."""
+    quantized = sum(node.ms * board.ratio(node.type, node.shape) for node in nodes)
+    saving = max(0.0, sum(node.ms for node in nodes) - quantized)
     ratios = board.ratios
-    overall = sum(ratios.values()) / len(ratios)
-    quantized = sum(ms * ratios.get(node_type, overall) for node_type, ms in by_type.items())
-    saving = max(0.0, sum(by_type.values()) - quantized)
     said = ", ".join(f"{node_type.removeprefix('XNN')} ×{ratio:.2f}" for node_type, ratio in sorted(ratios.items()))
+    sized = sum(1 for node in nodes if shape_key(node.type, node.shape) in board.by_shape)
+    said += f"; {sized} of {len(nodes)} nodes at the ratio of their own size" if board.by_shape else ""
     slower = "; int8 is not faster here: quantize for size or memory only" if saving == 0 else ""
     return saving, (
         f"predicted from this board's int8/fp32 time ratios ({board.scheme.scheme.name}: {said}), measured on "
@@ -503,9 +502,7 @@ def _keep_float_cost(facts: RunFacts, nodes: Sequence[DelegateNodeTiming]) -> tu
             return cost, (f"accuracy, not time: costs {cost:+.3f} ms, measured: the same layers in fp32 run "
                           f"{facts.float_peer.run_id}")  # fmt: skip
     if facts.board_ratios is not None and nodes:
-        ratios = facts.board_ratios.ratios
-        overall = sum(ratios.values()) / len(ratios)
-        cost = sum(node.ms / ratios.get(node.type, overall) for node in nodes) - int8_ms
+        cost = sum(node.ms / facts.board_ratios.ratio(node.type, node.shape) for node in nodes) - int8_ms
         return cost, (f"accuracy, not time: costs {cost:+.3f} ms, predicted from this board's int8/fp32 ratios "
                       f"(measured on {'; '.join(facts.board_ratios.sources)})")  # fmt: skip
     return None, "accuracy, not time: its time cost not predicted (no fp32 run of the model on this board)"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.advice.findings import GEMM_TYPES, BoardRatios, RunFacts
+from orchestrator.advice.findings import GEMM_TYPES, BoardRatios, RunFacts, shape_key
 from orchestrator.errors import AnalysisError, SpecError
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.lowering.lowered import spec_from_record
@@ -65,19 +65,23 @@ def _numerics(run: LocalRun) -> tuple[NumericsDocument | None, str | None]:
         return None, f"its numerics are unusable ({exc}): the accuracy findings are skipped"
 
 
-def _gemm_ms_by_type(ops: OpsRecord) -> dict[str, float]:
+def _gemm_ms_by_key(ops: OpsRecord) -> dict[str, float]:
+    """Each GEMM node type's time, and each (type, output size) class's (`shape_key`)."""
     found: dict[str, float] = {}
     for delegate in ops.delegates:
         for node in delegate.nodes:
             if node.type in GEMM_TYPES:
-                found[node.type] = found.get(node.type, 0.0) + node.ms
+                for key in (node.type, shape_key(node.type, node.shape)):
+                    if key is not None:
+                        found[key] = found.get(key, 0.0) + node.ms
     return found
 
 
 def _board_ratios(run: LocalRun, variant: Variant, root: Path | None) -> BoardRatios | None:
-    """This board's int8-against-fp32 time of each GEMM node type, from the other models it ran both ways: for each
-    model, its newest analysed fp32 run and its newest run of the first of `variant`'s peers it has (the same board,
-    the same backend), summed over the models. None when the board ran no model both ways."""
+    """This board's int8-against-fp32 time of each GEMM node type, and of each type and output size, from the other
+    models it ran both ways: for each model, its newest analysed fp32 run and its newest run of the first of
+    `variant`'s peers it has (the same board, the same backend), summed over the models. None when the board ran no
+    model both ways."""
     runs = [r for r in list_runs(root) if r.board == run.board and r.model != run.model]
     fp32: dict[str, float] = {}
     quantized: dict[str, float] = {}
@@ -94,17 +98,19 @@ def _board_ratios(run: LocalRun, variant: Variant, root: Path | None) -> BoardRa
                 a, b = load_ops(base[-1].path), load_ops(peers[-1].path)
             except AnalysisError:
                 continue
-            before, after = _gemm_ms_by_type(a), _gemm_ms_by_type(b)
-            for node_type in before.keys() & after.keys():
-                fp32[node_type] = fp32.get(node_type, 0.0) + before[node_type]
-                quantized[node_type] = quantized.get(node_type, 0.0) + after[node_type]
+            before, after = _gemm_ms_by_key(a), _gemm_ms_by_key(b)
+            for key in before.keys() & after.keys():
+                fp32[key] = fp32.get(key, 0.0) + before[key]
+                quantized[key] = quantized.get(key, 0.0) + after[key]
             scheme = peer_variant
             sources.append(f"{model} ({base[-1].run_id} against {peers[-1].run_id})")
             break
-    ratios = {node_type: quantized[node_type] / ms for node_type, ms in fp32.items() if ms > 0}
+    found = {key: quantized[key] / ms for key, ms in fp32.items() if ms > 0}
+    ratios = {key: ratio for key, ratio in found.items() if "@" not in key}
     if scheme is None or not ratios:
         return None
-    return BoardRatios(scheme, ratios, tuple(sources))
+    by_shape = {key: ratio for key, ratio in found.items() if "@" in key}
+    return BoardRatios(scheme, ratios, tuple(sources), by_shape)
 
 
 def run_facts(

@@ -9,6 +9,7 @@ Detectors (detectors.py, DETECTORS) find them; advisor.py runs them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from orchestrator.lowering.program import AS_SPECIFIED, ATTENTION, KEEP_FLOAT, ProgramChoice
@@ -64,11 +65,31 @@ GEMM_TYPES = ("XNNFullyConnected", *CONVOLUTION_TYPES)
 @dataclass(frozen=True)
 class BoardRatios:
     """A board's int8 time over fp32 time per GEMM node type (XNNFullyConnected, XNNConv2d, ...), measured on the
-    other models it ran both ways with `scheme`; `sources` names those runs."""
+    other models it ran both ways with `scheme`; `sources` names those runs. `by_shape`: the same per type and
+    output size (`shape_key`), where those runs had nodes of that size: a small GEMM gains less from int8 than a
+    large one (its fixed costs: quantizing the input, packing)."""
 
     scheme: Variant
     ratios: dict[str, float]
     sources: tuple[str, ...]
+    by_shape: dict[str, float] = field(default_factory=dict)
+
+    def ratio(self, node_type: str, shape: tuple[int, ...] | None) -> float:
+        """The ratio for a node: its type and size's, else its type's, else the mean of every type's."""
+        key = shape_key(node_type, shape)
+        if key is not None and key in self.by_shape:
+            return self.by_shape[key]
+        return self.ratios.get(node_type, sum(self.ratios.values()) / len(self.ratios))
+
+
+def shape_key(node_type: str, shape: tuple[int, ...] | None) -> str | None:
+    """`XNNFullyConnected@2^14`: a GEMM node's type and its output's size, to the nearest power of two (elements)."""
+    if not shape:
+        return None
+    size = 1
+    for dim in shape:
+        size *= max(1, int(dim))
+    return f"{node_type}@2^{round(math.log2(size))}"
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,15 @@ from typing import Any
 import pytest
 
 from orchestrator.advice.advisor import advise
+from orchestrator.advice.detectors import _saving_from_ratios
 from orchestrator.advice.facts import run_facts
+from orchestrator.advice.findings import BoardRatios, shape_key
 from orchestrator.commands.render_advice import advice_lines
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.quantize.schemes import FP32, QUANTIZED, SCHEMES
 from orchestrator.lowering.sidecar import sidecar_from_data
 from orchestrator.lowering.variants import QUANTIZED_ON, Variant
+from orchestrator.results.ops_record import DelegateNodeTiming
 from orchestrator.results.store import find_run
 from tests.advice.advice_helpers import DATA, recorded
 
@@ -104,10 +107,21 @@ def test_without_its_own_int8_run_the_boards_ratios_predict_the_saving(tmp_path:
         "wav2vec2-tiny", "XNNFullyConnected"
     )
     assert facts.board_ratios.ratios["XNNFullyConnected"] == pytest.approx(ratio)
+    assert facts.board_ratios.by_shape == {}  # these recorded profiles predate the node shapes: by type alone
     (finding,) = [f for f in advice.findings if f.kind == "quantize"]
     fully_connected = _gemm_sum(MODEL, "XNNFullyConnected", GEMM_SCALE)
     assert finding.saving_ms == pytest.approx(max(0.0, fully_connected * (1 - ratio)), abs=1e-6)
     assert "wav2vec2-tiny" in finding.saving_note and "--quantize int8-dynamic" in finding.fix
+
+
+def test_a_nodes_ratio_is_its_sizes_else_its_types_else_the_mean() -> None:
+    board = BoardRatios(Variant(QUANTIZED_ON, SCHEMES["int8-dynamic"]), {"XNNFullyConnected": 0.5, "XNNConv2d": 0.9},
+                        (), {"XNNFullyConnected@2^13": 1.2})  # fmt: skip
+    assert shape_key("XNNFullyConnected", (1, 128, 64)) == "XNNFullyConnected@2^13"
+    assert shape_key("XNNFullyConnected", None) is None and shape_key("XNNFullyConnected", ()) is None
+    assert board.ratio("XNNFullyConnected", (1, 128, 64)) == 1.2  # a small GEMM: int8 slower at that size
+    assert board.ratio("XNNFullyConnected", (1, 128, 3072)) == 0.5
+    assert board.ratio("XNNDepthwiseConv2d", (1, 8, 8, 32)) == pytest.approx(0.7)
 
 
 def test_an_unpredicted_finding_keeps_its_share_in_the_one_line_advice(tmp_path: Path) -> None:
@@ -118,3 +132,13 @@ def test_an_unpredicted_finding_keeps_its_share_in_the_one_line_advice(tmp_path:
     padded = dataclasses.replace(advice, findings=(*[advice.findings[0]] * 3, finding))  # ranked last, below 3 others
     line = next(line for line in advice_lines(padded) if "--quantize" in line)
     assert f"not predicted ({finding.share:.0%} of the run)" in line
+
+
+def test_a_saving_from_the_boards_ratios_takes_each_nodes_size_where_it_was_measured() -> None:
+    scheme = Variant(QUANTIZED_ON, SCHEMES["int8-dynamic"])
+    board = BoardRatios(scheme, {"XNNFullyConnected": 0.5}, ("m (a against b)",), {"XNNFullyConnected@2^13": 1.2})
+    small = DelegateNodeTiming("1", "XNNFullyConnected", median_ms=1.0, shape=(1, 128, 64))
+    large = DelegateNodeTiming("2", "XNNFullyConnected", median_ms=4.0, shape=(1, 128, 3072))
+    saving, note = _saving_from_ratios(board, [small, large])
+    assert saving == pytest.approx((1.0 - 1.2) + 4.0 * (1 - 0.5))  # the small GEMM costs, the large one saves
+    assert "1 of 2 nodes at the ratio of their own size" in note

@@ -7,7 +7,8 @@
    front.
 
 Prints, per model: SQNR now, the layers kept, predicted against measured SQNR, predicted against measured cost (ms),
-and the front. A model whose loss no few layers hold gets no proposal: said so, with its worst layers' shares.
+and the front. A model whose loss no few layers hold gets no proposal: said so, with its worst layers' shares, and
+(`--force K`) its top K layers kept in float anyway, to check the prediction itself (one run each, not an A/B).
 
     .venv/bin/python bench/bench_mixed_precision.py [--case distilbert:int8-dynamic ...] [--board local]
         [--rounds 5] [--retest-seconds 60] [--json out.json]
@@ -27,12 +28,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_numerics import cpu_name, fab, newest_run
+from orchestrator.advice.sensitivity import KeptLayer, predicted_sqnr_db, ranked_layers
+from orchestrator.results.numerics import read_numerics_document
 
 CASES = ("distilbert:int8-dynamic", "whisper-tiny-encoder:int8-dynamic", "wav2vec2:int8-dynamic",
          "mobilenet-v2:int8-static")  # fmt: skip
 
 
-def measure(model: str, scheme: str, board: str, rounds: int, seconds: float, env: dict[str, str]) -> dict[str, Any]:
+def measure(
+    model: str, scheme: str, board: str, rounds: int, seconds: float, force: int, env: dict[str, str]
+) -> dict[str, Any]:
     results = Path(env["ETLAB_RESULTS"])
     deploy = ["deploy-and-profile", "--model", model, "--backend", "xnnpack", "--quantize", f"none,{scheme}",
               "--numerics", "--board", board, "--no-explore", "--iterations", "10"]  # fmt: skip
@@ -46,9 +51,11 @@ def measure(model: str, scheme: str, board: str, rounds: int, seconds: float, en
     advice = json.loads((run / "analysis" / "advice.json").read_text())
     finding = next((f for f in advice["findings"] if f["kind"] == "keep-float"), None)
     if finding is None:
-        worst = numerics.get("losing_most") or []
         found["proposal"] = None
-        found["worst"] = [(row["module"], row["introduced_db"], row["introduced_share"]) for row in worst[:5]]
+        ranked = ranked_layers(read_numerics_document(run).operators)
+        found["worst"] = [(layer.module, layer.share) for layer in ranked[:5]]
+        if force:  # no few layers hold the loss: keep the top ones anyway, to test the model's prediction
+            found["forced"] = forced(model, scheme, board, ranked[:force], numerics["output_sqnr_db"], summary, env)
         return found
     found["proposal"] = {key: finding[key] for key in ("keep_float", "sqnr_db", "predicted_sqnr_db", "cost_ms")}
     fab("advise", "--run", run.name, "--try", "--board", board, "--rounds", str(rounds), "--retest-seconds",
@@ -71,6 +78,31 @@ def measure(model: str, scheme: str, board: str, rounds: int, seconds: float, en
     return found
 
 
+def forced(
+    model: str, scheme: str, board: str, kept: list[KeptLayer], outputs: list[float], summary: dict[str, Any],
+    env: dict[str, str],
+) -> dict[str, Any]:  # fmt: skip
+    """The top layers kept in float although the advisor proposed nothing: predicted against measured SQNR."""
+    share = sum(layer.share for layer in kept)
+    predicted = predicted_sqnr_db(min(outputs), share)
+    names = ",".join(layer.module for layer in kept)
+    fab("deploy-and-profile", "--model", model, "--backend", "xnnpack", "--quantize", scheme, "--keep-float", names,
+        "--numerics", "--board", board, "--no-explore", "--iterations", "10", env=env)  # fmt: skip
+    results = Path(env["ETLAB_RESULTS"])
+    (folder,) = [path for path in (results / board).glob(f"{model}.kf-*") if path.is_dir()][-1:]
+    run = newest_run(results, board, folder.name, f"xnnpack-{scheme}")
+    mixed = json.loads((run / "analysis" / "summary.json").read_text())
+    return {
+        "kept": [layer.module for layer in kept],
+        "share": round(share, 4),
+        "predicted_sqnr_db": predicted,
+        "measured_sqnr_db": (mixed.get("numerics") or {}).get("output_sqnr_db"),
+        "accuracy_sqnr_db": (mixed.get("accuracy") or {}).get("sqnr_db"),
+        "quantized_ms": (summary["latency"].get("warm") or {}).get("median_ms"),
+        "kept_ms": (mixed["latency"].get("warm") or {}).get("median_ms"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", action="append", help=f"model:scheme (default: {', '.join(CASES)})")
@@ -78,6 +110,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--retest-seconds", type=float, default=60.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--force", type=int, default=6, help="no proposal: keep this many top layers anyway (0: no)")
     args = parser.parse_args()
     env = dict(os.environ)
     scratch = None
@@ -88,11 +121,13 @@ def main() -> None:
     rows = []
     for case in args.case or CASES:
         model, _, scheme = case.partition(":")
-        found = measure(model, scheme, args.board, args.rounds, args.retest_seconds, env)
+        found = measure(model, scheme, args.board, args.rounds, args.retest_seconds, args.force, env)
         rows.append(found)
         proposal, measured = found.get("proposal"), found.get("measured")
         if proposal is None:
             print(f"{model} {scheme}: output SQNR {found['output_sqnr_db']}: no proposal; worst {found['worst']}")
+            if found.get("forced"):
+                print(f"  kept anyway: {json.dumps(found['forced'])}")
             continue
         assert measured is not None
         cost = measured["cost_ms"]

@@ -74,27 +74,37 @@ class Proposal:
         return sum(layer.share for layer in self.layers)
 
 
-def propose(operators: Iterable[OperatorRecord], output_sqnr_db: Iterable[float]) -> Proposal | None:
-    """The layers to keep in float (module paths), or None when no few layers hold the loss."""
+def ranked_layers(operators: Iterable[OperatorRecord]) -> list[KeptLayer]:
+    """Every linear and convolution by the share of the program's added error it holds, largest first."""
     rows = list(operators)
-    outputs = list(output_sqnr_db)
     total = sum(added_error(row) for row in rows)
-    if not rows or not outputs or total <= 0:
-        return None
+    if total <= 0:
+        return []
     by_layer: dict[str, float] = defaultdict(float)
     for row in rows:
         module = user_path(row.module)
         if module and is_weighted(row):
             by_layer[module] += added_error(row)
     ranked = sorted(by_layer.items(), key=lambda item: (-item[1], item[0]))
-    if not ranked or ranked[0][1] / total < MIN_LAYER_SHARE:
+    return [KeptLayer(module, round(error / total, 4)) for module, error in ranked]
+
+
+def predicted_sqnr_db(sqnr_db: float, share: float) -> float:
+    """The output's SQNR once layers holding `share` of the added error are kept in float (the proportional model)."""
+    remaining = max(1.0 - share, 10.0 ** (-EXACT_DB / 10.0))
+    return round(min(EXACT_DB, sqnr_db - 10.0 * math.log10(remaining)), 2)
+
+
+def propose(operators: Iterable[OperatorRecord], output_sqnr_db: Iterable[float]) -> Proposal | None:
+    """The layers to keep in float (module paths), or None when no few layers hold the loss."""
+    outputs = list(output_sqnr_db)
+    ranked = ranked_layers(operators)
+    if not ranked or not outputs or ranked[0].share < MIN_LAYER_SHARE:
         return None
     kept: list[KeptLayer] = []
-    for module, error in ranked[:MAX_KEPT]:
-        kept.append(KeptLayer(module, round(error / total, 4)))
+    for layer in ranked[:MAX_KEPT]:
+        kept.append(layer)
         if sum(layer.share for layer in kept) >= TARGET_SHARE:
             break
     sqnr = min(outputs)
-    remaining = max(1.0 - sum(layer.share for layer in kept), 10.0 ** (-EXACT_DB / 10.0))
-    predicted = min(EXACT_DB, sqnr - 10.0 * math.log10(remaining))
-    return Proposal(tuple(kept), sqnr, round(predicted, 2))
+    return Proposal(tuple(kept), sqnr, predicted_sqnr_db(sqnr, sum(layer.share for layer in kept)))

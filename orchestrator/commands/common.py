@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator import console
 from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board, Inventory, load_inventory
 from orchestrator.commands import options
@@ -20,6 +21,7 @@ from orchestrator.lowering.artifacts import Artifact, MissingArtifact, load_arti
 from orchestrator.lowering.export.numerics import (
     CalibrationNeeded,
     NumericsProgram,
+    NumericsUnavailable,
     check_measurable,
     make_numerics,
 )
@@ -266,14 +268,18 @@ def numerics_programs(
     chosen = list(artifacts)
     for artifact in chosen:
         check_measurable(artifact)
-    try:
-        return {
-            artifact.pte: make_numerics(artifact, spec=(specs or {}).get(artifact.model), calibration=calibration)
-            for artifact in chosen
-        }
-    except CalibrationNeeded as exc:
-        exc.hint = "give the same file: fab deploy-and-profile --numerics --calibration FILE"
-        raise
+    made = {}
+    for artifact in chosen:
+        try:
+            made[artifact.pte] = make_numerics(
+                artifact, spec=(specs or {}).get(artifact.model), calibration=calibration
+            )
+        except CalibrationNeeded as exc:
+            exc.hint = "give the same file: fab deploy-and-profile --numerics --calibration FILE"
+            raise
+        except NumericsUnavailable as exc:  # the pass is skipped, not the run
+            console.warn(f"{exc}: no numerics pass for it")
+    return made
 
 
 def check_generation(artifacts: Iterable[Artifact], params: RunParams) -> None:

@@ -35,7 +35,7 @@ from orchestrator.lab.night_report import CellVerdict, PlaceWait
 from orchestrator.lab.run_record import RunRecord, host_name
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, load_artifact
-from orchestrator.lowering.export.numerics import make_numerics
+from orchestrator.lowering.export.numerics import NumericsUnavailable, make_numerics
 from orchestrator.lowering.program import Program
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.validity import number, number_list
@@ -303,7 +303,11 @@ def run_board(ctx: NightContext, board: Board, planned: list[PlannedCell]) -> li
         else:
             try:
                 artifact = ctx.artifact(model, variant)
-                numerics = make_numerics(artifact) if params.numerics else None  # `numerics:` in the matrix
+                numerics = None
+                try:
+                    numerics = make_numerics(artifact) if params.numerics else None  # `numerics:` in the matrix
+                except NumericsUnavailable as exc:  # the pass is skipped, not the cell
+                    console.warn(f"[{board.name}] {exc}: no numerics pass for it")
                 jobs[(model, variant)] = CellJob(artifact, params, ctx.config.accuracy, numerics)
             except EtlabError as exc:  # e.g. the lab's store refused it, or a program numerics cannot measure
                 failed.append(CellOutcome(board.name, model, variant, stage="lower", error=first_line(exc)))

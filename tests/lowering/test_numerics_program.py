@@ -109,3 +109,23 @@ def test_programs_the_pass_cannot_measure_are_refused(tmp_path: Path) -> None:
     with pytest.raises(NumericsRefused, match=r"a \.pte brought as it is"):
         check_measurable(bare)
     check_measurable(_artifact(tmp_path, "distilbert-tiny"))  # an etlab-lowered fp32 program: taken
+
+
+def test_a_tap_xnnpack_refuses_as_a_pass_through_is_left_out_and_the_rest_measured(tmp_path: Path) -> None:
+    """Whisper's encoder: the positional add is made in one partition and read by the next (around the layer_norm
+    XNNPACK leaves out); tapped, XNNPACK refuses the partition ("pass through arguments"). That one tap is left out,
+    named in the record, and every other operator is measured: the numerics pass is not lost for one value."""
+    from orchestrator.lowering.builtins import BUILTIN_SPECS
+    from orchestrator.lowering.export import lower as lowering
+    from orchestrator.lowering.export.numerics import make_numerics
+    from orchestrator.lowering.variants import VARIANTS
+
+    xnnpack = VARIANTS["xnnpack"]
+    result = lowering.lower(BUILTIN_SPECS["whisper-tiny-encoder-tiny"], variants=[xnnpack], weights="random",
+                            root=tmp_path)  # fmt: skip
+    lowered = result.variants[xnnpack]
+    program = make_numerics(Artifact(result.paths, xnnpack, lowered.sidecar))
+    record = program.record
+    assert "add" in record.unmatched and "add" not in {tap.node for tap in record.taps}
+    assert len(record.taps) > 20 and program.pte.is_file()
+    assert any(tap.op == "aten.linear" for tap in record.taps) and any(tap.op == "aten.gelu" for tap in record.taps)

@@ -23,6 +23,7 @@ int8 tap, its scale and zero point; it is written last and ties the numerics pro
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -60,6 +61,11 @@ _BATCH_NORMS = ("aten.batch_norm", "aten._native_batch_norm_legit_no_training")
 
 class NumericsRefused(UsageError):
     """A program the numerics pass cannot measure (exit 64), with what it takes instead."""
+
+
+class NumericsUnavailable(ArtifactError):
+    """A program whose numerics program cannot be made (ExecuTorch's lowering refuses the tapped program): the
+    numerics pass is skipped, the run is not."""
 
 
 class CalibrationNeeded(NumericsRefused):
@@ -209,9 +215,9 @@ def _make(spec: Any, artifact: Artifact, calibration: Path | None) -> NumericsPr
             f"the numerics pass: {artifact.model} ({artifact.variant}): no operator of the program has an fp32 "
             "counterpart to compare with"
         )
-    taps = _tap(program, matched, len(outputs))
     pte_path, reference_path, record_path = numerics_paths(artifact)
-    _lower_tapped(program, artifact, pte_path)
+    matched, taps, not_tapped = _tap_and_lower(program, matched, len(outputs), artifact, pte_path)
+    unmatched = (*unmatched, *not_tapped)
     reference = [NamedTensor(f"output_{i}", value.detach().float().numpy()) for i, value in enumerate(outputs)]
     for tap, point in zip(taps, matched, strict=True):
         reference.append(NamedTensor(f"output_{tap.index}", values[point.label][0].float().contiguous().numpy()))
@@ -449,6 +455,55 @@ def _quantized(spec: Any, artifact: Artifact, calibration: Path | None) -> Any:
     )
     program, _ = quantized_program(task, artifact.paths, None)
     return program
+
+
+# XNNPACK refuses a partition whose output is one of its inputs: a value made in one partition and read by another,
+# tapped where the second reads it (a residual around a layer_norm XNNPACK leaves out: Whisper's encoder).
+_PASS_THROUGH = re.compile(r"Output node '(\w+)' is already in the inputs")
+_MAX_DROPPED = 16
+
+
+def _tap_and_lower(
+    program: Any, points: list[_Point], first: int, artifact: Artifact, pte: Path
+) -> tuple[list[_Point], list[Tap], tuple[str, ...]]:
+    """Tap `points` and lower; a tap XNNPACK refuses as a pass-through is left out and the rest lowered again. The
+    points and taps kept, and the labels left out. NumericsUnavailable when the tapped program cannot be lowered."""
+    import copy
+
+    untapped = copy.deepcopy(program)
+    dropped: list[str] = []
+    while True:
+        labels = {point.label for point in points} - set(dropped)
+        fresh = copy.deepcopy(untapped)
+        chosen = [point for point in tap_points(fresh)[0] if point.label in labels]
+        taps = _tap(fresh, chosen, first)
+        try:
+            _lower_tapped(fresh, artifact, pte)
+            return chosen, taps, tuple(dropped)
+        except Exception as exc:  # ExecuTorch's lowering raises bare RuntimeErrors (and others) by message
+            found = _PASS_THROUGH.search(str(exc))
+            victim = _edge_node(fresh, found.group(1)) if found else None
+            label = next((point.label for point in chosen if point.value is victim), None)
+            if label is None or len(dropped) >= _MAX_DROPPED:
+                reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                raise NumericsUnavailable(
+                    f"the numerics pass: {artifact.model} ({artifact.variant}): its tapped program cannot be lowered "
+                    f"({reason[:300]})"
+                ) from None
+            dropped.append(label)
+            console.detail(f"  {artifact.model}: {label} left out of the numerics (XNNPACK takes no pass-through tap)")
+
+
+def _edge_node(program: Any, edge_name: str) -> Any:
+    """The node of `program` that the edge program names `edge_name` (`aten_add_tensor_2`: the third call of
+    aten.add.Tensor in graph order), or None."""
+    match = re.fullmatch(r"(.*?)(?:_(\d+))?", edge_name)
+    if match is None:
+        return None
+    stem, count = match.group(1), int(match.group(2) or 0)
+    calls = [node for node in program.graph.nodes
+             if node.op == "call_function" and str(node.target).replace(".", "_").lower() == stem]  # fmt: skip
+    return calls[count] if count < len(calls) else None
 
 
 def _lower_tapped(program: Any, artifact: Artifact, pte: Path) -> None:

@@ -27,13 +27,19 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
-from orchestrator.advice.findings import CONVOLUTION_TYPES, GEMM_TYPES, BoardRatios, Finding, RunFacts, shape_key
-from orchestrator.advice.sensitivity import LOSSY_SQNR_DB, propose, user_path
+from orchestrator.advice.findings import (
+    CONVOLUTION_TYPES,
+    GEMM_TYPES,
+    BoardRatios,
+    Finding,
+    RunFacts,
+    delegate_node_fields,
+    shape_key,
+)
+from orchestrator.advice.sensitivity import find_sensitive_layers
 from orchestrator.lowering.attention.choice import ETLAB, SDPA
-from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.rewrites.registry import REWRITES
 from orchestrator.lowering.variants import UnknownVariant, Variant
 from orchestrator.results.ops_record import DelegateNodeTiming, InstructionTiming
@@ -110,21 +116,6 @@ def _rewrite_offered(facts: RunFacts, name: str) -> bool:
 
 def _operator_calls(facts: RunFacts, operators: Sequence[str], explained: frozenset[str]) -> list[InstructionTiming]:
     return [c for c in facts.ops.kernel_calls() if c.operator in operators and c.node_id not in explained]
-
-
-def _delegate_nodes(facts: RunFacts, pairs: Sequence[tuple[str, DelegateNodeTiming]]) -> dict[str, Any]:
-    """A finding's fields for delegate nodes ((graph id, node) pairs): types, ids per graph, count, time, share."""
-    nodes: dict[str, list[str]] = defaultdict(list)
-    for graph, node in pairs:
-        nodes[graph].append(node.node)
-    measured = sum(node.ms for _, node in pairs)
-    return {
-        "operators": tuple(sorted({node.type for _, node in pairs})),
-        "nodes": {graph: tuple(ids) for graph, ids in nodes.items()},
-        "calls": len(pairs),
-        "measured_ms": measured,
-        "share": _share(facts, measured),
-    }
 
 
 def _rewrite_finding(
@@ -236,7 +227,7 @@ def find_float_convolutions(facts: RunFacts, explained: frozenset[str]) -> list[
         Finding(
             kind="conv1d-as-2d",
             title="1-D convolutions left fp32 in an int8-dynamic program",
-            **_delegate_nodes(facts, convolutions),
+            **delegate_node_fields(facts, convolutions),
             cause=f"{count} of {quantization.convolutions} convolutions stayed fp32: ExecuTorch's XNNPACK quantizer "
             "quantizes a convolution dynamically only in 2-D",
             saving_ms=measured * CONV1D_INT8_SAVING,
@@ -435,7 +426,7 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
         Finding(
             kind="quantize",
             title="fp32 matmuls and convolutions dominate",
-            **_delegate_nodes(facts, gemms),
+            **delegate_node_fields(facts, gemms),
             cause=f"{len(gemms)} fp32 FullyConnected/convolution nodes take {_share(facts, measured):.0%} of the run",
             saving_ms=saving,
             fix_kind="option",
@@ -443,69 +434,6 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
             saving_note=note,
         )
     ]
-
-
-def find_sensitive_layers(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
-    """A quantized program that loses accuracy (its gate failed, or its output under LOSSY_SQNR_DB), whose numerics
-    pass shows a few layers introducing most of the loss: keep them in float (sensitivity.py)."""
-    sidecar, numerics = facts.sidecar, facts.numerics
-    if sidecar is None or not sidecar.variant.quantized or numerics is None or facts.spec is None:
-        return []
-    if facts.spec.generates:
-        return []
-    accuracy = facts.summary.accuracy
-    gate_failed = accuracy is not None and accuracy.verdict == "fail"
-    if not gate_failed and min(numerics.output_sqnr_db, default=0.0) >= LOSSY_SQNR_DB:
-        return []
-    proposal = propose(numerics.operators, numerics.output_sqnr_db)
-    if proposal is None:
-        return []
-    kept = {*proposal.names}
-    gemms = [(d.graph_id, node) for d in facts.ops.delegates for node in d.nodes
-             if node.type in GEMM_TYPES and user_path(node.module) in kept]  # fmt: skip
-    cost, note = _keep_float_cost(facts, [node for _, node in gemms])
-    layers = ", ".join(f"{layer.module} ({layer.share:.0%})" for layer in proposal.layers)
-    already = facts.spec.keep_float
-    names = tuple(sorted({*already, *proposal.names}))
-    model = str(replace(ProgramName.parse(facts.spec.name), keep_float_digest=None))  # the program it refines
-    return [
-        Finding(
-            kind="keep-float",
-            title=f"{len(proposal.layers)} layer{'s hold' if len(proposal.layers) > 1 else ' holds'} most of the "
-            "quantization loss",
-            **_delegate_nodes(facts, gemms),
-            cause=f"the output's SQNR is {proposal.sqnr_db:.1f} dB"
-            f"{' (accuracy gate failed)' if gate_failed else ''}; of the error the operators add, {layers}",
-            saving_ms=None,
-            saving_note=note,
-            fix_kind="option",
-            fix=f"--model {model} --quantize {sidecar.variant.scheme.name} --keep-float {','.join(names)}",
-            keep_float=names,
-            sqnr_db=proposal.sqnr_db,
-            predicted_sqnr_db=proposal.predicted_sqnr_db,
-            cost_ms=cost,
-            gate_failed=gate_failed,
-        )
-    ]
-
-
-def _keep_float_cost(facts: RunFacts, nodes: Sequence[DelegateNodeTiming]) -> tuple[float | None, str]:
-    """What keeping these int8 nodes in fp32 costs: the same layers in the model's fp32 run on this board, else at
-    the board's int8/fp32 ratio of their types; else unknown."""
-    int8_ms = sum(node.ms for node in nodes)
-    modules = {user_path(node.module) for node in nodes}
-    if facts.float_peer is not None:
-        fp32 = [n for d in facts.float_peer.delegates for n in d.nodes
-                if n.type in GEMM_TYPES and user_path(n.module) in modules]  # fmt: skip
-        if fp32:
-            cost = sum(node.ms for node in fp32) - int8_ms
-            return cost, (f"accuracy, not time: costs {cost:+.3f} ms, measured: the same layers in fp32 run "
-                          f"{facts.float_peer.run_id}")  # fmt: skip
-    if facts.board_ratios is not None and nodes:
-        cost = sum(node.ms / facts.board_ratios.ratio(node.type, node.shape) for node in nodes) - int8_ms
-        return cost, (f"accuracy, not time: costs {cost:+.3f} ms, predicted from this board's int8/fp32 ratios "
-                      f"(measured on {'; '.join(facts.board_ratios.sources)})")  # fmt: skip
-    return None, "accuracy, not time: its time cost not predicted (no fp32 run of the model on this board)"
 
 
 def find_board_conditions(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:

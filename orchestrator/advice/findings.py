@@ -10,7 +10,10 @@ Detectors (detectors.py, DETECTORS) find them; advisor.py runs them.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.lowering.program import AS_SPECIFIED, ATTENTION, KEEP_FLOAT, ProgramChoice
 from orchestrator.lowering.rewrites.registry import RewriteRequest
@@ -19,7 +22,7 @@ from orchestrator.lowering.spec import ModelSpec
 from orchestrator.lowering.variants import Variant
 from orchestrator.records import Count, Duration
 from orchestrator.results.numerics import NumericsDocument
-from orchestrator.results.ops_record import OpsRecord
+from orchestrator.results.ops_record import DelegateNodeTiming, OpsRecord
 from orchestrator.results.summary import RunSummary
 
 ADVICE_FILE = "advice.json"
@@ -171,3 +174,18 @@ class Advice:
 
     def predicted_for(self, rewrite: str) -> float:
         return sum(f.saving_ms or 0.0 for f in self.findings if f.rewrite == rewrite)
+
+
+def delegate_node_fields(facts: RunFacts, pairs: Sequence[tuple[str, DelegateNodeTiming]]) -> dict[str, Any]:
+    """A finding's fields for delegate nodes ((graph id, node) pairs): types, ids per graph, count, time, share."""
+    nodes: dict[str, list[str]] = defaultdict(list)
+    for graph, node in pairs:
+        nodes[graph].append(node.node)
+    measured = sum(node.ms for _, node in pairs)
+    return {
+        "operators": tuple(sorted({node.type for _, node in pairs})),
+        "nodes": {graph: tuple(ids) for graph, ids in nodes.items()},
+        "calls": len(pairs),
+        "measured_ms": measured,
+        "share": facts.ops.share(measured),
+    }

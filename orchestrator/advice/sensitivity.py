@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
+from orchestrator.advice.findings import GEMM_TYPES, Finding, RunFacts, delegate_node_fields
+from orchestrator.lowering.program import ProgramName
 from orchestrator.results.numerics import EXACT_DB, OperatorRecord
+from orchestrator.results.ops_record import DelegateNodeTiming
 
 TARGET_SHARE = 0.5  # keep layers until they hold half the added error: at least 3 dB back
 MAX_KEPT = 8
@@ -108,3 +111,66 @@ def propose(operators: Iterable[OperatorRecord], output_sqnr_db: Iterable[float]
             break
     sqnr = min(outputs)
     return Proposal(tuple(kept), sqnr, predicted_sqnr_db(sqnr, sum(layer.share for layer in kept)))
+
+
+def find_sensitive_layers(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
+    """A quantized program that loses accuracy (its gate failed, or its output under LOSSY_SQNR_DB), whose numerics
+    pass shows a few layers introducing most of the loss: keep them in float (sensitivity.py)."""
+    sidecar, numerics = facts.sidecar, facts.numerics
+    if sidecar is None or not sidecar.variant.quantized or numerics is None or facts.spec is None:
+        return []
+    if facts.spec.generates:
+        return []
+    accuracy = facts.summary.accuracy
+    gate_failed = accuracy is not None and accuracy.verdict == "fail"
+    if not gate_failed and min(numerics.output_sqnr_db, default=0.0) >= LOSSY_SQNR_DB:
+        return []
+    proposal = propose(numerics.operators, numerics.output_sqnr_db)
+    if proposal is None:
+        return []
+    kept = {*proposal.names}
+    gemms = [(d.graph_id, node) for d in facts.ops.delegates for node in d.nodes
+             if node.type in GEMM_TYPES and user_path(node.module) in kept]  # fmt: skip
+    cost, note = _keep_float_cost(facts, [node for _, node in gemms])
+    layers = ", ".join(f"{layer.module} ({layer.share:.0%})" for layer in proposal.layers)
+    already = facts.spec.keep_float
+    names = tuple(sorted({*already, *proposal.names}))
+    model = str(replace(ProgramName.parse(facts.spec.name), keep_float_digest=None))  # the program it refines
+    return [
+        Finding(
+            kind="keep-float",
+            title=f"{len(proposal.layers)} layer{'s hold' if len(proposal.layers) > 1 else ' holds'} most of the "
+            "quantization loss",
+            **delegate_node_fields(facts, gemms),
+            cause=f"the output's SQNR is {proposal.sqnr_db:.1f} dB"
+            f"{' (accuracy gate failed)' if gate_failed else ''}; of the error the operators add, {layers}",
+            saving_ms=None,
+            saving_note=note,
+            fix_kind="option",
+            fix=f"--model {model} --quantize {sidecar.variant.scheme.name} --keep-float {','.join(names)}",
+            keep_float=names,
+            sqnr_db=proposal.sqnr_db,
+            predicted_sqnr_db=proposal.predicted_sqnr_db,
+            cost_ms=cost,
+            gate_failed=gate_failed,
+        )
+    ]
+
+
+def _keep_float_cost(facts: RunFacts, nodes: Sequence[DelegateNodeTiming]) -> tuple[float | None, str]:
+    """What keeping these int8 nodes in fp32 costs: the same layers in the model's fp32 run on this board, else at
+    the board's int8/fp32 ratio of their types; else unknown."""
+    int8_ms = sum(node.ms for node in nodes)
+    modules = {user_path(node.module) for node in nodes}
+    if facts.float_peer is not None:
+        fp32 = [n for d in facts.float_peer.delegates for n in d.nodes
+                if n.type in GEMM_TYPES and user_path(n.module) in modules]  # fmt: skip
+        if fp32:
+            cost = sum(node.ms for node in fp32) - int8_ms
+            return cost, (f"accuracy, not time: costs {cost:+.3f} ms, measured: the same layers in fp32 run "
+                          f"{facts.float_peer.run_id}")  # fmt: skip
+    if facts.board_ratios is not None and nodes:
+        cost = sum(node.ms / facts.board_ratios.ratio(node.type, node.shape) for node in nodes) - int8_ms
+        return cost, (f"accuracy, not time: costs {cost:+.3f} ms, predicted from this board's int8/fp32 ratios "
+                      f"(measured on {'; '.join(facts.board_ratios.sources)})")  # fmt: skip
+    return None, "accuracy, not time: its time cost not predicted (no fp32 run of the model on this board)"

@@ -18,6 +18,7 @@ from orchestrator.config import did_you_mean
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ArtifactError, UsageError
 from orchestrator.lowering.artifacts import Artifact, MissingArtifact, load_artifact
+from orchestrator.lowering.export.lower import KeepFloatRefused
 from orchestrator.lowering.export.numerics import (
     CalibrationNeeded,
     NumericsProgram,
@@ -159,6 +160,16 @@ def naming_rewrites(value: Any) -> Iterator[None]:
         yield
     except RewriteNotFound as exc:
         raise UsageError(f"--rewrites {value}: {exc}", hint="--rewrites auto applies only what the model has") from None
+
+
+@contextlib.contextmanager
+def naming_keep_float(value: Any) -> Iterator[None]:
+    """Layers kept in float that cannot be, named with the option."""
+    try:
+        yield
+    except KeepFloatRefused as exc:
+        shown = f" {value}" if value is not None else ""
+        raise UsageError(f"--keep-float{shown}: {exc}", hint=f"--keep-float takes {exc.fix}") from None
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from orchestrator.commands.common import (
     check_generation,
     find_artifact,
     naming_calibration,
+    naming_keep_float,
     naming_port,
     naming_rewrites,
     numerics_programs,
@@ -99,10 +100,13 @@ def deploy_and_profile(
     checked = lowering or LoweringOptions("auto", None, None)
     jobs, paths = [], []
     for program in programs:
-        with naming_calibration(), naming_rewrites(program.rewrites):
+        kept = ",".join(program.spec.keep_float) or None
+        # a mixed-precision program has no fp32 variant of its own: Model Explorer shows its quantized one
+        chosen = [variant for variant in wanted if variant.quantized or variant in variants] if kept else wanted
+        with naming_calibration(), naming_rewrites(program.rewrites), naming_keep_float(kept):
             lowered = lowerer.lower(
                 program.spec,
-                variants=wanted,
+                variants=chosen,
                 weights=checked.weights,
                 root=artifacts_root,
                 calibration=checked.calibration,

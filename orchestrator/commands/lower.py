@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.commands import options
-from orchestrator.commands.common import LoweringGroup, naming_calibration, naming_rewrites
+from orchestrator.commands.common import LoweringGroup, naming_calibration, naming_keep_float, naming_rewrites
 from orchestrator.commands.program_options import ProgramOptions, spec_programs
 from orchestrator.commands.programs import lower_exported_task
 from orchestrator.commands.render_lowering import print_lowering
@@ -23,7 +23,11 @@ def lower(given: dict[str, Any]) -> int:
     checked = group.options()
     chosen = group.variants()
     for program_ in spec_programs(program):  # one program per KV cache size (`--context`)
-        with naming_calibration(), naming_rewrites(program.rewrites):
+        with (
+            naming_calibration(),
+            naming_rewrites(program.rewrites),
+            naming_keep_float(program_.spec.keep_float and ",".join(program_.spec.keep_float)),
+        ):
             result = lowering.lower(
                 program_.spec,  # a rewritten program under its own name, beside the model as exported
                 variants=chosen,

@@ -378,33 +378,40 @@ def _load(
     )
 
 
+class KeepFloatRefused(UsageError):
+    """Layers kept in float that cannot be (exit 64): the command layer names its option (`fix`: how to ask)."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
 def check_mixed_precision(spec: ModelSpec, variants: Sequence[Variant]) -> None:
     """A mixed-precision program is a quantized one: its fp32 variant would be the model's own (exit 64)."""
     fp32 = [variant.name for variant in variants if not variant.quantized]
     if spec.keep_float and fp32:
-        raise UsageError(
-            f"--keep-float: {spec.name} keeps layers in float of a quantized program; {', '.join(fp32)} is fp32 "
-            "throughout already",
-            hint="give --quantize with a scheme (e.g. --quantize int8-dynamic --keep-float LAYER); the fp32 program "
-            "is the model's own, lowered without --keep-float",
+        raise KeepFloatRefused(
+            f"{spec.name} keeps layers of a quantized program in float; {', '.join(fp32)} is fp32 throughout already",
+            "a quantization scheme: the fp32 program is the model's own, lowered without layers kept in float",
         )
 
 
 def check_keep_float(spec: ModelSpec, module: Any) -> None:
     """The layers a mixed-precision program keeps in float are linears or convolutions of its model (exit 64, with
     the names it takes), checked before any variant is lowered."""
+    # here, not at the top: methods imports torch's quantizers on use, which a cache hit never needs
     from orchestrator.lowering.quantize.methods import weighted_layers
-    from orchestrator.lowering.quantize.quantized import KeptLayerUnknown, kept_layer_paths
+    from orchestrator.lowering.quantize.quantized import KeptLayerUnknown, kept_layer_paths  # torch, as above
 
     try:
         kept_layer_paths(spec.keep_float, weighted_layers(module))
     except KeptLayerUnknown as exc:
         shown = ", ".join(exc.layers[:_LAYERS_SHOWN]) + (f" (and {len(exc.layers) - _LAYERS_SHOWN} more)"
                                                         if len(exc.layers) > _LAYERS_SHOWN else "")  # fmt: skip
-        raise UsageError(
-            f"--keep-float {','.join(exc.unknown)}: {spec.name} has no linear or convolution of that name; it has "
+        raise KeepFloatRefused(
+            f"{spec.name} has no linear or convolution named {', '.join(exc.unknown)}; it has "
             f"{len(exc.layers)}: {shown or 'none'}",
-            hint="`fab analyze` of a run with --numerics names each layer's module; so does `fab advise`",
+            "module paths as the numerics of a run name them (fab analyze, fab advise)",
         ) from None
 
 

@@ -26,4 +26,5 @@ pytest_plugins = [
     "tests.plugins.postgres",  # a private PostgreSQL server for the shared-history path
     "tests.plugins.labgrid",  # a real labgrid coordinator and exporters publishing the fake boards as places
     "tests.plugins.fuzz",  # no fixtures: the hypothesis settings and byte mutations of the parser fuzz tests
+    "tests.plugins.schedule",  # no fixtures: the order xdist's workers take the files in, the longest first
 ]

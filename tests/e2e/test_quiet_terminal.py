@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.boards.inventory import Board
 from orchestrator.paths import PROJECT_ROOT
-from tests.plugins.boards import provision_board, write_inventory
+from tests.plugins.boards import SHARED_BUILD, provision_board, write_inventory
 
 BOARD = "quiet-b"
 DEPLOY = ("deploy-and-profile", "--model", "distilbert-tiny", "--backend", "xnnpack", "--quantize", "none,int8-static",
@@ -28,7 +28,7 @@ TABLE_EDGES = tuple("┏┃┡│└")
 @pytest.fixture(scope="module")
 def two_boards(sshd_lab: Any, local_board: Board, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The local board and a provisioned sshd board, in an inventory."""
-    fake = sshd_lab.board(BOARD)
+    fake = sshd_lab.board(BOARD, **SHARED_BUILD)
     provision_board(fake.board)
     folder = tmp_path_factory.mktemp("quiet")
     yield write_inventory(folder / "inventory.yaml", [local_board, fake.board])

@@ -28,7 +28,7 @@ from orchestrator.testing.pi import PiBoard
 from orchestrator.testing.postgres import fresh_database
 from orchestrator.testing.sshd import SshdBoard
 from tests.plugins.artifacts import ARTIFACT_CACHE
-from tests.plugins.boards import provision_board, write_inventory
+from tests.plugins.boards import SHARED_BUILD, provision_board, write_inventory
 
 NIGHT = "2026-12-01"
 
@@ -64,7 +64,7 @@ def test_a_night_on_two_workers_survives_one_killed(
     tiny_artifacts: dict[str, Any],
     tmp_path: Path,
 ) -> None:
-    fakes = sshd_boards(3, names=["lab-b1", "lab-b2", "lab-b3"])
+    fakes = sshd_boards(3, names=["lab-b1", "lab-b2", "lab-b3"], **SHARED_BUILD)
     boards = [fake.board for fake in fakes]
     for board in boards:
         provision_board(board)
@@ -191,7 +191,7 @@ def test_a_cell_runs_on_the_worker_that_reaches_its_board_an_emulated_pi(
 ) -> None:
     """Two hosts, each with a board only it reaches: an x86 sshd board on wx, an emulated Raspberry Pi 4 on wpi.
     Each cell lands on the host that reaches its board; the Pi runs the very program wx published."""
-    (x86,) = sshd_boards(1, names=["lab-x86"])
+    (x86,) = sshd_boards(1, names=["lab-x86"], **SHARED_BUILD)
     pi = pi_boards("lab-pi4", flavour="pi4", compiler=False)  # its runner cross-built here, before the night
     for board in (x86.board, pi.board):
         provision_board(board)

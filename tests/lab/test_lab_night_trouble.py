@@ -26,7 +26,7 @@ from orchestrator.testing.lab import LocalLab
 from orchestrator.testing.postgres import fresh_database
 from orchestrator.testing.sshd import SshdBoard
 from tests.plugins.artifacts import ARTIFACT_CACHE
-from tests.plugins.boards import provision_board, write_inventory
+from tests.plugins.boards import SHARED_BUILD, provision_board, write_inventory
 
 MODELS, VARIANTS = ("distilbert-tiny", "gpt2-tiny"), ("xnnpack", "portable")
 # A name rich would read as markup (`[@...]` is an event tag): every line that carries it shows it as it is.
@@ -65,7 +65,7 @@ def test_a_pipe_in_the_store_and_a_lost_scheduler_neither_hang_nor_hide(
     postgres_url: str,
     tiny_artifacts: dict[str, Any],
 ) -> None:
-    (fake,) = sshd_boards(1, names=["trouble-b1"])
+    (fake,) = sshd_boards(1, names=["trouble-b1"], **SHARED_BUILD)
     provision_board(fake.board)
     url = fresh_database(postgres_url)
     lab = LocalLab(tmp_path / "lab", wait_seconds=120)

@@ -39,7 +39,7 @@ from orchestrator.results.validity import accuracy_figures, judge_accuracy
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.plugins.analysis import adapter_graphs
 from tests.plugins.artifacts import ARTIFACT_CACHE, TINY_MODELS
-from tests.plugins.boards import write_inventory
+from tests.plugins.boards import SHARED_BUILD, write_inventory
 from tests.plugins.quantized import TINY_SCHEMES, break_weight_scales
 
 
@@ -297,7 +297,7 @@ def test_accuracy_figures_and_gate(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def quant_lab(sshd_lab: Any, local_board: Board, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    fake = sshd_lab.board("pi5-quant")
+    fake = sshd_lab.board("pi5-quant", **SHARED_BUILD)
     folder = tmp_path_factory.mktemp("quant-lab")
     inventory = write_inventory(folder / "inventory.yaml", [local_board, fake.board])
     yield {"inventory": inventory, "fake": fake, "folder": folder}

@@ -18,6 +18,12 @@ from orchestrator.boards.inventory import Board
 from orchestrator.deploy import provision
 from orchestrator.transport import connect
 
+# For a board whose runner build a test does not look at: the runner built on the workstation (deploy/crossbuild.py),
+# cached by source hash and shared between workers, so a session compiles it once instead of once per fake board (an
+# on-board build takes ~30 s of both cores). Pass as `sshd_lab.board(name, **SHARED_BUILD)`. The on-board build
+# itself is what tests/e2e/test_e2e.py, tests/deploy/test_provision.py and tests/testing/test_pi.py look at.
+SHARED_BUILD = {"build": "workstation"}
+
 
 def provision_board(board: Board) -> provision.ProvisionReport:
     with connect(board) as conn:

@@ -31,7 +31,7 @@ from orchestrator.results.etdump import read_etdump
 from tests.e2e.test_e2e import bundles, fab
 from tests.plugins.analysis import adapter_graphs
 from tests.plugins.artifacts import ARTIFACT_CACHE
-from tests.plugins.boards import write_inventory
+from tests.plugins.boards import SHARED_BUILD, write_inventory
 
 SOFTWARE = "task_clock,page_faults,context_switches"
 SAMPLES = PROJECT_ROOT / "tests" / "data" / "board_samples"
@@ -204,7 +204,7 @@ def test_live_bytes_follow_the_memory_plan(tiny_artifacts: dict) -> None:
 
 @pytest.fixture(scope="module")
 def counters_lab(sshd_lab: Any, local_board: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    fake = sshd_lab.board("pi5-counters")
+    fake = sshd_lab.board("pi5-counters", **SHARED_BUILD)
     folder = tmp_path_factory.mktemp("counters-lab")
     inventory = write_inventory(folder / "inventory.yaml", [local_board, fake.board], groups={})
     yield {"inventory": inventory, "fakes": [fake], "folder": folder}

@@ -17,7 +17,14 @@ import torch
 
 from orchestrator.errors import ExitCode
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
-from orchestrator.lowering.export.numerics import NumericsRefused, _tap, check_measurable, tap_points
+from orchestrator.lowering.export.numerics import (
+    NumericsRefused,
+    _op_name,
+    _tap,
+    check_measurable,
+    node_places,
+    tap_points,
+)
 from orchestrator.lowering.quantize.methods import int8_static
 from orchestrator.lowering.sidecar import sidecar_from_data
 from orchestrator.lowering.variants import Variant
@@ -129,3 +136,33 @@ def test_a_tap_xnnpack_refuses_as_a_pass_through_is_left_out_and_the_rest_measur
     assert "add" in record.unmatched and "add" not in {tap.node for tap in record.taps}
     assert len(record.taps) > 20 and program.pte.is_file()
     assert any(tap.op == "aten.linear" for tap in record.taps) and any(tap.op == "aten.gelu" for tap in record.taps)
+
+
+def test_a_quantized_programs_operators_are_named_by_the_fp32_node_at_their_place() -> None:
+    """Exported again after quantizing, wav2vec2's program has a getitem the fp32 one has not: every later `add_<n>`
+    is another add there. Each operator is named by the fp32 node at the same place (its module, its operator and
+    how many of it came before in that module), so the error of a residual add is its own, not another add's."""
+    from orchestrator.lowering.builtins import BUILTIN_SPECS
+    from orchestrator.lowering.export.numerics import _fp32_names
+    from orchestrator.lowering.export.program import export_module
+    from orchestrator.lowering.quantize.quantized import quantize
+    from orchestrator.lowering.quantize.schemes import SCHEMES
+    from orchestrator.lowering.sources.builders.models import example_inputs, load_model
+
+    spec = BUILTIN_SPECS["wav2vec2-tiny"]
+    module = load_model(spec, "random").module
+    args = tuple(torch.from_numpy(t.array) for t in example_inputs(spec, module))
+    fp32 = export_module(module, args, model="wav2vec2-tiny")
+    quantized = quantize(module, args, SCHEMES["int8-dynamic"]).program
+    names = _fp32_names(quantized, fp32)
+    places, fp32_places = node_places(quantized), node_places(fp32)
+    by_name = {node.name: node for node in fp32_places}
+    shifted = [node.name for node in places if names.get(node.name, node.name) != node.name]
+    assert shifted  # the two exports do name some operators differently: a match by name pairs the wrong ones
+    for node, place in places.items():
+        if node.name in names:  # the same module and operator in both, whatever the name
+            assert fp32_places[by_name[names[node.name]]] == place
+    fp32_ops = {node.name: _op_name(node) for node in fp32.graph.nodes}
+    for point in tap_points(quantized, names)[0]:  # a label is the fp32 node of the same operator, or none of its
+        assert fp32_ops.get(point.label, _op_name(point.operator)) == _op_name(point.operator), point.label
+        assert point.label in fp32_ops or "getitem" in point.label  # unplaced: a choose_qparams' scale, left out

@@ -40,7 +40,7 @@ from orchestrator.records import Count, Dimension, RecordError, Sha256, from_dat
 
 NUMERICS_SCHEMA = 1
 # Bumped whenever the tap rule or the record changes: a numerics program made by another rule is made again.
-TAP_RULE = "taps-2"
+TAP_RULE = "taps-3"
 
 # Operators whose output holds its input's values, moved: their error is their input's.
 _DATA_MOVEMENT = frozenset(
@@ -206,7 +206,10 @@ def _make(spec: Any, artifact: Artifact, calibration: Path | None) -> NumericsPr
     fp32 = torch.export.load(str(paths.exported_program))
     inputs = tuple(torch.from_numpy(t.array) for t in read_tensors(paths.reference_inputs))
     program = _quantized(spec, artifact, calibration) if artifact.variant.quantized else copy.deepcopy(fp32)
-    points, skipped = tap_points(program)
+    # A quantized program is exported again after quantizing: its nodes are not named as the fp32 .pt2's (an extra
+    # getitem shifts every later `add_<n>`). Each point is named by the fp32 node at the same place (node_places).
+    names = _fp32_names(program, fp32)
+    points, skipped = tap_points(program, names)
     values, outputs = _fp32_values(fp32, inputs, {point.label for point in points})
     matched = [point for point in points if _matches(point, values)]
     unmatched = tuple(point.label for point in points if point not in matched)
@@ -216,7 +219,7 @@ def _make(spec: Any, artifact: Artifact, calibration: Path | None) -> NumericsPr
             "counterpart to compare with"
         )
     pte_path, reference_path, record_path = numerics_paths(artifact)
-    matched, taps, not_tapped = _tap_and_lower(program, matched, len(outputs), artifact, pte_path)
+    matched, taps, not_tapped = _tap_and_lower(program, matched, names, len(outputs), artifact, pte_path)
     unmatched = (*unmatched, *not_tapped)
     reference = [NamedTensor(f"output_{i}", value.detach().float().numpy()) for i, value in enumerate(outputs)]
     for tap, point in zip(taps, matched, strict=True):
@@ -256,6 +259,7 @@ class _Point:
     label: str
     qparams: tuple[float, int] | None
     fused: tuple[str, ...]
+    head: Any = None  # the first operator fused into it (its node in this program), which names its module
 
 
 def _op_name(node: Any) -> str:
@@ -287,14 +291,46 @@ def _reads_static_int8(node: Any, live: set[Any]) -> bool:
     )
 
 
-def tap_points(program: Any) -> tuple[list[_Point], int]:
+def node_places(program: Any) -> dict[Any, tuple[Any, ...]]:
+    """Each ATen operator's place in `program`: its innermost module, its operator and how many of that operator came
+    before it in that module; an element of its result (getitem) at its place and index. The same model exported
+    before and after quantizing puts its operators at the same places (quantization operators and the getitems the
+    export adds elsewhere are not counted), whatever their node names."""
+    import operator
+
+    counts: dict[tuple[str, str], int] = {}
+    places: dict[Any, tuple[Any, ...]] = {}
+    for node in program.graph.nodes:
+        op = _op_name(node) if node.op == "call_function" else ""
+        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in places:
+            places[node] = (*places[node.args[0]], "getitem", node.args[1])
+            continue
+        if not op.startswith("aten.") or _is_quantization(node):
+            continue
+        stack = module_stack(node)
+        key = (stack[-1][0] if stack else "", op)
+        places[node] = (*key, counts.get(key, 0))
+        counts[key] = counts.get(key, 0) + 1
+    return places
+
+
+def _fp32_names(program: Any, fp32: Any) -> dict[str, str]:
+    """`program`'s node names → the fp32 program's at the same place (node_places), where one is."""
+    by_place = {place: node.name for node, place in node_places(fp32).items()}
+    return {node.name: by_place[place] for node, place in node_places(program).items() if place in by_place}
+
+
+def tap_points(program: Any, names: dict[str, str] | None = None) -> tuple[list[_Point], int]:
     """The values to tap in an exported program (fp32 or quantized), in graph order; and how many operators were
-    folded into the activation after them."""
+    folded into the activation after them. `names`: each node's label, the fp32 node at its place (_fp32_names);
+    else its own name."""
+    names = names or {}
     graph = program.graph
     user_inputs = set(program.graph_signature.user_inputs)
     live = {node for node in graph.nodes if node.op == "placeholder" and node.name in user_inputs}
     points: list[_Point] = []
     pending_fused: dict[Any, tuple[str, ...]] = {}
+    heads: dict[Any, Any] = {}
     skipped = 0
     for node in graph.nodes:
         if node.op != "call_function" or not any(arg in live for arg in node.all_input_nodes):
@@ -309,6 +345,7 @@ def tap_points(program: Any) -> tuple[list[_Point], int]:
         )
         if fused_into_next:
             pending_fused[users[0]] = (*pending_fused.get(node, ()), node.name)
+            heads[users[0]] = heads.get(node, node)
             skipped += 1
             continue
         quantize = next(
@@ -321,11 +358,13 @@ def tap_points(program: Any) -> tuple[list[_Point], int]:
             ),
             None,
         )
+        label = names.get(node.name, node.name)
+        fused = tuple(names.get(name, name) for name in pending_fused.get(node, ()))
         if quantize is not None:
             qparams = (float(quantize.args[1]), int(quantize.args[2]))
-            points.append(_Point(quantize, node, node.name, qparams, pending_fused.get(node, ())))
+            points.append(_Point(quantize, node, label, qparams, fused, heads.get(node)))
         else:
-            points.append(_Point(node, node, node.name, None, pending_fused.get(node, ())))
+            points.append(_Point(node, node, label, None, fused, heads.get(node)))
     return points, skipped
 
 
@@ -366,10 +405,9 @@ def _tap(program: Any, points: list[_Point], first: int) -> list[Tap]:
     labelled = {point.operator: position for position, point in enumerate(points)}
     values = {point.value: position for position, point in enumerate(points)}
     taps = []
-    by_name = {node.name: node for node in program.graph.nodes}
     for position, point in enumerate(points):
         # a fused pair is the operator's loss (conv, linear) more than its activation's: named by the operator
-        origin = by_name.get(point.fused[0], point.operator) if point.fused else point.operator
+        origin = point.head if point.head is not None else point.operator
         stack = module_stack(origin)
         module = stack[-1] if stack else (None, None)
         location = user_location(origin.meta.get("stack_trace"))
@@ -464,7 +502,7 @@ _MAX_DROPPED = 16
 
 
 def _tap_and_lower(
-    program: Any, points: list[_Point], first: int, artifact: Artifact, pte: Path
+    program: Any, points: list[_Point], names: dict[str, str], first: int, artifact: Artifact, pte: Path
 ) -> tuple[list[_Point], list[Tap], tuple[str, ...]]:
     """Tap `points` and lower; a tap XNNPACK refuses as a pass-through is left out and the rest lowered again. The
     points and taps kept, and the labels left out. NumericsUnavailable when the tapped program cannot be lowered."""
@@ -475,7 +513,7 @@ def _tap_and_lower(
     while True:
         labels = {point.label for point in points} - set(dropped)
         fresh = copy.deepcopy(untapped)
-        chosen = [point for point in tap_points(fresh)[0] if point.label in labels]
+        chosen = [point for point in tap_points(fresh, names)[0] if point.label in labels]
         taps = _tap(fresh, chosen, first)
         try:
             _lower_tapped(fresh, artifact, pte)

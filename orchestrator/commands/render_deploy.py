@@ -123,9 +123,19 @@ def model_advice_lines(model: str, advices: Sequence[tuple[CellOutcome, Advice]]
                                                   -max(e.savings, default=0)))  # fmt: skip
     variants = list(dict.fromkeys(cell.variant.name for cell, _ in advices))
     lines = []
-    for entry in ranked[:MODEL_FINDINGS]:
+    # an unpredicted finding may hold most of the run (fp32 matmuls on a board never measured in int8), and an
+    # accuracy finding is about another axis: neither is folded into "more"
+    shown = [
+        *ranked[:MODEL_FINDINGS],
+        *(
+            entry
+            for entry in ranked[MODEL_FINDINGS:]
+            if entry.finding.keep_float or (not entry.savings and entry.finding.share)
+        ),
+    ]
+    for entry in shown:
         finding = entry.finding
-        saving = "not predicted"
+        saving = f"not predicted ({finding.share:.0%} of the run)" if finding.share else "not predicted"
         if finding.keep_float:  # accuracy, not time: what the advisor predicts is an SQNR
             saving = _saving(finding, 0.0)
         elif entry.savings:
@@ -135,7 +145,7 @@ def model_advice_lines(model: str, advices: Sequence[tuple[CellOutcome, Advice]]
         where = f" [{', '.join(entry.variants)}]" if len(variants) > 1 and len(entry.variants) < len(variants) else ""
         lines.append(f"  {saving}: {finding.title}{where} → {finding.fix}{_at_line(finding)}")
     runs = len(advices)
-    more = len(ranked) - MODEL_FINDINGS
+    more = len(ranked) - len(shown)
     first = advices[0][1].run_id
     tail = f"; {more} more" if more > 0 else ""
     plural = "s" if runs != 1 else ""

@@ -16,6 +16,8 @@ from orchestrator.advice.detectors import _saving_from_ratios
 from orchestrator.advice.facts import run_facts
 from orchestrator.advice.findings import BoardRatios, shape_key
 from orchestrator.commands.render_advice import advice_lines
+from orchestrator.commands.render_deploy import model_advice_lines
+from orchestrator.deploy.cells import CellOutcome
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.quantize.schemes import FP32, QUANTIZED, SCHEMES
 from orchestrator.lowering.sidecar import sidecar_from_data
@@ -132,6 +134,12 @@ def test_an_unpredicted_finding_keeps_its_share_in_the_one_line_advice(tmp_path:
     padded = dataclasses.replace(advice, findings=(*[advice.findings[0]] * 3, finding))  # ranked last, below 3 others
     line = next(line for line in advice_lines(padded) if "--quantize" in line)
     assert f"not predicted ({finding.share:.0%} of the run)" in line
+    # the deploy's advice per model, as README command 1 prints it: not folded into "more" either
+    others = [dataclasses.replace(advice.findings[0], title=f"other {k}", saving_ms=1.0) for k in range(3)]
+    cell = CellOutcome("local", MODEL, Variant(QUANTIZED_ON), ok=True, run_id=advice.run_id)
+    said = model_advice_lines(MODEL, [(cell, dataclasses.replace(advice, findings=(*others, finding)))])
+    assert any(f"not predicted ({finding.share:.0%} of the run)" in line and "--quantize" in line for line in said)
+    assert "more" not in said[0], said
 
 
 def test_a_saving_from_the_boards_ratios_takes_each_nodes_size_where_it_was_measured() -> None:

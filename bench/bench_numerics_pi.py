@@ -42,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_numerics import cpu_name  # noqa: E402
 from orchestrator.boards.inventory import Board  # noqa: E402
 from orchestrator.deploy import crossbuild  # noqa: E402
 from orchestrator.results.numerics import (  # noqa: E402
@@ -58,25 +59,6 @@ from orchestrator.testing.sshd import SshdLab  # noqa: E402
 
 MODELS = ("distilbert-tiny", "mobilenet-v2-tiny")
 NETWORK = 53  # the lab's loopback range, 127.53.x.y: away from the suite's labs running at the same time
-
-
-def cpu_name() -> str:
-    """The CPU as /proc/cpuinfo names it, with the SIMD extensions XNNPACK's x86 kernels choose from."""
-    name, flags = platform.processor(), set()
-    family = model = ""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "model name":
-            name = value
-        elif key == "cpu family":
-            family = value
-        elif key == "model":
-            model = value
-        elif key == "flags":
-            flags = set(value.split())
-    simd = [flag for flag in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if flag in flags]
-    return f"{name} (family {family} model {model}; {', '.join(simd) or 'no AVX2'})"
 
 
 def fab(*args: str, env: dict[str, str], timeout: float = 1800) -> tuple[int, float, str]:

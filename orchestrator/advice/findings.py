@@ -57,7 +57,7 @@ class Finding:
     keep_float: tuple[str, ...] = ()
     sqnr_db: float | None = None
     predicted_sqnr_db: float | None = None
-    cost_ms: Duration | None = None
+    cost_ms: float | None = None  # signed: below 0, keeping them float saves time (int8 slower on this board)
     gate_failed: bool = False
 
 

@@ -115,7 +115,7 @@ def propose(operators: Iterable[OperatorRecord], output_sqnr_db: Iterable[float]
 
 def find_sensitive_layers(facts: RunFacts, _explained: frozenset[str]) -> list[Finding]:
     """A quantized program that loses accuracy (its gate failed, or its output under LOSSY_SQNR_DB), whose numerics
-    pass shows a few layers introducing most of the loss: keep them in float (sensitivity.py)."""
+    pass shows a few layers introducing most of the loss: keep them in float."""
     sidecar, numerics = facts.sidecar, facts.numerics
     if sidecar is None or not sidecar.variant.quantized or numerics is None or facts.spec is None:
         return []

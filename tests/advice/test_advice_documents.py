@@ -5,6 +5,7 @@ themselves are in test_findings.py."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -128,3 +129,14 @@ def test_advice_json_reads_back_and_a_damaged_one_is_an_analysis_error(tmp_path:
         path.write_text(json.dumps(broken))
         with pytest.raises(AnalysisError, match=r"advice\.json: "):  # the file, then the field (or the JSON's fault)
             load_advice(tmp_path)
+
+
+def test_an_accuracy_finding_reads_back_whatever_its_cost_costs(tmp_path: Path) -> None:
+    """A keep-float finding's cost is signed: on a board where int8 runs slower, keeping layers float saves time."""
+    advice = advise(facts_of(recorded("gpt2-tiny")))
+    kept = dataclasses.replace(advice.findings[0], kind="keep-float", keep_float=("h.0.mlp.c_fc",), sqnr_db=12.0,
+                               predicted_sqnr_db=30.5, cost_ms=-0.25, gate_failed=True, saving_ms=None)  # fmt: skip
+    advice = dataclasses.replace(advice, findings=(kept, *advice.findings[1:]))
+    write_advice(tmp_path, advice)
+    assert load_advice(tmp_path) == advice
+    assert advice.predicted_parts["keep-float"] == 0.25  # a saving, then

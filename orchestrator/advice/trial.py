@@ -80,7 +80,7 @@ class VariantTrial:
     profiled_ms: float | None = None  # the profiled run's method time the prediction is a part of
     attention: str | None = None  # the attention the variant was lowered with instead of the original's
     keep_float: tuple[str, ...] = ()  # the layers it keeps in float (a quantized program's mixed precision)
-    backend: str | None = None  # the variant it was lowered to where not the original's (the fp32 point)
+    variant: Variant | None = None  # the variant it was lowered to where not the original's (the fp32 point)
     sqnr_db: float | None = None  # its outputs on the board against fp32 eager (None: not measured)
 
     @property
@@ -88,7 +88,7 @@ class VariantTrial:
         """What the variant changes, as the command line says it."""
         parts = [*self.rewrites, *([f"--attention {self.attention}"] if self.attention else [])]
         parts += [f"--keep-float {','.join(self.keep_float)}"] if self.keep_float else []
-        parts += [f"fp32 ({self.backend})"] if self.backend else []
+        parts += [f"fp32 ({self.variant.name})"] if self.variant is not None else []
         return ", ".join(parts) or "—"
 
     @property
@@ -151,11 +151,11 @@ class TrialReport:
         original's from the first) and their outputs' SQNR on the board."""
         found = []
         if self.original_ms is not None and self.original_sqnr_db is not None:
-            found.append(ParetoPoint(self.model, self.variant.name, self.original_ms, self.original_sqnr_db, None))
+            found.append(ParetoPoint(self.model, self.variant, self.original_ms, self.original_sqnr_db, None))
         for trial in self.variants:
             if trial.retest.median_b_ms is not None and trial.sqnr_db is not None:
-                backend = trial.backend or self.variant.name
-                found.append(ParetoPoint(trial.name, backend, trial.retest.median_b_ms, trial.sqnr_db, trial))
+                variant = trial.variant or self.variant
+                found.append(ParetoPoint(trial.name, variant, trial.retest.median_b_ms, trial.sqnr_db, trial))
         return found
 
     @property
@@ -185,13 +185,13 @@ class TrialReport:
                     trial.retest.outcome,
                     trial.attention,
                     trial.keep_float,
-                    trial.backend,
+                    trial.variant.name if trial.variant is not None else None,
                     trial.sqnr_db,
                 )
                 for trial in self.variants
             ),
             self.original_sqnr_db,
-            tuple(PointOutcome(p.name, p.backend, p.median_ms, p.sqnr_db) for p in pareto_front(self.points())),
+            tuple(PointOutcome(p.name, p.variant.name, p.median_ms, p.sqnr_db) for p in pareto_front(self.points())),
         )
 
 
@@ -252,7 +252,7 @@ class ParetoPoint:
     """One program measured in the trial: its median in the A/B and its outputs' SQNR on the board."""
 
     name: str  # the program (artifacts/<name>/)
-    backend: str
+    variant: Variant
     median_ms: float
     sqnr_db: float
     trial: VariantTrial | None  # None: the original
@@ -417,7 +417,7 @@ def try_change(
         fp32 = Variant(QUANTIZED_ON)
         program, _, outputs_file = _lower(Program(spec), fp32, weights, root, jobs)
         check = OutputsCheck(float("inf"), 0.0, 0.0)  # the model itself: nothing changed to check
-        trial = VariantTrial(spec.name, (), 0.0, check, profiled_ms=profiled_ms, backend=fp32.name)
+        trial = VariantTrial(spec.name, (), 0.0, check, profiled_ms=profiled_ms, variant=fp32)
         lowered.append((trial, program, outputs_file))
     with tempfile.TemporaryDirectory(prefix="etlab-trial-") as scratch:
         pulled = Path(scratch)
@@ -430,7 +430,7 @@ def try_change(
                 console.info(console.escape(f"[{board.name}] {spec.name} against {trial.name}: interleaved A/B"))
                 b = ABProgram(trial.name, program.pte, program.sidecar.sha256, _generate(program.sidecar, params),
                               outputs_to=pulled / f"variant-{index}")  # fmt: skip
-                costs = bool(trial.keep_float) or trial.backend is not None  # no way expected of it
+                costs = bool(trial.keep_float) or trial.variant is not None  # no way expected of it
                 trial.retest = interleave(
                     conn, a, b, (original_inputs, original.sidecar.reference_inputs_sha256), params,
                     expect=None if costs else "faster", rounds=rounds, budget_seconds=budget_seconds,

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from orchestrator import console
 from orchestrator.advice.findings import Advice, Finding
 from orchestrator.lowering.program import ProgramName
-from orchestrator.lowering.variants import Variant
 from orchestrator.results.numerics import EXACT_DB
 
 if TYPE_CHECKING:  # the trial module brings the lowering: a warm deploy prints advice lines without it
@@ -141,7 +140,7 @@ def _adopt(point: ParetoPoint) -> str:
     """The command that profiles a point's program: a mixed-precision one by its layers, not its digest."""
     from orchestrator.commands.common import lower_options  # here: it brings the transports, advice lines need none
 
-    variant = Variant.parse(point.backend)
+    variant = point.variant
     if point.trial is not None and point.trial.keep_float:
         base = str(replace(ProgramName.parse(point.name), keep_float_digest=None))
         return (f"fab deploy-and-profile --model {base} --quantize {variant.scheme.name} "
@@ -160,7 +159,7 @@ def render_pareto(report: TrialReport) -> None:
         return
     front = {id(point) for point in pareto_front(points)}
     rows = [
-        [point.name, point.backend, point.median_ms, _db(point.sqnr_db), "yes" if id(point) in front else "no",
+        [point.name, point.variant.name, point.median_ms, _db(point.sqnr_db), "yes" if id(point) in front else "no",
          _adopt(point)]
         for point in sorted(points, key=lambda point: (point.median_ms, -point.sqnr_db))
     ]  # fmt: skip
@@ -186,7 +185,7 @@ def _baselines(report: TrialReport) -> str:
 def adopt_lines(report: TrialReport) -> list[str]:
     """How to adopt what the trial confirmed (the confirmed variant with the largest measured saving): the command
     that lowers and runs it, and the nightly matrix's keys that track it beside the model as exported."""
-    speedups = [trial for trial in report.variants if not trial.keep_float and trial.backend is None]
+    speedups = [trial for trial in report.variants if not trial.keep_float and trial.variant is None]
     if not speedups:  # accuracy against time: the table of speed against accuracy says how to adopt each point
         return []
     confirmed = [trial for trial in speedups if trial.confirmed]

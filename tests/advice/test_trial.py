@@ -147,7 +147,7 @@ def test_the_trial_file_keeps_its_layout() -> None:
 
 def test_the_front_keeps_the_points_no_other_beats_on_both_speed_and_accuracy() -> None:
     def point(name: str, ms: float, db: float) -> ParetoPoint:
-        return ParetoPoint(name, "xnnpack", ms, db, None)
+        return ParetoPoint(name, VARIANTS["xnnpack"], ms, db, None)
 
     fp32, int8, kept, worse = (
         point("fp32", 10.0, 120.0),

@@ -23,6 +23,7 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import cache
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.export.lower import LoweringResult
+from orchestrator.lowering.export.numerics import numerics_files
 from orchestrator.lowering.export.source_map import source_map_path
 from orchestrator.lowering.sidecar import sidecar_data
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
@@ -301,6 +302,8 @@ def test_interrupted_lowering_leaves_nothing_valid(tiny_artifacts: dict[str, Low
     # The shared test cache also holds the quantized variants (tests/plugins/quantized.py): they are finals too.
     finals |= {paths.pte(v).name for v in VARIANTS.values()} | {paths.sidecar(v).name for v in VARIANTS.values()}
     finals |= {source_map_path(paths.pte(v)).name for v in VARIANTS.values()}  # each program's source map
+    # and its numerics program, where a test with --numerics made one in the shared cache (tests/testing/test_pi.py)
+    finals |= {path.name for v in VARIANTS.values() for path in numerics_files(paths.pte(v))}
     assert all(name in finals or name.startswith(".etlab-tmp-") for name in names), names
     remove_stale_temporaries(paths.folder)
     assert not [name for name in os.listdir(paths.folder) if name.startswith(".etlab-tmp-")]

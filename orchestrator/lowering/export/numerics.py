@@ -129,7 +129,12 @@ class NumericsProgram:
 
 def numerics_paths(artifact: Artifact) -> tuple[Path, Path, Path]:
     """The numerics program, its reference values and its record, beside the timed `.pte`."""
-    stem = artifact.pte.with_suffix("")
+    return numerics_files(artifact.pte)
+
+
+def numerics_files(pte: Path) -> tuple[Path, Path, Path]:
+    """numerics_paths of the timed program `pte`."""
+    stem = pte.with_suffix("")
     return (
         stem.with_name(f"{stem.name}.numerics.pte"),
         stem.with_name(f"{stem.name}.numerics-reference.etlt"),

@@ -18,7 +18,6 @@ from orchestrator.config import did_you_mean
 from orchestrator.deploy.runs import RunParams
 from orchestrator.errors import ArtifactError, UsageError
 from orchestrator.lowering.artifacts import Artifact, MissingArtifact, load_artifact
-from orchestrator.lowering.export.lower import KeepFloatRefused
 from orchestrator.lowering.export.numerics import (
     CalibrationNeeded,
     NumericsProgram,
@@ -26,7 +25,7 @@ from orchestrator.lowering.export.numerics import (
     check_measurable,
     make_numerics,
 )
-from orchestrator.lowering.program import ProgramName
+from orchestrator.lowering.program import KeepFloatRefused, ProgramName
 from orchestrator.lowering.quantize.calibration import CalibrationError
 from orchestrator.lowering.rewrites.registry import (
     RewriteNotFound,

@@ -174,6 +174,15 @@ class ProgramRefused(UsageError):
         self.value = value
 
 
+class KeepFloatRefused(UsageError):
+    """Layers kept in float that cannot be, found when the program is lowered (exit 64): the command layer names its
+    option (`fix`: what it takes)."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
 @dataclass(frozen=True)
 class Program:
     """A program etlab lowers and runs: `spec` under the program's own name (its attention and context in its fields,

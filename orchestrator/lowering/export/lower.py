@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console
-from orchestrator.errors import UsageError
 from orchestrator.fsutil import atomic_path, file_lock, read_json, remove_stale_temporaries, sha256_file
 from orchestrator.lowering.artifacts import ArtifactPaths, file_record
 from orchestrator.lowering.export.cache import cache_key, cached_sidecar
@@ -33,6 +32,7 @@ from orchestrator.lowering.export.parallel import ParallelLowering, VariantTask,
 from orchestrator.lowering.export.program import export_module, lower_program, reset_peak_rss
 from orchestrator.lowering.export.quantized import check_llm_recipes, quantized_program
 from orchestrator.lowering.outputs import eager_outputs, output_records
+from orchestrator.lowering.program import KeepFloatRefused
 from orchestrator.lowering.quantize.calibration import calibration_from_file, calibration_samples
 from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest, apply_rewrites
 from orchestrator.lowering.sidecar import Sidecar
@@ -376,14 +376,6 @@ def _load(
         prompt_rows=spec.prompt_capacity if spec.generates else None,
         generation=generation_record,
     )
-
-
-class KeepFloatRefused(UsageError):
-    """Layers kept in float that cannot be (exit 64): the command layer names its option (`fix`: how to ask)."""
-
-    def __init__(self, message: str, fix: str) -> None:
-        super().__init__(message)
-        self.fix = fix
 
 
 def check_mixed_precision(spec: ModelSpec, variants: Sequence[Variant]) -> None:

@@ -30,9 +30,9 @@ def _spec_of(artifact: Artifact) -> ModelSpec | None:
         return None
 
 
-def _quantized_peer(run: LocalRun, variant: Variant, root: Path | None) -> tuple[OpsRecord | None, Variant | None]:
+def _quantized_peer(run: LocalRun, variant: Variant, every: list[LocalRun]) -> tuple[OpsRecord | None, Variant | None]:
     """The newest analysed run of the same model on the same board of one of `variant`'s peers (in their order)."""
-    runs = [r for r in list_runs(root) if r.board == run.board and r.model == run.model]
+    runs = [r for r in every if r.board == run.board and r.model == run.model]
     for peer_variant in variant.peers:
         for peer in reversed([r for r in runs if r.backend == peer_variant.name]):
             try:
@@ -42,12 +42,12 @@ def _quantized_peer(run: LocalRun, variant: Variant, root: Path | None) -> tuple
     return None, None
 
 
-def _float_peer(run: LocalRun, root: Path | None) -> OpsRecord | None:
+def _float_peer(run: LocalRun, every: list[LocalRun]) -> OpsRecord | None:
     """A quantized run's fp32 twin: the newest analysed XNNPACK run of the same model (the model itself for a
     mixed-precision program) on the same board."""
     named = ProgramName.parse(run.model or "")
     model = str(ProgramName(named.base, named.attention, named.context, named.rewrites, named.rewrites_digest))
-    runs = [r for r in list_runs(root) if r.board == run.board and r.model == model and r.backend == QUANTIZED_ON]
+    runs = [r for r in every if r.board == run.board and r.model == model and r.backend == QUANTIZED_ON]
     for peer in reversed(runs):
         try:
             return load_ops(peer.path)
@@ -77,12 +77,12 @@ def _gemm_ms_by_key(ops: OpsRecord) -> dict[str, float]:
     return found
 
 
-def _board_ratios(run: LocalRun, variant: Variant, root: Path | None) -> BoardRatios | None:
+def _board_ratios(run: LocalRun, variant: Variant, every: list[LocalRun]) -> BoardRatios | None:
     """This board's int8-against-fp32 time of each GEMM node type, and of each type and output size, from the other
     models it ran both ways: for each model, its newest analysed fp32 run and its newest run of the first of
     `variant`'s peers it has (the same board, the same backend), summed over the models. None when the board ran no
     model both ways."""
-    runs = [r for r in list_runs(root) if r.board == run.board and r.model != run.model]
+    runs = [r for r in every if r.board == run.board and r.model != run.model]
     fp32: dict[str, float] = {}
     quantized: dict[str, float] = {}
     sources: list[str] = []
@@ -132,13 +132,14 @@ def run_facts(
         notes.append("no artifact for this run's program: findings from the profile alone")
     peer, peer_variant, ratios, float_peer = None, None, None, None
     if sidecar is not None:
-        peer, peer_variant = _quantized_peer(run, sidecar.variant, results_root)
+        every = list_runs(results_root)  # read once: each peer below is looked for among them
+        peer, peer_variant = _quantized_peer(run, sidecar.variant, every)
         if peer is None and sidecar.variant.peers:
-            ratios = _board_ratios(run, sidecar.variant, results_root)
+            ratios = _board_ratios(run, sidecar.variant, every)
         if sidecar.variant.quantized:
-            float_peer = _float_peer(run, results_root)
+            float_peer = _float_peer(run, every)
             if float_peer is None:  # the kept layers' fp32 time from the board's ratios of this scheme, if any
-                found = _board_ratios(run, Variant(QUANTIZED_ON), results_root)
+                found = _board_ratios(run, Variant(QUANTIZED_ON), every)
                 ratios = found if found is not None and found.scheme == sidecar.variant else None
     numerics, problem = _numerics(run)
     notes += [problem] if problem else []

@@ -513,11 +513,11 @@ def _tap_and_lower(
     points and taps kept, and the labels left out. NumericsUnavailable when the tapped program cannot be lowered."""
     import copy
 
-    untapped = copy.deepcopy(program)
+    untapped = copy.deepcopy(program)  # to tap again without a refused tap: tapping changes the program in place
     dropped: list[str] = []
+    fresh = program
     while True:
         labels = {point.label for point in points} - set(dropped)
-        fresh = copy.deepcopy(untapped)
         chosen = [point for point in tap_points(fresh, names)[0] if point.label in labels]
         taps = _tap(fresh, chosen, first)
         try:
@@ -535,6 +535,7 @@ def _tap_and_lower(
                 ) from None
             dropped.append(label)
             console.detail(f"  {artifact.model}: {label} left out of the numerics (XNNPACK takes no pass-through tap)")
+            fresh = copy.deepcopy(untapped)
 
 
 def _edge_node(program: Any, edge_name: str) -> Any:

@@ -71,7 +71,9 @@ def test_try_measures_each_proposed_rewrite_on_the_local_board(local_board: Boar
     one by one, each checked against the original's outputs and measured with an interleaved A/B."""
     results = tmp_path / "results"
     inventory = write_inventory(tmp_path / "inventory.yaml", [local_board])
-    env = {"ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results), "ETLAB_INVENTORY": str(inventory)}
+    # wide enough that no header or title wraps, whatever the figures' widths in this run
+    env = {"ETLAB_ARTIFACTS": str(ARTIFACT_CACHE), "ETLAB_RESULTS": str(results), "ETLAB_INVENTORY": str(inventory),
+           "ETLAB_WIDTH": "400"}  # fmt: skip
     ran = run_fab("deploy-and-profile", "--model", "distilbert-tiny", "--backend", "xnnpack", "--weights", "random",
                   "--board", "local", "--iterations", "5", "--warmup", "1", "--no-explore", env=env)  # fmt: skip
     assert ran.returncode == 0, ran.stdout + ran.stderr

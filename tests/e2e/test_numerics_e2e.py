@@ -96,7 +96,8 @@ def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str
     spec = write_factory(tmp_path, model)
     inventory = write_inventory(tmp_path / "inventory.yaml", [board])
     results = tmp_path / "results"
-    env = {**os.environ, "ETLAB_ARTIFACTS": str(tmp_path / "artifacts"), "ETLAB_RESULTS": str(results)}
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(tmp_path / "artifacts"), "ETLAB_RESULTS": str(results),
+           "ETLAB_WIDTH": "400"}  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "fabric", "deploy-and-profile", "--spec", str(spec), "--trust-code", "--board",
          "local", "--backend", "xnnpack", "--iterations", "2", "--warmup", "1", "--no-explore", "--inventory",

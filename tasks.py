@@ -59,6 +59,14 @@ KEEP_FLOAT_HELP = (
     "with --quantize: layers (module paths, comma-separated) kept in float, a mixed-precision program of its own "
     "(`fab advise` proposes them after a run with --numerics)"
 )
+MARKDOWN_HELP = (
+    "text-generation models: the figures as markdown to paste into an issue too: llama-bench's table (prefill pp and "
+    "decode tg tokens/s ± standard deviation, size, params, threads), then TTFT, decode step ms, memory, ids vs eager"
+)
+EXECUTION_HELP = (
+    "the execution analysis/trace.json draws: median (the one nearest the median, the default), first, or N (the "
+    "Nth measured iteration; a text generation's decode step N, with its prompt's prefill)"
+)
 CHOICE_HELP = {  # what makes a model's program another (lowering/program.py)
     "rewrites": REWRITES_HELP,
     "keep_float": KEEP_FLOAT_HELP,
@@ -158,14 +166,16 @@ def pull(c, run=None, latest=False, board=None, group=None, tag=None, inventory=
 @task(help={"run": "run id (or unique prefix) under results/", "latest": "the latest pulled run (default)",
             "bundle": "analyse this bundle folder instead",
             "by": "module: the time by module of the model; module:DEPTH rolled up to DEPTH levels",
-            **ACCURACY_HELP})  # fmt: skip
+            "markdown": MARKDOWN_HELP, "execution": EXECUTION_HELP, **ACCURACY_HELP})  # fmt: skip
 @handle_errors
-def analyze(c, run=None, latest=False, bundle=None, min_sqnr=None, min_top1=None, min_top5=None, by=None):
+def analyze(c, run=None, latest=False, bundle=None, min_sqnr=None, min_top1=None, min_top5=None, by=None,
+            markdown=False, execution=None):  # fmt: skip
     """Per-operator statistics, summary.json, validity and Model Explorer overlays for a pulled run."""
     from orchestrator.commands.results import analyze_task
 
     return analyze_task(
-        run, latest=latest, bundle=bundle, min_sqnr=min_sqnr, min_top1=min_top1, min_top5=min_top5, by=by
+        run, latest=latest, bundle=bundle, min_sqnr=min_sqnr, min_top1=min_top1, min_top5=min_top5, by=by,
+        markdown=markdown, execution=execution,
     )  # fmt: skip
 
 
@@ -186,16 +196,17 @@ def explore(c, run=None, model=None, host="127.0.0.1", port=None, no_browser=Fal
             "board": "the one board for --interleave", "inventory": "inventory file (default: inventory.yaml)",
             "allow_rebuilt": "compare different builds of the same program (implied by --interleave)",
             "numerics": "compare the runs' numerics passes instead: the first operator where they part ways (two "
-                        "boards, two ExecuTorch versions, fp32 against int8), with the error each adds"})  # fmt: skip
+                        "boards, two ExecuTorch versions, fp32 against int8), with the error each adds",
+            "markdown": MARKDOWN_HELP})  # fmt: skip
 @handle_errors
 def compare(c, run_a, run_b, interleave=None, retest_seconds=None, board=None, inventory=None, allow_rebuilt=False,
-            numerics=False):  # fmt: skip
+            numerics=False, markdown=False):  # fmt: skip
     """Per-operator and total deltas between two runs, a noise-aware verdict, a diff overlay. Exit 1: a regression."""
     from orchestrator.commands.results import compare_task
 
     return compare_task(
         run_a, run_b, interleave=interleave, retest_seconds=retest_seconds, board=board, inventory=inventory,
-        allow_rebuilt=allow_rebuilt, numerics=numerics,
+        allow_rebuilt=allow_rebuilt, numerics=numerics, markdown=markdown,
     )  # fmt: skip
 
 
@@ -222,13 +233,14 @@ def advise(c, run=None, model=None, board=None, try_=False, each=False, rounds=N
     )  # fmt: skip
 
 
-@task
+@task(help={"long": "the detailed tables: each built-in's source, output, description and every variant lowered, "
+                     "each lowered model's spec file and lowering time"})  # fmt: skip
 @handle_errors
-def models(c):
-    """The models --model takes: the built-ins, and those lowered from a spec file or your own program."""
+def models(c, long=False):
+    """The models --model takes, one line each: the built-ins, and those lowered from a spec file or your program."""
     from orchestrator.commands.models import list_models
 
-    return list_models()
+    return list_models(long=long)
 
 
 @task(help={key: text for key, text in SELECT_HELP.items() if key != "lg_wait"})
@@ -257,7 +269,7 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "port": "Model Explorer port (8081)", "quantize": QUANTIZE_HELP, **ACCURACY_HELP,
             "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
             "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
-            "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP, **CHOICE_HELP},
+            "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP, "markdown": MARKDOWN_HELP, **CHOICE_HELP},
       optional=["counters", "numerics"])  # fmt: skip
 @handle_errors
 def deploy_and_profile(c, model=None, spec=None, backend=None, board=None, group=None, tag=None, inventory=None,
@@ -266,7 +278,7 @@ def deploy_and_profile(c, model=None, spec=None, backend=None, board=None, group
                        calibration=None, min_sqnr=None, min_top1=None, min_top5=None, jobs=None,
                        trust_remote_code=False, trust_code=False, pte=None, reference=None, name=None,
                        rewrites="none", new_tokens=None, context=None, attention=None, numerics=None,
-                       keep_float=None):  # fmt: skip
+                       keep_float=None, markdown=False):  # fmt: skip
     """Lower → setup-board → push → run → pull → analyze → explore, on every selected board."""
     given = options.given(locals())
     from orchestrator.commands.deploy import deploy_task

@@ -11,7 +11,9 @@ import os
 import re
 import threading
 import time
+import warnings as warnings_module
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console, OverflowMethod, RenderableType
@@ -134,6 +136,40 @@ def format_seconds(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.2f} s"
     return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+_BYTE_UNITS = ("kB", "MB", "GB", "TB")
+
+
+def format_bytes(count: int) -> str:
+    """An amount of memory in the unit that shows it, with three significant digits: "512 B", "32.8 kB", "14.3 MB"
+    (a tiny model's 32 kB KV cache is no "0.0 MB")."""
+    if count < 1000:
+        return f"{count} B"
+    value, unit = float(count), "B"
+    for unit in _BYTE_UNITS:
+        value /= 1000.0
+        if round(value) < 1000 or unit == _BYTE_UNITS[-1]:
+            break
+    return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
+
+
+def format_ms(ms: float) -> str:
+    """A time in milliseconds, three significant digits and never an exponent: "0.124 ms", "3.6 ms", "1,180 ms"
+    (not "1.18e+03 ms"); below a microsecond, in µs."""
+    if ms != 0 and abs(ms) < 0.001:
+        return f"{ms * 1000:.3g} µs"
+    if abs(ms) >= 1000:
+        return f"{ms:,.0f} ms"
+    return f"{ms:.3g} ms"
+
+
+def format_share(share: float) -> str:
+    """A share of a run as a whole percent, a small one never "0%": "<1%" (a 3.6 ms finding of a 1 s run)."""
+    said = f"{share:.0%}"
+    if share != 0 and said in ("0%", "-0%"):
+        return "<1%" if share > 0 else ">-1%"
+    return said
 
 
 class StageTimer:
@@ -306,3 +342,22 @@ def quiet_third_party() -> None:
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     logging.getLogger("torch.export.pt2_archive._package").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+    warnings.showwarning = _show_warning
+
+
+# The libraries etlab drives: their warnings are about their internals (torch.export's side effects in a KV cache,
+# ExecuTorch's mutable buffers), which etlab handles; a user reads them with --verbose. A user's own code warns as it
+# always does.
+_LIBRARY_PARTS = {"torch", "executorch", "transformers", "torchao", "torchvision", "huggingface_hub", "safetensors"}
+_default_showwarning = warnings_module.showwarning
+
+
+def _show_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    parts = Path(filename).parts
+    after = parts[parts.index("site-packages") + 1 :] if "site-packages" in parts else ()
+    if after and after[0] in _LIBRARY_PARTS:
+        detail(f"{category.__name__} from {Path(filename).name}:{lineno}: {str(message).splitlines()[0][:200]}")
+        return
+    _default_showwarning(message, category, filename, lineno, file, line)

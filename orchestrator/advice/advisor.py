@@ -1,5 +1,5 @@
 """The advisor: every detector on a run's facts, in DETECTORS order, each seeing which instructions an earlier one
-already explained (so no time is counted twice); the findings numbered by predicted saving."""
+already explained (so no time is counted twice); the findings numbered by what they are worth."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from orchestrator.advice.findings import Advice, Finding, RunFacts
 
 
 def advise(facts: RunFacts) -> Advice:
-    """Every detector on the run, in DETECTORS order; the findings numbered by predicted saving."""
+    """Every detector on the run, in DETECTORS order; the findings numbered by what they are worth (`_rank`)."""
     explained: set[str] = set()  # instruction node ids an earlier finding accounted for
     drafts: list[Finding] = []
     for detector in DETECTORS.values():
@@ -27,10 +27,11 @@ def advise(facts: RunFacts) -> Advice:
 
 
 def _rank(finding: Finding) -> tuple[int, float]:
-    """A program failing its accuracy gate first (not shippable as it is), then predictions, then bounds, then the
-    rest (accuracy, board conditions, sizes), each by saving."""
+    """A program failing its accuracy gate first (not shippable as it is), then the time findings by what they are
+    worth (`Finding.worth_ms`), then the rest (accuracy, board conditions, sizes)."""
     if finding.gate_failed:
         return (-1, 0.0)
-    if finding.saving_ms is None:
-        return (2, -(finding.saving_mb or 0.0))
-    return (1 if finding.saving_is_bound else 0, -finding.saving_ms)
+    worth = finding.worth_ms
+    if worth is not None:
+        return (0, -worth)
+    return (1, -(finding.saving_mb or 0.0))

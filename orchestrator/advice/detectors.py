@@ -296,15 +296,22 @@ def find_all_positions_head(facts: RunFacts, explained: frozenset[str]) -> list[
     if not _rewrite_offered(facts, "head-at-position") or facts.sidecar is None or not facts.sidecar.outputs:
         return []
     shape = facts.sidecar.outputs[0].shape
-    if len(shape) != 3 or shape[1] <= 1:
-        return []
-    positions = shape[1]
+    vocab = shape[-1] if shape else 0
     last_call = max(facts.ops.delegate_calls(), key=lambda call: call.index, default=None)
     delegate = next((d for d in facts.ops.delegates if last_call and d.node_id == last_call.node_id), None)
     heads = [node for node in delegate.nodes if node.type == "XNNFullyConnected"] if delegate else []
     if delegate is None or not heads or last_call is None or last_call.node_id in explained:
         return []
     head = heads[-1]
+    if len(shape) == 3:  # every position's logits, [B, seq_len, vocab]
+        positions = shape[1]
+    else:  # one position's logits selected after the head: the head's own output says how many it projected
+        projected = head.shape or ()
+        if len(projected) != 3 or projected[-1] != vocab:
+            return []
+        positions = projected[1]
+    if positions <= 1:
+        return []
     saving = head.ms * (1 - 1 / positions)
     return [
         Finding(
@@ -315,8 +322,9 @@ def find_all_positions_head(facts: RunFacts, explained: frozenset[str]) -> list[
             calls=1,
             measured_ms=head.ms,
             share=_share(facts, head.ms),
-            cause=f"the head (hidden x {shape[2]}, the largest matmul) runs on all {positions} positions, while a "
-            f"{facts.spec.task if facts.spec else 'LM'} prediction reads one",
+            cause=f"the head (hidden x {vocab}, the largest matmul) runs on all {positions} positions, while a "
+            f"{facts.spec.task if facts.spec else 'LM'} prediction reads one"
+            + ("" if len(shape) == 3 else ", which the program selects after the head"),
             saving_ms=saving,
             fix_kind="rewrite",
             fix="--rewrites head-at-position",
@@ -411,7 +419,7 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
     measured = sum(node.ms for _, node in gemms)
     if _share(facts, measured) < GEMM_MIN_SHARE:
         return []
-    saving, note = None, "not predicted: no int8 run on this board yet (measure one, then advise again)"
+    saving, note = None, "not predicted: no int8 run on this board yet (fab advise --try measures one)"
     peer_variant = facts.quantized_peer_variant
     if facts.quantized_peer is not None:
         quantized = _gemm_ms((n.type, n.ms) for d in facts.quantized_peer.delegates for n in d.nodes)
@@ -432,6 +440,7 @@ def find_float_gemms(facts: RunFacts, _explained: frozenset[str]) -> list[Findin
             fix_kind="option",
             fix=f"--quantize {scheme} (check the accuracy verdict)",
             saving_note=note,
+            quantize=scheme,
         )
     ]
 

@@ -9,9 +9,11 @@ finding's nodes, at the top level and inside the delegates:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.advice.findings import ADVICE_FILE, Advice, Finding
+from orchestrator import console
+from orchestrator.advice.findings import ADVICE_FILE, Advice, Finding, shown_findings
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.records import RecordError, from_data, to_data
@@ -27,7 +29,7 @@ def finding_label(finding: Finding) -> str:
     if finding.saving_ms is None:
         return f"{finding.id} {finding.kind}"
     sign = "≤" if finding.saving_is_bound else "-"
-    return f"{finding.id} {finding.kind} {sign}{finding.saving_ms:.3g} ms"
+    return f"{finding.id} {finding.kind} {sign}{console.format_ms(finding.saving_ms)}"
 
 
 def load_advice(bundle_dir: Path) -> Advice | None:
@@ -82,3 +84,46 @@ def write_advice(bundle_dir: Path, advice: Advice) -> list[Path]:
          for graph, values in savings.items()},
     )  # fmt: skip
     return [*written, *paths]
+
+
+@dataclass(frozen=True)
+class FindingLines:
+    """A run's findings as a page or a report lists them: the ones an analysis prints (shown_findings), one line
+    each, and how many advice.json holds; `said` counts the lines, so the count and the list agree."""
+
+    lines: tuple[str, ...] = ()
+    total: int = 0
+    run_id: str = ""
+
+    @property
+    def said(self) -> str:
+        shown = len(self.lines)
+        return f"{shown}{f' of {self.total}' if self.total > shown else ''} finding{'s' * (self.total != 1)}"
+
+    @property
+    def more(self) -> str | None:
+        """Where the rest are, when some are not listed."""
+        rest = self.total - len(self.lines)
+        return f"{rest} more: fab advise --run {self.run_id}" if rest > 0 else None
+
+
+def finding_lines(bundle: str | Path | None) -> FindingLines:
+    """A recorded run's findings (its bundle's advice.json), the ones an analysis prints, one line each, the most
+    worth first: none when it has none, or its bundle is gone or damaged."""
+    if not bundle:
+        return FindingLines()
+    try:
+        advice = load_advice(Path(bundle))
+    except (AnalysisError, OSError):
+        return FindingLines()
+    if advice is None:
+        return FindingLines()
+    lines = []
+    for finding in shown_findings(advice):
+        saving = (
+            ""
+            if finding.saving_ms is None
+            else f" ({'≤' if finding.saving_is_bound else '~'}{console.format_ms(finding.saving_ms)})"
+        )
+        lines.append(f"{finding.id} {finding.title}{saving}")
+    return FindingLines(tuple(lines), len(advice.findings), advice.run_id)

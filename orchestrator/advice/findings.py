@@ -26,14 +26,17 @@ from orchestrator.results.ops_record import DelegateNodeTiming, OpsRecord
 from orchestrator.results.summary import RunSummary
 
 ADVICE_FILE = "advice.json"
+QUANTIZE = "quantize"  # Advice.predicted_parts' key of the quantize finding's saving
 FIX_KINDS = ("rewrite", "code", "option", "lowering", "board")
+ONE_LINE_FINDINGS = 3  # what an analysis prints at least; `fab advise` shows them all
+SHOWN_SHARE = 0.03  # and every other finding worth this share of the run
 
 
 @dataclass(frozen=True, kw_only=True)  # built by keyword: sixteen fields, several of one type
 class Finding:
     """One finding as advice.json holds it (the field order is the file's key order); the types are its checks."""
 
-    id: str = ""  # "F1": findings numbered by predicted saving, largest first (the advisor numbers them)
+    id: str = ""  # "F1": findings numbered by what they are worth, largest first (the advisor numbers them)
     kind: str  # the detector that found it (DETECTORS)
     title: str  # what, in a few words: "gelu_new's pow(x, 3) in portable kernels"
     operators: tuple[str, ...]  # the operators it is about: "aten::pow.Tensor_Scalar_out", "XNNFullyConnected"
@@ -59,6 +62,18 @@ class Finding:
     predicted_sqnr_db: float | None = None
     cost_ms: float | None = None  # signed: below 0, keeping them float saves time (int8 slower on this board)
     gate_failed: bool = False
+    quantize: str | None = None  # a quantize finding's scheme: the program `fab advise --try` measures beside fp32
+
+    @property
+    def worth_ms(self) -> float | None:
+        """What a time finding is worth per run: its predicted saving (or its bound), else the measured time of the
+        operators it is about, the most it could save (an unpredicted 89% of the run is not worth less than a
+        predicted 5%). None for a finding about no time: accuracy, a size, the board's conditions."""
+        if self.keep_float:
+            return None
+        if self.saving_ms is not None:
+            return self.saving_ms
+        return self.measured_ms if self.share > 0 else None
 
 
 CONVOLUTION_TYPES = ("XNNConv2d", "XNNDepthwiseConv2d")  # the XNNPACK flatbuffer's node types (1-D ones too)
@@ -164,16 +179,35 @@ class Advice:
     @property
     def predicted_parts(self) -> dict[str, float]:
         """The predicted saving of each part of `change`: per rewrite by its name, the attention's as ATTENTION,
-        the layers kept in float's as KEEP_FLOAT (a cost: negative)."""
+        the layers kept in float's as KEEP_FLOAT (a cost: negative), the quantized program's as QUANTIZE."""
         parts = {name: self.predicted_for(name) for name in self.rewrites}
         if self.attention is not None:
             parts[ATTENTION] = sum(f.saving_ms or 0.0 for f in self.findings if f.attention)
         if self.keep_float:
             parts[KEEP_FLOAT] = -sum(f.cost_ms or 0.0 for f in self.findings if f.keep_float)
+        if self.quantize is not None:
+            parts[QUANTIZE] = sum(f.saving_ms or 0.0 for f in self.findings if f.quantize)
         return parts
+
+    @property
+    def quantize(self) -> str | None:
+        """The scheme the quantize finding proposes (an fp32 run's), which `--try` measures; None without one."""
+        return next((f.quantize for f in self.findings if f.quantize), None)
 
     def predicted_for(self, rewrite: str) -> float:
         return sum(f.saving_ms or 0.0 for f in self.findings if f.rewrite == rewrite)
+
+
+def shown_findings(advice: Advice, limit: int = ONE_LINE_FINDINGS) -> list[Finding]:
+    """The findings an analysis prints one line each, and every page and report lists: the top `limit`, then every
+    other one worth SHOWN_SHARE of the run, predicted or not (an unpredicted 89% of fp32 matmuls is never folded into
+    "more"), and every accuracy finding (another axis than time). The rest are `fab advise`'s."""
+
+    def worth_share(finding: Finding) -> float:
+        worth = finding.worth_ms
+        return worth / advice.method_ms if worth is not None and advice.method_ms else 0.0
+
+    return [f for k, f in enumerate(advice.findings) if k < limit or f.keep_float or worth_share(f) >= SHOWN_SHARE]
 
 
 def delegate_node_fields(facts: RunFacts, pairs: Sequence[tuple[str, DelegateNodeTiming]]) -> dict[str, Any]:

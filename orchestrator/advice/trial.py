@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator import console
+from orchestrator.advice.findings import QUANTIZE
 from orchestrator.boards import labgrid
 from orchestrator.boards.inventory import Board
 from orchestrator.deploy.abtest import (
@@ -88,7 +89,10 @@ class VariantTrial:
         """What the variant changes, as the command line says it."""
         parts = [*self.rewrites, *([f"--attention {self.attention}"] if self.attention else [])]
         parts += [f"--keep-float {','.join(self.keep_float)}"] if self.keep_float else []
-        parts += [f"fp32 ({self.variant.name})"] if self.variant is not None else []
+        if self.variant is not None:  # a point of its own variant: fp32 beside a quantized original, or quantized
+            parts += [
+                f"--quantize {self.variant.scheme.name}" if self.variant.quantized else f"fp32 ({self.variant.name})"
+            ]
         return ", ".join(parts) or "—"
 
     @property
@@ -357,6 +361,8 @@ def change_sets(change: ProgramChoice, each: bool) -> list[ProgramChoice]:
     parts = [ProgramChoice(rewrites=RewriteRequest(names=(name,))) for name in names]
     parts += [ProgramChoice(attention=change.attention)] if change.attention is not None else []
     parts += [ProgramChoice(keep_float=change.keep_float)] if change.keep_float else []
+    if together == ProgramChoice(rewrites=RewriteRequest()):  # nothing to change in the program (a quantize trial)
+        return []
     return list(dict.fromkeys([together, *(parts if each and len(parts) > 1 else [])]))
 
 
@@ -377,6 +383,7 @@ def try_change(
     budget_seconds: float = DEFAULT_RETEST_SECONDS,
     iterations_per_run: int | None = None,
     reference: Path | None = None,
+    quantize_to: Variant | None = None,
 ) -> TrialReport:
     """Lower `spec` as exported and with `change` (all of it; with `each` also one variant per part), refuse a
     variant whose outputs differ from the original's (TrialRefused, exit 65), then A/B each variant against the
@@ -388,6 +395,8 @@ def try_change(
     saving per part (Advice.predicted_parts: a rewrite's name, ATTENTION or KEEP_FLOAT; missing: 0), a part of
     `profiled_ms`, the profiled run's time (the error is then judged on shares, at the re-test's pace).
     `reference`: the original's outputs file to check against, instead of its own (a test feeds a wrong one).
+    `quantize_to`: an fp32 original is also A/B'd against that quantized program (the advisor's quantize finding,
+    measured: its time and its outputs' SQNR on the board, predicted as QUANTIZE).
     """
     predicted = dict(predicted_ms or {})
     original, original_inputs, original_outputs = _lower(Program(spec), variant, weights, root, jobs)
@@ -419,6 +428,12 @@ def try_change(
         check = OutputsCheck(float("inf"), 0.0, 0.0)  # the model itself: nothing changed to check
         trial = VariantTrial(spec.name, (), 0.0, check, profiled_ms=profiled_ms, variant=fp32)
         lowered.append((trial, program, outputs_file))
+    elif quantize_to is not None:  # the quantized point: what quantizing gains and loses, measured
+        program, _, outputs_file = _lower(Program(spec), quantize_to, weights, root, jobs)
+        check = OutputsCheck(float("inf"), 0.0, 0.0)  # the model itself: its accuracy is the board SQNR below
+        trial = VariantTrial(spec.name, (), predicted.get(QUANTIZE, 0.0), check, profiled_ms=profiled_ms,
+                             variant=quantize_to)  # fmt: skip
+        lowered.append((trial, program, outputs_file))
     with tempfile.TemporaryDirectory(prefix="etlab-trial-") as scratch:
         pulled = Path(scratch)
         a = ABProgram(spec.name, original.pte, original.sidecar.sha256, _generate(original.sidecar, params),
@@ -430,7 +445,7 @@ def try_change(
                 console.info(console.escape(f"[{board.name}] {spec.name} against {trial.name}: interleaved A/B"))
                 b = ABProgram(trial.name, program.pte, program.sidecar.sha256, _generate(program.sidecar, params),
                               outputs_to=pulled / f"variant-{index}")  # fmt: skip
-                costs = bool(trial.keep_float) or trial.variant is not None  # no way expected of it
+                costs = bool(trial.keep_float) or trial.variant is not None  # no way expected of it (int8 may lose)
                 trial.retest = interleave(
                     conn, a, b, (original_inputs, original.sidecar.reference_inputs_sha256), params,
                     expect=None if costs else "faster", rounds=rounds, budget_seconds=budget_seconds,

@@ -173,7 +173,10 @@ class Inventory:
 
     def board(self, name: str) -> Board:
         if name not in self.boards:
-            raise UsageError(f"unknown board {name!r}{did_you_mean(name, self.boards)}; known: {listing(self.boards)}")
+            raise UsageError(
+                f"unknown board {name!r}{did_you_mean(name, self.boards)}; known: {listing(self.boards)}",
+                hint=f'add it to {self.path} under `boards:` (host, user: README "A lab of Raspberry Pis" shows one)',
+            )
         return self.boards[name]
 
     def select(

@@ -22,6 +22,7 @@ from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.lowering.program import AS_SPECIFIED, ProgramName
+from orchestrator.lowering.variants import QUANTIZED_ON, Variant
 from orchestrator.records import to_data
 from orchestrator.results.documents import ANALYSIS_DIR
 from orchestrator.results.store import LocalRun, find_run
@@ -86,7 +87,8 @@ def advise_on(
     if trial is None:
         return 0
     change = advice.change
-    if change == AS_SPECIFIED:
+    quantize = advice.quantize if facts.sidecar is not None and not facts.sidecar.variant.quantized else None
+    if change == AS_SPECIFIED and quantize is None:
         console.info(console.escape(f"run {run.run_id}: no change to the program proposed: nothing to try"))
         return 0
     if artifact is None or facts.spec is None or facts.sidecar is None:
@@ -118,7 +120,8 @@ def advise_on(
     from orchestrator.deploy.runs import RunParams
 
     trying = ", ".join([*change.rewrites.names, *([f"--attention {change.attention}"] if change.attention else []),
-                        *([f"--keep-float {','.join(change.keep_float)}"] if change.keep_float else [])])  # fmt: skip
+                        *([f"--keep-float {','.join(change.keep_float)}"] if change.keep_float else []),
+                        *([f"--quantize {quantize}"] if quantize else [])])  # fmt: skip
     console.info(
         console.escape(
             f"trying {trying} on {target.name}: lowering, checking outputs, then interleaved A/B "
@@ -130,6 +133,7 @@ def advise_on(
         spec, facts.sidecar.variant, change, target, RunParams(), each=trial.each,
         predicted_ms=advice.predicted_parts, profiled_ms=advice.method_ms, weights=facts.sidecar.weights,
         rounds=trial.rounds, budget_seconds=trial.retest_seconds,
+        quantize_to=Variant.parse(f"{QUANTIZED_ON}-{quantize}") if quantize else None,
     )  # fmt: skip
     atomic_write_json(run.path / ANALYSIS_DIR / TRIAL_FILE, to_data(report.outcome))
     render_trial(report)

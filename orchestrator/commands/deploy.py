@@ -30,6 +30,7 @@ from orchestrator.commands.common import (
 from orchestrator.commands.program_options import ProgramOptions
 from orchestrator.commands.programs import profiled
 from orchestrator.commands.render import print_cells, print_context_scaling
+from orchestrator.commands.render_generation import print_generation_markdown
 from orchestrator.commands.render_lowering import print_lowering
 from orchestrator.deploy.cells import CellJob, CellOutcome, is_link_trouble, run_cells_on_board
 from orchestrator.deploy.runs import RunParams
@@ -48,7 +49,7 @@ def deploy_task(given: dict[str, Any]) -> int:
     program, run = ProgramOptions.take(given), RunOptions.take(given)
     lowering, accuracy, boards = LoweringGroup.take(given), AccuracyOptions.take(given), BoardOptions.take(given)
     no_explore, no_browser = bool(given.pop("no_explore", False)), bool(given.pop("no_browser", False))
-    port = given.pop("port", None)
+    port, markdown = given.pop("port", None), bool(given.pop("markdown", False))
     options.all_taken(given)
     params = run.params()
     checked = lowering.options()
@@ -68,6 +69,7 @@ def deploy_task(given: dict[str, Any]) -> int:
         open_browser=not no_browser,
         # Model Explorer shows both fp32 programs: the portable one is lowered for it when no --backend was asked
         lower_both=lowering.backend is None and not no_explore,
+        markdown=markdown,
     )
 
 
@@ -86,13 +88,16 @@ def deploy_and_profile(
     artifacts_root: Path | None = None,
     accuracy: dict[str, float] | None = None,
     lower_both: bool = True,
+    markdown: bool = False,
 ) -> int:
     """`programs`: a model's programs (several: one per KV cache size, `--context`, profiled side by side and
     compared in one table and one plot), or the user's own (`--pte`, an Artifact: profiled as it is). `lower_both`:
-    lower both fp32 programs too (for Model Explorer), not only `variants`."""
+    lower both fp32 programs too (for Model Explorer), not only `variants`; `markdown`: a language model's figures
+    as markdown too, to paste into an issue."""
     if isinstance(programs, Artifact):  # `--pte`: the user's own program, profiled as it is
         return deploy_program(programs, boards=boards, params=params, accuracy=accuracy, explore=explore, host=host,
-                              port=port, open_browser=open_browser, results_root=results_root)  # fmt: skip
+                              port=port, open_browser=open_browser, results_root=results_root,
+                              markdown=markdown)  # fmt: skip
     # For Model Explorer both fp32 backends are lowered too (cached after the first time), so it shows every program,
     # the quantized ones next to the fp32 ones; otherwise only what was asked.
     both = [Variant("portable"), Variant("xnnpack")] if lower_both else []
@@ -123,7 +128,7 @@ def deploy_and_profile(
     numerics = numerics_programs([job.artifact for job in jobs], params, checked.calibration, specs)
     jobs = [replace(job, numerics=numerics.get(job.artifact.pte)) for job in jobs]
     return _profile(jobs, paths[0], boards, results_root, explore=explore, host=host, port=port,
-                    open_browser=open_browser, scaling=len(programs) > 1)  # fmt: skip
+                    open_browser=open_browser, scaling=len(programs) > 1, markdown=markdown)  # fmt: skip
 
 
 def deploy_program(
@@ -137,6 +142,7 @@ def deploy_program(
     port: int = 8081,
     open_browser: bool = True,
     results_root: Path | None = None,
+    markdown: bool = False,
 ) -> int:
     """`fab deploy-and-profile --pte`: a program the user lowered, profiled as it is (nothing lowered)."""
     if reference_outputs_of(artifact) is None:
@@ -145,7 +151,7 @@ def deploy_program(
     numerics_programs([artifact], params)  # refuses a program it cannot measure (64)
     jobs = [CellJob(artifact, params, accuracy)]
     return _profile(jobs, artifact.paths, boards, results_root, explore=explore, host=host, port=port,
-                    open_browser=open_browser)  # fmt: skip
+                    open_browser=open_browser, markdown=markdown)  # fmt: skip
 
 
 _ADVISOR = "orchestrator.commands.advise"
@@ -162,6 +168,7 @@ def _profile(
     port: int,
     open_browser: bool,
     scaling: bool = False,
+    markdown: bool = False,
 ) -> int:
     """Every job on every board (set up, push, run, pull, analyse), the results table, then Model Explorer.
 
@@ -188,6 +195,8 @@ def _profile(
                 for job in jobs
             ]
     print_cells(cells)
+    if markdown:
+        print_generation_markdown([(c.board, c.model, c.variant.name, c.summary) for c in cells if c.summary])
     if scaling:
         print_context_scaling(cells, results_root)
     _advise(cells, {(job.artifact.model, job.artifact.variant): job.artifact for job in jobs}, results_root)

@@ -26,6 +26,7 @@ from orchestrator.errors import UsageError
 from orchestrator.lowering.weights import WEIGHT_MODES
 from orchestrator.names import is_night
 from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS
+from orchestrator.results.trace import FIRST, MEDIAN, Execution
 
 __all__ = ["ACCURACY_DEFAULTS", "MAX_THREADS", "WEIGHT_MODES", "UsageError"]  # what tasks and tests read here
 MAX_KEEP = 1_000_000
@@ -311,6 +312,19 @@ def grouping(value: Any, option: str = "--by") -> int | None:
     if kind != MODULE_GROUPING or (_ and not depth):
         raise UsageError(f"{option} must be module or module:DEPTH (DEPTH a whole number from 1), got {value!r}")
     return count(option, depth, minimum=1, maximum=64) if depth else None
+
+
+def execution(value: Any, option: str = "--execution") -> Execution:
+    """Which execution the timeline draws: `median` (the one nearest the median, the default), `first`, or N (the
+    Nth measured iteration, a text generation's decode step N, counted from 1)."""
+    text = "" if isinstance(value, bool) else str(value).strip().lower()
+    if text == MEDIAN:
+        return MEDIAN
+    if text == FIRST:
+        return FIRST
+    if text.isdigit() and int(text) >= 1:
+        return count(option, text, minimum=1)
+    raise UsageError(f"{option} must be median, first or a whole number from 1 (the Nth execution), got {value!r}")
 
 
 def night(value: Any) -> str:

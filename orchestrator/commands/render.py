@@ -1,49 +1,87 @@
 """Terminal rendering of a run's results (top operators, outputs, memory, counters, cells, context scaling,
 generation); every table etlab prints is drawn in commands/render*.py: render_boards.py (boards, gc),
-render_lowering.py (lowering, models), render_compare.py (comparisons), render_night.py (the nightly),
-render_advice.py (findings)."""
+render_lowering.py (lowering), render_models.py (models), render_compare.py (comparisons), render_night.py (the
+nightly), render_advice.py (findings), render_generation.py (a language model's figures, and their markdown)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from orchestrator import console, paths
 from orchestrator.commands.render_deploy import print_degraded
+from orchestrator.commands.render_generation import print_generation
 from orchestrator.deploy.cells import CellOutcome
+from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import read_json
 from orchestrator.lowering.program import ProgramName
 from orchestrator.lowering.variants import Variant
 from orchestrator.results.context_scaling import context_rows, write_plot
 from orchestrator.results.documents import ANALYSIS_DIR, Summary, load_summary
-from orchestrator.results.modules import rolled_up, shown_ms
+from orchestrator.results.modules import counts_total, rolled_up, shown_delegated_ms, shown_ms
+from orchestrator.results.ops_record import OPS_FILE, load_ops
 from orchestrator.results.summary import Counters, RunSummary
+from orchestrator.servers.dashboard.records import OperatorRow
+from orchestrator.servers.dashboard.where import operator_rows
+
+MODULE_WIDTH = 30  # the Top operators table keeps within 140 columns (ETLAB_WIDTH) beside its node and source
+
+
+def _short_source(source: str | None) -> str:
+    """ "modeling_distilbert.py:216 in forward" -> "modeling_distilbert.py:216": a module's forward is the rule."""
+    if not source:
+        return "–"
+    return source.removesuffix(" in forward")
+
+
+def _dotted_lines(module: str | None, width: int = MODULE_WIDTH) -> str:
+    """A module's path in lines of at most `width`, broken after a dot: "distilbert.transformer." / "layer.0.ffn"."""
+    if not module:
+        return "–"
+    lines = [""]
+    for part in module.split("."):
+        piece = f".{part}" if lines[-1] else part
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines[-1] += "."
+            piece = part
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(lines)
 
 
 def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
-    """Print the top operators of an analysed bundle (a Summary, or the bundle's folder) and its validity."""
+    """Print the top operators of an analysed bundle (a Summary, or the bundle's folder) and its validity: the rows
+    the dashboard's run page shows (servers/dashboard/where.py), the XNNPACK nodes inside a delegate call in its
+    stead, each with its module, source line and output shape."""
     if isinstance(summary, Summary):
-        run = summary.run
-        timed = [i.row() for i in summary.profile.instructions if i.dist] if summary.profile else []
+        run, bundle = summary.run, summary.bundle_dir
     else:
-        run = load_summary(Path(summary))
-        ops_path = Path(summary) / ANALYSIS_DIR / "ops.json"
-        timed = [r for r in read_json(ops_path)["instructions"] if r["samples"]] if ops_path.is_file() else []
-    timed.sort(key=lambda r: -(r["median_ms"] or 0.0))  # by median, as the shares are (etdump_profile.py)
-    rows = [[r["node_id"], r["op"] or r["kind"], r["median_ms"], r["p90_ms"], r["mean_ms"], r["pct"]] for r in timed]
+        run, bundle = load_summary(Path(summary)), Path(summary)
+    operators: list[OperatorRow] = []
+    if (bundle / ANALYSIS_DIR / OPS_FILE).is_file():
+        try:
+            operators, _, _ = operator_rows(load_ops(bundle), limit)
+        except AnalysisError as exc:  # an edited ops.json costs the table, never the rest
+            console.warn(console.escape(f"no top operators: {exc}"))
+    rows = [
+        [row.node_id, f"{row.op}\n{row.shape}" if row.shape else row.op, _dotted_lines(row.module),
+         _short_source(row.source), row.median_ms, row.mean_ms, row.share]
+        for row in operators
+    ]  # fmt: skip
     warm = run.latency.warm
     measured = (
         f"median {warm.median_ms:.2f} ms over {run.latency.iterations} iterations, CV {warm.cv * 100:.1f}%"
         if warm
         else "no measured iterations"
     )
-    caption = f"run {run.run_id}: {measured} — {run.validity.status}"
-    columns = ["node", "op", "median ms", "p90 ms", "mean ms", "% of run"]
+    caption = f"run {run.run_id}: {measured} — {run.validity.status}; node: an XNNPACK node as <delegate call>/<node>"
+    columns = ["node", "op, output shape", "module", "source", "median ms", "mean ms", "% of run"]
     if run.generation is not None:  # ops.json is a decode step's; ops_prefill.json the prompt's
         caption = f"run {run.run_id}: one decode step (ops_prefill.json: the prefill) — {run.validity.status}"
         columns[-1] = "% of step"
-    console.table("Top operators", columns, rows[:limit], caption=caption)
+    console.table("Top operators", columns, rows, caption=caption, fold=("module",), whole=[columns[0], *columns[3:]])
     profile = run.profile or {}
     inside = profile.get("top_operator_types") or []
     if inside:
@@ -84,28 +122,52 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
 
 
 def render_modules(run: RunSummary, depth: int | None, limit: int = 15) -> None:
-    """The time by module of the model (`--by module[:DEPTH]`): the slowest modules, and the share traced to one."""
+    """The time by module of the model (`--by module[:DEPTH]`) in the run's median execution: the slowest modules,
+    each its time counted `total` (with its submodules) or `self` (its own rows), delegated or not, then the rest of
+    the modules, the time on no module and the runtime around the instructions: together, the run's median."""
     tree = run.modules
     if tree is None:
         console.warn("--by module: no time by module to show")
         return
     rows = rolled_up(tree, depth)
-    level = "each module's own rows" if depth is None else f"modules at depth {depth}"
+    whole = tree.median_ms if tree.median_ms is not None else tree.measured_ms
+
+    def line(name: str, kind: str | None, counts: str | None, ms: float, delegated: float | None) -> list[Any]:
+        return [name, kind, counts, ms, ms / whole * 100 if whole else None, delegated,
+                ms - delegated if delegated is not None else None]  # fmt: skip
+
+    table = [
+        line(row.module, (row.module_type or "").rsplit(".", 1)[-1] or None,
+             "total" if counts_total(row, depth) else "self", shown_ms(row, depth), shown_delegated_ms(row, depth))
+        for row in rows[:limit]
+    ]  # fmt: skip
+    rest = rows[limit:]
+    if rest:
+        delegated = [shown_delegated_ms(row, depth) for row in rest]
+        table.append(line(f"({len(rest)} more modules)", None, None, sum(shown_ms(row, depth) for row in rest),
+                          None if None in delegated else sum(d for d in delegated if d is not None)))  # fmt: skip
+    if tree.median_ms is not None:  # a summary.json from before these figures has only the modules
+        table.append(line("(no module: the model itself, or no source)", None, None, tree.unattributed_ms or 0.0,
+                          tree.unattributed_delegated_ms or 0.0))  # fmt: skip
+        table.append(line("(the runtime around the instructions)", None, None, tree.outside_ms or 0.0, 0.0))
+    level = (
+        "each module by its own rows (`self`: its submodules are rows of their own)"
+        if depth is None
+        else f"modules at depth {depth} with their submodules (`total`), shallower ones by their own rows (`self`)"
+    )
     share = f"{tree.attributed_share * 100:.1f}%" if tree.attributed_share is not None else "none"
+    adds_up = (
+        f"ms in the run's median execution ({tree.executions}): the rows add up to the run's median, "
+        f"{tree.median_ms:.3f} ms"
+        if tree.median_ms is not None
+        else f"% of the measured time, {tree.measured_ms:.3f} ms"
+    )
     console.table(
         "Time by module",
-        ["module", "type", "ms", "% of run", "delegated ms"],
-        [
-            [
-                row.module,
-                (row.module_type or "").rsplit(".", 1)[-1] or None,
-                shown_ms(row, depth),
-                shown_ms(row, depth) / tree.measured_ms * 100 if tree.measured_ms else None,
-                row.delegated_ms if depth is not None and row.depth == depth else None,
-            ]
-            for row in rows[:limit]
-        ],
-        caption=f"{level}; {share} of the measured time traced to a module of the model",
+        ["module", "type", "counts", "ms", "% of median", "delegated ms", "not delegated ms"],
+        table,
+        caption=f"{level}; {adds_up}; {share} of the measured time traced to a module",
+        fold=("module",),
     )
 
 
@@ -376,11 +438,15 @@ def _next_commands(cells: Sequence[CellOutcome]) -> None:
     runs = [cell for cell in cells if cell.ok and _run_id(cell)]
     if not runs:
         return
-    first = runs[0]
+    # the run worth exploring: an XNNPACK one where the deploy also ran portable (`--backend portable,xnnpack`)
+    first = next((cell for cell in runs if cell.variant.backend != "portable"), runs[0])
     if first.bundle is not None and len(first.bundle.parents) > 3:
         console.info(f"bundles: {short_path(first.bundle.parents[3])}/<board>/<model>/<backend>/<run id>")
     commands = [f"fab explore --run {_run_id(first)}", f"fab advise --run {_run_id(first)}"]
-    twin = next((cell for cell in runs[1:] if (cell.model, cell.variant) == (first.model, first.variant)), None)
+    twin = next(
+        (cell for cell in runs if cell is not first and (cell.model, cell.variant) == (first.model, first.variant)),
+        None,
+    )
     if twin is not None:
         commands.append(f"fab compare {_run_id(first)} {_run_id(twin)}")
     console.info("next: " + " · ".join(commands))
@@ -403,7 +469,7 @@ def print_context_scaling(cells: Sequence[CellOutcome], results_root: Path | Non
             "decode tok/s",
             "token ms p50",
             "decode MB",
-            "KV cache MB",
+            "KV cache",
         ],
         [
             [
@@ -415,7 +481,7 @@ def print_context_scaling(cells: Sequence[CellOutcome], results_root: Path | Non
                 row.decode_tokens_per_s,
                 row.token_median_ms,
                 megabytes(row.decode_peak_bytes),
-                megabytes(row.kv_cache_bytes),
+                None if row.kv_cache_bytes is None else console.format_bytes(row.kv_cache_bytes),
             ]
             for row in rows
         ],
@@ -425,47 +491,6 @@ def print_context_scaling(cells: Sequence[CellOutcome], results_root: Path | Non
     plot = write_plot(rows, results_root or paths.results_dir(), base)
     if plot is not None:
         console.info(f"plot: {short_path(plot)}")
-
-
-def print_generation(runs: Sequence[tuple[str, str, str, RunSummary]]) -> None:
-    """A language model as it is used: time to first token, decode speed, per-token latency, memory per phase."""
-    rows = []
-    for board, model, backend, summary in runs:
-        generation = summary.generation
-        if generation is None:
-            continue
-        steps = generation.token_ms
-        rows.append([
-            board, model, backend, f"{generation.prompt_len}+{generation.new_tokens}/{generation.context or '?'}",
-            generation.ttft_ms, generation.decode_tokens_per_s,
-            " / ".join("-" if steps.get(k) is None else f"{steps[k]:.2f}" for k in ("median", "p90", "max")),
-            megabytes(generation.memory.get("prefill")), megabytes(generation.memory.get("decode")),
-            megabytes(generation.kv_cache_bytes), generation.ids_text,
-        ])  # fmt: skip
-    if rows:
-        console.table(
-            "Generation",
-            [
-                "board",
-                "model",
-                "backend",
-                "prompt+new/ctx",
-                "TTFT ms",
-                "decode tok/s",
-                "token ms p50/p90/max",
-                "prefill MB",
-                "decode MB",
-                "KV cache MB",
-                "ids vs eager greedy",
-            ],
-            rows,
-            caption="TTFT: the prompt's prefill (median); decode tok/s: the steps after the first token; MB: peak "
-            "RSS per phase",
-        )
-        for board, model, backend, summary in runs:
-            text = summary.generation.text if summary.generation else None
-            if text:  # the ids equal eager's: this is what the board generated
-                console.info(console.escape(f"{board}: {model}/{backend}: {text['prompt']!r} → {text['generated']!r}"))
 
 
 def short_path(path: Path) -> str:

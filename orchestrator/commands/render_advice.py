@@ -7,14 +7,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from orchestrator import console
-from orchestrator.advice.findings import Advice, Finding
+from orchestrator.advice.findings import ONE_LINE_FINDINGS, Advice, Finding, shown_findings
 from orchestrator.lowering.program import ProgramName
 from orchestrator.results.numerics import EXACT_DB
 
 if TYPE_CHECKING:  # the trial module brings the lowering: a warm deploy prints advice lines without it
     from orchestrator.advice.trial import ParetoPoint, TrialReport
-
-ONE_LINE_FINDINGS = 3  # what an analysis prints; `fab advise` shows them all
 
 
 def _saving(finding: Finding, method_ms: float) -> str:
@@ -25,18 +23,19 @@ def _saving(finding: Finding, method_ms: float) -> str:
         return f"{finding.saving_mb:.1f} MB"
     if finding.saving_ms is None:
         return "not predicted"
-    share = f" ({finding.saving_ms / method_ms:.0%})" if method_ms else ""
-    return f"{'≤ ' if finding.saving_is_bound else ''}{finding.saving_ms:.3g} ms{share}"
+    share = f" ({console.format_share(finding.saving_ms / method_ms)})" if method_ms else ""
+    return f"{'≤ ' if finding.saving_is_bound else ''}{console.format_ms(finding.saving_ms)}{share}"
 
 
 def _total(advice: Advice) -> str:
     """The predicted total as a share of the run's median: the baseline of every share the advice gives."""
     share = (
-        f" ({advice.predicted_ms / advice.method_ms:.0%} of the run's median {advice.method_ms:.3g} ms)"
+        f" ({console.format_share(advice.predicted_ms / advice.method_ms)} of the run's median "
+        f"{console.format_ms(advice.method_ms)})"
         if advice.method_ms
         else ""
     )
-    return f"predicted total {advice.predicted_ms:.3g} ms{share}"
+    return f"predicted total {console.format_ms(advice.predicted_ms)}{share}"
 
 
 def render_advice(advice: Advice, notes: list[str]) -> None:
@@ -68,11 +67,7 @@ def _where(finding: Finding) -> str:
 
 def advice_lines(advice: Advice, limit: int = ONE_LINE_FINDINGS) -> list[str]:
     """One line per top finding and the predicted total, as every analysis prints them."""
-    # An unpredicted finding may still be the largest share of the run (fp32 matmuls on a board never measured in
-    # int8): it is shown with its share, never folded into "more".
-    # An accuracy finding is about another axis than time: shown too.
-    shown = [*advice.findings[:limit],
-             *(f for f in advice.findings[limit:] if (_unpredicted(f) and f.share) or f.keep_float)]  # fmt: skip
+    shown = shown_findings(advice, limit)  # as the dashboard's night cells and the nightly report list them
     lines = [f"{f.id} {_saving(f, advice.method_ms)}{_share_of(f)}: {f.title} → {f.fix}{_at_line(f)}" for f in shown]
     more = len(advice.findings) - len(shown)
     tail = f"; {more} more: fab advise --run {advice.run_id}" if more > 0 else ""
@@ -84,7 +79,7 @@ def _unpredicted(finding: Finding) -> bool:
 
 
 def _share_of(finding: Finding) -> str:
-    return f" ({finding.share:.0%} of the run)" if _unpredicted(finding) and finding.share else ""
+    return f" ({console.format_share(finding.share)} of the run)" if _unpredicted(finding) and finding.share else ""
 
 
 def _at_line(finding: Finding) -> str:
@@ -110,7 +105,7 @@ def render_trial(report: TrialReport) -> None:
         error = f"{trial.prediction_error:+.0%}" if trial.prediction_error is not None else "—"
         rows.append([
             trial.name, trial.change, trial.predicted_at_retest_ms,
-            f"{measured:.3g} ms{share}" if measured is not None else "—", error,
+            f"{console.format_ms(measured)}{share}" if measured is not None else "—", error,
             f"{trial.ratio:.3f}" if trial.ratio is not None else "—",
             "yes" if trial.confirmed else "no", _db(trial.outputs.sqnr_db), _db(trial.sqnr_db),
         ])  # fmt: skip
@@ -175,9 +170,9 @@ def render_pareto(report: TrialReport) -> None:
 def _baselines(report: TrialReport) -> str:
     """Both medians the table's figures come from, each named: the A/B's (what `measured` is of) and the profiled
     run's (what the advice's shares are of); the board's pace drifts between them."""
-    a_b = f"{report.original_ms:.3g} ms median in this A/B" if report.original_ms is not None else None
+    a_b = f"{console.format_ms(report.original_ms)} median in this A/B" if report.original_ms is not None else None
     profiled = next((trial.profiled_ms for trial in report.variants if trial.profiled_ms), None)
-    run = f"{profiled:.3g} ms median in the profiled run" if profiled else None
+    run = f"{console.format_ms(profiled)} median in the profiled run" if profiled else None
     said = "; ".join(part for part in (a_b, run) if part)
     return f": {said}" if said else ""
 

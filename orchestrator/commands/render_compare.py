@@ -1,6 +1,7 @@
 """`fab compare`'s output: the verdict first (both medians, the ratio and its CI, the verdict word), then the
 operators whose own test found a change (top-level and inside the delegates), the rest folded into one line, the
-time by operator type, generation and memory side by side."""
+time by operator type with the rest of the method (its Δ column adds up to the median change), generation and memory
+side by side."""
 
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ from typing import TYPE_CHECKING
 
 from orchestrator import console
 from orchestrator.commands.render import megabytes
+from orchestrator.results.compare import MATERIAL_SHARE
 from orchestrator.results.numerics import DIVERGENCE_DB, NumericsComparison, OperatorRecord
 from orchestrator.results.store import LocalRun
 from orchestrator.results.verdicts import Kind
 
-if TYPE_CHECKING:  # the types only: rendering a table must not import what produced it
+if TYPE_CHECKING:  # the types only: of what produced the comparison, the table takes the floor alone
     from orchestrator.results.compare import Comparison, OpDelta
     from orchestrator.results.stats import Verdict
 
 OP_TYPES_SHOWN = 10
-MATERIAL = 0.005  # a change under this share of A's run median is real but too small to list (a 50 ns copy)
+REST_OF_METHOD = "rest of the method"  # each median beyond its operators': the caption says what it is
 
 
 def _figure(value: float | None, *, sign: bool = False) -> str | None:
@@ -69,10 +71,8 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
     for note in comparison.notes:
         console.warn(note)
     every = [op for op in [*comparison.ops, *comparison.delegate_ops] if op.delta_ms is not None]
-    changed = sorted((op for op in every if op.verdict and op.verdict.is_change), key=lambda op: -abs(op.delta_ms or 0))
-    floor = MATERIAL * (comparison.share_base_a_ms or 0.0)
-    small = [op for op in changed if abs(op.delta_ms or 0.0) < floor]
-    changed = [op for op in changed if op not in small]
+    changed = sorted((op for op in every if comparison.changed(op)), key=lambda op: -abs(op.delta_ms or 0))
+    small = [op for op in every if op.verdict and op.verdict.is_change and not comparison.changed(op)]
     if changed:
         console.table(
             f"Operators that changed: {comparison.run_id_b} vs {comparison.run_id_a}",
@@ -135,7 +135,7 @@ def _folded(every: list[OpDelta], changed: list[OpDelta], small: list[OpDelta], 
             f"{_percent(largest) or ''}{_ci(largest.verdict) if largest.verdict else ''})"
         )
     if small:
-        parts.append(f"{len(small)} changed by less than {MATERIAL:.1%} of A's median each (not listed)")
+        parts.append(f"{len(small)} changed by less than {MATERIAL_SHARE:.1%} of A's median each (not listed)")
     if len(changed) > limit:
         parts.append(f"{len(changed) - limit} more changed, smaller")
     if untested:
@@ -144,21 +144,36 @@ def _folded(every: list[OpDelta], changed: list[OpDelta], small: list[OpDelta], 
 
 
 def _render_op_types(comparison: Comparison) -> None:
+    """The largest changes by type, the other types in one row, then the rest of the method and the medians, so the
+    Δ column adds up to the median change."""
     if not comparison.op_types:
         return
-    rows = [
+    rows: list[list[object]] = [
         [row.op_type, row.count, _figure(row.a_ms), _figure(row.b_ms), _figure(row.delta_ms, sign=True),
          f"{row.share_a:.0%}" if row.share_a is not None else None,
          f"{row.share_b:.0%}" if row.share_b is not None else None]
         for row in comparison.op_types[:OP_TYPES_SHOWN]
     ]  # fmt: skip
-    more = len(comparison.op_types) - OP_TYPES_SHOWN
+    others = comparison.op_types[OP_TYPES_SHOWN:]
+    if others:
+        sums = [sum(row.a_ms for row in others), sum(row.b_ms for row in others)]
+        rows.append([f"{len(others)} other types", sum(row.count for row in others), _figure(sums[0]),
+                     _figure(sums[1]), _figure(sums[1] - sums[0], sign=True), None, None])  # fmt: skip
+    rest = comparison.rest
+    if rest is not None:
+        rows.append([REST_OF_METHOD, None, _figure(rest.a_ms), _figure(rest.b_ms), _figure(rest.delta_ms, sign=True),
+                     None, None])  # fmt: skip
+    if comparison.median_a_ms is not None and comparison.median_b_ms is not None:
+        change = comparison.median_b_ms - comparison.median_a_ms
+        rows.append(["median (the whole run)", None, _figure(comparison.median_a_ms), _figure(comparison.median_b_ms),
+                     _figure(change, sign=True), None, None])  # fmt: skip
     console.table(
         "By operator type",
         ["operator type", "×", "A ms", "B ms", "Δ ms", "% of A", "% of B"],
         rows,
-        caption="sums of medians; %: of each run's median; largest change first"
-        + (f"; {more} more types" if more > 0 else ""),
+        caption="sums of medians, largest change first; %: of each run's median; the rest of the method: each "
+        "run's median beyond its operators' (time between operators, the runner's overhead), so Δ adds up to the "
+        "median's change",
     )
 
 

@@ -26,6 +26,22 @@ def _span(values: Sequence[float], unit: str, digits: str = ".3g") -> str:
     return f"{low:{digits}}–{high:{digits}}{unit}"
 
 
+def _ms_span(values: Sequence[float]) -> str:
+    """ "1.2 ms", or "1.2–1,180 ms": the range of a saving over runs, never an exponent."""
+    low, high = (console.format_ms(value) for value in (min(values), max(values)))
+    if low == high:
+        return low
+    same_unit = low.rsplit(" ", 1)[1] == high.rsplit(" ", 1)[1]
+    return f"{low.rsplit(' ', 1)[0]}–{high}" if same_unit else f"{low}–{high}"
+
+
+def _share_span(values: Sequence[float]) -> str:
+    low, high = (console.format_share(value) for value in (min(values), max(values)))
+    if low == high:
+        return low
+    return f"{low}–{high}" if low.startswith(("<", ">")) else f"{low.rstrip('%')}–{high}"
+
+
 def _boards(cells: Sequence[CellOutcome]) -> str:
     return ", ".join(dict.fromkeys(cell.board for cell in cells))
 
@@ -102,6 +118,7 @@ def model_advice_lines(model: str, advices: Sequence[tuple[CellOutcome, Advice]]
     """The advice once for a model: its runs' findings joined by what they say (title and fix), the largest saving
     first, each with the range of its predicted saving and share over the runs that found it."""
     # here, not at the top: print_cells (render.py) imports this module, and a deploy starts before the advisor loads
+    from orchestrator.advice.findings import SHOWN_SHARE
     from orchestrator.commands.render_advice import _at_line, _saving
 
     seen: dict[tuple[str, str], _Seen] = {}
@@ -117,31 +134,40 @@ def model_advice_lines(model: str, advices: Sequence[tuple[CellOutcome, Advice]]
                 entry.variants.append(cell.variant.name)
     if not seen:
         return []
-    # as the advisor numbers them: a failed accuracy gate's fix first; predicted savings, largest first; then the
-    # bounds (what the operators take); then the findings without a predicted saving
-    ranked = sorted(seen.values(), key=lambda e: (not e.finding.gate_failed, not e.savings, e.finding.saving_is_bound,
-                                                  -max(e.savings, default=0)))  # fmt: skip
+
+    # as the advisor numbers them: a failed accuracy gate's fix first, then by what each is worth (its largest
+    # predicted saving, else the time it covers), then the findings about no time
+    def rank(entry: _Seen) -> tuple[bool, bool, float]:
+        worth = max(entry.savings) if entry.savings else entry.finding.worth_ms
+        return (not entry.finding.gate_failed, worth is None, -(worth or 0.0))
+
+    ranked = sorted(seen.values(), key=rank)
     variants = list(dict.fromkeys(cell.variant.name for cell, _ in advices))
     lines = []
-    # an unpredicted finding may hold most of the run (fp32 matmuls on a board never measured in int8), and an
-    # accuracy finding is about another axis: neither is folded into "more"
+
+    # the top few, then every finding worth a few percent of the run, predicted or not (fp32 matmuls on a board
+    # never measured in int8 may hold most of it), and every accuracy finding (another axis): never "more"
+    def worth_share(entry: _Seen) -> float:
+        if entry.shares:
+            return max(entry.shares)
+        return entry.finding.share if entry.finding.worth_ms is not None else 0.0
+
     shown = [
-        *ranked[:MODEL_FINDINGS],
-        *(
-            entry
-            for entry in ranked[MODEL_FINDINGS:]
-            if entry.finding.keep_float or (not entry.savings and entry.finding.share)
-        ),
+        entry
+        for k, entry in enumerate(ranked)
+        if k < MODEL_FINDINGS or entry.finding.keep_float or worth_share(entry) >= SHOWN_SHARE
     ]
     for entry in shown:
         finding = entry.finding
-        saving = f"not predicted ({finding.share:.0%} of the run)" if finding.share else "not predicted"
+        saving = (
+            f"not predicted ({console.format_share(finding.share)} of the run)" if finding.share else "not predicted"
+        )
         if finding.keep_float:  # accuracy, not time: what the advisor predicts is an SQNR
             saving = _saving(finding, 0.0)
         elif entry.savings:
             bound = "≤ " if finding.saving_is_bound else ""
-            share = f" ({_span([s * 100 for s in entry.shares], '%', '.0f')})" if entry.shares else ""
-            saving = f"{bound}{_span(entry.savings, ' ms')}{share}"
+            share = f" ({_share_span(entry.shares)})" if entry.shares else ""
+            saving = f"{bound}{_ms_span(entry.savings)}{share}"
         where = f" [{', '.join(entry.variants)}]" if len(variants) > 1 and len(entry.variants) < len(variants) else ""
         lines.append(f"  {saving}: {finding.title}{where} → {finding.fix}{_at_line(finding)}")
     runs = len(advices)

@@ -1,20 +1,15 @@
-"""The lowering's tables: `fab lower`'s (delegation, what runs outside the delegates, quantization), `fab models`'."""
+"""The lowering's tables: `fab lower`'s (delegation, what runs outside the delegates, quantization)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator import console
-from orchestrator.commands.render import short_path
 from orchestrator.lowering.export.delegation import BOOKKEEPING, bookkeeping_counts
 
 if TYPE_CHECKING:  # the types only: rendering a table must not import what produced it
     from orchestrator.lowering.export.lower import LoweringResult
-    from orchestrator.lowering.lowered import LoweredModel
     from orchestrator.lowering.sidecar import Sidecar
-    from orchestrator.lowering.spec import InputSpec, ModelSpec
 
 
 # Graph nodes outside the delegates that run no kernel (lowering/delegation.py BOOKKEEPING), by short name.
@@ -131,39 +126,3 @@ def print_lowering(result: LoweringResult) -> None:
             console.warn(
                 f"{variant}: calibrated on {quantization.calibration_samples} generated samples, not real inputs"
             )
-
-
-def _inputs_cell(inputs: Sequence[tuple[Any, Any, Any]]) -> str:
-    """(name, dtype, shape) → `input_ids, attention_mask int64 1×128`: inputs of one dtype and shape share it."""
-    groups: dict[tuple[str, str], list[str]] = {}
-    for name, dtype, shape in inputs:
-        groups.setdefault((str(dtype), "×".join(map(str, shape or ()))), []).append(str(name))
-    return "; ".join(f"{', '.join(names)} {dtype} {shape}" for (dtype, shape), names in groups.items())
-
-
-def print_models(
-    builtins: Sequence[ModelSpec], lowered: Sequence[LoweredModel], family: Mapping[str, Sequence[InputSpec]] = {}
-) -> None:
-    """`fab models`: every name `--model` takes, and what each built-in program returns. `family`: the inputs of the
-    specs that leave them to their family (speech encoders), by name."""
-    from orchestrator.lowering.spec import OUTPUT_TASKS, OUTPUT_WORDS  # `fab models` only
-
-    rows = [
-        [spec.name, spec.model_source, spec.task,
-         _inputs_cell([(i.name, i.dtype, i.shape) for i in spec.inputs or family.get(spec.name, ())]),
-         f"{spec.output}: {OUTPUT_WORDS[spec.output]}" if spec.task in OUTPUT_TASKS else None, spec.description]
-        for spec in builtins
-    ]  # fmt: skip
-    columns = ["name", "source", "task", "inputs", "output", "description"]
-    console.table("Built-in models (--model NAME)", columns, rows, whole=["name"])
-    if not lowered:
-        console.info("no models lowered from a spec file or your own program yet (fab lower --spec FILE)")
-        return
-    rows = []
-    for model in lowered:
-        sidecar = model.sidecar
-        origin = short_path(Path(model.spec_file)) if model.spec_file else f"your {sidecar.origin.model_source}"
-        inputs = _inputs_cell([(i.get("name"), i.get("dtype"), i.get("shape")) for i in sidecar.inputs])
-        rows.append([model.name, origin, inputs, sidecar.created.replace("T", " ")[:16]])
-    columns = ["name", "from", "inputs", "lowered"]
-    console.table("Lowered from a spec or your own file (--model NAME)", columns, rows, fold=["from"])

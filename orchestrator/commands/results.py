@@ -13,17 +13,19 @@ from orchestrator.commands.advise import advise_quietly
 from orchestrator.commands.common import find_artifact, naming_port, one_board
 from orchestrator.commands.render import render_modules, render_top_ops
 from orchestrator.commands.render_compare import print_numerics_comparison, render_comparison
+from orchestrator.commands.render_generation import GenerationRun, print_generation_markdown
 from orchestrator.errors import AnalysisError, ArtifactError, ExitCode, UsageError
 from orchestrator.lowering import programs
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
 from orchestrator.lowering.export.user_programs import reference_outputs_of
 from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.compare import RebuiltProgram, compare_runs, interleaved_verdict, write_report
-from orchestrator.results.documents import ANALYSIS_DIR
+from orchestrator.results.documents import ANALYSIS_DIR, load_summary
 from orchestrator.results.numerics import NoNumerics, compare_numerics, read_numerics_document
 from orchestrator.results.overlays import write_program_overlays
 from orchestrator.results.store import LocalRun, find_run
-from orchestrator.results.trace import TRACE_FILE
+from orchestrator.results.summary import RunSummary
+from orchestrator.results.trace import MEDIAN, TRACE_FILE, Execution
 from orchestrator.results.verdicts import Kind
 
 
@@ -43,8 +45,11 @@ def analyze(
     accuracy: dict[str, float] | None = None,
     by_module: bool = False,
     depth: int | None = None,
+    execution: Execution = MEDIAN,
+    markdown: bool = False,
 ) -> int:
-    """`fab analyze`; `by_module`: also the time by module of the model, rolled up to `depth` components."""
+    """`fab analyze`; `by_module`: also the time by module of the model, rolled up to `depth` components;
+    `markdown`: a language model's figures as markdown too, to paste into an issue."""
     if bundle is not None:
         path = Path(bundle)
         if not path.is_dir():
@@ -60,10 +65,13 @@ def analyze(
             sidecar=artifact.sidecar if artifact else None,
             reference_outputs=reference_outputs_of(artifact) if artifact else None,
             accuracy_thresholds=accuracy,
+            execution=execution,
         )
     except AnalysisError as exc:
         raise AnalysisError(f"{exc} (the raw bundle is kept at {run.path})", hint=exc.hint) from None
     render_top_ops(summary)
+    if markdown:
+        print_generation_markdown([_generation_run(summary.run)])
     for note in summary.notes:
         console.info(console.escape(note))
     if by_module:
@@ -74,7 +82,11 @@ def analyze(
     console.info(console.escape(f"wrote {names}\n  in {run.path}"))
     timeline = run.path / ANALYSIS_DIR / TRACE_FILE
     if timeline in summary.written:
-        console.info(console.escape(f"timeline: {timeline} (open it in https://ui.perfetto.dev or chrome://tracing)"))
+        drawn = "; ".join(summary.timeline) or "one execution"
+        console.info(
+            console.escape(f"timeline of {drawn}: {timeline} (open it in https://ui.perfetto.dev or chrome://tracing; "
+                           "--execution first|median|N draws another)")
+        )  # fmt: skip
     return 0
 
 
@@ -161,8 +173,10 @@ def compare(
     board: str | None = None,
     inventory: str | None = None,
     allow_rebuilt: bool = False,
+    markdown: bool = False,
 ) -> int:
-    """Compare two runs; with `interleave` rounds, re-run both programs alternately on one board first.
+    """Compare two runs; with `interleave` rounds, re-run both programs alternately on one board first;
+    `markdown`: both runs' generation figures as markdown too, to paste into an issue.
 
     The re-test stops starting rounds once `retest_seconds` (default: the nightly's 180 s) are spent, after at
     least 5 rounds. Exit 1 only for a confirmed regression (which needs the interleaved re-test), else 0.
@@ -207,7 +221,13 @@ def compare(
         interleaved_verdict(comparison, result)
         write_report(comparison)
     render_comparison(comparison)
+    if markdown:
+        print_generation_markdown([_generation_run(load_summary(run.path)) for run in (first, second)])
     return 1 if comparison.verdict == Kind.REGRESSION else 0
+
+
+def _generation_run(summary: RunSummary) -> GenerationRun:
+    return summary.board or "?", summary.model.name or "?", summary.model.backend or "?", summary
 
 
 def analyze_task(
@@ -219,13 +239,16 @@ def analyze_task(
     min_top1: Any,
     min_top5: Any,
     by: Any = None,
+    markdown: bool = False,
+    execution: Any = None,
 ) -> int:
-    """`fab analyze [--by module[:DEPTH]]`."""
+    """`fab analyze [--by module[:DEPTH]] [--markdown] [--execution first|median|N]`."""
     accuracy = options.accuracy_thresholds(min_sqnr, min_top1, min_top5)
     depth = options.grouping(by) if by is not None else None
+    drawn = options.execution(execution) if execution is not None else MEDIAN
     return analyze(
         run_id, latest=latest, bundle=None if bundle is None else Path(bundle), accuracy=accuracy,
-        by_module=by is not None, depth=depth,
+        by_module=by is not None, depth=depth, markdown=bool(markdown), execution=drawn,
     )  # fmt: skip
 
 
@@ -237,17 +260,17 @@ def explore_task(run_id: str | None, *, model: str | None, host: str, port: Any,
 
 def compare_task(
     run_a: Any, run_b: Any, *, interleave: Any, retest_seconds: Any, board: str | None, inventory: str | None,
-    allow_rebuilt: bool, numerics: bool = False,
+    allow_rebuilt: bool, numerics: bool = False, markdown: bool = False,
 ) -> int:  # fmt: skip
-    """`fab compare RUN_A RUN_B [--interleave N --board B | --numerics]`."""
+    """`fab compare RUN_A RUN_B [--interleave N --board B | --numerics] [--markdown]`."""
     if numerics:
-        if interleave is not None or retest_seconds is not None or board or allow_rebuilt:
+        if interleave is not None or retest_seconds is not None or board or allow_rebuilt or markdown:
             raise UsageError("--numerics compares the runs' numerics passes: it takes no --interleave, "
-                             "--retest-seconds, --board or --allow-rebuilt")  # fmt: skip
+                             "--retest-seconds, --board, --allow-rebuilt or --markdown")  # fmt: skip
         return compare_numerics_runs(options.run_id(run_a, "RUN_A"), options.run_id(run_b, "RUN_B"))
     rounds = options.ab_rounds(0 if interleave is None else interleave)
     budget = None if retest_seconds is None else options.seconds("--retest-seconds", retest_seconds)
     return compare(
         options.run_id(run_a, "RUN_A"), options.run_id(run_b, "RUN_B"), interleave=rounds, retest_seconds=budget,
-        board=board, inventory=inventory, allow_rebuilt=allow_rebuilt,
+        board=board, inventory=inventory, allow_rebuilt=allow_rebuilt, markdown=bool(markdown),
     )  # fmt: skip

@@ -353,19 +353,23 @@ def run_board(ctx: NightContext, board: Board, planned: list[PlannedCell]) -> li
     cells = run_cells_on_board(
         board, list(jobs.values()), on_cell=record_or_hold, results_root=ctx.results_root, skip=recorded_meanwhile
     )
-    for first in held:
-        reasons = [r.reason for r in first.summary.validity.reasons] if first.summary else []
+    # One cool-down for the board, shared by all its degraded cells (not one per cell), then each is re-measured.
+    reasons_of = {c.cell: [r.reason for r in c.summary.validity.reasons] if c.summary else [] for c in held}
+    if held:
+        degraded = "; ".join(f"{c.model}/{c.variant} ({', '.join(reasons_of[c.cell])})" for c in held)
         console.warn(
-            f"{board.name}: {first.model}/{first.variant} is degraded ({'; '.join(reasons)}): "
-            f"re-measuring after a {ctx.config.cooldown_seconds:g} s cool-down"
+            f"{board.name}: {len(held)} degraded cell(s): {degraded}: one {ctx.config.cooldown_seconds:g} s "
+            f"cool-down shared by {len(held)} cell(s), then each is re-measured"
         )
         time.sleep(ctx.config.cooldown_seconds)
+    for first in held:
         (again,) = run_cells_on_board(
             board, [jobs[(first.model, first.variant)]], setup=False, results_root=ctx.results_root
         )
         final = again if again.ok or not again.infrastructure else first
         remeasured[first.cell] = {
-            "first_run": first.run_id, "first_reasons": reasons, "cooldown_seconds": ctx.config.cooldown_seconds,
+            "first_run": first.run_id, "first_reasons": reasons_of[first.cell],
+            "cooldown_seconds": ctx.config.cooldown_seconds, "cooldown_shared_by": len(held),
             "second_run": again.run_id, "second_validity": again.validity if again.ok else again.error,
         }  # fmt: skip
         record(final)

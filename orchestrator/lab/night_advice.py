@@ -1,6 +1,6 @@
 """The advisor on each cell the nightly measures, as `fab deploy-and-profile` runs it after its analysis: the run's
 findings written into its bundle (analysis/advice.json and the advice overlays), so the dashboard's night cells, the
-run pages and the nightly report carry them; and read back, one line each, for the report."""
+run pages and the nightly report carry them (read back by advice/documents.py's finding_lines)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from orchestrator import console
 from orchestrator.advice.advisor import advise
-from orchestrator.advice.documents import load_advice, write_advice
+from orchestrator.advice.documents import write_advice
 from orchestrator.advice.facts import run_facts
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.errors import AnalysisError
@@ -30,25 +30,3 @@ def advise_cell(cell: CellOutcome, artifact: Artifact | None, results_root: Path
         console.warn(f"[{cell.board}] {cell.model}/{cell.variant}: no advice: {exc}")
         return None
     return len(advice.findings)
-
-
-def finding_lines(bundle: str | Path | None, limit: int = 5) -> list[str]:
-    """A recorded run's findings (its bundle's advice.json), one line each, the largest saving first: [] when it has
-    none, or its bundle is gone or damaged."""
-    if not bundle:
-        return []
-    try:
-        advice = load_advice(Path(bundle))
-    except (AnalysisError, OSError):
-        return []
-    if advice is None:
-        return []
-    lines = []
-    for finding in advice.findings[:limit]:
-        saving = (
-            ""
-            if finding.saving_ms is None
-            else f" ({'≤' if finding.saving_is_bound else '~'}{finding.saving_ms:.3g} ms)"
-        )
-        lines.append(f"{finding.id} {finding.title}{saving}")
-    return lines

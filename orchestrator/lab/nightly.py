@@ -9,8 +9,9 @@ Verdicts (results/verdicts.py) survive a noisy board:
 - the same program and versions as the baseline: a shift is board drift (a warning), never a regression;
 - a changed program that looks slower or faster is re-tested at once, interleaved with the baseline's program on
   the same board (deploy/abtest.py); only a confirmed shift is a regression, else it is "unconfirmed";
-- a degraded run is re-measured once after a cool-down; still degraded, it is "inconclusive" (unless a changed
-  program's shift is then settled by the interleaved re-test, which does not depend on tonight's run).
+- a degraded run is re-measured once after a cool-down (one per board, shared by its degraded cells); still
+  degraded, it is "inconclusive" (unless a changed program's shift is then settled by the interleaved re-test,
+  which does not depend on tonight's run).
 
 Exit codes: 0 all good (warnings included), 1 a confirmed regression (or a model that fails on a healthy board),
 2 an infrastructure failure (a board unreachable or lost, or a cell kept pending; takes precedence, since the night

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.advice.documents import finding_lines
 from orchestrator.fsutil import atomic_write_text
-from orchestrator.lab.night_advice import finding_lines
 from orchestrator.lab.night_report import NightReport, label
 from orchestrator.lab.report_rows import (
     ADVISED_KEYS,
@@ -140,11 +140,13 @@ def _bundle_link(bundle: str | None, host: str | None = None) -> str:
 
 def _findings_html(bundle: str | None) -> str:
     """The advisor's findings for tonight's run of a cell: how many, each a click away."""
-    lines = finding_lines(bundle)
-    if not lines:
+    found = finding_lines(bundle)
+    if not found.lines:
         return "—"
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-    return f"<details><summary>{len(lines)} finding{'s' * (len(lines) != 1)}</summary><ul>{items}</ul></details>"
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in found.lines)
+    if found.more:
+        items += f"<li class='more'>{html.escape(found.more)}</li>"
+    return f"<details><summary>{html.escape(found.said)}</summary><ul>{items}</ul></details>"
 
 
 def _html_section(title: str, table_id: str, headers: Sequence[str], rows: list[str]) -> list[str]:

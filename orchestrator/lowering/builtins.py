@@ -18,6 +18,7 @@ from orchestrator.lowering.spec import (
     GENERATION_TASK,
     IMAGE_TASK,
     SOURCES,
+    InputSpec,
     ModelSpec,
     UnknownModel,
     load_spec_file,
@@ -274,6 +275,22 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
         ),
     )
 }
+
+
+# The inputs the built-ins that leave them to their family (the speech encoders) get from it, as the huggingface
+# builder computes them from the config (HuggingFace.known_inputs): recorded here so that `fab models` imports no
+# transformers; tests/commands/test_models_list.py checks them against the builder, so they cannot drift.
+FAMILY_INPUTS: dict[str, tuple[InputSpec, ...]] = {
+    "whisper-tiny-encoder": (InputSpec("input_features", "float32", (1, 80, 3000)),),
+    "whisper-tiny-encoder-tiny": (InputSpec("input_features", "float32", (1, 80, 100)),),
+    "wav2vec2": (InputSpec("input_values", "float32", (1, 16000)),),
+    "wav2vec2-tiny": (InputSpec("input_values", "float32", (1, 16000)),),
+}
+
+
+def listed_inputs(spec: ModelSpec) -> tuple[InputSpec, ...]:
+    """What a built-in takes, as `fab models` lists it: the spec's own inputs, else its family's (recorded)."""
+    return spec.inputs or FAMILY_INPUTS.get(spec.name, ())
 
 
 def resolve_spec(

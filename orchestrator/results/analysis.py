@@ -42,7 +42,9 @@ from orchestrator.results.summary_checks import hashing_times
 from orchestrator.results.summary_outputs import ACCURACY_DEFAULTS, Correctness
 from orchestrator.results.trace import (
     BROKEN_RULES,
+    MEDIAN,
     NO_TIMESTAMPS,
+    Execution,
     Step,
     generation_steps,
     iteration_steps,
@@ -104,8 +106,10 @@ def analyze_bundle(
     sidecar: Sidecar | None = None,
     reference_outputs: Path | None = None,
     accuracy_thresholds: dict[str, float] | None = None,
+    execution: Execution = MEDIAN,
 ) -> Summary:
-    """Analyse a pulled bundle; write analysis/summary.json, ops.csv, ops.json and the Model Explorer overlays.
+    """Analyse a pulled bundle; write analysis/summary.json, ops.csv, ops.json, the Model Explorer overlays and the
+    timeline of one execution (`execution`: by default the one nearest the median, results/trace.py).
 
     Raises AnalysisError (and leaves the raw bundle untouched) when the bundle, its ETDump or the .pte is unusable.
     """
@@ -128,12 +132,12 @@ def analyze_bundle(
             blocks = generated.phase_blocks(etdump.execute_blocks)
             phases = _profile_phases(etdump, blocks, plan, bundle.method, generated, bundle.notes)
             profile = phases.get(DECODE) or next(iter(phases.values()), None)
-            timed = generated.timed
-            steps = generation_steps(blocks, phases, len(timed[0].prefill_chunks) if timed else 1)
+            steps = generation_steps(blocks, phases, generated.timed, execution)
         else:
             profile, profile_notes = _profile_bundle(etdump, plan, bundle.method, bundle.timings)
             bundle.notes.extend(profile_notes)
-            steps = iteration_steps(etdump.execute_blocks, profile)
+            times = number_list(bundle.timings.get("iterations_ms"))
+            steps = iteration_steps(etdump.execute_blocks, profile, times, execution)
     elif bundle.ran_ok:
         bundle.notes.append(("degraded", "run without ETDump: no per-operator profile"))
 
@@ -183,8 +187,9 @@ def analyze_bundle(
             reference = Path(reference_outputs) if reference_outputs is not None else None
             accuracy = judge_accuracy(ran, reference, scheme.name, thresholds, weights, kinds)
         run = dataclasses.replace(run, accuracy=accuracy)
-    if profile is not None:
-        run = dataclasses.replace(run, modules=module_tree(profile))
+    if profile is not None:  # an ordinary run's modules add up to its median iteration; a generation's, its step's
+        iterations = number_list(bundle.timings.get("iterations_ms")) if generated is None else []
+        run = dataclasses.replace(run, modules=module_tree(profile, iterations))
     trace = trace_document(steps, run_id=run.run_id, model=run.model.name) if steps else None
     if steps and trace is None:
         source_notes.append(NO_TIMESTAMPS)
@@ -192,7 +197,8 @@ def analyze_bundle(
     if broken:  # calls across each other: Perfetto would drop or move slices without a word; said, not drawn
         trace = None
         source_notes.append(BROKEN_RULES.format(count=len(broken), first=broken[0]))
-    summary = Summary(bundle_dir=bundle.path, run=run, profile=profile, notes=source_notes)
+    summary = Summary(bundle_dir=bundle.path, run=run, profile=profile, notes=source_notes,
+                      timeline=[step.title for step in steps] if trace is not None else [])  # fmt: skip
     summary.written = write_outputs(
         bundle.path, run, profile, program=program, counters=counter_profile, phases=phases, trace=trace,
         numerics=numerics_document(numerics) if numerics is not None else None,

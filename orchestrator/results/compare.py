@@ -9,7 +9,9 @@ per-execution ETDump samples in analysis/ops.json. Both use `stats.compare_sampl
 CI of the median ratio, 5% minimum effect). Per-operator tests are many at once, so their alpha is divided by
 the number of operators tested (Bonferroni), which keeps a clean run from showing spurious per-op changes. The XNNPACK
 nodes inside the delegates are tested the same way (`delegate_ops`, from ops.json's per-node samples; an older
-ops.json has none: their medians are shown, untested), and `op_types` rolls both up by operator type.
+ops.json has none: their medians are shown, untested), and `op_types` rolls both up by operator type; with the `rest`
+of each median (between operators, the runner's overhead) they add up to the median change. An operator has changed
+when its own test says so and by at least MATERIAL_SHARE of A's median. Every figure is a median or a sum of medians.
 A diverging overlay (blue faster, white unchanged, red slower) of the median change in ms is written into run
 B's model_explorer/ folder, next to its own overlays.
 
@@ -42,6 +44,8 @@ from orchestrator.results.summary import Generation, Memory, RunSummary
 from orchestrator.results.validity import number_list
 from orchestrator.results.verdicts import Kind
 
+MATERIAL_SHARE = 0.005  # a change under this share of A's median is real but too small to call changed (50 ns)
+
 
 class CompareError(UsageError):
     """The two runs cannot be compared (different models or programs, or not analysed)."""
@@ -64,6 +68,7 @@ class OpDelta:
     delta_ms: float | None
     verdict: Verdict | None
     graph: str | None = None  # the delegate's graph id (Model Explorer's); None: a top-level instruction
+    module: str | None = None  # the model's module it came from (the source map); None: unknown
 
     @property
     def where(self) -> str:
@@ -74,7 +79,7 @@ class OpDelta:
     def of(cls, row_a: InstructionTiming, row_b: InstructionTiming, verdict: Verdict | None) -> OpDelta:
         median_a, median_b = row_a.timed_median_ms, row_b.timed_median_ms
         delta = median_b - median_a if median_a is not None and median_b is not None else None
-        return cls(row_a.node_id, row_a.op, median_a, median_b, delta, verdict)
+        return cls(row_a.node_id, row_a.op, median_a, median_b, delta, verdict, module=row_a.module)
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,16 @@ class OpTypeDelta:
     delta_ms: float
     share_a: float | None  # 0-1
     share_b: float | None
+
+
+@dataclass(frozen=True)
+class RestOfMethod:
+    """Each run's median beyond the sum of its operators' (`op_types`): time between operators, the runner's
+    overhead, operators in one run only; with it, the per-type deltas add up to the median change."""
+
+    a_ms: float
+    b_ms: float
+    delta_ms: float
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,7 @@ class ComparisonReport(Document):
     overlay: str | None
     delegate_ops: tuple[OpDelta, ...] = ()  # added later: an older report has none (read as none)
     op_types: tuple[OpTypeDelta, ...] = ()
+    rest: RestOfMethod | None = None
 
 
 @dataclass
@@ -142,6 +158,12 @@ class Comparison:
     delegate_ops: list[OpDelta] = field(default_factory=list)  # the XNNPACK nodes inside delegates, both sides
     op_types: list[OpTypeDelta] = field(default_factory=list)  # op_type_deltas(): by operator type
     share_base_a_ms: float | None = None  # A's run median as ops.json's shares take it (OpsRecord.method_median_ms)
+    rest: RestOfMethod | None = None  # rest_of_method(): None when a side has no median
+
+    def changed(self, op: OpDelta) -> bool:
+        """Whether the operator changed: its own test found a change, of at least MATERIAL_SHARE of A's median."""
+        floor = MATERIAL_SHARE * (self.share_base_a_ms or 0.0)
+        return bool(op.verdict and op.verdict.is_change and abs(op.delta_ms or 0.0) >= floor)
 
     @property
     def per_operator_scope(self) -> str:
@@ -167,6 +189,7 @@ class Comparison:
             overlay=str(self.overlay) if self.overlay else None,
             delegate_ops=tuple(self.delegate_ops),
             op_types=tuple(self.op_types),
+            rest=self.rest,
         )
 
 
@@ -454,7 +477,7 @@ def _node_delta(
     if a.samples_ms and b.samples_ms:
         verdict = compare_samples(list(a.samples_ms), list(b.samples_ms), min_effect=min_effect, alpha=alpha)
     delta = b.median_ms - a.median_ms if a.median_ms is not None and b.median_ms is not None else None
-    return OpDelta(a.node, a.type, a.median_ms, b.median_ms, delta, verdict, graph=graph)
+    return OpDelta(a.node, a.type, a.median_ms, b.median_ms, delta, verdict, graph=graph, module=a.module)
 
 
 def op_type_deltas(
@@ -498,6 +521,14 @@ def op_type_deltas(
     return rows
 
 
+def rest_of_method(median_a: float | None, median_b: float | None, op_types: list[OpTypeDelta]) -> RestOfMethod | None:
+    """Each run's median beyond its operators' summed medians; None when a side has no median."""
+    if median_a is None or median_b is None:
+        return None
+    rest_a, rest_b = median_a - sum(row.a_ms for row in op_types), median_b - sum(row.b_ms for row in op_types)
+    return RestOfMethod(rest_a, rest_b, rest_b - rest_a)
+
+
 def compare_runs(
     run_a: Path,
     run_b: Path,
@@ -539,6 +570,7 @@ def compare_runs(
     ]
     comparison.op_types = op_type_deltas(a.ops, b.ops, paired, nodes)
     comparison.share_base_a_ms = a.ops.method_median_ms
+    comparison.rest = rest_of_method(comparison.median_a_ms, comparison.median_b_ms, comparison.op_types)
     comparison.sha_a, comparison.sha_b = a.summary.model.sha256, b.summary.model.sha256
     comparison.memory = memory_deltas(a.summary.memory, b.summary.memory)
     comparison.generation = generation_ratios(a.summary.generation, b.summary.generation)

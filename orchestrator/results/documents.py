@@ -54,6 +54,7 @@ class Summary:
     profile: Profile | None
     written: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the analysis could not do, for the command to say once
+    timeline: list[str] = field(default_factory=list)  # the executions trace.json draws, as its steps are titled
 
     @property
     def data(self) -> dict[str, Any]:
@@ -161,6 +162,7 @@ def summary_document(
             sha256=bundle_model_sha(run, manifest),
             weights=sidecar.weights if sidecar is not None else None,
             size_bytes=pte_record.size if pte_record is not None else None,
+            parameters=sidecar.parameters if sidecar is not None else None,
         ),
         board=labels.get("board") or board.get("hostname"),
         versions={

@@ -100,6 +100,7 @@ def profile_etdump(
         instructions=instructions,
         delegates=delegates,
         operator_types=_operator_types(delegates, base, len(blocks)),
+        execution_ms=totals,
     )
 
 

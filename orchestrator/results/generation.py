@@ -168,7 +168,9 @@ def generation_summary(
         text = {"prompt": recorded.prompt_text or "", "generated": recorded.reference_text}
     timed = record.timed
     prefill = distribution([run.prefill_ms for run in timed])
+    prefill_rates = distribution([record.prompt_len / run.prefill_ms * 1000.0 for run in timed if run.prefill_ms])
     rates = [len(run.decode_ms) / sum(run.decode_ms) * 1000.0 for run in timed if run.decode_ms and sum(run.decode_ms)]
+    decode_rates = distribution(rates)
     steps = distribution(record.phase_times(DECODE))
     loads = [timings.get(key) for key in ("load_ms", "method_init_ms")]
     phases = memory.phases if memory is not None else {}
@@ -188,6 +190,8 @@ def generation_summary(
             DECODE: _peak(phases.get("decode")),
         },
         tokens=tokens,
+        prefill_tokens_per_s_sd=prefill_rates.stdev if prefill_rates else None,
+        decode_tokens_per_s_sd=decode_rates.stdev if decode_rates else None,
         prompt_source=recorded.prompt_source if recorded is not None else None,
         text=text,
     )

@@ -211,6 +211,7 @@ class Profile:
     timing_agreement: float | None = None  # ETDump method time / timings.json time, after unit inference
     module_types: dict[str, str] = field(default_factory=dict)  # the model's modules' classes (its source map)
     exported_program: str | None = None  # the .pt2 file the rows' `exported` nodes are of (its source map)
+    execution_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # whole-method time of each execution
 
     def coverage(self) -> dict[str, Any]:
         """How much delegate time the XNN-node overlays account for."""

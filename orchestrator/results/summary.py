@@ -104,6 +104,7 @@ class ProgramInfo:
     sha256: str | None = None
     weights: str | None = None
     size_bytes: Count | None = None  # the .pte's size (from its sidecar)
+    parameters: Count | None = None  # the model's parameters (from its sidecar)
 
 
 # The accuracy gate of quantized runs against fp32 eager (README "Quantized variants"). 8da4w measured 11-20 dB
@@ -210,6 +211,9 @@ class Generation:
     kv_cache_bytes: Count | None = None
     memory: dict[str, Count | None] = field(default_factory=dict)  # peak RSS: prefill, decode
     tokens: TokenCheck | None = None  # None when no reference was given
+    # The standard deviation of the timed generations' prefill and decode tokens/s (llama-bench's "± sd")
+    prefill_tokens_per_s_sd: Duration | None = None
+    decode_tokens_per_s_sd: Duration | None = None
     # Where the prompt came from; with a cached tokenizer and ids equal to eager's, the prompt and what followed
     prompt_source: str | None = None
     text: dict[str, str] | None = None

@@ -5,8 +5,10 @@ The trace is the JSON object form: `traceEvents` holds "M" metadata events namin
 slice, in execution order, at the time ETDump recorded it (its OPERATOR_CALL or DELEGATE_CALL event: what ops.json
 times); a delegate's XNNPACK events are child slices inside it. Where the backend's events carry no timestamps of
 their own inside the call (only durations), they are laid out one after another from the call's start, clipped to
-it, and their args say so (`layout`). A text-generation run shows the first timed generation's prefill and its
-first decode step, each a top-level slice ("prefill", "decode step 1") holding its operators.
+it, and their args say so (`layout`). The execution drawn is a typical one: the measured iteration nearest the
+median ("iteration 7 of 20 (nearest the median, 3.410 ms; median 3.400 ms)", its name on the timeline and in
+`otherData.steps`), or the first, or the Nth, when asked (`Execution`). A text-generation run shows the prefill
+nearest the median prefill and the decode step nearest the median step, each a top-level slice holding its operators.
 
 Every slice's args name the operator, its instruction, node id, module, module type and source line (the rows of
 ops.json, results/source_map.py). The ETDump is the board's: an event that ends before it starts is refused
@@ -16,13 +18,14 @@ across each other) is not written, and the analysis says why (the rest of it sta
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, Literal
 
-from orchestrator.errors import AnalysisError
+from orchestrator.errors import AnalysisError, UsageError
 from orchestrator.results.etdump import RunBlock
-from orchestrator.results.generation import DECODE, PREFILL
+from orchestrator.results.generation import DECODE, PREFILL, GenerationRun
 from orchestrator.results.profile import NO_SOURCE, Attribution, DelegateProfile, InstructionProfile, Profile
 
 TRACE_FILE = "trace.json"
@@ -33,16 +36,27 @@ BROKEN_RULES = (
     "no timeline (analysis/trace.json): the ETDump's events break {count} rule(s) of the trace format, first: {first}"
 )
 LAID_OUT = "consecutive from the call's start: ETDump gave this event's duration only"
+MEDIAN: Final = "median"
+FIRST: Final = "first"
+Execution = Literal["median", "first"] | int  # which execution to draw: N counts from 1
 
 
 @dataclass(frozen=True)
 class Step:
-    """One execution to draw: its name on the timeline ("iteration", "prefill", "decode step 1"), its ETDump block
-    and the profile whose rows (operators, modules, delegates) and tick length describe it."""
+    """One execution to draw: its name on the timeline ("iteration 7 of 20", "prefill", "decode step 12 of 31"), its
+    ETDump block, the profile whose rows (operators, modules, delegates) and tick length describe it, which of that
+    profile's executions it is (its samples' index) and why it was chosen, in words."""
 
     name: str
     block: RunBlock
     profile: Profile
+    sample: int = 0
+    why: str = ""
+
+    @property
+    def title(self) -> str:
+        """The name the timeline shows: "iteration 7 of 20 (nearest the median, 3.410 ms; median 3.400 ms)"."""
+        return f"{self.name} ({self.why})" if self.why else self.name
 
 
 def has_timestamps(block: RunBlock) -> bool:
@@ -128,8 +142,9 @@ def _step_events(step: Step, origin: int) -> list[dict[str, Any]]:
         return []
     top_start, top_end = min(starts), max(ends)
     events = [
-        _slice(step.name, us(top_start), us(top_end),
-               {"method": profile.method, "calls": len(calls), "program": profile.pte_name}, "step"),
+        _slice(step.title, us(top_start), us(top_end),
+               {"method": profile.method, "calls": len(calls), "program": profile.pte_name, "execution": step.name,
+                "chosen": step.why, "sample": step.sample}, "step"),  # sample: its index in ops.json's samples_ms
     ]  # fmt: skip
     for start, end, row in calls:
         events.append(_slice(row.op or row.label, us(start), us(end), _instruction_args(row), row.kind))
@@ -200,7 +215,7 @@ def trace_document(steps: Sequence[Step], *, run_id: str, model: str | None) -> 
     document = {
         "traceEvents": events,
         "displayTimeUnit": "ms",
-        "otherData": {"run_id": run_id, "model": model, "steps": [step.name for step in steps],
+        "otherData": {"run_id": run_id, "model": model, "steps": [step.title for step in steps],
                       "clock": "ETDump ticks from the first event, in microseconds"},
     }  # fmt: skip
     return document
@@ -212,24 +227,80 @@ def _runtime_start(block: RunBlock) -> int:
     return min(own) if own else int(block.start.min())
 
 
-def iteration_steps(execute: list[RunBlock], profile: Profile) -> list[Step]:
-    """The first measured execution of an ordinary run (`profile` covers the last `profile.executions` blocks)."""
-    if profile.executions <= 0 or profile.executions > len(execute):
+def _ms(value: float) -> str:
+    return f"{value:.1f}" if value >= 100 else f"{value:.2f}" if value >= 10 else f"{value:.3f}"
+
+
+def chosen(times_ms: Sequence[float], execution: Execution, what: str) -> tuple[int, str]:
+    """Which of the executions `times_ms` to draw (its index) and why, in words: the one nearest their median (the
+    first of two as near), the first, or the Nth (1-based; UsageError past the last)."""
+    median = statistics.median(times_ms)
+    if execution == MEDIAN:
+        index, said = min(range(len(times_ms)), key=lambda i: (abs(times_ms[i] - median), i)), "nearest the median"
+    elif execution == FIRST:
+        index, said = 0, "the first"
+    elif isinstance(execution, int) and 1 <= execution <= len(times_ms):
+        index, said = execution - 1, "as asked"
+    else:
+        raise UsageError(f"there is no {what} {execution}: the run timed {len(times_ms)} (1 to {len(times_ms)})")
+    return index, f"{said}, {_ms(times_ms[index])} ms; median {_ms(median)} ms"
+
+
+def method_times_ms(blocks: Sequence[RunBlock], ns_per_tick: float) -> list[float]:
+    """Each block's Method::execute time (0 where it has none): the ETDump's word when timings.json has none."""
+    times = []
+    for block in blocks:
+        ticks = next((int(block.end[k]) - int(block.start[k]) for k, name in enumerate(block.event_names)
+                      if name == "Method::execute" and int(block.chain[k]) < 0), 0)  # fmt: skip
+        times.append(ticks * ns_per_tick / 1e6)
+    return times
+
+
+def iteration_steps(
+    execute: list[RunBlock], profile: Profile, times_ms: Sequence[float] = (), execution: Execution = MEDIAN
+) -> list[Step]:
+    """One measured execution of an ordinary run (`profile` covers the last `profile.executions` blocks, timed
+    `times_ms` as timings.json has them, else as the ETDump does): by default the one nearest the median."""
+    count = profile.executions
+    if count <= 0 or count > len(execute):
         return []
-    return [Step("iteration 1", execute[len(execute) - profile.executions], profile)]
+    blocks = execute[len(execute) - count :]
+    times = list(times_ms) if len(times_ms) == count else method_times_ms(blocks, profile.ns_per_tick)
+    index, why = chosen(times, execution, "iteration")
+    return [Step(f"iteration {index + 1} of {count}", blocks[index], profile, index, why)]
 
 
 def generation_steps(
-    blocks: dict[str, list[RunBlock]], phases: dict[str, Profile], prefill_chunks: int = 1
+    blocks: dict[str, list[RunBlock]],
+    phases: dict[str, Profile],
+    runs: Sequence[GenerationRun],
+    execution: Execution = MEDIAN,
 ) -> list[Step]:
-    """The first timed generation's prefill (each of its `prefill_chunks` executions, "prefill chunk 2/3", when a long
-    prompt went in chunks) and its first decode step."""
-    steps = []
-    if blocks.get(PREFILL) and PREFILL in phases:
-        chunks = blocks[PREFILL][: max(1, prefill_chunks)]
-        for number, block in enumerate(chunks, 1):
-            name = PREFILL if len(chunks) == 1 else f"{PREFILL} chunk {number}/{len(chunks)}"
-            steps.append(Step(name, block, phases[PREFILL]))
-    if blocks.get(DECODE) and DECODE in phases:
-        steps.append(Step(f"{DECODE} step 1", blocks[DECODE][0], phases[DECODE]))
-    return steps
+    """A text generation's prefill (each of its executions, "prefill chunk 2/3", when a long prompt went in chunks)
+    and one decode step, of the timed generations `runs`: by default the prefill nearest the median prefill and the
+    step nearest the median step; "first": the first generation's prefill and its first step; N: decode step N
+    (counted over the timed generations) and its generation's prefill."""
+    steps: list[Step] = []
+    decode = blocks.get(DECODE) if DECODE in phases else None
+    step_times = [ms for run in runs for ms in run.decode_ms]
+    owner = [g for g, run in enumerate(runs) for _ in run.decode_ms]  # each step's generation
+    step = None
+    if decode and len(decode) == len(step_times):
+        index, why = chosen(step_times, execution, "decode step")
+        first_of_its = owner.index(owner[index])
+        said = f"generation {owner[index] + 1}'s step {index - first_of_its + 1}; " if len(runs) > 1 else ""
+        step = Step(f"{DECODE} step {index + 1} of {len(step_times)}", decode[index], phases[DECODE], index,
+                    said + why)  # fmt: skip
+    prefill = blocks.get(PREFILL) if PREFILL in phases else None
+    chunks = [len(run.prefill_chunks) for run in runs]
+    if prefill and len(prefill) == sum(chunks):
+        if step is not None and isinstance(execution, int):  # the asked step's own prompt
+            which, why = owner[step.sample], f"the prompt of {step.name}"
+        else:
+            which, why = chosen([run.prefill_ms for run in runs], execution, "generation")
+        start = sum(chunks[:which])
+        of = f" of generation {which + 1} of {len(runs)}" if len(runs) > 1 else ""
+        for number in range(chunks[which]):
+            name = PREFILL if chunks[which] == 1 else f"{PREFILL} chunk {number + 1}/{chunks[which]}"
+            steps.append(Step(name + of, prefill[start + number], phases[PREFILL], start + number, why))
+    return steps + ([step] if step is not None else [])

@@ -99,18 +99,6 @@ class ExplorerHandle:
             self._workdir.cleanup()
             self._workdir = None
 
-    def wait(self) -> int:
-        """Block until the server exits or Ctrl+C / SIGTERM arrives; then stop it cleanly. Returns its exit code
-        (130 when interrupted)."""
-        with interrupts.sigterm_interrupts():
-            try:
-                return self.process.wait()
-            except KeyboardInterrupt:
-                console.info("stopping Model Explorer …")
-                return 130
-            finally:
-                self.stop()
-
 
 @dataclass(frozen=True)
 class ShortLink:

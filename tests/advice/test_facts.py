@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.advice.advisor import advise
+from orchestrator.advice.advisor import _rank, advise
 from orchestrator.advice.detectors import _saving_from_ratios
 from orchestrator.advice.facts import run_facts
 from orchestrator.advice.findings import BoardRatios, shape_key
@@ -131,6 +131,12 @@ def test_an_unpredicted_finding_keeps_its_share_in_the_one_line_advice(tmp_path:
     advice = advise(dataclasses.replace(facts, board_ratios=None))
     (finding,) = [f for f in advice.findings if f.kind == "quantize"]
     assert finding.saving_ms is None and finding.share > 0
+    # the scheme `fab advise --try` measures: the one its fix names
+    assert (
+        finding.quantize
+        and f"--quantize {finding.quantize} " in finding.fix
+        and "fab advise --try" in finding.saving_note
+    )
     padded = dataclasses.replace(advice, findings=(*[advice.findings[0]] * 3, finding))  # ranked last, below 3 others
     line = next(line for line in advice_lines(padded) if "--quantize" in line)
     assert f"not predicted ({finding.share:.0%} of the run)" in line
@@ -140,6 +146,33 @@ def test_an_unpredicted_finding_keeps_its_share_in_the_one_line_advice(tmp_path:
     said = model_advice_lines(MODEL, [(cell, dataclasses.replace(advice, findings=(*others, finding)))])
     assert any(f"not predicted ({finding.share:.0%} of the run)" in line and "--quantize" in line for line in said)
     assert "more" not in said[0], said
+
+
+def test_an_unpredicted_finding_ranks_by_the_share_it_holds(tmp_path: Path) -> None:
+    """The fp32 matmuls of a run on a board never measured in int8: no prediction, most of the run. They rank above
+    a predicted saving worth less, and the one-line advice shows every finding worth a few percent of the run."""
+    facts, _ = _advice_without_a_peer(tmp_path)
+    advice = advise(dataclasses.replace(facts, board_ratios=None))
+    (quantize,) = [f for f in advice.findings if f.kind == "quantize"]
+    assert quantize.saving_ms is None and quantize.share > 0.2, quantize
+    small = [
+        dataclasses.replace(quantize, kind="lowering", title=f"small {k}", saving_ms=0.05 * quantize.measured_ms,
+                            share=0.05 * quantize.share, measured_ms=0.05 * quantize.measured_ms, keep_float=())
+        for k in range(4)
+    ]  # fmt: skip
+    ranked = sorted([*small, quantize], key=_rank)
+    assert ranked[0] is quantize, [f.title for f in ranked]
+    # each small one is worth well over 3% of the run here: all five shown, none folded into "more"
+    method_ms = quantize.measured_ms / quantize.share
+    assert all(f.saving_ms / method_ms > 0.03 for f in small)  # type: ignore[operator]
+    numbered = dataclasses.replace(advice, method_ms=method_ms, findings=tuple(ranked))
+    lines = advice_lines(numbered)
+    assert len(lines) == 6 and "more" not in lines[-1], lines
+    assert f"({quantize.share:.0%} of the run)" in lines[0]
+    # a finding worth under a few percent past the top three is folded
+    tiny = dataclasses.replace(small[0], title="tiny", saving_ms=0.001 * quantize.measured_ms)
+    folded = advice_lines(dataclasses.replace(numbered, findings=(*ranked, tiny)))
+    assert "1 more" in folded[-1] and not any("tiny" in line for line in folded)
 
 
 def test_a_saving_from_the_boards_ratios_takes_each_nodes_size_where_it_was_measured() -> None:

@@ -93,16 +93,41 @@ def test_rewrites_already_applied_are_not_proposed_again() -> None:
 
 
 @pytest.mark.parametrize(("model", "output"), [("gpt2-tiny", "last"), ("distilbert-tiny", "mask")])
-def test_no_head_finding_for_a_program_of_one_position(model: str, output: str) -> None:
-    """A program that returns one position's logits (the built-in gpt2 and distilbert) has nothing for
-    head-at-position to do: the detector keeps quiet, whatever the head's measured time (the recorded profiles are
-    of every position's program, where it speaks)."""
-    facts = facts_of(recorded(model))
-    assert "head-at-position" in by_kind(advise(facts))
-    assert facts.spec is not None
-    one_position = dataclasses.replace(facts, spec=dataclasses.replace(facts.spec, output=output))
-    advice = advise(one_position)
-    assert "head-at-position" not in by_kind(advice) and "head-at-position" not in advice.rewrites
+def test_a_program_that_selects_its_position_after_the_head_gets_the_head_finding(model: str, output: str) -> None:
+    """The built-in gpt2 and distilbert return one position's logits, [B, vocab], selected after a head that
+    projected every position (the course's programs): the head's own output shape says how many it projected, and
+    the finding predicts the same saving as for every position's program. A head whose shape is unknown: no
+    finding (nothing to predict from)."""
+    raw = recorded(model)
+    facts = facts_of(raw)
+    every = by_kind(advise(facts))["head-at-position"]
+    assert facts.spec is not None and facts.sidecar is not None
+    (logits,) = facts.sidecar.outputs
+    one_row = (logits.shape[0], logits.shape[2])
+    _, graph, recorded_head = head_of(raw)
+
+    def head_shaped(shape: tuple[int, ...] | None) -> Any:
+        """The recorded profile with the head node's output shape (recorded before etlab read node shapes): a run's
+        ops.json has it, e.g. [1, 128, 30522] for the course's DistilBERT."""
+        delegates = tuple(
+            dataclasses.replace(d, nodes=tuple(
+                dataclasses.replace(n, shape=shape) if (d.graph_id, n.node) == (graph, recorded_head["node"]) else n
+                for n in d.nodes))
+            for d in facts.ops.delegates
+        )  # fmt: skip
+        return dataclasses.replace(facts.ops, delegates=delegates)
+
+    selected = dataclasses.replace(
+        facts,
+        spec=dataclasses.replace(facts.spec, output=output),
+        sidecar=dataclasses.replace(facts.sidecar, outputs=(dataclasses.replace(logits, shape=one_row),)),
+        ops=head_shaped(logits.shape),  # the head projects every position: [B, seq_len, vocab]
+    )
+    head = by_kind(advise(selected))["head-at-position"]
+    assert head.saving_ms == pytest.approx(every.saving_ms) and head.share == pytest.approx(every.share)
+    assert "selects after the head" in head.cause and head.fix == "--rewrites head-at-position"
+    shapeless = head_shaped(None)
+    assert "head-at-position" not in by_kind(advise(dataclasses.replace(selected, ops=shapeless)))
 
 
 def test_without_a_spec_only_the_profile_speaks() -> None:

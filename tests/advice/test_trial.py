@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from orchestrator.advice.findings import QUANTIZE
 from orchestrator.advice.trial import (
     OutputsCheck,
     ParetoPoint,
@@ -89,10 +90,18 @@ def test_try_rewrites_on_the_local_board(local_board: Board, tmp_path: Path) -> 
     spec, xnnpack = BUILTIN_SPECS["gpt2-tiny"], VARIANTS["xnnpack"]
     predicted = {"tanh-gelu": 1.5, "eager-attention": 0.5, "head-at-position": 2.0}
     quick: dict[str, Any] = {"rounds": 5, "budget_seconds": 0.0, "iterations_per_run": 5}
+    int8 = VARIANTS["xnnpack-int8-dynamic"]  # the quantize finding's program, measured beside the rewrites
     report = try_change(spec, xnnpack, rewrites_of(*ALL_THREE), local_board, RunParams(warmup=1),
-                        predicted_ms=predicted, weights="random", root=ARTIFACT_CACHE, jobs=1, **quick)  # fmt: skip
-    assert report.model == "gpt2-tiny" and report.board == "local" and len(report.variants) == 1
-    (trial,) = report.variants
+                        predicted_ms={**predicted, QUANTIZE: 1.0}, weights="random", root=ARTIFACT_CACHE, jobs=1,
+                        quantize_to=int8, **quick)  # fmt: skip
+    assert report.model == "gpt2-tiny" and report.board == "local" and len(report.variants) == 2
+    trial, quantized = report.variants
+    # the quantized program: A/B'd against the original like a rewrite, its accuracy its outputs on the board
+    assert quantized.variant == int8 and quantized.change == "--quantize int8-dynamic" and not quantized.rewrites
+    assert quantized.predicted_ms == 1.0 and quantized.retest.rounds == 5 and quantized.retest.median_b_ms
+    assert report.original_sqnr_db is not None and quantized.sqnr_db is not None
+    assert quantized.sqnr_db < report.original_sqnr_db  # int8 loses some; fp32 on the board is fp32 rounding
+    assert {(point.name, point.variant) for point in report.points()} >= {("gpt2-tiny", int8), ("gpt2-tiny", xnnpack)}
     assert trial.name == "gpt2-tiny.tanh-gelu.eager-attention.head-at-position"
     assert trial.rewrites == ALL_THREE and trial.predicted_ms == pytest.approx(4.0)
     # Both programs lived side by side and both ran: five rounds of five iterations each.

@@ -392,8 +392,9 @@ def test_select_by_names_group_and_tag(lab: Inventory) -> None:
 
 
 def test_selection_errors_are_clear(lab: Inventory) -> None:
-    with pytest.raises(UsageError, match=r"unknown board 'pi5a' \(did you mean 'pi5-a'\?\)"):
+    with pytest.raises(UsageError, match=r"unknown board 'pi5a' \(did you mean 'pi5-a'\?\)") as unknown:
         lab.select(["pi5a"])
+    assert f"hint: add it to {lab.path} under `boards:`" in str(unknown.value)  # where a new board goes
     with pytest.raises(UsageError, match=r"unknown group 'pi' \(did you mean 'pis'\?\)"):
         lab.select(group="pi")
     with pytest.raises(UsageError, match=r"unknown tag 'pi6'"):

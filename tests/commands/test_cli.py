@@ -295,6 +295,17 @@ def test_the_interleave_minimum_is_the_sign_tests() -> None:
     assert f"(>= {MIN_ROUNDS})" in tasks.compare.help["interleave"]
 
 
+def test_the_execution_a_timeline_draws_is_median_first_or_a_count() -> None:
+    """`fab analyze --execution`: median (the default), first or N from 1; anything else exit 64, the option named."""
+    from orchestrator.commands import options
+    from orchestrator.errors import UsageError
+
+    assert [options.execution(v) for v in ("median", " First ", "7", 3)] == ["median", "first", 7, 3]
+    for wrong in ("0", "-1", "last", "1.5", True):
+        with pytest.raises(UsageError, match="--execution must be median, first or a whole number from 1"):
+            options.execution(wrong)
+
+
 def test_the_command_layer_names_the_options_the_library_does_not() -> None:
     from orchestrator.commands import options
     from orchestrator.commands.program_options import model_spec

@@ -69,7 +69,7 @@ def test_a_task_s_options_each_fall_to_one_group() -> None:
         "lower": {"exported", "etrecord", "force"},
         "push": set(),
         "run": set(),
-        "deploy_and_profile": {"no_explore", "no_browser", "port"},
+        "deploy_and_profile": {"no_explore", "no_browser", "port", "markdown"},
     }
     for name, left in own.items():
         body = getattr(tasks, name).body

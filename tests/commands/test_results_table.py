@@ -101,6 +101,18 @@ def test_each_row_shows_its_run_id_whole_and_the_next_commands_use_them(capsys: 
     assert f"fab compare {a} {b}" in next_line  # the same program on two boards: the pair compare takes
 
 
+def test_next_names_the_xnnpack_run_of_a_portable_and_xnnpack_deploy(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--backend portable,xnnpack` runs portable first: the run to explore and advise is the XNNPACK one, and its
+    twin on another board is the pair to compare."""
+    cells = [cell("pi4-a", "portable"), cell("pi4-a", "xnnpack"), cell("pi5-b", "portable"), cell("pi5-b", "xnnpack")]
+    print_cells(cells)
+    (next_line,) = [line for line in "".join(capsys.readouterr()).splitlines() if line.startswith("next: ")]
+    xnnpack, twin, portable = cells[1].run_id, cells[3].run_id, cells[0].run_id
+    assert xnnpack and twin and portable
+    assert f"fab explore --run {xnnpack}" in next_line and f"fab advise --run {xnnpack}" in next_line, next_line
+    assert f"fab compare {xnnpack} {twin}" in next_line and portable not in next_line, next_line
+
+
 def degraded(board: str, backend: str, cv: float, **conditions: Any) -> CellOutcome:
     """A run the board measured unsteadily: its CV over the limit (and what the board said around it)."""
     reasons = [Reason("degraded", f"unstable timings: CV {cv * 100:.1f}% > 5%")]

@@ -168,7 +168,7 @@ def keeping_the_fragile_layer_float_wins_the_accuracy_back(deployed: Deployed, r
     inventory = str(tmp_path / "inventory.yaml")
     advised = subprocess.run(
         [sys.executable, "-m", "fabric", "advise", "--run", run_id, "--try", "--board", "local", "--inventory",
-         inventory, "--rounds", "5", "--retest-seconds", "5", "--trust-code"],
+         inventory, "--rounds", "5", "--retest-seconds", "1", "--trust-code"],
         cwd=PROJECT_ROOT, env=deployed.env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     said = " ".join((advised.stdout + advised.stderr).split())

@@ -398,3 +398,31 @@ def test_memory_growth_is_judged_like_latency() -> None:
     old = [_record(f"2026-11-0{n}", steady) for n in (1, 2, 3)]
     record = _record("2026-11-04", steady, sha=NEW_SHA, peak_rss_bytes=500_000_000)
     assert judge_memory(judge(record, old, 0.05), old, 0.05).verdict == Kind.OK
+
+
+def test_a_board_s_degraded_cells_share_one_cool_down(
+    local_board: Board, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every cell of the board degraded (its governor reads "powersave", through the agent's injectable sysroot): the
+    board cools down once, then re-measures each cell, and each cell's figures say the cool-down was shared."""
+    governor = tmp_path / "sysroot" / "sys" / "devices" / "system" / "cpu" / "cpufreq" / "policy0" / "scaling_governor"
+    governor.parent.mkdir(parents=True)
+    governor.write_text("powersave\n")
+    monkeypatch.setenv("ETLAB_AGENT_SYSROOT", str(tmp_path / "sysroot"))  # the local board's agent inherits it
+    matrix = [{"models": ["distilbert-tiny", "gpt2-tiny"], "backends": ["xnnpack"], "boards": ["local"]}]
+    section = nightly_section(tmp_path, matrix, iterations=5, warmup=1, cooldown_seconds=0.5)
+    inventory = write_inventory(tmp_path / "inventory.yaml", [local_board], nightly=section)
+
+    result = fab_nightly(inventory, "2026-11-01", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    output = " ".join((result.stdout + result.stderr).split())  # the console wraps long lines
+    assert output.count("cool-down") == 1, output
+    assert "2 degraded cell(s)" in output and "one 0.5 s cool-down shared by 2 cell(s)" in output
+    records = stored(tmp_path, "2026-11-01")
+    assert sorted(r.model for r in records) == ["distilbert-tiny", "gpt2-tiny"]
+    for record in records:
+        remeasured = (record.verdict_info or {})["remeasured"]
+        assert remeasured["cooldown_seconds"] == 0.5 and remeasured["cooldown_shared_by"] == 2
+        assert any("governor 'powersave'" in reason for reason in remeasured["first_reasons"])
+        assert remeasured["first_run"] != remeasured["second_run"] == record.run_id
+        assert record.validity == remeasured["second_validity"] == "degraded"

@@ -17,7 +17,7 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import cache
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.lowered import spec_from_record
-from orchestrator.lowering.rewrites.registry import UnknownRewrite, check_request, parse_rewrites
+from orchestrator.lowering.rewrites.registry import check_request, parse_rewrites
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import OUTPUTS, load_spec_file
 from orchestrator.lowering.variants import VARIANTS
@@ -171,28 +171,45 @@ def test_a_mask_program_lowers_to_the_mask_logits_and_another_output_relowers(tm
 
 
 @pytest.mark.parametrize("name", ["distilbert", "gpt2"])
-def test_head_at_position_is_refused_for_one_positions_program(name: str) -> None:
+def test_head_at_position_applies_to_a_program_that_selects_its_position_after_the_head(name: str) -> None:
+    """The course's programs project every position and then keep one: the rewrite applies when asked, and never
+    by default (the model as exported is what etlab profiles)."""
     spec = BUILTIN_SPECS[name]
-    with pytest.raises(UnknownRewrite) as raised:
-        check_request(parse_rewrites("head-at-position"), spec)
-    assert raised.value.exit_code == ExitCode.USAGE
-    assert "it rewrites programs that return every position's logits (output: all)" in str(raised.value)
-    assert f"{name} returns the {'[MASK]' if name == 'distilbert' else 'last'} position's logits" in str(raised.value)
-    assert "head-at-position" not in parse_rewrites("auto").resolve(spec)
-    every = dataclasses.replace(spec, output="all")  # the same model returning every position: it applies
-    assert "head-at-position" in parse_rewrites("auto").resolve(every)
-    check_request(parse_rewrites("head-at-position"), every)
+    check_request(parse_rewrites("head-at-position"), spec)
+    assert "head-at-position" in parse_rewrites("auto").resolve(spec)
+    assert not parse_rewrites("none").resolve(spec)
 
 
-def test_the_command_line_refuses_head_at_position_for_the_course_distilbert() -> None:
-    result = run_fab("lower", "--model", "distilbert", "--rewrites", "head-at-position")
-    assert result.returncode == 64, result.stderr
-    assert "--rewrites head-at-position: head-at-position does not apply to distilbert" in result.stderr
-    assert "Traceback" not in result.stderr
+@pytest.mark.parametrize(("output", "rows"), [("mask", 2), ("last", 1)])
+def test_head_at_position_on_one_positions_program_projects_one_row_with_the_same_outputs(
+    output: str, rows: int
+) -> None:
+    """The course's DistilBERT (the [MASK] position's logits) and GPT-2 (the final position's), tiny: rewritten, the
+    program takes the same inputs and returns the same [B, vocab] logits, and its head projects one row per batch
+    row instead of every position."""
+    from orchestrator.lowering.rewrites.registry import apply_rewrites
+    from orchestrator.lowering.sources.builders.models import example_inputs, load_model
+
+    name = "distilbert-tiny" if output == "mask" else "gpt2-tiny"
+    spec = dataclasses.replace(BUILTIN_SPECS[name], output=output, batch_size=rows, seq_len=16)
+    loaded = load_model(spec, "random")
+    inputs = tuple(torch.from_numpy(t.array) for t in example_inputs(spec, loaded.module))
+    with torch.no_grad():
+        original = loaded.module(*inputs)
+    rewritten, applied = apply_rewrites(loaded.module, spec, parse_rewrites("head-at-position"))
+    assert applied == ("head-at-position",)
+    with torch.no_grad():
+        got = rewritten(*inputs)
+    assert got.shape == original.shape == (rows, 1000)
+    torch.testing.assert_close(got, original, rtol=1e-4, atol=1e-5)
+    program = torch.export.export(rewritten, inputs, strict=False)
+    values = [node.meta.get("val") for node in program.graph.nodes if node.op == "call_function"]
+    vocab_wide = [value.shape for value in values if isinstance(value, torch.Tensor) and value.shape[-1:] == (1000,)]
+    assert vocab_wide and all(shape.numel() == rows * 1000 for shape in vocab_wide), vocab_wide
 
 
 def test_fab_models_says_what_each_program_returns() -> None:
-    result = run_fab("models", env={"ETLAB_WIDTH": "400"})
+    result = run_fab("models", "--long", env={"ETLAB_WIDTH": "400"})  # the output column: the long listing's
     assert result.returncode == 0, result.stderr
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 3}
     assert "mask: the [MASK] position's logits" in rows["distilbert"]
@@ -202,11 +219,10 @@ def test_fab_models_says_what_each_program_returns() -> None:
 
 def test_fab_models_shows_the_speech_models_inputs() -> None:
     """The speech encoders leave their inputs to their family: their input column was empty, and a long name cut."""
-    result = run_fab("models")  # the default width of piped output: the name column never cut
+    result = run_fab("models")  # the default width of piped output, one line each: the name column never cut
     assert result.returncode == 0, result.stderr
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.count("│") > 3}
-    assert "input_features float32" in rows["whisper-tiny-encoder"] and "1×80×3000" in result.stdout
-    assert "input_features float32" in rows["whisper-tiny-encoder-tiny"] and "1×80×100" in result.stdout
+    assert "input_features 1×80×3000" in rows["whisper-tiny-encoder"]
+    assert "input_features 1×80×100" in rows["whisper-tiny-encoder-tiny"]
     for name in ("wav2vec2", "wav2vec2-tiny"):
-        assert "input_values float32" in rows[name], rows[name]
-    assert "1×16000" in result.stdout
+        assert "input_values 1×16000" in rows[name], rows[name]

@@ -20,7 +20,9 @@ from orchestrator.results.analysis import analyze_bundle
 from orchestrator.results.documents import load_summary
 from orchestrator.results.etdump import parse_etdump, read_etdump
 from orchestrator.results.etdump_profile import profile_etdump
+from orchestrator.results.ops_record import load_ops
 from orchestrator.results.summary import read_summary, summary_data
+from orchestrator.servers.dashboard.where import operator_rows
 from orchestrator.tensorfile import NamedTensor, read_tensors, write_tensors
 from tests.plugins.analysis import (
     RUNNER_KEYS,
@@ -312,6 +314,25 @@ def test_render_top_ops_prints_table(bundle_copy: BundleCopy, capsys: pytest.Cap
         assert "Top operators" in out and top["node_id"] in out and summary.validity in out
         assert out.count("forward_0_") == 5
         assert "Outputs vs eager" in out and "output_0" in out and "logits" in out  # one row per output
+
+
+def test_top_operators_name_the_xnnpack_nodes_inside_each_delegate_as_the_dashboard_does(
+    bundle_copy: BundleCopy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not "forward_0_158 | XnnpackBackend" fifteen times: the node inside the delegate, its output shape, module and
+    source line (the dashboard's run page's rows, servers/dashboard/where.py), within 140 columns."""
+    case = bundle_copy("distilbert_xnnpack")
+    summary = analyze(case)
+    rows, _, _ = operator_rows(load_ops(case.path), 15)
+    node = next(row for row in rows if row.inside and row.module and row.shape)
+    render_top_ops(summary)
+    out = capsys.readouterr().out
+    table = out[out.index("Top operators") : out.index("run " + summary.run.run_id)]
+    assert "XnnpackBackend" not in table and f"{node.inside}/" in table
+    line = next(line for line in table.splitlines() if line.startswith(f"│ {node.node_id} "))
+    assert node.op in line and (node.source or "").removesuffix(" in forward") in line
+    assert str(node.module).split(".")[0] in line and str(node.shape) in table
+    assert max(len(line) for line in out.splitlines()) <= 140
 
 
 # ---------------------------------------------------------------------------------------------------------------

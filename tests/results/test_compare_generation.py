@@ -68,7 +68,7 @@ def test_fab_compare_prints_the_generation_table(generation_nights: GenerationNi
         runs.append(copy)
     env = {**os.environ, "ETLAB_RESULTS": str(results), "COLUMNS": "200"}
     proc = subprocess.run(
-        [sys.executable, "-m", "fabric", "compare", runs[0].name, runs[1].name],
+        [sys.executable, "-m", "fabric", "compare", runs[0].name, runs[1].name, "--markdown"],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     said = proc.stdout + proc.stderr
@@ -79,3 +79,12 @@ def test_fab_compare_prints_the_generation_table(generation_nights: GenerationNi
     assert set(ratios) == {"time to first token ms", "decode tokens/s", "decode step median ms"}
     for label, ratio in ratios.items():
         assert label in said and f"{ratio:.3f}×" in said
+    # --markdown: llama-bench's table, a prefill and a decode row per run, the runs told apart by their ids
+    header = "| model | size | params | backend | threads | run | test | t/s |"
+    lines = [" ".join(line.split()) for line in proc.stdout.splitlines()]
+    assert header in lines, proc.stdout
+    rows = [line.split(" | ") for line in lines[lines.index(header) + 2 :][:4]]
+    assert [(row[5], row[6]) for row in rows] == [
+        (run.name, test) for run in runs for test in ("pp8", "tg7 @ d8")
+    ], proc.stdout  # fmt: skip
+    assert all(" ± " in row[7] for row in rows), proc.stdout

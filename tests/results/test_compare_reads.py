@@ -88,6 +88,18 @@ def test_the_verdict_comes_first_and_every_row_agrees_with_its_numbers(
     assert first_type.share_b == pytest.approx(first_type.b_ms / slow_base(slow))
     assert "By operator type" in out and f"{first_type.op_type}" in out
 
+    # the rest of the method (slowed_copy makes every iteration a quarter longer beyond the operator): with it, the
+    # types' deltas add up to the median change, in the data and in the table
+    rest, median_a, median_b = comparison.rest, comparison.median_a_ms, comparison.median_b_ms
+    assert rest is not None and median_a is not None and median_b is not None and rest.delta_ms > 0
+    assert sum(t.delta_ms for t in comparison.op_types) + rest.delta_ms == pytest.approx(median_b - median_a)
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert any(row.startswith("│ rest of the method ") for row in rows)
+    (whole,) = [row for row in rows if row.startswith("│ median (the whole run) ")]
+    shown = [f"{ms:.4f}" if ms < 1 else f"{ms:.4g}" for ms in (median_a, median_b)]  # as the tables show ms
+    assert shown[0] in whole and shown[1] in whole, whole
+    assert "the runner's overhead" in flat
+
 
 def slow_base(case: BundleCase) -> float:
     from orchestrator.results.ops_record import load_ops
@@ -107,6 +119,8 @@ def _slowed_node_copy(baseline_run: BundleCase, destination: Path, factor: float
             node = max(single, key=lambda n: n["median_ms"] or 0.0)
             break
     instruction, event_name = instruction_of[delegate["node_id"]], node["events"][0]
+    # enough to clear the floor for "changed" twice over, however long the method took on this machine
+    factor = max(factor, 1 + 2 * compare.MATERIAL_SHARE * slow_base(baseline_run) / node["median_ms"])
     case = copy_bundle(baseline_run, destination)
 
     def stretch(etdump: Any) -> None:

@@ -49,8 +49,8 @@ def seeds() -> dict[str, Any]:
     summary = dataclasses.replace(
         summary,
         generation=Generation(8, 8, 64, 3, 1.5, 5333.3, 120.0, {"median": 8.3, "p90": 9.1, "max": 9.9}, 20.0, 4096,
-                              {"prefill": 10_000_000, "decode": 11_000_000}, TokenCheck(8, 6, 0.75, 6, 8), "generated",
-                              {"prompt": "a", "generated": "b"}),
+                              {"prefill": 10_000_000, "decode": 11_000_000}, TokenCheck(8, 6, 0.75, 6, 8),
+                              prompt_source="generated", text={"prompt": "a", "generated": "b"}),
         accuracy=Accuracy("int8-dynamic", "pass", True, 0.01, 1.0, 1.0, 35.0, 1.0, {"min_sqnr_db": 10.0}, ("ok",)),
         counters=Counters("ok", None, ("task_clock",), ("task_clock",), ("ipc",), ({"name": "cycles", "error":
                           "ENOENT", "reason": "no PMU"},), 1, "thread", False, "none", 4, {"task_clock": 2.5e6}),

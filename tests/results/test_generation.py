@@ -49,6 +49,9 @@ def test_a_record_splits_into_timed_phases_and_summarises() -> None:
     summary = generation_summary(parsed, timings, recorded=None, tokens=None)
     assert summary.ttft_ms == 7.0  # the median of 8 and 6
     assert summary.decode_tokens_per_s == pytest.approx(500.0)  # 2 steps in 4 ms, both generations
+    # llama-bench's "± sd": over the generations' own speeds (prefill 4 tokens in 8 and 6 ms; decode 500 both times)
+    assert summary.prefill_tokens_per_s_sd == pytest.approx(float(np.std([500.0, 4000 / 6], ddof=1)))
+    assert summary.decode_tokens_per_s_sd == 0.0
     assert summary.token_ms == {"median": 2.0, "p90": pytest.approx(2.7), "max": 3.0}
     assert summary.load_ms == 7.0
     assert from_data(to_data(summary), Generation, where="summary.json") == summary
@@ -109,10 +112,12 @@ def test_a_prompt_prefilled_in_chunks_is_one_prefill_of_several_executions() -> 
     split = parsed.phase_blocks(blocks)
     assert split[PREFILL] == [blocks[4], blocks[5], blocks[8]] and len(split[DECODE]) == 4
     assert generation_summary(parsed, timings, recorded=None, tokens=None).ttft_ms == 7.0  # 8 and 6: the sums
-    # the timeline draws the first timed generation's every chunk, then its first decode step
+    # the timeline draws every chunk of the prefill nearest the median (8 and 6: the first), then a decode step
     profile: Any = object()  # a step only carries its phase's profile
-    steps = generation_steps(split, {PREFILL: profile, DECODE: profile}, len(parsed.timed[0].prefill_chunks))
-    assert [step.name for step in steps] == ["prefill chunk 1/2", "prefill chunk 2/2", "decode step 1"]
+    steps = generation_steps(split, {PREFILL: profile, DECODE: profile}, parsed.timed)
+    assert [step.name for step in steps] == [
+        "prefill chunk 1/2 of generation 1 of 2", "prefill chunk 2/2 of generation 1 of 2", "decode step 1 of 4"
+    ]  # fmt: skip
     assert [steps[0].block, steps[1].block, steps[2].block] == [blocks[4], blocks[5], blocks[6]]
     for chunks, words in (([3.0, 4.0], "not the sum of its prefill_chunk_ms"), ([8.0, -1.0], "numbers >= 0")):
         broken = copy.deepcopy(timings)

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.commands.render import render_modules
 from orchestrator.errors import AnalysisError
 from orchestrator.paths import PROJECT_ROOT
 from orchestrator.results.analysis import analyze_bundle
+from orchestrator.results.modules import ModuleRow, rolled_up, shown_delegated_ms, shown_ms
 from orchestrator.results.ops_record import load_ops
 from orchestrator.results.source_map import SourceMapError
-from tests.plugins.analysis import BundleCase, analyze, copy_bundle
+from tests.plugins.analysis import BundleCase, BundleCopy, analyze, copy_bundle
 from tests.plugins.artifacts import ARTIFACT_CACHE
 
 MAP = "distilbert-tiny_xnnpack.sources.json"
@@ -63,6 +65,49 @@ def test_every_timed_row_of_a_real_run_gets_its_module(xnnpack_run: BundleCase) 
     assert summary.notes == []
 
 
+def _children(row: ModuleRow, rows: tuple[ModuleRow, ...]) -> list[ModuleRow]:
+    return [child for child in rows if child.depth == row.depth + 1 and child.module.startswith(row.module + ".")]
+
+
+def test_the_time_by_module_adds_up_to_the_median_at_every_depth(
+    bundle_copy: BundleCopy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each row of `--by module[:DEPTH]`, self or total, says its delegated and not-delegated time (the LM head runs
+    wholly inside XNNPACK: once "—" where it was a module's own time), and the rows add up to the run's median at any
+    depth, with the time on no module and the runtime around the instructions."""
+    case = bundle_copy("distilbert_xnnpack")  # 6 iterations: the median is between two executions
+    run = analyze(case).run
+    tree = run.modules
+    assert tree is not None and run.latency.warm is not None and tree.median_ms is not None
+    median = run.latency.warm.median_ms
+    assert tree.median_ms == pytest.approx(median) and " of 6, at the median" in str(tree.executions)
+    assert " and " in str(tree.executions)  # the middle two
+    assert tree.unattributed_ms is not None and tree.outside_ms is not None and tree.outside_ms >= 0
+    for row in tree.modules:  # a parent's total is its self and its children's totals, delegated parts too
+        children = _children(row, tree.modules)
+        assert row.total_ms == pytest.approx(row.self_ms + sum(child.total_ms for child in children)), row.module
+        assert row.self_delegated_ms is not None
+        delegated = row.self_delegated_ms + sum(child.delegated_ms for child in children)
+        assert row.delegated_ms == pytest.approx(delegated), row.module
+    head = next(row for row in tree.modules if row.module == "vocab_projector")
+    assert head.self_ms == head.total_ms == head.self_delegated_ms == head.delegated_ms > 0
+    for depth in (None, 1, 4):
+        rows = rolled_up(tree, depth)
+        assert all(shown_delegated_ms(row, depth) is not None for row in rows)
+        modules = sum(shown_ms(row, depth) for row in rows)
+        assert modules + tree.unattributed_ms + tree.outside_ms == pytest.approx(median), depth
+    for depth in (1, 4):  # what the terminal shows: every row's figures, adding up to the median within rounding
+        render_modules(run, depth, limit=8)
+        table = capsys.readouterr().out
+        cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in table.splitlines() if "│" in line]
+        assert cells and all(len(row) == 7 and row[5] != "—" and row[6] != "—" for row in cells), table
+        shown = [float(row[3]) for row in cells if row[3]]  # a module folded on two lines: its figures on the first
+        assert sum(shown) == pytest.approx(median, abs=0.0005 * len(shown)), table
+        (projector,) = [row for row in cells if row[0] == "vocab_projector"]
+        assert projector[2] == ("total" if depth == 1 else "self") and float(projector[5]) == float(projector[3])
+        assert f"add up to the run's median, {median:.3f} ms" in " ".join(table.split())
+
+
 def fab_analyze(bundle: Path, artifacts: Path, *options: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ETLAB_ARTIFACTS": str(artifacts), "ETLAB_RESULTS": str(bundle.parents[3])}
     return subprocess.run(
@@ -84,7 +129,8 @@ def test_a_damaged_map_is_refused_by_name(runner_bundles: dict[str, BundleCase],
     shown = fab_analyze(run, artifacts, "--by", "module:4")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "Time by module" in shown.stdout and "TransformerBlock" in shown.stdout and "vocab_projector" in shown.stdout
-    assert "traced to a module" in shown.stdout and "no source map" not in shown.stdout + shown.stderr
+    assert "traced to a module" in " ".join(shown.stdout.split())  # the caption wraps
+    assert "no source map" not in shown.stdout + shown.stderr
     path = artifacts / "distilbert-tiny" / MAP
     data = json.loads(path.read_text())
     data["instructions"][0]["sources"] = ["zero"]

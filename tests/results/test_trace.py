@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 from collections import Counter
@@ -22,6 +23,7 @@ import pytest
 from orchestrator.boards.inventory import Board
 from orchestrator.errors import AnalysisError
 from orchestrator.paths import PROJECT_ROOT
+from orchestrator.results.analysis import analyze_bundle
 from tests.e2e.test_generation_e2e import fab
 from tests.plugins.analysis import BundleCase, analyze, copy_bundle, rewrite_etdump
 from tests.plugins.artifacts import ARTIFACT_CACHE
@@ -71,11 +73,12 @@ def nesting(complete: list[dict[str, Any]]) -> dict[int, int | None]:
 
 
 def check_against_ops(trace_slices: list[dict[str, Any]], ops: dict[str, Any], top: str) -> list[dict[str, Any]]:
-    """The calls of the step `top`: one slice per instruction that ran, named, described and timed as ops.json's row
-    for the first measured execution (its first sample)."""
+    """The calls of the step named `top` (its name before what it says of its choice): one slice per instruction
+    that ran, named, described and timed as ops.json's row for that execution (the sample the step names)."""
     parents = nesting(trace_slices)
-    (step,) = [i for i, e in enumerate(trace_slices) if e["name"] == top]
+    (step,) = [i for i, e in enumerate(trace_slices) if e["cat"] == "step" and e["args"]["execution"] == top]
     assert parents[step] is None
+    sample = trace_slices[step]["args"]["sample"]
     calls = [trace_slices[i] for i, p in parents.items() if p == step]
     rows = {row["node_id"]: row for row in ops["instructions"]}
     ran = {node for node, row in rows.items() if row["samples"]}
@@ -87,11 +90,11 @@ def check_against_ops(trace_slices: list[dict[str, Any]], ops: dict[str, Any], t
         assert call["args"]["operator"] == row["op"] and call["args"]["instruction"] == row["instruction"]
         assert (call["args"]["module"], call["args"]["module_type"], call["args"]["source"]) == (
             row["module"], row["module_type"], row["source"])  # fmt: skip
-        assert call["dur"] / 1000 == pytest.approx(row["samples_ms"][0], abs=2e-6), call
+        assert call["dur"] / 1000 == pytest.approx(row["samples_ms"][sample], abs=2e-6), call
     starts = [call["ts"] for call in sorted(calls, key=lambda c: c["args"]["instruction"])]
     assert starts == sorted(starts)  # execution order is instruction order in one chain
     total = sum(call["dur"] for call in calls) / 1000
-    assert total == pytest.approx(sum(rows[node]["samples_ms"][0] for node in ran), abs=1e-3)
+    assert total == pytest.approx(sum(rows[node]["samples_ms"][sample] for node in ran), abs=1e-3)
     return calls
 
 
@@ -107,7 +110,15 @@ def test_a_real_xnnpack_run_has_a_timeline_with_its_nodes_inside_each_delegate_c
     trace = json.loads(path.read_text())
     ops = json.loads((xnnpack_run.path / "analysis" / "ops.json").read_text())
     complete = slices(trace)
-    calls = check_against_ops(complete, ops, "iteration 1")
+    # The iteration nearest the median (timings.json's), not the first, named so on the timeline and in its metadata.
+    times = json.loads((xnnpack_run.path / "timings.json").read_text())["iterations_ms"]
+    median = statistics.median(times)
+    nearest = min(range(len(times)), key=lambda i: (abs(times[i] - median), i))
+    name = f"iteration {nearest + 1} of {len(times)}"
+    (title,) = trace["otherData"]["steps"]
+    assert title.startswith(f"{name} (nearest the median, ") and title.endswith(" ms)"), (title, times)
+    assert summary.timeline == [title] and any(e["name"] == title and e["cat"] == "step" for e in complete)
+    calls = check_against_ops(complete, ops, name)
     parents = nesting(complete)
     delegated = [call for call in calls if call["args"]["kind"] == "DelegateCall"]
     assert delegated and any(call["args"]["kind"] == "KernelCall" for call in calls)
@@ -128,6 +139,11 @@ def test_a_real_xnnpack_run_has_a_timeline_with_its_nodes_inside_each_delegate_c
     assert any(c["args"]["module"] == "vocab_projector" for c in named)
     assert any(c["args"]["module"] == "distilbert.embeddings.LayerNorm" for c in calls)
     assert summary.notes == []
+    # Asked for: the first measured iteration, its own times.
+    model = xnnpack_run.model
+    analyze_bundle(xnnpack_run.path, pte=model.pte, sidecar=model.sidecar, execution="first")
+    first = slices(json.loads(path.read_text()))
+    assert check_against_ops(first, ops, f"iteration 1 of {len(times)}")
 
 
 def test_a_generation_run_has_its_prefill_and_a_decode_step(local_board: Board, tmp_path: Path) -> None:
@@ -142,16 +158,30 @@ def test_a_generation_run_has_its_prefill_and_a_decode_step(local_board: Board, 
                               env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     said = analysed.stdout + analysed.stderr
     assert analysed.returncode == 0, said
-    assert "analysis/trace.json" in said and "timeline:" in said and "ui.perfetto.dev" in said
+    assert "analysis/trace.json" in said and "timeline of " in said and "ui.perfetto.dev" in said
     trace = json.loads((run / "analysis" / "trace.json").read_text())
     complete = slices(trace)
-    tops = [i for i, parent in nesting(complete).items() if parent is None]
-    assert [complete[i]["name"] for i in sorted(tops, key=lambda i: complete[i]["ts"])] == ["prefill", "decode step 1"]
+    # The prefill nearest the median prefill and the decode step nearest the median step (timings.json's).
+    timed = [r for r in json.loads((run / "timings.json").read_text())["generation"]["runs"] if not r["warmup"]]
+    steps = [ms for r in timed for ms in r["decode_ms"]]
+
+    def nearest(times: list[float]) -> int:
+        return min(range(len(times)), key=lambda i: (abs(times[i] - statistics.median(times)), i))
+
+    generation = nearest([r["prefill_ms"] for r in timed])
+    prefill_name = "prefill" + (f" of generation {generation + 1} of {len(timed)}" if len(timed) > 1 else "")
+    step_name = f"decode step {nearest(steps) + 1} of {len(steps)}"
+    tops = [complete[i] for i, parent in nesting(complete).items() if parent is None]
+    assert sorted(e["args"]["execution"] for e in tops) == sorted([prefill_name, step_name])
+    assert trace["otherData"]["steps"] == [e["name"] for e in tops if e["args"]["execution"] == prefill_name] + [
+        e["name"] for e in tops if e["args"]["execution"] == step_name
+    ]  # each titled with why it was chosen
     prefill = json.loads((run / "analysis" / "ops_prefill.json").read_text())
     decode = json.loads((run / "analysis" / "ops_decode.json").read_text())
-    first = check_against_ops(complete, prefill, "prefill")
-    second = check_against_ops(complete, decode, "decode step 1")
-    assert max(c["ts"] + c["dur"] for c in first) <= min(c["ts"] for c in second)
+    first = check_against_ops(complete, prefill, prefill_name)
+    second = check_against_ops(complete, decode, step_name)
+    ends = (max(c["ts"] + c["dur"] for c in first), max(c["ts"] + c["dur"] for c in second))
+    assert ends[0] <= min(c["ts"] for c in second) or ends[1] <= min(c["ts"] for c in first)  # one after the other
     assert any(str(c["args"].get("module")).startswith("model.layers.") for c in complete)
 
 

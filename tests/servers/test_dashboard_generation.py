@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.console import format_bytes
 from orchestrator.lab.run_record import RunRecord
 from orchestrator.results.documents import load_summary
 from orchestrator.servers.dashboard import data
@@ -60,7 +61,7 @@ def test_the_run_page_shows_the_generation_figures(
     text = section.inner_text()
     steps = " / ".join(f"{generation.token_ms[key]:.2f} ms" for key in ("median", "p90", "max"))
     assert steps in text and "a prompt of 8 tokens, then 8 new ones" in text
-    assert f"{(generation.kv_cache_bytes or 0) / 1e6:.1f} MB" in text
+    assert format_bytes(generation.kv_cache_bytes or 0) in text and "0.0 MB" not in text  # 32 kB: no "0.0 MB"
     assert "Top operators (one decode step)" in page.locator("#operators h2").inner_text()
     page.screenshot(path=str(SCREENSHOTS / "dashboard-generation-run.png"), full_page=True)
     watched.check()

@@ -31,7 +31,7 @@ from tests.e2e.test_e2e import bundles, fab
 from tests.plugins.agent import BOARD_SAMPLES, AgentCli
 from tests.plugins.analysis import adapter_graphs
 from tests.plugins.artifacts import ARTIFACT_CACHE
-from tests.plugins.boards import write_inventory
+from tests.plugins.boards import SHARED_BUILD, write_inventory
 
 AES_GCM, CHACHA = "aes128-gcm@openssh.com", "chacha20-poly1305@openssh.com"
 
@@ -190,7 +190,8 @@ def test_mixed_architecture_lab_end_to_end(
     (x86,) = sshd_boards(1, names=["x86-sshd"])
     pi = pi_boards("pi5-emu")
     pi.set_throttled(0x50005)  # under-voltage and throttled now, as a weak supply does mid-run
-    lab = _lab(tmp_path, [local_board, x86.board, pi.board])
+    # the x86 board takes the workstation's runner (its on-board build is tests/e2e/test_e2e.py's): the Pi builds
+    lab = _lab(tmp_path, [local_board, x86.board.replace(**SHARED_BUILD), pi.board])
     results = tmp_path / "results"
     done = fab("deploy-and-profile", "--model", "distilbert-tiny", "--backend", "portable,xnnpack", "--iterations",
                "3", "--warmup", "1", "--no-explore", "--counters=task_clock,page_faults,cycles", "--numerics",
@@ -201,10 +202,10 @@ def test_mixed_architecture_lab_end_to_end(
     # The workstation fetched the executorch wheel once per platform and keeps both.
     wheels = [w.name for w in (PROJECT_ROOT / ".etlab" / "wheels").glob("executorch-*.whl")]
     assert any(w.endswith("_x86_64.whl") for w in wheels) and any(w.endswith("_aarch64.whl") for w in wheels)
-    # Each board built its own runner, for its own architecture.
-    for fake, arch in [(x86, "x86_64"), (pi, "aarch64")]:
+    # Each board runs a runner for its own architecture; the Pi built its own.
+    for fake, arch, build in [(x86, "x86_64", "workstation"), (pi, "aarch64", "board")]:
         state = json.loads(fake.local_path("~/.etlab/state.json").read_text())
-        assert state["runner_build"] == "board"
+        assert state["runner_build"] == build
         assert elf_machine(fake.local_path(state["runner_path"])) == arch
 
     found = bundles(results)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from orchestrator.lowering.sources.builders.huggingface import FirstOutput, PositionLogits
 from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
 from orchestrator.lowering.spec import ModelSpec
 
@@ -136,15 +137,18 @@ def bmm_attention(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
 
 
 def has_all_positions_head(module: torch.nn.Module) -> bool:
-    """The model's head runs on every position (a masked or causal LM exported as it is, `output: all`); a program
-    of one position's logits (`PositionLogits`) has its position selected already."""
-    from orchestrator.lowering.sources.builders.huggingface import FirstOutput
-
-    return isinstance(module, FirstOutput) and hasattr(module.model, "base_model")
+    """The model's head runs on every position: a masked or causal LM exported as it is (`output: all`), or a
+    program that selects one position's logits after its head (`PositionLogits`: `output: mask` or `last`, the
+    course's programs, whose head still projects every position before the index)."""
+    return isinstance(module, FirstOutput | PositionLogits) and hasattr(module.model, "base_model")
 
 
 def head_at_position(module: torch.nn.Module, spec: ModelSpec) -> torch.nn.Module:
-    """The logits of one position per row: the [MASK] (fill-mask) or the last real token (causal-lm)."""
+    """The logits of one position per row, the position selected before the head. A program of every position's
+    logits gets the [MASK] (fill-mask) or the last real token (causal-lm); a program that selected its position
+    after the head keeps its own rule and its own inputs, so its outputs are the same [B, vocab] as before."""
+    if isinstance(module, PositionLogits):
+        return SelectedFirstLogits(module.model, module.input_names, module.mask_token_id).eval()
     model = _model(module)
     if spec.task == "fill-mask":
         mask_token_id = spec.options_of(HuggingFaceOptions).mask_token_id
@@ -153,10 +157,8 @@ def head_at_position(module: torch.nn.Module, spec: ModelSpec) -> torch.nn.Modul
     return LastTokenLogits(model).eval()
 
 
-def _logits_at(
-    model: PreTrainedModel, position: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> torch.Tensor:
-    """The model's logits at `position` (one per row) only: [B, vocab].
+def _logits_at(model: Any, position: torch.Tensor | None, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A PreTrainedModel's logits at `position` (one per row; None: the final position) only: [B, vocab].
 
     The base model's last hidden state is cut to that one position before the head runs, so the head (the
     largest matmul, hidden x vocab) runs on one row instead of seq_len. A forward hook on `base_model` does this
@@ -165,7 +167,9 @@ def _logits_at(
 
     def keep_position(_module: torch.nn.Module, _args: Any, output: Any) -> Any:
         hidden = output[0]
-        if hidden.shape[0] == 1:  # the shape is static in the program: one row keeps the simpler graph
+        if position is None:
+            selected = hidden[:, -1:]
+        elif hidden.shape[0] == 1:  # the shape is static in the program: one row keeps the simpler graph
             selected = torch.index_select(hidden, 1, position)
         else:
             selected = hidden[torch.arange(hidden.shape[0]), position].unsqueeze(1)
@@ -176,7 +180,7 @@ def _logits_at(
 
     handle = model.base_model.register_forward_hook(keep_position)
     try:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        logits = model(**inputs).logits
     finally:
         handle.remove()
     return logits[0] if logits.shape[0] == 1 else logits[:, 0]
@@ -192,7 +196,7 @@ class FillMaskLogits(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         position = (input_ids == self.mask_token_id).to(torch.int32).argmax(dim=1)
-        return _logits_at(self.model, position, input_ids, attention_mask)
+        return _logits_at(self.model, position, {"input_ids": input_ids, "attention_mask": attention_mask})
 
 
 class LastTokenLogits(torch.nn.Module):
@@ -204,4 +208,13 @@ class LastTokenLogits(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         last = attention_mask.sum(dim=1) - 1
-        return _logits_at(self.model, last, input_ids, attention_mask)
+        return _logits_at(self.model, last, {"input_ids": input_ids, "attention_mask": attention_mask})
+
+
+class SelectedFirstLogits(PositionLogits):
+    """`PositionLogits` with the position selected before the head: the same inputs, the same rule (its
+    `position`), the same [B, vocab] outputs."""
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        by_name = dict(zip(self.input_names, inputs, strict=True))
+        return _logits_at(self.model, self.position(by_name), by_name)

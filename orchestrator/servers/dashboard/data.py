@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.advice.documents import load_advice
+from orchestrator.advice.documents import finding_lines, load_advice
+from orchestrator.advice.findings import shown_findings
 from orchestrator.deploy.board_status import BoardStatus
 from orchestrator.errors import AnalysisError, EtlabError
 from orchestrator.lab.history import History
@@ -24,7 +25,8 @@ from orchestrator.lab.matrix import DEFAULT_BASELINE_NIGHTS
 from orchestrator.lab.run_record import RunRecord
 from orchestrator.records import to_data
 from orchestrator.results.bundle_reader import read_bundle
-from orchestrator.results.compare import CompareError, compare_runs
+from orchestrator.results.compare import MATERIAL_SHARE, CompareError, compare_runs
+from orchestrator.results.compare_modules import module_deltas
 from orchestrator.results.documents import NotAnalysed, load_summary
 from orchestrator.results.ops_record import load_ops
 from orchestrator.results.store import LocalRun, list_runs
@@ -60,7 +62,7 @@ from orchestrator.servers.dashboard.records import (
     TrendPoint,
     ValidityView,
 )
-from orchestrator.servers.dashboard.where import NO_MODULES, TOP_OPERATORS, module_deltas, module_times, operator_rows
+from orchestrator.servers.dashboard.where import NO_MODULES, TOP_OPERATORS, module_times, operator_rows
 from orchestrator.servers.dashboard.words import conditions_in_words
 
 # The grid's colours, by verdict: one legend for the overview, the trends and the compare page.
@@ -126,7 +128,7 @@ def overview(
     cells = [
         GridCell(
             **_advised(r, medians),
-            findings=_findings(lab, r.run_id) if r.run_id in local else [],
+            **_findings(lab, r.run_id if r.run_id in local else None),
             board=r.board,
             model=r.model,
             backend=r.backend,
@@ -173,12 +175,13 @@ def _advised(record: RunRecord, medians: Mapping[Cell, float | None]) -> dict[st
     return {"advised_of": model, "ratio": record.median_ms / median if record.median_ms and median else None}
 
 
-def _findings(lab: Lab, run_id: str | None) -> list[str]:
-    """The advisor's findings for a pulled run, one line each (none when it has no advice.json or a damaged one)."""
+def _findings(lab: Lab, run_id: str | None) -> dict[str, Any]:
+    """The advisor's findings for a pulled run as an analysis prints them, one line each, with how many of how many
+    (none when it has no advice.json or a damaged one): the nightly report lists the same."""
     if run_id is None or not lab.has_run(run_id):
-        return []
-    rows, _ = _advice(lab.find(run_id).path)
-    return [f"{row.id} {row.title}" + (f" (saves ~{row.saving_ms:.3f} ms)" if row.saving_ms else "") for row in rows]
+        return {}
+    found = finding_lines(lab.find(run_id).path)
+    return {"findings": list(found.lines), "findings_said": found.said, "findings_more": found.more}
 
 
 def _run_row(run: LocalRun) -> RunRow:
@@ -328,10 +331,12 @@ def _advice(run_dir: Path) -> tuple[list[AdviceRow], str | None]:
         return [], str(exc)
     if advice is None:
         return [], None
+    printed = {f.id for f in shown_findings(advice)}
     findings = [
-        AdviceRow(id=f.id, title=f.title, saving_ms=None if f.saving_is_bound else f.saving_ms, fix=f.fix)
+        AdviceRow(id=f.id, title=f.title, saving_ms=None if f.saving_is_bound else f.saving_ms, fix=f.fix,
+                  printed=f.id in printed)
         for f in advice.findings
-    ]
+    ]  # fmt: skip
     return findings, None
 
 
@@ -499,10 +504,11 @@ def _counters(summary: RunSummary) -> CountersView | None:
 
 
 def compare_page(lab: Lab, run_a: str, run_b: str) -> ComparePage:
-    """Two runs: the per-operator deltas and the verdict with its rules (nothing written into the runs)."""
+    """Two runs: the per-operator deltas and the verdict with its rules (nothing written into the runs); every figure
+    a median, and an operator changed only as `fab compare` says (its own test, and MATERIAL_SHARE of A's median)."""
     a, b = lab.find(run_a), lab.find(run_b)
     try:
-        modules, modules_note = module_deltas(load_summary(a.path), load_summary(b.path))
+        modules, modules_note = module_deltas(load_ops(a.path), load_ops(b.path))
     except AnalysisError as exc:
         modules, modules_note = [], f"No modules compared: {exc}"
     try:
@@ -524,10 +530,15 @@ def compare_page(lab: Lab, run_a: str, run_b: str) -> ComparePage:
         generation=comparison.generation,
         per_operator=comparison.per_operator_scope,
         ops=sorted(
-            ({**to_data(op), "where": op.where} for op in [*comparison.ops, *comparison.delegate_ops]),
+            (
+                {**to_data(op), "where": op.where, "changed": comparison.changed(op)}
+                for op in [*comparison.ops, *comparison.delegate_ops]
+            ),
             key=lambda op: -abs(op["delta_ms"] or 0.0),
         ),
         op_types=to_data(list(comparison.op_types)),
+        rest=to_data(comparison.rest),
+        material_share=MATERIAL_SHARE,
     )
 
 

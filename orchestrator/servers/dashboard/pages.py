@@ -23,6 +23,7 @@ from urllib.parse import quote, urlencode
 import jinja2
 
 from orchestrator import strictjson
+from orchestrator.console import format_bytes
 from orchestrator.deploy.board_status import BoardStatus
 from orchestrator.names import is_valid_name
 from orchestrator.servers.dashboard import data
@@ -90,6 +91,7 @@ def environment() -> jinja2.Environment:
     env.policies["json.dumps_function"] = strictjson.dumps  # page data is strict JSON: NaN would fail JSON.parse
     env.filters["ms"] = _ms
     env.filters["mb"] = _mb
+    env.filters["bytes"] = _bytes  # a tiny model's KV cache of 32 kB is no "0.0 MB"
     env.filters["css"] = lambda verdict: "verdict-" + "-".join(str(verdict).split())
     return env
 
@@ -100,6 +102,10 @@ def _ms(value: Any, digits: int = 3) -> str:
 
 def _mb(value: Any) -> str:
     return "–" if not isinstance(value, int | float) else f"{value / 1e6:.1f} MB"
+
+
+def _bytes(value: Any) -> str:
+    return "–" if not isinstance(value, int) else format_bytes(value)
 
 
 def render(template: str, links: Links, title: str, data: Any, **context: Any) -> str:

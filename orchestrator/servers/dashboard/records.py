@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.results.compare_modules import ModuleDelta
+
 # ---------------------------------------------------------------- shared
 
 
@@ -56,7 +58,9 @@ class GridCell:
     detail: str
     advised_of: str | None = None  # an advised program's model as exported, run on the same board and night
     ratio: float | None = None  # its median / the one as exported (below 1: the rewrites save time)
-    findings: list[str] = field(default_factory=list)  # the advisor's findings for the run, when it is pulled
+    findings: list[str] = field(default_factory=list)  # the advisor's findings an analysis prints, one line each
+    findings_said: str = ""  # how many of how many: "5 of 8 findings"
+    findings_more: str | None = None  # where the rest are, when some are not listed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +163,7 @@ class AdviceRow:
     title: str
     saving_ms: float | None  # None: the saving is a bound, not a prediction
     fix: str
+    printed: bool = False  # one an analysis prints, and the night's grid and the nightly report list
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,17 +233,6 @@ class ModuleTime:
     total_ms: float  # its descendants included
     self_ms: float
     share: float  # % of the measured time
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModuleDelta:
-    """One module of both compared runs: its time (descendants included) on each side."""
-
-    module: str
-    a_ms: float
-    b_ms: float
-    delta_ms: float  # B - A
-    ratio: float | None  # B / A; None when A took no time
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -354,6 +348,8 @@ class ComparePage:
     notes: list[str] = field(default_factory=list)
     ops: list[dict[str, Any]] = field(default_factory=list)  # the comparison's operator records, largest change first
     op_types: list[dict[str, Any]] = field(default_factory=list)  # the same rolled up by operator type
+    rest: dict[str, Any] | None = None  # the rest of the method (compare.RestOfMethod): so the types add up
+    material_share: float = 0.0  # the floor below which a change is too small to call changed (compare.MATERIAL_SHARE)
     verdict: str | None = None
     verdict_detail: str | None = None
     median_a_ms: float | None = None
@@ -362,7 +358,7 @@ class ComparePage:
     memory: Any = None
     generation: Any = None
     per_operator: Any = None
-    modules: list[ModuleDelta] = field(default_factory=list)  # common modules, largest absolute change first
+    modules: list[ModuleDelta] = field(default_factory=list)  # common modules (medians), largest change first
     modules_note: str | None = None  # why there are none
 
 

@@ -1,14 +1,13 @@
 """Where in the model a run's time goes, for the dashboard's pages: the top operators with the XNNPACK nodes inside
 the delegates (ops.json's rows, each with its module and source line), the module tree of summary.json's `modules`
-for the run page's chart, and two runs' modules joined by path for the compare page.
+for the run page's chart (the compare page's modules: results/compare_modules.py).
 """
 
 from __future__ import annotations
 
 from orchestrator.results.modules import ModuleTree
 from orchestrator.results.ops_record import DELEGATE_CALL, OpsRecord
-from orchestrator.results.summary import RunSummary
-from orchestrator.servers.dashboard.records import DelegateGroup, ModuleDelta, ModuleTime, OperatorRow, OperatorType
+from orchestrator.servers.dashboard.records import DelegateGroup, ModuleTime, OperatorRow, OperatorType
 
 TOP_OPERATORS = 12
 NO_MODULES = (
@@ -84,22 +83,3 @@ def module_times(tree: ModuleTree) -> list[ModuleTime]:
             )
         )
     return sorted(times, key=lambda time: (-time.total_ms, time.module))
-
-
-def module_deltas(a: RunSummary, b: RunSummary) -> tuple[list[ModuleDelta], str | None]:
-    """The modules both runs have, joined by path (time A, time B, delta, ratio), largest absolute change first; or
-    why there are none."""
-    if a.modules is None or b.modules is None:
-        side = "A" if a.modules is None else "B"
-        return [], f"No modules compared: run {side} was analysed without a source map (no time by module)."
-    times_b = {row.module: row.total_ms for row in b.modules.modules}
-    deltas = [
-        ModuleDelta(module=row.module, a_ms=row.total_ms, b_ms=times_b[row.module],
-                    delta_ms=times_b[row.module] - row.total_ms,
-                    ratio=times_b[row.module] / row.total_ms if row.total_ms > 0 else None)
-        for row in a.modules.modules
-        if row.module in times_b
-    ]  # fmt: skip
-    if not deltas:
-        return [], "No modules compared: the two runs have no module in common."
-    return sorted(deltas, key=lambda delta: (-abs(delta.delta_ms), delta.module)), None

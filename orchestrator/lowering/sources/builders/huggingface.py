@@ -470,11 +470,16 @@ class PositionLogits(torch.nn.Module):
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         by_name = dict(zip(self.input_names, inputs, strict=True))
         logits = self.model(**by_name, return_dict=False)[0]
-        if self.mask_token_id is None:
+        position = self.position(by_name)
+        if position is None:
             return logits[:, -1]
-        input_ids = by_name["input_ids"]
-        position = (input_ids == self.mask_token_id).to(torch.int32).argmax(dim=1)  # argmax takes no bool
-        return logits[torch.arange(input_ids.shape[0]), position]
+        return logits[torch.arange(logits.shape[0]), position]
+
+    def position(self, by_name: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Each row's first [MASK] in input_ids (None: the final position, the same for every row)."""
+        if self.mask_token_id is None:
+            return None
+        return (by_name["input_ids"] == self.mask_token_id).to(torch.int32).argmax(dim=1)  # argmax takes no bool
 
 
 def _wrap(spec: ModelSpec, model: torch.nn.Module, weights: str, note: str) -> LoadedModel:

@@ -134,14 +134,44 @@ function run(data) {
   }
 }
 
+// The operators whose medians moved most, one horizontal bar each, sorted (the largest change on top), each named on
+// the axis by its operator, its module and where it runs (`#N`: XNNPACK node N of that delegate call); coloured by
+// what `fab compare` says of it. The axis is a list of categories: node ids such as "12" would otherwise make it a
+// number line, their bars stacked on it.
+const COMPARE_BARS = 25;
+const CHANGE_KINDS = [
+  {name: "slower (its own test, at least the floor)", colour: "#c62828", test: (o) => o.changed && o.delta_ms > 0},
+  {name: "faster (its own test, at least the floor)", colour: "#1565c0", test: (o) => o.changed && o.delta_ms < 0},
+  {name: "not changed (within noise, under the floor, or not tested)", colour: "#b0bec5", test: (o) => !o.changed},
+];
+
+function compareLabel(o) {
+  return plain(`${o.op || "?"} · ${o.module || "no module"} · ${o.where}`);
+}
+
 function compare(data) {
-  const ops = (data.ops || []).filter((o) => o.delta_ms !== null).slice(0, 30).reverse();
-  if (ops.length) {
-    plot("compare-ops", [{type: "bar", orientation: "h", x: ops.map((o) => o.delta_ms), y: ops.map((o) => plain(o.node_id)),
-      text: ops.map((o) => plain(o.op)), marker: {color: ops.map((o) => (o.delta_ms > 0 ? "#c62828" : "#1565c0"))},
-      hovertemplate: "%{y} %{text}: %{x:.4f} ms<extra></extra>"}],
-      {title: {text: "Δ median per operator (B − A, ms)"}, margin: {l: 160, t: 30}});
-  }
+  // A delegate call whose XNNPACK nodes are compared is shown by them (its own bar would count them twice).
+  const byNodes = new Set((data.ops || []).filter((o) => o.graph).map((o) => o.graph.split("::").pop()));
+  const timed = (data.ops || []).filter((o) => typeof o.delta_ms === "number" && (o.graph || !byNodes.has(o.node_id)));
+  const moved = timed.filter((o) => o.delta_ms !== 0);  // the unmoved only when nothing moved (a run against itself)
+  const ops = (moved.length ? moved : timed).sort((x, y) => Math.abs(y.delta_ms) - Math.abs(x.delta_ms))
+    .slice(0, COMPARE_BARS).reverse();
+  if (!ops.length) return;
+  const traces = CHANGE_KINDS.map((kind) => {
+    const shown = ops.filter(kind.test);
+    return {name: kind.name, type: "bar", orientation: "h", x: shown.map((o) => o.delta_ms), y: shown.map(compareLabel),
+      marker: {color: kind.colour}, customdata: shown.map((o) => [o.median_a_ms, o.median_b_ms]),
+      hovertemplate: "%{y}<br>A %{customdata[0]:.4f} ms → B %{customdata[1]:.4f} ms: %{x:+.4f} ms<extra></extra>"};
+  }).filter((trace) => trace.x.length);
+  const element = document.getElementById("compare-ops");
+  if (element) element.style.height = `${Math.max(300, 28 * ops.length + 140)}px`;
+  const title = `Δ median per operator, B − A: the ${ops.length} largest changes (a delegate call by its nodes)`;
+  plot("compare-ops", traces, {title: {text: title},
+    barmode: "overlay", showlegend: true, legend: {orientation: "h", y: -0.12},
+    xaxis: {title: {text: "Δ median (ms)"}, zeroline: true, zerolinewidth: 2, zerolinecolor: "#455a64"},
+    yaxis: {type: "category", categoryorder: "array", categoryarray: ops.map(compareLabel), automargin: true,
+      tickfont: {size: 11}},
+    margin: {t: 40, r: 20, l: 10}});
 }
 
 // Filters: each `.filters` block's selects and date inputs hide the elements its `data-targets` selector names whose

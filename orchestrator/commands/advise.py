@@ -22,7 +22,7 @@ from orchestrator.errors import AnalysisError, ArtifactError, UsageError
 from orchestrator.fsutil import atomic_write_json
 from orchestrator.lowering.artifacts import Artifact
 from orchestrator.lowering.program import AS_SPECIFIED, ProgramName
-from orchestrator.lowering.variants import QUANTIZED_ON, Variant
+from orchestrator.lowering.variants import QUANTIZED_ON, SCHEMES, Variant
 from orchestrator.records import to_data
 from orchestrator.results.documents import ANALYSIS_DIR
 from orchestrator.results.store import LocalRun, find_run
@@ -133,7 +133,7 @@ def advise_on(
         spec, facts.sidecar.variant, change, target, RunParams(), each=trial.each,
         predicted_ms=advice.predicted_parts, profiled_ms=advice.method_ms, weights=facts.sidecar.weights,
         rounds=trial.rounds, budget_seconds=trial.retest_seconds,
-        quantize_to=Variant.parse(f"{QUANTIZED_ON}-{quantize}") if quantize else None,
+        quantize_to=Variant(QUANTIZED_ON, SCHEMES[quantize]) if quantize else None,
     )  # fmt: skip
     atomic_write_json(run.path / ANALYSIS_DIR / TRIAL_FILE, to_data(report.outcome))
     render_trial(report)

@@ -232,6 +232,15 @@ def test_fab_dashboard_options_and_static(tmp_path: Path, history_file: Path) ->
     assert (tmp_path / "site" / "assets" / "plotly.min.js").stat().st_size > 1_000_000
 
 
+def test_the_readme_says_a_server_stopped_on_purpose_exits_0() -> None:
+    """The test below (and tests/servers/test_explorer.py's) see a server stopped by SIGTERM exit 0; the README's
+    exit-code table once said 130 for every task. It says why a server differs."""
+    rows = [line for line in (PROJECT_ROOT / "README.md").read_text().splitlines() if line.startswith("| 130 |")]
+    assert len(rows) == 1, rows
+    assert "A server stopped while it serves" in rows[0] and "exits 0" in rows[0], rows[0]
+    assert "`fab dashboard`" in rows[0] and "`fab explore`" in rows[0]
+
+
 def test_fab_dashboard_stops_on_sigterm_and_frees_its_port(tmp_path: Path, history_file: Path) -> None:
     port = free_port()
     args = fab("--port", str(port), "--no-browser", "--history", f"sqlite:///{history_file}", tmp_path=tmp_path)

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import hashlib
+import logging
 import os
 import socket
 import ssl
@@ -164,6 +165,10 @@ def connect(settings: LabSettings, *, timeout: float = CONNECT_SECONDS) -> Any:
     """A client of the lab that deserializes msgpack only: nothing a worker returns can run code here."""
     from distributed import Client
 
+    # A scheduler lost mid-night makes the client log its failed reconnection with tracebacks; etlab says the loss
+    # itself, in one line with how to resume (lab_night.py). --verbose keeps them.
+    if not console.verbose():
+        logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
     try:
         return Client(
             settings.scheduler,

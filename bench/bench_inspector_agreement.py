@@ -190,7 +190,7 @@ class Carrier:
 def carriers(exported: Any, record: Any) -> dict[str, Carrier]:
     """The AOT nodes whose values are etlab's taps, by name: the operator (a float tap), the quantize after it (an
     int8 tap), the dequantize of that (the same value in float), or the operator before that quantize."""
-    from orchestrator.lowering.export.numerics import tap_points
+    from orchestrator.lowering.export.numerics_taps import tap_points
 
     points = {point.label: point for point in tap_points(exported)[0]}
     found: dict[str, Carrier] = {}

@@ -68,9 +68,10 @@ def setup_boards(boards: Sequence[Board], *, force: bool = False) -> int:
     return _finish(
         outcomes,
         "setup-board",
-        ["arch", "executorch", "runner", "result", "seconds"],
+        ["arch", "executorch", "runner", "read bandwidth", "result", "seconds"],
         lambda r: [r.arch, r.executorch_version, r.runner_version,
-                   "already up to date: nothing to do" if r.up_to_date else "; ".join(r.actions), round(r.seconds, 2)],
+                   f"{r.bandwidth.gb_per_s:.1f} GB/s" if r.bandwidth else (r.bandwidth_note or "—"),
+                   "; ".join(r.actions) or "already up to date: nothing to do", round(r.seconds, 2)],
     )  # fmt: skip
 
 
@@ -229,10 +230,11 @@ def boards_table(boards: Sequence[Board]) -> int:
         rows.append([
             status.name, status.address, reachable, status.arch, status.board_model or ("—" if status.reachable
             else None), status.runtime, status.lock, *place, status.temperature_c, status.governor, status.counters,
+            status.bandwidth,
         ])  # fmt: skip
     columns = ["board", "address", "reachable", "arch", "board model", "runtime", "lock"]
     columns += ["labgrid place"] if with_places else []
-    console.table("boards", [*columns, "temp °C", "governor", "counters"], rows)
+    console.table("boards", [*columns, "temp °C", "governor", "counters", "read bandwidth"], rows)
     print_details(outcomes)
     return exit_code(outcomes)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console, paths
-from orchestrator.commands.render_deploy import print_degraded
+from orchestrator.commands.render_deploy import numerics_lines, print_degraded
 from orchestrator.commands.render_generation import print_generation
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.errors import AnalysisError
@@ -421,6 +421,8 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
         if counters is not None:
             _counters_lines(counters, f"{cell.board}: {cell.model}/{cell.variant}: ", per_run=False)
     print_degraded(cells)
+    for line in numerics_lines(cells):
+        console.plain(line)
     for (board, why), runs in unchecked.items():
         console.warn(f"{board}: {', '.join(runs)}: correctness not checked ({why})")
     _counters_by_cause(cells)

@@ -192,3 +192,22 @@ def print_model_advice(advices: Sequence[tuple[CellOutcome, Advice]]) -> None:
 def print_degraded(cells: Sequence[CellOutcome], iterations: int | None = None) -> None:
     for line in degraded_lines(cells, iterations):
         console.plain(line)
+
+
+def numerics_lines(cells: Sequence[CellOutcome]) -> list[str]:
+    """One line per run with a numerics pass: its outputs against fp32 eager and the operator that added the most
+    error, with the command that shows the rest."""
+    lines = []
+    for cell in cells:
+        numerics = cell.summary.numerics if cell.summary is not None else None
+        if numerics is None or numerics.status != "ok":
+            continue  # a failed pass is warned about by the analysis, with its reason
+        outputs = ", ".join(f"{value:.1f}" for value in numerics.output_sqnr_db) or "—"
+        line = f"accuracy of {cell.model}/{cell.variant} on {cell.board}: outputs {outputs} dB against fp32 eager"
+        worst = numerics.losing_most[0] if numerics.losing_most else None
+        if worst is not None and worst.introduced_share > 0:
+            where = worst.module or worst.node
+            source = f" at {worst.source}" if worst.source else ""
+            line += f"; the most error added: {worst.op} in {where}{source} ({worst.introduced_db:.1f} dB)"
+        lines.append(f"{line}; all {numerics.taps} operators: fab analyze --run {cell.run_id}")
+    return lines

@@ -17,7 +17,8 @@ GenerationRun = tuple[str, str, str, RunSummary]
 GENERATION_CAPTION = (
     "tokens: prompt + new / KV cache positions; TTFT: the prompt's prefill (median); decode tok/s: the steps after "
     "the first token (median over the generations); step ms: a decode step's p50 / p90 / max; peak MB: RSS while "
-    "prefilling / decoding"
+    "prefilling / decoding; roofline: the bytes a decode step reads (weights, KV cache filled) x tok/s against the "
+    "board's read bandwidth (setup-board)"
 )
 
 
@@ -39,6 +40,7 @@ class GenerationFigures:
     peak_mb: str  # peak RSS while prefilling / decoding
     kv_cache: str | None
     ids: str  # the generated ids against eager greedy generation's
+    roofline: str  # the decode's share of the board's memory bandwidth
     prompt_len: int
     decode_steps: int  # per generation: the first token comes from the prefill
     generations: int
@@ -61,7 +63,8 @@ class GenerationFigures:
             steps_ms=_in_threes([steps.get(key) for key in ("median", "p90", "max")], "{:.2f}"),
             peak_mb=_in_threes([memory.get(key) for key in ("prefill", "decode")], "{:.1f}", scale=1e-6),
             kv_cache=None if generation.kv_cache_bytes is None else console.format_bytes(generation.kv_cache_bytes),
-            ids=generation.ids_text, prompt_len=generation.prompt_len, decode_steps=max(generation.new_tokens - 1, 0),
+            ids=generation.ids_text, roofline=generation.roofline.share_text if generation.roofline else "-",
+            prompt_len=generation.prompt_len, decode_steps=max(generation.new_tokens - 1, 0),
             generations=generation.generations, size_bytes=summary.model.size_bytes,
             parameters=summary.model.parameters, threads=summary.latency.threads,
         )  # fmt: skip
@@ -75,6 +78,7 @@ def generation_figures(runs: Sequence[GenerationRun]) -> list[GenerationFigures]
 # Short headers, each word shorter than its column's figures: no header is cut (the caption says the rest)
 TABLE_COLUMNS = (
     "board", "model", "backend", "tokens", "TTFT ms", "decode tok/s", "step ms", "peak MB", "KV cache", "ids vs eager",
+    "roofline",
 )  # fmt: skip
 
 
@@ -85,12 +89,12 @@ def print_generation(runs: Sequence[GenerationRun]) -> None:
         return
     rows = [
         [f.board, f.model, f.backend, f.tokens, f.ttft_ms, f.decode_tokens_per_s, f.steps_ms, f.peak_mb, f.kv_cache,
-         f.ids]
+         f.ids, f.roofline]
         for f in figures
     ]  # fmt: skip
     # The names (a program's says its context and attention) and the single figures are never cut or broken; the
     # headers and the figures in threes wrap at their spaces instead, so the table fits 140 columns and cuts nothing.
-    whole = ("model", "backend", "TTFT ms", "decode tok/s", "KV cache")
+    whole = ("model", "backend", "TTFT ms", "decode tok/s", "KV cache", "roofline")
     console.table("Generation", TABLE_COLUMNS, rows, caption=GENERATION_CAPTION, whole=whole,
                   fold=[column for column in TABLE_COLUMNS if column not in whole])  # fmt: skip
     for board, model, backend, summary in runs:
@@ -103,7 +107,7 @@ def print_generation(runs: Sequence[GenerationRun]) -> None:
 LLAMA_BENCH_COLUMNS = {"model": -30, "size": 10, "params": 10, "backend": -10, "threads": 10, "test": 15, "t/s": 20}
 ETLAB_COLUMNS = {
     "model": -30, "backend": -10, "board": -10, "prompt+new/ctx": 14, "TTFT ms": 10, "step ms p50/p90/max": 20,
-    "peak MB prefill/decode": 22, "KV cache": 10, "ids vs eager greedy": -20,
+    "peak MB prefill/decode": 22, "KV cache": 10, "ids vs eager greedy": -20, "decode roofline": -22,
 }  # fmt: skip
 
 
@@ -134,7 +138,7 @@ def generation_markdown(runs: Sequence[GenerationRun]) -> str | None:
         {"model": f.model, "backend": f.backend, "board": f.board, "run": f.run_id, "prompt+new/ctx": f.tokens,
          "TTFT ms": _text(f.ttft_ms), "step ms p50/p90/max": f.steps_ms.replace(" ", ""),
          "peak MB prefill/decode": f.peak_mb.replace(" ", ""), "KV cache": _text(f.kv_cache),
-         "ids vs eager greedy": f.ids}
+         "ids vs eager greedy": f.ids, "decode roofline": f.roofline}
         for f in figures
     ]  # fmt: skip
     counts = sorted({f.generations for f in figures})

@@ -48,6 +48,7 @@ class NumericsArgs:
     model: str
     reference: str
     full_cap: int | None  # None: statistics only
+    inputs: str | None = None  # the program's own inputs (a text-generation program's prefill); None: the run's
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,13 @@ class BoardAgent:
             args += ["--strip-prefix", strip]
         return self.call(*args, timeout=600)[0]
 
+    def probe_bandwidth(self, threads: int | None, rounds: int, timeout: float, lock_timeout: float) -> dict[str, Any]:
+        """The runner's --probe-bandwidth under the board lock: {"exit_code", "answer" (text), "error"}."""
+        args = ["probe-bandwidth", "--rounds", str(rounds), "--timeout", str(timeout), "--lock-timeout",
+                str(lock_timeout)]  # fmt: skip
+        args += ["--threads", str(threads)] if threads else []
+        return self.call(*args, timeout=timeout + lock_timeout + 60)[0]
+
     def build_runner(self, sdk: str, source: str, out: str, timeout: float = 3600) -> dict[str, Any]:
         return self.call("build-runner", "--sdk", sdk, "--source", source, "--out", out, timeout=timeout + 60)[0]
 
@@ -185,6 +193,8 @@ class BoardAgent:
             args += ["--numerics-model", numerics.model, "--numerics-reference", numerics.reference]
             if numerics.full_cap is not None:
                 args += ["--numerics-full-cap", str(numerics.full_cap)]
+            if numerics.inputs is not None:
+                args += ["--numerics-inputs", numerics.inputs]
         if generate is not None:
             args += ["--generate", "--prompt-len", str(generate.prompt_len), "--new-tokens", str(generate.new_tokens)]
             args += ["--context", str(generate.context)]

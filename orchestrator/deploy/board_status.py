@@ -14,8 +14,10 @@ from typing import Any
 from orchestrator.boards import labgrid
 from orchestrator.boards.fanout import BoardOutcome, fan_out, stage
 from orchestrator.boards.inventory import Board
+from orchestrator.boards.limits import recorded_bandwidth
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.provision import probe
+from orchestrator.records import RecordError
 from orchestrator.transport import connect
 
 
@@ -33,6 +35,7 @@ class BoardStatus:
     temperature_c: float | None = None
     governor: str | None = None
     counters: str | None = None  # its PMU, paranoid level and the counters that open
+    bandwidth: str | None = None  # its memory read bandwidth as setup-board measured it, or why there is none
     checked_at: float = 0.0  # time.time() of the look
 
 
@@ -68,6 +71,19 @@ def perf_text(perf: Any) -> str | None:
         opened = [name for name, status in counters.items() if status == "ok"]
         parts.append(f"opens {', '.join(opened)}" if opened else "opens none")
     return "; ".join(parts)
+
+
+def bandwidth_text(board: str, state: Any) -> str | None:
+    """ "10.1 GB/s (2 threads)", or why it is not known."""
+    if not isinstance(state, dict):
+        return None
+    try:
+        bandwidth = recorded_bandwidth(state, f"{board}: state.json")
+    except RecordError as exc:
+        return f"unreadable ({exc.field}): fab setup-board measures it again"
+    if bandwidth is None:
+        return "not measured: fab setup-board"
+    return f"{bandwidth.gb_per_s:.1f} GB/s ({bandwidth.threads} thread{'s' if bandwidth.threads > 1 else ''})"
 
 
 def _number(value: Any) -> float | None:
@@ -120,6 +136,7 @@ def board_statuses(boards: Sequence[Board]) -> tuple[list[BoardStatus], list[Boa
                 temperature_c=_number(info.get("temperature_c")),
                 governor=_text(info.get("governor")),
                 counters=perf_text(info.get("perf")),
+                bandwidth=bandwidth_text(o.board.name, facts.get("state")),
                 checked_at=now,
             )
         )

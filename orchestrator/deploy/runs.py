@@ -58,10 +58,12 @@ class PushedArtifact:
 
 @dataclass(frozen=True)
 class PushedNumerics:
-    """A numerics program and its fp32 reference values on the board (content-addressed)."""
+    """A numerics program, its fp32 reference values and its own inputs (when it has them) on the board
+    (content-addressed)."""
 
     model: PushResult
     reference: PushResult
+    inputs: PushResult | None = None
 
 
 @dataclass(frozen=True)
@@ -89,19 +91,19 @@ def push_artifact(conn: BoardConnection, artifact: Artifact, progress: Progress 
 
 
 def push_numerics(conn: BoardConnection, numerics: NumericsProgram, progress: Progress | None = None) -> PushedNumerics:
-    """The numerics program and its reference values, content-addressed on the board beside the timed programs."""
-    model = push_file(
-        conn, numerics.pte, kind="models", suffix=".pte", sha256=numerics.record.sha256, progress=progress
-    )
+    """The numerics program, its reference values and its own inputs, content-addressed on the board beside the
+    timed programs."""
+    record = numerics.record
+    model = push_file(conn, numerics.pte, kind="models", suffix=".pte", sha256=record.sha256, progress=progress)
     reference = push_file(
-        conn,
-        numerics.reference,
-        kind="inputs",
-        suffix=".etlt",
-        sha256=numerics.record.reference_sha256,
-        progress=progress,
+        conn, numerics.reference, kind="inputs", suffix=".etlt", sha256=record.reference_sha256, progress=progress
     )
-    return PushedNumerics(model, reference)
+    inputs = None
+    if numerics.inputs is not None and record.inputs_sha256 is not None:
+        inputs = push_file(
+            conn, numerics.inputs, kind="inputs", suffix=".etlt", sha256=record.inputs_sha256, progress=progress
+        )
+    return PushedNumerics(model, reference, inputs)
 
 
 def run_labels(conn: BoardConnection, artifact: Artifact) -> dict[str, str]:
@@ -149,6 +151,7 @@ def profile(
                 numerics.model.remote_path,
                 numerics.reference.remote_path,
                 NUMERICS_FULL_CAP_BYTES if params.numerics == "full" else None,
+                numerics.inputs.remote_path if numerics.inputs is not None else None,
             )
             if numerics is not None
             else None

@@ -36,6 +36,7 @@ from orchestrator.results.memory import memory_summary
 from orchestrator.results.modules import module_tree
 from orchestrator.results.numerics import numerics_document, numerics_row, run_numerics
 from orchestrator.results.profile import Profile
+from orchestrator.results.roofline import decode_roofline
 from orchestrator.results.source_map import attribute, load_source_map
 from orchestrator.results.summary import TokenCheck
 from orchestrator.results.summary_checks import hashing_times
@@ -176,7 +177,8 @@ def analyze_bundle(
     if generated is not None:
         recorded = sidecar.generation if sidecar is not None else None
         figures = generation_summary(generated, bundle.timings, recorded=recorded, tokens=tokens, memory=memory)
-        run = dataclasses.replace(run, generation=figures)
+        roofline = decode_roofline(figures, sidecar, bundle.board_before, f"{bundle.path}/board_info_before.json")
+        run = dataclasses.replace(run, generation=dataclasses.replace(figures, roofline=roofline))
     if scheme.quantized:
         thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
         weights = sidecar.weights if sidecar is not None else None

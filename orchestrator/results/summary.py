@@ -196,6 +196,29 @@ class TokenCheck:
 
 
 @dataclass(frozen=True)
+class DecodeRoofline:
+    """A decode step against the board's memory roofline (results/roofline.py)."""
+
+    weights_bytes: Count  # the program's weights, each stored tensor once
+    kv_bytes_per_token: Count  # the KV cache a decode step reads, on average over the run's steps
+    bytes_per_token: Count
+    achieved_gb_per_s: Duration  # bytes per token x decode tokens/s
+    bandwidth_gb_per_s: Duration | None = None  # the board's read bandwidth (setup-board); None: not measured
+    bandwidth_threads: Count | None = None
+    share: Duration | None = None  # achieved / bandwidth (can pass 1 when the weights sit in a large cache)
+    note: str | None = None  # why there is no share
+    fits_in_cache: bool = False  # a step's bytes fit the board's last-level cache: memory is not what binds it
+
+    @property
+    def share_text(self) -> str:
+        """ "62% of 10.1 GB/s", or what is missing."""
+        if self.share is None or self.bandwidth_gb_per_s is None:
+            return f"{self.achieved_gb_per_s:.2f} GB/s (board not measured)"
+        cached = " (fits in cache)" if self.fits_in_cache else ""
+        return f"{self.share:.0%} of {self.bandwidth_gb_per_s:.1f} GB/s{cached}"
+
+
+@dataclass(frozen=True)
 class Generation:
     """summary.json's `generation`: the figures a user of a language model asks for."""
 
@@ -217,6 +240,7 @@ class Generation:
     # Where the prompt came from; with a cached tokenizer and ids equal to eager's, the prompt and what followed
     prompt_source: str | None = None
     text: dict[str, str] | None = None
+    roofline: DecodeRoofline | None = None  # the decode against the board's memory bandwidth
 
     @property
     def token_agreement(self) -> float | None:

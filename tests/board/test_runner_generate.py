@@ -327,3 +327,25 @@ def test_the_agent_refuses_generate_options_without_generate(provisioned_agent: 
     assert "--new-tokens needs --generate" in result.document["error"]
     bounded = provisioned_agent.run("profile", "--model", model, "--run-id", "gen-3", "--generate", "--context", "1")
     assert bounded.returncode == 2
+
+
+def test_the_agent_refuses_a_generate_numerics_pass_without_its_own_inputs(
+    provisioned_agent: AgentCli, tmp_path: Path
+) -> None:
+    """A generate run's numerics pass is one prefill call: without the program's own inputs (ids and positions) it
+    would run the numerics program on the prompt alone; refused (2) before anything runs, as are inputs alone."""
+    files = {name: tmp_path / name for name in ("model.pte", "numerics.pte", "reference.etlt", "inputs.etlt")}
+    for path in files.values():
+        path.write_bytes(b"not run")
+    numerics: list[str | Path] = [
+        "--numerics-model",
+        files["numerics.pte"],
+        "--numerics-reference",
+        files["reference.etlt"],
+    ]
+    base: list[str | Path] = ["profile", "--model", files["model.pte"], "--generate", "--context", "64"]
+    result = provisioned_agent.run(*base, "--run-id", "gen-4", *numerics)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "needs --numerics-inputs" in result.document["error"]
+    alone = provisioned_agent.run(*base, "--run-id", "gen-5", "--numerics-inputs", files["inputs.etlt"])
+    assert alone.returncode == 2 and "--numerics-inputs needs --numerics-model" in alone.document["error"]

@@ -28,7 +28,8 @@ PHASE_OVERLAYS = [f"me_overlay_{phase}_{metric}.json" for phase in ("prefill", "
 
 def fab(tmp_path: Path, board: Board, artifacts: Path, *args: str) -> subprocess.CompletedProcess[str]:
     inventory = write_inventory(tmp_path / "inventory.yaml", [board])
-    env = {**os.environ, "ETLAB_ARTIFACTS": str(artifacts), "ETLAB_RESULTS": str(tmp_path / "results")}
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(artifacts), "ETLAB_RESULTS": str(tmp_path / "results"),
+           "ETLAB_WIDTH": "400"}  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "fabric", *args, "--board", "local", "--inventory", str(inventory)],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -65,6 +66,15 @@ def test_a_language_model_generates_what_eager_greedy_does_and_is_profiled_per_p
     (reference,) = read_tensors(generation_artifacts / model / f"{model}_reference_outputs.etlt")
     assert ran.array.tolist() == reference.array.tolist()
     assert "Generation" in said and "= eager (8)" in said
+    # the decode against the board's memory roofline (setup-board measured the local board's read bandwidth)
+    roofline = generation["roofline"]
+    assert roofline["bytes_per_token"] == roofline["weights_bytes"] + roofline["kv_bytes_per_token"] > 0
+    assert roofline["bandwidth_gb_per_s"] > 0 and roofline["note"] is None
+    assert roofline["share"] == pytest.approx(roofline["achieved_gb_per_s"] / roofline["bandwidth_gb_per_s"])
+    assert roofline["achieved_gb_per_s"] == pytest.approx(
+        roofline["bytes_per_token"] * generation["decode_tokens_per_s"] / 1e9
+    )
+    assert f"{roofline['share']:.0%} of {roofline['bandwidth_gb_per_s']:.1f} GB/s" in " ".join(said.split())
     counters = summary["counters"]  # one decode step's counts, as ops.json: the 3 timed generations' 7 steps each
     if "task_clock" in counters["captured"]:
         assert counters["executions"] == 3 * 7, counters
@@ -186,3 +196,49 @@ def test_a_text_prompt_goes_through_the_cached_tokenizer_and_the_text_is_shown(
     expected = " ".join("[UNK]" if i == 0 else words[i - 1] for i in ids.array.reshape(-1).tolist())
     assert generation["text"] == {"prompt": "w1 w2 w3", "generated": expected}
     assert f"'w1 w2 w3' → '{expected}'" in " ".join(said.split())
+
+
+def test_where_accuracy_goes_in_a_language_model_s_prefill(
+    local_board: Board, tmp_path: Path, generation_artifacts: Path
+) -> None:
+    """`--numerics` on an int8-dynamic language model: the timing pass is the generate loop, the numerics pass one
+    prefill call of the tapped program on its own inputs (the prompt's ids and their positions, from an empty cache).
+    Every operator is measured, the attention over the KV cache included, which reads what the cache writes put
+    there; the operators before the first quantized linear stay at fp32's rounding and the quantized linears lose."""
+    model, variant = "smollm2-gen-tiny", "xnnpack-int8-dynamic"
+    proc = fab(tmp_path, local_board, generation_artifacts, "deploy-and-profile", "--model", model, "--quantize",
+               "int8-dynamic", "--weights", "random", "--iterations", "2", "--warmup", "0", "--no-explore",
+               "--numerics")  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said
+    (run,) = [m.parent for m in (tmp_path / "results").glob(f"local/{model}/{variant}/*/result_manifest.json")]
+    record = json.loads((generation_artifacts / model / f"{model}_{variant}.numerics.json").read_text())
+    run_record = json.loads((run / "run.json").read_text())
+    numerics_pass = run_record["numerics_pass"]
+    assert numerics_pass["status"] == "ok", numerics_pass
+    argv = numerics_pass["argv"]
+    assert "--generate" in run_record["runner_argv"] and "--generate" not in argv and "--new-tokens" not in argv
+    own_inputs = Path(argv[argv.index("--inputs") + 1])
+    assert own_inputs == Path(run_record["parameters"]["numerics_inputs"]) != Path(run_record["inputs"])
+    ids, positions = read_tensors(generation_artifacts / model / record["inputs"])
+    rows = ids.array.shape[1]
+    assert positions.array.tolist() == list(range(rows)) and rows == 8  # the whole prompt in one call
+
+    numerics = json.loads((run / "analysis" / "numerics.json").read_text())
+    operators = numerics["operators"]
+    assert len(operators) == len(record["taps"]) and json.loads((run / "analysis" / "summary.json").read_text())[
+        "numerics"]["status"] == "ok"  # fmt: skip
+    assert not any("update_cache" in row["op"] for row in operators)  # a cache write is no value of the model
+    by_node = {row["node"]: row for row in operators}
+    attends = [row for row in operators if row["op"] == "etlab.attend"]
+    assert len(attends) == 2 and all(len(row["reads"]) == 3 for row in attends)  # query, and the caches' k, v
+    assert all(row["shape"][2] == rows for row in attends)  # [batch, heads, prompt rows, head dim]
+    first_linear = min(row["index"] for row in operators if row["op"] == "aten.linear")
+    assert all(row["sqnr_db"] > 100 for row in operators if row["index"] < first_linear)  # embedding, rotary, norm
+    projections = [row for row in operators if row["op"] == "aten.linear" and row["module"].endswith("q_proj")]
+    assert len(projections) == 2 and all(row["sqnr_db"] < 60 for row in projections), projections
+    assert by_node["linear"]["introduced_share"] > 0.5  # the first quantized linear's loss is its own
+    assert numerics["output_sqnr_db"][0] < 60
+    said = " ".join(said.split())
+    assert f"accuracy of {model}/{variant} on local: outputs {numerics['output_sqnr_db'][0]:.1f} dB" in said
+    assert f"all {len(operators)} operators: fab analyze --run {run.name}" in said

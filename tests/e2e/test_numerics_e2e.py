@@ -89,6 +89,7 @@ class Deployed:
     said: str  # what `fab analyze` of the run said
     runs: dict[str, Path]  # every variant's run folder
     env: dict[str, str]
+    deployed: str  # what `fab deploy-and-profile` said
 
 
 def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str = FRAGILE) -> Deployed:
@@ -118,7 +119,7 @@ def deploy(board: Board, tmp_path: Path, *chosen: str, code: int = 0, model: str
         [sys.executable, "-m", "fabric", "analyze", "--bundle", str(run)],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    return Deployed(run, summary, numerics, analyzed.stdout + analyzed.stderr, runs, env)
+    return Deployed(run, summary, numerics, analyzed.stdout + analyzed.stderr, runs, env, said)
 
 
 def test_the_layer_that_breaks_int8_is_named_with_its_source_line(
@@ -138,6 +139,9 @@ def test_the_layer_that_breaks_int8_is_named_with_its_source_line(
     assert by_module["spread"]["sqnr_db"] > 25 > by_module["fragile"]["sqnr_db"], by_module
     assert by_module["head"]["introduced_db"] > worst["introduced_db"]
     assert "Where accuracy goes" in said and "fragile" in said
+    # deploy-and-profile says it in one line, with where the rest is
+    one_line = " ".join(deployed.deployed.split())
+    assert f"the most error added: aten.linear in fragile at small.py:{FRAGILE_LINE}" in one_line
     # Model Explorer: red where the error was added, on the delegate's XNNPACK node and on the .pt2's own node
     overlays = deployed.run / "model_explorer"
     index = json.loads((overlays / "overlays.json").read_text())

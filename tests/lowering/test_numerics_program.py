@@ -17,14 +17,8 @@ import torch
 
 from orchestrator.errors import ExitCode
 from orchestrator.lowering.artifacts import Artifact, ArtifactPaths
-from orchestrator.lowering.export.numerics import (
-    NumericsRefused,
-    _op_name,
-    _tap,
-    check_measurable,
-    node_places,
-    tap_points,
-)
+from orchestrator.lowering.export.numerics import NumericsRefused, check_measurable
+from orchestrator.lowering.export.numerics_taps import node_places, op_name, tap_points, tap_program
 from orchestrator.lowering.quantize.methods import int8_static
 from orchestrator.lowering.sidecar import sidecar_from_data
 from orchestrator.lowering.variants import Variant
@@ -78,7 +72,7 @@ def test_taps_leave_the_program_as_it_was(scheme: str) -> None:
     labels = [point.label for point in points]
     assert not any(label.startswith(("dropout", "flatten", "view")) for label in labels)  # values moved, not computed
     untapped, delegates = _lowered(copy.deepcopy(program), tapped=False)
-    taps = _tap(program, points, first=1)
+    taps = tap_program(program, points, first=1)
     tapped, tapped_delegates = _lowered(program, tapped=True)
     assert tapped_delegates == delegates
     assert torch.equal(tapped[0], untapped[0])  # the model's own output, bit for bit
@@ -106,16 +100,54 @@ def _artifact(tmp_path: Path, model: str, **sidecar_changes: Any) -> Artifact:
 
 
 def test_programs_the_pass_cannot_measure_are_refused(tmp_path: Path) -> None:
-    generation = _artifact(tmp_path, "smollm2-gen-tiny.sdpa")
-    with pytest.raises(NumericsRefused) as caught:
-        check_measurable(generation)
-    assert caught.value.exit_code == ExitCode.USAGE
-    assert "text-generation program" in str(caught.value) and "it takes a model etlab lowered" in str(caught.value)
     lowered = _artifact(tmp_path, "distilbert-tiny")
     bare = _artifact(tmp_path, "distilbert-tiny", spec={**lowered.sidecar.spec, "model_source": "pte"})
-    with pytest.raises(NumericsRefused, match=r"a \.pte brought as it is"):
+    with pytest.raises(NumericsRefused) as caught:
         check_measurable(bare)
+    assert caught.value.exit_code == ExitCode.USAGE
+    assert "a .pte brought as it is" in str(caught.value) and "it takes a model etlab lowered" in str(caught.value)
     check_measurable(_artifact(tmp_path, "distilbert-tiny"))  # an etlab-lowered fp32 program: taken
+    check_measurable(_artifact(tmp_path, "smollm2-gen-tiny.sdpa"))  # a text-generation program: its prefill
+
+
+class CachedAttention(torch.nn.Module):
+    """One attention layer over a KV cache, as etlab's generation programs attend: `etlab::update_cache` writes the
+    new rows into the cache buffers, `etlab::attend` reads the caches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(8, 8)
+        self.k = torch.nn.Linear(8, 4)
+        self.v = torch.nn.Linear(8, 4)
+        self.out = torch.nn.Linear(8, 8)
+        self.register_buffer("key_cache", torch.zeros(1, 1, 16, 4))
+        self.register_buffer("value_cache", torch.zeros(1, 1, 16, 4))
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        rows = hidden.shape[1]
+        query = self.q(hidden).view(1, rows, 2, 4).transpose(1, 2)
+        key = self.k(hidden).view(1, rows, 1, 4).transpose(1, 2)
+        value = self.v(hidden).view(1, rows, 1, 4).transpose(1, 2)
+        torch.ops.etlab.update_cache(key, self.key_cache, positions)
+        torch.ops.etlab.update_cache(value, self.value_cache, positions)
+        attended = torch.ops.etlab.attend(query, self.key_cache, self.value_cache, positions, 0.5)
+        return self.out(attended.transpose(1, 2).reshape(1, rows, 8))
+
+
+def test_a_kv_cache_is_read_through_not_tapped() -> None:
+    """A cache write's result is no value of the model (update_cache returns a placeholder): it is not tapped. The
+    attention that reads the caches reads what the writes before it put there: its query's, key's and value's taps,
+    so the error it adds is its own, not its inputs'."""
+    import orchestrator.lowering.attention.ops  # noqa: F401  # registers etlab's operators
+
+    positions = torch.arange(3)
+    program = torch.export.export(CachedAttention().eval(), (torch.randn(1, 3, 8), positions))
+    points, _ = tap_points(program)
+    assert not any("update_cache" in op_name(point.operator) for point in points)
+    taps = {tap.node: tap for tap in tap_program(program, points, first=1)}
+    attend = next(tap for tap in taps.values() if tap.op == "etlab.attend")
+    assert set(attend.reads) == {taps["linear"].index, taps["linear_1"].index, taps["linear_2"].index}
+    assert taps["linear_3"].reads == (attend.index,)
 
 
 def test_a_tap_xnnpack_refuses_as_a_pass_through_is_left_out_and_the_rest_measured(tmp_path: Path) -> None:
@@ -143,7 +175,7 @@ def test_a_quantized_programs_operators_are_named_by_the_fp32_node_at_their_plac
     is another add there. Each operator is named by the fp32 node at the same place (its module, its operator and
     how many of it came before in that module), so the error of a residual add is its own, not another add's."""
     from orchestrator.lowering.builtins import BUILTIN_SPECS
-    from orchestrator.lowering.export.numerics import _fp32_names
+    from orchestrator.lowering.export.numerics_taps import fp32_names
     from orchestrator.lowering.export.program import export_module
     from orchestrator.lowering.quantize.quantized import quantize
     from orchestrator.lowering.quantize.schemes import SCHEMES
@@ -154,7 +186,7 @@ def test_a_quantized_programs_operators_are_named_by_the_fp32_node_at_their_plac
     args = tuple(torch.from_numpy(t.array) for t in example_inputs(spec, module))
     fp32 = export_module(module, args, model="wav2vec2-tiny")
     quantized = quantize(module, args, SCHEMES["int8-dynamic"]).program
-    names = _fp32_names(quantized, fp32)
+    names = fp32_names(quantized, fp32)
     places, fp32_places = node_places(quantized), node_places(fp32)
     by_name = {node.name: node for node in fp32_places}
     shifted = [node.name for node in places if names.get(node.name, node.name) != node.name]
@@ -162,7 +194,7 @@ def test_a_quantized_programs_operators_are_named_by_the_fp32_node_at_their_plac
     for node, place in places.items():
         if node.name in names:  # the same module and operator in both, whatever the name
             assert fp32_places[by_name[names[node.name]]] == place
-    fp32_ops = {node.name: _op_name(node) for node in fp32.graph.nodes}
+    fp32_ops = {node.name: op_name(node) for node in fp32.graph.nodes}
     for point in tap_points(quantized, names)[0]:  # a label is the fp32 node of the same operator, or none of its
-        assert fp32_ops.get(point.label, _op_name(point.operator)) == _op_name(point.operator), point.label
+        assert fp32_ops.get(point.label, op_name(point.operator)) == op_name(point.operator), point.label
         assert point.label in fp32_ops or "getitem" in point.label  # unplaced: a choose_qparams' scale, left out

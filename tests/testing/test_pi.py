@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from orchestrator.boards.inventory import Board
+from orchestrator.boards.limits import recorded_bandwidth
 from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.variants import VARIANTS
 from orchestrator.paths import PROJECT_ROOT
@@ -262,6 +263,14 @@ def test_mixed_architecture_lab_end_to_end(
     listing = fab("boards", lab=lab, results=results)
     assert listing.returncode == 0, listing.stdout + listing.stderr
     assert "aarch64" in listing.stdout and "x86_64" in listing.stdout
+    # setup-board measured each board's read bandwidth with the runner it holds, the emulated Pi's its own build's
+    # (issue 55), and `fab boards` shows each; the bundle keeps the figure it was judged against
+    for fake in (x86, pi):
+        measured = recorded_bandwidth(json.loads(fake.local_path("~/.etlab/state.json").read_text()), fake.board.name)
+        assert measured is not None and measured.threads >= 1 and measured.buffer_bytes >= 16 << 20
+        assert f"{measured.gb_per_s:.1f} GB/s" in listing.stdout, listing.stdout
+    pi_state = json.loads((pi_xnn / "board_info_before.json").read_text())["state"]
+    assert recorded_bandwidth(pi_state, "board_info_before.json") is not None
 
 
 @pytest.mark.timeout(1800)

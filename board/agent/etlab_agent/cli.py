@@ -21,7 +21,8 @@ from .bundles import collect_garbage, list_bundles
 from .errors import AgentError, BadInput, ExitCode
 from .files import log
 from .info import collect_info
-from .lock import current_holder
+from .lock import BoardLock, current_holder, describe_holder
+from .process import run_probe
 from .profile import (
     DEFAULT_KILL_GRACE_SECONDS,
     DEFAULT_LOCK_TIMEOUT_SECONDS,
@@ -29,7 +30,7 @@ from .profile import (
     ProfileRequest,
     profile,
 )
-from .state import read_state, update_state
+from .state import read_state, runner_from_state, update_state
 from .workdir import Workdir
 
 
@@ -88,6 +89,7 @@ class Seconds(click.ParamType):
 
 
 SECONDS = Seconds()
+PROBE_ANSWER_CAP = 64 * 1024  # the runner's probe answers in under 1 kB
 POSITIVE_SECONDS = Seconds(allow_zero=False)
 
 
@@ -152,6 +154,9 @@ def info(workdir: Workdir, runner: str | None) -> tuple[dict[str, Any], int]:
 @click.option(
     "--numerics-full-cap", type=click.IntRange(min=0), help="Keep the numerics pass's tensors too, up to these bytes."
 )
+@click.option(
+    "--numerics-inputs", help="The numerics program's own inputs (a generate run's: one prefill call's ids, positions)."
+)
 @click.option("--generate", is_flag=True, help="Each run is one greedy generation (the runner's generate mode).")
 @click.option("--prompt-len", type=click.IntRange(min=1), help="Generated prompt length, or the --inputs prompt's.")
 @click.option("--new-tokens", type=click.IntRange(min=1), help="Tokens per generation (runner default: 16).")
@@ -178,6 +183,7 @@ def profile_command(
     numerics_model: str | None,
     numerics_reference: str | None,
     numerics_full_cap: int | None,
+    numerics_inputs: str | None,
     generate: bool,
     prompt_len: int | None,
     new_tokens: int | None,
@@ -210,6 +216,7 @@ def profile_command(
         counters=counters,
         numerics=(Path(numerics_model), Path(numerics_reference)) if numerics_model and numerics_reference else None,
         numerics_full_cap=numerics_full_cap,
+        numerics_inputs=Path(numerics_inputs) if numerics_inputs else None,
         generate=generate,
         prompt_len=prompt_len,
         new_tokens=new_tokens,
@@ -246,6 +253,34 @@ def gc(
 ) -> tuple[dict[str, Any], int]:
     """Remove old bundles, stale .tmp-* folders and models/inputs no kept bundle uses."""
     return collect_garbage(workdir, keep, model_days, lock_timeout, dry_run, protect=set(protect)), ExitCode.OK
+
+
+@cli.command(name="probe-bandwidth")
+@click.option("--threads", type=click.IntRange(min=1), help="Threads reading (default: every core).")
+@click.option("--rounds", type=click.IntRange(min=1, max=100), default=4, show_default=True)
+@click.option("--timeout", type=POSITIVE_SECONDS, default=300.0, show_default=True)
+@click.option("--lock-timeout", type=SECONDS, default=DEFAULT_LOCK_TIMEOUT_SECONDS, show_default=True)
+@click.pass_obj
+@json_command
+def probe_bandwidth(
+    workdir: Workdir, threads: int | None, rounds: int, timeout: float, lock_timeout: float
+) -> tuple[dict[str, Any], int]:
+    """The provisioned runner's --probe-bandwidth under the board lock (no run reads memory meanwhile); its answer
+    as text, for the workstation to check (it is board data)."""
+    runner, _ = runner_from_state(workdir)
+    argv = [str(runner), "--probe-bandwidth", "--probe-rounds", str(rounds)]
+    argv += ["--threads", str(threads)] if threads else []
+    with BoardLock(workdir).acquired(describe_holder("probe-bandwidth", None), lock_timeout):
+        answer = run_probe(argv, timeout)
+    if answer is None:
+        return {"exit_code": None, "answer": None, "error": f"the probe did not finish in {timeout:g} s"}, ExitCode.OK
+    code, stdout, stderr = answer
+    error = stderr.decode("utf-8", errors="replace").strip().splitlines()[-1:] if code else []
+    return {
+        "exit_code": code,
+        "answer": stdout[:PROBE_ANSWER_CAP].decode("utf-8", errors="replace"),
+        "error": error[0][:400] if error else None,
+    }, ExitCode.OK
 
 
 @cli.command(name="lock-status")

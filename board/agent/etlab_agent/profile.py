@@ -58,6 +58,7 @@ class ProfileRequest:
         counters: str | None = None,
         numerics: tuple[Path, Path] | None = None,
         numerics_full_cap: int | None = None,
+        numerics_inputs: Path | None = None,
         generate: bool = False,
         prompt_len: int | None = None,
         new_tokens: int | None = None,
@@ -80,6 +81,8 @@ class ProfileRequest:
         self.counters = counters  # a counters pass after the timing pass: "default" or "a,b,c"
         self.numerics = numerics  # a numerics pass after it: (numerics program, its reference values)
         self.numerics_full_cap = numerics_full_cap  # its tensors kept too, up to these bytes
+        # its own inputs: a generate run's numerics pass is one prefill call (input ids and their positions)
+        self.numerics_inputs = numerics_inputs
         # The runner's generate mode: each run is a prefill and new_tokens - 1 decode steps.
         self.generate = generate
         self.prompt_len = prompt_len
@@ -100,6 +103,7 @@ class ProfileRequest:
             "counters": self.counters,
             "numerics": [str(path) for path in self.numerics] if self.numerics else None,
             "numerics_full_cap": self.numerics_full_cap,
+            "numerics_inputs": str(self.numerics_inputs) if self.numerics_inputs else None,
             "generate": self.generate,
             "prompt_len": self.prompt_len,
             "new_tokens": self.new_tokens,
@@ -242,11 +246,21 @@ def _numerics_pass(
     try:
         verify_file(workdir, files[0], "numerics program")
         verify_file(workdir, files[1], "numerics reference")
+        if request.numerics_inputs is not None:
+            verify_file(workdir, request.numerics_inputs, "numerics inputs")
     except CorruptContent as exc:
         return {"status": "failed", "error": str(exc), "mode": None, "argv": None, "exit_code": None}
     assert lock.fd is not None
     return run_numerics_pass(
-        argv, bundle, files, request.numerics_full_cap, request.timeout, request.kill_grace, (lock.fd,), stop
+        argv,
+        bundle,
+        files,
+        request.numerics_full_cap,
+        request.timeout,
+        request.kill_grace,
+        (lock.fd,),
+        stop,
+        inputs=request.numerics_inputs,
     )
 
 
@@ -340,12 +354,16 @@ def profile(workdir: Workdir, request: ProfileRequest) -> dict[str, Any]:
     if request.inputs is not None:
         request.inputs = _existing_file(request.inputs, "inputs file")
     if request.numerics is not None:
-        if request.generate:
-            raise BadInput("a numerics pass measures one forward call: not a generate run")
+        if request.generate and request.numerics_inputs is None:
+            raise BadInput("a generate run's numerics pass is one forward call: it needs --numerics-inputs")
         request.numerics = (
             _existing_file(request.numerics[0], "numerics program"),
             _existing_file(request.numerics[1], "numerics reference"),
         )
+    if request.numerics_inputs is not None:
+        if request.numerics is None:
+            raise BadInput("--numerics-inputs needs --numerics-model")
+        request.numerics_inputs = _existing_file(request.numerics_inputs, "numerics inputs")
     state = read_state(workdir)
     if request.runner is not None:
         runner = Path(request.runner).expanduser().absolute()

@@ -17,6 +17,7 @@ STATE_KEYS = (
     "runner_version",
     "runner_build",
     "provisioned_at",
+    "limits",  # the board's measured limits (its read bandwidth), JSON text written by the workstation
 )
 
 

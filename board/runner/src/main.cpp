@@ -28,6 +28,7 @@
 #include <executorch/runtime/platform/runtime.h>
 
 #include "atomic_file.h"
+#include "bandwidth_probe.h"
 #include "counting_tracer.h"
 #include "crash_guard.h"
 #include "exit_codes.h"
@@ -526,6 +527,11 @@ int main(int argc, char** argv) {
     }
     if (options.probe_counters) {
       std::printf("%s\n", probe_counters_json().c_str());
+      return kExitOk;
+    }
+    if (options.probe_bandwidth) {
+      const uint64_t bytes = options.probe_bytes ? *options.probe_bytes : default_probe_bytes();
+      std::printf("%s\n", probe_bandwidth_json(options.threads, bytes, options.probe_rounds).c_str());
       return kExitOk;
     }
     if (options.probe_program) {

@@ -61,6 +61,7 @@ const char* usage_text() {
          "                    [--generate [--prompt-len P] [--new-tokens N] [--context C] [--prefill-chunk K]]\n"
          "                    [--outputs-cap BYTES] [--reference PATH --numerics-out PATH]\n"
          "       etlab_runner --version | --probe-counters | --probe-program --model PATH\n"
+         "       etlab_runner --probe-bandwidth [--threads N] [--probe-bytes B] [--probe-rounds R]\n"
          "\n"
          "Runs an ExecuTorch program (.pte) and records per-iteration latency.\n"
          "  --model PATH       the .pte to run\n"
@@ -95,6 +96,9 @@ const char* usage_text() {
          "  --prefill-chunk K  prefill at most K prompt ids per execute (default: the most the program takes)\n"
          "  --context C        the program's KV cache capacity: P + N > C is refused before loading (exit 2)\n"
          "  --probe-counters   print which counters this machine can open, as JSON\n"
+         "  --probe-bandwidth  measure the memory read bandwidth: --threads threads (default: all cores) each\n"
+         "                     sum their slice of a buffer of --probe-bytes (default: 4x the last-level cache,\n"
+         "                     256 MiB to 1 GiB), --probe-rounds times (default 5); print JSON, the best round\n"
          "  --probe-program    print what the runner reads from --model without ExecuTorch, as JSON:\n"
          "                     {\"constants_bytes\", \"pte_bytes\"} (null when unreadable); nothing is run\n"
          "Exit codes: 0 ok, 2 usage, 3 model missing, 4 corrupt program, 5 unknown method,\n"
@@ -114,11 +118,12 @@ Options parse_options(const std::vector<std::string>& args) {
       name = name.substr(0, eq);
     }
     if (name == "--version" || name == "--help" || name == "-h" || name == "--probe-counters" ||
-        name == "--probe-program") {
+        name == "--probe-program" || name == "--probe-bandwidth") {
       if (inline_value) usage_error(name + " takes no value");
-      (name == "--version"          ? options.show_version
-       : name == "--probe-counters" ? options.probe_counters
-       : name == "--probe-program"  ? options.probe_program
+      (name == "--version"           ? options.show_version
+       : name == "--probe-counters"  ? options.probe_counters
+       : name == "--probe-program"   ? options.probe_program
+       : name == "--probe-bandwidth" ? options.probe_bandwidth
                                     : options.show_help) = true;
       continue;
     }
@@ -174,6 +179,10 @@ Options parse_options(const std::vector<std::string>& args) {
     } else if (name == "--context") {
       options.context = parse_count(name, value(), 2);
       generate_only.push_back(name);
+    } else if (name == "--probe-bytes") {
+      options.probe_bytes = parse_bytes(name, value());
+    } else if (name == "--probe-rounds") {
+      options.probe_rounds = parse_count(name, value(), 1);
     } else if (name == "--expect-executorch-version") {
       options.expect_executorch_version = value();
     } else {
@@ -181,7 +190,11 @@ Options parse_options(const std::vector<std::string>& args) {
     }
   }
   if (options.probe_program && options.model.empty()) usage_error("--probe-program needs --model");
-  if (!options.show_version && !options.show_help && !options.probe_counters && !options.probe_program) {
+  if ((options.probe_bytes || options.probe_rounds != 5) && !options.probe_bandwidth) {
+    usage_error(std::string(options.probe_bytes ? "--probe-bytes" : "--probe-rounds") + " needs --probe-bandwidth");
+  }
+  if (!options.show_version && !options.show_help && !options.probe_counters && !options.probe_program &&
+      !options.probe_bandwidth) {
     if (options.model.empty()) usage_error("--model is required");
     if (options.method.empty()) usage_error("--method must not be empty");
     for (const auto* path : {&options.inputs, &options.etdump, &options.outputs, &options.timings,

@@ -14,6 +14,9 @@ struct Options {
   bool show_help = false;
   bool probe_counters = false;
   bool probe_program = false;  // print the program fields read from --model itself, without loading it
+  bool probe_bandwidth = false;  // measure the memory read bandwidth at --threads (bandwidth_probe.h)
+  std::optional<uint64_t> probe_bytes;  // its buffer (default: default_probe_bytes())
+  size_t probe_rounds = 5;
   std::string model;
   std::string method = "forward";
   std::optional<std::string> inputs;

@@ -22,41 +22,26 @@ int8 tap, its scale and zero point; it is written last and ties the numerics pro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, NamedTuple
 
 from orchestrator import console
 from orchestrator.errors import ArtifactError, UsageError
 from orchestrator.fsutil import atomic_path, read_json, sha256_file
 from orchestrator.lowering.artifacts import Artifact
+from orchestrator.lowering.export.numerics_taps import Tap, TapPoint, fp32_names, op_name, tap_points, tap_program
 from orchestrator.lowering.export.parallel import VariantTask
 from orchestrator.lowering.export.quantized import quantized_program
-from orchestrator.lowering.export.source_map import module_stack, user_location
 from orchestrator.lowering.lowered import spec_from_record
-from orchestrator.records import Count, Dimension, RecordError, Sha256, from_data, to_data
+from orchestrator.records import Count, RecordError, Sha256, from_data, to_data
 
 NUMERICS_SCHEMA = 1
 # Bumped whenever the tap rule or the record changes: a numerics program made by another rule is made again.
-TAP_RULE = "taps-3"
-
-# Operators whose output holds its input's values, moved: their error is their input's.
-_DATA_MOVEMENT = frozenset(
-    {
-        "aten.view", "aten.reshape", "aten._unsafe_view", "aten.permute", "aten.transpose", "aten.t", "aten.expand",
-        "aten.clone", "aten.contiguous", "aten.flatten", "aten.unsqueeze", "aten.squeeze", "aten.slice",
-        "aten.select", "aten.alias", "aten.detach", "aten._to_copy", "aten.to", "aten.unflatten", "aten.split",
-        "aten.split_with_sizes", "aten.chunk", "aten.cat", "aten.stack", "aten.index_select", "aten.narrow",
-        "aten.dropout", "aten.native_dropout", "aten.feature_dropout", "aten.lift_fresh_copy",
-    }
-)  # fmt: skip
-_QUANTIZATION = ("quantize_per", "dequantize_per", "choose_qparams", "quantize_affine", "dequantize_affine")
-_FUSED_ACTIVATIONS = ("aten.relu", "aten.relu_", "aten.hardtanh", "aten.hardtanh_", "aten.clamp")
-# XNNPACK folds a batch norm into the convolution before it: the convolution's own output never exists.
-_CONVOLUTIONS = ("aten.conv1d", "aten.conv2d", "aten.convolution")
-_BATCH_NORMS = ("aten.batch_norm", "aten._native_batch_norm_legit_no_training")
+TAP_RULE = "taps-4"
 
 
 class NumericsRefused(UsageError):
@@ -73,29 +58,6 @@ class CalibrationNeeded(NumericsRefused):
 
 
 @dataclass(frozen=True)
-class Tap:
-    """One measured value: output `index` of the numerics program."""
-
-    index: Count
-    node: str  # the fp32 graph's node it measures (the .pt2's node name)
-    op: str  # "aten.linear"
-    shape: tuple[Dimension, ...]
-    dtype: Literal["float32", "int8"]  # as the board outputs it: int8 with `qparams`
-    module: str | None = None  # the innermost module of the user's model, as its own code names it
-    module_type: str | None = None
-    file: str | None = None
-    line: Count | None = None
-    function: str | None = None
-    reads: tuple[Count, ...] = ()  # the taps whose values this operator read (none: the program's inputs)
-    qparams: tuple[float, int] | None = None  # int8 taps: (scale, zero point)
-    fused: tuple[str, ...] = ()  # operators measured with it (conv before its relu)
-
-    @property
-    def source(self) -> str | None:
-        return f"{self.file}:{self.line}" if self.file and self.line else None
-
-
-@dataclass(frozen=True)
 class NumericsRecord:
     """`<name>_<variant>.numerics.json`: the numerics program of one timed program, and what each output is."""
 
@@ -109,6 +71,10 @@ class NumericsRecord:
     outputs: Count  # the model's own outputs come first, then the taps
     taps: tuple[Tap, ...]
     unmatched: tuple[str, ...] = ()  # tapped nodes the fp32 program has no counterpart for
+    # The program's own inputs, when they are not the timed run's: a text-generation program's numerics pass is one
+    # prefill call (the prompt's first chunk and its positions), where its timed run is the generate loop.
+    inputs: str | None = None
+    inputs_sha256: Sha256 | None = None
 
 
 @dataclass(frozen=True)
@@ -126,18 +92,33 @@ class NumericsProgram:
     def reference(self) -> Path:
         return self.folder / self.record.reference
 
+    @property
+    def inputs(self) -> Path | None:
+        """The program's own inputs; None: it runs on the timed run's."""
+        return self.folder / self.record.inputs if self.record.inputs else None
 
-def numerics_paths(artifact: Artifact) -> tuple[Path, Path, Path]:
-    """The numerics program, its reference values and its record, beside the timed `.pte`."""
+
+class NumericsFiles(NamedTuple):
+    """A numerics program's files beside the timed `.pte`."""
+
+    pte: Path
+    reference: Path
+    inputs: Path  # written for a program whose inputs are not the timed run's
+    record: Path
+
+
+def numerics_paths(artifact: Artifact) -> NumericsFiles:
+    """The numerics program, its reference values, its inputs and its record, beside the timed `.pte`."""
     return numerics_files(artifact.pte)
 
 
-def numerics_files(pte: Path) -> tuple[Path, Path, Path]:
+def numerics_files(pte: Path) -> NumericsFiles:
     """numerics_paths of the timed program `pte`."""
     stem = pte.with_suffix("")
-    return (
+    return NumericsFiles(
         stem.with_name(f"{stem.name}.numerics.pte"),
         stem.with_name(f"{stem.name}.numerics-reference.etlt"),
+        stem.with_name(f"{stem.name}.numerics-inputs.etlt"),
         stem.with_name(f"{stem.name}.numerics.json"),
     )
 
@@ -157,7 +138,7 @@ def read_numerics_record(data: Any, where: str) -> NumericsRecord:
 
 def cached_numerics(artifact: Artifact) -> NumericsProgram | None:
     """The variant's numerics program when its record is this rule's, for this timed program, and its files match."""
-    _, _, record_path = numerics_paths(artifact)
+    record_path = numerics_paths(artifact).record
     try:
         record = read_numerics_record(read_json(record_path), str(record_path))
     except (OSError, ValueError):
@@ -165,24 +146,21 @@ def cached_numerics(artifact: Artifact) -> NumericsProgram | None:
     program = NumericsProgram(record_path.parent, record)
     if record.tap_rule != TAP_RULE or record.timing_sha256 != artifact.sha256:
         return None
-    if not program.pte.is_file() or not program.reference.is_file():
-        return None
-    if sha256_file(program.pte) != record.sha256 or sha256_file(program.reference) != record.reference_sha256:
+    files = [(program.pte, record.sha256), (program.reference, record.reference_sha256)]
+    if program.inputs is not None:
+        files.append((program.inputs, record.inputs_sha256 or ""))
+    if not all(path.is_file() and sha256_file(path) == sha256 for path, sha256 in files):
         return None
     return program
 
 
 def check_measurable(artifact: Artifact) -> None:
     """Refuse (64) a program the numerics pass cannot take, saying which it takes."""
-    why = None
-    if artifact.sidecar.generation is not None:
-        why = "a text-generation program (its KV cache and generate loop) is not measured yet"
-    elif artifact.sidecar.spec.get("model_source") == "pte":
-        why = "a .pte brought as it is has no exported program to tap"
-    if why:
+    if artifact.sidecar.spec.get("model_source") == "pte":
         raise NumericsRefused(
-            f"the numerics pass: {artifact.model} ({artifact.variant}): {why}; it takes a model etlab lowered, fp32 or "
-            "quantized (int8-dynamic, int8-static, 8da4w), portable or XNNPACK"
+            f"the numerics pass: {artifact.model} ({artifact.variant}): a .pte brought as it is has no exported "
+            "program to tap; it takes a model etlab lowered, fp32 or quantized (int8-dynamic, int8-static, 8da4w), "
+            "portable or XNNPACK, text generation included (its prefill)"
         )
 
 
@@ -209,11 +187,12 @@ def _make(spec: Any, artifact: Artifact, calibration: Path | None) -> NumericsPr
 
     paths = artifact.paths
     fp32 = torch.export.load(str(paths.exported_program))
-    inputs = tuple(torch.from_numpy(t.array) for t in read_tensors(paths.reference_inputs))
+    program_inputs = _program_inputs(artifact, read_tensors(paths.reference_inputs))
+    inputs = tuple(torch.from_numpy(t.array) for t in program_inputs)
     program = _quantized(spec, artifact, calibration) if artifact.variant.quantized else copy.deepcopy(fp32)
     # A quantized program is exported again after quantizing: its nodes are not named as the fp32 .pt2's (an extra
     # getitem shifts every later `add_<n>`). Each point is named by the fp32 node at the same place (node_places).
-    names = _fp32_names(program, fp32)
+    names = fp32_names(program, fp32)
     points, skipped = tap_points(program, names)
     values, outputs = _fp32_values(fp32, inputs, {point.label for point in points})
     matched = [point for point in points if _matches(point, values)]
@@ -223,8 +202,11 @@ def _make(spec: Any, artifact: Artifact, calibration: Path | None) -> NumericsPr
             f"the numerics pass: {artifact.model} ({artifact.variant}): no operator of the program has an fp32 "
             "counterpart to compare with"
         )
-    pte_path, reference_path, record_path = numerics_paths(artifact)
+    files = numerics_paths(artifact)
+    pte_path, reference_path, record_path = files.pte, files.reference, files.record
     matched, taps, not_tapped = _tap_and_lower(program, matched, names, len(outputs), artifact, pte_path)
+    # a tap's shape is its value's at these inputs (the program's may be symbolic: a generation's sequence length)
+    taps = [dataclasses.replace(tap, shape=tuple(values[tap.node][0].shape)) for tap in taps]
     unmatched = (*unmatched, *not_tapped)
     reference = [NamedTensor(f"output_{i}", value.detach().float().numpy()) for i, value in enumerate(outputs)]
     for tap, point in zip(taps, matched, strict=True):
@@ -236,6 +218,10 @@ def _make(spec: Any, artifact: Artifact, calibration: Path | None) -> NumericsPr
                 NamedTensor(f"output_{tap.index}.qparams", np.array([tap.qparams[0], tap.qparams[1]], dtype=np.float64))
             )
     write_tensors(reference_path, reference)
+    own_inputs = None
+    if artifact.sidecar.generation is not None:
+        write_tensors(files.inputs, program_inputs)
+        own_inputs = files.inputs
     record = NumericsRecord(
         schema=NUMERICS_SCHEMA,
         tap_rule=TAP_RULE,
@@ -247,6 +233,8 @@ def _make(spec: Any, artifact: Artifact, calibration: Path | None) -> NumericsPr
         outputs=len(outputs),
         taps=tuple(taps),
         unmatched=unmatched,
+        inputs=own_inputs.name if own_inputs else None,
+        inputs_sha256=sha256_file(own_inputs) if own_inputs else None,
     )
     with atomic_path(record_path) as tmp:  # the commit point: written last
         tmp.write_text(json.dumps(to_data(record), indent=1, sort_keys=True) + "\n", encoding="utf-8")
@@ -255,122 +243,24 @@ def _make(spec: Any, artifact: Artifact, calibration: Path | None) -> NumericsPr
     return NumericsProgram(record_path.parent, record)
 
 
-@dataclass(frozen=True, eq=False)
-class _Point:
-    """A value chosen in the program: `value` is the node made an output, `label` the operator it measures."""
+def _program_inputs(artifact: Artifact, reference: list[Any]) -> list[Any]:
+    """The inputs the numerics program runs on: the timed run's; a text-generation program's one prefill call (the
+    prompt's first chunk, as its lowering exported it, and positions 0..rows-1) from an empty cache."""
+    generation = artifact.sidecar.generation
+    if generation is None:
+        return reference
+    import numpy as np
 
-    value: Any
-    operator: Any
-    label: str
-    qparams: tuple[float, int] | None
-    fused: tuple[str, ...]
-    head: Any = None  # the first operator fused into it (its node in this program), which names its module
+    # here: both import numpy, generation.py torch; a warm deploy imports this module without them
+    from orchestrator.lowering.export.generation import POSITION_INPUT, PROMPT_INPUT
+    from orchestrator.tensorfile import NamedTensor
 
-
-def _op_name(node: Any) -> str:
-    """aten.linear.default -> aten.linear"""
-    text = str(node.target)
-    for prefix in ("aten.", "quantized_decomposed."):
-        if prefix in text:
-            text = text[text.index(prefix) :]
-    return text.rsplit(".", 1)[0] if text.count(".") >= 2 else text
-
-
-def _is_quantization(node: Any) -> bool:
-    return any(part in str(node.target) for part in _QUANTIZATION)
-
-
-def _is_float_tensor(node: Any) -> bool:
-    value = node.meta.get("val")
-    dtype = getattr(value, "dtype", None)
-    return dtype is not None and dtype.is_floating_point
-
-
-def _reads_static_int8(node: Any, live: set[Any]) -> bool:
-    """Whether `node` reads an activation through a static dequantize (a scale fixed at calibration): the head of an
-    int8 dq -> op -> activation -> q pattern. A dynamic one (its scale a tensor) leaves the operator's output float."""
-    return any(
-        "dequantize_per_tensor" in str(arg.target) and len(arg.args) > 1 and isinstance(arg.args[1], float)
-        for arg in node.all_input_nodes
-        if arg in live
-    )
-
-
-def node_places(program: Any) -> dict[Any, tuple[Any, ...]]:
-    """Each ATen operator's place in `program`: its innermost module, its operator and how many of that operator came
-    before it in that module; an element of its result (getitem) at its place and index. The same model exported
-    before and after quantizing puts its operators at the same places (quantization operators and the getitems the
-    export adds elsewhere are not counted), whatever their node names."""
-    import operator
-
-    counts: dict[tuple[str, str], int] = {}
-    places: dict[Any, tuple[Any, ...]] = {}
-    for node in program.graph.nodes:
-        op = _op_name(node) if node.op == "call_function" else ""
-        if node.op == "call_function" and node.target is operator.getitem and node.args[0] in places:
-            places[node] = (*places[node.args[0]], "getitem", node.args[1])
-            continue
-        if not op.startswith("aten.") or _is_quantization(node):
-            continue
-        stack = module_stack(node)
-        key = (stack[-1][0] if stack else "", op)
-        places[node] = (*key, counts.get(key, 0))
-        counts[key] = counts.get(key, 0) + 1
-    return places
-
-
-def _fp32_names(program: Any, fp32: Any) -> dict[str, str]:
-    """`program`'s node names → the fp32 program's at the same place (node_places), where one is."""
-    by_place = {place: node.name for node, place in node_places(fp32).items()}
-    return {node.name: by_place[place] for node, place in node_places(program).items() if place in by_place}
-
-
-def tap_points(program: Any, names: dict[str, str] | None = None) -> tuple[list[_Point], int]:
-    """The values to tap in an exported program (fp32 or quantized), in graph order; and how many operators were
-    folded into the activation after them. `names`: each node's label, the fp32 node at its place (_fp32_names);
-    else its own name."""
-    names = names or {}
-    graph = program.graph
-    user_inputs = set(program.graph_signature.user_inputs)
-    live = {node for node in graph.nodes if node.op == "placeholder" and node.name in user_inputs}
-    points: list[_Point] = []
-    pending_fused: dict[Any, tuple[str, ...]] = {}
-    heads: dict[Any, Any] = {}
-    skipped = 0
-    for node in graph.nodes:
-        if node.op != "call_function" or not any(arg in live for arg in node.all_input_nodes):
-            continue
-        live.add(node)
-        if _is_quantization(node) or not _is_float_tensor(node) or _op_name(node) in _DATA_MOVEMENT:
-            continue
-        users = list(node.users)
-        fused_into_next = len(users) == 1 and (
-            (_reads_static_int8(node, live) and _op_name(users[0]) in _FUSED_ACTIVATIONS)
-            or (_op_name(node) in _CONVOLUTIONS and _op_name(users[0]) in _BATCH_NORMS)
-        )
-        if fused_into_next:
-            pending_fused[users[0]] = (*pending_fused.get(node, ()), node.name)
-            heads[users[0]] = heads.get(node, node)
-            skipped += 1
-            continue
-        quantize = next(
-            (
-                user
-                for user in users
-                if "quantize_per_tensor" in str(user.target)
-                and "dequantize" not in str(user.target)
-                and isinstance(user.args[1], float)
-            ),
-            None,
-        )
-        label = names.get(node.name, node.name)
-        fused = tuple(names.get(name, name) for name in pending_fused.get(node, ()))
-        if quantize is not None:
-            qparams = (float(quantize.args[1]), int(quantize.args[2]))
-            points.append(_Point(quantize, node, label, qparams, fused, heads.get(node)))
-        else:
-            points.append(_Point(node, node, label, None, fused, heads.get(node)))
-    return points, skipped
+    prompt = reference[0].array
+    rows = min(int(prompt.shape[-1]), generation.max_prompt_len)
+    return [
+        NamedTensor(PROMPT_INPUT, np.ascontiguousarray(prompt[..., :rows])),
+        NamedTensor(POSITION_INPUT, np.arange(rows, dtype=np.int64)),
+    ]
 
 
 def _fp32_values(program: Any, inputs: tuple, labels: set[str]) -> tuple[dict[str, Any], list[Any]]:
@@ -383,7 +273,7 @@ def _fp32_values(program: Any, inputs: tuple, labels: set[str]) -> tuple[dict[st
         def run_node(self, node: Any) -> Any:
             result = super().run_node(node)
             if node.name in labels and isinstance(result, torch.Tensor):
-                values[node.name] = (result.detach().clone(), _op_name(node))
+                values[node.name] = (result.detach().clone(), op_name(node))
             return result
 
     module = program.module()
@@ -393,79 +283,13 @@ def _fp32_values(program: Any, inputs: tuple, labels: set[str]) -> tuple[dict[st
     return values, flat
 
 
-def _matches(point: _Point, values: dict[str, Any]) -> bool:
+def _matches(point: TapPoint, values: dict[str, Any]) -> bool:
     """The fp32 node of the same name computes the same operator with the same shape."""
     found = values.get(point.label)
     if found is None:
         return False
     value, op = found
-    return op == _op_name(point.operator) and tuple(value.shape) == tuple(point.operator.meta["val"].shape)
-
-
-def _tap(program: Any, points: list[_Point], first: int) -> list[Tap]:
-    """Make each point's value an output of `program` (in place); the taps, numbered from `first`."""
-    from executorch.devtools.intermediate_output_tap import FULL_TENSOR, tap_intermediate_outputs_
-
-    chosen = {point.value: point for point in points}
-    labelled = {point.operator: position for position, point in enumerate(points)}
-    values = {point.value: position for position, point in enumerate(points)}
-    taps = []
-    for position, point in enumerate(points):
-        # a fused pair is the operator's loss (conv, linear) more than its activation's: named by the operator
-        origin = point.head if point.head is not None else point.operator
-        stack = module_stack(origin)
-        module = stack[-1] if stack else (None, None)
-        location = user_location(origin.meta.get("stack_trace"))
-        taps.append(
-            Tap(
-                index=first + position,
-                node=point.label,
-                op=_op_name(point.operator),
-                shape=tuple(int(d) for d in point.operator.meta["val"].shape),
-                dtype="int8" if point.qparams else "float32",
-                module=_model_path(module[0]),
-                module_type=module[1],
-                file=location.get("file"),
-                line=location.get("line"),
-                function=location.get("function"),
-                reads=tuple(first + i for i in _reads(point.operator, labelled, values)),
-                qparams=point.qparams,
-                fused=point.fused,
-            )
-        )
-    _, specs = tap_intermediate_outputs_(program, rules=[(lambda node: node in chosen, FULL_TENSOR)])
-    if [spec.node_name for spec in specs] != [point.value.name for point in points]:
-        raise ArtifactError("the tapped outputs are not in the order they were chosen")
-    for node in program.graph.nodes:  # the tap keeps no value record; XNNPACK's layout pass reads one
-        if "executorch_devtools.tap" in str(node.target) and "val" not in node.meta:
-            node.meta["val"] = node.args[0].meta["val"]
-    return taps
-
-
-def _reads(operator: Any, labelled: dict[Any, int], values: dict[Any, int]) -> list[int]:
-    """The taps nearest upstream of `operator`, walked through untapped nodes (views, quantize pairs)."""
-    found: list[int] = []
-    seen: set[Any] = set()
-    pending = list(operator.all_input_nodes)
-    while pending:
-        node = pending.pop()
-        if node in seen or node.op != "call_function":
-            continue
-        seen.add(node)
-        position = labelled.get(node, values.get(node))
-        if position is not None:
-            if position not in found:
-                found.append(position)
-            continue
-        pending.extend(node.all_input_nodes)
-    return sorted(found)
-
-
-def _model_path(path: str | None) -> str | None:
-    """etlab's wrappers hold the user's model as `model`: its paths as the model names them."""
-    if path is None:
-        return None
-    return path[len("model.") :] if path.startswith("model.") else path
+    return op == op_name(point.operator) and tuple(value.shape) == tuple(point.operator.meta["val"].shape)
 
 
 def _quantized(spec: Any, artifact: Artifact, calibration: Path | None) -> Any:
@@ -507,8 +331,8 @@ _MAX_DROPPED = 16
 
 
 def _tap_and_lower(
-    program: Any, points: list[_Point], names: dict[str, str], first: int, artifact: Artifact, pte: Path
-) -> tuple[list[_Point], list[Tap], tuple[str, ...]]:
+    program: Any, points: list[TapPoint], names: dict[str, str], first: int, artifact: Artifact, pte: Path
+) -> tuple[list[TapPoint], list[Tap], tuple[str, ...]]:
     """Tap `points` and lower; a tap XNNPACK refuses as a pass-through is left out and the rest lowered again. The
     points and taps kept, and the labels left out. NumericsUnavailable when the tapped program cannot be lowered."""
     import copy
@@ -519,7 +343,7 @@ def _tap_and_lower(
     while True:
         labels = {point.label for point in points} - set(dropped)
         chosen = [point for point in tap_points(fresh, names)[0] if point.label in labels]
-        taps = _tap(fresh, chosen, first)
+        taps = tap_program(fresh, chosen, first)
         try:
             _lower_tapped(fresh, artifact, pte)
             return chosen, taps, tuple(dropped)
@@ -555,6 +379,8 @@ def _lower_tapped(program: Any, artifact: Artifact, pte: Path) -> None:
     from executorch.devtools.intermediate_output_tap import strip_taps_
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
+    from orchestrator.lowering.export.program import fuses_quantized, to_executorch  # here: heavy, lowering only
+
     if artifact.variant.backend == "xnnpack":
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
@@ -562,6 +388,6 @@ def _lower_tapped(program: Any, artifact: Artifact, pte: Path) -> None:
     else:
         edge = to_edge(program)
     strip_taps_(edge)
-    lowered = edge.to_executorch()
+    lowered = to_executorch(edge, fuses_quantized(artifact.sidecar.generation is not None, artifact.variant))
     with atomic_path(pte) as tmp, open(tmp, "wb") as handle:
         lowered.write_to_file(handle)

@@ -107,11 +107,22 @@ def lower_exported(
         else:
             edge = to_edge(exported, generate_etrecord=etrecord)
     with timer.stage(f"{variant}: to_executorch", quiet=quiet), lowering_stage(TO_EXECUTORCH, model, exported):
-        if fuse_quantized:
-            from executorch.exir import ExecutorchBackendConfig
+        return to_executorch(edge, fuse_quantized)
 
-            return edge.to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True))
-        return edge.to_executorch()
+
+def to_executorch(edge: Any, fuse_quantized: bool) -> Any:
+    """The edge program's ExecuTorch program; `fuse_quantized`: see lower_exported."""
+    if fuse_quantized:
+        from executorch.exir import ExecutorchBackendConfig
+
+        return edge.to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True))
+    return edge.to_executorch()
+
+
+def fuses_quantized(generates: bool, variant: Variant) -> bool:
+    """Quantized embeddings become quantized_decomposed::embedding_byte/4bit (the runner links those kernels): a
+    quantized text-generation program's."""
+    return generates and variant.quantized
 
 
 def reset_peak_rss() -> None:
@@ -155,8 +166,7 @@ def lower_program(
     quiet: bool = False,
 ) -> Sidecar:
     spec, variant, etrecord = task.spec, task.variant, task.etrecord
-    # Quantized embeddings become quantized_decomposed::embedding_byte (the runner links those kernels).
-    fuse = spec.generates and variant.quantized
+    fuse = fuses_quantized(spec.generates, variant)
     program = lower_exported(
         exported, variant, model=spec.name, etrecord=etrecord, timer=timer, quiet=quiet, fuse_quantized=fuse
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import console, paths
-from orchestrator.commands.render_deploy import numerics_lines, print_degraded
+from orchestrator.commands.render_deploy import energy_lines, energy_text, numerics_lines, print_degraded
 from orchestrator.commands.render_generation import print_generation
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.errors import AnalysisError
@@ -97,6 +97,8 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
     render_memory(run)
     render_counters(run, summary)
     render_numerics(run)
+    if run.energy is not None:
+        console.plain(f"energy: {energy_text(run.energy)}")
     render_outputs(run)
     print_generation([(run.board or "?", run.model.name or "?", run.model.backend or "?", run)])
     for reason in run.validity.reasons:
@@ -421,7 +423,7 @@ def print_cells(cells: Sequence[CellOutcome]) -> None:
         if counters is not None:
             _counters_lines(counters, f"{cell.board}: {cell.model}/{cell.variant}: ", per_run=False)
     print_degraded(cells)
-    for line in numerics_lines(cells):
+    for line in [*numerics_lines(cells), *energy_lines(cells)]:
         console.plain(line)
     for (board, why), runs in unchecked.items():
         console.warn(f"{board}: {', '.join(runs)}: correctness not checked ({why})")

@@ -70,6 +70,8 @@ def render_comparison(comparison: Comparison, limit: int = 15) -> None:
         console.error(verdict_lines(comparison)[1])
     for note in comparison.notes:
         console.warn(note)
+    if comparison.conditions:  # not a verdict on the program: what else differed on the board
+        console.warn("board conditions changed: " + ", ".join(comparison.conditions))
     every = [op for op in [*comparison.ops, *comparison.delegate_ops] if op.delta_ms is not None]
     changed = sorted((op for op in every if comparison.changed(op)), key=lambda op: -abs(op.delta_ms or 0))
     small = [op for op in every if op.verdict and op.verdict.is_change and not comparison.changed(op)]

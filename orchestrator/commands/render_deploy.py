@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator import console
 from orchestrator.deploy.cells import CellOutcome
+from orchestrator.results.summary import EnergySummary
 from orchestrator.results.validity import CV_LIMIT
 
 if TYPE_CHECKING:  # the advisor's records (ops_record: 0.14 s) are imported by the advice, after the boards' work
@@ -211,3 +212,25 @@ def numerics_lines(cells: Sequence[CellOutcome]) -> list[str]:
             line += f"; the most error added: {worst.op} in {where}{source} ({worst.introduced_db:.1f} dB)"
         lines.append(f"{line}; all {numerics.taps} operators: fab analyze --run {cell.run_id}")
     return lines
+
+
+def energy_text(energy: EnergySummary) -> str:
+    """ "4.51 W, 0.48 J per inference (12 samples, vcgencmd pmic_read_adc)", or why it is not measured."""
+    if energy.status != "measured" or energy.mean_watts is None:
+        return f"not measured ({energy.why or 'no sensor'})"
+    parts = [f"{energy.mean_watts:.2f} W"]
+    if energy.joules_per_token is not None:
+        parts.append(f"{energy.joules_per_token * 1000:.3g} mJ per token")
+    if energy.joules_per_inference is not None:
+        what = "generation" if energy.joules_per_token is not None else "inference"
+        parts.append(f"{energy.joules_per_inference:.3g} J per {what}")
+    return f"{', '.join(parts)} ({energy.samples} samples, {energy.source})"
+
+
+def energy_lines(cells: Sequence[CellOutcome]) -> list[str]:
+    """One line per run whose board measured its power (boards without a sensor stay quiet here)."""
+    return [
+        f"energy of {cell.model}/{cell.variant} on {cell.board}: {energy_text(cell.summary.energy)}"
+        for cell in cells
+        if cell.summary is not None and cell.summary.energy is not None and cell.summary.energy.status == "measured"
+    ]

@@ -18,6 +18,7 @@ from orchestrator.lab.night_report import CellVerdict
 from orchestrator.lab.run_record import RunRecord
 from orchestrator.records import to_data
 from orchestrator.results.stats import compare_samples
+from orchestrator.results.validity import condition_changes
 from orchestrator.results.verdicts import Kind
 
 OP_MIN_SHARE = 0.005  # an operator must move at least 0.5% of the total to be named
@@ -34,24 +35,9 @@ def same_program(a: RunRecord, b: RunRecord) -> bool:
     return all(a.environment[key] == b.environment[key] for key in shared)
 
 
-_CONDITIONS = (
-    ("governor_before", "governor"),
-    ("temperature_c_after", "temperature °C"),
-    ("throttling_during_run", "throttling"),
-    ("load", "load"),
-)
-
-
 def changed_conditions(record: RunRecord, baseline: RunRecord) -> list[str]:
     """The board conditions that differ between the baseline night and tonight, as readable phrases."""
-    changes = []
-    for key, label in _CONDITIONS:
-        before, now = baseline.conditions.get(key), record.conditions.get(key)
-        if isinstance(before, float) and isinstance(now, float):
-            if abs(now - before) >= 2.0:  # a couple of degrees is the sensor's noise
-                changes.append(f"{label} {before:.1f} → {now:.1f}")
-        elif before != now and (before or now):
-            changes.append(f"{label} {before or '—'} → {now or '—'}")
+    changes = condition_changes(baseline.conditions, record.conditions)
     if record.cv is not None and baseline.cv is not None and record.cv > max(2 * baseline.cv, 0.02):
         changes.append(f"timing spread (CV) {baseline.cv:.1%} → {record.cv:.1%}")
     return changes

@@ -21,6 +21,7 @@ from orchestrator.programs.plan import ProgramPlan, read_program_plan
 from orchestrator.results.bundle_reader import BundleFiles, bundle_model_sha, read_bundle
 from orchestrator.results.counters_profile import CounterProfile, counters_summary, read_counter_profile
 from orchestrator.results.documents import Summary, summary_document, write_outputs
+from orchestrator.results.energy import energy_summary
 from orchestrator.results.etdump import Etdump, RunBlock, read_etdump
 from orchestrator.results.etdump_profile import _method_totals, inferred_ns_per_tick, profile_etdump
 from orchestrator.results.generation import (
@@ -179,6 +180,8 @@ def analyze_bundle(
         figures = generation_summary(generated, bundle.timings, recorded=recorded, tokens=tokens, memory=memory)
         roofline = decode_roofline(figures, sidecar, bundle.board_before, f"{bundle.path}/board_info_before.json")
         run = dataclasses.replace(run, generation=dataclasses.replace(figures, roofline=roofline))
+    decode_rate = run.generation.decode_tokens_per_s if run.generation is not None else None
+    run = dataclasses.replace(run, energy=energy_summary(bundle.path, bundle.run, latency.median_ms, decode_rate))
     if scheme.quantized:
         thresholds = {**ACCURACY_DEFAULTS, **(accuracy_thresholds or {})}
         weights = sidecar.weights if sidecar is not None else None

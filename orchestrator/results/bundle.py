@@ -22,6 +22,7 @@ MANIFEST = "result_manifest.json"
 # The counters pass's files (board/agent/etlab_agent/counters.py), and the numerics pass's (numerics.py).
 COUNTERS_FILES = frozenset({"counters.json", "counters_etdump.etdp", "counters_timings.json", "counters_runner.log"})
 NUMERICS_FILES = frozenset({"numerics.json", "numerics_tensors.etlt", "numerics_timings.json", "numerics_runner.log"})
+ENERGY_FILES = frozenset({"energy.json"})  # a board with a PMIC (a Raspberry Pi 5) only
 # Every file a board writes into a bundle, and nothing else: the agent's (board/agent/etlab_agent/profile.py: run.json,
 # board_info_before/after.json, runner.log, the manifest; both passes' files) and the runner's (--timings, --etdump,
 # --outputs). A manifest listing any other name is refused whole (exit 65). tests/results/test_counters.py checks it
@@ -36,6 +37,7 @@ BOARD_FILES = frozenset(
         "runner.log",
         "board_info_before.json",
         "board_info_after.json",
+        *ENERGY_FILES,
         *COUNTERS_FILES,
         *NUMERICS_FILES,
     }

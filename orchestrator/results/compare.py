@@ -41,7 +41,7 @@ from orchestrator.results.ops_record import DelegateNodeTiming, InstructionTimin
 from orchestrator.results.overlays import OVERLAY_DIR, write_diff_overlay
 from orchestrator.results.stats import DEFAULT_ALPHA, DEFAULT_MIN_EFFECT, Verdict, compare_samples
 from orchestrator.results.summary import Generation, Memory, RunSummary
-from orchestrator.results.validity import number_list
+from orchestrator.results.validity import condition_changes, number_list
 from orchestrator.results.verdicts import Kind
 
 MATERIAL_SHARE = 0.005  # a change under this share of A's median is real but too small to call changed (50 ns)
@@ -133,6 +133,7 @@ class ComparisonReport(Document):
     delegate_ops: tuple[OpDelta, ...] = ()  # added later: an older report has none (read as none)
     op_types: tuple[OpTypeDelta, ...] = ()
     rest: RestOfMethod | None = None
+    conditions: tuple[str, ...] = ()  # the board conditions that differ between the runs (validity.py)
 
 
 @dataclass
@@ -159,6 +160,7 @@ class Comparison:
     op_types: list[OpTypeDelta] = field(default_factory=list)  # op_type_deltas(): by operator type
     share_base_a_ms: float | None = None  # A's run median as ops.json's shares take it (OpsRecord.method_median_ms)
     rest: RestOfMethod | None = None  # rest_of_method(): None when a side has no median
+    conditions: list[str] = field(default_factory=list)  # condition_changes(): firmware, kernel, config.txt, ...
 
     def changed(self, op: OpDelta) -> bool:
         """Whether the operator changed: its own test found a change, of at least MATERIAL_SHARE of A's median."""
@@ -190,6 +192,7 @@ class Comparison:
             delegate_ops=tuple(self.delegate_ops),
             op_types=tuple(self.op_types),
             rest=self.rest,
+            conditions=tuple(self.conditions),
         )
 
 
@@ -574,6 +577,7 @@ def compare_runs(
     comparison.sha_a, comparison.sha_b = a.summary.model.sha256, b.summary.model.sha256
     comparison.memory = memory_deltas(a.summary.memory, b.summary.memory)
     comparison.generation = generation_ratios(a.summary.generation, b.summary.generation)
+    comparison.conditions = condition_changes(a.summary.board_conditions, b.summary.board_conditions)
     comparison.verdict, comparison.verdict_detail = run_verdict(a, b, total)
     if write:
         method = b.ops.method or "forward"

@@ -196,6 +196,19 @@ class TokenCheck:
 
 
 @dataclass(frozen=True)
+class EnergySummary:
+    """summary.json's `energy` (results/energy.py): the board's power while the program ran, and its joules."""
+
+    status: Literal["measured", "not measured"]
+    why: str | None = None  # why not measured (no sensor on this board, a Pi 4, a PC): never 0
+    source: str | None = None  # "vcgencmd pmic_read_adc"
+    samples: Count = 0  # the samples taken while the program executed
+    mean_watts: Duration | None = None
+    joules_per_inference: Duration | None = None  # mean watts x the median iteration (an ordinary run)
+    joules_per_token: Duration | None = None  # mean watts / decode tokens per second (a language model)
+
+
+@dataclass(frozen=True)
 class DecodeRoofline:
     """A decode step against the board's memory roofline (results/roofline.py)."""
 
@@ -290,6 +303,7 @@ class RunSummary(Document):
     accuracy: Accuracy | None = None  # quantized programs only
     generation: Generation | None = None  # text-generation programs only
     modules: ModuleTree | None = None  # the time by module of the model: programs with a source map only
+    energy: EnergySummary | None = None  # None: a bundle from before energy was recorded
     validity: Validity
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,44 @@ def board_conditions(before: dict[str, Any] | None, after: dict[str, Any] | None
         "throttled_before": throttled_before,
         "throttled_after": throttled_after,
         "throttling_during_run": sorted(set(during)),
+        # what the board ran on: a firmware, kernel or config.txt change moves results by 8-20% on a Pi
+        "kernel": _text(get(before, "kernel")),
+        "firmware": _text(get(before, "firmware")),
+        "config_txt_sha256": _text((get(before, "config_txt") or {}).get("sha256"))
+        if isinstance(get(before, "config_txt"), dict)
+        else None,
     }
+
+
+def _text(value: Any) -> str | None:
+    return value[:200] if isinstance(value, str) else None
+
+
+# The board conditions a comparison names when they differ, with their words (`load` is a night's record's).
+CONDITIONS = (
+    ("governor_before", "governor"),
+    ("temperature_c_after", "temperature °C"),
+    ("throttling_during_run", "throttling"),
+    ("load", "load"),
+    ("kernel", "kernel"),
+    ("firmware", "firmware"),
+    ("config_txt_sha256", "config.txt"),
+)
+
+
+def condition_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The board conditions that differ between two runs, as readable phrases ("kernel 6.6.20 → 6.6.31")."""
+    changes = []
+    for key, label in CONDITIONS:
+        was, now = before.get(key), after.get(key)
+        if isinstance(was, float) and isinstance(now, float):
+            if abs(now - was) >= 2.0:  # a couple of degrees is the sensor's noise
+                changes.append(f"{label} {was:.1f} → {now:.1f}")
+        elif was != now and (was or now):
+            if label == "config.txt":  # a digest: its start says enough
+                was, now = (value[:12] if isinstance(value, str) else value for value in (was, now))
+            changes.append(f"{label} {was or '—'} → {now or '—'}")
+    return changes
 
 
 def output_kinds(sidecar: Sidecar | None) -> tuple[list[str], str | None]:

@@ -274,6 +274,7 @@ FAKE_VCGENCMD = f"""#!/bin/sh
 case "$1" in
   get_throttled) echo "throttled=$(cat {_CHROOT_CONTROL}/throttled)" ;;
   measure_temp) echo "temp=$(cat {_CHROOT_CONTROL}/temp)'C" ;;
+  pmic_read_adc) cat {_CHROOT_CONTROL}/pmic 2>/dev/null || {{ echo "Command not registered" >&2; exit 1; }} ;;
   *) echo "vcgencmd: unsupported command $1" >&2; exit 1 ;;
 esac
 """
@@ -340,6 +341,11 @@ class PiBoard(SshdBoard):
     def set_throttled(self, value: int) -> None:
         """What the fake `vcgencmd get_throttled` answers from now on (e.g. 0x50005: under-voltage, throttled)."""
         (self.control / "throttled").write_text(f"{value:#x}\n")
+
+    def set_pmic(self, text: str) -> None:
+        """What the fake `vcgencmd pmic_read_adc` prints from now on (a Pi 5's PMIC: rail currents and voltages, one
+        a line); before this, the command is not registered, as on a Pi 4."""
+        (self.control / "pmic").write_text(text)
 
     def set_temperature(self, celsius: float) -> None:
         (self.control / "temp").write_text(f"{celsius:.1f}\n")

@@ -25,6 +25,8 @@ INFO_TYPES: dict[str, tuple[type, ...]] = {
     "throttled": (dict, type(None)),
     "memory": (dict,),
     "kernel": (str, type(None)),
+    "firmware": (str, type(None)),
+    "config_txt": (dict, type(None)),
     "os_release": (str, type(None)),
     "python": (str,),
     "glibc": (str, type(None)),

@@ -85,6 +85,38 @@ def test_info_parses_a_healthy_raspberry_pi_5(agent: AgentCli, board_sample_env:
     assert document["os_release"] == "Debian GNU/Linux 12 (bookworm)"
 
 
+FIRMWARE = "2024/09/23 14:02:56 \nCopyright (c) 2012 Raspberry Pi\nversion 8c3fcd1e (release) (embedded)\n"
+
+
+def test_info_records_the_firmware_and_config_txt_a_result_depends_on(
+    agent: AgentCli, board_sample_env: Callable, tmp_path: Path
+) -> None:
+    """`vcgencmd version` (as the firmware prints it) and config.txt's digest, so a nightly and `compare` can say
+    that one changed between two results; on the Pi 5 sample with a config.txt and a firmware of its own."""
+    import hashlib
+    import shutil
+
+    env = board_sample_env("rpi5")
+    sysroot = tmp_path / "sysroot"
+    shutil.copytree(env["ETLAB_AGENT_SYSROOT"], sysroot)
+    config = sysroot / "boot/firmware/config.txt"
+    config.parent.mkdir(parents=True)
+    config.write_text("arm_boost=1\ndtparam=audio=on\n")
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / "version.txt").write_text(FIRMWARE)
+    vcgencmd = tmp_path / "vcgencmd"
+    vcgencmd.write_text(f'#!/bin/sh\ncat {answers}/"$1".txt 2>/dev/null || exit 1\n')
+    vcgencmd.chmod(0o755)
+    document = agent.run("info", env={**env, "ETLAB_AGENT_SYSROOT": str(sysroot),
+                                      "ETLAB_AGENT_VCGENCMD": str(vcgencmd)}).document  # fmt: skip
+    assert document["firmware"] == "2024/09/23 14:02:56; version 8c3fcd1e (release) (embedded)"
+    sha256 = hashlib.sha256(config.read_bytes()).hexdigest()
+    assert document["config_txt"] == {"path": "/boot/firmware/config.txt", "sha256": sha256}
+    bare = agent.run("info", env=env).document  # the captured sample: neither
+    assert bare["firmware"] is None and bare["config_txt"] is None
+
+
 def test_info_parses_a_multi_cluster_board_without_vcgencmd(agent: AgentCli, board_sample_env: Callable) -> None:
     document = agent.run("info", env=board_sample_env("rk3588")).document
     assert document["model"] == "Radxa ROCK 5 Model B"

@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.boards.inventory import Board
 from orchestrator.paths import PROJECT_ROOT
-from orchestrator.results.bundle import BOARD_FILES, COUNTERS_FILES
+from orchestrator.results.bundle import BOARD_FILES, COUNTERS_FILES, ENERGY_FILES
 from orchestrator.servers.dashboard.app import Sources, start_dashboard
 from orchestrator.tensorfile import read_tensors
 from tests.lowering.test_factory import write_factory
@@ -219,7 +219,7 @@ def test_fp32_stays_at_fp32_rounding_through_lower_run_pull(local_board: Board, 
     assert all(value > 80 for value in summary["numerics"]["output_sqnr_db"])
     assert summary["numerics"]["collapse"] is None and summary["numerics"]["nonfinite"] is None
     # --numerics=full: the tensors too, every one (far under the cap), and every file is one a pull accepts
-    assert {path.name for path in run.iterdir() if path.is_file()} == BOARD_FILES - COUNTERS_FILES
+    assert {path.name for path in run.iterdir() if path.is_file()} == BOARD_FILES - COUNTERS_FILES - ENERGY_FILES
     kept = read_tensors(run / "numerics_tensors.etlt")
     assert [tensor.name for tensor in kept] == [f"output_{i}" for i in range(1 + len(numerics["operators"]))]
 

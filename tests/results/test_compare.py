@@ -187,6 +187,31 @@ def test_render_comparison(baseline: BundleCase, tmp_path: Any, capsys: pytest.C
     assert "operators within noise by their own tests" in out and "Operators that changed" not in out  # folded
 
 
+def test_a_changed_firmware_or_config_txt_is_named_beside_the_verdict(
+    baseline: BundleCase, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same program on a board whose firmware and config.txt changed (board_info_before.json, as the agent
+    records them): compare names both, in its output and its report, whatever the timings say."""
+    changed = copy_bundle(baseline, tmp_path / "run-flashed")
+    info = json.loads((changed.path / "board_info_before.json").read_text())
+    info.update(firmware="2025/01/10 11:00:00; version 1a2b3c4d (release)",
+                config_txt={"path": "/boot/firmware/config.txt", "sha256": "c" * 64})  # fmt: skip
+    (changed.path / "board_info_before.json").write_text(json.dumps(info))
+    write_manifest(changed.path, run_id="run-a", model_sha256=baseline.model.sidecar.sha256)
+    analyze(changed)
+    comparison = compare_runs(baseline.path, changed.path)
+    was = json.loads((baseline.path / "board_info_before.json").read_text()).get("firmware") or "—"
+    assert comparison.conditions == [
+        f"firmware {was} → 2025/01/10 11:00:00; version 1a2b3c4d (release)",
+        f"config.txt — → {'c' * 12}",
+    ]
+    assert comparison.report is not None
+    assert json.loads(comparison.report.read_text())["conditions"] == comparison.conditions
+    render_comparison(comparison)
+    said = capsys.readouterr()
+    assert "board conditions changed: firmware" in " ".join((said.out + said.err).split())
+
+
 def test_different_models_are_refused(analysis_bundles: dict[str, BundleCase], tmp_path: Any) -> None:
     bert = copy_bundle(analysis_bundles["distilbert_xnnpack"], tmp_path / "bert")
     gpt = copy_bundle(analysis_bundles["gpt2_xnnpack"], tmp_path / "gpt")

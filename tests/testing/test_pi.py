@@ -29,6 +29,7 @@ from orchestrator.transport.ssh import SshConnection, bulk_ciphers, parse_cpu_pr
 from orchestrator.transport.transfer import push_file
 from tests.deploy.test_crossbuild import elf_machine
 from tests.e2e.test_e2e import bundles, fab
+from tests.e2e.test_energy_e2e import PMIC, WATTS
 from tests.plugins.agent import BOARD_SAMPLES, AgentCli
 from tests.plugins.analysis import adapter_graphs
 from tests.plugins.artifacts import ARTIFACT_CACHE
@@ -191,6 +192,7 @@ def test_mixed_architecture_lab_end_to_end(
     (x86,) = sshd_boards(1, names=["x86-sshd"])
     pi = pi_boards("pi5-emu")
     pi.set_throttled(0x50005)  # under-voltage and throttled now, as a weak supply does mid-run
+    pi.set_pmic(PMIC)  # a Pi 5's PMIC: the agent samples it while the runner runs (issue 55)
     # the x86 board takes the workstation's runner (its on-board build is tests/e2e/test_e2e.py's): the Pi builds
     lab = _lab(tmp_path, [local_board, x86.board.replace(**SHARED_BUILD), pi.board])
     results = tmp_path / "results"
@@ -271,6 +273,12 @@ def test_mixed_architecture_lab_end_to_end(
         assert f"{measured.gb_per_s:.1f} GB/s" in listing.stdout, listing.stdout
     pi_state = json.loads((pi_xnn / "board_info_before.json").read_text())["state"]
     assert recorded_bandwidth(pi_state, "board_info_before.json") is not None
+    # Energy: the Pi's PMIC, read through its vcgencmd during the run; the x86 boards have none and say so
+    pi_energy = json.loads((pi_xnn / "analysis" / "summary.json").read_text())["energy"]
+    assert pi_energy["status"] == "measured" and pi_energy["mean_watts"] == pytest.approx(WATTS)
+    (x86_xnn,) = found[("x86-sshd", "distilbert-tiny", "xnnpack")]
+    x86_energy = json.loads((x86_xnn / "analysis" / "summary.json").read_text())["energy"]
+    assert x86_energy["status"] == "not measured" and x86_energy["mean_watts"] is None
 
 
 @pytest.mark.timeout(1800)

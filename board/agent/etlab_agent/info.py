@@ -6,6 +6,7 @@ The roots are injectable so the parsing runs against captured samples: ETLAB_AGE
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -311,6 +312,32 @@ def kernel_release() -> str | None:
     )
 
 
+CONFIG_TXT = ("/boot/firmware/config.txt", "/boot/config.txt")  # Raspberry Pi OS since bookworm, and before
+CONFIG_TXT_CAP = 1 << 20
+
+
+def config_txt() -> dict[str, str] | None:
+    """The firmware's config.txt: its path and sha256 (a changed setting changes the results by 8-20%), or None."""
+    for absolute in CONFIG_TXT:
+        try:
+            with open(sys_path(absolute), "rb") as handle:
+                data = handle.read(CONFIG_TXT_CAP)
+        except OSError:
+            continue
+        return {"path": absolute, "sha256": hashlib.sha256(data).hexdigest()}
+    return None
+
+
+def firmware_version(text: str | None) -> str | None:
+    """`vcgencmd version`'s build date and version line, in one line: "Mar 17 2023 10:50:39; version 82f3750a...
+    (clean) (release) (start)"; None without vcgencmd."""
+    if not text:
+        return None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    kept = [lines[0], *(line for line in lines[1:] if line.startswith("version"))] if lines else []
+    return "; ".join(kept)[:200] or None
+
+
 def glibc_version() -> str | None:
     try:
         text = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"
@@ -456,6 +483,8 @@ def collect_info(workdir: Workdir, runner: Path | None = None) -> dict[str, Any]
         "throttled": parse_throttled(throttled_text),
         "memory": meminfo(),
         "kernel": kernel_release(),
+        "firmware": firmware_version(run_vcgencmd("version")),
+        "config_txt": config_txt(),
         "os_release": os_release(),
         "python": platform.python_version(),
         "glibc": glibc_version(),

@@ -54,6 +54,7 @@ class StartGate:
         self.read_fd, self._write_fd = os.pipe()
         self._read_open = True
         self.refused = False
+        self.opened_at: float | None = None  # time.monotonic() of the `g`: the runner executes from here
 
     @property
     def pending(self) -> bool:
@@ -72,6 +73,7 @@ class StartGate:
         if decision:
             with contextlib.suppress(OSError):  # the runner is gone already (EPIPE): its exit code tells why
                 os.write(self._write_fd, b"g")
+                self.opened_at = time.monotonic()
         else:
             self.refused = True
         self.close()

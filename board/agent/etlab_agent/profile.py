@@ -19,6 +19,7 @@ from typing import Any
 
 from . import AGENT_VERSION
 from .counters import run_counters_pass
+from .energy import EnergySampler
 from .errors import AgentError, BadInput
 from .files import atomic_write_json, fsync_path, log, sha256_file, utc_now
 from .info import collect_info
@@ -441,17 +442,24 @@ def _run_into(
     def describe_board() -> None:  # while the runner loads and waits at the gate: before it executes anything
         atomic_write_json(tmp / "board_info_before.json", collect_info(workdir, runner))
 
+    # The PMIC (a Pi 5's) read while the runner runs; nothing on a board without one (energy.py).
+    energy = EnergySampler().start()
     # The runner inherits the lock, so if this agent is killed the board stays locked until the runner is gone.
-    outcome = run_in_own_group(
-        argv,
-        tmp / "runner.log",
-        request.timeout,
-        request.kill_grace,
-        pass_fds=(lock.fd,),
-        stop=stop,
-        gate=gate,
-        while_held=describe_board,
-    )
+    try:
+        outcome = run_in_own_group(
+            argv,
+            tmp / "runner.log",
+            request.timeout,
+            request.kill_grace,
+            pass_fds=(lock.fd,),
+            stop=stop,
+            gate=gate,
+            while_held=describe_board,
+        )
+    finally:
+        energy.stop()
+    energy.executing(gate.opened_at)
+    energy.write(tmp)
     if not (tmp / "board_info_before.json").exists():  # the runner never started (spawn error, stopped before)
         describe_board()
     verified = verification.result()  # CorruptContent here: the runner never ran, and nothing is reported
@@ -481,6 +489,7 @@ def _run_into(
         "inputs": str(request.inputs) if request.inputs is not None else None,
         "inputs_sha256": verified["inputs_sha256"],
         "hashing_ms": verified["hashing_ms"],
+        "energy": energy.record(),
         "labels": request.labels,
         "parameters": request.parameters(),
         "runner": str(runner),

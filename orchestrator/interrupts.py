@@ -82,6 +82,8 @@ def caused_by_interrupt(exc: BaseException) -> bool:
     while current is not None and id(current) not in seen:
         if isinstance(current, KeyboardInterrupt | Interrupted):
             return True
+        if type(current) in (RuntimeError, Exception) and "KeyboardInterrupt" in str(current):
+            return True  # torch's C++ turned one into a RuntimeError by name, without its chain
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return False

@@ -4,26 +4,26 @@ Both runs must be analysed bundles of the same program: the same model, the same
 instruction list. Comparing different builds of the same topology (a re-lowering with identical instructions) is
 allowed only on request, since their kernels or weights may differ.
 
-The overall verdict uses the runs' per-iteration latencies (timings.json); per-operator verdicts use the
-per-execution ETDump samples in analysis/ops.json. Both use `stats.compare_samples` (Mann-Whitney U, bootstrap
-CI of the median ratio, 5% minimum effect). Per-operator tests are many at once, so their alpha is divided by
-the number of operators tested (Bonferroni), which keeps a clean run from showing spurious per-op changes. The XNNPACK
-nodes inside the delegates are tested the same way (`delegate_ops`, from ops.json's per-node samples; an older
-ops.json has none: their medians are shown, untested), and `op_types` rolls both up by operator type; with the `rest`
-of each median (between operators, the runner's overhead) they add up to the median change. An operator has changed
-when its own test says so and by at least MATERIAL_SHARE of A's median. Every figure is a median or a sum of medians.
-A diverging overlay (blue faster, white unchanged, red slower) of the median change in ms is written into run
-B's model_explorer/ folder, next to its own overlays.
+The overall verdict uses the runs' per-iteration latencies (timings.json); per-operator verdicts use the per-execution
+ETDump samples in analysis/ops.json. Both use `stats.compare_samples` (Mann-Whitney U, bootstrap CI of the median
+ratio, 5% minimum effect). Per-operator tests are many at once, so their alpha is divided by the number of operators
+tested (Bonferroni), which keeps a clean run from showing spurious per-op changes. The XNNPACK nodes inside the
+delegates are tested the same way (`delegate_ops`, from ops.json's per-node samples; an older ops.json has none: their
+medians are shown, untested), and `op_types` rolls both up by operator type; with the `rest` of each median (between
+operators, the runner's overhead) they add up to the median change. An operator has changed when its own test says so
+and by at least MATERIAL_SHARE of A's median. Every figure is a median or a sum of medians. A diverging overlay (blue
+faster, white unchanged, red slower) of the median change in ms is written into run B's model_explorer/ folder, next to
+its own overlays.
 
-Runs of different quantization schemes of one model (fp32 `xnnpack` vs `xnnpack-int8-dynamic`, ...) are compared
-too: the programs differ by design, so the instruction lists and builds are not required to match, per-operator
-deltas are shown only where both runs have the same operator at the same instruction, and the verdict is `ok` with
-the explanation of what differs and why that is expected (a scheme is a choice, not a regression). Only runs of
-different models are refused.
+Runs of different quantization schemes of one model (fp32 `xnnpack` vs `xnnpack-int8-dynamic`, ...) are compared too:
+the programs differ by design, so the instruction lists and builds are not required to match, per-operator deltas are
+shown only where both runs have the same operator at the same instruction, and the verdict is `ok` with the explanation
+of what differs and why that is expected (a scheme is a choice, not a regression). Only runs of different models are
+refused.
 
-The verdict (results/verdicts.py) follows the nightly's rules: the same program on both sides is "drift"
-(run-to-run, never a regression); a degraded side is "inconclusive"; different builds that differ are
-"unconfirmed" until `interleaved_verdict` re-runs both programs alternately on a board.
+The verdict (results/verdicts.py) follows the nightly's rules: the same program on both sides is "drift" (run-to-run,
+never a regression); a degraded side is "inconclusive"; different builds that differ are "unconfirmed" until
+`interleaved_verdict` re-runs both programs alternately on a board.
 """
 
 from __future__ import annotations
@@ -445,8 +445,7 @@ GENERATION_FIGURES = (
 
 
 def generation_ratios(a: Generation | None, b: Generation | None) -> list[GenerationRatio]:
-    """Both runs' time to first token, decode speed and decode step median, with B / A; empty unless both runs
-    generated text. Figures only: the verdict stays the overall latency's."""
+    """Both runs' TTFT, decode speed and step median, with B / A (both generated text); the verdict stays latency's."""
     if a is None or b is None:
         return []
     rows = []
@@ -460,8 +459,7 @@ def generation_ratios(a: Generation | None, b: Generation | None) -> list[Genera
 
 
 def _paired_nodes(a: _Run, b: _Run) -> list[tuple[str, DelegateNodeTiming, DelegateNodeTiming]]:
-    """The XNNPACK nodes placed in both runs' delegates, by graph id (named after the .pte file, so different
-    schemes never pair) and node id, of the same type."""
+    """The XNNPACK nodes placed in both runs' delegates, by graph id (the .pte's: schemes never pair), node, type."""
     delegates_b = {d.graph_id: d for d in b.ops.delegates if d.placed}
     pairs = []
     for delegate in (d for d in a.ops.delegates if d.placed and d.graph_id in delegates_b):

@@ -18,10 +18,11 @@ from invoke.exceptions import Exit
 
 from orchestrator.commands.handling import handle_errors
 from orchestrator.errors import ExitCode
+from orchestrator.interrupts import Interrupted
 from orchestrator.lowering.artifacts import ArtifactPaths
 from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import lower as lowering
-from orchestrator.lowering.export.export_errors import EXPORT, TO_EDGE, ExportError, explain
+from orchestrator.lowering.export.export_errors import EXPORT, TO_EDGE, ExportError, explain, lowering_stage
 from orchestrator.lowering.export.program import export_module, lower_exported
 from orchestrator.lowering.variants import VARIANTS
 
@@ -158,3 +159,28 @@ def test_the_spec_path_exports_through_the_same_entry_point(monkeypatch: pytest.
     assert str(caught.value).startswith(f"distilbert-tiny: {EXPORT} failed: control flow")
     assert caught.value.code_line is not None and caught.value.code_line.file == __file__
     assert not ArtifactPaths.for_model("distilbert-tiny", tmp_path).sidecar(VARIANTS["portable"]).exists()
+
+
+def _wrapped_by_a_pass_manager(inner: BaseException) -> Exception:
+    """As torch.fx's pass manager reports a failing pass: a bare Exception raised from what the pass raised."""
+    try:
+        try:
+            raise inner
+        except BaseException as exc:
+            raise Exception("An error occurred when running the 'ConvertToUpsampleBilinear2d' pass") from exc
+    except Exception as outer:
+        return outer
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [KeyboardInterrupt(), RuntimeError("KeyboardInterrupt"), Interrupted("interrupted")],
+    ids=["keyboard-interrupt", "by-name", "etlab-interrupted"],
+)
+def test_ctrl_c_inside_a_pass_stays_an_interrupt_not_an_export_failure(inner: BaseException) -> None:
+    """Ctrl+C in the middle of a lowering pass reaches etlab wrapped in the pass manager's Exception (seen in CI: exit
+    65 "to_edge failed" instead of 130). The stage lets it through as the interrupt it is."""
+    with pytest.raises(KeyboardInterrupt), lowering_stage("to_edge", "distilbert-tiny"):
+        raise _wrapped_by_a_pass_manager(inner)
+    with pytest.raises(ExportError), lowering_stage("to_edge", "distilbert-tiny"):  # a real failure stays one
+        raise _wrapped_by_a_pass_manager(RuntimeError("shape mismatch"))

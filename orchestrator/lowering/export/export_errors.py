@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import EtlabError, ExitCode
+from orchestrator.interrupts import caused_by_interrupt
 
 # The stages of turning a module into a .pte, as messages name them.
 EXPORT = "torch.export"
@@ -93,6 +94,8 @@ def lowering_stage(stage: str, model: str, program: Any = None) -> Iterator[None
     except (EtlabError, KeyboardInterrupt, MemoryError):
         raise
     except Exception as exc:
+        if caused_by_interrupt(exc):  # Ctrl+C inside a pass, which torch's pass manager wraps in an Exception
+            raise KeyboardInterrupt from exc
         raise explain(exc, stage, model, program) from exc  # the cause stays for a debugger, never shown
 
 

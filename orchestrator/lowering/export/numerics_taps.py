@@ -195,8 +195,9 @@ def tap_program(program: Any, points: list[TapPoint], first: int) -> list[Tap]:
     chosen = {point.value: point for point in points}
     labelled = {point.operator: position for position, point in enumerate(points)}
     values = {point.value: position for position, point in enumerate(points)}
+    order = {node: position for position, node in enumerate(program.graph.nodes)}  # once, not per tap
     writers: dict[Any, list[Any]] = {}  # state (a KV cache buffer) -> the nodes that write it, in graph order
-    for node in program.graph.nodes:
+    for node in order:
         for state in _written(node):
             writers.setdefault(state, []).append(node)
     taps = []
@@ -218,7 +219,7 @@ def tap_program(program: Any, points: list[TapPoint], first: int) -> list[Tap]:
                 file=location.get("file"),
                 line=location.get("line"),
                 function=location.get("function"),
-                reads=tuple(first + i for i in _reads(point.operator, labelled, values, writers)),
+                reads=tuple(first + i for i in _reads(point.operator, labelled, values, writers, order)),
                 qparams=point.qparams,
                 fused=point.fused,
             )
@@ -233,11 +234,14 @@ def tap_program(program: Any, points: list[TapPoint], first: int) -> list[Tap]:
 
 
 def _reads(
-    operator: Any, labelled: dict[Any, int], values: dict[Any, int], writers: dict[Any, list[Any]] | None = None
+    operator: Any,
+    labelled: dict[Any, int],
+    values: dict[Any, int],
+    writers: dict[Any, list[Any]],
+    order: dict[Any, int],
 ) -> list[int]:
     """The taps nearest upstream of `operator`, walked through untapped nodes (views, quantize pairs) and through
-    state: a KV cache it reads holds what the writes before it put there (`writers`)."""
-    order = {node: position for position, node in enumerate(operator.graph.nodes)}
+    state: a KV cache it reads holds what the writes before it (by graph `order`) put there (`writers`)."""
     found: list[int] = []
     seen: set[Any] = set()
     pending = list(operator.all_input_nodes)
@@ -247,7 +251,7 @@ def _reads(
             continue
         seen.add(node)
         if node.op != "call_function":
-            pending.extend(w for w in (writers or {}).get(node, ()) if order.get(w, 0) < order[operator])
+            pending.extend(w for w in writers.get(node, ()) if order[w] < order[operator])
             continue
         position = labelled.get(node, values.get(node))
         if position is not None:

@@ -243,13 +243,27 @@ def models(c, long=False):
     return list_models(long=long)
 
 
-@task(help={key: text for key, text in SELECT_HELP.items() if key != "lg_wait"})
+@task(
+    help={
+        **{key: text for key, text in SELECT_HELP.items() if key != "lg_wait"},
+        "health": "run each board's health job now (disk, memory, verification program, throttling, governor)",
+    }
+)
 @handle_errors
-def boards(c, board=None, group=None, tag=None, inventory=None):
-    """The inventory as a table: reachable, architecture, board model, runtime, lock holder, temperature."""
+def boards(c, board=None, group=None, tag=None, inventory=None, health=False):
+    """The inventory as a table: reachable, architecture, board model, runtime, lock holder, temperature, service."""
     from orchestrator.commands.board import boards_task
 
-    return boards_task(board=board, group=group, tag=tag, inventory=inventory)
+    return boards_task(board=board, group=group, tag=tag, inventory=inventory, health=health)
+
+
+@task(help={key: text for key, text in SELECT_HELP.items() if key != "lg_wait"})
+@handle_errors
+def return_to_service(c, board=None, group=None, tag=None, inventory=None):
+    """Bring an out-of-service board back: its health job runs, and a board that passes is back in service."""
+    from orchestrator.commands.board import return_to_service
+
+    return return_to_service(board=board, group=group, tag=tag, inventory=inventory)
 
 
 @task(help={**SELECT_HELP, "keep": "bundles to keep per board (default 20)"})

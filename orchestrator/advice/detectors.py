@@ -19,6 +19,8 @@ ops.json's `pct`):
   predicted (and still shown, with its share);
 - a program with no delegate at all (`--backend portable`) gets one finding, `--backend xnnpack`, its kernels'
   time a bound: what XNNPACK makes of them is measured by running it.
+- the roofline's findings (roofline_advice.py) are bounds: a matmul at the memory bandwidth saves at most the fp32
+  weights' 3/4 of its bytes' share of its time; matmuls far below both limits at most their time beyond the roofline.
 
 Add a detector: a `Detector` in DETECTORS (`tests/advice/` ties each to a recorded profile).
 """
@@ -38,6 +40,7 @@ from orchestrator.advice.findings import (
     delegate_node_fields,
     shape_key,
 )
+from orchestrator.advice.roofline_advice import find_roofline
 from orchestrator.advice.sensitivity import find_sensitive_layers
 from orchestrator.lowering.attention.choice import ETLAB, SDPA
 from orchestrator.lowering.rewrites.registry import REWRITES
@@ -536,6 +539,7 @@ DETECTORS: dict[str, Detector] = {
         Detector("portable-operator", "other operators in portable kernels, by type", find_portable_operators),
         Detector("threads", "cores the run left idle", find_idle_cores),
         Detector("quantize", "fp32 matmuls and convolutions that dominate", find_float_gemms),
+        Detector("roofline", "matmuls at the memory bandwidth, or far below both limits", find_roofline),
         Detector("keep-float", "the layers that hold a quantized program's accuracy loss", find_sensitive_layers),
         Detector("board", "the governor and throttling", find_board_conditions),
         Detector("stored-twice", "constants held outside and inside a delegate", find_constants_twice),

@@ -54,6 +54,7 @@ from orchestrator.names import is_valid_name
 # Where the native runner is built: on the board, cross-built on the workstation, or "auto" (on the board when
 # it has g++, else cross-built when the workstation has the cross compiler).
 BUILDS = ("auto", "board", "workstation")
+GOVERNORS = ("performance", "powersave", "ondemand", "conservative", "schedutil", "userspace")  # Linux cpufreq
 DEFAULT_WORKDIR = "~/.etlab"
 DEFAULT_GROUP = "default"
 DEFAULT_BOARD = "local"
@@ -97,6 +98,7 @@ class Board:
     threads: int | None = None
     command_timeout: float | None = None
     build: str = "auto"
+    governor: str | None = None  # the cpufreq governor the health job expects; None: not checked
     known_hosts: Path = field(default_factory=lambda: paths.state_dir() / "known_hosts")
     labgrid: LabgridPlace | None = None
 
@@ -273,6 +275,7 @@ _BOARD_FIELDS: dict[str, Check] = {
     "threads": integer(1, None),
     "command_timeout": seconds,
     "build": choice(BUILDS),
+    "governor": choice(GOVERNORS),
     "labgrid": Section(_LABGRID_BOARD_FIELDS),
 }
 _DEFAULT_FIELDS: dict[str, Check] = {

@@ -1,5 +1,6 @@
-"""A board's own limits, measured once at `fab setup-board` and kept with its state: the memory read bandwidth
-(the runner's `--probe-bandwidth`: every thread sums its slice of a buffer far larger than the last-level cache).
+"""A board's own limits, measured once at `fab setup-board` (deploy/board_limits.py) and kept with its state: the
+memory read bandwidth (the runner's `--probe-bandwidth`: every thread sums its slice of a buffer far larger than the
+last-level cache), and the peak arithmetic rate of XNNPACK's fp32 and int8 GEMMs (ComputePeak, state key `compute`).
 
 It is the roofline of an LLM decode step, which reads every weight once a token. It is re-measured whenever the
 board is provisioned (a new runner, a new ExecuTorch) and when the state has none for the runner it holds, and it
@@ -16,7 +17,7 @@ import datetime as dt
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -97,16 +98,32 @@ def state_value(bandwidth: ReadBandwidth) -> str:
 def recorded_bandwidth(state: Mapping[str, Any] | None, where: str) -> ReadBandwidth | None:
     """The bandwidth a state (the board's, or a bundle's copy of it) records; None when it records none.
     RecordError (65) when what it records is malformed or absurd."""
-    text = (state or {}).get(STATE_KEY)
+    return _recorded(state, where, STATE_KEY, ReadBandwidth)
+
+
+_Record = TypeVar("_Record")
+
+
+def _recorded(state: Mapping[str, Any] | None, where: str, key: str, kind: type[_Record]) -> _Record | None:
+    text = (state or {}).get(key)
     if text is None:
         return None
     if not isinstance(text, str):
-        raise RecordError(where, STATE_KEY, "expected the bandwidth record as text")
+        raise RecordError(where, key, "expected the record as text")
     try:
-        data = strictjson.loads(text, where=f"{where}: {STATE_KEY}")
+        data = strictjson.loads(text, where=f"{where}: {key}")
     except ValueError as exc:
-        raise RecordError(where, STATE_KEY, str(exc)) from None
-    return from_data(data, ReadBandwidth, where=where, field=STATE_KEY)
+        raise RecordError(where, key, str(exc)) from None
+    return from_data(data, kind, where=where, field=key)
+
+
+def current_compute(state: Mapping[str, Any] | None, runner_source_sha256: str) -> bool:
+    """Whether the state's compute peak was measured with the runner it holds now."""
+    try:
+        recorded = recorded_compute(state, "state")
+    except RecordError:
+        return False
+    return recorded is not None and recorded.runner_source_sha256 == runner_source_sha256
 
 
 def current(state: Mapping[str, Any] | None, runner_source_sha256: str) -> bool:
@@ -116,3 +133,58 @@ def current(state: Mapping[str, Any] | None, runner_source_sha256: str) -> bool:
     except RecordError:
         return False
     return recorded is not None and recorded.runner_source_sha256 == runner_source_sha256
+
+
+# ---------------------------------------------------------------- peak arithmetic rate
+
+COMPUTE_STATE_KEY = "compute"  # the board state's key for the peak arithmetic rate
+MAX_OPS_PER_S = 1e15  # 1 POP/s: far above any board's CPU; a larger figure is a broken probe
+
+OpsPerSecond = Annotated[
+    float, msgspec.Meta(gt=0, le=MAX_OPS_PER_S, description="operations per second, above 0 and at most 1e15")
+]
+
+
+@dataclass(frozen=True)
+class ComputePeak:
+    """The board's peak arithmetic rate for the kernels it runs: XNNPACK's fp32 GEMM and its int8 GEMM (8-bit
+    weights, activations quantized per row at run time), each timed as a lowered Linear program the runner runs at
+    `threads` threads, as measured with the runner built from `runner_source_sha256`. A multiply-add is 2 ops."""
+
+    fp32_flops_per_s: OpsPerSecond
+    int8_ops_per_s: OpsPerSecond | None  # None: the int8 program could not run on this board
+    threads: Annotated[int, msgspec.Meta(ge=1)]
+    gemm: tuple[Annotated[int, msgspec.Meta(ge=1)], ...]  # M, K, N of the timed GEMM
+    runner_source_sha256: Sha256
+    measured_at: str
+
+    @property
+    def fp32_gflops(self) -> float:
+        return self.fp32_flops_per_s / 1e9
+
+    @property
+    def int8_gops(self) -> float | None:
+        return None if self.int8_ops_per_s is None else self.int8_ops_per_s / 1e9
+
+
+def compute_state_value(peak: ComputePeak) -> str:
+    return json.dumps(to_data(peak), sort_keys=True, separators=(",", ":"))
+
+
+def recorded_compute(state: Mapping[str, Any] | None, where: str) -> ComputePeak | None:
+    """The peak arithmetic rate a state (the board's, or a bundle's copy) records; None when it records none.
+    RecordError (65) when what it records is malformed or absurd."""
+    return _recorded(state, where, COMPUTE_STATE_KEY, ComputePeak)
+
+
+def peak_text(peak: ComputePeak | None) -> str:
+    """ "212 GFLOP/s fp32, 690 GOP/s int8"."""
+    if peak is None:
+        return "not measured: fab setup-board"
+    int8 = peak.int8_gops
+    return f"{rate_text(peak.fp32_gflops)} GFLOP/s fp32" + (f", {rate_text(int8)} GOP/s int8" if int8 else "")
+
+
+def rate_text(value: float) -> str:
+    """Three significant figures without an exponent: 274, 15.3, 0.452."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2g}"

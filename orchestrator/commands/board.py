@@ -14,6 +14,7 @@ from typing import Any
 from orchestrator import console
 from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board, load_inventory
+from orchestrator.boards.limits import peak_text
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.commands import options
 from orchestrator.commands.common import (
@@ -68,9 +69,10 @@ def setup_boards(boards: Sequence[Board], *, force: bool = False) -> int:
     return _finish(
         outcomes,
         "setup-board",
-        ["arch", "executorch", "runner", "read bandwidth", "result", "seconds"],
+        ["arch", "executorch", "runner", "read bandwidth", "peak", "result", "seconds"],
         lambda r: [r.arch, r.executorch_version, r.runner_version,
-                   f"{r.bandwidth.gb_per_s:.1f} GB/s" if r.bandwidth else (r.bandwidth_note or "—"),
+                   f"{r.bandwidth.gb_per_s:.1f} GB/s" if r.bandwidth else "; ".join(r.limits_notes) or "—",
+                   peak_text(r.compute),
                    "; ".join(r.actions) or "already up to date: nothing to do", round(r.seconds, 2)],
     )  # fmt: skip
 
@@ -218,10 +220,15 @@ def _matching_runs(entries: list[dict[str, Any]], run_id: str) -> list[dict[str,
     return found
 
 
-def boards_table(boards: Sequence[Board]) -> int:
+def boards_table(boards: Sequence[Board], inventory: str | None = None) -> int:
     """What each board is and how it is doing: reachable, arch, model, runtime, lock, temperature, governor; for a
     labgrid place also who reserved or locked it. Only looks: nothing is reserved or locked."""
+    # here, not at the top: the service state lives in the history (SQLAlchemy, a quarter second), which push, run
+    # and pull never read
+    from orchestrator.commands.health import say_out_of_service, service_cell, service_states
+
     statuses, outcomes = board_statuses(boards)
+    states = service_states(inventory)
     with_places = any(board.labgrid is not None for board in boards)
     rows = []
     for status in statuses:
@@ -230,12 +237,13 @@ def boards_table(boards: Sequence[Board]) -> int:
         rows.append([
             status.name, status.address, reachable, status.arch, status.board_model or ("—" if status.reachable
             else None), status.runtime, status.lock, *place, status.temperature_c, status.governor, status.counters,
-            status.bandwidth,
+            status.bandwidth, status.peak, service_cell(states, status.name),
         ])  # fmt: skip
     columns = ["board", "address", "reachable", "arch", "board model", "runtime", "lock"]
     columns += ["labgrid place"] if with_places else []
-    console.table("boards", [*columns, "temp °C", "governor", "counters", "read bandwidth"], rows)
+    console.table("boards", [*columns, "temp °C", "governor", "counters", "read bandwidth", "peak", "service"], rows)
     print_details(outcomes)
+    say_out_of_service(states)
     return exit_code(outcomes)
 
 
@@ -310,10 +318,26 @@ def pull_task(
     return pull(select_boards(inventory, board, group, tag, lg_wait), run_id=checked, latest=latest)
 
 
-def boards_task(*, board: str | None, group: str | None, tag: str | None, inventory: str | None) -> int:
-    """`fab boards`: the selected boards, else every board of the inventory."""
+def boards_task(
+    *, board: str | None, group: str | None, tag: str | None, inventory: str | None, health: bool = False
+) -> int:
+    """`fab boards [--health]`: the selected boards, else every board of the inventory."""
     selected = select_boards(inventory, board, group, tag) if (board or group or tag) else None
-    return boards_table(selected or select_all(load_inventory(Path(inventory) if inventory else None)))
+    chosen = selected or select_all(load_inventory(Path(inventory) if inventory else None))
+    if health:
+        from orchestrator.commands.health import health_task  # the history's SQLAlchemy: as in boards_table
+
+        return health_task(chosen, inventory)
+    return boards_table(chosen, inventory)
+
+
+def return_to_service(*, board: str | None, group: str | None, tag: str | None, inventory: str | None) -> int:
+    """`fab return-to-service --board NAME`: a board (or group, tag) must be named: never the whole lab by default."""
+    if not (board or group or tag):
+        raise UsageError("name the board to bring back: --board NAME (or --group, --tag)")
+    from orchestrator.commands.health import return_to_service_task  # the history's SQLAlchemy: as in boards_table
+
+    return return_to_service_task(select_boards(inventory, board, group, tag), inventory)
 
 
 def gc_task(

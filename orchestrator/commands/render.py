@@ -99,6 +99,9 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
     render_numerics(run)
     if run.energy is not None:
         console.plain(f"energy: {energy_text(run.energy)}")
+    roofline = run.operator_roofline.line if run.operator_roofline is not None else None
+    if roofline is not None:  # the costliest memory-bound FC/conv/bmm node (results/op_roofline.py)
+        console.plain(f"roofline: {roofline}")
     render_outputs(run)
     print_generation([(run.board or "?", run.model.name or "?", run.model.backend or "?", run)])
     for reason in run.validity.reasons:

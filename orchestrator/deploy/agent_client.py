@@ -141,6 +141,21 @@ class BoardAgent:
         args += ["--threads", str(threads)] if threads else []
         return self.call(*args, timeout=timeout + lock_timeout + 60)[0]
 
+    def health(self, model: str, inputs: str, reference: str, timeout: float, lock_timeout: float) -> dict[str, Any]:
+        """The health job's facts and verification run (deploy/health.py judges them)."""
+        args = ["health", "--model", model, "--inputs", inputs, "--reference", reference, "--timeout", str(timeout),
+                "--lock-timeout", str(lock_timeout)]  # fmt: skip
+        return self.call(*args, timeout=timeout + lock_timeout + 60)[0]
+
+    def time_program(
+        self, model: str, threads: int | None, iterations: int, warmup: int, timeout: float, lock_timeout: float
+    ) -> dict[str, Any]:
+        """The runner's timings of `model` under the board lock: {"exit_code", "timings" (text), "error"}."""
+        args = ["time-program", "--model", model, "--iterations", str(iterations), "--warmup", str(warmup),
+                "--timeout", str(timeout), "--lock-timeout", str(lock_timeout)]  # fmt: skip
+        args += ["--threads", str(threads)] if threads else []
+        return self.call(*args, timeout=timeout + lock_timeout + 60)[0]
+
     def build_runner(self, sdk: str, source: str, out: str, timeout: float = 3600) -> dict[str, Any]:
         return self.call("build-runner", "--sdk", sdk, "--source", source, "--out", out, timeout=timeout + 60)[0]
 

@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator.boards import labgrid
 from orchestrator.boards.fanout import BoardOutcome, fan_out, stage
 from orchestrator.boards.inventory import Board
-from orchestrator.boards.limits import recorded_bandwidth
+from orchestrator.boards.limits import peak_text, recorded_bandwidth, recorded_compute
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.provision import probe
 from orchestrator.records import RecordError
@@ -36,6 +36,7 @@ class BoardStatus:
     governor: str | None = None
     counters: str | None = None  # its PMU, paranoid level and the counters that open
     bandwidth: str | None = None  # its memory read bandwidth as setup-board measured it, or why there is none
+    peak: str | None = None  # its peak fp32 and int8 GEMM rates as setup-board measured them, or why not
     checked_at: float = 0.0  # time.time() of the look
 
 
@@ -84,6 +85,15 @@ def bandwidth_text(board: str, state: Any) -> str | None:
     if bandwidth is None:
         return "not measured: fab setup-board"
     return f"{bandwidth.gb_per_s:.1f} GB/s ({bandwidth.threads} thread{'s' if bandwidth.threads > 1 else ''})"
+
+
+def compute_text(board: str, state: Any) -> str | None:
+    if not isinstance(state, dict):
+        return None
+    try:
+        return peak_text(recorded_compute(state, f"{board}: state.json"))
+    except RecordError as exc:
+        return f"unreadable ({exc.field}): fab setup-board measures it again"
 
 
 def _number(value: Any) -> float | None:
@@ -137,6 +147,7 @@ def board_statuses(boards: Sequence[Board]) -> tuple[list[BoardStatus], list[Boa
                 governor=_text(info.get("governor")),
                 counters=perf_text(info.get("perf")),
                 bandwidth=bandwidth_text(o.board.name, facts.get("state")),
+                peak=compute_text(o.board.name, facts.get("state")),
                 checked_at=now,
             )
         )

@@ -188,9 +188,11 @@ def run_cells_on_board(
     on_cell: Callable[[CellOutcome], None] | None = None,
     results_root: Path | None = None,
     skip: Callable[[CellJob], bool] | None = None,
+    gate: Callable[[BoardConnection], None] | None = None,
 ) -> list[CellOutcome]:
     """setup → (push → run → pull → analyze) per artifact, one board. Never raises for board trouble.
-    `skip` is asked just before each cell runs: a cell it skips is neither run, reported nor returned."""
+    `skip` is asked just before each cell runs: a cell it skips is neither run, reported nor returned. `gate` runs
+    after the setup, before any cell (the nightly's health job): what it raises fails every cell at stage "health"."""
     cells = [CellOutcome(board.name, job.artifact.model, job.artifact.variant) for job in jobs]
     if analyze:
         prefetch_analysis()
@@ -214,6 +216,11 @@ def run_cells_on_board(
                 board_stage = "setup"
                 rows.step(None, "setup")
                 _setup_if_needed(conn, timer)
+            if gate is not None:
+                board_stage = "health"
+                rows.step(None, "health")
+                with timer.stage("health job"):
+                    gate(conn)
             board_stage = None
             rows.step(None, "waiting")
             for index, (cell, job) in enumerate(zip(cells, jobs, strict=True)):

@@ -16,11 +16,12 @@ import tarfile
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator import paths
 from orchestrator.errors import BoardError
 from orchestrator.fsutil import TMP_PREFIX, atomic_path, atomic_write_bytes
+from orchestrator.tensorfile import NamedTensor, write_tensors
 from orchestrator.versions import executorch_version
 
 MIN_GLIBC = (2, 28)  # executorch wheels are manylinux_2_28
@@ -157,18 +158,33 @@ def fetch_wheel(name: str, requirement: str, probe_facts: dict[str, Any], *, any
 _VERIFY_LOCK = threading.Lock()
 
 
-def verify_model() -> Path:
-    """A tiny XNNPACK-delegated program, lowered once per executorch version, to prove the board runs ours."""
-    target = paths.state_dir() / "cache" / f"verify-executorch-{executorch_version()}.pte"
-    if target.is_file():
-        return target
+class VerificationFiles(NamedTuple):
+    """The verification program, its inputs and the outputs eager PyTorch gave for them (the runner's reference)."""
+
+    program: Path
+    inputs: Path
+    reference: Path
+
+
+def verification_files() -> VerificationFiles:
+    """A tiny XNNPACK-delegated program with its inputs and reference, made once per executorch version: it proves
+    the board runs ours (setup-board) and computes right (the health job)."""
+    stem = paths.state_dir() / "cache" / f"verify-executorch-{executorch_version()}"
+    files = VerificationFiles(stem.with_suffix(".pte"), Path(f"{stem}.inputs.etlt"), Path(f"{stem}.reference.etlt"))
+    if all(path.is_file() for path in files):
+        return files
     with _VERIFY_LOCK:
-        if target.is_file():  # another board's thread lowered it while this one waited
-            return target
-        return _lower_verify_model(target)
+        if all(path.is_file() for path in files):  # another board's thread made them while this one waited
+            return files
+        _lower_verify_model(files)
+        return files
 
 
-def _lower_verify_model(target: Path) -> Path:
+def verify_model() -> Path:
+    return verification_files().program
+
+
+def _lower_verify_model(files: VerificationFiles) -> None:
     import torch
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
@@ -182,8 +198,13 @@ def _lower_verify_model(target: Path) -> Path:
             return torch.relu(self.linear(x)).cumsum(dim=1)  # cumsum stays portable: both paths run
 
     torch.manual_seed(0)
-    program = torch.export.export(Tiny().eval(), (torch.randn(1, 16),))
+    model, example = Tiny().eval(), torch.randn(1, 16)
+    program = torch.export.export(model, (example,))
     lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch()
-    with atomic_path(target) as tmp:
+    with torch.no_grad():
+        expected = model(example)
+    # inputs and reference first: the program is what says the three are there
+    write_tensors(files.inputs, [NamedTensor("input_0", example.numpy())])
+    write_tensors(files.reference, [NamedTensor("output_0", expected.numpy())])
+    with atomic_path(files.program) as tmp:
         tmp.write_bytes(lowered.buffer)
-    return target

@@ -23,8 +23,9 @@ from typing import Any
 
 from orchestrator import console, paths, strictjson
 from orchestrator.boards import limits as board_limits
-from orchestrator.boards.limits import ReadBandwidth
+from orchestrator.boards.limits import ComputePeak, ReadBandwidth, peak_text
 from orchestrator.boards.workdir import BoardWorkdir
+from orchestrator.deploy import board_limits as limits_probe
 from orchestrator.deploy import crossbuild
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.payload import (
@@ -54,7 +55,8 @@ class ProvisionReport:
     actions: list[str] = field(default_factory=list)
     seconds: float = 0.0
     bandwidth: ReadBandwidth | None = None  # the board's memory read bandwidth (boards/limits.py)
-    bandwidth_note: str | None = None  # why it was not measured
+    compute: ComputePeak | None = None  # its peak arithmetic rate (fp32 and int8 GEMM through XNNPACK)
+    limits_notes: list[str] = field(default_factory=list)  # why a limit was not measured
 
 
 # ---------------------------------------------------------------- probing
@@ -231,10 +233,13 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
         report.runner_version = (facts.get("runner") or {}).get("runner_version")
         state = facts.get("state") or {}
         runner_source = tree_sha256(paths.BOARD_SOURCE_DIR / "runner")
-        if board_limits.current(state, runner_source):
+        current = board_limits.current(state, runner_source)
+        if current:
             report.bandwidth = board_limits.recorded_bandwidth(state, f"{name}: state.json")
-        elif isinstance(state.get("runner_path"), str):  # provisioned before the probe, or a bad record: measure
-            _measure_limits(conn, BoardAgent(conn, workdir), runner_source, report)
+        if current and board_limits.current_compute(state, runner_source):
+            report.compute = board_limits.recorded_compute(state, f"{name}: state.json")
+        elif isinstance(state.get("runner_path"), str):  # provisioned before a probe, or a bad record: measure
+            _measure_limits(conn, BoardAgent(conn, workdir), runner_source, report, bandwidth=not current)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -321,27 +326,21 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
     return report
 
 
-PROBE_LOCK_TIMEOUT_S = 600.0  # a run holding the board finishes first: the probe never reads beside it
-
-
-def _measure_limits(conn: BoardConnection, agent: BoardAgent, runner_source: str, report: ProvisionReport) -> None:
-    """The board's read bandwidth at its run thread count, into its state and the report. A runner that cannot run
-    the probe is said (the board still runs programs); an answer that is malformed or absurd is refused (65) after
-    the rest of the setup is kept."""
-    name = conn.board.name
-    with console.StageTimer(prefix=f"{name}: ").stage("memory bandwidth probe", quiet=True):
-        answer = agent.probe_bandwidth(
-            conn.board.threads, board_limits.PROBE_ROUNDS, board_limits.PROBE_TIMEOUT_S, PROBE_LOCK_TIMEOUT_S
-        )
-    if answer.get("exit_code") != 0 or not isinstance(answer.get("answer"), str):
-        why = str(answer.get("error") or f"exit {answer.get('exit_code')}")
-        report.bandwidth_note = f"read bandwidth not measured: {why[:200]}"
-        console.warn(console.escape(f"{name}: {report.bandwidth_note}"))
-        return
-    bandwidth = board_limits.read_probe(answer["answer"], name, runner_source)  # BoardDataError (65) if malformed
-    agent.set_state({board_limits.STATE_KEY: board_limits.state_value(bandwidth)})
-    report.bandwidth = bandwidth
-    report.actions.append(f"measured the read bandwidth ({bandwidth.gb_per_s:.1f} GB/s)")
+def _measure_limits(
+    conn: BoardConnection, agent: BoardAgent, runner_source: str, report: ProvisionReport, *, bandwidth: bool = True
+) -> None:
+    """The board's limits at its run thread count, into its state and the report (deploy/board_limits.py). A probe
+    that cannot run is said (the board still runs programs); an answer that is malformed or absurd is refused (65)
+    after the rest of the setup is kept."""
+    measured = limits_probe.measure(conn, agent, runner_source, bandwidth=bandwidth)
+    if bandwidth:
+        report.bandwidth = measured.bandwidth
+    report.compute = measured.compute
+    report.limits_notes += measured.notes
+    if measured.bandwidth is not None:
+        report.actions.append(f"measured the read bandwidth ({measured.bandwidth.gb_per_s:.1f} GB/s)")
+    if measured.compute is not None:
+        report.actions.append(f"measured the peak ({peak_text(measured.compute)})")
 
 
 def _check_prerequisites(name: str, facts: dict[str, Any]) -> None:

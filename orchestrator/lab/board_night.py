@@ -23,9 +23,9 @@ from orchestrator.deploy.abtest import ABProgram, interleave
 from orchestrator.deploy.cells import CellJob, CellOutcome, run_cells_on_board
 from orchestrator.deploy.limits import MAX_THREADS
 from orchestrator.deploy.runs import RunParams
-from orchestrator.errors import EtlabError, first_line
+from orchestrator.errors import EtlabError, ExitCode, first_line
 from orchestrator.fsutil import read_json
-from orchestrator.lab import pending
+from orchestrator.lab import pending, service
 from orchestrator.lab.history import History
 from orchestrator.lab.history_url import problem
 from orchestrator.lab.judging import confirm, judge, judge_memory
@@ -119,6 +119,7 @@ def record_from_cell(
         peak_rss_bytes=summary.memory.peak_rss_bytes if summary and summary.memory else None,
         planned_bytes=summary.memory.planned_bytes if summary and summary.memory else None,
         generation=summary.generation if summary else None,
+        energy=summary.energy if summary else None,
         host=host,
     )
 
@@ -295,10 +296,17 @@ def run_board(ctx: NightContext, board: Board, planned: list[PlannedCell]) -> li
         ctx.places[board.name] = PlaceWait(str(lg.place), lg.coordinator, lg.waited)
     jobs: dict[tuple[str, Variant], CellJob] = {}
     failed, threads = [], {}
+    health = service.NightHealth(ctx.history, board.name)
+    out = health.out_of_service()
+    if out is not None:
+        console.warn(f"{board.name}: {out.describe()}: its cells are skipped; {service.bring_back_hint(board.name)}")
     for planned_cell in planned:
         model, variant, params = planned_cell.model, planned_cell.variant, planned_cell.params
         threads[(model, variant)] = params.threads or board.threads
-        if model in ctx.lowering_errors:
+        if out is not None:  # infrastructure, never a regression: the night says so and judges nothing here
+            failed.append(CellOutcome(board.name, model, variant, stage="out of service", error=out.describe(),
+                                      infrastructure=True, exit_class=ExitCode.UNAVAILABLE))  # fmt: skip
+        elif model in ctx.lowering_errors:
             failed.append(CellOutcome(board.name, model, variant, stage="lower", error=ctx.lowering_errors[model]))
         else:
             try:
@@ -350,9 +358,13 @@ def run_board(ctx: NightContext, board: Board, planned: list[PlannedCell]) -> li
 
     for cell in failed:
         record(cell)
+    if out is not None:
+        return failed
     cells = run_cells_on_board(
-        board, list(jobs.values()), on_cell=record_or_hold, results_root=ctx.results_root, skip=recorded_meanwhile
-    )
+        board, list(jobs.values()), on_cell=record_or_hold, results_root=ctx.results_root, skip=recorded_meanwhile,
+        gate=health.gate,
+    )  # fmt: skip
+    health.after(cells)
     # One cool-down for the board, shared by all its degraded cells (not one per cell), then each is re-measured.
     reasons_of = {c.cell: [r.reason for r in c.summary.validity.reasons] if c.summary else [] for c in held}
     if held:

@@ -108,6 +108,8 @@ runs = Table(
     Column("generation", JSON),
     # Added with lab nights (issue 39): the workstation or worker that ran the cell.
     Column("host", String(TEXT_SIZES["host"])),
+    # Added with energy (issue 55): summary.json's `energy`, measured or why not (records.to_data).
+    Column("energy", JSON),
     UniqueConstraint("night", "board", "model", "backend", name="one_cell_per_night"),
 )
 # A cell's nights (trends, baselines) and a board's latest run (the dashboard), without scanning every run.
@@ -128,6 +130,18 @@ op_medians = Table(
     Column("op_key", String(OP_KEY_SIZE), primary_key=True),  # "<chain>:<instruction>"
     Column("op_name", String(OP_NAME_SIZE), nullable=False),
     Column("median_ms", Float, nullable=False),
+)
+
+# Added with health checks (issue 55): each board's health-job streak and service state (lab/service.py).
+board_service = Table(
+    "board_service",
+    metadata,
+    Column("board", String(TEXT_SIZES["board"]), primary_key=True),
+    Column("failures", Integer, nullable=False, default=0),  # failed health jobs in a row
+    Column("out_since", DateTime(timezone=True)),  # out of service since; null: in service
+    Column("reason", Text),  # the failed checks that took it out
+    Column("checked_at", DateTime(timezone=True)),  # the last health job
+    Column("checks", JSON),  # the last health job's checks: [{"name", "ok", "detail"}]
 )
 
 
@@ -324,6 +338,7 @@ class History:
                     **{name: getattr(run, name) for name in STORED_FIELDS},
                     versions_key=versions_key(run.versions),
                     generation=to_data(run.generation),
+                    energy=to_data(run.energy),
                     created_at=created,
                 )
             ).inserted_primary_key
@@ -435,7 +450,7 @@ class History:
     def _record(self, row: Any, **details: Any) -> RunRecord:
         """A row read back through the one record reader (an older row's new columns are NULL: their defaults)."""
         stored = {name: getattr(row, name) for name in STORED_FIELDS}
-        stored.update(generation=row.generation, created_at=row.created_at, **details)
+        stored.update(generation=row.generation, energy=row.energy, created_at=row.created_at, **details)
         return read_run_record(stored, f"the history {self.where}: run {row.run_id}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,9 +37,12 @@ from orchestrator.results.verdicts import Kind
 
 
 def trend_figure(cell: tuple[str, str, str], records: Sequence[RunRecord], night: str) -> Any:
-    """Median latency per night with the p10-p90 band, and below it, on its own axis from zero, peak memory per
-    night (a second axis beside the latency spanned only its own few kilobytes and made them look dramatic). Every
-    marker is in a legend: tonight's ring, a degraded or invalid night's cross, a failed night's dashed line."""
+    """Median latency per night with the p10-p90 band, and below it, each on its own axis from zero, peak memory per
+    night (a second axis beside the latency spanned only its own few kilobytes and made them look dramatic), then,
+    once some night measured them, energy (J per inference; a language model's mJ per generated token) and a
+    language model's decode share of its board's memory roofline: a night that did not measure one is a gap, never
+    0. Every marker is in a legend: tonight's ring, a degraded or invalid night's cross, a failed night's dashed
+    line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -47,9 +51,10 @@ def trend_figure(cell: tuple[str, str, str], records: Sequence[RunRecord], night
 
     ok = [r for r in records if r.status == "ok" and r.latencies_ms]
     with_memory = [(r.night, r.peak_rss_bytes) for r in ok if r.peak_rss_bytes]
-    rows = 2 if with_memory else 1
+    panels = [panel for panel in _measured_panels(ok) if any(value is not None for value in panel[2])]
+    rows = 1 + bool(with_memory) + len(panels)
     fig, axes = plt.subplots(rows, 1, figsize=(7.5, 2.8 + 1.6 * (rows - 1)), dpi=110, sharex=True, squeeze=False,
-                             gridspec_kw={"height_ratios": [2, 1][:rows]})  # fmt: skip
+                             gridspec_kw={"height_ratios": [2] + [1] * (rows - 1)})  # fmt: skip
     ax = axes[0][0]
     if ok:
         xs = [r.night for r in ok]
@@ -84,9 +89,28 @@ def trend_figure(cell: tuple[str, str, str], records: Sequence[RunRecord], night
         memory_ax.set_ylabel("peak MB")
         memory_ax.grid(alpha=0.3)
         memory_ax.legend(fontsize=7, loc="lower left")
+    for row, (name, unit, values, colour) in enumerate(panels, start=1 + bool(with_memory)):
+        panel_ax = axes[row][0]
+        ys = [math.nan if value is None else value for value in values]  # not measured: a gap in the line
+        panel_ax.plot([r.night for r in ok], ys, marker="D", color=colour, label=name)
+        panel_ax.set_ylim(bottom=0, top=max(value for value in values if value is not None) * 1.15 or 1)
+        panel_ax.set_ylabel(unit)
+        panel_ax.grid(alpha=0.3)
+        panel_ax.legend(fontsize=7, loc="lower left")
     axes[-1][0].tick_params(axis="x", labelrotation=30, labelsize=8)
     fig.tight_layout()
     return fig
+
+
+def _measured_panels(ok: Sequence[RunRecord]) -> list[tuple[str, str, list[float | None], str]]:
+    """The trend's energy and roofline panels (name, unit, a value or None per night, colour)."""
+    if not any(r.generation is not None for r in ok):
+        return [("energy per inference", "J per inference", [r.joules_per_inference for r in ok], "#31a354")]
+    return [
+        ("energy per generated token", "mJ per token", [r.mj_per_token for r in ok], "#31a354"),
+        ("decode share of the memory roofline", "% of roofline",
+         [None if r.roofline_share is None else r.roofline_share * 100 for r in ok], "#e6550d"),
+    ]  # fmt: skip
 
 
 def trend_png(cell: tuple[str, str, str], records: Sequence[RunRecord], night: str) -> bytes:
@@ -269,6 +293,9 @@ def render_html(report: NightReport) -> str:
         parts.append("</table>")
 
     parts.append("<h2>Latency trends</h2>")
+    parts.append("<p>Below each cell's latency, on axes of their own from zero: peak memory and, once a night "
+                 "measured them, energy and a language model's decode share of its board's memory roofline; a night "
+                 "that did not measure them is a gap.</p>")  # fmt: skip
     for cell, records in sorted(report.history.items()):
         png = base64.b64encode(trend_png(cell, records, report.night)).decode()
         parts.append(

@@ -22,7 +22,7 @@ import msgspec
 from orchestrator.deploy.limits import MAX_THREADS
 from orchestrator.names import is_night
 from orchestrator.records import RecordError, Sha256, complete, from_data
-from orchestrator.results.summary import VALIDITY_LEVELS, Generation
+from orchestrator.results.summary import VALIDITY_LEVELS, EnergySummary, Generation
 from orchestrator.results.verdicts import Kind
 from orchestrator.strictjson import MAX_MAGNITUDE, JsonDataError
 
@@ -102,6 +102,7 @@ class RunRecord:
     planned_bytes: Bytes | None = None
     generation: Generation | None = None  # text-generation programs: TTFT, decode tok/s, token agreement, ...
     host: Host | None = None  # the workstation or lab worker that ran the cell
+    energy: EnergySummary | None = None  # summary.json's `energy`: measured, or why not (None: not recorded)
 
     def __post_init__(self) -> None:
         if not is_night(self.night):
@@ -115,6 +116,23 @@ class RunRecord:
     @property
     def cell(self) -> tuple[str, str, str]:
         return (self.board, self.model, self.backend)
+
+    @property
+    def joules_per_inference(self) -> float | None:
+        """The energy of one inference (of a language model: one whole generation); None when not measured."""
+        return self.energy.joules_per_inference if self.energy and self.energy.status == "measured" else None
+
+    @property
+    def mj_per_token(self) -> float | None:
+        """A language model's millijoules per generated token; None when not measured."""
+        joules = self.energy.joules_per_token if self.energy and self.energy.status == "measured" else None
+        return joules * 1000 if joules is not None else None
+
+    @property
+    def roofline_share(self) -> float | None:
+        """A language model's decode against its board's memory roofline (a share, 0.62); None when not measured."""
+        roofline = self.generation.roofline if self.generation is not None else None
+        return roofline.share if roofline is not None else None
 
 
 @dataclass(frozen=True)

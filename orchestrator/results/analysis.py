@@ -36,6 +36,7 @@ from orchestrator.results.generation import (
 from orchestrator.results.memory import memory_summary
 from orchestrator.results.modules import module_tree
 from orchestrator.results.numerics import numerics_document, numerics_row, run_numerics
+from orchestrator.results.op_roofline import run_rooflines
 from orchestrator.results.profile import Profile
 from orchestrator.results.roofline import decode_roofline
 from orchestrator.results.source_map import attribute, load_source_map
@@ -195,6 +196,10 @@ def analyze_bundle(
     if profile is not None:  # an ordinary run's modules add up to its median iteration; a generation's, its step's
         iterations = number_list(bundle.timings.get("iterations_ms")) if generated is None else []
         run = dataclasses.replace(run, modules=module_tree(profile, iterations))
+    before = f"{bundle.path}/board_info_before.json"
+    rooflines = run_rooflines(profile, pte, bundle.board_before, before, latency.threads)
+    if rooflines is not None:
+        run = dataclasses.replace(run, operator_roofline=rooflines.top())
     trace = trace_document(steps, run_id=run.run_id, model=run.model.name) if steps else None
     if steps and trace is None:
         source_notes.append(NO_TIMESTAMPS)
@@ -208,7 +213,7 @@ def analyze_bundle(
         bundle.path, run, profile, program=program, counters=counter_profile, phases=phases, trace=trace,
         numerics=numerics_document(numerics) if numerics is not None else None,
         numerics_rows=[numerics_row(row) for row in numerics.operators] if numerics is not None else (),
-        exported_program=sidecar.exported_program if sidecar is not None else None,
+        exported_program=sidecar.exported_program if sidecar is not None else None, rooflines=rooflines,
     )  # fmt: skip
     return summary
 

@@ -32,6 +32,7 @@ from orchestrator.results.trace import TRACE_FILE
 
 if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
     from orchestrator.results.counters_profile import CounterProfile
+    from orchestrator.results.op_roofline import OperatorRooflines
     from orchestrator.results.profile import Profile
 
 NUMERICS_DOCUMENT = "numerics.json"  # analysis/numerics.json: every operator of the numerics pass
@@ -82,12 +83,14 @@ def write_outputs(
     numerics: dict[str, Any] | None = None,
     numerics_rows: Sequence[NumericsRow] = (),
     exported_program: str | None = None,
+    rooflines: OperatorRooflines | None = None,
 ) -> list[Path]:
     """Everything goes to analysis/ and model_explorer/; summary.json last, as the commit point, the one file
     fsynced: the others are derived again from the raw bundle by `fab analyze` (fsutil.atomic_write_bytes).
 
     `phases` (a text-generation run: prefill, decode) get their own ops_<phase>.json and overlays; `trace` (results/
-    trace.py) is analysis/trace.json, the timeline.
+    trace.py) is analysis/trace.json, the timeline; `rooflines` (results/op_roofline.py) ops.json's `roofline` and
+    the `roofline_pct` overlay.
     """
     out = bundle_dir / ANALYSIS_DIR
     written = []
@@ -108,7 +111,8 @@ def write_outputs(
         atomic_write_json(out / NUMERICS_DOCUMENT, numerics, durable=False)
         written.append(out / NUMERICS_DOCUMENT)
     if profile is not None:
-        atomic_write_json(out / "ops.json", ops_document(profile, run.run_id, counters), durable=False, indent=None)
+        document = ops_document(profile, run.run_id, counters, rooflines)
+        atomic_write_json(out / "ops.json", document, durable=False, indent=None)
         atomic_write_text(out / "ops.csv", ops_csv(profile, counters), durable=False)
         written += [out / "ops.json", out / "ops.csv"]
         written += overlays.write_overlays(
@@ -122,6 +126,7 @@ def write_outputs(
             phases=phases,
             numerics=numerics_rows,
             exported_program=exported_program,
+            rooflines=rooflines,
         )
     for phase, phase_profile in (phases or {}).items():
         atomic_write_json(
@@ -219,7 +224,9 @@ def _counter_cells(counters: CounterProfile | None, node_id: str) -> dict[str, f
     return {metric: counters.values[metric].get(node_id) for metric in _counter_columns(counters)} if counters else {}
 
 
-def ops_document(profile: Profile, run_id: str, counters: CounterProfile | None = None) -> dict[str, Any]:
+def ops_document(
+    profile: Profile, run_id: str, counters: CounterProfile | None = None, rooflines: OperatorRooflines | None = None
+) -> dict[str, Any]:
     return {
         "schema": SUMMARY_SCHEMA,
         "run_id": run_id,
@@ -236,6 +243,7 @@ def ops_document(profile: Profile, run_id: str, counters: CounterProfile | None 
         "delegates": to_data([d.report() for d in profile.delegates]),
         "operator_types": profile.operator_types,
         "coverage": profile.coverage(),
+        "roofline": to_data(rooflines) if rooflines is not None else None,
     }
 
 

@@ -113,6 +113,17 @@ def read_numerics_file(path: Path) -> NumericsFile:
     return read
 
 
+def numerics_text(text: str, where: str) -> NumericsFile:
+    """A numerics.json the board answered as text (the health job's), typed; AnalysisError (65) names the field."""
+    try:
+        read = from_data(strictjson.loads(text, where=where, max_magnitude=1e300), NumericsFile, where=where)
+    except (JsonDataError, RecordError) as exc:
+        raise AnalysisError(f"numerics unusable: {exc}") from None
+    if read.schema != 1:
+        raise AnalysisError(f"{where}: schema: expected 1, got {read.schema}")
+    return read
+
+
 def sqnr_db(signal: float, noise: float) -> float:
     if noise <= 0 or not math.isfinite(noise):
         return EXACT_DB if noise == 0 else -EXACT_DB

@@ -16,6 +16,7 @@ import msgspec
 from orchestrator.errors import AnalysisError
 from orchestrator.records import Count, Duration, RecordError, from_data
 from orchestrator.results.documents import ANALYSIS_DIR, read_analysis_file
+from orchestrator.results.op_roofline import NodeRoofline, OperatorRooflines
 
 OPS_FILE = "ops.json"
 KERNEL_CALL, DELEGATE_CALL = "KernelCall", "DelegateCall"
@@ -99,6 +100,11 @@ class OpsRecord:
     instructions: tuple[InstructionTiming, ...]
     delegates: tuple[DelegateTiming, ...]
     method_ms: MethodTime | None = None
+    roofline: OperatorRooflines | None = None  # FC, convolutions, batch matmuls against the board's limits
+
+    def node_roofline(self, graph: str, node: str) -> NodeRoofline | None:
+        """A delegate node's figures against the board's limits; None: not a FC/conv/bmm, or not timed."""
+        return self.roofline.find(graph, node) if self.roofline is not None else None
 
     def kernel_calls(self) -> Iterator[InstructionTiming]:
         return (i for i in self.instructions if i.kind == KERNEL_CALL)

@@ -33,6 +33,7 @@ from orchestrator.results.summary import Counters, NumericsRow
 
 if TYPE_CHECKING:  # the types only: reading and writing documents needs no numpy
     from orchestrator.results.counters_profile import CounterProfile
+    from orchestrator.results.op_roofline import OperatorRooflines
     from orchestrator.results.profile import Attribution, DelegateProfile, Profile
 
 
@@ -56,6 +57,7 @@ RED_YELLOW_GREEN = [  # a value where higher is better (an SQNR): the lowest red
     {"stop": 1.0, "bgColor": "#4caf50"},
 ]
 NUMERICS_METRICS = ("sqnr", "introduced_db")  # the numerics pass's: me_overlay_sqnr.json, me_overlay_introduced_db.json
+ROOFLINE_PCT = "roofline_pct"  # FC, convolutions, batch matmuls against the board's limits (results/op_roofline.py)
 BLUE_WHITE_RED = [
     {"stop": 0.0, "bgColor": "#2166ac"},
     {"stop": 0.5, "bgColor": "#ffffff"},
@@ -236,6 +238,21 @@ def write_numerics_overlays(
     return on_pte, on_pt2
 
 
+def write_roofline_overlay(bundle_dir: Path, rooflines: OperatorRooflines, run_id: str) -> Path | None:
+    """me_overlay_roofline_pct.json: each FC, convolution and batch matmul node inside the delegates, its achieved
+    rate as a share (%) of what the board's roofline lets it reach (red: far below); None when no node has one."""
+    graphs = rooflines.overlay_values()
+    if not graphs:
+        return None
+    label = f"{ROOFLINE_PCT}: % of the binding limit, bandwidth or peak ({run_id})"
+    document = {
+        graph: graph_node_data(label, values, RED_YELLOW_GREEN, (0.0, 100.0)) for graph, values in graphs.items()
+    }
+    path = overlay_path(bundle_dir, ROOFLINE_PCT)
+    atomic_write_json(path, document, durable=False, indent=None)
+    return path
+
+
 def write_overlays(
     bundle_dir: Path,
     profile: Profile,
@@ -248,10 +265,12 @@ def write_overlays(
     phases: Mapping[str, Profile] | None = None,
     numerics: Sequence[NumericsRow] | None = None,
     exported_program: str | None = None,
+    rooflines: OperatorRooflines | None = None,
 ) -> list[Path]:
     """Write one overlay per metric (timing, live bytes, each captured counter, the numerics pass's SQNR and
-    introduced error) plus the index; return the paths. `exported_program`: the .pt2 a quantized program's numerics
-    paint when its profile names none (a tap is named by its .pt2 node).
+    introduced error, the operators' roofline share when the board's limits are measured) plus the index; return
+    the paths. `exported_program`: the .pt2 a quantized program's numerics paint when its profile names none (a tap
+    is named by its .pt2 node).
 
     `phases` (prefill, decode of a text-generation run) add `me_overlay_<phase>_<metric>` for each timing metric.
     """
@@ -302,6 +321,10 @@ def write_overlays(
         exported.update(on_pt2)
         written += [overlay_path(bundle_dir, metric) for metric in on_pte]
         written += [overlay_path(bundle_dir, EXPORTED_PREFIX + metric) for metric in on_pt2]
+    roofline_path = write_roofline_overlay(bundle_dir, rooflines, run_id) if rooflines is not None else None
+    if roofline_path is not None:
+        written.append(roofline_path)
+        extra[ROOFLINE_PCT] = roofline_path.name
     coverage = profile.coverage()
     index = {
         "schema": 1,
@@ -311,6 +334,11 @@ def write_overlays(
         "method": profile.method,
         "metrics": {metric: overlay_path(bundle_dir, metric).name for metric in METRICS} | extra,
         "live_bytes": {"file": extra[LIVE_BYTES], "measures": LIVE_BYTES_MEANS} if LIVE_BYTES in extra else None,
+        "roofline_pct": (
+            {"file": extra.get(ROOFLINE_PCT), "limits": rooflines.limits.text, "note": rooflines.note}
+            if rooflines is not None
+            else None
+        ),
         "counters": _counters_index(counters, counters_summary),
         # by cost, the costliest first (Model Explorer's own list is in program order, with node counts)
         "delegate_graphs": [d.graph_id for d in by_cost(profile.delegates) if d.status == "placed"],

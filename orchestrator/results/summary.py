@@ -31,6 +31,7 @@ from orchestrator.records import (
     write_document,
 )
 from orchestrator.results.modules import ModuleTree
+from orchestrator.results.op_roofline import OperatorRooflines
 from orchestrator.results.summary_outputs import Accuracy, Correctness
 
 SUMMARY_SCHEMA = 1
@@ -304,6 +305,8 @@ class RunSummary(Document):
     generation: Generation | None = None  # text-generation programs only
     modules: ModuleTree | None = None  # the time by module of the model: programs with a source map only
     energy: EnergySummary | None = None  # None: a bundle from before energy was recorded
+    # FC, convolutions and batch matmuls against the board's bandwidth and peak: the counts and the costliest few
+    operator_roofline: OperatorRooflines | None = None
     validity: Validity
 
     def __post_init__(self) -> None:

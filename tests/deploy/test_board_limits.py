@@ -1,8 +1,8 @@
-"""setup-board measures the board's read bandwidth with its own runner (issue 55), keeps it in the board's state and
-`fab boards` shows it. A board whose probe fails says why and still runs programs; one whose probe answers
-something absurd is refused (65) with the field named, the rest of its setup kept, and it still runs programs.
-The two odd boards are the local board with its runner behind a wrapper that answers `--probe-bandwidth` as such a
-board would (every other call goes to the real runner)."""
+"""setup-board measures the board's read bandwidth and its peak fp32 and int8 GEMM rates with its own runner (issue
+55), keeps them in the board's state and `fab boards` shows them. A board whose probe fails says why and still runs
+programs; one whose probe answers something absurd is refused (65) with the field named, the rest of its setup
+kept, and it still runs programs. The two odd boards are the local board with its runner behind a wrapper that
+answers `--probe-bandwidth` as such a board would (every other call goes to the real runner)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.boards.inventory import Board
-from orchestrator.boards.limits import recorded_bandwidth
+from orchestrator.boards.limits import current_compute, peak_text, recorded_bandwidth, recorded_compute
+from orchestrator.deploy.board_limits import GEMM
 from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.artifacts import ARTIFACT_CACHE
 from tests.plugins.boards import provision_board, write_inventory
@@ -61,8 +62,15 @@ def test_setup_board_measures_the_read_bandwidth_and_odd_probes_never_cost_the_b
     assert report.bandwidth is not None and 0 < report.bandwidth.gb_per_s < 1000
     state = json.loads((tmp_path / "wd" / "state.json").read_text())
     assert recorded_bandwidth(state, "state.json") == report.bandwidth
+    # ... and its peak arithmetic rate: XNNPACK's fp32 and int8 GEMMs, each a lowered Linear the runner timed. The
+    # int8 GEMM moves a quarter of the bytes and multiplies narrower numbers: never slower than 1/4 of the fp32 one.
+    peak = report.compute
+    assert peak is not None and peak.int8_ops_per_s is not None and peak.gemm == GEMM, report.limits_notes
+    assert 0.01 < peak.fp32_gflops < 1e5 and peak.int8_ops_per_s > peak.fp32_flops_per_s / 4
+    assert recorded_compute(state, "state.json") == peak and current_compute(state, peak.runner_source_sha256)
     listed = _fab(tmp_path, board, "boards")
     assert listed.returncode == 0 and f"{report.bandwidth.gb_per_s:.1f} GB/s" in listed.stdout, listed.stdout
+    assert peak_text(peak) in " ".join(listed.stdout.split()), listed.stdout
 
     # A board that cannot run the probe: said, the setup succeeds, programs run.
     _behind_a_wrapper(board, tmp_path, 'echo "etlab_runner: error: cannot allocate 268435456 bytes" >&2; exit 2')

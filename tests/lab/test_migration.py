@@ -53,6 +53,9 @@ def test_an_old_inventory_names_the_programs_its_history_and_sidecars_hold(tmp_p
     history = History(url)
     try:
         assert history.recorded_cells(OLD_NIGHT) == planned == CELLS
+        # its rows from before energy was stored (issue 55): the column added, each row's energy None
+        old_runs = history.runs(night=OLD_NIGHT)
+        assert len(old_runs) == len(CELLS) and all(run.energy is None for run in old_runs)
     finally:
         history.close()
 

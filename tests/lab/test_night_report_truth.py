@@ -29,7 +29,9 @@ def test_the_report_s_trend_has_honest_axes_and_a_legend_for_every_marker(genera
     records = sorted(generation_nights.records(), key=lambda r: r.night)
     cell = records[0].cell
     figure = trend_figure(cell, records, GENERATION_NIGHTS[-1])
-    latency, memory = figure.axes  # no second y-axis sharing the latency's plot
+    # no second y-axis sharing the latency's plot; energy and the roofline share, once measured, on axes of their own
+    latency, memory, *measured = figure.axes
+    assert {axis.get_ylabel() for axis in measured} <= {"mJ per token", "% of roofline"}
     assert memory.get_ylim()[0] == 0 and latency.get_ylim()[0] == 0
     peaks = [r.peak_rss_bytes / 1e6 for r in records if r.peak_rss_bytes]
     assert memory.get_ylim()[1] >= max(peaks)

@@ -170,6 +170,50 @@ def test_trend_holds_every_night_and_marks_changes(history_file: Path) -> None:
     assert trend.baseline == NightSpan(first=eligible[-7], last=eligible[-1])
 
 
+def test_trend_shows_energy_and_the_roofline_share_with_gaps_for_nights_not_measured(tmp_path: Path) -> None:
+    """Energy per night (J per inference; a language model's mJ per token) and the decode's roofline share, in the
+    trend's table and its plot data: a night that did not measure them is a dash and null (a gap), never 0."""
+    import json
+    import re
+
+    from orchestrator.lab.run_record import RunRecord
+    from orchestrator.results.summary import DecodeRoofline, EnergySummary, Generation
+
+    measured = EnergySummary(status="measured", mean_watts=6.5, joules_per_inference=0.13, joules_per_token=0.0125)
+    not_measured = EnergySummary(status="not measured", why="no PMIC on this board")
+    history = History(f"sqlite:///{tmp_path / 'history.sqlite'}")
+    vision, lm = ("pi5", "distilbert-tiny", "xnnpack"), ("pi5", "smollm2", "xnnpack")
+    for index, (energy, share) in enumerate([(measured, 0.62), (not_measured, None), (None, None)]):
+        roofline = DecodeRoofline(weights_bytes=9, kv_bytes_per_token=1, bytes_per_token=10, achieved_gb_per_s=4.5,
+                                  bandwidth_gb_per_s=share and 4.5 / share, share=share)  # fmt: skip
+        generation = Generation(prompt_len=8, new_tokens=8, context=64, generations=3, ttft_ms=2.5,
+                                prefill_tokens_per_s=3200.0, decode_tokens_per_s=500.0, roofline=roofline)  # fmt: skip
+        for cell in (vision, lm):
+            history.record(RunRecord(run_id=f"{index}-{cell[1]}", night=night(index), board=cell[0], model=cell[1],
+                                     backend=cell[2], status="ok", validity="valid", median_ms=20.0, energy=energy,
+                                     generation=generation if cell == lm else None))  # fmt: skip
+    try:
+        pages_of = {cell: data.trend(data.Lab(None, history), cell) for cell in (vision, lm)}
+    finally:
+        history.close()
+    shown = pages_of[vision]
+    assert shown.measures_energy and [p.joules_per_inference for p in shown.points] == [0.13, None, None]
+    assert [p.roofline_share for p in pages_of[lm].points] == [0.62, None, None]
+    assert [p.mj_per_token for p in pages_of[lm].points] == [12.5, None, None]
+
+    def column(page: str, name: str) -> list[str]:
+        return [re.sub(r"<[^>]+>", "", cell) for cell in re.findall(rf'<td class="{name}">(.*?)</td>', page)]
+
+    page = pages.render_page("trend", shown, pages.Links())
+    assert "<th>J/inference</th>" in page and "<th>roofline</th>" not in page and 'id="trend-energy"' in page
+    assert column(page, "energy") == ["–", "–", "0.13"]  # newest night first
+    plotted = json.loads(re.findall(r'id="page-data">(.*?)</script>', page, re.S)[0])
+    assert [p["joules_per_inference"] for p in plotted["points"]] == [0.13, None, None]
+    page = pages.render_page("trend", pages_of[lm], pages.Links())
+    assert "<th>mJ/token</th>" in page and "<th>roofline</th>" in page and 'id="trend-roofline"' in page
+    assert column(page, "energy") == ["–", "–", "12.5"] and column(page, "roofline") == ["–", "–", "62 %"]
+
+
 def test_either_source_alone(tmp_path: Path, history_file: Path) -> None:
     absent = tmp_path / "nothing" / "history.sqlite"
     empty = Sources(tmp_path / "no-results", f"sqlite:///{absent}")

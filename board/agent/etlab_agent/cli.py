@@ -20,6 +20,7 @@ from . import AGENT_VERSION
 from .bundles import collect_garbage, list_bundles
 from .errors import AgentError, BadInput, ExitCode
 from .files import log
+from .health import health_check
 from .info import collect_info
 from .lock import BoardLock, current_holder, describe_holder
 from .process import run_probe
@@ -31,6 +32,7 @@ from .profile import (
     profile,
 )
 from .state import read_state, runner_from_state, update_state
+from .timing import time_program
 from .workdir import Workdir
 
 
@@ -281,6 +283,41 @@ def probe_bandwidth(
         "answer": stdout[:PROBE_ANSWER_CAP].decode("utf-8", errors="replace"),
         "error": error[0][:400] if error else None,
     }, ExitCode.OK
+
+
+@cli.command()
+@click.option("--model", required=True, help="The verification program (.pte), pushed content-addressed.")
+@click.option("--inputs", required=True, help="Its inputs (ETLT).")
+@click.option("--reference", required=True, help="Its outputs on the workstation (ETLT), compared by the runner.")
+@click.option("--timeout", type=POSITIVE_SECONDS, default=120.0, show_default=True)
+@click.option("--lock-timeout", type=SECONDS, default=DEFAULT_LOCK_TIMEOUT_SECONDS, show_default=True)
+@click.pass_obj
+@json_command
+def health(
+    workdir: Workdir, model: str, inputs: str, reference: str, timeout: float, lock_timeout: float
+) -> tuple[dict[str, Any], int]:
+    """The health job: disk and memory free, throttling, governors, and the verification program run against its
+    reference under the board lock. Facts only: the workstation judges them."""
+    paths = [Path(p).expanduser() for p in (model, inputs, reference)]
+    return health_check(workdir, *paths, timeout, lock_timeout), ExitCode.OK
+
+
+@cli.command(name="time-program")
+@click.option("--model", required=True, help="The program (.pte), pushed content-addressed.")
+@click.option("--threads", type=click.IntRange(min=1), help="Threads (default: every core).")
+@click.option("--iterations", type=click.IntRange(min=1, max=1000), default=10, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0, max=1000), default=2, show_default=True)
+@click.option("--timeout", type=POSITIVE_SECONDS, default=300.0, show_default=True)
+@click.option("--lock-timeout", type=SECONDS, default=DEFAULT_LOCK_TIMEOUT_SECONDS, show_default=True)
+@click.pass_obj
+@json_command
+def time_program_command(
+    workdir: Workdir, model: str, threads: int | None, iterations: int, warmup: int, timeout: float, lock_timeout: float
+) -> tuple[dict[str, Any], int]:
+    """The runner's timings of a program under the board lock, as text for the workstation to check (the compute
+    probe's GEMMs); no bundle."""
+    document = time_program(workdir, Path(model).expanduser(), threads, iterations, warmup, timeout, lock_timeout)
+    return document, ExitCode.OK
 
 
 @cli.command(name="lock-status")

@@ -18,6 +18,7 @@ STATE_KEYS = (
     "runner_build",
     "provisioned_at",
     "limits",  # the board's measured limits (its read bandwidth), JSON text written by the workstation
+    "compute",  # its peak arithmetic rate (fp32 and int8 GEMM through XNNPACK), JSON text written by the workstation
 )
 
 

@@ -268,7 +268,8 @@ def _looked_at(status: BoardStatus | None) -> BoardNow:
 
 
 def trend(lab: Lab, cell: Cell) -> TrendPage:
-    """One cell night by night: medians, p90, peak memory, verdicts, program changes and the baseline window."""
+    """One cell night by night: medians, p90, peak memory, energy and a language model's roofline share (None on a
+    night that did not measure them), verdicts, program changes and the baseline window."""
     if lab.history is None:
         raise NotFound("no nightly history")
     records = list(reversed(lab.history.records(cell=cell)))
@@ -288,6 +289,9 @@ def trend(lab: Lab, cell: Cell) -> TrendPage:
                 decode_tokens_per_s=record.generation.decode_tokens_per_s if record.generation else None,
                 ttft_ms=record.generation.ttft_ms if record.generation else None,
                 peak_mb=record.peak_rss_bytes / 1e6 if record.peak_rss_bytes else None,
+                joules_per_inference=record.joules_per_inference,
+                mj_per_token=record.mj_per_token,
+                roofline_share=record.roofline_share,
                 verdict=_verdict(record),
                 validity=record.validity,
                 reasons=list(record.reasons or []),
@@ -307,6 +311,7 @@ def trend(lab: Lab, cell: Cell) -> TrendPage:
         cell=TrendCell(board=cell[0], model=cell[1], backend=cell[2], key=cell_key(cell)),
         points=points,
         generates=any(p.decode_tokens_per_s is not None for p in points),
+        measures_energy=any(p.joules_per_inference is not None or p.mj_per_token is not None for p in points),
         baseline=NightSpan(first=window[0].night, last=window[-1].night) if window else None,
         latest=latest,
     )

@@ -131,6 +131,9 @@ class TrendPoint:
     decode_tokens_per_s: float | None
     ttft_ms: float | None
     peak_mb: float | None
+    joules_per_inference: float | None  # None: not measured (a gap in the trend, never 0)
+    mj_per_token: float | None  # a language model's energy per generated token
+    roofline_share: float | None  # a language model's decode share of its board's memory roofline
     verdict: str
     validity: str | None
     reasons: list[Any]
@@ -150,6 +153,7 @@ class TrendPage:
     cell: TrendCell
     points: list[TrendPoint]
     generates: bool
+    measures_energy: bool  # some night measured the board's energy
     baseline: NightSpan | None  # the latest night's baseline window
     latest: TrendPoint
 
@@ -196,6 +200,8 @@ class OperatorRow:
     source: str | None = None  # "modeling_distilbert.py:182 in forward"
     inside: str | None = None  # an XNNPACK node's: the delegate call it runs in
     shape: str | None = None  # an XNNPACK node's output dims: "1×128×768"
+    # a FC/conv/bmm node against the board's limits: "memory-bound 71%", "compute-bound 38%"; None: not measured
+    roofline: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

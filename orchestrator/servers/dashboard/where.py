@@ -6,7 +6,7 @@ for the run page's chart (the compare page's modules: results/compare_modules.py
 from __future__ import annotations
 
 from orchestrator.results.modules import ModuleTree
-from orchestrator.results.ops_record import DELEGATE_CALL, OpsRecord
+from orchestrator.results.ops_record import DELEGATE_CALL, DelegateTiming, OpsRecord
 from orchestrator.servers.dashboard.records import DelegateGroup, ModuleTime, OperatorRow, OperatorType
 
 TOP_OPERATORS = 12
@@ -38,7 +38,8 @@ def operator_rows(
                 OperatorRow(node_id=f"{i.node_id}/{node.node}", kind="XNNPACK node", op=node.type,
                             mean_ms=node.mean_ms, median_ms=node.median_ms, share=node.ms / total * 100,
                             module=node.module, source=node.source, inside=i.node_id,
-                            shape="×".join(map(str, node.shape)) if node.shape else None)
+                            shape="×".join(map(str, node.shape)) if node.shape else None,
+                            roofline=_roofline(ops, delegate, node.node))
                 for node in nodes
             ]  # fmt: skip
         elif i.median_ms > 0:
@@ -49,6 +50,12 @@ def operator_rows(
     rows.sort(key=lambda row: -(row.median_ms or 0.0))
     groups.sort(key=lambda group: -group.share)
     return rows[:limit], groups, operator_types(rows, total)[:limit]
+
+
+def _roofline(ops: OpsRecord, delegate: DelegateTiming | None, node: str) -> str | None:
+    """The node against the board's limits (results/op_roofline.py), as the column says it; None: not measured."""
+    row = ops.node_roofline(delegate.graph_id, node) if delegate is not None else None
+    return (row.label or None) if row is not None else None
 
 
 def operator_types(rows: list[OperatorRow], total: float) -> list[OperatorType]:

@@ -82,6 +82,19 @@ function trend(data) {
   plot("trend-decode", [{name: "decode tokens/s", x: nights, y: data.points.map((p) => p.decode_tokens_per_s),
     type: "scatter", mode: "lines+markers"}], {title: {text: "decode speed per night"},
     yaxis: {title: {text: "tokens/s"}, rangemode: "tozero"}, xaxis: {type: "category"}, shapes: shapes});
+  // Energy and the decode's share of the memory roofline: a night that did not measure them is null, a gap.
+  const energy = data.points.map((p) => (data.generates ? p.mj_per_token : p.joules_per_inference));
+  const unit = data.generates ? "mJ per token" : "J per inference";
+  plot("trend-energy", [{name: "energy", x: nights, y: energy, type: "scatter", mode: "lines+markers",
+    hovertemplate: "%{x}: %{y:.3g} " + unit + "<extra></extra>"}], {title: {text: "energy per night"},
+    showlegend: true, yaxis: {title: {text: unit}, range: [0, topOf(energy)]}, xaxis: {type: "category"},
+    shapes: shapes.filter((s) => s.type === "rect")});
+  const shares = data.points.map((p) => (typeof p.roofline_share === "number" ? p.roofline_share * 100 : null));
+  plot("trend-roofline", [{name: "decode share of the roofline", x: nights, y: shares, type: "scatter",
+    mode: "lines+markers", hovertemplate: "%{x}: %{y:.0f} %<extra></extra>"}],
+    {title: {text: "decode share of the memory roofline per night"}, showlegend: true,
+    yaxis: {title: {text: "%"}, range: [0, topOf(shares)]}, xaxis: {type: "category"},
+    shapes: shapes.filter((s) => s.type === "rect")});
 }
 
 function run(data) {

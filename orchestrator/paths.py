@@ -29,5 +29,12 @@ def state_dir() -> Path:
     return _root_from_env("ETLAB_STATE", PROJECT_ROOT / ".etlab")
 
 
+def cache_dir() -> Path:
+    """Programs etlab makes for itself, the same on every state of this machine and named by the versions that make
+    them (the verification program, the compute probe's GEMMs): shared, so a lab worker's fresh state lowers none."""
+    home_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return _root_from_env("ETLAB_CACHE", home_cache / "etlab")
+
+
 def default_inventory() -> Path:
     return _root_from_env("ETLAB_INVENTORY", PROJECT_ROOT / "inventory.yaml")

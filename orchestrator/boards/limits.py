@@ -119,17 +119,18 @@ def _recorded(state: Mapping[str, Any] | None, where: str, key: str, kind: type[
 
 def current_compute(state: Mapping[str, Any] | None, runner_source_sha256: str) -> bool:
     """Whether the state's compute peak was measured with the runner it holds now."""
-    try:
-        recorded = recorded_compute(state, "state")
-    except RecordError:
-        return False
-    return recorded is not None and recorded.runner_source_sha256 == runner_source_sha256
+    return _measured_with(state, COMPUTE_STATE_KEY, runner_source_sha256)
 
 
 def current(state: Mapping[str, Any] | None, runner_source_sha256: str) -> bool:
     """Whether the state's bandwidth was measured with the runner it holds now."""
+    return _measured_with(state, STATE_KEY, runner_source_sha256)
+
+
+def _measured_with(state: Mapping[str, Any] | None, key: str, runner_source_sha256: str) -> bool:
+    kind: type[ReadBandwidth | ComputePeak] = ReadBandwidth if key == STATE_KEY else ComputePeak
     try:
-        recorded = recorded_bandwidth(state, "state")
+        recorded = _recorded(state, "state", key, kind)
     except RecordError:
         return False
     return recorded is not None and recorded.runner_source_sha256 == runner_source_sha256
@@ -183,6 +184,20 @@ def peak_text(peak: ComputePeak | None) -> str:
         return "not measured: fab setup-board"
     int8 = peak.int8_gops
     return f"{rate_text(peak.fp32_gflops)} GFLOP/s fp32" + (f", {rate_text(int8)} GOP/s int8" if int8 else "")
+
+
+LIMITS_CAPTION = "limits: memory read bandwidth, peak GEMM rate fp32/int8 (fab setup-board measures them)"
+
+
+def limits_cell(bandwidth: ReadBandwidth | None, peak: ComputePeak | None) -> str:
+    """A board's limits in one table cell: "10.1 GB/s, 274/371 GOP/s" (fp32 GFLOP/s / int8 GOP/s)."""
+    if bandwidth is None and peak is None:
+        return "not measured: fab setup-board"
+    read = f"{bandwidth.gb_per_s:.1f} GB/s" if bandwidth is not None else "read not measured"
+    if peak is None:
+        return f"{read}, peak not measured"
+    int8 = peak.int8_gops
+    return f"{read}, {rate_text(peak.fp32_gflops)}/{rate_text(int8) if int8 else '—'} GOP/s"
 
 
 def rate_text(value: float) -> str:

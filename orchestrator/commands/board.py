@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator import console
 from orchestrator.boards.fanout import BoardOutcome, exit_code, fan_out, stage
 from orchestrator.boards.inventory import Board, load_inventory
-from orchestrator.boards.limits import peak_text
+from orchestrator.boards.limits import LIMITS_CAPTION, limits_cell
 from orchestrator.boards.workdir import BoardWorkdir
 from orchestrator.commands import options
 from orchestrator.commands.common import (
@@ -69,11 +69,10 @@ def setup_boards(boards: Sequence[Board], *, force: bool = False) -> int:
     return _finish(
         outcomes,
         "setup-board",
-        ["arch", "executorch", "runner", "read bandwidth", "peak", "result", "seconds"],
+        ["arch", "executorch", "runner", "limits", "result", "seconds"],
         lambda r: [r.arch, r.executorch_version, r.runner_version,
-                   f"{r.bandwidth.gb_per_s:.1f} GB/s" if r.bandwidth else "; ".join(r.limits_notes) or "—",
-                   peak_text(r.compute),
-                   "; ".join(r.actions) or "already up to date: nothing to do", round(r.seconds, 2)],
+                   limits_cell(r.bandwidth, r.compute),
+                   "; ".join(r.actions + r.limits_notes) or "already up to date: nothing to do", round(r.seconds, 2)],
     )  # fmt: skip
 
 
@@ -229,6 +228,9 @@ def boards_table(boards: Sequence[Board], inventory: str | None = None) -> int:
 
     statuses, outcomes = board_statuses(boards)
     states = service_states(inventory)
+    # the service column once a board has failed a health job; every board in service says nothing
+    listed = [(states or {}).get(board.name) for board in boards]
+    with_service = any(state is not None and (state.failures or not state.in_service) for state in listed)
     with_places = any(board.labgrid is not None for board in boards)
     rows = []
     for status in statuses:
@@ -237,11 +239,14 @@ def boards_table(boards: Sequence[Board], inventory: str | None = None) -> int:
         rows.append([
             status.name, status.address, reachable, status.arch, status.board_model or ("—" if status.reachable
             else None), status.runtime, status.lock, *place, status.temperature_c, status.governor, status.counters,
-            status.bandwidth, status.peak, service_cell(states, status.name),
+            status.limits, *([service_cell(states, status.name)] if with_service else []),
         ])  # fmt: skip
     columns = ["board", "address", "reachable", "arch", "board model", "runtime", "lock"]
     columns += ["labgrid place"] if with_places else []
-    console.table("boards", [*columns, "temp °C", "governor", "counters", "read bandwidth", "peak", "service"], rows)
+    columns += ["temp °C", "governor", "counters", "limits"]
+    console.table(
+        "boards", [*columns, *(["service"] if with_service else [])], rows, caption=LIMITS_CAPTION, whole=["address"]
+    )  # an address cut short names no board
     print_details(outcomes)
     say_out_of_service(states)
     return exit_code(outcomes)

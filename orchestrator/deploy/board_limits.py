@@ -23,7 +23,7 @@ from orchestrator.boards import limits
 from orchestrator.boards.limits import ComputePeak, ReadBandwidth
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.errors import BoardDataError
-from orchestrator.fsutil import atomic_path
+from orchestrator.fsutil import atomic_path, file_lock
 from orchestrator.records import RecordError, from_data, to_data
 from orchestrator.transport import BoardConnection
 from orchestrator.transport.transfer import push_file
@@ -127,9 +127,12 @@ def _rate(answer: Mapping[str, object], where: str, notes: list[str]) -> float |
 def probe_programs() -> dict[str, Path]:
     """The fp32 and int8 GEMM programs, lowered once per executorch version and GEMM shape."""
     m, k, n = GEMM
-    folder = paths.state_dir() / "cache"
+    folder = paths.cache_dir()
     found = {kind: folder / f"compute-probe-{kind}-{m}x{k}x{n}-executorch-{executorch_version()}.pte" for kind in KINDS}
-    with _LOWER_LOCK:
+    if all(target.is_file() for target in found.values()):
+        return found
+    folder.mkdir(parents=True, exist_ok=True)
+    with _LOWER_LOCK, file_lock(folder / "compute-probe.lock"):  # one thread and one process lowers them
         for kind, target in found.items():
             if not target.is_file():
                 _lower(kind, target)

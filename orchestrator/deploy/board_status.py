@@ -14,7 +14,7 @@ from typing import Any
 from orchestrator.boards import labgrid
 from orchestrator.boards.fanout import BoardOutcome, fan_out, stage
 from orchestrator.boards.inventory import Board
-from orchestrator.boards.limits import peak_text, recorded_bandwidth, recorded_compute
+from orchestrator.boards.limits import limits_cell, recorded_bandwidth, recorded_compute
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.deploy.provision import probe
 from orchestrator.records import RecordError
@@ -35,8 +35,7 @@ class BoardStatus:
     temperature_c: float | None = None
     governor: str | None = None
     counters: str | None = None  # its PMU, paranoid level and the counters that open
-    bandwidth: str | None = None  # its memory read bandwidth as setup-board measured it, or why there is none
-    peak: str | None = None  # its peak fp32 and int8 GEMM rates as setup-board measured them, or why not
+    limits: str | None = None  # its read bandwidth and peak GEMM rates as setup-board measured them, or why not
     checked_at: float = 0.0  # time.time() of the look
 
 
@@ -74,24 +73,13 @@ def perf_text(perf: Any) -> str | None:
     return "; ".join(parts)
 
 
-def bandwidth_text(board: str, state: Any) -> str | None:
-    """ "10.1 GB/s (2 threads)", or why it is not known."""
+def limits_text(board: str, state: Any) -> str | None:
+    """ "10.1 GB/s, 274/371 GOP/s" (boards/limits.py limits_cell), or why they are not known."""
     if not isinstance(state, dict):
         return None
     try:
-        bandwidth = recorded_bandwidth(state, f"{board}: state.json")
-    except RecordError as exc:
-        return f"unreadable ({exc.field}): fab setup-board measures it again"
-    if bandwidth is None:
-        return "not measured: fab setup-board"
-    return f"{bandwidth.gb_per_s:.1f} GB/s ({bandwidth.threads} thread{'s' if bandwidth.threads > 1 else ''})"
-
-
-def compute_text(board: str, state: Any) -> str | None:
-    if not isinstance(state, dict):
-        return None
-    try:
-        return peak_text(recorded_compute(state, f"{board}: state.json"))
+        where = f"{board}: state.json"
+        return limits_cell(recorded_bandwidth(state, where), recorded_compute(state, where))
     except RecordError as exc:
         return f"unreadable ({exc.field}): fab setup-board measures it again"
 
@@ -146,8 +134,7 @@ def board_statuses(boards: Sequence[Board]) -> tuple[list[BoardStatus], list[Boa
                 temperature_c=_number(info.get("temperature_c")),
                 governor=_text(info.get("governor")),
                 counters=perf_text(info.get("perf")),
-                bandwidth=bandwidth_text(o.board.name, facts.get("state")),
-                peak=compute_text(o.board.name, facts.get("state")),
+                limits=limits_text(o.board.name, facts.get("state")),
                 checked_at=now,
             )
         )

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from orchestrator import paths
 from orchestrator.errors import BoardError
-from orchestrator.fsutil import TMP_PREFIX, atomic_path, atomic_write_bytes
+from orchestrator.fsutil import TMP_PREFIX, atomic_path, atomic_write_bytes, file_lock
 from orchestrator.tensorfile import NamedTensor, write_tensors
 from orchestrator.versions import executorch_version
 
@@ -169,14 +169,15 @@ class VerificationFiles(NamedTuple):
 def verification_files() -> VerificationFiles:
     """A tiny XNNPACK-delegated program with its inputs and reference, made once per executorch version: it proves
     the board runs ours (setup-board) and computes right (the health job)."""
-    stem = paths.state_dir() / "cache" / f"verify-executorch-{executorch_version()}"
+    stem = paths.cache_dir() / f"verify-executorch-{executorch_version()}"
     files = VerificationFiles(stem.with_suffix(".pte"), Path(f"{stem}.inputs.etlt"), Path(f"{stem}.reference.etlt"))
     if all(path.is_file() for path in files):
         return files
-    with _VERIFY_LOCK:
-        if all(path.is_file() for path in files):  # another board's thread made them while this one waited
-            return files
-        _lower_verify_model(files)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    # one thread (torch.export's module-level state) and one process (an xdist worker, a lab worker) at a time
+    with _VERIFY_LOCK, file_lock(Path(f"{stem}.lock")):
+        if not all(path.is_file() for path in files):  # else another board's thread or process made them meanwhile
+            _lower_verify_model(files)
         return files
 
 

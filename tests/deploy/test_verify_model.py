@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # lowers a real (tiny) program
 
 
 def test_two_boards_asking_at_once_get_one_program(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ETLAB_STATE", str(tmp_path / "state"))
+    monkeypatch.setenv("ETLAB_CACHE", str(tmp_path / "cache"))  # none made yet
     start = threading.Barrier(3)
     got: list[Path] = []
     failed: list[BaseException] = []

@@ -245,8 +245,12 @@ def boards_table(boards: Sequence[Board], inventory: str | None = None) -> int:
     columns += ["labgrid place"] if with_places else []
     columns += ["temp °C", "governor", "counters", "limits"]
     console.table(
-        "boards", [*columns, *(["service"] if with_service else [])], rows, caption=LIMITS_CAPTION, whole=["address"]
-    )  # an address cut short names no board
+        "boards",
+        [*columns, *(["service"] if with_service else [])],
+        rows,
+        caption=LIMITS_CAPTION,
+        whole=["board", "address"],
+    )  # a name or address cut short names no board
     print_details(outcomes)
     say_out_of_service(states)
     return exit_code(outcomes)

@@ -5,7 +5,6 @@ sees the same; without one, the default SQLite history."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,12 +24,17 @@ from orchestrator.transport import connect
 
 
 def history_url(inventory: str | None) -> str:
-    """The inventory's nightly history, else the default one (where `fab nightly` records without one)."""
-    with contextlib.suppress(InventoryError):
+    """The inventory's nightly history, else the default one (where `fab nightly` records without one). A malformed
+    `history:` is named (64), never another history read or written in its place."""
+    try:
         found = load_inventory(Path(inventory) if inventory else None)
-        if found.nightly_node is not None:
-            return load_history_url(found) or default_url()
-    return default_url()
+    except InventoryError:
+        if inventory:  # named by the user: its problems are theirs to fix
+            raise
+        return default_url()
+    if found.nightly_node is None:
+        return default_url()
+    return load_history_url(found) or default_url()
 
 
 def _open(url: str, *, create: bool) -> History | None:

@@ -2,13 +2,18 @@
 memory read bandwidth (the runner's `--probe-bandwidth`: every thread sums its slice of a buffer far larger than the
 last-level cache), and the peak arithmetic rate of XNNPACK's fp32 and int8 GEMMs (ComputePeak, state key `compute`).
 
-It is the roofline of an LLM decode step, which reads every weight once a token. It is re-measured whenever the
-board is provisioned (a new runner, a new ExecuTorch) and when the state has none for the runner it holds, and it
-travels with every run in `board_info_before.json`'s state, so a bundle says which bandwidth it was judged against.
+It is the roofline of an LLM decode step, which reads every weight once a token. It is re-measured when the runner
+or the board changes: whenever the board is provisioned (a new runner, a new ExecuTorch), when the state has none for
+the runner it holds, and when the board's conditions differ from those recorded with it (MeasuredUnder: its kernel,
+firmware, config.txt and cpufreq governor, which move a Pi's limits; a record from before they were kept counts as
+unknown and is measured again once). deploy/board_limits.py compares them with results/validity.py's
+condition_changes. It travels with every run in `board_info_before.json`'s state, so a bundle says which bandwidth
+it was judged against.
 
 The probe's answer is untrusted like everything a board sends: strict JSON, every field typed, a bandwidth above
 0 and at most 1 TB/s (no board's memory comes near; a larger figure is a broken probe). A malformed answer is
 refused (exit 65, naming the field); a board whose runner cannot run the probe says why and still runs programs.
+A recorded measure is read back as strictly (RecordError, 65, naming the field), its conditions too.
 """
 
 from __future__ import annotations
@@ -29,6 +34,20 @@ STATE_KEY = "limits"  # the board state's key (board/agent/etlab_agent/state.py 
 MAX_BYTES_PER_S = 1e12  # 1 TB/s
 PROBE_TIMEOUT_S = 300.0  # an emulated board reads its 256 MiB slowly
 PROBE_ROUNDS = 4
+
+Condition = Annotated[str, msgspec.Meta(max_length=200, description="a board condition, at most 200 characters")]
+
+
+@dataclass(frozen=True)
+class MeasuredUnder:
+    """The board's conditions a limit was measured under, from the agent's `info` as results/validity.py's
+    board_conditions reads it; None where the board does not say (no vcgencmd, no config.txt, no cpufreq)."""
+
+    kernel: Condition | None
+    firmware: Condition | None  # `vcgencmd version`'s build date and version
+    config_txt_sha256: Sha256 | None
+    governor: Condition | None
+
 
 BytesPerSecond = Annotated[
     float, msgspec.Meta(gt=0, le=MAX_BYTES_PER_S, description="bytes per second, above 0 and at most 1 TB/s")
@@ -62,13 +81,16 @@ class ReadBandwidth:
     llc_bytes: Count
     runner_source_sha256: Sha256
     measured_at: str
+    conditions: MeasuredUnder | None = None  # None: recorded before conditions were kept (unknown)
 
     @property
     def gb_per_s(self) -> float:
         return self.bytes_per_s / 1e9
 
 
-def read_probe(text: str, board: str, runner_source_sha256: str) -> ReadBandwidth:
+def read_probe(
+    text: str, board: str, runner_source_sha256: str, conditions: MeasuredUnder | None = None
+) -> ReadBandwidth:
     """The runner's answer checked field by field (BoardDataError, 65, naming the field)."""
     where = f"{board}: etlab_runner --probe-bandwidth"
     try:
@@ -87,6 +109,7 @@ def read_probe(text: str, board: str, runner_source_sha256: str) -> ReadBandwidt
         llc_bytes=answer.llc_bytes,
         runner_source_sha256=runner_source_sha256,
         measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        conditions=conditions,
     )
 
 
@@ -158,6 +181,7 @@ class ComputePeak:
     gemm: tuple[Annotated[int, msgspec.Meta(ge=1)], ...]  # M, K, N of the timed GEMM
     runner_source_sha256: Sha256
     measured_at: str
+    conditions: MeasuredUnder | None = None  # None: recorded before conditions were kept (unknown)
 
     @property
     def fp32_gflops(self) -> float:

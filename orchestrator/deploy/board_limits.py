@@ -5,6 +5,10 @@
   channel, activations quantized per row at run time, as `--quantize int8-dynamic` lowers a Linear), each a lowered
   Linear program of GEMM's shape that the runner times (the best of ITERATIONS runs: the least disturbed).
 
+Each measure keeps the board's conditions it was measured under (limits.MeasuredUnder, from the agent's `info`);
+setup-board measures both again when they differ from the board's conditions now (changed_conditions, with
+results/validity.py's condition_changes), and says what changed.
+
 A probe that cannot run is said and the board still runs programs; an answer that is malformed or absurd is refused
 (BoardDataError, 65), naming the field.
 """
@@ -17,14 +21,16 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator import console, paths, strictjson
 from orchestrator.boards import limits
-from orchestrator.boards.limits import ComputePeak, ReadBandwidth
+from orchestrator.boards.limits import ComputePeak, MeasuredUnder, ReadBandwidth
 from orchestrator.deploy.agent_client import BoardAgent
 from orchestrator.errors import BoardDataError
 from orchestrator.fsutil import atomic_path, file_lock
 from orchestrator.records import RecordError, from_data, to_data
+from orchestrator.results.validity import board_conditions, condition_changes
 from orchestrator.transport import BoardConnection
 from orchestrator.transport.transfer import push_file
 from orchestrator.versions import executorch_version
@@ -50,16 +56,75 @@ class _Timings:
     iterations_ms: tuple[float, ...]
 
 
-def measure(conn: BoardConnection, agent: BoardAgent, runner_source: str, *, bandwidth: bool = True) -> MeasuredLimits:
-    """The board's limits into its state; `bandwidth=False` measures the compute peak alone."""
+def measure(
+    conn: BoardConnection,
+    agent: BoardAgent,
+    runner_source: str,
+    *,
+    bandwidth: bool = True,
+    conditions: MeasuredUnder | None = None,
+) -> MeasuredLimits:
+    """The board's limits into its state, each with the board's conditions (`conditions`, else asked of the agent);
+    `bandwidth=False` measures the compute peak alone."""
     measured = MeasuredLimits()
+    under = conditions if conditions is not None else conditions_now(agent)
     if bandwidth:
-        measured.bandwidth = _bandwidth(conn, agent, runner_source, measured.notes)
-    measured.compute = _compute(conn, agent, runner_source, measured.notes)
+        measured.bandwidth = _bandwidth(conn, agent, runner_source, under, measured.notes)
+    measured.compute = _compute(conn, agent, runner_source, under, measured.notes)
     return measured
 
 
-def _bandwidth(conn: BoardConnection, agent: BoardAgent, runner_source: str, notes: list[str]) -> ReadBandwidth | None:
+# ---------------------------------------------------------------- the conditions the limits were measured under
+
+UNKNOWN_CONDITIONS = "board conditions not recorded"  # a limit recorded before they were kept
+
+
+def conditions_now(agent: BoardAgent) -> MeasuredUnder:
+    """The board's conditions now, from its agent's `info` (one round trip), read as a run's are
+    (results/validity.py board_conditions); BoardDataError (65) naming the field when they are malformed."""
+    found = board_conditions(agent.info(), None)
+    where = f"{agent.board_name}: info"
+    values = {key: found[key] for key in ("kernel", "firmware", "config_txt_sha256")}
+    try:
+        return from_data({**values, "governor": found["governor_before"]}, MeasuredUnder, where=where)
+    except RecordError as exc:
+        raise BoardDataError(str(exc)) from None
+
+
+def changed_conditions(state: Mapping[str, Any] | None, now: MeasuredUnder, where: str) -> list[str]:
+    """How the board's conditions `now` differ from those its recorded limits were measured under, as readable
+    phrases (condition_changes: "kernel 6.6.51 → 6.6.62"; UNKNOWN_CONDITIONS for a limit recorded before they were
+    kept); [] when nothing changed. A missing or malformed limit is no change here: limits.current already has it
+    measured again."""
+    changes: list[str] = []
+    for read in (limits.recorded_bandwidth, limits.recorded_compute):
+        try:
+            recorded = read(state, where)
+        except RecordError:
+            continue
+        if recorded is None:
+            continue
+        phrases = (
+            [UNKNOWN_CONDITIONS]
+            if recorded.conditions is None
+            else condition_changes(_as_conditions(recorded.conditions), _as_conditions(now))
+        )
+        changes += [phrase for phrase in phrases if phrase not in changes]
+    return changes
+
+
+def _as_conditions(under: MeasuredUnder) -> dict[str, str | None]:
+    """As results/validity.py's board_conditions names them, for condition_changes."""
+    return {"kernel": under.kernel, "firmware": under.firmware, "config_txt_sha256": under.config_txt_sha256,
+            "governor_before": under.governor}  # fmt: skip
+
+
+# ---------------------------------------------------------------- the probes
+
+
+def _bandwidth(
+    conn: BoardConnection, agent: BoardAgent, runner_source: str, under: MeasuredUnder, notes: list[str]
+) -> ReadBandwidth | None:
     name = conn.board.name
     with console.StageTimer(prefix=f"{name}: ").stage("memory bandwidth probe", quiet=True):
         answer = agent.probe_bandwidth(conn.board.threads, limits.PROBE_ROUNDS, limits.PROBE_TIMEOUT_S,
@@ -69,12 +134,14 @@ def _bandwidth(conn: BoardConnection, agent: BoardAgent, runner_source: str, not
         notes.append(f"read bandwidth not measured: {why[:200]}")
         console.warn(console.escape(f"{name}: {notes[-1]}"))
         return None
-    found = limits.read_probe(answer["answer"], name, runner_source)  # BoardDataError (65) if malformed
+    found = limits.read_probe(answer["answer"], name, runner_source, under)  # BoardDataError (65) if malformed
     agent.set_state({limits.STATE_KEY: limits.state_value(found)})
     return found
 
 
-def _compute(conn: BoardConnection, agent: BoardAgent, runner_source: str, notes: list[str]) -> ComputePeak | None:
+def _compute(
+    conn: BoardConnection, agent: BoardAgent, runner_source: str, under: MeasuredUnder, notes: list[str]
+) -> ComputePeak | None:
     name = conn.board.name
     rates: dict[str, float | None] = {}
     with console.StageTimer(prefix=f"{name}: ").stage("compute probe (fp32 and int8 GEMM)", quiet=True):
@@ -91,7 +158,7 @@ def _compute(conn: BoardConnection, agent: BoardAgent, runner_source: str, notes
         peak = ComputePeak(
             fp32_flops_per_s=rates["fp32"], int8_ops_per_s=rates["int8"], threads=threads, gemm=GEMM,
             runner_source_sha256=runner_source,
-            measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            measured_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), conditions=under,
         )  # fmt: skip
         peak = from_data(to_data(peak), ComputePeak, where=f"{name}: compute probe")  # the bounds, checked
     except RecordError as exc:

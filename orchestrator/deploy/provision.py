@@ -4,7 +4,8 @@ The board needs only python3 and what we push: the board/ tree, the click wheel 
 SDK from the wheel built for the board's platform (at exactly the workstation's executorch version), and the
 runner. The runner is built on the board when it has g++ (with cmake/ninja wheels when the board has none
 recent enough), or cross-built on the workstation and pushed (`build: board | workstation | auto`). A board
-that is already up to date costs one probe round trip; before a run, `quick_check` settles even that with one
+that is already up to date costs one probe round trip and one agent `info` (whether its limits were measured under
+the board's conditions now: boards/limits.py); before a run, `quick_check` settles even that with one
 shell command (no Python start, no compiler probing) and falls back to the probe when anything is off.
 """
 
@@ -232,14 +233,8 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
         report.up_to_date = True
         report.runner_version = (facts.get("runner") or {}).get("runner_version")
         state = facts.get("state") or {}
-        runner_source = tree_sha256(paths.BOARD_SOURCE_DIR / "runner")
-        current = board_limits.current(state, runner_source)
-        if current:
-            report.bandwidth = board_limits.recorded_bandwidth(state, f"{name}: state.json")
-        if current and board_limits.current_compute(state, runner_source):
-            report.compute = board_limits.recorded_compute(state, f"{name}: state.json")
-        elif isinstance(state.get("runner_path"), str):  # provisioned before a probe, or a bad record: measure
-            _measure_limits(conn, BoardAgent(conn, workdir), runner_source, report, bandwidth=not current)
+        if isinstance(state.get("runner_path"), str):
+            _limits_of_a_provisioned_board(conn, BoardAgent(conn, workdir), state, report)
         report.seconds = time.perf_counter() - started
         return report
 
@@ -326,13 +321,41 @@ def setup_board(conn: BoardConnection, *, force: bool = False, verify: bool = Tr
     return report
 
 
-def _measure_limits(
-    conn: BoardConnection, agent: BoardAgent, runner_source: str, report: ProvisionReport, *, bandwidth: bool = True
+def _limits_of_a_provisioned_board(
+    conn: BoardConnection, agent: BoardAgent, state: dict[str, Any], report: ProvisionReport
 ) -> None:
-    """The board's limits at its run thread count, into its state and the report (deploy/board_limits.py). A probe
-    that cannot run is said (the board still runs programs); an answer that is malformed or absurd is refused (65)
-    after the rest of the setup is kept."""
-    measured = limits_probe.measure(conn, agent, runner_source, bandwidth=bandwidth)
+    """The limits the state records, when they were measured with the runner the board holds and under the board's
+    conditions now (kernel, firmware, config.txt, governor: one `info` round trip); else measured again, saying what
+    changed. A board provisioned before a probe, or with a malformed record, is measured too."""
+    where = f"{conn.board.name}: state.json"
+    runner_source = tree_sha256(paths.BOARD_SOURCE_DIR / "runner")
+    now = limits_probe.conditions_now(agent)
+    changes = limits_probe.changed_conditions(state, now, where)
+    if changes:
+        said = f"  {conn.board.name}: {'; '.join(changes)}: the board's limits are measured again"
+        console.info(console.escape(said))
+    current = not changes and board_limits.current(state, runner_source)
+    if current:
+        report.bandwidth = board_limits.recorded_bandwidth(state, where)
+    if current and board_limits.current_compute(state, runner_source):
+        report.compute = board_limits.recorded_compute(state, where)
+    else:
+        _measure_limits(conn, agent, runner_source, report, bandwidth=not current, conditions=now)
+
+
+def _measure_limits(
+    conn: BoardConnection,
+    agent: BoardAgent,
+    runner_source: str,
+    report: ProvisionReport,
+    *,
+    bandwidth: bool = True,
+    conditions: board_limits.MeasuredUnder | None = None,
+) -> None:
+    """The board's limits at its run thread count, into its state and the report (deploy/board_limits.py), with the
+    board's conditions (`conditions`, else asked of its agent). A probe that cannot run is said (the board still runs
+    programs); an answer that is malformed or absurd is refused (65) after the rest of the setup is kept."""
+    measured = limits_probe.measure(conn, agent, runner_source, bandwidth=bandwidth, conditions=conditions)
     if bandwidth:
         report.bandwidth = measured.bandwidth
     report.compute = measured.compute

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator import console
-from orchestrator.results.summary import Generation, RunSummary
+from orchestrator.results.summary import Generation, PrefillRoofline, RunSummary
 
 # (board, model, backend, the run's summary): one run of a text-generation program
 GenerationRun = tuple[str, str, str, RunSummary]
@@ -18,7 +18,7 @@ GENERATION_CAPTION = (
     "tokens: prompt + new / KV cache positions; TTFT: the prompt's prefill (median); decode tok/s: the steps after "
     "the first token (median over the generations); step ms: a decode step's p50 / p90 / max; peak MB: RSS while "
     "prefilling / decoding; roofline: the bytes a decode step reads (weights, KV cache filled) x tok/s against the "
-    "board's read bandwidth (setup-board)"
+    "board's read bandwidth, and the prefill's matrix products against its peak arithmetic rate (setup-board)"
 )
 
 
@@ -41,6 +41,7 @@ class GenerationFigures:
     kv_cache: str | None
     ids: str  # the generated ids against eager greedy generation's
     roofline: str  # the decode's share of the board's memory bandwidth
+    prefill_roofline: str  # the prefill's share of the board's compute (or memory) roofline
     prompt_len: int
     decode_steps: int  # per generation: the first token comes from the prefill
     generations: int
@@ -64,10 +65,29 @@ class GenerationFigures:
             peak_mb=_in_threes([memory.get(key) for key in ("prefill", "decode")], "{:.1f}", scale=1e-6),
             kv_cache=None if generation.kv_cache_bytes is None else console.format_bytes(generation.kv_cache_bytes),
             ids=generation.ids_text, roofline=generation.roofline.share_text if generation.roofline else "-",
+            prefill_roofline=generation.prefill_roofline.share_text if generation.prefill_roofline else "-",
             prompt_len=generation.prompt_len, decode_steps=max(generation.new_tokens - 1, 0),
             generations=generation.generations, size_bytes=summary.model.size_bytes,
             parameters=summary.model.parameters, threads=summary.latency.threads,
         )  # fmt: skip
+
+
+def prefill_text(prefill: PrefillRoofline, ttft_ms: float | None) -> str:
+    """One line on the prefill against the board's limits, and where the rest of its time went: "13.6 GOP in 1
+    call at 170 GOP/s: 41% of the compute roofline (33.1 ms at the peaks; the matrix products took 52.0 ms of the
+    80.0 ms TTFT)"."""
+    calls = f"{prefill.calls} call" + ("s" if prefill.calls != 1 else "")
+    work = f"{prefill.ops / 1e9:.1f} GOP" if prefill.ops >= 1e8 else f"{prefill.ops / 1e6:.2f} MOP"
+    head = f"{work} in {calls} at {prefill.achieved_gops:.1f} GOP/s: {prefill.share_text}"
+    least = prefill.memory_ms if prefill.bound == "memory" else prefill.compute_ms
+    said = []
+    if least is not None:
+        said.append(f"{least:.3g} ms at the board's {'bandwidth' if prefill.bound == 'memory' else 'peaks'}")
+    if prefill.kernels_ms is not None and ttft_ms and prefill.calls == 1:
+        said.append(f"the matrix products took {prefill.kernels_ms:.3g} ms of the {ttft_ms:.3g} ms TTFT")
+    if prefill.note:
+        said.append(prefill.note)
+    return head + (f" ({'; '.join(said)})" if said else "")
 
 
 def generation_figures(runs: Sequence[GenerationRun]) -> list[GenerationFigures]:
@@ -89,12 +109,12 @@ def print_generation(runs: Sequence[GenerationRun]) -> None:
         return
     rows = [
         [f.board, f.model, f.backend, f.tokens, f.ttft_ms, f.decode_tokens_per_s, f.steps_ms, f.peak_mb, f.kv_cache,
-         f.ids, f.roofline]
+         f.ids, f"decode {f.roofline}; prefill {f.prefill_roofline}"]
         for f in figures
     ]  # fmt: skip
     # The names (a program's says its context and attention) and the single figures are never cut or broken; the
     # headers and the figures in threes wrap at their spaces instead, so the table fits 140 columns and cuts nothing.
-    whole = ("model", "backend", "TTFT ms", "decode tok/s", "KV cache", "roofline")
+    whole = ("model", "backend", "TTFT ms", "decode tok/s", "KV cache")
     console.table("Generation", TABLE_COLUMNS, rows, caption=GENERATION_CAPTION, whole=whole,
                   fold=[column for column in TABLE_COLUMNS if column not in whole])  # fmt: skip
     for board, model, backend, summary in runs:
@@ -108,6 +128,7 @@ LLAMA_BENCH_COLUMNS = {"model": -30, "size": 10, "params": 10, "backend": -10, "
 ETLAB_COLUMNS = {
     "model": -30, "backend": -10, "board": -10, "prompt+new/ctx": 14, "TTFT ms": 10, "step ms p50/p90/max": 20,
     "peak MB prefill/decode": 22, "KV cache": 10, "ids vs eager greedy": -20, "decode roofline": -22,
+    "prefill roofline": -22,
 }  # fmt: skip
 
 
@@ -138,7 +159,7 @@ def generation_markdown(runs: Sequence[GenerationRun]) -> str | None:
         {"model": f.model, "backend": f.backend, "board": f.board, "run": f.run_id, "prompt+new/ctx": f.tokens,
          "TTFT ms": _text(f.ttft_ms), "step ms p50/p90/max": f.steps_ms.replace(" ", ""),
          "peak MB prefill/decode": f.peak_mb.replace(" ", ""), "KV cache": _text(f.kv_cache),
-         "ids vs eager greedy": f.ids, "decode roofline": f.roofline}
+         "ids vs eager greedy": f.ids, "decode roofline": f.roofline, "prefill roofline": f.prefill_roofline}
         for f in figures
     ]  # fmt: skip
     counts = sorted({f.generations for f in figures})

@@ -155,10 +155,14 @@ def _kernel(fields: object) -> ConvKernel | None:
     return ConvKernel(*(int(value) for value in found))  # type: ignore[arg-type]
 
 
+NO_VALUE = 0xFFFFFFFF  # XNN_INVALID_VALUE_ID: a field left unset, as a Linear without bias leaves its `biasId`
+
+
 def _input_ids(fields: object) -> tuple[int, ...]:
-    """The value ids a node's table reads: its `*Id` fields but the output (inputId, input1Id, filterId, biasId...)."""
+    """The value ids a node's table reads: its `*Id` fields but the output (inputId, input1Id, filterId, biasId...),
+    those set."""
     found = vars(fields).items() if fields is not None and hasattr(fields, "__dict__") else ()
-    return tuple(v for k, v in found if k.endswith("Id") and k != "outputId" and isinstance(v, int))
+    return tuple(v for k, v in found if k.endswith("Id") and k != "outputId" and isinstance(v, int) and v != NO_VALUE)
 
 
 def _values(graph: object) -> dict[int, XnnValue]:

@@ -27,6 +27,7 @@ from orchestrator.results.etdump_profile import _method_totals, inferred_ns_per_
 from orchestrator.results.generation import (
     DECODE,
     PHASES,
+    PREFILL,
     GenerationTimings,
     generation_summary,
     judge_tokens,
@@ -36,9 +37,9 @@ from orchestrator.results.generation import (
 from orchestrator.results.memory import memory_summary
 from orchestrator.results.modules import module_tree
 from orchestrator.results.numerics import numerics_document, numerics_row, run_numerics
-from orchestrator.results.op_roofline import run_rooflines
+from orchestrator.results.op_roofline import SequenceRows, run_rooflines
 from orchestrator.results.profile import Profile
-from orchestrator.results.roofline import decode_roofline
+from orchestrator.results.roofline import decode_roofline, prefill_roofline, prompt_calls
 from orchestrator.results.source_map import attribute, load_source_map
 from orchestrator.results.summary import TokenCheck
 from orchestrator.results.summary_checks import hashing_times
@@ -179,8 +180,12 @@ def analyze_bundle(
     if generated is not None:
         recorded = sidecar.generation if sidecar is not None else None
         figures = generation_summary(generated, bundle.timings, recorded=recorded, tokens=tokens, memory=memory)
-        roofline = decode_roofline(figures, sidecar, bundle.board_before, f"{bundle.path}/board_info_before.json")
-        run = dataclasses.replace(run, generation=dataclasses.replace(figures, roofline=roofline))
+        before = f"{bundle.path}/board_info_before.json"
+        roofline = decode_roofline(figures, sidecar, bundle.board_before, before)
+        prefill = prefill_roofline(figures, sidecar, pte, bundle.board_before, before, latency.threads,
+                                   bundle.method, phases.get(PREFILL))  # fmt: skip
+        run = dataclasses.replace(run, generation=dataclasses.replace(figures, roofline=roofline,
+                                                                      prefill_roofline=prefill))  # fmt: skip
     decode_rate = run.generation.decode_tokens_per_s if run.generation is not None else None
     run = dataclasses.replace(run, energy=energy_summary(bundle.path, bundle.run, latency.median_ms, decode_rate))
     if scheme.quantized:
@@ -197,7 +202,8 @@ def analyze_bundle(
         iterations = number_list(bundle.timings.get("iterations_ms")) if generated is None else []
         run = dataclasses.replace(run, modules=module_tree(profile, iterations))
     before = f"{bundle.path}/board_info_before.json"
-    rooflines = run_rooflines(profile, pte, bundle.board_before, before, latency.threads)
+    sequence = _profiled_rows(profile, phases, generated, sidecar)
+    rooflines = run_rooflines(profile, pte, bundle.board_before, before, latency.threads, sequence)
     if rooflines is not None:
         run = dataclasses.replace(run, operator_roofline=rooflines.top())
     trace = trace_document(steps, run_id=run.run_id, model=run.model.name) if steps else None
@@ -236,6 +242,19 @@ def _attribute_sources(pte: Path | None, sidecar: Sidecar | None, profiles: list
     for profile in profiles:
         attribute(profile, source_map, str(path))
     return []
+
+
+def _profiled_rows(profile: Profile | None, phases: dict[str, Profile], generated: GenerationTimings | None,
+                   sidecar: Sidecar | None) -> SequenceRows | None:  # fmt: skip
+    """The rows the profiled execution of a generation program took: one in a decode step, the prompt's first
+    call in a prefill (the profile shown when there is no decode step)."""
+    recorded = sidecar.generation if sidecar is not None else None
+    if generated is None or recorded is None or profile is None:
+        return None
+    if profile is phases.get(DECODE):
+        return SequenceRows(bound=recorded.max_prompt_len, taken=1)
+    calls = prompt_calls(generated.prompt_len, recorded.max_prompt_len)
+    return SequenceRows(bound=recorded.max_prompt_len, taken=calls[0]) if calls else None
 
 
 def _profile_phases(

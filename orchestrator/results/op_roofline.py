@@ -17,6 +17,10 @@ records them).
   the peak when compute-bound. A node whose bytes fit the last-level cache is marked so (its bandwidth share can
   pass 100%).
 
+A generation program's shapes are dynamic: its graph holds each activation at the program's upper bound on the
+sequence (`max_prompt_len` rows), while a decode step takes one row and a prefill call the prompt's. `SequenceRows`
+says how many an execution took, and the work is counted at those rows (a head that runs on the last row stays at 1).
+
 A board without a limit measured says so ("not measured", never 0): with the bandwidth alone a node gets its share
 of the bandwidth and no bound; without either, its work and achieved rates only. A malformed record is refused
 (RecordError, 65, from boards/limits.py); the analysis says so and goes on without the limits, as the decode's
@@ -54,6 +58,26 @@ NOT_MEASURED = "not measured"
 
 
 @dataclass(frozen=True)
+class SequenceRows:
+    """A generation program's dynamic sequence: the rows its graph is serialized at (its `max_prompt_len`) and the
+    rows one execution takes (1 in a decode step, the chunk of the prompt in a prefill call)."""
+
+    bound: int
+    taken: int
+
+
+def _at_rows(value: XnnValue, rows: SequenceRows | None) -> XnnValue:
+    """An activation's dims at the rows the execution took: its first dim but the last equal to the bound (a FC's
+    [1, S, K], a batch matmul's [B, H, S, T]); constants and values without the sequence stay as they are."""
+    if rows is None or value.constant or rows.taken >= rows.bound:
+        return value
+    for index, size in enumerate(value.dims[:-1]):
+        if size == rows.bound:
+            return replace(value, dims=(*value.dims[:index], rows.taken, *value.dims[index + 1 :]))
+    return value
+
+
+@dataclass(frozen=True)
 class NodeWork:
     """What one node does per execution, from its serialized shapes and types alone."""
 
@@ -69,15 +93,16 @@ def _value_bytes(value: XnnValue) -> float:
     return value.bytes
 
 
-def node_work(node: XnnNode, values: Mapping[int, XnnValue]) -> NodeWork | None:
-    """A FC, convolution or batch matmul node's operations and bytes; None for any other node, or one whose values
-    the graph does not give (then nothing is counted rather than something wrong)."""
+def node_work(node: XnnNode, values: Mapping[int, XnnValue], rows: SequenceRows | None = None) -> NodeWork | None:
+    """A FC, convolution or batch matmul node's operations and bytes (at `rows` for a generation program); None for
+    any other node, or one whose values the graph does not give (then nothing is counted rather than something
+    wrong)."""
     if node.type not in ROOFLINE_TYPES or node.output is None or node.output not in values:
         return None
-    reads = [values[i] for i in node.inputs if i in values]
+    reads = [_at_rows(values[i], rows) for i in node.inputs if i in values]
     if len(reads) != len(node.inputs) or not reads:
         return None
-    output, first = values[node.output], reads[0]
+    output, first = _at_rows(values[node.output], rows), reads[0]
     if not output.dims or not first.dims:
         return None
     if node.type == TRANSPOSED:
@@ -279,8 +304,8 @@ class OperatorRooflines:
         return f"{row.type.removeprefix('XNN')} {row.node} in {row.graph.split('::')[-1]}{where}: {row.said}; {counts}"
 
 
-def operator_rooflines(profile: Profile, plan: ProgramPlan | None, limits: BoardLimits,
-                       note: str | None = None) -> OperatorRooflines | None:  # fmt: skip
+def operator_rooflines(profile: Profile, plan: ProgramPlan | None, limits: BoardLimits, note: str | None = None,
+                       sequence: SequenceRows | None = None) -> OperatorRooflines | None:  # fmt: skip
     """Every timed FC, convolution and batch matmul node of the profile's placed XNNPACK delegates against
     `limits`, the costliest first; None when the run has none (or no program to read their shapes from)."""
     if plan is None:
@@ -301,7 +326,7 @@ def operator_rooflines(profile: Profile, plan: ProgramPlan | None, limits: Board
         nodes = {str(node.index): node for node in graph.nodes}
         for timed in wanted:
             xnode = nodes.get(timed.node)
-            work = node_work(xnode, graph.values) if xnode is not None else None
+            work = node_work(xnode, graph.values, sequence) if xnode is not None else None
             median = timed.dist.median if timed.dist is not None else 0.0
             row = node_roofline(delegate.graph_id, timed.node, timed.type, work, median, limits) if work else None
             if row is not None:
@@ -319,13 +344,14 @@ def operator_rooflines(profile: Profile, plan: ProgramPlan | None, limits: Board
     )
 
 
-def run_rooflines(profile: Profile | None, pte: Path | None, board_before: Mapping[str, Any] | None,
-                  where: str, threads: int | None) -> OperatorRooflines | None:  # fmt: skip
-    """The analysis's entry: the run's profile and program against the limits its bundle recorded."""
+def run_rooflines(profile: Profile | None, pte: Path | None, board_before: Mapping[str, Any] | None, where: str,
+                  threads: int | None, sequence: SequenceRows | None = None) -> OperatorRooflines | None:  # fmt: skip
+    """The analysis's entry: the run's profile and program against the limits its bundle recorded (a generation
+    program's at the rows its profiled execution took)."""
     if profile is None or pte is None:
         return None
     limits, note = bundle_limits(board_before, where, threads)
-    return operator_rooflines(profile, read_program_plan(pte, profile.method), limits, note)
+    return operator_rooflines(profile, read_program_plan(pte, profile.method), limits, note, sequence)
 
 
 def rows_by_node(rooflines: OperatorRooflines | None) -> dict[tuple[str, str], NodeRoofline]:

@@ -1,4 +1,5 @@
-"""How close a run came to its board's limits: an LLM decode step against the memory roofline.
+"""How close a run came to its board's limits: an LLM's decode against the memory roofline, its prefill against
+both.
 
 A decode step reads every weight once and the KV cache filled so far, so tokens/s x bytes per token cannot exceed
 the board's read bandwidth (setup-board's probe, boards/limits.py, as the bundle's `board_info_before.json` records
@@ -13,18 +14,41 @@ it). The share of that roofline is what the decode achieved:
 
 A step whose bytes fit the board's last-level cache is not bound by memory (a tiny model: its share can pass
 100%): it is marked so.
+
+The prefill does the prompt's work in a few calls (chunks of the program's `max_prompt_len`): every Fully Connected
+and batch matmul inside the XNNPACK delegates at the rows each call takes (results/op_roofline.py's counts). The least
+time the board allows is the larger of those operations at its peak rates (int8 for 8- and 4-bit weights, fp32
+otherwise) and their bytes at its bandwidth; the share is that over TTFT. Work outside XNNPACK (the attention
+kernel, the embedding gather) is not counted: at a prompt of 64 it is about 1% of the operations; its time is in
+TTFT, and `kernels_ms` (the nodes' own time in the prefill's profile) tells the two apart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.boards.limits import recorded_bandwidth
+from orchestrator.errors import AnalysisError
 from orchestrator.lowering.attention.choice import SDPA
 from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.programs.plan import read_program_plan
+from orchestrator.programs.xnn import XNNPACK_BACKEND, read_xnn_graph
 from orchestrator.records import RecordError
-from orchestrator.results.summary import DecodeRoofline, Generation
+from orchestrator.results.op_roofline import (
+    ROOFLINE_TYPES,
+    BoardLimits,
+    Bound,
+    NodeWork,
+    SequenceRows,
+    bundle_limits,
+    node_work,
+)
+from orchestrator.results.summary import DecodeRoofline, Generation, PrefillRoofline
+
+if TYPE_CHECKING:  # the type only
+    from orchestrator.results.profile import Profile
 
 
 def weights_bytes(sidecar: Sidecar) -> int:
@@ -72,3 +96,77 @@ def decode_roofline(generation: Generation, sidecar: Sidecar | None, board_befor
         note=note,
         fits_in_cache=bandwidth is not None and per_token <= bandwidth.llc_bytes,
     )
+
+
+def prompt_calls(prompt_len: int, max_prompt_len: int) -> list[int]:
+    """The rows of each prefill call: the prompt in chunks of at most `max_prompt_len`."""
+    return [min(max_prompt_len, prompt_len - start) for start in range(0, prompt_len, max(max_prompt_len, 1))]
+
+
+def prefill_work(pte: Path, method: str, prompt_len: int, max_prompt_len: int) -> list[NodeWork]:
+    """Every XNNPACK Fully Connected and batch matmul of `method` at each prefill call's rows."""
+    graphs = []
+    for instruction in read_program_plan(pte, method).delegates():
+        if instruction.delegate is None or instruction.backend != XNNPACK_BACKEND:
+            continue
+        try:
+            graphs.append(read_xnn_graph(instruction.delegate, pte))
+        except AnalysisError:
+            continue  # as op_roofline: a payload the profile could not place is not counted, never fatal
+    works = []
+    for rows in prompt_calls(prompt_len, max_prompt_len):
+        sequence = SequenceRows(bound=max_prompt_len, taken=rows)
+        for graph in graphs:
+            found = (node_work(node, graph.values, sequence) for node in graph.nodes if node.type in ROOFLINE_TYPES)
+            works += [work for work in found if work is not None]
+    return works
+
+
+def _kernels_ms(profile: Profile | None) -> float | None:
+    """The prefill profile's median time in its FC and batch matmul nodes, per execution."""
+    if profile is None:
+        return None
+    times = [node.dist.median for delegate in profile.delegates for node in delegate.nodes
+             if node.type in ROOFLINE_TYPES and node.dist is not None]  # fmt: skip
+    return sum(times) if times else None
+
+
+def _least_ms(works: list[NodeWork], limits: BoardLimits) -> tuple[float | None, float | None]:
+    """The works' operations at the board's peaks and their bytes at its bandwidth, in ms (None: not measured)."""
+    int8_ops = sum(work.ops for work in works if work.kernel == "int8")
+    fp32_ops = sum(work.ops for work in works) - int8_ops
+    compute_ms = None
+    if (limits.fp32_gflops or not fp32_ops) and (limits.int8_gops or not int8_ops):
+        rates = ((fp32_ops, limits.fp32_gflops), (int8_ops, limits.int8_gops))
+        compute_ms = sum(ops / peak / 1e6 for ops, peak in rates if ops and peak)
+    moved = sum(work.bytes for work in works)
+    memory_ms = moved / limits.bandwidth_gb_per_s / 1e6 if limits.bandwidth_gb_per_s else None
+    return compute_ms, memory_ms
+
+
+def prefill_roofline(generation: Generation, sidecar: Sidecar | None, pte: Path | None,
+                     board_before: Mapping[str, Any] | None, where: str, threads: int | None,
+                     method: str = "forward", profile: Profile | None = None) -> PrefillRoofline | None:  # fmt: skip
+    """The prefill's work against the limits the bundle recorded; None without the program, its shapes or a TTFT.
+    Without the peak there is no share (the bandwidth alone cannot bound a compute-heavy prefill)."""
+    recorded = sidecar.generation if sidecar is not None else None
+    ttft = generation.ttft_ms
+    if recorded is None or pte is None or not ttft:
+        return None
+    works = prefill_work(pte, method, generation.prompt_len, recorded.max_prompt_len)
+    if not works:
+        return None
+    ops = sum(work.ops for work in works)
+    limits, note = bundle_limits(board_before, where, threads)
+    compute_ms, memory_ms = _least_ms(works, limits)
+    bound: Bound | None = None
+    if compute_ms is not None:
+        bound = "memory" if memory_ms is not None and memory_ms > compute_ms else "compute"
+    least = memory_ms if bound == "memory" else compute_ms
+    calls = prompt_calls(generation.prompt_len, recorded.max_prompt_len)
+    return PrefillRoofline(
+        ops=ops, int8_ops=sum(work.ops for work in works if work.kernel == "int8"),
+        bytes=sum(work.bytes for work in works), calls=len(calls),
+        achieved_gops=ops / ttft / 1e6, compute_ms=compute_ms, memory_ms=memory_ms, bound=bound,
+        share=least / ttft if least is not None else None, kernels_ms=_kernels_ms(profile), note=note,
+    )  # fmt: skip

@@ -233,6 +233,31 @@ class DecodeRoofline:
 
 
 @dataclass(frozen=True)
+class PrefillRoofline:
+    """The prompt's prefill against the board's limits (results/roofline.py): the work of XNNPACK's matrix products
+    over the prompt, and the least time the board's peak arithmetic rate and bandwidth allow for it."""
+
+    ops: Count  # Fully Connected and batch matmuls over the prompt; a multiply-add is 2
+    int8_ops: Count  # of `ops`, those on the int8 kernels (8- and 4-bit weights)
+    bytes: Count  # what those nodes read and write, each value once per call
+    calls: Count  # prefill calls: the prompt in chunks of the program's max_prompt_len
+    achieved_gops: Duration  # ops / TTFT
+    compute_ms: Duration | None = None  # the ops at the board's peaks (fp32 and int8)
+    memory_ms: Duration | None = None  # the bytes at the board's read bandwidth
+    bound: Literal["compute", "memory"] | None = None  # the larger of the two
+    share: Duration | None = None  # the least time over TTFT: 1 is the roofline
+    kernels_ms: Duration | None = None  # the prefill profile's time in those nodes (one call)
+    note: str | None = None  # why there is no share
+
+    @property
+    def share_text(self) -> str:
+        """ "41% of peak" (compute-bound), "80% of bandwidth" (memory-bound), or what is missing."""
+        if self.share is None or self.bound is None:
+            return f"{self.achieved_gops:.1f} GOP/s (board not measured)"
+        return f"{self.share:.0%} of {'peak' if self.bound == 'compute' else 'bandwidth'}"
+
+
+@dataclass(frozen=True)
 class Generation:
     """summary.json's `generation`: the figures a user of a language model asks for."""
 
@@ -255,6 +280,7 @@ class Generation:
     prompt_source: str | None = None
     text: dict[str, str] | None = None
     roofline: DecodeRoofline | None = None  # the decode against the board's memory bandwidth
+    prefill_roofline: PrefillRoofline | None = None  # the prefill against the board's peak arithmetic rate
 
     @property
     def token_agreement(self) -> float | None:

@@ -75,6 +75,14 @@ def test_a_language_model_generates_what_eager_greedy_does_and_is_profiled_per_p
         roofline["bytes_per_token"] * generation["decode_tokens_per_s"] / 1e9
     )
     assert f"{roofline['share']:.0%} of {roofline['bandwidth_gb_per_s']:.1f} GB/s" in " ".join(said.split())
+    # the prefill's matrix products against the board's peak (and bandwidth): the least time they allow over TTFT
+    prefill_line = generation["prefill_roofline"]
+    assert prefill_line["ops"] > 0 and prefill_line["calls"] == 1 and prefill_line["note"] is None
+    assert prefill_line["bound"] in ("compute", "memory") and prefill_line["compute_ms"] > 0
+    least = prefill_line["compute_ms"] if prefill_line["bound"] == "compute" else prefill_line["memory_ms"]
+    assert prefill_line["share"] == pytest.approx(least / generation["ttft_ms"])
+    shown = f"{prefill_line['share']:.0%} of {'peak' if prefill_line['bound'] == 'compute' else 'bandwidth'}"
+    assert f"prefill {shown}" in " ".join(said.split())
     counters = summary["counters"]  # one decode step's counts, as ops.json: the 3 timed generations' 7 steps each
     if "task_clock" in counters["captured"]:
         assert counters["executions"] == 3 * 7, counters

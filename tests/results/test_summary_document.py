@@ -51,6 +51,7 @@ def test_a_summary_written_by_the_previous_etlab_reads_back_with_every_section(t
     assert written["model"].pop("parameters") is None
     assert [written["generation"].pop(f"{phase}_tokens_per_s_sd") for phase in ("prefill", "decode")] == [None, None]
     assert written["generation"].pop("roofline") is None  # the decode against the board's bandwidth (issue 55)
+    assert written["generation"].pop("prefill_roofline") is None  # and the prefill against its limits (issue 55)
     assert written == old
     assert read_summary(summary_data(summary)) == summary
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import AnalysisError
@@ -49,12 +50,22 @@ def read_outside_delegates(pte: Path, method: str = "forward") -> OutsideDelegat
     )
 
 
-def _outside_constants(pte: Path, method: str) -> list[tuple[tuple[int, ...], int, Callable[[], str]]]:
-    """(shape, bytes, a function giving the sha256 of its data) of every constant tensor the plan's values use."""
+Constant = tuple[tuple[int, ...], int, Callable[[], str]]  # shape, bytes, a function giving the sha256 of its data
+
+
+def _outside_constants(pte: Path, method: str) -> list[Constant]:
+    """Every constant tensor the plan's values use, each stored buffer once."""
+    return list(_constants(pte, method)[0].values())
+
+
+def _constants(pte: Path, method: str) -> tuple[dict[int, Constant], dict[int, int]]:
+    """The constant tensors the plan's values use by their data buffer (those of 0 bytes left out), and each
+    constant value's buffer."""
     from pte_adapter_model_explorer.executorch_flatbuffer import program_generated as pg
 
     data, segment_base = program_bytes(pte)
-    found: dict[int, tuple[tuple[int, ...], int, Callable[[], str]]] = {}
+    found: dict[int, Constant] = {}
+    buffers: dict[int, int] = {}
     try:
         program = pg.Program.GetRootAs(data, 0)
         plan = next(
@@ -78,8 +89,11 @@ def _outside_constants(pte: Path, method: str) -> list[tuple[tuple[int, ...], in
             tensor = pg.Tensor()
             tensor.Init(value.Val().Bytes, value.Val().Pos)
             buffer = int(tensor.DataBufferIdx())
-            if tensor.AllocationInfo() is not None or buffer == 0 or buffer in found:
-                continue  # planned activations, inputs, and constants already seen
+            if tensor.AllocationInfo() is not None or buffer == 0:
+                continue  # planned activations and inputs
+            buffers[index] = buffer
+            if buffer in found:
+                continue
             shape = tuple(int(tensor.Sizes(d)) for d in range(tensor.SizesLength()))
             nbytes = ELEMENT_BYTES.get(int(tensor.ScalarType()), 1)
             for size in shape:
@@ -94,7 +108,47 @@ def _outside_constants(pte: Path, method: str) -> list[tuple[tuple[int, ...], in
         raise
     except Exception as exc:  # the generated reader raises struct/index errors on garbage
         raise AnalysisError(f"{pte}: unreadable program flatbuffer ({exc})") from None
-    return [item for item in found.values() if item[1] > 0]
+    return {buffer: item for buffer, item in found.items() if item[1] > 0}, buffers
+
+
+GATHERS = frozenset({
+    "aten::embedding.out", "quantized_decomposed::embedding_byte.out", "quantized_decomposed::embedding_byte.dtype_out",
+    "quantized_decomposed::embedding_4bit.out", "quantized_decomposed::embedding_4bit.dtype_out",
+    "quantized_decomposed::embedding_2bit.out",
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GatheredTable:
+    """A constant an embedding gather outside the delegates reads a row of per token (its table and the table's
+    per-row scales): stored whole, read one row a token."""
+
+    shape: tuple[int, ...]
+    bytes: int
+
+    @property
+    def row_bytes(self) -> int:
+        return self.bytes // max(self.shape[0], 1) if self.shape else self.bytes
+
+
+def gathered_tables(pte: Path, method: str = "forward") -> list[GatheredTable]:
+    """The constants only embedding gathers read (their table and the scales beside it), each once: a token reads
+    one row of each. A constant another kernel reads too is not one."""
+    plan = read_program_plan(pte, method)
+    constants, buffers = _constants(pte, method)
+    gathered: set[int] = set()
+    others: set[int] = set()
+    for instruction in plan.instructions:
+        if instruction.kind != "KernelCall":
+            continue
+        read = {buffers[arg] for arg in instruction.args if arg in buffers}
+        (gathered if instruction.op in GATHERS else others).update(read)
+    tables = []
+    for buffer in sorted(gathered - others):
+        if buffer in constants:
+            shape, nbytes, _ = constants[buffer]
+            tables.append(GatheredTable(shape, nbytes))
+    return tables
 
 
 def _inside_constant_hashes(pte: Path, payloads: list[DelegateData], sizes: set[int]) -> set[str]:

@@ -50,6 +50,7 @@ class PlanInstruction:
     op: str | None = None  # "aten::add.out" for a KernelCall
     backend: str | None = None  # "XnnpackBackend" for a DelegateCall
     delegate: DelegateData | None = field(default=None, compare=False, repr=False)
+    args: tuple[int, ...] = field(default=(), compare=False, repr=False)  # a KernelCall's value indices
 
     def node_id(self, method: str) -> str:
         """The PTE adapter's node id for this instruction (and the key ETDump events carry)."""
@@ -126,19 +127,21 @@ def read_program_plan(pte: Path, method: str = "forward") -> ProgramPlan:
             table = instruction.InstrArgs()
             op = backend = None
             delegate = None
+            args: tuple[int, ...] = ()
             if kind == "KernelCall" and table is not None:
                 call = pg.KernelCall()
                 call.Init(table.Bytes, table.Pos)
                 operator = plan.Operators(call.OpIndex())
                 name, overload = text(operator.Name()) or "?", text(operator.Overload())
                 op = f"{name}.{overload}" if overload else name
+                args = tuple(int(call.Args(j)) for j in range(call.ArgsLength()))
             elif kind == "DelegateCall" and table is not None:
                 call = pg.DelegateCall()
                 call.Init(table.Bytes, table.Pos)
                 entry = plan.Delegates(call.DelegateIndex())
                 backend = text(entry.Id())
                 delegate = _delegate_data(pg, program, entry.Processed(), segment_base, pte)
-            instructions.append(PlanInstruction(chain_index, index, kind, op, backend, delegate))
+            instructions.append(PlanInstruction(chain_index, index, kind, op, backend, delegate, args))
     return ProgramPlan(pte=pte, method=method, instructions=instructions)
 
 

@@ -39,7 +39,7 @@ from orchestrator.results.modules import module_tree
 from orchestrator.results.numerics import numerics_document, numerics_row, run_numerics
 from orchestrator.results.op_roofline import SequenceRows, run_rooflines
 from orchestrator.results.profile import Profile
-from orchestrator.results.roofline import decode_roofline, prefill_roofline, prompt_calls
+from orchestrator.results.roofline import decode_roofline, prefill_roofline, program_gathers, prompt_calls
 from orchestrator.results.source_map import attribute, load_source_map
 from orchestrator.results.summary import TokenCheck
 from orchestrator.results.summary_checks import hashing_times
@@ -181,7 +181,8 @@ def analyze_bundle(
         recorded = sidecar.generation if sidecar is not None else None
         figures = generation_summary(generated, bundle.timings, recorded=recorded, tokens=tokens, memory=memory)
         before = f"{bundle.path}/board_info_before.json"
-        roofline = decode_roofline(figures, sidecar, bundle.board_before, before)
+        gathers = program_gathers(pte, bundle.method)
+        roofline = decode_roofline(figures, sidecar, bundle.board_before, before, gathers)
         prefill = prefill_roofline(figures, sidecar, pte, bundle.board_before, before, latency.threads,
                                    bundle.method, phases.get(PREFILL))  # fmt: skip
         run = dataclasses.replace(run, generation=dataclasses.replace(figures, roofline=roofline,

@@ -6,9 +6,9 @@ the board's read bandwidth (setup-board's probe, boards/limits.py, as the bundle
 it). The share of that roofline is what the decode achieved:
 
 - weights: the program's stored bytes (constants and delegate data), each tensor once (a tied embedding held both
-  outside the delegates for the gather and inside for the head is read once a token, by the head). This is the
-  measure llama.cpp's figures use (its model size), so the two compare; an untied embedding table, of which a
-  token reads one row, is counted whole (the share is then an upper bound).
+  outside the delegates for the gather and inside for the head is read once a token, by the head), and of a table
+  only an embedding gather reads (an untied or quantized embedding whose head holds its own copy), the one row a
+  token reads. llama.cpp's model size counts its tied table once too: it is read whole by the head.
 - KV cache: etlab's attention reads the filled rows only, P + i at step i (their mean over the run's steps); sdpa
   attention reads (and copies) the whole cache every step.
 
@@ -25,7 +25,7 @@ TTFT, and `kernels_ms` (the nodes' own time in the prefill's profile) tells the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from orchestrator.boards.limits import recorded_bandwidth
 from orchestrator.errors import AnalysisError
 from orchestrator.lowering.attention.choice import SDPA
 from orchestrator.lowering.sidecar import Sidecar
+from orchestrator.programs.outside import GatheredTable, gathered_tables
 from orchestrator.programs.plan import read_program_plan
 from orchestrator.programs.xnn import XNNPACK_BACKEND, read_xnn_graph
 from orchestrator.records import RecordError
@@ -51,10 +52,24 @@ if TYPE_CHECKING:  # the type only
     from orchestrator.results.profile import Profile
 
 
-def weights_bytes(sidecar: Sidecar) -> int:
-    """The program's weights, each stored tensor once."""
-    twice = sidecar.outside_delegates.stored_twice_bytes if sidecar.outside_delegates is not None else 0
-    return sidecar.memory.constants_bytes + sidecar.memory.delegate_data_bytes - twice
+def weights_bytes(sidecar: Sidecar, gathered: Sequence[GatheredTable] = ()) -> int:
+    """The weights a decode step reads: the program's, each stored tensor once, and of a table only a gather reads
+    (`gathered`, programs/outside.py) one row."""
+    outside = sidecar.outside_delegates
+    twice = outside.stored_twice_bytes if outside is not None else 0
+    counted_twice = {(t.shape, t.bytes) for t in outside.stored_twice.tensors} if outside is not None else set()
+    rows_only = sum(t.bytes - t.row_bytes for t in gathered if (t.shape, t.bytes) not in counted_twice)
+    return sidecar.memory.constants_bytes + sidecar.memory.delegate_data_bytes - twice - rows_only
+
+
+def program_gathers(pte: Path | None, method: str) -> list[GatheredTable]:
+    """The program's gathered tables ([] without a program, or one whose plan cannot be read: counted whole)."""
+    if pte is None:
+        return []
+    try:
+        return gathered_tables(pte, method)
+    except AnalysisError:
+        return []
 
 
 def kv_bytes_per_step(generation: Generation, kv_cache_bytes: int, context: int, attention: str | None) -> int:
@@ -67,7 +82,7 @@ def kv_bytes_per_step(generation: Generation, kv_cache_bytes: int, context: int,
 
 
 def decode_roofline(generation: Generation, sidecar: Sidecar | None, board_before: Mapping[str, Any] | None,
-                    where: str) -> DecodeRoofline | None:  # fmt: skip
+                    where: str, gathered: Sequence[GatheredTable] = ()) -> DecodeRoofline | None:  # fmt: skip
     """The decode's bytes per token and achieved bandwidth, and its share of the board's read bandwidth (None with a
     note when the board has no usable measure). None without the program's memory or a decode rate."""
     recorded = sidecar.generation if sidecar is not None else None
@@ -75,7 +90,8 @@ def decode_roofline(generation: Generation, sidecar: Sidecar | None, board_befor
     if sidecar is None or recorded is None or not rate:
         return None
     kv = kv_bytes_per_step(generation, recorded.kv_cache_bytes, recorded.context, recorded.attention)
-    per_token = weights_bytes(sidecar) + kv
+    weights = weights_bytes(sidecar, gathered)
+    per_token = weights + kv
     achieved = per_token * rate
     state = (board_before or {}).get("state")
     note = None
@@ -86,7 +102,7 @@ def decode_roofline(generation: Generation, sidecar: Sidecar | None, board_befor
     if bandwidth is None and note is None:
         note = "the board's read bandwidth is not measured: fab setup-board measures it"
     return DecodeRoofline(
-        weights_bytes=weights_bytes(sidecar),
+        weights_bytes=weights,
         kv_bytes_per_token=kv,
         bytes_per_token=per_token,
         achieved_gb_per_s=achieved / 1e9,

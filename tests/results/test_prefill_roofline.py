@@ -1,7 +1,8 @@
 """A language model's prefill against the board's limits (results/roofline.py `prefill_roofline`), and the work of a
 generation program's nodes at the rows an execution takes (results/op_roofline.py `SequenceRows`): counted on the
 real lowered smollm2-gen-tiny (hidden 64, 2 layers, 4 query heads on 2 KV heads of 16, MLP 128, vocabulary 1000, no
-biases, the head on the last row only) against figures worked out here from its config; compute- against
+biases, the head on the last row only) against figures worked out here from its config; a decode step's weights
+with the embedding table a gather reads one row of; compute- against
 memory-bound on limits far apart; a prompt longer than one call; no limits said. No timing is asserted. End to end
 on the local board: tests/e2e/test_generation_e2e.py."""
 
@@ -20,10 +21,11 @@ from orchestrator.lowering.builtins import BUILTIN_SPECS
 from orchestrator.lowering.export import lower as lowering
 from orchestrator.lowering.sidecar import Sidecar
 from orchestrator.lowering.variants import VARIANTS
+from orchestrator.programs.outside import gathered_tables
 from orchestrator.programs.plan import read_program_plan
 from orchestrator.programs.xnn import read_xnn_graph
 from orchestrator.results.op_roofline import FULLY_CONNECTED, SequenceRows, node_work
-from orchestrator.results.roofline import prefill_roofline, prefill_work, prompt_calls
+from orchestrator.results.roofline import prefill_roofline, prefill_work, prompt_calls, weights_bytes
 from orchestrator.results.summary import Generation
 from tests.plugins.artifacts import ARTIFACT_CACHE
 
@@ -149,3 +151,21 @@ def test_without_the_peak_the_work_is_kept_and_what_is_missing_said(
     assert prefill_roofline(generation(ttft_ms=0.0), sidecar, pte, None, "board", 2) is None
     plain = dataclasses.replace(sidecar, generation=None)
     assert prefill_roofline(generation(), plain, pte, None, "board", 2) is None
+
+
+def test_a_table_only_a_gather_reads_counts_one_row_a_token(programs: dict[str, tuple[Path, Sidecar]]) -> None:
+    # fp32: the tied table is held outside for the gather and inside for the head: already counted once (the head
+    # reads it whole), never taken off twice
+    pte, sidecar = programs["xnnpack"]
+    (table,) = gathered_tables(pte)
+    assert (table.shape, table.bytes, table.row_bytes) == ((VOCAB, HIDDEN), VOCAB * HIDDEN * 4, HIDDEN * 4)
+    assert sidecar.outside_delegates is not None and sidecar.outside_delegates.stored_twice_bytes == table.bytes
+    assert weights_bytes(sidecar, [table]) == weights_bytes(sidecar)
+    # 8da4w: an 8-bit table and its per-row scales only the gather reads (the head has its own 4-bit copy): a token
+    # reads one row of each
+    pte, sidecar = programs["xnnpack-8da4w"]
+    tables = gathered_tables(pte)
+    assert [t.shape[0] for t in tables] == [VOCAB, VOCAB] and VOCAB * HIDDEN in [t.bytes for t in tables]
+    assert sidecar.outside_delegates is not None and sidecar.outside_delegates.stored_twice_bytes == 0
+    rows_only = sum(t.bytes - t.bytes // VOCAB for t in tables)
+    assert weights_bytes(sidecar, tables) == weights_bytes(sidecar) - rows_only

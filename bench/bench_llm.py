@@ -44,6 +44,7 @@ import numpy as np
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(PROJECT_ROOT))
 
+from bench import llm_roofline  # noqa: E402
 from orchestrator import console  # noqa: E402
 from orchestrator.lowering.builtins import BUILTIN_SPECS  # noqa: E402
 from orchestrator.lowering.spec import ModelSpec  # noqa: E402
@@ -440,6 +441,52 @@ def memory_per_context(
     )  # fmt: skip
 
 
+def roofline_table(results: dict[tuple[str, str], Generations], schemes: list[Scheme], programs: dict[str, Any],
+                   engines: dict[tuple[str, str], Any], spec: ModelSpec, config: Any, args: argparse.Namespace,
+                   runner: Path, *measured: llm_roofline.Limits) -> None:  # fmt: skip
+    """Each engine's decode and prefill against this machine's limits, measured before and after the rounds (the
+    higher of each: the least disturbed)."""
+    from orchestrator.lowering.artifacts import load_artifact
+
+    limits = llm_roofline.Limits(max((m.dram for m in measured), key=lambda b: b.bytes_per_s),
+                                 max((m.peak for m in measured), key=lambda p: p.fp32_flops_per_s))  # fmt: skip
+    for when, m in zip(("before", "after"), measured, strict=True):
+        console.info(f"limits {when} the rounds: {m.dram.gb_per_s:.1f} GB/s, fp32 {m.peak.fp32_gflops:.0f} GFLOP/s, "
+                     f"int8 {m.peak.int8_gops:.0f} GOP/s")  # fmt: skip
+    at_set: dict[int, float] = {}
+    rows = []
+    for scheme in schemes:
+        ops: float | None = None  # etlab's (its engine comes first): the same products on the same weights
+        least: float | None = None
+        for (scheme_name, engine), got in results.items():
+            if scheme_name != scheme.name or not got.prefill_ms:
+                continue
+            figures = llm_roofline.figures(args.prompt_len, args.new_tokens, spec.cache_capacity, got.ttft_ms(),
+                                           got.decode_tokens_per_s())  # fmt: skip
+            if engine == ETLAB:
+                assert scheme.variant is not None
+                artifact = load_artifact(spec.name, Variant.parse(scheme.variant))
+                decode, prefill = llm_roofline.etlab_rooflines(figures, artifact.sidecar, artifact.pte, limits,
+                                                               args.threads)  # fmt: skip
+                assert decode is not None and prefill is not None
+                per_token, ops = decode.bytes_per_token, prefill.ops / 1e9
+                least = prefill.memory_ms if prefill.bound == "memory" else prefill.compute_ms
+            else:
+                size = engines[(scheme.name, engine)].model._model.size()
+                per_token = size + llm_roofline.llama_kv_bytes_per_step(config, scheme.kv_type, args.prompt_len,
+                                                                        args.new_tokens)  # fmt: skip
+            if per_token not in at_set:
+                at_set[per_token] = llm_roofline.bandwidth(runner, args.threads, per_token).bytes_per_s
+            achieved = per_token * got.decode_tokens_per_s()
+            ttft = got.ttft_ms()
+            rows.append([
+                scheme.name, engine, per_token / 1e6, figures.decode_tokens_per_s, achieved / 1e9,
+                achieved / limits.dram.bytes_per_s * 100, at_set[per_token] / 1e9, achieved / at_set[per_token] * 100,
+                ops, ttft, least, least / ttft * 100 if least is not None else None,
+            ])  # fmt: skip
+    llm_roofline.roofline_rows(rows, limits, at_set)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-gen", help="a built-in text-generation spec")
@@ -518,7 +565,10 @@ def main(argv: list[str] | None = None) -> int:
         runner = args.runner or local_board_runner()
     with timer.stage("HuggingFace eager greedy ids (the reference)"):
         reference = hf_greedy(module, prompt, args.new_tokens, spec)
+    config = module.model.config
     del module
+    with timer.stage("this machine's limits (etlab's probes: read bandwidth, fp32 and int8 GEMM)"):
+        limits_before = llm_roofline.measure(runner, args.threads, args.work)
 
     # `--repack float`: quantized weights repacked for the CPU's extra buffer types crashed in pip's default build on
     # an Intel VM (AMX int8; general protection fault in the first decode), so they ran unrepacked, llama.cpp's
@@ -587,6 +637,9 @@ def main(argv: list[str] | None = None) -> int:
         ratio_rows,
     )
 
+    with timer.stage("this machine's limits again, after the rounds"):
+        limits_after = llm_roofline.measure(runner, args.threads, args.work)
+    roofline_table(results, schemes, programs, engines, spec, config, args, runner, limits_before, limits_after)
     for scheme in schemes:
         if scheme.name in programs:
             decode_profile(runner, programs[scheme.name][0], prompt_file, args, args.work)

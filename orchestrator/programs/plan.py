@@ -119,29 +119,34 @@ def read_program_plan(pte: Path, method: str = "forward") -> ProgramPlan:
         return value.decode() if isinstance(value, bytes) else value
 
     instructions: list[PlanInstruction] = []
-    for chain_index in range(plan.ChainsLength()):
-        chain = plan.Chains(chain_index)
-        for index in range(chain.InstructionsLength()):
-            instruction = chain.Instructions(index)
-            kind = kinds.get(instruction.InstrArgsType(), f"type{instruction.InstrArgsType()}")
-            table = instruction.InstrArgs()
-            op = backend = None
-            delegate = None
-            args: tuple[int, ...] = ()
-            if kind == "KernelCall" and table is not None:
-                call = pg.KernelCall()
-                call.Init(table.Bytes, table.Pos)
-                operator = plan.Operators(call.OpIndex())
-                name, overload = text(operator.Name()) or "?", text(operator.Overload())
-                op = f"{name}.{overload}" if overload else name
-                args = tuple(int(call.Args(j)) for j in range(call.ArgsLength()))
-            elif kind == "DelegateCall" and table is not None:
-                call = pg.DelegateCall()
-                call.Init(table.Bytes, table.Pos)
-                entry = plan.Delegates(call.DelegateIndex())
-                backend = text(entry.Id())
-                delegate = _delegate_data(pg, program, entry.Processed(), segment_base, pte)
-            instructions.append(PlanInstruction(chain_index, index, kind, op, backend, delegate, args))
+    try:  # a flatbuffer whose root reads may still hold garbage in its chains: named, never a traceback
+        for chain_index in range(plan.ChainsLength()):
+            chain = plan.Chains(chain_index)
+            for index in range(chain.InstructionsLength()):
+                instruction = chain.Instructions(index)
+                kind = kinds.get(instruction.InstrArgsType(), f"type{instruction.InstrArgsType()}")
+                table = instruction.InstrArgs()
+                op = backend = None
+                delegate = None
+                args: tuple[int, ...] = ()
+                if kind == "KernelCall" and table is not None:
+                    call = pg.KernelCall()
+                    call.Init(table.Bytes, table.Pos)
+                    operator = plan.Operators(call.OpIndex())
+                    name, overload = text(operator.Name()) or "?", text(operator.Overload())
+                    op = f"{name}.{overload}" if overload else name
+                    args = tuple(int(call.Args(j)) for j in range(call.ArgsLength()))
+                elif kind == "DelegateCall" and table is not None:
+                    call = pg.DelegateCall()
+                    call.Init(table.Bytes, table.Pos)
+                    entry = plan.Delegates(call.DelegateIndex())
+                    backend = text(entry.Id())
+                    delegate = _delegate_data(pg, program, entry.Processed(), segment_base, pte)
+                instructions.append(PlanInstruction(chain_index, index, kind, op, backend, delegate, args))
+    except AnalysisError:
+        raise
+    except Exception as exc:
+        raise AnalysisError(f"{pte}: unreadable program flatbuffer ({exc})") from None
     return ProgramPlan(pte=pte, method=method, instructions=instructions)
 
 

@@ -84,3 +84,32 @@ def test_a_file_that_is_no_program_is_refused(tmp_path: Path) -> None:
     garbage.write_bytes(b"\0" * 64)
     with pytest.raises(AnalysisError, match="not an ExecuTorch program"):
         read_outside_delegates(garbage)
+
+
+def test_a_program_damaged_inside_its_plan_is_refused_by_name_never_a_traceback(
+    tiny_artifacts: dict[str, LoweringResult], tmp_path: Path
+) -> None:
+    """A .pte whose root still reads but whose chains, operators or values are garbage (a board's disk, a bad
+    copy): every reader of its plan says the file is unreadable (AnalysisError, 65) or reads what it can."""
+    import random
+
+    from orchestrator.programs.outside import gathered_tables
+    from orchestrator.programs.plan import program_bytes
+
+    source = tiny_artifacts["gpt2-tiny"].variants[VARIANTS["xnnpack"]].pte
+    whole = source.read_bytes()
+    flatbuffer_size = len(program_bytes(source)[0])
+    damaged = tmp_path / "damaged.pte"
+    draw = random.Random(55)
+    refused = 0
+    for _ in range(150):
+        data = bytearray(whole)
+        for offset in draw.sample(range(64, flatbuffer_size), 12):  # past the header and root tables
+            data[offset] = draw.randrange(256)
+        damaged.write_bytes(bytes(data))
+        for read in (read_program_plan, gathered_tables, read_outside_delegates):
+            try:
+                read(damaged)
+            except AnalysisError:
+                refused += 1
+    assert refused > 0  # the damage reached the plan: some readers refused it, by name

@@ -5,6 +5,7 @@ embedding of both tiny models: DistilBERT's vocab projector and GPT-2's LM head 
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -14,9 +15,9 @@ from orchestrator.errors import AnalysisError
 from orchestrator.lowering.export.delegation import BOOKKEEPING, bookkeeping_counts
 from orchestrator.lowering.export.lower import LoweringResult
 from orchestrator.lowering.variants import VARIANTS
-from orchestrator.programs.outside import read_outside_delegates
+from orchestrator.programs.outside import gathered_tables, read_outside_delegates
 from orchestrator.programs.outside_record import StoredTensor
-from orchestrator.programs.plan import read_program_plan
+from orchestrator.programs.plan import program_bytes, read_program_plan
 from tests.plugins.artifacts import TINY_MODELS
 
 TINY_VOCAB, TINY_HIDDEN = 1000, 64  # both tiny configs (lowering/spec.py BUILTIN_SPECS)
@@ -91,11 +92,6 @@ def test_a_program_damaged_inside_its_plan_is_refused_by_name_never_a_traceback(
 ) -> None:
     """A .pte whose root still reads but whose chains, operators or values are garbage (a board's disk, a bad
     copy): every reader of its plan says the file is unreadable (AnalysisError, 65) or reads what it can."""
-    import random
-
-    from orchestrator.programs.outside import gathered_tables
-    from orchestrator.programs.plan import program_bytes
-
     source = tiny_artifacts["gpt2-tiny"].variants[VARIANTS["xnnpack"]].pte
     whole = source.read_bytes()
     flatbuffer_size = len(program_bytes(source)[0])

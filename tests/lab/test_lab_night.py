@@ -108,18 +108,24 @@ def test_a_night_on_two_workers_survives_one_killed(
         queue_table = queued.stdout.partition("queue:")[2]
         assert "board lab-nowhere" in queue_table and "board:lab-nowhere" in queue_table, queued.stdout
 
-        # Kill (-9) a worker that runs a board's share with cells recorded and cells still to run.
+        # Kill (-9) a worker mid-share: one that has recorded some of a board's cells, with cells still to run. The
+        # history names the host of each cell, so a share is found from the records alone (no race with how fast
+        # the scheduler answers); the worker is frozen before the records are read again, so the share it is caught
+        # in cannot finish between the look and the kill.
         victim, killed_board = "", ""
+        cells_per_board = 4  # two models x two backends
         while night.poll() is None and time.monotonic() < deadline and not victim:
-            recorded = Counter(r.board for r in _quietly(records, url))
-            for worker in lab_state(lab.settings).workers:
-                for task in worker.running:
-                    share = task.split()[1] if task.startswith("board ") else ""  # the board whose share it runs
-                    if share and 1 <= recorded[share] <= 2:  # two cells or more still to run
-                        victim, killed_board = worker.name, share
-            if victim:
-                lab.kill(victim)
-            time.sleep(0.25)
+            by_board = Counter((r.board, r.host) for r in _quietly(records, url))
+            for (board, host), count in by_board.items():
+                if host in ("wa", "wb") and count < cells_per_board and not victim:
+                    lab.freeze(str(host))
+                    now = Counter(r.board for r in _quietly(records, url))
+                    if now[board] < cells_per_board:
+                        victim, killed_board = str(host), board
+                        lab.kill(victim)
+                    else:
+                        lab.thaw(str(host))
+            time.sleep(0.2)
         if not victim:
             output = night.communicate(timeout=600)[0] if night.poll() is None else ""
             pytest.fail(f"no share to kill mid-way:\n{output}\n{lab.log('wa')[-3000:]}\n{lab.log('wb')[-3000:]}")

@@ -1,8 +1,9 @@
 // etlab::attend.out: causal attention by position over the filled cache rows (etlab_ops.h).
 //
 // Work items are (batch, query head, query row); each reads only rows 0..positions[i] of its KV head (query head h
-// shares KV head h / group by index, nothing is copied). Items run on ExecuTorch's thread pool, one task per
-// thread taking every T-th item, so a causal prompt's long and short rows spread evenly over the threads. The
+// shares KV head h / group by index, nothing is copied). Items run on ExecuTorch's thread pool: a prompt's as one
+// task per thread taking every T-th item, so its long and short causal rows spread evenly over the threads; a
+// decode step's (one row) in contiguous runs of heads, so a group's heads share their KV head's rows in one cache. The
 // inner loops (q . k, the weighted sum of v rows) are attend_row.inc, compiled for AVX2+FMA (picked at run time),
 // NEON (aarch64's baseline: fused multiply-add, no dot-product extension) and plain C++.
 #include <algorithm>
@@ -37,6 +38,9 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
   return sum;
+}
+static inline void dots(const float* q, const float* keys, int64_t count, int64_t n, float a, float* scores) {
+  for (int64_t j = 0; j < count; ++j) scores[j] = dot(q, keys + j * n, n) * a;
 }
 static inline void weigh(float* y, const float* w, const float* x, int64_t count, int64_t n) {
   for (int64_t j = 0; j < count; ++j) {
@@ -76,6 +80,39 @@ static inline ETLAB_TARGET float dot(const float* a, const float* b, int64_t n) 
   float sum = horizontal_sum(_mm256_add_ps(sum0, sum1));
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
+}
+// Eight keys at a time: eight independent sums (the FMA latency hidden), reduced together by one hadd tree, so a
+// key costs a few cycles instead of a dependent chain and a horizontal sum of its own. Row lengths that are not a
+// multiple of 8, and the last keys of a block, take dot().
+static inline ETLAB_TARGET void dots(const float* q, const float* keys, int64_t count, int64_t n, float a,
+                                     float* scores) {
+  int64_t j = 0;
+  if (n % 8 == 0) {
+    const __m256 factor = _mm256_set1_ps(a);
+    for (; j + 8 <= count; j += 8) {
+      const float* k = keys + j * n;
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+      __m256 s4 = _mm256_setzero_ps(), s5 = _mm256_setzero_ps(), s6 = _mm256_setzero_ps(), s7 = _mm256_setzero_ps();
+      for (int64_t i = 0; i < n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(q + i);
+        s0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + i), s0);
+        s1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + n + i), s1);
+        s2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 2 * n + i), s2);
+        s3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 3 * n + i), s3);
+        s4 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 4 * n + i), s4);
+        s5 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 5 * n + i), s5);
+        s6 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 6 * n + i), s6);
+        s7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 7 * n + i), s7);
+      }
+      // hadd works within 128-bit lanes: after two rounds, the low lane holds keys 0-3's (or 4-7's) first halves
+      // and the high lane their second halves.
+      const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+      const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(s4, s5), _mm256_hadd_ps(s6, s7));
+      const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+      _mm256_storeu_ps(scores + j, _mm256_mul_ps(sums, factor));
+    }
+  }
+  for (; j < count; ++j) scores[j] = dot(q, keys + j * n, n) * a;
 }
 // Column slices of 32 (then 8) floats stay in registers across all `count` rows: y is loaded and stored once per
 // block of rows, not once per row.
@@ -166,6 +203,25 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   float sum = vaddvq_f32(vaddq_f32(sum0, sum1));
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
+}
+// As AVX2's dots: four keys at a time, reduced together by pairwise adds.
+static inline void dots(const float* q, const float* keys, int64_t count, int64_t n, float a, float* scores) {
+  int64_t j = 0;
+  if (n % 4 == 0) {
+    for (; j + 4 <= count; j += 4) {
+      const float* k = keys + j * n;
+      float32x4_t s0 = vdupq_n_f32(0.0f), s1 = vdupq_n_f32(0.0f), s2 = vdupq_n_f32(0.0f), s3 = vdupq_n_f32(0.0f);
+      for (int64_t i = 0; i < n; i += 4) {
+        const float32x4_t x = vld1q_f32(q + i);
+        s0 = vfmaq_f32(s0, x, vld1q_f32(k + i));
+        s1 = vfmaq_f32(s1, x, vld1q_f32(k + n + i));
+        s2 = vfmaq_f32(s2, x, vld1q_f32(k + 2 * n + i));
+        s3 = vfmaq_f32(s3, x, vld1q_f32(k + 3 * n + i));
+      }
+      vst1q_f32(scores + j, vmulq_n_f32(vpaddq_f32(vpaddq_f32(s0, s1), vpaddq_f32(s2, s3)), a));
+    }
+  }
+  for (; j < count; ++j) scores[j] = dot(q, keys + j * n, n) * a;
 }
 // As AVX2's weigh: column slices of 16 (then 4) floats in registers across the rows.
 static inline void weigh(float* y, const float* w, const float* x, int64_t count, int64_t n) {
@@ -369,12 +425,22 @@ Tensor& attend_out(KernelRuntimeContext& context, const Tensor& query, const Ten
     for (int64_t item = 0; item < items; ++item) run_item(item);
     return out;
   }
-  const bool done = ::executorch::extension::parallel_for(0, tasks, 1, [&](int64_t first, int64_t end) {
-    note_thread();
-    for (int64_t task = first; task < end; ++task) {
-      for (int64_t item = task; item < items; item += tasks) run_item(item);
-    }
-  });
+  bool done = false;
+  if (rows == 1) {
+    // A decode step: every item costs the same, so each thread takes a contiguous run of heads. A KV head's rows
+    // are then read from memory by one core, and its group's other heads find them in that core's cache.
+    done = ::executorch::extension::parallel_for(0, items, 1, [&](int64_t first, int64_t end) {
+      note_thread();
+      for (int64_t item = first; item < end; ++item) run_item(item);
+    });
+  } else {
+    done = ::executorch::extension::parallel_for(0, tasks, 1, [&](int64_t first, int64_t end) {
+      note_thread();
+      for (int64_t task = first; task < end; ++task) {
+        for (int64_t item = task; item < items; item += tasks) run_item(item);
+      }
+    });
+  }
   ET_KERNEL_CHECK_MSG(context, done, Internal, out, "attend: the thread pool refused the work");
   return out;
 }

@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator import console, paths
 from orchestrator.commands.render_deploy import energy_lines, energy_text, numerics_lines, print_degraded
-from orchestrator.commands.render_generation import prefill_text, print_generation
+from orchestrator.commands.render_generation import decode_text, prefill_text, print_generation
 from orchestrator.deploy.cells import CellOutcome
 from orchestrator.errors import AnalysisError
 from orchestrator.fsutil import read_json
@@ -102,6 +102,9 @@ def render_top_ops(summary: Summary | Path, limit: int = 15) -> None:
     roofline = run.operator_roofline.line if run.operator_roofline is not None else None
     if roofline is not None:  # the costliest memory-bound FC/conv/bmm node (results/op_roofline.py)
         console.plain(f"roofline: {roofline}")
+    if run.generation is not None and run.generation.roofline is not None:
+        decode_line = decode_text(run.generation.roofline, run.generation.decode_tokens_per_s)
+        console.plain(f"decode roofline: {decode_line}")
     if run.generation is not None and run.generation.prefill_roofline is not None:
         console.plain(f"prefill roofline: {prefill_text(run.generation.prefill_roofline, run.generation.ttft_ms)}")
     render_outputs(run)

@@ -182,7 +182,7 @@ def analyze_bundle(
         figures = generation_summary(generated, bundle.timings, recorded=recorded, tokens=tokens, memory=memory)
         before = f"{bundle.path}/board_info_before.json"
         gathers = program_gathers(pte, bundle.method)
-        roofline = decode_roofline(figures, sidecar, bundle.board_before, before, gathers)
+        roofline = decode_roofline(figures, sidecar, bundle.board_before, before, gathers, phases.get(DECODE))
         prefill = prefill_roofline(figures, sidecar, pte, bundle.board_before, before, latency.threads,
                                    bundle.method, phases.get(PREFILL))  # fmt: skip
         run = dataclasses.replace(run, generation=dataclasses.replace(figures, roofline=roofline,

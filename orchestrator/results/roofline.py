@@ -46,6 +46,7 @@ from orchestrator.results.op_roofline import (
     bundle_limits,
     node_work,
 )
+from orchestrator.results.ops_record import KERNEL_CALL
 from orchestrator.results.summary import DecodeRoofline, Generation, PrefillRoofline
 
 if TYPE_CHECKING:  # the type only
@@ -82,9 +83,11 @@ def kv_bytes_per_step(generation: Generation, kv_cache_bytes: int, context: int,
 
 
 def decode_roofline(generation: Generation, sidecar: Sidecar | None, board_before: Mapping[str, Any] | None,
-                    where: str, gathered: Sequence[GatheredTable] = ()) -> DecodeRoofline | None:  # fmt: skip
+                    where: str, gathered: Sequence[GatheredTable] = (),
+                    profile: Profile | None = None) -> DecodeRoofline | None:  # fmt: skip
     """The decode's bytes per token and achieved bandwidth, and its share of the board's read bandwidth (None with a
-    note when the board has no usable measure). None without the program's memory or a decode rate."""
+    note when the board has no usable measure). None without the program's memory or a decode rate. With the decode
+    step's profile, where that step's time went: its matrix products, its kernels outside the delegates."""
     recorded = sidecar.generation if sidecar is not None else None
     rate = generation.decode_tokens_per_s
     if sidecar is None or recorded is None or not rate:
@@ -111,6 +114,9 @@ def decode_roofline(generation: Generation, sidecar: Sidecar | None, board_befor
         share=achieved / bandwidth.bytes_per_s if bandwidth is not None else None,
         note=note,
         fits_in_cache=bandwidth is not None and per_token <= bandwidth.llc_bytes,
+        kernels_ms=_kernels_ms(profile),
+        profiled_step_ms=profile.total.median if profile is not None and profile.total is not None else None,
+        outside_ms=_outside_ms(profile),
     )
 
 
@@ -139,11 +145,19 @@ def prefill_work(pte: Path, method: str, prompt_len: int, max_prompt_len: int) -
 
 
 def _kernels_ms(profile: Profile | None) -> float | None:
-    """The prefill profile's median time in its FC and batch matmul nodes, per execution."""
+    """A phase profile's median time in its FC and batch matmul nodes, per execution."""
     if profile is None:
         return None
     times = [node.dist.median for delegate in profile.delegates for node in delegate.nodes
              if node.type in ROOFLINE_TYPES and node.dist is not None]  # fmt: skip
+    return sum(times) if times else None
+
+
+def _outside_ms(profile: Profile | None) -> float | None:
+    """A phase profile's median time in the kernels outside its delegates, per execution."""
+    if profile is None:
+        return None
+    times = [i.dist.median for i in profile.instructions if i.kind == KERNEL_CALL and i.dist is not None]
     return sum(times) if times else None
 
 

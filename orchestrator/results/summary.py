@@ -222,6 +222,10 @@ class DecodeRoofline:
     share: Duration | None = None  # achieved / bandwidth (can pass 1 when the weights sit in a large cache)
     note: str | None = None  # why there is no share
     fits_in_cache: bool = False  # a step's bytes fit the board's last-level cache: memory is not what binds it
+    # Where a step's time went, from the decode profile (ETDump's own cost included, so against its own step):
+    kernels_ms: Duration | None = None  # the step's FC and batch matmul nodes
+    profiled_step_ms: Duration | None = None  # the profiled step, whole
+    outside_ms: Duration | None = None  # the step's kernels outside the delegates
 
     @property
     def share_text(self) -> str:

@@ -75,6 +75,25 @@ def test_a_language_model_generates_what_eager_greedy_does_and_is_profiled_per_p
         roofline["bytes_per_token"] * generation["decode_tokens_per_s"] / 1e9
     )
     assert f"{roofline['share']:.0%} of {roofline['bandwidth_gb_per_s']:.1f} GB/s" in " ".join(said.split())
+    # and where the decode step's time went, from its own profile: the products, the kernels outside the delegates
+    # (etlab's attention among them), and the rest
+    decode_profile = json.loads((run / "analysis" / "ops_decode.json").read_text())
+    matmuls = ("XNNFullyConnected", "XNNBatchMatrixMultiply")
+    products = [n["median_ms"] for d in decode_profile["delegates"] for n in d["nodes"]
+                if n["type"] in matmuls and n["median_ms"] is not None]  # fmt: skip
+    assert roofline["kernels_ms"] == pytest.approx(sum(products)) and roofline["kernels_ms"] > 0
+    outside = [i["median_ms"] for i in decode_profile["instructions"] if i["kind"] == "KernelCall" and i["median_ms"]]
+    assert roofline["outside_ms"] == pytest.approx(sum(outside)) and roofline["outside_ms"] > 0
+    assert 0 < roofline["kernels_ms"] < roofline["profiled_step_ms"]
+    env = {**os.environ, "ETLAB_ARTIFACTS": str(generation_artifacts), "ETLAB_RESULTS": str(tmp_path / "results"),
+           "ETLAB_WIDTH": "400"}  # fmt: skip
+    analyzed = subprocess.run([sys.executable, "-m", "fabric", "analyze", "--run", run.name], cwd=PROJECT_ROOT,
+                              env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert analyzed.returncode == 0, analyzed.stdout + analyzed.stderr
+    lines = (analyzed.stdout + analyzed.stderr).splitlines()
+    line = next(x.strip() for x in lines if x.strip().startswith("decode roofline: "))
+    assert line.startswith(f"decode roofline: {roofline['bytes_per_token'] / 1e6:.1f} MB a step at "), line
+    assert f"in the profiled {roofline['profiled_step_ms']:.3g} ms step the matrix products took" in line, line
     # the prefill's matrix products against the board's peak (and bandwidth): the least time they allow over TTFT
     prefill_line = generation["prefill_roofline"]
     assert prefill_line["ops"] > 0 and prefill_line["calls"] == 1 and prefill_line["note"] is None

@@ -116,12 +116,12 @@ def test_a_night_on_two_workers_survives_one_killed(
         cells_per_board = 4  # two models x two backends
         while night.poll() is None and time.monotonic() < deadline and not victim:
             by_board = Counter((r.board, r.host) for r in _quietly(records, url))
-            for (board, host), count in by_board.items():
+            for (board_name, host), count in by_board.items():
                 if host in ("wa", "wb") and count < cells_per_board and not victim:
                     lab.freeze(str(host))
                     now = Counter(r.board for r in _quietly(records, url))
-                    if now[board] < cells_per_board:
-                        victim, killed_board = str(host), board
+                    if now[board_name] < cells_per_board:
+                        victim, killed_board = str(host), board_name
                         lab.kill(victim)
                     else:
                         lab.thaw(str(host))

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from orchestrator.boards.limits import ReadBandwidth, state_value
+from orchestrator.commands.render_generation import decode_text
 from orchestrator.lowering.sidecar import Attention, Sidecar, sidecar_from_data
 from orchestrator.results.roofline import decode_roofline, kv_bytes_per_step, weights_bytes
 from orchestrator.results.summary import Generation, read_summary
@@ -80,9 +81,28 @@ def test_a_board_without_a_usable_bandwidth_keeps_the_bytes_and_says_why(state: 
     assert roofline.note is not None and said in roofline.note
     assert roofline.bytes_per_token > 0 and roofline.achieved_gb_per_s > 0
     assert "board not measured" in roofline.share_text
+    # `fab analyze`'s line says the same: the bytes, what is missing and why; no profile, so no split of the step
+    line = decode_text(roofline, generation.decode_tokens_per_s)
+    assert line.startswith(f"{roofline.bytes_per_token / 1e6:.1f} MB a step at ") and "board not measured" in line
+    assert roofline.note in line and "matrix products" not in line and "at the board's bandwidth" not in line
 
 
 def test_no_roofline_without_the_program_or_a_decode() -> None:
     generation, sidecar = _run()
     assert decode_roofline(generation, None, None, "x") is None
     assert decode_roofline(dataclasses.replace(generation, decode_tokens_per_s=None), sidecar, None, "x") is None
+
+
+def test_the_decode_line_splits_the_profiled_step() -> None:
+    generation, sidecar = _run("etlab")
+    roofline = decode_roofline(generation, sidecar, _board({"limits": state_value(BANDWIDTH)}), "board_info")
+    assert roofline is not None
+    split = dataclasses.replace(roofline, kernels_ms=2.5, outside_ms=0.5, profiled_step_ms=4.0)
+    line = decode_text(split, 250.0)
+    assert f"at 250.0 tok/s: {roofline.share_text} (" in line
+    assert f"{roofline.bytes_per_token / 10e9 * 1e3:.3g} ms a step at the board's bandwidth" in line
+    # the rest of the step is what neither the products nor the kernels outside the delegates took
+    assert (
+        "in the profiled 4 ms step the matrix products took 2.5 ms, kernels outside the delegates 0.5 ms, "
+        "the delegates' other work 1 ms" in line
+    )

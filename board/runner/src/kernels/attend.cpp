@@ -108,7 +108,8 @@ static inline ETLAB_TARGET void dots(const float* q, const float* keys, int64_t 
       // and the high lane their second halves.
       const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
       const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(s4, s5), _mm256_hadd_ps(s6, s7));
-      const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+      const __m256 sums =
+          _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
       _mm256_storeu_ps(scores + j, _mm256_mul_ps(sums, factor));
     }
   }
@@ -425,22 +426,21 @@ Tensor& attend_out(KernelRuntimeContext& context, const Tensor& query, const Ten
     for (int64_t item = 0; item < items; ++item) run_item(item);
     return out;
   }
-  bool done = false;
-  if (rows == 1) {
-    // A decode step: every item costs the same, so each thread takes a contiguous run of heads. A KV head's rows
-    // are then read from memory by one core, and its group's other heads find them in that core's cache.
-    done = ::executorch::extension::parallel_for(0, items, 1, [&](int64_t first, int64_t end) {
-      note_thread();
-      for (int64_t item = first; item < end; ++item) run_item(item);
-    });
-  } else {
-    done = ::executorch::extension::parallel_for(0, tasks, 1, [&](int64_t first, int64_t end) {
-      note_thread();
-      for (int64_t task = first; task < end; ++task) {
+  // A decode step (one row): every item costs the same, so the pool splits the items into contiguous runs of heads;
+  // a KV head's rows are then read from memory by one core, and its group's other heads find them in that core's
+  // cache. A prompt: one task per thread taking every T-th item.
+  const bool decode = rows == 1;
+  const int64_t ranges = decode ? items : tasks;
+  const bool done = ::executorch::extension::parallel_for(0, ranges, 1, [&](int64_t first, int64_t end) {
+    note_thread();
+    for (int64_t task = first; task < end; ++task) {
+      if (decode) {
+        run_item(task);
+      } else {
         for (int64_t item = task; item < items; item += tasks) run_item(item);
       }
-    });
-  }
+    }
+  });
   ET_KERNEL_CHECK_MSG(context, done, Internal, out, "attend: the thread pool refused the work");
   return out;
 }

@@ -75,7 +75,8 @@ class GenerationFigures:
 def decode_text(decode: DecodeRoofline, tokens_per_s: float | None) -> str:
     """One line on a decode step against the board's bandwidth, and where the rest of its time went: "80.4 MB a
     step at 253.3 tok/s: 39% of 52.7 GB/s (1.53 ms a step at the board's bandwidth; in the profiled 4.76 ms step the
-    matrix products took 2.58 ms, kernels outside the delegates 0.75 ms, the delegates' other work 1.43 ms)"."""
+    matrix products took 2.58 ms, kernels outside the delegates 0.75 ms in 480 calls, the delegates' other work
+    1.43 ms in 183 calls and 915 other operators)": many small costs, or a few large ones."""
     rate = f" at {tokens_per_s:.1f} tok/s" if tokens_per_s else ""
     head = f"{decode.bytes_per_token / 1e6:.1f} MB a step{rate}: {decode.share_text}"
     said = []
@@ -86,12 +87,21 @@ def decode_text(decode: DecodeRoofline, tokens_per_s: float | None) -> str:
     if step and products is not None:
         parts = [f"the matrix products took {products:.3g} ms"]
         if outside is not None:
-            parts.append(f"kernels outside the delegates {outside:.3g} ms")
-            parts.append(f"the delegates' other work {max(step - products - outside, 0.0):.3g} ms")
+            parts.append(f"kernels outside the delegates {outside:.3g} ms{_in_calls(decode.kernel_calls)}")
+            other = f"the delegates' other work {max(step - products - outside, 0.0):.3g} ms"
+            parts.append(other + _in_calls(decode.delegate_calls, decode.other_operators))
         said.append(f"in the profiled {step:.3g} ms step " + ", ".join(parts))
     if decode.note:
         said.append(decode.note)
     return head + (f" ({'; '.join(said)})" if said else "")
+
+
+def _in_calls(calls: int | None, operators: int | None = None) -> str:
+    """ " in 480 calls", " in 183 calls and 915 other operators", or "" when not counted."""
+    if not calls:
+        return ""
+    said = f" in {calls} call" + ("s" if calls != 1 else "")
+    return said + (f" and {operators} other operators" if operators else "")
 
 
 def prefill_text(prefill: PrefillRoofline, ttft_ms: float | None) -> str:

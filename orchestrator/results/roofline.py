@@ -117,6 +117,7 @@ def decode_roofline(generation: Generation, sidecar: Sidecar | None, board_befor
         kernels_ms=_kernels_ms(profile),
         profiled_step_ms=profile.total.median if profile is not None and profile.total is not None else None,
         outside_ms=_outside_ms(profile),
+        **_step_counts(profile),
     )
 
 
@@ -159,6 +160,20 @@ def _outside_ms(profile: Profile | None) -> float | None:
         return None
     times = [i.dist.median for i in profile.instructions if i.kind == KERNEL_CALL and i.dist is not None]
     return sum(times) if times else None
+
+
+def _step_counts(profile: Profile | None) -> dict[str, int]:
+    """A phase profile's calls and operators per execution: kernel calls outside the delegates, delegate calls,
+    and the delegates' operators (runtime events) besides the matrix products. {} without a profile."""
+    if profile is None:
+        return {}
+    calls = [d for d in profile.delegates if d.call is not None]
+    products = sum(1 for d in calls for node in d.nodes if node.type in ROOFLINE_TYPES and node.dist is not None)
+    return {
+        "kernel_calls": sum(1 for i in profile.instructions if i.kind == KERNEL_CALL and i.dist is not None),
+        "delegate_calls": len(calls),
+        "other_operators": max(sum(len(d.event_names) for d in calls) - products, 0),
+    }
 
 
 def _least_ms(works: list[NodeWork], limits: BoardLimits) -> tuple[float | None, float | None]:

@@ -226,6 +226,10 @@ class DecodeRoofline:
     kernels_ms: Duration | None = None  # the step's FC and batch matmul nodes
     profiled_step_ms: Duration | None = None  # the profiled step, whole
     outside_ms: Duration | None = None  # the step's kernels outside the delegates
+    # What the rest is made of, per step: many small costs, or a few large ones
+    kernel_calls: Count | None = None  # kernel calls outside the delegates
+    delegate_calls: Count | None = None
+    other_operators: Count | None = None  # the delegates' operators besides the products (runtime events)
 
     @property
     def share_text(self) -> str:

@@ -85,6 +85,14 @@ def test_a_language_model_generates_what_eager_greedy_does_and_is_profiled_per_p
     outside = [i["median_ms"] for i in decode_profile["instructions"] if i["kind"] == "KernelCall" and i["median_ms"]]
     assert roofline["outside_ms"] == pytest.approx(sum(outside)) and roofline["outside_ms"] > 0
     assert 0 < roofline["kernels_ms"] < roofline["profiled_step_ms"]
+    # and what the rest is made of, per step: calls and operators
+    called = [d for d in decode_profile["delegates"] if d["call_mean_ms"] is not None]
+    assert roofline["delegate_calls"] == len(called) > 0
+    assert roofline["kernel_calls"] == sum(
+        1 for i in decode_profile["instructions"] if i["kind"] == "KernelCall" and i["median_ms"] is not None
+    )
+    called_products = sum(1 for d in called for n in d["nodes"] if n["type"] in matmuls and n["median_ms"] is not None)
+    assert roofline["other_operators"] == sum(len(d["events"]) for d in called) - called_products > 0
     env = {**os.environ, "ETLAB_ARTIFACTS": str(generation_artifacts), "ETLAB_RESULTS": str(tmp_path / "results"),
            "ETLAB_WIDTH": "400"}  # fmt: skip
     analyzed = subprocess.run([sys.executable, "-m", "fabric", "analyze", "--run", run.name], cwd=PROJECT_ROOT,
@@ -94,6 +102,7 @@ def test_a_language_model_generates_what_eager_greedy_does_and_is_profiled_per_p
     line = next(x.strip() for x in lines if x.strip().startswith("decode roofline: "))
     assert line.startswith(f"decode roofline: {roofline['bytes_per_token'] / 1e6:.1f} MB a step at "), line
     assert f"in the profiled {roofline['profiled_step_ms']:.3g} ms step the matrix products took" in line, line
+    assert f"in {roofline['delegate_calls']} calls and {roofline['other_operators']} other operators" in line, line
     # the prefill's matrix products against the board's peak (and bandwidth): the least time they allow over TTFT
     prefill_line = generation["prefill_roofline"]
     assert prefill_line["ops"] > 0 and prefill_line["calls"] == 1 and prefill_line["note"] is None

@@ -106,3 +106,11 @@ def test_the_decode_line_splits_the_profiled_step() -> None:
         "in the profiled 4 ms step the matrix products took 2.5 ms, kernels outside the delegates 0.5 ms, "
         "the delegates' other work 1 ms" in line
     )
+    # with the step's counts, what the rest is made of: many small calls and operators
+    counted = decode_text(dataclasses.replace(split, kernel_calls=480, delegate_calls=183, other_operators=915), None)
+    assert (
+        "kernels outside the delegates 0.5 ms in 480 calls, "
+        "the delegates' other work 1 ms in 183 calls and 915 other operators" in counted
+    )
+    one = decode_text(dataclasses.replace(split, kernel_calls=1, delegate_calls=1, other_operators=0), None)
+    assert "0.5 ms in 1 call, the delegates' other work 1 ms in 1 call)" in one

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from orchestrator.boards.limits import recorded_bandwidth
 from orchestrator.errors import AnalysisError
@@ -50,7 +50,7 @@ from orchestrator.results.ops_record import KERNEL_CALL
 from orchestrator.results.summary import DecodeRoofline, Generation, PrefillRoofline
 
 if TYPE_CHECKING:  # the type only
-    from orchestrator.results.profile import Profile
+    from orchestrator.results.profile import DelegateProfile, InstructionProfile, Profile, XnnNodeProfile
 
 
 def weights_bytes(sidecar: Sidecar, gathered: Sequence[GatheredTable] = ()) -> int:
@@ -102,6 +102,7 @@ def decode_roofline(generation: Generation, sidecar: Sidecar | None, board_befor
         bandwidth = recorded_bandwidth(state if isinstance(state, dict) else None, where)
     except RecordError as exc:  # untrusted like all the board sent: said, and the run's analysis goes on
         bandwidth, note = None, f"the board's recorded bandwidth is refused ({exc})"
+    counts = _step_counts(profile)
     if bandwidth is None and note is None:
         note = "the board's read bandwidth is not measured: fab setup-board measures it"
     return DecodeRoofline(
@@ -117,7 +118,9 @@ def decode_roofline(generation: Generation, sidecar: Sidecar | None, board_befor
         kernels_ms=_kernels_ms(profile),
         profiled_step_ms=profile.total.median if profile is not None and profile.total is not None else None,
         outside_ms=_outside_ms(profile),
-        **_step_counts(profile),
+        kernel_calls=counts.kernel_calls,
+        delegate_calls=counts.delegate_calls,
+        other_operators=counts.other_operators,
     )
 
 
@@ -145,12 +148,22 @@ def prefill_work(pte: Path, method: str, prompt_len: int, max_prompt_len: int) -
     return works
 
 
+def _timed_products(delegates: Sequence[DelegateProfile]) -> list[XnnNodeProfile]:
+    """The delegates' timed FC and batch matmul nodes."""
+    return [node for delegate in delegates for node in delegate.nodes
+            if node.type in ROOFLINE_TYPES and node.dist is not None]  # fmt: skip
+
+
+def _timed_kernel_calls(profile: Profile) -> list[InstructionProfile]:
+    """The profile's timed kernel calls outside its delegates."""
+    return [i for i in profile.instructions if i.kind == KERNEL_CALL and i.dist is not None]
+
+
 def _kernels_ms(profile: Profile | None) -> float | None:
     """A phase profile's median time in its FC and batch matmul nodes, per execution."""
     if profile is None:
         return None
-    times = [node.dist.median for delegate in profile.delegates for node in delegate.nodes
-             if node.type in ROOFLINE_TYPES and node.dist is not None]  # fmt: skip
+    times = [node.dist.median for node in _timed_products(profile.delegates) if node.dist is not None]
     return sum(times) if times else None
 
 
@@ -158,22 +171,24 @@ def _outside_ms(profile: Profile | None) -> float | None:
     """A phase profile's median time in the kernels outside its delegates, per execution."""
     if profile is None:
         return None
-    times = [i.dist.median for i in profile.instructions if i.kind == KERNEL_CALL and i.dist is not None]
+    times = [i.dist.median for i in _timed_kernel_calls(profile) if i.dist is not None]
     return sum(times) if times else None
 
 
-def _step_counts(profile: Profile | None) -> dict[str, int]:
-    """A phase profile's calls and operators per execution: kernel calls outside the delegates, delegate calls,
-    and the delegates' operators (runtime events) besides the matrix products. {} without a profile."""
+class StepCounts(NamedTuple):
+    """A phase profile's calls and operators per execution (None without a profile)."""
+
+    kernel_calls: int | None = None  # outside the delegates
+    delegate_calls: int | None = None
+    other_operators: int | None = None  # the delegates' runtime events besides the matrix products
+
+
+def _step_counts(profile: Profile | None) -> StepCounts:
     if profile is None:
-        return {}
+        return StepCounts()
     calls = [d for d in profile.delegates if d.call is not None]
-    products = sum(1 for d in calls for node in d.nodes if node.type in ROOFLINE_TYPES and node.dist is not None)
-    return {
-        "kernel_calls": sum(1 for i in profile.instructions if i.kind == KERNEL_CALL and i.dist is not None),
-        "delegate_calls": len(calls),
-        "other_operators": max(sum(len(d.event_names) for d in calls) - products, 0),
-    }
+    events = sum(len(d.event_names) for d in calls)
+    return StepCounts(len(_timed_kernel_calls(profile)), len(calls), max(events - len(_timed_products(calls)), 0))
 
 
 def _least_ms(works: list[NodeWork], limits: BoardLimits) -> tuple[float | None, float | None]:

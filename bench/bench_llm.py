@@ -262,15 +262,20 @@ def llama_build(python: Path | None) -> str:
 # --- etlab ------------------------------------------------------------------------------------------------------
 
 
-def lowered(spec: ModelSpec, variant: str, attention: str | None = None) -> tuple[Path, int, int]:
+def lowered(
+    spec: ModelSpec, variant: str, attention: str | None = None, rewrites: str = "none"
+) -> tuple[Path, int, int]:
     """The spec lowered (cached in artifacts/): the .pte, its KV cache's bytes and context."""
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.export import lower as lowering
     from orchestrator.lowering.program import with_
+    from orchestrator.lowering.rewrites.registry import parse_rewrites
 
     if attention is not None:  # `--attention etlab|sdpa`: the other program is lowered under its own name
         spec = with_(spec, attention=attention)
-    lowering.lower(spec, variants=[Variant.parse(variant)], weights="random", jobs=1)
+    request = parse_rewrites(rewrites)
+    spec = with_(spec, rewrites=request)  # `--rewrites rope`: under its own name too (smollm2-135m-gen.rope)
+    lowering.lower(spec, variants=[Variant.parse(variant)], weights="random", jobs=1, rewrites=request)
     artifact = load_artifact(spec.name, Variant.parse(variant))
     generation = artifact.sidecar.generation
     assert generation is not None, "a text-generation program's sidecar records its KV cache"
@@ -419,7 +424,7 @@ def memory_per_context(
     rows = []
     for context in args.contexts:
         sized = dataclasses.replace(spec, name=f"{spec.name}-ctx{context}", context=context)
-        pte, kv_bytes, _ = lowered(sized, "xnnpack", args.attention)
+        pte, kv_bytes, _ = lowered(sized, "xnnpack", args.attention, args.rewrites)
         result, timings = run_etlab(runner, pte, prompt_file, args, work)
         phases = {phase["phase"]: phase for phase in timings["memory"]["phases"]}
         peak = max(phase["peak_rss_bytes"] for phase in phases.values())
@@ -520,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=("etlab", "sdpa"),
         help="etlab's attention lowering: etlab (its own operators, the default) or sdpa (standard operators)",
     )
+    parser.add_argument(
+        "--rewrites", default="none", help="etlab's programs with these rewrites (`fab lower --rewrites`), e.g. rope"
+    )
     parser.add_argument("--llama-memory", help=argparse.SUPPRESS)  # the child of llama_cpp_memory
     parser.add_argument("--llama-context", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -557,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         if scheme.variant and scheme.name in args.etlab_schemes.split(","):
             try:
                 with timer.stage(f"etlab: lower {scheme.variant} (cached in artifacts/)"):
-                    programs[scheme.name] = lowered(spec, scheme.variant, args.attention)
+                    programs[scheme.name] = lowered(spec, scheme.variant, args.attention, args.rewrites)
             except Exception as exc:  # a scheme etlab cannot lower yet: llama.cpp's figures alone
                 console.warn(f"etlab cannot lower {scheme.variant}: {str(exc).splitlines()[0]}")
     context = spec.cache_capacity

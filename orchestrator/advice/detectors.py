@@ -86,6 +86,9 @@ PORTABLE_HINTS = {
     "aten::where": ("a masked select XNNPACK does not take", "code", "in the model's code: add a float mask instead"),
 }
 OTHER_PORTABLE = ("an operator XNNPACK did not take", "code", "in the model's code: operators XNNPACK takes")
+# etlab's own operators (board/runner/src/kernels/: attend, update_cache, rope, shared_head) run outside the delegates
+# by design, as native kernels of their own (threaded, vectorized): never "portable kernels" to write away.
+OWN_OPERATORS = "etlab::"
 # A "stored twice" finding below both is not worth saying (a 256-byte bias is not a size problem).
 STORED_TWICE_MIN_MB = 0.1
 STORED_TWICE_MIN_SHARE = 0.01  # of the .pte
@@ -197,7 +200,8 @@ def find_rewritable_operators(facts: RunFacts, explained: frozenset[str]) -> lis
                 facts, rewrite.name, calls, rewrite.finding or f"{operators} in portable kernels",
                 f"{len(calls)} portable kernel call(s) of {operators}; the {rewrite.name} rewrite: "
                 f"{rewrite.description}",
-                "the measured time of the portable kernels it takes out (what replaces them runs inside XNNPACK)",
+                rewrite.saving_note
+                or "the measured time of the portable kernels it takes out (what replaces them runs inside XNNPACK)",
             ))  # fmt: skip
     return findings
 
@@ -340,7 +344,7 @@ def find_all_positions_head(facts: RunFacts, explained: frozenset[str]) -> list[
 def find_portable_operators(facts: RunFacts, explained: frozenset[str]) -> list[Finding]:
     by_operator: dict[str, list[InstructionTiming]] = defaultdict(list)
     for call in facts.ops.kernel_calls():
-        if call.node_id not in explained:
+        if call.node_id not in explained and not call.operator.startswith(OWN_OPERATORS):
             by_operator[call.operator].append(call)
     findings = []
     for operator, calls in by_operator.items():
@@ -525,7 +529,7 @@ DETECTORS: dict[str, Detector] = {
         Detector("backend", "a program with no delegate: lower it for XNNPACK", find_undelegated_program),
         Detector(
             "rewrites",
-            "portable operators a rewrite takes out (rewrites/registry.py: tanh-gelu, fold-weight-norm, rms-norm)",
+            "portable operators a rewrite takes out (rewrites/registry.py: tanh-gelu, rms-norm, rope, ...)",
             find_rewritable_operators,
         ),
         Detector("conv1d-as-2d", "1-D convolutions an int8-dynamic program left fp32", find_float_convolutions),

@@ -92,6 +92,27 @@ def test_rewrites_already_applied_are_not_proposed_again() -> None:
     assert pow_finding.kind == "portable-operator" and pow_finding.saving_is_bound
 
 
+def test_etlabs_own_operators_are_never_portable_kernels_to_write_away() -> None:
+    """The same recorded calls under an etlab operator's name (attend, rope, ... run outside the delegates by design,
+    as native kernels): no portable-operator finding for them, where the aten name got one."""
+    raw = recorded("gpt2-tiny")
+    facts = facts_of(raw)
+    assert facts.sidecar is not None
+    applied = dataclasses.replace(
+        facts.sidecar, rewrites=("tanh-gelu", "eager-attention", "bmm-attention", "head-at-position")
+    )
+    pow_calls = kernel_rows(raw, "aten::pow")
+    assert pow_calls and any(
+        f.operators == ("aten::pow",) for f in advise(dataclasses.replace(facts, sidecar=applied)).findings
+    )
+    renamed = json.loads(json.dumps(raw))
+    for row in renamed["ops"]["instructions"]:
+        if row in pow_calls:
+            row["op"] = "etlab::attend.out"
+    own = dataclasses.replace(facts_of(renamed), sidecar=applied)
+    assert not [f for f in advise(own).findings if any(op.startswith("etlab::") for op in f.operators)]
+
+
 @pytest.mark.parametrize(("model", "output"), [("gpt2-tiny", "last"), ("distilbert-tiny", "mask")])
 def test_a_program_that_selects_its_position_after_the_head_gets_the_head_finding(model: str, output: str) -> None:
     """The built-in gpt2 and distilbert return one position's logits, [B, vocab], selected after a head that
@@ -218,6 +239,7 @@ def test_a_finding_is_built_by_keyword() -> None:
         ("wav2vec2-tiny", "fold-weight-norm", {"aten::convolution", "aten::sum"}),  # the positional convolution
         ("smollm2-tiny", "rms-norm", {"aten::mean"}),  # RMSNorm's mean over the last dimension
         ("gpt2-tiny", "bmm-attention", {"aten::expand_copy"}),  # attention's 4-D matmuls
+        ("smollm2-gen-tiny.sdpa", "rope", {"aten::slice_copy"}),  # RoPE's rotate_half, 4 slices a layer
     ],
 )
 def test_rewrites_named_by_their_portable_operators(model: str, rewrite: str, operators: set[str]) -> None:

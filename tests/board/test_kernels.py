@@ -77,6 +77,23 @@ class UpdateCase:
         return cache.numpy()
 
 
+@dataclass(frozen=True)
+class RopeCase:
+    x: np.ndarray  # [B, S, H, D]
+    cos: np.ndarray  # [B, S, D]
+    sin: np.ndarray
+
+    def tensors(self, prefix: str) -> list[NamedTensor]:
+        return [
+            NamedTensor(f"{prefix}.x", self.x),
+            NamedTensor(f"{prefix}.cos", self.cos),
+            NamedTensor(f"{prefix}.sin", self.sin),
+        ]
+
+    def reference(self) -> np.ndarray:
+        return ops.rope_reference(*(torch.from_numpy(a) for a in (self.x, self.cos, self.sin))).numpy()
+
+
 class KernelCase(Protocol):
     """A case the kernel check runs (AttendCase, UpdateCase, test_shared_head_kernel.py's HeadCase)."""
 
@@ -233,3 +250,62 @@ def test_mismatched_shapes_and_dtypes_fail(kernel_check: Path, tmp_path: Path) -
         assert outputs[f"{name}.status"] == INVALID_ARGUMENT, name
     for name in ("update_cache.dim", "update_cache.dtype", "update_cache.count"):
         np.testing.assert_array_equal(outputs[f"{name}.cache"], cache)
+
+
+ROPE_WIDTHS = [2, 6, 8, 32, 64, 128]
+
+
+@st.composite
+def rope_cases(draw: st.DrawFn) -> RopeCase:
+    batch, positions, heads = draw(st.integers(1, 2)), draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    width = draw(st.sampled_from(ROPE_WIDTHS))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32)))
+    x = (rng.standard_normal((batch, positions, heads, width)) * draw(st.sampled_from([1.0, 50.0]))).astype(np.float32)
+    angles = rng.uniform(-100, 100, (batch, positions, width)).astype(np.float32)  # any position's angles
+    return RopeCase(x, np.cos(angles), np.sin(angles))
+
+
+@KERNELS
+@given(ropes=st.lists(rope_cases(), min_size=1, max_size=8))
+def test_rope_equals_the_reference(
+    kernel_check: Path, tmp_path_factory: pytest.TempPathFactory, ropes: list[RopeCase]
+) -> None:
+    """etlab::rope against transformers' RoPE computed the same way (ops.rope_reference): [B, S, H, D] in,
+    [B, H, S, D] out, within an ulp of each product."""
+    cases = {f"rope.{n}": case for n, case in enumerate(ropes)}
+    outputs, _ = run_check(kernel_check, tmp_path_factory.mktemp("rope"), cases)
+    for name, case in cases.items():
+        assert outputs[f"{name}.status"] == 0, name
+        reference = case.reference()
+        assert outputs[f"{name}.out"].shape == reference.shape == (case.x.shape[0], case.x.shape[2],
+                                                                   case.x.shape[1], case.x.shape[3])  # fmt: skip
+        np.testing.assert_allclose(outputs[f"{name}.out"], reference, rtol=1e-6, atol=1e-6 * np.abs(case.x).max())
+
+
+def test_rope_is_the_rotation_transformers_applies() -> None:
+    """The reference itself against transformers' Llama `apply_rotary_pos_emb` on the transposed input, bit for bit
+    (the rewrite's eager outputs are then the model's own)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    generator = torch.Generator().manual_seed(2)
+    x, k = torch.randn(2, 2, 5, 3, 16, generator=generator)  # [B, S, H, D]
+    angles = torch.randn(2, 5, 16, generator=generator) * 10
+    q_embed, k_embed = apply_rotary_pos_emb(x.transpose(1, 2), k.transpose(1, 2), angles.cos(), angles.sin())
+    assert torch.equal(ops.rope_reference(x, angles.cos(), angles.sin()), q_embed)
+    assert torch.equal(ops.rope_reference(k, angles.cos(), angles.sin()), k_embed)
+
+
+def test_rope_refuses_what_it_does_not_compute(kernel_check: Path, tmp_path: Path) -> None:
+    x = np.ones((1, 3, 2, 8), np.float32)
+    table = np.ones((1, 3, 8), np.float32)
+    cases = {
+        "rope.odd": RopeCase(np.ones((1, 3, 2, 7), np.float32), np.ones((1, 3, 7), np.float32),
+                             np.ones((1, 3, 7), np.float32)),
+        "rope.positions": RopeCase(x, np.ones((1, 2, 8), np.float32), np.ones((1, 2, 8), np.float32)),
+        "rope.width": RopeCase(x, np.ones((1, 3, 4), np.float32), np.ones((1, 3, 4), np.float32)),
+        "rope.dtype": RopeCase(x.astype(np.float64), table, table),
+        "rope.rank": RopeCase(np.ones((3, 2, 8), np.float32), table, table),
+    }  # fmt: skip
+    outputs, _ = run_check(kernel_check, tmp_path, cases)
+    for name in cases:
+        assert outputs[f"{name}.status"] == INVALID_ARGUMENT, name

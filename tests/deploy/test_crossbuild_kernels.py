@@ -18,7 +18,14 @@ from orchestrator.deploy import crossbuild
 from orchestrator.deploy.payload import fetch_wheel, tree_sha256
 from orchestrator.paths import BOARD_SOURCE_DIR
 from orchestrator.versions import executorch_version
-from tests.board.test_kernels import AttendCase, KernelCase, UpdateCase, assert_attention_close, run_check
+from tests.board.test_kernels import (
+    AttendCase,
+    KernelCase,
+    RopeCase,
+    UpdateCase,
+    assert_attention_close,
+    run_check,
+)
 from tests.board.test_shared_head_kernel import assert_head_close, head_case
 from tests.deploy.test_crossbuild import PI_FACTS, aarch64_compiler, elf_machine
 from tests.plugins.runner import KERNEL_CHECK_NAME
@@ -50,8 +57,12 @@ def test_the_aarch64_runner_has_neon_kernels_and_no_dot_product_instructions() -
     binary = crossbuild.cross_build_runner(compiler, wheel, source, tree_sha256(source), executorch_version())
     assert elf_machine(binary) == "aarch64"
     assert b"etlab::attend.out" in binary.read_bytes() and b"etlab::update_cache.out" in binary.read_bytes()
-    assert b"etlab::shared_head.out" in binary.read_bytes()
+    assert b"etlab::shared_head.out" in binary.read_bytes() and b"etlab::rope.out" in binary.read_bytes()
     text = disassembly(binary)
+    rope = function_bodies(text, "rope_out")
+    assert re.search(r"\sfmul\s+v\d+\.4s", rope), (
+        "rope's loops are vectorized: products on 4 floats"
+    )  # -O3, no intrinsics
     attention = function_bodies(text, "neon::attend_row")
     assert re.search(r"\sfmla\s+v\d+\.4s", attention), "attend's NEON loops use fused multiply-add on 4 floats"
     head = function_bodies(text, "neon::head_row")
@@ -93,10 +104,12 @@ def test_the_aarch64_kernels_equal_the_reference_under_qemu(tmp_path: Path, monk
             "shared_head.8bit": head_case(rng, (1, 1), 77, 64, 1, 8),
             "shared_head.odd": head_case(rng, (3,), 9, 68, 2, 4),
         }
+        angles = rng.uniform(-50, 50, (1, 5, 64)).astype(np.float32)
+        rope = RopeCase(rng.standard_normal((1, 5, 3, 64)).astype(np.float32), np.cos(angles), np.sin(angles))
         monkeypatch.setenv("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu")  # binfmt's qemu-aarch64 finds the loader
         for core in ("cortex-a72", "cortex-a76"):  # a Pi 4's core (no dot product: SIGILL if used) and a Pi 5's
             monkeypatch.setenv("QEMU_CPU", core)
-            cases: dict[str, KernelCase] = {"attend.0": attend, "update_cache.0": update, **heads}
+            cases: dict[str, KernelCase] = {"attend.0": attend, "update_cache.0": update, "rope.0": rope, **heads}
             outputs, line = run_check(check, tmp_path, cases, "--threads", "2")
             assert line["isa"] == line["shared_head_isa"] == "neon", core
             for name, case in heads.items():
@@ -105,3 +118,5 @@ def test_the_aarch64_kernels_equal_the_reference_under_qemu(tmp_path: Path, monk
             assert outputs["attend.0.status"] == 0 and outputs["update_cache.0.status"] == 0, core
             assert_attention_close(outputs["attend.0.out"], attend)
             np.testing.assert_array_equal(outputs["update_cache.0.cache"], update.reference())
+            assert outputs["rope.0.status"] == 0, core
+            np.testing.assert_allclose(outputs["rope.0.out"], rope.reference(), rtol=1e-6, atol=1e-5)

@@ -101,7 +101,7 @@ def test_every_rewrite_is_described_and_its_functions_exist() -> None:
     import importlib
 
     assert list(REWRITES) == [
-        "tanh-gelu", "eager-attention", "bmm-attention", "fold-weight-norm", "conv1d-as-2d", "rms-norm",
+        "tanh-gelu", "eager-attention", "bmm-attention", "fold-weight-norm", "conv1d-as-2d", "rms-norm", "rope",
         "head-at-position",
     ]  # fmt: skip
     for rewrite in REWRITES.values():
@@ -137,6 +137,10 @@ def test_which_rewrites_apply_by_spec() -> None:
     assert RewriteRequest(names=("conv1d-as-2d",)).resolve(BUILTIN_SPECS["wav2vec2-tiny"]) == ("conv1d-as-2d",)
     # a program that generates attends over its KV cache: etlab's attention is its option, not this rewrite
     assert not REWRITES["bmm-attention"].applies(BUILTIN_SPECS["smollm2-gen-tiny"])
+    # RoPE's slices are portable only where the sequence length is dynamic: a program that generates
+    # (eager-attention applies by spec; its pattern, SDPA, is absent from etlab's attention, so auto skips it)
+    assert auto.resolve(BUILTIN_SPECS["smollm2-gen-tiny"]) == ("eager-attention", "rms-norm", "rope")
+    assert not REWRITES["rope"].applies(BUILTIN_SPECS["smollm2-tiny"])
     assert auto.resolve(BUILTIN_SPECS["mobilenet-v2-tiny"]) == ()  # torchvision: nothing etlab rewrites
     asked = BUILTIN_SPECS["bert-base-tiny"].with_options(config={"hidden_act": "gelu_new"})
     assert REWRITES["tanh-gelu"].applies(asked)  # a family that does not use gelu_new, configured to

@@ -8,8 +8,9 @@
 //   attend.<case>.{query, key_cache, value_cache, positions, scale}   (scale: a float64 scalar)
 //   update_cache.<case>.{value, cache, positions}
 //   shared_head.<case>.{input, table, scales, bits}                    (bits: an int64 scalar, 8 or 4)
+//   rope.<case>.{x, cos, sin}
 // Outputs per case: "<op>.<case>.status" (int64 scalar: 0, or the ExecuTorch error the kernel failed with),
-// attend's and shared_head's "out", update_cache's "cache" (as the kernel left it) and "out". Stdout gets one JSON line: the
+// attend's, rope's and shared_head's "out", update_cache's "cache" (as the kernel left it) and "out". Stdout gets one JSON line: the
 // instruction set, the pool's threads, how many distinct threads ran attend's tasks and, per case, the median
 // microseconds of its calls (--repeat N calls each case N more times after the first; for bench/bench_kernels.py).
 // Exit: 0 done, 2 usage, 3 unreadable or malformed inputs, 4 an operator is not registered.
@@ -21,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <executorch/runtime/core/evalue.h>
@@ -190,6 +192,16 @@ int main(int argc, char** argv) {
       NamedTensor written = cache;
       written.name = prefix + ".cache";
       results.push_back(std::move(written));
+      results.push_back(std::move(out));
+    } else if (prefix.rfind("rope.", 0) == 0) {
+      NamedTensor& x = argument(tensors, prefix + ".x");
+      std::vector<int64_t> dims = x.dims;  // [B, S, H, D] in, [B, H, S, D] out
+      if (dims.size() == 4) std::swap(dims[1], dims[2]);
+      NamedTensor out = blank_like(prefix + ".out", x.dtype, dims);
+      BoundTensor input(x), c(argument(tensors, prefix + ".cos")), s(argument(tensors, prefix + ".sin")), o(out);
+      std::vector<EValue> arguments{EValue(input.tensor()), EValue(c.tensor()), EValue(s.tensor()), EValue(o.tensor())};
+      const int64_t status = call(prefix, "etlab::rope.out", arguments);
+      results.push_back(status_tensor(prefix + ".status", status));
       results.push_back(std::move(out));
     } else if (prefix.rfind("shared_head.", 0) == 0) {
       NamedTensor& input = argument(tensors, prefix + ".input");

@@ -12,6 +12,10 @@ tests check the runner's kernels against.
         Causal attention by position: query row i attends to cache rows 0..positions[i] (the filled ones), never
         past them, so no mask tensor exists. Query head h reads KV head h // (Hq // Hkv): heads are shared by
         index, never copied.
+    rope(x [B, S, H, D], cos [B, S, D], sin [B, S, D]) -> [B, H, S, D]
+        Rotary position embedding as Llama computes it, x * cos + rotate_half(x) * sin (rotate_half: the row's two
+        halves swapped, the new first half negated), read in the layout the projections write and written in the
+        one attention reads: the transpose between them is folded in (the `rope` rewrite, rewrites/rope.py).
 
 Causality comes from `positions`, so a prompt of P tokens at positions 0..P-1 and one token at position P are the
 same call. Both are registered once, at import; importing this module is what makes `torch.ops.etlab.*` exist.
@@ -32,6 +36,9 @@ _LIBRARY.define(
     "Tensor(a!) out) -> Tensor(a!)"
 )
 
+_LIBRARY.define("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor")
+_LIBRARY.define("rope.out(Tensor x, Tensor cos, Tensor sin, *, Tensor(a!) out) -> Tensor(a!)")
+
 
 def _check_update(value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> None:
     torch._check(value.dim() == 4 and cache.dim() == 4, lambda: "update_cache: value and cache must be 4-D")
@@ -50,6 +57,16 @@ def _check_attend(query: torch.Tensor, key_cache: torch.Tensor, value_cache: tor
     torch._check(query.size(1) % key_cache.size(1) == 0, lambda: "attend: query heads must be a multiple of KV heads")
     torch._check(query.size(3) == key_cache.size(3), lambda: "attend: head dims differ")
     torch._check(positions.dim() == 1 and positions.size(0) == query.size(2), lambda: "attend: one position per row")
+
+
+def _check_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    torch._check(x.dim() == 4 and cos.dim() == 3, lambda: "rope: x must be 4-D, cos and sin 3-D")
+    torch._check(cos.shape == sin.shape, lambda: "rope: cos and sin differ in shape")
+    torch._check(cos.size(0) == x.size(0), lambda: "rope: batch sizes differ")
+    torch._check(cos.size(1) == x.size(1), lambda: "rope: one cos and sin row per position")
+    torch._check(cos.size(2) == x.size(3), lambda: "rope: cos and sin rows must be as wide as a head")
+    torch._check(x.size(3) % 2 == 0, lambda: "rope: the head dim must be even")
+    torch._check(x.dtype == cos.dtype == sin.dtype, lambda: "rope: x, cos and sin dtypes differ")
 
 
 def update_cache_reference(value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -78,6 +95,16 @@ def attend_reference(
     return torch.matmul(torch.softmax(scores, dim=-1), values).to(query.dtype)
 
 
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' Llama RoPE, operator for operator (so a rewritten model's eager outputs are its own), on x's
+    transpose: [B, S, H, D] in, [B, H, S, D] out, contiguous."""
+    _check_rope(x, cos, sin)
+    heads_first = x.transpose(1, 2)
+    half = x.size(-1) // 2
+    rotated = torch.cat((-heads_first[..., half:], heads_first[..., :half]), dim=-1)
+    return ((heads_first * cos.unsqueeze(1)) + (rotated * sin.unsqueeze(1))).contiguous()
+
+
 def _update_cache_fake(value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     _check_update(value, cache, positions)
     return value.new_empty(1)
@@ -88,6 +115,21 @@ def _attend_fake(
 ) -> torch.Tensor:
     _check_attend(query, key_cache, value_cache, positions)
     return torch.empty_like(query)
+
+
+def _rope_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    _check_rope(x, cos, sin)
+    return x.new_empty((x.size(0), x.size(2), x.size(1), x.size(3)))
+
+
+def _rope_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    out.copy_(rope_reference(x, cos, sin))
+    return out
+
+
+def _rope_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+    _check_rope(x, cos, sin)
+    return out
 
 
 def _update_cache_out(
@@ -138,6 +180,11 @@ _LIBRARY.impl("attend", attend_reference, "CompositeExplicitAutograd")
 _LIBRARY.impl("attend", _attend_fake, "Meta")
 _LIBRARY.impl("attend.out", _attend_out, "CompositeExplicitAutograd")
 _LIBRARY.impl("attend.out", _attend_out_fake, "Meta")
+_LIBRARY.impl("rope", rope_reference, "CompositeExplicitAutograd")
+_LIBRARY.impl("rope", _rope_fake, "Meta")
+_LIBRARY.impl("rope.out", _rope_out, "CompositeExplicitAutograd")
+_LIBRARY.impl("rope.out", _rope_out_fake, "Meta")
 
 update_cache = torch.ops.etlab.update_cache.default
 attend = torch.ops.etlab.attend.default
+rope = torch.ops.etlab.rope.default

@@ -98,6 +98,9 @@ def lower_exported(
     """
     from executorch.exir import to_edge, to_edge_transform_and_lower
 
+    from orchestrator.lowering.rewrites.rope import fold_rope_transposes
+
+    fold_rope_transposes(exported)  # a `rope` rewrite's program: etlab::rope reads the projection's layout
     timer = timer or console.StageTimer(prefix=f"{model}: ")
     with timer.stage(f"{variant}: to_edge/partition", quiet=quiet), lowering_stage(TO_EDGE, model, exported):
         if variant.backend == "xnnpack":

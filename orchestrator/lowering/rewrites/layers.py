@@ -111,11 +111,15 @@ def _llama_rms_norm(layer: torch.nn.Module) -> bool:
     Qwen2RMSNorm, MistralRMSNorm, ...); Gemma's (1 + weight) and T5's norms are other code and stay."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    forward = getattr(type(layer), "forward", None)
-    if forward is None or not hasattr(forward, "__code__"):
-        return False
-    code, llama = forward.__code__, LlamaRMSNorm.forward.__code__
-    return (code.co_code, code.co_consts, code.co_names) == (llama.co_code, llama.co_consts, llama.co_names)
+    return same_code(getattr(type(layer), "forward", None), LlamaRMSNorm.forward)
+
+
+def same_code(one: Any, other: Any) -> bool:
+    """Two functions with the same bytecode, constants and names (transformers' copies of one function)."""
+    a, b = getattr(one, "__code__", None), getattr(other, "__code__", None)
+    return (
+        a is not None and b is not None and (a.co_code, a.co_consts, a.co_names) == (b.co_code, b.co_consts, b.co_names)
+    )
 
 
 def has_llama_rms_norm(module: torch.nn.Module) -> bool:

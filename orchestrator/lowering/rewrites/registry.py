@@ -25,6 +25,7 @@ from orchestrator.lowering.spec import GENERATION_TASK, OUTPUT_WORDS, TASKS, WRA
 
 _FUNCTIONS = "orchestrator.lowering.rewrites.huggingface"
 _LAYERS = "orchestrator.lowering.rewrites.layers"
+_ROPE = "orchestrator.lowering.rewrites.rope"
 # Families whose default config uses `gelu_new` (transformers' configs; tests/lowering/test_rewrites.py checks it).
 GELU_NEW_FAMILIES = ("albert", "big_bird", "codegen", "fnet", "funnel", "gpt2", "gpt_neo", "gptj", "mt5",
                      "nystromformer", "phi")  # fmt: skip
@@ -34,6 +35,9 @@ WEIGHT_NORM_FAMILIES = ("wav2vec2", "hubert", "wavlm", "sew", "sew-d", "unispeec
 # Families whose convolutions are 1-D (`nn.Conv1d`: an audio feature encoder; the same test checks them).
 CONV1D_FAMILIES = ("wav2vec2", "hubert", "wavlm", "sew", "sew-d", "unispeech", "unispeech-sat", "wav2vec2-conformer",
                    "data2vec-audio", "whisper")  # fmt: skip
+# Families whose attention calls Llama's apply_rotary_pos_emb (tests/lowering/test_rope_rewrite.py checks them).
+LLAMA_ROPE_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3",
+                       "granite")  # fmt: skip
 # Families whose RMSNorm is LlamaRMSNorm's code (the same test checks them).
 LLAMA_RMS_NORM_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3",
                            "smollm3", "granite")  # fmt: skip
@@ -55,6 +59,7 @@ class Rewrite:
     # program, and what that looks like in a profile. A rewrite without them has a detector of its own.
     portable_operators: tuple[str, ...] = ()
     finding: str = ""
+    saving_note: str = ""  # how the finding's saving relates to those calls' time, where not "all of it"
     # Rewrites whose change this one makes too: `auto` and the advisor's trial of all together leave them out.
     supersedes: tuple[str, ...] = ()
     # False: a trade-off, not a plain gain (conv1d-as-2d speeds the int8 program, slows the fp32 one): never in
@@ -157,6 +162,22 @@ REWRITES: dict[str, Rewrite] = {
             f"{_LAYERS}:mean_rms_norm",
             portable_operators=("aten::mean",),
             finding="RMSNorm's mean over the last dimension in portable kernels",
+        ),
+        Rewrite(
+            "rope",
+            "Llama's rotary position embedding as one etlab operator per tensor, reading q and k as the projections "
+            "write them: transformers' two slices, negation, concatenation, products and sum per tensor left the "
+            "slices in portable kernels and cost every layer a delegate call and about 16 small operators",
+            ("huggingface",),
+            # a program over a whole sequence has static shapes, and XNNPACK takes its slices: measured where not
+            (GENERATION_TASK,),
+            LLAMA_ROPE_FAMILIES,
+            f"{_ROPE}:has_llama_rope",
+            f"{_ROPE}:fuse_rope",
+            portable_operators=("aten::slice_copy",),
+            finding="RoPE's rotate_half slices in portable kernels",
+            saving_note="the slices' measured time, a lower bound: the rewrite also takes out a delegate call and "
+            "about 12 XNNPACK operators a layer (on SmolLM2-135M at 4-bit, bench/README.md)",
         ),
         Rewrite(
             "head-at-position",

@@ -3,6 +3,7 @@
 //   etlab::update_cache.out(Tensor value, Tensor(a!) cache, Tensor positions, *, Tensor(b!) out) -> Tensor(b!)
 //   etlab::attend.out(Tensor query, Tensor key_cache, Tensor value_cache, Tensor positions, float scale, *,
 //                     Tensor(a!) out) -> Tensor(a!)
+//   etlab::rope.out(Tensor x, Tensor cos, Tensor sin, *, Tensor(a!) out) -> Tensor(a!)
 //   etlab::shared_head.out(Tensor input, Tensor table, Tensor scales, int bits, *, Tensor(a!) out) -> Tensor(a!)
 //     (its definition: orchestrator/lowering/quantize/shared_head.py)
 // A bad shape, dtype, layout or position fails the kernel (InvalidArgument) before anything is written.
@@ -26,6 +27,10 @@ Tensor& update_cache_out(KernelRuntimeContext& context, const Tensor& value, Ten
 // Query row i of head h attends to rows 0..positions[i] of KV head h / (Hq / Hkv), softmax(q . k * scale) . v.
 Tensor& attend_out(KernelRuntimeContext& context, const Tensor& query, const Tensor& key_cache,
                    const Tensor& value_cache, const Tensor& positions, double scale, Tensor& out);
+
+// Llama's RoPE with the heads' transpose folded in: x [B, S, H, D] (as the projection wrote it), cos and sin
+// [B, S, D]; out[b, h, s] = x[b, s, h] * cos[b, s] + rotate_half(x[b, s, h]) * sin[b, s], float32.
+Tensor& rope_out(KernelRuntimeContext& context, const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out);
 
 // A tied head over the embedding's quantized table: out[..., n] = input[..., :] . dequantize(table[n]), the table
 // int8 rows (bits 8) or embedding_4bit's packed rows (bits 4), scales [N] or [N, G] (G groups a row).

@@ -124,6 +124,12 @@ def _operator_calls(facts: RunFacts, operators: Sequence[str], explained: frozen
     return [c for c in facts.ops.kernel_calls() if c.operator in operators and c.node_id not in explained]
 
 
+def _from_functions(call: InstructionTiming, functions: Sequence[str]) -> bool:
+    """The call came from one of the model's `functions` ("modeling_llama.py:121 in rotate_half"), or the run has
+    no source for it."""
+    return call.source is None or call.source.rpartition(" in ")[2] in functions
+
+
 def _rewrite_finding(
     facts: RunFacts, rewrite: str, calls: list[InstructionTiming], title: str, cause: str, note: str
 ) -> Finding:
@@ -194,6 +200,8 @@ def find_rewritable_operators(facts: RunFacts, explained: frozenset[str]) -> lis
             continue
         taken = explained.union(node for f in findings for nodes in f.nodes.values() for node in nodes)
         calls = _operator_calls(facts, rewrite.portable_operators, frozenset(taken))
+        if rewrite.portable_sources:
+            calls = [call for call in calls if _from_functions(call, rewrite.portable_sources)]
         if calls:
             operators = ", ".join(sorted({call.operator for call in calls}))
             findings.append(_rewrite_finding(

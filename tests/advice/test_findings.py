@@ -92,6 +92,21 @@ def test_rewrites_already_applied_are_not_proposed_again() -> None:
     assert pow_finding.kind == "portable-operator" and pow_finding.saving_is_bound
 
 
+def test_a_common_operator_counts_only_from_the_functions_the_rewrite_replaces() -> None:
+    """RoPE's finding takes the slices the source map places in rotate_half, not another slice (the logits'):
+    the same recorded calls, given sources."""
+    raw = json.loads(json.dumps(recorded("smollm2-gen-tiny.sdpa")))
+    slices = [row for row in raw["ops"]["instructions"] if row in kernel_rows(raw, "aten::slice_copy")]
+    assert len(slices) > 2
+    for row in slices:
+        row["source"] = "modeling_llama.py:121 in rotate_half"
+    slices[-1]["source"] = "modeling_utils.py:5198 in slice_logits_to_keep"
+    rope = by_kind(advise(facts_of(raw)))["rope"]
+    assert set(rope.nodes["forward"]) == {row["node_id"] for row in slices[:-1]}
+    assert rope.calls == len(slices) - 1
+    assert rope.saving_ms == pytest.approx(sum(row["median_ms"] for row in slices[:-1]))
+
+
 def test_etlabs_own_operators_are_never_portable_kernels_to_write_away() -> None:
     """The same recorded calls under an etlab operator's name (attend, rope, ... run outside the delegates by design,
     as native kernels): no portable-operator finding for them, where the aten name got one."""

@@ -24,6 +24,7 @@ from orchestrator.lowering.rewrites.registry import LLAMA_ROPE_FAMILIES, REWRITE
 from orchestrator.lowering.rewrites.rope import (
     fold_rope_transposes,
     fuse_rope,
+    fused_rope,
     has_llama_rope,
     plain_function,
     with_global,
@@ -185,3 +186,24 @@ def test_the_program_calls_the_operator_and_generates_the_same_ids(runner_binary
     assert after.fallback_histogram.get("aten.slice_copy.Tensor_out", 0) == slices - 4 * LAYERS
     assert after.delegate_call_sites == before.delegate_call_sites - LAYERS
     assert ids[()] == ids[("rope",)]
+
+
+def test_what_the_operator_does_not_compute_goes_to_the_models_own_rope() -> None:
+    """Another layout (unsqueeze_dim=2: q [B, S, H, D]), float64, a batch of cos rows that broadcasts: the model's
+    function computes them, so the result is its own; the usual call goes through etlab::rope, the same values."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    original = plain_function(apply_rotary_pos_emb)
+    fused = fused_rope(original)
+    generator = torch.Generator().manual_seed(9)
+    q, k = torch.randn(2, 2, 3, 5, 8, generator=generator)  # [B, H, S, D]
+    angles = torch.randn(2, 5, 8, generator=generator)
+    cases = [
+        (q.transpose(1, 2), k.transpose(1, 2), angles.cos(), angles.sin(), 2),  # [B, S, H, D]
+        (q.double(), k.double(), angles.cos().double(), angles.sin().double(), 1),
+        (q, k, angles.cos()[:1], angles.sin()[:1], 1),  # one row of cos for both batch entries: broadcast
+        (q, k, angles.cos(), angles.sin(), 1),
+    ]
+    for case in cases:
+        got, expected = fused(*case), original(*case)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])

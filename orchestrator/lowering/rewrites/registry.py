@@ -58,6 +58,9 @@ class Rewrite:
     # For the advisor: the operators (without overload) whose portable kernel calls the rewrite takes out of the
     # program, and what that looks like in a profile. A rewrite without them has a detector of its own.
     portable_operators: tuple[str, ...] = ()
+    # Where such an operator is common: the model's functions its calls come from (the run's source map: "... in
+    # rotate_half"); a call from elsewhere is not the rewrite's, one without a source is counted.
+    portable_sources: tuple[str, ...] = ()
     finding: str = ""
     saving_note: str = ""  # how the finding's saving relates to those calls' time, where not "all of it"
     # Rewrites whose change this one makes too: `auto` and the advisor's trial of all together leave them out.
@@ -166,8 +169,8 @@ REWRITES: dict[str, Rewrite] = {
         Rewrite(
             "rope",
             "Llama's rotary position embedding as one etlab operator per tensor, reading q and k as the projections "
-            "write them: transformers' two slices, negation, concatenation, products and sum per tensor left the "
-            "slices in portable kernels and cost every layer a delegate call and about 16 small operators",
+            "write them: transformers' slices, negation, concatenation, products and sum cost every layer 4 slices "
+            "and 2 unsqueezes in portable kernels, about 12 XNNPACK operators and a delegate call",
             ("huggingface",),
             # a program over a whole sequence has static shapes, and XNNPACK takes its slices: measured where not
             (GENERATION_TASK,),
@@ -175,6 +178,7 @@ REWRITES: dict[str, Rewrite] = {
             f"{_ROPE}:has_llama_rope",
             f"{_ROPE}:fuse_rope",
             portable_operators=("aten::slice_copy",),
+            portable_sources=("rotate_half", "apply_rotary_pos_emb"),
             finding="RoPE's rotate_half slices in portable kernels",
             saving_note="the slices' measured time, a lower bound: the rewrite also takes out a delegate call and "
             "about 12 XNNPACK operators a layer (on SmolLM2-135M at 4-bit, bench/README.md)",

@@ -70,12 +70,26 @@ def fused_rope(original: Callable[..., Any]) -> Callable[..., Any]:
     def apply_rotary_pos_emb(
         q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        fits = unsqueeze_dim == 1 and q.dim() == k.dim() == 4 and cos.dim() == sin.dim() == 3
-        if not fits or not q.dtype == k.dtype == cos.dtype == sin.dtype == torch.float32:
+        if not _fits(q, k, cos, sin, unsqueeze_dim):
             return original(q, k, cos, sin, unsqueeze_dim)
         return ops.rope(q.transpose(1, 2), cos, sin), ops.rope(k.transpose(1, 2), cos, sin)
 
     return apply_rotary_pos_emb
+
+
+def _fits(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int) -> bool:
+    """q and k [B, H, S, D] float32 (D even), cos and sin [B, S, D]: what etlab::rope computes."""
+    if unsqueeze_dim != 1 or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or cos.shape != sin.shape:
+        return False
+    batch, _, positions, width = q.shape
+    return (
+        q.dtype == k.dtype == cos.dtype == sin.dtype == torch.float32
+        and k.shape[0] == batch
+        and k.shape[2] == positions
+        and k.shape[3] == width
+        and tuple(cos.shape) == (batch, positions, width)
+        and width % 2 == 0
+    )
 
 
 def with_global(function: Any, name: str, value: Any) -> Any:

@@ -129,6 +129,7 @@ def test_the_copy_changes_one_global_and_keeps_the_wrapper() -> None:
     assert _computed(3) == ("wrapped", 7) and _double(3) == 6  # this module is as it was
     inner = copied.__wrapped__  # the function itself, its globals a module of their own
     assert inner.__module__ != __name__ and sys.modules[inner.__module__]._double(3) == 30
+    assert with_global(_computed, "_double", lambda value: -value)(3) == ("wrapped", -2)  # another value, its own
 
 
 def test_the_transposes_around_the_operator_are_folded(loaded: dict[str, torch.nn.Module]) -> None:

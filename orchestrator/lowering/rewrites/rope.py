@@ -17,6 +17,7 @@ one `fused_rope` applies to hand the operator the projection's layout.
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 from collections.abc import Callable
@@ -63,6 +64,7 @@ def has_llama_rope(module: torch.nn.Module) -> bool:
     return any(_calls_llama_rope(layer) for layer in module.modules())
 
 
+@functools.cache  # one per model's function: a model rewritten again gets the same copy of its modules
 def fused_rope(original: Callable[..., Any]) -> Callable[..., Any]:
     """`apply_rotary_pos_emb` through etlab::rope; `original` (the model's own) where the operator does not fit: q
     and k other than [B, H, S, D] float32, cos and sin other than [B, S, D]."""
@@ -118,8 +120,9 @@ def with_global(function: Any, name: str, value: Any) -> Any:
 
 
 def _module_with(scope: dict[str, Any], name: str, value: Any) -> types.ModuleType:
-    """The module `scope` belongs to, copied under a name of its own, its `name` set to `value` (one per module)."""
-    copied = f"{__name__}.fused.{scope['__name__']}"
+    """The module `scope` belongs to, copied under a name of its own, its `name` set to `value` (one per module,
+    name and value: the module holds the value, so its id names it for as long as the module exists)."""
+    copied = f"{__name__}.fused.{scope['__name__']}.{name}.{id(value):x}"
     module = sys.modules.get(copied)
     if module is None:
         module = types.ModuleType(copied)

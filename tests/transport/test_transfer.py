@@ -212,19 +212,25 @@ def test_push_over_a_dead_link_fails_as_a_transfer_error(netns_board: NetnsBoard
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("bulk", BULK_MODES)
 def test_push_recovers_when_the_link_drops_mid_write(netns_board: NetnsBoard, tmp_path: Path, bulk: str) -> None:
+    """A 5-second blackhole mid-write fails the attempt under way, and the retry delivers the file whole. A push
+    survives such a cut in one attempt only when the cut came after its last reply (a watcher starved on a loaded
+    machine saw the file late): that sample proves nothing either way, so a new file is pushed (at most 3)."""
     size = 48 << 20
-    model, digest = make_model(tmp_path, size)
     models = netns_board.workdir_path / "models"
-    with (
-        link_cut_once(netns_board, models, f"{TMP_PREFIX}*") as cut,
-        connect(netns_board.board.replace(bulk_transfer=bulk)) as conn,
-    ):
-        result = push_file(conn, model, sha256=digest, retry=RetryPolicy(attempts=8, initial_wait=1.0))
-    assert cut.is_set(), "the transfer finished before the link could be cut"
+    for _ in range(3):
+        model, digest = make_model(tmp_path, size)
+        with (
+            link_cut_once(netns_board, models, f"{TMP_PREFIX}*") as cut,
+            connect(netns_board.board.replace(bulk_transfer=bulk)) as conn,
+        ):
+            result = push_file(conn, model, sha256=digest, retry=RetryPolicy(attempts=8, initial_wait=1.0))
+        assert cut.is_set(), "the transfer finished before the link could be cut"
+        assert sha((models / f"{digest}.pte").read_bytes()) == digest
+        model.unlink()
+        (models / f"{digest}.pte").unlink()
+        if result.attempts >= 2:
+            break
     assert result.attempts >= 2
-    assert sha((models / f"{digest}.pte").read_bytes()) == digest
-    model.unlink()
-    (models / f"{digest}.pte").unlink()
 
 
 def test_local_board_push_uses_the_same_rules(local_board: Board, tmp_path: Path) -> None:

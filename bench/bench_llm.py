@@ -47,6 +47,7 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from bench import llm_roofline  # noqa: E402
 from orchestrator import console  # noqa: E402
 from orchestrator.lowering.builtins import BUILTIN_SPECS  # noqa: E402
+from orchestrator.lowering.rewrites.registry import NO_REWRITES, RewriteRequest, parse_rewrites  # noqa: E402
 from orchestrator.lowering.spec import ModelSpec  # noqa: E402
 from orchestrator.lowering.variants import Variant  # noqa: E402
 from orchestrator.results.generation import GenerationTimings  # noqa: E402
@@ -263,19 +264,17 @@ def llama_build(python: Path | None) -> str:
 
 
 def lowered(
-    spec: ModelSpec, variant: str, attention: str | None = None, rewrites: str = "none"
+    spec: ModelSpec, variant: str, attention: str | None = None, rewrites: RewriteRequest = NO_REWRITES
 ) -> tuple[Path, int, int]:
     """The spec lowered (cached in artifacts/): the .pte, its KV cache's bytes and context."""
     from orchestrator.lowering.artifacts import load_artifact
     from orchestrator.lowering.export import lower as lowering
     from orchestrator.lowering.program import with_
-    from orchestrator.lowering.rewrites.registry import parse_rewrites
 
     if attention is not None:  # `--attention etlab|sdpa`: the other program is lowered under its own name
         spec = with_(spec, attention=attention)
-    request = parse_rewrites(rewrites)
-    spec = with_(spec, rewrites=request)  # `--rewrites rope`: under its own name too (smollm2-135m-gen.rope)
-    lowering.lower(spec, variants=[Variant.parse(variant)], weights="random", jobs=1, rewrites=request)
+    spec = with_(spec, rewrites=rewrites)  # `--rewrites rope`: under its own name too (smollm2-135m-gen.rope)
+    lowering.lower(spec, variants=[Variant.parse(variant)], weights="random", jobs=1, rewrites=rewrites)
     artifact = load_artifact(spec.name, Variant.parse(variant))
     generation = artifact.sidecar.generation
     assert generation is not None, "a text-generation program's sidecar records its KV cache"
@@ -536,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.llama_memory:
         return llama_memory_child(args)
     args.contexts = [int(c) for c in args.contexts.split(",") if c]
+    args.rewrites = parse_rewrites(args.rewrites)  # once, at the edge: an unknown name stops before any lowering
     schemes = [SCHEMES[name] for name in args.schemes.split(",")]
     peers = [FLASH_ATTN[choice] for choice in args.flash_attn.split(",")]
     engine_names = (ETLAB, *peers)

@@ -94,6 +94,23 @@ class RopeCase:
         return ops.rope_reference(*(torch.from_numpy(a) for a in (self.x, self.cos, self.sin))).numpy()
 
 
+@dataclass(frozen=True)
+class RmsNormCase:
+    x: np.ndarray  # [..., D]
+    weight: np.ndarray  # [D]
+    eps: float
+
+    def tensors(self, prefix: str) -> list[NamedTensor]:
+        return [
+            NamedTensor(f"{prefix}.x", self.x),
+            NamedTensor(f"{prefix}.weight", self.weight),
+            NamedTensor(f"{prefix}.eps", np.array(self.eps, dtype=np.float64)),
+        ]
+
+    def reference(self) -> np.ndarray:
+        return ops.rms_norm_reference(torch.from_numpy(self.x), torch.from_numpy(self.weight), self.eps).numpy()
+
+
 class KernelCase(Protocol):
     """A case the kernel check runs (AttendCase, UpdateCase, test_shared_head_kernel.py's HeadCase)."""
 
@@ -306,6 +323,64 @@ def test_rope_refuses_what_it_does_not_compute(kernel_check: Path, tmp_path: Pat
         "rope.dtype": RopeCase(x.astype(np.float64), table, table),
         "rope.rank": RopeCase(np.ones((3, 2, 8), np.float32), table, table),
     }  # fmt: skip
+    outputs, _ = run_check(kernel_check, tmp_path, cases)
+    for name in cases:
+        assert outputs[f"{name}.status"] == INVALID_ARGUMENT, name
+
+
+RMS_NORM_WIDTHS = [1, 7, 16, 33, 64, 576, 1000]
+
+
+@st.composite
+def rms_norm_cases(draw: st.DrawFn) -> RmsNormCase:
+    leading = draw(st.lists(st.integers(1, 5), min_size=0, max_size=3))
+    width = draw(st.sampled_from(RMS_NORM_WIDTHS))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32)))
+    x = (rng.standard_normal((*leading, width)) * draw(st.sampled_from([1e-3, 1.0, 50.0]))).astype(np.float32)
+    weight = rng.standard_normal(width).astype(np.float32)
+    return RmsNormCase(x, weight, draw(st.sampled_from([1e-6, 1e-5, 0.0, 0.5])))
+
+
+@KERNELS
+@given(norms=st.lists(rms_norm_cases(), min_size=1, max_size=8))
+def test_rms_norm_equals_the_reference(
+    kernel_check: Path, tmp_path_factory: pytest.TempPathFactory, norms: list[RmsNormCase]
+) -> None:
+    """etlab::rms_norm against LlamaRMSNorm computed the same way (ops.rms_norm_reference), any leading dims: the
+    sum of squares is the kernel's own order, so within a few ulps of the row's scale."""
+    cases = {f"rms_norm.{n}": case for n, case in enumerate(norms)}
+    outputs, _ = run_check(kernel_check, tmp_path_factory.mktemp("rms_norm"), cases)
+    for name, case in cases.items():
+        assert outputs[f"{name}.status"] == 0, name
+        reference = case.reference()
+        assert outputs[f"{name}.out"].shape == reference.shape == case.x.shape
+        np.testing.assert_allclose(outputs[f"{name}.out"], reference, rtol=1e-5,
+                                   atol=1e-5 * np.abs(case.weight).max())  # fmt: skip
+
+
+def test_rms_norm_is_the_norm_transformers_applies() -> None:
+    """The reference against transformers' LlamaRMSNorm, bit for bit (the rewrite's eager outputs are its own)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(48, eps=1e-5)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(48, generator=generator))
+    x = torch.randn(2, 5, 48, generator=generator) * 30
+    assert torch.equal(ops.rms_norm_reference(x, norm.weight, 1e-5), norm(x))
+
+
+def test_rms_norm_refuses_what_it_does_not_compute(kernel_check: Path, tmp_path: Path) -> None:
+    x = np.ones((2, 8), np.float32)
+    weight = np.ones(8, np.float32)
+    cases = {
+        "rms_norm.width": RmsNormCase(x, np.ones(7, np.float32), 1e-5),
+        "rms_norm.dtype": RmsNormCase(x.astype(np.float64), weight.astype(np.float64), 1e-5),
+        "rms_norm.weight_rank": RmsNormCase(x, np.ones((1, 8), np.float32), 1e-5),
+        "rms_norm.empty_rows": RmsNormCase(np.ones((2, 0), np.float32), np.ones(0, np.float32), 1e-5),
+        "rms_norm.eps": RmsNormCase(x, weight, float("nan")),
+        "rms_norm.negative_eps": RmsNormCase(x, weight, -1.0),
+    }
     outputs, _ = run_check(kernel_check, tmp_path, cases)
     for name in cases:
         assert outputs[f"{name}.status"] == INVALID_ARGUMENT, name

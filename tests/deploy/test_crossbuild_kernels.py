@@ -21,6 +21,7 @@ from orchestrator.versions import executorch_version
 from tests.board.test_kernels import (
     AttendCase,
     KernelCase,
+    RmsNormCase,
     RopeCase,
     UpdateCase,
     assert_attention_close,
@@ -58,11 +59,14 @@ def test_the_aarch64_runner_has_neon_kernels_and_no_dot_product_instructions() -
     assert elf_machine(binary) == "aarch64"
     assert b"etlab::attend.out" in binary.read_bytes() and b"etlab::update_cache.out" in binary.read_bytes()
     assert b"etlab::shared_head.out" in binary.read_bytes() and b"etlab::rope.out" in binary.read_bytes()
+    assert b"etlab::rms_norm.out" in binary.read_bytes()
     text = disassembly(binary)
     rope = function_bodies(text, "rope_out")
     assert re.search(r"\sfmul\s+v\d+\.4s", rope), (
         "rope's loops are vectorized: products on 4 floats"
     )  # -O3, no intrinsics
+    norm = function_bodies(text, "rms_norm_out") + function_bodies(text, "mean_of_squares")
+    assert re.search(r"\sfmul\s+v\d+\.4s", norm), "rms_norm's loops are vectorized: products on 4 floats"
     attention = function_bodies(text, "neon::attend_row")
     assert re.search(r"\sfmla\s+v\d+\.4s", attention), "attend's NEON loops use fused multiply-add on 4 floats"
     head = function_bodies(text, "neon::head_row")
@@ -106,10 +110,23 @@ def test_the_aarch64_kernels_equal_the_reference_under_qemu(tmp_path: Path, monk
         }
         angles = rng.uniform(-50, 50, (1, 5, 64)).astype(np.float32)
         rope = RopeCase(rng.standard_normal((1, 5, 3, 64)).astype(np.float32), np.cos(angles), np.sin(angles))
+        norm = RmsNormCase(
+            rng.standard_normal((5, 576)).astype(np.float32) * 3, rng.standard_normal(576).astype(np.float32), 1e-5
+        )  # SmolLM2's width: lanes and no tail
+        odd_norm = RmsNormCase(
+            rng.standard_normal((2, 37)).astype(np.float32), rng.standard_normal(37).astype(np.float32), 1e-6
+        )  # a tail after the lanes
         monkeypatch.setenv("QEMU_LD_PREFIX", "/usr/aarch64-linux-gnu")  # binfmt's qemu-aarch64 finds the loader
         for core in ("cortex-a72", "cortex-a76"):  # a Pi 4's core (no dot product: SIGILL if used) and a Pi 5's
             monkeypatch.setenv("QEMU_CPU", core)
-            cases: dict[str, KernelCase] = {"attend.0": attend, "update_cache.0": update, "rope.0": rope, **heads}
+            cases: dict[str, KernelCase] = {
+                "attend.0": attend,
+                "update_cache.0": update,
+                "rope.0": rope,
+                "rms_norm.0": norm,
+                "rms_norm.odd": odd_norm,
+                **heads,
+            }
             outputs, line = run_check(check, tmp_path, cases, "--threads", "2")
             assert line["isa"] == line["shared_head_isa"] == "neon", core
             for name, case in heads.items():
@@ -120,3 +137,6 @@ def test_the_aarch64_kernels_equal_the_reference_under_qemu(tmp_path: Path, monk
             np.testing.assert_array_equal(outputs["update_cache.0.cache"], update.reference())
             assert outputs["rope.0.status"] == 0, core
             np.testing.assert_allclose(outputs["rope.0.out"], rope.reference(), rtol=1e-6, atol=1e-5)
+            for name, norm_case in (("rms_norm.0", norm), ("rms_norm.odd", odd_norm)):
+                assert outputs[f"{name}.status"] == 0, (core, name)
+                np.testing.assert_allclose(outputs[f"{name}.out"], norm_case.reference(), rtol=1e-5, atol=1e-5)

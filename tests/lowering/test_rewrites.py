@@ -101,8 +101,8 @@ def test_every_rewrite_is_described_and_its_functions_exist() -> None:
     import importlib
 
     assert list(REWRITES) == [
-        "tanh-gelu", "eager-attention", "bmm-attention", "fold-weight-norm", "conv1d-as-2d", "rms-norm", "rope",
-        "head-at-position",
+        "tanh-gelu", "eager-attention", "bmm-attention", "fold-weight-norm", "conv1d-as-2d", "fused-rms-norm",
+        "rms-norm", "rope", "head-at-position",
     ]  # fmt: skip
     for rewrite in REWRITES.values():
         assert rewrite.description.strip() and "\n" not in rewrite.description
@@ -139,8 +139,11 @@ def test_which_rewrites_apply_by_spec() -> None:
     assert not REWRITES["bmm-attention"].applies(BUILTIN_SPECS["smollm2-gen-tiny"])
     # RoPE's slices are portable only where the sequence length is dynamic: a program that generates
     # (eager-attention applies by spec; its pattern, SDPA, is absent from etlab's attention, so auto skips it)
-    assert auto.resolve(BUILTIN_SPECS["smollm2-gen-tiny"]) == ("eager-attention", "rms-norm", "rope")
+    # (and its norms are one etlab operator: fused-rms-norm supersedes rms-norm there, which applies by spec)
+    assert auto.resolve(BUILTIN_SPECS["smollm2-gen-tiny"]) == ("eager-attention", "fused-rms-norm", "rope")
+    assert REWRITES["rms-norm"].applies(BUILTIN_SPECS["smollm2-gen-tiny"])
     assert not REWRITES["rope"].applies(BUILTIN_SPECS["smollm2-tiny"])
+    assert not REWRITES["fused-rms-norm"].applies(BUILTIN_SPECS["smollm2-tiny"])
     assert auto.resolve(BUILTIN_SPECS["mobilenet-v2-tiny"]) == ()  # torchvision: nothing etlab rewrites
     asked = BUILTIN_SPECS["bert-base-tiny"].with_options(config={"hidden_act": "gelu_new"})
     assert REWRITES["tanh-gelu"].applies(asked)  # a family that does not use gelu_new, configured to

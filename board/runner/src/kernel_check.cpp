@@ -9,8 +9,9 @@
 //   update_cache.<case>.{value, cache, positions}
 //   shared_head.<case>.{input, table, scales, bits}                    (bits: an int64 scalar, 8 or 4)
 //   rope.<case>.{x, cos, sin}
+//   rms_norm.<case>.{x, weight, eps}                                  (eps: a float64 scalar)
 // Outputs per case: "<op>.<case>.status" (int64 scalar: 0, or the ExecuTorch error the kernel failed with),
-// attend's, rope's and shared_head's "out", update_cache's "cache" (as the kernel left it) and "out". Stdout gets one JSON line: the
+// attend's, rope's, rms_norm's and shared_head's "out", update_cache's "cache" (as the kernel left it) and "out". Stdout gets one JSON line: the
 // instruction set, the pool's threads, how many distinct threads ran attend's tasks and, per case, the median
 // microseconds of its calls (--repeat N calls each case N more times after the first; for bench/bench_kernels.py).
 // Exit: 0 done, 2 usage, 3 unreadable or malformed inputs, 4 an operator is not registered.
@@ -121,6 +122,14 @@ int64_t call(const std::string& name, const char* op, std::vector<EValue>& argum
   return static_cast<int64_t>(context.failure_state());
 }
 
+// A float64 scalar argument (attend's scale, rms_norm's eps).
+double float64_scalar(const NamedTensor& tensor, const std::string& name) {
+  if (tensor.dtype != static_cast<uint8_t>(ScalarType::Double) || tensor.numel() != 1) fail(3, name + " must be one float64");
+  double value;
+  std::memcpy(&value, tensor.data.data(), sizeof value);
+  return value;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,12 +176,7 @@ int main(int argc, char** argv) {
   for (const auto& prefix : cases) {
     if (prefix.rfind("attend.", 0) == 0) {
       NamedTensor& query = argument(tensors, prefix + ".query");
-      const NamedTensor& scale = argument(tensors, prefix + ".scale");
-      if (scale.dtype != static_cast<uint8_t>(ScalarType::Double) || scale.numel() != 1) {
-        fail(3, prefix + ".scale must be one float64");
-      }
-      double scale_value;
-      std::memcpy(&scale_value, scale.data.data(), sizeof scale_value);
+      const double scale_value = float64_scalar(argument(tensors, prefix + ".scale"), prefix + ".scale");
       NamedTensor out = blank_like(prefix + ".out", query.dtype, query.dims);
       BoundTensor q(query), k(argument(tensors, prefix + ".key_cache")), v(argument(tensors, prefix + ".value_cache")),
           p(argument(tensors, prefix + ".positions")), o(out);
@@ -201,6 +205,15 @@ int main(int argc, char** argv) {
       BoundTensor input(x), c(argument(tensors, prefix + ".cos")), s(argument(tensors, prefix + ".sin")), o(out);
       std::vector<EValue> arguments{EValue(input.tensor()), EValue(c.tensor()), EValue(s.tensor()), EValue(o.tensor())};
       const int64_t status = call(prefix, "etlab::rope.out", arguments);
+      results.push_back(status_tensor(prefix + ".status", status));
+      results.push_back(std::move(out));
+    } else if (prefix.rfind("rms_norm.", 0) == 0) {
+      NamedTensor& x = argument(tensors, prefix + ".x");
+      const double eps = float64_scalar(argument(tensors, prefix + ".eps"), prefix + ".eps");
+      NamedTensor out = blank_like(prefix + ".out", x.dtype, x.dims);
+      BoundTensor input(x), w(argument(tensors, prefix + ".weight")), o(out);
+      std::vector<EValue> arguments{EValue(input.tensor()), EValue(w.tensor()), EValue(eps), EValue(o.tensor())};
+      const int64_t status = call(prefix, "etlab::rms_norm.out", arguments);
       results.push_back(status_tensor(prefix + ".status", status));
       results.push_back(std::move(out));
     } else if (prefix.rfind("shared_head.", 0) == 0) {

@@ -16,6 +16,9 @@ tests check the runner's kernels against.
         Rotary position embedding as Llama computes it, x * cos + rotate_half(x) * sin (rotate_half: the row's two
         halves swapped, the new first half negated), read in the layout the projections write and written in the
         one attention reads: the transpose between them is folded in (the `rope` rewrite, rewrites/rope.py).
+    rms_norm(x [..., D], weight [D], eps float) -> [..., D]
+        Llama's RMSNorm, weight * (x * rsqrt(mean(x^2) + eps)) over each row of D, in one call instead of a portable
+        `mean` and five XNNPACK operators (the `fused-rms-norm` rewrite, rewrites/layers.py).
 
 Causality comes from `positions`, so a prompt of P tokens at positions 0..P-1 and one token at position P are the
 same call. Both are registered once, at import; importing this module is what makes `torch.ops.etlab.*` exist.
@@ -38,6 +41,8 @@ _LIBRARY.define(
 
 _LIBRARY.define("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor")
 _LIBRARY.define("rope.out(Tensor x, Tensor cos, Tensor sin, *, Tensor(a!) out) -> Tensor(a!)")
+_LIBRARY.define("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor")
+_LIBRARY.define("rms_norm.out(Tensor x, Tensor weight, float eps, *, Tensor(a!) out) -> Tensor(a!)")
 
 
 def _check_update(value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> None:
@@ -67,6 +72,12 @@ def _check_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     torch._check(cos.size(2) == x.size(3), lambda: "rope: cos and sin rows must be as wide as a head")
     torch._check(x.size(3) % 2 == 0, lambda: "rope: the head dim must be even")
     torch._check(x.dtype == cos.dtype == sin.dtype, lambda: "rope: x, cos and sin dtypes differ")
+
+
+def _check_rms_norm(x: torch.Tensor, weight: torch.Tensor) -> None:
+    torch._check(x.dim() >= 1 and weight.dim() == 1, lambda: "rms_norm: x must have a dim, weight must be 1-D")
+    torch._check(x.size(-1) == weight.size(0), lambda: "rms_norm: weight must be as wide as x's rows")
+    torch._check(x.dtype == weight.dtype, lambda: "rms_norm: x and weight dtypes differ")
 
 
 def update_cache_reference(value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -105,6 +116,13 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return ((heads_first * cos.unsqueeze(1)) + (rotated * sin.unsqueeze(1))).contiguous()
 
 
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm on float32, operator for operator (a rewritten model's eager outputs are its own)."""
+    _check_rms_norm(x, weight)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps))
+
+
 def _update_cache_fake(value: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     _check_update(value, cache, positions)
     return value.new_empty(1)
@@ -129,6 +147,21 @@ def _rope_out(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, out: tor
 
 def _rope_out_fake(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
     _check_rope(x, cos, sin)
+    return out
+
+
+def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    _check_rms_norm(x, weight)
+    return torch.empty_like(x)
+
+
+def _rms_norm_out(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor) -> torch.Tensor:
+    out.copy_(rms_norm_reference(x, weight, eps))
+    return out
+
+
+def _rms_norm_out_fake(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor) -> torch.Tensor:
+    _check_rms_norm(x, weight)
     return out
 
 
@@ -184,7 +217,12 @@ _LIBRARY.impl("rope", rope_reference, "CompositeExplicitAutograd")
 _LIBRARY.impl("rope", _rope_fake, "Meta")
 _LIBRARY.impl("rope.out", _rope_out, "CompositeExplicitAutograd")
 _LIBRARY.impl("rope.out", _rope_out_fake, "Meta")
+_LIBRARY.impl("rms_norm", rms_norm_reference, "CompositeExplicitAutograd")
+_LIBRARY.impl("rms_norm", _rms_norm_fake, "Meta")
+_LIBRARY.impl("rms_norm.out", _rms_norm_out, "CompositeExplicitAutograd")
+_LIBRARY.impl("rms_norm.out", _rms_norm_out_fake, "Meta")
 
 update_cache = torch.ops.etlab.update_cache.default
 attend = torch.ops.etlab.attend.default
 rope = torch.ops.etlab.rope.default
+rms_norm = torch.ops.etlab.rms_norm.default

@@ -8,6 +8,9 @@ operators XNNPACK takes.
   (`mean` over the last dimension) stays outside it and splits the delegates around every norm. Its mean is written
   as a product with a constant averaging vector, a fully connected layer XNNPACK takes without moving the data (the
   pooling needs the rows transposed first).
+- In a text-generation program etlab's own operators split the delegates at every layer anyway, and a norm in
+  XNNPACK is five small operators beside the portable `mean`: the whole norm becomes one `etlab::rms_norm` call
+  (attention/ops.py), a native kernel.
 
 - ExecuTorch's XNNPACK quantizer quantizes a convolution dynamically (int8-dynamic) only when it is 2-D: a 1-D
   convolution (wav2vec 2.0's feature encoder, Whisper's two) stays fp32 in an int8-dynamic program. The same
@@ -23,6 +26,7 @@ from typing import Any
 
 import torch
 
+from orchestrator.lowering.attention import ops
 from orchestrator.lowering.spec import ModelSpec
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -128,6 +132,33 @@ def has_llama_rms_norm(module: torch.nn.Module) -> bool:
 
 def mean_rms_norm(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
     return _replace(module, _llama_rms_norm, MeanRMSNorm)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fused-rms-norm: the whole norm as one etlab operator
+
+
+class FusedRMSNorm(torch.nn.Module):
+    """Llama's RMSNorm as one `etlab::rms_norm` call; Llama's own code where the operator does not fit (an input or
+    weight other than float32)."""
+
+    def __init__(self, norm: torch.nn.Module) -> None:
+        super().__init__()
+        self.weight = norm.get_parameter("weight")
+        self.variance_epsilon: float = vars(norm)["variance_epsilon"]  # a plain float attribute, not a tensor
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.dtype == self.weight.dtype == torch.float32:
+            return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def fused_rms_norm(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
+    return _replace(module, _llama_rms_norm, FusedRMSNorm)
 
 
 # ---------------------------------------------------------------------------------------------------------------

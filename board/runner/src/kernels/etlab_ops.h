@@ -4,6 +4,7 @@
 //   etlab::attend.out(Tensor query, Tensor key_cache, Tensor value_cache, Tensor positions, float scale, *,
 //                     Tensor(a!) out) -> Tensor(a!)
 //   etlab::rope.out(Tensor x, Tensor cos, Tensor sin, *, Tensor(a!) out) -> Tensor(a!)
+//   etlab::rms_norm.out(Tensor x, Tensor weight, float eps, *, Tensor(a!) out) -> Tensor(a!)
 //   etlab::shared_head.out(Tensor input, Tensor table, Tensor scales, int bits, *, Tensor(a!) out) -> Tensor(a!)
 //     (its definition: orchestrator/lowering/quantize/shared_head.py)
 // A bad shape, dtype, layout or position fails the kernel (InvalidArgument) before anything is written.
@@ -31,6 +32,9 @@ Tensor& attend_out(KernelRuntimeContext& context, const Tensor& query, const Ten
 // Llama's RoPE with the heads' transpose folded in: x [B, S, H, D] (as the projection wrote it), cos and sin
 // [B, S, D]; out[b, h, s] = x[b, s, h] * cos[b, s] + rotate_half(x[b, s, h]) * sin[b, s], float32.
 Tensor& rope_out(KernelRuntimeContext& context, const Tensor& x, const Tensor& cos, const Tensor& sin, Tensor& out);
+
+// Llama's RMSNorm over the last dim: out[..., i] = weight[i] * (x[..., i] * rsqrt(mean(x[...]^2) + eps)), float32.
+Tensor& rms_norm_out(KernelRuntimeContext& context, const Tensor& x, const Tensor& weight, double eps, Tensor& out);
 
 // A tied head over the embedding's quantized table: out[..., n] = input[..., :] . dequantize(table[n]), the table
 // int8 rows (bits 8) or embedding_4bit's packed rows (bits 4), scales [N] or [N, G] (G groups a row).

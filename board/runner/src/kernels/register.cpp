@@ -8,4 +8,5 @@
 EXECUTORCH_LIBRARY(etlab, "update_cache.out", etlab::kernels::update_cache_out);
 EXECUTORCH_LIBRARY(etlab, "attend.out", etlab::kernels::attend_out);
 EXECUTORCH_LIBRARY(etlab, "rope.out", etlab::kernels::rope_out);
+EXECUTORCH_LIBRARY(etlab, "rms_norm.out", etlab::kernels::rms_norm_out);
 EXECUTORCH_LIBRARY(etlab, "shared_head.out", etlab::kernels::shared_head_out);

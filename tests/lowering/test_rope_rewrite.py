@@ -9,12 +9,10 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -30,25 +28,7 @@ from orchestrator.lowering.rewrites.rope import (
     with_global,
 )
 from orchestrator.lowering.sources.builders.models import load_model
-from orchestrator.lowering.sources.huggingface import HuggingFaceOptions
-from orchestrator.lowering.spec import GENERATION_OUTPUT, GENERATION_TASK, ModelSpec
-from orchestrator.tensorfile import read_tensors
-from tests.board.test_runner import run_runner
-
-QWEN2_GEN_TINY = ModelSpec(
-    name="qwen2-gen-tiny",
-    model_type="qwen2",
-    task=GENERATION_TASK,
-    output=GENERATION_OUTPUT,
-    options=HuggingFaceOptions(config={"vocab_size": 500, "hidden_size": 64, "num_hidden_layers": 2,
-                                       "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-                                       "max_position_embeddings": 128, "initializer_range": 0.2}),
-    seq_len=8,
-    new_tokens=8,
-    context=64,
-)  # fmt: skip
-SPECS = {"smollm2-gen-tiny": BUILTIN_SPECS["smollm2-gen-tiny"], "qwen2-gen-tiny": QWEN2_GEN_TINY}
-LAYERS = 2  # both tiny models'
+from tests.lowering.generation_rewrites import LAYERS, SPECS, assert_generates_the_same, lower_and_generate
 
 
 def _modeling(family: str) -> Any:
@@ -89,21 +69,8 @@ def test_found_where_it_is_and_gone_once_rewritten(loaded: dict[str, torch.nn.Mo
 def test_the_rewritten_model_computes_the_same_bit_for_bit(loaded: dict[str, torch.nn.Module], name: str) -> None:
     """Logits over a prompt and greedy generation with transformers' own cache (the wrapper around the layers'
     forward, which renames `past_key_values`, is kept): equal, not close."""
-    from orchestrator.lowering.export.generation import GenerationModule, eager_attention, greedy_ids
-
     original = loaded[name]
-    rewritten = fuse_rope(copy.deepcopy(original), SPECS[name])
-    assert isinstance(original, GenerationModule) and isinstance(rewritten, GenerationModule)
-    ids = torch.randint(0, 500, (1, 12), generator=torch.Generator().manual_seed(4))
-    logits = []
-    for module in (original, rewritten):
-        with torch.no_grad(), eager_attention(module):
-            model: Any = module.model  # a transformers causal LM
-            logits.append(model(ids).logits)
-    assert torch.equal(logits[0], logits[1])
-    generated = [greedy_ids(module, ids.numpy(), 10) for module in (original, rewritten)]
-    np.testing.assert_array_equal(generated[0], generated[1])
-    assert len(set(generated[0].ravel().tolist())) > 2  # ids that depend on the context
+    assert_generates_the_same(original, fuse_rope(copy.deepcopy(original), SPECS[name]), seed=4)
 
 
 def _double(value: int) -> int:
@@ -156,37 +123,12 @@ def test_the_program_calls_the_operator_and_generates_the_same_ids(runner_binary
     """SmolLM2's architecture lowered for XNNPACK as exported and with the rewrite: the rewritten program calls
     etlab::rope twice a layer, RoPE's slices are gone from the portable kernels with a delegate call a layer, and
     the real runner generates the reference's ids from both."""
-    from orchestrator.lowering.export import lower as lowering
-    from orchestrator.lowering.program import with_
-    from orchestrator.lowering.rewrites.registry import RewriteRequest
-    from orchestrator.lowering.variants import VARIANTS
-
-    variant = VARIANTS["xnnpack"]
-    delegation, ids = {}, {}
-    for names in ((), ("rope",)):
-        request = RewriteRequest(names=names)
-        result = lowering.lower(with_(SPECS["smollm2-gen-tiny"], rewrites=request), variants=[variant],
-                                weights="random", root=tmp_path, rewrites=request)  # fmt: skip
-        lowered = result.variants[variant]
-        assert lowered.sidecar.applied_rewrites == names
-        delegation[names] = lowered.sidecar.delegation
-        folder = lowered.pte.parent
-        timings = tmp_path / f"timings-{len(names)}.json"
-        done = run_runner(
-            runner_binary, "--model", lowered.pte, "--generate", "--inputs", result.paths.reference_inputs,
-            "--new-tokens", 8, "--warmup", "0", "--iterations", "1", "--timings", timings, "--threads", "2",
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        (run,) = json.loads(timings.read_text())["generation"]["runs"]
-        reference = read_tensors(result.paths.reference_outputs)[0].array
-        assert run["token_ids"] == reference.ravel().tolist(), folder
-        ids[names] = run["token_ids"]
-    before, after = delegation[()], delegation[("rope",)]
-    assert after.fallback_histogram.get("etlab.rope.out") == 2 * LAYERS
-    slices = before.fallback_histogram.get("aten.slice_copy.Tensor_out", 0)
-    assert after.fallback_histogram.get("aten.slice_copy.Tensor_out", 0) == slices - 4 * LAYERS
-    assert after.delegate_call_sites == before.delegate_call_sites - LAYERS
-    assert ids[()] == ids[("rope",)]
+    before, after = (lower_and_generate(runner_binary, tmp_path, names) for names in ((), ("rope",)))
+    assert after.delegation.fallback_histogram.get("etlab.rope.out") == 2 * LAYERS
+    slices = before.delegation.fallback_histogram.get("aten.slice_copy.Tensor_out", 0)
+    assert after.delegation.fallback_histogram.get("aten.slice_copy.Tensor_out", 0) == slices - 4 * LAYERS
+    assert after.delegation.delegate_call_sites == before.delegation.delegate_call_sites - LAYERS
+    assert before.token_ids == after.token_ids
 
 
 def test_what_the_operator_does_not_compute_goes_to_the_models_own_rope() -> None:

@@ -445,11 +445,29 @@ def memory_per_context(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class RoundBandwidth:
+    """Each engine's (TTFT ms, decode tok/s) per round, and the DRAM bandwidth probed before the first round and
+    after each (B/s)."""
+
+    per_round: dict[tuple[str, str], list[tuple[float, float]]]
+    probes: list[float]
+
+    def median_share(self, key: tuple[str, str], bytes_per_token: float) -> float | None:
+        """The median over the rounds of the round's decode bytes/s against the higher of the two probes around
+        it (where the mode changed within the round, the lower share)."""
+        rounds = self.per_round.get(key, [])
+        if not rounds or len(self.probes) < len(rounds) + 1:
+            return None
+        return statistics.median(bytes_per_token * tok_s / max(self.probes[i], self.probes[i + 1]) * 100
+                                 for i, (_, tok_s) in enumerate(rounds))  # fmt: skip
+
+
 def roofline_table(results: dict[tuple[str, str], Generations], schemes: list[Scheme], programs: dict[str, Any],
                    engines: dict[tuple[str, str], Any], spec: ModelSpec, config: Any, args: argparse.Namespace,
-                   runner: Path, *measured: llm_roofline.Limits) -> None:  # fmt: skip
+                   runner: Path, *measured: llm_roofline.Limits, rounds: RoundBandwidth) -> None:  # fmt: skip
     """Each engine's decode and prefill against this machine's limits, measured before and after the rounds (the
-    higher of each: the least disturbed)."""
+    higher of each: the least disturbed), and its decode per round against the bandwidth probed around that round."""
     from orchestrator.lowering.artifacts import load_artifact
 
     limits = llm_roofline.Limits(max((m.dram for m in measured), key=lambda b: b.bytes_per_s),
@@ -485,7 +503,8 @@ def roofline_table(results: dict[tuple[str, str], Generations], schemes: list[Sc
             ttft = got.ttft_ms()
             rows.append([
                 scheme.name, engine, per_token / 1e6, figures.decode_tokens_per_s, achieved / 1e9,
-                achieved / limits.dram.bytes_per_s * 100, at_set[per_token] / 1e9, achieved / at_set[per_token] * 100,
+                achieved / limits.dram.bytes_per_s * 100, rounds.median_share((scheme.name, engine), per_token),
+                at_set[per_token] / 1e9, achieved / at_set[per_token] * 100,
                 ops, ttft, least, least / ttft * 100 if least is not None else None,
             ])  # fmt: skip
     llm_roofline.roofline_rows(rows, limits, at_set)
@@ -590,6 +609,9 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     results = {(s.name, engine): Generations() for s in schemes for engine in engine_names}
     per_round: dict[tuple[str, str], list[tuple[float, float]]] = {key: [] for key in results}
+    # The DRAM probe between rounds too: a VM's bandwidth can change mode within a run (bench/README.md), so each
+    # round's decode is also put against the bandwidth measured next to it.
+    between_rounds = [limits_before.dram.bytes_per_s]
     for round_index in range(args.rounds):
         for scheme in schemes:
             order = engine_names if round_index % 2 == 0 else engine_names[::-1]
@@ -605,7 +627,8 @@ def main(argv: list[str] | None = None) -> int:
                         )
                 results[(scheme.name, engine)].add(got)
                 per_round[(scheme.name, engine)].append((got.ttft_ms(), got.decode_tokens_per_s()))
-        console.info(f"round {round_index + 1}/{args.rounds} done")
+        between_rounds.append(llm_roofline.bandwidth(runner, args.threads).bytes_per_s)
+        console.info(f"round {round_index + 1}/{args.rounds} done ({between_rounds[-1] / 1e9:.1f} GB/s after it)")
 
     rows = []
     for (scheme_name, engine), got in results.items():
@@ -647,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with timer.stage("this machine's limits again, after the rounds"):
         limits_after = llm_roofline.measure(runner, args.threads, args.work)
-    roofline_table(results, schemes, programs, engines, spec, config, args, runner, limits_before, limits_after)
+    roofline_table(results, schemes, programs, engines, spec, config, args, runner, limits_before, limits_after,
+                   rounds=RoundBandwidth(per_round, between_rounds))  # fmt: skip
     for scheme in schemes:
         if scheme.name in programs:
             decode_profile(runner, programs[scheme.name][0], prompt_file, args, args.work)

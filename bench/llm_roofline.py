@@ -99,10 +99,13 @@ def roofline_rows(rows: list[list[Any]], limits: Limits, at_working_set: dict[in
         f"Against the roofline (this run's limits: {limits.dram.gb_per_s:.1f} GB/s DRAM at {limits.dram.threads} "
         f"threads, LLC {limits.dram.llc_bytes / 2**20:.0f} MiB; peaks fp32 {limits.peak.fp32_gflops:.0f} GFLOP/s, "
         f"int8 {limits.peak.int8_gops:.0f} GOP/s)",
-        ["scheme", "engine", "MB/token", "decode tok/s", "achieved GB/s", "% of DRAM", "GB/s at its set",
+        ["scheme", "engine", "MB/token", "decode tok/s", "achieved GB/s", "% of DRAM", "% of DRAM, per round",
+         "GB/s at its set",
          "% at its set", "prefill GOP", "TTFT ms", "least ms", "% of prefill roofline"],
         rows,
         caption="bytes/token: the weights each stored tensor once (llama.cpp: its model size) + the KV cache filled; "
+        "'per round': the median over the rounds of each round's decode against the higher of the DRAM probes just "
+        "before and after it; "
         "'at its set': the probe over a buffer of that many bytes (in cache where it fits); prefill: XNNPACK's "
         "matrix products over the prompt, least ms = max(ops at the peaks, bytes at the DRAM bandwidth), the same "
         f"for both engines of a scheme; sets probed: {', '.join(f'{b / 1e6:.0f} MB' for b in at_working_set)}",

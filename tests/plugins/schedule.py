@@ -58,6 +58,8 @@ FILE_SECONDS = {
     "tests/e2e/test_e2e.py": 35,
     "tests/board/test_runner_generate.py": 35,
     "tests/lowering/test_generation_attention.py": 30,
+    "tests/lowering/test_rope_rewrite.py": 40,  # a lowering of two programs run on the real runner
+    "tests/lowering/test_fused_rms_norm.py": 40,  # the same
     "tests/lowering/test_spec_safety.py": 30,
     "tests/lowering/test_source_map.py": 30,
     "tests/lowering/test_sidecar.py": 25,

@@ -139,22 +139,19 @@ def mean_rms_norm(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:
 
 
 class FusedRMSNorm(torch.nn.Module):
-    """Llama's RMSNorm as one `etlab::rms_norm` call; Llama's own code where the operator does not fit (an input or
-    weight other than float32)."""
+    """Llama's RMSNorm as one `etlab::rms_norm` call; the model's own forward where the operator does not fit (an
+    input or weight other than float32)."""
 
     def __init__(self, norm: torch.nn.Module) -> None:
         super().__init__()
         self.weight = norm.get_parameter("weight")
         self.variance_epsilon: float = vars(norm)["variance_epsilon"]  # a plain float attribute, not a tensor
+        self._own_forward = type(norm).forward  # LlamaRMSNorm's code (_llama_rms_norm), reading the same two fields
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.dtype == self.weight.dtype == torch.float32:
             return ops.rms_norm(hidden_states, self.weight, self.variance_epsilon)
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
+        return self._own_forward(self, hidden_states)
 
 
 def fused_rms_norm(module: torch.nn.Module, _spec: ModelSpec) -> torch.nn.Module:

@@ -146,7 +146,7 @@ def test_changed_program_under_noise_is_never_a_regression(
         result = quiet.results[night]
         assert result.returncode == 0, result.stdout + result.stderr
 
-    # Weights initialised at another scale: another .pte, the same work. Tonight the machine is busy all night.
+    # Weights initialised at another scale: another .pte, the same work. Tonight the machine is busy all the nightly.
     section = nightly_section(tmp_path, MATRIX)
     spec_file = SPECS / "distilbert-small-variant.json"
     variant = write_inventory(

@@ -21,8 +21,8 @@ from orchestrator.lowering.variants import Variant
 from orchestrator.programs.outside import read_outside_delegates
 from tests.lowering.test_generation import _generated_by_the_runner
 
-# smollm2-gen-tiny (tied, 1000 x 64) at one layer: what is checked is the head, and a lowering costs about a minute a
-# layer per variant on 2 cores (ExecuTorch's passes over each delegate).
+# smollm2-gen-tiny (tied, 1000 x 64) at one layer: what is checked is the head, and each layer costs a lowering about
+# half a minute per variant on a busy 2-core machine (ExecuTorch's passes over each delegate).
 SMOLLM2_GEN_TINY = BUILTIN_SPECS["smollm2-gen-tiny"]
 TIED_ONE_LAYER = dataclasses.replace(
     SMOLLM2_GEN_TINY.with_options(

@@ -24,13 +24,13 @@ import pytest
 
 # Seconds a file takes on a quiet 2-core machine, roughly (setup, calls and teardown of all its tests).
 FILE_SECONDS = {
+    "tests/testing/test_pi.py": 470,  # a fresh CI machine: with the wait for the emulated Pi's rootfs
     "tests/e2e/test_generation_e2e.py": 305,
     "tests/lowering/test_quantize.py": 300,
     "tests/lab/test_nightly_verdicts.py": 200,
     "tests/lowering/test_quantize_families.py": 195,
     "tests/lowering/test_generation.py": 160,
     "tests/lowering/test_huggingface_lowering.py": 150,
-    "tests/testing/test_pi.py": 470,  # a fresh CI machine: with the wait for the emulated Pi's rootfs
     "tests/commands/test_advise_cli.py": 125,
     "tests/lab/test_lab_night.py": 125,
     "tests/lowering/test_lowering.py": 100,

@@ -44,6 +44,14 @@ if [ "$want_test" = 1 ]; then
   apt_install qemu-user-static binfmt-support mmdebstrap arch-test zstd g++-aarch64-linux-gnu
 fi
 
+install_with_uv() {
+  local args
+  .venv/bin/python -m pip install -q uv || return 1
+  args=$(.venv/bin/python tools/uv_args.py .venv/bin/python) || return 1
+  mapfile -t args <<<"$args"
+  .venv/bin/uv pip install -q --python .venv/bin/python "${args[@]}" -e '.[test]'
+}
+
 stamp=.venv/.etlab-installed
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv"
@@ -51,8 +59,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   say "installing Python packages (torch, executorch, transformers, fabric, model-explorer, ...)"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[test]'
+  # uv installs the same packages in ~15 s where pip takes ~2 min; it does not read pip's configuration, so
+  # tools/uv_args.py hands over what chooses packages (find-links, indexes, constraints). pip stays the fallback.
+  if ! install_with_uv; then
+    say "uv could not install them: pip does"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[test]'
+  fi
   touch "$stamp"
 fi
 # Bytecode for our own sources (an editable install has none): every `fab` start reads it, even where

@@ -93,7 +93,7 @@ RUN_HELP = {
         "backend": "comma-separated backends: portable,xnnpack (default both)",
         **{"quantize": QUANTIZE_HELP},
         "calibration": "int8-static calibration samples: an ETLT file (input_ids [N, seq]) or JSON token-id lists",
-        "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
+        "jobs": "variants lowered at once, this process included (default: the idle cores, as memory allows)",
         "weights": "auto (default: pretrained, else random with a warning), pretrained, or random",
         "etrecord": "also write an ETRecord (about twice the size of the .pt2)",
         "force": "re-lower even when the cache is valid",
@@ -282,7 +282,7 @@ def gc(c, keep=None, board=None, group=None, tag=None, inventory=None, lg_wait=N
             "no_browser": "launch Model Explorer without opening a browser",
             "port": "Model Explorer port (8081)", "quantize": QUANTIZE_HELP, **ACCURACY_HELP,
             "calibration": "int8-static calibration samples (ETLT input_ids [N, seq], or JSON token-id lists)",
-            "jobs": "variants lowered at once, this process included (default: the usable cores, as memory allows)",
+            "jobs": "variants lowered at once, this process included (default: the idle cores, as memory allows)",
             "trust_remote_code": TRUST_HELP, "trust_code": TRUST_CODE_HELP, "markdown": MARKDOWN_HELP, **CHOICE_HELP},
       optional=["counters", "numerics"])  # fmt: skip
 @handle_errors

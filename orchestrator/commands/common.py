@@ -139,7 +139,7 @@ class LoweringOptions:
     a bad value must not invalidate it. The lowering below checks none of them again."""
 
     weights: str  # auto, pretrained or random
-    jobs: int | None  # None: as many as the cores and memory allow
+    jobs: int | None  # None: as many as the idle cores (load average) and memory allow
     calibration: Path | None  # an existing file; its samples are checked against the model's vocabulary later
 
 

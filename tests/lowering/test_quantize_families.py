@@ -59,8 +59,7 @@ def images(path: Path, samples: int, shape: tuple[int, ...] = (1, 3, 32, 32), na
 
 def lowered(name: str, root: Path, calibration: Path | None = None) -> LoweringResult:
     variants = [VARIANTS[f"xnnpack-{scheme}"] for scheme in SCHEME_NAMES]
-    # jobs=2: one lowering uses one core, and the suite leaves the second idle.
-    return lower(BUILTIN_SPECS[name], variants=variants, root=root, calibration=calibration, jobs=2)
+    return lower(BUILTIN_SPECS[name], variants=variants, root=root, calibration=calibration)
 
 
 def quantization_of(result: LoweringResult, scheme: str) -> tuple[Quantization, Path]:

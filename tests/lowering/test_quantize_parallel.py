@@ -134,3 +134,14 @@ def test_parallel_lowering_writes_what_the_sequential_one_writes(tmp_path: Path)
     # A second parallel lowering finds every variant cached.
     again = lowering.lower(spec, variants=variants, weights="random", root=tmp_path / "par", jobs=2)
     assert again.cached
+
+
+def test_without_jobs_a_lowering_leaves_the_cores_other_work_holds() -> None:
+    """`--jobs` not given: this process and a worker per core the 1-minute load average leaves idle, at least one."""
+    from orchestrator.lowering.export.lower import idle_cores
+
+    assert idle_cores(2, 0.3) == 2  # an idle workstation: both cores
+    assert idle_cores(2, 1.2) == 1  # another busy process holds one
+    assert idle_cores(2, 3.9) == 1  # a saturated machine (a test suite's workers): this process alone
+    assert idle_cores(8, 2.6) == 5
+    assert idle_cores(4, None) == 4  # no load average on this system: every core

@@ -30,7 +30,7 @@ TINY_SCHEMES = tuple(
 def lower_quantized(name: str, root: Path = ARTIFACT_CACHE) -> LoweringResult:
     """Both fp32 backends and each quantized scheme that fits the tiny models (TINY_SCHEMES)."""
     wanted = [v for v in VARIANTS.values() if not v.quantized or v.scheme in TINY_SCHEMES]
-    return lowering.lower(BUILTIN_SPECS[name], variants=wanted, weights="random", root=root, jobs=2)
+    return lowering.lower(BUILTIN_SPECS[name], variants=wanted, weights="random", root=root)
 
 
 @pytest.fixture(scope="session")

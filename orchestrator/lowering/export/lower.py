@@ -80,7 +80,8 @@ def lower(
     jobs: int | None = None,
     rewrites: RewriteRequest = NO_REWRITES,
 ) -> LoweringResult:
-    """Lower `spec` to each variant (cached); `jobs` lowerings at once, this process included (default: the cores).
+    """Lower `spec` to each variant (cached); `jobs` lowerings at once, this process included (default: the
+    cores no other work holds, idle_cores).
     `rewrites`: none by default, the model as its user would export it.
 
     Every value comes checked from the command layer (or the matrix's checker): a bad one must be refused before
@@ -184,8 +185,16 @@ def _lower_missing(
         for variant in missing
     ]
     # `jobs` lowerings at once, this process counting as one: it exports and lowers too, and cheapest (no import,
-    # no model to rebuild, the program in memory). More processes than cores only add that overhead.
-    workers = min(jobs or _usable_cores(), len(missing)) - 1
+    # no model to rebuild, the program in memory). More processes than idle cores only add that overhead.
+    if jobs is None:
+        cores, load = _usable_cores(), _load_average()
+        jobs = idle_cores(cores, load)
+        if jobs < min(cores, len(missing)):
+            console.info(
+                f"[dim]{spec.name}: {jobs} lowering{'s' if jobs > 1 else ''} at once, the machine being busy (load "
+                f"{load:.1f} on {cores} cores); --jobs sets how many[/]"
+            )
+    workers = min(jobs, len(missing)) - 1
     if workers > 0:
         done = _lower_parallel(tasks, workers, shared, artifact_paths, timer)
     else:  # one process, in request order, every variant from the model and program in memory
@@ -266,6 +275,22 @@ def _lower_parallel(
             return parallel.run_main(lambda task: _lower_variant(task, shared, threads=threads))
     finally:
         torch.set_num_threads(threads)
+
+
+def idle_cores(cores: int, load: float | None) -> int:
+    """How many lowerings to run at once when `--jobs` is not given: the cores no other work holds, by the 1-minute
+    load average (make -l's measure), at least one. A worker's start (torch imported, the model rebuilt: 5-10 s of
+    CPU for a small model) pays only where a core is idle for it; on a busy machine it slows everything there."""
+    if load is None:  # no load average on this system: every core
+        return cores
+    return max(1, min(cores, cores - round(load)))
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not Unix
+        return None
 
 
 def _usable_cores() -> int:

@@ -190,9 +190,9 @@ def _lower_missing(
         cores, load = _usable_cores(), _load_average()
         jobs = idle_cores(cores, load)
         if jobs < min(cores, len(missing)):
-            console.info(
-                f"[dim]{spec.name}: {jobs} lowering{'s' if jobs > 1 else ''} at once, the machine being busy (load "
-                f"{load:.1f} on {cores} cores); --jobs sets how many[/]"
+            console.detail(
+                f"{spec.name}: {jobs} lowering{'s' if jobs > 1 else ''} at once, the machine being busy (load "
+                f"{load:.1f} on {cores} cores); --jobs sets how many"
             )
     workers = min(jobs, len(missing)) - 1
     if workers > 0:

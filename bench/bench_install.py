@@ -47,8 +47,9 @@ def install_with_uv(scratch: Path) -> tuple[float, Path]:
     args = subprocess.run([python, ROOT / "tools" / "uv_args.py", python], check=True, capture_output=True,
                           text=True).stdout.split()  # fmt: skip
     uv = python.parent / "uv"
-    subprocess.run([uv, "pip", "install", "-q", "--python", python, *args, "-e", ".[test]"], cwd=ROOT, check=True,
-                   env=env)  # fmt: skip
+    # --compile-bytecode as bootstrap.sh: pip compiles too, and where PYTHONDONTWRITEBYTECODE is set nothing else does
+    install = [uv, "pip", "install", "-q", "--compile-bytecode", "--python", python, *args, "-e", ".[test]"]
+    subprocess.run(install, cwd=ROOT, check=True, env=env)
     return time.perf_counter() - started, python
 
 

@@ -20,8 +20,10 @@ from orchestrator.paths import PROJECT_ROOT
 from tests.plugins.boards import SHARED_BUILD, provision_board, write_inventory
 
 BOARD = "quiet-b"
+# --jobs 2: the parallel lowering's lines whatever the machine's load (a busy one lowers in one process by default,
+# which says each stage: a line more)
 DEPLOY = ("deploy-and-profile", "--model", "distilbert-tiny", "--backend", "xnnpack", "--quantize", "none,int8-static",
-          "--board", f"local,{BOARD}", "--iterations", "6", "--warmup", "1", "--no-explore")  # fmt: skip
+          "--board", f"local,{BOARD}", "--iterations", "6", "--warmup", "1", "--no-explore", "--jobs", "2")  # fmt: skip
 TABLE_EDGES = tuple("┏┃┡│└")
 
 

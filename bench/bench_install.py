@@ -48,7 +48,8 @@ def install_with_uv(scratch: Path) -> tuple[float, Path]:
                           text=True).stdout.split()  # fmt: skip
     uv = python.parent / "uv"
     # --compile-bytecode as bootstrap.sh: pip compiles too, and where PYTHONDONTWRITEBYTECODE is set nothing else does
-    install = [uv, "pip", "install", "-q", "--compile-bytecode", "--python", python, *args, "-e", ".[test]"]
+    options = ["-q", "--compile-bytecode", "--python", str(python), *args]
+    install = [str(uv), "pip", "install", *options, "-e", ".[test]"]
     subprocess.run(install, cwd=ROOT, check=True, env=env)
     return time.perf_counter() - started, python
 
